@@ -1,0 +1,226 @@
+/*
+ * Worker pool (see pool.h).
+ *
+ * One mutex guards a ring buffer of jobs; workers sleep on a condition
+ * variable.  The queue is bounded so that overload is visible at submit
+ * time.  parallel_for uses an atomic item counter shared by the caller and
+ * helper jobs: each participant claims the next item until none are left,
+ * then the caller waits until the participants that did claim items have
+ * finished.  Helper jobs that start after the range is exhausted return at
+ * once, so a busy pool only delays them, never blocks the caller.
+ */
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "error.h"
+
+struct iv_job {
+    iv_job_fn fn;
+    void *arg;
+};
+
+struct iv_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t nonempty;
+    pthread_cond_t idle;
+    struct iv_job *ring;
+    size_t cap, head, count;
+    unsigned n_threads;
+    unsigned running;   /* jobs being executed */
+    int stopping;
+    pthread_t *threads;
+};
+
+static void *worker_main(void *arg)
+{
+    iv_pool_t *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->count == 0 && !p->stopping)
+            pthread_cond_wait(&p->nonempty, &p->mu);
+        if (p->count == 0 && p->stopping) break;
+        struct iv_job job = p->ring[p->head];
+        p->head = (p->head + 1) % p->cap;
+        p->count--;
+        p->running++;
+        pthread_mutex_unlock(&p->mu);
+        job.fn(job.arg);
+        pthread_mutex_lock(&p->mu);
+        p->running--;
+        if (p->count == 0 && p->running == 0) pthread_cond_broadcast(&p->idle);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+iv_pool_t *iv_pool_create(unsigned n_threads, size_t queue_cap)
+{
+    if (n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (unsigned)n : 1;
+    }
+    if (queue_cap == 0) queue_cap = 4096;
+    iv_pool_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->ring = calloc(queue_cap, sizeof *p->ring);
+    p->threads = calloc(n_threads, sizeof *p->threads);
+    if (!p->ring || !p->threads) goto fail_alloc;
+    p->cap = queue_cap;
+    if (pthread_mutex_init(&p->mu, NULL) != 0) goto fail_alloc;
+    if (pthread_cond_init(&p->nonempty, NULL) != 0) goto fail_mutex;
+    if (pthread_cond_init(&p->idle, NULL) != 0) goto fail_cond;
+    for (unsigned i = 0; i < n_threads; i++) {
+        if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+            p->n_threads = i;
+            iv_pool_destroy(p);
+            return NULL;
+        }
+        p->n_threads = i + 1;
+    }
+    return p;
+
+fail_cond:
+    pthread_cond_destroy(&p->nonempty);
+fail_mutex:
+    pthread_mutex_destroy(&p->mu);
+fail_alloc:
+    free(p->threads);
+    free(p->ring);
+    free(p);
+    return NULL;
+}
+
+void iv_pool_destroy(iv_pool_t *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->nonempty);
+    pthread_mutex_unlock(&p->mu);
+    for (unsigned i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    pthread_cond_destroy(&p->idle);
+    pthread_cond_destroy(&p->nonempty);
+    pthread_mutex_destroy(&p->mu);
+    free(p->threads);
+    free(p->ring);
+    free(p);
+}
+
+unsigned iv_pool_threads(const iv_pool_t *p)
+{
+    return p ? p->n_threads : 0;
+}
+
+int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->count == p->cap || p->stopping) {
+        pthread_mutex_unlock(&p->mu);
+        return IV_EOVERLOADED;
+    }
+    p->ring[(p->head + p->count) % p->cap] = (struct iv_job){fn, arg};
+    p->count++;
+    pthread_cond_signal(&p->nonempty);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+size_t iv_pool_queued(iv_pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t n = p->count;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* Shared state of one parallel_for, on the heap and reference counted:
+ * helper jobs still queued when the range is finished may run long after
+ * the caller returned, and must find live (if exhausted) state. */
+struct pfor {
+    atomic_size_t next;
+    size_t n;
+    iv_range_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t done;
+    size_t finished;    /* items completed */
+    unsigned refs;      /* caller + helper jobs not yet finished */
+};
+
+static void pfor_unref(struct pfor *f)
+{
+    pthread_mutex_lock(&f->mu);
+    unsigned left = --f->refs;
+    pthread_mutex_unlock(&f->mu);
+    if (left == 0) {
+        pthread_cond_destroy(&f->done);
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+    }
+}
+
+static void pfor_run_items(struct pfor *f)
+{
+    size_t mine = 0;
+    for (;;) {
+        size_t i = atomic_fetch_add(&f->next, 1);
+        if (i >= f->n) break;
+        f->fn(f->arg, i);
+        mine++;
+    }
+    if (mine) {
+        pthread_mutex_lock(&f->mu);
+        f->finished += mine;
+        if (f->finished == f->n) pthread_cond_broadcast(&f->done);
+        pthread_mutex_unlock(&f->mu);
+    }
+}
+
+static void pfor_helper(void *arg)
+{
+    struct pfor *f = arg;
+    pfor_run_items(f);
+    pfor_unref(f);
+}
+
+void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg)
+{
+    if (n == 0) return;
+    unsigned helpers = p ? p->n_threads : 0;
+    if (width > 0 && width - 1 < helpers) helpers = width - 1;
+    if (helpers > n - 1) helpers = (unsigned)(n - 1);
+    struct pfor *f = helpers ? calloc(1, sizeof *f) : NULL;
+    if (f == NULL) {
+        for (size_t i = 0; i < n; i++) fn(arg, i);
+        return;
+    }
+    atomic_init(&f->next, 0);
+    f->n = n;
+    f->fn = fn;
+    f->arg = arg;
+    f->refs = 1;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->done, NULL);
+    for (unsigned h = 0; h < helpers; h++) {
+        pthread_mutex_lock(&f->mu);
+        f->refs++;
+        pthread_mutex_unlock(&f->mu);
+        if (iv_pool_try_submit(p, pfor_helper, f) != 0) {
+            pthread_mutex_lock(&f->mu);
+            f->refs--;
+            pthread_mutex_unlock(&f->mu);
+            break;  /* queue full: the caller and the helpers queued so far do the rest */
+        }
+    }
+    pfor_run_items(f);
+    /* Items claimed by other participants are running; wait only for them,
+     * never for helper jobs that have not started. */
+    pthread_mutex_lock(&f->mu);
+    while (f->finished < f->n) pthread_cond_wait(&f->done, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    pfor_unref(f);
+}

@@ -1,0 +1,47 @@
+/*
+ * Worker thread pool.
+ *
+ * A fixed set of threads drains one bounded FIFO of jobs.  Submission never
+ * blocks: iv_pool_try_submit() fails with IV_EOVERLOADED when the queue is
+ * full, so that a server answers 503 instead of stalling its loop.  Jobs
+ * run to completion on one worker; they must not touch event-loop objects
+ * (hand results back through the loop's own wake-up mechanism).
+ *
+ * iv_pool_parallel_for() splits a range of items across the workers and
+ * the calling thread.  The caller claims items too, so it makes progress
+ * (and cannot deadlock) even when every worker is busy, including when it
+ * is itself running on a worker.  It returns when every item has run.
+ */
+#ifndef IV_POOL_H
+#define IV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct iv_pool iv_pool_t;
+typedef void (*iv_job_fn)(void *arg);
+
+/* Creates n_threads workers (0 = number of online CPUs) and a queue of
+ * queue_cap jobs (0 = 4096).  Returns NULL on failure. */
+iv_pool_t *iv_pool_create(unsigned n_threads, size_t queue_cap);
+
+/* Waits for queued jobs to finish, stops and joins the workers, frees. */
+void iv_pool_destroy(iv_pool_t *p);
+
+unsigned iv_pool_threads(const iv_pool_t *p);
+
+/* Queues fn(arg).  0, or IV_EOVERLOADED when the queue is full. */
+int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg);
+
+/* Jobs waiting (not yet running); for metrics. */
+size_t iv_pool_queued(iv_pool_t *p);
+
+/*
+ * Runs fn(arg, i) for every i in [0, n), on up to `width` threads (the
+ * caller included; 0 = all workers + caller).  Items are claimed in
+ * increasing order.  p may be NULL: then the caller runs everything.
+ */
+typedef void (*iv_range_fn)(void *arg, size_t i);
+void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg);
+
+#endif /* IV_POOL_H */

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian package that ivserve's build, tests and benchmarks
+# need. Safe to run any number of times: apt-get skips what is installed.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git ca-certificates curl
+  clang libclang-rt-14-dev llvm
+  libuv1-dev libzstd-dev libhdf5-dev hdf5-tools libcjson-dev libjemalloc-dev
+  check liblz4-dev zlib1g-dev node-llhttp
+  python3 python3-h5py python3-numpy python3-scipy python3-anndata
+  python3-zstandard python3-requests python3-pytest python3-pandas
+  wrk nginx-light
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all packages present"
