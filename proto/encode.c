@@ -1,0 +1,267 @@
+/*
+ * Response encoders (see encode.h for the wire formats).
+ *
+ * The binary frames copy the engine's arrays as they are: the engine hands
+ * out native-endian arrays and every supported host is little-endian, which
+ * the static assertion below pins, so a block costs one memcpy per array.
+ * JSON number formatting is the expensive part of the text encodings; it
+ * uses the shortest printf forms that round-trip (%.9g for float32, %.17g
+ * for float64) so a client reads back exactly the stored value.
+ */
+#include "encode.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the binary wire format copies native arrays and needs a little-endian host"
+#endif
+
+/* The wire names are part of the documented format, so they live here
+ * rather than depend on the engine's spelling. */
+static const char *const wire_descr[IV_DT_COUNT] = {
+    "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f4", "<f8",
+};
+static const char *const wire_name[IV_DT_COUNT] = {
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64",
+};
+static const uint8_t wire_size[IV_DT_COUNT] = {1, 2, 4, 8, 1, 2, 4, 8, 4, 8};
+
+const char *iv_wire_descr(iv_dtype_t t)
+{
+    return (unsigned)t < IV_DT_COUNT ? wire_descr[t] : "";
+}
+
+const char *iv_wire_dtype_name(iv_dtype_t t)
+{
+    return (unsigned)t < IV_DT_COUNT ? wire_name[t] : "unknown";
+}
+
+static size_t value_size(iv_dtype_t t)
+{
+    return (unsigned)t < IV_DT_COUNT ? wire_size[t] : 0;
+}
+
+static void put_descr(iv_buf_t *b, const char *d)
+{
+    char s[8] = {0};
+    memcpy(s, d, strlen(d) < 8 ? strlen(d) : 8);
+    iv_buf_append(b, s, 8);
+}
+
+/* One value as JSON text. */
+static void put_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i)
+{
+    char s[40];
+    int n = 0;
+    switch (t) {
+    case IV_DT_INT8: n = snprintf(s, sizeof s, "%d", ((const int8_t *)base)[i]); break;
+    case IV_DT_INT16: n = snprintf(s, sizeof s, "%d", ((const int16_t *)base)[i]); break;
+    case IV_DT_INT32: n = snprintf(s, sizeof s, "%" PRId32, ((const int32_t *)base)[i]); break;
+    case IV_DT_INT64: n = snprintf(s, sizeof s, "%" PRId64, ((const int64_t *)base)[i]); break;
+    case IV_DT_UINT8: n = snprintf(s, sizeof s, "%u", ((const uint8_t *)base)[i]); break;
+    case IV_DT_UINT16: n = snprintf(s, sizeof s, "%u", ((const uint16_t *)base)[i]); break;
+    case IV_DT_UINT32: n = snprintf(s, sizeof s, "%" PRIu32, ((const uint32_t *)base)[i]); break;
+    case IV_DT_UINT64: n = snprintf(s, sizeof s, "%" PRIu64, ((const uint64_t *)base)[i]); break;
+    case IV_DT_FLOAT32: {
+        float v = ((const float *)base)[i];
+        n = isfinite(v) ? snprintf(s, sizeof s, "%.9g", (double)v) : snprintf(s, sizeof s, "null");
+        break;
+    }
+    case IV_DT_FLOAT64: {
+        double v = ((const double *)base)[i];
+        n = isfinite(v) ? snprintf(s, sizeof s, "%.17g", v) : snprintf(s, sizeof s, "null");
+        break;
+    }
+    default: n = snprintf(s, sizeof s, "null"); break;
+    }
+    iv_buf_append(b, s, (size_t)n);
+}
+
+static void put_i64(iv_buf_t *b, int64_t v)
+{
+    char s[24];
+    int n = snprintf(s, sizeof s, "%" PRId64, v);
+    iv_buf_append(b, s, (size_t)n);
+}
+
+static int64_t block_index(const iv_block_t *blk, int64_t i)
+{
+    return blk->index_size == 4 ? ((const int32_t *)blk->indices)[i]
+                                : ((const int64_t *)blk->indices)[i];
+}
+
+/* Comma-separated numbers, no brackets; `sep_first` puts a comma before the first. */
+static void put_i64_list(iv_buf_t *b, const int64_t *v, int64_t n, int64_t add, int sep_first)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (i || sep_first) iv_buf_append(b, ",", 1);
+        put_i64(b, v[i] + add);
+    }
+}
+
+static void put_indices(iv_buf_t *b, const iv_block_t *blk, int sep_first)
+{
+    for (int64_t i = 0; i < blk->nnz; i++) {
+        if (i || sep_first) iv_buf_append(b, ",", 1);
+        put_i64(b, block_index(blk, i));
+    }
+}
+
+static void put_values(iv_buf_t *b, const iv_block_t *blk, int sep_first)
+{
+    for (int64_t i = 0; i < blk->nnz; i++) {
+        if (i || sep_first) iv_buf_append(b, ",", 1);
+        put_value(b, blk->dtype, blk->data, i);
+    }
+}
+
+void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
+{
+    if (f == IV_FMT_BINARY) {
+        iv_buf_append(b, IV_WIRE_MAGIC, 4);
+        iv_buf_u32le(b, IV_WIRE_VERSION);
+        iv_buf_i64le(b, h->n_rows);
+        iv_buf_i64le(b, h->n_cols);
+        put_descr(b, iv_wire_descr(h->dtype));
+        put_descr(b, h->index_size == 4 ? "<i4" : "<i8");
+    } else if (f == IV_FMT_NDJSON) {
+        iv_buf_printf(b,
+                      "{\"type\":\"header\",\"shape\":[%" PRId64 ",%" PRId64
+                      "],\"dtype\":\"%s\",\"index_dtype\":\"%s\"}\n",
+                      h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype),
+                      h->index_size == 4 ? "int32" : "int64");
+    }
+}
+
+void iv_enc_block(iv_buf_t *b, iv_fmt_t f, const iv_block_t *blk)
+{
+    if (f == IV_FMT_BINARY) {
+        size_t vs = value_size(blk->dtype), is = (size_t)blk->index_size;
+        size_t need = IV_WIRE_FRAME_BYTES + (size_t)blk->n_rows * 16 + 8 +
+                      (size_t)blk->nnz * (vs + is);
+        if (iv_buf_reserve(b, need) != 0) return;
+        iv_buf_u32le(b, IV_WIRE_BLOCK);
+        iv_buf_u32le(b, 0);
+        iv_buf_i64le(b, blk->n_rows);
+        iv_buf_i64le(b, blk->nnz);
+        iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
+        iv_buf_append(b, blk->indptr, (size_t)(blk->n_rows + 1) * 8);
+        iv_buf_append(b, blk->indices, (size_t)blk->nnz * is);
+        iv_buf_append(b, blk->data, (size_t)blk->nnz * vs);
+    } else if (f == IV_FMT_NDJSON) {
+        iv_buf_printf(b,
+                      "{\"type\":\"block\",\"row0\":%" PRId64 ",\"n_rows\":%" PRId64
+                      ",\"nnz\":%" PRId64 ",\"obs\":[",
+                      blk->row0, blk->n_rows, blk->nnz);
+        put_i64_list(b, blk->ids, blk->n_rows, 0, 0);
+        iv_buf_puts(b, "],\"indptr\":[");
+        put_i64_list(b, blk->indptr, blk->n_rows + 1, 0, 0);
+        iv_buf_puts(b, "],\"indices\":[");
+        put_indices(b, blk, 0);
+        iv_buf_puts(b, "],\"data\":[");
+        put_values(b, blk, 0);
+        iv_buf_puts(b, "]}\n");
+    }
+}
+
+void iv_enc_error(iv_buf_t *b, const char *code, const char *msg)
+{
+    iv_buf_puts(b, "{\"error\":{\"code\":");
+    iv_buf_json_str(b, code);
+    iv_buf_puts(b, ",\"message\":");
+    iv_buf_json_str(b, msg);
+    iv_buf_puts(b, "}}");
+}
+
+void iv_enc_trailer(iv_buf_t *b, iv_fmt_t f, int err_status, const char *code, const char *msg,
+                    int64_t rows, int64_t nnz)
+{
+    if (f == IV_FMT_BINARY) {
+        iv_buf_t m;
+        iv_buf_init(&m);
+        if (err_status) iv_enc_error(&m, code, msg);
+        iv_buf_u32le(b, IV_WIRE_TRAILER);
+        iv_buf_u32le(b, (uint32_t)err_status);
+        iv_buf_i64le(b, rows);
+        iv_buf_i64le(b, nnz);
+        iv_buf_u32le(b, (uint32_t)m.len);
+        iv_buf_append(b, m.data, m.len);
+        if (m.oom) b->oom = 1;
+        iv_buf_free(&m);
+    } else if (f == IV_FMT_NDJSON) {
+        if (err_status) {
+            iv_buf_printf(b, "{\"type\":\"end\",\"status\":\"error\",\"http_status\":%d,", err_status);
+            iv_buf_puts(b, "\"error\":{\"code\":");
+            iv_buf_json_str(b, code);
+            iv_buf_puts(b, ",\"message\":");
+            iv_buf_json_str(b, msg);
+            iv_buf_printf(b, "},\"rows\":%" PRId64 ",\"nnz\":%" PRId64 "}\n", rows, nnz);
+        } else {
+            iv_buf_printf(b, "{\"type\":\"end\",\"status\":\"ok\",\"rows\":%" PRId64
+                             ",\"nnz\":%" PRId64 "}\n", rows, nnz);
+        }
+    }
+}
+
+int64_t iv_enc_binary_size(int64_t n_rows, int64_t n_blocks, int64_t nnz, int index_size,
+                           iv_dtype_t dtype)
+{
+    return IV_WIRE_HEADER_BYTES + n_blocks * (IV_WIRE_FRAME_BYTES + 8) + n_rows * 16 +
+           nnz * (index_size + (int64_t)value_size(dtype)) + IV_WIRE_FRAME_BYTES + 4;
+}
+
+void iv_jdoc_init(iv_jdoc_t *d)
+{
+    memset(d, 0, sizeof *d);
+    iv_buf_puts(&d->indptr, "0");
+}
+
+void iv_jdoc_free(iv_jdoc_t *d)
+{
+    iv_buf_free(&d->obs);
+    iv_buf_free(&d->indptr);
+    iv_buf_free(&d->indices);
+    iv_buf_free(&d->data);
+}
+
+void iv_jdoc_add(iv_jdoc_t *d, const iv_block_t *blk)
+{
+    put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
+    /* indptr[0] of a block is 0 and is already present as the previous end. */
+    put_i64_list(&d->indptr, blk->indptr + 1, blk->n_rows, d->nnz, 1);
+    put_indices(&d->indices, blk, d->nnz > 0);
+    put_values(&d->data, blk, d->nnz > 0);
+    d->rows += blk->n_rows;
+    d->nnz += blk->nnz;
+}
+
+size_t iv_jdoc_bytes(const iv_jdoc_t *d)
+{
+    return d->obs.len + d->indptr.len + d->indices.len + d->data.len;
+}
+
+int iv_jdoc_oom(const iv_jdoc_t *d)
+{
+    return d->obs.oom || d->indptr.oom || d->indices.oom || d->data.oom;
+}
+
+void iv_jdoc_finish(iv_jdoc_t *d, const iv_stream_hdr_t *h, iv_buf_t *b)
+{
+    iv_buf_reserve(b, iv_jdoc_bytes(d) + 256);
+    iv_buf_printf(b,
+                  "{\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"%s\",\"nnz\":%" PRId64
+                  ",\"obs\":[",
+                  h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype), d->nnz);
+    iv_buf_append(b, d->obs.data, d->obs.len);
+    iv_buf_puts(b, "],\"indptr\":[");
+    iv_buf_append(b, d->indptr.data, d->indptr.len);
+    iv_buf_puts(b, "],\"indices\":[");
+    iv_buf_append(b, d->indices.data, d->indices.len);
+    iv_buf_puts(b, "],\"data\":[");
+    iv_buf_append(b, d->data.data, d->data.len);
+    iv_buf_puts(b, "]}");
+    if (iv_jdoc_oom(d)) b->oom = 1;
+}

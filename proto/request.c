@@ -1,0 +1,502 @@
+/*
+ * Query request parsing (see request.h).
+ *
+ * Both syntaxes (JSON body and query string) end in the same helpers
+ * (sel_from_*), so a selection means the same thing whichever way it came.
+ * Validation happens while parsing and stops at the first bad value, with
+ * a message a person can act on ("obs.index[3] = 70 is out of range
+ * [0, 60)").  Arrays are sized from the request and bounded by it (index
+ * lists) or by the axis length (ranges, masks), never by a number in the
+ * request alone.
+ */
+#include "request.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "base64.h"
+
+/* Largest integer a double holds exactly; JSON numbers beyond it are rejected. */
+#define IV_MAX_EXACT 9007199254740992.0
+
+static void psel_clear(iv_psel_t *p)
+{
+    free(p->idx);
+    if (p->names) {
+        for (int64_t i = 0; i < p->n; i++) free(p->names[i]);
+        free(p->names);
+    }
+    memset(p, 0, sizeof *p);
+}
+
+void iv_qreq_free(iv_qreq_t *q)
+{
+    if (!q) return;
+    psel_clear(&q->obs);
+    psel_clear(&q->var);
+    q->format = IV_FMT_NONE;
+}
+
+iv_sel_t iv_psel_view(const iv_psel_t *p)
+{
+    iv_sel_t s;
+    s.all = p->kind == IV_PSEL_ALL;
+    s.n = s.all ? 0 : p->n;
+    s.idx = p->idx;
+    return s;
+}
+
+void iv_psel_set_indices(iv_psel_t *p, int64_t *idx, int64_t n)
+{
+    psel_clear(p);
+    p->kind = IV_PSEL_INDEX;
+    p->idx = idx;
+    p->n = n;
+}
+
+iv_fmt_t iv_fmt_parse(const char *name)
+{
+    if (!name) return IV_FMT_NONE;
+    if (!strcmp(name, "binary") || !strcmp(name, "csr")) return IV_FMT_BINARY;
+    if (!strcmp(name, "ndjson")) return IV_FMT_NDJSON;
+    if (!strcmp(name, "json")) return IV_FMT_JSON;
+    return IV_FMT_NONE;
+}
+
+const char *iv_fmt_name(iv_fmt_t f)
+{
+    switch (f) {
+    case IV_FMT_BINARY: return "binary";
+    case IV_FMT_NDJSON: return "ndjson";
+    case IV_FMT_JSON: return "json";
+    default: return "none";
+    }
+}
+
+const char *iv_fmt_media_type(iv_fmt_t f)
+{
+    switch (f) {
+    case IV_FMT_BINARY: return "application/vnd.ivserve.csr";
+    case IV_FMT_NDJSON: return "application/x-ndjson";
+    case IV_FMT_JSON: return "application/json";
+    default: return "application/octet-stream";
+    }
+}
+
+/* Case-insensitive comparison of a token [s, s+n) with a literal. */
+static int token_is(const char *s, size_t n, const char *lit)
+{
+    return strlen(lit) == n && strncasecmp(s, lit, n) == 0;
+}
+
+iv_fmt_t iv_fmt_from_accept(const char *accept)
+{
+    if (!accept) return IV_FMT_NDJSON;
+    const char *p = accept;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '\0') return IV_FMT_NDJSON;
+    iv_fmt_t best = IV_FMT_NONE;
+    double best_q = 0.0;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        /* media range up to ';' or the end of the entry, trimmed */
+        const char *semi = memchr(p, ';', (size_t)(end - p));
+        const char *te = semi ? semi : end;
+        const char *ts = p;
+        while (ts < te && isspace((unsigned char)*ts)) ts++;
+        while (te > ts && isspace((unsigned char)te[-1])) te--;
+        double q = 1.0;
+        for (const char *a = semi; a && a < end;) {
+            a++;
+            while (a < end && isspace((unsigned char)*a)) a++;
+            if (end - a >= 2 && (a[0] == 'q' || a[0] == 'Q') && a[1] == '=') {
+                char tmp[16] = {0};
+                size_t l = (size_t)(end - a - 2);
+                if (l > sizeof tmp - 1) l = sizeof tmp - 1;
+                memcpy(tmp, a + 2, l);
+                q = strtod(tmp, NULL);
+            }
+            a = memchr(a, ';', (size_t)(end - a));
+        }
+        size_t n = (size_t)(te - ts);
+        iv_fmt_t f = IV_FMT_NONE;
+        if (token_is(ts, n, "application/vnd.ivserve.csr")) f = IV_FMT_BINARY;
+        else if (token_is(ts, n, "application/x-ndjson")) f = IV_FMT_NDJSON;
+        else if (token_is(ts, n, "application/json")) f = IV_FMT_JSON;
+        else if (token_is(ts, n, "*/*") || token_is(ts, n, "application/*")) f = IV_FMT_NDJSON;
+        if (f != IV_FMT_NONE && q > 0.0 && q > best_q) {
+            best = f;
+            best_q = q;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return best;
+}
+
+char *iv_url_decode(const char *src, size_t n)
+{
+    char *out = malloc(n + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = src[i];
+        if (c == '%') {
+            if (n - i < 3 || !isxdigit((unsigned char)src[i + 1]) ||
+                !isxdigit((unsigned char)src[i + 2])) {
+                free(out);
+                return NULL;
+            }
+            char hx[3] = {src[i + 1], src[i + 2], 0};
+            c = (char)strtol(hx, NULL, 16);
+            i += 2;
+        }
+        if (c == '\0') {
+            free(out);
+            return NULL;
+        }
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- selections from JSON ---------------------------------------------- */
+
+static int json_int(const cJSON *v, int64_t *out)
+{
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || fabs(d) > IV_MAX_EXACT) return -1;
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int check_index(const char *axis, const char *what, int64_t pos, int64_t v, int64_t n,
+                       iv_err_t *err)
+{
+    if (v < 0 || v >= n)
+        return iv_fail(err, IV_EOUT_OF_RANGE, "%s.%s[%lld] = %lld is out of range [0, %lld)",
+                       axis, what, (long long)pos, (long long)v, (long long)n);
+    return 0;
+}
+
+static int sel_from_range(iv_psel_t *p, const char *axis, int64_t start, int64_t stop, int64_t n,
+                          iv_err_t *err)
+{
+    if (start < 0 || stop < start || stop > n)
+        return iv_fail(err, IV_EOUT_OF_RANGE,
+                       "%s.range [%lld, %lld) is not within [0, %lld) with start <= stop", axis,
+                       (long long)start, (long long)stop, (long long)n);
+    int64_t cnt = stop - start;
+    p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+    if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.range", axis);
+    for (int64_t i = 0; i < cnt; i++) p->idx[i] = start + i;
+    p->n = cnt;
+    p->kind = IV_PSEL_RANGE;
+    return 0;
+}
+
+/* Bitmap of nbytes bytes (LSB first) over an axis of n elements. */
+static int sel_from_bitmap(iv_psel_t *p, const char *axis, const uint8_t *bits, size_t nbytes,
+                           int64_t n, iv_err_t *err)
+{
+    size_t want = (size_t)((n + 7) / 8);
+    if (nbytes != want)
+        return iv_fail(err, IV_EBAD_SELECTION,
+                       "%s.mask decodes to %zu bytes; an axis of %lld elements needs %zu", axis,
+                       nbytes, (long long)n, want);
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < n; i++) cnt += (bits[i >> 3] >> (i & 7)) & 1;
+    for (int64_t i = n; i < (int64_t)want * 8; i++)
+        if ((bits[i >> 3] >> (i & 7)) & 1)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s.mask sets bit %lld past the axis length %lld",
+                           axis, (long long)i, (long long)n);
+    p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+    if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.mask", axis);
+    int64_t o = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((bits[i >> 3] >> (i & 7)) & 1) p->idx[o++] = i;
+    p->n = cnt;
+    p->kind = IV_PSEL_MASK;
+    return 0;
+}
+
+static int sel_from_b64(iv_psel_t *p, const char *axis, const char *s, size_t len, int64_t n,
+                        iv_err_t *err)
+{
+    size_t cap = iv_base64_decoded_max(len);
+    uint8_t *bits = malloc(cap ? cap : 1);
+    if (!bits) return iv_fail(err, IV_ENOMEM, "out of memory for %s.mask", axis);
+    long got = iv_base64_decode(s, len, bits, cap);
+    int rc;
+    if (got < 0)
+        rc = iv_fail(err, IV_EBAD_SELECTION, "%s.mask is not valid base64", axis);
+    else
+        rc = sel_from_bitmap(p, axis, bits, (size_t)got, n, err);
+    free(bits);
+    return rc;
+}
+
+static int sel_names_alloc(iv_psel_t *p, const char *axis, int64_t cnt, iv_err_t *err)
+{
+    p->names = calloc((size_t)(cnt ? cnt : 1), sizeof *p->names);
+    if (!p->names) return iv_fail(err, IV_ENOMEM, "out of memory for %s.names", axis);
+    p->kind = IV_PSEL_NAMES;
+    return 0;
+}
+
+static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n, iv_err_t *err)
+{
+    if (o == NULL || cJSON_IsNull(o)) return 0;
+    if (!cJSON_IsObject(o))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s must be an object such as {\"index\":[...]}", axis);
+    const cJSON *kv = NULL;
+    int seen = 0;
+    cJSON_ArrayForEach(kv, o)
+    {
+        const char *k = kv->string;
+        if (strcmp(k, "index") && strcmp(k, "range") && strcmp(k, "mask") && strcmp(k, "names"))
+            return iv_fail(err, IV_EBAD_SELECTION,
+                           "%s has unknown key '%s' (expected index, range, mask or names)", axis, k);
+        if (++seen > 1)
+            return iv_fail(err, IV_EBAD_SELECTION,
+                           "%s names more than one of index, range, mask, names", axis);
+    }
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) {
+        if (!cJSON_IsArray(v))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.index must be an array of integers", axis);
+        int64_t cnt = cJSON_GetArraySize(v);
+        p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+        if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.index", axis);
+        p->kind = IV_PSEL_INDEX;
+        int64_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v)
+        {
+            int64_t x;
+            if (json_int(e, &x) != 0)
+                return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer", axis,
+                               (long long)i);
+            IV_TRY(check_index(axis, "index", i, x, n, err));
+            p->idx[i++] = x;
+            p->n = i;
+        }
+        return 0;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "range"))) {
+        int64_t a, b;
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2 ||
+            json_int(cJSON_GetArrayItem(v, 0), &a) || json_int(cJSON_GetArrayItem(v, 1), &b))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.range must be [start, stop] integers", axis);
+        return sel_from_range(p, axis, a, b, n, err);
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "mask"))) {
+        if (cJSON_IsString(v)) return sel_from_b64(p, axis, v->valuestring, strlen(v->valuestring), n, err);
+        if (!cJSON_IsArray(v))
+            return iv_fail(err, IV_EBAD_SELECTION,
+                           "%s.mask must be a base64 string or an array of booleans", axis);
+        int64_t cnt = cJSON_GetArraySize(v);
+        if (cnt != n)
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.mask has %lld booleans; the axis has %lld",
+                           axis, (long long)cnt, (long long)n);
+        uint8_t *bits = calloc((size_t)((n + 7) / 8 + 1), 1);
+        if (!bits) return iv_fail(err, IV_ENOMEM, "out of memory for %s.mask", axis);
+        int64_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v)
+        {
+            if (!cJSON_IsBool(e)) {
+                free(bits);
+                return iv_fail(err, IV_EBAD_SELECTION, "%s.mask[%lld] is not a boolean", axis,
+                               (long long)i);
+            }
+            if (cJSON_IsTrue(e)) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+            i++;
+        }
+        int rc = sel_from_bitmap(p, axis, bits, (size_t)((n + 7) / 8), n, err);
+        free(bits);
+        return rc;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "names"))) {
+        if (!cJSON_IsArray(v))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.names must be an array of strings", axis);
+        int64_t cnt = cJSON_GetArraySize(v);
+        IV_TRY(sel_names_alloc(p, axis, cnt, err));
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v)
+        {
+            if (!cJSON_IsString(e))
+                return iv_fail(err, IV_EBAD_SELECTION, "%s.names[%lld] is not a string", axis,
+                               (long long)p->n);
+            p->names[p->n] = strdup(e->valuestring);
+            if (!p->names[p->n]) return iv_fail(err, IV_ENOMEM, "out of memory for %s.names", axis);
+            p->n++;
+        }
+        return 0;
+    }
+    return 0;  /* {} selects everything */
+}
+
+int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_var,
+                       iv_qreq_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (len == 0) return 0;  /* an empty body selects the whole matrix */
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        return iv_fail(err, IV_EBAD_JSON, "request body is not valid JSON (near byte %zu)", at);
+    }
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        rc = iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
+        goto done;
+    }
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, root)
+    {
+        if (strcmp(kv->string, "obs") && strcmp(kv->string, "var") && strcmp(kv->string, "format")) {
+            rc = iv_fail(err, IV_EBAD_SELECTION,
+                         "unknown key '%s' in the request (expected obs, var, format)", kv->string);
+            goto done;
+        }
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (f) {
+        out->format = cJSON_IsString(f) ? iv_fmt_parse(f->valuestring) : IV_FMT_NONE;
+        if (out->format == IV_FMT_NONE) {
+            rc = iv_fail(err, IV_ENOT_ACCEPTABLE,
+                         "format must be \"binary\", \"ndjson\" or \"json\"");
+            goto done;
+        }
+    }
+    rc = sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs, err);
+    if (rc == 0)
+        rc = sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var,
+                           err);
+done:
+    cJSON_Delete(root);
+    if (rc != 0) iv_qreq_free(out);
+    return rc;
+}
+
+/* ---- selections from a query string ------------------------------------ */
+
+static int parse_i64(const char *s, const char *e, int64_t *out)
+{
+    if (s == e || e - s > 19) return -1;
+    int64_t v = 0;
+    for (const char *p = s; p < e; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* "1,5,2" (an index list) or "10:20" (a range). */
+static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t n, iv_err_t *err)
+{
+    const char *colon = strchr(s, ':');
+    if (colon) {
+        int64_t a, b;
+        if (parse_i64(s, colon, &a) || parse_i64(colon + 1, colon + strlen(colon), &b))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s=%s is not START:STOP", axis, s);
+        return sel_from_range(p, axis, a, b, n, err);
+    }
+    int64_t cnt = *s ? 1 : 0;
+    for (const char *c = s; *c; c++) cnt += *c == ',';
+    p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+    if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s", axis);
+    p->kind = IV_PSEL_INDEX;
+    const char *c = s;
+    for (int64_t i = 0; i < cnt; i++) {
+        const char *e = strchr(c, ',');
+        if (!e) e = c + strlen(c);
+        int64_t x;
+        if (parse_i64(c, e, &x))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s: item %lld ('%.*s') is not an integer", axis,
+                           (long long)i, (int)(e - c > 40 ? 40 : e - c), c);
+        IV_TRY(check_index(axis, "index", i, x, n, err));
+        p->idx[i] = x;
+        p->n = i + 1;
+        c = *e ? e + 1 : e;
+    }
+    return 0;
+}
+
+static int sel_names_from_list(iv_psel_t *p, const char *axis, const char *s, iv_err_t *err)
+{
+    int64_t cnt = 1;
+    for (const char *c = s; *c; c++) cnt += *c == ',';
+    IV_TRY(sel_names_alloc(p, axis, cnt, err));
+    const char *c = s;
+    for (int64_t i = 0; i < cnt; i++) {
+        const char *e = strchr(c, ',');
+        if (!e) e = c + strlen(c);
+        p->names[i] = strndup(c, (size_t)(e - c));
+        if (!p->names[i]) return iv_fail(err, IV_ENOMEM, "out of memory for %s names", axis);
+        p->n = i + 1;
+        c = *e ? e + 1 : e;
+    }
+    return 0;
+}
+
+static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
+                    int64_t n_var, iv_err_t *err)
+{
+    if (!strcmp(key, "format")) {
+        out->format = iv_fmt_parse(val);
+        if (out->format == IV_FMT_NONE)
+            return iv_fail(err, IV_ENOT_ACCEPTABLE, "format=%s: expected binary, ndjson or json", val);
+        return 0;
+    }
+    int is_obs = !strncmp(key, "obs", 3), is_var = !strncmp(key, "var", 3);
+    if (!is_obs && !is_var)
+        return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'", key);
+    iv_psel_t *p = is_obs ? &out->obs : &out->var;
+    int64_t n = is_obs ? n_obs : n_var;
+    const char *axis = is_obs ? "obs" : "var";
+    const char *suffix = key + 3;
+    if (p->kind != IV_PSEL_ALL)
+        return iv_fail(err, IV_EBAD_SELECTION, "%s is selected more than once", axis);
+    if (!strcmp(suffix, "")) return sel_from_list(p, axis, val, n, err);
+    if (!strcmp(suffix, "_mask")) return sel_from_b64(p, axis, val, strlen(val), n, err);
+    if (!strcmp(suffix, "_names")) return sel_names_from_list(p, axis, val, err);
+    return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'", key);
+}
+
+int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
+                        iv_qreq_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    size_t i = 0;
+    int rc = 0;
+    while (i < len && rc == 0) {
+        size_t j = i;
+        while (j < len && qs[j] != '&') j++;
+        if (j > i) {
+            const char *eq = memchr(qs + i, '=', j - i);
+            size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
+            char *key = iv_url_decode(qs + i, klen);
+            char *val = eq ? iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
+            if (!key || !val)
+                rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
+            else
+                rc = qs_param(out, key, val, n_obs, n_var, err);
+            free(key);
+            free(val);
+        }
+        i = j + 1;
+    }
+    if (rc != 0) iv_qreq_free(out);
+    return rc;
+}

@@ -1,0 +1,90 @@
+/*
+ * Query requests: the JSON body of POST .../query and .../count, or the
+ * same selection in a GET query string, parsed and validated into
+ * selections the engine accepts.
+ *
+ * JSON body:  {"obs": SEL, "var": SEL, "format": "binary"|"ndjson"|"json"}
+ * SEL:        {"index":[i,...]} | {"range":[start,stop]} |
+ *             {"mask":"<base64, bit i = element i, LSB first>"} |
+ *             {"mask":[true,false,...]} | {"names":["a",...]} | absent (all)
+ * Query string: obs=1,5,2 | obs=10:20 (range) | obs_mask=B64 | obs_names=a,b
+ *             and the same with var; format=...  Values are percent-decoded;
+ *             '+' stays '+' because base64 masks use it.
+ *
+ * Every error names the offending key, position or value.  Index, range
+ * and mask selections are checked against the axis lengths here, so the
+ * engine only ever sees in-range indices; name selections are resolved by
+ * the caller (they need the dataset's metadata).  Pure functions: any
+ * thread; everything allocated belongs to the iv_qreq_t.
+ */
+#ifndef IV_REQUEST_H
+#define IV_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "query.h"
+
+typedef enum iv_psel_kind {
+    IV_PSEL_ALL = 0,
+    IV_PSEL_INDEX,
+    IV_PSEL_RANGE,
+    IV_PSEL_MASK,
+    IV_PSEL_NAMES,
+} iv_psel_kind_t;
+
+typedef struct iv_psel {
+    iv_psel_kind_t kind;
+    int64_t n;          /* selected elements (idx) or names */
+    int64_t *idx;       /* owned; INDEX, RANGE, MASK */
+    char **names;       /* owned; NAMES (n strings) */
+} iv_psel_t;
+
+typedef enum iv_fmt {
+    IV_FMT_NONE = 0,    /* not named by the request */
+    IV_FMT_BINARY,      /* application/vnd.ivserve.csr */
+    IV_FMT_NDJSON,      /* application/x-ndjson */
+    IV_FMT_JSON,        /* application/json */
+} iv_fmt_t;
+
+typedef struct iv_qreq {
+    iv_psel_t obs, var;
+    iv_fmt_t format;    /* from the "format" field / parameter */
+} iv_qreq_t;
+
+/* Parses a JSON body (need not be NUL terminated).  n_obs/n_var are the
+ * dataset's axis lengths.  On error *out is left empty (nothing to free)
+ * and err names the problem: IV_EBAD_JSON for syntax, IV_EBAD_SELECTION,
+ * IV_EOUT_OF_RANGE. */
+int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_var,
+                       iv_qreq_t *out, iv_err_t *err);
+/* Parses a query string (the part after '?', without it). */
+int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
+                        iv_qreq_t *out, iv_err_t *err);
+void iv_qreq_free(iv_qreq_t *q);
+
+/* The engine's view of a parsed index/range/mask/all selection (borrows
+ * p's array).  Must not be called on a NAMES selection before the caller
+ * has replaced it by indices (iv_psel_set_indices). */
+iv_sel_t iv_psel_view(const iv_psel_t *p);
+/* Replaces p's content by an owned index array (names resolved). */
+void iv_psel_set_indices(iv_psel_t *p, int64_t *idx, int64_t n);
+
+/* Encoding names: "binary" (or "csr"), "ndjson", "json"; IV_FMT_NONE if unknown. */
+iv_fmt_t iv_fmt_parse(const char *name);
+const char *iv_fmt_name(iv_fmt_t f);
+const char *iv_fmt_media_type(iv_fmt_t f);
+/*
+ * Content negotiation on an Accept header (NULL or empty = anything).
+ * Picks the listed type of highest q that the server has; the wildcards
+ * (star/star, application/star) pick NDJSON so that a terminal never receives
+ * binary.  Returns IV_FMT_NONE when nothing acceptable is listed (406).
+ */
+iv_fmt_t iv_fmt_from_accept(const char *accept);
+
+/* Percent-decodes src[0..n) into a new NUL-terminated string; NULL on a bad
+ * escape, an embedded NUL, or allocation failure. */
+char *iv_url_decode(const char *src, size_t n);
+
+#endif

@@ -1,0 +1,229 @@
+/* Tests of proto/request.c and proto/base64.c: selections, formats, negotiation. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base64.h"
+#include "request.h"
+
+static int parse_json(const char *s, iv_qreq_t *q, iv_err_t *e)
+{
+    iv_err_clear(e);
+    return iv_qreq_parse_json(s, strlen(s), 60, 50, q, e);
+}
+
+static int parse_qs(const char *s, iv_qreq_t *q, iv_err_t *e)
+{
+    iv_err_clear(e);
+    return iv_qreq_parse_query(s, strlen(s), 60, 50, q, e);
+}
+
+START_TEST(test_index_keeps_order_and_duplicates)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[5,1,5,59]}}", &q, &e), 0);
+    ck_assert_int_eq(q.obs.kind, IV_PSEL_INDEX);
+    ck_assert_int_eq(q.obs.n, 4);
+    ck_assert_int_eq(q.obs.idx[0], 5);
+    ck_assert_int_eq(q.obs.idx[1], 1);
+    ck_assert_int_eq(q.obs.idx[2], 5);
+    ck_assert_int_eq(q.obs.idx[3], 59);
+    ck_assert_int_eq(q.var.kind, IV_PSEL_ALL);
+    iv_sel_t v = iv_psel_view(&q.var);
+    ck_assert_int_eq(v.all, 1);
+    iv_sel_t o = iv_psel_view(&q.obs);
+    ck_assert_int_eq(o.all, 0);
+    ck_assert_int_eq(o.n, 4);
+    iv_qreq_free(&q);
+}
+END_TEST
+
+START_TEST(test_out_of_range_names_value)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1,60]}}", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "obs.index[1] = 60"));
+    ck_assert_int_eq(parse_json("{\"var\":{\"index\":[-1]}}", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "var.index[0] = -1"));
+    ck_assert_int_eq(parse_json("{\"var\":{\"index\":[1.5]}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_json("{\"var\":{\"range\":[3,51]}}", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_int_eq(parse_json("{\"var\":{\"range\":[4,3]}}", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_int_eq(parse_json("{\"var\":{\"range\":[4]}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1e300]}}", &q, &e), IV_EBAD_SELECTION);
+}
+END_TEST
+
+START_TEST(test_range_and_empty)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_json("{\"var\":{\"range\":[48,50]},\"obs\":{\"range\":[7,7]}}", &q, &e), 0);
+    ck_assert_int_eq(q.var.n, 2);
+    ck_assert_int_eq(q.var.idx[0], 48);
+    ck_assert_int_eq(q.var.idx[1], 49);
+    ck_assert_int_eq(q.obs.n, 0);
+    ck_assert_int_eq(iv_psel_view(&q.obs).all, 0);
+    iv_qreq_free(&q);
+    ck_assert_int_eq(parse_json("", &q, &e), 0);
+    ck_assert_int_eq(q.obs.kind, IV_PSEL_ALL);
+    ck_assert_int_eq(parse_json("{}", &q, &e), 0);
+    ck_assert_int_eq(parse_json("{\"obs\":null,\"var\":{}}", &q, &e), 0);
+    ck_assert_int_eq(q.var.kind, IV_PSEL_ALL);
+}
+END_TEST
+
+START_TEST(test_mask_base64_and_bools)
+{
+    /* 60 obs -> 8 bytes; set bits 0, 9 and 59. */
+    uint8_t bits[8] = {0};
+    bits[0] = 1;
+    bits[1] = 2;
+    bits[7] = 1u << 3;
+    char b64[16];
+    iv_base64_encode(bits, 8, b64);
+    char body[128];
+    snprintf(body, sizeof body, "{\"obs\":{\"mask\":\"%s\"}}", b64);
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_json(body, &q, &e), 0);
+    ck_assert_int_eq(q.obs.kind, IV_PSEL_MASK);
+    ck_assert_int_eq(q.obs.n, 3);
+    ck_assert_int_eq(q.obs.idx[0], 0);
+    ck_assert_int_eq(q.obs.idx[1], 9);
+    ck_assert_int_eq(q.obs.idx[2], 59);
+    iv_qreq_free(&q);
+
+    /* A bit past the axis (bit 60) is an error, not silently dropped. */
+    bits[7] |= 1u << 4;
+    iv_base64_encode(bits, 8, b64);
+    snprintf(body, sizeof body, "{\"obs\":{\"mask\":\"%s\"}}", b64);
+    ck_assert_int_eq(parse_json(body, &q, &e), IV_EOUT_OF_RANGE);
+    /* Wrong length. */
+    ck_assert_int_eq(parse_json("{\"obs\":{\"mask\":\"AAAA\"}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_json("{\"obs\":{\"mask\":\"!!!!\"}}", &q, &e), IV_EBAD_SELECTION);
+
+    /* Booleans: length must equal the axis. */
+    char arr[1024] = "{\"var\":{\"mask\":[";
+    for (int i = 0; i < 50; i++) strcat(arr, i == 0 ? (i % 7 ? "false" : "true") : (i % 7 ? ",false" : ",true"));
+    strcat(arr, "]}}");
+    ck_assert_int_eq(parse_json(arr, &q, &e), 0);
+    ck_assert_int_eq(q.var.n, 8);
+    ck_assert_int_eq(q.var.idx[7], 49);
+    iv_qreq_free(&q);
+    ck_assert_int_eq(parse_json("{\"var\":{\"mask\":[true,false]}}", &q, &e), IV_EBAD_SELECTION);
+}
+END_TEST
+
+START_TEST(test_names_and_errors)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_json("{\"var\":{\"names\":[\"CD3E\",\"MS4A1\"]}}", &q, &e), 0);
+    ck_assert_int_eq(q.var.kind, IV_PSEL_NAMES);
+    ck_assert_int_eq(q.var.n, 2);
+    ck_assert_str_eq(q.var.names[1], "MS4A1");
+    int64_t *idx = malloc(sizeof *idx);
+    idx[0] = 3;
+    iv_psel_set_indices(&q.var, idx, 1);
+    ck_assert_int_eq(iv_psel_view(&q.var).idx[0], 3);
+    iv_qreq_free(&q);
+
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1]", &q, &e), IV_EBAD_JSON);
+    ck_assert_int_eq(parse_json("[1,2]", &q, &e), IV_EBAD_JSON);
+    ck_assert_int_eq(parse_json("{\"cells\":{}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_ptr_nonnull(strstr(e.msg, "cells"));
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1],\"range\":[0,1]}}", &q, &e),
+                     IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_json("{\"obs\":{\"rows\":[1]}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_ptr_nonnull(strstr(e.msg, "rows"));
+    ck_assert_int_eq(parse_json("{\"format\":\"xml\"}", &q, &e), IV_ENOT_ACCEPTABLE);
+    ck_assert_int_eq(parse_json("{\"format\":\"json\"}", &q, &e), 0);
+    ck_assert_int_eq(q.format, IV_FMT_JSON);
+}
+END_TEST
+
+START_TEST(test_query_string)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    ck_assert_int_eq(parse_qs("obs=3,1,3&var=10:12&format=binary", &q, &e), 0);
+    ck_assert_int_eq(q.obs.n, 3);
+    ck_assert_int_eq(q.obs.idx[2], 3);
+    ck_assert_int_eq(q.var.kind, IV_PSEL_RANGE);
+    ck_assert_int_eq(q.var.n, 2);
+    ck_assert_int_eq(q.var.idx[1], 11);
+    ck_assert_int_eq(q.format, IV_FMT_BINARY);
+    iv_qreq_free(&q);
+    ck_assert_int_eq(parse_qs("var_names=A%20B,C", &q, &e), 0);
+    ck_assert_str_eq(q.var.names[0], "A B");
+    ck_assert_str_eq(q.var.names[1], "C");
+    iv_qreq_free(&q);
+    ck_assert_int_eq(parse_qs("obs=1,x", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_qs("obs=1,60", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_int_eq(parse_qs("obs=1&obs=2", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_qs("bogus=1", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_ptr_nonnull(strstr(e.msg, "bogus"));
+    ck_assert_int_eq(parse_qs("obs=%zz", &q, &e), IV_EBAD_REQUEST);
+    ck_assert_int_eq(parse_qs("obs=1%00", &q, &e), IV_EBAD_REQUEST);
+    ck_assert_int_eq(parse_qs("", &q, &e), 0);
+    ck_assert_int_eq(q.obs.kind, IV_PSEL_ALL);
+}
+END_TEST
+
+START_TEST(test_accept_negotiation)
+{
+    ck_assert_int_eq(iv_fmt_from_accept(NULL), IV_FMT_NDJSON);
+    ck_assert_int_eq(iv_fmt_from_accept("*/*"), IV_FMT_NDJSON);
+    ck_assert_int_eq(iv_fmt_from_accept("application/vnd.ivserve.csr"), IV_FMT_BINARY);
+    ck_assert_int_eq(iv_fmt_from_accept("text/html, application/json;q=0.9"), IV_FMT_JSON);
+    ck_assert_int_eq(iv_fmt_from_accept("application/json;q=0.5, application/x-ndjson"),
+                     IV_FMT_NDJSON);
+    ck_assert_int_eq(iv_fmt_from_accept("text/html"), IV_FMT_NONE);
+    ck_assert_int_eq(iv_fmt_from_accept("application/json;q=0"), IV_FMT_NONE);
+}
+END_TEST
+
+START_TEST(test_base64_roundtrip)
+{
+    uint8_t src[17], dst[32];
+    char enc[64];
+    for (size_t n = 0; n <= sizeof src; n++) {
+        for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(i * 37 + n);
+        size_t el = iv_base64_encode(src, n, enc);
+        ck_assert_uint_eq(el, (n + 2) / 3 * 4);
+        ck_assert_int_eq(iv_base64_decode(enc, el, dst, sizeof dst), (long)n);
+        ck_assert_int_eq(memcmp(src, dst, n), 0);
+        /* Without padding too. */
+        size_t np = el;
+        while (np && enc[np - 1] == '=') np--;
+        ck_assert_int_eq(iv_base64_decode(enc, np, dst, sizeof dst), (long)n);
+    }
+    ck_assert_int_eq(iv_base64_decode("A", 1, dst, sizeof dst), -1);
+    ck_assert_int_eq(iv_base64_decode("AB=C", 4, dst, sizeof dst), -1);
+    ck_assert_int_eq(iv_base64_decode("AAAAAAAA", 8, dst, 5), -1);
+    ck_assert_int_eq(iv_base64_decode("_-8=", 4, dst, sizeof dst), 2);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("proto_request");
+    TCase *tc = tcase_create("all");
+    tcase_add_test(tc, test_index_keeps_order_and_duplicates);
+    tcase_add_test(tc, test_out_of_range_names_value);
+    tcase_add_test(tc, test_range_and_empty);
+    tcase_add_test(tc, test_mask_base64_and_bools);
+    tcase_add_test(tc, test_names_and_errors);
+    tcase_add_test(tc, test_query_string);
+    tcase_add_test(tc, test_accept_negotiation);
+    tcase_add_test(tc, test_base64_roundtrip);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
