@@ -517,11 +517,16 @@ def load_npz_raw(path):
         return {k: z[k] for k in z.files}
 
 
-def compare_npz(path, exp):
+def compare_npz(path, exp, data_dtype=None):
     """Returns None when the .npz at path holds exactly exp (a CSR from
     expected(): same format, shape, dtypes, indptr, indices and data bytes,
-    so NaN positions and payloads must match too), else a description."""
+    so NaN positions and payloads must match too), else a description.
+
+    data_dtype: the dtype the file must store when it differs from exp's
+    (the fixtures' expected matrices are float64); the stored data is then
+    cast to exp's dtype before the byte comparison."""
     z = load_npz_raw(path)
+    want_dtype = np.dtype(data_dtype) if data_dtype is not None else exp.data.dtype
     for key in ("format", "shape", "data", "indices", "indptr"):
         if key not in z:
             return "missing array %r (has %s)" % (key, sorted(z))
@@ -532,7 +537,7 @@ def compare_npz(path, exp):
     if tuple(int(x) for x in z["shape"]) != tuple(exp.shape):
         return "shape %s != %s" % (tuple(z["shape"]), exp.shape)
     for key, want in (("indptr", np.dtype(np.int64)), ("indices", np.dtype(np.int32)),
-                      ("data", exp.data.dtype)):
+                      ("data", want_dtype)):
         got = z[key].dtype
         if got.newbyteorder("=") != want.newbyteorder("=") or got.kind != want.kind:
             return "%s dtype %s != %s" % (key, got, want)
