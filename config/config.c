@@ -1,0 +1,519 @@
+/*
+ * Settings (see config.h).
+ *
+ * Numeric settings are described once, in a table that maps a config key,
+ * an environment variable and a flag to one field with its bounds; the
+ * three sources go through the same setter, so a value is checked the
+ * same way wherever it came from, and an error names the key the user
+ * actually wrote.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+enum num_kind { NK_U32, NK_SIZE, NK_I64, NK_INT, NK_UINT };
+
+struct num_opt {
+    const char *key;      /* config key ("limits.max_rows") */
+    const char *env;      /* IVSERVE_* or NULL */
+    const char *flag;     /* --flag or NULL */
+    size_t off;
+    enum num_kind kind;
+    int64_t min, max;
+};
+
+#define OFF(f) offsetof(iv_config_t, f)
+static const struct num_opt num_opts[] = {
+    {"port", "IVSERVE_PORT", "--port", OFF(port), NK_INT, 0, 65535},
+    {"threads", "IVSERVE_THREADS", "--threads", OFF(threads), NK_UINT, 0, 1024},
+    {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
+    {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
+    {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
+    {"limits.body_bytes", NULL, "--max-body-bytes", OFF(limits.body_bytes), NK_SIZE, 0, 1 << 30},
+    {"limits.header_timeout_ms", NULL, "--header-timeout-ms", OFF(limits.header_timeout_ms), NK_U32, 1, 86400000},
+    {"limits.body_timeout_ms", NULL, "--body-timeout-ms", OFF(limits.body_timeout_ms), NK_U32, 1, 86400000},
+    {"limits.keepalive_ms", NULL, "--keepalive-ms", OFF(limits.keepalive_ms), NK_U32, 1, 86400000},
+    {"limits.write_timeout_ms", NULL, "--write-timeout-ms", OFF(limits.write_timeout_ms), NK_U32, 1, 86400000},
+    {"limits.shutdown_grace_ms", NULL, "--shutdown-grace-ms", OFF(limits.shutdown_grace_ms), NK_U32, 0, 3600000},
+    {"limits.max_connections", "IVSERVE_MAX_CONNECTIONS", "--max-connections", OFF(limits.max_connections), NK_U32, 1, 1000000},
+    {"limits.max_rows", NULL, "--max-rows", OFF(limits.max_rows), NK_I64, 1, INT64_MAX},
+    {"limits.max_nnz", NULL, "--max-nnz", OFF(limits.max_nnz), NK_I64, 1, INT64_MAX},
+    {"limits.json_bytes", NULL, "--max-json-bytes", OFF(limits.json_bytes), NK_SIZE, 1024, INT64_MAX},
+    {"limits.blocks_ahead", NULL, "--blocks-ahead", OFF(limits.blocks_ahead), NK_U32, 1, 64},
+    {"limits.max_pipeline", NULL, "--max-pipeline", OFF(limits.max_pipeline), NK_U32, 1, 1024},
+};
+#undef OFF
+#define N_NUM_OPTS (sizeof num_opts / sizeof num_opts[0])
+
+void iv_config_init(iv_config_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->listen = strdup("127.0.0.1");
+    c->port = 8080;
+    c->threads = 0;
+    c->queue = 1024;
+    c->cache_bytes = (size_t)1 << 30;
+    c->log_format = strdup("json");
+    c->access_log = strdup("-");
+    c->limits.header_bytes = 16384;
+    c->limits.body_bytes = (size_t)8 << 20;
+    c->limits.header_timeout_ms = 10000;
+    c->limits.body_timeout_ms = 30000;
+    c->limits.keepalive_ms = 60000;
+    c->limits.write_timeout_ms = 60000;
+    c->limits.shutdown_grace_ms = 10000;
+    c->limits.max_connections = 1024;
+    c->limits.max_rows = (int64_t)1 << 31;
+    c->limits.max_nnz = (int64_t)1 << 36;
+    c->limits.json_bytes = (size_t)64 << 20;
+    c->limits.blocks_ahead = 3;
+    c->limits.max_pipeline = 32;
+}
+
+static void free_strv(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+static void ds_free(iv_ds_conf_t *d)
+{
+    free(d->id);
+    free(d->path);
+    free(d->group);
+    free(d->title);
+    free_strv(d->tokens, d->n_tokens);
+}
+
+void iv_config_free(iv_config_t *c)
+{
+    if (!c) return;
+    free(c->listen);
+    for (size_t i = 0; i < c->n_datasets; i++) ds_free(&c->datasets[i]);
+    free(c->datasets);
+    free_strv(c->tokens, c->n_tokens);
+    free_strv(c->cors_origins, c->n_cors);
+    free(c->log_format);
+    free(c->access_log);
+    memset(c, 0, sizeof *c);
+}
+
+static int set_str(char **dst, const char *v, const char *key, iv_err_t *err)
+{
+    char *s = strdup(v);
+    if (!s) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    free(*dst);
+    *dst = s;
+    return 0;
+}
+
+static int set_num(iv_config_t *c, const struct num_opt *o, int64_t v, iv_err_t *err)
+{
+    if (v < o->min || v > o->max)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: %lld is out of range [%lld, %lld]", o->key,
+                       (long long)v, (long long)o->min, (long long)o->max);
+    char *base = (char *)c + o->off;
+    switch (o->kind) {
+    case NK_U32: *(uint32_t *)base = (uint32_t)v; break;
+    case NK_SIZE: *(size_t *)base = (size_t)v; break;
+    case NK_I64: *(int64_t *)base = v; break;
+    case NK_INT: *(int *)base = (int)v; break;
+    case NK_UINT: *(unsigned *)base = (unsigned)v; break;
+    }
+    return 0;
+}
+
+static int set_num_str(iv_config_t *c, const struct num_opt *o, const char *s, const char *src,
+                       iv_err_t *err)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0')
+        return iv_fail(err, IV_EINVALID_ARG, "%s (%s): '%s' is not an integer", o->key, src, s);
+    return set_num(c, o, v, err);
+}
+
+static const struct num_opt *find_num(const char *key)
+{
+    for (size_t i = 0; i < N_NUM_OPTS; i++)
+        if (!strcmp(num_opts[i].key, key)) return &num_opts[i];
+    return NULL;
+}
+
+static int set_log_format(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (strcmp(v, "json") && strcmp(v, "text"))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"json\" or \"text\", not '%s'", key, v);
+    return set_str(&c->log_format, v, key, err);
+}
+
+static int push_str(char ***v, size_t *n, const char *s, const char *key, iv_err_t *err)
+{
+    if (!s[0]) return iv_fail(err, IV_EINVALID_ARG, "%s: empty string", key);
+    char **nv = realloc(*v, (*n + 1) * sizeof **v);
+    if (!nv) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    *v = nv;
+    if (!(nv[*n] = strdup(s))) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    (*n)++;
+    return 0;
+}
+
+/* Comma-separated list into a string vector (replacing it). */
+static int set_list(char ***v, size_t *n, const char *s, const char *key, iv_err_t *err)
+{
+    free_strv(*v, *n);
+    *v = NULL;
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char tmp[1024];
+        if (l >= sizeof tmp) return iv_fail(err, IV_EINVALID_ARG, "%s: item too long", key);
+        memcpy(tmp, p, l);
+        tmp[l] = '\0';
+        if (l) IV_TRY(push_str(v, n, tmp, key, err));
+        p = e ? e + 1 : p + l;
+    }
+    return 0;
+}
+
+static int json_str_list(const cJSON *a, char ***v, size_t *n, const char *key, iv_err_t *err)
+{
+    if (!cJSON_IsArray(a)) return iv_fail(err, IV_EINVALID_ARG, "%s: must be an array of strings", key);
+    free_strv(*v, *n);
+    *v = NULL;
+    *n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a)
+    {
+        if (!cJSON_IsString(e))
+            return iv_fail(err, IV_EINVALID_ARG, "%s: must be an array of strings", key);
+        IV_TRY(push_str(v, n, e->valuestring, key, err));
+    }
+    return 0;
+}
+
+static int id_ok(const char *id)
+{
+    if (!id[0] || strlen(id) > 128) return 0;
+    for (const char *p = id; *p; p++) {
+        char ch = *p;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return strcmp(id, ".") && strcmp(id, "..");
+}
+
+static iv_ds_conf_t *ds_push(iv_config_t *c, iv_err_t *err)
+{
+    iv_ds_conf_t *nd = realloc(c->datasets, (c->n_datasets + 1) * sizeof *nd);
+    if (!nd) {
+        iv_fail(err, IV_ENOMEM, "datasets: out of memory");
+        return NULL;
+    }
+    c->datasets = nd;
+    memset(&nd[c->n_datasets], 0, sizeof *nd);
+    return &nd[c->n_datasets++];
+}
+
+static char *join_path(const char *base, const char *p)
+{
+    if (!base || p[0] == '/') return strdup(p);
+    size_t n = strlen(base) + strlen(p) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s/%s", base, p);
+    return s;
+}
+
+static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *base_dir,
+                        iv_err_t *err)
+{
+    char key[64];
+    snprintf(key, sizeof key, "datasets[%zu]", i);
+    if (!cJSON_IsObject(o)) return iv_fail(err, IV_EINVALID_ARG, "%s: must be an object", key);
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, o)
+    {
+        const char *k = kv->string;
+        if (strcmp(k, "id") && strcmp(k, "path") && strcmp(k, "group") && strcmp(k, "title") &&
+            strcmp(k, "tokens"))
+            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: unknown key", key, k);
+        if (strcmp(k, "tokens") && !cJSON_IsString(kv))
+            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a string", key, k);
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    const cJSON *path = cJSON_GetObjectItemCaseSensitive(o, "path");
+    if (!path) return iv_fail(err, IV_EINVALID_ARG, "%s.path: required", key);
+    iv_ds_conf_t *d = ds_push(c, err);
+    if (!d) return IV_ENOMEM;
+    d->path = join_path(base_dir, path->valuestring);
+    if (!d->path) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    if (id) {
+        d->id = strdup(id->valuestring);
+    } else {
+        /* The stem, as for a file named on the command line. */
+        const char *b = strrchr(path->valuestring, '/');
+        b = b ? b + 1 : path->valuestring;
+        d->id = strndup(b, strcspn(b, "."));
+    }
+    if (!d->id) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    if (!id_ok(d->id))
+        return iv_fail(err, IV_EINVALID_ARG, "%s.id: '%s' must be letters, digits, '.', '_' or '-'",
+                       key, d->id);
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "group");
+    if (g && !(d->group = strdup(g->valuestring))) return IV_ENOMEM;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "title");
+    if (t && !(d->title = strdup(t->valuestring))) return IV_ENOMEM;
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+    if (tk) {
+        char k2[80];
+        snprintf(k2, sizeof k2, "%s.tokens", key);
+        IV_TRY(json_str_list(tk, &d->tokens, &d->n_tokens, k2, err));
+    }
+    return 0;
+}
+
+static int load_num(iv_config_t *c, const char *key, const cJSON *v, iv_err_t *err)
+{
+    const struct num_opt *o = find_num(key);
+    if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown key", key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be an integer", key);
+    return set_num(c, o, (int64_t)v->valuedouble, err);
+}
+
+int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
+                        iv_err_t *err)
+{
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) return iv_fail(err, IV_EBAD_JSON, "config: not valid JSON");
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        rc = iv_fail(err, IV_EINVALID_ARG, "config: must be a JSON object");
+        goto done;
+    }
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, root)
+    {
+        const char *k = kv->string;
+        if (!strcmp(k, "listen")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "listen: must be a string");
+            else rc = set_str(&c->listen, kv->valuestring, k, err);
+        } else if (!strcmp(k, "log_format")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
+            else rc = set_log_format(c, kv->valuestring, k, err);
+        } else if (!strcmp(k, "access_log")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "access_log: must be a string");
+            else rc = set_str(&c->access_log, kv->valuestring, k, err);
+        } else if (!strcmp(k, "tokens")) {
+            rc = json_str_list(kv, &c->tokens, &c->n_tokens, k, err);
+        } else if (!strcmp(k, "cors_origins")) {
+            rc = json_str_list(kv, &c->cors_origins, &c->n_cors, k, err);
+        } else if (!strcmp(k, "datasets")) {
+            if (!cJSON_IsArray(kv)) {
+                rc = iv_fail(err, IV_EINVALID_ARG, "datasets: must be an array of objects");
+            } else {
+                size_t i = 0;
+                const cJSON *d;
+                cJSON_ArrayForEach(d, kv)
+                {
+                    if ((rc = load_dataset(c, d, i++, base_dir, err)) != 0) break;
+                }
+            }
+        } else if (!strcmp(k, "limits")) {
+            if (!cJSON_IsObject(kv)) {
+                rc = iv_fail(err, IV_EINVALID_ARG, "limits: must be an object");
+            } else {
+                const cJSON *l;
+                cJSON_ArrayForEach(l, kv)
+                {
+                    char key[96];
+                    snprintf(key, sizeof key, "limits.%s", l->string);
+                    if ((rc = load_num(c, key, l, err)) != 0) break;
+                }
+            }
+        } else if (!strcmp(k, "$comment")) {
+            /* Free text for people reading the file. */
+        } else {
+            rc = load_num(c, k, kv, err);
+        }
+        if (rc) break;
+    }
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return iv_fail(err, IV_EIO, "config %s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 4096;
+            if (cap > (16u << 20)) {
+                free(text);
+                fclose(f);
+                return iv_fail(err, IV_ETOO_LARGE, "config %s: larger than 16 MiB", path);
+            }
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return iv_fail(err, IV_ENOMEM, "config %s: out of memory", path);
+            }
+            text = t;
+        }
+        size_t got = fread(text + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    char *dir = strdup(path);
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    const char *base = NULL;
+    if (slash) {
+        *slash = '\0';
+        base = dir[0] ? dir : "/";
+    }
+    iv_err_t sub;
+    iv_err_clear(&sub);
+    int rc = iv_config_load_json(c, text, len, base, &sub);
+    if (rc) iv_fail(err, rc, "config %s: %s", path, sub.msg);
+    free(dir);
+    free(text);
+    return rc;
+}
+
+int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
+{
+    for (; envp && *envp; envp++) {
+        const char *kv = *envp;
+        if (strncmp(kv, "IVSERVE_", 8)) continue;
+        const char *eq = strchr(kv, '=');
+        if (!eq) continue;
+        char name[64];
+        size_t nl = (size_t)(eq - kv);
+        if (nl >= sizeof name) continue;
+        memcpy(name, kv, nl);
+        name[nl] = '\0';
+        const char *v = eq + 1;
+        if (!strcmp(name, "IVSERVE_LISTEN")) IV_TRY(set_str(&c->listen, v, name, err));
+        else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
+        else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
+        else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
+        else if (!strcmp(name, "IVSERVE_CORS_ORIGINS"))
+            IV_TRY(set_list(&c->cors_origins, &c->n_cors, v, name, err));
+        else {
+            /* Numeric variables from the table; other IVSERVE_* names
+             * (IVSERVE_BIN of the test harness) are not settings. */
+            for (size_t i = 0; i < N_NUM_OPTS; i++)
+                if (num_opts[i].env && !strcmp(num_opts[i].env, name))
+                    IV_TRY(set_num_str(c, &num_opts[i], v, name, err));
+        }
+    }
+    return 0;
+}
+
+int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    iv_ds_conf_t *d = ds_push(c, err);
+    if (!d) return IV_ENOMEM;
+    d->path = strdup(path);
+    d->id = strndup(b, strcspn(b, "."));
+    if (!d->path || !d->id) return iv_fail(err, IV_ENOMEM, "out of memory");
+    if (!id_ok(d->id))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the file stem '%s' is not a valid dataset id",
+                       path, d->id);
+    return 0;
+}
+
+const char *iv_config_usage(void)
+{
+    return "usage: ivserve [--config FILE] [options] [FILE.h5ad ...]\n"
+           "       ivserve check FILE | export FILE ... -o OUT.npz\n"
+           "options (each overrides the config file and IVSERVE_* variables):\n"
+           "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N\n"
+           "  --token T (repeatable)  --cors ORIGIN (repeatable)  --log-format json|text\n"
+           "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
+           "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
+           "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
+           "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
+           "  --help  --version\n";
+}
+
+int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp, iv_err_t *err)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--version"))
+            return 1;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) return iv_fail(err, IV_EINVALID_ARG, "--config: needs a file");
+            IV_TRY(iv_config_load_file(c, argv[i + 1], err));
+            i++;
+        }
+    }
+    IV_TRY(iv_config_apply_env(c, envp, err));
+    int tokens_reset = 0, cors_reset = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || a[1] != '-') {
+            IV_TRY(iv_config_add_path(c, a, err));
+            continue;
+        }
+        if (i + 1 >= argc) return iv_fail(err, IV_EINVALID_ARG, "%s: needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--config")) continue;
+        if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
+        else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
+        else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
+        else if (!strcmp(a, "--token")) {
+            /* Flags replace the file's list rather than add to it. */
+            if (!tokens_reset++) {
+                free_strv(c->tokens, c->n_tokens);
+                c->tokens = NULL;
+                c->n_tokens = 0;
+            }
+            IV_TRY(push_str(&c->tokens, &c->n_tokens, v, a, err));
+        } else if (!strcmp(a, "--cors")) {
+            if (!cors_reset++) {
+                free_strv(c->cors_origins, c->n_cors);
+                c->cors_origins = NULL;
+                c->n_cors = 0;
+            }
+            IV_TRY(push_str(&c->cors_origins, &c->n_cors, v, a, err));
+        } else {
+            const struct num_opt *o = NULL;
+            for (size_t k = 0; k < N_NUM_OPTS; k++)
+                if (num_opts[k].flag && !strcmp(num_opts[k].flag, a)) o = &num_opts[k];
+            if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown option", a);
+            IV_TRY(set_num_str(c, o, v, a, err));
+        }
+    }
+    return iv_config_validate(c, err);
+}
+
+int iv_config_validate(const iv_config_t *c, iv_err_t *err)
+{
+    if (c->n_datasets == 0)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "datasets: none configured (name FILE.h5ad arguments or use --config)");
+    for (size_t i = 0; i < c->n_datasets; i++)
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(c->datasets[i].id, c->datasets[j].id))
+                return iv_fail(err, IV_EINVALID_ARG, "datasets[%zu].id: '%s' is used twice", i,
+                               c->datasets[i].id);
+    return 0;
+}

@@ -1,0 +1,89 @@
+/*
+ * Server settings: defaults, then a JSON config file, then environment
+ * variables, then command-line flags, each overriding the one before.
+ *
+ * Everything is validated when loaded: an unknown key, a value of the
+ * wrong type or out of range, a duplicate or malformed dataset id is an
+ * error whose message names the key (for example "limits.max_rows: must be
+ * a positive integer").  The resulting iv_config_t is plain data owned by
+ * the caller; the server reads it and never changes it.  Not thread-safe
+ * while loading; read-only afterwards.
+ */
+#ifndef IV_CONFIG_H
+#define IV_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct iv_ds_conf {
+    char *id;            /* [A-Za-z0-9._-]+, unique: the only way a request names a dataset */
+    char *path;
+    char *group;         /* matrix group; NULL = "X" */
+    char *title;         /* NULL = the id */
+    char **tokens;       /* bearer tokens that open this dataset (besides global ones) */
+    size_t n_tokens;
+} iv_ds_conf_t;
+
+typedef struct iv_limits {
+    size_t header_bytes;          /* request line + headers */
+    size_t body_bytes;
+    uint32_t header_timeout_ms;   /* from the first byte of a request to its last header */
+    uint32_t body_timeout_ms;     /* from the end of the headers to the end of the body */
+    uint32_t keepalive_ms;        /* idle connection between requests */
+    uint32_t write_timeout_ms;    /* a response that makes no progress for this long is cut */
+    uint32_t shutdown_grace_ms;   /* SIGTERM: how long streams in flight may finish */
+    uint32_t max_connections;
+    int64_t max_rows;             /* rows a query may return */
+    int64_t max_nnz;              /* stored entries a query may return (when known up front) */
+    size_t json_bytes;            /* largest application/json result */
+    uint32_t blocks_ahead;        /* decoded-but-unsent blocks per response */
+    uint32_t max_pipeline;        /* requests parsed ahead of their responses */
+} iv_limits_t;
+
+typedef struct iv_config {
+    char *listen;                 /* address, default 127.0.0.1 */
+    int port;                     /* default 8080; 0 = any free port (printed at start) */
+    unsigned threads;             /* 0 = number of cores */
+    size_t queue;                 /* worker job queue length; full = 503 */
+    size_t cache_bytes;           /* per-dataset decompressed chunk cache */
+    iv_ds_conf_t *datasets;
+    size_t n_datasets;
+    char **tokens;                /* global bearer tokens; none = open server */
+    size_t n_tokens;
+    char **cors_origins;          /* "*" allows any origin */
+    size_t n_cors;
+    char *log_format;             /* "json" (default) or "text" */
+    char *access_log;             /* file path, "-" = stderr (default), "off" */
+    iv_limits_t limits;
+} iv_config_t;
+
+/* Fills defaults. */
+void iv_config_init(iv_config_t *c);
+void iv_config_free(iv_config_t *c);
+
+/* Applies a JSON document; relative dataset paths are resolved against
+ * base_dir (NULL = as given). */
+int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
+                        iv_err_t *err);
+int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err);
+/* Applies IVSERVE_* variables from envp ("KEY=VALUE" strings, NULL-terminated). */
+int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err);
+/*
+ * The whole chain for the server binary: --config FILE first (wherever it
+ * appears), then the environment, then the other flags and positional
+ * FILE.h5ad arguments (each a dataset named by its file stem).  Returns 1
+ * (not an error) when --help or --version was handled and the caller
+ * should exit 0.
+ */
+int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp, iv_err_t *err);
+/* Adds a dataset from a path; the id is the file stem up to the first '.'. */
+int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err);
+/* Final cross-checks (at least one dataset, unique ids). */
+int iv_config_validate(const iv_config_t *c, iv_err_t *err);
+
+/* Usage text for --help. */
+const char *iv_config_usage(void);
+
+#endif

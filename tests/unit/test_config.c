@@ -1,0 +1,145 @@
+/* Tests of config/config.c: defaults, file keys, precedence, errors naming the key. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+START_TEST(test_defaults_and_json)
+{
+    iv_config_t c;
+    iv_config_init(&c);
+    ck_assert_str_eq(c.listen, "127.0.0.1");
+    ck_assert_int_eq(c.port, 8080);
+    const char *j = "{\"port\":9000,\"tokens\":[\"a\",\"b\"],\"limits\":{\"max_rows\":5},"
+                    "\"datasets\":[{\"id\":\"x1\",\"path\":\"d/x.h5ad\",\"title\":\"T\",\"tokens\":[\"s\"]},"
+                    "{\"path\":\"/abs/pbmc.v2.h5ad\"}]}";
+    iv_err_t e;
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_config_load_json(&c, j, strlen(j), "base", &e), 0);
+    ck_assert_int_eq(c.port, 9000);
+    ck_assert_int_eq(c.limits.max_rows, 5);
+    ck_assert_uint_eq(c.n_tokens, 2);
+    ck_assert_uint_eq(c.n_datasets, 2);
+    ck_assert_str_eq(c.datasets[0].path, "base/d/x.h5ad");
+    ck_assert_str_eq(c.datasets[0].title, "T");
+    ck_assert_uint_eq(c.datasets[0].n_tokens, 1);
+    ck_assert_str_eq(c.datasets[1].id, "pbmc");
+    ck_assert_str_eq(c.datasets[1].path, "/abs/pbmc.v2.h5ad");
+    ck_assert_int_eq(iv_config_validate(&c, &e), 0);
+    iv_config_free(&c);
+}
+END_TEST
+
+static int load_err(const char *j, char *msg, size_t cap)
+{
+    iv_config_t c;
+    iv_config_init(&c);
+    iv_err_t e;
+    iv_err_clear(&e);
+    int rc = iv_config_load_json(&c, j, strlen(j), NULL, &e);
+    snprintf(msg, cap, "%s", e.msg);
+    iv_config_free(&c);
+    return rc;
+}
+
+START_TEST(test_errors_name_the_key)
+{
+    char m[512];
+    ck_assert_int_ne(load_err("{\"prot\":1}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "prot"));
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_rows\":0}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "limits.max_rows"));
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_rowz\":1}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "limits.max_rowz"));
+    ck_assert_int_ne(load_err("{\"port\":\"80\"}", m, sizeof m), 0);
+    ck_assert_int_ne(load_err("{\"port\":70000}", m, sizeof m), 0);
+    ck_assert_int_ne(load_err("{\"log_format\":\"xml\"}", m, sizeof m), 0);
+    ck_assert_int_ne(load_err("{\"datasets\":[{\"id\":\"../x\",\"path\":\"a\"}]}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "datasets[0].id"));
+    ck_assert_int_ne(load_err("{\"datasets\":[{\"id\":\"a\"}]}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "datasets[0].path"));
+    ck_assert_int_ne(load_err("{\"datasets\":[{\"path\":\"a\",\"colour\":\"x\"}]}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "colour"));
+    ck_assert_int_ne(load_err("{\"tokens\":[1]}", m, sizeof m), 0);
+    ck_assert_int_ne(load_err("[1]", m, sizeof m), 0);
+    ck_assert_int_ne(load_err("{", m, sizeof m), 0);
+}
+END_TEST
+
+START_TEST(test_precedence_file_env_flags)
+{
+    char path[] = "cfgXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"port\":9000,\"threads\":3,\"listen\":\"0.0.0.0\",\"datasets\":[{\"id\":\"a\",\"path\":\"a.h5ad\"}]}", f);
+    fclose(f);
+    char *argv[] = {"ivserve", "--port", "9100", "--config", path, "b.h5ad", "--token", "t1", NULL};
+    char *envp[] = {"IVSERVE_PORT=9050", "IVSERVE_THREADS=7", "IVSERVE_BIN=/x", "OTHER=1", NULL};
+    iv_config_t c;
+    iv_config_init(&c);
+    iv_err_t e;
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_config_from_args(&c, 8, argv, envp, &e), 0);
+    ck_assert_int_eq(c.port, 9100);     /* flag beats env beats file */
+    ck_assert_uint_eq(c.threads, 7);    /* env beats file */
+    ck_assert_str_eq(c.listen, "0.0.0.0");
+    ck_assert_uint_eq(c.n_datasets, 2);
+    ck_assert_str_eq(c.datasets[1].id, "b");
+    ck_assert_uint_eq(c.n_tokens, 1);
+    iv_config_free(&c);
+
+    char *bad[] = {"ivserve", "--porridge", "1", "x.h5ad", NULL};
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    ck_assert_int_ne(iv_config_from_args(&c, 4, bad, NULL, &e), 0);
+    ck_assert_ptr_nonnull(strstr(e.msg, "--porridge"));
+    iv_config_free(&c);
+
+    char *envbad[] = {"IVSERVE_PORT=eighty", NULL};
+    char *ok[] = {"ivserve", "x.h5ad", NULL};
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    ck_assert_int_ne(iv_config_from_args(&c, 2, ok, envbad, &e), 0);
+    ck_assert_ptr_nonnull(strstr(e.msg, "IVSERVE_PORT"));
+    iv_config_free(&c);
+
+    char *dup[] = {"ivserve", "d/x.h5ad", "e/x.h5ad", NULL};
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    ck_assert_int_ne(iv_config_from_args(&c, 3, dup, NULL, &e), 0);
+    iv_config_free(&c);
+    remove(path);
+}
+END_TEST
+
+START_TEST(test_example_config_loads)
+{
+    iv_config_t c;
+    iv_config_init(&c);
+    iv_err_t e;
+    iv_err_clear(&e);
+    ck_assert_msg(iv_config_load_file(&c, IV_SOURCE_DIR "/config/example.json", &e) == 0, "%s", e.msg);
+    ck_assert_uint_eq(c.n_datasets, 1);
+    ck_assert_ptr_nonnull(strstr(c.datasets[0].path, "examples/pbmc_example.h5ad"));
+    iv_config_free(&c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("all");
+    tcase_add_test(tc, test_defaults_and_json);
+    tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_precedence_file_env_flags);
+    tcase_add_test(tc, test_example_config_loads);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
