@@ -1,0 +1,1254 @@
+/*
+ * obs/var metadata in memory (see meta.h).
+ *
+ * Why everything is read at start-up into plain arrays: filters scan
+ * whole columns, and a million-cell obs of twenty columns is a few
+ * hundred megabytes at most once widened to int64/double/int32 codes,
+ * while HDF5 serialises every call behind one global lock and decodes
+ * filters single-threaded.  Reading once and never touching HDF5 again
+ * keeps the query path lock-free and predictable.
+ *
+ * Widening (every integer to int64, every float to double, codes to
+ * int32) costs memory but lets the evaluator have one loop per type
+ * instead of one per stored dtype; strings live in one arena per column
+ * with 64-bit offsets, so a column is three allocations, not a million.
+ *
+ * Encodings are recognised by the element's encoding-type attribute and,
+ * for files without one (anndata 0.7), by the HDF5 datatype class and by
+ * a `categories` attribute holding an object reference.
+ */
+#include "meta.h"
+
+#include <hdf5.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec.h"
+#include "names.h"
+
+struct mcol {
+    iv_meta_col_t c;       /* public view; its pointers are owned here */
+    iv_names_t *hash;      /* names index, built on first lookup */
+};
+
+struct frame {
+    int64_t n;
+    size_t n_cols;
+    struct mcol **cols;
+    struct mcol *index;
+};
+
+struct iv_meta {
+    struct frame ax[2];
+    pthread_mutex_t lock;  /* guards lazy names-index builds */
+    iv_meta_stats_t stats;
+};
+
+/* A load in progress: the file and what error messages should name. */
+typedef struct rd {
+    const char *path;
+    iv_err_t *err;
+} rd_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *iv_col_type_name(iv_col_type_t t)
+{
+    switch (t) {
+    case IV_COL_CATEGORICAL: return "categorical";
+    case IV_COL_INT: return "int";
+    case IV_COL_FLOAT: return "float";
+    case IV_COL_BOOL: return "bool";
+    case IV_COL_STRING: return "string";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------- columns */
+
+static void col_free(struct mcol *mc)
+{
+    if (!mc) return;
+    iv_meta_col_t *c = &mc->c;
+    free((void *)c->name);
+    free((void *)c->mask);
+    free((void *)c->i64);
+    free((void *)c->f64);
+    free((void *)c->b);
+    free((void *)c->codes);
+    free((void *)c->str_data);
+    free((void *)c->str_off);
+    free((void *)c->cat_data);
+    free((void *)c->cat_off);
+    free((void *)c->cat_num);
+    free((void *)c->cat_counts);
+    iv_names_free(mc->hash);
+    free(mc);
+}
+
+static struct mcol *col_new(const char *name, const char *encoding)
+{
+    struct mcol *mc = calloc(1, sizeof(*mc));
+    if (!mc) return NULL;
+    mc->c.name = strdup(name);
+    mc->c.encoding = encoding;
+    if (!mc->c.name) {
+        free(mc);
+        return NULL;
+    }
+    return mc;
+}
+
+static size_t col_bytes(const iv_meta_col_t *c)
+{
+    size_t n = (size_t)c->n, b = 0;
+    if (c->mask) b += n;
+    if (c->i64) b += n * 8;
+    if (c->f64) b += n * 8;
+    if (c->b) b += n;
+    if (c->codes) b += n * 4;
+    if (c->str_off) b += n * 8 + (size_t)(c->str_off[n > 0 ? n - 1 : 0]) + (n ? 64 : 0);
+    if (c->cat_off) b += (size_t)c->n_cats * 24;
+    return b;
+}
+
+/* Growable string arena with offsets; the common form of string
+ * columns, categories and the index. */
+typedef struct sarena {
+    char *data;
+    size_t len, cap;
+    int64_t *off;
+    int64_t n;
+} sarena_t;
+
+static int sarena_init(sarena_t *a, int64_t n)
+{
+    memset(a, 0, sizeof(*a));
+    a->off = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    a->cap = 64;
+    a->data = malloc(a->cap);
+    if (!a->off || !a->data) {
+        free(a->off);
+        free(a->data);
+        return IV_ENOMEM;
+    }
+    return 0;
+}
+
+static int sarena_push(sarena_t *a, const char *s, size_t len)
+{
+    if (a->len + len + 1 > a->cap) {
+        size_t cap = a->cap * 2;
+        while (cap < a->len + len + 1) cap *= 2;
+        char *d = realloc(a->data, cap);
+        if (!d) return IV_ENOMEM;
+        a->data = d;
+        a->cap = cap;
+    }
+    a->off[a->n++] = (int64_t)a->len;
+    memcpy(a->data + a->len, s, len);
+    a->data[a->len + len] = '\0';
+    a->len += len + 1;
+    return 0;
+}
+
+static void sarena_drop(sarena_t *a)
+{
+    free(a->data);
+    free(a->off);
+    memset(a, 0, sizeof(*a));
+}
+
+/* ------------------------------------------------------------ HDF5 helpers */
+
+/* Closes an HDF5 identifier of any kind if it is valid. */
+static void h5close(hid_t id)
+{
+    if (id < 0) return;
+    switch (H5Iget_type(id)) {
+    case H5I_FILE: H5Fclose(id); break;
+    case H5I_GROUP: H5Gclose(id); break;
+    case H5I_DATASET: H5Dclose(id); break;
+    case H5I_ATTR: H5Aclose(id); break;
+    case H5I_DATATYPE: H5Tclose(id); break;
+    case H5I_DATASPACE: H5Sclose(id); break;
+    default: break;
+    }
+}
+
+/* Opens the child `name` of loc (group or dataset); -1 when absent. */
+static hid_t open_child(hid_t loc, const char *name)
+{
+    if (H5Lexists(loc, name, H5P_DEFAULT) <= 0) return -1;
+    return H5Oopen(loc, name, H5P_DEFAULT);
+}
+
+/*
+ * Reads strings of a dataset or attribute (is_attr) of n elements (n < 0:
+ * whatever its size is; *n_out receives it) into an arena.  Handles
+ * variable-length and fixed-length strings; fixed ones end at the first
+ * NUL and lose trailing spaces when space-padded.  A NULL variable-length
+ * string reads as "" and is flagged in nulls (when nulls is given).
+ */
+static int read_strings(rd_t *r, hid_t obj, int is_attr, const char *what, int64_t n,
+                        sarena_t *out, int64_t *n_out)
+{
+    int rc = IV_EBAD_FILE;
+    hid_t ftype = is_attr ? H5Aget_type(obj) : H5Dget_type(obj);
+    hid_t space = is_attr ? H5Aget_space(obj) : H5Dget_space(obj);
+    hid_t mtype = -1;
+    char **vl = NULL;
+    char *fx = NULL;
+    memset(out, 0, sizeof(*out));
+    if (ftype < 0 || space < 0) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read its type", r->path, what);
+        goto done;
+    }
+    if (H5Tget_class(ftype) != H5T_STRING) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: expected strings", r->path, what);
+        goto done;
+    }
+    int rank = H5Sget_simple_extent_ndims(space);
+    hssize_t np = H5Sget_simple_extent_npoints(space);
+    if (rank > 1 || np < 0 || (n >= 0 && np != n)) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: has %lld elements, expected %lld", r->path,
+                     what, (long long)np, (long long)n);
+        goto done;
+    }
+    n = (int64_t)np;
+    if (sarena_init(out, n) < 0) {
+        rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+        goto done;
+    }
+    htri_t var = H5Tis_variable_str(ftype);
+    if (var > 0) {
+        mtype = H5Tcopy(H5T_C_S1);
+        H5Tset_size(mtype, H5T_VARIABLE);
+        H5Tset_cset(mtype, H5Tget_cset(ftype));
+        vl = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+        if (!vl) {
+            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+            goto done;
+        }
+        herr_t st = is_attr ? H5Aread(obj, mtype, vl) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
+                                                                 H5P_DEFAULT, vl);
+        if (st < 0) {
+            free(vl);
+            vl = NULL;
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings (a compression "
+                         "filter may be unavailable)", r->path, what);
+            goto done;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const char *s = vl[i] ? vl[i] : "";
+            if (sarena_push(out, s, strlen(s)) < 0) {
+                rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+                goto done;
+            }
+        }
+    } else if (var == 0) {
+        size_t L = H5Tget_size(ftype);
+        if (L == 0 || (n > 0 && L > ((size_t)1 << 40) / (size_t)n)) {
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: bad string size %zu", r->path, what, L);
+            goto done;
+        }
+        mtype = H5Tcopy(ftype);
+        fx = malloc((size_t)(n > 0 ? n : 1) * L);
+        if (!fx) {
+            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+            goto done;
+        }
+        herr_t st = is_attr ? H5Aread(obj, mtype, fx) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
+                                                                 H5P_DEFAULT, fx);
+        if (st < 0) {
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings", r->path, what);
+            goto done;
+        }
+        int spacepad = H5Tget_strpad(ftype) == H5T_STR_SPACEPAD;
+        for (int64_t i = 0; i < n; i++) {
+            const char *s = fx + (size_t)i * L;
+            size_t len = strnlen(s, L);
+            if (spacepad)
+                while (len > 0 && s[len - 1] == ' ') len--;
+            if (sarena_push(out, s, len) < 0) {
+                rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+                goto done;
+            }
+        }
+    } else {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: unreadable string type", r->path, what);
+        goto done;
+    }
+    *n_out = n;
+    rc = 0;
+done:
+    if (vl) {
+        H5Dvlen_reclaim(mtype, space, H5P_DEFAULT, vl);
+        free(vl);
+    }
+    free(fx);
+    if (rc < 0) sarena_drop(out);
+    h5close(mtype);
+    h5close(space);
+    h5close(ftype);
+    return rc;
+}
+
+/* Scalar or one-element string attribute; 1 when read, 0 when absent. */
+static int read_attr_str(rd_t *r, hid_t obj, const char *name, char *buf, size_t cap)
+{
+    if (H5Aexists(obj, name) <= 0) return 0;
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (a < 0) return 0;
+    hid_t t = H5Aget_type(a);
+    int is_str = t >= 0 && H5Tget_class(t) == H5T_STRING;
+    h5close(t);
+    if (!is_str) {
+        h5close(a);
+        return 0;
+    }
+    sarena_t s;
+    int64_t n = 0;
+    int rc = read_strings(r, a, 1, name, -1, &s, &n);
+    h5close(a);
+    if (rc < 0) return rc;
+    if (n < 1) {
+        sarena_drop(&s);
+        return 0;
+    }
+    snprintf(buf, cap, "%s", s.data + s.off[0]);
+    sarena_drop(&s);
+    return 1;
+}
+
+/* A numpy-bool or integer attribute (h5py writes bools as an enum). */
+static int read_attr_bool(hid_t obj, const char *name, int dflt)
+{
+    if (H5Aexists(obj, name) <= 0) return dflt;
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    hid_t t = a >= 0 ? H5Aget_type(a) : -1;
+    hid_t nt = t >= 0 ? H5Tget_native_type(t, H5T_DIR_ASCEND) : -1;
+    int v = dflt;
+    unsigned char buf[16] = {0};
+    if (nt >= 0 && H5Tget_size(nt) <= sizeof(buf) && H5Aread(a, nt, buf) >= 0) {
+        v = 0;
+        for (size_t i = 0; i < H5Tget_size(nt); i++) v |= buf[i] != 0;
+    }
+    h5close(nt);
+    h5close(t);
+    h5close(a);
+    return v;
+}
+
+/* Checks a dataset is 1-D (or scalar-free) with n elements. */
+static int check_len(rd_t *r, hid_t ds, const char *what, int64_t n)
+{
+    hid_t sp = H5Dget_space(ds);
+    int rank = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    h5close(sp);
+    IV_RETURN_IF(rank != 1, r->err, IV_EUNSUPPORTED, "%s: %s: %d-dimensional, expected 1",
+                 r->path, what, rank);
+    IV_RETURN_IF(np != n, r->err, IV_EBAD_FILE, "%s: %s: has %lld elements, expected %lld",
+                 r->path, what, (long long)np, (long long)n);
+    return 0;
+}
+
+static int read_num(rd_t *r, hid_t ds, const char *what, int64_t n, hid_t mtype, void *buf)
+{
+    IV_TRY(check_len(r, ds, what, n));
+    if (n == 0) return 0;
+    IV_RETURN_IF(H5Dread(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0, r->err,
+                 IV_EBAD_FILE, "%s: %s: cannot read (a compression filter may be unavailable)",
+                 r->path, what);
+    return 0;
+}
+
+/* Reads a bool dataset (numpy bool is an HDF5 enum over int8; integers
+ * and bitfields are accepted too) into n bytes of 0/1. */
+static int read_bool(rd_t *r, hid_t ds, const char *what, int64_t n, uint8_t *out)
+{
+    IV_TRY(check_len(r, ds, what, n));
+    hid_t ft = H5Dget_type(ds);
+    hid_t nt = ft >= 0 ? H5Tget_native_type(ft, H5T_DIR_ASCEND) : -1;
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    size_t es = nt >= 0 ? H5Tget_size(nt) : 0;
+    int rc = 0;
+    if ((cls != H5T_ENUM && cls != H5T_INTEGER && cls != H5T_BITFIELD) || es < 1 || es > 8) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: expected booleans", r->path, what);
+    } else if (n > 0) {
+        uint8_t *raw = malloc((size_t)n * es);
+        if (!raw) {
+            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+        } else if (H5Dread(ds, nt, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) < 0) {
+            rc = iv_fail(r->err, IV_EBAD_FILE,
+                         "%s: %s: cannot read (a compression filter may be unavailable)",
+                         r->path, what);
+        } else {
+            for (int64_t i = 0; i < n; i++) {
+                uint8_t v = 0;
+                for (size_t k = 0; k < es; k++) v |= raw[(size_t)i * es + k];
+                out[i] = v != 0;
+            }
+        }
+        free(raw);
+    }
+    h5close(nt);
+    h5close(ft);
+    return rc;
+}
+
+/* Sets the column's mask (taking ownership of m) and null count;
+ * frees m when nothing is missing. */
+static void set_mask(iv_meta_col_t *c, uint8_t *m)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; m && i < c->n; i++) k += m[i] != 0;
+    c->null_count = k;
+    if (k == 0) {
+        free(m);
+        c->mask = NULL;
+    } else {
+        c->mask = m;
+    }
+}
+
+/* -------------------------------------------------------- element readers */
+
+static int read_string_col(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c)
+{
+    sarena_t s;
+    int64_t got = 0;
+    IV_TRY(read_strings(r, ds, 0, what, n, &s, &got));
+    c->type = IV_COL_STRING;
+    c->str_data = s.data;
+    c->str_off = s.off;
+    return 0;
+}
+
+/* Formats a number the way pandas prints category labels: integers
+ * without a fraction, floats with the shortest round-tripping digits. */
+static void fmt_num(char *buf, size_t cap, double v, int is_int)
+{
+    if (is_int) {
+        snprintf(buf, cap, "%lld", (long long)v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    if (!strchr(buf, '.') && !strchr(buf, 'e') && !strchr(buf, 'n') && !strchr(buf, 'i'))
+        strncat(buf, ".0", cap - strlen(buf) - 1);
+}
+
+/* Categories element: strings, or numbers (kept also as doubles). */
+static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *c)
+{
+    hid_t ft = H5Dget_type(cds);
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    h5close(ft);
+    hid_t sp = H5Dget_space(cds);
+    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    h5close(sp);
+    IV_RETURN_IF(np < 0 || np > INT32_MAX, r->err, IV_EBAD_FILE, "%s: %s: bad categories",
+                 r->path, what);
+    int64_t k = (int64_t)np;
+    if (cls == H5T_STRING) {
+        sarena_t s;
+        int64_t got;
+        IV_TRY(read_strings(r, cds, 0, what, k, &s, &got));
+        c->cat_data = s.data;
+        c->cat_off = s.off;
+        c->n_cats = k;
+        return 0;
+    }
+    IV_RETURN_IF(cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_ENUM, r->err,
+                 IV_EUNSUPPORTED, "%s: %s: categories of this type are not supported",
+                 r->path, what);
+    double *num = malloc((size_t)(k ? k : 1) * sizeof(double));
+    IV_RETURN_IF(!num, r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+    int rc;
+    if (cls == H5T_ENUM) {
+        uint8_t *b = malloc((size_t)(k ? k : 1));
+        rc = b ? read_bool(r, cds, what, k, b) : iv_fail(r->err, IV_ENOMEM, "out of memory");
+        for (int64_t i = 0; rc == 0 && i < k; i++) num[i] = b[i];
+        free(b);
+    } else {
+        rc = read_num(r, cds, what, k, H5T_NATIVE_DOUBLE, num);
+    }
+    sarena_t s;
+    if (rc == 0 && sarena_init(&s, k) < 0) rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+    for (int64_t i = 0; rc == 0 && i < k; i++) {
+        char buf[64];
+        if (cls == H5T_ENUM)
+            snprintf(buf, sizeof buf, "%s", num[i] != 0 ? "True" : "False");
+        else
+            fmt_num(buf, sizeof buf, num[i], cls == H5T_INTEGER);
+        if (sarena_push(&s, buf, strlen(buf)) < 0) {
+            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+            sarena_drop(&s);
+        }
+    }
+    if (rc < 0) {
+        free(num);
+        return rc;
+    }
+    c->cat_data = s.data;
+    c->cat_off = s.off;
+    c->cat_num = num;
+    c->cats_numeric = 1;
+    c->n_cats = k;
+    return 0;
+}
+
+/* Codes (any signed int; -1 missing) validated against n_cats, with
+ * per-category counts and the missing mask. */
+static int read_codes(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c)
+{
+    hid_t ft = H5Dget_type(ds);
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    h5close(ft);
+    IV_RETURN_IF(cls != H5T_INTEGER, r->err, IV_EBAD_FILE, "%s: %s: codes are not integers",
+                 r->path, what);
+    int32_t *codes = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    int64_t *counts = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof(int64_t));
+    uint8_t *mask = calloc((size_t)(n ? n : 1), 1);
+    int rc = (codes && counts && mask) ? 0 : iv_fail(r->err, IV_ENOMEM, "out of memory");
+    if (rc == 0) rc = read_num(r, ds, what, n, H5T_NATIVE_INT32, codes);
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        int32_t v = codes[i];
+        if (v == -1) {
+            mask[i] = 1;
+        } else if (v < -1 || v >= c->n_cats) {
+            rc = iv_fail(r->err, IV_EBAD_FILE,
+                         "%s: %s: code %d at row %lld is outside the %lld categories", r->path,
+                         what, (int)v, (long long)i, (long long)c->n_cats);
+        } else {
+            counts[v]++;
+        }
+    }
+    if (rc < 0) {
+        free(codes);
+        free(counts);
+        free(mask);
+        return rc;
+    }
+    c->type = IV_COL_CATEGORICAL;
+    c->codes = codes;
+    c->cat_counts = counts;
+    c->dtype = IV_DT_INT32;
+    c->nullable = 1;
+    set_mask(c, mask);
+    return 0;
+}
+
+static iv_dtype_t dtype_of(hid_t ft)
+{
+    H5T_class_t cls = H5Tget_class(ft);
+    size_t sz = H5Tget_size(ft);
+    if (cls == H5T_FLOAT) return sz <= 4 ? IV_DT_FLOAT32 : IV_DT_FLOAT64;
+    int sgn = H5Tget_sign(ft) == H5T_SGN_2;
+    switch (sz) {
+    case 1: return sgn ? IV_DT_INT8 : IV_DT_UINT8;
+    case 2: return sgn ? IV_DT_INT16 : IV_DT_UINT16;
+    case 4: return sgn ? IV_DT_INT32 : IV_DT_UINT32;
+    default: return sgn ? IV_DT_INT64 : IV_DT_UINT64;
+    }
+}
+
+/* A plain dataset column: by its datatype class. */
+static int read_plain(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c,
+                      uint8_t *ext_mask)
+{
+    hid_t ft = H5Dget_type(ds);
+    IV_RETURN_IF(ft < 0, r->err, IV_EBAD_FILE, "%s: %s: no datatype", r->path, what);
+    H5T_class_t cls = H5Tget_class(ft);
+    iv_dtype_t dt = (cls == H5T_INTEGER || cls == H5T_FLOAT) ? dtype_of(ft) : IV_DT_UINT8;
+    h5close(ft);
+    c->n = n;
+    size_t cnt = (size_t)(n ? n : 1);
+    int rc;
+    switch (cls) {
+    case H5T_STRING:
+        rc = read_string_col(r, ds, what, n, c);
+        break;
+    case H5T_INTEGER: {
+        int64_t *v = malloc(cnt * sizeof(int64_t));
+        if (!v) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+        rc = read_num(r, ds, what, n, H5T_NATIVE_INT64, v);
+        c->type = IV_COL_INT;
+        c->i64 = v;
+        c->dtype = dt;
+        break;
+    }
+    case H5T_FLOAT: {
+        double *v = malloc(cnt * sizeof(double));
+        if (!v) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+        rc = read_num(r, ds, what, n, H5T_NATIVE_DOUBLE, v);
+        c->type = IV_COL_FLOAT;
+        c->f64 = v;
+        c->dtype = dt;
+        /* NaN is pandas' missing value for floats: fold it into the mask
+         * so that filters and null counts treat it like any other null. */
+        if (rc == 0 && !ext_mask) {
+            uint8_t *m = calloc(cnt, 1);
+            if (!m) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+            for (int64_t i = 0; i < n; i++) m[i] = isnan(v[i]) != 0;
+            set_mask(c, m);
+            c->nullable = 1;
+        }
+        break;
+    }
+    case H5T_ENUM:
+    case H5T_BITFIELD: {
+        uint8_t *v = malloc(cnt);
+        if (!v) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+        rc = read_bool(r, ds, what, n, v);
+        c->type = IV_COL_BOOL;
+        c->b = v;
+        break;
+    }
+    default:
+        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: datatype class %d is not supported",
+                     r->path, what, (int)cls);
+    }
+    return rc;
+}
+
+/* anndata 0.7: a codes dataset whose `categories` attribute references
+ * the categories dataset.  Returns 1 when it was one. */
+static int try_old_categorical(rd_t *r, hid_t ds, const char *what, int64_t n,
+                               iv_meta_col_t *c)
+{
+    if (H5Aexists(ds, "categories") <= 0) return 0;
+    hid_t a = H5Aopen(ds, "categories", H5P_DEFAULT);
+    hid_t t = a >= 0 ? H5Aget_type(a) : -1;
+    int is_ref = t >= 0 && H5Tget_class(t) == H5T_REFERENCE;
+    h5close(t);
+    if (!is_ref) {
+        h5close(a);
+        return 0;
+    }
+    hobj_ref_t ref;
+    herr_t st = H5Aread(a, H5T_STD_REF_OBJ, &ref);
+    h5close(a);
+    IV_RETURN_IF(st < 0, r->err, IV_EBAD_FILE, "%s: %s: unreadable categories reference",
+                 r->path, what);
+    hid_t cds = H5Rdereference2(ds, H5P_DEFAULT, H5R_OBJECT, &ref);
+    IV_RETURN_IF(cds < 0 || H5Iget_type(cds) != H5I_DATASET, r->err, IV_EBAD_FILE,
+                 "%s: %s: categories reference does not lead to a dataset", r->path, what);
+    int rc = read_categories(r, cds, what, c);
+    h5close(cds);
+    if (rc < 0) return rc;
+    c->ordered = read_attr_bool(ds, "ordered", 0);
+    c->encoding = "categorical";
+    IV_TRY(read_codes(r, ds, what, n, c));
+    return 1;
+}
+
+/*
+ * Reads element `name` of frame group g (n rows) into c.  The encoding
+ * names the element's layout; the datatype decides the rest.
+ */
+static int read_element(rd_t *r, hid_t g, const char *gname, const char *name, int64_t n,
+                        iv_meta_col_t *c)
+{
+    char what[512];
+    snprintf(what, sizeof what, "%s/%s", gname, name);
+    hid_t o = open_child(g, name);
+    IV_RETURN_IF(o < 0, r->err, IV_EBAD_FILE, "%s: %s: listed but not present", r->path, what);
+    char enc[64] = "";
+    int rc = read_attr_str(r, o, "encoding-type", enc, sizeof enc);
+    c->n = n;
+    if (rc < 0) goto done;
+    rc = 0;
+    if (H5Iget_type(o) == H5I_DATASET) {
+        rc = try_old_categorical(r, o, what, n, c);
+        if (rc != 0) goto done;
+        c->encoding = enc[0] ? (strcmp(enc, "string-array") == 0 ? "string-array" : "array")
+                             : "array";
+        rc = read_plain(r, o, what, n, c, NULL);
+        goto done;
+    }
+    if (H5Iget_type(o) != H5I_GROUP) {
+        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: neither dataset nor group", r->path, what);
+        goto done;
+    }
+    if (strcmp(enc, "categorical") == 0) {
+        hid_t cd = open_child(o, "categories"), cc = open_child(o, "codes");
+        if (cd < 0 || cc < 0 || H5Iget_type(cd) != H5I_DATASET ||
+            H5Iget_type(cc) != H5I_DATASET) {
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: categorical without codes/categories",
+                         r->path, what);
+        } else {
+            char w2[600];
+            snprintf(w2, sizeof w2, "%s/categories", what);
+            rc = read_categories(r, cd, w2, c);
+            snprintf(w2, sizeof w2, "%s/codes", what);
+            if (rc == 0) rc = read_codes(r, cc, w2, n, c);
+            c->ordered = read_attr_bool(o, "ordered", 0);
+            c->encoding = "categorical";
+        }
+        h5close(cd);
+        h5close(cc);
+    } else if (strcmp(enc, "nullable-integer") == 0 || strcmp(enc, "nullable-boolean") == 0 ||
+               strcmp(enc, "nullable-string-array") == 0) {
+        hid_t vd = open_child(o, "values"), md = open_child(o, "mask");
+        uint8_t *mask = calloc((size_t)(n ? n : 1), 1);
+        char w2[600];
+        if (!mask) {
+            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+        } else if (vd < 0 || md < 0 || H5Iget_type(vd) != H5I_DATASET ||
+                   H5Iget_type(md) != H5I_DATASET) {
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s without values/mask", r->path, what,
+                         enc);
+        } else {
+            snprintf(w2, sizeof w2, "%s/mask", what);
+            rc = read_bool(r, md, w2, n, mask);
+            snprintf(w2, sizeof w2, "%s/values", what);
+            if (rc == 0) rc = read_plain(r, vd, w2, n, c, mask);
+        }
+        if (rc == 0) {
+            iv_col_type_t want = enc[9] == 'i' ? IV_COL_INT
+                                 : enc[9] == 'b' ? IV_COL_BOOL : IV_COL_STRING;
+            if (c->type != want && !(want == IV_COL_INT && c->type == IV_COL_FLOAT))
+                rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s with values of type %s", r->path,
+                             what, enc, iv_col_type_name(c->type));
+        }
+        if (rc == 0) {
+            c->encoding = enc[9] == 'i' ? "nullable-integer"
+                          : enc[9] == 'b' ? "nullable-boolean" : "nullable-string-array";
+            c->nullable = 1;
+            set_mask(c, mask);
+        } else {
+            free(mask);
+        }
+        h5close(vd);
+        h5close(md);
+    } else {
+        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: encoding '%s' is not supported", r->path,
+                     what, enc[0] ? enc : "(none)");
+    }
+done:
+    h5close(o);
+    return rc < 0 ? rc : 0;
+}
+
+/* ------------------------------------------------------------- data frames */
+
+static void frame_free(struct frame *f)
+{
+    for (size_t i = 0; i < f->n_cols; i++) col_free(f->cols[i]);
+    free(f->cols);
+    col_free(f->index);
+    memset(f, 0, sizeof(*f));
+}
+
+static int frame_push(struct frame *f, struct mcol *mc)
+{
+    struct mcol **p = realloc(f->cols, (f->n_cols + 1) * sizeof(*p));
+    if (!p) return IV_ENOMEM;
+    f->cols = p;
+    f->cols[f->n_cols++] = mc;
+    return 0;
+}
+
+/* An index "0".."n-1", what anndata gives a frame without one. */
+static int range_index(struct frame *f, int64_t n, iv_err_t *err)
+{
+    struct mcol *mc = col_new("_index", "string-array");
+    sarena_t s;
+    if (!mc || sarena_init(&s, n) < 0) {
+        col_free(mc);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        char buf[24];
+        int len = snprintf(buf, sizeof buf, "%lld", (long long)i);
+        if (sarena_push(&s, buf, (size_t)len) < 0) {
+            sarena_drop(&s);
+            col_free(mc);
+            return iv_fail(err, IV_ENOMEM, "out of memory");
+        }
+    }
+    mc->c.type = IV_COL_STRING;
+    mc->c.n = n;
+    mc->c.is_index = 1;
+    mc->c.str_data = s.data;
+    mc->c.str_off = s.off;
+    f->index = mc;
+    f->n = n;
+    return 0;
+}
+
+/* Row count of a frame: the length of its index element. */
+static int64_t element_len(hid_t g, const char *name)
+{
+    hid_t o = open_child(g, name);
+    if (o < 0) return -1;
+    hid_t ds = o;
+    if (H5Iget_type(o) == H5I_GROUP) ds = open_child(o, "values");
+    hssize_t np = -1;
+    if (ds >= 0 && H5Iget_type(ds) == H5I_DATASET) {
+        hid_t sp = H5Dget_space(ds);
+        np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+        h5close(sp);
+    }
+    if (ds != o) h5close(ds);
+    h5close(o);
+    return (int64_t)np;
+}
+
+static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
+                      struct frame *f)
+{
+    memset(f, 0, sizeof(*f));
+    hid_t g = open_child(file, gname);
+    if (g < 0) return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
+    int rc = 0;
+    sarena_t order = {0};
+    int64_t n_order = 0;
+    char idx_name[256] = "_index";
+    if (H5Iget_type(g) != H5I_GROUP) {
+        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s is not a group (pre-0.7 compound "
+                     "data frames are not supported)", r->path, gname);
+        goto done;
+    }
+    rc = read_attr_str(r, g, "_index", idx_name, sizeof idx_name);
+    if (rc < 0) goto done;
+    int64_t n = element_len(g, idx_name);
+    if (n < 0) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: index '%s' is missing", r->path, gname,
+                     idx_name);
+        goto done;
+    }
+    if (expect_n >= 0 && n != expect_n) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s has %lld rows but the matrix has %lld",
+                     r->path, gname, (long long)n, (long long)expect_n);
+        goto done;
+    }
+    f->n = n;
+    f->index = col_new(idx_name, "string-array");
+    if (!f->index) {
+        rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+        goto done;
+    }
+    rc = read_element(r, g, gname, idx_name, n, &f->index->c);
+    if (rc < 0) goto done;
+    f->index->c.is_index = 1;
+    if (f->index->c.type != IV_COL_STRING) {
+        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s/%s: a %s index is not supported",
+                     r->path, gname, idx_name, iv_col_type_name(f->index->c.type));
+        goto done;
+    }
+    /* column-order lists the columns; an empty list is written by h5py
+     * as an empty float array, hence the class check inside. */
+    if (H5Aexists(g, "column-order") > 0) {
+        hid_t a = H5Aopen(g, "column-order", H5P_DEFAULT);
+        hid_t t = a >= 0 ? H5Aget_type(a) : -1;
+        int is_str = t >= 0 && H5Tget_class(t) == H5T_STRING;
+        h5close(t);
+        if (is_str) rc = read_strings(r, a, 1, "column-order", -1, &order, &n_order);
+        h5close(a);
+        if (rc < 0) goto done;
+    }
+    for (int64_t i = 0; i < n_order; i++) {
+        const char *name = order.data + order.off[i];
+        struct mcol *mc = col_new(name, "array");
+        if (!mc || frame_push(f, mc) < 0) {
+            col_free(mc);
+            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+            goto done;
+        }
+        rc = read_element(r, g, gname, name, n, &mc->c);
+        if (rc < 0) goto done;
+    }
+done:
+    sarena_drop(&order);
+    h5close(g);
+    if (rc < 0) frame_free(f);
+    return rc;
+}
+
+static size_t frame_bytes(const struct frame *f)
+{
+    size_t b = f->index ? col_bytes(&f->index->c) + iv_names_bytes(f->index->hash) : 0;
+    for (size_t i = 0; i < f->n_cols; i++)
+        b += col_bytes(&f->cols[i]->c) + iv_names_bytes(f->cols[i]->hash);
+    return b;
+}
+
+/* ------------------------------------------------------------- public API */
+
+/* Shape attribute of the matrix group; 1 when found. */
+static int read_shape(hid_t file, const char *group, int64_t shape[2])
+{
+    hid_t g = open_child(file, group);
+    if (g < 0) return 0;
+    int ok = 0;
+    if (H5Aexists(g, "shape") > 0) {
+        hid_t a = H5Aopen(g, "shape", H5P_DEFAULT);
+        hid_t sp = a >= 0 ? H5Aget_space(a) : -1;
+        if (sp >= 0 && H5Sget_simple_extent_npoints(sp) == 2 &&
+            H5Aread(a, H5T_NATIVE_INT64, shape) >= 0)
+            ok = 1;
+        h5close(sp);
+        h5close(a);
+    }
+    h5close(g);
+    return ok;
+}
+
+static const char *index_get(const void *ctx, int64_t i)
+{
+    const iv_meta_col_t *c = ctx;
+    if (c->mask && c->mask[i]) return NULL;
+    return iv_meta_col_str(c, i);
+}
+
+static const char *cat_get(const void *ctx, int64_t i)
+{
+    const iv_meta_col_t *c = ctx;
+    int32_t k = c->codes[i];
+    return k < 0 ? NULL : iv_meta_col_cat(c, k);
+}
+
+int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
+{
+    double t0 = now_s();
+    *out = NULL;
+    rd_t r = {path, err};
+    iv_meta_t *m = calloc(1, sizeof(*m));
+    IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
+    pthread_mutex_init(&m->lock, NULL);
+    /* Compressed metadata columns read through the project's own zstd and
+     * Blosc2 decoders; registering is idempotent. */
+    if (iv_h5filters_register() < 0) {
+        iv_meta_free(m);
+        return iv_fail(err, IV_EINTERNAL, "%s: cannot register HDF5 filters", path);
+    }
+    int rc = 0;
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    hid_t file = -1;
+    H5E_BEGIN_TRY
+    {
+        file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    }
+    H5E_END_TRY;
+    h5close(fapl);
+    if (file < 0) {
+        iv_meta_free(m);
+        return iv_fail(err, IV_EIO, "%s: cannot open as HDF5", path);
+    }
+    int64_t shape[2] = {-1, -1};
+    if (!read_shape(file, x_group ? x_group : "X", shape)) shape[0] = shape[1] = -1;
+    /* Library error stacks would be printed for every optional probe
+     * that fails; messages go into err instead. */
+    H5E_BEGIN_TRY
+    {
+        rc = read_frame(&r, file, "obs", shape[0], &m->ax[IV_AXIS_OBS]);
+        if (rc == 0) rc = read_frame(&r, file, "var", shape[1], &m->ax[IV_AXIS_VAR]);
+    }
+    H5E_END_TRY;
+    h5close(file);
+    for (int a = 0; rc == 0 && a < 2; a++) {
+        struct mcol *ix = m->ax[a].index;
+        rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);
+    }
+    if (rc < 0) {
+        iv_meta_free(m);
+        return rc;
+    }
+    m->stats.load_seconds = now_s() - t0;
+    *out = m;
+    return 0;
+}
+
+void iv_meta_free(iv_meta_t *m)
+{
+    if (!m) return;
+    frame_free(&m->ax[0]);
+    frame_free(&m->ax[1]);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+int64_t iv_meta_n_rows(const iv_meta_t *m, iv_axis_t axis)
+{
+    return m->ax[axis == IV_AXIS_VAR].n;
+}
+
+size_t iv_meta_n_cols(const iv_meta_t *m, iv_axis_t axis)
+{
+    return m->ax[axis == IV_AXIS_VAR].n_cols;
+}
+
+const iv_meta_col_t *iv_meta_col(const iv_meta_t *m, iv_axis_t axis, size_t i)
+{
+    const struct frame *f = &m->ax[axis == IV_AXIS_VAR];
+    return i < f->n_cols ? &f->cols[i]->c : NULL;
+}
+
+static struct mcol *find_mcol(const iv_meta_t *m, iv_axis_t axis, const char *name)
+{
+    const struct frame *f = &m->ax[axis == IV_AXIS_VAR];
+    for (size_t i = 0; i < f->n_cols; i++)
+        if (strcmp(f->cols[i]->c.name, name) == 0) return f->cols[i];
+    if (f->index && strcmp(f->index->c.name, name) == 0) return f->index;
+    return NULL;
+}
+
+const iv_meta_col_t *iv_meta_find_col(const iv_meta_t *m, iv_axis_t axis, const char *name)
+{
+    struct mcol *mc = find_mcol(m, axis, name);
+    return mc ? &mc->c : NULL;
+}
+
+const iv_meta_col_t *iv_meta_index(const iv_meta_t *m, iv_axis_t axis)
+{
+    const struct frame *f = &m->ax[axis == IV_AXIS_VAR];
+    return f->index ? &f->index->c : NULL;
+}
+
+void iv_meta_stats(const iv_meta_t *m, iv_meta_stats_t *out)
+{
+    *out = m->stats;
+    out->bytes = sizeof(*m) + frame_bytes(&m->ax[0]) + frame_bytes(&m->ax[1]);
+}
+
+/* ------------------------------------------------------- computed columns */
+
+static int64_t get_i64(iv_dtype_t t, const void *base, int64_t i)
+{
+    const char *p = (const char *)base + (size_t)i * iv_dtype_size(t);
+    switch (t) {
+    case IV_DT_INT8: { int8_t v; memcpy(&v, p, 1); return v; }
+    case IV_DT_INT16: { int16_t v; memcpy(&v, p, 2); return v; }
+    case IV_DT_INT32: { int32_t v; memcpy(&v, p, 4); return v; }
+    case IV_DT_INT64: { int64_t v; memcpy(&v, p, 8); return v; }
+    case IV_DT_UINT8: { uint8_t v; memcpy(&v, p, 1); return v; }
+    case IV_DT_UINT16: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case IV_DT_UINT32: { uint32_t v; memcpy(&v, p, 4); return v; }
+    case IV_DT_UINT64: { uint64_t v; memcpy(&v, p, 8); return v > INT64_MAX ? INT64_MAX : (int64_t)v; }
+    default: return 0;
+    }
+}
+
+static int add_computed_col(struct frame *f, const char *base, iv_col_type_t type,
+                            void *vals, uint8_t *mask, iv_dtype_t dt, iv_err_t *err)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s", base);
+    for (size_t i = 0; i < f->n_cols; i++) {
+        if (strcmp(f->cols[i]->c.name, name) == 0) {
+            snprintf(name, sizeof name, "iv_%s", base);
+            break;
+        }
+    }
+    struct mcol *mc = col_new(name, "computed");
+    if (!mc || frame_push(f, mc) < 0) {
+        col_free(mc);
+        free(vals);
+        free(mask);
+        return iv_fail(err, IV_ENOMEM, "computed column %s: out of memory", base);
+    }
+    mc->c.type = type;
+    mc->c.n = f->n;
+    mc->c.computed = 1;
+    mc->c.dtype = dt;
+    if (type == IV_COL_INT) mc->c.i64 = vals;
+    else mc->c.f64 = vals;
+    if (type == IV_COL_FLOAT) mc->c.nullable = 1;
+    set_mask(&mc->c, mask);
+    return 0;
+}
+
+int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_major,
+                                int64_t n_minor, const int64_t *major_ptr,
+                                const int64_t *value_ptr, int64_t n_unique,
+                                const void *values, iv_dtype_t vt, iv_err_t *err)
+{
+    double t0 = now_s();
+    struct frame *f = &m->ax[orient == IV_IVCSC ? IV_AXIS_VAR : IV_AXIS_OBS];
+    IV_RETURN_IF(f->n != n_major, err, IV_EBAD_FILE,
+                 "computed columns: %s has %lld rows but the matrix has %lld major slices",
+                 orient == IV_IVCSC ? "var" : "obs", (long long)f->n, (long long)n_major);
+    IV_RETURN_IF(vt >= IV_DT_COUNT, err, IV_EINVALID_ARG, "computed columns: bad dtype");
+    /* The dataset validated these pointers already; checking again costs
+     * one pass and keeps this function safe on its own. */
+    IV_RETURN_IF(major_ptr[0] != 0 || major_ptr[n_major] != n_unique || value_ptr[0] != 0,
+                 err, IV_EBAD_FILE, "computed columns: pointer arrays do not span the values");
+    int is_float = vt == IV_DT_FLOAT32 || vt == IV_DT_FLOAT64;
+    size_t cnt = (size_t)(n_major ? n_major : 1);
+    void *tot = malloc(cnt * 8), *mx = malloc(cnt * 8);
+    int64_t *nnz = malloc(cnt * 8);
+    uint8_t *tmask = is_float ? calloc(cnt, 1) : NULL, *mmask = is_float ? calloc(cnt, 1) : NULL;
+    if (!tot || !mx || !nnz || (is_float && (!tmask || !mmask))) {
+        free(tot), free(mx), free(nnz), free(tmask), free(mmask);
+        return iv_fail(err, IV_ENOMEM, "computed columns: out of memory");
+    }
+    for (int64_t i = 0; i < n_major; i++) {
+        int64_t g0 = major_ptr[i], g1 = major_ptr[i + 1];
+        if (g1 < g0 || g1 > n_unique || value_ptr[g1] < value_ptr[g0]) {
+            free(tot), free(mx), free(nnz), free(tmask), free(mmask);
+            return iv_fail(err, IV_EBAD_FILE, "computed columns: pointers of slice %lld are "
+                           "not monotone", (long long)i);
+        }
+        int64_t cnt_i = value_ptr[g1] - value_ptr[g0];
+        nnz[i] = cnt_i;
+        /* max_count is the maximum of the dense slice: implicit zeros take
+         * part unless every minor position is stored. */
+        int dense = cnt_i >= n_minor;
+        if (is_float) {
+            double s = 0, best = dense ? -INFINITY : 0;
+            int nan = 0;
+            for (int64_t k = g0; k < g1; k++) {
+                double v = iv_dtype_get_f64(vt, values, (size_t)k);
+                s += v * (double)(value_ptr[k + 1] - value_ptr[k]);
+                if (isnan(v)) nan = 1;
+                else if (v > best) best = v;
+            }
+            if (n_minor == 0 || (dense && g0 == g1)) best = 0;
+            ((double *)tot)[i] = s;
+            ((double *)mx)[i] = nan ? NAN : best;
+            tmask[i] = isnan(s) != 0;
+            mmask[i] = nan;
+        } else {
+            int64_t s = 0, best = dense ? INT64_MIN : 0;
+            for (int64_t k = g0; k < g1; k++) {
+                int64_t v = get_i64(vt, values, k);
+                s += v * (value_ptr[k + 1] - value_ptr[k]);
+                if (v > best) best = v;
+            }
+            if (n_minor == 0 || (dense && g0 == g1)) best = 0;
+            ((int64_t *)tot)[i] = s;
+            ((int64_t *)mx)[i] = best;
+        }
+    }
+    iv_col_type_t vtype = is_float ? IV_COL_FLOAT : IV_COL_INT;
+    iv_dtype_t vdt = is_float ? IV_DT_FLOAT64 : IV_DT_INT64;
+    int rc = add_computed_col(f, "total_counts", vtype, tot, tmask, vdt, err);
+    if (rc == 0)
+        rc = add_computed_col(f, orient == IV_IVCSC ? "n_cells" : "n_genes", IV_COL_INT, nnz,
+                              NULL, IV_DT_INT64, err);
+    else
+        free(nnz);
+    if (rc == 0) rc = add_computed_col(f, "max_count", vtype, mx, mmask, vdt, err);
+    else free(mx), free(mmask);
+    m->stats.computed_seconds += now_s() - t0;
+    return rc;
+}
+
+int iv_meta_add_computed(iv_meta_t *m, const iv_dataset_t *ds, iv_err_t *err)
+{
+    const iv_dataset_info_t *in = iv_dataset_info(ds);
+    return iv_meta_add_computed_arrays(m, in->orient, in->n_major, in->n_minor,
+                                       iv_dataset_major_ptr(ds), iv_dataset_value_ptr(ds),
+                                       in->n_unique, iv_dataset_values(ds), in->value_dtype,
+                                       err);
+}
+
+/* ----------------------------------------------------------- name lookups */
+
+void iv_names_report_free(iv_names_report_t *r)
+{
+    if (!r) return;
+    free(r->missing);
+    free(r->folded);
+    free(r->ambiguous);
+    memset(r, 0, sizeof(*r));
+}
+
+/* The names index of a column, built on first use under the lock. */
+static int column_hash(iv_meta_t *m, struct mcol *mc, const iv_names_t **out, iv_err_t *err)
+{
+    pthread_mutex_lock(&m->lock);
+    int rc = 0;
+    if (!mc->hash) {
+        iv_names_get_fn get = mc->c.type == IV_COL_CATEGORICAL ? cat_get : index_get;
+        rc = iv_names_build(mc->c.n, get, &mc->c, &mc->hash, err);
+    }
+    *out = mc->hash;
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+int iv_meta_find_names(iv_meta_t *m, iv_axis_t axis, const char *by_column,
+                       const char *const *names, int64_t n, int allow_missing,
+                       int64_t *out_idx, iv_names_report_t *rep, iv_err_t *err)
+{
+    const char *axname = axis == IV_AXIS_VAR ? "var" : "obs";
+    iv_names_report_t local = {0};
+    iv_names_report_t *R = rep ? rep : &local;
+    memset(R, 0, sizeof(*R));
+    struct frame *f = &m->ax[axis == IV_AXIS_VAR];
+    struct mcol *mc = by_column ? find_mcol(m, axis, by_column) : f->index;
+    IV_RETURN_IF(!mc, err, IV_EBAD_SELECTION, "unknown %s column '%s' for names lookup", axname,
+                 by_column);
+    IV_RETURN_IF(mc->c.type != IV_COL_STRING && mc->c.type != IV_COL_CATEGORICAL, err,
+                 IV_EBAD_SELECTION, "%s column '%s' holds %s values, not names", axname,
+                 mc->c.name, iv_col_type_name(mc->c.type));
+    const iv_names_t *h = NULL;
+    IV_TRY(column_hash(m, mc, &h, err));
+    size_t cap = (size_t)(n > 0 ? n : 1);
+    R->missing = malloc(cap * sizeof(int64_t));
+    R->folded = malloc(cap * sizeof(int64_t));
+    R->ambiguous = malloc(cap * sizeof(int64_t));
+    if (!R->missing || !R->folded || !R->ambiguous) {
+        iv_names_report_free(R);
+        return iv_fail(err, IV_ENOMEM, "names lookup: out of memory");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const char *s = names[i] ? names[i] : "";
+        size_t len = strlen(s);
+        int64_t row = iv_names_find(h, s, len);
+        if (row < 0) {
+            row = iv_names_find_fold(h, s, len);
+            if (row >= 0) R->folded[R->n_folded++] = i;
+            else if (row == -2) R->ambiguous[R->n_ambiguous++] = i;
+        }
+        if (row < 0) {
+            R->missing[R->n_missing++] = i;
+            row = -1;
+        } else {
+            R->n_found++;
+        }
+        out_idx[i] = row;
+    }
+    int rc = 0;
+    if (R->n_missing > 0 && !allow_missing) {
+        char list[400];
+        size_t len = 0;
+        list[0] = '\0';
+        for (int64_t k = 0; k < R->n_missing && len < sizeof list - 40; k++) {
+            int w = snprintf(list + len, sizeof list - len, "%s'%.60s'", k ? ", " : "",
+                             names[R->missing[k]] ? names[R->missing[k]] : "");
+            if (w < 0) break;
+            len += (size_t)w < sizeof list - len ? (size_t)w : sizeof list - len - 1;
+            if (k + 1 < R->n_missing && len >= sizeof list - 40) {
+                snprintf(list + len, sizeof list - len, ", ...");
+                break;
+            }
+        }
+        if (by_column)
+            rc = iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld names not found in %s column "
+                         "'%s': %s", (long long)R->n_missing, (long long)n, axname, by_column,
+                         list);
+        else
+            rc = iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld %s names not found: %s",
+                         (long long)R->n_missing, (long long)n,
+                         axis == IV_AXIS_VAR ? "gene" : "cell", list);
+    }
+    if (!rep) iv_names_report_free(&local);
+    return rc;
+}
