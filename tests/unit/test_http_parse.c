@@ -1,0 +1,141 @@
+/* Tests of server/http.c: one request at a time, split input, pipelining, limits. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http.h"
+
+/* Feeds s byte by byte (the hardest split) and returns the first request. */
+static iv_http_req_t *feed_bytewise(iv_http_in_t *in, const char *s, size_t *used)
+{
+    size_t n = strlen(s), off = 0;
+    while (off < n) {
+        size_t c;
+        iv_http_req_t *r;
+        int rc = iv_http_in_feed(in, s + off, 1, &c, &r);
+        off += c;
+        if (rc == 1) {
+            *used = off;
+            return r;
+        }
+        ck_assert_int_eq(rc, 0);
+    }
+    *used = off;
+    return NULL;
+}
+
+START_TEST(test_split_request)
+{
+    iv_http_in_t in;
+    iv_http_in_init(&in, 4096, 1024);
+    const char *s = "POST /v1/datasets/a/query?x=1 HTTP/1.1\r\nHost: h\r\nAccept: application/json\r\n"
+                    "accept: text/plain\r\nContent-Length: 5\r\n\r\nhello";
+    size_t used;
+    iv_http_req_t *r = feed_bytewise(&in, s, &used);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_uint_eq(used, strlen(s));
+    ck_assert_int_eq(r->method, HTTP_POST);
+    ck_assert_str_eq(r->path, "/v1/datasets/a/query");
+    ck_assert_str_eq(r->query, "x=1");
+    ck_assert_str_eq(r->hdr[IV_H_ACCEPT], "application/json, text/plain");
+    ck_assert_uint_eq(r->body.len, 5);
+    ck_assert_int_eq(memcmp(r->body.data, "hello", 5), 0);
+    ck_assert_int_eq(r->keep_alive, 1);
+    iv_http_req_free(r);
+    free(r);
+    iv_http_in_free(&in);
+}
+END_TEST
+
+START_TEST(test_pipelined_in_order)
+{
+    iv_http_in_t in;
+    iv_http_in_init(&in, 4096, 1024);
+    const char *s = "GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nConnection: close\r\n\r\nGET /c";
+    size_t n = strlen(s), off = 0, c;
+    iv_http_req_t *r;
+    ck_assert_int_eq(iv_http_in_feed(&in, s, n, &c, &r), 1);
+    ck_assert_str_eq(r->path, "/a");
+    ck_assert_uint_eq(c, strlen("GET /a HTTP/1.1\r\n\r\n"));
+    iv_http_req_free(r);
+    free(r);
+    off += c;
+    ck_assert_int_eq(iv_http_in_feed(&in, s + off, n - off, &c, &r), 1);
+    ck_assert_str_eq(r->path, "/b");
+    ck_assert_int_eq(r->keep_alive, 0);
+    iv_http_req_free(r);
+    free(r);
+    iv_http_in_free(&in);
+}
+END_TEST
+
+START_TEST(test_limits_and_garbage)
+{
+    iv_http_in_t in;
+    size_t c;
+    iv_http_req_t *r;
+    iv_http_in_init(&in, 64, 1024);
+    const char *big = "GET /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa HTTP/1.1\r\n\r\n";
+    ck_assert_int_eq(iv_http_in_feed(&in, big, strlen(big), &c, &r), -1);
+    ck_assert_int_eq(in.err_status, 431);
+    iv_http_in_free(&in);
+
+    iv_http_in_init(&in, 4096, 10);
+    const char *body = "POST /q HTTP/1.1\r\nContent-Length: 11\r\n\r\n";
+    ck_assert_int_eq(iv_http_in_feed(&in, body, strlen(body), &c, &r), -1);
+    ck_assert_int_eq(in.err_status, 413);
+    iv_http_in_free(&in);
+
+    iv_http_in_init(&in, 4096, 10);
+    const char *chunked = "POST /q HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n";
+    ck_assert_int_eq(iv_http_in_feed(&in, chunked, strlen(chunked), &c, &r), -1);
+    ck_assert_int_eq(in.err_status, 413);
+    iv_http_in_free(&in);
+
+    iv_http_in_init(&in, 4096, 10);
+    const char *junk = "\x01\x02 nonsense\r\n\r\n";
+    ck_assert_int_eq(iv_http_in_feed(&in, junk, strlen(junk), &c, &r), -1);
+    ck_assert_int_eq(in.err_status, 400);
+    /* Stays failed. */
+    ck_assert_int_eq(iv_http_in_feed(&in, "GET / HTTP/1.1\r\n\r\n", 18, &c, &r), -1);
+    iv_http_in_free(&in);
+
+    /* An unfinished request frees cleanly. */
+    iv_http_in_init(&in, 4096, 10);
+    ck_assert_int_eq(iv_http_in_feed(&in, "GET /x HTTP/1.1\r\nAcc", 20, &c, &r), 0);
+    ck_assert_int_eq(iv_http_in_active(&in), 1);
+    iv_http_in_free(&in);
+}
+END_TEST
+
+START_TEST(test_http10_not_keepalive)
+{
+    iv_http_in_t in;
+    size_t c;
+    iv_http_req_t *r;
+    iv_http_in_init(&in, 4096, 10);
+    const char *s = "GET /healthz HTTP/1.0\r\n\r\n";
+    ck_assert_int_eq(iv_http_in_feed(&in, s, strlen(s), &c, &r), 1);
+    ck_assert_int_eq(r->keep_alive, 0);
+    ck_assert_int_eq(r->http_minor, 0);
+    iv_http_req_free(r);
+    free(r);
+    iv_http_in_free(&in);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("http_parse");
+    TCase *tc = tcase_create("all");
+    tcase_add_test(tc, test_split_request);
+    tcase_add_test(tc, test_pipelined_in_order);
+    tcase_add_test(tc, test_limits_and_garbage);
+    tcase_add_test(tc, test_http10_not_keepalive);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
