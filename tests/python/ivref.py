@@ -453,7 +453,6 @@ def expected(X, obs_sel=None, var_sel=None, value_dtype=None):
         data = data.astype(value_dtype)
     n_rows, n_cols = X.shape
     obs = resolve(obs_sel, n_rows)
-    var = resolve(var_sel, n_cols)
     indptr_in = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr_in[1:])
     # Rows: concatenate the entry ranges of the selected rows in order.
@@ -466,6 +465,12 @@ def expected(X, obs_sel=None, var_sel=None, value_dtype=None):
     else:
         src = np.zeros(0, dtype=np.int64)
     e_cols, e_data = cols[src], data[src]
+    if var_sel is None:
+        # All genes: no renumbering (and no arange over a huge gene axis).
+        indptr = np.zeros(obs.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        return make_csr(e_data, e_cols, indptr, (obs.shape[0], n_cols))
+    var = resolve(var_sel, n_cols)
     # Columns: each entry is copied once per position of its column in var.
     vorder = np.argsort(var, kind="stable")
     vsorted = var[vorder]
@@ -481,6 +486,90 @@ def expected(X, obs_sel=None, var_sel=None, value_dtype=None):
     indptr = np.zeros(obs.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(r_row, minlength=obs.shape[0]), out=indptr[1:])
     return make_csr(r_data[order], r_col[order], indptr, (obs.shape[0], var.shape[0]))
+
+
+# ---------------------------------------------------------------- random inputs
+
+def random_csr(rng, n_rows, n_cols, nnz, dtype=np.int32, nan_frac=0.0, zero_frac=0.0,
+               negative=True, empty_row_frac=0.0):
+    """A random canonical CSR with nnz unique coordinates and few distinct
+    values (so (slice, value) groups of several entries form).
+
+    Floats are multiples of 0.5 (never -0.0), optionally with NaNs; ints are
+    small, negative when the dtype and `negative` allow; zero_frac of the
+    entries become explicit stored zeros; empty_row_frac of the rows are
+    kept empty."""
+    allowed = np.ones(n_rows, dtype=bool)
+    if empty_row_frac and n_rows:
+        allowed = rng.random(n_rows) >= empty_row_frac
+    cand_rows = np.flatnonzero(allowed)
+    space = cand_rows.shape[0] * n_cols
+    nnz = int(min(nnz, space))
+    if nnz:
+        flat = rng.choice(space, size=nnz, replace=False) if space < 4 * nnz + 1000 \
+            else np.unique(rng.integers(0, space, nnz + nnz // 8 + 8))[:nnz]
+        rng.shuffle(flat)
+        flat = flat[:nnz]
+        nnz = flat.shape[0]
+        r, cols = np.divmod(flat.astype(np.int64), n_cols)
+        rows = cand_rows[r]
+    else:
+        rows = cols = np.zeros(0, dtype=np.int64)
+    dt = np.dtype(dtype)
+    lo = -5 if (negative and dt.kind != "u") else 1
+    if dt.kind == "f":
+        data = (rng.integers(2 * lo, 12, nnz) * 0.5).astype(dt)
+        data[data == 0] = 1
+        if nan_frac:
+            data[rng.random(nnz) < nan_frac] = np.nan
+    else:
+        data = rng.integers(lo, 9, nnz).astype(dt)
+        data[data == 0] = 1
+        if nnz:  # the dtype's extremes must survive too
+            data[rng.integers(0, nnz)] = np.iinfo(dt).max
+            if dt.kind == "i" and negative:
+                data[rng.integers(0, nnz)] = np.iinfo(dt).min
+    if zero_frac:
+        data[rng.random(nnz) < zero_frac] = 0
+    order = np.lexsort((cols, rows))
+    indptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    return make_csr(data[order], cols[order], indptr, (n_rows, n_cols))
+
+
+def random_selection(rng, n, max_len=60):
+    """One selection of an axis of length n in numpy form (None = all):
+    empty, one element, all (implicit and explicit), ranges, reversed,
+    sorted subsets, unsorted with duplicates, and mixtures of those."""
+    if n == 0:
+        return None if rng.random() < 0.5 else []
+    kind = int(rng.integers(0, 9))
+    if kind == 0:
+        return None
+    if kind == 1:
+        return []
+    if kind == 2:
+        return [int(rng.integers(0, n))]
+    if kind == 3:
+        return list(range(n)) if n <= 100_000 else None
+    a = int(rng.integers(0, n))
+    b = int(rng.integers(a, min(n, a + 4 * max_len) + 1))
+    if kind == 4:
+        return list(range(a, b))
+    if kind == 5:
+        return list(range(b - 1, a - 1, -1))
+    if kind == 6:
+        return sorted(set(rng.integers(0, n, int(rng.integers(1, max_len + 1))).tolist()))
+    if kind == 7:
+        return rng.integers(0, n, int(rng.integers(1, max_len + 1))).tolist()
+    sel = []
+    for _ in range(int(rng.integers(1, 5))):
+        if rng.random() < 0.5:
+            c = int(rng.integers(0, n))
+            sel += list(range(c, min(n, c + int(rng.integers(1, 20)))))
+        else:
+            sel += rng.integers(0, n, int(rng.integers(1, 6))).tolist()
+    return sel
 
 
 # ---------------------------------------------------------------- CLI helpers

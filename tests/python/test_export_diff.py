@@ -1,0 +1,182 @@
+"""Differential tests: `ivserve export` against the Python reference.
+
+Seeded random matrices are written with ivref.write_iv in every variant the
+format allows (orientation, no/gzip/zstd compression, chunks smaller and
+larger than a row, 1- to 5-byte varints, empty rows, 0-row and 0-nnz
+matrices, a single row or gene, every value dtype with negatives, NaN
+groups, explicit zeros, shuffled group order, narrow pointer dtypes, a group
+other than X).  Thousands of random selections go through batch mode (one
+process, one index build per file) and a few through single exports with
+different thread counts and index strides; every result must equal
+ivref.expected() byte for byte: dtypes, indptr, indices and data including
+NaN positions.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import ivref
+
+# name: (seed, n_rows, n_cols, nnz, value dtype, write_iv options, generator
+# options, number of batch queries)
+CASES = {
+    "csr_raw_int32": (1, 200, 300, 6000, np.int32, {}, {}, 200),
+    "csr_zstd_tiny_chunks": (2, 150, 400, 9000, np.int32,
+                             dict(compression="zstd", chunk_len=16, ptr_chunk_len=7), {}, 200),
+    "csr_zstd_huge_chunk_uint16": (3, 120, 500, 5000, np.uint16,
+                                   dict(compression="zstd", chunk_len=1 << 20), {}, 150),
+    "csr_gzip_float32_nan": (4, 100, 250, 4000, np.float32,
+                             dict(compression="gzip", chunk_len=64),
+                             dict(nan_frac=0.05, zero_frac=0.05), 200),
+    "csc_raw_int32": (5, 180, 220, 5000, np.int32, dict(orientation="ivcsc"), {}, 200),
+    "csc_zstd_float64_nan": (6, 160, 140, 4000, np.float64,
+                             dict(orientation="ivcsc", compression="zstd", chunk_len=32),
+                             dict(nan_frac=0.08, zero_frac=0.03), 200),
+    "csc_gzip_int8": (7, 90, 300, 3000, np.int8,
+                      dict(orientation="ivcsc", compression="gzip", chunk_len=100), {}, 150),
+    "csr_shuffled_int64_zstd": (8, 140, 260, 5000, np.int64,
+                                dict(compression="zstd", chunk_len=200, shuffle_groups=True),
+                                {}, 150),
+    "csc_shuffled_uint8": (9, 130, 170, 4000, np.uint8,
+                           dict(orientation="ivcsc", shuffle_groups=True), {}, 150),
+    "csr_uint32_ptr_int32": (10, 100, 200, 3000, np.uint32, dict(ptr_dtype=np.int32), {}, 100),
+    "csr_uint64_ptr_uint32_gzip": (11, 100, 200, 3000, np.uint64,
+                                   dict(ptr_dtype=np.uint32, compression="gzip", chunk_len=50),
+                                   {}, 100),
+    "csc_int16_ptr_uint64": (12, 80, 120, 2000, np.int16,
+                             dict(orientation="ivcsc", ptr_dtype=np.uint64), {}, 100),
+    "csr_explicit_zeros": (13, 60, 80, 1500, np.float32, {}, dict(zero_frac=0.4), 100),
+    "csr_empty_rows_zstd": (14, 300, 60, 400, np.int32, dict(compression="zstd", chunk_len=8),
+                            dict(empty_row_frac=0.6), 150),
+    "csc_empty_genes": (15, 60, 300, 400, np.int32, dict(orientation="ivcsc"),
+                        dict(empty_row_frac=0.5), 100),
+    "csr_3byte_zstd": (16, 40, 2_500_000, 3000, np.int32, dict(compression="zstd", chunk_len=512),
+                       {}, 120),
+    "csr_4byte": (17, 30, 60_000_000, 200, np.int32, {}, {}, 80),
+    "csr_5byte_zstd": (18, 12, 2**29 + 12345, 40, np.int32, dict(compression="zstd", chunk_len=9),
+                       {}, 60),
+    "csc_3byte_cells": (19, 2_200_000, 25, 2000, np.int32, dict(orientation="ivcsc"), {}, 30),
+    "zero_rows": (20, 0, 50, 0, np.int32, {}, {}, 20),
+    "zero_rows_csc_zstd": (21, 0, 40, 0, np.float32,
+                           dict(orientation="ivcsc", compression="zstd", chunk_len=4), {}, 20),
+    "zero_nnz": (22, 40, 50, 0, np.int32, dict(compression="zstd", chunk_len=16), {}, 40),
+    "zero_nnz_csc": (23, 40, 50, 0, np.float64, dict(orientation="ivcsc"), {}, 40),
+    "single_row": (24, 1, 2000, 900, np.float32, dict(compression="gzip", chunk_len=100),
+                   dict(nan_frac=0.02), 60),
+    "single_gene": (25, 2000, 1, 700, np.int32, {}, {}, 60),
+    "single_gene_csc": (26, 2000, 1, 700, np.int16, dict(orientation="ivcsc"), {}, 60),
+    "single_cell_csc": (27, 1, 500, 300, np.uint16, dict(orientation="ivcsc"), {}, 40),
+    "dense_rows_group_counts": (28, 50, 64, 3200, np.uint8, dict(group="counts"), {}, 80),
+}
+
+
+def build_case(workdir, name):
+    seed, n_rows, n_cols, nnz, dtype, wopts, gopts, n_queries = CASES[name]
+    rng = np.random.default_rng(seed)
+    X = ivref.random_csr(rng, n_rows, n_cols, nnz, dtype, **gopts)
+    path = os.path.join(workdir, name + ".h5ad")
+    ivref.write_iv(path, X, rng=seed, **wopts)
+    return rng, X, path, wopts.get("group", "X"), n_queries
+
+
+def group_args(group):
+    return [] if group == "X" else ["--group", group]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_batch_against_reference(ivserve, workdir, name):
+    rng, X, path, group, n_queries = build_case(workdir, name)
+    # The writer must have produced what it claims before the engine is
+    # blamed for a difference.
+    if X.shape[0] * X.shape[1] <= 10_000_000 or X.shape[0] < 100:
+        got = ivref.read_iv(path, group)
+        assert np.array_equal(got.indices, X.indices) and np.array_equal(got.indptr, X.indptr)
+    sels = [(None, None), ([], []), ([], None), (None, [])]
+    while len(sels) < n_queries:
+        sels.append((ivref.random_selection(rng, X.shape[0]),
+                     ivref.random_selection(rng, X.shape[1])))
+    listing = os.path.join(workdir, "batch.tsv")
+    with open(listing, "w") as fh:
+        for obs, var in sels:
+            fh.write("%s\t%s\n" % (ivref.batch_field(obs), ivref.batch_field(var)))
+    outdir = os.path.join(workdir, "out")
+    os.makedirs(outdir)
+    proc = ivserve.run("export", path, *group_args(group), "--batch", listing, "-o", outdir)
+    ivserve.assert_ok(proc)
+    produced = sorted(os.listdir(outdir))
+    assert produced == sorted("q%d.npz" % k for k in range(len(sels))), produced[:10]
+    failures = []
+    for k, (obs, var) in enumerate(sels):
+        err = ivref.compare_npz(os.path.join(outdir, "q%d.npz" % k), ivref.expected(X, obs, var))
+        if err:
+            failures.append("q%d obs=%s var=%s: %s" % (k, ivref.batch_field(obs)[:80],
+                                                        ivref.batch_field(var)[:80], err))
+    assert not failures, "%d of %d queries differ:\n%s" % (len(failures), len(sels),
+                                                           "\n".join(failures[:10]))
+
+
+SINGLE = ["csr_zstd_tiny_chunks", "csc_zstd_float64_nan", "csr_shuffled_int64_zstd",
+          "csr_empty_rows_zstd", "csr_gzip_float32_nan"]
+
+
+@pytest.mark.parametrize("name", SINGLE)
+def test_single_export_threads_and_stride(ivserve, workdir, name):
+    """Thread count and index stride must not change a single byte."""
+    rng, X, path, group, _ = build_case(workdir, name)
+    n_rows, n_cols = X.shape
+    queries = [(None, None),
+               (rng.integers(0, n_rows, 50).tolist(), None),
+               (list(range(n_rows - 1, -1, -2)), rng.integers(0, n_cols, 30).tolist())]
+    for q, (obs, var) in enumerate(queries):
+        exp = ivref.expected(X, obs, var)
+        for threads, stride, cache in ((1, 1, None), (4, 1, None), (1, 3, 1), (4, 64, 1),
+                                       (2, 1000, None)):
+            out = os.path.join(workdir, "q%d_t%d_s%d.npz" % (q, threads, stride))
+            extra = group_args(group) + ["--threads", threads, "--stride", stride]
+            if cache is not None:
+                extra += ["--cache-mb", cache]
+            proc = ivserve.export(path, out, ivref.format_sel(obs), ivref.format_sel(var), *extra)
+            ivserve.assert_ok(proc)
+            err = ivref.compare_npz(out, exp)
+            assert err is None, "query %d threads %d stride %d: %s" % (q, threads, stride, err)
+
+
+@pytest.mark.parametrize("axis", ["--obs", "--var"])
+def test_out_of_range_selection_is_an_error(ivserve, workdir, axis):
+    _, X, path, _, _ = build_case(workdir, "csr_raw_int32")
+    n = X.shape[0] if axis == "--obs" else X.shape[1]
+    for sel in (str(n), "0,%d" % (n + 5), "%d:%d" % (n - 2, n + 1), "-1"):
+        out = os.path.join(workdir, "bad.npz")
+        proc = ivserve.run("export", path, axis, sel, "-o", out)
+        assert proc.returncode == 1, "sel %s: exit %d %s" % (sel, proc.returncode, proc.stderr)
+        assert "ivserve: error:" in proc.stderr
+    # The last valid index is fine.
+    out = os.path.join(workdir, "edge.npz")
+    ivserve.assert_ok(ivserve.run("export", path, axis, str(n - 1), "-o", out))
+    obs, var = ([n - 1], None) if axis == "--obs" else (None, [n - 1])
+    assert ivref.compare_npz(out, ivref.expected(X, obs, var)) is None
+
+
+def test_selection_syntax_examples(ivserve, workdir):
+    """The contract's own example `5,3,3,10:20` and the empty selection."""
+    _, X, path, _, _ = build_case(workdir, "csr_raw_int32")
+    cases = [("5,3,3,10:20", "7,7,0:3,299"), ("", None), (None, ""), ("0:0", "4")]
+    for k, (obs, var) in enumerate(cases):
+        out = os.path.join(workdir, "syn%d.npz" % k)
+        ivserve.assert_ok(ivserve.export(path, out, obs, var))
+
+        def parse(text):
+            if text is None:
+                return None
+            sel = []
+            for part in filter(None, text.split(",")):
+                if ":" in part:
+                    a, b = part.split(":")
+                    sel += list(range(int(a), int(b)))
+                else:
+                    sel.append(int(part))
+            return sel
+        err = ivref.compare_npz(out, ivref.expected(X, parse(obs), parse(var)))
+        assert err is None, "obs=%r var=%r: %s" % (obs, var, err)
