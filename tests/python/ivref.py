@@ -343,7 +343,12 @@ def read_array(dset):
         if mask & 1:
             chunk = frame
         else:
-            chunk = dctx.decompress(frame, max_output_size=cl * isz)
+            # One frame exactly, as the HDF5 filter's ZSTD_decompress over
+            # the whole stored chunk accepts: trailing bytes are an error.
+            obj = dctx.decompressobj()
+            chunk = obj.decompress(frame)
+            if obj.unused_data or not obj.eof:
+                raise ValueError("zstd chunk at %d: not exactly one whole frame" % off)
         if len(chunk) != cl * isz:
             raise ValueError("zstd chunk at %d decodes to %d bytes, not %d"
                              % (off, len(chunk), cl * isz))
@@ -405,6 +410,8 @@ def read_iv(path, group="X"):
         if ver != ENCODING_VERSION:
             raise ValueError("encoding-version %r" % ver)
         n_rows, n_cols = (int(x) for x in g.attrs["shape"])
+        if g["packed_indices"].dtype != np.uint8:
+            raise ValueError("packed_indices: dtype %s, not uint8" % g["packed_indices"].dtype)
         return unpack(read_array(g["major_ptr"]), read_array(g["values"]),
                       read_array(g["value_ptr"]), read_array(g["packed_indices"]),
                       n_rows, n_cols, enc)
