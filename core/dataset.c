@@ -1,0 +1,137 @@
+/*
+ * Dataset: the HDF5 load, the stream with its cache, and the row index,
+ * held together for the lifetime of the server (see dataset.h).
+ */
+#include "dataset.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dataset_impl.h"
+
+void iv_dataset_opts_init(iv_dataset_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->group = "X";
+    o->cache_bytes = (size_t)1 << 30;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
+                    iv_err_t *err)
+{
+    iv_dataset_opts_t defaults;
+    if (!opts) {
+        iv_dataset_opts_init(&defaults);
+        opts = &defaults;
+    }
+    *out = NULL;
+    double t0 = now_s();
+    iv_dataset_t *ds = calloc(1, sizeof *ds);
+    if (!ds) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+    snprintf(ds->path, sizeof ds->path, "%s", path);
+    snprintf(ds->group, sizeof ds->group, "%s", opts->group && *opts->group ? opts->group : "X");
+    snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
+
+    int rc = iv_h5matrix_load(path, ds->group, &ds->m, err);
+    if (rc < 0) goto fail_alloc;
+
+    char label[sizeof ds->where + 32];
+    snprintf(label, sizeof label, "%s/packed_indices", ds->where);
+    ds->m.stream.label = label;
+    size_t budget = opts->cache_bytes == (size_t)-1 ? (size_t)1 << 30 : opts->cache_bytes;
+    iv_stream_desc_t desc = ds->m.stream;
+    /* The stream owns the chunk table and any owned buffer from here on. */
+    memset(&ds->m.stream, 0, sizeof ds->m.stream);
+    ds->m.stream.length = desc.length;
+    rc = iv_stream_create(&desc, budget, &ds->stream, err);
+    if (rc < 0) goto fail_matrix;
+    double t1 = now_s();
+
+    iv_rowindex_src_t src = {
+        .s = ds->stream, .major_ptr = ds->m.major_ptr, .value_ptr = ds->m.value_ptr,
+        .n_major = ds->m.n_major, .n_unique = ds->m.n_unique, .nnz = ds->m.nnz,
+        .n_minor = ds->m.n_minor, .where = ds->where,
+    };
+    rc = iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err);
+    if (rc < 0) goto fail_stream;
+    double t2 = now_s();
+
+    iv_dataset_info_t *in = &ds->info;
+    in->path = ds->path;
+    in->group = ds->group;
+    in->orient = ds->m.orient;
+    in->n_rows = ds->m.n_rows;
+    in->n_cols = ds->m.n_cols;
+    in->n_major = ds->m.n_major;
+    in->n_minor = ds->m.n_minor;
+    in->nnz = ds->m.nnz;
+    in->n_unique = ds->m.n_unique;
+    in->value_dtype = ds->m.value_dtype;
+    in->indices_dtype = ds->m.indices_dtype;
+    snprintf(in->codec, sizeof in->codec, "%s", ds->m.codec);
+    in->chunked = desc.chunked;
+    in->stream_bytes = iv_stream_length(ds->stream);
+    in->stored_bytes = ds->m.stored_bytes;
+    in->n_chunks = iv_stream_n_chunks(ds->stream);
+    in->chunk_len = iv_stream_chunk_len(ds->stream);
+    in->index_stride = ds->ri.stride;
+    in->index_bytes = iv_rowindex_bytes(&ds->ri);
+    in->open_seconds = t1 - t0;
+    in->index_seconds = t2 - t1;
+    *out = ds;
+    return 0;
+
+fail_stream:
+    iv_stream_destroy(ds->stream);
+fail_matrix:
+    iv_h5matrix_free(&ds->m);
+fail_alloc:
+    free(ds);
+    return rc;
+}
+
+void iv_dataset_close(iv_dataset_t *ds)
+{
+    if (!ds) return;
+    iv_rowindex_free(&ds->ri);
+    iv_stream_destroy(ds->stream);
+    iv_h5matrix_free(&ds->m);
+    free(ds);
+}
+
+const iv_dataset_info_t *iv_dataset_info(const iv_dataset_t *ds) { return &ds->info; }
+const int64_t *iv_dataset_major_ptr(const iv_dataset_t *ds) { return ds->m.major_ptr; }
+const int64_t *iv_dataset_value_ptr(const iv_dataset_t *ds) { return ds->m.value_ptr; }
+const void *iv_dataset_values(const iv_dataset_t *ds) { return ds->m.values; }
+
+int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i)
+{
+    return ds->m.value_ptr[ds->m.major_ptr[i + 1]] - ds->m.value_ptr[ds->m.major_ptr[i]];
+}
+
+void iv_dataset_cache_stats(iv_dataset_t *ds, iv_cache_stats_t *out)
+{
+    iv_stream_stats_t st;
+    iv_stream_stats(ds->stream, &st);
+    out->budget = st.budget;
+    out->used = st.used;
+    out->pinned_over_budget = st.pinned_over_budget;
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->evictions = st.evictions;
+    out->bytes_decompressed = st.bytes_decompressed;
+}
+
+void iv_dataset_cache_drop(iv_dataset_t *ds)
+{
+    iv_stream_drop_cache(ds->stream);
+}

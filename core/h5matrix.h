@@ -1,0 +1,49 @@
+/*
+ * The HDF5 side of a dataset: open a .h5ad read-only, find the IVCSR/IVCSC
+ * group, validate its attributes and arrays (FORMAT.md section 2), load
+ * the pointer and value arrays, map the file and describe where the
+ * packed index bytes live (an in-place range or a table of chunks).
+ *
+ * This is the only engine file that calls HDF5 for the matrix, and it
+ * runs at start-up only.  Everything it returns is plain memory plus the
+ * read-only file mapping; the caller owns it and frees it with
+ * iv_h5matrix_free().  Checks that need the packed bytes themselves
+ * (varint count, index bounds) belong to the row-index pass.
+ */
+#ifndef IV_H5MATRIX_H
+#define IV_H5MATRIX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataset.h"
+#include "stream.h"
+
+typedef struct iv_h5matrix {
+    iv_orient_t orient;
+    int64_t n_rows, n_cols, n_major, n_minor;
+    int64_t nnz, n_unique;
+    int64_t *major_ptr;       /* n_major + 1 */
+    int64_t *value_ptr;       /* n_unique + 1 */
+    void *values;             /* n_unique elements of value_dtype */
+    iv_dtype_t value_dtype;
+    iv_dtype_t indices_dtype;
+    uint8_t *map;             /* read-only mapping of the whole file */
+    size_t map_len;
+    iv_stream_desc_t stream;  /* packed_indices; arrays handed to iv_stream_create */
+    uint64_t stored_bytes;
+    char codec[64];
+} iv_h5matrix_t;
+
+/* Opens path and loads group (NULL = "X").  Errors name the file, the
+ * dataset or attribute and the failed check. */
+int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err);
+
+/* Frees what load allocated and still owns (the stream arrays too, unless
+ * they were handed over: the caller then zeroes m->stream first). */
+void iv_h5matrix_free(iv_h5matrix_t *m);
+
+/* Validates the pointer arrays against each other and the shape (no I/O). */
+int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err_t *err);
+
+#endif

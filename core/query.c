@@ -1,0 +1,669 @@
+/*
+ * Selective decode (see query.h).
+ *
+ * Data path: a block of output rows is decoded by one thread with its own
+ * cursor.  For every major slice it needs, the cursor seeks the nearest
+ * row-index checkpoint (or simply continues when slices are consecutive),
+ * decodes the slice's value groups, maps every minor index through the
+ * selection's lookup table (identity when all are selected; a gene listed
+ * twice maps to two output columns) and collects (column, group) pairs.
+ * Pairs are put in column order either by a bitmap over the output
+ * columns (dense slices) or by sorting (sparse ones); a column seen twice
+ * means the file is corrupt.  Values are copied from `values` by group.
+ *
+ * IVCSC delivered as cell rows is a transpose: prepare() decodes the
+ * selected gene columns twice (count, then fill) in column order, so each
+ * cell row receives its columns already sorted; memory is the output plus
+ * one count array per participating thread.
+ */
+#include "query.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cursor.h"
+#include "dataset_impl.h"
+
+#define DEFAULT_BLOCK_NNZ ((int64_t)1 << 18)
+#define DEFAULT_BLOCK_ROWS ((int64_t)1 << 16)
+
+enum mode { MODE_MAJOR, MODE_TRANSPOSE };
+
+struct iv_query {
+    iv_dataset_t *ds;
+    enum mode mode;
+    int64_t n_out_rows, n_out_cols;
+    int64_t *row_ids;         /* n_out_rows original indices (NULL: identity) */
+    int64_t *col_ids;         /* n_out_cols original indices (NULL: identity) */
+    /* Minor lookup: minor j -> output positions lut_pos[lut_ptr[j] .. lut_ptr[j+1]). */
+    int minor_all;
+    int64_t *lut_ptr, *lut_pos;
+    int64_t n_blocks;
+    int64_t *block_start;     /* n_blocks + 1 output-row boundaries */
+    int64_t block_nnz, block_rows;
+    int index_size;
+    iv_dtype_t dtype;
+    int64_t nnz_hint;
+    atomic_int cancelled;
+    atomic_uint_fast64_t decompressed;
+    /* MODE_TRANSPOSE result */
+    int prepared;
+    int64_t *t_indptr;
+    void *t_indices;
+    void *t_data;
+};
+
+/* ---- selections and lookup tables ---- */
+
+static int copy_sel(const iv_sel_t *sel, int64_t axis_len, const char *axis, int64_t **out,
+                    int64_t *n_out, iv_err_t *err)
+{
+    *out = NULL;
+    if (!sel || sel->all) {
+        *n_out = axis_len;
+        return 0;
+    }
+    if (sel->n < 0) return iv_fail(err, IV_EBAD_SELECTION, "%s selection has negative length", axis);
+    for (int64_t i = 0; i < sel->n; i++)
+        if (sel->idx[i] < 0 || sel->idx[i] >= axis_len)
+            return iv_fail(err, IV_EOUT_OF_RANGE,
+                           "%s index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")",
+                           axis, sel->idx[i], i, axis_len);
+    *out = malloc((size_t)(sel->n ? sel->n : 1) * sizeof(int64_t));
+    if (!*out) return iv_fail(err, IV_ENOMEM, "out of memory for the %s selection", axis);
+    memcpy(*out, sel->idx, (size_t)sel->n * sizeof(int64_t));
+    *n_out = sel->n;
+    return 0;
+}
+
+/* Builds minor -> output positions for a selection of n_sel minor ids. */
+static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int64_t n_minor,
+                     iv_err_t *err)
+{
+    q->lut_ptr = calloc((size_t)n_minor + 1, sizeof(int64_t));
+    q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+    if (!q->lut_ptr || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    for (int64_t k = 0; k < n_sel; k++) q->lut_ptr[ids[k] + 1]++;
+    for (int64_t j = 0; j < n_minor; j++) q->lut_ptr[j + 1] += q->lut_ptr[j];
+    /* Fill in increasing k so each minor's positions are ascending. */
+    int64_t *fill = malloc((size_t)(n_minor ? n_minor : 1) * sizeof(int64_t));
+    if (!fill) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    memcpy(fill, q->lut_ptr, (size_t)n_minor * sizeof(int64_t));
+    for (int64_t k = 0; k < n_sel; k++) q->lut_pos[fill[ids[k]]++] = k;
+    free(fill);
+    return 0;
+}
+
+static int64_t slice_nnz(const iv_dataset_t *ds, int64_t s)
+{
+    return ds->m.value_ptr[ds->m.major_ptr[s + 1]] - ds->m.value_ptr[ds->m.major_ptr[s]];
+}
+
+/* Splits output rows into blocks of bounded (estimated) nnz and rows. */
+static int plan_blocks(struct iv_query *q, const int64_t *row_nnz_or_null, iv_err_t *err)
+{
+    int64_t cap = 16, n = 0;
+    int64_t *bs = malloc((size_t)cap * sizeof *bs);
+    if (!bs) return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
+    bs[n++] = 0;
+    int64_t rows = 0, nnz = 0;
+    for (int64_t r = 0; r < q->n_out_rows; r++) {
+        int64_t z;
+        if (row_nnz_or_null) z = row_nnz_or_null[r + 1] - row_nnz_or_null[r];
+        else z = slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
+        if (rows > 0 && (rows >= q->block_rows || nnz + z > q->block_nnz)) {
+            if (n == cap) {
+                int64_t *nb = realloc(bs, (size_t)(cap *= 2) * sizeof *bs);
+                if (!nb) {
+                    free(bs);
+                    return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
+                }
+                bs = nb;
+            }
+            bs[n++] = r;
+            rows = 0;
+            nnz = 0;
+        }
+        rows++;
+        nnz += z;
+    }
+    if (q->n_out_rows > 0) {
+        if (n == cap) {
+            int64_t *nb = realloc(bs, (size_t)(cap + 1) * sizeof *bs);
+            if (!nb) {
+                free(bs);
+                return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
+            }
+            bs = nb;
+        }
+        bs[n++] = q->n_out_rows;
+    }
+    q->block_start = bs;
+    q->n_blocks = q->n_out_rows > 0 ? n - 1 : 0;
+    return 0;
+}
+
+int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
+                 const iv_query_opts_t *opts, iv_query_t **out, iv_err_t *err)
+{
+    *out = NULL;
+    struct iv_query *q = calloc(1, sizeof *q);
+    if (!q) return iv_fail(err, IV_ENOMEM, "out of memory for a query");
+    q->ds = ds;
+    q->block_nnz = opts && opts->block_nnz > 0 ? opts->block_nnz : DEFAULT_BLOCK_NNZ;
+    q->block_rows = opts && opts->block_rows > 0 ? opts->block_rows : DEFAULT_BLOCK_ROWS;
+    q->dtype = ds->m.value_dtype;
+    q->nnz_hint = -1;
+    atomic_init(&q->cancelled, 0);
+    atomic_init(&q->decompressed, 0);
+    int rc;
+    int64_t *obs_ids = NULL, *var_ids = NULL, n_obs, n_var;
+    if ((rc = copy_sel(obs, ds->m.n_rows, "obs", &obs_ids, &n_obs, err)) < 0) goto fail;
+    if ((rc = copy_sel(var, ds->m.n_cols, "var", &var_ids, &n_var, err)) < 0) goto fail;
+
+    const iv_sel_t *minor_sel;
+    if (ds->m.orient == IV_IVCSR || (opts && opts->axis == IV_OUT_MAJOR)) {
+        q->mode = MODE_MAJOR;
+        int csr = ds->m.orient == IV_IVCSR;
+        q->row_ids = csr ? obs_ids : var_ids;
+        q->col_ids = csr ? var_ids : obs_ids;
+        q->n_out_rows = csr ? n_obs : n_var;
+        q->n_out_cols = csr ? n_var : n_obs;
+        minor_sel = csr ? var : obs;
+    } else {
+        q->mode = MODE_TRANSPOSE;
+        q->row_ids = obs_ids;   /* minor (cells) */
+        q->col_ids = var_ids;   /* major (genes) */
+        q->n_out_rows = n_obs;
+        q->n_out_cols = n_var;
+        minor_sel = obs;
+    }
+    obs_ids = var_ids = NULL;
+    q->index_size = q->n_out_cols > INT32_MAX ? 8 : 4;
+    q->minor_all = !minor_sel || minor_sel->all;
+    int64_t *minor_ids = q->mode == MODE_MAJOR ? q->col_ids : q->row_ids;
+    int64_t n_minor_sel = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
+    if (!q->minor_all && (rc = build_lut(q, minor_ids, n_minor_sel, ds->m.n_minor, err)) < 0)
+        goto fail;
+
+    if (q->mode == MODE_MAJOR) {
+        if ((rc = plan_blocks(q, NULL, err)) < 0) goto fail;
+        if (q->minor_all) {
+            int64_t z = 0;
+            for (int64_t r = 0; r < q->n_out_rows; r++)
+                z += slice_nnz(ds, q->row_ids ? q->row_ids[r] : r);
+            q->nnz_hint = z;
+        }
+        q->prepared = 1;
+    }
+    *out = q;
+    return 0;
+fail:
+    free(obs_ids);
+    free(var_ids);
+    iv_query_free(q);
+    return rc;
+}
+
+void iv_query_free(iv_query_t *q)
+{
+    if (!q) return;
+    free(q->row_ids);
+    free(q->col_ids);
+    free(q->lut_ptr);
+    free(q->lut_pos);
+    free(q->block_start);
+    free(q->t_indptr);
+    free(q->t_indices);
+    free(q->t_data);
+    free(q);
+}
+
+int64_t iv_query_n_blocks(const iv_query_t *q) { return q->n_blocks; }
+int64_t iv_query_n_rows(const iv_query_t *q) { return q->n_out_rows; }
+int64_t iv_query_n_cols(const iv_query_t *q) { return q->n_out_cols; }
+int64_t iv_query_nnz_hint(const iv_query_t *q) { return q->nnz_hint; }
+int iv_query_index_size(const iv_query_t *q) { return q->index_size; }
+iv_dtype_t iv_query_dtype(const iv_query_t *q) { return q->dtype; }
+void iv_query_cancel(iv_query_t *q) { atomic_store(&q->cancelled, 1); }
+uint64_t iv_query_bytes_decompressed(const iv_query_t *q) { return atomic_load(&q->decompressed); }
+
+void iv_block_free(iv_block_t *b)
+{
+    if (!b) return;
+    free(b->ids);
+    free(b->indptr);
+    free(b->indices);
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- slice decoding ---- */
+
+/* Per-thread working memory of one decode call. */
+struct work {
+    iv_cursor_t cur;
+    int64_t next_slice;       /* slice whose first varint is at the cursor, or -1 */
+    int64_t *pos;             /* pair: output position */
+    int64_t *gid;             /* pair: value group */
+    int64_t pairs_cap;
+    uint64_t *bits;           /* bitmap over output columns (lazily allocated) */
+    int64_t *gid_at;
+    int64_t n_words;
+};
+
+static void work_free(struct work *w)
+{
+    iv_cursor_done(&w->cur);
+    free(w->pos);
+    free(w->gid);
+    free(w->bits);
+    free(w->gid_at);
+}
+
+static int pairs_reserve(struct work *w, int64_t n, iv_err_t *err)
+{
+    if (n <= w->pairs_cap) return 0;
+    int64_t cap = w->pairs_cap ? w->pairs_cap : 1024;
+    while (cap < n) cap *= 2;
+    int64_t *p = realloc(w->pos, (size_t)cap * sizeof *p);
+    if (p) w->pos = p;
+    int64_t *g = realloc(w->gid, (size_t)cap * sizeof *g);
+    if (g) w->gid = g;
+    if (!p || !g) return iv_fail(err, IV_ENOMEM, "out of memory decoding a slice");
+    w->pairs_cap = cap;
+    return 0;
+}
+
+/* Moves the cursor to the first varint of slice s. */
+static int seek_slice(const struct iv_query *q, struct work *w, int64_t s, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    if (w->next_slice == s) return 0;
+    uint64_t off, skip;
+    iv_rowindex_locate(&ds->ri, ds->m.major_ptr, ds->m.value_ptr, s, &off, &skip);
+    /* Continuing forward from the cursor is cheaper when it is already
+     * past the checkpoint that covers s. */
+    int64_t ck_slice = (s / (int64_t)ds->ri.stride) * (int64_t)ds->ri.stride;
+    if (w->next_slice >= 0 && w->next_slice < s && w->next_slice >= ck_slice) {
+        skip = (uint64_t)(ds->m.value_ptr[ds->m.major_ptr[s]] -
+                          ds->m.value_ptr[ds->m.major_ptr[w->next_slice]]);
+    } else {
+        IV_TRY(iv_cursor_seek(&w->cur, off, err));
+    }
+    IV_TRY(iv_cursor_skip(&w->cur, skip, err));
+    w->next_slice = s;
+    return 0;
+}
+
+static int sort_cmp(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/*
+ * Decodes slice s into w->pos/w->gid, sorted by output position.
+ * Returns the pair count, or a negative error.
+ */
+static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
+    uint64_t n_minor = (uint64_t)ds->m.n_minor;
+    IV_TRY(seek_slice(q, w, s, err));
+    int64_t n = 0;
+    int64_t total = vp[mp[s + 1]] - vp[mp[s]];
+    if (q->minor_all) IV_TRY(pairs_reserve(w, total, err));
+    for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
+        uint64_t acc = 0;
+        for (int64_t k = vp[g]; k < vp[g + 1]; k++) {
+            uint64_t d;
+            IV_TRY(iv_cursor_read(&w->cur, &d, err));
+            acc += d + 1;
+            if (d >= n_minor || acc > n_minor)
+                return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64,
+                               ds->where, s, n_minor);
+            int64_t j = (int64_t)acc - 1;
+            if (q->minor_all) {
+                w->pos[n] = j;
+                w->gid[n] = g;
+                n++;
+            } else {
+                int64_t a = q->lut_ptr[j], b = q->lut_ptr[j + 1];
+                if (a == b) continue;
+                IV_TRY(pairs_reserve(w, n + (b - a), err));
+                for (int64_t t = a; t < b; t++) {
+                    w->pos[n] = q->lut_pos[t];
+                    w->gid[n] = g;
+                    n++;
+                }
+            }
+        }
+    }
+    w->next_slice = s + 1;
+    if (n <= 1) return n;
+
+    int64_t n_cols = q->n_out_cols;
+    if (n * 64 >= n_cols / 16 && n_cols > 0) {
+        /* Dense enough: scatter into a bitmap and read it back in order. */
+        if (!w->bits) {
+            w->n_words = (n_cols + 63) / 64;
+            w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+            w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
+            if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+        }
+        int64_t lo = w->n_words, hi = -1;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t p = w->pos[i], wd = p >> 6;
+            uint64_t bit = (uint64_t)1 << (p & 63);
+            if (w->bits[wd] & bit) {
+                for (int64_t x = lo; x <= hi; x++) w->bits[x] = 0;
+                if (wd < lo || wd > hi) w->bits[wd] = 0;
+                return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                               ds->where, s);
+            }
+            w->bits[wd] |= bit;
+            w->gid_at[p] = w->gid[i];
+            if (wd < lo) lo = wd;
+            if (wd > hi) hi = wd;
+        }
+        int64_t m = 0;
+        for (int64_t wd = lo; wd <= hi; wd++) {
+            uint64_t x = w->bits[wd];
+            w->bits[wd] = 0;
+            while (x) {
+                int64_t p = wd * 64 + __builtin_ctzll(x);
+                x &= x - 1;
+                w->pos[m] = p;
+                w->gid[m] = w->gid_at[p];
+                m++;
+            }
+        }
+        return m;
+    }
+    /* Sparse: sort (position, group) pairs. */
+    int64_t *tmp = malloc((size_t)n * 2 * sizeof(int64_t));
+    if (!tmp) return iv_fail(err, IV_ENOMEM, "out of memory sorting a slice");
+    for (int64_t i = 0; i < n; i++) {
+        tmp[2 * i] = w->pos[i];
+        tmp[2 * i + 1] = w->gid[i];
+    }
+    qsort(tmp, (size_t)n, 2 * sizeof(int64_t), sort_cmp);
+    for (int64_t i = 0; i < n; i++) {
+        w->pos[i] = tmp[2 * i];
+        w->gid[i] = tmp[2 * i + 1];
+        if (i > 0 && w->pos[i] == w->pos[i - 1]) {
+            free(tmp);
+            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                           ds->where, s);
+        }
+    }
+    free(tmp);
+    return n;
+}
+
+/* Growable output arrays of a block. */
+struct outbuf {
+    void *indices, *data;
+    int64_t n, cap;
+    int isz;
+    size_t esz;
+};
+
+static int outbuf_reserve(struct outbuf *o, int64_t need, iv_err_t *err)
+{
+    if (need <= o->cap) return 0;
+    int64_t cap = o->cap ? o->cap : 4096;
+    while (cap < need) cap *= 2;
+    void *i = realloc(o->indices, (size_t)cap * (size_t)o->isz);
+    if (i) o->indices = i;
+    void *d = realloc(o->data, (size_t)cap * o->esz);
+    if (d) o->data = d;
+    if (!i || !d) return iv_fail(err, IV_ENOMEM, "out of memory for a block");
+    o->cap = cap;
+    return 0;
+}
+
+static void copy_value(void *dst, const void *values, int64_t g, size_t esz)
+{
+    const char *src = (const char *)values + (size_t)g * esz;
+    switch (esz) {
+    case 1: *(uint8_t *)dst = *(const uint8_t *)src; break;
+    case 2: memcpy(dst, src, 2); break;
+    case 4: memcpy(dst, src, 4); break;
+    default: memcpy(dst, src, 8); break;
+    }
+}
+
+static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const void *values)
+{
+    char *data = (char *)o->data + (size_t)o->n * o->esz;
+    if (o->isz == 4) {
+        int32_t *ix = (int32_t *)o->indices + o->n;
+        for (int64_t i = 0; i < n; i++) ix[i] = (int32_t)w->pos[i];
+    } else {
+        int64_t *ix = (int64_t *)o->indices + o->n;
+        for (int64_t i = 0; i < n; i++) ix[i] = w->pos[i];
+    }
+    for (int64_t i = 0; i < n; i++) copy_value(data + (size_t)i * o->esz, values, w->gid[i], o->esz);
+    o->n += n;
+}
+
+static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    struct work w;
+    memset(&w, 0, sizeof w);
+    iv_cursor_init(&w.cur, ds->stream);
+    w.next_slice = -1;
+    struct outbuf o = {.isz = q->index_size, .esz = iv_dtype_size(q->dtype)};
+    int64_t nr = r1 - r0;
+    int rc = 0;
+    out->ids = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
+    out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
+    if (!out->ids || !out->indptr) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory for a block");
+        goto done;
+    }
+    out->indptr[0] = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
+            rc = iv_fail(err, IV_ECANCELLED, "query cancelled");
+            goto done;
+        }
+        int64_t s = q->row_ids ? q->row_ids[r] : r;
+        out->ids[r - r0] = s;
+        int64_t n = decode_slice(q, &w, s, err);
+        if (n < 0) {
+            rc = (int)n;
+            goto done;
+        }
+        if ((rc = outbuf_reserve(&o, o.n + n, err)) < 0) goto done;
+        emit_pairs(&o, &w, n, ds->m.values);
+        out->indptr[r - r0 + 1] = o.n;
+    }
+done:
+    atomic_fetch_add(&q->decompressed, w.cur.decompressed);
+    work_free(&w);
+    out->indices = o.indices;
+    out->data = o.data;
+    out->nnz = o.n;
+    if (rc < 0) iv_block_free(out);
+    return rc;
+}
+
+/* ---- IVCSC transpose ---- */
+
+struct tpass {
+    iv_query_t *q;
+    int fill;                 /* 0: count, 1: fill */
+    int64_t n_parts;
+    uint32_t **cnt;           /* per part: n_out_rows counters / write offsets (fill) */
+    int64_t **off;            /* fill: per part write offsets */
+    iv_err_t err;
+    atomic_int failed;
+};
+
+static void tpass_part(void *arg, size_t part)
+{
+    struct tpass *t = arg;
+    iv_query_t *q = t->q;
+    const iv_dataset_t *ds = q->ds;
+    int64_t k0 = q->n_out_cols * (int64_t)part / t->n_parts;
+    int64_t k1 = q->n_out_cols * (int64_t)(part + 1) / t->n_parts;
+    struct work w;
+    memset(&w, 0, sizeof w);
+    iv_cursor_init(&w.cur, ds->stream);
+    w.next_slice = -1;
+    iv_err_t e = {0};
+    size_t esz = iv_dtype_size(q->dtype);
+    for (int64_t k = k0; k < k1 && !atomic_load(&t->failed); k++) {
+        if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
+            iv_fail(&e, IV_ECANCELLED, "query cancelled");
+            break;
+        }
+        int64_t s = q->col_ids ? q->col_ids[k] : k;
+        int64_t n = decode_slice(q, &w, s, &e);
+        if (n < 0) break;
+        if (!t->fill) {
+            uint32_t *c = t->cnt[part];
+            for (int64_t i = 0; i < n; i++) c[w.pos[i]]++;
+        } else {
+            int64_t *off = t->off[part];
+            for (int64_t i = 0; i < n; i++) {
+                int64_t at = off[w.pos[i]]++;
+                if (q->index_size == 4) ((int32_t *)q->t_indices)[at] = (int32_t)k;
+                else ((int64_t *)q->t_indices)[at] = k;
+                copy_value((char *)q->t_data + (size_t)at * esz, ds->m.values, w.gid[i], esz);
+            }
+        }
+    }
+    atomic_fetch_add(&q->decompressed, w.cur.decompressed);
+    work_free(&w);
+    if (e.code != 0 && atomic_exchange(&t->failed, 1) == 0) t->err = e;
+}
+
+int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
+{
+    if (q->prepared) return 0;
+    int64_t nr = q->n_out_rows;
+    int64_t parts = (int64_t)iv_pool_threads(pool) + 1;
+    /* Bound the per-part counters to about 512 MiB in all. */
+    while (parts > 1 && (uint64_t)parts * (uint64_t)nr * 12 > ((uint64_t)512 << 20)) parts--;
+    if (parts > q->n_out_cols && q->n_out_cols > 0) parts = q->n_out_cols;
+    if (parts < 1) parts = 1;
+    struct tpass t = {.q = q, .n_parts = parts};
+    atomic_init(&t.failed, 0);
+    int rc = 0;
+    t.cnt = calloc((size_t)parts, sizeof *t.cnt);
+    t.off = calloc((size_t)parts, sizeof *t.off);
+    q->t_indptr = calloc((size_t)nr + 1, sizeof(int64_t));
+    if (!t.cnt || !t.off || !q->t_indptr) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+        goto done;
+    }
+    for (int64_t p = 0; p < parts; p++) {
+        t.cnt[p] = calloc((size_t)(nr ? nr : 1), sizeof(uint32_t));
+        if (!t.cnt[p]) {
+            rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+            goto done;
+        }
+    }
+    iv_pool_parallel_for(pool, (size_t)parts, 0, tpass_part, &t);
+    if (atomic_load(&t.failed)) {
+        rc = iv_fail(err, t.err.code, "%s", t.err.msg);
+        goto done;
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t z = 0;
+        for (int64_t p = 0; p < parts; p++) z += t.cnt[p][r];
+        q->t_indptr[r + 1] = q->t_indptr[r] + z;
+    }
+    int64_t nnz = q->t_indptr[nr];
+    size_t esz = iv_dtype_size(q->dtype);
+    q->t_indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
+    q->t_data = malloc((size_t)(nnz ? nnz : 1) * esz);
+    if (!q->t_indices || !q->t_data) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " transposed entries", nnz);
+        goto done;
+    }
+    for (int64_t p = 0; p < parts; p++) {
+        t.off[p] = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
+        if (!t.off[p]) {
+            rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+            goto done;
+        }
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t at = q->t_indptr[r];
+        for (int64_t p = 0; p < parts; p++) {
+            t.off[p][r] = at;
+            at += t.cnt[p][r];
+        }
+    }
+    for (int64_t p = 0; p < parts; p++) {
+        free(t.cnt[p]);
+        t.cnt[p] = NULL;
+    }
+    t.fill = 1;
+    iv_pool_parallel_for(pool, (size_t)parts, 0, tpass_part, &t);
+    if (atomic_load(&t.failed)) {
+        rc = iv_fail(err, t.err.code, "%s", t.err.msg);
+        goto done;
+    }
+    q->nnz_hint = nnz;
+    if ((rc = plan_blocks(q, q->t_indptr, err)) < 0) goto done;
+    q->prepared = 1;
+done:
+    if (t.cnt)
+        for (int64_t p = 0; p < parts; p++) free(t.cnt[p]);
+    if (t.off)
+        for (int64_t p = 0; p < parts; p++) free(t.off[p]);
+    free(t.cnt);
+    free(t.off);
+    return rc;
+}
+
+static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
+                                 iv_err_t *err)
+{
+    int64_t nr = r1 - r0, a = q->t_indptr[r0], b = q->t_indptr[r1], nnz = b - a;
+    size_t esz = iv_dtype_size(q->dtype);
+    out->ids = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
+    out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
+    out->indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
+    out->data = malloc((size_t)(nnz ? nnz : 1) * esz);
+    if (!out->ids || !out->indptr || !out->indices || !out->data) {
+        iv_block_free(out);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a block");
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        out->ids[r - r0] = q->row_ids ? q->row_ids[r] : r;
+        out->indptr[r - r0] = q->t_indptr[r] - a;
+    }
+    out->indptr[nr] = nnz;
+    memcpy(out->indices, (char *)q->t_indices + (size_t)a * (size_t)q->index_size,
+           (size_t)nnz * (size_t)q->index_size);
+    memcpy(out->data, (char *)q->t_data + (size_t)a * esz, (size_t)nnz * esz);
+    out->nnz = nnz;
+    return 0;
+}
+
+int iv_query_decode_block(iv_query_t *q, int64_t b, iv_block_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!q->prepared) return iv_fail(err, IV_EINTERNAL, "query decoded before prepare");
+    if (b < 0 || b >= q->n_blocks)
+        return iv_fail(err, IV_EINTERNAL, "block %" PRId64 " of %" PRId64, b, q->n_blocks);
+    if (atomic_load(&q->cancelled)) return iv_fail(err, IV_ECANCELLED, "query cancelled");
+    int64_t r0 = q->block_start[b], r1 = q->block_start[b + 1];
+    out->row0 = r0;
+    out->n_rows = r1 - r0;
+    out->index_size = q->index_size;
+    out->dtype = q->dtype;
+    if (q->mode == MODE_TRANSPOSE) return copy_transposed_block(q, r0, r1, out, err);
+    return decode_major_block(q, r0, r1, out, err);
+}

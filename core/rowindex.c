@@ -1,0 +1,354 @@
+/*
+ * Row-index build pass (see rowindex.h).
+ *
+ * The stream is processed in slabs of chunks.  For each slab:
+ *  1. in parallel, every chunk is decompressed (pinned in the cache) and
+ *     its terminators counted; its last bytes are remembered;
+ *  2. sequentially, the counts become ranks (prefix sums) and the bytes of
+ *     a varint left open at the end of a chunk are carried into the next;
+ *  3. in parallel, each chunk decodes the varints that END in it (the first
+ *     one completed with the carried bytes), walks the value groups those
+ *     ranks belong to, checks every group's running index against n_minor
+ *     and records checkpoint offsets;
+ *  4. sequentially, group sums that span chunk boundaries are joined and
+ *     checked.
+ * Decoding inside step 3 is what makes the "no index >= n_minor" check
+ * exact; its common case (8 one-byte varints in one group) is summed a
+ * word at a time.
+ */
+#include "rowindex.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "varint.h"
+
+#define SLAB_BYTES ((uint64_t)64 << 20)
+
+struct chunk_state {
+    const uint8_t *data;
+    size_t len;
+    uint64_t count;        /* terminators in the chunk */
+    uint8_t tail[IV_VARINT_MAX];
+    uint8_t tail_len;      /* trailing continuation bytes kept (<= 10) */
+    uint8_t tail_over;     /* more than 10 trailing continuation bytes */
+    uint8_t pend[IV_VARINT_MAX];
+    uint8_t pend_len;      /* bytes carried in from earlier chunks */
+    /* step 3 results */
+    int head_open;         /* first group started before this chunk */
+    int head_closed;
+    uint64_t head_acc, tail_acc;
+    int tail_open;         /* a group started here is still open at the end */
+};
+
+struct build {
+    const iv_rowindex_src_t *src;
+    iv_rowindex_t *ri;
+    uint64_t c0;           /* first chunk of the slab */
+    struct chunk_state *cs;
+    uint64_t *prefix;      /* ranks before each chunk (n_chunks + 1) */
+    pthread_mutex_t mu;
+    iv_err_t err;
+    int failed;
+};
+
+static void set_error(struct build *b, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_error(struct build *b, int code, const char *fmt, ...)
+{
+    pthread_mutex_lock(&b->mu);
+    if (!b->failed) {
+        b->failed = 1;
+        va_list ap;
+        va_start(ap, fmt);
+        iv_vfail(&b->err, code, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void step_count(void *arg, size_t i)
+{
+    struct build *b = arg;
+    uint64_t c = b->c0 + i;
+    struct chunk_state *st = &b->cs[i];
+    iv_err_t e = {0};
+    if (b->failed) return;
+    if (iv_stream_acquire(b->src->s, c, &st->data, &st->len, NULL, &e) < 0) {
+        st->data = NULL;
+        set_error(b, e.code, "%s", e.msg);
+        return;
+    }
+    st->count = iv_varint_count_ends(st->data, st->len);
+    size_t t = 0;
+    while (t < st->len && t <= IV_VARINT_MAX && st->data[st->len - 1 - t] >= 0x80) t++;
+    st->tail_over = t > IV_VARINT_MAX;
+    st->tail_len = (uint8_t)(t > IV_VARINT_MAX ? IV_VARINT_MAX : t);
+    memcpy(st->tail, st->data + st->len - st->tail_len, st->tail_len);
+}
+
+/* Horizontal sum of 8 bytes, each < 128. */
+static inline uint64_t byte_sum8(uint64_t w)
+{
+    w = (w & 0x00ff00ff00ff00ffULL) + ((w >> 8) & 0x00ff00ff00ff00ffULL);
+    return (w * 0x0001000100010001ULL) >> 48;
+}
+
+/* First checkpoint j whose slice starts at rank >= r. */
+static uint64_t first_ckpt_at(const struct build *b, uint64_t r)
+{
+    const iv_rowindex_src_t *s = b->src;
+    uint64_t lo = 0, hi = b->ri->n_ckpt;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        int64_t rank = s->value_ptr[s->major_ptr[mid * b->ri->stride]];
+        if ((uint64_t)rank < r) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void step_decode(void *arg, size_t i)
+{
+    struct build *b = arg;
+    const iv_rowindex_src_t *src = b->src;
+    struct chunk_state *st = &b->cs[i];
+    uint64_t c = b->c0 + i;
+    uint64_t rank = b->prefix[c], stop = b->prefix[c + 1];
+    if (b->failed || rank == stop) return;
+    if (stop > (uint64_t)src->nnz) return; /* reported after the pass */
+
+    const int64_t *vp = src->value_ptr;
+    uint64_t n_minor = (uint64_t)src->n_minor;
+    uint64_t chunk_start = c * iv_stream_chunk_len(src->s);
+    /* Group containing `rank`: last g with vp[g] <= rank (skipping empty groups). */
+    int64_t lo = 0, hi = src->n_unique;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mid + 1] <= rank) lo = mid + 1;
+        else hi = mid;
+    }
+    int64_t g = lo;
+    st->head_open = (uint64_t)vp[g] < rank;
+    int in_head = st->head_open;
+    uint64_t left = (uint64_t)vp[g + 1] - rank;
+    uint64_t acc = 0;
+
+    uint64_t j = first_ckpt_at(b, rank);
+    uint64_t next_ck = j < b->ri->n_ckpt
+                           ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
+                           : UINT64_MAX;
+
+    const uint8_t *p = st->data, *end = st->data + st->len;
+    while (rank < stop) {
+        uint64_t start = chunk_start + (uint64_t)(p - st->data);
+        uint64_t d;
+        if (rank == b->prefix[c] && st->pend_len) {
+            /* Complete the varint carried in from earlier chunks. */
+            uint8_t tmp[2 * IV_VARINT_MAX];
+            size_t n = st->pend_len, k = 0;
+            memcpy(tmp, st->pend, n);
+            while (n < sizeof tmp && p + k < end) {
+                tmp[n++] = p[k];
+                if (p[k++] < 0x80) break;
+            }
+            size_t used = iv_varint_read_slow(tmp, tmp + n, &d);
+            if (used == 0 || used != n) {
+                set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint at stream offset %"
+                          PRIu64, src->where, chunk_start - st->pend_len);
+                return;
+            }
+            start = chunk_start - st->pend_len;
+            p += k;
+        } else {
+            /* Fast path: eight one-byte varints of one group, no checkpoint among them. */
+            while (left >= 8 && end - p >= 8 && rank + 8 <= next_ck && rank + 8 <= stop) {
+                uint64_t w;
+                memcpy(&w, p, 8);
+                if (w & 0x8080808080808080ULL) break;
+                acc += byte_sum8(w) + 8;
+                if (acc > n_minor) {
+                    set_error(b, IV_EBAD_FILE, "%s/packed_indices: an index of value group %" PRId64
+                              " is >= n_minor (%" PRIu64 ")", src->where, g, n_minor);
+                    return;
+                }
+                p += 8;
+                rank += 8;
+                left -= 8;
+            }
+            if (left == 0 || rank == stop) goto group_end;
+            start = chunk_start + (uint64_t)(p - st->data);
+            size_t used = iv_varint_read(p, end, &d);
+            if (used == 0) {
+                set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint (over 64 bits) at "
+                          "stream offset %" PRIu64, src->where, start);
+                return;
+            }
+            p += used;
+        }
+        if (d >= n_minor || acc + d + 1 > n_minor) {
+            set_error(b, IV_EBAD_FILE, "%s/packed_indices: varint %" PRIu64 " gives an index >= "
+                      "n_minor (%" PRIu64 ")", src->where, rank, n_minor);
+            return;
+        }
+        while (rank == next_ck) {
+            b->ri->off[j++] = start;
+            next_ck = j < b->ri->n_ckpt
+                          ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
+                          : UINT64_MAX;
+        }
+        acc += d + 1;
+        rank++;
+        left--;
+    group_end:
+        if (left == 0) {
+            if (in_head) {
+                st->head_acc = acc;
+                st->head_closed = 1;
+                in_head = 0;
+            }
+            acc = 0;
+            while (g < src->n_unique && (uint64_t)vp[g + 1] <= rank) g++;
+            left = g < src->n_unique ? (uint64_t)vp[g + 1] - rank : 0;
+            if (g >= src->n_unique) break;
+        }
+    }
+    if (in_head) {
+        st->head_acc = acc;
+        st->head_closed = 0;
+    } else if (left > 0 && acc > 0) {
+        /* acc > 0 exactly when the current group took a varint here. */
+        st->tail_open = 1;
+        st->tail_acc = acc;
+    }
+}
+
+static uint32_t pick_stride(uint32_t stride)
+{
+    return stride ? stride : IV_ROWINDEX_DEFAULT_STRIDE;
+}
+
+int iv_rowindex_build(const iv_rowindex_src_t *src, uint32_t stride, iv_pool_t *pool,
+                      iv_rowindex_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    out->stride = pick_stride(stride);
+    out->n_ckpt = src->n_major == 0 ? 0 : (uint64_t)(src->n_major - 1) / out->stride + 1;
+    out->off = malloc((out->n_ckpt ? out->n_ckpt : 1) * sizeof *out->off);
+    uint64_t n_chunks = iv_stream_n_chunks(src->s);
+    uint64_t *prefix = calloc(n_chunks + 1, sizeof *prefix);
+    uint64_t cl = iv_stream_chunk_len(src->s);
+    uint64_t per_slab = cl ? SLAB_BYTES / cl : 1;
+    unsigned threads = iv_pool_threads(pool) + 1;
+    if (per_slab < 4 * (uint64_t)threads) per_slab = 4 * (uint64_t)threads;
+    if (per_slab > n_chunks) per_slab = n_chunks ? n_chunks : 1;
+    struct chunk_state *cs = calloc(per_slab, sizeof *cs);
+    if (!out->off || !prefix || !cs) {
+        free(prefix);
+        free(cs);
+        iv_rowindex_free(out);
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the row index", src->where);
+    }
+    for (uint64_t j = 0; j < out->n_ckpt; j++) out->off[j] = UINT64_MAX;
+
+    struct build b = {.src = src, .ri = out, .cs = cs, .prefix = prefix};
+    pthread_mutex_init(&b.mu, NULL);
+    uint8_t carry[IV_VARINT_MAX];
+    size_t carry_len = 0;
+    uint64_t group_acc = 0;   /* running sum of the group open across chunks */
+    int rc = 0;
+
+    for (uint64_t c0 = 0; c0 < n_chunks && !b.failed; c0 += per_slab) {
+        uint64_t n = n_chunks - c0 < per_slab ? n_chunks - c0 : per_slab;
+        memset(cs, 0, n * sizeof *cs);
+        b.c0 = c0;
+        iv_pool_parallel_for(pool, (size_t)n, 0, step_count, &b);
+        for (uint64_t i = 0; i < n && !b.failed; i++) {
+            struct chunk_state *st = &cs[i];
+            prefix[c0 + i + 1] = prefix[c0 + i] + st->count;
+            if (prefix[c0 + i + 1] > (uint64_t)src->nnz) {
+                set_error(&b, IV_EBAD_FILE, "%s/packed_indices holds more varints than value_ptr's "
+                          "nnz (%" PRId64 ")", src->where, src->nnz);
+                break;
+            }
+            memcpy(st->pend, carry, carry_len);
+            st->pend_len = (uint8_t)carry_len;
+            if (st->count > 0) {
+                if (st->tail_over) {
+                    set_error(&b, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes at "
+                              "the end of chunk %" PRIu64, src->where, c0 + i);
+                    break;
+                }
+                memcpy(carry, st->tail, st->tail_len);
+                carry_len = st->tail_len;
+            } else {
+                if (carry_len + st->len > IV_VARINT_MAX) {
+                    set_error(&b, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes "
+                              "through chunk %" PRIu64, src->where, c0 + i);
+                    break;
+                }
+                memcpy(carry + carry_len, st->data, st->len);
+                carry_len += st->len;
+            }
+        }
+        if (!b.failed) iv_pool_parallel_for(pool, (size_t)n, 0, step_decode, &b);
+        for (uint64_t i = 0; i < n && !b.failed; i++) {
+            struct chunk_state *st = &cs[i];
+            if (prefix[c0 + i] == prefix[c0 + i + 1]) continue;
+            if (st->head_open) {
+                group_acc += st->head_acc;
+                if (group_acc > (uint64_t)src->n_minor) {
+                    set_error(&b, IV_EBAD_FILE, "%s/packed_indices: a value group spanning chunk %"
+                              PRIu64 " reaches an index >= n_minor (%" PRId64 ")", src->where,
+                              c0 + i, src->n_minor);
+                    break;
+                }
+                if (!st->head_closed) continue;
+            }
+            group_acc = st->tail_open ? st->tail_acc : 0;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            if (cs[i].data) iv_stream_release(src->s, c0 + i);
+    }
+    pthread_mutex_destroy(&b.mu);
+    if (b.failed) {
+        rc = iv_fail(err, b.err.code, "%s", b.err.msg);
+    } else if (prefix[n_chunks] != (uint64_t)src->nnz) {
+        rc = iv_fail(err, IV_EBAD_FILE, "%s/packed_indices holds %" PRIu64 " varints but value_ptr "
+                     "says nnz = %" PRId64, src->where, prefix[n_chunks], src->nnz);
+    } else if (carry_len != 0) {
+        rc = iv_fail(err, IV_EBAD_FILE, "%s/packed_indices: unterminated last varint (%zu trailing "
+                     "continuation bytes)", src->where, carry_len);
+    } else {
+        uint64_t len = iv_stream_length(src->s);
+        for (uint64_t j = 0; j < out->n_ckpt; j++) {
+            if (out->off[j] != UINT64_MAX) continue;
+            /* Slices that start at rank nnz (empty tails) begin at the end. */
+            if (src->value_ptr[src->major_ptr[j * out->stride]] == src->nnz) {
+                out->off[j] = len;
+            } else {
+                rc = iv_fail(err, IV_EINTERNAL, "%s: checkpoint %" PRIu64 " not found", src->where, j);
+                break;
+            }
+        }
+    }
+    free(prefix);
+    free(cs);
+    if (rc < 0) iv_rowindex_free(out);
+    return rc;
+}
+
+void iv_rowindex_free(iv_rowindex_t *ri)
+{
+    free(ri->off);
+    ri->off = NULL;
+    ri->n_ckpt = 0;
+}
+
+size_t iv_rowindex_bytes(const iv_rowindex_t *ri)
+{
+    return (size_t)ri->n_ckpt * sizeof *ri->off;
+}

@@ -1,0 +1,303 @@
+/*
+ * Chunk access and the decompressed-chunk cache (see stream.h).
+ *
+ * Each chunk has a slot: its buffer (NULL when not resident), a pin count
+ * and links in an LRU list that holds resident, unpinned chunks.  A miss
+ * decompresses outside the lock into a fresh buffer; if another thread
+ * installed the same chunk meanwhile, the later copy is dropped.  Scratch
+ * buffers for multi-stage pipelines come from a small free list so that
+ * the hot path does not allocate them per call.
+ */
+#include "stream.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NIL UINT64_MAX
+
+struct slot {
+    uint8_t *buf;
+    uint32_t pins;
+    uint64_t prev, next;   /* LRU links, NIL when not listed */
+};
+
+struct scratch {
+    struct scratch *next;
+    uint8_t data[];
+};
+
+struct iv_stream {
+    iv_stream_desc_t d;
+    char label[256];
+    pthread_mutex_t mu;
+    struct slot *slots;
+    uint64_t lru_head, lru_tail;  /* head = most recently used */
+    size_t budget, used;
+    struct scratch *free_scratch;
+    uint64_t hits, misses, evictions, bytes_decompressed;
+};
+
+static void desc_free(iv_stream_desc_t *d)
+{
+    free(d->chunk_addr);
+    free(d->chunk_size);
+    free(d->chunk_mask);
+    free(d->owned_buf);
+    d->chunk_addr = d->chunk_size = NULL;
+    d->chunk_mask = NULL;
+    d->owned_buf = NULL;
+}
+
+int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err)
+{
+    *out = NULL;
+    iv_stream_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        desc_free(desc);
+        return iv_fail(err, IV_ENOMEM, "out of memory creating stream");
+    }
+    s->d = *desc;
+    snprintf(s->label, sizeof s->label, "%s", desc->label ? desc->label : "packed_indices");
+    s->d.label = s->label;
+    s->budget = cache_budget;
+    s->lru_head = s->lru_tail = NIL;
+    if (s->d.chunked) {
+        s->slots = calloc(s->d.n_chunks ? s->d.n_chunks : 1, sizeof *s->slots);
+        if (!s->slots) {
+            desc_free(&s->d);
+            free(s);
+            return iv_fail(err, IV_ENOMEM, "out of memory for %llu chunk slots",
+                           (unsigned long long)desc->n_chunks);
+        }
+        for (uint64_t c = 0; c < s->d.n_chunks; c++) s->slots[c].prev = s->slots[c].next = NIL;
+    } else {
+        /* Contiguous bytes are served in place, in virtual chunks of 1 MiB
+         * so that the readers see one chunk model. */
+        s->d.chunk_len = 1u << 20;
+        s->d.n_chunks = (s->d.length + s->d.chunk_len - 1) / s->d.chunk_len;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    *out = s;
+    return 0;
+}
+
+void iv_stream_destroy(iv_stream_t *s)
+{
+    if (!s) return;
+    if (s->slots) {
+        for (uint64_t c = 0; c < s->d.n_chunks; c++) free(s->slots[c].buf);
+        free(s->slots);
+    }
+    while (s->free_scratch) {
+        struct scratch *n = s->free_scratch->next;
+        free(s->free_scratch);
+        s->free_scratch = n;
+    }
+    desc_free(&s->d);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+uint64_t iv_stream_length(const iv_stream_t *s) { return s->d.length; }
+uint64_t iv_stream_chunk_len(const iv_stream_t *s) { return s->d.chunk_len; }
+uint64_t iv_stream_n_chunks(const iv_stream_t *s) { return s->d.n_chunks; }
+
+static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
+{
+    uint64_t start = c * s->d.chunk_len;
+    uint64_t left = s->d.length - start;
+    return (size_t)(left < s->d.chunk_len ? left : s->d.chunk_len);
+}
+
+/* LRU list operations; the caller holds mu. */
+static void lru_unlink(iv_stream_t *s, uint64_t c)
+{
+    struct slot *e = &s->slots[c];
+    if (e->prev != NIL) s->slots[e->prev].next = e->next;
+    else if (s->lru_head == c) s->lru_head = e->next;
+    if (e->next != NIL) s->slots[e->next].prev = e->prev;
+    else if (s->lru_tail == c) s->lru_tail = e->prev;
+    e->prev = e->next = NIL;
+}
+
+static void lru_push_head(iv_stream_t *s, uint64_t c)
+{
+    struct slot *e = &s->slots[c];
+    e->prev = NIL;
+    e->next = s->lru_head;
+    if (s->lru_head != NIL) s->slots[s->lru_head].prev = c;
+    s->lru_head = c;
+    if (s->lru_tail == NIL) s->lru_tail = c;
+}
+
+/* Frees unpinned chunks, least recently used first, until `need` more
+ * bytes fit in the budget or nothing evictable is left. */
+static void evict_for(iv_stream_t *s, size_t need)
+{
+    while (s->used + need > s->budget && s->lru_tail != NIL) {
+        uint64_t c = s->lru_tail;
+        lru_unlink(s, c);
+        s->used -= chunk_bytes(s, c);
+        free(s->slots[c].buf);
+        s->slots[c].buf = NULL;
+        s->evictions++;
+    }
+}
+
+static struct scratch *scratch_get(iv_stream_t *s)
+{
+    pthread_mutex_lock(&s->mu);
+    struct scratch *sc = s->free_scratch;
+    if (sc) s->free_scratch = sc->next;
+    pthread_mutex_unlock(&s->mu);
+    if (!sc) sc = malloc(sizeof *sc + s->d.chunk_len + 64);
+    return sc;
+}
+
+static void scratch_put(iv_stream_t *s, struct scratch *sc)
+{
+    if (!sc) return;
+    pthread_mutex_lock(&s->mu);
+    sc->next = s->free_scratch;
+    s->free_scratch = sc;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Decompresses chunk c into a new buffer of chunk_len bytes. */
+static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
+{
+    size_t full = (size_t)s->d.chunk_len;
+    uint8_t *buf = malloc(full ? full : 1);
+    if (!buf) return iv_fail(err, IV_ENOMEM, "%s: out of memory for chunk %llu", s->label,
+                             (unsigned long long)c);
+    if (s->d.chunk_addr[c] == UINT64_MAX) {
+        memset(buf, 0, full);   /* never written: HDF5's fill value, zero */
+        *out = buf;
+        return 0;
+    }
+    const uint8_t *src = s->d.map + s->d.chunk_addr[c];
+    size_t src_len = (size_t)s->d.chunk_size[c];
+    int rc;
+    size_t got = 0;
+    iv_err_t sub = {0};
+    if (s->d.pipe.n == 0 || (s->d.chunk_mask[c] & ((1u << s->d.pipe.n) - 1)) ==
+                                ((1u << s->d.pipe.n) - 1)) {
+        /* No filter applies: the chunk is stored as is. */
+        if (src_len != full) {
+            rc = iv_fail(&sub, IV_ECORRUPT, "unfiltered chunk holds %zu bytes, expected %zu",
+                         src_len, full);
+        } else {
+            memcpy(buf, src, full);
+            got = full;
+            rc = 0;
+        }
+    } else {
+        struct scratch *sc = scratch_get(s);
+        if (!sc) {
+            free(buf);
+            return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
+        }
+        rc = iv_pipeline_decode(&s->d.pipe, s->d.chunk_mask[c], src, src_len, buf, full,
+                                sc->data, full + 64, full, &got, &sub);
+        scratch_put(s, sc);
+    }
+    if (rc < 0) {
+        free(buf);
+        return iv_fail(err, rc, "%s: chunk %llu (file offset %llu, %zu stored bytes): %s",
+                       s->label, (unsigned long long)c,
+                       (unsigned long long)s->d.chunk_addr[c], src_len, sub.msg);
+    }
+    *out = buf;
+    return 0;
+}
+
+int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *len,
+                      uint64_t *decompressed, iv_err_t *err)
+{
+    if (decompressed) *decompressed = 0;
+    if (c >= s->d.n_chunks)
+        return iv_fail(err, IV_EINTERNAL, "%s: chunk %llu past the end (%llu chunks)", s->label,
+                       (unsigned long long)c, (unsigned long long)s->d.n_chunks);
+    *len = chunk_bytes(s, c);
+    if (!s->d.chunked) {
+        *data = s->d.contig + c * s->d.chunk_len;
+        return 0;
+    }
+    struct slot *e = &s->slots[c];
+    pthread_mutex_lock(&s->mu);
+    if (e->buf) {
+        if (e->pins++ == 0) lru_unlink(s, c);
+        s->hits++;
+        *data = e->buf;
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    s->misses++;
+    pthread_mutex_unlock(&s->mu);
+
+    uint8_t *buf;
+    int rc = load_chunk(s, c, &buf, err);
+    if (rc < 0) return rc;
+
+    pthread_mutex_lock(&s->mu);
+    s->bytes_decompressed += *len;
+    if (e->buf) {
+        /* Another thread installed it first; keep theirs. */
+        free(buf);
+        if (e->pins++ == 0) lru_unlink(s, c);
+    } else {
+        evict_for(s, *len);
+        e->buf = buf;
+        e->pins = 1;
+        s->used += *len;
+    }
+    *data = e->buf;
+    pthread_mutex_unlock(&s->mu);
+    if (decompressed) *decompressed = *len;
+    return 0;
+}
+
+void iv_stream_release(iv_stream_t *s, uint64_t c)
+{
+    if (!s->d.chunked) return;
+    struct slot *e = &s->slots[c];
+    pthread_mutex_lock(&s->mu);
+    if (--e->pins == 0) {
+        if (s->used > s->budget) {
+            /* Over budget (everything else was pinned when it came in). */
+            s->used -= chunk_bytes(s, c);
+            free(e->buf);
+            e->buf = NULL;
+            s->evictions++;
+        } else {
+            lru_push_head(s, c);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
+{
+    pthread_mutex_lock(&s->mu);
+    out->budget = s->budget;
+    out->used = s->used;
+    out->pinned_over_budget = s->used > s->budget ? s->used - s->budget : 0;
+    out->hits = s->hits;
+    out->misses = s->misses;
+    out->evictions = s->evictions;
+    out->bytes_decompressed = s->bytes_decompressed;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void iv_stream_drop_cache(iv_stream_t *s)
+{
+    if (!s->d.chunked) return;
+    pthread_mutex_lock(&s->mu);
+    size_t keep = s->budget;
+    s->budget = 0;
+    evict_for(s, 0);
+    s->budget = keep;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,68 @@
+/*
+ * The packed index stream of one dataset, as a sequence of fixed-size
+ * decompressed chunks, with a decompressed-chunk cache.
+ *
+ * Bytes come from the file mapping (chunks stored compressed, or one
+ * contiguous range read in place) or from a buffer read at open (compact
+ * layout).  iv_stream_acquire() returns a pinned, read-only view of chunk
+ * c's decompressed bytes; iv_stream_release() unpins it.  Any thread may
+ * acquire any chunk; the cache is guarded by one mutex held only for
+ * bookkeeping, never while decompressing.
+ *
+ * Memory: cached bytes stay within the budget, plus the chunks pinned at
+ * the moment (a few per decoding thread).  An unpinned chunk beyond the
+ * budget is freed on release; LRU order decides which cached chunk goes
+ * when a new one needs room.
+ */
+#ifndef IV_STREAM_H
+#define IV_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "error.h"
+
+typedef struct iv_stream iv_stream_t;
+
+typedef struct iv_stream_desc {
+    uint64_t length;          /* decompressed bytes (the dataset's extent) */
+    int chunked;              /* 0: bytes are at `contig` */
+    const uint8_t *contig;    /* contiguous bytes (mapping or owned_buf) */
+    uint8_t *owned_buf;       /* freed by the stream (compact layout), may be NULL */
+    /* Chunked layout: n_chunks entries, owned by the stream after create. */
+    uint64_t chunk_len;       /* decompressed bytes per chunk */
+    uint64_t n_chunks;
+    const uint8_t *map;       /* file mapping */
+    uint64_t map_len;
+    uint64_t *chunk_addr;     /* offset in the mapping; UINT64_MAX = not allocated (fill) */
+    uint64_t *chunk_size;     /* stored bytes */
+    uint32_t *chunk_mask;     /* HDF5 filter mask */
+    iv_pipeline_t pipe;
+    const char *label;        /* "FILE:/X/packed_indices", for error messages (copied) */
+} iv_stream_desc_t;
+
+/* Takes ownership of desc's arrays and owned_buf (also on failure). */
+int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err);
+void iv_stream_destroy(iv_stream_t *s);
+
+uint64_t iv_stream_length(const iv_stream_t *s);
+uint64_t iv_stream_chunk_len(const iv_stream_t *s);
+uint64_t iv_stream_n_chunks(const iv_stream_t *s);
+
+/* Pins chunk c and returns its bytes (len = chunk_len, shorter for the
+ * last).  Decompresses on a miss; a corrupt chunk is IV_ECORRUPT naming
+ * the stream and chunk.  *decompressed (may be NULL) receives the bytes
+ * decompressed by this call (0 on a hit). */
+int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *len,
+                      uint64_t *decompressed, iv_err_t *err);
+void iv_stream_release(iv_stream_t *s, uint64_t c);
+
+typedef struct iv_stream_stats {
+    size_t budget, used, pinned_over_budget;
+    uint64_t hits, misses, evictions, bytes_decompressed;
+} iv_stream_stats_t;
+void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out);
+void iv_stream_drop_cache(iv_stream_t *s);
+
+#endif

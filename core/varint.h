@@ -1,0 +1,49 @@
+/*
+ * LEB128 varint kernels over the packed index stream.
+ *
+ * A byte with the high bit clear ends a varint, so counting such bytes
+ * counts varints and the stream can be entered at any varint boundary.
+ * Each kernel has a scalar reference (`_scalar`) that the fast version is
+ * tested against bit for bit.  All functions are pure and thread-safe.
+ */
+#ifndef IV_VARINT_H
+#define IV_VARINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Maximum encoded length of a 64-bit value. */
+#define IV_VARINT_MAX 10
+
+/* Number of bytes in [p, p+n) with the high bit clear. */
+size_t iv_varint_count_ends(const uint8_t *p, size_t n);
+size_t iv_varint_count_ends_scalar(const uint8_t *p, size_t n);
+
+/*
+ * Skips up to k varint terminators in [p, p+n): returns the number of bytes
+ * up to and including the k-th terminator, or n when fewer than k were
+ * found; *skipped receives how many were found (k or fewer).
+ */
+size_t iv_varint_skip(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped);
+size_t iv_varint_skip_scalar(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped);
+
+/*
+ * Decodes one varint from [p, end).  Returns the number of bytes used
+ * (1..10), or 0 when the input ends before a terminator or the value does
+ * not fit 64 bits.  The one-byte case is inlined; the rest is out of line.
+ */
+size_t iv_varint_read_slow(const uint8_t *p, const uint8_t *end, uint64_t *v);
+
+static inline size_t iv_varint_read(const uint8_t *p, const uint8_t *end, uint64_t *v)
+{
+    if (p < end && *p < 0x80) {
+        *v = *p;
+        return 1;
+    }
+    return iv_varint_read_slow(p, end, v);
+}
+
+/* Encodes v into out (at least IV_VARINT_MAX bytes); returns bytes written. */
+size_t iv_varint_write(uint64_t v, uint8_t *out);
+
+#endif

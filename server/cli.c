@@ -1,0 +1,363 @@
+/*
+ * `ivserve check FILE` and `ivserve export FILE ... -o OUT.npz`.
+ *
+ * export decodes with the same engine and worker pool as the server, keeps
+ * the blocks of one query in memory (the output) and writes them as a
+ * scipy.sparse.save_npz file without concatenating them.  Batch mode runs
+ * many selections against one opened dataset, for differential tests.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset.h"
+#include "npz.h"
+#include "pool.h"
+#include "query.h"
+#include "version.h"
+
+struct cli_opts {
+    const char *file, *group, *obs, *var, *out, *batch;
+    unsigned threads;
+    uint32_t stride;
+    long long cache_mb;
+    int major_axis;
+};
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: ivserve check FILE [--group G] [--threads N] [--stride K]\n"
+            "       ivserve export FILE [--group G] [--obs SEL] [--var SEL] [--threads N]\n"
+            "                      [--stride K] [--cache-mb N] -o OUT.npz\n"
+            "       ivserve export FILE --batch LIST -o DIR\n"
+            "SEL: comma-separated indices and half-open ranges, e.g. 5,3,3,10:20; '' = none\n");
+    return 2;
+}
+
+int iv_cli_is_command(const char *name)
+{
+    return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0);
+}
+
+static int parse_opts(int argc, char **argv, struct cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->cache_mb = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(flag) (strcmp(a, flag) == 0 && v && (i++, 1))
+        if (OPT("--group")) o->group = v;
+        else if (OPT("--obs")) o->obs = v;
+        else if (OPT("--var")) o->var = v;
+        else if (OPT("-o") || OPT("--output")) o->out = v;
+        else if (OPT("--batch")) o->batch = v;
+        else if (OPT("--threads")) o->threads = (unsigned)strtoul(v, NULL, 10);
+        else if (OPT("--stride")) o->stride = (uint32_t)strtoul(v, NULL, 10);
+        else if (OPT("--cache-mb")) o->cache_mb = strtoll(v, NULL, 10);
+        else if (strcmp(a, "--genes-major") == 0) o->major_axis = 1;
+        else if (a[0] == '-' || o->file) {
+            fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
+            return -1;
+        } else o->file = a;
+#undef OPT
+    }
+    if (!o->file) {
+        fprintf(stderr, "ivserve: missing FILE\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses SEL into a new index list.  "*" means all (returns 1). */
+static int parse_sel(const char *s, const char *axis, iv_sel_t *sel, int64_t **buf)
+{
+    *buf = NULL;
+    memset(sel, 0, sizeof *sel);
+    if (s == NULL || strcmp(s, "*") == 0) {
+        sel->all = 1;
+        return 0;
+    }
+    size_t cap = 16, n = 0;
+    int64_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long a = strtoll(p, &end, 10);
+        if (end == p || errno) goto bad;
+        long long b = a + 1;
+        if (*end == ':') {
+            const char *q = end + 1;
+            b = strtoll(q, &end, 10);
+            if (end == q || errno) goto bad;
+            if (b < a || a < 0) goto bad;
+        }
+        if (a < 0) {
+            fprintf(stderr, "ivserve: error: %s index %lld is negative\n", axis, a);
+            free(v);
+            return -1;
+        }
+        for (long long x = a; x < b; x++) {
+            if (n == cap) {
+                int64_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+                if (!nv) {
+                    free(v);
+                    return -1;
+                }
+                v = nv;
+            }
+            v[n++] = x;
+        }
+        if (*end == ',') p = end + 1;
+        else if (*end == '\0') p = end;
+        else goto bad;
+    }
+    sel->n = (int64_t)n;
+    sel->idx = v;
+    *buf = v;
+    return 0;
+bad:
+    fprintf(stderr, "ivserve: error: bad %s selection '%s' (expected e.g. 5,3,3,10:20)\n", axis, s);
+    free(v);
+    return -1;
+}
+
+static int open_dataset(const struct cli_opts *o, iv_pool_t *pool, iv_dataset_t **ds)
+{
+    iv_dataset_opts_t dopts;
+    iv_dataset_opts_init(&dopts);
+    if (o->group) dopts.group = o->group;
+    dopts.index_stride = o->stride;
+    if (o->cache_mb >= 0) dopts.cache_bytes = (size_t)o->cache_mb << 20;
+    dopts.pool = pool;
+    iv_err_t err = {0};
+    if (iv_dataset_open(o->file, &dopts, ds, &err) < 0) {
+        fprintf(stderr, "ivserve: error: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
+{
+    iv_dataset_t *ds;
+    if (open_dataset(o, pool, &ds) < 0) return 1;
+    const iv_dataset_info_t *in = iv_dataset_info(ds);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(ds, &cs);
+    printf("file:          %s\n", in->path);
+    printf("group:         %s (%s)\n", in->group, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc");
+    printf("shape:         %" PRId64 " x %" PRId64 "\n", in->n_rows, in->n_cols);
+    printf("nnz:           %" PRId64 "\n", in->nnz);
+    printf("unique values: %" PRId64 " groups\n", in->n_unique);
+    printf("value dtype:   %s\n", iv_dtype_name(in->value_dtype));
+    printf("indices dtype: %s\n", iv_dtype_name(in->indices_dtype));
+    printf("codec:         %s\n", in->codec);
+    printf("layout:        %s, %" PRIu64 " chunks of %" PRIu64 " bytes\n",
+           in->chunked ? "chunked" : "contiguous", in->n_chunks, in->chunk_len);
+    printf("stream size:   %" PRIu64 " bytes (%" PRIu64 " stored)\n", in->stream_bytes,
+           in->stored_bytes);
+    printf("row index:     every %u slices, %zu bytes\n", in->index_stride, in->index_bytes);
+    printf("cache:         %zu of %zu bytes used\n", cs.used, cs.budget);
+    printf("open time:     %.3f s\n", in->open_seconds);
+    printf("index build:   %.3f s\n", in->index_seconds);
+    iv_dataset_close(ds);
+    return 0;
+}
+
+struct decode_job {
+    iv_query_t *q;
+    iv_block_t *blocks;
+    int *rcs;
+    iv_err_t *errs;
+};
+
+static void decode_one(void *arg, size_t i)
+{
+    struct decode_job *j = arg;
+    j->rcs[i] = iv_query_decode_block(j->q, (int64_t)i, &j->blocks[i], &j->errs[i]);
+}
+
+/* Runs one query and writes OUT.npz; returns 0 or 1 (error printed). */
+static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
+                      int major_axis, const char *out_path)
+{
+    iv_err_t err = {0};
+    iv_query_t *q = NULL;
+    iv_query_opts_t qo = {.axis = major_axis ? IV_OUT_MAJOR : IV_OUT_ROWS};
+    iv_block_t *blocks = NULL;
+    int64_t nb = 0;
+    int rc = 1;
+    if (iv_query_new(ds, obs, var, &qo, &q, &err) < 0 || iv_query_prepare(q, pool, &err) < 0)
+        goto report;
+    nb = iv_query_n_blocks(q);
+    blocks = calloc((size_t)(nb ? nb : 1), sizeof *blocks);
+    if (!blocks) {
+        iv_fail(&err, IV_ENOMEM, "out of memory");
+        goto report;
+    }
+    {
+        /* Decode all blocks on the pool; the first error wins. */
+        struct decode_job j = {q, blocks, calloc((size_t)(nb ? nb : 1), sizeof(int)),
+               calloc((size_t)(nb ? nb : 1), sizeof(iv_err_t))};
+        if (!j.rcs || !j.errs) {
+            free(j.rcs);
+            free(j.errs);
+            iv_fail(&err, IV_ENOMEM, "out of memory");
+            goto report;
+        }
+        iv_pool_parallel_for(pool, (size_t)nb, 0, decode_one, &j);
+        for (int64_t b = 0; b < nb; b++)
+            if (j.rcs[b] < 0) {
+                iv_fail(&err, j.rcs[b], "%s", j.errs[b].msg);
+                break;
+            }
+        free(j.rcs);
+        free(j.errs);
+        if (err.code) goto report;
+    }
+    {
+        int64_t nr = iv_query_n_rows(q), nc = iv_query_n_cols(q), nnz = 0;
+        int isz = iv_query_index_size(q);
+        iv_dtype_t dt = iv_query_dtype(q);
+        int64_t *indptr = malloc((size_t)(nr + 1) * sizeof *indptr);
+        const void **ip = calloc((size_t)(nb ? nb : 1), sizeof *ip);
+        const void **dp = calloc((size_t)(nb ? nb : 1), sizeof *dp);
+        size_t *il = calloc((size_t)(nb ? nb : 1), sizeof *il);
+        size_t *dl = calloc((size_t)(nb ? nb : 1), sizeof *dl);
+        if (!indptr || !ip || !dp || !il || !dl) {
+            free(indptr); free(ip); free(dp); free(il); free(dl);
+            iv_fail(&err, IV_ENOMEM, "out of memory");
+            goto report;
+        }
+        indptr[0] = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            iv_block_t *bl = &blocks[b];
+            for (int64_t r = 0; r < bl->n_rows; r++) indptr[bl->row0 + r + 1] = nnz + bl->indptr[r + 1];
+            nnz += bl->nnz;
+            ip[b] = bl->indices;
+            il[b] = (size_t)bl->nnz * (size_t)isz;
+            dp[b] = bl->data;
+            dl[b] = (size_t)bl->nnz * iv_dtype_size(dt);
+        }
+        FILE *f = fopen(out_path, "wb");
+        int werr = !f;
+        if (f) {
+            iv_npz_t *z = iv_npz_begin(f);
+            int64_t shape[2] = {nr, nc}, n1[1];
+            const void *pp[1];
+            size_t pl[1];
+            werr = !z;
+            if (z) {
+                n1[0] = nnz;
+                werr |= iv_npz_add(z, "indices", isz == 4 ? "<i4" : "<i8", 1, n1, (size_t)nb, ip, il) != 0;
+                n1[0] = nr + 1;
+                pp[0] = indptr;
+                pl[0] = (size_t)(nr + 1) * sizeof *indptr;
+                werr |= iv_npz_add(z, "indptr", "<i8", 1, n1, 1, pp, pl) != 0;
+                pp[0] = "csr";
+                pl[0] = 3;
+                werr |= iv_npz_add(z, "format", "|S3", 0, NULL, 1, pp, pl) != 0;
+                pp[0] = shape;
+                pl[0] = sizeof shape;
+                n1[0] = 2;
+                werr |= iv_npz_add(z, "shape", "<i8", 1, n1, 1, pp, pl) != 0;
+                n1[0] = nnz;
+                werr |= iv_npz_add(z, "data", iv_dtype_descr(dt), 1, n1, (size_t)nb, dp, dl) != 0;
+                werr |= iv_npz_finish(z) != 0;
+            }
+            werr |= fclose(f) != 0;
+        }
+        free(indptr); free(ip); free(dp); free(il); free(dl);
+        if (werr) {
+            iv_fail(&err, IV_EIO, "%s: cannot write: %s", out_path, strerror(errno));
+            goto report;
+        }
+    }
+    rc = 0;
+report:
+    if (rc) fprintf(stderr, "ivserve: error: %s\n", err.msg[0] ? err.msg : "export failed");
+    for (int64_t b = 0; b < nb && blocks; b++) iv_block_free(&blocks[b]);
+    free(blocks);
+    iv_query_free(q);
+    return rc;
+}
+
+static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
+{
+    if (!o->out) {
+        fprintf(stderr, "ivserve: error: export needs -o OUT\n");
+        return 2;
+    }
+    iv_dataset_t *ds;
+    if (open_dataset(o, pool, &ds) < 0) return 1;
+    int rc = 0;
+    if (!o->batch) {
+        iv_sel_t obs, var;
+        int64_t *ob = NULL, *vb = NULL;
+        if (parse_sel(o->obs, "obs", &obs, &ob) < 0 || parse_sel(o->var, "var", &var, &vb) < 0) rc = 1;
+        else rc = export_one(ds, pool, &obs, &var, o->major_axis, o->out);
+        free(ob);
+        free(vb);
+    } else {
+        FILE *f = fopen(o->batch, "r");
+        if (!f) {
+            fprintf(stderr, "ivserve: error: %s: %s\n", o->batch, strerror(errno));
+            iv_dataset_close(ds);
+            return 1;
+        }
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        long k = 0;
+        while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+            char *tab = strchr(line, '\t');
+            if (!tab) {
+                fprintf(stderr, "ivserve: error: %s line %ld: expected OBS<TAB>VAR\n", o->batch, k + 1);
+                rc = 1;
+                break;
+            }
+            *tab = '\0';
+            char path[4096];
+            snprintf(path, sizeof path, "%s/q%ld.npz", o->out, k);
+            iv_sel_t obs, var;
+            int64_t *ob = NULL, *vb = NULL;
+            if (parse_sel(line, "obs", &obs, &ob) < 0 || parse_sel(tab + 1, "var", &var, &vb) < 0) rc = 1;
+            else rc = export_one(ds, pool, &obs, &var, o->major_axis, path);
+            free(ob);
+            free(vb);
+            k++;
+        }
+        free(line);
+        fclose(f);
+    }
+    iv_dataset_close(ds);
+    return rc;
+}
+
+int iv_cli_main(int argc, char **argv)
+{
+    struct cli_opts o;
+    if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
+    if (parse_opts(argc, argv, &o) < 0) return usage();
+    iv_pool_t *pool = NULL;
+    unsigned threads = o.threads;
+    if (threads != 1) {
+        pool = iv_pool_create(threads ? threads - 1 : 0, 0);
+        if (!pool) {
+            fprintf(stderr, "ivserve: error: cannot start worker threads\n");
+            return 1;
+        }
+    }
+    int rc = strcmp(argv[1], "check") == 0 ? cmd_check(&o, pool) : cmd_export(&o, pool);
+    iv_pool_destroy(pool);
+    return rc;
+}
