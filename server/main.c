@@ -1,12 +1,40 @@
-/* ivserve entry point: subcommands (check, export) and the server. */
+/*
+ * ivserve entry point.  `ivserve check ...` and `ivserve export ...` are
+ * command-line tools (server/cli.c); anything else starts the server with
+ * settings from --config, IVSERVE_* variables and flags (config/config.h).
+ */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "config.h"
+#include "server.h"
+#include "version.h"
+
+extern char **environ;
 
 int main(int argc, char **argv)
 {
     if (argc >= 2 && iv_cli_is_command(argv[1])) return iv_cli_main(argc, argv);
-    fprintf(stderr, "usage: ivserve check FILE | export FILE [--obs SEL] [--var SEL] -o OUT.npz\n");
-    return 2;
+    iv_config_t cfg;
+    iv_config_init(&cfg);
+    iv_err_t err;
+    iv_err_clear(&err);
+    int rc = iv_config_from_args(&cfg, argc, argv, environ, &err);
+    if (rc == 1) {
+        int version = 0;
+        for (int i = 1; i < argc; i++) version |= !strcmp(argv[i], "--version");
+        if (version) printf("ivserve %s\n", iv_version());
+        else fputs(iv_config_usage(), stdout);
+        iv_config_free(&cfg);
+        return 0;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "ivserve: %s\n%s", err.msg, iv_config_usage());
+        iv_config_free(&cfg);
+        return 2;
+    }
+    int code = iv_server_run(&cfg);
+    iv_config_free(&cfg);
+    return code;
 }

@@ -1,0 +1,89 @@
+/*
+ * Metrics (see metrics.h).  Latency buckets are fixed (1 ms to 60 s) so
+ * the histogram is a small array and rendering needs no allocation
+ * besides the output buffer.
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const double lat_bounds[IV_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 60.0};
+
+static const char *const route_names[IV_R_COUNT_] = {
+    "healthz", "readyz", "metrics", "datasets", "dataset", "query", "count", "other",
+};
+
+const char *iv_route_name(iv_route_t r)
+{
+    return (unsigned)r < IV_R_COUNT_ ? route_names[r] : "other";
+}
+
+void iv_metrics_init(iv_metrics_t *m)
+{
+    memset(m, 0, sizeof *m);
+}
+
+void iv_metrics_request(iv_metrics_t *m, iv_route_t r, int status, double seconds, uint64_t bytes)
+{
+    if ((unsigned)r >= IV_R_COUNT_) r = IV_R_OTHER;
+    int cls = status / 100;
+    if (cls < 1 || cls > 5) cls = 5;
+    m->requests[r][cls]++;
+    if (status >= 0 && status < 600) m->by_status[status]++;
+    int b = 0;
+    while (b < IV_LAT_BUCKETS && seconds > lat_bounds[b]) b++;
+    m->lat_bucket[b]++;
+    m->lat_sum += seconds;
+    m->lat_count++;
+    m->bytes_sent += bytes;
+}
+
+void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *o)
+{
+    iv_buf_puts(o, "# HELP ivserve_requests_total Requests answered, by route and status class.\n"
+                   "# TYPE ivserve_requests_total counter\n");
+    for (int r = 0; r < IV_R_COUNT_; r++)
+        for (int c = 1; c <= 5; c++)
+            if (m->requests[r][c])
+                iv_buf_printf(o, "ivserve_requests_total{route=\"%s\",status=\"%dxx\"} %" PRIu64 "\n",
+                              route_names[r], c, m->requests[r][c]);
+    iv_buf_puts(o, "# HELP ivserve_responses_total Responses by exact status code.\n"
+                   "# TYPE ivserve_responses_total counter\n");
+    for (int s = 0; s < 600; s++)
+        if (m->by_status[s])
+            iv_buf_printf(o, "ivserve_responses_total{code=\"%d\"} %" PRIu64 "\n", s, m->by_status[s]);
+    iv_buf_puts(o, "# HELP ivserve_request_seconds Request latency, first byte parsed to last byte queued.\n"
+                   "# TYPE ivserve_request_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b < IV_LAT_BUCKETS; b++) {
+        cum += m->lat_bucket[b];
+        iv_buf_printf(o, "ivserve_request_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", lat_bounds[b], cum);
+    }
+    cum += m->lat_bucket[IV_LAT_BUCKETS];
+    iv_buf_printf(o, "ivserve_request_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
+    iv_buf_printf(o, "ivserve_request_seconds_sum %.6f\nivserve_request_seconds_count %" PRIu64 "\n",
+                  m->lat_sum, m->lat_count);
+    iv_buf_printf(o,
+                  "# TYPE ivserve_bytes_sent_total counter\nivserve_bytes_sent_total %" PRIu64 "\n"
+                  "# TYPE ivserve_decode_seconds_total counter\nivserve_decode_seconds_total %.6f\n"
+                  "# TYPE ivserve_blocks_decoded_total counter\nivserve_blocks_decoded_total %" PRIu64 "\n"
+                  "# TYPE ivserve_overloaded_total counter\nivserve_overloaded_total %" PRIu64 "\n"
+                  "# TYPE ivserve_connections_total counter\nivserve_connections_total %" PRIu64 "\n",
+                  m->bytes_sent, m->decode_seconds, m->blocks_decoded, m->overloaded,
+                  m->connections_total);
+    double hr = g->cache_hits + g->cache_misses
+                    ? (double)g->cache_hits / (double)(g->cache_hits + g->cache_misses)
+                    : 0.0;
+    iv_buf_printf(o,
+                  "# TYPE ivserve_queue_depth gauge\nivserve_queue_depth %zu\n"
+                  "# TYPE ivserve_open_connections gauge\nivserve_open_connections %zu\n"
+                  "# TYPE ivserve_active_streams gauge\nivserve_active_streams %zu\n"
+                  "# TYPE ivserve_cache_bytes gauge\nivserve_cache_bytes %zu\n"
+                  "# TYPE ivserve_cache_hit_ratio gauge\nivserve_cache_hit_ratio %.6f\n"
+                  "# TYPE ivserve_datasets gauge\nivserve_datasets{state=\"ready\"} %zu\n"
+                  "ivserve_datasets{state=\"failed\"} %zu\nivserve_datasets{state=\"loading\"} %zu\n",
+                  g->queue_depth, g->open_connections, g->active_streams, g->cache_bytes, hr,
+                  g->datasets_ready, g->datasets_failed, g->datasets_loading);
+}
