@@ -116,7 +116,7 @@ struct conn {
     iv_http_in_t in;
     char *rbuf;
     size_t rlen, rcap;
-    int reading, closing, handles_open, in_pump, busy, close_after, shutting;
+    int reading, closing, handles_open, in_pump, busy, close_after, shutting, lingering;
     enum tstate tstate;
     size_t wpending;
     int sent_continue;
@@ -397,10 +397,11 @@ static void on_timer(uv_timer_t *t);
 static void conn_pump(conn_t *c);
 static void qs_pump(qstream_t *qs);
 static void req_done(conn_t *c);
+static void conn_finish(conn_t *c);
 
 static void timer_arm(conn_t *c, enum tstate st, int force)
 {
-    if (c->closing || (c->tstate == st && !force)) return;
+    if (c->closing || c->lingering || (c->tstate == st && !force)) return;
     const iv_limits_t *l = &c->srv->cfg->limits;
     uint64_t ms = 0;
     switch (st) {
@@ -436,7 +437,7 @@ static void on_write(uv_write_t *w, int status)
     }
     if (c->closing) return;
     if (!c->busy && c->close_after && c->wpending == 0) {
-        conn_close(c);
+        conn_finish(c);
         return;
     }
     if (!c->busy) conn_pump(c);
@@ -630,7 +631,7 @@ static void req_done(conn_t *c)
     c->chunked = 0;
     c->status = 0;
     if (c->close_after) {
-        if (c->wpending == 0) conn_close(c);
+        if (c->wpending == 0) conn_finish(c);
         return;
     }
     if (!c->in_pump) conn_pump(c);
@@ -1257,12 +1258,30 @@ static void conn_close(conn_t *c)
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
 }
 
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
+
+/* After the last response of a connection that the client may still be
+ * writing to (a refused upload, a malformed request), the server reads and
+ * drops input for a short while before closing: closing with unread input
+ * makes the kernel send a reset, which can destroy the response the
+ * client has not read yet. */
+#define LINGER_MS 2000
+
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    (void)status;
     conn_t *c = req->data;
     free(req);
-    conn_close(c);
+    if (status < 0 || c->closing) {
+        conn_close(c);
+        return;
+    }
+    c->lingering = 1;
+    c->rlen = 0;
+    c->tstate = T_NONE;
+    uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
+    if (!c->reading && uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0) c->reading = 1;
+    if (!c->reading) conn_close(c);
 }
 
 /* Half-closes after the queued writes so that the client reads the last
@@ -1286,6 +1305,10 @@ static void conn_finish(conn_t *c)
 static void on_timer(uv_timer_t *t)
 {
     conn_t *c = t->data;
+    if (c->lingering) {
+        conn_close(c);
+        return;
+    }
     if (c->tstate == T_HEADER || c->tstate == T_BODY) {
         const char *what = c->tstate == T_BODY ? "the request body did not arrive in time"
                                                : "the request headers did not arrive in time";
@@ -1315,6 +1338,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
     conn_t *c = st->data;
+    if (c->lingering) {
+        c->rlen = 0;  /* dropped */
+        if (n < 0) conn_close(c);
+        return;
+    }
     if (n < 0) {
         /* EOF: answer what is already buffered only when it is a complete
          * request being served; otherwise the conversation is over. */
