@@ -40,6 +40,11 @@ struct iv_query {
     /* Minor lookup: minor j -> output positions lut_pos[lut_ptr[j] .. lut_ptr[j+1]). */
     int minor_all;
     int64_t *lut_ptr, *lut_pos;
+    /* Sparse form, when the minor axis is much longer than the selection:
+     * sorted (minor id, position) pairs searched by binary search. */
+    int lut_sparse;
+    int64_t *lut_keys;        /* n_sel sorted minor ids */
+    int64_t n_lut;
     int64_t n_blocks;
     int64_t *block_start;     /* n_blocks + 1 output-row boundaries */
     int64_t block_nnz, block_rows;
@@ -78,10 +83,40 @@ static int copy_sel(const iv_sel_t *sel, int64_t axis_len, const char *axis, int
     return 0;
 }
 
+static int pair_cmp(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
 /* Builds minor -> output positions for a selection of n_sel minor ids. */
 static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int64_t n_minor,
                      iv_err_t *err)
 {
+    if (n_minor > 4 * n_sel + (1 << 20)) {
+        /* A dense table would cost O(n_minor) per query; sort instead. */
+        int64_t *pairs = malloc((size_t)(n_sel ? n_sel : 1) * 2 * sizeof(int64_t));
+        q->lut_keys = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+        q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+        if (!pairs || !q->lut_keys || !q->lut_pos) {
+            free(pairs);
+            return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+        }
+        for (int64_t k = 0; k < n_sel; k++) {
+            pairs[2 * k] = ids[k];
+            pairs[2 * k + 1] = k;
+        }
+        qsort(pairs, (size_t)n_sel, 2 * sizeof(int64_t), pair_cmp);
+        for (int64_t k = 0; k < n_sel; k++) {
+            q->lut_keys[k] = pairs[2 * k];
+            q->lut_pos[k] = pairs[2 * k + 1];
+        }
+        free(pairs);
+        q->lut_sparse = 1;
+        q->n_lut = n_sel;
+        return 0;
+    }
     q->lut_ptr = calloc((size_t)n_minor + 1, sizeof(int64_t));
     q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
     if (!q->lut_ptr || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
@@ -214,6 +249,7 @@ void iv_query_free(iv_query_t *q)
     free(q->col_ids);
     free(q->lut_ptr);
     free(q->lut_pos);
+    free(q->lut_keys);
     free(q->block_start);
     free(q->t_indptr);
     free(q->t_indices);
@@ -332,7 +368,20 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
                 w->gid[n] = g;
                 n++;
             } else {
-                int64_t a = q->lut_ptr[j], b = q->lut_ptr[j + 1];
+                int64_t a, b;
+                if (q->lut_sparse) {
+                    int64_t lo = 0, hi = q->n_lut;
+                    while (lo < hi) {
+                        int64_t mid = lo + (hi - lo) / 2;
+                        if (q->lut_keys[mid] < j) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    a = b = lo;
+                    while (b < q->n_lut && q->lut_keys[b] == j) b++;
+                } else {
+                    a = q->lut_ptr[j];
+                    b = q->lut_ptr[j + 1];
+                }
                 if (a == b) continue;
                 IV_TRY(pairs_reserve(w, n + (b - a), err));
                 for (int64_t t = a; t < b; t++) {
@@ -346,8 +395,10 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
     w->next_slice = s + 1;
     if (n <= 1) return n;
 
-    int64_t n_cols = q->n_out_cols;
-    if (n * 64 >= n_cols / 16 && n_cols > 0) {
+    /* Positions index the minor selection: output columns, or output rows
+     * when transposing. */
+    int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
+    if (n * 64 >= n_cols / 16 && n_cols > 0 && n_cols <= ((int64_t)1 << 26)) {
         /* Dense enough: scatter into a bitmap and read it back in order. */
         if (!w->bits) {
             w->n_words = (n_cols + 63) / 64;

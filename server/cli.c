@@ -152,22 +152,22 @@ static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
     const iv_dataset_info_t *in = iv_dataset_info(ds);
     iv_cache_stats_t cs;
     iv_dataset_cache_stats(ds, &cs);
-    printf("file:          %s\n", in->path);
-    printf("group:         %s (%s)\n", in->group, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc");
-    printf("shape:         %" PRId64 " x %" PRId64 "\n", in->n_rows, in->n_cols);
-    printf("nnz:           %" PRId64 "\n", in->nnz);
+    printf("file: %s\n", in->path);
+    printf("group: %s (%s)\n", in->group, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc");
+    printf("shape: %" PRId64 " x %" PRId64 "\n", in->n_rows, in->n_cols);
+    printf("nnz: %" PRId64 "\n", in->nnz);
     printf("unique values: %" PRId64 " groups\n", in->n_unique);
-    printf("value dtype:   %s\n", iv_dtype_name(in->value_dtype));
+    printf("value dtype: %s\n", iv_dtype_name(in->value_dtype));
     printf("indices dtype: %s\n", iv_dtype_name(in->indices_dtype));
-    printf("codec:         %s\n", in->codec);
-    printf("layout:        %s, %" PRIu64 " chunks of %" PRIu64 " bytes\n",
+    printf("codec: %s\n", in->codec);
+    printf("layout: %s, %" PRIu64 " chunks of %" PRIu64 " bytes\n",
            in->chunked ? "chunked" : "contiguous", in->n_chunks, in->chunk_len);
-    printf("stream size:   %" PRIu64 " bytes (%" PRIu64 " stored)\n", in->stream_bytes,
+    printf("stream size: %" PRIu64 " bytes (%" PRIu64 " stored)\n", in->stream_bytes,
            in->stored_bytes);
-    printf("row index:     every %u slices, %zu bytes\n", in->index_stride, in->index_bytes);
-    printf("cache:         %zu of %zu bytes used\n", cs.used, cs.budget);
-    printf("open time:     %.3f s\n", in->open_seconds);
-    printf("index build:   %.3f s\n", in->index_seconds);
+    printf("row index: every %u slices, %zu bytes\n", in->index_stride, in->index_bytes);
+    printf("cache: %zu of %zu bytes used\n", cs.used, cs.budget);
+    printf("open time: %.3f s\n", in->open_seconds);
+    printf("index build: %.3f s\n", in->index_seconds);
     iv_dataset_close(ds);
     return 0;
 }
