@@ -108,7 +108,10 @@ static void puts_(out_t *o, const char *s)
 
 static int is_keyword(const char *s)
 {
-    static const char *kw[] = {"and", "or", "not", "in", "is", "null", "true", "false", NULL};
+    /* inf and nan read as numbers where a value may stand, so a column
+     * of that name needs quoting too. */
+    static const char *kw[] = {"and", "or", "not", "in", "is", "null", "true", "false",
+                               "inf", "nan", NULL};
     for (int i = 0; kw[i]; i++)
         if (strcasecmp(s, kw[i]) == 0) return 1;
     return 0;

@@ -316,7 +316,12 @@ static int parse_literal(parser_t *p, iv_lit_t *l)
         l->kind = IV_LIT_STR;
         l->str = t->text;
         t->text = NULL;
-        IV_TRY(next(p));
+        int rc = next(p);
+        if (rc < 0) {
+            free(l->str);
+            l->str = NULL;
+            return rc;
+        }
         return 1;
     }
     if (t->kind == T_NUM) {
@@ -411,7 +416,12 @@ static int parse_primary(parser_t *p, iv_expr_t **out)
             *out = NULL;
             return syntax(p, p->t.pos, "')'");
         }
-        return next(p);
+        int rc = next(p);
+        if (rc < 0) {
+            iv_expr_free(*out);
+            *out = NULL;
+        }
+        return rc;
     }
     /* literal op column, or a constant */
     if (t->kind != T_IDENT || is_kw(t, "true") || is_kw(t, "false") || is_kw(t, "inf") ||
