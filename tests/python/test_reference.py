@@ -276,3 +276,49 @@ def test_format_sel_roundtrip():
             else:
                 back.append(int(part))
         assert back == sel
+
+
+# ------------------------------------------------------------ compare_npz()
+
+def test_compare_npz_detects_every_kind_of_difference(tmp_path):
+    rng = np.random.default_rng(31)
+    X = ivref.random_csr(rng, 12, 15, 150, np.float32, nan_frac=0.15, zero_frac=0.15)
+    E = ivref.expected(X, [3, 1, 1, 7, 10, 11], [4, 0, 4, 9, 2, 13, 14])
+    assert E.nnz > 5 and np.isnan(E.data).any() and (E.data == 0).any()
+    path = str(tmp_path / "e.npz")
+
+    def save(**over):
+        arrays = dict(format=np.array("csr"), shape=np.array(E.shape), data=E.data,
+                      indices=E.indices, indptr=E.indptr)
+        arrays.update(over)
+        np.savez(path, **arrays)
+        return ivref.compare_npz(path, E)
+
+    # scipy's own writer gives an equal file.
+    sp.save_npz(path, E, compressed=False)
+    assert ivref.compare_npz(path, E) is None
+    assert save() is None
+    assert "format" in save(format=np.array("csc"))
+    assert "shape" in save(shape=np.array([E.shape[0], E.shape[1] + 1]))
+    assert "dtype" in save(data=E.data.astype(np.float64))
+    assert "dtype" in save(indices=E.indices.astype(np.int64))
+    assert "dtype" in save(indptr=E.indptr.astype(np.int32))
+    idx = E.indices.copy()
+    idx[0] += 1
+    assert "indices" in save(indices=idx)
+    d = E.data.copy()
+    z = int(np.flatnonzero(d == 0)[0])
+    d[z] = 1.0  # an explicit zero turned into a value
+    assert "data" in save(data=d)
+    d = E.data.copy()
+    nan = int(np.flatnonzero(np.isnan(d))[0])
+    other = (nan + 1) % d.shape[0]
+    d[nan], d[other] = d[other], d[nan]  # a NaN moved
+    assert "data" in save(data=d)
+    # A dropped explicit zero changes indptr, indices and data lengths.
+    keep = np.ones(E.nnz, bool)
+    keep[z] = False
+    row = int(np.searchsorted(E.indptr, z, "right")) - 1
+    ip = E.indptr.copy()
+    ip[row + 1:] -= 1
+    assert save(data=E.data[keep], indices=E.indices[keep], indptr=ip) is not None
