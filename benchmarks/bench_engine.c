@@ -459,13 +459,35 @@ struct ad_result {
     double sum;
     uint64_t hash;
     int have;
+    /* Whole matrix loaded in memory, then subset (subset time only). */
+    double mem_seconds, mem_sum;
+    int64_t mem_nnz;
+    uint64_t mem_hash;
+    int have_mem;
+};
+
+struct ad_run {
+    double open_s;        /* read_h5ad(backed='r') */
+    double memload_s;     /* read_h5ad() of the whole matrix, -1 if not run */
+    long mem_peak_kb;
 };
 
 #define MAX_AD 32
 
+static struct ad_result *ad_slot(struct ad_result *res, int *n_res, const char *name)
+{
+    for (int i = 0; i < *n_res; i++)
+        if (strcmp(res[i].name, name) == 0) return &res[i];
+    if (*n_res == MAX_AD) return NULL;
+    struct ad_result *a = &res[(*n_res)++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "%s", name);
+    return a;
+}
+
 static int run_baseline(const char *python, const char *script, const char *csr,
                         const char *dir, int reps, struct ad_result *res, int *n_res,
-                        double *open_s)
+                        struct ad_run *run)
 {
     char out_path[4200], reps_s[16];
     snprintf(out_path, sizeof out_path, "%s/anndata_results.txt", dir);
@@ -488,28 +510,39 @@ static int run_baseline(const char *python, const char *script, const char *csr,
     if (!f) return -1;
     char line[512];
     *n_res = 0;
-    while (fgets(line, sizeof line, f) && *n_res < MAX_AD) {
-        struct ad_result *a = &res[*n_res];
+    run->open_s = run->memload_s = -1;
+    run->mem_peak_kb = -1;
+    while (fgets(line, sizeof line, f)) {
         char name[48];
         double secs, sum;
         long peak;
         int64_t nnz;
         uint64_t hash;
-        if (sscanf(line, "open %lf", &secs) == 1) {
-            *open_s = secs;
-            continue;
+        struct ad_result *a;
+        if (strncmp(line, "open ", 5) == 0) {
+            sscanf(line + 5, "%lf", &run->open_s);
+        } else if (strncmp(line, "memload ", 8) == 0) {
+            sscanf(line + 8, "%lf", &run->memload_s);
+        } else if (strncmp(line, "mempeak ", 8) == 0) {
+            sscanf(line + 8, "%ld", &run->mem_peak_kb);
+        } else if (strncmp(line, "memory ", 7) == 0) {
+            if (sscanf(line + 7, "%47s %lf %" SCNd64 " %lf %" SCNu64, name, &secs, &nnz, &sum,
+                       &hash) == 5 && (a = ad_slot(res, n_res, name))) {
+                a->mem_seconds = secs;
+                a->mem_nnz = nnz;
+                a->mem_sum = sum;
+                a->mem_hash = hash;
+                a->have_mem = 1;
+            }
+        } else if (sscanf(line, "%47s %lf %ld %" SCNd64 " %lf %" SCNu64, name, &secs, &peak, &nnz,
+                          &sum, &hash) == 6 && (a = ad_slot(res, n_res, name))) {
+            a->seconds = secs;
+            a->peak_kb = peak;
+            a->nnz = nnz;
+            a->sum = sum;
+            a->hash = hash;
+            a->have = 1;
         }
-        if (sscanf(line, "%47s %lf %ld %" SCNd64 " %lf %" SCNu64, name, &secs, &peak, &nnz, &sum,
-                   &hash) != 6)
-            continue;
-        snprintf(a->name, sizeof a->name, "%s", name);
-        a->seconds = secs;
-        a->peak_kb = peak;
-        a->nnz = nnz;
-        a->sum = sum;
-        a->hash = hash;
-        a->have = 1;
-        (*n_res)++;
     }
     fclose(f);
     return 0;
@@ -518,7 +551,7 @@ static int run_baseline(const char *python, const char *script, const char *csr,
 static const struct ad_result *find_ad(const struct ad_result *res, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
-        if (strcmp(res[i].name, name) == 0) return &res[i];
+        if (strcmp(res[i].name, name) == 0 && res[i].have) return &res[i];
     return NULL;
 }
 
@@ -833,7 +866,7 @@ int main(int argc, char **argv)
     /* ---- anndata backed baseline ---- */
     struct ad_result ad[MAX_AD];
     int n_ad = 0;
-    double ad_open = -1;
+    struct ad_run adr = {-1, -1, -1};
     if (o.csr && o.script) {
         char dir[4000];
         if (o.sel_dir) snprintf(dir, sizeof dir, "%s", o.sel_dir);
@@ -845,7 +878,7 @@ int main(int argc, char **argv)
          * the machine's RAM while anndata runs. */
         iv_dataset_cache_drop(ds);
         if (bad) fprintf(stderr, "bench_engine: cannot write selections to %s\n", dir);
-        else if (run_baseline(o.python, o.script, o.csr, dir, o.reps, ad, &n_ad, &ad_open) < 0)
+        else if (run_baseline(o.python, o.script, o.csr, dir, o.reps, ad, &n_ad, &adr) < 0)
             n_ad = 0;
     }
 
@@ -916,9 +949,49 @@ int main(int argc, char **argv)
         }
     }
     if (!peak_ok) printf("  (peak RSS could not be reset per case: numbers are process-wide)\n");
+    printf("  MB dec = bytes decompressed for the query; peakRSS = process high-water mark during\n"
+           "  the case (file pages mapped so far included); RSS+ = peak minus RSS at its start\n");
 
-    /* Both sides must have computed the same matrices. */
-    int mismatches = 0, checked = 0;
+    printf("\n[baselines, same selections; seconds are medians]\n");
+    printf("  %-15s %-5s %11s %9s %14s %13s %13s\n", "selection", "genes", "ad backed s",
+           "peak MB", "ad mem load+s", "(subset s)", "full+subset s");
+    for (int i = 0; i < n_rows; i++) {
+        const struct case_row *c = &rows[i];
+        char key[64];
+        snprintf(key, sizeof key, "%s%s", c->sel->name, c->genes ? "_genes" : "");
+        const struct ad_result *a = find_ad(ad, n_ad, key);
+        const struct ad_result *am = NULL;
+        for (int k = 0; k < n_ad; k++)
+            if (strcmp(ad[k].name, key) == 0 && ad[k].have_mem) am = &ad[k];
+        printf("  %-15s %-5s", c->sel->name, c->genes ? "2000" : "all");
+        if (a) printf(" %11.3f %9.0f", a->seconds, a->peak_kb / 1024.0);
+        else printf(" %11s %9s", "-", "-");
+        if (am && adr.memload_s >= 0)
+            printf(" %14.3f %13.4f", adr.memload_s + am->mem_seconds, am->mem_seconds);
+        else printf(" %14s %13s", "-", "-");
+        if (c->have_subset) printf(" %13.3f", full_kept.seconds + c->subset.seconds);
+        else printf(" %13s", "-");
+        printf("\n");
+    }
+    if (adr.open_s >= 0)
+        printf("  ad backed: read_h5ad(backed='r') once (%.3f s, not in the times), then per case\n"
+               "    X[sorted idx], rows put back in the asked order, [:, genes]; one forked child\n"
+               "    per run, peak = its ru_maxrss (inherited pages included)\n", adr.open_s);
+    if (adr.memload_s >= 0)
+        printf("  ad mem: read_h5ad() of the whole matrix (%.3f s, peak %.0f MB) + X[idx][:, genes]\n",
+               adr.memload_s, adr.mem_peak_kb / 1024.0);
+    if (o.subset_baseline)
+        printf("  full+subset: the engine's full decode kept in memory (%.3f s, %u threads, warm)\n"
+               "    + gathering the rows/genes from that CSR in C\n", full_kept.seconds, T);
+    if (o.csr) {
+        struct stat st;
+        if (stat(o.csr, &st) == 0)
+            printf("  CSR copy: %s, %.1f MB (IVCSR file: %.1f MB stored packed indices)\n", o.csr,
+                   (double)st.st_size / 1e6, mb(info->stored_bytes));
+    }
+
+    /* Every way of computing a case must give the same matrix. */
+    int mismatches = 0, checked_ad = 0, checked_mem = 0;
     for (int i = 0; i < n_rows; i++) {
         const struct case_row *c = &rows[i];
         char key[64];
@@ -927,25 +1000,25 @@ int main(int argc, char **argv)
         int same_cw = c->warm.nnz == r->nnz && c->warm.hash == r->hash && c->warm.sum == r->sum;
         int same_sub = !c->have_subset || (c->subset.nnz == r->nnz && c->subset.hash == r->hash &&
                                            c->subset.sum == r->sum);
-        const struct ad_result *a = find_ad(ad, n_ad, key);
-        int same_ad = !a || (a->nnz == r->nnz && a->hash == r->hash && a->sum == r->sum);
-        checked += a != NULL;
-        if (!same_cw || !same_sub || !same_ad) {
+        const struct ad_result *a = NULL;
+        for (int k = 0; k < n_ad; k++)
+            if (strcmp(ad[k].name, key) == 0) a = &ad[k];
+        int same_ad = !a || !a->have || (a->nnz == r->nnz && a->hash == r->hash && a->sum == r->sum);
+        int same_mem = !a || !a->have_mem ||
+                       (a->mem_nnz == r->nnz && a->mem_hash == r->hash && a->mem_sum == r->sum);
+        checked_ad += a && a->have;
+        checked_mem += a && a->have_mem;
+        if (!same_cw || !same_sub || !same_ad || !same_mem) {
             mismatches++;
-            printf("  MISMATCH %s: engine nnz %" PRId64 " sum %.17g hash %" PRIu64, key, r->nnz,
-                   r->sum, r->hash);
-            if (a) printf("; anndata nnz %" PRId64 " sum %.17g hash %" PRIu64, a->nnz, a->sum, a->hash);
-            printf("\n");
+            printf("  MISMATCH %s: engine nnz %" PRId64 " sum %.17g hash %" PRIu64 "%s%s%s%s\n",
+                   key, r->nnz, r->sum, r->hash, same_cw ? "" : "; cold != warm",
+                   same_sub ? "" : "; full+subset differs", same_ad ? "" : "; anndata backed differs",
+                   same_mem ? "" : "; anndata in memory differs");
         }
     }
-    printf("  results: %d cases cold = warm = full+subset%s; %d mismatches\n", n_rows,
-           checked ? " = anndata (nnz, value sum, index hash)" : "", mismatches);
-    if (ad_open >= 0)
-        printf("  anndata: read_h5ad(backed='r') %.3f s once (not in the times); X[sorted] then reorder\n",
-               ad_open);
-    if (o.subset_baseline)
-        printf("  full+sub: full decode kept in memory (%.3f s, warm) + subset of the in-memory CSR\n",
-               full_kept.seconds);
+    printf("  check: every case equal (nnz, value sum, index hash) cold = warm%s%s%s: %d mismatches\n",
+           o.subset_baseline ? " = full+subset" : "", checked_ad ? " = ad backed" : "",
+           checked_mem ? " = ad mem" : "", mismatches);
 
     printf("\n[ratios]\n");
     double full_warm = full[1][1].seconds;
