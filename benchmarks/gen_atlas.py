@@ -89,7 +89,8 @@ class Model:
         self.draws_mean = per_cell * 1.23
         share = np.array([s for _, s in CELL_TYPES])
         self.cell_type = rng.choice(len(CELL_TYPES), n_cells, p=share / share.sum()).astype(np.int8)
-        self.sample = (np.arange(n_cells, dtype=np.int64) * n_samples // max(n_cells, 1)).astype(np.int16)
+        self.sample = (np.arange(n_cells, dtype=np.int64) * n_samples
+                       // max(n_cells, 1)).astype(np.int16)
         self.n_samples = n_samples
         self.seed = seed
 
@@ -172,7 +173,8 @@ def write_frames(path, model, stats, var_names):
 
 
 def gene_names(model):
-    names = np.char.add("GENE", np.char.zfill(np.arange(model.n_genes).astype(str), 5)).astype(object)
+    numbers = np.char.zfill(np.arange(model.n_genes).astype(str), 5)
+    names = np.char.add("GENE", numbers).astype(object)
     for i, g in enumerate(model.mito):
         names[g] = "MT-G%02d" % i
     real = ["CD3E", "CD4", "CD8A", "NKG7", "GNLY", "MS4A1", "CD79A", "LYZ", "CD14", "FCGR3A",

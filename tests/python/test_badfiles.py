@@ -133,12 +133,15 @@ def with_array(name, fn):
 # options).  The keywords follow the engine's messages: they name the
 # dataset or attribute and the failed check.
 CASES = {
-    "zstd_truncated_chunk": (dict(chunk_mutator=truncate_chunk), ["chunk", ("zstd", "corrupt")], BASE_OPTS),
+    "zstd_truncated_chunk": (dict(chunk_mutator=truncate_chunk), ["chunk", ("zstd", "corrupt")],
+                             BASE_OPTS),
     "zstd_bit_flip": (dict(chunk_mutator=flip_bit_checksummed),
                       ["chunk", ("checksum", "corrupt")], BASE_OPTS),
     "zstd_bad_magic": (dict(chunk_mutator=flip_magic), ["chunk", ("zstd", "corrupt")], BASE_OPTS),
-    "zstd_chunk_decodes_short": (dict(chunk_mutator=short_content), ["chunk", ("size", "bytes")], BASE_OPTS),
-    "zstd_chunk_decodes_long": (dict(chunk_mutator=long_content), ["chunk", ("size", "capacity")], BASE_OPTS),
+    "zstd_chunk_decodes_short": (dict(chunk_mutator=short_content), ["chunk", ("size", "bytes")],
+                                 BASE_OPTS),
+    "zstd_chunk_decodes_long": (dict(chunk_mutator=long_content),
+                                ["chunk", ("size", "capacity")], BASE_OPTS),
     "zstd_chunk_trailing_garbage": (dict(chunk_mutator=trailing_garbage),
                                     ["chunk", ("zstd", "corrupt")], BASE_OPTS),
     "zstd_chunk_no_size_too_long": (dict(chunk_mutator=missing_length_frame),
@@ -153,10 +156,11 @@ CASES = {
     "major_ptr_backwards": (major_backwards, ["major_ptr", "backwards"], {}),
     "major_ptr_past_end": (lambda: with_array("major_ptr", lambda m: np.append(m[:-1], m[-1] + 7)),
                            ["major_ptr"], {}),
-    "major_ptr_not_from_zero": (lambda: with_array("major_ptr", lambda m: m + 1), ["major_ptr"], {}),
+    "major_ptr_not_from_zero": (lambda: with_array("major_ptr", lambda m: m + 1),
+                                ["major_ptr"], {}),
     "major_ptr_short": (lambda: with_array("major_ptr", lambda m: m[:-1]), ["major_ptr"], {}),
     "major_ptr_negative": (lambda: with_array("major_ptr",
-                                              lambda m: np.where(np.arange(m.shape[0]) == 3, -5, m)),
+                                              lambda m: np.where(np.arange(m.size) == 3, -5, m)),
                            ["major_ptr"], {}),
     "value_ptr_backwards": (value_backwards, ["value_ptr", "backwards"], {}),
     "value_ptr_past_end": (lambda: with_array("value_ptr", lambda v: np.append(v[:-1], v[-1] + 10)),
@@ -248,4 +252,5 @@ def test_missing_group(ivserve, workdir):
     ivref.write_iv(path, base_matrix(), group="counts")
     ivserve.assert_ok(ivserve.check(path, "--group", "counts"))
     ivserve.assert_error(ivserve.check(path), path, "group", "'X'")
-    ivserve.assert_error(ivserve.check(path, "--group", "nosuchgroup"), path, "group", "nosuchgroup")
+    ivserve.assert_error(ivserve.check(path, "--group", "nosuchgroup"), path,
+                         "group", "nosuchgroup")

@@ -3,7 +3,6 @@ exactly the layout FORMAT.md section 2 describes, checked against hand-made
 byte streams and by round trips through the independent reader.  No C code
 is involved; the differential tests rely on this module being right."""
 
-import os
 
 import h5py
 import numpy as np
