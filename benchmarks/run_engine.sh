@@ -16,7 +16,7 @@ root=$(cd "$here/.." && pwd)
 cells=200000
 threads=$(nproc)
 reps=3
-build="$root/build-bench"
+build=
 py=/usr/bin/python3
 
 while [ $# -gt 0 ]; do
@@ -31,21 +31,29 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-data="$here/data"
+case "$build" in
+    ""|/*) ;;
+    *) build="$(pwd)/$build" ;;
+esac
+# Paths relative to the repository root, so that the printed table names
+# no folder of this machine.
+cd "$root"
+[ -n "$build" ] || build=build-bench
+data=benchmarks/data
 iv="$data/atlas_$cells.h5ad"
 csr="$data/atlas_$cells.csr.h5ad"
 mkdir -p "$data"
 if [ ! -f "$iv" ] || [ ! -f "$csr" ]; then
     echo "generating $iv and $csr" >&2
-    "$py" "$here/gen_atlas.py" --cells "$cells" -o "$iv" --csr-h5ad "$csr" >&2
+    "$py" benchmarks/gen_atlas.py --cells "$cells" -o "$iv" --csr-h5ad "$csr" >&2
 fi
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DIV_BENCH=ON -DIV_WERROR=ON >/dev/null
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DIV_BENCH=ON -DIV_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target bench_engine >&2
 
 bin="$build/benchmarks/bench_engine"
 [ -x "$bin" ] || { echo "run_engine.sh: $bin was not built (IV_BENCH?)" >&2; exit 1; }
 
 "$bin" "$iv" --threads "$threads" --reps "$reps" --csr "$csr" \
-    --baseline "$here/anndata_baseline.py" --python "$py" --sel-dir "$data/sel_$cells" "$@" \
+    --baseline benchmarks/anndata_baseline.py --python "$py" --sel-dir "$data/sel_$cells" "$@" \
     | tee "$data/engine_$cells.txt"
