@@ -147,6 +147,18 @@ static int reset_peak_rss(void)
     return fclose(f) == 0 && ok ? 0 : -1;
 }
 
+/* The 1-minute load average, to tell a quiet run from a disturbed one. */
+static double load_avg(void)
+{
+    double v = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
 /* ---- bare decompression of the stored chunks ---- */
 
 /* Per-participant output buffers of one pass.  A thread claims a slot on
@@ -674,6 +686,7 @@ int main(int argc, char **argv)
         return 1;
     }
     int peak_ok = reset_peak_rss() == 0;
+    double load_start = load_avg();
     iv_err_t err = {0};
 
     /* ---- start-up: index build vs bare decompression ---- */
@@ -904,6 +917,9 @@ int main(int argc, char **argv)
            (double)info->chunk_len / 1e3);
     printf("threads   %u (pool of %u workers + caller); best of %d runs; cache budget %.0f MB\n",
            T, T - 1, o.reps, (double)dopts.cache_bytes / 1048576.0);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("load      1-min load average %.2f at start, %.2f at end, %ld CPUs online\n",
+           load_start, load_avg(), ncpu);
     printf("cold      = engine chunk cache dropped before the run (OS page cache stays warm)\n");
     if (info->chunked && dopts.cache_bytes < info->stream_bytes)
         printf("warning   the cache budget is smaller than the stream: \"warm\" runs still decompress;\n"
