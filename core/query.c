@@ -19,6 +19,7 @@
 #include "query.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,21 @@
 #define DEFAULT_BLOCK_ROWS ((int64_t)1 << 16)
 
 enum mode { MODE_MAJOR, MODE_TRANSPOSE };
+
+/* Per-thread working memory of one decode call. */
+struct work {
+    struct work *next_free;
+    iv_cursor_t cur;
+    int64_t next_slice;       /* slice whose first varint is at the cursor, or -1 */
+    int64_t *pos;             /* pair: output position */
+    int64_t *gid;             /* pair: value group */
+    int64_t pairs_cap;
+    uint64_t *bits;           /* bitmap over output columns (lazily allocated) */
+    int64_t *gid_at;
+    int64_t n_words;
+};
+
+static void work_free(struct work *w);
 
 struct iv_query {
     iv_dataset_t *ds;
@@ -53,6 +69,10 @@ struct iv_query {
     int64_t nnz_hint;
     atomic_int cancelled;
     atomic_uint_fast64_t decompressed;
+    /* Recycled per-thread working memory (struct work), so that decoding
+     * many small blocks does not allocate bitmaps and pair arrays each time. */
+    pthread_mutex_t work_mu;
+    struct work *free_work;
     /* MODE_TRANSPOSE result */
     int prepared;
     int64_t *t_indptr;
@@ -193,6 +213,7 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
     q->nnz_hint = -1;
     atomic_init(&q->cancelled, 0);
     atomic_init(&q->decompressed, 0);
+    pthread_mutex_init(&q->work_mu, NULL);
     int rc;
     int64_t *obs_ids = NULL, *var_ids = NULL, n_obs, n_var;
     if ((rc = copy_sel(obs, ds->m.n_rows, "obs", &obs_ids, &n_obs, err)) < 0) goto fail;
@@ -254,6 +275,12 @@ void iv_query_free(iv_query_t *q)
     free(q->t_indptr);
     free(q->t_indices);
     free(q->t_data);
+    while (q->free_work) {
+        struct work *w = q->free_work;
+        q->free_work = w->next_free;
+        work_free(w);
+    }
+    pthread_mutex_destroy(&q->work_mu);
     free(q);
 }
 
@@ -278,17 +305,6 @@ void iv_block_free(iv_block_t *b)
 
 /* ---- slice decoding ---- */
 
-/* Per-thread working memory of one decode call. */
-struct work {
-    iv_cursor_t cur;
-    int64_t next_slice;       /* slice whose first varint is at the cursor, or -1 */
-    int64_t *pos;             /* pair: output position */
-    int64_t *gid;             /* pair: value group */
-    int64_t pairs_cap;
-    uint64_t *bits;           /* bitmap over output columns (lazily allocated) */
-    int64_t *gid_at;
-    int64_t n_words;
-};
 
 static void work_free(struct work *w)
 {
@@ -297,6 +313,32 @@ static void work_free(struct work *w)
     free(w->gid);
     free(w->bits);
     free(w->gid_at);
+    free(w);
+}
+
+/* Takes a recycled work struct (or a new one) positioned nowhere. */
+static struct work *work_get(struct iv_query *q)
+{
+    pthread_mutex_lock(&q->work_mu);
+    struct work *w = q->free_work;
+    if (w) q->free_work = w->next_free;
+    pthread_mutex_unlock(&q->work_mu);
+    if (!w) w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    iv_cursor_init(&w->cur, q->ds->stream);
+    w->next_slice = -1;
+    return w;
+}
+
+/* Unpins the cursor's chunk and returns w to the query's free list. */
+static void work_put(struct iv_query *q, struct work *w)
+{
+    atomic_fetch_add(&q->decompressed, w->cur.decompressed);
+    iv_cursor_done(&w->cur);
+    pthread_mutex_lock(&q->work_mu);
+    w->next_free = q->free_work;
+    q->free_work = w;
+    pthread_mutex_unlock(&q->work_mu);
 }
 
 static int pairs_reserve(struct work *w, int64_t n, iv_err_t *err)
@@ -506,10 +548,8 @@ static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const 
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
 {
     const iv_dataset_t *ds = q->ds;
-    struct work w;
-    memset(&w, 0, sizeof w);
-    iv_cursor_init(&w.cur, ds->stream);
-    w.next_slice = -1;
+    struct work *w = work_get(q);
+    if (!w) return iv_fail(err, IV_ENOMEM, "out of memory for a block");
     struct outbuf o = {.isz = q->index_size, .esz = iv_dtype_size(q->dtype)};
     int64_t nr = r1 - r0;
     int rc = 0;
@@ -527,18 +567,17 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         }
         int64_t s = q->row_ids ? q->row_ids[r] : r;
         out->ids[r - r0] = s;
-        int64_t n = decode_slice(q, &w, s, err);
+        int64_t n = decode_slice(q, w, s, err);
         if (n < 0) {
             rc = (int)n;
             goto done;
         }
         if ((rc = outbuf_reserve(&o, o.n + n, err)) < 0) goto done;
-        emit_pairs(&o, &w, n, ds->m.values);
+        emit_pairs(&o, w, n, ds->m.values);
         out->indptr[r - r0 + 1] = o.n;
     }
 done:
-    atomic_fetch_add(&q->decompressed, w.cur.decompressed);
-    work_free(&w);
+    work_put(q, w);
     out->indices = o.indices;
     out->data = o.data;
     out->nnz = o.n;
@@ -565,11 +604,12 @@ static void tpass_part(void *arg, size_t part)
     const iv_dataset_t *ds = q->ds;
     int64_t k0 = q->n_out_cols * (int64_t)part / t->n_parts;
     int64_t k1 = q->n_out_cols * (int64_t)(part + 1) / t->n_parts;
-    struct work w;
-    memset(&w, 0, sizeof w);
-    iv_cursor_init(&w.cur, ds->stream);
-    w.next_slice = -1;
+    struct work *w = work_get(q);
     iv_err_t e = {0};
+    if (!w) {
+        if (atomic_exchange(&t->failed, 1) == 0) iv_fail(&t->err, IV_ENOMEM, "out of memory");
+        return;
+    }
     size_t esz = iv_dtype_size(q->dtype);
     for (int64_t k = k0; k < k1 && !atomic_load(&t->failed); k++) {
         if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
@@ -577,23 +617,22 @@ static void tpass_part(void *arg, size_t part)
             break;
         }
         int64_t s = q->col_ids ? q->col_ids[k] : k;
-        int64_t n = decode_slice(q, &w, s, &e);
+        int64_t n = decode_slice(q, w, s, &e);
         if (n < 0) break;
         if (!t->fill) {
             uint32_t *c = t->cnt[part];
-            for (int64_t i = 0; i < n; i++) c[w.pos[i]]++;
+            for (int64_t i = 0; i < n; i++) c[w->pos[i]]++;
         } else {
             int64_t *off = t->off[part];
             for (int64_t i = 0; i < n; i++) {
-                int64_t at = off[w.pos[i]]++;
+                int64_t at = off[w->pos[i]]++;
                 if (q->index_size == 4) ((int32_t *)q->t_indices)[at] = (int32_t)k;
                 else ((int64_t *)q->t_indices)[at] = k;
-                copy_value((char *)q->t_data + (size_t)at * esz, ds->m.values, w.gid[i], esz);
+                copy_value((char *)q->t_data + (size_t)at * esz, ds->m.values, w->gid[i], esz);
             }
         }
     }
-    atomic_fetch_add(&q->decompressed, w.cur.decompressed);
-    work_free(&w);
+    work_put(q, w);
     if (e.code != 0 && atomic_exchange(&t->failed, 1) == 0) t->err = e;
 }
 

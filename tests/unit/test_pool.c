@@ -1,0 +1,101 @@
+/* Worker pool: every item runs once, nested parallel_for cannot deadlock,
+ * a full queue is reported as overload. */
+#include <check.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "pool.h"
+
+struct counts {
+    atomic_int hits[1000];
+    iv_pool_t *pool;
+    atomic_int inner;
+};
+
+static void mark(void *arg, size_t i)
+{
+    struct counts *c = arg;
+    atomic_fetch_add(&c->hits[i], 1);
+}
+
+START_TEST(parallel_for_runs_each_item_once)
+{
+    for (unsigned threads = 0; threads <= 4; threads++) {
+        iv_pool_t *p = threads ? iv_pool_create(threads, 16) : NULL;
+        struct counts *c = calloc(1, sizeof *c);
+        iv_pool_parallel_for(p, 1000, 0, mark, c);
+        for (int i = 0; i < 1000; i++) ck_assert_int_eq(atomic_load(&c->hits[i]), 1);
+        free(c);
+        iv_pool_destroy(p);
+    }
+}
+END_TEST
+
+static void inner_item(void *arg, size_t i)
+{
+    (void)i;
+    struct counts *c = arg;
+    atomic_fetch_add(&c->inner, 1);
+}
+
+static void outer_item(void *arg, size_t i)
+{
+    (void)i;
+    struct counts *c = arg;
+    /* Runs on a worker while every worker may be busy. */
+    iv_pool_parallel_for(c->pool, 50, 0, inner_item, c);
+}
+
+START_TEST(nested_parallel_for_completes)
+{
+    iv_pool_t *p = iv_pool_create(2, 8);
+    struct counts *c = calloc(1, sizeof *c);
+    c->pool = p;
+    iv_pool_parallel_for(p, 40, 0, outer_item, c);
+    ck_assert_int_eq(atomic_load(&c->inner), 40 * 50);
+    free(c);
+    iv_pool_destroy(p);
+}
+END_TEST
+
+static atomic_int gate;
+static void wait_gate(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&gate)) usleep(1000);
+}
+
+START_TEST(full_queue_is_overload)
+{
+    atomic_store(&gate, 0);
+    iv_pool_t *p = iv_pool_create(1, 2);
+    int ok = 0, over = 0;
+    for (int i = 0; i < 10; i++) {
+        int rc = iv_pool_try_submit(p, wait_gate, NULL);
+        if (rc == 0) ok++;
+        else if (rc == IV_EOVERLOADED) over++;
+    }
+    /* One running plus two queued at most. */
+    ck_assert_int_le(ok, 3);
+    ck_assert_int_ge(over, 7);
+    atomic_store(&gate, 1);
+    iv_pool_destroy(p);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("pool");
+    TCase *tc = tcase_create("pool");
+    tcase_add_test(tc, parallel_for_runs_each_item_once);
+    tcase_add_test(tc, nested_parallel_for_completes);
+    tcase_add_test(tc, full_queue_is_overload);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,102 @@
+/* Varint kernels: fast paths against the scalar references, bit for bit. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "varint.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* A random buffer whose bytes are continuation bytes with probability p/256. */
+static void fill(uint8_t *b, size_t n, unsigned p)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = (uint8_t)(rnd() & 0x7f);
+        b[i] = (rnd() & 0xff) < p ? (uint8_t)(v | 0x80) : v;
+    }
+}
+
+START_TEST(count_matches_scalar)
+{
+    uint8_t buf[1000];
+    for (int iter = 0; iter < 2000; iter++) {
+        size_t n = rnd() % sizeof buf;
+        size_t off = rnd() % 8;
+        fill(buf, sizeof buf, (unsigned)(rnd() % 257));
+        if (off + n > sizeof buf) n = sizeof buf - off;
+        ck_assert_uint_eq(iv_varint_count_ends(buf + off, n), iv_varint_count_ends_scalar(buf + off, n));
+    }
+}
+END_TEST
+
+START_TEST(skip_matches_scalar)
+{
+    uint8_t buf[700];
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = rnd() % sizeof buf;
+        fill(buf, n, (unsigned)(rnd() % 257));
+        uint64_t k = rnd() % (n + 3);
+        uint64_t s1, s2;
+        size_t a = iv_varint_skip(buf, n, k, &s1);
+        size_t b = iv_varint_skip_scalar(buf, n, k, &s2);
+        ck_assert_uint_eq(a, b);
+        ck_assert_uint_eq(s1, s2);
+    }
+}
+END_TEST
+
+START_TEST(roundtrip_all_lengths)
+{
+    uint8_t buf[IV_VARINT_MAX + 4];
+    for (int bits = 0; bits <= 64; bits++) {
+        for (int t = 0; t < 50; t++) {
+            uint64_t v = bits == 0 ? 0 : (bits == 64 ? rnd() : rnd() & ((1ULL << bits) - 1));
+            size_t n = iv_varint_write(v, buf);
+            uint64_t got = ~v;
+            ck_assert_uint_eq(iv_varint_read(buf, buf + n, &got), n);
+            ck_assert_uint_eq(got, v);
+            /* Truncated: never a read past the end. */
+            if (n > 1) ck_assert_uint_eq(iv_varint_read(buf, buf + n - 1, &got), 0);
+        }
+    }
+}
+END_TEST
+
+START_TEST(rejects_overlong)
+{
+    uint8_t buf[11];
+    memset(buf, 0xff, sizeof buf);
+    uint64_t v;
+    ck_assert_uint_eq(iv_varint_read(buf, buf + sizeof buf, &v), 0);
+    /* 10th byte may carry only one bit. */
+    memset(buf, 0x80, 9);
+    buf[9] = 0x02;
+    ck_assert_uint_eq(iv_varint_read(buf, buf + 10, &v), 0);
+    buf[9] = 0x01;
+    ck_assert_uint_eq(iv_varint_read(buf, buf + 10, &v), 10);
+    ck_assert_uint_eq(v, 1ULL << 63);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("varint");
+    TCase *tc = tcase_create("kernels");
+    tcase_add_test(tc, count_matches_scalar);
+    tcase_add_test(tc, skip_matches_scalar);
+    tcase_add_test(tc, roundtrip_all_lengths);
+    tcase_add_test(tc, rejects_overlong);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
