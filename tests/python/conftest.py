@@ -2,9 +2,9 @@
 
 The tests talk to the real binary (env IVSERVE_BIN, set by ctest) and read
 the shared fixtures (env IV_FIXTURES, by convention ../shared/fixtures from
-the repository root).  Both are optional in the sense that a missing one
-makes the tests that need it skip with a message instead of failing, so the
-suite also runs from a checkout without the fixtures.
+the repository root).  A missing binary is a failure (a misconfigured run
+must not pass by skipping); a missing fixtures folder skips the tests that
+need it with a message, so the suite also runs from a checkout without it.
 """
 
 import os
@@ -79,7 +79,7 @@ class IvServe:
 def ivserve():
     path = os.environ.get("IVSERVE_BIN")
     if not path or not os.access(path, os.X_OK):
-        pytest.skip("IVSERVE_BIN is not set to an executable ivserve binary")
+        pytest.fail("IVSERVE_BIN is not set to an executable ivserve binary")
     return IvServe(path)
 
 
