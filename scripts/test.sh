@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test of ivserve:
+#   1. the release build (warnings are errors) and its whole ctest suite;
+#   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
+# Fixtures are read from ../shared/fixtures when present (tests that need
+# them say so and skip otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+
+scripts/setup.sh
+
+echo "== release build and tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_WERROR=ON >/dev/null
+cmake --build build -j"$JOBS"
+ctest --test-dir build --output-on-failure -j"$JOBS"
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DIV_SANITIZE=ON -DIV_WERROR=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+
+echo "== fuzz targets (${FUZZ_SECONDS}s each)"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
+  >/dev/null
+cmake --build build-fuzz -j"$JOBS"
+fuzz_pass=0
+fuzz_fail=0
+for target in build-fuzz/tests/fuzz/fuzz_*; do
+  [ -x "$target" ] || continue
+  name=$(basename "$target")
+  corpus="build-fuzz/corpus/$name"
+  mkdir -p "$corpus"
+  if "$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 "$corpus" \
+       >"build-fuzz/$name.log" 2>&1; then
+    echo "fuzz $name: ok ($(grep -c . "$corpus"/* 2>/dev/null | wc -l) corpus inputs)"
+    fuzz_pass=$((fuzz_pass + 1))
+  else
+    echo "fuzz $name: FAILED"; tail -40 "build-fuzz/$name.log"
+    fuzz_fail=$((fuzz_fail + 1))
+  fi
+done
+echo "fuzz: $fuzz_pass passed, $fuzz_fail failed"
+[ "$fuzz_fail" -eq 0 ]
+
+echo "== all tests passed"
