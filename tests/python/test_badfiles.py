@@ -141,7 +141,7 @@ CASES = {
     "zstd_chunk_decodes_short": (dict(chunk_mutator=short_content), ["chunk", ("size", "bytes")],
                                  BASE_OPTS),
     "zstd_chunk_decodes_long": (dict(chunk_mutator=long_content),
-                                ["chunk", ("size", "capacity")], BASE_OPTS),
+                                ["chunk", ("size", "capacity", "decodes to")], BASE_OPTS),
     "zstd_chunk_trailing_garbage": (dict(chunk_mutator=trailing_garbage),
                                     ["chunk", ("zstd", "corrupt")], BASE_OPTS),
     "zstd_chunk_no_size_too_long": (dict(chunk_mutator=missing_length_frame),
