@@ -143,68 +143,104 @@ static void step_decode(void *arg, size_t i)
                            : UINT64_MAX;
 
     const uint8_t *p = st->data, *end = st->data + st->len;
-    while (rank < stop) {
-        uint64_t start = chunk_start + (uint64_t)(p - st->data);
+    if (st->pend_len) {
+        /* Complete the varint carried in from earlier chunks. */
+        uint8_t tmp[2 * IV_VARINT_MAX];
+        size_t n = st->pend_len, k = 0;
         uint64_t d;
-        if (rank == b->prefix[c] && st->pend_len) {
-            /* Complete the varint carried in from earlier chunks. */
-            uint8_t tmp[2 * IV_VARINT_MAX];
-            size_t n = st->pend_len, k = 0;
-            memcpy(tmp, st->pend, n);
-            while (n < sizeof tmp && p + k < end) {
-                tmp[n++] = p[k];
-                if (p[k++] < 0x80) break;
-            }
-            size_t used = iv_varint_read_slow(tmp, tmp + n, &d);
-            if (used == 0 || used != n) {
-                set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint at stream offset %"
-                          PRIu64, src->where, chunk_start - st->pend_len);
-                return;
-            }
-            start = chunk_start - st->pend_len;
-            p += k;
-        } else {
-            /* Fast path: eight one-byte varints of one group, no checkpoint among them. */
-            while (left >= 8 && end - p >= 8 && rank + 8 <= next_ck && rank + 8 <= stop) {
-                uint64_t w;
-                memcpy(&w, p, 8);
-                if (w & 0x8080808080808080ULL) break;
-                acc += byte_sum8(w) + 8;
-                if (acc > n_minor) {
-                    set_error(b, IV_EBAD_FILE, "%s/packed_indices: an index of value group %" PRId64
-                              " is >= n_minor (%" PRIu64 ")", src->where, g, n_minor);
-                    return;
-                }
-                p += 8;
-                rank += 8;
-                left -= 8;
-            }
-            if (left == 0 || rank == stop) goto group_end;
-            start = chunk_start + (uint64_t)(p - st->data);
-            size_t used = iv_varint_read(p, end, &d);
-            if (used == 0) {
-                set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint (over 64 bits) at "
-                          "stream offset %" PRIu64, src->where, start);
-                return;
-            }
-            p += used;
+        memcpy(tmp, st->pend, n);
+        while (n < sizeof tmp && p + k < end) {
+            tmp[n++] = p[k];
+            if (p[k++] < 0x80) break;
         }
-        if (d >= n_minor || acc + d + 1 > n_minor) {
-            set_error(b, IV_EBAD_FILE, "%s/packed_indices: varint %" PRIu64 " gives an index >= "
-                      "n_minor (%" PRIu64 ")", src->where, rank, n_minor);
+        size_t used = iv_varint_read_slow(tmp, tmp + n, &d);
+        if (used == 0 || used != n || d >= n_minor) {
+            set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint or index >= n_minor "
+                      "at stream offset %" PRIu64, src->where, chunk_start - st->pend_len);
             return;
         }
         while (rank == next_ck) {
-            b->ri->off[j++] = start;
+            b->ri->off[j++] = chunk_start - st->pend_len;
             next_ck = j < b->ri->n_ckpt
                           ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
                           : UINT64_MAX;
         }
-        acc += d + 1;
+        p += k;
+        acc = d + 1;
         rank++;
         left--;
+        goto group_end;
+    }
+    while (rank < stop) {
+        /* Record checkpoints that start here, then decode a run of varints
+         * up to the next event: a group end, a checkpoint or the chunk end. */
+        while (rank == next_ck) {
+            b->ri->off[j++] = chunk_start + (uint64_t)(p - st->data);
+            next_ck = j < b->ri->n_ckpt
+                          ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
+                          : UINT64_MAX;
+        }
+        uint64_t run = left;
+        if (next_ck - rank < run) run = next_ck - rank;
+        if (stop - rank < run) run = stop - rank;
+        uint64_t done = run;
+        while (run > 0) {
+            if (run >= 8 && end - p >= 8) {
+                uint64_t w;
+                memcpy(&w, p, 8);
+                if (!(w & 0x8080808080808080ULL)) {
+                    acc += byte_sum8(w) + 8;
+                    p += 8;
+                    run -= 8;
+                    continue;
+                }
+            }
+            if (*p < 0x80) {
+                acc += (uint64_t)*p + 1;
+                p++;
+                run--;
+                continue;
+            }
+            uint64_t d;
+            size_t used = iv_varint_read_slow(p, end, &d);
+            if (used == 0) {
+                set_error(b, IV_EBAD_FILE, "%s/packed_indices: malformed varint (over 64 bits) at "
+                          "stream offset %" PRIu64, src->where,
+                          chunk_start + (uint64_t)(p - st->data));
+                return;
+            }
+            if (d >= n_minor) {
+                set_error(b, IV_EBAD_FILE, "%s/packed_indices: varint at stream offset %" PRIu64
+                          " gives an index >= n_minor (%" PRIu64 ")", src->where,
+                          chunk_start + (uint64_t)(p - st->data), n_minor);
+                return;
+            }
+            p += used;
+            acc += d + 1;
+            if (acc > n_minor) break;   /* reported below; keeps acc from wrapping */
+            run--;
+        }
+        if (run > 0) {
+            set_error(b, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an index "
+                      ">= n_minor (%" PRIu64 ")", src->where, g, n_minor);
+            return;
+        }
+        rank += done;
+        left -= done;
+        /* One-byte varints add at most 128 each, so acc cannot wrap here;
+         * longer ones were checked one by one above. */
+        if (acc > n_minor) {
+            set_error(b, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an index "
+                      ">= n_minor (%" PRIu64 ")", src->where, g, n_minor);
+            return;
+        }
     group_end:
         if (left == 0) {
+            if (acc > n_minor) {
+                set_error(b, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
+                          "index >= n_minor (%" PRIu64 ")", src->where, g, n_minor);
+                return;
+            }
             if (in_head) {
                 st->head_acc = acc;
                 st->head_closed = 1;
@@ -212,8 +248,8 @@ static void step_decode(void *arg, size_t i)
             }
             acc = 0;
             while (g < src->n_unique && (uint64_t)vp[g + 1] <= rank) g++;
-            left = g < src->n_unique ? (uint64_t)vp[g + 1] - rank : 0;
             if (g >= src->n_unique) break;
+            left = (uint64_t)vp[g + 1] - rank;
         }
     }
     if (in_head) {
