@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
         --reps) reps=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
         *) echo "run_engine.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
