@@ -42,6 +42,7 @@ struct work {
     int64_t pairs_cap;
     uint64_t *bits;           /* bitmap over output columns (lazily allocated) */
     int64_t *gid_at;
+    uint32_t *local_at;       /* fast path: group of each column, relative to the slice */
     int64_t n_words;
 };
 
@@ -313,6 +314,7 @@ static void work_free(struct work *w)
     free(w->gid);
     free(w->bits);
     free(w->gid_at);
+    free(w->local_at);
     free(w);
 }
 
@@ -545,6 +547,99 @@ static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const 
     o->n += n;
 }
 
+/*
+ * Fast path for the common case: every minor element selected and a slice
+ * dense enough for the bitmap.  Decodes straight into the bitmap (no pair
+ * arrays) and emits indices and values from it in column order.
+ * Returns the number of entries emitted or a negative error.
+ */
+static int64_t decode_slice_dense(const struct iv_query *q, struct work *w, int64_t s,
+                                  struct outbuf *o, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
+    uint64_t n_minor = (uint64_t)ds->m.n_minor;
+    int64_t n_cols = q->n_out_cols;
+    IV_TRY(seek_slice(q, w, s, err));
+    if (!w->local_at) {
+        w->n_words = (n_cols + 63) / 64;
+        if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+        w->local_at = malloc((size_t)n_cols * sizeof *w->local_at);
+        if (!w->bits || !w->local_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+    }
+    uint64_t *bits = w->bits;
+    uint32_t *local_at = w->local_at;
+    int64_t lo = w->n_words, hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
+    iv_cursor_t *cur = &w->cur;
+    for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
+        uint64_t acc = 0;
+        uint32_t local = (uint32_t)(g - mp[s]);
+        int64_t first_word = -1;
+        for (int64_t k = vp[g]; k < vp[g + 1]; k++) {
+            uint64_t d;
+            if (cur->end - cur->p >= IV_VARINT_MAX && *cur->p < 0x80) {
+                d = *cur->p++;
+            } else {
+                IV_TRY(iv_cursor_read(cur, &d, err));
+                if (d >= n_minor) goto bad_index;
+            }
+            acc += d + 1;
+            if (acc > n_minor) goto bad_index;
+            uint64_t j = acc - 1, wd = j >> 6, bit = (uint64_t)1 << (j & 63);
+            if (bits[wd] & bit) goto duplicate;
+            bits[wd] |= bit;
+            local_at[j] = local;
+            if (first_word < 0) first_word = (int64_t)wd;
+        }
+        /* Indices rise within a group: its words span first..last. */
+        if (first_word >= 0) {
+            if (first_word < lo) lo = first_word;
+            if ((int64_t)((acc - 1) >> 6) > hi) hi = (int64_t)((acc - 1) >> 6);
+        }
+    }
+    w->next_slice = s + 1;
+    {
+        int rc = outbuf_reserve(o, o->n + total, err);
+        if (rc < 0) {
+            for (int64_t x = lo; x <= hi; x++) bits[x] = 0;
+            return rc;
+        }
+    }
+    {
+        const char *values = (const char *)ds->m.values + (size_t)mp[s] * o->esz;
+        int64_t n = o->n;
+        for (int64_t wd = lo; wd <= hi; wd++) {
+            uint64_t x = bits[wd];
+            bits[wd] = 0;
+            while (x) {
+                int64_t j = wd * 64 + __builtin_ctzll(x);
+                x &= x - 1;
+                if (o->isz == 4) ((int32_t *)o->indices)[n] = (int32_t)j;
+                else ((int64_t *)o->indices)[n] = j;
+                char *dst = (char *)o->data + (size_t)n * o->esz;
+                const char *src = values + (size_t)local_at[j] * o->esz;
+                switch (o->esz) {
+                case 1: *dst = *src; break;
+                case 2: memcpy(dst, src, 2); break;
+                case 4: memcpy(dst, src, 4); break;
+                default: memcpy(dst, src, 8); break;
+                }
+                n++;
+            }
+        }
+        int64_t got = n - o->n;
+        o->n = n;
+        return got;
+    }
+bad_index:
+    for (int64_t x = 0; x < w->n_words; x++) bits[x] = 0;
+    return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where,
+                   s, n_minor);
+duplicate:
+    for (int64_t x = 0; x < w->n_words; x++) bits[x] = 0;
+    return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice", ds->where, s);
+}
+
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
 {
     const iv_dataset_t *ds = q->ds;
@@ -567,13 +662,23 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         }
         int64_t s = q->row_ids ? q->row_ids[r] : r;
         out->ids[r - r0] = s;
-        int64_t n = decode_slice(q, w, s, err);
-        if (n < 0) {
-            rc = (int)n;
-            goto done;
+        int64_t total = slice_nnz(ds, s);
+        if (q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
+            total * 64 >= q->n_out_cols / 16) {
+            int64_t n = decode_slice_dense(q, w, s, &o, err);
+            if (n < 0) {
+                rc = (int)n;
+                goto done;
+            }
+        } else {
+            int64_t n = decode_slice(q, w, s, err);
+            if (n < 0) {
+                rc = (int)n;
+                goto done;
+            }
+            if ((rc = outbuf_reserve(&o, o.n + n, err)) < 0) goto done;
+            emit_pairs(&o, w, n, ds->m.values);
         }
-        if ((rc = outbuf_reserve(&o, o.n + n, err)) < 0) goto done;
-        emit_pairs(&o, w, n, ds->m.values);
         out->indptr[r - r0 + 1] = o.n;
     }
 done:
