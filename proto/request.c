@@ -20,18 +20,74 @@
 #include <cjson/cJSON.h>
 
 #include "base64.h"
+#include "filter_json.h"
+#include "where.h"
 
 /* Largest integer a double holds exactly; JSON numbers beyond it are rejected. */
 #define IV_MAX_EXACT 9007199254740992.0
 
-static void psel_clear(iv_psel_t *p)
+/* Frees the primary selection (index, range, mask or names) only. */
+static void psel_clear_primary(iv_psel_t *p)
 {
     free(p->idx);
     if (p->names) {
         for (int64_t i = 0; i < p->n; i++) free(p->names[i]);
         free(p->names);
     }
+    p->idx = NULL;
+    p->names = NULL;
+    p->n = 0;
+    p->kind = IV_PSEL_ALL;
+}
+
+static void psel_clear(iv_psel_t *p)
+{
+    psel_clear_primary(p);
+    free(p->by);
+    iv_expr_free(p->filter);
     memset(p, 0, sizeof *p);
+}
+
+/* Adds e (taken in every case) to p's filter, and-ing with one already there. */
+static int psel_add_filter(iv_psel_t *p, const char *axis, iv_expr_t *e, iv_err_t *err)
+{
+    if (!p->filter) {
+        p->filter = e;
+        return 0;
+    }
+    iv_expr_t *both = iv_expr_new(IV_EXPR_AND, NULL);
+    if (!both || iv_expr_add_kid(both, p->filter) != 0) {
+        iv_expr_free(both);
+        iv_expr_free(e);
+        return iv_fail(err, IV_ENOMEM, "out of memory for the %s filter", axis);
+    }
+    p->filter = both;
+    if (iv_expr_add_kid(both, e) != 0) {
+        iv_expr_free(e);
+        return iv_fail(err, IV_ENOMEM, "out of memory for the %s filter", axis);
+    }
+    return 0;
+}
+
+/* Parses a where string into p's filter; the message gets the axis prefixed. */
+static int psel_add_where(iv_psel_t *p, const char *axis, const char *s, size_t len, iv_err_t *err)
+{
+    iv_expr_t *e = NULL;
+    iv_err_t we;
+    iv_err_clear(&we);
+    int rc = iv_where_parse(s, len, &e, &we);
+    if (rc != 0) return iv_fail(err, rc, "%s.%s", axis, we.msg);
+    return psel_add_filter(p, axis, e, err);
+}
+
+static int psel_set_missing(iv_psel_t *p, const char *axis, const char *v, iv_err_t *err)
+{
+    if (!strcmp(v, "ignore")) p->missing_ignore = 1;
+    else if (!strcmp(v, "error")) p->missing_ignore = 0;
+    else
+        return iv_fail(err, IV_EBAD_SELECTION, "%s.missing must be \"error\" or \"ignore\", not '%.40s'",
+                       axis, v);
+    return 0;
 }
 
 void iv_qreq_free(iv_qreq_t *q)
@@ -53,7 +109,7 @@ iv_sel_t iv_psel_view(const iv_psel_t *p)
 
 void iv_psel_set_indices(iv_psel_t *p, int64_t *idx, int64_t n)
 {
-    psel_clear(p);
+    psel_clear_primary(p);
     p->kind = IV_PSEL_INDEX;
     p->idx = idx;
     p->n = n;
@@ -261,14 +317,46 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
     cJSON_ArrayForEach(kv, o)
     {
         const char *k = kv->string;
+        if (!strcmp(k, "filter") || !strcmp(k, "where") || !strcmp(k, "by") || !strcmp(k, "missing"))
+            continue;
         if (strcmp(k, "index") && strcmp(k, "range") && strcmp(k, "mask") && strcmp(k, "names"))
             return iv_fail(err, IV_EBAD_SELECTION,
-                           "%s has unknown key '%s' (expected index, range, mask or names)", axis, k);
+                           "%s has unknown key '%s' (expected index, range, mask, names, filter, "
+                           "where, by or missing)",
+                           axis, k);
         if (++seen > 1)
             return iv_fail(err, IV_EBAD_SELECTION,
                            "%s names more than one of index, range, mask, names", axis);
     }
     const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "filter"))) {
+        iv_expr_t *e = NULL;
+        iv_err_t fe;
+        iv_err_clear(&fe);
+        int rc = iv_filter_json_parse(v, &e, &fe);
+        if (rc != 0) return iv_fail(err, rc, "%s.%s", axis, fe.msg);
+        IV_TRY(psel_add_filter(p, axis, e, err));
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "where"))) {
+        if (!cJSON_IsString(v))
+            return iv_fail(err, IV_EBAD_REQUEST, "%s.where must be a string", axis);
+        IV_TRY(psel_add_where(p, axis, v->valuestring, strlen(v->valuestring), err));
+    }
+    const cJSON *by = cJSON_GetObjectItemCaseSensitive(o, "by");
+    const cJSON *miss = cJSON_GetObjectItemCaseSensitive(o, "missing");
+    if ((by || miss) && !cJSON_GetObjectItemCaseSensitive(o, "names"))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s: \"by\" and \"missing\" go with \"names\"", axis);
+    if (by) {
+        if (!cJSON_IsString(by))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.by must be a column name", axis);
+        p->by = strdup(by->valuestring);
+        if (!p->by) return iv_fail(err, IV_ENOMEM, "out of memory for %s.by", axis);
+    }
+    if (miss) {
+        if (!cJSON_IsString(miss))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.missing must be \"error\" or \"ignore\"", axis);
+        IV_TRY(psel_set_missing(p, axis, miss->valuestring, err));
+    }
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) {
         if (!cJSON_IsArray(v))
             return iv_fail(err, IV_EBAD_SELECTION, "%s.index must be an array of integers", axis);
@@ -466,6 +554,13 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
     int64_t n = is_obs ? n_obs : n_var;
     const char *axis = is_obs ? "obs" : "var";
     const char *suffix = key + 3;
+    if (!strcmp(suffix, "_where")) return psel_add_where(p, axis, val, strlen(val), err);
+    if (!strcmp(suffix, "_by")) {
+        if (p->by) return iv_fail(err, IV_EBAD_SELECTION, "%s_by is given more than once", axis);
+        p->by = strdup(val);
+        return p->by ? 0 : iv_fail(err, IV_ENOMEM, "out of memory for %s_by", axis);
+    }
+    if (!strcmp(suffix, "_missing")) return psel_set_missing(p, axis, val, err);
     if (p->kind != IV_PSEL_ALL)
         return iv_fail(err, IV_EBAD_SELECTION, "%s is selected more than once", axis);
     if (!strcmp(suffix, "")) return sel_from_list(p, axis, val, n, err);
@@ -496,6 +591,12 @@ int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var
             free(val);
         }
         i = j + 1;
+    }
+    for (int a = 0; a < 2 && rc == 0; a++) {
+        const iv_psel_t *p = a ? &out->var : &out->obs;
+        if ((p->by || p->missing_ignore) && p->kind != IV_PSEL_NAMES)
+            rc = iv_fail(err, IV_EBAD_SELECTION, "%s_by and %s_missing go with %s_names",
+                         a ? "var" : "obs", a ? "var" : "obs", a ? "var" : "obs");
     }
     if (rc != 0) iv_qreq_free(out);
     return rc;

@@ -7,9 +7,18 @@
  * SEL:        {"index":[i,...]} | {"range":[start,stop]} |
  *             {"mask":"<base64, bit i = element i, LSB first>"} |
  *             {"mask":[true,false,...]} | {"names":["a",...]} | absent (all)
+ *             plus, in the same object: "filter": {...} (filter_json.h),
+ *             "where": "string" (where.h), and with names "by": "column"
+ *             and "missing": "error" | "ignore".
  * Query string: obs=1,5,2 | obs=10:20 (range) | obs_mask=B64 | obs_names=a,b
+ *             | obs_where=EXPR | obs_by=COL | obs_missing=ignore
  *             and the same with var; format=...  Values are percent-decoded;
  *             '+' stays '+' because base64 masks use it.
+ *
+ * A filter is parsed here (syntax errors are IV_EBAD_REQUEST, 400) but
+ * compiled by the caller against the dataset's metadata (unknown columns
+ * and categories are then IV_EBAD_FILTER, 422).  When both "filter" and
+ * "where" are given they are combined with "and".
  *
  * Every error names the offending key, position or value.  Index, range
  * and mask selections are checked against the axis lengths here, so the
@@ -24,6 +33,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "filter.h"
 #include "query.h"
 
 typedef enum iv_psel_kind {
@@ -39,6 +49,9 @@ typedef struct iv_psel {
     int64_t n;          /* selected elements (idx) or names */
     int64_t *idx;       /* owned; INDEX, RANGE, MASK */
     char **names;       /* owned; NAMES (n strings) */
+    char *by;           /* owned or NULL; NAMES: the column names are looked up in */
+    int missing_ignore; /* NAMES: drop unknown names instead of failing */
+    iv_expr_t *filter;  /* owned or NULL; intersected with the selection */
 } iv_psel_t;
 
 typedef enum iv_fmt {
@@ -68,7 +81,8 @@ void iv_qreq_free(iv_qreq_t *q);
  * p's array).  Must not be called on a NAMES selection before the caller
  * has replaced it by indices (iv_psel_set_indices). */
 iv_sel_t iv_psel_view(const iv_psel_t *p);
-/* Replaces p's content by an owned index array (names resolved). */
+/* Replaces p's index/range/mask/names content by an owned index array
+ * (names resolved, filter applied).  by, missing_ignore and filter stay. */
 void iv_psel_set_indices(iv_psel_t *p, int64_t *idx, int64_t n);
 
 /* Encoding names: "binary" (or "csr"), "ndjson", "json"; IV_FMT_NONE if unknown. */

@@ -51,6 +51,7 @@
 #include "pool.h"
 #include "query.h"
 #include "request.h"
+#include "routes_meta.h"
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
@@ -87,6 +88,7 @@ typedef struct job {
     int rc;
     iv_err_t err;
     double secs;
+    double total;         /* J_COUNT: sum of the selected values */
 } job_t;
 
 struct qstream {
@@ -102,6 +104,8 @@ struct qstream {
     int inflight;
     int prepared, headers_sent, done;
     int64_t rows, nnz;
+    int have_total;       /* J_COUNT: total already known from the metadata */
+    double total;
     qstream_t *next_live; /* server list of every stream, for shutdown and metrics */
     qstream_t *prev_live;
 };
@@ -131,6 +135,7 @@ struct conn {
     char errmsg[520];
     qstream_t *qs;
     int chunked;
+    char *dropped;        /* JSON {"obs":[...],"var":[...]} of names dropped by missing=ignore */
 };
 
 struct server {
@@ -265,21 +270,7 @@ static void build_doc(sds_t *d)
             iv_buf_puts(&b, "null");
             continue;
         }
-        iv_axis_t axis = ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR;
-        const iv_meta_col_t *ix = iv_meta_index(d->meta, axis);
-        iv_buf_puts(&b, "{\"index\":");
-        if (ix) iv_buf_json_str(&b, ix->name);
-        else iv_buf_puts(&b, "null");
-        iv_buf_puts(&b, ",\"columns\":[");
-        size_t n = iv_meta_n_cols(d->meta, axis);
-        for (size_t i = 0; i < n; i++) {
-            const iv_meta_col_t *c = iv_meta_col(d->meta, axis, i);
-            iv_buf_puts(&b, i ? ",{\"name\":" : "{\"name\":");
-            iv_buf_json_str(&b, c->name);
-            iv_buf_printf(&b, ",\"type\":\"%s\",\"computed\":%s}", iv_col_type_name(c->type),
-                          c->computed ? "true" : "false");
-        }
-        iv_buf_puts(&b, "]}");
+        iv_rmeta_schema(&b, d->meta, ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR);
     }
     iv_buf_puts(&b, "}");
     if (b.oom) {
@@ -344,7 +335,7 @@ static void job_run(void *arg)
         iv_jdoc_t d;
         iv_jdoc_init(&d);
         int64_t nb = iv_query_n_blocks(qs->q);
-        if (j->kind == J_COUNT && hint >= 0) {
+        if (j->kind == J_COUNT && hint >= 0 && qs->have_total) {
             j->nnz = hint;
             nb = 0;
         }
@@ -354,6 +345,9 @@ static void job_run(void *arg)
             j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
             if (j->rc == 0) {
                 j->nnz += blk.nnz;
+                if (j->kind == J_COUNT && !qs->have_total)
+                    for (int64_t k = 0; k < blk.nnz; k++)
+                        j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
                 if (j->kind == J_WHOLE) {
                     iv_jdoc_add(&d, &blk);
                     if (iv_jdoc_oom(&d))
@@ -523,6 +517,12 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
         iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After\r\n");
     }
     if (extra) iv_buf_puts(b, extra);
+    if (c->dropped && status < 300) {
+        /* JSON keeps the names unambiguous; control characters are escaped by it. */
+        iv_buf_puts(b, "X-Ivserve-Dropped-Names: ");
+        iv_buf_puts(b, c->dropped);
+        iv_buf_puts(b, "\r\n");
+    }
     iv_buf_puts(b, "\r\n");
 }
 
@@ -604,12 +604,15 @@ static void access_log(conn_t *c)
 }
 
 static void qs_free(qstream_t *qs);
+static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
 
 static void req_done(conn_t *c)
 {
     if (!c->busy) return;
     server_t *s = c->srv;
     access_log(c);
+    free(c->dropped);
+    c->dropped = NULL;
     iv_metrics_request(&s->metrics, c->route, c->status, (double)(uv_hrtime() - c->t0) / 1e9,
                        c->bytes);
     if (c->qs) {
@@ -845,21 +848,35 @@ static void on_qs_job(job_t *j)
         send_simple(c, 200, "application/json", j->out.data ? j->out.data : "", j->out.len,
                     "Cache-Control: no-store\r\n");
     } else {
-        char body[512];
-        int64_t nb = iv_query_n_blocks(qs->q);
-        int n = snprintf(body, sizeof body,
-                         "{\"shape\":[%" PRId64 ",%" PRId64 "],\"nnz\":%" PRId64
-                         ",\"bytes\":{\"binary\":%" PRId64 "},\"blocks\":%" PRId64 ",\"exact\":true}",
-                         iv_query_n_rows(qs->q), iv_query_n_cols(qs->q), j->nnz,
-                         iv_enc_binary_size(iv_query_n_rows(qs->q), nb, j->nnz,
-                                            iv_query_index_size(qs->q), iv_query_dtype(qs->q)),
-                         nb);
-        send_simple(c, 200, "application/json", body, (size_t)n, NULL);
+        iv_buf_t body;
+        iv_buf_init(&body);
+        count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
+        send_simple(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
+        iv_buf_free(&body);
     }
     job_free(j);
 }
 
 /* ---- routes ------------------------------------------------------------- */
+
+/* The body of a count answer; nnz and total from the pointer arrays and the
+ * computed metadata columns, or from a decode when those do not suffice. */
+static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total)
+{
+    int64_t rows = iv_query_n_rows(q), cols = iv_query_n_cols(q), nb = iv_query_n_blocks(q);
+    const char *cells = "n_cells", *genes = "n_genes";
+    iv_buf_printf(b,
+                  "{\"shape\":[%" PRId64 ",%" PRId64 "],\"%s\":%" PRId64 ",\"%s\":%" PRId64
+                  ",\"nnz\":%" PRId64 ",\"total_counts\":%.17g,\"bytes\":{\"binary\":%" PRId64
+                  "},\"blocks\":%" PRId64 ",\"exact\":true",
+                  rows, cols, cells, rows, genes, cols, nnz, total,
+                  iv_enc_binary_size(rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
+    if (c->dropped) {
+        iv_buf_puts(b, ",\"dropped\":");
+        iv_buf_puts(b, c->dropped);
+    }
+    iv_buf_puts(b, "}");
+}
 
 static sds_t *find_ds(server_t *s, const char *id, size_t n)
 {
@@ -972,25 +989,6 @@ static void route_doc(conn_t *c, sds_t *d)
     send_simple(c, 200, "application/json", d->doc, d->doc_len, extra);
 }
 
-/* Turns a names selection into indices through the dataset's metadata. */
-static int resolve_names(sds_t *d, iv_psel_t *p, iv_axis_t axis, iv_err_t *e)
-{
-    if (p->kind != IV_PSEL_NAMES) return 0;
-    if (!d->meta)
-        return iv_fail(e, IV_EUNSUPPORTED, "names selections need the dataset's %s metadata, "
-                       "which could not be loaded", axis == IV_AXIS_OBS ? "obs" : "var");
-    int64_t *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
-    if (!idx) return iv_fail(e, IV_ENOMEM, "out of memory");
-    int rc = iv_meta_find_names(d->meta, axis, NULL, (const char *const *)p->names, p->n, 0, idx,
-                                NULL, e);
-    if (rc != 0) {
-        free(idx);
-        return rc;
-    }
-    iv_psel_set_indices(p, idx, p->n);
-    return 0;
-}
-
 static void route_query(conn_t *c, sds_t *d, int count)
 {
     server_t *s = c->srv;
@@ -1019,8 +1017,15 @@ static void route_query(conn_t *c, sds_t *d, int count)
         send_iv_error(c, rc, &e);
         return;
     }
-    if ((rc = resolve_names(d, &qr.obs, IV_AXIS_OBS, &e)) != 0 ||
-        (rc = resolve_names(d, &qr.var, IV_AXIS_VAR, &e)) != 0) {
+    /* Names and filters resolve on the loop: a bitmap pass over the axis
+     * costs about a millisecond per million rows, less than handing the
+     * request to a worker and back would add for the common small query. */
+    iv_buf_t drop_obs, drop_var;
+    iv_buf_init(&drop_obs);
+    iv_buf_init(&drop_var);
+    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
+    if ((rc = iv_rmeta_resolve(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &e)) != 0 ||
+        (rc = iv_rmeta_resolve(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &e)) != 0) {
         iv_qreq_free(&qr);
         if (rc == IV_EUNSUPPORTED) {
             send_error(c, 422, "unsupported", e.msg, NULL);
@@ -1028,6 +1033,34 @@ static void route_query(conn_t *c, sds_t *d, int count)
         }
         send_iv_error(c, rc, &e);
         return;
+    }
+    if (show_obs || show_var) {
+        iv_buf_t dj;
+        iv_buf_init(&dj);
+        iv_buf_puts(&dj, "{\"obs\":");
+        /* Buffers are not NUL-terminated: copy by length. */
+        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_puts(&dj, ",\"var\":");
+        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
+        if (!dj.oom) c->dropped = iv_buf_steal(&dj, NULL);
+        iv_buf_free(&dj);
+    }
+    iv_buf_free(&drop_obs);
+    iv_buf_free(&drop_var);
+    /* Total counts without decoding: the computed per-row sums of the axis
+     * whose opposite axis is wholly selected. */
+    double total = 0;
+    int have_total = 0;
+    if (count && d->meta) {
+        iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
+        const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
+        const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
+        if (po->kind == IV_PSEL_ALL)
+            have_total = iv_rmeta_total_counts(d->meta, maj, pm->kind == IV_PSEL_ALL ? NULL : pm->idx,
+                                               pm->n, &total) == 0;
     }
     iv_fmt_t fmt = qr.format ? qr.format : iv_fmt_from_accept(r->hdr[IV_H_ACCEPT]);
     if (!count && fmt == IV_FMT_NONE) {
@@ -1070,20 +1103,16 @@ static void route_query(conn_t *c, sds_t *d, int count)
         send_error(c, 413, "too_large", msg, NULL);
         return;
     }
-    if (count && hint >= 0 && info->orient == IV_IVCSR) {
-        /* Answered from the pointer arrays, no decode. */
-        char body[512];
-        int64_t nb = iv_query_n_blocks(q);
-        int n = snprintf(body, sizeof body,
-                         "{\"shape\":[%" PRId64 ",%" PRId64 "],\"nnz\":%" PRId64
-                         ",\"bytes\":{\"binary\":%" PRId64 "},\"blocks\":%" PRId64 ",\"exact\":true}",
-                         rows, iv_query_n_cols(q), hint,
-                         iv_enc_binary_size(rows, nb, hint, iv_query_index_size(q), iv_query_dtype(q)),
-                         nb);
+    if (count && hint >= 0 && have_total) {
+        /* Answered from the pointer arrays and computed columns, no decode. */
+        iv_buf_t body;
+        iv_buf_init(&body);
+        count_body(&body, c, q, hint, total);
         c->rows = rows;
         c->nnz = hint;
         iv_query_free(q);
-        send_simple(c, 200, "application/json", body, (size_t)n, NULL);
+        send_simple(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
+        iv_buf_free(&body);
         return;
     }
     if (!count && r->method == HTTP_HEAD) {
@@ -1105,6 +1134,8 @@ static void route_query(conn_t *c, sds_t *d, int count)
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
+    qs->have_total = have_total;
+    qs->total = total;
     c->qs = qs;
     rc = qs_submit(qs, kind == J_BLOCK ? J_PREP : kind, -1);
     if (rc != 0) {
@@ -1113,6 +1144,50 @@ static void route_query(conn_t *c, sds_t *d, int count)
         qs_free(qs);
         send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
     }
+}
+
+/* GET .../obs, .../var (tables) and .../obs/{column}, .../var/{column}.
+ * sub points past the dataset id ("/obs", "/var/cell_type"). */
+static void route_meta(conn_t *c, sds_t *d, const char *sub)
+{
+    if (!method_ok(c, 0)) return;
+    iv_axis_t axis = !strncmp(sub, "/obs", 4) ? IV_AXIS_OBS : IV_AXIS_VAR;
+    if (!d->meta) {
+        send_error(c, 422, "unsupported", "the dataset's metadata could not be loaded", NULL);
+        return;
+    }
+    const char *col = sub[4] == '/' ? sub + 5 : NULL;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_err_t e;
+    iv_err_clear(&e);
+    const char *q = c->req->query ? c->req->query : "";
+    const char *ctype = "application/json";
+    int rc;
+    /* Metadata pages are built on the loop: they read in-memory columns
+     * only, and a page is bounded (IV_TABLE_LIMIT_MAX rows, json_bytes). */
+    if (col) {
+        char *name = iv_url_decode(col, strlen(col));
+        if (!name) {
+            rc = iv_fail(&e, IV_EBAD_REQUEST, "bad percent-escape in the column name");
+        } else {
+            rc = iv_rmeta_column(&b, d->meta, axis, name, q, strlen(q), c->srv->cfg->limits.json_bytes,
+                                 &e);
+            free(name);
+        }
+    } else {
+        rc = iv_rmeta_table(&b, d->meta, axis, q, strlen(q), c->req->hdr[IV_H_ACCEPT], &ctype, &e);
+    }
+    if (rc == IV_EBAD_SELECTION) {
+        /* An unknown column in the path is a missing resource. */
+        if (col) send_error(c, 404, "not_found", e.msg, NULL);
+        else send_iv_error(c, rc, &e);
+    } else if (rc != 0) {
+        send_iv_error(c, rc, &e);
+    } else {
+        send_simple(c, 200, ctype, b.data ? b.data : "", b.len, "Cache-Control: no-cache\r\n");
+    }
+    iv_buf_free(&b);
 }
 
 static void route_metrics(conn_t *c)
@@ -1194,13 +1269,16 @@ static void dispatch(conn_t *c)
             const char *slash = strchr(id, '/');
             size_t idn = slash ? (size_t)(slash - id) : strlen(id);
             const char *sub = slash ? slash : "";
-            if (!*sub) c->route = IV_R_DATASET;
+            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
+                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
+            if (!*sub || meta) c->route = IV_R_DATASET;
             else if (!strcmp(sub, "/query")) c->route = IV_R_QUERY;
             else if (!strcmp(sub, "/count")) c->route = IV_R_COUNT;
             if (c->route != IV_R_OTHER && idn > 0) {
                 sds_t *d = ready_ds(c, id, idn);
                 if (!d) return;
-                if (c->route == IV_R_DATASET) route_doc(c, d);
+                if (meta) route_meta(c, d, sub);
+                else if (c->route == IV_R_DATASET) route_doc(c, d);
                 else route_query(c, d, c->route == IV_R_COUNT);
                 return;
             }

@@ -1,0 +1,540 @@
+/*
+ * Metadata routes (see routes_meta.h).
+ *
+ * Design.  Everything here reads the immutable in-memory metadata and
+ * writes into a caller-owned buffer, so the server can call it from the
+ * loop or a worker alike.  Filters are evaluated to a bitmap over the
+ * whole axis (O(rows) word operations) and then either turned into the
+ * row list or used to sieve a client's index list, which keeps the
+ * client's order and duplicates as the query API promises.  Tables are
+ * bounded by offset/limit rather than streamed: a page of at most
+ * IV_TABLE_LIMIT_MAX rows is a few megabytes, which is cheaper to build
+ * at once than to schedule block by block.
+ */
+#include "routes_meta.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitmap.h"
+#include "filter.h"
+#include "where.h"
+
+static const char *axis_name(iv_axis_t axis)
+{
+    return axis == IV_AXIS_OBS ? "obs" : "var";
+}
+
+/* ---- selections ---------------------------------------------------------- */
+
+static int resolve_names(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
+                         iv_err_t *err)
+{
+    int64_t *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
+    if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+    iv_names_report_t rep;
+    memset(&rep, 0, sizeof rep);
+    int rc = iv_meta_find_names(m, axis, p->by, (const char *const *)p->names, p->n,
+                                p->missing_ignore, idx, &rep, err);
+    if (rc != 0) {
+        iv_names_report_free(&rep);
+        free(idx);
+        return rc;
+    }
+    if (dropped) {
+        iv_buf_puts(dropped, "[");
+        for (int64_t i = 0; i < rep.n_missing; i++) {
+            if (i) iv_buf_puts(dropped, ",");
+            iv_buf_json_str(dropped, p->names[rep.missing[i]]);
+        }
+        iv_buf_puts(dropped, "]");
+    }
+    iv_names_report_free(&rep);
+    /* Unknown names (only possible with missing_ignore) are dropped here. */
+    int64_t k = 0;
+    for (int64_t i = 0; i < p->n; i++)
+        if (idx[i] >= 0) idx[k++] = idx[i];
+    iv_psel_set_indices(p, idx, k);
+    return 0;
+}
+
+static int compile_filter(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e, iv_bitmap_t *bits,
+                          iv_err_t *err)
+{
+    iv_fprog_t *prog = NULL;
+    IV_TRY(iv_filter_compile(m, axis, e, &prog, err));
+    int rc = iv_bitmap_init(bits, iv_filter_n_rows(prog));
+    if (rc != 0) {
+        iv_filter_free(prog);
+        return iv_fail(err, IV_ENOMEM, "out of memory for the %s filter", axis_name(axis));
+    }
+    rc = iv_filter_eval(prog, bits, err);
+    iv_filter_free(prog);
+    if (rc != 0) iv_bitmap_free(bits);
+    return rc;
+}
+
+int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err)
+{
+    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
+    if (!m)
+        return iv_fail(err, IV_EUNSUPPORTED,
+                       "names and filters need the dataset's %s metadata, which could not be loaded",
+                       axis_name(axis));
+    if (p->kind == IV_PSEL_NAMES) IV_TRY(resolve_names(m, axis, p, dropped, err));
+    if (!p->filter) return 0;
+    iv_bitmap_t bits;
+    IV_TRY(compile_filter(m, axis, p->filter, &bits, err));
+    int64_t *idx = NULL, n = 0;
+    int rc = 0;
+    if (p->kind == IV_PSEL_ALL) {
+        rc = iv_bitmap_to_index(&bits, &idx, &n);
+    } else {
+        idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
+        if (!idx) rc = IV_ENOMEM;
+        else n = iv_bitmap_filter_index(&bits, p->idx, p->n, idx);
+    }
+    iv_bitmap_free(&bits);
+    if (rc != 0) {
+        free(idx);
+        return iv_fail(err, IV_ENOMEM, "out of memory applying the %s filter", axis_name(axis));
+    }
+    if (!idx) {
+        /* An empty result may come back without an array; the engine wants one. */
+        idx = malloc(sizeof *idx);
+        if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    iv_psel_set_indices(p, idx, n);
+    return 0;
+}
+
+int iv_rmeta_total_counts(const iv_meta_t *m, iv_axis_t axis, const int64_t *idx, int64_t n,
+                          double *out)
+{
+    const iv_meta_col_t *c = NULL;
+    size_t nc = iv_meta_n_cols(m, axis);
+    for (size_t i = 0; i < nc; i++) {
+        const iv_meta_col_t *x = iv_meta_col(m, axis, i);
+        if (x->computed && x->type == IV_COL_FLOAT &&
+            (!strcmp(x->name, "total_counts") || !strcmp(x->name, "iv_total_counts")))
+            c = x;
+    }
+    if (!c) return -1;
+    double s = 0;
+    if (!idx) {
+        for (int64_t i = 0; i < c->n; i++) s += c->f64[i];
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            if (idx[i] >= 0 && idx[i] < c->n) s += c->f64[idx[i]];
+    }
+    *out = s;
+    return 0;
+}
+
+/* ---- values -------------------------------------------------------------- */
+
+static void put_num(iv_buf_t *b, double v)
+{
+    /* JSON has no NaN or infinities; NaN is a missing value in the metadata
+     * model, infinities are written the way Python's json module reads them. */
+    if (isnan(v)) iv_buf_puts(b, "null");
+    else if (isinf(v)) iv_buf_puts(b, v > 0 ? "Infinity" : "-Infinity");
+    else iv_buf_printf(b, "%.17g", v);
+}
+
+static int is_missing(const iv_meta_col_t *c, int64_t r)
+{
+    return (c->mask && c->mask[r]) || (c->type == IV_COL_CATEGORICAL && c->codes[r] < 0);
+}
+
+static void put_json_value(iv_buf_t *b, const iv_meta_col_t *c, int64_t r)
+{
+    if (is_missing(c, r)) {
+        iv_buf_puts(b, "null");
+        return;
+    }
+    switch (c->type) {
+    case IV_COL_CATEGORICAL:
+        if (c->cats_numeric && c->cat_num) put_num(b, c->cat_num[c->codes[r]]);
+        else iv_buf_json_str(b, iv_meta_col_cat(c, c->codes[r]));
+        break;
+    case IV_COL_INT: iv_buf_printf(b, "%" PRId64, c->i64[r]); break;
+    case IV_COL_FLOAT: put_num(b, c->f64[r]); break;
+    case IV_COL_BOOL: iv_buf_puts(b, c->b[r] ? "true" : "false"); break;
+    case IV_COL_STRING: iv_buf_json_str(b, iv_meta_col_str(c, r)); break;
+    }
+}
+
+static void put_csv_str(iv_buf_t *b, const char *s)
+{
+    if (!strpbrk(s, ",\"\r\n")) {
+        iv_buf_puts(b, s);
+        return;
+    }
+    iv_buf_puts(b, "\"");
+    for (const char *p = s; *p; p++) {
+        if (*p == '"') iv_buf_puts(b, "\"\"");
+        else iv_buf_append(b, p, 1);
+    }
+    iv_buf_puts(b, "\"");
+}
+
+static void put_csv_value(iv_buf_t *b, const iv_meta_col_t *c, int64_t r)
+{
+    if (is_missing(c, r)) return;  /* an empty field, as pandas writes missing values */
+    switch (c->type) {
+    case IV_COL_CATEGORICAL:
+        if (c->cats_numeric && c->cat_num) iv_buf_printf(b, "%.17g", c->cat_num[c->codes[r]]);
+        else put_csv_str(b, iv_meta_col_cat(c, c->codes[r]));
+        break;
+    case IV_COL_INT: iv_buf_printf(b, "%" PRId64, c->i64[r]); break;
+    case IV_COL_FLOAT:
+        if (!isnan(c->f64[r])) iv_buf_printf(b, "%.17g", c->f64[r]);
+        break;
+    case IV_COL_BOOL: iv_buf_puts(b, c->b[r] ? "True" : "False"); break;
+    case IV_COL_STRING: put_csv_str(b, iv_meta_col_str(c, r)); break;
+    }
+}
+
+/* ---- schema -------------------------------------------------------------- */
+
+void iv_rmeta_schema(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis)
+{
+    const iv_meta_col_t *ix = iv_meta_index(m, axis);
+    iv_buf_puts(b, "{\"index\":");
+    if (ix) iv_buf_json_str(b, ix->name);
+    else iv_buf_puts(b, "null");
+    iv_buf_printf(b, ",\"n_rows\":%" PRId64 ",\"columns\":[", iv_meta_n_rows(m, axis));
+    size_t n = iv_meta_n_cols(m, axis);
+    for (size_t i = 0; i < n; i++) {
+        const iv_meta_col_t *c = iv_meta_col(m, axis, i);
+        iv_buf_puts(b, i ? ",{\"name\":" : "{\"name\":");
+        iv_buf_json_str(b, c->name);
+        iv_buf_printf(b, ",\"type\":\"%s\",\"encoding\":", iv_col_type_name(c->type));
+        iv_buf_json_str(b, c->encoding ? c->encoding : "");
+        iv_buf_printf(b, ",\"computed\":%s,\"null_count\":%" PRId64, c->computed ? "true" : "false",
+                      c->null_count);
+        if (c->type == IV_COL_CATEGORICAL) {
+            iv_buf_printf(b, ",\"ordered\":%s,\"categories\":[", c->ordered ? "true" : "false");
+            for (int64_t k = 0; k < c->n_cats; k++) {
+                iv_buf_puts(b, k ? ",{\"name\":" : "{\"name\":");
+                iv_buf_json_str(b, iv_meta_col_cat(c, k));
+                iv_buf_printf(b, ",\"count\":%" PRId64 "}", c->cat_counts ? c->cat_counts[k] : -1);
+            }
+            iv_buf_puts(b, "]");
+        }
+        iv_buf_puts(b, "}");
+    }
+    iv_buf_puts(b, "]}");
+}
+
+/* ---- query-string parameters ---------------------------------------------- */
+
+typedef struct tparams {
+    char *columns;        /* comma list or NULL */
+    char *where;          /* NULL when absent */
+    char *format;
+    int64_t offset, limit;
+    int values;
+} tparams_t;
+
+static void tparams_free(tparams_t *t)
+{
+    free(t->columns);
+    free(t->where);
+    free(t->format);
+}
+
+static int parse_count(const char *key, const char *v, int64_t *out, iv_err_t *err)
+{
+    int64_t x = 0;
+    if (!*v || strlen(v) > 15)
+        return iv_fail(err, IV_EBAD_REQUEST, "%s=%.40s is not a non-negative integer", key, v);
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return iv_fail(err, IV_EBAD_REQUEST, "%s=%.40s is not a non-negative integer", key, v);
+        x = x * 10 + (*p - '0');
+    }
+    *out = x;
+    return 0;
+}
+
+static int tparam(tparams_t *t, const char *key, char *val, int table, iv_err_t *err)
+{
+    char **slot = NULL;
+    if (!strcmp(key, "where")) slot = &t->where;
+    else if (table && !strcmp(key, "columns")) slot = &t->columns;
+    else if (table && !strcmp(key, "format")) slot = &t->format;
+    if (slot) {
+        if (*slot) {
+            free(val);
+            return iv_fail(err, IV_EBAD_REQUEST, "%s is given more than once", key);
+        }
+        *slot = val;
+        return 0;
+    }
+    int rc;
+    if (!strcmp(key, "offset")) rc = parse_count(key, val, &t->offset, err);
+    else if (!strcmp(key, "limit")) rc = parse_count(key, val, &t->limit, err);
+    else if (!table && !strcmp(key, "values")) {
+        t->values = !strcmp(val, "true") || !strcmp(val, "1");
+        rc = 0;
+    } else
+        rc = iv_fail(err, IV_EBAD_REQUEST, "unknown query parameter '%.60s' (expected %s)", key,
+                     table ? "columns, where, offset, limit, format" : "where, offset, limit, values");
+    free(val);
+    return rc;
+}
+
+static int tparams_parse(tparams_t *t, const char *qs, size_t len, int table, iv_err_t *err)
+{
+    memset(t, 0, sizeof *t);
+    t->limit = -1;
+    size_t i = 0;
+    while (i < len) {
+        size_t j = i;
+        while (j < len && qs[j] != '&') j++;
+        if (j > i) {
+            const char *eq = memchr(qs + i, '=', j - i);
+            size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
+            char *key = iv_url_decode(qs + i, klen);
+            char *val = eq ? iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
+            int rc;
+            if (!key || !val) {
+                free(val);
+                rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
+            } else {
+                rc = tparam(t, key, val, table, err);
+            }
+            free(key);
+            if (rc != 0) {
+                tparams_free(t);
+                return rc;
+            }
+        }
+        i = j + 1;
+    }
+    return 0;
+}
+
+/* Rows matching where (all rows without one), in file order. */
+static int select_rows(const iv_meta_t *m, iv_axis_t axis, const char *where, int64_t **idx,
+                       int64_t *n, iv_err_t *err)
+{
+    *idx = NULL;
+    *n = 0;
+    if (!where) {
+        int64_t nr = iv_meta_n_rows(m, axis);
+        *idx = malloc((size_t)(nr ? nr : 1) * sizeof **idx);
+        if (!*idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+        for (int64_t i = 0; i < nr; i++) (*idx)[i] = i;
+        *n = nr;
+        return 0;
+    }
+    iv_expr_t *e = NULL;
+    iv_err_t we;
+    iv_err_clear(&we);
+    int rc = iv_where_parse(where, strlen(where), &e, &we);
+    if (rc != 0) return iv_fail(err, rc, "%s", we.msg);
+    iv_bitmap_t bits;
+    rc = compile_filter(m, axis, e, &bits, err);
+    iv_expr_free(e);
+    if (rc != 0) return rc;
+    rc = iv_bitmap_to_index(&bits, idx, n);
+    iv_bitmap_free(&bits);
+    if (rc != 0) return iv_fail(err, IV_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+enum { TF_JSON, TF_NDJSON, TF_CSV };
+
+static int table_format(const char *format, const char *accept, int *out, iv_err_t *err)
+{
+    if (format) {
+        if (!strcmp(format, "json")) *out = TF_JSON;
+        else if (!strcmp(format, "ndjson")) *out = TF_NDJSON;
+        else if (!strcmp(format, "csv")) *out = TF_CSV;
+        else
+            return iv_fail(err, IV_ENOT_ACCEPTABLE, "format=%.40s: expected json, ndjson or csv", format);
+        return 0;
+    }
+    *out = TF_JSON;
+    if (accept && strstr(accept, "text/csv")) *out = TF_CSV;
+    else if (accept && strstr(accept, "application/x-ndjson")) *out = TF_NDJSON;
+    return 0;
+}
+
+int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *qs, size_t qlen,
+                   const char *accept, const char **ctype, iv_err_t *err)
+{
+    tparams_t t;
+    IV_TRY(tparams_parse(&t, qs, qlen, 1, err));
+    int fmt = TF_JSON, rc = 0;
+    const iv_meta_col_t **cols = NULL;
+    size_t ncols = 0;
+    int64_t *idx = NULL, n = 0;
+    if ((rc = table_format(t.format, accept, &fmt, err)) != 0) goto out;
+    if (t.limit < 0) t.limit = IV_TABLE_LIMIT_DEFAULT;
+    if (t.limit > IV_TABLE_LIMIT_MAX) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "limit=%" PRId64 " exceeds the maximum of %d rows a page",
+                     t.limit, IV_TABLE_LIMIT_MAX);
+        goto out;
+    }
+    /* Columns: the named ones in the order given, or every column. */
+    size_t cap = iv_meta_n_cols(m, axis) + 1;
+    if (t.columns) {
+        cap = 1;
+        for (const char *p = t.columns; *p; p++) cap += *p == ',';
+    }
+    cols = calloc(cap, sizeof *cols);
+    if (!cols) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (t.columns) {
+        char *s = t.columns;
+        while (s) {
+            char *comma = strchr(s, ',');
+            if (comma) *comma = '\0';
+            if (*s) {
+                const iv_meta_col_t *c = iv_meta_find_col(m, axis, s);
+                if (!c) {
+                    rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), s);
+                    goto out;
+                }
+                cols[ncols++] = c;
+            }
+            s = comma ? comma + 1 : NULL;
+        }
+    } else {
+        for (size_t i = 0; i < cap - 1; i++) cols[ncols++] = iv_meta_col(m, axis, i);
+    }
+    if ((rc = select_rows(m, axis, t.where, &idx, &n, err)) != 0) goto out;
+    const iv_meta_col_t *ix = iv_meta_index(m, axis);
+    int64_t lo = t.offset < n ? t.offset : n;
+    int64_t hi = n - lo < t.limit ? n : lo + t.limit;
+    if (fmt == TF_JSON) {
+        *ctype = "application/json";
+        iv_buf_printf(b, "{\"axis\":\"%s\",\"total\":%" PRId64 ",\"offset\":%" PRId64
+                         ",\"limit\":%" PRId64 ",\"columns\":[\"_index\"",
+                      axis_name(axis), n, t.offset, t.limit);
+        for (size_t k = 0; k < ncols; k++) {
+            iv_buf_puts(b, ",");
+            iv_buf_json_str(b, cols[k]->name);
+        }
+        iv_buf_puts(b, "],\"rows\":[");
+    } else if (fmt == TF_CSV) {
+        *ctype = "text/csv; charset=utf-8";
+        iv_buf_puts(b, "_index");
+        for (size_t k = 0; k < ncols; k++) {
+            iv_buf_puts(b, ",");
+            put_csv_str(b, cols[k]->name);
+        }
+        iv_buf_puts(b, "\n");
+    } else {
+        *ctype = "application/x-ndjson";
+    }
+    for (int64_t i = lo; i < hi && !b->oom; i++) {
+        int64_t r = idx[i];
+        if (fmt == TF_CSV) {
+            if (ix) put_csv_str(b, iv_meta_col_str(ix, r));
+            for (size_t k = 0; k < ncols; k++) {
+                iv_buf_puts(b, ",");
+                put_csv_value(b, cols[k], r);
+            }
+            iv_buf_puts(b, "\n");
+            continue;
+        }
+        if (fmt == TF_JSON && i > lo) iv_buf_puts(b, ",");
+        iv_buf_puts(b, "{\"_index\":");
+        if (ix) put_json_value(b, ix, r);
+        else iv_buf_printf(b, "\"%" PRId64 "\"", r);
+        for (size_t k = 0; k < ncols; k++) {
+            iv_buf_puts(b, ",");
+            iv_buf_json_str(b, cols[k]->name);
+            iv_buf_puts(b, ":");
+            put_json_value(b, cols[k], r);
+        }
+        iv_buf_puts(b, fmt == TF_JSON ? "}" : "}\n");
+    }
+    if (fmt == TF_JSON) iv_buf_puts(b, "]}");
+    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the table");
+out:
+    free(idx);
+    free(cols);
+    tparams_free(&t);
+    return rc;
+}
+
+/* ---- one column ---------------------------------------------------------- */
+
+int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
+                    const char *qs, size_t qlen, size_t max_bytes, iv_err_t *err)
+{
+    const iv_meta_col_t *c = iv_meta_find_col(m, axis, column);
+    if (!c) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), column);
+    tparams_t t;
+    IV_TRY(tparams_parse(&t, qs, qlen, 0, err));
+    int64_t *idx = NULL, n = 0;
+    int rc = select_rows(m, axis, t.where, &idx, &n, err);
+    if (rc != 0) {
+        tparams_free(&t);
+        return rc;
+    }
+    iv_buf_puts(b, "{\"name\":");
+    iv_buf_json_str(b, c->name);
+    iv_buf_printf(b, ",\"type\":\"%s\",\"n_rows\":%" PRId64 ",\"null_count\":%" PRId64,
+                  iv_col_type_name(c->type), c->n, c->null_count);
+    int want_values = c->type != IV_COL_CATEGORICAL || t.values;
+    if (c->type == IV_COL_CATEGORICAL) {
+        /* With a where, counts are those of the selected rows. */
+        int64_t *cnt = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof *cnt);
+        if (!cnt) {
+            rc = iv_fail(err, IV_ENOMEM, "out of memory");
+            goto out;
+        }
+        int64_t nulls = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t k = c->codes[idx[i]];
+            if (k >= 0 && k < c->n_cats && !(c->mask && c->mask[idx[i]])) cnt[k]++;
+            else nulls++;
+        }
+        iv_buf_printf(b, ",\"selected\":%" PRId64 ",\"selected_null_count\":%" PRId64
+                         ",\"ordered\":%s,\"categories\":[",
+                      n, nulls, c->ordered ? "true" : "false");
+        for (int64_t k = 0; k < c->n_cats; k++) {
+            iv_buf_puts(b, k ? ",{\"name\":" : "{\"name\":");
+            iv_buf_json_str(b, iv_meta_col_cat(c, k));
+            iv_buf_printf(b, ",\"count\":%" PRId64 "}", cnt[k]);
+        }
+        iv_buf_puts(b, "]");
+        free(cnt);
+    }
+    if (want_values) {
+        int64_t lo = t.offset < n ? t.offset : n;
+        int64_t hi = t.limit < 0 || n - lo < t.limit ? n : lo + t.limit;
+        if (c->type != IV_COL_CATEGORICAL) iv_buf_printf(b, ",\"selected\":%" PRId64, n);
+        iv_buf_printf(b, ",\"offset\":%" PRId64 ",\"values\":[", lo);
+        for (int64_t i = lo; i < hi && !b->oom; i++) {
+            if (i > lo) iv_buf_puts(b, ",");
+            put_json_value(b, c, idx[i]);
+            if (b->len > max_bytes) {
+                rc = iv_fail(err, IV_ETOO_LARGE,
+                             "the column exceeds the JSON limit of %zu bytes; page with offset and limit",
+                             max_bytes);
+                goto out;
+            }
+        }
+        iv_buf_puts(b, "]");
+    }
+    iv_buf_puts(b, "}");
+    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the column");
+out:
+    free(idx);
+    tparams_free(&t);
+    return rc;
+}

@@ -1,0 +1,71 @@
+/*
+ * The metadata side of the HTTP API: resolving names and filters of a
+ * query selection, and rendering the obs/var column listing, tables and
+ * single columns.  Socket-free: every function fills an iv_buf_t that the
+ * caller (server.c) sends, so the routes stay small and these parts can
+ * be reasoned about without the event loop.
+ *
+ * Threads: a meta is immutable after loading, so every function here may
+ * run on any thread; buffers and selections belong to the caller.
+ */
+#ifndef IV_ROUTES_META_H
+#define IV_ROUTES_META_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "error.h"
+#include "meta.h"
+#include "request.h"
+
+/* Rows a table request returns when it names no limit, and the most it may ask for. */
+#define IV_TABLE_LIMIT_DEFAULT 1000
+#define IV_TABLE_LIMIT_MAX 100000
+
+/*
+ * Turns p into an index selection the engine accepts: names are looked up
+ * (by p->by or the index; with p->missing_ignore unknown names are dropped
+ * and, when dropped is not NULL, appended to it as a JSON array of
+ * strings, "[]" if none), then p->filter is compiled and intersected
+ * (file order, or the index list's order when one was given).  An ALL
+ * selection without filter stays ALL.  Errors: IV_EUNKNOWN_NAME,
+ * IV_EBAD_SELECTION (unknown by-column), IV_EBAD_FILTER (compile).
+ */
+int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err);
+
+/* Appends the {"index":..., "columns":[...]} object of one axis for the
+ * dataset document: name, type, encoding, computed, null_count and, for
+ * categoricals, the categories with their row counts. */
+void iv_rmeta_schema(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis);
+
+/*
+ * GET .../obs and .../var.  qs is the raw query string: columns=a,b
+ * (default all; the index is always the first field, "_index"), where=EXPR,
+ * offset=N, limit=N (default IV_TABLE_LIMIT_DEFAULT, at most
+ * IV_TABLE_LIMIT_MAX), format=json|ndjson|csv.  When format is absent,
+ * accept (the Accept header, may be NULL) chooses: text/csv, then
+ * application/x-ndjson, else JSON.  *ctype receives the media type.
+ * Errors: IV_EBAD_REQUEST (bad parameter or where syntax), IV_EBAD_FILTER,
+ * IV_EBAD_SELECTION (unknown column), IV_ENOT_ACCEPTABLE (format).
+ */
+int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *qs, size_t qlen,
+                   const char *accept, const char **ctype, iv_err_t *err);
+
+/*
+ * GET .../obs/{column} and .../var/{column}: a categorical's categories
+ * with counts (and, with values=true, its labels row by row); any other
+ * column's values with nulls as null.  qs may give offset and limit
+ * (default: every row) and where=EXPR.  The result is refused with
+ * IV_ETOO_LARGE past max_bytes.  IV_EBAD_SELECTION for an unknown column.
+ */
+int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
+                    const char *qs, size_t qlen, size_t max_bytes, iv_err_t *err);
+
+/* Sum of the computed total_counts column of an axis over rows idx[0..n)
+ * (all rows when idx is NULL).  Returns -1 when the axis has no computed
+ * total_counts (IVCSC files have it on var only). */
+int iv_rmeta_total_counts(const iv_meta_t *m, iv_axis_t axis, const int64_t *idx, int64_t n,
+                          double *out);
+
+#endif
