@@ -1,5 +1,7 @@
 /* Tests of config/config.c: defaults, file keys, precedence, errors naming the key. */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,9 +139,5 @@ int main(void)
     tcase_add_test(tc, test_precedence_file_env_flags);
     tcase_add_test(tc, test_example_config_loads);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

@@ -1,5 +1,7 @@
 /* Tests of server/http.c: one request at a time, split input, pipelining, limits. */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,9 +135,5 @@ int main(void)
     tcase_add_test(tc, test_limits_and_garbage);
     tcase_add_test(tc, test_http10_not_keepalive);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

@@ -1,6 +1,8 @@
 /* Worker pool: every item runs once, nested parallel_for cannot deadlock,
  * a full queue is reported as overload. */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -93,9 +95,5 @@ int main(void)
     tcase_add_test(tc, nested_parallel_for_completes);
     tcase_add_test(tc, full_queue_is_overload);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

@@ -1,5 +1,7 @@
 /* Tests of proto/encode.c: the binary framing byte by byte, NDJSON and JSON documents. */
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -177,9 +179,5 @@ int main(void)
     tcase_add_test(tc, test_json_document_joins_blocks);
     tcase_add_test(tc, test_error_document_escapes);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

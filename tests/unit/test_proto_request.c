@@ -1,5 +1,7 @@
 /* Tests of proto/request.c and proto/base64.c: selections, formats, negotiation. */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,9 +223,5 @@ int main(void)
     tcase_add_test(tc, test_accept_negotiation);
     tcase_add_test(tc, test_base64_roundtrip);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

@@ -5,6 +5,8 @@
  * sizes must equal a simple gather from the expected CSR.
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -238,9 +240,5 @@ int main(void)
                         (int)(sizeof fixtures / sizeof fixtures[0]));
     tcase_add_test(tc, out_of_range_selection_is_422);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }

@@ -1,5 +1,7 @@
 /* Varint kernels: fast paths against the scalar references, bit for bit. */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,9 +96,5 @@ int main(void)
     tcase_add_test(tc, roundtrip_all_lengths);
     tcase_add_test(tc, rejects_overlong);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }
