@@ -195,7 +195,7 @@ iv_fmt_t iv_fmt_from_accept(const char *accept)
     return best;
 }
 
-char *iv_url_decode(const char *src, size_t n)
+static char *url_decode(const char *src, size_t n, int plus_space)
 {
     char *out = malloc(n + 1);
     if (!out) return NULL;
@@ -211,6 +211,8 @@ char *iv_url_decode(const char *src, size_t n)
             char hx[3] = {src[i + 1], src[i + 2], 0};
             c = (char)strtol(hx, NULL, 16);
             i += 2;
+        } else if (c == '+' && plus_space) {
+            c = ' ';
         }
         if (c == '\0') {
             free(out);
@@ -220,6 +222,16 @@ char *iv_url_decode(const char *src, size_t n)
     }
     out[o] = '\0';
     return out;
+}
+
+char *iv_url_decode(const char *src, size_t n)
+{
+    return url_decode(src, n, 0);
+}
+
+char *iv_url_decode_form(const char *src, size_t n)
+{
+    return url_decode(src, n, 1);
 }
 
 /* ---- selections from JSON ---------------------------------------------- */
@@ -582,7 +594,12 @@ int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var
             const char *eq = memchr(qs + i, '=', j - i);
             size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
             char *key = iv_url_decode(qs + i, klen);
-            char *val = eq ? iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
+            /* A where string is text, so '+' is a space as HTML forms write it;
+             * elsewhere '+' stays, because base64 masks use it. */
+            int text = key && strlen(key) > 6 && !strcmp(key + strlen(key) - 6, "_where");
+            char *val = !eq ? strdup("")
+                        : text ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1))
+                               : iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1));
             if (!key || !val)
                 rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
             else

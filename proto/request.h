@@ -100,5 +100,7 @@ iv_fmt_t iv_fmt_from_accept(const char *accept);
 /* Percent-decodes src[0..n) into a new NUL-terminated string; NULL on a bad
  * escape, an embedded NUL, or allocation failure. */
 char *iv_url_decode(const char *src, size_t n);
+/* The same with '+' read as a space (form encoding), for text values. */
+char *iv_url_decode_form(const char *src, size_t n);
 
 #endif

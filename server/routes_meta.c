@@ -300,7 +300,8 @@ static int tparams_parse(tparams_t *t, const char *qs, size_t len, int table, iv
             const char *eq = memchr(qs + i, '=', j - i);
             size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
             char *key = iv_url_decode(qs + i, klen);
-            char *val = eq ? iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
+            /* No value here is base64, so '+' is a space, as forms write it. */
+            char *val = eq ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
             int rc;
             if (!key || !val) {
                 free(val);
