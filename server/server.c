@@ -1018,8 +1018,8 @@ static void route_query(conn_t *c, sds_t *d, int count)
         return;
     }
     /* Names and filters resolve on the loop: a bitmap pass over the axis
-     * costs about a millisecond per million rows, less than handing the
-     * request to a worker and back would add for the common small query. */
+     * (about 1.5 ms for a four-term filter on 200,000 cells) keeps the code
+     * simple; tables of millions of rows would want this moved to a worker. */
     iv_buf_t drop_obs, drop_var;
     iv_buf_init(&drop_obs);
     iv_buf_init(&drop_var);
