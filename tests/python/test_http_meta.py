@@ -139,6 +139,13 @@ def test_filter_combines_with_index_range_and_var(srv, m):
     g = rows_of(var.highly_variable)
     assert list(res.obs) == r
     same(res.matrix, exp[r][:, g])
+    # a mask and a filter intersect in file order
+    pick = np.zeros(len(obs), dtype=bool)
+    pick[::3] = True
+    sel = dict(ivclient.selection(pick), where=FILTERS[0][0])
+    res = c.query(ds_id(m), obs=sel, format="binary")
+    assert list(res.obs) == list(rows_of(pick & mask))
+    same(res.matrix, exp[rows_of(pick & mask)])
     # filter and where together are and-ed
     both = c.count(ds_id(m), obs={"filter": FILTERS[0][1], "where": FILTERS[1][0]})
     assert both["n_cells"] == int((FILTERS[0][2](obs) & FILTERS[1][2](obs)).sum())
