@@ -51,7 +51,6 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     iv_stream_desc_t desc = ds->m.stream;
     /* The stream owns the chunk table and any owned buffer from here on. */
     memset(&ds->m.stream, 0, sizeof ds->m.stream);
-    ds->m.stream.length = desc.length;
     rc = iv_stream_create(&desc, budget, &ds->stream, err);
     if (rc < 0) goto fail_matrix;
     double t1 = now_s();

@@ -378,12 +378,6 @@ static int seek_slice(const struct iv_query *q, struct work *w, int64_t s, iv_er
     return 0;
 }
 
-static int sort_cmp(const void *a, const void *b)
-{
-    const int64_t *x = a, *y = b;
-    return (x[0] > y[0]) - (x[0] < y[0]);
-}
-
 /*
  * Decodes slice s into w->pos/w->gid, sorted by output position.
  * Returns the pair count, or a negative error.
@@ -486,7 +480,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
         tmp[2 * i] = w->pos[i];
         tmp[2 * i + 1] = w->gid[i];
     }
-    qsort(tmp, (size_t)n, 2 * sizeof(int64_t), sort_cmp);
+    qsort(tmp, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
     for (int64_t i = 0; i < n; i++) {
         w->pos[i] = tmp[2 * i];
         w->gid[i] = tmp[2 * i + 1];

@@ -97,15 +97,20 @@ static inline uint64_t byte_sum8(uint64_t w)
     return (w * 0x0001000100010001ULL) >> 48;
 }
 
+/* Rank of the first varint of checkpoint j's slice; UINT64_MAX past the last. */
+static inline uint64_t ckpt_rank(const struct build *b, uint64_t j)
+{
+    if (j >= b->ri->n_ckpt) return UINT64_MAX;
+    return (uint64_t)b->src->value_ptr[b->src->major_ptr[j * b->ri->stride]];
+}
+
 /* First checkpoint j whose slice starts at rank >= r. */
 static uint64_t first_ckpt_at(const struct build *b, uint64_t r)
 {
-    const iv_rowindex_src_t *s = b->src;
     uint64_t lo = 0, hi = b->ri->n_ckpt;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        int64_t rank = s->value_ptr[s->major_ptr[mid * b->ri->stride]];
-        if ((uint64_t)rank < r) lo = mid + 1;
+        if (ckpt_rank(b, mid) < r) lo = mid + 1;
         else hi = mid;
     }
     return lo;
@@ -138,9 +143,7 @@ static void step_decode(void *arg, size_t i)
     uint64_t acc = 0;
 
     uint64_t j = first_ckpt_at(b, rank);
-    uint64_t next_ck = j < b->ri->n_ckpt
-                           ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
-                           : UINT64_MAX;
+    uint64_t next_ck = ckpt_rank(b, j);
 
     const uint8_t *p = st->data, *end = st->data + st->len;
     if (st->pend_len) {
@@ -161,9 +164,7 @@ static void step_decode(void *arg, size_t i)
         }
         while (rank == next_ck) {
             b->ri->off[j++] = chunk_start - st->pend_len;
-            next_ck = j < b->ri->n_ckpt
-                          ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
-                          : UINT64_MAX;
+            next_ck = ckpt_rank(b, j);
         }
         p += k;
         acc = d + 1;
@@ -176,9 +177,7 @@ static void step_decode(void *arg, size_t i)
          * up to the next event: a group end, a checkpoint or the chunk end. */
         while (rank == next_ck) {
             b->ri->off[j++] = chunk_start + (uint64_t)(p - st->data);
-            next_ck = j < b->ri->n_ckpt
-                          ? (uint64_t)src->value_ptr[src->major_ptr[j * b->ri->stride]]
-                          : UINT64_MAX;
+            next_ck = ckpt_rank(b, j);
         }
         uint64_t run = left;
         if (next_ck - rank < run) run = next_ck - rank;

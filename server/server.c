@@ -526,6 +526,21 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
     iv_buf_puts(b, "\r\n");
 }
 
+/* Sends a complete response that is all in b (b is consumed) and ends the
+ * request; a buffer that ran out of memory closes the connection instead. */
+static void send_buf_done(conn_t *c, iv_buf_t *b)
+{
+    if (b->oom) {
+        iv_buf_free(b);
+        conn_close(c);
+        return;
+    }
+    size_t n;
+    char *p = iv_buf_steal(b, &n);
+    conn_write(c, p, n, NULL, 0, 0, 0);
+    req_done(c);
+}
+
 static void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
                         const char *extra)
 {
@@ -535,15 +550,7 @@ static void send_simple(conn_t *c, int status, const char *ctype, const char *bo
     int head_only = c->req && c->req->method == HTTP_HEAD;
     if (!head_only && len) iv_buf_append(&b, body, len);
     c->status = status;
-    if (b.oom) {
-        iv_buf_free(&b);
-        conn_close(c);
-        return;
-    }
-    size_t n;
-    char *p = iv_buf_steal(&b, &n);
-    conn_write(c, p, n, NULL, 0, 0, 0);
-    req_done(c);
+    send_buf_done(c, &b);
 }
 
 static void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra)
@@ -738,15 +745,7 @@ static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)
     iv_buf_free(&t);
     c->rows = qs->rows;
     c->nnz = qs->nnz;
-    if (b.oom) {
-        iv_buf_free(&b);
-        conn_close(c);
-        return;
-    }
-    size_t n;
-    char *p = iv_buf_steal(&b, &n);
-    conn_write(c, p, n, NULL, 0, 0, 0);
-    req_done(c);
+    send_buf_done(c, &b);
 }
 
 static void qs_fail(qstream_t *qs, int rc, const iv_err_t *e)
@@ -1121,10 +1120,7 @@ static void route_query(conn_t *c, sds_t *d, int count)
         resp_head(c, &b, 200, iv_fmt_media_type(fmt), fmt == IV_FMT_JSON ? 0 : -1, NULL);
         iv_query_free(q);
         c->status = 200;
-        size_t n;
-        char *p = iv_buf_steal(&b, &n);
-        conn_write(c, p, n, NULL, 0, 0, 0);
-        req_done(c);
+        send_buf_done(c, &b);
         return;
     }
     int kind = count ? J_COUNT : fmt == IV_FMT_JSON ? J_WHOLE : J_BLOCK;

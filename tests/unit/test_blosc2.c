@@ -5,6 +5,8 @@
  * unsupported features), which must fail cleanly (run under ASan too).
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,10 +672,7 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = iv_check_run(suite());
     iv_codec_thread_release();
-    return failed ? 1 : 0;
+    return rc;
 }

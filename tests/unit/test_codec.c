@@ -5,6 +5,8 @@
  * file, read back raw with H5Dread_chunk.
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <hdf5.h>
 #include <lz4.h>
 #include <stdlib.h>
@@ -398,10 +400,7 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = iv_check_run(suite());
     iv_codec_thread_release();
-    return failed ? 1 : 0;
+    return rc;
 }

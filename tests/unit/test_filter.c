@@ -10,6 +10,8 @@
  * "ERR <http status> <message>".
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -381,9 +383,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_json_errors);
     tcase_add_test(tc, test_in_many_labels);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return iv_check_run(s);
 }

@@ -11,6 +11,8 @@
  * Skips with a message when the fixtures folder is absent.
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <dirent.h>
 #include <hdf5.h>
 #include <pthread.h>
@@ -472,10 +474,7 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = iv_check_run(suite());
     iv_codec_thread_release();
-    return failed ? 1 : 0;
+    return rc;
 }

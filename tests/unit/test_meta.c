@@ -8,6 +8,8 @@
  * anndata reads, column by column, nulls included.
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <math.h>
@@ -476,9 +478,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_computed_columns);
     tcase_add_test(tc, test_computed_int_and_errors);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return iv_check_run(s);
 }

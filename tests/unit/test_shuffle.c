@@ -5,6 +5,8 @@
  * inverts the documented bitshuffle layout, leftovers included.
  */
 #include <check.h>
+
+#include "check_main.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,9 +167,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return iv_check_run(suite());
 }
