@@ -42,7 +42,8 @@ struct work {
     int64_t pairs_cap;
     uint64_t *bits;           /* bitmap over output columns (lazily allocated) */
     int64_t *gid_at;
-    uint32_t *local_at;       /* fast path: group of each column, relative to the slice */
+    uint8_t *tag;             /* dense path: group of each column, relative to the slice */
+    uint64_t *summ;           /* dense path: one bit per nonzero word of bits */
     int64_t n_words;
 };
 
@@ -314,7 +315,8 @@ static void work_free(struct work *w)
     free(w->gid);
     free(w->bits);
     free(w->gid_at);
-    free(w->local_at);
+    free(w->tag);
+    free(w->summ);
     free(w);
 }
 
@@ -505,8 +507,8 @@ struct outbuf {
 static int outbuf_reserve(struct outbuf *o, int64_t need, iv_err_t *err)
 {
     if (need <= o->cap) return 0;
-    int64_t cap = o->cap ? o->cap : 4096;
-    while (cap < need) cap *= 2;
+    int64_t cap = o->cap ? o->cap * 2 : 4096;
+    if (cap < need) cap = need;
     void *i = realloc(o->indices, (size_t)cap * (size_t)o->isz);
     if (i) o->indices = i;
     void *d = realloc(o->data, (size_t)cap * o->esz);
@@ -542,9 +544,103 @@ static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const 
 }
 
 /*
- * Fast path for the common case: every minor element selected and a slice
- * dense enough for the bitmap.  Decodes straight into the bitmap (no pair
- * arrays) and emits indices and values from it in column order.
+ * Emitters of the dense fast path, one per index and value width, so that
+ * the inner loop is plain loads and stores.  Values are copied as unsigned
+ * integers of their width, which keeps every bit (float NaN payloads too).
+ *
+ * The summary bitmap `summ` has one bit per nonzero word of `bits`, so the
+ * walk visits only words that hold entries.  A word's first four entries
+ * are written without a branch on how many there are: slots past the
+ * word's count get a column from the word's top bit and a value from the
+ * slice's 256-entry value table, both in bounds, and are overwritten by
+ * the next word (the output has 4 entries of slack).  Words with more than
+ * four entries loop for the rest.  Both bitmaps are left cleared.
+ * Returns the number of entries written.
+ */
+#define DENSE_MAX_GROUPS 256
+#define DENSE_SLACK 4
+
+#define IV_DENSE_EMITTER(NAME, IT, VT)                                                        \
+    static int64_t NAME(uint64_t *restrict bits, uint64_t *restrict summ, int64_t s_lo,       \
+                        int64_t s_hi, const uint8_t *restrict tag, const void *restrict vals_, \
+                        void *restrict idx_, void *restrict out_)                             \
+    {                                                                                         \
+        const VT *vals = vals_;                                                               \
+        IT *idx = idx_;                                                                       \
+        VT *out = out_;                                                                       \
+        int64_t n = 0;                                                                        \
+        for (int64_t sw = s_lo; sw <= s_hi; sw++) {                                           \
+            uint64_t y = summ[sw];                                                            \
+            summ[sw] = 0;                                                                     \
+            while (y) {                                                                       \
+                int64_t wd = sw * 64 + __builtin_ctzll(y);                                    \
+                y &= y - 1;                                                                   \
+                uint64_t x = bits[wd];                                                        \
+                bits[wd] = 0;                                                                 \
+                int64_t base = wd * 64;                                                       \
+                int c = __builtin_popcountll(x);                                              \
+                for (int k = 0; k < DENSE_SLACK; k++) {                                       \
+                    int64_t j = base + __builtin_ctzll(x | ((uint64_t)1 << 63));              \
+                    x &= x - 1;                                                               \
+                    idx[n + k] = (IT)j;                                                       \
+                    out[n + k] = vals[tag[j]];                                                \
+                }                                                                             \
+                if (c > DENSE_SLACK) {                                                        \
+                    for (int k = DENSE_SLACK; k < c; k++) {                                   \
+                        int64_t j = base + __builtin_ctzll(x);                                \
+                        x &= x - 1;                                                           \
+                        idx[n + k] = (IT)j;                                                   \
+                        out[n + k] = vals[tag[j]];                                            \
+                    }                                                                         \
+                }                                                                             \
+                n += c;                                                                       \
+            }                                                                                 \
+        }                                                                                     \
+        return n;                                                                             \
+    }
+IV_DENSE_EMITTER(emit_dense_i4v1, int32_t, uint8_t)
+IV_DENSE_EMITTER(emit_dense_i4v2, int32_t, uint16_t)
+IV_DENSE_EMITTER(emit_dense_i4v4, int32_t, uint32_t)
+IV_DENSE_EMITTER(emit_dense_i4v8, int32_t, uint64_t)
+IV_DENSE_EMITTER(emit_dense_i8v1, int64_t, uint8_t)
+IV_DENSE_EMITTER(emit_dense_i8v2, int64_t, uint16_t)
+IV_DENSE_EMITTER(emit_dense_i8v4, int64_t, uint32_t)
+IV_DENSE_EMITTER(emit_dense_i8v8, int64_t, uint64_t)
+#undef IV_DENSE_EMITTER
+
+typedef int64_t (*dense_emit_fn)(uint64_t *, uint64_t *, int64_t, int64_t, const uint8_t *,
+                                 const void *, void *, void *);
+
+static dense_emit_fn dense_emitter(int isz, size_t esz)
+{
+    static const dense_emit_fn by4[] = {emit_dense_i4v1, emit_dense_i4v2, emit_dense_i4v4,
+                                        emit_dense_i4v8};
+    static const dense_emit_fn by8[] = {emit_dense_i8v1, emit_dense_i8v2, emit_dense_i8v4,
+                                        emit_dense_i8v8};
+    int k = esz == 1 ? 0 : esz == 2 ? 1 : esz == 4 ? 2 : 3;
+    return isz == 4 ? by4[k] : by8[k];
+}
+
+static void dense_clear(struct work *w)
+{
+    memset(w->bits, 0, (size_t)w->n_words * sizeof *w->bits);
+    memset(w->summ, 0, (size_t)((w->n_words + 63) / 64) * sizeof *w->summ);
+}
+
+/*
+ * Fast path for the common case: every minor element selected, a slice
+ * dense enough for the bitmap and at most DENSE_MAX_GROUPS value groups.
+ * Decodes straight into the bitmap, tagging each column with its group
+ * (one byte, so the tag array of a 33,000-gene matrix stays in L1), then
+ * emits indices and values in column order.  The varint loop keeps the
+ * cursor in registers and decodes one- and two-byte varints without a
+ * branch on their length; longer ones, and the last bytes of a chunk, take
+ * the checked slow path.  A group's indices rise, so its summary bits are
+ * gathered in a register and stored when the summary word changes.
+ * Duplicated columns are found by count: indices rise strictly within a
+ * group, so a column stored twice can only come from two groups and makes
+ * the bitmap hold fewer entries than the slice.
+ * The caller reserved room for the slice's entries plus DENSE_SLACK in o.
  * Returns the number of entries emitted or a negative error.
  */
 static int64_t decode_slice_dense(const struct iv_query *q, struct work *w, int64_t s,
@@ -555,83 +651,94 @@ static int64_t decode_slice_dense(const struct iv_query *q, struct work *w, int6
     uint64_t n_minor = (uint64_t)ds->m.n_minor;
     int64_t n_cols = q->n_out_cols;
     IV_TRY(seek_slice(q, w, s, err));
-    if (!w->local_at) {
+    if (!w->tag) {
         w->n_words = (n_cols + 63) / 64;
         if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
-        w->local_at = malloc((size_t)n_cols * sizeof *w->local_at);
-        if (!w->bits || !w->local_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+        w->summ = calloc((size_t)(w->n_words + 63) / 64, sizeof *w->summ);
+        /* Every column a bitmap word can name, so that the emitters'
+         * padding slots read inside the array. */
+        w->tag = calloc((size_t)w->n_words, 64);
+        if (!w->bits || !w->summ || !w->tag)
+            return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
     }
-    uint64_t *bits = w->bits;
-    uint32_t *local_at = w->local_at;
-    int64_t lo = w->n_words, hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
+    uint64_t *restrict bits = w->bits;
+    uint64_t *restrict summ = w->summ;
+    uint8_t *restrict tag = w->tag;
+    int64_t s_lo = INT64_MAX, s_hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
     iv_cursor_t *cur = &w->cur;
+    const uint8_t *p = cur->p, *end = cur->end;
+    int rc = 0;
     for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
-        uint64_t acc = 0;
-        uint32_t local = (uint32_t)(g - mp[s]);
-        int64_t first_word = -1;
-        for (int64_t k = vp[g]; k < vp[g + 1]; k++) {
+        int64_t cnt = vp[g + 1] - vp[g];
+        if (cnt == 0) continue;
+        uint8_t t = (uint8_t)(g - mp[s]);
+        uint64_t acc = 0, sbits = 0;
+        int64_t sw = -1;
+        for (int64_t k = 0; k < cnt; k++) {
             uint64_t d;
-            if (cur->end - cur->p >= IV_VARINT_MAX && *cur->p < 0x80) {
-                d = *cur->p++;
+            if (end - p >= 16) {
+                uint32_t b0 = p[0], b1 = p[1];
+                if (((b0 & b1) & 0x80) == 0) {
+                    /* One byte, or two when b0 continues (then b1 ends). */
+                    uint32_t two = b0 >> 7;
+                    d = (b0 & 0x7f) | ((b1 << 7) & (0u - two));
+                    p += 1 + two;
+                } else {
+                    size_t u = iv_varint_read_slow(p, end, &d);
+                    if (u == 0 || d >= n_minor) goto bad_index;
+                    p += u;
+                }
             } else {
-                IV_TRY(iv_cursor_read(cur, &d, err));
+                cur->p = p;
+                if ((rc = iv_cursor_read(cur, &d, err)) < 0) goto fail;
+                p = cur->p;
+                end = cur->end;
                 if (d >= n_minor) goto bad_index;
             }
             acc += d + 1;
             if (acc > n_minor) goto bad_index;
-            uint64_t j = acc - 1, wd = j >> 6, bit = (uint64_t)1 << (j & 63);
-            if (bits[wd] & bit) goto duplicate;
-            bits[wd] |= bit;
-            local_at[j] = local;
-            if (first_word < 0) first_word = (int64_t)wd;
+            uint64_t j = acc - 1, wd = j >> 6;
+            bits[wd] |= (uint64_t)1 << (j & 63);
+            tag[j] = t;
+            if ((int64_t)(wd >> 6) != sw) {
+                if (sw >= 0) summ[sw] |= sbits;
+                else if ((int64_t)(wd >> 6) < s_lo) s_lo = (int64_t)(wd >> 6);
+                sw = (int64_t)(wd >> 6);
+                sbits = 0;
+            }
+            sbits |= (uint64_t)1 << (wd & 63);
         }
-        /* Indices rise within a group: its words span first..last. */
-        if (first_word >= 0) {
-            if (first_word < lo) lo = first_word;
-            if ((int64_t)((acc - 1) >> 6) > hi) hi = (int64_t)((acc - 1) >> 6);
-        }
+        summ[sw] |= sbits;
+        if (sw > s_hi) s_hi = sw;
     }
+    cur->p = p;
     w->next_slice = s + 1;
     {
-        int rc = outbuf_reserve(o, o->n + total, err);
-        if (rc < 0) {
-            for (int64_t x = lo; x <= hi; x++) bits[x] = 0;
-            return rc;
-        }
-    }
-    {
-        const char *values = (const char *)ds->m.values + (size_t)mp[s] * o->esz;
-        int64_t n = o->n;
-        for (int64_t wd = lo; wd <= hi; wd++) {
-            uint64_t x = bits[wd];
-            bits[wd] = 0;
-            while (x) {
-                int64_t j = wd * 64 + __builtin_ctzll(x);
-                x &= x - 1;
-                if (o->isz == 4) ((int32_t *)o->indices)[n] = (int32_t)j;
-                else ((int64_t *)o->indices)[n] = j;
-                char *dst = (char *)o->data + (size_t)n * o->esz;
-                const char *src = values + (size_t)local_at[j] * o->esz;
-                switch (o->esz) {
-                case 1: *dst = *src; break;
-                case 2: memcpy(dst, src, 2); break;
-                case 4: memcpy(dst, src, 4); break;
-                default: memcpy(dst, src, 8); break;
-                }
-                n++;
-            }
-        }
-        int64_t got = n - o->n;
-        o->n = n;
-        return got;
+        /* The slice's values, padded to 256 so that any tag reads in bounds. */
+        union {
+            uint64_t u64[DENSE_MAX_GROUPS];
+            char c[DENSE_MAX_GROUPS * 8];
+        } vals;
+        size_t ng = (size_t)(mp[s + 1] - mp[s]);
+        memcpy(vals.c, (const char *)ds->m.values + (size_t)mp[s] * o->esz, ng * o->esz);
+        memset(vals.c + ng * o->esz, 0, (DENSE_MAX_GROUPS - ng) * o->esz);
+        int64_t n = dense_emitter(o->isz, o->esz)(bits, summ, s_lo, s_hi, tag, vals.c,
+                                                  (char *)o->indices + (size_t)o->n * (size_t)o->isz,
+                                                  (char *)o->data + (size_t)o->n * o->esz);
+        if (n != total)
+            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                           ds->where, s);
+        o->n += n;
+        return n;
     }
 bad_index:
-    for (int64_t x = 0; x < w->n_words; x++) bits[x] = 0;
-    return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where,
-                   s, n_minor);
-duplicate:
-    for (int64_t x = 0; x < w->n_words; x++) bits[x] = 0;
-    return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice", ds->where, s);
+    rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
+                 n_minor);
+fail:
+    /* The cursor is somewhere inside the slice: the next one seeks. */
+    w->next_slice = -1;
+    dense_clear(w);
+    return rc;
 }
 
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
@@ -649,6 +756,12 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         goto done;
     }
     out->indptr[0] = 0;
+    {
+        /* The block's size is known from the pointers: one allocation. */
+        int64_t want = 0;
+        for (int64_t r = r0; r < r1; r++) want += slice_nnz(ds, q->row_ids ? q->row_ids[r] : r);
+        if (q->minor_all && (rc = outbuf_reserve(&o, want + DENSE_SLACK, err)) < 0) goto done;
+    }
     for (int64_t r = r0; r < r1; r++) {
         if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
             rc = iv_fail(err, IV_ECANCELLED, "query cancelled");
@@ -658,7 +771,9 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         out->ids[r - r0] = s;
         int64_t total = slice_nnz(ds, s);
         if (q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
-            total * 64 >= q->n_out_cols / 16) {
+            total * 64 >= q->n_out_cols / 16 &&
+            ds->m.major_ptr[s + 1] - ds->m.major_ptr[s] <= DENSE_MAX_GROUPS) {
+            if ((rc = outbuf_reserve(&o, o.n + total + DENSE_SLACK, err)) < 0) goto done;
             int64_t n = decode_slice_dense(q, w, s, &o, err);
             if (n < 0) {
                 rc = (int)n;
