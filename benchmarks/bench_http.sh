@@ -17,8 +17,10 @@
 #
 # Defaults: 200,000 cells, 3 runs, port 18080 (nginx gets P+1), build
 # folder build-httpbench, 5 s per wrk run, slow reader 20M for 5 s; the
-# server runs with its defaults and the access log off.  Not a ctest test.  On a shared machine wrap it in a lock so that measurements
-# never overlap:  flock /tmp/ivbench.lock benchmarks/bench_http.sh
+# server runs with its defaults and the access log off.  Not a ctest
+# test.  On a shared machine wrap it in the lock file that every benchmark
+# there shares, so that measurements never overlap:
+#   flock "$LOCK" benchmarks/bench_http.sh
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
         --slow-rate) slow_rate=$2; shift 2 ;;
         --slow-seconds) slow_seconds=$2; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "bench_http.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -421,7 +423,7 @@ awk -v bytes="$cold_bytes" -v rows="$n_cells" -v biv="$best_iv" -v bng="$best_ng
     printf "  %-30s %12d %8.3f %8.0f %11s   %s\n", "nginx 1 process, sendfile on", bytes, bng, bytes / bng / 1e6, "-", tng
     printf "  %-30s %12d %8.3f %8.0f %11.0f   %s\n", "ivserve first run, to a file", bytes, cold, bytes / cold / 1e6, rows / cold, "(not in the best)"
     printf "  ratio ivserve / nginx: %.2f of nginx'"'"'s bytes/s (target >= 0.50: %s)\n", bng / biv,
-        bng / biv >= 0.5 ? "met" : "not met"
+        (bng / biv >= 0.5 ? "met" : "not met")
 }'
 echo "  check: first stream saved and parsed: header $n_cells x $n_genes, trailer ok with rows $n_cells, nnz $nnz;"
 echo "         every timed download (ivserve and nginx) HTTP 200 with exactly $cold_bytes bytes"
