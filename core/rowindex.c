@@ -13,8 +13,9 @@
  *  4. sequentially, group sums that span chunk boundaries are joined and
  *     checked.
  * Decoding inside step 3 is what makes the "no index >= n_minor" check
- * exact; its common case (8 one-byte varints in one group) is summed a
- * word at a time.
+ * exact.  Only each group's sum of d + 1 is needed (its last index + 1),
+ * so runs of short varints are summed 16 bytes at a time with byte masks
+ * (iv_varint_sum3), never decoded one by one.
  */
 #include "rowindex.h"
 
@@ -88,13 +89,6 @@ static void step_count(void *arg, size_t i)
     st->tail_over = t > IV_VARINT_MAX;
     st->tail_len = (uint8_t)(t > IV_VARINT_MAX ? IV_VARINT_MAX : t);
     memcpy(st->tail, st->data + st->len - st->tail_len, st->tail_len);
-}
-
-/* Horizontal sum of 8 bytes, each < 128. */
-static inline uint64_t byte_sum8(uint64_t w)
-{
-    w = (w & 0x00ff00ff00ff00ffULL) + ((w >> 8) & 0x00ff00ff00ff00ffULL);
-    return (w * 0x0001000100010001ULL) >> 48;
 }
 
 /* Rank of the first varint of checkpoint j's slice; UINT64_MAX past the last. */
@@ -184,22 +178,12 @@ static void step_decode(void *arg, size_t i)
         if (stop - rank < run) run = stop - rank;
         uint64_t done = run;
         while (run > 0) {
-            if (run >= 8 && end - p >= 8) {
-                uint64_t w;
-                memcpy(&w, p, 8);
-                if (!(w & 0x8080808080808080ULL)) {
-                    acc += byte_sum8(w) + 8;
-                    p += 8;
-                    run -= 8;
-                    continue;
-                }
-            }
-            if (*p < 0x80) {
-                acc += (uint64_t)*p + 1;
-                p++;
-                run--;
-                continue;
-            }
+            /* Varints of up to 3 bytes are summed 16 bytes at a time; the
+             * kernel stops at a longer one and 16 bytes before the end. */
+            size_t fast;
+            run -= iv_varint_sum3(p, end, run, &fast, &acc);
+            p += fast;
+            if (run == 0 || acc > n_minor) break;
             uint64_t d;
             size_t used = iv_varint_read_slow(p, end, &d);
             if (used == 0) {

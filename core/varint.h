@@ -28,6 +28,19 @@ size_t iv_varint_skip(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped)
 size_t iv_varint_skip_scalar(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped);
 
 /*
+ * Sums d + 1 over up to k varints from p (a varint boundary), the way the
+ * row index checks a value group: the sum is the group's last index + 1.
+ * Handles varints of 1 to 3 bytes only and stops early, leaving the rest
+ * to a checked one-by-one decode, at a longer varint or when fewer than 16
+ * bytes remain before end.  Returns the number of varints consumed; adds
+ * their bytes to *used (set to 0 first) and their sum to *sum.  At most k
+ * terminators are consumed; with 3-byte varints a sum cannot exceed
+ * k * 2^21, so callers checking *sum after each call cannot see it wrap.
+ */
+uint64_t iv_varint_sum3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
+                        uint64_t *sum);
+
+/*
  * Decodes one varint from [p, end).  Returns the number of bytes used
  * (1..10), or 0 when the input ends before a terminator or the value does
  * not fit 64 bits.  The one-byte case is inlined; the rest is out of line.

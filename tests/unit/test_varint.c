@@ -87,6 +87,72 @@ START_TEST(rejects_overlong)
 }
 END_TEST
 
+/*
+ * The group-sum kernel, finished by one-by-one decoding wherever it stops,
+ * must give the plain decode's sum of d + 1 over the first k varints and
+ * end on the same byte.  Streams mix 1- to 10-byte varints in random
+ * proportions; buffers are exact-size heap blocks so that a read past the
+ * end is caught by the sanitizers.
+ */
+START_TEST(sum3_matches_decode)
+{
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t nv = (size_t)(rnd() % 200);
+        unsigned long_pct = (unsigned)(rnd() % 4 == 0 ? rnd() % 60 : rnd() % 3);
+        unsigned two_pct = (unsigned)(rnd() % 101);
+        uint8_t *tmp = malloc(nv * IV_VARINT_MAX + 1);
+        ck_assert_ptr_nonnull(tmp);
+        size_t len = 0;
+        for (size_t i = 0; i < nv; i++) {
+            uint64_t v;
+            unsigned r = (unsigned)(rnd() % 100);
+            if (r < long_pct) v = rnd() >> (rnd() % 64);           /* any length */
+            else if (r < long_pct + two_pct) v = rnd() % (1u << 14);
+            else v = rnd() % 128;
+            len += iv_varint_write(v, tmp + len);
+        }
+        uint8_t *buf = malloc(len ? len : 1);
+        ck_assert_ptr_nonnull(buf);
+        memcpy(buf, tmp, len);
+        free(tmp);
+        const uint8_t *end = buf + len;
+        uint64_t k = nv ? rnd() % (nv + 1) : 0;
+
+        uint64_t want = 0;
+        const uint8_t *p = buf;
+        for (uint64_t i = 0; i < k; i++) {
+            uint64_t d;
+            size_t u = iv_varint_read(p, end, &d);
+            ck_assert_uint_gt(u, 0);
+            want += d + 1;
+            p += u;
+        }
+
+        uint64_t sum = 0, done = 0;
+        const uint8_t *q = buf;
+        while (done < k) {
+            size_t used = 0;
+            uint64_t got = iv_varint_sum3(q, end, k - done, &used, &sum);
+            if (got > k - done) ck_abort_msg("consumed %llu of %llu varints", (unsigned long long)got,
+                                             (unsigned long long)(k - done));
+            q += used;
+            done += got;
+            if (done == k) break;
+            uint64_t d;
+            size_t u = iv_varint_read(q, end, &d);
+            ck_assert_uint_gt(u, 0);
+            sum += d + 1;
+            q += u;
+            done++;
+        }
+        if (sum != want || q != p)
+            ck_abort_msg("iter %d: sum %llu want %llu, end at %td want %td", iter,
+                         (unsigned long long)sum, (unsigned long long)want, q - buf, p - buf);
+        free(buf);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("varint");
@@ -95,6 +161,7 @@ int main(void)
     tcase_add_test(tc, skip_matches_scalar);
     tcase_add_test(tc, roundtrip_all_lengths);
     tcase_add_test(tc, rejects_overlong);
+    tcase_add_test(tc, sum3_matches_decode);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
