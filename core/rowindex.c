@@ -27,7 +27,7 @@
 
 #include "varint.h"
 
-#define SLAB_BYTES ((uint64_t)64 << 20)
+#define SLAB_BYTES ((uint64_t)8 << 20)
 
 struct chunk_state {
     const uint8_t *data;

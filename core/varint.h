@@ -41,6 +41,20 @@ uint64_t iv_varint_sum3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t
                         uint64_t *sum);
 
 /*
+ * The variants iv_varint_sum3 chooses from, for tests: portable C always;
+ * SSSE3 and AVX2 on x86-64, callable only when iv_varint_have_ssse3() or
+ * iv_varint_have_avx2() says the CPU has them.  All give the same results.
+ */
+uint64_t iv_varint_sum3_portable(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
+                                 uint64_t *sum);
+uint64_t iv_varint_sum3_ssse3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
+                              uint64_t *sum);
+uint64_t iv_varint_sum3_avx2(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
+                             uint64_t *sum);
+int iv_varint_have_ssse3(void);
+int iv_varint_have_avx2(void);
+
+/*
  * Decodes one varint from [p, end).  Returns the number of bytes used
  * (1..10), or 0 when the input ends before a terminator or the value does
  * not fit 64 bits.  The one-byte case is inlined; the rest is out of line.

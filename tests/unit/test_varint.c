@@ -2,6 +2,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,17 +88,19 @@ START_TEST(rejects_overlong)
 }
 END_TEST
 
+typedef uint64_t (*sum3_fn)(const uint8_t *, const uint8_t *, uint64_t, size_t *, uint64_t *);
+
 /*
- * The group-sum kernel, finished by one-by-one decoding wherever it stops,
+ * A group-sum kernel, finished by one-by-one decoding wherever it stops,
  * must give the plain decode's sum of d + 1 over the first k varints and
  * end on the same byte.  Streams mix 1- to 10-byte varints in random
  * proportions; buffers are exact-size heap blocks so that a read past the
  * end is caught by the sanitizers.
  */
-START_TEST(sum3_matches_decode)
+static void check_sum3(sum3_fn fn, const char *name)
 {
     for (int iter = 0; iter < 3000; iter++) {
-        size_t nv = (size_t)(rnd() % 200);
+        size_t nv = (size_t)(rnd() % 300);
         unsigned long_pct = (unsigned)(rnd() % 4 == 0 ? rnd() % 60 : rnd() % 3);
         unsigned two_pct = (unsigned)(rnd() % 101);
         uint8_t *tmp = malloc(nv * IV_VARINT_MAX + 1);
@@ -132,9 +135,10 @@ START_TEST(sum3_matches_decode)
         const uint8_t *q = buf;
         while (done < k) {
             size_t used = 0;
-            uint64_t got = iv_varint_sum3(q, end, k - done, &used, &sum);
-            if (got > k - done) ck_abort_msg("consumed %llu of %llu varints", (unsigned long long)got,
-                                             (unsigned long long)(k - done));
+            uint64_t got = fn(q, end, k - done, &used, &sum);
+            if (got > k - done)
+                ck_abort_msg("%s: consumed %llu of %llu varints", name, (unsigned long long)got,
+                             (unsigned long long)(k - done));
             q += used;
             done += got;
             if (done == k) break;
@@ -146,10 +150,20 @@ START_TEST(sum3_matches_decode)
             done++;
         }
         if (sum != want || q != p)
-            ck_abort_msg("iter %d: sum %llu want %llu, end at %td want %td", iter,
+            ck_abort_msg("%s, iter %d: sum %llu want %llu, end at %td want %td", name, iter,
                          (unsigned long long)sum, (unsigned long long)want, q - buf, p - buf);
         free(buf);
     }
+}
+
+START_TEST(sum3_matches_decode)
+{
+    check_sum3(iv_varint_sum3, "dispatched");
+    check_sum3(iv_varint_sum3_portable, "portable");
+    if (iv_varint_have_ssse3()) check_sum3(iv_varint_sum3_ssse3, "ssse3");
+    else printf("test_varint: no SSSE3 on this CPU, its kernel not tested here\n");
+    if (iv_varint_have_avx2()) check_sum3(iv_varint_sum3_avx2, "avx2");
+    else printf("test_varint: no AVX2 on this CPU, its kernel not tested here\n");
 }
 END_TEST
 
