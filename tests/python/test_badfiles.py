@@ -254,3 +254,24 @@ def test_missing_group(ivserve, workdir):
     ivserve.assert_error(ivserve.check(path), path, "group", "'X'")
     ivserve.assert_error(ivserve.check(path, "--group", "nosuchgroup"), path,
                          "group", "nosuchgroup")
+
+
+def test_column_stored_in_two_groups(ivserve, workdir):
+    # Row 0 holds column 5 in both its value groups.  Every count and index
+    # is in range, so the start-up pass accepts the file; each decode path
+    # (all genes: the bitmap fast path; a gene subset: the lookup-table
+    # path, dense and sorted) must refuse the row instead of emitting a
+    # matrix with a repeated column.
+    import scipy.sparse as sp
+    X = sp.csr_matrix((np.array([1, 1, 2, 3], np.int32),
+                       np.array([2, 5, 7, 0]), np.array([0, 3, 4])), shape=(2, 10))
+    e = ivref.pack(X)
+    assert list(e["packed"]) == [2, 2, 7, 0]
+    path = os.path.join(workdir, "twice.h5ad")
+    ivref.write_iv(path, X, packed=np.array([2, 2, 5, 0], np.uint8))
+    ivserve.assert_ok(ivserve.check(path))
+    out = os.path.join(workdir, "twice.npz")
+    for obs, var in ((None, None), ("0", None), ("1,0", "0:10"), ("0", "5,2")):
+        ivserve.assert_error(ivserve.export(path, out, obs=obs, var=var), path, "twice")
+    # Row 1 alone is fine.
+    ivserve.assert_ok(ivserve.export(path, out, obs="1"))
