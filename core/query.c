@@ -18,6 +18,10 @@
  */
 #include "query.h"
 
+#if defined(__SSE4_1__)
+#include <smmintrin.h>
+#endif
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -44,6 +48,7 @@ struct work {
     int64_t *gid_at;
     uint8_t *tag;             /* dense path: group of each column, relative to the slice */
     uint64_t *summ;           /* dense path: one bit per nonzero word of bits */
+    uint64_t vals[256];       /* dense path: the slice's values (DENSE_MAX_GROUPS) */
     int64_t n_words;
 };
 
@@ -639,6 +644,21 @@ static dense_emit_fn dense_emitter(int isz, size_t esz)
     return isz == 4 ? by4[k] : by8[k];
 }
 
+/* Sets summ's bit for every nonzero word of bits[lo..hi] (lo > hi: none). */
+static void summarize(const uint64_t *bits, uint64_t *summ, int64_t lo, int64_t hi)
+{
+    int64_t i = lo;
+#if defined(__SSE4_1__)
+    const __m128i zero = _mm_setzero_si128();
+    for (i = lo & ~(int64_t)1; i + 1 <= hi; i += 2) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(bits + i));
+        unsigned z = (unsigned)_mm_movemask_pd(_mm_castsi128_pd(_mm_cmpeq_epi64(v, zero)));
+        summ[i >> 6] |= (uint64_t)(~z & 3u) << (i & 63);
+    }
+#endif
+    for (; i <= hi; i++) summ[i >> 6] |= (uint64_t)(bits[i] != 0) << (i & 63);
+}
+
 static void dense_clear(struct work *w)
 {
     memset(w->bits, 0, (size_t)w->n_words * sizeof *w->bits);
@@ -653,8 +673,8 @@ static void dense_clear(struct work *w)
  * emits indices and values in column order.  The varint loop keeps the
  * cursor in registers and decodes one- and two-byte varints without a
  * branch on their length; longer ones, and the last bytes of a chunk, take
- * the checked slow path.  A group's indices rise, so its summary bits are
- * gathered in a register and stored when the summary word changes.
+ * the checked slow path.  The summary bitmap is built afterwards from the
+ * words the slice's groups span, two words per SSE4.1 compare.
  * Duplicated columns are found by count: indices rise strictly within a
  * group, so a column stored twice can only come from two groups and makes
  * the bitmap hold fewer entries than the slice.
@@ -682,65 +702,75 @@ static int64_t decode_slice_dense(const struct iv_query *q, struct work *w, int6
     uint64_t *restrict bits = w->bits;
     uint64_t *restrict summ = w->summ;
     uint8_t *restrict tag = w->tag;
-    int64_t s_lo = INT64_MAX, s_hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
+    int64_t w_lo = INT64_MAX, w_hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
     iv_cursor_t *cur = &w->cur;
-    const uint8_t *p = cur->p, *end = cur->end;
+    /* Varints are found through a 64-byte window of terminator bits: wb is
+     * the window's base, tm its terminators not yet consumed, off the offset
+     * of the next varint.  Walking tm with ctz and clear-lowest keeps the
+     * loop's dependency chain off the loaded bytes.  The window is refilled
+     * only with WINDOW_READ bytes left in the chunk; closer to the end, and
+     * across chunks, varints go through the cursor one by one. */
+    enum { WINDOW_READ = 64 + 8 };
+    static const uint32_t len_mask[4] = {0, 0x7f, 0x3fff, 0x1fffff};
+    const uint8_t *wb = cur->p, *end = cur->end;
+    uint64_t tm = 0;
+    unsigned off = 0;
     int rc = 0;
     for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
         int64_t cnt = vp[g + 1] - vp[g];
         if (cnt == 0) continue;
         uint8_t t = (uint8_t)(g - mp[s]);
-        uint64_t acc = 0, sbits = 0;
-        int64_t sw = -1;
+        uint64_t acc = 0, first = 0;
         for (int64_t k = 0; k < cnt; k++) {
-            uint64_t d;
-            if (end - p >= 16) {
-                uint32_t b0 = p[0], b1 = p[1];
-                if (((b0 & b1) & 0x80) == 0) {
-                    /* One byte, or two when b0 continues (then b1 ends). */
-                    uint32_t two = b0 >> 7;
-                    d = (b0 & 0x7f) | ((b1 << 7) & (0u - two));
-                    p += 1 + two;
+            /* d stays in a register: the slow paths write to dv. */
+            uint64_t d, dv;
+            if (tm == 0) {
+                wb += off;
+                off = 0;
+                if (end - wb >= WINDOW_READ) tm = ~iv_varint_cont64(wb);
+            }
+            if (tm != 0) {
+                unsigned e = (unsigned)__builtin_ctzll(tm), len = e - off + 1;
+                tm &= tm - 1;
+                if (len <= 3) {
+                    uint32_t u;
+                    memcpy(&u, wb + off, 4);
+                    d = ((u & 0x7f) | ((u >> 1) & 0x3f80) | ((u >> 2) & 0x1fc000)) & len_mask[len];
                 } else {
-                    size_t u = iv_varint_read_slow(p, end, &d);
-                    if (u == 0 || d >= n_minor) goto bad_index;
-                    p += u;
+                    if (iv_varint_read_slow(wb + off, end, &dv) != len || dv >= n_minor)
+                        goto bad_index;
+                    d = dv;
                 }
+                off = e + 1;
             } else {
-                cur->p = p;
-                if ((rc = iv_cursor_read(cur, &d, err)) < 0) goto fail;
-                p = cur->p;
+                cur->p = wb + off;
+                if ((rc = iv_cursor_read(cur, &dv, err)) < 0) goto fail;
+                wb = cur->p;
                 end = cur->end;
-                if (d >= n_minor) goto bad_index;
+                off = 0;
+                if (dv >= n_minor) goto bad_index;
+                d = dv;
             }
             acc += d + 1;
             if (acc > n_minor) goto bad_index;
-            uint64_t j = acc - 1, wd = j >> 6;
-            bits[wd] |= (uint64_t)1 << (j & 63);
+            uint64_t j = acc - 1;
+            if (k == 0) first = j;
+            bits[j >> 6] |= (uint64_t)1 << (j & 63);
             tag[j] = t;
-            if ((int64_t)(wd >> 6) != sw) {
-                if (sw >= 0) summ[sw] |= sbits;
-                else if ((int64_t)(wd >> 6) < s_lo) s_lo = (int64_t)(wd >> 6);
-                sw = (int64_t)(wd >> 6);
-                sbits = 0;
-            }
-            sbits |= (uint64_t)1 << (wd & 63);
         }
-        summ[sw] |= sbits;
-        if (sw > s_hi) s_hi = sw;
+        /* A group's indices rise: its words span first..last. */
+        if ((int64_t)(first >> 6) < w_lo) w_lo = (int64_t)(first >> 6);
+        if ((int64_t)((acc - 1) >> 6) > w_hi) w_hi = (int64_t)((acc - 1) >> 6);
     }
-    cur->p = p;
+    summarize(bits, summ, w_lo, w_hi);
+    cur->p = wb + off;
     w->next_slice = s + 1;
     {
-        /* The slice's values, padded to 256 so that any tag reads in bounds. */
-        union {
-            uint64_t u64[DENSE_MAX_GROUPS];
-            char c[DENSE_MAX_GROUPS * 8];
-        } vals;
+        /* The slice's values in a 256-entry table (zeroed once), so that
+         * any tag, even a stale one in a padding slot, reads in bounds. */
         size_t ng = (size_t)(mp[s + 1] - mp[s]);
-        memcpy(vals.c, (const char *)ds->m.values + (size_t)mp[s] * o->esz, ng * o->esz);
-        memset(vals.c + ng * o->esz, 0, (DENSE_MAX_GROUPS - ng) * o->esz);
-        int64_t n = dense_emitter(o->isz, o->esz)(bits, summ, s_lo, s_hi, tag, vals.c,
+        memcpy(w->vals, (const char *)ds->m.values + (size_t)mp[s] * o->esz, ng * o->esz);
+        int64_t n = dense_emitter(o->isz, o->esz)(bits, summ, w_lo >> 6, w_hi >> 6, tag, w->vals,
                                                   (char *)o->indices + (size_t)o->n * (size_t)o->isz,
                                                   (char *)o->data + (size_t)o->n * o->esz);
         if (n != total)

@@ -29,33 +29,10 @@ size_t iv_varint_count_ends_scalar(const uint8_t *p, size_t n)
     return c;
 }
 
-/* Bit i set = byte i has the high bit set (continuation). */
-static inline uint64_t cont_mask64(const uint8_t *p)
-{
-#ifdef IV_HAVE_SSE2
-    uint64_t m0 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)p));
-    uint64_t m1 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
-    uint64_t m2 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)));
-    uint64_t m3 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)));
-    return m0 | m1 << 16 | m2 << 32 | m3 << 48;
-#else
-    uint64_t m = 0;
-    for (int w = 0; w < 8; w++) {
-        uint64_t x;
-        memcpy(&x, p + 8 * w, 8);
-        x &= 0x8080808080808080ULL;
-        /* Gather the 8 high bits into one byte. */
-        uint64_t b = (x >> 7) * 0x0102040810204080ULL >> 56;
-        m |= (b & 0xff) << (8 * w);
-    }
-    return m;
-#endif
-}
-
 size_t iv_varint_count_ends(const uint8_t *p, size_t n)
 {
     size_t c = 0, i = 0;
-    for (; i + 64 <= n; i += 64) c += 64 - (size_t)__builtin_popcountll(cont_mask64(p + i));
+    for (; i + 64 <= n; i += 64) c += 64 - (size_t)__builtin_popcountll(iv_varint_cont64(p + i));
     return c + iv_varint_count_ends_scalar(p + i, n - i);
 }
 
@@ -80,7 +57,7 @@ size_t iv_varint_skip(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped)
         return 0;
     }
     for (; i + 64 <= n; i += 64) {
-        uint64_t ends = ~cont_mask64(p + i);
+        uint64_t ends = ~iv_varint_cont64(p + i);
         uint64_t c = (uint64_t)__builtin_popcountll(ends);
         if (found + c >= k) {
             /* The target terminator is in this block: drop the lower ones. */

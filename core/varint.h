@@ -11,9 +11,37 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* Maximum encoded length of a 64-bit value. */
 #define IV_VARINT_MAX 10
+
+/* Bit i set = byte p[i] has the high bit set (a continuation byte), for
+ * the 64 bytes at p (all must be readable). */
+static inline uint64_t iv_varint_cont64(const uint8_t *p)
+{
+#if defined(__SSE2__)
+    uint64_t m0 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)p));
+    uint64_t m1 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+    uint64_t m2 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)));
+    uint64_t m3 = (uint32_t)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)));
+    return m0 | m1 << 16 | m2 << 32 | m3 << 48;
+#else
+    uint64_t m = 0;
+    for (int w = 0; w < 8; w++) {
+        uint64_t x;
+        memcpy(&x, p + 8 * w, 8);
+        x &= 0x8080808080808080ULL;
+        /* Gather the 8 high bits into one byte. */
+        uint64_t b = (x >> 7) * 0x0102040810204080ULL >> 56;
+        m |= (b & 0xff) << (8 * w);
+    }
+    return m;
+#endif
+}
 
 /* Number of bytes in [p, p+n) with the high bit clear. */
 size_t iv_varint_count_ends(const uint8_t *p, size_t n);
