@@ -725,7 +725,6 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
      * only with WINDOW_READ bytes left in the chunk; closer to the end, and
      * across chunks, varints go through the cursor one by one. */
     enum { WINDOW_READ = 64 + 8 };
-    static const uint32_t len_mask[4] = {0, 0x7f, 0x3fff, 0x1fffff};
     const uint8_t *wb = cur->p, *end = cur->end;
     uint64_t tm = 0;
     unsigned off = 0;
@@ -746,10 +745,13 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
             if (tm != 0) {
                 unsigned e = (unsigned)__builtin_ctzll(tm), len = e - off + 1;
                 tm &= tm - 1;
-                if (len <= 3) {
+                if (len <= 2) {
+                    /* One byte, or two: the second's bits only when len is 2. */
                     uint32_t u;
-                    memcpy(&u, wb + off, 4);
-                    d = ((u & 0x7f) | ((u >> 1) & 0x3f80) | ((u >> 2) & 0x1fc000)) & len_mask[len];
+                    uint16_t u16;
+                    memcpy(&u16, wb + off, 2);
+                    u = u16;
+                    d = (u & 0x7f) | ((u >> 1) & 0x3f80 & (0u - (len >> 1)));
                 } else {
                     if (iv_varint_read_slow(wb + off, end, &dv) != len || dv >= n_minor)
                         goto bad_index;
