@@ -734,44 +734,56 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
         if (left == 0) continue;
         const uint8_t t = (uint8_t)(g - mp[s]);
         uint64_t acc = 0;
-        do {
-            /* d stays in a register: the slow paths write to dv. */
-            uint64_t d, dv;
+        while (left > 0) {
+            /* Hot loop, free of calls so that its state stays in registers:
+             * one- and two-byte varints inside the window. */
+            while (left > 0 && tm != 0) {
+                unsigned e = (unsigned)__builtin_ctzll(tm), len = e - off + 1;
+                if (len > 2) break;
+                uint16_t u16;
+                memcpy(&u16, wb + off, 2);
+                uint32_t u = u16;
+                /* One byte, or two: the second's bits only when len is 2. */
+                acc += ((u & 0x7f) | ((u >> 1) & 0x3f80 & (0u - (len >> 1)))) + 1;
+                if (acc > n_minor) goto bad_index;
+                bits[(acc - 1) >> 6] |= (uint64_t)1 << ((acc - 1) & 63);
+                tag[acc - 1] = t;
+                tm &= tm - 1;
+                off = e + 1;
+                left--;
+            }
+            if (left == 0) break;
             if (tm == 0) {
                 wb += off;
                 off = 0;
-                if (end - wb >= WINDOW_READ) tm = ~iv_varint_cont64(wb);
-            }
-            if (tm != 0) {
-                unsigned e = (unsigned)__builtin_ctzll(tm), len = e - off + 1;
-                tm &= tm - 1;
-                if (len <= 2) {
-                    /* One byte, or two: the second's bits only when len is 2. */
-                    uint32_t u;
-                    uint16_t u16;
-                    memcpy(&u16, wb + off, 2);
-                    u = u16;
-                    d = (u & 0x7f) | ((u >> 1) & 0x3f80 & (0u - (len >> 1)));
-                } else {
-                    if (iv_varint_read_slow(wb + off, end, &dv) != len || dv >= n_minor)
-                        goto bad_index;
-                    d = dv;
+                if (end - wb >= WINDOW_READ) {
+                    tm = ~iv_varint_cont64(wb);
+                    if (tm != 0) continue;
                 }
+            }
+            /* One varint the checked way: three bytes or more, or near the
+             * end of the chunk, or crossing into the next one. */
+            uint64_t d;
+            if (tm != 0) {
+                unsigned e = (unsigned)__builtin_ctzll(tm);
+                if (iv_varint_read_slow(wb + off, end, &d) != e - off + 1 || d >= n_minor)
+                    goto bad_index;
+                tm &= tm - 1;
                 off = e + 1;
             } else {
                 cur->p = wb + off;
-                if ((rc = iv_cursor_read(cur, &dv, err)) < 0) goto fail;
+                if ((rc = iv_cursor_read(cur, &d, err)) < 0) goto fail;
                 wb = cur->p;
                 end = cur->end;
                 off = 0;
-                if (dv >= n_minor) goto bad_index;
-                d = dv;
+                if (d >= n_minor) goto bad_index;
             }
             acc += d + 1;
             if (acc > n_minor) goto bad_index;
             bits[(acc - 1) >> 6] |= (uint64_t)1 << ((acc - 1) & 63);
             tag[acc - 1] = t;
-        } while (--left);
+            left--;
+        }
         /* A group's indices rise: its last is its largest. */
         if ((int64_t)((acc - 1) >> 6) > w_hi) w_hi = (int64_t)((acc - 1) >> 6);
     }
