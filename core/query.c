@@ -584,13 +584,14 @@ static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const 
  * integers of their width, which keeps every bit (float NaN payloads too).
  *
  * The summary bitmap `summ` has one bit per nonzero word of `bits`, so the
- * walk visits only words that hold entries.  A word's first three entries
- * are written without a branch on how many there are: slots past the
- * word's count get a column from the word's top bit and a value from the
- * slice's 256-entry value table, both in bounds, and are overwritten by
- * the next word (the output has DENSE_SLACK entries of slack).  Words with more than
- * three entries loop for the rest (three measured faster than two or
- * four: most words of a 2%-dense row hold one to three entries).  Both bitmaps are left cleared.
+ * walk visits only words that hold entries.  A word's first DENSE_SLACK
+ * entries are written without a branch on how many there are: slots past
+ * the word's count get a column from the word's top bit and a value from
+ * the slice's 256-entry value table, both in bounds, and are overwritten
+ * by the next word (the output has DENSE_SLACK entries of slack).  Words
+ * with more entries loop for the rest.  Three slots measured faster than
+ * two or four: most words of a 2%-dense row hold one to three entries.
+ * Both bitmaps are left cleared.
  * Returns the number of entries written.
  */
 #define DENSE_MAX_GROUPS 256
