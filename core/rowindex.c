@@ -27,6 +27,8 @@
 
 #include "varint.h"
 
+/* A slab small enough to stay in the last-level cache between the count
+ * and decode steps, large enough to keep every thread busy. */
 #define SLAB_BYTES ((uint64_t)8 << 20)
 
 struct chunk_state {
