@@ -233,6 +233,7 @@ struct result {
     uint64_t hash;        /* sum over entries of row * 1000003 + col, mod 2^64 */
     uint64_t decompressed;
     double seconds;
+    long anon_kb;         /* RssAnon with the result still held */
 };
 
 struct decode_job {
@@ -307,6 +308,7 @@ static void run_query(iv_dataset_t *ds, iv_pool_t *pool, unsigned width, const i
     if (atomic_load(&j.failed)) die("decode", &j.err);
     memset(r, 0, sizeof *r);
     r->seconds = t1 - t0;
+    r->anon_kb = proc_status_kb("RssAnon");
     r->rows = iv_query_n_rows(q);
     r->decompressed = iv_query_bytes_decompressed(q);
     if (keep && !out_blocks) {
@@ -961,8 +963,8 @@ int main(int argc, char **argv)
 
     printf("\n[selections: %d threads; genes: all or %" PRId64 " random; time = plan + decode, result kept]\n",
            T, n_genes);
-    printf("  %-15s %-5s %-4s %7s %10s %9s %8s %8s %8s", "selection", "genes", "cach", "rows",
-           "nnz", "seconds", "MB dec", "peakRSS", "RSS+");
+    printf("  %-15s %-5s %-4s %7s %10s %9s %8s %8s %8s %8s", "selection", "genes", "cach", "rows",
+           "nnz", "seconds", "MB dec", "peakRSS", "RSS+", "anon");
     printf(" %10s %8s %10s %8s\n", "anndata s", "ad/this", "full+sub s", "fs/this");
     for (int i = 0; i < n_rows; i++) {
         const struct case_row *c = &rows[i];
@@ -974,9 +976,10 @@ int main(int argc, char **argv)
             const struct result *r = warm ? &c->warm : &c->cold;
             long peak = warm ? c->warm_peak_kb : c->cold_peak_kb;
             long grow = warm ? c->warm_growth_kb : c->cold_growth_kb;
-            printf("  %-15s %-5s %-4s %7" PRId64 " %10" PRId64 " %9.4f %8.1f %8.0f %8.0f",
+            printf("  %-15s %-5s %-4s %7" PRId64 " %10" PRId64 " %9.4f %8.1f %8.0f %8.0f %8.0f",
                    c->sel->name, c->genes ? "2000" : "all", warm ? "warm" : "cold", r->rows,
-                   r->nnz, r->seconds, mb(r->decompressed), peak / 1024.0, grow / 1024.0);
+                   r->nnz, r->seconds, mb(r->decompressed), peak / 1024.0, grow / 1024.0,
+                   r->anon_kb / 1024.0);
             if (a) printf(" %10.3f %7.1fx", a->seconds, a->seconds / r->seconds);
             else printf(" %10s %8s", "-", "-");
             if (fs > 0) printf(" %10.3f %7.1fx", fs, fs / r->seconds);
@@ -986,7 +989,8 @@ int main(int argc, char **argv)
     }
     if (!peak_ok) printf("  (peak RSS could not be reset per case: numbers are process-wide)\n");
     printf("  MB dec = bytes decompressed for the query; peakRSS = process high-water mark during\n"
-           "  the case (file pages mapped so far included); RSS+ = peak minus RSS at its start\n");
+           "  the case (file pages mapped so far included); RSS+ = peak minus RSS at its start;\n"
+           "  anon = RssAnon (heap, cache, result; no file pages) with the result still held\n");
 
     printf("\n[baselines, same selections; seconds are best of the runs]\n");
     printf("  %-15s %-5s %11s %9s %14s %13s %13s\n", "selection", "genes", "ad backed s",
