@@ -74,7 +74,31 @@ typedef struct sds {
     char etag[24];
 } sds_t;
 
-enum job_kind { J_LOAD, J_PREP, J_BLOCK, J_WHOLE, J_COUNT };
+enum job_kind { J_LOAD, J_SETUP, J_PREP, J_BLOCK, J_WHOLE, J_COUNT };
+
+/*
+ * A query's set-up, run on a worker: parsing the JSON body or query string,
+ * resolving names and filters, building the engine query.  Each is O(the
+ * request), and a request of a million indices would otherwise hold the
+ * loop for tens of milliseconds.  Inputs are copies (the connection may go
+ * away meanwhile); outputs go back to the loop with the job.
+ */
+typedef struct setup {
+    /* in */
+    char *body;           /* POST body (taken from the request), or NULL */
+    size_t body_len;
+    char *query;          /* GET query string (copied) */
+    char *accept;         /* Accept header (copied), or NULL */
+    int is_post, count;
+    int64_t n_rows, n_cols;
+    /* out */
+    int status;           /* 0: rc/err decide the status; 422: "unsupported" */
+    iv_query_t *q;
+    char *dropped;        /* X-Ivserve-Dropped-Names JSON, or NULL */
+    int have_total;
+    double total;
+    iv_fmt_t fmt;
+} setup_t;
 
 typedef struct job {
     struct job *next;
@@ -89,6 +113,7 @@ typedef struct job {
     iv_err_t err;
     double secs;
     double total;         /* J_COUNT: sum of the selected values */
+    setup_t *setup;       /* J_SETUP */
 } job_t;
 
 struct qstream {
@@ -240,9 +265,21 @@ static void job_finish(job_t *j)
     uv_async_send(&s->async);
 }
 
+static void setup_free(setup_t *st)
+{
+    if (!st) return;
+    free(st->body);
+    free(st->query);
+    free(st->accept);
+    iv_query_free(st->q);
+    free(st->dropped);
+    free(st);
+}
+
 static void job_free(job_t *j)
 {
     iv_buf_free(&j->out);
+    setup_free(j->setup);
     free(j);
 }
 
@@ -310,13 +347,89 @@ static void job_load(void *arg)
 
 /* ---- query jobs (worker) ------------------------------------------------ */
 
+/* The worker half of a query's set-up (see setup_t). */
+static void setup_run(job_t *j)
+{
+    setup_t *st = j->setup;
+    sds_t *d = j->qs->ds;
+    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
+    iv_qreq_t qr;
+    int rc;
+    if (st->is_post)
+        rc = iv_qreq_parse_json(st->body ? st->body : "", st->body_len, st->n_rows, st->n_cols,
+                                &qr, &j->err);
+    else
+        rc = iv_qreq_parse_query(st->query, strlen(st->query), st->n_rows, st->n_cols, &qr,
+                                 &j->err);
+    if (rc != 0) {
+        j->rc = rc;
+        return;
+    }
+    /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
+     * four-term filter on 200,000 cells). */
+    iv_buf_t drop_obs, drop_var;
+    iv_buf_init(&drop_obs);
+    iv_buf_init(&drop_var);
+    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
+    if ((rc = iv_rmeta_resolve(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &j->err)) != 0 ||
+        (rc = iv_rmeta_resolve(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &j->err)) != 0) {
+        iv_qreq_free(&qr);
+        iv_buf_free(&drop_obs);
+        iv_buf_free(&drop_var);
+        if (rc == IV_EUNSUPPORTED) st->status = 422;
+        j->rc = rc;
+        return;
+    }
+    if (show_obs || show_var) {
+        iv_buf_t dj;
+        iv_buf_init(&dj);
+        iv_buf_puts(&dj, "{\"obs\":");
+        /* Buffers are not NUL-terminated: copy by length. */
+        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_puts(&dj, ",\"var\":");
+        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
+        if (!dj.oom) st->dropped = iv_buf_steal(&dj, NULL);
+        iv_buf_free(&dj);
+    }
+    iv_buf_free(&drop_obs);
+    iv_buf_free(&drop_var);
+    /* Total counts without decoding: the computed per-row sums of the axis
+     * whose opposite axis is wholly selected. */
+    if (st->count && d->meta) {
+        iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
+        const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
+        const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
+        if (po->kind == IV_PSEL_ALL)
+            st->have_total = iv_rmeta_total_counts(d->meta, maj,
+                                                   pm->kind == IV_PSEL_ALL ? NULL : pm->idx, pm->n,
+                                                   &st->total) == 0;
+    }
+    st->fmt = qr.format ? qr.format : iv_fmt_from_accept(st->accept);
+    if (!st->count && st->fmt == IV_FMT_NONE) {
+        iv_qreq_free(&qr);
+        j->rc = iv_fail(&j->err, IV_ENOT_ACCEPTABLE,
+                        "acceptable encodings: application/vnd.ivserve.csr, "
+                        "application/x-ndjson, application/json");
+        return;
+    }
+    iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
+    iv_query_opts_t qo = {IV_OUT_ROWS, 0, 0};
+    j->rc = iv_query_new(d->ds, &so, &sv, &qo, &st->q, &j->err);
+    iv_qreq_free(&qr);
+}
+
 static void job_run(void *arg)
 {
     job_t *j = arg;
     qstream_t *qs = j->qs;
     double t0 = now_s();
     const iv_limits_t *lim = &j->srv->cfg->limits;
-    if (j->kind == J_PREP) {
+    if (j->kind == J_SETUP) {
+        setup_run(j);
+    } else if (j->kind == J_PREP) {
         j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
     } else if (j->kind == J_BLOCK) {
         iv_block_t blk;
@@ -705,6 +818,27 @@ static int qs_submit(qstream_t *qs, int kind, int64_t b)
     return 0;
 }
 
+static int qs_submit_setup(qstream_t *qs, setup_t *st)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        setup_free(st);
+        return IV_ENOMEM;
+    }
+    j->srv = qs->srv;
+    j->kind = J_SETUP;
+    j->qs = qs;
+    j->setup = st;
+    int rc = iv_pool_try_submit(qs->srv->pool, job_run, j);
+    if (rc != 0) {
+        job_free(j);
+        qs->srv->metrics.overloaded++;
+        return rc;
+    }
+    qs->inflight++;
+    return 0;
+}
+
 static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
 {
     resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, "Cache-Control: no-store\r\n");
@@ -805,12 +939,14 @@ static void qs_pump(qstream_t *qs)
     if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
 }
 
+static void route_query_finish(qstream_t *qs, job_t *j);
+
 static void on_qs_job(job_t *j)
 {
     qstream_t *qs = j->qs;
     server_t *s = j->srv;
     qs->inflight--;
-    s->metrics.decode_seconds += j->secs;
+    if (j->kind != J_SETUP) s->metrics.decode_seconds += j->secs;
     if (!qs->c || qs->done) {
         /* Detached (client gone) or already answered: drop the result. */
         job_free(j);
@@ -819,6 +955,10 @@ static void on_qs_job(job_t *j)
         return;
     }
     conn_t *c = qs->c;
+    if (j->kind == J_SETUP) {
+        route_query_finish(qs, j);
+        return;
+    }
     timer_arm(c, T_WRITE, 1);
     if (j->rc != 0) {
         iv_err_t e = j->err;
@@ -990,14 +1130,9 @@ static void route_doc(conn_t *c, sds_t *d)
 
 static void route_query(conn_t *c, sds_t *d, int count)
 {
-    server_t *s = c->srv;
     iv_http_req_t *r = c->req;
     if (!method_ok(c, 1)) return;
     const iv_dataset_info_t *info = iv_dataset_info(d->ds);
-    iv_qreq_t qr;
-    iv_err_t e;
-    iv_err_clear(&e);
-    int rc;
     if (r->method == HTTP_POST) {
         const char *ct = r->hdr[IV_H_CONTENT_TYPE];
         /* curl -d sends form-urlencoded by default; its body is still our JSON. */
@@ -1007,78 +1142,62 @@ static void route_query(conn_t *c, sds_t *d, int count)
             send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
             return;
         }
-        rc = iv_qreq_parse_json(r->body.data ? r->body.data : "", r->body.len, info->n_rows,
-                                info->n_cols, &qr, &e);
-    } else {
-        rc = iv_qreq_parse_query(r->query, strlen(r->query), info->n_rows, info->n_cols, &qr, &e);
     }
-    if (rc != 0) {
-        send_iv_error(c, rc, &e);
+    /* The rest of the set-up runs on a worker (see setup_t); the stream
+     * exists from now on, so that a client that goes away detaches it. */
+    setup_t *st = calloc(1, sizeof *st);
+    qstream_t *qs = st ? qs_new(c, d, NULL, IV_FMT_NONE, count ? J_COUNT : J_BLOCK) : NULL;
+    if (!qs) {
+        free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    /* Names and filters resolve on the loop: a bitmap pass over the axis
-     * (about 1.5 ms for a four-term filter on 200,000 cells) keeps the code
-     * simple; tables of millions of rows would want this moved to a worker. */
-    iv_buf_t drop_obs, drop_var;
-    iv_buf_init(&drop_obs);
-    iv_buf_init(&drop_var);
-    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
-    if ((rc = iv_rmeta_resolve(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &e)) != 0 ||
-        (rc = iv_rmeta_resolve(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &e)) != 0) {
-        iv_qreq_free(&qr);
-        if (rc == IV_EUNSUPPORTED) {
-            send_error(c, 422, "unsupported", e.msg, NULL);
-            return;
-        }
-        send_iv_error(c, rc, &e);
+    st->is_post = r->method == HTTP_POST;
+    st->count = count;
+    st->n_rows = info->n_rows;
+    st->n_cols = info->n_cols;
+    if (st->is_post) st->body = iv_buf_steal(&r->body, &st->body_len);
+    else st->query = strdup(r->query ? r->query : "");
+    if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
+    if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
+        setup_free(st);
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    if (show_obs || show_var) {
-        iv_buf_t dj;
-        iv_buf_init(&dj);
-        iv_buf_puts(&dj, "{\"obs\":");
-        /* Buffers are not NUL-terminated: copy by length. */
-        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
-        else iv_buf_puts(&dj, "[]");
-        iv_buf_puts(&dj, ",\"var\":");
-        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
-        else iv_buf_puts(&dj, "[]");
-        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
-        if (!dj.oom) c->dropped = iv_buf_steal(&dj, NULL);
-        iv_buf_free(&dj);
+    c->qs = qs;
+    if (qs_submit_setup(qs, st) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
     }
-    iv_buf_free(&drop_obs);
-    iv_buf_free(&drop_var);
-    /* Total counts without decoding: the computed per-row sums of the axis
-     * whose opposite axis is wholly selected. */
-    double total = 0;
-    int have_total = 0;
-    if (count && d->meta) {
-        iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
-        const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
-        const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
-        if (po->kind == IV_PSEL_ALL)
-            have_total = iv_rmeta_total_counts(d->meta, maj, pm->kind == IV_PSEL_ALL ? NULL : pm->idx,
-                                               pm->n, &total) == 0;
-    }
-    iv_fmt_t fmt = qr.format ? qr.format : iv_fmt_from_accept(r->hdr[IV_H_ACCEPT]);
-    if (!count && fmt == IV_FMT_NONE) {
-        iv_qreq_free(&qr);
-        send_error(c, 406, "not_acceptable",
-                   "acceptable encodings: application/vnd.ivserve.csr, application/x-ndjson, "
-                   "application/json",
-                   NULL);
+}
+
+/* The loop half of a query's set-up, once the worker built the query: the
+ * limits, the answers that need no decode, then the decode jobs. */
+static void route_query_finish(qstream_t *qs, job_t *j)
+{
+    conn_t *c = qs->c;
+    server_t *s = c->srv;
+    setup_t *st = j->setup;
+    if (j->rc != 0) {
+        iv_err_t e = j->err;
+        int rc = j->rc, status = st->status;
+        job_free(j);
+        if (status == 422) send_error(c, 422, "unsupported", e.msg, NULL);
+        else send_iv_error(c, rc, &e);
         return;
     }
-    iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
-    iv_query_opts_t qo = {IV_OUT_ROWS, 0, 0};
-    iv_query_t *q = NULL;
-    rc = iv_query_new(d->ds, &so, &sv, &qo, &q, &e);
-    iv_qreq_free(&qr);
-    if (rc != 0) {
-        send_iv_error(c, rc, &e);
-        return;
-    }
+    c->dropped = st->dropped;
+    st->dropped = NULL;
+    iv_query_t *q = qs->q = st->q;
+    st->q = NULL;
+    int count = qs->kind == J_COUNT, have_total = st->have_total;
+    double total = st->total;
+    iv_fmt_t fmt = st->fmt;
+    job_free(j);
     int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
     const iv_limits_t *lim = &s->cfg->limits;
     char msg[256];
@@ -1087,7 +1206,6 @@ static void route_query(conn_t *c, sds_t *d, int count)
                  "the query selects %" PRId64 " rows and %" PRId64
                  " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
                  rows, hint, lim->max_rows, lim->max_nnz);
-        iv_query_free(q);
         send_error(c, 413, "too_large", msg, NULL);
         return;
     }
@@ -1098,7 +1216,6 @@ static void route_query(conn_t *c, sds_t *d, int count)
                  "the result (%" PRId64 " values) exceeds the JSON limit of %zu bytes; ask for "
                  "application/vnd.ivserve.csr or application/x-ndjson",
                  hint, lim->json_bytes);
-        iv_query_free(q);
         send_error(c, 413, "too_large", msg, NULL);
         return;
     }
@@ -1109,32 +1226,24 @@ static void route_query(conn_t *c, sds_t *d, int count)
         count_body(&body, c, q, hint, total);
         c->rows = rows;
         c->nnz = hint;
-        iv_query_free(q);
         send_simple(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
         iv_buf_free(&body);
         return;
     }
-    if (!count && r->method == HTTP_HEAD) {
+    if (!count && c->req->method == HTTP_HEAD) {
         iv_buf_t b;
         iv_buf_init(&b);
         resp_head(c, &b, 200, iv_fmt_media_type(fmt), fmt == IV_FMT_JSON ? 0 : -1, NULL);
-        iv_query_free(q);
         c->status = 200;
         send_buf_done(c, &b);
         return;
     }
     int kind = count ? J_COUNT : fmt == IV_FMT_JSON ? J_WHOLE : J_BLOCK;
-    qstream_t *qs = qs_new(c, d, q, fmt, kind);
-    if (!qs) {
-        iv_query_free(q);
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
-        return;
-    }
+    qs->fmt = fmt;
+    qs->kind = kind;
     qs->have_total = have_total;
     qs->total = total;
-    c->qs = qs;
-    rc = qs_submit(qs, kind == J_BLOCK ? J_PREP : kind, -1);
-    if (rc != 0) {
+    if (qs_submit(qs, kind == J_BLOCK ? J_PREP : kind, -1) != 0) {
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
