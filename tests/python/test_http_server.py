@@ -352,6 +352,38 @@ def test_disconnect_mid_stream_and_slow_reader(srv):
     assert "ivserve_requests_total" in metrics and "ivserve_open_connections" in metrics
 
 
+def test_disconnect_during_query_setup(srv):
+    # The set-up of a query (parsing, names, lookup tables) runs on a
+    # worker; a client that sends a large selection and leaves at once must
+    # leave nothing behind: the stream is detached and freed (the module's
+    # teardown checks a clean exit, leak-free under the sanitizers).
+    big = max(FILES, key=lambda m: m["nnz"])
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, big["shape"][0], 200_000).tolist()
+    body = json.dumps({"obs": {"index": idx}}).encode()
+    req = (f"POST /v1/datasets/{ds_id(big)}/query HTTP/1.1\r\nHost: x\r\n"
+           f"Content-Type: application/json\r\nAccept: application/vnd.ivserve.csr\r\n"
+           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    for _ in range(8):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(req)
+        s.close()
+    # Meanwhile and afterwards the server answers, and the same selection
+    # through a client that stays is exact.
+    assert requests.get(srv.url + "/healthz", timeout=5).status_code == 200
+    c = ivclient.Client(srv.url)
+    res = c.query(ds_id(big), obs=idx[:5000], format="binary")
+    same(res.matrix, expected(big)[idx[:5000], :])
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        metrics = requests.get(srv.url + "/metrics").text
+        if re.search(r"^ivserve_active_streams 0$", metrics, re.M):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("streams still active: " + metrics[-2000:])
+
+
 def test_slowloris_cut_off(tmp_path):
     s = Server(str(tmp_path), extra_args=["--header-timeout-ms", "400"], datasets=[
         {"id": "t", "path": os.path.join(FIX, FILES[0]["file"])}])
