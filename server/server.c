@@ -2,9 +2,11 @@
  * The query server (see server.h).
  *
  * Design.  One libuv loop owns every socket, timer and connection; it
- * parses requests, routes them and writes bytes, and nothing else.  All
- * work that touches a file or a decoder (dataset loading, query prepare,
- * block decode and encoding) runs as jobs on the worker pool.  A worker
+ * parses HTTP, routes requests and writes bytes, and nothing else.  All
+ * work that grows with a request or touches a file or a decoder (dataset
+ * loading, a query's set-up from its JSON body, names and filters, query
+ * prepare, block decode and encoding) runs as jobs on the worker pool;
+ * metadata pages, bounded by the page limit, are the exception.  A worker
  * finishes a job by pushing it on a locked list and calling
  * uv_async_send(); the loop drains the whole list in one swap, so
  * coalesced wake-ups lose nothing.
