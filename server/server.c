@@ -802,25 +802,9 @@ static void qs_free(qstream_t *qs)
     free(qs);
 }
 
-static int qs_submit(qstream_t *qs, int kind, int64_t b)
-{
-    job_t *j = calloc(1, sizeof *j);
-    if (!j) return IV_ENOMEM;
-    j->srv = qs->srv;
-    j->kind = kind;
-    j->qs = qs;
-    j->b = b;
-    int rc = iv_pool_try_submit(qs->srv->pool, job_run, j);
-    if (rc != 0) {
-        free(j);
-        qs->srv->metrics.overloaded++;
-        return rc;
-    }
-    qs->inflight++;
-    return 0;
-}
-
-static int qs_submit_setup(qstream_t *qs, setup_t *st)
+/* Queues a job of the stream (kind, block b; st for J_SETUP, owned by the
+ * job from here on, freed with it on failure). */
+static int qs_submit_job(qstream_t *qs, int kind, int64_t b, setup_t *st)
 {
     job_t *j = calloc(1, sizeof *j);
     if (!j) {
@@ -828,8 +812,9 @@ static int qs_submit_setup(qstream_t *qs, setup_t *st)
         return IV_ENOMEM;
     }
     j->srv = qs->srv;
-    j->kind = J_SETUP;
+    j->kind = kind;
     j->qs = qs;
+    j->b = b;
     j->setup = st;
     int rc = iv_pool_try_submit(qs->srv->pool, job_run, j);
     if (rc != 0) {
@@ -839,6 +824,11 @@ static int qs_submit_setup(qstream_t *qs, setup_t *st)
     }
     qs->inflight++;
     return 0;
+}
+
+static int qs_submit(qstream_t *qs, int kind, int64_t b)
+{
+    return qs_submit_job(qs, kind, b, NULL);
 }
 
 static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
@@ -1169,7 +1159,7 @@ static void route_query(conn_t *c, sds_t *d, int count)
         return;
     }
     c->qs = qs;
-    if (qs_submit_setup(qs, st) != 0) {
+    if (qs_submit_job(qs, J_SETUP, -1, st) != 0) {
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
