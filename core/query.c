@@ -570,12 +570,12 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
     int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
     if (n * 64 >= n_cols / 16 && n_cols > 0 && n_cols <= ((int64_t)1 << 26)) {
         /* Dense enough: scatter into a bitmap and read it back in order. */
-        if (!w->bits) {
-            w->n_words = (n_cols + 63) / 64;
-            w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
-            w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
-            if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
-        }
+        /* Each array on its own: the dense path allocates bits without
+         * gid_at, and a slice with too many groups for it comes here. */
+        w->n_words = (n_cols + 63) / 64;
+        if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+        if (!w->gid_at) w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
+        if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
         int64_t lo = w->n_words, hi = -1;
         for (int64_t i = 0; i < n; i++) {
             int64_t p = w->pos[i], wd = p >> 6;
@@ -806,16 +806,13 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
     uint64_t n_minor = (uint64_t)ds->m.n_minor;
     int64_t n_cols = q->n_out_cols;
     IV_TRY(seek_slice(q, w, s, err));
-    if (!w->tag) {
-        w->n_words = (n_cols + 63) / 64;
-        if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
-        w->summ = calloc((size_t)(w->n_words + 63) / 64, sizeof *w->summ);
-        /* Every column a bitmap word can name, so that the emitters'
-         * padding slots read inside the array. */
-        w->tag = calloc((size_t)w->n_words, 64);
-        if (!w->bits || !w->summ || !w->tag)
-            return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
-    }
+    w->n_words = (n_cols + 63) / 64;
+    if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+    if (!w->summ) w->summ = calloc((size_t)(w->n_words + 63) / 64, sizeof *w->summ);
+    /* Every column a bitmap word can name, so that the emitters' padding
+     * slots read inside the array. */
+    if (!w->tag) w->tag = calloc((size_t)w->n_words, 64);
+    if (!w->bits || !w->summ || !w->tag) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
     uint64_t *restrict bits = w->bits;
     uint64_t *restrict summ = w->summ;
     uint8_t *restrict tag = w->tag;

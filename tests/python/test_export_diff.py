@@ -192,3 +192,30 @@ def test_selection_syntax_examples(ivserve, workdir):
             return sel
         err = ivref.compare_npz(out, ivref.expected(X, parse(obs), parse(var)))
         assert err is None, "obs=%r var=%r: %s" % (obs, var, err)
+
+
+def test_rows_with_many_distinct_values_next_to_dense_rows(ivserve, workdir):
+    """Rows with more value groups than the dense path takes (256) mixed
+    with rows that take it, in one block and one worker: both paths share
+    the worker's buffers (normalized float data looks like this)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(31)
+    n_cols = 2000
+    rows = []
+    for r in range(6):
+        n = 600 if r % 2 else 100
+        cols = np.sort(rng.choice(n_cols, n, replace=False))
+        vals = (rng.permutation(n) + 0.5 if r % 2 else rng.integers(1, 6, n)).astype(np.float32)
+        rows.append((cols, vals))
+    indptr = np.cumsum([0] + [len(c) for c, _ in rows])
+    X = sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([c for c, _ in rows]),
+                       indptr), shape=(len(rows), n_cols))
+    path = os.path.join(workdir, "many_groups.h5ad")
+    ivref.write_iv(path, X, compression="zstd", chunk_len=256)
+    for obs, var in ((None, None), ([1, 0, 1, 2, 5, 4, 3], None), (None, [7, 3, 3, 1999])):
+        for threads in (1, 2):
+            out = os.path.join(workdir, "many_groups.npz")
+            ivserve.assert_ok(ivserve.export(path, out, ivref.format_sel(obs), ivref.format_sel(var),
+                                             "--threads", threads))
+            err = ivref.compare_npz(out, ivref.expected(X, obs, var))
+            assert err is None, "obs=%r var=%r threads %d: %s" % (obs, var, threads, err)
