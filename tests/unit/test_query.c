@@ -198,6 +198,13 @@ START_TEST(fixtures_under_all_settings)
             iv_cache_stats_t cs;
             iv_dataset_cache_stats(ds, &cs);
             ck_assert_uint_le(cs.used, cs.budget);
+            /* Dropping the cache (which resets the chunk arena) and decoding
+             * again must give the same matrix, from freshly decompressed
+             * chunks. */
+            iv_dataset_cache_drop(ds);
+            iv_dataset_cache_stats(ds, &cs);
+            ck_assert_uint_eq(cs.used, 0);
+            check_query(ds, pool, &m, &all, &all, 0, "all, after a cache drop");
             iv_dataset_close(ds);
         }
         iv_pool_destroy(pool);
