@@ -182,10 +182,14 @@ static void step_decode(void *arg, size_t i)
         while (run > 0) {
             /* Varints of up to 3 bytes are summed 16 bytes at a time; the
              * kernel stops at a longer one and 16 bytes before the end. */
-            size_t fast;
-            run -= iv_varint_sum3(p, end, run, &fast, &acc);
-            p += fast;
-            if (run == 0 || acc > n_minor) break;
+            if (run >= 4) {
+                /* Shorter runs (one-entry groups of float data) are not
+                 * worth a vector kernel's set-up: one by one below. */
+                size_t fast;
+                run -= iv_varint_sum3(p, end, run, &fast, &acc);
+                p += fast;
+                if (run == 0 || acc > n_minor) break;
+            }
             uint64_t d;
             size_t used = iv_varint_read_slow(p, end, &d);
             if (used == 0) {
