@@ -1153,6 +1153,26 @@ static void route_doc(conn_t *c, sds_t *d)
     send_simple(c, 200, "application/json", d->doc, d->doc_len, extra);
 }
 
+/* Hands st (owned from here on) to a worker as job jkind of a new stream
+ * of kind qkind for c.  The stream exists from now on, so that a client
+ * that goes away detaches it; failures are answered here. */
+static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
+{
+    qstream_t *qs = qs_new(c, d, NULL, IV_FMT_NONE, qkind);
+    if (!qs) {
+        setup_free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    c->qs = qs;
+    if (qs_submit_job(qs, jkind, -1, st) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+    }
+}
+
 static void route_query(conn_t *c, sds_t *d, int count)
 {
     iv_http_req_t *r = c->req;
@@ -1168,12 +1188,9 @@ static void route_query(conn_t *c, sds_t *d, int count)
             return;
         }
     }
-    /* The rest of the set-up runs on a worker (see setup_t); the stream
-     * exists from now on, so that a client that goes away detaches it. */
+    /* The rest of the set-up runs on a worker (see setup_t). */
     setup_t *st = calloc(1, sizeof *st);
-    qstream_t *qs = st ? qs_new(c, d, NULL, IV_FMT_NONE, count ? J_COUNT : J_BLOCK) : NULL;
-    if (!qs) {
-        free(st);
+    if (!st) {
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
@@ -1186,18 +1203,10 @@ static void route_query(conn_t *c, sds_t *d, int count)
     if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
     if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
         setup_free(st);
-        qs->c = NULL;
-        qs_free(qs);
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    c->qs = qs;
-    if (qs_submit_job(qs, J_SETUP, -1, st) != 0) {
-        c->qs = NULL;
-        qs->c = NULL;
-        qs_free(qs);
-        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
-    }
+    submit_setup(c, d, st, count ? J_COUNT : J_BLOCK, J_SETUP);
 }
 
 /* The loop half of a query's set-up, once the worker built the query: the
@@ -1287,9 +1296,7 @@ static void route_meta(conn_t *c, sds_t *d, const char *sub)
     }
     const char *col = sub[4] == '/' ? sub + 5 : NULL;
     setup_t *st = calloc(1, sizeof *st);
-    qstream_t *qs = st ? qs_new(c, d, NULL, IV_FMT_NONE, J_META) : NULL;
-    if (!qs) {
-        free(st);
+    if (!st) {
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
@@ -1302,19 +1309,11 @@ static void route_meta(conn_t *c, sds_t *d, const char *sub)
     if (col && !(st->col = iv_url_decode(col, strlen(col)))) bad_name = 1;
     if (!st->query || (c->req->hdr[IV_H_ACCEPT] && !st->accept) || bad_name) {
         setup_free(st);
-        qs->c = NULL;
-        qs_free(qs);
         if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the column name", NULL);
         else send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    c->qs = qs;
-    if (qs_submit_job(qs, J_META, -1, st) != 0) {
-        c->qs = NULL;
-        qs->c = NULL;
-        qs_free(qs);
-        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
-    }
+    submit_setup(c, d, st, J_META, J_META);
 }
 
 /* The loop half of a metadata page: send what the worker built. */
