@@ -581,10 +581,9 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
     return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'", key);
 }
 
-int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
-                        iv_qreq_t *out, iv_err_t *err)
+int iv_qs_each(const char *qs, size_t len, int (*plus_is_space)(const char *key),
+               iv_qs_param_fn fn, void *arg, iv_err_t *err)
 {
-    memset(out, 0, sizeof *out);
     size_t i = 0;
     int rc = 0;
     while (i < len && rc == 0) {
@@ -594,21 +593,50 @@ int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var
             const char *eq = memchr(qs + i, '=', j - i);
             size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
             char *key = iv_url_decode(qs + i, klen);
-            /* A where string is text, so '+' is a space as HTML forms write it;
-             * elsewhere '+' stays, because base64 masks use it. */
-            int text = key && strlen(key) > 6 && !strcmp(key + strlen(key) - 6, "_where");
+            int form = key && (!plus_is_space || plus_is_space(key));
             char *val = !eq ? strdup("")
-                        : text ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1))
+                        : form ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1))
                                : iv_url_decode(eq + 1, (size_t)(qs + j - eq - 1));
-            if (!key || !val)
+            if (!key || !val) {
+                free(val);
                 rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
-            else
-                rc = qs_param(out, key, val, n_obs, n_var, err);
+            } else {
+                rc = fn(arg, key, val, err);
+            }
             free(key);
-            free(val);
         }
         i = j + 1;
     }
+    return rc;
+}
+
+/* A where string is text, so '+' is a space; elsewhere '+' stays, because
+ * base64 masks use it. */
+static int where_key(const char *key)
+{
+    size_t n = strlen(key);
+    return n > 6 && !strcmp(key + n - 6, "_where");
+}
+
+struct qs_target {
+    iv_qreq_t *out;
+    int64_t n_obs, n_var;
+};
+
+static int qs_param_owned(void *arg, const char *key, char *val, iv_err_t *err)
+{
+    struct qs_target *t = arg;
+    int rc = qs_param(t->out, key, val, t->n_obs, t->n_var, err);
+    free(val);
+    return rc;
+}
+
+int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
+                        iv_qreq_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    struct qs_target t = {out, n_obs, n_var};
+    int rc = iv_qs_each(qs, len, where_key, qs_param_owned, &t, err);
     for (int a = 0; a < 2 && rc == 0; a++) {
         const iv_psel_t *p = a ? &out->var : &out->obs;
         if ((p->by || p->missing_ignore) && p->kind != IV_PSEL_NAMES)

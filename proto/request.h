@@ -103,4 +103,16 @@ char *iv_url_decode(const char *src, size_t n);
 /* The same with '+' read as a space (form encoding), for text values. */
 char *iv_url_decode_form(const char *src, size_t n);
 
+/*
+ * Splits a query string into key=value pairs, percent-decodes both and
+ * calls fn for each (a pair without '=' has the value ""), stopping at the
+ * first non-zero return.  A '+' in a value is a space, as HTML forms write
+ * it, when plus_is_space is NULL or says so for the key; otherwise it stays
+ * a '+' (base64 uses it).  fn owns val.  Returns 0 or the first error; a
+ * bad escape is IV_EBAD_REQUEST.
+ */
+typedef int (*iv_qs_param_fn)(void *arg, const char *key, char *val, iv_err_t *err);
+int iv_qs_each(const char *qs, size_t len, int (*plus_is_space)(const char *key),
+               iv_qs_param_fn fn, void *arg, iv_err_t *err);
+
 #endif

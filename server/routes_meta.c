@@ -288,36 +288,26 @@ static int tparam(tparams_t *t, const char *key, char *val, int table, iv_err_t 
     return rc;
 }
 
+struct tparams_target {
+    tparams_t *t;
+    int table;
+};
+
+static int tparam_each(void *arg, const char *key, char *val, iv_err_t *err)
+{
+    struct tparams_target *x = arg;
+    return tparam(x->t, key, val, x->table, err);
+}
+
 static int tparams_parse(tparams_t *t, const char *qs, size_t len, int table, iv_err_t *err)
 {
     memset(t, 0, sizeof *t);
     t->limit = -1;
-    size_t i = 0;
-    while (i < len) {
-        size_t j = i;
-        while (j < len && qs[j] != '&') j++;
-        if (j > i) {
-            const char *eq = memchr(qs + i, '=', j - i);
-            size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
-            char *key = iv_url_decode(qs + i, klen);
-            /* No value here is base64, so '+' is a space, as forms write it. */
-            char *val = eq ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1)) : strdup("");
-            int rc;
-            if (!key || !val) {
-                free(val);
-                rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
-            } else {
-                rc = tparam(t, key, val, table, err);
-            }
-            free(key);
-            if (rc != 0) {
-                tparams_free(t);
-                return rc;
-            }
-        }
-        i = j + 1;
-    }
-    return 0;
+    /* No value here is base64, so '+' is always a space, as forms write it. */
+    struct tparams_target x = {t, table};
+    int rc = iv_qs_each(qs, len, NULL, tparam_each, &x, err);
+    if (rc != 0) tparams_free(t);
+    return rc;
 }
 
 /* Rows matching where (all rows without one), in file order. */
