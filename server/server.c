@@ -294,22 +294,31 @@ static void job_free(job_t *j)
 
 /* ---- dataset loading (worker) ------------------------------------------ */
 
-static void build_doc(sds_t *d)
+/* The members a ready dataset's list entry and its document share, from
+ * '{' up to "ready":true; the document also names the indices dtype. */
+static void put_summary(iv_buf_t *b, const sds_t *d, int with_indices_dtype)
 {
     const iv_dataset_info_t *in = iv_dataset_info(d->ds);
+    iv_buf_puts(b, "{\"id\":");
+    iv_buf_json_str(b, d->conf->id);
+    iv_buf_puts(b, ",\"title\":");
+    iv_buf_json_str(b, d->conf->title ? d->conf->title : d->conf->id);
+    iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
+                  ",\"dtype\":\"%s\"",
+                  in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->nnz,
+                  iv_wire_dtype_name(in->value_dtype));
+    if (with_indices_dtype)
+        iv_buf_printf(b, ",\"indices_dtype\":\"%s\"", iv_wire_dtype_name(in->indices_dtype));
+    iv_buf_puts(b, ",\"codec\":");
+    iv_buf_json_str(b, in->codec);
+    iv_buf_puts(b, ",\"ready\":true");
+}
+
+static void build_doc(sds_t *d)
+{
     iv_buf_t b;
     iv_buf_init(&b);
-    iv_buf_puts(&b, "{\"id\":");
-    iv_buf_json_str(&b, d->conf->id);
-    iv_buf_puts(&b, ",\"title\":");
-    iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
-    iv_buf_printf(&b,
-                  ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
-                  ",\"dtype\":\"%s\",\"indices_dtype\":\"%s\",\"codec\":",
-                  in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->nnz,
-                  iv_wire_dtype_name(in->value_dtype), iv_wire_dtype_name(in->indices_dtype));
-    iv_buf_json_str(&b, in->codec);
-    iv_buf_puts(&b, ",\"ready\":true");
+    put_summary(&b, d, 1);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {
@@ -1099,18 +1108,8 @@ static void route_list(conn_t *c)
         first = 0;
         if (d->state == DS_READY && d->doc) {
             /* The dataset document minus the column lists keeps this short. */
-            const iv_dataset_info_t *in = iv_dataset_info(d->ds);
-            iv_buf_puts(&b, "{\"id\":");
-            iv_buf_json_str(&b, d->conf->id);
-            iv_buf_puts(&b, ",\"title\":");
-            iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
-            iv_buf_printf(&b,
-                          ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
-                          ",\"dtype\":\"%s\",\"codec\":",
-                          in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc",
-                          in->nnz, iv_wire_dtype_name(in->value_dtype));
-            iv_buf_json_str(&b, in->codec);
-            iv_buf_puts(&b, ",\"ready\":true}");
+            put_summary(&b, d, 0);
+            iv_buf_puts(&b, "}");
         } else {
             iv_buf_puts(&b, "{\"id\":");
             iv_buf_json_str(&b, d->conf->id);
