@@ -801,7 +801,8 @@ static void req_done(conn_t *c)
 
 /* ---- query streams ------------------------------------------------------ */
 
-static qstream_t *qs_new(conn_t *c, sds_t *d, iv_query_t *q, iv_fmt_t fmt, int kind)
+/* A stream without its query yet: the set-up job builds it. */
+static qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
 {
     server_t *s = c->srv;
     qstream_t *qs = calloc(1, sizeof *qs);
@@ -815,8 +816,7 @@ static qstream_t *qs_new(conn_t *c, sds_t *d, iv_query_t *q, iv_fmt_t fmt, int k
     qs->srv = s;
     qs->c = c;
     qs->ds = d;
-    qs->q = q;
-    qs->fmt = fmt;
+    qs->fmt = IV_FMT_NONE;
     qs->kind = kind;
     qs->next_live = s->streams;
     if (s->streams) s->streams->prev_live = qs;
@@ -1157,7 +1157,7 @@ static void route_doc(conn_t *c, sds_t *d)
  * that goes away detaches it; failures are answered here. */
 static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
 {
-    qstream_t *qs = qs_new(c, d, NULL, IV_FMT_NONE, qkind);
+    qstream_t *qs = qs_new(c, d, qkind);
     if (!qs) {
         setup_free(st);
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
