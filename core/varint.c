@@ -272,10 +272,8 @@ uint64_t iv_varint_sum3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t
                         uint64_t *sum)
 {
 #if IV_X86_KERNELS
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"))
-        return iv_varint_sum3_avx2(p, end, k, used, sum);
-    if (__builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt"))
-        return iv_varint_sum3_ssse3(p, end, k, used, sum);
+    if (iv_varint_have_avx2()) return iv_varint_sum3_avx2(p, end, k, used, sum);
+    if (iv_varint_have_ssse3()) return iv_varint_sum3_ssse3(p, end, k, used, sum);
 #endif
     return iv_varint_sum3_portable(p, end, k, used, sum);
 }
