@@ -39,7 +39,10 @@ size_t iv_pool_queued(iv_pool_t *p);
 /*
  * Runs fn(arg, i) for every i in [0, n), on up to `width` threads (the
  * caller included; 0 = all workers + caller).  Items are claimed in
- * increasing order.  p may be NULL: then the caller runs everything.
+ * increasing order, one at a time, and a participant runs the item it
+ * claimed at once: so an item may wait for a lower one to reach some
+ * point (the lowest unfinished item never waits).  p may be NULL: then
+ * the caller runs everything.
  */
 typedef void (*iv_range_fn)(void *arg, size_t i);
 void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg);

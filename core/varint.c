@@ -73,128 +73,95 @@ size_t iv_varint_skip(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped)
     return i + used;
 }
 
-uint64_t iv_varint_sum3_portable(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                                 uint64_t *sum)
+size_t iv_varint_walk3_portable(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                                size_t n_marks, uint64_t *sum_at, const uint8_t **p_at)
 {
-    uint64_t got = 0, s = 0;
+    const uint8_t *p = w->p;
+    uint64_t n = w->n, s = w->sum;
     size_t i = 0;
-    while (got < k && end - (p + i) >= 16) {
-        uint64_t d = p[i] & 0x7f;
-        size_t n = 1;
-        while (n <= 3 && p[i + n - 1] >= 0x80) {
-            if (n == 3) break;
-            d |= (uint64_t)(p[i + n] & 0x7f) << (7 * n);
-            n++;
+    while (i < n_marks && p < end) {
+        uint64_t d = p[0] & 0x7f;
+        size_t len = 1;
+        if (p[0] >= 0x80) {
+            if (end - p < 2) break;
+            d |= (uint64_t)(p[1] & 0x7f) << 7;
+            len = 2;
+            if (p[1] >= 0x80) {
+                if (end - p < 3 || p[2] >= 0x80) break;   /* four bytes or more */
+                d |= (uint64_t)p[2] << 14;
+                len = 3;
+            }
         }
-        if (p[i + n - 1] >= 0x80) break;   /* four bytes or more */
+        p += len;
+        n++;
         s += d + 1;
-        i += n;
-        got++;
+        for (; i < n_marks && marks[i] == n; i++) {
+            sum_at[i] = s;
+            p_at[i] = p;
+        }
     }
-    *used = i;
-    *sum += s;
-    return got;
+    w->p = p;
+    w->n = n;
+    w->sum = s;
+    return i;
 }
 
 #if IV_X86_KERNELS
-/* 32 bytes of 0xff then 32 of zero: loadu(ones_then_zeros + W - n) keeps
- * the first n bytes of a W-byte vector. */
+/* 32 bytes of 0xff then 32 of zero: loadu(ones_then_zeros + 32 - n) keeps
+ * the first n bytes of a 32-byte vector. */
 static const uint8_t ones_then_zeros[64] = {
     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
 };
-#endif
 
-#if IV_X86_KERNELS
+#define IV_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2")))
 
-/*
- * Blocks of 16 bytes are summed with byte masks: a byte's weight is 1, 2^7
- * or 2^14 by how many continuation bytes precede it inside its varint
- * (found by shifting the continuation mask, carried from the previous
- * block), and psadbw adds each weight class.  Blocks do not depend on each
- * other's loads, so the loop runs at load speed; only the last block, the
- * one holding the k-th terminator or a varint longer than 3 bytes, is cut
- * at a terminator.  If the call ends between blocks, the bytes of the
- * varint left open at the end of the last block were added and are taken
- * back out.
- */
-__attribute__((target("ssse3,popcnt"))) uint64_t
-iv_varint_sum3_ssse3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used, uint64_t *sum)
+/* s0 + 2^7 s1 + 2^14 s2, over the four 64-bit lanes. */
+static inline IV_AVX2 uint64_t weighted_total(__m256i s0, __m256i s1, __m256i s2)
 {
-    const __m128i low7 = _mm_set1_epi8(0x7f), zero = _mm_setzero_si128();
-    __m128i s0 = zero, s1 = zero, s2 = zero, prev = zero;
-    uint64_t got = 0;
-    const uint8_t *q = p;
-    unsigned open = 0;          /* continuation bytes at the end of the last whole block */
-    while (got < k && end - q >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
-        __m128i cont = _mm_cmplt_epi8(v, zero);
-        __m128i sh1 = _mm_alignr_epi8(cont, prev, 15);
-        __m128i sh2 = _mm_and_si128(_mm_alignr_epi8(cont, prev, 14), sh1);
-        __m128i sh3 = _mm_and_si128(_mm_alignr_epi8(cont, prev, 13), sh2);
-        unsigned cm = (unsigned)_mm_movemask_epi8(cont);
-        unsigned tm = ~cm & 0xffffu;
-        unsigned c3 = (unsigned)_mm_movemask_epi8(sh3);
-        unsigned nt = (unsigned)__builtin_popcount(tm);
-        __m128i lo = _mm_and_si128(v, low7);
-        if (c3 || got + nt >= k) {
-            /* Last block: keep terminators before a long varint's byte
-             * and no more than k - got of them. */
-            if (c3) tm &= (1u << __builtin_ctz(c3)) - 1;
-            uint64_t left = k - got;
-            if ((uint64_t)__builtin_popcount(tm) > left) {
-                unsigned rest = tm;
-                for (uint64_t i = 0; i < left; i++) rest &= rest - 1;
-                tm ^= rest;
-            }
-            if (tm) {
-                unsigned len = 32 - (unsigned)__builtin_clz(tm);
-                __m128i keep =
-                    _mm_loadu_si128((const __m128i *)(const void *)(ones_then_zeros + 32 - len));
-                lo = _mm_and_si128(lo, keep);
-                s0 = _mm_add_epi64(s0, _mm_sad_epu8(_mm_andnot_si128(sh1, lo), zero));
-                s1 = _mm_add_epi64(s1, _mm_sad_epu8(_mm_and_si128(_mm_andnot_si128(sh2, sh1), lo), zero));
-                s2 = _mm_add_epi64(s2, _mm_sad_epu8(_mm_and_si128(sh2, lo), zero));
-                got += (unsigned)__builtin_popcount(tm);
-                q += len;
-                open = 0;
-            }
-            break;
-        }
-        s0 = _mm_add_epi64(s0, _mm_sad_epu8(_mm_andnot_si128(sh1, lo), zero));
-        s1 = _mm_add_epi64(s1, _mm_sad_epu8(_mm_and_si128(_mm_andnot_si128(sh2, sh1), lo), zero));
-        s2 = _mm_add_epi64(s2, _mm_sad_epu8(_mm_and_si128(sh2, lo), zero));
-        got += nt;
-        prev = cont;
-        q += 16;
-        /* tm != 0 here: a block without a terminator has a byte after
-         * three continuation bytes. */
-        open = 15 - (31 - (unsigned)__builtin_clz(tm));
-    }
-    __m128i t = _mm_add_epi64(_mm_add_epi64(s0, _mm_slli_epi64(s1, 7)), _mm_slli_epi64(s2, 14));
-    uint64_t lanes[2];
-    _mm_storeu_si128((__m128i *)(void *)lanes, t);
-    uint64_t total = lanes[0] + lanes[1];
-    /* Take back the open varint's first bytes (at most 3, as a fourth
-     * continuation byte would have ended the loop). */
-    for (unsigned i = 0; i < open; i++) total -= (uint64_t)(q[(int)i - (int)open] & 0x7f) << (7 * i);
-    q -= open;
-    *used = (size_t)(q - p);
-    *sum += total + got;
-    return got;
+    __m256i t = _mm256_add_epi64(_mm256_add_epi64(s0, _mm256_slli_epi64(s1, 7)),
+                                 _mm256_slli_epi64(s2, 14));
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return (uint64_t)_mm_cvtsi128_si64(h) + (uint64_t)_mm_extract_epi64(h, 1);
 }
 
-/* The same as the SSSE3 kernel on 32-byte blocks; the byte shifts cross
- * the two 128-bit lanes through a permute. */
-__attribute__((target("avx2,popcnt"))) uint64_t
-iv_varint_sum3_avx2(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used, uint64_t *sum)
+/* Position of the (k+1)-th set bit of x (k < popcount(x)). */
+static inline IV_AVX2 unsigned select_bit(uint32_t x, unsigned k, int pdep)
+{
+    if (pdep) return (unsigned)__builtin_ctz(_pdep_u32(1u << k, x));
+    for (; k > 0; k--) x &= x - 1;
+    return (unsigned)__builtin_ctz(x);
+}
+
+/*
+ * Blocks of 32 bytes are summed with byte masks: a byte's weight is 1, 2^7
+ * or 2^14 by how many continuation bytes precede it inside its varint
+ * (found by shifting the continuation mask, carried from the previous
+ * block), and psadbw adds each weight class into 64-bit lanes.  Blocks do
+ * not depend on each other's loads, so the loop runs at load speed.  A
+ * mark that falls in a block is found by selecting its terminator among
+ * the block's, and the block cut after it is added to the running lanes
+ * for that mark's sum; the block is still added whole afterwards.  A
+ * varint longer than 3 bytes (a byte with 3 continuation bytes before it)
+ * cuts the block before it and ends the call there.  When the call ends
+ * between blocks, the bytes of the varint left open at the end of the
+ * last block were added and are taken back out; the last bytes, fewer
+ * than a block, go through the portable loop.
+ */
+static inline IV_AVX2 __attribute__((always_inline)) size_t
+walk3_avx2(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks, size_t n_marks,
+           uint64_t *sum_at, const uint8_t **p_at, int pdep)
 {
     const __m256i low7 = _mm256_set1_epi8(0x7f), zero = _mm256_setzero_si256();
     __m256i s0 = zero, s1 = zero, s2 = zero, prev = zero;
-    uint64_t got = 0;
-    const uint8_t *q = p;
+    const uint8_t *q = w->p;
+    const uint64_t n0 = w->n, sum0 = w->sum;
+    uint64_t got = n0;
     unsigned open = 0;
-    while (got < k && end - q >= 32) {
+    size_t i = 0;
+    int long_varint = 0;
+    if (n_marks == 0) return 0;
+    while (end - q >= 32) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)q);
         __m256i cont = _mm256_cmpgt_epi8(zero, v);
         __m256i x = _mm256_permute2x128_si256(prev, cont, 0x21);   /* prev.hi, cont.lo */
@@ -203,79 +170,113 @@ iv_varint_sum3_avx2(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *us
         __m256i sh3 = _mm256_and_si256(_mm256_alignr_epi8(cont, x, 13), sh2);
         uint32_t tm = ~(uint32_t)_mm256_movemask_epi8(cont);
         uint32_t c3 = (uint32_t)_mm256_movemask_epi8(sh3);
-        unsigned nt = (unsigned)__builtin_popcount(tm);
+        if (c3) tm &= (1u << __builtin_ctz(c3)) - 1;
+        uint64_t nt = (uint64_t)__builtin_popcount(tm);
         __m256i lo = _mm256_and_si256(v, low7);
-        if (c3 || got + nt >= k) {
-            if (c3) tm &= (1u << __builtin_ctz(c3)) - 1;
-            uint64_t left = k - got;
-            if ((uint64_t)__builtin_popcount(tm) > left) {
-                uint32_t rest = tm;
-                for (uint64_t i = 0; i < left; i++) rest &= rest - 1;
-                tm ^= rest;
+        __m256i a0 = _mm256_andnot_si256(sh1, lo);
+        __m256i a1 = _mm256_and_si256(_mm256_andnot_si256(sh2, sh1), lo);
+        __m256i a2 = _mm256_and_si256(sh2, lo);
+        while (got + nt >= marks[i]) {
+            unsigned pos = select_bit(tm, (unsigned)(marks[i] - got - 1), pdep);
+            __m256i keep =
+                _mm256_loadu_si256((const __m256i *)(const void *)(ones_then_zeros + 31 - pos));
+            uint64_t t = weighted_total(
+                _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_and_si256(a0, keep), zero)),
+                _mm256_add_epi64(s1, _mm256_sad_epu8(_mm256_and_si256(a1, keep), zero)),
+                _mm256_add_epi64(s2, _mm256_sad_epu8(_mm256_and_si256(a2, keep), zero)));
+            sum_at[i] = sum0 + t + (marks[i] - n0);
+            p_at[i] = q + pos + 1;
+            if (++i == n_marks) {
+                w->p = p_at[i - 1];
+                w->n = marks[i - 1];
+                w->sum = sum_at[i - 1];
+                return i;
             }
+        }
+        if (c3) {
+            /* Stop before the long varint: keep the block up to the last
+             * terminator ahead of it, if any. */
             if (tm) {
                 unsigned len = 32 - (unsigned)__builtin_clz(tm);
                 __m256i keep =
                     _mm256_loadu_si256((const __m256i *)(const void *)(ones_then_zeros + 32 - len));
-                lo = _mm256_and_si256(lo, keep);
-                s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_andnot_si256(sh1, lo), zero));
-                s1 = _mm256_add_epi64(
-                    s1, _mm256_sad_epu8(_mm256_and_si256(_mm256_andnot_si256(sh2, sh1), lo), zero));
-                s2 = _mm256_add_epi64(s2, _mm256_sad_epu8(_mm256_and_si256(sh2, lo), zero));
-                got += (unsigned)__builtin_popcount(tm);
+                s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_and_si256(a0, keep), zero));
+                s1 = _mm256_add_epi64(s1, _mm256_sad_epu8(_mm256_and_si256(a1, keep), zero));
+                s2 = _mm256_add_epi64(s2, _mm256_sad_epu8(_mm256_and_si256(a2, keep), zero));
+                got += nt;
                 q += len;
                 open = 0;
             }
+            long_varint = 1;
             break;
         }
-        s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_andnot_si256(sh1, lo), zero));
-        s1 = _mm256_add_epi64(
-            s1, _mm256_sad_epu8(_mm256_and_si256(_mm256_andnot_si256(sh2, sh1), lo), zero));
-        s2 = _mm256_add_epi64(s2, _mm256_sad_epu8(_mm256_and_si256(sh2, lo), zero));
+        s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(a0, zero));
+        s1 = _mm256_add_epi64(s1, _mm256_sad_epu8(a1, zero));
+        s2 = _mm256_add_epi64(s2, _mm256_sad_epu8(a2, zero));
         got += nt;
         prev = cont;
         q += 32;
-        open = (unsigned)__builtin_clz(tm);
+        open = (unsigned)__builtin_clz(tm);   /* tm != 0: no c3 means no 32-byte varint */
     }
-    __m256i t = _mm256_add_epi64(_mm256_add_epi64(s0, _mm256_slli_epi64(s1, 7)),
-                                 _mm256_slli_epi64(s2, 14));
-    uint64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)(void *)lanes, t);
-    uint64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-    for (unsigned i = 0; i < open; i++) total -= (uint64_t)(q[(int)i - (int)open] & 0x7f) << (7 * i);
-    q -= open;
-    *used = (size_t)(q - p);
-    *sum += total + got;
-    return got;
+    uint64_t total = weighted_total(s0, s1, s2);
+    for (unsigned k = 0; k < open; k++) total -= (uint64_t)(q[(int)k - (int)open] & 0x7f) << (7 * k);
+    w->p = q - open;
+    w->n = got;
+    w->sum = sum0 + total + (got - n0);
+    if (long_varint) return i;
+    return i + iv_varint_walk3_portable(w, end, marks + i, n_marks - i, sum_at + i, p_at + i);
 }
-#endif
 
-int iv_varint_have_ssse3(void)
+IV_AVX2 size_t iv_varint_walk3_avx2(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                                    size_t n_marks, uint64_t *sum_at, const uint8_t **p_at)
 {
-#if IV_X86_KERNELS
-    return __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
-#else
-    return 0;
-#endif
+    return walk3_avx2(w, end, marks, n_marks, sum_at, p_at, 0);
 }
+
+IV_AVX2 size_t iv_varint_walk3_avx2_pdep(iv_varint_walk_t *w, const uint8_t *end,
+                                         const uint64_t *marks, size_t n_marks, uint64_t *sum_at,
+                                         const uint8_t **p_at)
+{
+    return walk3_avx2(w, end, marks, n_marks, sum_at, p_at, 1);
+}
+#endif
 
 int iv_varint_have_avx2(void)
 {
 #if IV_X86_KERNELS
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
 #else
     return 0;
 #endif
 }
 
-uint64_t iv_varint_sum3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                        uint64_t *sum)
+int iv_varint_have_fast_pdep(void)
 {
 #if IV_X86_KERNELS
-    if (iv_varint_have_avx2()) return iv_varint_sum3_avx2(p, end, k, used, sum);
-    if (iv_varint_have_ssse3()) return iv_varint_sum3_ssse3(p, end, k, used, sum);
+    /* AMD before family 19h (Zen 3) runs pdep in microcode, slower than
+     * the bit-clearing loop; everyone else with BMI2 does it in 3 cycles. */
+    return iv_varint_have_avx2() &&
+           !(__builtin_cpu_is("amdfam15h") || __builtin_cpu_is("amdfam17h"));
+#else
+    return 0;
 #endif
-    return iv_varint_sum3_portable(p, end, k, used, sum);
+}
+
+size_t iv_varint_walk3(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                       size_t n_marks, uint64_t *sum_at, const uint8_t **p_at)
+{
+#if IV_X86_KERNELS
+    static int pick = -1;   /* 0 portable, 1 avx2, 2 avx2 with pdep; racy but idempotent */
+    int k = __atomic_load_n(&pick, __ATOMIC_RELAXED);
+    if (k < 0) {
+        k = iv_varint_have_fast_pdep() ? 2 : iv_varint_have_avx2() ? 1 : 0;
+        __atomic_store_n(&pick, k, __ATOMIC_RELAXED);
+    }
+    if (k == 2) return iv_varint_walk3_avx2_pdep(w, end, marks, n_marks, sum_at, p_at);
+    if (k == 1) return iv_varint_walk3_avx2(w, end, marks, n_marks, sum_at, p_at);
+#endif
+    return iv_varint_walk3_portable(w, end, marks, n_marks, sum_at, p_at);
 }
 
 size_t iv_varint_read_slow(const uint8_t *p, const uint8_t *end, uint64_t *v)

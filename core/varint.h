@@ -56,31 +56,45 @@ size_t iv_varint_skip(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped)
 size_t iv_varint_skip_scalar(const uint8_t *p, size_t n, uint64_t k, uint64_t *skipped);
 
 /*
- * Sums d + 1 over up to k varints from p (a varint boundary), the way the
- * row index checks a value group: the sum is the group's last index + 1.
- * Handles varints of 1 to 3 bytes only and stops early, leaving the rest
- * to a checked one-by-one decode, at a longer varint or when fewer than 16
- * bytes remain before end.  Returns the number of varints consumed; adds
- * their bytes to *used (set to 0 first) and their sum to *sum.  At most k
- * terminators are consumed; with 3-byte varints a sum cannot exceed
- * k * 2^21, so callers checking *sum after each call cannot see it wrap.
+ * A walk along the varints of the index stream that reports, at given
+ * points, the running sum of d + 1: the row index's checks need each
+ * value group's sum (its last index + 1) and the byte offset of some
+ * varints, never the values one by one.
+ *
+ * iv_varint_walk3() advances *w (p at a varint boundary; n varints passed;
+ * sum of their d + 1) over varints of 1 to 3 bytes.  marks[0..n_marks) are
+ * non-decreasing counts of varints, all greater than w->n on entry: when
+ * w->n reaches marks[i], sum_at[i] gets w->sum and p_at[i] gets w->p.
+ * Returns how many marks were reached; then *w stands at the last of them,
+ * or, when fewer were reached, just before the first varint of 4 bytes or
+ * more, or at end, or before a varint that end cuts short (w->p <= end in
+ * every case).  The caller decodes that varint with its own checks and
+ * walks on.  One call adds at most 2^21 per varint to w->sum.
  */
-uint64_t iv_varint_sum3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                        uint64_t *sum);
+typedef struct iv_varint_walk {
+    const uint8_t *p;
+    uint64_t n;
+    uint64_t sum;
+} iv_varint_walk_t;
+
+size_t iv_varint_walk3(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                       size_t n_marks, uint64_t *sum_at, const uint8_t **p_at);
 
 /*
- * The variants iv_varint_sum3 chooses from, for tests: portable C always;
- * SSSE3 and AVX2 on x86-64, callable only when iv_varint_have_ssse3() or
- * iv_varint_have_avx2() says the CPU has them.  All give the same results.
+ * The variants iv_varint_walk3 chooses from, for tests: portable C always;
+ * AVX2 on x86-64, callable only when iv_varint_have_avx2() says the CPU
+ * has AVX2, POPCNT, BMI1 and BMI2.  The _pdep one finds a mark's
+ * terminator with pdep, which iv_varint_walk3 uses only where
+ * iv_varint_have_fast_pdep() says pdep is fast.  All give the same results.
  */
-uint64_t iv_varint_sum3_portable(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                                 uint64_t *sum);
-uint64_t iv_varint_sum3_ssse3(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                              uint64_t *sum);
-uint64_t iv_varint_sum3_avx2(const uint8_t *p, const uint8_t *end, uint64_t k, size_t *used,
-                             uint64_t *sum);
-int iv_varint_have_ssse3(void);
+size_t iv_varint_walk3_portable(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                                size_t n_marks, uint64_t *sum_at, const uint8_t **p_at);
+size_t iv_varint_walk3_avx2(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                            size_t n_marks, uint64_t *sum_at, const uint8_t **p_at);
+size_t iv_varint_walk3_avx2_pdep(iv_varint_walk_t *w, const uint8_t *end, const uint64_t *marks,
+                                 size_t n_marks, uint64_t *sum_at, const uint8_t **p_at);
 int iv_varint_have_avx2(void);
+int iv_varint_have_fast_pdep(void);
 
 /*
  * Decodes one varint from [p, end).  Returns the number of bytes used

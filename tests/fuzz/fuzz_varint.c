@@ -1,12 +1,13 @@
 /*
  * libFuzzer target: the varint kernels on arbitrary bytes.  The first byte
- * picks k, the number of varints a group-sum call is asked for; the rest
- * is the stream.  Every iv_varint_sum3 variant the CPU runs is finished by
- * one-by-one decoding wherever it stops, and must agree with a plain
- * decode of the same stream on the sum of d + 1 and the end position,
- * consume no more than k varints and read nothing past the end (the input
- * is an exact-size copy).  The counting and skipping kernels are checked
- * against their scalar references on the same bytes.
+ * picks the spacing of the marks a walk is asked for (and k for the skip
+ * kernel); the rest is the stream.  Every iv_varint_walk3 variant the CPU
+ * runs is driven as the row index drives it (marks at the walk's position
+ * taken from it, a varint the kernel leaves decoded one by one) and must
+ * agree with a plain decode of the same stream on the sum of d + 1 and the
+ * position at every mark, never pass a mark, and read nothing past the end
+ * (the input is an exact-size copy).  The counting and skipping kernels
+ * are checked against their scalar references on the same bytes.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,48 +17,43 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-typedef uint64_t (*sum3_fn)(const uint8_t *, const uint8_t *, uint64_t, size_t *, uint64_t *);
+typedef size_t (*walk_fn)(iv_varint_walk_t *, const uint8_t *, const uint64_t *, size_t, uint64_t *,
+                          const uint8_t **);
 
-/* The plain decode of up to k varints: their sum, where it ends and how
- * many there were (fewer than k when the stream ends or a varint is bad). */
-static uint64_t plain(const uint8_t *p, const uint8_t *end, uint64_t k, const uint8_t **at,
-                      uint64_t *sum)
-{
-    uint64_t n = 0;
-    *sum = 0;
-    while (n < k) {
-        uint64_t d;
-        size_t u = iv_varint_read(p, end, &d);
-        if (u == 0) break;
-        *sum += d + 1;
-        p += u;
-        n++;
-    }
-    *at = p;
-    return n;
-}
+enum { MAX_MARKS = 512 };
 
-static void check(sum3_fn fn, const uint8_t *buf, const uint8_t *end, uint64_t k)
+static void check(walk_fn fn, const uint8_t *buf, const uint8_t *end, const uint64_t *marks,
+                  size_t nm, const uint64_t *ref_sum, const size_t *ref_pos, uint64_t nv)
 {
-    const uint8_t *want_at;
-    uint64_t want_sum, want_n = plain(buf, end, k, &want_at, &want_sum);
-    const uint8_t *q = buf;
-    uint64_t sum = 0, done = 0;
-    while (done < want_n) {
-        size_t used = 0;
-        uint64_t got = fn(q, end, want_n - done, &used, &sum);
-        if (got > want_n - done || used > (size_t)(end - q)) abort();
-        q += used;
-        done += got;
-        if (done == want_n) break;
-        uint64_t d;
-        size_t u = iv_varint_read(q, end, &d);
-        if (u == 0) abort();  /* the plain decode read it */
-        sum += d + 1;
-        q += u;
-        done++;
+    uint64_t sum_at[MAX_MARKS];
+    const uint8_t *p_at[MAX_MARKS];
+    iv_varint_walk_t w = {.p = buf, .n = 0, .sum = 0};
+    size_t i = 0;
+    while (i < nm) {
+        if (marks[i] == w.n) {
+            sum_at[i] = w.sum;
+            p_at[i] = w.p;
+            i++;
+            continue;
+        }
+        const uint8_t *before = w.p;
+        size_t r = fn(&w, end, marks + i, nm - i, sum_at + i, p_at + i);
+        if (r > nm - i || w.p > end || w.p < before || w.n > nv) abort();
+        if (w.p != buf + ref_pos[w.n] || w.sum != ref_sum[w.n]) abort();
+        i += r;
+        if (r > 0 && i == nm && w.n != marks[nm - 1]) abort();
+        if (i < nm) {
+            if (marks[i] <= w.n) abort();
+            uint64_t d;
+            size_t u = iv_varint_read(w.p, end, &d);
+            if (u == 0) abort();  /* the plain decode read it */
+            w.p += u;
+            w.n++;
+            w.sum += d + 1;
+        }
     }
-    if (sum != want_sum || q != want_at) abort();
+    for (size_t m = 0; m < nm; m++)
+        if (sum_at[m] != ref_sum[marks[m]] || p_at[m] != buf + ref_pos[marks[m]]) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -69,14 +65,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *buf = malloc(size ? size : 1);
     memcpy(buf, data, size);
     const uint8_t *end = buf + size;
-    check(iv_varint_sum3, buf, end, k);
-    check(iv_varint_sum3_portable, buf, end, k);
-    if (iv_varint_have_ssse3()) check(iv_varint_sum3_ssse3, buf, end, k);
-    if (iv_varint_have_avx2()) check(iv_varint_sum3_avx2, buf, end, k);
+
+    /* The plain decode, up to the end or the first varint it rejects. */
+    uint64_t *ref_sum = malloc((size + 1) * sizeof *ref_sum);
+    size_t *ref_pos = malloc((size + 1) * sizeof *ref_pos);
+    uint64_t nv = 0;
+    ref_sum[0] = 0;
+    ref_pos[0] = 0;
+    for (;;) {
+        uint64_t d;
+        size_t u = iv_varint_read(buf + ref_pos[nv], end, &d);
+        if (u == 0) break;
+        ref_sum[nv + 1] = ref_sum[nv] + d + 1;
+        ref_pos[nv + 1] = ref_pos[nv] + u;
+        nv++;
+    }
+    /* Marks every (k % 8) varints, with repeats when that is 0, and the last. */
+    uint64_t marks[MAX_MARKS];
+    size_t nm = 0;
+    uint64_t step = k % 8, at = k % 3;
+    while (nm < MAX_MARKS - 1 && at <= nv) {
+        marks[nm++] = at;
+        at += step ? step : (nm % 3 == 0);
+    }
+    if (nv > 0 && nm < MAX_MARKS && (nm == 0 || marks[nm - 1] < nv)) marks[nm++] = nv;
+
+    check(iv_varint_walk3, buf, end, marks, nm, ref_sum, ref_pos, nv);
+    check(iv_varint_walk3_portable, buf, end, marks, nm, ref_sum, ref_pos, nv);
+    if (iv_varint_have_avx2()) {
+        check(iv_varint_walk3_avx2, buf, end, marks, nm, ref_sum, ref_pos, nv);
+        check(iv_varint_walk3_avx2_pdep, buf, end, marks, nm, ref_sum, ref_pos, nv);
+    }
     if (iv_varint_count_ends(buf, size) != iv_varint_count_ends_scalar(buf, size)) abort();
     uint64_t s1, s2;
     if (iv_varint_skip(buf, size, k, &s1) != iv_varint_skip_scalar(buf, size, k, &s2) || s1 != s2)
         abort();
+    free(ref_sum);
+    free(ref_pos);
     free(buf);
     return 0;
 }

@@ -275,3 +275,21 @@ def test_column_stored_in_two_groups(ivserve, workdir):
         ivserve.assert_error(ivserve.export(path, out, obs=obs, var=var), path, "twice")
     # Row 1 alone is fine.
     ivserve.assert_ok(ivserve.export(path, out, obs="1"))
+
+
+def test_group_past_n_minor_only_across_chunks(ivserve, workdir):
+    """A value group of 30 one-byte varints of delta 3 in a 100-column file,
+    in 8-byte chunks: its last index is 119, but its parts hold 32, 32, 32
+    and 24 of that sum, and it stays inside n_minor without its first part.
+    Only joining every part across chunks finds the lie; the same group
+    with delta 2 (last index 89) is accepted."""
+    import scipy.sparse as sp
+    for deltas, ok in ((3, False), (2, True)):
+        X = sp.csr_matrix((np.ones(30, np.float32), np.arange(30), [0, 30]), shape=(1, 100))
+        packed = np.full(30, deltas, np.uint8)
+        path = os.path.join(workdir, "spanning_group_%d.h5ad" % deltas)
+        ivref.write_iv(path, X, compression="zstd", chunk_len=8, packed=packed)
+        if ok:
+            ivserve.assert_ok(ivserve.check(path))
+        else:
+            ivserve.assert_error(ivserve.check(path), path, "group", "n_minor")

@@ -219,3 +219,22 @@ def test_rows_with_many_distinct_values_next_to_dense_rows(ivserve, workdir):
                                              "--threads", threads))
             err = ivref.compare_npz(out, ivref.expected(X, obs, var))
             assert err is None, "obs=%r var=%r threads %d: %s" % (obs, var, threads, err)
+
+
+def test_every_slice_through_its_checkpoint(ivserve, workdir):
+    """Rows asked for in reverse order make every row a seek to its
+    checkpoint.  With chunks of 1 to 3 bytes and 2- and 3-byte varints,
+    many slices start with a varint split across chunks, whose checkpoint
+    must point into the earlier chunk."""
+    rng = np.random.default_rng(47)
+    for chunk_len in (1, 2, 3):
+        X = ivref.random_csr(rng, 240, 300_000, 7000, dtype=np.int32)
+        path = os.path.join(workdir, "split_%d.h5ad" % chunk_len)
+        ivref.write_iv(path, X, compression="zstd", chunk_len=chunk_len)
+        obs = list(range(X.shape[0] - 1, -1, -1))
+        for stride in (1, 3):
+            out = os.path.join(workdir, "split.npz")
+            ivserve.assert_ok(ivserve.export(path, out, ivref.format_sel(obs), None,
+                                             "--threads", 2, "--stride", stride))
+            err = ivref.compare_npz(out, ivref.expected(X, obs))
+            assert err is None, "chunk_len %d stride %d: %s" % (chunk_len, stride, err)

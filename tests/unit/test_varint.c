@@ -88,82 +88,118 @@ START_TEST(rejects_overlong)
 }
 END_TEST
 
-typedef uint64_t (*sum3_fn)(const uint8_t *, const uint8_t *, uint64_t, size_t *, uint64_t *);
+typedef size_t (*walk_fn)(iv_varint_walk_t *, const uint8_t *, const uint64_t *, size_t, uint64_t *,
+                          const uint8_t **);
 
 /*
- * A group-sum kernel, finished by one-by-one decoding wherever it stops,
- * must give the plain decode's sum of d + 1 over the first k varints and
- * end on the same byte.  Streams mix 1- to 10-byte varints in random
- * proportions; buffers are exact-size heap blocks so that a read past the
- * end is caught by the sanitizers.
+ * A walk driven the way the row index drives it: marks reached at the
+ * walk's position are taken from it, the kernel runs up to the next ones,
+ * and a varint it leaves is decoded one by one.  Every mark must give the
+ * plain decode's running sum of d + 1 and position, and the walk must stop
+ * exactly at the last mark.
  */
-static void check_sum3(sum3_fn fn, const char *name)
+static void check_walk(walk_fn fn, const char *name)
 {
-    for (int iter = 0; iter < 3000; iter++) {
-        size_t nv = (size_t)(rnd() % 300);
+    enum { MAX_MARKS = 64 };
+    for (int iter = 0; iter < 4000; iter++) {
+        size_t nv = (size_t)(rnd() % 400);
         unsigned long_pct = (unsigned)(rnd() % 4 == 0 ? rnd() % 60 : rnd() % 3);
+        unsigned three_pct = (unsigned)(rnd() % 3 == 0 ? rnd() % 40 : 0);
         unsigned two_pct = (unsigned)(rnd() % 101);
         uint8_t *tmp = malloc(nv * IV_VARINT_MAX + 1);
-        ck_assert_ptr_nonnull(tmp);
+        uint64_t *ref_sum = malloc((nv + 1) * sizeof *ref_sum);
+        size_t *ref_pos = malloc((nv + 1) * sizeof *ref_pos);
+        ck_assert(tmp && ref_sum && ref_pos);
+        uint64_t base_n = rnd() % 2 ? rnd() >> 24 : 0, base_sum = rnd() % 2 ? rnd() >> 20 : 0;
         size_t len = 0;
+        ref_sum[0] = base_sum;
+        ref_pos[0] = 0;
         for (size_t i = 0; i < nv; i++) {
             uint64_t v;
             unsigned r = (unsigned)(rnd() % 100);
             if (r < long_pct) v = rnd() >> (rnd() % 64);           /* any length */
-            else if (r < long_pct + two_pct) v = rnd() % (1u << 14);
+            else if (r < long_pct + three_pct) v = rnd() % (1u << 21);
+            else if (r < long_pct + three_pct + two_pct) v = rnd() % (1u << 14);
             else v = rnd() % 128;
             len += iv_varint_write(v, tmp + len);
+            ref_sum[i + 1] = ref_sum[i] + v + 1;
+            ref_pos[i + 1] = len;
         }
+        /* An exact-size copy, so that a read past the end is caught. */
         uint8_t *buf = malloc(len ? len : 1);
         ck_assert_ptr_nonnull(buf);
         memcpy(buf, tmp, len);
         free(tmp);
         const uint8_t *end = buf + len;
-        uint64_t k = nv ? rnd() % (nv + 1) : 0;
 
-        uint64_t want = 0;
-        const uint8_t *p = buf;
-        for (uint64_t i = 0; i < k; i++) {
-            uint64_t d;
-            size_t u = iv_varint_read(p, end, &d);
-            ck_assert_uint_gt(u, 0);
-            want += d + 1;
-            p += u;
-        }
+        /* Non-decreasing marks in [0, nv], repeats allowed, some dense. */
+        uint64_t marks[MAX_MARKS], sum_at[MAX_MARKS];
+        const uint8_t *p_at[MAX_MARKS];
+        size_t nm = nv ? (size_t)(rnd() % MAX_MARKS) : 0;
+        for (size_t i = 0; i < nm; i++) marks[i] = rnd() % (nv + 1);
+        for (size_t i = 1; i < nm; i++)
+            for (size_t j = i; j > 0 && marks[j - 1] > marks[j]; j--) {
+                uint64_t t = marks[j];
+                marks[j] = marks[j - 1];
+                marks[j - 1] = t;
+            }
+        for (size_t i = 0; i < nm; i++) marks[i] += base_n;
 
-        uint64_t sum = 0, done = 0;
-        const uint8_t *q = buf;
-        while (done < k) {
-            size_t used = 0;
-            uint64_t got = fn(q, end, k - done, &used, &sum);
-            if (got > k - done)
-                ck_abort_msg("%s: consumed %llu of %llu varints", name, (unsigned long long)got,
-                             (unsigned long long)(k - done));
-            q += used;
-            done += got;
-            if (done == k) break;
-            uint64_t d;
-            size_t u = iv_varint_read(q, end, &d);
-            ck_assert_uint_gt(u, 0);
-            sum += d + 1;
-            q += u;
-            done++;
+        iv_varint_walk_t w = {.p = buf, .n = base_n, .sum = base_sum};
+        size_t i = 0;
+        while (i < nm) {
+            if (marks[i] == w.n) {
+                sum_at[i] = w.sum;
+                p_at[i] = w.p;
+                i++;
+                continue;
+            }
+            iv_varint_walk_t before = w;
+            size_t r = fn(&w, end, marks + i, nm - i, sum_at + i, p_at + i);
+            if (r > nm - i || w.p > end || w.p < before.p || w.n < before.n || w.n - base_n > nv)
+                ck_abort_msg("%s, iter %d: walk went wrong (%zu marks of %zu)", name, iter, r, nm - i);
+            if (w.p != buf + ref_pos[w.n - base_n] || w.sum != ref_sum[w.n - base_n])
+                ck_abort_msg("%s, iter %d: walk state off after %llu varints", name, iter,
+                             (unsigned long long)(w.n - base_n));
+            i += r;
+            if (r > 0 && i == nm && w.n != marks[nm - 1])
+                ck_abort_msg("%s, iter %d: walk went past the last mark", name, iter);
+            if (i < nm && marks[i] <= w.n)
+                ck_abort_msg("%s, iter %d: walk passed mark %zu", name, iter, i);
+            if (i < nm) {
+                /* The kernel stopped before a varint: decode it one by one. */
+                uint64_t d;
+                size_t u = iv_varint_read(w.p, end, &d);
+                ck_assert_uint_gt(u, 0);
+                w.p += u;
+                w.n++;
+                w.sum += d + 1;
+            }
         }
-        if (sum != want || q != p)
-            ck_abort_msg("%s, iter %d: sum %llu want %llu, end at %td want %td", name, iter,
-                         (unsigned long long)sum, (unsigned long long)want, q - buf, p - buf);
+        for (size_t m = 0; m < nm; m++) {
+            uint64_t k = marks[m] - base_n;
+            if (sum_at[m] != ref_sum[k] || p_at[m] != buf + ref_pos[k])
+                ck_abort_msg("%s, iter %d: mark %zu (%llu varints): sum %llu want %llu, at %td "
+                             "want %zu", name, iter, m, (unsigned long long)k,
+                             (unsigned long long)sum_at[m], (unsigned long long)ref_sum[k],
+                             p_at[m] - buf, ref_pos[k]);
+        }
         free(buf);
+        free(ref_sum);
+        free(ref_pos);
     }
 }
 
-START_TEST(sum3_matches_decode)
+START_TEST(walk_matches_decode)
 {
-    check_sum3(iv_varint_sum3, "dispatched");
-    check_sum3(iv_varint_sum3_portable, "portable");
-    if (iv_varint_have_ssse3()) check_sum3(iv_varint_sum3_ssse3, "ssse3");
-    else printf("test_varint: no SSSE3 on this CPU, its kernel not tested here\n");
-    if (iv_varint_have_avx2()) check_sum3(iv_varint_sum3_avx2, "avx2");
-    else printf("test_varint: no AVX2 on this CPU, its kernel not tested here\n");
+    check_walk(iv_varint_walk3, "dispatched");
+    check_walk(iv_varint_walk3_portable, "portable");
+    if (iv_varint_have_avx2()) {
+        check_walk(iv_varint_walk3_avx2, "avx2");
+        check_walk(iv_varint_walk3_avx2_pdep, "avx2 with pdep");
+    } else {
+        printf("test_varint: no AVX2/BMI2 on this CPU, its kernels not tested here\n");
+    }
 }
 END_TEST
 
@@ -175,7 +211,7 @@ int main(void)
     tcase_add_test(tc, skip_matches_scalar);
     tcase_add_test(tc, roundtrip_all_lengths);
     tcase_add_test(tc, rejects_overlong);
-    tcase_add_test(tc, sum3_matches_decode);
+    tcase_add_test(tc, walk_matches_decode);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
