@@ -118,187 +118,163 @@ static uint64_t first_ckpt_at(const struct build *b, uint64_t r)
     return lo;
 }
 
-/* Events of step 3, at ranks: a value group ends, a checkpoint's slice
- * starts, the chunk's last varint ends. */
-enum { EV_GROUP_END, EV_CKPT, EV_STOP };
-#define EVENT_BATCH 256
+/* Marks handed to one walk call. */
+#define WALK_BATCH 256
 
-struct walk {
-    struct build *b;
-    struct chunk_state *st;
-    uint64_t c, chunk_start;
-    const uint8_t *data;
-    int64_t g;             /* group of the next group-end event (messages) */
-    uint64_t j;            /* checkpoint of the next checkpoint event */
-    uint64_t gsum;         /* walk sum where the current group started in this chunk */
-    uint64_t grank;        /* rank where it started in this chunk */
-    size_t back;           /* bytes of the carried varint before data, until it is passed */
-    int in_head;           /* the current group started before this chunk */
-};
-
-/* Applies one event reached with walk sum `sum` and the next varint at p.
- * Returns -1 after recording an error. */
-static int apply_event(struct walk *k, int kind, uint64_t rank, uint64_t sum, const uint8_t *p)
+/* Decodes the varint at w->p one by one, with every check, and steps over
+ * it.  pend/pend_len: bytes of it that earlier chunks carried (w->p is
+ * then the chunk's start).  Returns -1 after recording an error. */
+static int slow_step(struct build *b, uint64_t c, uint64_t chunk_start, const uint8_t *data,
+                     const uint8_t *end, iv_varint_walk_t *w, const uint8_t *pend, size_t pend_len)
 {
-    struct build *b = k->b;
-    uint64_t n_minor = (uint64_t)b->src->n_minor;
-    switch (kind) {
-    case EV_CKPT:
-        b->ri->off[k->j++] = k->chunk_start + (uint64_t)(p - k->data) - k->back;
-        return 0;
-    case EV_GROUP_END:
-        /* One group's sum of d + 1 is its last index + 1; a head group's
-         * part here is checked too, and whole in the join. */
-        if (sum - k->gsum > n_minor) {
-            set_error(b, k->c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
-                      "index >= n_minor (%" PRIu64 ")", b->src->where, k->g, n_minor);
-            return -1;
+    const iv_rowindex_src_t *src = b->src;
+    uint64_t n_minor = (uint64_t)src->n_minor;
+    uint64_t at = chunk_start + (uint64_t)(w->p - data) - pend_len;
+    uint64_t d;
+    size_t used;
+    if (pend_len) {
+        uint8_t tmp[2 * IV_VARINT_MAX];
+        size_t n = pend_len, t = 0;
+        memcpy(tmp, pend, n);
+        while (n < sizeof tmp && w->p + t < end) {
+            tmp[n++] = w->p[t];
+            if (w->p[t++] < 0x80) break;
         }
-        if (k->in_head) {
-            k->st->head_acc = sum - k->gsum;
-            k->st->head_closed = 1;
-            k->in_head = 0;
-        }
-        k->gsum = sum;
-        k->grank = rank;
-        return 0;
-    default:
-        if (sum - k->gsum > n_minor) {
-            set_error(b, k->c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
-                      "index >= n_minor (%" PRIu64 ")", b->src->where, k->g, n_minor);
-            return -1;
-        }
-        if (k->in_head) {
-            k->st->head_acc = sum - k->gsum;
-            k->st->head_closed = 0;
-        } else if (rank > k->grank) {
-            k->st->tail_open = 1;
-            k->st->tail_acc = sum - k->gsum;
-        }
-        return 0;
+        used = iv_varint_read_slow(tmp, tmp + n, &d) == n ? t : 0;
+    } else {
+        used = iv_varint_read_slow(w->p, end, &d);
     }
+    if (used == 0) {
+        set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: malformed varint (over 64 bits) at "
+                  "stream offset %" PRIu64, src->where, at);
+        return -1;
+    }
+    if (d >= n_minor) {
+        set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint at stream offset %" PRIu64
+                  " gives an index >= n_minor (%" PRIu64 ")", src->where, at, n_minor);
+        return -1;
+    }
+    /* d < n_minor keeps each step small; the bound keeps the sums exact
+     * (a walk call adds at most 2^21 a varint). */
+    if (w->sum + d + 1 > ((uint64_t)1 << 62)) {
+        set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: index sums overflow near stream offset %"
+                  PRIu64, src->where, at);
+        return -1;
+    }
+    w->p += used;
+    w->n++;
+    w->sum += d + 1;
+    return 0;
 }
 
-/* Step 3 for chunk c: the varints of ranks [rank, stop) end in data[0, len);
- * pend holds the bytes of the first one that earlier chunks carried. */
+/*
+ * Step 3 for chunk c: the varints of ranks [rank, stop) end in data[0, len);
+ * pend holds the bytes of the first one that earlier chunks carried.
+ *
+ * The walk's marks are value_ptr itself: entry x is the rank where group
+ * x - 1 ends (empty groups repeat a mark and sum to 0).  The walk runs in
+ * segments that end at each checkpoint's rank, whose byte offset it gives,
+ * and at `stop`.
+ */
 static void decode_chunk(struct build *b, struct chunk_state *st, uint64_t c, const uint8_t *data,
                          size_t len, uint64_t rank, uint64_t stop, const uint8_t *pend,
                          size_t pend_len)
 {
     const iv_rowindex_src_t *src = b->src;
     const int64_t *vp = src->value_ptr;
+    const uint64_t *marks = (const uint64_t *)(const void *)vp;   /* validated >= 0 */
     uint64_t n_minor = (uint64_t)src->n_minor;
-    struct walk k = {.b = b, .st = st, .c = c, .data = data,
-                     .chunk_start = c * iv_stream_chunk_len(src->s), .grank = rank,
-                     .back = pend_len};
-    /* Group containing `rank`: last g with vp[g] <= rank (skipping empty groups). */
+    uint64_t chunk_start = c * iv_stream_chunk_len(src->s);
+    const uint8_t *end = data + len;
+
+    /* Group containing `rank`: last g with vp[g] <= rank (skipping empty
+     * groups); then x, the next group end, and x_end, the last <= stop. */
     int64_t lo = 0, hi = src->n_unique;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
         if ((uint64_t)vp[mid + 1] <= rank) lo = mid + 1;
         else hi = mid;
     }
-    k.g = lo;
-    st->head_open = k.in_head = (uint64_t)vp[k.g] < rank;
-    k.j = first_ckpt_at(b, rank);
+    int64_t x = lo + 1;
+    st->head_open = (uint64_t)vp[lo] < rank;
+    int in_head = st->head_open;
+    lo = x, hi = src->n_unique + 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mid] <= stop) lo = mid + 1;
+        else hi = mid;
+    }
+    int64_t x_end = lo - 1;
 
-    /* Event generator: the next group end and checkpoint, in rank order. */
-    int64_t gen_g = k.g;
-    uint64_t gen_j = k.j;
-    int gen_done = 0;
-
+    uint64_t j = first_ckpt_at(b, rank);
+    uint64_t gsum = 0, grank = rank;   /* where the current group started in this chunk */
     iv_varint_walk_t w = {.p = data, .n = rank, .sum = 0};
-    const uint8_t *end = data + len;
-    uint64_t marks[EVENT_BATCH], sum_at[EVENT_BATCH];
-    const uint8_t *p_at[EVENT_BATCH];
-    uint8_t kinds[EVENT_BATCH];
-    size_t n_ev = 0, e = 0;
-    int carried = pend_len > 0;
+    if (pend_len) {
+        if (ckpt_rank(b, j) == rank) b->ri->off[j++] = chunk_start - pend_len;
+        if (slow_step(b, c, chunk_start, data, end, &w, pend, pend_len) < 0) return;
+    }
+    uint64_t sum_at[WALK_BATCH];
+    const uint8_t *p_at[WALK_BATCH];
     for (;;) {
-        if (e == n_ev) {
-            if (gen_done) return;
-            n_ev = e = 0;
-            while (n_ev < EVENT_BATCH && !gen_done) {
-                uint64_t ge = gen_g < src->n_unique ? (uint64_t)vp[gen_g + 1] : UINT64_MAX;
-                uint64_t ck = ckpt_rank(b, gen_j);
-                if (ge <= stop && ge <= ck) {
-                    marks[n_ev] = ge;
-                    kinds[n_ev++] = EV_GROUP_END;
-                    /* The next group with entries. */
-                    do gen_g++;
-                    while (gen_g < src->n_unique && (uint64_t)vp[gen_g + 1] <= ge);
-                } else if (ck < stop) {
-                    marks[n_ev] = ck;
-                    kinds[n_ev++] = EV_CKPT;
-                    gen_j++;
-                } else {
-                    marks[n_ev] = stop;
-                    kinds[n_ev++] = EV_STOP;
-                    gen_done = 1;
-                }
+        uint64_t ck = ckpt_rank(b, j);
+        uint64_t target = ck < stop ? ck : stop;
+        /* Group ends up to the target: value_ptr[major_ptr[slice]] is the
+         * checkpoint's rank, so they are the entries up to major_ptr's. */
+        int64_t x_seg = ck < stop ? src->major_ptr[j * b->ri->stride] : x_end;
+        while (x <= x_seg) {
+            size_t r = 0, n = (size_t)(x_seg - x + 1);
+            if (n > WALK_BATCH) n = WALK_BATCH;
+            if (marks[x] == w.n) {
+                sum_at[0] = w.sum;          /* reached already */
+                r = n = 1;
+            } else {
+                r = iv_varint_walk3(&w, end, marks + x, n, sum_at, p_at);
             }
+            for (size_t t = 0; t < r; t++) {
+                /* One group's sum of d + 1 is its last index + 1; a head
+                 * group's part here is checked too, and whole in the join. */
+                if (sum_at[t] - gsum > n_minor) {
+                    set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64
+                              " holds an index >= n_minor (%" PRIu64 ")", src->where,
+                              x + (int64_t)t - 1, n_minor);
+                    return;
+                }
+                if (in_head) {
+                    st->head_acc = sum_at[t] - gsum;
+                    st->head_closed = 1;
+                    in_head = 0;
+                }
+                gsum = sum_at[t];
+            }
+            if (r > 0) grank = marks[x + (int64_t)r - 1];
+            x += (int64_t)r;
+            if (r < n && slow_step(b, c, chunk_start, data, end, &w, NULL, 0) < 0) return;
         }
-        /* Events at the walk's position: reached already. */
-        if (marks[e] == w.n) {
-            if (apply_event(&k, kinds[e], marks[e], w.sum, w.p) < 0) return;
-            if (kinds[e] == EV_GROUP_END)
-                do k.g++;
-                while (k.g < src->n_unique && (uint64_t)vp[k.g + 1] <= marks[e]);
-            e++;
+        while (w.n < target) {
+            uint64_t s1;
+            const uint8_t *p1;
+            if (iv_varint_walk3(&w, end, &target, 1, &s1, &p1) == 0 &&
+                slow_step(b, c, chunk_start, data, end, &w, NULL, 0) < 0)
+                return;
+        }
+        if (target == ck && ck < stop) {
+            b->ri->off[j++] = chunk_start + (uint64_t)(w.p - data);
             continue;
         }
-        if (!carried) {
-            size_t r = iv_varint_walk3(&w, end, marks + e, n_ev - e, sum_at + e, p_at + e);
-            for (size_t t = e; t < e + r; t++) {
-                if (apply_event(&k, kinds[t], marks[t], sum_at[t], p_at[t]) < 0) return;
-                if (kinds[t] == EV_GROUP_END)
-                    do k.g++;
-                    while (k.g < src->n_unique && (uint64_t)vp[k.g + 1] <= marks[t]);
-            }
-            e += r;
-            if (e == n_ev) continue;
-        }
-        /* One varint the walk left: carried in from earlier chunks, longer
-         * than 3 bytes, or cut by the chunk's end; decoded with checks. */
-        uint64_t d;
-        size_t used;
-        uint64_t at = k.chunk_start + (uint64_t)(w.p - data);
-        if (carried) {
-            uint8_t tmp[2 * IV_VARINT_MAX];
-            size_t n = pend_len, t = 0;
-            memcpy(tmp, pend, n);
-            while (n < sizeof tmp && data + t < end) {
-                tmp[n++] = data[t];
-                if (data[t++] < 0x80) break;
-            }
-            used = iv_varint_read_slow(tmp, tmp + n, &d);
-            if (used == 0 || used != n) used = 0;
-            else used = t;
-            at -= pend_len;
-            carried = 0;
-            k.back = 0;
-        } else {
-            used = iv_varint_read_slow(w.p, end, &d);
-        }
-        if (used == 0) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: malformed varint (over 64 bits) at "
-                      "stream offset %" PRIu64, src->where, at);
+        /* The chunk's end: the group still open here. */
+        if (w.sum - gsum > n_minor) {
+            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
+                      "index >= n_minor (%" PRIu64 ")", src->where, x - 1, n_minor);
             return;
         }
-        if (d >= n_minor) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint at stream offset %" PRIu64
-                      " gives an index >= n_minor (%" PRIu64 ")", src->where, at, n_minor);
-            return;
+        if (in_head) {
+            st->head_acc = w.sum - gsum;
+            st->head_closed = 0;
+        } else if (w.n > grank) {
+            st->tail_open = 1;
+            st->tail_acc = w.sum - gsum;
         }
-        /* d < n_minor keeps each step small; the bound keeps sums exact. */
-        if (w.sum + d + 1 > ((uint64_t)1 << 62)) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: index sums overflow near stream "
-                      "offset %" PRIu64, src->where, at);
-            return;
-        }
-        w.p += used;
-        w.n++;
-        w.sum += d + 1;
+        return;
     }
 }
 

@@ -238,3 +238,30 @@ def test_every_slice_through_its_checkpoint(ivserve, workdir):
                                              "--threads", 2, "--stride", stride))
             err = ivref.compare_npz(out, ivref.expected(X, obs))
             assert err is None, "chunk_len %d stride %d: %s" % (chunk_len, stride, err)
+
+
+def test_empty_value_groups_anywhere(ivserve, workdir):
+    """FORMAT lets value_ptr repeat an entry: a value group with no
+    varints.  Empty groups inserted at random places (slice starts, right
+    after a group that closes on a chunk's first byte, at checkpoints)
+    change nothing in any result, whatever the chunk size and stride."""
+    rng = np.random.default_rng(53)
+    X = ivref.random_csr(rng, 120, 20000, 3000, dtype=np.int32)
+    enc = ivref.pack(X)
+    mp, values, vp = enc["major_ptr"].copy(), enc["values"].copy(), enc["value_ptr"].copy()
+    for k in sorted(rng.choice(vp.size - 1, 80, replace=False), reverse=True):
+        # A new empty group before group k, in the slice that holds group k.
+        values = np.insert(values, k, values.dtype.type(7777))
+        vp = np.insert(vp, k, vp[k])
+        mp = np.where(mp > k, mp + 1, mp)
+    obs = list(range(X.shape[0] - 1, -1, -1))
+    for chunk_len in (1, 3, 64):
+        path = os.path.join(workdir, "empty_groups_%d.h5ad" % chunk_len)
+        ivref.write_iv(path, X, compression="zstd", chunk_len=chunk_len, major_ptr=mp,
+                       values=values, value_ptr=vp)
+        for sel, stride in ((None, 16), (obs, 1), (obs, 3)):
+            out = os.path.join(workdir, "empty_groups.npz")
+            ivserve.assert_ok(ivserve.export(path, out, ivref.format_sel(sel), None,
+                                             "--threads", 2, "--stride", stride))
+            err = ivref.compare_npz(out, ivref.expected(X, sel))
+            assert err is None, "chunk_len %d stride %d: %s" % (chunk_len, stride, err)
