@@ -775,7 +775,7 @@ int main(int argc, char **argv)
         printf("threads %u, reps %d (best), cache budget %.0f MB, index runs:", T, o.reps,
                (double)dopts.cache_bytes / 1048576.0);
         for (int k = 0; k < o.reps; k++) printf(" %.3f", t_index[k]);
-        printf("\n  row-index build   %8.3f s\n", index_s);
+        printf("\n  HDF5 load + validation %8.3f s\n  row-index build   %8.3f s\n", open_s, index_s);
         if (bare_s > 0)
             printf("  bare zstd pass    %8.3f s   index/bare %.2fx\n"
                    "  acquire, 0 cache  %8.3f s   index/acquire %.2fx\n",

@@ -4,6 +4,8 @@
  */
 #include "dataset.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,77 @@ void iv_dataset_opts_init(iv_dataset_opts_t *o)
     memset(o, 0, sizeof *o);
     o->group = "X";
     o->cache_bytes = (size_t)1 << 30;
+}
+
+/*
+ * The cache arena faulted in ahead of the row-index pass: as soon as the
+ * load knows the stream's extent, the arena is mapped and the pool's idle
+ * workers write to its pages while this thread loads the pointer arrays
+ * and the chunk table (single-threaded HDF5 work).  The pass then
+ * decompresses into memory that is already there, instead of waiting on
+ * the kernel to zero each page as it first touches it.
+ */
+#define PREFAULT_PARTS 16
+#define PREFAULT_STEP ((size_t)2 << 20)
+
+struct prefault;
+struct prefault_part {
+    struct prefault *pf;
+    size_t from, to;
+};
+
+struct prefault {
+    iv_pool_t *pool;
+    size_t budget;
+    iv_stream_arena_t *arena;
+    atomic_int stop;
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    unsigned jobs, done;
+    struct prefault_part parts[PREFAULT_PARTS];
+};
+
+static void prefault_job(void *arg)
+{
+    struct prefault_part *pp = arg;
+    struct prefault *pf = pp->pf;
+    for (size_t at = pp->from; at < pp->to && !atomic_load(&pf->stop); at += PREFAULT_STEP)
+        iv_stream_arena_touch(pf->arena, at, at + PREFAULT_STEP < pp->to ? at + PREFAULT_STEP : pp->to);
+    pthread_mutex_lock(&pf->mu);
+    pf->done++;
+    pthread_cond_signal(&pf->done_cv);
+    pthread_mutex_unlock(&pf->mu);
+}
+
+static void prefault_start(void *ctx, uint64_t length, uint64_t chunk_len)
+{
+    struct prefault *pf = ctx;
+    if (!pf->pool || pf->arena) return;
+    pf->arena = iv_stream_arena_new(length, chunk_len, pf->budget);
+    size_t bytes = iv_stream_arena_bytes(pf->arena);
+    if (bytes == 0) return;
+    unsigned n = iv_pool_threads(pf->pool);
+    if (n > PREFAULT_PARTS) n = PREFAULT_PARTS;
+    size_t per = (bytes / n + PREFAULT_STEP - 1) / PREFAULT_STEP * PREFAULT_STEP;
+    for (unsigned i = 0; i < n && (size_t)i * per < bytes; i++) {
+        struct prefault_part *pp = &pf->parts[i];
+        pp->pf = pf;
+        pp->from = (size_t)i * per;
+        pp->to = pp->from + per < bytes ? pp->from + per : bytes;
+        if (iv_pool_try_submit(pf->pool, prefault_job, pp) != 0) break;  /* busy: faults later */
+        pf->jobs++;
+    }
+}
+
+/* Waits for the jobs; with stop set, they end at their next 2 MiB step. */
+static void prefault_finish(struct prefault *pf, int stop)
+{
+    if (stop) atomic_store(&pf->stop, 1);
+    pthread_mutex_lock(&pf->mu);
+    while (pf->done < pf->jobs) pthread_cond_wait(&pf->done_cv, &pf->mu);
+    pthread_mutex_unlock(&pf->mu);
+    pthread_cond_destroy(&pf->done_cv);
+    pthread_mutex_destroy(&pf->mu);
 }
 
 static double now_s(void)
@@ -41,17 +114,25 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     snprintf(ds->group, sizeof ds->group, "%s", opts->group && *opts->group ? opts->group : "X");
     snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
 
-    int rc = iv_h5matrix_load(path, ds->group, &ds->m, err);
-    if (rc < 0) goto fail_alloc;
+    size_t budget = opts->cache_bytes == (size_t)-1 ? (size_t)1 << 30 : opts->cache_bytes;
+    struct prefault pf = {.pool = opts->pool, .budget = budget};
+    atomic_init(&pf.stop, 0);
+    pthread_mutex_init(&pf.mu, NULL);
+    pthread_cond_init(&pf.done_cv, NULL);
+    int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
+    prefault_finish(&pf, rc < 0);
+    if (rc < 0) {
+        iv_stream_arena_free(pf.arena);
+        goto fail_alloc;
+    }
 
     char label[sizeof ds->where + 32];
     snprintf(label, sizeof label, "%s/packed_indices", ds->where);
     ds->m.stream.label = label;
-    size_t budget = opts->cache_bytes == (size_t)-1 ? (size_t)1 << 30 : opts->cache_bytes;
     iv_stream_desc_t desc = ds->m.stream;
     /* The stream owns the chunk table and any owned buffer from here on. */
     memset(&ds->m.stream, 0, sizeof ds->m.stream);
-    rc = iv_stream_create(&desc, budget, &ds->stream, err);
+    rc = iv_stream_create_in(&desc, budget, pf.arena, &ds->stream, err);
     if (rc < 0) goto fail_matrix;
     double t1 = now_s();
 

@@ -385,7 +385,37 @@ int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err
     return 0;
 }
 
+/* packed_indices' extent and chunk length when it is a chunked 1-D array
+ * of bytes; 0 otherwise.  Quiet: the load reports what is wrong. */
+static uint64_t peek_chunk_len(hid_t g, uint64_t *length)
+{
+    uint64_t cl = 0;
+    if (H5Lexists(g, "packed_indices", H5P_DEFAULT) <= 0) return 0;
+    hid_t d = H5Dopen2(g, "packed_indices", H5P_DEFAULT);
+    if (d < 0) return 0;
+    hid_t sp = H5Dget_space(d), t = H5Dget_type(d), dcpl = H5Dget_create_plist(d);
+    hsize_t dims[1] = {0}, cdims[1] = {0};
+    if (sp >= 0 && t >= 0 && dcpl >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
+        H5Tget_size(t) == 1 && H5Pget_layout(dcpl) == H5D_CHUNKED &&
+        H5Pget_chunk(dcpl, 1, cdims) == 1 && cdims[0] > 0 && cdims[0] <= (1u << 30)) {
+        H5Sget_simple_extent_dims(sp, dims, NULL);
+        *length = dims[0];
+        cl = cdims[0];
+    }
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (t >= 0) H5Tclose(t);
+    if (sp >= 0) H5Sclose(sp);
+    H5Dclose(d);
+    return cl;
+}
+
 int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
+{
+    return iv_h5matrix_load_notify(path, group, NULL, NULL, m, err);
+}
+
+int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                            void *ctx, iv_h5matrix_t *m, iv_err_t *err)
 {
     memset(m, 0, sizeof *m);
     if (!group || !*group) group = "X";
@@ -468,6 +498,11 @@ int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_e
     } else {
         rc = FAILF(IV_EBAD_FILE, "%s: attribute 'indices_dtype' missing or not a string", where);
         goto fail;
+    }
+
+    if (fn) {
+        uint64_t length = 0, cl = peek_chunk_len(g, &length);
+        if (cl) fn(ctx, length, cl);
     }
 
     int64_t n_mp, n_vp, n_val, n_packed;

@@ -39,6 +39,14 @@ typedef struct iv_h5matrix {
  * dataset or attribute and the failed check. */
 int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err);
 
+/* The same, telling fn(ctx, length, chunk_len) as soon as packed_indices
+ * looks like a chunked byte array (its extent and chunk length), before
+ * the pointer arrays and the chunk table load, which take most of the
+ * time.  Nothing is validated yet then: the load may still fail. */
+typedef void (*iv_h5matrix_stream_fn)(void *ctx, uint64_t length, uint64_t chunk_len);
+int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                            void *ctx, iv_h5matrix_t *m, iv_err_t *err);
+
 /* Frees what load allocated and still owns (the stream arrays too, unless
  * they were handed over: the caller then zeroes m->stream first). */
 void iv_h5matrix_free(iv_h5matrix_t *m);

@@ -67,7 +67,8 @@ static void desc_free(iv_stream_desc_t *d)
 
 /* Bytes a chunk buffer needs: stages before a fletcher32 check produce 4
  * bytes more than the chunk. */
-static size_t buf_cap(const iv_stream_t *s) { return (size_t)s->d.chunk_len + 64; }
+static size_t cap_for(uint64_t chunk_len) { return (size_t)chunk_len + 64; }
+static size_t buf_cap(const iv_stream_t *s) { return cap_for(s->d.chunk_len); }
 
 /* AddressSanitizer cannot see past a slot into the next one: sanitized
  * builds take every buffer from malloc so that it checks them. */
@@ -82,22 +83,70 @@ static size_t buf_cap(const iv_stream_t *s) { return (size_t)s->d.chunk_len + 64
 #define IV_ARENA 1
 #endif
 
-/* Maps the arena; without it every buffer comes from malloc. */
-static void arena_init(iv_stream_t *s)
+struct iv_stream_arena {
+    uint8_t *base;
+    size_t slot_size, n_slots;
+    uint64_t chunk_len;
+};
+
+static size_t slot_size_for(uint64_t chunk_len) { return (cap_for(chunk_len) + 63) & ~(size_t)63; }
+
+iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size_t cache_budget)
 {
-    if (!IV_ARENA) return;
-    s->slot_size = (buf_cap(s) + 63) & ~(size_t)63;
-    size_t n = s->budget / s->slot_size;
-    if (n > s->d.n_chunks) n = (size_t)s->d.n_chunks;
-    if (n == 0) return;
-    void *a = mmap(NULL, n * s->slot_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-    if (a == MAP_FAILED) return;
+    if (!IV_ARENA || chunk_len == 0) return NULL;
+    size_t slot = slot_size_for(chunk_len);
+    uint64_t n_chunks = (length + chunk_len - 1) / chunk_len;
+    size_t n = cache_budget / slot;
+    if (n > n_chunks) n = (size_t)n_chunks;
+    if (n == 0) return NULL;
+    iv_stream_arena_t *a = malloc(sizeof *a);
+    if (!a) return NULL;
+    void *m = mmap(NULL, n * slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        free(a);
+        return NULL;
+    }
 #ifdef MADV_HUGEPAGE
-    (void)madvise(a, n * s->slot_size, MADV_HUGEPAGE);
+    (void)madvise(m, n * slot, MADV_HUGEPAGE);
 #endif
-    s->arena = a;
-    s->arena_slots = n;
+    a->base = m;
+    a->slot_size = slot;
+    a->n_slots = n;
+    a->chunk_len = chunk_len;
+    return a;
+}
+
+size_t iv_stream_arena_bytes(const iv_stream_arena_t *a) { return a ? a->slot_size * a->n_slots : 0; }
+
+void iv_stream_arena_touch(iv_stream_arena_t *a, size_t from, size_t to)
+{
+    size_t n = iv_stream_arena_bytes(a);
+    if (to > n) to = n;
+    /* A write: a read would map the shared zero page and commit nothing. */
+    for (size_t i = from & ~(size_t)4095; i < to; i += 4096) ((volatile uint8_t *)a->base)[i] = 0;
+}
+
+void iv_stream_arena_free(iv_stream_arena_t *a)
+{
+    if (!a) return;
+    munmap(a->base, a->slot_size * a->n_slots);
+    free(a);
+}
+
+/* Takes the arena over (made ahead, or made here when NULL); without one
+ * every buffer comes from malloc. */
+static void arena_adopt(iv_stream_t *s, iv_stream_arena_t *a)
+{
+    if (a && a->chunk_len != s->d.chunk_len) {
+        iv_stream_arena_free(a);
+        a = NULL;
+    }
+    if (!a) a = iv_stream_arena_new(s->d.length, s->d.chunk_len, s->budget);
+    if (!a) return;
+    s->arena = a->base;
+    s->slot_size = a->slot_size;
+    s->arena_slots = a->n_slots;
+    free(a);
 }
 
 static int in_arena(const iv_stream_t *s, const uint8_t *p)
@@ -145,9 +194,16 @@ static void buf_put(iv_stream_t *s, uint8_t *b)
 
 int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err)
 {
+    return iv_stream_create_in(desc, cache_budget, NULL, out, err);
+}
+
+int iv_stream_create_in(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_arena_t *arena,
+                        iv_stream_t **out, iv_err_t *err)
+{
     *out = NULL;
     iv_stream_t *s = calloc(1, sizeof *s);
     if (!s) {
+        iv_stream_arena_free(arena);
         desc_free(desc);
         return iv_fail(err, IV_ENOMEM, "out of memory creating stream");
     }
@@ -159,14 +215,16 @@ int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **
     if (s->d.chunked) {
         s->slots = calloc(s->d.n_chunks ? s->d.n_chunks : 1, sizeof *s->slots);
         if (!s->slots) {
+            iv_stream_arena_free(arena);
             desc_free(&s->d);
             free(s);
             return iv_fail(err, IV_ENOMEM, "out of memory for %llu chunk slots",
                            (unsigned long long)desc->n_chunks);
         }
         for (uint64_t c = 0; c < s->d.n_chunks; c++) s->slots[c].prev = s->slots[c].next = NIL;
-        arena_init(s);
+        arena_adopt(s, arena);
     } else {
+        iv_stream_arena_free(arena);
         /* Contiguous bytes are served in place, in virtual chunks of 1 MiB
          * so that the readers see one chunk model. */
         s->d.chunk_len = 1u << 20;

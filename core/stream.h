@@ -42,8 +42,29 @@ typedef struct iv_stream_desc {
     const char *label;        /* "FILE:/X/packed_indices", for error messages (copied) */
 } iv_stream_desc_t;
 
+/*
+ * The memory the cache keeps chunks in: one mapping of as many chunk-sized
+ * slots as the budget holds (at most one per chunk).  It can be made before
+ * the stream, from the stream's extent alone, so that other threads fault
+ * its pages in (iv_stream_arena_touch) while the rest of the file loads;
+ * the row-index pass then writes into memory that is already there.
+ * iv_stream_arena_new returns NULL when there is no arena to make: a budget
+ * under one chunk, a build with AddressSanitizer (which must see each
+ * buffer's bounds), or a failed mapping.
+ */
+typedef struct iv_stream_arena iv_stream_arena_t;
+iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size_t cache_budget);
+size_t iv_stream_arena_bytes(const iv_stream_arena_t *a);
+/* Faults in the pages of bytes [from, to) of the arena; any thread. */
+void iv_stream_arena_touch(iv_stream_arena_t *a, size_t from, size_t to);
+void iv_stream_arena_free(iv_stream_arena_t *a);
+
 /* Takes ownership of desc's arrays and owned_buf (also on failure). */
 int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err);
+/* The same, with an arena made ahead for this stream's extent and chunk
+ * length, which the stream takes over (also on failure); NULL = none made. */
+int iv_stream_create_in(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_arena_t *arena,
+                        iv_stream_t **out, iv_err_t *err);
 void iv_stream_destroy(iv_stream_t *s);
 
 uint64_t iv_stream_length(const iv_stream_t *s);
