@@ -2,10 +2,11 @@
  * The per-slice byte index the format does not store.
  *
  * iv_rowindex_build() makes one parallel pass over the whole packed
- * stream, in slabs of chunks (bounded memory): it counts varint
- * terminators per chunk, checks that the stream holds exactly nnz varints,
- * that each is well formed and that no decoded index reaches n_minor, and
- * records the byte offset where every stride-th major slice starts.  The
+ * stream, one task per chunk (memory bounded by the chunks in flight): it
+ * counts varint terminators per chunk, checks that the stream holds
+ * exactly nnz varints, that each is well formed and that no decoded index
+ * reaches n_minor, and records the byte offset where every stride-th
+ * major slice starts.  The
  * index costs 8 bytes per `stride` slices.  To reach slice r, a reader
  * seeks to checkpoint r / stride and skips the varints of the slices in
  * between, which it finds from the pointer arrays.

@@ -12,9 +12,11 @@
  * chunk-sized slots as the budget holds (at most one per chunk), asked for
  * transparent huge pages.  Start-up decompresses the whole stream into the
  * cache, and taking that memory as 2 MiB pages instead of 4 KiB faults
- * roughly halves the kernel's share of the row-index pass.  Freed slots go
- * on a free list; chunks pinned past the budget fall back to malloc.
- * Memory that is never touched is never committed.
+ * roughly halves the kernel's share of the row-index pass; the dataset
+ * layer can also make the arena early and fault it in on idle workers
+ * while the file loads (iv_stream_arena_new).  Freed slots go on a free
+ * list; chunks pinned past the budget fall back to malloc.  Memory that is
+ * never touched is never committed.
  */
 #include "stream.h"
 
