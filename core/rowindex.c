@@ -17,8 +17,10 @@
  * After a window, group sums that span chunk boundaries are joined and
  * checked, in order.  Decoding in step 3 is what makes the "no index >=
  * n_minor" check exact.  Only each group's sum of d + 1 is needed (its
- * last index + 1), so runs of short varints are summed 16 or 32 bytes at a
- * time with byte masks (iv_varint_sum3), never decoded one by one.
+ * last index + 1), so the chunk is walked 32 bytes at a time with byte
+ * masks (iv_varint_walk3), which reports the running sum where each group
+ * ends and the offset of each checkpoint; varints are never decoded one by
+ * one, except those over 3 bytes and those split across chunks.
  *
  * Errors are kept per position: when several chunks fail, the one nearest
  * the start of the stream is reported, whatever the thread timing.

@@ -21,7 +21,7 @@
 #include "pool.h"
 #include "stream.h"
 
-#define IV_ROWINDEX_DEFAULT_STRIDE 16
+#define IV_ROWINDEX_DEFAULT_STRIDE 4
 
 typedef struct iv_rowindex {
     uint32_t stride;
