@@ -6,6 +6,7 @@
  *                [--strides 1,4,16,64] [--stride-queries Q]
  *                [--csr CSR.h5ad --baseline SCRIPT [--python PY]]
  *                [--sel-dir DIR] [--no-subset-baseline] [--startup-only]
+ *                [--stride-only] [--stride-frac F]
  *
  * What is measured, and why it is measured this way:
  *
@@ -581,7 +582,8 @@ static const struct ad_result *find_ad(const struct ad_result *res, int n, const
 struct opts {
     const char *file, *csr, *python, *script, *sel_dir;
     unsigned threads;
-    int reps, stride_queries, subset_baseline, startup_only;
+    int reps, stride_queries, subset_baseline, startup_only, stride_only;
+    double stride_frac;
     uint64_t seed;
     long cache_mb;
     unsigned strides[MAX_STRIDES];
@@ -594,7 +596,8 @@ static void usage(void)
             "usage: bench_engine FILE.h5ad [--threads T] [--reps R] [--seed S] [--cache-mb M]\n"
             "                    [--strides 1,4,16,64] [--stride-queries Q]\n"
             "                    [--csr CSR.h5ad --baseline SCRIPT [--python PY]]\n"
-            "                    [--sel-dir DIR] [--no-subset-baseline] [--startup-only]\n");
+            "                    [--sel-dir DIR] [--no-subset-baseline] [--startup-only]\n"
+            "                    [--stride-only] [--stride-frac F]\n");
     exit(2);
 }
 
@@ -604,6 +607,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     o->python = "/usr/bin/python3";
     o->reps = 3;
     o->stride_queries = 20;
+    o->stride_frac = 0.001;
     o->subset_baseline = 1;
     o->seed = 20240611;
     o->cache_mb = -1;
@@ -623,6 +627,10 @@ static void parse_args(int argc, char **argv, struct opts *o)
             o->startup_only = 1;
             continue;
         }
+        if (strcmp(a, "--stride-only") == 0) {
+            o->stride_only = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (o->file) usage();
             o->file = a;
@@ -635,6 +643,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (strcmp(a, "--seed") == 0) o->seed = strtoull(v, NULL, 10);
         else if (strcmp(a, "--cache-mb") == 0) o->cache_mb = atol(v);
         else if (strcmp(a, "--stride-queries") == 0) o->stride_queries = atoi(v);
+        else if (strcmp(a, "--stride-frac") == 0) o->stride_frac = atof(v);
         else if (strcmp(a, "--csr") == 0) o->csr = v;
         else if (strcmp(a, "--baseline") == 0) o->script = v;
         else if (strcmp(a, "--python") == 0) o->python = v;
@@ -647,8 +656,79 @@ static void parse_args(int argc, char **argv, struct opts *o)
                 o->strides[o->n_strides++] = (unsigned)strtoul(t, NULL, 10);
         } else usage();
     }
-    if (!o->file || o->threads < 1 || o->reps < 1 || o->stride_queries < 1) usage();
+    if (!o->file || o->threads < 1 || o->reps < 1 || o->stride_queries < 1 ||
+        !(o->stride_frac > 0 && o->stride_frac <= 1))
+        usage();
 }
+
+/* ---- row-index stride sweep ---- */
+
+struct stride_row {
+    unsigned k;
+    size_t index_bytes;
+    double index_s, warm_ms, cold_ms;
+};
+
+/* Reopens the file at each stride and times the same random selections
+ * (o->stride_frac of the cells, all genes), warm then cold. */
+static void stride_sweep(const struct opts *o, const iv_dataset_opts_t *dopts, iv_pool_t *pool,
+                         int64_t N, struct stride_row *sw)
+{
+    iv_err_t err = {0};
+    iv_sel_t all = {.all = 1};
+    int64_t nq = (int64_t)((double)N * o->stride_frac + 0.5);
+    if (nq < 1) nq = 1;
+    iv_sel_t *qs = xcalloc((size_t)o->stride_queries, sizeof *qs);
+    for (int k = 0; k < o->stride_queries; k++)
+        qs[k] = (iv_sel_t){.n = nq, .idx = random_subset(N, nq)};
+    for (int si = 0; si < o->n_strides; si++) {
+        iv_dataset_opts_t so = *dopts;
+        so.index_stride = o->strides[si];
+        iv_dataset_t *d2 = NULL;
+        if (iv_dataset_open(o->file, &so, &d2, &err) < 0) die("open (stride sweep)", &err);
+        sw[si].k = iv_dataset_info(d2)->index_stride;
+        sw[si].index_bytes = iv_dataset_info(d2)->index_bytes;
+        sw[si].index_s = iv_dataset_info(d2)->index_seconds;
+        struct result r;
+        run_query(d2, pool, 0, &all, &all, 0, &r, NULL, NULL);
+        /* Best of reps passes over the same queries, warm then cold. */
+        double tw = 1e300, tc = 1e300;
+        for (int rep = 0; rep < o->reps; rep++) {
+            double t = 0;
+            for (int k = 0; k < o->stride_queries; k++) {
+                run_query(d2, pool, 0, &qs[k], &all, 1, &r, NULL, NULL);
+                t += r.seconds;
+            }
+            if (t < tw) tw = t;
+        }
+        for (int rep = 0; rep < o->reps; rep++) {
+            double t = 0;
+            for (int k = 0; k < o->stride_queries; k++) {
+                iv_dataset_cache_drop(d2);
+                run_query(d2, pool, 0, &qs[k], &all, 1, &r, NULL, NULL);
+                t += r.seconds;
+            }
+            if (t < tc) tc = t;
+        }
+        sw[si].warm_ms = 1e3 * tw / o->stride_queries;
+        sw[si].cold_ms = 1e3 * tc / o->stride_queries;
+        iv_dataset_close(d2);
+    }
+    for (int k = 0; k < o->stride_queries; k++) free((void *)qs[k].idx);
+    free(qs);
+}
+
+static void print_sweep(const struct opts *o, int64_t N, const struct stride_row *sw)
+{
+    printf("\n[row-index stride K: %d random %g%% selections (%" PRId64 " cells), all genes, best of %d passes]\n",
+           o->stride_queries, o->stride_frac * 100, (int64_t)((double)N * o->stride_frac + 0.5),
+           o->reps);
+    printf("      K   index KB   build s   warm ms/query   cold ms/query\n");
+    for (int si = 0; si < o->n_strides; si++)
+        printf("  %5u  %9.1f  %8.3f  %14.3f  %14.3f\n", sw[si].k, sw[si].index_bytes / 1024.0,
+               sw[si].index_s, sw[si].warm_ms, sw[si].cold_ms);
+}
+
 
 /* One line of the selection table. */
 struct case_row {
@@ -784,6 +864,15 @@ int main(int argc, char **argv)
         iv_pool_destroy(pool);
         return 0;
     }
+    if (o.stride_only) {
+        /* The stride sweep alone, on the threads given. */
+        struct stride_row sw[MAX_STRIDES];
+        stride_sweep(&o, &dopts, pool, info->n_rows, sw);
+        print_sweep(&o, info->n_rows, sw);
+        iv_dataset_close(ds);
+        iv_pool_destroy(pool);
+        return 0;
+    }
 
     /* ---- full decode ---- */
     iv_sel_t all = {.all = 1};
@@ -864,53 +953,8 @@ int main(int argc, char **argv)
     }
 
     /* ---- row-index stride sweep ---- */
-    struct stride_row {
-        unsigned k;
-        size_t index_bytes;
-        double index_s, warm_ms, cold_ms;
-    } sw[MAX_STRIDES];
-    {
-        int64_t nq = (int64_t)((double)N * 0.001 + 0.5);
-        if (nq < 1) nq = 1;
-        iv_sel_t *qs = xcalloc((size_t)o.stride_queries, sizeof *qs);
-        for (int k = 0; k < o.stride_queries; k++)
-            qs[k] = (iv_sel_t){.n = nq, .idx = random_subset(N, nq)};
-        for (int si = 0; si < o.n_strides; si++) {
-            iv_dataset_opts_t so = dopts;
-            so.index_stride = o.strides[si];
-            iv_dataset_t *d2 = NULL;
-            if (iv_dataset_open(o.file, &so, &d2, &err) < 0) die("open (stride sweep)", &err);
-            sw[si].k = iv_dataset_info(d2)->index_stride;
-            sw[si].index_bytes = iv_dataset_info(d2)->index_bytes;
-            sw[si].index_s = iv_dataset_info(d2)->index_seconds;
-            struct result r;
-            run_query(d2, pool, 0, &all, &all, 0, &r, NULL, NULL);
-            /* Best of reps passes over the same queries, warm then cold. */
-            double tw = 1e300, tc = 1e300;
-            for (int rep = 0; rep < o.reps; rep++) {
-                double t = 0;
-                for (int k = 0; k < o.stride_queries; k++) {
-                    run_query(d2, pool, 0, &qs[k], &all, 1, &r, NULL, NULL);
-                    t += r.seconds;
-                }
-                if (t < tw) tw = t;
-            }
-            for (int rep = 0; rep < o.reps; rep++) {
-                double t = 0;
-                for (int k = 0; k < o.stride_queries; k++) {
-                    iv_dataset_cache_drop(d2);
-                    run_query(d2, pool, 0, &qs[k], &all, 1, &r, NULL, NULL);
-                    t += r.seconds;
-                }
-                if (t < tc) tc = t;
-            }
-            sw[si].warm_ms = 1e3 * tw / o.stride_queries;
-            sw[si].cold_ms = 1e3 * tc / o.stride_queries;
-            iv_dataset_close(d2);
-        }
-        for (int k = 0; k < o.stride_queries; k++) free((void *)qs[k].idx);
-        free(qs);
-    }
+    struct stride_row sw[MAX_STRIDES];
+    stride_sweep(&o, &dopts, pool, N, sw);
 
     /* ---- anndata backed baseline ---- */
     struct ad_result ad[MAX_AD];
@@ -1092,12 +1136,7 @@ int main(int argc, char **argv)
                a1->seconds / rows[2].cold.seconds, a1->seconds / rows[2].warm.seconds);
     else printf("  anndata backed / 1%% random:          - (baseline not run)\n");
 
-    printf("\n[row-index stride K: %d random 0.1%% selections (%" PRId64 " cells), all genes, best of %d passes]\n",
-           o.stride_queries, (int64_t)((double)N * 0.001 + 0.5), o.reps);
-    printf("      K   index KB   build s   warm ms/query   cold ms/query\n");
-    for (int si = 0; si < o.n_strides; si++)
-        printf("  %5u  %9.1f  %8.3f  %14.3f  %14.3f\n", sw[si].k, sw[si].index_bytes / 1024.0,
-               sw[si].index_s, sw[si].warm_ms, sw[si].cold_ms);
+    print_sweep(&o, N, sw);
 
     for (int s = 0; s < 4; s++) free((void *)sels[s].obs.idx);
     free((void *)genes.idx);

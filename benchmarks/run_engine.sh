@@ -54,6 +54,11 @@ cmake --build "$build" -j"$(nproc)" --target bench_engine >&2
 bin="$build/benchmarks/bench_engine"
 [ -x "$bin" ] || { echo "run_engine.sh: $bin was not built (IV_BENCH?)" >&2; exit 1; }
 
+# Both files into the OS page cache first: the benchmark times decoding,
+# with the page cache warm, and a file half evicted by an earlier run (the
+# 1,260,000-cell CSR copy is 7.4 GB) would time the disk instead.
+cat "$iv" "$csr" > /dev/null
+
 "$bin" "$iv" --threads "$threads" --reps "$reps" --csr "$csr" \
     --baseline benchmarks/anndata_baseline.py --python "$py" --sel-dir "$data/sel_$cells" "$@" \
     | tee "$data/engine_$cells.txt"
