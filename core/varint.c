@@ -13,7 +13,7 @@
 #include <emmintrin.h>
 #define IV_HAVE_SSE2 1
 #endif
-/* The SSSE3 and AVX2 kernels are compiled for x86-64 with GCC or clang
+/* The AVX2 kernels are compiled for x86-64 with GCC or clang
  * whatever the build's -march, and chosen at run time. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
