@@ -80,7 +80,8 @@ static void prefault_start(void *ctx, uint64_t length, uint64_t chunk_len)
     }
 }
 
-/* Waits for the jobs; with stop set, they end at their next 2 MiB step. */
+/* Waits for the jobs; with stop set, they end at their next 2 MiB step
+ * (queued ones at once). */
 static void prefault_finish(struct prefault *pf, int stop)
 {
     if (stop) atomic_store(&pf->stop, 1);
@@ -120,6 +121,10 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     pthread_mutex_init(&pf.mu, NULL);
     pthread_cond_init(&pf.done_cv, NULL);
     int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
+    /* The pass then starts on memory that is there.  When the prefault
+     * outlasts the load (2 MiB pages under memory pressure can take
+     * reclaim and compaction), the load's time shows the wait: the pass
+     * would have paid it anyway, page by page. */
     prefault_finish(&pf, rc < 0);
     if (rc < 0) {
         iv_stream_arena_free(pf.arena);

@@ -14,46 +14,19 @@
 #include <string.h>
 
 #include "varint.h"
+#include "../support/walk_drive.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-typedef size_t (*walk_fn)(iv_varint_walk_t *, const uint8_t *, const uint64_t *, size_t, uint64_t *,
-                          const uint8_t **);
-
 enum { MAX_MARKS = 512 };
 
-static void check(walk_fn fn, const uint8_t *buf, const uint8_t *end, const uint64_t *marks,
+/* One variant on the stream: abort on anything iv_walk_drive finds. */
+static void check(iv_walk_fn fn, const uint8_t *buf, const uint8_t *end, const uint64_t *marks,
                   size_t nm, const uint64_t *ref_sum, const size_t *ref_pos, uint64_t nv)
 {
     uint64_t sum_at[MAX_MARKS];
     const uint8_t *p_at[MAX_MARKS];
-    iv_varint_walk_t w = {.p = buf, .n = 0, .sum = 0};
-    size_t i = 0;
-    while (i < nm) {
-        if (marks[i] == w.n) {
-            sum_at[i] = w.sum;
-            p_at[i] = w.p;
-            i++;
-            continue;
-        }
-        const uint8_t *before = w.p;
-        size_t r = fn(&w, end, marks + i, nm - i, sum_at + i, p_at + i);
-        if (r > nm - i || w.p > end || w.p < before || w.n > nv) abort();
-        if (w.p != buf + ref_pos[w.n] || w.sum != ref_sum[w.n]) abort();
-        i += r;
-        if (r > 0 && i == nm && w.n != marks[nm - 1]) abort();
-        if (i < nm) {
-            if (marks[i] <= w.n) abort();
-            uint64_t d;
-            size_t u = iv_varint_read(w.p, end, &d);
-            if (u == 0) abort();  /* the plain decode read it */
-            w.p += u;
-            w.n++;
-            w.sum += d + 1;
-        }
-    }
-    for (size_t m = 0; m < nm; m++)
-        if (sum_at[m] != ref_sum[marks[m]] || p_at[m] != buf + ref_pos[marks[m]]) abort();
+    if (iv_walk_drive(fn, buf, end, 0, ref_sum, ref_pos, nv, marks, nm, sum_at, p_at)) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "varint.h"
+#include "walk_drive.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 static uint64_t rnd(void)
@@ -88,17 +89,9 @@ START_TEST(rejects_overlong)
 }
 END_TEST
 
-typedef size_t (*walk_fn)(iv_varint_walk_t *, const uint8_t *, const uint64_t *, size_t, uint64_t *,
-                          const uint8_t **);
-
-/*
- * A walk driven the way the row index drives it: marks reached at the
- * walk's position are taken from it, the kernel runs up to the next ones,
- * and a varint it leaves is decoded one by one.  Every mark must give the
- * plain decode's running sum of d + 1 and position, and the walk must stop
- * exactly at the last mark.
- */
-static void check_walk(walk_fn fn, const char *name)
+/* Random streams and marks, walked as the row index walks them
+ * (iv_walk_drive). */
+static void check_walk(iv_walk_fn fn, const char *name)
 {
     enum { MAX_MARKS = 64 };
     for (int iter = 0; iter < 4000; iter++) {
@@ -130,7 +123,6 @@ static void check_walk(walk_fn fn, const char *name)
         ck_assert_ptr_nonnull(buf);
         memcpy(buf, tmp, len);
         free(tmp);
-        const uint8_t *end = buf + len;
 
         /* Non-decreasing marks in [0, nv], repeats allowed, some dense. */
         uint64_t marks[MAX_MARKS], sum_at[MAX_MARKS];
@@ -145,45 +137,9 @@ static void check_walk(walk_fn fn, const char *name)
             }
         for (size_t i = 0; i < nm; i++) marks[i] += base_n;
 
-        iv_varint_walk_t w = {.p = buf, .n = base_n, .sum = base_sum};
-        size_t i = 0;
-        while (i < nm) {
-            if (marks[i] == w.n) {
-                sum_at[i] = w.sum;
-                p_at[i] = w.p;
-                i++;
-                continue;
-            }
-            iv_varint_walk_t before = w;
-            size_t r = fn(&w, end, marks + i, nm - i, sum_at + i, p_at + i);
-            if (r > nm - i || w.p > end || w.p < before.p || w.n < before.n || w.n - base_n > nv)
-                ck_abort_msg("%s, iter %d: walk went wrong (%zu marks of %zu)", name, iter, r, nm - i);
-            if (w.p != buf + ref_pos[w.n - base_n] || w.sum != ref_sum[w.n - base_n])
-                ck_abort_msg("%s, iter %d: walk state off after %llu varints", name, iter,
-                             (unsigned long long)(w.n - base_n));
-            i += r;
-            if (r > 0 && i == nm && w.n != marks[nm - 1])
-                ck_abort_msg("%s, iter %d: walk went past the last mark", name, iter);
-            if (i < nm && marks[i] <= w.n)
-                ck_abort_msg("%s, iter %d: walk passed mark %zu", name, iter, i);
-            if (i < nm) {
-                /* The kernel stopped before a varint: decode it one by one. */
-                uint64_t d;
-                size_t u = iv_varint_read(w.p, end, &d);
-                ck_assert_uint_gt(u, 0);
-                w.p += u;
-                w.n++;
-                w.sum += d + 1;
-            }
-        }
-        for (size_t m = 0; m < nm; m++) {
-            uint64_t k = marks[m] - base_n;
-            if (sum_at[m] != ref_sum[k] || p_at[m] != buf + ref_pos[k])
-                ck_abort_msg("%s, iter %d: mark %zu (%llu varints): sum %llu want %llu, at %td "
-                             "want %zu", name, iter, m, (unsigned long long)k,
-                             (unsigned long long)sum_at[m], (unsigned long long)ref_sum[k],
-                             p_at[m] - buf, ref_pos[k]);
-        }
+        const char *bad = iv_walk_drive(fn, buf, buf + len, base_n, ref_sum, ref_pos, nv, marks,
+                                        nm, sum_at, p_at);
+        if (bad) ck_abort_msg("%s, iter %d: %s", name, iter, bad);
         free(buf);
         free(ref_sum);
         free(ref_pos);
