@@ -26,9 +26,12 @@
  * The dense decode loop and its emitters are compiled twice, for the
  * build's target and for x86-64-v3 (BMI2's shifts, AVX2), and the loader
  * picks one for the CPU (an ifunc): 13% faster full decodes on a v3 CPU,
- * and the same binary still runs on older ones.
+ * and the same binary still runs on older ones.  Not under
+ * ThreadSanitizer: the loader runs the ifunc resolvers before the
+ * sanitizer's runtime is up, and its instrumented resolvers crash.
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__)
 #define IV_HOT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
 #else
 #define IV_HOT_CLONES

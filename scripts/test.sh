@@ -2,7 +2,10 @@
 # Installs what is needed, builds, and runs every test of ivserve:
 #   1. the release build (warnings are errors) and its whole ctest suite;
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
+#   3. the same suite built with ThreadSanitizer, any race an error, but for
+#      the export differential test (the engine's threads are in test_query
+#      and the server's in the HTTP tests; that one alone takes minutes);
+#   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
 # Fixtures are read from ../shared/fixtures when present (tests that need
 # them say so and skip otherwise).
 set -euo pipefail
@@ -22,6 +25,12 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DIV_SANITIZE=ON -DIV_WERROR=O
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+
+echo "== ThreadSanitizer build and tests"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
+cmake --build build-tsan -j"$JOBS"
+TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
+  ctest --test-dir build-tsan --output-on-failure -j"$JOBS" -E test_export_diff
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
