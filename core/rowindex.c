@@ -212,7 +212,9 @@ static void decode_chunk(struct build *b, struct chunk_state *st, uint64_t c, co
     uint64_t gsum = 0, grank = rank;   /* where the current group started in this chunk */
     iv_varint_walk_t w = {.p = data, .n = rank, .sum = 0};
     if (pend_len) {
-        if (ckpt_rank(b, j) == rank) b->ri->off[j++] = chunk_start - pend_len;
+        /* Checkpoints at the carried varint (several when slices before
+         * it are empty) start in the earlier chunk. */
+        while (ckpt_rank(b, j) == rank) b->ri->off[j++] = chunk_start - pend_len;
         if (slow_step(b, c, chunk_start, data, end, &w, pend, pend_len) < 0) return;
     }
     uint64_t sum_at[WALK_BATCH];
