@@ -8,8 +8,9 @@
  * stride, flags: orientation, contiguous or chunked, raw pointers), then
  * one byte per major_ptr and value_ptr step, then the packed stream.  With
  * the raw-pointer flag the steps are signed, so pointers can go backwards.
- * Any outcome is fine as long as nothing reads or writes out of bounds,
- * leaks or aborts.
+ * The row-index pass must agree with a plain varint-by-varint reading of
+ * its checks (verdict and checkpoint offsets); past that, any outcome is
+ * fine as long as nothing reads or writes out of bounds, leaks or aborts.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #include "dataset_impl.h"
 #include "query.h"
+#include "varint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -51,6 +53,41 @@ static void decode_all(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *va
         }
     }
     iv_query_free(q);
+}
+
+/*
+ * The row-index checks read plainly, varint by varint: the stream must hold
+ * exactly nnz varints and nothing after the last, each decodable, each
+ * value group's sum of d + 1 at most n_minor.  When it passes, off gets
+ * every checkpoint's offset.  Returns 1 when the stream passes.
+ */
+static int reference_index(const uint8_t *s, size_t len, const iv_h5matrix_t *m, uint32_t stride,
+                           uint64_t *off)
+{
+    size_t *start = malloc((size_t)(m->nnz + 1) * sizeof *start);
+    size_t pos = 0;
+    int ok = 1;
+    for (int64_t g = 0; ok && g < m->n_unique; g++) {
+        uint64_t acc = 0;
+        for (int64_t k = m->value_ptr[g]; ok && k < m->value_ptr[g + 1]; k++) {
+            uint64_t d;
+            start[k] = pos;
+            size_t u = iv_varint_read(s + pos, s + len, &d);
+            if (u == 0 || d >= (uint64_t)m->n_minor) ok = 0;
+            acc += d + 1;
+            if (acc > (uint64_t)m->n_minor) ok = 0;
+            pos += u;
+        }
+    }
+    if (ok && pos != len) ok = 0;
+    if (ok) {
+        start[m->nnz] = pos;
+        uint64_t n_ckpt = m->n_major == 0 ? 0 : (uint64_t)(m->n_major - 1) / stride + 1;
+        for (uint64_t j = 0; j < n_ckpt; j++)
+            off[j] = start[m->value_ptr[m->major_ptr[j * stride]]];
+    }
+    free(start);
+    return ok;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -128,7 +165,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .n_major = n_major, .n_unique = m->n_unique, .nnz = m->nnz, .n_minor = n_minor,
         .where = ds->where,
     };
-    if (iv_rowindex_build(&src, stride, NULL, &ds->ri, &e) != 0) goto out;
+    /* The pass must agree with the plain reading: the same verdict and,
+     * when the stream passes, the same checkpoint offsets. */
+    uint64_t *want = malloc(((size_t)n_major / stride + 2) * sizeof *want);
+    int want_ok = reference_index(p, len, m, stride, want);
+    int got_ok = iv_rowindex_build(&src, stride, NULL, &ds->ri, &e) == 0;
+    if (got_ok != want_ok) abort();
+    for (uint64_t j = 0; got_ok && j < ds->ri.n_ckpt; j++)
+        if (ds->ri.off[j] != want[j]) abort();
+    free(want);
+    if (!got_ok) goto out;
     ds->info.orient = m->orient;
     ds->info.n_rows = m->n_rows;
     ds->info.n_cols = m->n_cols;
