@@ -345,7 +345,9 @@ static void job_load(void *arg)
     iv_dataset_opts_init(&o);
     o.group = d->conf->group;
     o.cache_bytes = j->srv->cfg->cache_bytes;
-    o.pool = NULL;
+    /* The row-index pass and the cache prefault take the workers that are
+     * free (nested: this job is one of them, and runs its share). */
+    o.pool = j->srv->pool;
     j->rc = iv_dataset_open(d->conf->path, &o, &d->ds, &j->err);
     if (j->rc == 0) {
         iv_err_t me;
