@@ -4,7 +4,6 @@
  */
 #include "dataset.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,120 +27,42 @@ void iv_dataset_opts_init(iv_dataset_opts_t *o)
  * decompresses into memory that is already there, instead of waiting on
  * the kernel to zero each page as it first touches it.
  */
-#define PREFAULT_PARTS 16
 #define PREFAULT_STEP ((size_t)2 << 20)
 
-struct prefault;
-struct prefault_part {
-    struct prefault *pf;
-    size_t from, to;
-    int claimed;           /* (mu) by a job, or by the opener when it stops waiting */
-};
-
-/* On the heap: a job may run after the opener is done with the prefault
- * (the pool was busy); it then finds its part claimed and only lets go. */
 struct prefault {
     iv_pool_t *pool;
     size_t budget;
     iv_stream_arena_t *arena;
-    atomic_int stop;
-    pthread_mutex_t mu;
-    pthread_cond_t idle;
-    unsigned refs;         /* the opener + jobs queued (mu) */
-    unsigned running;      /* parts being touched by jobs (mu) */
-    unsigned n_parts;
-    struct prefault_part parts[PREFAULT_PARTS];
+    iv_pool_for_t *run;    /* 2 MiB steps of the arena, one item each */
+    atomic_int stop;       /* the load failed: steps not yet begun are skipped */
 };
 
-static void prefault_unref(struct prefault *pf)
+static void prefault_step(void *arg, size_t i)
 {
-    pthread_mutex_lock(&pf->mu);
-    unsigned left = --pf->refs;
-    pthread_mutex_unlock(&pf->mu);
-    if (left == 0) {
-        pthread_cond_destroy(&pf->idle);
-        pthread_mutex_destroy(&pf->mu);
-        free(pf);
-    }
-}
-
-static void prefault_touch(struct prefault *pf, const struct prefault_part *pp)
-{
-    for (size_t at = pp->from; at < pp->to && !atomic_load(&pf->stop); at += PREFAULT_STEP)
-        iv_stream_arena_touch(pf->arena, at, at + PREFAULT_STEP < pp->to ? at + PREFAULT_STEP : pp->to);
-}
-
-static void prefault_job(void *arg)
-{
-    struct prefault_part *pp = arg;
-    struct prefault *pf = pp->pf;
-    pthread_mutex_lock(&pf->mu);
-    int mine = !pp->claimed;
-    pp->claimed = 1;
-    if (mine) pf->running++;
-    pthread_mutex_unlock(&pf->mu);
-    if (mine) {
-        prefault_touch(pf, pp);
-        pthread_mutex_lock(&pf->mu);
-        if (--pf->running == 0) pthread_cond_signal(&pf->idle);
-        pthread_mutex_unlock(&pf->mu);
-    }
-    prefault_unref(pf);
+    struct prefault *pf = arg;
+    if (!atomic_load(&pf->stop))
+        iv_stream_arena_touch(pf->arena, i * PREFAULT_STEP, (i + 1) * PREFAULT_STEP);
 }
 
 static void prefault_start(void *ctx, uint64_t length, uint64_t chunk_len)
 {
     struct prefault *pf = ctx;
-    if (!pf || !pf->pool || pf->arena) return;
+    if (!pf->pool || pf->arena) return;
     pf->arena = iv_stream_arena_new(length, chunk_len, pf->budget);
     size_t bytes = iv_stream_arena_bytes(pf->arena);
-    if (bytes == 0) return;
-    unsigned n = iv_pool_threads(pf->pool);
-    if (n > PREFAULT_PARTS) n = PREFAULT_PARTS;
-    size_t per = (bytes / n + PREFAULT_STEP - 1) / PREFAULT_STEP * PREFAULT_STEP;
-    for (unsigned i = 0; i < n && (size_t)i * per < bytes; i++) {
-        struct prefault_part *pp = &pf->parts[pf->n_parts++];
-        pp->pf = pf;
-        pp->from = (size_t)i * per;
-        pp->to = pp->from + per < bytes ? pp->from + per : bytes;
-        pthread_mutex_lock(&pf->mu);
-        pf->refs++;
-        pthread_mutex_unlock(&pf->mu);
-        if (iv_pool_try_submit(pf->pool, prefault_job, pp) != 0) {
-            pthread_mutex_lock(&pf->mu);
-            pf->refs--;
-            pthread_mutex_unlock(&pf->mu);
-            /* Queue full: the part stays unclaimed, for the opener. */
-        }
-    }
+    if (bytes > 0)
+        pf->run = iv_pool_for_start(pf->pool, (bytes + PREFAULT_STEP - 1) / PREFAULT_STEP,
+                                    prefault_step, pf);
 }
 
-/*
- * The opener's end of the prefault.  Parts no job has started are taken
- * here: touched on this thread, or skipped when stop is set (the load
- * failed).  Then it waits for the parts jobs are touching (with stop, they
- * end at their next 2 MiB step), never for a job still queued, so it
- * cannot wait on a pool whose workers are all busy, itself included.
- * Returns the arena, which no job touches any more.
- */
+/* The opener's end: steps no worker has begun run here (skipped when the
+ * load failed), then it waits for the steps being run, never for a job
+ * still queued.  Returns the arena, which nothing touches any more. */
 static iv_stream_arena_t *prefault_finish(struct prefault *pf, int stop)
 {
-    if (!pf) return NULL;
     if (stop) atomic_store(&pf->stop, 1);
-    for (unsigned i = 0; i < pf->n_parts; i++) {
-        struct prefault_part *pp = &pf->parts[i];
-        pthread_mutex_lock(&pf->mu);
-        int mine = !pp->claimed;
-        pp->claimed = 1;
-        pthread_mutex_unlock(&pf->mu);
-        if (mine && !stop) prefault_touch(pf, pp);
-    }
-    pthread_mutex_lock(&pf->mu);
-    while (pf->running > 0) pthread_cond_wait(&pf->idle, &pf->mu);
-    pthread_mutex_unlock(&pf->mu);
-    iv_stream_arena_t *arena = pf->arena;
-    prefault_unref(pf);
-    return arena;
+    iv_pool_for_finish(pf->run);
+    return pf->arena;
 }
 
 static double now_s(void)
@@ -168,21 +89,14 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
 
     size_t budget = opts->cache_bytes == (size_t)-1 ? (size_t)1 << 30 : opts->cache_bytes;
-    struct prefault *pf = opts->pool ? calloc(1, sizeof *pf) : NULL;
-    if (pf) {
-        pf->pool = opts->pool;
-        pf->budget = budget;
-        pf->refs = 1;
-        atomic_init(&pf->stop, 0);
-        pthread_mutex_init(&pf->mu, NULL);
-        pthread_cond_init(&pf->idle, NULL);
-    }
-    int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, pf, &ds->m, err);
+    struct prefault pf = {.pool = opts->pool, .budget = budget};
+    atomic_init(&pf.stop, 0);
+    int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
     /* The pass then starts on memory that is there.  When the prefault
      * outlasts the load (2 MiB pages under memory pressure can take
      * reclaim and compaction), the load's time shows the wait: the pass
      * would have paid it anyway, page by page. */
-    iv_stream_arena_t *arena = prefault_finish(pf, rc < 0);
+    iv_stream_arena_t *arena = prefault_finish(&pf, rc < 0);
     if (rc < 0) {
         iv_stream_arena_free(arena);
         goto fail_alloc;

@@ -187,17 +187,15 @@ static void pfor_helper(void *arg)
     pfor_unref(f);
 }
 
-void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg)
+/* Allocates the shared state and queues up to max_helpers helper jobs;
+ * NULL when there is no pool to help or no memory. */
+static struct pfor *pfor_begin(iv_pool_t *p, size_t n, unsigned max_helpers, iv_range_fn fn,
+                               void *arg)
 {
-    if (n == 0) return;
     unsigned helpers = p ? p->n_threads : 0;
-    if (width > 0 && width - 1 < helpers) helpers = width - 1;
-    if (helpers > n - 1) helpers = (unsigned)(n - 1);
+    if (max_helpers < helpers) helpers = max_helpers;
     struct pfor *f = helpers ? calloc(1, sizeof *f) : NULL;
-    if (f == NULL) {
-        for (size_t i = 0; i < n; i++) fn(arg, i);
-        return;
-    }
+    if (f == NULL) return NULL;
     atomic_init(&f->next, 0);
     f->n = n;
     f->fn = fn;
@@ -216,11 +214,60 @@ void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn
             break;  /* queue full: the caller and the helpers queued so far do the rest */
         }
     }
+    return f;
+}
+
+/* The caller's part: the items nobody has claimed yet, then a wait for the
+ * ones other participants are running, never for helper jobs that have
+ * not started. */
+static void pfor_end(struct pfor *f)
+{
     pfor_run_items(f);
-    /* Items claimed by other participants are running; wait only for them,
-     * never for helper jobs that have not started. */
     pthread_mutex_lock(&f->mu);
     while (f->finished < f->n) pthread_cond_wait(&f->done, &f->mu);
     pthread_mutex_unlock(&f->mu);
     pfor_unref(f);
+}
+
+void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg)
+{
+    if (n == 0) return;
+    unsigned helpers = width > 0 ? width - 1 : UINT32_MAX;
+    if (helpers > n - 1) helpers = (unsigned)(n - 1);
+    struct pfor *f = pfor_begin(p, n, helpers, fn, arg);
+    if (f == NULL) {
+        for (size_t i = 0; i < n; i++) fn(arg, i);
+        return;
+    }
+    pfor_end(f);
+}
+
+struct iv_pool_for {
+    struct pfor *f;        /* NULL: the caller runs everything in finish */
+    size_t n;
+    iv_range_fn fn;
+    void *arg;
+};
+
+iv_pool_for_t *iv_pool_for_start(iv_pool_t *p, size_t n, iv_range_fn fn, void *arg)
+{
+    iv_pool_for_t *h = malloc(sizeof *h);
+    if (!h) {
+        for (size_t i = 0; i < n; i++) fn(arg, i);
+        return NULL;
+    }
+    h->n = n;
+    h->fn = fn;
+    h->arg = arg;
+    h->f = n ? pfor_begin(p, n, n > UINT32_MAX ? UINT32_MAX : (unsigned)n, fn, arg) : NULL;
+    return h;
+}
+
+void iv_pool_for_finish(iv_pool_for_t *h)
+{
+    if (!h) return;
+    if (h->f) pfor_end(h->f);
+    else
+        for (size_t i = 0; i < h->n; i++) h->fn(h->arg, i);
+    free(h);
 }

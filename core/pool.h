@@ -47,4 +47,18 @@ size_t iv_pool_queued(iv_pool_t *p);
 typedef void (*iv_range_fn)(void *arg, size_t i);
 void iv_pool_parallel_for(iv_pool_t *p, size_t n, unsigned width, iv_range_fn fn, void *arg);
 
+/*
+ * The same split in two, for work the caller overlaps with its own:
+ * iv_pool_for_start() hands fn(arg, i), i in [0, n), to the free workers
+ * (items claimed as above) and returns at once; iv_pool_for_finish() runs
+ * the items no worker has claimed yet on the calling thread, waits for the
+ * ones being run (never for a worker job still queued, so it cannot wait
+ * on a pool whose workers are all busy, the caller included) and frees
+ * the handle.  Every item has run when finish returns.  Without a pool or
+ * memory for the handle, the items run in finish (or in start).
+ */
+typedef struct iv_pool_for iv_pool_for_t;
+iv_pool_for_t *iv_pool_for_start(iv_pool_t *p, size_t n, iv_range_fn fn, void *arg);
+void iv_pool_for_finish(iv_pool_for_t *h);
+
 #endif /* IV_POOL_H */
