@@ -48,10 +48,10 @@ struct iv_stream {
     size_t budget, used;
     struct scratch *free_scratch;
     uint64_t hits, misses, evictions, bytes_decompressed;
-    /* Buffer arena (mu): slots of slot_size bytes; never-used slots from
+    /* Buffer arena (NULL: none) and its use (mu): never-used slots from
      * arena_next on, freed ones on a list threaded through their bytes. */
-    uint8_t *arena;
-    size_t slot_size, arena_slots, arena_next;
+    iv_stream_arena_t *arena;
+    size_t arena_next;
     size_t arena_out;      /* slots handed out and not yet returned */
     void *arena_free;
 };
@@ -143,17 +143,12 @@ static void arena_adopt(iv_stream_t *s, iv_stream_arena_t *a)
         iv_stream_arena_free(a);
         a = NULL;
     }
-    if (!a) a = iv_stream_arena_new(s->d.length, s->d.chunk_len, s->budget);
-    if (!a) return;
-    s->arena = a->base;
-    s->slot_size = a->slot_size;
-    s->arena_slots = a->n_slots;
-    free(a);
+    s->arena = a ? a : iv_stream_arena_new(s->d.length, s->d.chunk_len, s->budget);
 }
 
 static int in_arena(const iv_stream_t *s, const uint8_t *p)
 {
-    return s->arena && p >= s->arena && p < s->arena + s->slot_size * s->arena_slots;
+    return s->arena && p >= s->arena->base && p < s->arena->base + iv_stream_arena_bytes(s->arena);
 }
 
 /* A buffer of buf_cap bytes; the caller does not hold mu. */
@@ -165,8 +160,8 @@ static uint8_t *buf_alloc(iv_stream_t *s)
         if (s->arena_free) {
             b = s->arena_free;
             memcpy(&s->arena_free, b, sizeof s->arena_free);
-        } else if (s->arena_next < s->arena_slots) {
-            b = s->arena + s->slot_size * s->arena_next++;
+        } else if (s->arena_next < s->arena->n_slots) {
+            b = s->arena->base + s->arena->slot_size * s->arena_next++;
         }
         if (b) s->arena_out++;
         pthread_mutex_unlock(&s->mu);
@@ -244,7 +239,7 @@ void iv_stream_destroy(iv_stream_t *s)
         for (uint64_t c = 0; c < s->d.n_chunks; c++) buf_free(s, s->slots[c].buf);
         free(s->slots);
     }
-    if (s->arena) munmap(s->arena, s->slot_size * s->arena_slots);
+    iv_stream_arena_free(s->arena);
     while (s->free_scratch) {
         struct scratch *n = s->free_scratch->next;
         free(s->free_scratch);
@@ -459,7 +454,7 @@ void iv_stream_drop_cache(iv_stream_t *s)
         /* No slot is cached, pinned or being filled: hand the arena's pages
          * back to the OS and start it afresh, so that dropping the cache
          * lowers RSS. */
-        (void)madvise(s->arena, s->slot_size * s->arena_slots, MADV_DONTNEED);
+        (void)madvise(s->arena->base, iv_stream_arena_bytes(s->arena), MADV_DONTNEED);
         s->arena_next = 0;
         s->arena_free = NULL;
     }
