@@ -250,6 +250,9 @@ static int read_pipeline(hid_t dcpl, const char *where, iv_pipeline_t *p, iv_err
     return 0;
 }
 
+/* The largest packed_indices chunk taken (1 GiB). */
+#define MAX_CHUNK_BYTES (1u << 30)
+
 /* Describes where packed_indices' bytes are. */
 static int locate_packed(hid_t file, hid_t d, const char *path, const char *where, int64_t len,
                          iv_h5matrix_t *m, iv_err_t *err)
@@ -272,7 +275,7 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
             rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk shape", where);
             goto done;
         }
-        if (cdims[0] > (1u << 30)) {
+        if (cdims[0] > MAX_CHUNK_BYTES) {
             rc = FAILF(IV_EUNSUPPORTED, "%s/packed_indices: chunks of %llu bytes (at most 1 GiB)",
                        where, (unsigned long long)cdims[0]);
             goto done;
@@ -397,7 +400,7 @@ static uint64_t peek_chunk_len(hid_t g, uint64_t *length)
     hsize_t dims[1] = {0}, cdims[1] = {0};
     if (sp >= 0 && t >= 0 && dcpl >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
         H5Tget_size(t) == 1 && H5Pget_layout(dcpl) == H5D_CHUNKED &&
-        H5Pget_chunk(dcpl, 1, cdims) == 1 && cdims[0] > 0 && cdims[0] <= (1u << 30)) {
+        H5Pget_chunk(dcpl, 1, cdims) == 1 && cdims[0] > 0 && cdims[0] <= MAX_CHUNK_BYTES) {
         H5Sget_simple_extent_dims(sp, dims, NULL);
         *length = dims[0];
         cl = cdims[0];

@@ -9,10 +9,6 @@
 
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#define IV_HAVE_SSE2 1
-#endif
 /* The AVX2 kernels are compiled for x86-64 with GCC or clang
  * whatever the build's -march, and chosen at run time. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -278,8 +274,6 @@ IV_AVX2 size_t iv_varint_walk3_avx2_pdep(iv_varint_walk_t *w, const uint8_t *end
     return walk3_avx2(w, end, marks, n_marks, sum_at, p_at, 1);
 }
 #endif
-
-
 
 int iv_varint_have_fast_pdep(void)
 {
