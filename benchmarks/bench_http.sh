@@ -58,26 +58,15 @@ for tool in wrk curl nginx cmake; do
 done
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
-case "$build" in
-    ""|/*) ;;
-    *) build="$(pwd)/$build" ;;
-esac
-# Paths relative to the repository root, so that the printed table names
-# no folder of this machine.
-cd "$root"
-[ -n "$build" ] || build=build-httpbench
-data=benchmarks/data
+. "$here/common.sh"
+bench_enter_root build-httpbench
 file="$data/atlas_$cells.h5ad"
 id="atlas_$cells"
 nport=$((port + 1))
 base="http://127.0.0.1:$port"
 binary='Accept: application/vnd.ivserve.csr'
 
-mkdir -p "$data"
-if [ ! -f "$file" ]; then
-    echo "generating $file" >&2
-    "$py" benchmarks/gen_atlas.py --cells "$cells" -o "$file" >&2
-fi
+bench_ensure_atlas "$file"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DIV_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target ivserve >&2

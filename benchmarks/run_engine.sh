@@ -31,22 +31,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-case "$build" in
-    ""|/*) ;;
-    *) build="$(pwd)/$build" ;;
-esac
-# Paths relative to the repository root, so that the printed table names
-# no folder of this machine.
-cd "$root"
-[ -n "$build" ] || build=build-bench
-data=benchmarks/data
+. "$here/common.sh"
+bench_enter_root build-bench
 iv="$data/atlas_$cells.h5ad"
 csr="$data/atlas_$cells.csr.h5ad"
-mkdir -p "$data"
-if [ ! -f "$iv" ] || [ ! -f "$csr" ]; then
-    echo "generating $iv and $csr" >&2
-    "$py" benchmarks/gen_atlas.py --cells "$cells" -o "$iv" --csr-h5ad "$csr" >&2
-fi
+bench_ensure_atlas "$iv" "$csr"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DIV_BENCH=ON -DIV_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target bench_engine >&2
