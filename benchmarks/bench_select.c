@@ -1,0 +1,220 @@
+/*
+ * Engine-only time of one selection, the baseline that the HTTP
+ * benchmarks set their numbers against: the same selection, planned,
+ * prepared and decoded block by block on a pool of T threads, the blocks
+ * kept in memory until the run ends (as the server holds blocks ahead),
+ * best of R runs, warm (the start-up pass leaves the chunks in the cache
+ * when the budget holds the stream).
+ *
+ *   bench_select FILE.h5ad [--threads T] [--reps R] [--cache-mb M] [--seed S]
+ *                [--obs SEL | --obs-file F | --obs-random N]
+ *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
+ *
+ * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
+ * a file holds whitespace-separated indices; --*-random N draws N indices
+ * uniformly with replacement from a fixed seed.  Prints one line:
+ *   select LABEL rows R nnz Z best_ms B median_ms M threads T
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dataset.h"
+#include "pool.h"
+#include "query.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *msg, const char *what)
+{
+    fprintf(stderr, "bench_select: %s%s%s\n", msg, what ? ": " : "", what ? what : "");
+    exit(1);
+}
+
+/* Appends v to the growing array *a (capacity doubles). */
+static void push(int64_t **a, size_t *n, size_t *cap, int64_t v)
+{
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 1024;
+        int64_t *na = realloc(*a, *cap * sizeof **a);
+        if (!na) die("out of memory", NULL);
+        *a = na;
+    }
+    (*a)[(*n)++] = v;
+}
+
+static void sel_text(const char *s, iv_sel_t *sel)
+{
+    int64_t *v = NULL;
+    size_t n = 0, cap = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long a = strtoll(p, &end, 10), b;
+        if (end == p || errno || a < 0) die("bad selection", s);
+        b = a + 1;
+        if (*end == ':') {
+            const char *q = end + 1;
+            b = strtoll(q, &end, 10);
+            if (end == q || errno || b < a) die("bad selection", s);
+        }
+        for (long long x = a; x < b; x++) push(&v, &n, &cap, x);
+        if (*end == ',') p = end + 1;
+        else if (*end == '\0') p = end;
+        else die("bad selection", s);
+    }
+    sel->all = 0;
+    sel->n = (int64_t)n;
+    sel->idx = v;
+}
+
+static void sel_file(const char *path, iv_sel_t *sel)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) die("cannot open", path);
+    int64_t *v = NULL;
+    size_t n = 0, cap = 0;
+    long long x;
+    while (fscanf(f, "%lld", &x) == 1) {
+        if (x < 0) die("negative index in", path);
+        push(&v, &n, &cap, x);
+    }
+    if (!feof(f)) die("not a list of integers", path);
+    fclose(f);
+    sel->all = 0;
+    sel->n = (int64_t)n;
+    sel->idx = v;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void sel_random(int64_t count, int64_t extent, uint64_t seed, iv_sel_t *sel)
+{
+    int64_t *v = malloc((size_t)(count > 0 ? count : 1) * sizeof *v);
+    if (!v) die("out of memory", NULL);
+    uint64_t s = seed * 2654435761u + 1;
+    for (int64_t i = 0; i < count; i++) v[i] = (int64_t)(rng_next(&s) % (uint64_t)extent);
+    sel->all = 0;
+    sel->n = count;
+    sel->idx = v;
+}
+
+struct run {
+    iv_query_t *q;
+    iv_block_t *blocks;
+    int *rcs;
+};
+
+static void decode_one(void *arg, size_t i)
+{
+    struct run *r = arg;
+    iv_err_t err;
+    r->rcs[i] = iv_query_decode_block(r->q, (int64_t)i, &r->blocks[i], &err);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) die("usage: bench_select FILE.h5ad [options] (see the source's header)", NULL);
+    const char *path = argv[1], *label = "selection";
+    const char *obs_s = NULL, *obs_f = NULL, *var_s = NULL, *var_f = NULL;
+    int64_t obs_r = -1, var_r = -1;
+    unsigned threads = 1;
+    int reps = 5;
+    long cache_mb = -1;
+    uint64_t seed = 1;
+    for (int i = 2; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) die("missing value after", a);
+        if (strcmp(a, "--threads") == 0) threads = (unsigned)strtoul(v, NULL, 10);
+        else if (strcmp(a, "--reps") == 0) reps = atoi(v);
+        else if (strcmp(a, "--cache-mb") == 0) cache_mb = atol(v);
+        else if (strcmp(a, "--seed") == 0) seed = strtoull(v, NULL, 10);
+        else if (strcmp(a, "--obs") == 0) obs_s = v;
+        else if (strcmp(a, "--obs-file") == 0) obs_f = v;
+        else if (strcmp(a, "--obs-random") == 0) obs_r = atoll(v);
+        else if (strcmp(a, "--var") == 0) var_s = v;
+        else if (strcmp(a, "--var-file") == 0) var_f = v;
+        else if (strcmp(a, "--var-random") == 0) var_r = atoll(v);
+        else if (strcmp(a, "--label") == 0) label = v;
+        else die("unknown option", a);
+    }
+    if (threads < 1) threads = 1;
+    if (reps < 1) reps = 1;
+
+    iv_pool_t *pool = iv_pool_create(threads - 1, 0);
+    if (!pool) die("cannot create the pool", NULL);
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.pool = pool;
+    if (cache_mb >= 0) o.cache_bytes = (size_t)cache_mb << 20;
+    iv_dataset_t *ds;
+    iv_err_t err;
+    if (iv_dataset_open(path, &o, &ds, &err) < 0) die("cannot open", err.msg);
+    const iv_dataset_info_t *info = iv_dataset_info(ds);
+
+    iv_sel_t obs = {.all = 1}, var = {.all = 1};
+    if (obs_s) sel_text(obs_s, &obs);
+    else if (obs_f) sel_file(obs_f, &obs);
+    else if (obs_r >= 0) sel_random(obs_r, info->n_rows, seed, &obs);
+    if (var_s) sel_text(var_s, &var);
+    else if (var_f) sel_file(var_f, &var);
+    else if (var_r >= 0) sel_random(var_r, info->n_cols, seed + 1, &var);
+
+    double *times = malloc((size_t)reps * sizeof *times);
+    if (!times) die("out of memory", NULL);
+    int64_t rows = 0, nnz = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        struct run r = {0};
+        double t0 = now_s();
+        iv_query_opts_t qo = {.axis = IV_OUT_ROWS};
+        if (iv_query_new(ds, &obs, &var, &qo, &r.q, &err) < 0 ||
+            iv_query_prepare(r.q, pool, &err) < 0)
+            die("query failed", err.msg);
+        size_t nb = (size_t)iv_query_n_blocks(r.q);
+        r.blocks = calloc(nb ? nb : 1, sizeof *r.blocks);
+        r.rcs = calloc(nb ? nb : 1, sizeof *r.rcs);
+        if (!r.blocks || !r.rcs) die("out of memory", NULL);
+        iv_pool_parallel_for(pool, nb, 0, decode_one, &r);
+        times[rep] = now_s() - t0;
+        rows = iv_query_n_rows(r.q);
+        nnz = 0;
+        for (size_t b = 0; b < nb; b++) {
+            if (r.rcs[b] < 0) die("decode failed", NULL);
+            nnz += r.blocks[b].nnz;
+            iv_block_free(&r.blocks[b]);
+        }
+        free(r.blocks);
+        free(r.rcs);
+        iv_query_free(r.q);
+    }
+    qsort(times, (size_t)reps, sizeof *times, cmp_double);
+    printf("select %s rows %" PRId64 " nnz %" PRId64 " best_ms %.3f median_ms %.3f threads %u\n",
+           label, rows, nnz, times[0] * 1e3, times[reps / 2] * 1e3, threads);
+    free(times);
+    free((void *)obs.idx);
+    free((void *)var.idx);
+    iv_dataset_close(ds);
+    iv_pool_destroy(pool);
+    return 0;
+}
