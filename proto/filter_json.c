@@ -66,6 +66,7 @@ static int to_lit(const cJSON *v, iv_lit_t *l, iv_err_t *err, const char *path)
         }
         return 0;
     }
+    if (!path) return IV_EBAD_REQUEST;
     return bad(err, path, "expected a string, number or boolean");
 }
 
@@ -110,10 +111,16 @@ static int parse_set(const cJSON *m, const char *col, int neg, iv_expr_t **out, 
             rc = iv_fail(st->err, IV_ETOO_LARGE, "%s: more than %d values", p2, IV_FILTER_MAX_IN);
             break;
         }
-        char p3[300];
-        snprintf(p3, sizeof p3, "%.250s[%d]", p2, i++);
+        /* The path is only formatted for an error: a list can hold a
+         * million values. */
         iv_lit_t l;
-        rc = to_lit(v, &l, st->err, p3);
+        rc = to_lit(v, &l, NULL, NULL);
+        if (rc < 0) {
+            char p3[300];
+            snprintf(p3, sizeof p3, "%.250s[%d]", p2, i);
+            rc = to_lit(v, &l, st->err, p3);
+        }
+        i++;
         if (rc == 0 && iv_expr_add_lit(e, &l) < 0) rc = oom(st->err);
         if (rc < 0) break;
     }
