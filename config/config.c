@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,9 +286,15 @@ static int load_num(iv_config_t *c, const char *key, const cJSON *v, iv_err_t *e
 {
     const struct num_opt *o = find_num(key);
     if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown key", key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return iv_fail(err, IV_EINVALID_ARG, "%s: must be an integer", key);
-    return set_num(c, o, (int64_t)v->valuedouble, err);
+    /* Converting a double outside int64's range is undefined behaviour:
+     * range-check it as a double first (2^63 is exact in a double). */
+    double d = v->valuedouble;
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: %g is out of range [%lld, %lld]", key, d,
+                       (long long)o->min, (long long)o->max);
+    return set_num(c, o, (int64_t)d, err);
 }
 
 int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,

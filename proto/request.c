@@ -490,14 +490,21 @@ done:
 
 /* ---- selections from a query string ------------------------------------ */
 
+/* Decimal digits [s, e) to a non-negative int64: 0, -1 when not digits,
+ * -2 when the value passes INT64_MAX (checked before each step, so that
+ * "9999999999999999999" is an error rather than signed overflow). */
 static int parse_i64(const char *s, const char *e, int64_t *out)
 {
-    if (s == e || e - s > 19) return -1;
+    if (s == e) return -1;
     int64_t v = 0;
+    int big = 0;
     for (const char *p = s; p < e; p++) {
         if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
+        int d = *p - '0';
+        if (v > (INT64_MAX - d) / 10) big = 1;
+        else v = v * 10 + d;
     }
+    if (big) return -2;
     *out = v;
     return 0;
 }
@@ -507,9 +514,13 @@ static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t 
 {
     const char *colon = strchr(s, ':');
     if (colon) {
-        int64_t a, b;
-        if (parse_i64(s, colon, &a) || parse_i64(colon + 1, colon + strlen(colon), &b))
-            return iv_fail(err, IV_EBAD_SELECTION, "%s=%s is not START:STOP", axis, s);
+        int64_t a = 0, b = 0;
+        int ra = parse_i64(s, colon, &a), rb = parse_i64(colon + 1, colon + strlen(colon), &b);
+        if (ra == -1 || rb == -1)
+            return iv_fail(err, IV_EBAD_SELECTION, "%s=%.80s is not START:STOP", axis, s);
+        if (ra || rb)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s=%.80s is not within [0, %lld)", axis, s,
+                           (long long)n);
         return sel_from_range(p, axis, a, b, n, err);
     }
     int64_t cnt = *s ? 1 : 0;
@@ -522,7 +533,11 @@ static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t 
         const char *e = strchr(c, ',');
         if (!e) e = c + strlen(c);
         int64_t x;
-        if (parse_i64(c, e, &x))
+        int prc = parse_i64(c, e, &x);
+        if (prc == -2)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.*s is out of range [0, %lld)",
+                           axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, (long long)n);
+        if (prc)
             return iv_fail(err, IV_EBAD_SELECTION, "%s: item %lld ('%.*s') is not an integer", axis,
                            (long long)i, (int)(e - c > 40 ? 40 : e - c), c);
         IV_TRY(check_index(axis, "index", i, x, n, err));

@@ -64,6 +64,14 @@ START_TEST(test_errors_name_the_key)
     ck_assert_ptr_nonnull(strstr(m, "datasets[0].path"));
     ck_assert_int_ne(load_err("{\"datasets\":[{\"path\":\"a\",\"colour\":\"x\"}]}", m, sizeof m), 0);
     ck_assert_ptr_nonnull(strstr(m, "colour"));
+    /* Numbers outside int64 are range errors, not undefined conversions. */
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_rows\":1e19}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "limits.max_rows"));
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
+    ck_assert_int_ne(load_err("{\"port\":-1e300}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_nnz\":9223372036854775808}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
     ck_assert_int_ne(load_err("{\"tokens\":[1]}", m, sizeof m), 0);
     ck_assert_int_ne(load_err("[1]", m, sizeof m), 0);
     ck_assert_int_ne(load_err("{", m, sizeof m), 0);

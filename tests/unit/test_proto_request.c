@@ -175,6 +175,38 @@ START_TEST(test_query_string)
 }
 END_TEST
 
+/* Integers past INT64_MAX in a query string are an error naming the value
+ * as written: no signed overflow (UBSan), no wrapped negative index. */
+START_TEST(test_query_string_huge_integers)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    const char *cases[] = {
+        "obs=9999999999999999999",             /* 19 digits, above INT64_MAX */
+        "obs=9223372036854775808",             /* INT64_MAX + 1 */
+        "obs=1,99999999999999999999999999999", /* far past 19 digits */
+        "obs=0:9999999999999999999",
+        "obs=9999999999999999999:9999999999999999999",
+        "var=18446744073709551617",            /* 2^64 + 1, wraps to 1 in uint64 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        iv_err_clear(&e);
+        ck_assert_msg(parse_qs(cases[i], &q, &e) == IV_EOUT_OF_RANGE, "%s: %s", cases[i], e.msg);
+        ck_assert_msg(strchr(e.msg, '-') == NULL, "%s: %s", cases[i], e.msg);
+        ck_assert_msg(strstr(e.msg, "99999") || strstr(e.msg, "922337") || strstr(e.msg, "184467"),
+                      "%s: %s", cases[i], e.msg);
+    }
+    /* INT64_MAX itself parses, and is out of range like any large index. */
+    iv_err_clear(&e);
+    ck_assert_int_eq(parse_qs("obs=9223372036854775807", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "9223372036854775807"));
+    /* Leading zeros are not a large number. */
+    ck_assert_int_eq(parse_qs("obs=000000000000000000000000000005", &q, &e), 0);
+    ck_assert_int_eq(q.obs.idx[0], 5);
+    iv_qreq_free(&q);
+}
+END_TEST
+
 START_TEST(test_accept_negotiation)
 {
     ck_assert_int_eq(iv_fmt_from_accept(NULL), IV_FMT_NDJSON);
@@ -220,6 +252,7 @@ int main(void)
     tcase_add_test(tc, test_mask_base64_and_bools);
     tcase_add_test(tc, test_names_and_errors);
     tcase_add_test(tc, test_query_string);
+    tcase_add_test(tc, test_query_string_huge_integers);
     tcase_add_test(tc, test_accept_negotiation);
     tcase_add_test(tc, test_base64_roundtrip);
     suite_add_tcase(s, tc);
