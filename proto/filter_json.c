@@ -158,12 +158,32 @@ static int parse_leaf(const cJSON *j, iv_expr_t **out, pstate_t *st, const char 
     const char *col = colj->valuestring;
     iv_expr_t *all = iv_expr_new(IV_EXPR_AND, NULL);
     if (!all) return oom(st->err);
-    int rc = 0;
+    int rc = 0, n_column = 0;
+    unsigned seen = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, j)
     {
-        if (strcmp(m->string, "column") == 0) continue;
         snprintf(p2, sizeof p2, "%.200s.%.40s", path, m->string);
+        /* Two equal keys: cJSON keeps both, other parsers one of them; a
+         * filter must not mean different things to different clients. */
+        if (strcmp(m->string, "column") == 0) {
+            if (++n_column > 1) {
+                rc = bad(st->err, p2, "key given more than once");
+                break;
+            }
+            continue;
+        }
+        int bit = -1;
+        for (int k = 0; k < 6 && bit < 0; k++)
+            if (strcmp(m->string, ops[k]) == 0) bit = k;
+        if (bit < 0 && strcmp(m->string, "in") == 0) bit = 6;
+        if (bit < 0 && strcmp(m->string, "not_in") == 0) bit = 7;
+        if (bit < 0 && strcmp(m->string, "is_null") == 0) bit = 8;
+        if (bit >= 0 && (seen & (1u << bit))) {
+            rc = bad(st->err, p2, "key given more than once");
+            break;
+        }
+        if (bit >= 0) seen |= 1u << bit;
         iv_expr_t *e = NULL;
         int op = -1;
         for (int k = 0; k < 6; k++)
