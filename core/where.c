@@ -91,7 +91,11 @@ static int lex_quoted(parser_t *p, int q, tok_t *t)
 {
     size_t start = p->i;
     p->i++;
-    char *buf = malloc(p->len - start + 1);
+    /* Size the copy by this token, not by the rest of the input: a list
+     * of a hundred thousand strings must not allocate megabytes each. */
+    size_t end = p->i;
+    while (end < p->len && p->s[end] != q) end += p->s[end] == '\\' ? 2 : 1;
+    char *buf = malloc((end < p->len ? end : p->len) - start + 1);
     if (!buf) return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
     size_t n = 0;
     for (;;) {
