@@ -10,9 +10,11 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cjson/cJSON.h>
 
@@ -212,6 +214,19 @@ static int id_ok(const char *id)
     return strcmp(id, ".") && strcmp(id, "..");
 }
 
+/* The id a file gives itself: its name without the folder and without a
+ * final ".h5ad" (any case), so that "a.ivcsr.h5ad" and "a.ivcsc.h5ad", or
+ * "lupus.v2.h5ad" and "lupus.v3.h5ad", name different datasets.  A name
+ * without that suffix is its own id. */
+static char *id_from_path(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && strcasecmp(b + n - 5, ".h5ad") == 0) n -= 5;
+    return strndup(b, n);
+}
+
 static iv_ds_conf_t *ds_push(iv_config_t *c, iv_err_t *err)
 {
     iv_ds_conf_t *nd = realloc(c->datasets, (c->n_datasets + 1) * sizeof *nd);
@@ -259,10 +274,8 @@ static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *ba
     if (id) {
         d->id = strdup(id->valuestring);
     } else {
-        /* The stem, as for a file named on the command line. */
-        const char *b = strrchr(path->valuestring, '/');
-        b = b ? b + 1 : path->valuestring;
-        d->id = strndup(b, strcspn(b, "."));
+        /* The file's own id, as for a file named on the command line. */
+        d->id = id_from_path(path->valuestring);
     }
     if (!d->id) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
     if (!id_ok(d->id))
@@ -285,9 +298,15 @@ static int load_num(iv_config_t *c, const char *key, const cJSON *v, iv_err_t *e
 {
     const struct num_opt *o = find_num(key);
     if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown key", key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return iv_fail(err, IV_EINVALID_ARG, "%s: must be an integer", key);
-    return set_num(c, o, (int64_t)v->valuedouble, err);
+    /* Converting a double outside int64's range is undefined behaviour:
+     * range-check it as a double first (2^63 is exact in a double). */
+    double d = v->valuedouble;
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: %g is out of range [%lld, %lld]", key, d,
+                       (long long)o->min, (long long)o->max);
+    return set_num(c, o, (int64_t)d, err);
 }
 
 int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
@@ -427,15 +446,15 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
 
 int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err)
 {
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
     iv_ds_conf_t *d = ds_push(c, err);
     if (!d) return IV_ENOMEM;
     d->path = strdup(path);
-    d->id = strndup(b, strcspn(b, "."));
+    d->id = id_from_path(path);
     if (!d->path || !d->id) return iv_fail(err, IV_ENOMEM, "out of memory");
     if (!id_ok(d->id))
-        return iv_fail(err, IV_EINVALID_ARG, "%s: the file stem '%s' is not a valid dataset id",
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "%s: the file name '%s' (less .h5ad) is not a valid dataset id: use "
+                       "letters, digits, '.', '_' or '-', or give an id in a --config file",
                        path, d->id);
     return 0;
 }
@@ -473,7 +492,8 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
             IV_TRY(iv_config_add_path(c, a, err));
             continue;
         }
-        if (i + 1 >= argc) return iv_fail(err, IV_EINVALID_ARG, "%s: needs a value", a);
+        if (i + 1 >= argc)
+            return iv_fail(err, IV_EINVALID_ARG, "%s: needs a value (see ivserve --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--config")) continue;
         if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
@@ -498,7 +518,7 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
             const struct num_opt *o = NULL;
             for (size_t k = 0; k < N_NUM_OPTS; k++)
                 if (num_opts[k].flag && !strcmp(num_opts[k].flag, a)) o = &num_opts[k];
-            if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown option", a);
+            if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown option (see ivserve --help)", a);
             IV_TRY(set_num_str(c, o, v, a, err));
         }
     }
@@ -510,10 +530,14 @@ int iv_config_validate(const iv_config_t *c, iv_err_t *err)
     if (c->n_datasets == 0)
         return iv_fail(err, IV_EINVALID_ARG,
                        "datasets: none configured (name FILE.h5ad arguments or use --config)");
+    /* Name the files, not a position in a list the user may never have
+     * written (files from the command line have none). */
     for (size_t i = 0; i < c->n_datasets; i++)
         for (size_t j = 0; j < i; j++)
             if (!strcmp(c->datasets[i].id, c->datasets[j].id))
-                return iv_fail(err, IV_EINVALID_ARG, "datasets[%zu].id: '%s' is used twice", i,
-                               c->datasets[i].id);
+                return iv_fail(err, IV_EINVALID_ARG,
+                               "datasets: '%s' and '%s' both have the id '%s'; rename one file "
+                               "or give the datasets distinct ids in a --config file",
+                               c->datasets[j].path, c->datasets[i].path, c->datasets[i].id);
     return 0;
 }

@@ -73,14 +73,16 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err);
 /*
  * The whole chain for the server binary: --config FILE first (wherever it
  * appears), then the environment, then the other flags and positional
- * FILE.h5ad arguments (each a dataset named by its file stem).  Returns 1
+ * FILE.h5ad arguments (each a dataset named by its file name less .h5ad).  Returns 1
  * (not an error) when --help or --version was handled and the caller
  * should exit 0.
  */
 int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp, iv_err_t *err);
-/* Adds a dataset from a path; the id is the file stem up to the first '.'. */
+/* Adds a dataset from a path; the id is the file name without its folder
+ * and its ".h5ad" suffix ("data/lupus.v2.h5ad" is "lupus.v2"). */
 int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err);
-/* Final cross-checks (at least one dataset, unique ids). */
+/* Final cross-checks (at least one dataset, unique ids; two files with one
+ * id are an error naming both files). */
 int iv_config_validate(const iv_config_t *c, iv_err_t *err);
 
 /* Usage text for --help. */

@@ -6,6 +6,15 @@
  * with, and a default message.  Functions return 0 on success or a negative
  * IV_E* value; the human-readable detail (which file, which dataset, which
  * check) goes into a caller-owned iv_err_t.
+ *
+ * The status column is the only map from errors to HTTP statuses: a
+ * handler answers iv_error_status(rc) with iv_error_code(rc), so an error
+ * that needs another status needs its own row, not a special case where
+ * it is answered.  NO_METADATA (a names or filter selection on a dataset
+ * whose obs/var could not be loaded: 422 "unsupported") and NO_COLUMN (an
+ * unknown column named in a URL path: 404 "not_found") are such rows; they
+ * keep the wire codes those answers have always had.  Values are unique
+ * (error.c's switch does not compile otherwise); code strings need not be.
  */
 #ifndef IV_ERROR_H
 #define IV_ERROR_H
@@ -39,7 +48,9 @@
     X(TIMEOUT,        -22,  408, "timeout",              "request timed out")                  \
     X(CANCELLED,      -23,  499, "cancelled",            "cancelled")                          \
     X(INTERNAL,       -24,  500, "internal",             "internal error")                     \
-    X(INVALID_ARG,    -25,  400, "invalid_argument",     "invalid argument")
+    X(INVALID_ARG,    -25,  400, "invalid_argument",     "invalid argument")                   \
+    X(NO_METADATA,    -26,  422, "unsupported",          "the dataset's metadata is not available") \
+    X(NO_COLUMN,      -27,  404, "not_found",            "no such column")
 
 enum iv_error {
 #define IV__ENUM(name, val, status, code, msg) IV_E##name = (val),

@@ -16,6 +16,8 @@
 #include "filter.h"
 
 #include <ctype.h>
+#include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,7 @@
 
 #include "names.h"
 
-#define MAX_DEPTH 256
+#define MAX_DEPTH IV_FILTER_MAX_DEPTH
 
 /* ------------------------------------------------------------ expressions */
 
@@ -50,10 +52,27 @@ iv_expr_t *iv_expr_new(iv_expr_op_t op, const char *column)
     return e;
 }
 
+/* Grows *arr (of *cap elements of size sz) to hold at least need, doubling,
+ * so that n appends make O(log n) reallocations and copy O(n) bytes. */
+static int grow(void **arr, size_t *cap, size_t need, size_t sz)
+{
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 4;
+    while (nc < need) {
+        if (nc > SIZE_MAX / 2 / sz) return IV_ENOMEM;
+        nc *= 2;
+    }
+    void *p = realloc(*arr, nc * sz);
+    if (!p) return IV_ENOMEM;
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
 int iv_expr_add_kid(iv_expr_t *e, iv_expr_t *kid)
 {
-    iv_expr_t **k = realloc(e->kids, (e->n_kids + 1) * sizeof(*k));
-    if (!k) return IV_ENOMEM;
+    void *k = e->kids;
+    if (grow(&k, &e->cap_kids, e->n_kids + 1, sizeof(*e->kids)) < 0) return IV_ENOMEM;
     e->kids = k;
     e->kids[e->n_kids++] = kid;
     return 0;
@@ -61,8 +80,8 @@ int iv_expr_add_kid(iv_expr_t *e, iv_expr_t *kid)
 
 int iv_expr_add_lit(iv_expr_t *e, const iv_lit_t *lit)
 {
-    iv_lit_t *l = realloc(e->lits, (e->n_lits + 1) * sizeof(*l));
-    if (!l) return IV_ENOMEM;
+    void *l = e->lits;
+    if (grow(&l, &e->cap_lits, e->n_lits + 1, sizeof(*e->lits)) < 0) return IV_ENOMEM;
     e->lits = l;
     iv_lit_t c = *lit;
     if (lit->kind == IV_LIT_STR) {
@@ -73,6 +92,14 @@ int iv_expr_add_lit(iv_expr_t *e, const iv_lit_t *lit)
     }
     e->lits[e->n_lits++] = c;
     return 0;
+}
+
+size_t iv_expr_count(const iv_expr_t *e)
+{
+    if (!e) return 0;
+    size_t n = 1;
+    for (size_t i = 0; i < e->n_kids; i++) n += iv_expr_count(e->kids[i]);
+    return n;
 }
 
 void iv_expr_free(iv_expr_t *e)
@@ -195,9 +222,10 @@ static void fmt(out_t *o, const iv_expr_t *e)
         put(o, ")", 1);
         return;
     case IV_EXPR_IN:
+    case IV_EXPR_NOT_IN:
         put(o, "(", 1);
         put_column(o, e->column);
-        puts_(o, " in [");
+        puts_(o, e->op == IV_EXPR_NOT_IN ? " not in [" : " in [");
         for (size_t i = 0; i < e->n_lits; i++) {
             if (i) puts_(o, ", ");
             put_lit(o, &e->lits[i]);
@@ -314,6 +342,7 @@ typedef struct fnode {
     iv_expr_op_t op;
     const iv_meta_col_t *col;
     iv_cmp_t cmp;
+    int neg;              /* NOT_IN: the set test is inverted (missing stays false) */
     int const_val;
     /* leaf tests, by column type */
     uint8_t *code_ok;     /* categorical: n_cats bytes, 1 = matches (eq/ne/in/order) */
@@ -488,6 +517,9 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
     }
     IV_RETURN_IF(e->op == IV_EXPR_CMP && e->n_lits != 1, c->err, IV_EBAD_FILTER,
                  "comparison on '%s' needs exactly one value%s", col->name, pos);
+    /* not_in compiles to the `in` tables with the test inverted. */
+    int is_set = e->op == IV_EXPR_IN || e->op == IV_EXPR_NOT_IN;
+    f->neg = e->op == IV_EXPR_NOT_IN;
     int ordering = e->op == IV_EXPR_CMP && e->cmp >= IV_CMP_LT;
     /* Every literal must suit the column. */
     for (size_t i = 0; i < e->n_lits; i++) {
@@ -536,7 +568,7 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
                              lit, ax, col->name, sug, pos);
                 break;
             }
-            if (e->op == IV_EXPR_IN) {
+            if (is_set) {
                 f->code_ok[k] = 1;
             } else {
                 /* Ordered categoricals compare by category position, as
@@ -556,10 +588,15 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
             }
         }
         iv_names_free(hash);
+        /* The table is indexed by present codes only, so inverting it
+         * leaves missing values (code -1) false. */
+        if (rc == 0 && f->neg)
+            for (int64_t j = 0; j < col->n_cats; j++) f->code_ok[j] = !f->code_ok[j];
+        f->neg = 0;
         return rc;
     }
     case IV_COL_STRING:
-        if (e->op == IV_EXPR_IN) {
+        if (is_set) {
             f->sown = calloc(e->n_lits ? e->n_lits : 1, sizeof(char *));
             IV_RETURN_IF(!f->sown, c->err, IV_ENOMEM, "filter: out of memory");
             IV_RETURN_IF(strset_build(&f->sset, e->lits, e->n_lits) < 0, c->err, IV_ENOMEM,
@@ -582,7 +619,7 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
     case IV_COL_INT:
     case IV_COL_FLOAT:
     case IV_COL_BOOL:
-        if (e->op == IV_EXPR_IN) {
+        if (is_set) {
             size_t n = e->n_lits;
             if (col->type == IV_COL_INT) {
                 f->iset = malloc((n ? n : 1) * sizeof(int64_t));
@@ -650,6 +687,7 @@ static int compile_node(cctx_t *c, const iv_expr_t *e, int depth, fnode_t **out)
         break;
     case IV_EXPR_CMP:
     case IV_EXPR_IN:
+    case IV_EXPR_NOT_IN:
     case IV_EXPR_IS_NULL:
     case IV_EXPR_TRUTH:
         rc = compile_leaf(c, e, f);
@@ -665,11 +703,55 @@ static int compile_node(cctx_t *c, const iv_expr_t *e, int depth, fnode_t **out)
     return 0;
 }
 
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    return a > INT64_MAX - b ? INT64_MAX : a + b;
+}
+
+static int64_t cost_node(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e, int64_t n,
+                         int depth)
+{
+    /* Deeper trees fail to compile with their own message; stop before
+     * the stack does. */
+    if (depth > MAX_DEPTH) return 0;
+    int64_t c = 1 + n / 64;
+    switch (e->op) {
+    case IV_EXPR_AND:
+    case IV_EXPR_OR:
+    case IV_EXPR_NOT:
+        for (size_t i = 0; i < e->n_kids && c < INT64_MAX; i++)
+            c = sat_add(c, cost_node(m, axis, e->kids[i], n, depth + 1));
+        return c;
+    case IV_EXPR_CONST: return c;
+    default: break;
+    }
+    const iv_meta_col_t *col = m && e->column ? iv_meta_find_col(m, axis, e->column) : NULL;
+    int64_t w = col && col->type == IV_COL_STRING ? 4 : 1;
+    int64_t rows = n > INT64_MAX / w ? INT64_MAX : n * w;
+    c = sat_add(c, rows);
+    if (col && col->type == IV_COL_CATEGORICAL) c = sat_add(c, col->n_cats);
+    return sat_add(c, (int64_t)e->n_lits);
+}
+
+int64_t iv_filter_cost(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e, int64_t n_rows)
+{
+    return e ? cost_node(m, axis, e, n_rows < 0 ? 0 : n_rows, 0) : 0;
+}
+
 int iv_filter_compile(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e,
                       iv_fprog_t **out, iv_err_t *err)
 {
     *out = NULL;
     IV_RETURN_IF(!e, err, IV_EBAD_FILTER, "empty filter");
+    /* Bound the work before building anything: a request body of a few
+     * megabytes can hold a hundred thousand terms, each a pass over every
+     * row. */
+    int64_t cost = iv_filter_cost(m, axis, e, iv_meta_n_rows(m, axis));
+    IV_RETURN_IF(cost > IV_FILTER_MAX_COST, err, IV_ETOO_LARGE,
+                 "filter too costly: %zu terms over %lld %s rows come to about %lld row visits; "
+                 "the limit is %lld (use 'in' lists rather than many comparisons)",
+                 iv_expr_count(e), (long long)iv_meta_n_rows(m, axis), axis_name(axis),
+                 (long long)cost, (long long)IV_FILTER_MAX_COST);
     iv_fprog_t *p = calloc(1, sizeof(*p));
     IV_RETURN_IF(!p, err, IV_ENOMEM, "filter: out of memory");
     cctx_t c = {m, axis, err, 0};
@@ -753,6 +835,7 @@ static int in_dbl(const double *set, size_t n, double v)
 static void eval_leaf(const fnode_t *f, int64_t n, iv_bitmap_t *out)
 {
     const iv_meta_col_t *c = f->col;
+    int is_set = f->op == IV_EXPR_IN || f->op == IV_EXPR_NOT_IN, neg = f->neg;
     if (f->op == IV_EXPR_IS_NULL) {
         if (c->mask) LEAF_LOOP(out, n, c->mask[i]);
         else iv_bitmap_fill(out, 0);
@@ -769,7 +852,7 @@ static void eval_leaf(const fnode_t *f, int64_t n, iv_bitmap_t *out)
     case IV_COL_BOOL: {
         const uint8_t *b = c->b;
         if (f->op == IV_EXPR_TRUTH) LEAF_LOOP(out, n, b[i]);
-        else if (f->op == IV_EXPR_IN) LEAF_LOOP(out, n, in_dbl(f->dset, f->n_set, (double)b[i]));
+        else if (is_set) LEAF_LOOP(out, n, in_dbl(f->dset, f->n_set, (double)b[i]) != neg);
         else {
             double lit = f->dlit;
             NUM_CMP_LOOP(out, n, (double)b[i], lit);
@@ -778,8 +861,8 @@ static void eval_leaf(const fnode_t *f, int64_t n, iv_bitmap_t *out)
     }
     case IV_COL_INT: {
         const int64_t *v = c->i64;
-        if (f->op == IV_EXPR_IN) {
-            LEAF_LOOP(out, n, in_i64(f->iset, f->n_set, v[i]));
+        if (is_set) {
+            LEAF_LOOP(out, n, in_i64(f->iset, f->n_set, v[i]) != neg);
         } else if (f->use_int) {
             int64_t lit = f->ilit;
             NUM_CMP_LOOP(out, n, v[i], lit);
@@ -792,18 +875,19 @@ static void eval_leaf(const fnode_t *f, int64_t n, iv_bitmap_t *out)
     case IV_COL_FLOAT: {
         const double *v = c->f64;
         double lit = f->dlit;
-        if (f->op == IV_EXPR_IN) LEAF_LOOP(out, n, in_dbl(f->dset, f->n_set, v[i]));
+        if (is_set) LEAF_LOOP(out, n, in_dbl(f->dset, f->n_set, v[i]) != neg);
         else NUM_CMP_LOOP(out, n, v[i], lit);
         break;
     }
     case IV_COL_STRING:
-        if (f->op == IV_EXPR_IN)
-            LEAF_LOOP(out, n, strset_has(&f->sset, iv_meta_col_str(c, i)));
+        if (is_set)
+            LEAF_LOOP(out, n, strset_has(&f->sset, iv_meta_col_str(c, i)) != neg);
         else
             LEAF_LOOP(out, n, cmp_ok(f->cmp, strcmp(iv_meta_col_str(c, i), f->slit)));
         break;
     }
-    /* Missing values never match a comparison (nor `ne`): clear them. */
+    /* Missing values never match a comparison (nor `ne`, nor `not in`):
+     * clear them. */
     if (c->mask) {
         size_t nw = iv_bitmap_words(out);
         for (size_t w = 0; w < nw; w++) {

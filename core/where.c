@@ -19,7 +19,7 @@
 #include <string.h>
 #include <strings.h>
 
-#define MAX_DEPTH 256
+#define MAX_DEPTH IV_FILTER_MAX_DEPTH
 
 typedef enum tok_kind {
     T_EOF, T_IDENT, T_BQ, T_STR, T_NUM, T_LP, T_RP, T_LB, T_RB, T_COMMA,
@@ -42,6 +42,8 @@ typedef struct parser {
     tok_t t;                /* current token */
     iv_err_t *err;
     int depth;
+    size_t n_nodes;         /* nodes made so far (IV_FILTER_MAX_NODES) */
+    int too_large;          /* a limit was hit: the callers' IV_ENOMEM means it */
 } parser_t;
 
 static int peekc(const parser_t *p, size_t k)
@@ -89,7 +91,11 @@ static int lex_quoted(parser_t *p, int q, tok_t *t)
 {
     size_t start = p->i;
     p->i++;
-    char *buf = malloc(p->len - start + 1);
+    /* Size the copy by this token, not by the rest of the input: a list
+     * of a hundred thousand strings must not allocate megabytes each. */
+    size_t end = p->i;
+    while (end < p->len && p->s[end] != q) end += p->s[end] == '\\' ? 2 : 1;
+    char *buf = malloc((end < p->len ? end : p->len) - start + 1);
     if (!buf) return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
     size_t n = 0;
     for (;;) {
@@ -285,6 +291,12 @@ static int parse_or(parser_t *p, iv_expr_t **out);
 
 static iv_expr_t *new_node(parser_t *p, iv_expr_op_t op, const char *col, size_t pos)
 {
+    if (++p->n_nodes > IV_FILTER_MAX_NODES) {
+        p->too_large = 1;
+        iv_fail(p->err, IV_ETOO_LARGE, "where: more than %d terms at position %zu",
+                IV_FILTER_MAX_NODES, pos);
+        return NULL;
+    }
     iv_expr_t *e = iv_expr_new(op, col);
     if (e) e->pos = (int64_t)pos;
     else iv_fail(p->err, IV_ENOMEM, "where: out of memory");
@@ -389,6 +401,9 @@ static int parse_list(parser_t *p, iv_expr_t *e)
     else return syntax(p, p->t.pos, "'[' after 'in'");
     IV_TRY(next(p));
     while (p->t.kind != close) {
+        if (e->n_lits >= IV_FILTER_MAX_IN)
+            return iv_fail(p->err, IV_ETOO_LARGE, "where: more than %d values in the list at "
+                           "position %zu", IV_FILTER_MAX_IN, p->t.pos);
         iv_lit_t l;
         IV_TRY(need_literal(p, &l, "'[' or ','"));
         int rc = iv_expr_add_lit(e, &l);
@@ -500,13 +515,15 @@ static int parse_column_expr(parser_t *p, iv_expr_t **out)
         if (rc == 0 && neg && !is_kw(&p->t, "in")) rc = syntax(p, p->t.pos, "'in' after 'not'");
         if (rc == 0 && neg) rc = next(p);
         if (rc < 0) goto fail;
-        e = new_node(p, IV_EXPR_IN, col, pos);
+        /* `not in` is its own test, false on missing values like `!=`;
+         * `not (x in [...])` is the complement and includes them. */
+        (void)npos;
+        e = new_node(p, neg ? IV_EXPR_NOT_IN : IV_EXPR_IN, col, pos);
         if (!e) {
             rc = IV_ENOMEM;
             goto fail;
         }
         rc = parse_list(p, e);
-        if (rc == 0 && neg) rc = wrap_not(p, &e, npos);
         if (rc < 0) goto fail;
     } else if (is_kw(&p->t, "is")) {
         rc = next(p);
@@ -626,13 +643,16 @@ static int parse_or(parser_t *p, iv_expr_t **out)
 int iv_where_parse(const char *s, size_t len, iv_expr_t **out, iv_err_t *err)
 {
     *out = NULL;
-    parser_t p = {s, len, 0, {0}, err, 0};
+    parser_t p = {s, len, 0, {0}, err, 0, 0, 0};
     int rc = next(&p);
     if (rc == 0 && p.t.kind == T_EOF) rc = syntax(&p, 0, "a filter expression");
     iv_expr_t *e = NULL;
     if (rc == 0) rc = parse_or(&p, &e);
     if (rc == 0 && p.t.kind != T_EOF) rc = syntax(&p, p.t.pos, "'and', 'or' or end of input");
     tok_clear(&p.t);
+    /* new_node's callers report its NULL as out of memory; the message
+     * recorded first says which limit it was. */
+    if (rc < 0 && p.too_large) rc = IV_ETOO_LARGE;
     if (rc < 0) {
         iv_expr_free(e);
         return rc;

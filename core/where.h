@@ -18,7 +18,10 @@
  *            | true | false | True | False
  *
  * Keywords are case-insensitive.  Parenthesised lists "(a, b)" are
- * accepted for `in` as well.  Errors are IV_EBAD_REQUEST naming the byte
+ * accepted for `in` as well.  `column not in [...]` is its own test
+ * (IV_EXPR_NOT_IN: false on missing values, like `!=`), while
+ * `not (column in [...])` is the complement.  Trees stop at the limits of
+ * filter.h (more nodes or list values: IV_ETOO_LARGE).  Errors are IV_EBAD_REQUEST naming the byte
  * position and what was expected.  Pure function of its input; any thread.
  */
 #ifndef IV_WHERE_H

@@ -87,12 +87,46 @@ void iv_buf_i64le(iv_buf_t *b, int64_t v)
     iv_buf_append(b, s, 8);
 }
 
+/* Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF), or 0 when it is not one.
+ * p is NUL-terminated, so reading a continuation byte stops at the end. */
+static size_t utf8_len(const unsigned char *p)
+{
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF) return (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        return p[1] >= lo && p[1] <= hi && (p[2] & 0xC0) == 0x80 ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        return p[1] >= lo && p[1] <= hi && (p[2] & 0xC0) == 0x80 && (p[3] & 0xC0) == 0x80 ? 4
+                                                                                          : 0;
+    }
+    return 0;
+}
+
+/* Text can come from anywhere (a request's bytes echoed in an error, a
+ * file's labels cut short by a "%.40s"), and JSON must be UTF-8: a byte
+ * that does not start a well-formed sequence becomes U+FFFD, so the
+ * document stays valid JSON.  Runs of plain bytes are appended at once. */
 void iv_buf_json_str(iv_buf_t *b, const char *s)
 {
     static const char hex[] = "0123456789abcdef";
     iv_buf_append(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    const unsigned char *p = (const unsigned char *)s, *run = p;
+    while (*p) {
         unsigned char c = *p;
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            p++;
+            continue;
+        }
+        size_t n = c >= 0x80 ? utf8_len(p) : 0;
+        if (n) {
+            p += n;
+            continue;
+        }
+        iv_buf_append(b, run, (size_t)(p - run));
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
             iv_buf_append(b, e, 2);
@@ -100,9 +134,11 @@ void iv_buf_json_str(iv_buf_t *b, const char *s)
             char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
             iv_buf_append(b, e, 6);
         } else {
-            iv_buf_append(b, p, 1);
+            iv_buf_append(b, "\\ufffd", 6);
         }
+        run = ++p;
     }
+    iv_buf_append(b, run, (size_t)(p - run));
     iv_buf_append(b, "\"", 1);
 }
 

@@ -33,7 +33,9 @@ void iv_buf_printf(iv_buf_t *b, const char *fmt, ...)
 /* Little-endian fixed-width integers. */
 void iv_buf_u32le(iv_buf_t *b, uint32_t v);
 void iv_buf_i64le(iv_buf_t *b, int64_t v);
-/* Appends s as a JSON string literal, quotes included, escaping what JSON requires. */
+/* Appends s as a JSON string literal, quotes included, escaping what JSON
+ * requires; bytes that are not well-formed UTF-8 become U+FFFD (written
+ * \ufffd), so the result is valid JSON whatever s holds. */
 void iv_buf_json_str(iv_buf_t *b, const char *s);
 /* Takes the bytes out of b (caller frees them); b is left empty. */
 char *iv_buf_steal(iv_buf_t *b, size_t *len);

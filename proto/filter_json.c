@@ -14,11 +14,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH 256
+#define MAX_DEPTH IV_FILTER_MAX_DEPTH
+
+/* State of one parse: the nodes made so far, against IV_FILTER_MAX_NODES. */
+typedef struct pstate {
+    iv_err_t *err;
+    size_t n_nodes;
+} pstate_t;
+
+/* Counts n new nodes; IV_ETOO_LARGE past the limit. */
+static int count_nodes(pstate_t *st, size_t n, const char *path)
+{
+    st->n_nodes += n;
+    if (st->n_nodes > IV_FILTER_MAX_NODES)
+        return iv_fail(st->err, IV_ETOO_LARGE, "%s: the filter has more than %d terms", path,
+                       IV_FILTER_MAX_NODES);
+    return 0;
+}
 
 static int bad(iv_err_t *err, const char *path, const char *what)
 {
     return iv_fail(err, IV_EBAD_REQUEST, "%s: %s", path, what);
+}
+
+static int oom(iv_err_t *err)
+{
+    return iv_fail(err, IV_ENOMEM, "filter: out of memory");
 }
 
 static int to_lit(const cJSON *v, iv_lit_t *l, iv_err_t *err, const char *path)
@@ -45,18 +66,19 @@ static int to_lit(const cJSON *v, iv_lit_t *l, iv_err_t *err, const char *path)
         }
         return 0;
     }
+    if (!path) return IV_EBAD_REQUEST;
     return bad(err, path, "expected a string, number or boolean");
 }
 
 static const char *ops[] = {"eq", "ne", "lt", "le", "gt", "ge"};
 
-static int parse_node(const cJSON *j, iv_expr_t **out, iv_err_t *err, const char *path,
+static int parse_node(const cJSON *j, iv_expr_t **out, pstate_t *st, const char *path,
                       int depth);
 
-static int parse_kids(const cJSON *arr, iv_expr_t *e, iv_err_t *err, const char *path,
+static int parse_kids(const cJSON *arr, iv_expr_t *e, pstate_t *st, const char *path,
                       int depth)
 {
-    if (!cJSON_IsArray(arr)) return bad(err, path, "expected an array of filters");
+    if (!cJSON_IsArray(arr)) return bad(st->err, path, "expected an array of filters");
     int i = 0;
     const cJSON *k;
     cJSON_ArrayForEach(k, arr)
@@ -64,98 +86,139 @@ static int parse_kids(const cJSON *arr, iv_expr_t *e, iv_err_t *err, const char 
         char p2[256];
         snprintf(p2, sizeof p2, "%.200s[%d]", path, i++);
         iv_expr_t *kid = NULL;
-        IV_TRY(parse_node(k, &kid, err, p2, depth + 1));
+        IV_TRY(parse_node(k, &kid, st, p2, depth + 1));
         if (iv_expr_add_kid(e, kid) < 0) {
             iv_expr_free(kid);
-            return iv_fail(err, IV_ENOMEM, "filter: out of memory");
+            return oom(st->err);
         }
     }
     return 0;
 }
 
+/* "in"/"not_in": [values] as one set leaf (NOT_IN is false on missing values). */
+static int parse_set(const cJSON *m, const char *col, int neg, iv_expr_t **out, pstate_t *st,
+                     const char *p2)
+{
+    *out = NULL;
+    if (!cJSON_IsArray(m)) return bad(st->err, p2, "expected an array of values");
+    iv_expr_t *e = iv_expr_new(neg ? IV_EXPR_NOT_IN : IV_EXPR_IN, col);
+    if (!e) return oom(st->err);
+    int rc = 0, i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, m)
+    {
+        if (i >= IV_FILTER_MAX_IN) {
+            rc = iv_fail(st->err, IV_ETOO_LARGE, "%s: more than %d values", p2, IV_FILTER_MAX_IN);
+            break;
+        }
+        /* The path is only formatted for an error: a list can hold a
+         * million values. */
+        iv_lit_t l;
+        rc = to_lit(v, &l, NULL, NULL);
+        if (rc < 0) {
+            char p3[300];
+            snprintf(p3, sizeof p3, "%.250s[%d]", p2, i);
+            rc = to_lit(v, &l, st->err, p3);
+        }
+        i++;
+        if (rc == 0 && iv_expr_add_lit(e, &l) < 0) rc = oom(st->err);
+        if (rc < 0) break;
+    }
+    if (rc < 0) {
+        iv_expr_free(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+/* Wraps *e in a NOT node; frees *e on failure. */
+static int wrap_not(iv_expr_t **e, pstate_t *st, const char *path)
+{
+    int rc = count_nodes(st, 1, path);
+    iv_expr_t *n = rc == 0 ? iv_expr_new(IV_EXPR_NOT, NULL) : NULL;
+    if (rc == 0 && (!n || iv_expr_add_kid(n, *e) < 0)) rc = oom(st->err);
+    if (rc < 0) {
+        iv_expr_free(n);
+        iv_expr_free(*e);
+        *e = NULL;
+        return rc;
+    }
+    *e = n;
+    return 0;
+}
+
 /* {"column": ..., op: value, ...}: one leaf per operator, joined by and. */
-static int parse_leaf(const cJSON *j, iv_expr_t **out, iv_err_t *err, const char *path)
+static int parse_leaf(const cJSON *j, iv_expr_t **out, pstate_t *st, const char *path)
 {
     const cJSON *colj = cJSON_GetObjectItemCaseSensitive(j, "column");
     char p2[256];
     snprintf(p2, sizeof p2, "%.200s.column", path);
-    if (!cJSON_IsString(colj)) return bad(err, p2, "expected a column name (string)");
+    if (!cJSON_IsString(colj)) return bad(st->err, p2, "expected a column name (string)");
     const char *col = colj->valuestring;
     iv_expr_t *all = iv_expr_new(IV_EXPR_AND, NULL);
-    if (!all) return iv_fail(err, IV_ENOMEM, "filter: out of memory");
-    int rc = 0;
+    if (!all) return oom(st->err);
+    int rc = 0, n_column = 0;
+    unsigned seen = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, j)
     {
-        if (strcmp(m->string, "column") == 0) continue;
         snprintf(p2, sizeof p2, "%.200s.%.40s", path, m->string);
+        /* Two equal keys: cJSON keeps both, other parsers one of them; a
+         * filter must not mean different things to different clients. */
+        if (strcmp(m->string, "column") == 0) {
+            if (++n_column > 1) {
+                rc = bad(st->err, p2, "key given more than once");
+                break;
+            }
+            continue;
+        }
+        int bit = -1;
+        for (int k = 0; k < 6 && bit < 0; k++)
+            if (strcmp(m->string, ops[k]) == 0) bit = k;
+        if (bit < 0 && strcmp(m->string, "in") == 0) bit = 6;
+        if (bit < 0 && strcmp(m->string, "not_in") == 0) bit = 7;
+        if (bit < 0 && strcmp(m->string, "is_null") == 0) bit = 8;
+        if (bit >= 0 && (seen & (1u << bit))) {
+            rc = bad(st->err, p2, "key given more than once");
+            break;
+        }
+        if (bit >= 0) seen |= 1u << bit;
         iv_expr_t *e = NULL;
         int op = -1;
         for (int k = 0; k < 6; k++)
             if (strcmp(m->string, ops[k]) == 0) op = k;
+        rc = count_nodes(st, 1, p2);
+        if (rc < 0) break;
         if (op >= 0) {
             iv_lit_t l;
-            rc = to_lit(m, &l, err, p2);
+            rc = to_lit(m, &l, st->err, p2);
             if (rc == 0) {
                 e = iv_expr_new(IV_EXPR_CMP, col);
-                if (!e || iv_expr_add_lit(e, &l) < 0) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+                if (!e || iv_expr_add_lit(e, &l) < 0) rc = oom(st->err);
                 else e->cmp = (iv_cmp_t)op;
             }
         } else if (strcmp(m->string, "in") == 0 || strcmp(m->string, "not_in") == 0) {
-            if (!cJSON_IsArray(m)) {
-                rc = bad(err, p2, "expected an array of values");
-            } else {
-                e = iv_expr_new(IV_EXPR_IN, col);
-                if (!e) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-                int i = 0;
-                const cJSON *v;
-                cJSON_ArrayForEach(v, m)
-                {
-                    if (rc < 0) break;
-                    char p3[300];
-                    snprintf(p3, sizeof p3, "%.250s[%d]", p2, i++);
-                    iv_lit_t l;
-                    rc = to_lit(v, &l, err, p3);
-                    if (rc == 0 && iv_expr_add_lit(e, &l) < 0)
-                        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-                }
-                if (rc == 0 && m->string[0] == 'n') {
-                    iv_expr_t *n = iv_expr_new(IV_EXPR_NOT, NULL);
-                    if (!n || iv_expr_add_kid(n, e) < 0) {
-                        iv_expr_free(n);
-                        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-                    } else {
-                        e = n;
-                    }
-                }
-            }
+            rc = parse_set(m, col, m->string[0] == 'n', &e, st, p2);
         } else if (strcmp(m->string, "is_null") == 0) {
             if (!cJSON_IsBool(m)) {
-                rc = bad(err, p2, "expected true or false");
+                rc = bad(st->err, p2, "expected true or false");
             } else {
                 e = iv_expr_new(IV_EXPR_IS_NULL, col);
-                if (!e) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-                if (rc == 0 && cJSON_IsFalse(m)) {
-                    iv_expr_t *n = iv_expr_new(IV_EXPR_NOT, NULL);
-                    if (!n || iv_expr_add_kid(n, e) < 0) {
-                        iv_expr_free(n);
-                        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-                    } else {
-                        e = n;
-                    }
-                }
+                if (!e) rc = oom(st->err);
+                if (rc == 0 && cJSON_IsFalse(m)) rc = wrap_not(&e, st, p2);
             }
         } else {
-            rc = bad(err, p2, "unknown operator (expected eq, ne, lt, le, gt, ge, in, not_in "
-                              "or is_null)");
+            rc = bad(st->err, p2, "unknown operator (expected eq, ne, lt, le, gt, ge, in, not_in "
+                                  "or is_null)");
         }
-        if (rc == 0 && iv_expr_add_kid(all, e) < 0) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        if (rc == 0 && iv_expr_add_kid(all, e) < 0) rc = oom(st->err);
         if (rc < 0) {
             iv_expr_free(e);
             break;
         }
     }
-    if (rc == 0 && all->n_kids == 0) rc = bad(err, path, "a column needs an operator");
+    if (rc == 0 && all->n_kids == 0) rc = bad(st->err, path, "a column needs an operator");
     if (rc < 0) {
         iv_expr_free(all);
         return rc;
@@ -170,38 +233,34 @@ static int parse_leaf(const cJSON *j, iv_expr_t **out, iv_err_t *err, const char
     return 0;
 }
 
-static int parse_node(const cJSON *j, iv_expr_t **out, iv_err_t *err, const char *path,
+static int parse_node(const cJSON *j, iv_expr_t **out, pstate_t *st, const char *path,
                       int depth)
 {
     *out = NULL;
-    if (depth > MAX_DEPTH) return bad(err, path, "filter nested too deeply");
-    if (!cJSON_IsObject(j)) return bad(err, path, "expected a filter object");
+    if (depth > MAX_DEPTH) return bad(st->err, path, "filter nested too deeply");
+    if (!cJSON_IsObject(j)) return bad(st->err, path, "expected a filter object");
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "and");
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(j, "or");
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "not");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "column");
     int kinds = (a != NULL) + (o != NULL) + (n != NULL) + (c != NULL);
-    if (kinds != 1 || (!c && cJSON_GetArraySize(j) != 1))
-        return bad(err, path, "expected exactly one of \"and\", \"or\", \"not\", \"column\"");
+    if (kinds != 1 || (!c && (!j->child || j->child->next)))
+        return bad(st->err, path, "expected exactly one of \"and\", \"or\", \"not\", \"column\"");
     char p2[256];
-    if (c) return parse_leaf(j, out, err, path);
+    if (c) return parse_leaf(j, out, st, path);
     if (n) {
         snprintf(p2, sizeof p2, "%.200s.not", path);
-        iv_expr_t *kid = NULL, *e;
-        IV_TRY(parse_node(n, &kid, err, p2, depth + 1));
-        e = iv_expr_new(IV_EXPR_NOT, NULL);
-        if (!e || iv_expr_add_kid(e, kid) < 0) {
-            iv_expr_free(e);
-            iv_expr_free(kid);
-            return iv_fail(err, IV_ENOMEM, "filter: out of memory");
-        }
-        *out = e;
+        iv_expr_t *kid = NULL;
+        IV_TRY(parse_node(n, &kid, st, p2, depth + 1));
+        IV_TRY(wrap_not(&kid, st, p2));
+        *out = kid;
         return 0;
     }
     snprintf(p2, sizeof p2, "%.200s.%s", path, a ? "and" : "or");
+    IV_TRY(count_nodes(st, 1, p2));
     iv_expr_t *e = iv_expr_new(a ? IV_EXPR_AND : IV_EXPR_OR, NULL);
-    if (!e) return iv_fail(err, IV_ENOMEM, "filter: out of memory");
-    int rc = parse_kids(a ? a : o, e, err, p2, depth);
+    if (!e) return oom(st->err);
+    int rc = parse_kids(a ? a : o, e, st, p2, depth);
     if (rc < 0) {
         iv_expr_free(e);
         return rc;
@@ -212,5 +271,6 @@ static int parse_node(const cJSON *j, iv_expr_t **out, iv_err_t *err, const char
 
 int iv_filter_json_parse(const cJSON *j, iv_expr_t **out, iv_err_t *err)
 {
-    return parse_node(j, out, err, "filter", 0);
+    pstate_t st = {err, 0};
+    return parse_node(j, out, &st, "filter", 0);
 }

@@ -8,7 +8,9 @@
  *   {"column": "sample", "not_in": [...]}
  *   {"and": [...]}, {"or": [...]}, {"not": {...}}
  *
- * Operators: eq, ne, lt, le, gt, ge, in, not_in, is_null.  Malformed
+ * Operators: eq, ne, lt, le, gt, ge, in, not_in, is_null (not_in, like
+ * ne, is false on missing values).  Trees stop at the limits of filter.h
+ * (more terms or list values: IV_ETOO_LARGE).  Malformed
  * objects are IV_EBAD_REQUEST naming the JSON path of the problem
  * ("filter.and[2].ge: expected a number, string or boolean").
  * Pure function of its input; any thread.

@@ -319,24 +319,39 @@ static int sel_names_alloc(iv_psel_t *p, const char *axis, int64_t cnt, iv_err_t
     return 0;
 }
 
+/* Index of k in keys[0..n), or -1. */
+static int key_index(const char *k, const char *const *keys, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(k, keys[i])) return i;
+    return -1;
+}
+
 static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n, iv_err_t *err)
 {
+    static const char *const keys[] = {"index", "range", "mask", "names",
+                                       "filter", "where", "by", "missing"};
     if (o == NULL || cJSON_IsNull(o)) return 0;
     if (!cJSON_IsObject(o))
         return iv_fail(err, IV_EBAD_SELECTION, "%s must be an object such as {\"index\":[...]}", axis);
     const cJSON *kv = NULL;
     int seen = 0;
+    unsigned dup = 0;
     cJSON_ArrayForEach(kv, o)
     {
         const char *k = kv->string;
-        if (!strcmp(k, "filter") || !strcmp(k, "where") || !strcmp(k, "by") || !strcmp(k, "missing"))
-            continue;
-        if (strcmp(k, "index") && strcmp(k, "range") && strcmp(k, "mask") && strcmp(k, "names"))
+        int ki = key_index(k, keys, 8);
+        if (ki < 0)
             return iv_fail(err, IV_EBAD_SELECTION,
-                           "%s has unknown key '%s' (expected index, range, mask, names, filter, "
+                           "%s has unknown key '%.60s' (expected index, range, mask, names, filter, "
                            "where, by or missing)",
                            axis, k);
-        if (++seen > 1)
+        /* A parser keeps one of two equal keys and drops the other without
+         * a word; which one differs between parsers, so refuse both. */
+        if (dup & (1u << ki))
+            return iv_fail(err, IV_EBAD_REQUEST, "%s: key '%s' is given more than once", axis, k);
+        dup |= 1u << ki;
+        if (ki < 4 && ++seen > 1)
             return iv_fail(err, IV_EBAD_SELECTION,
                            "%s names more than one of index, range, mask, names", axis);
     }
@@ -444,11 +459,41 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
     return 0;  /* {} selects everything */
 }
 
+/* Byte offset of the first \u0000 escape inside a JSON string of
+ * [s, s+len), or -1.  cJSON decodes it into a C string, which then ends
+ * there: "a\u0000b" would silently select "a".  Strings are tracked so
+ * that an escaped backslash ("\\u0000", text) is not taken for one. */
+static int64_t json_nul_escape(const char *s, size_t len)
+{
+    int in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!in_str) {
+            in_str = c == '"';
+        } else if (c == '\0') {
+            return (int64_t)i;  /* a raw NUL, invalid JSON that cJSON would keep */
+        } else if (c == '"') {
+            in_str = 0;
+        } else if (c == '\\') {
+            if (len - i >= 6 && !memcmp(s + i + 1, "u0000", 5)) return (int64_t)i;
+            i++;  /* the escaped character, so that \\ and \" are skipped whole */
+        }
+    }
+    return -1;
+}
+
 int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_var,
                        iv_qreq_t *out, iv_err_t *err)
 {
     memset(out, 0, sizeof *out);
     if (len == 0) return 0;  /* an empty body selects the whole matrix */
+    /* No name, label or where string can hold a NUL, so one is an error
+     * rather than a string cut short. */
+    int64_t nul = json_nul_escape(body, len);
+    if (nul >= 0)
+        return iv_fail(err, IV_EBAD_JSON,
+                       "request body: \\u0000 (a NUL character) in a string at byte %lld; "
+                       "strings cannot hold NUL", (long long)nul);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
@@ -460,14 +505,24 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
         rc = iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
         goto done;
     }
+    static const char *const keys[] = {"obs", "var", "format"};
+    unsigned dup = 0;
     const cJSON *kv;
     cJSON_ArrayForEach(kv, root)
     {
-        if (strcmp(kv->string, "obs") && strcmp(kv->string, "var") && strcmp(kv->string, "format")) {
+        int ki = key_index(kv->string, keys, 3);
+        if (ki < 0) {
             rc = iv_fail(err, IV_EBAD_SELECTION,
-                         "unknown key '%s' in the request (expected obs, var, format)", kv->string);
+                         "unknown key '%.60s' in the request (expected obs, var, format)",
+                         kv->string);
             goto done;
         }
+        if (dup & (1u << ki)) {
+            rc = iv_fail(err, IV_EBAD_REQUEST, "key '%s' is given more than once in the request",
+                         kv->string);
+            goto done;
+        }
+        dup |= 1u << ki;
     }
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (f) {
@@ -490,14 +545,21 @@ done:
 
 /* ---- selections from a query string ------------------------------------ */
 
+/* Decimal digits [s, e) to a non-negative int64: 0, -1 when not digits,
+ * -2 when the value passes INT64_MAX (checked before each step, so that
+ * "9999999999999999999" is an error rather than signed overflow). */
 static int parse_i64(const char *s, const char *e, int64_t *out)
 {
-    if (s == e || e - s > 19) return -1;
+    if (s == e) return -1;
     int64_t v = 0;
+    int big = 0;
     for (const char *p = s; p < e; p++) {
         if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
+        int d = *p - '0';
+        if (v > (INT64_MAX - d) / 10) big = 1;
+        else v = v * 10 + d;
     }
+    if (big) return -2;
     *out = v;
     return 0;
 }
@@ -507,9 +569,13 @@ static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t 
 {
     const char *colon = strchr(s, ':');
     if (colon) {
-        int64_t a, b;
-        if (parse_i64(s, colon, &a) || parse_i64(colon + 1, colon + strlen(colon), &b))
-            return iv_fail(err, IV_EBAD_SELECTION, "%s=%s is not START:STOP", axis, s);
+        int64_t a = 0, b = 0;
+        int ra = parse_i64(s, colon, &a), rb = parse_i64(colon + 1, colon + strlen(colon), &b);
+        if (ra == -1 || rb == -1)
+            return iv_fail(err, IV_EBAD_SELECTION, "%s=%.80s is not START:STOP", axis, s);
+        if (ra || rb)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s=%.80s is not within [0, %lld)", axis, s,
+                           (long long)n);
         return sel_from_range(p, axis, a, b, n, err);
     }
     int64_t cnt = *s ? 1 : 0;
@@ -522,7 +588,11 @@ static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t 
         const char *e = strchr(c, ',');
         if (!e) e = c + strlen(c);
         int64_t x;
-        if (parse_i64(c, e, &x))
+        int prc = parse_i64(c, e, &x);
+        if (prc == -2)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.*s is out of range [0, %lld)",
+                           axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, (long long)n);
+        if (prc)
             return iv_fail(err, IV_EBAD_SELECTION, "%s: item %lld ('%.*s') is not an integer", axis,
                            (long long)i, (int)(e - c > 40 ? 40 : e - c), c);
         IV_TRY(check_index(axis, "index", i, x, n, err));

@@ -30,7 +30,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc != 0) {
-        fprintf(stderr, "ivserve: %s\n%s", err.msg, iv_config_usage());
+        /* The message says what to change; the usage text would bury it.
+         * With no arguments at all, the usage is what the user needs. */
+        fprintf(stderr, "ivserve: %s\n%s", err.msg, argc == 1 ? iv_config_usage() : "");
         iv_config_free(&cfg);
         return 2;
     }

@@ -7,9 +7,10 @@ written both as where strings and as JSON, evaluated by the C side (the
 `--eval` mode of the unit-test executable test_filter) and by pandas, and
 the selected rows must agree exactly.
 
-The pandas reference spells out the documented semantics: a comparison or
-`in` on a missing value is false (pandas' own result for ==, <, isin on
-NaN; for != we add `& notna()`), `not` is the plain complement.
+The pandas reference spells out the documented semantics: a comparison,
+`in` or `not in` on a missing value is false (pandas' own result for ==, <,
+isin on NaN; for != and not in we add `& notna()`), `not` is the plain
+complement.
 """
 
 import json
@@ -158,7 +159,9 @@ def rand_leaf(rng, df):
                                   ", ".join(q(x) for x in vals))
             rows = truthy(s.isin(vals)) & notna
             neg = " not in " in w
-            return (w, {"column": c, "not_in" if neg else "in": vals}, ~rows if neg else rows)
+            # `not in` is false on missing values, like !=.
+            return (w, {"column": c, "not_in" if neg else "in": vals},
+                    (~rows & notna) if neg else rows)
         v = str(rng.choice(cats))
         sym, name, fn = OPS[int(rng.integers(0, 2))]
         return ("%s %s %s" % (colref(c), sym, q(v)), {"column": c, name: v},
@@ -166,16 +169,24 @@ def rand_leaf(rng, df):
     if c == "note":
         if rng.random() < 0.3:
             vals = [str(x) for x in rng.choice(STRS + ["nope"], int(rng.integers(1, 4)))]
+            rows = truthy(s.isin(vals)) & notna
+            if rng.random() < 0.3:
+                return ("%s not in [%s]" % (c, ", ".join(q(x) for x in vals)),
+                        {"column": c, "not_in": vals}, ~rows & notna)
             return ("%s in [%s]" % (c, ", ".join(q(x) for x in vals)), {"column": c, "in": vals},
-                    truthy(s.isin(vals)))
+                    rows)
         v = str(rng.choice(STRS + ["delta"]))
         sym, name, fn = OPS[int(rng.integers(0, 6))]
         return ("%s %s %s" % (c, sym, q(v)), {"column": c, name: v}, truthy(fn(s, v)) & notna)
     # numeric
     if rng.random() < 0.2:
         vals = [rand_num(rng, df, c) for _ in range(int(rng.integers(1, 6)))]
+        rows = truthy(s.isin(vals)) & notna
+        if rng.random() < 0.3:
+            return ("%s not in [%s]" % (colref(c), ", ".join(lit_where(x) for x in vals)),
+                    {"column": c, "not_in": vals}, ~rows & notna)
         return ("%s in [%s]" % (colref(c), ", ".join(lit_where(x) for x in vals)),
-                {"column": c, "in": vals}, truthy(s.isin(vals)) & notna)
+                {"column": c, "in": vals}, rows)
     v = rand_num(rng, df, c)
     sym, name, fn = OPS[int(rng.integers(0, 6))]
     if rng.random() < 0.2 and sym in ("<", "<=", ">", ">="):
@@ -263,3 +274,51 @@ def test_bad_filters_status_and_message(tmp_path):
     # The var axis has its own columns.
     out = run_filters(path, ["W cell_type == 'DC'"], tmp_path, axis="var")
     assert out[0].startswith("ERR 422") and "unknown var column" in out[0]
+
+
+def test_not_in_is_false_on_missing(tmp_path):
+    """`not in` / "not_in" never select a missing value (as != does not),
+    while `not (... in ...)` is the complement and does; for every column
+    kind with missing values: categorical, nullable int, float NaN,
+    nullable bool."""
+    rng = np.random.default_rng(11)
+    df = make_table(rng, 300)
+    path = tmp_path / "t.h5ad"
+    write_table(df, path)
+    cases = [("cell_type", "'B cell'", "B cell"), ("batch", "1", 1), ("pct", "1.5", 1.5),
+             ("flag", "true", True)]
+    lines, refs = [], []
+    for c, lw, lj in cases:
+        s = df[c]
+        notna = s.notna().to_numpy()
+        assert (~notna).any(), c   # the column must hold missing values
+        isin = truthy(s.isin([lj])) & notna
+        lines += ["W %s not in [%s]" % (c, lw),
+                  "J " + json.dumps({"column": c, "not_in": [lj]}),
+                  "W %s != %s" % (c, lw),
+                  "W not (%s in [%s])" % (c, lw),
+                  "J " + json.dumps({"not": {"column": c, "in": [lj]}})]
+        refs += [~isin & notna, ~isin & notna, ~isin & notna, ~isin, ~isin]
+    out = run_filters(path, lines, tmp_path)
+    for text, rows, line in zip(lines, refs, out):
+        got = decode_bits(line, len(df))
+        assert (got == rows).all(), (text, np.nonzero(got != rows)[0][:10].tolist())
+
+
+def test_costly_filter_is_refused_before_it_runs(tmp_path):
+    """A filter whose evaluation would visit more than 2^28 rows (rows x
+    terms) is refused with 413 before it runs, where before it took a
+    worker for seconds; a smaller one on the same table runs."""
+    n = 300_000
+    rng = np.random.default_rng(5)
+    df = pd.DataFrame({"k": rng.integers(0, 1000, n)}, index=["c%d" % i for i in range(n)])
+    path = tmp_path / "big.h5ad"
+    write_table(df, path)
+    many = " or ".join("k == %d" % i for i in range(1000))      # 1000 x 300,000 > 2^28
+    few = " or ".join("k == %d" % i for i in range(50))
+    many_json = json.dumps({"or": [{"column": "k", "eq": i} for i in range(1000)]})
+    out = run_filters(path, ["W " + many, "J " + many_json, "W " + few], tmp_path)
+    for line in out[:2]:
+        assert line.startswith("ERR 413 ") and "too costly" in line, line[:300]
+    got = decode_bits(out[2], n)
+    assert (got == (df["k"] < 50).to_numpy()).all()

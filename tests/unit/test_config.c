@@ -27,7 +27,7 @@ START_TEST(test_defaults_and_json)
     ck_assert_str_eq(c.datasets[0].path, "base/d/x.h5ad");
     ck_assert_str_eq(c.datasets[0].title, "T");
     ck_assert_uint_eq(c.datasets[0].n_tokens, 1);
-    ck_assert_str_eq(c.datasets[1].id, "pbmc");
+    ck_assert_str_eq(c.datasets[1].id, "pbmc.v2");  /* the name less .h5ad */
     ck_assert_str_eq(c.datasets[1].path, "/abs/pbmc.v2.h5ad");
     ck_assert_int_eq(iv_config_validate(&c, &e), 0);
     iv_config_free(&c);
@@ -64,6 +64,14 @@ START_TEST(test_errors_name_the_key)
     ck_assert_ptr_nonnull(strstr(m, "datasets[0].path"));
     ck_assert_int_ne(load_err("{\"datasets\":[{\"path\":\"a\",\"colour\":\"x\"}]}", m, sizeof m), 0);
     ck_assert_ptr_nonnull(strstr(m, "colour"));
+    /* Numbers outside int64 are range errors, not undefined conversions. */
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_rows\":1e19}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "limits.max_rows"));
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
+    ck_assert_int_ne(load_err("{\"port\":-1e300}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
+    ck_assert_int_ne(load_err("{\"limits\":{\"max_nnz\":9223372036854775808}}", m, sizeof m), 0);
+    ck_assert_ptr_nonnull(strstr(m, "out of range"));
     ck_assert_int_ne(load_err("{\"tokens\":[1]}", m, sizeof m), 0);
     ck_assert_int_ne(load_err("[1]", m, sizeof m), 0);
     ck_assert_int_ne(load_err("{", m, sizeof m), 0);
@@ -117,6 +125,43 @@ START_TEST(test_precedence_file_env_flags)
 }
 END_TEST
 
+/* A file's id is its name less ".h5ad": dots before the suffix stay, so
+ * encodings and versions of one dataset can be served side by side. */
+START_TEST(test_dataset_ids_from_file_names)
+{
+    char *argv[] = {"ivserve", "d/a.ivcsr.h5ad", "e/a.ivcsc.h5ad", "lupus.v2.h5ad",
+                    "/x/lupus.v3.H5AD", "plain", "f/g.h5", NULL};
+    iv_config_t c;
+    iv_config_init(&c);
+    iv_err_t e;
+    iv_err_clear(&e);
+    ck_assert_msg(iv_config_from_args(&c, 7, argv, NULL, &e) == 0, "%s", e.msg);
+    ck_assert_uint_eq(c.n_datasets, 6);
+    const char *want[] = {"a.ivcsr", "a.ivcsc", "lupus.v2", "lupus.v3", "plain", "g.h5"};
+    for (size_t i = 0; i < 6; i++) ck_assert_str_eq(c.datasets[i].id, want[i]);
+    ck_assert_str_eq(c.datasets[0].path, "d/a.ivcsr.h5ad");
+    iv_config_free(&c);
+
+    /* Two files that still give one id: the error names both files and
+     * no list position that nobody wrote. */
+    char *dup[] = {"ivserve", "one/lupus.v2.h5ad", "x.h5ad", "two/lupus.v2.h5ad", NULL};
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_config_from_args(&c, 4, dup, NULL, &e), IV_EINVALID_ARG);
+    ck_assert_msg(strstr(e.msg, "one/lupus.v2.h5ad") && strstr(e.msg, "two/lupus.v2.h5ad") &&
+                  strstr(e.msg, "'lupus.v2'") && !strstr(e.msg, "datasets["), "%s", e.msg);
+    iv_config_free(&c);
+
+    /* A file name that is no valid id says so and names the file. */
+    char *bad[] = {"ivserve", "d/a b.h5ad", NULL};
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_config_from_args(&c, 2, bad, NULL, &e), IV_EINVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.msg, "d/a b.h5ad"));
+    iv_config_free(&c);
+}
+END_TEST
+
 START_TEST(test_example_config_loads)
 {
     iv_config_t c;
@@ -137,6 +182,7 @@ int main(void)
     tcase_add_test(tc, test_defaults_and_json);
     tcase_add_test(tc, test_errors_name_the_key);
     tcase_add_test(tc, test_precedence_file_env_flags);
+    tcase_add_test(tc, test_dataset_ids_from_file_names);
     tcase_add_test(tc, test_example_config_loads);
     suite_add_tcase(s, tc);
     return iv_check_run(s);

@@ -218,7 +218,8 @@ START_TEST(test_where_parse_and_format)
         {"a = 1.5 && b != 'x'", "((a == 1.5) and (b != 'x'))"},
         {"NOT a OR b and c", "(not a or (b and c))"},
         {"x in [1, 2.5, 'q', true,]", "(x in [1, 2.5, 'q', true])"},
-        {"x not in ('a')", "not (x in ['a'])"},
+        {"x not in ('a')", "(x not in ['a'])"},
+        {"not (x in [1])", "not (x in [1])"},
         {"`my col` is not null", "not (`my col` is null)"},
         {"3 <= y", "(y >= 3)"},
         {"y < -inf or y > +inf or y == nan", "((y < -inf) or (y > inf) or (y == nan))"},
@@ -316,6 +317,114 @@ START_TEST(test_in_many_labels)
 }
 END_TEST
 
+/* Limits: terms and in-list values stop the parsers with IV_ETOO_LARGE
+ * (413) before more is built; arrays grow geometrically; the cost of an
+ * evaluation is estimated from rows and leaves. */
+START_TEST(test_limits_and_growth)
+{
+    iv_err_t e = {0};
+    iv_expr_t *x = NULL;
+    /* An `in` list of exactly the limit parses, with capacity for it
+     * grown by doubling (not one element per realloc). */
+    size_t cap = 16 + 2 * (size_t)IV_FILTER_MAX_IN + 16;
+    char *w = malloc(cap);
+    size_t k = (size_t)snprintf(w, cap, "age in [");
+    for (int i = 0; i < IV_FILTER_MAX_IN; i++) w[k++] = '0', w[k++] = ',';
+    w[k++] = ']';
+    ck_assert_msg(iv_where_parse(w, k, &x, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(x->op, IV_EXPR_IN);
+    ck_assert_uint_eq(x->n_lits, IV_FILTER_MAX_IN);
+    ck_assert_uint_ge(x->cap_lits, x->n_lits);
+    ck_assert_uint_lt(x->cap_lits, 2 * x->n_lits + 8);
+    iv_expr_free(x);
+    x = NULL;
+    /* One more value is refused. */
+    k--;
+    w[k++] = '0';
+    w[k++] = ']';
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_where_parse(w, k, &x, &e), IV_ETOO_LARGE);
+    ck_assert_ptr_null(x);
+    ck_assert_ptr_nonnull(strstr(e.msg, "more than 1000000 values"));
+    ck_assert_int_eq(iv_error_status(IV_ETOO_LARGE), 413);
+    free(w);
+
+    /* More terms than the limit, as a where chain and as JSON. */
+    size_t n = IV_FILTER_MAX_NODES + 1;
+    cap = n * 32 + 64;
+    w = malloc(cap);
+    k = 0;
+    for (size_t i = 0; i < n; i++) k += (size_t)snprintf(w + k, cap - k, "%sa == 1", i ? " or " : "");
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_where_parse(w, k, &x, &e), IV_ETOO_LARGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "more than 100000 terms"));
+    /* Half as many parse, into one n-ary node with geometric capacity. */
+    k = 0;
+    for (size_t i = 0; i < n / 2; i++) k += (size_t)snprintf(w + k, cap - k, "%sa == 1", i ? " or " : "");
+    iv_err_clear(&e);
+    ck_assert_msg(iv_where_parse(w, k, &x, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(x->op, IV_EXPR_OR);
+    ck_assert_uint_eq(x->n_kids, n / 2);
+    ck_assert_uint_lt(x->cap_kids, 2 * x->n_kids + 8);
+    ck_assert_uint_eq(iv_expr_count(x), n / 2 + 1);
+    iv_expr_free(x);
+    x = NULL;
+    k = (size_t)snprintf(w, cap, "{\"or\":[");
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(w + k, cap - k, "%s{\"column\":\"a\",\"eq\":1}", i ? "," : "");
+    snprintf(w + k, cap - k, "]}");
+    cJSON *j = cJSON_Parse(w);
+    ck_assert_ptr_nonnull(j);
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_filter_json_parse(j, &x, &e), IV_ETOO_LARGE);
+    ck_assert_ptr_null(x);
+    ck_assert_ptr_nonnull(strstr(e.msg, "more than 100000 terms"));
+    cJSON_Delete(j);
+    free(w);
+
+    /* Cost: each leaf visits every row (plus a word per 64 rows for the
+     * inner node), so two leaves over a million rows cost about two
+     * million visits. */
+    ck_assert_int_eq(iv_where_parse("a == 1 or b in [1, 2]", 21, &x, &e), 0);
+    int64_t c = iv_filter_cost(NULL, IV_AXIS_OBS, x, 1000000);
+    ck_assert_int_ge(c, 2000000);
+    ck_assert_int_le(c, 2100000);
+    ck_assert_int_eq(iv_filter_cost(NULL, IV_AXIS_OBS, x, INT64_MAX), INT64_MAX);
+    iv_expr_free(x);
+}
+END_TEST
+
+/* A JSON leaf repeating a key is an error naming it, not one of two
+ * meanings; not_in is its own leaf, not (in). */
+START_TEST(test_json_duplicates_and_not_in)
+{
+    const char *dups[] = {
+        "{\"column\":\"a\",\"eq\":1,\"eq\":2}",
+        "{\"column\":\"a\",\"column\":\"b\",\"eq\":1}",
+        "{\"column\":\"a\",\"in\":[1],\"in\":[2]}",
+    };
+    for (size_t i = 0; i < 3; i++) {
+        cJSON *j = cJSON_Parse(dups[i]);
+        iv_expr_t *x = NULL;
+        iv_err_t e = {0};
+        ck_assert_msg(iv_filter_json_parse(j, &x, &e) == IV_EBAD_REQUEST, "%s", dups[i]);
+        ck_assert_msg(strstr(e.msg, "more than once"), "%s: %s", dups[i], e.msg);
+        ck_assert_ptr_null(x);
+        cJSON_Delete(j);
+    }
+    cJSON *j = cJSON_Parse("{\"column\":\"Parent\",\"not_in\":[\"x\"],\"ne\":\"y\"}");
+    iv_expr_t *x = NULL;
+    iv_err_t e = {0};
+    ck_assert_int_eq(iv_filter_json_parse(j, &x, &e), 0);
+    char buf[128];
+    iv_expr_format(x, buf, sizeof buf);
+    ck_assert_str_eq(buf, "((Parent not in ['x']) and (Parent != 'y'))");
+    ck_assert_int_eq(x->kids[0]->op, IV_EXPR_NOT_IN);
+    iv_expr_free(x);
+    cJSON_Delete(j);
+}
+END_TEST
+
 /* ------------------------------------------------------------ --eval mode */
 
 static int eval_mode(const char *path, const char *axis, const char *filters)
@@ -382,6 +491,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_where_parse_and_format);
     tcase_add_test(tc, test_json_errors);
     tcase_add_test(tc, test_in_many_labels);
+    tcase_add_test(tc, test_limits_and_growth);
+    tcase_add_test(tc, test_json_duplicates_and_not_in);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "base64.h"
+#include "buf.h"
+#include "encode.h"
 #include "request.h"
 
 static int parse_json(const char *s, iv_qreq_t *q, iv_err_t *e)
@@ -175,6 +179,138 @@ START_TEST(test_query_string)
 }
 END_TEST
 
+/* Integers past INT64_MAX in a query string are an error naming the value
+ * as written: no signed overflow (UBSan), no wrapped negative index. */
+START_TEST(test_query_string_huge_integers)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    const char *cases[] = {
+        "obs=9999999999999999999",             /* 19 digits, above INT64_MAX */
+        "obs=9223372036854775808",             /* INT64_MAX + 1 */
+        "obs=1,99999999999999999999999999999", /* far past 19 digits */
+        "obs=0:9999999999999999999",
+        "obs=9999999999999999999:9999999999999999999",
+        "var=18446744073709551617",            /* 2^64 + 1, wraps to 1 in uint64 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        iv_err_clear(&e);
+        ck_assert_msg(parse_qs(cases[i], &q, &e) == IV_EOUT_OF_RANGE, "%s: %s", cases[i], e.msg);
+        ck_assert_msg(strchr(e.msg, '-') == NULL, "%s: %s", cases[i], e.msg);
+        ck_assert_msg(strstr(e.msg, "99999") || strstr(e.msg, "922337") || strstr(e.msg, "184467"),
+                      "%s: %s", cases[i], e.msg);
+    }
+    /* INT64_MAX itself parses, and is out of range like any large index. */
+    iv_err_clear(&e);
+    ck_assert_int_eq(parse_qs("obs=9223372036854775807", &q, &e), IV_EOUT_OF_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "9223372036854775807"));
+    /* Leading zeros are not a large number. */
+    ck_assert_int_eq(parse_qs("obs=000000000000000000000000000005", &q, &e), 0);
+    ck_assert_int_eq(q.obs.idx[0], 5);
+    iv_qreq_free(&q);
+}
+END_TEST
+
+/* A key given twice in a request body is a 400 naming it (cJSON keeps
+ * both and reads the first; other parsers read the last). */
+START_TEST(test_json_duplicate_keys)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    const char *cases[][2] = {
+        {"{\"obs\":{\"index\":[1]},\"obs\":{\"index\":[2]}}", "'obs'"},
+        {"{\"format\":\"json\",\"var\":{},\"format\":\"binary\"}", "'format'"},
+        {"{\"obs\":{\"where\":\"a == 1\",\"where\":\"a == 2\"}}", "'where'"},
+        {"{\"var\":{\"names\":[\"a\"],\"by\":\"x\",\"by\":\"y\"}}", "'by'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = parse_json(cases[i][0], &q, &e);
+        ck_assert_msg(rc == IV_EBAD_REQUEST && iv_error_status(rc) == 400, "%s: %d %s",
+                      cases[i][0], rc, e.msg);
+        ck_assert_msg(strstr(e.msg, cases[i][1]) && strstr(e.msg, "more than once"), "%s: %s",
+                      cases[i][0], e.msg);
+    }
+    /* Two different keys are still fine. */
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1]},\"var\":{\"index\":[2]}}", &q, &e), 0);
+    iv_qreq_free(&q);
+}
+END_TEST
+
+/* \u0000 in a JSON string is refused (400), not a string cut short at the
+ * NUL; an escaped backslash followed by "u0000" is ordinary text. */
+START_TEST(test_json_nul_escape)
+{
+    iv_qreq_t q;
+    iv_err_t e;
+    int rc = parse_json("{\"obs\":{\"names\":[\"c1\\u0000junk\"]}}", &q, &e);
+    ck_assert_msg(rc == IV_EBAD_JSON && iv_error_status(rc) == 400, "%d %s", rc, e.msg);
+    ck_assert_ptr_nonnull(strstr(e.msg, "u0000"));
+    rc = parse_json("{\"obs\":{\"where\":\"note == 'a\\u0000'\"}}", &q, &e);
+    ck_assert_int_eq(rc, IV_EBAD_JSON);
+    /* A raw NUL byte inside a string is refused the same way. */
+    const char raw[] = "{\"obs\":{\"names\":[\"a\0b\"]}}";
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_qreq_parse_json(raw, sizeof raw - 1, 60, 50, &q, &e), IV_EBAD_JSON);
+    /* "\\u0000" is a backslash and the text u0000. */
+    ck_assert_int_eq(parse_json("{\"obs\":{\"names\":[\"a\\\\u0000\"]}}", &q, &e), 0);
+    ck_assert_str_eq(q.obs.names[0], "a\\u0000");
+    iv_qreq_free(&q);
+}
+END_TEST
+
+/* True when s[0..n) is well-formed UTF-8 (enough for the checks below). */
+static int utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t l = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!l || i + l > n || (l == 2 && c < 0xC2)) return 0;
+        for (size_t k = 1; k < l; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+        i += l;
+    }
+    return 1;
+}
+
+/* An error that echoes request bytes that are not UTF-8 (or cuts a
+ * character in two when it shortens them) still encodes as valid JSON. */
+START_TEST(test_error_body_stays_utf8)
+{
+    const char *qs[] = {
+        "%FF%FE=1",                                          /* bytes that are not UTF-8 */
+        "obs=1,a%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+        "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9",  /* cut mid-character */
+        "obs_missing=%ED%A0%80",                             /* a UTF-16 surrogate */
+        "format=%C0%AF",                                     /* an overlong '/' */
+    };
+    for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+        iv_qreq_t q;
+        iv_err_t e;
+        ck_assert_int_ne(parse_qs(qs[i], &q, &e), 0);
+        iv_buf_t b;
+        iv_buf_init(&b);
+        iv_enc_error(&b, "bad_selection", e.msg);
+        ck_assert_msg(utf8_ok((const unsigned char *)b.data, b.len), "%s: %.*s", qs[i],
+                      (int)b.len, b.data);
+        cJSON *j = cJSON_ParseWithLength(b.data, b.len);
+        ck_assert_msg(j != NULL, "%s", qs[i]);
+        const cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+        ck_assert(cJSON_IsString(m));
+        /* The bad bytes became U+FFFD; the rest of the message is kept. */
+        ck_assert_msg(strstr(m->valuestring, "\xef\xbf\xbd"), "%s: %s", qs[i], m->valuestring);
+        cJSON_Delete(j);
+        iv_buf_free(&b);
+    }
+    /* Valid multi-byte text passes through unchanged. */
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_json_str(&b, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \"q\"\n");
+    ck_assert_int_eq((int)b.len, (int)strlen("\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \\\"q\\\"\\u000a\""));
+    ck_assert(memcmp(b.data, "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \\\"q\\\"\\u000a\"", b.len) == 0);
+    iv_buf_free(&b);
+}
+END_TEST
+
 START_TEST(test_accept_negotiation)
 {
     ck_assert_int_eq(iv_fmt_from_accept(NULL), IV_FMT_NDJSON);
@@ -220,6 +356,10 @@ int main(void)
     tcase_add_test(tc, test_mask_base64_and_bools);
     tcase_add_test(tc, test_names_and_errors);
     tcase_add_test(tc, test_query_string);
+    tcase_add_test(tc, test_query_string_huge_integers);
+    tcase_add_test(tc, test_json_duplicate_keys);
+    tcase_add_test(tc, test_json_nul_escape);
+    tcase_add_test(tc, test_error_body_stays_utf8);
     tcase_add_test(tc, test_accept_negotiation);
     tcase_add_test(tc, test_base64_roundtrip);
     suite_add_tcase(s, tc);
