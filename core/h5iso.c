@@ -51,7 +51,7 @@ enum { MSG_STAGE = 'S', MSG_NOTE = 'N', MSG_DONE = 'D' };
 #define MSG_HEAD 3                    /* type, u16 payload length */
 #define MSG_MAX (MSG_HEAD + 1024)     /* under PIPE_BUF: one write each */
 #define OUT_BUF ((size_t)64 << 10)
-#define DEFAULT_TIMEOUT_MS 600000u
+#define DEFAULT_TIMEOUT_MS 300000u
 
 static pthread_mutex_t h5_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned timeout_ms = DEFAULT_TIMEOUT_MS;

@@ -79,7 +79,7 @@ int iv_h5iso_run(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_not
                  void *note_ctx, iv_h5iso_result_t *res, iv_err_t *err);
 void iv_h5iso_result_free(iv_h5iso_result_t *res);
 
-/* The longest a child may run, process-wide (default 600 s; 0 = default).
+/* The longest a child may run, process-wide (default 300 s; 0 = default).
  * Loads of large files take seconds; a child past this is hung. */
 void iv_h5iso_set_timeout_ms(unsigned ms);
 

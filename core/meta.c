@@ -1000,6 +1000,9 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     const struct meta_ctx *mc = vctx;
     const char *path = mc->path;
     rd_t r = {path, err, o};
+    /* No HDF5 error stack on stderr: messages go into err, and stdio is
+     * best left alone in a forked child. */
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     /* Compressed metadata columns read through the project's own zstd and
      * Blosc2 decoders; registering is idempotent. */
     if (iv_h5filters_register() < 0)
