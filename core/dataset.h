@@ -4,7 +4,8 @@
  *
  * iv_dataset_open() does every HDF5 call this matrix will ever need:
  * attributes, pointer and value arrays, the chunk table of
- * packed_indices.  Then it builds the row index in one parallel pass over
+ * packed_indices, all in a reader process (h5iso.h) whose crash on a
+ * damaged file is this open's error and nobody else's.  Then it builds the row index in one parallel pass over
  * the packed stream (see rowindex.h).  After open returns, a dataset is
  * immutable apart from its chunk cache (internally locked), so any number
  * of threads may query it concurrently.  The hot path reads only the file

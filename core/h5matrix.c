@@ -8,6 +8,8 @@
  */
 #include "h5matrix.h"
 
+#include "h5iso.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -197,7 +199,8 @@ static int load_i64(hid_t g, const char *where, const char *name, int64_t **out,
     return rc;
 }
 
-static int map_file(const char *path, iv_h5matrix_t *m, iv_err_t *err)
+/* Maps the whole file read-only; *st receives its identity. */
+static int map_file(const char *path, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return FAILF(IV_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -206,6 +209,7 @@ static int map_file(const char *path, iv_h5matrix_t *m, iv_err_t *err)
         close(fd);
         return FAILF(IV_EIO, "%s: cannot stat: %s", path, strerror(errno));
     }
+    *id = st;
     m->map_len = (size_t)st.st_size;
     if (m->map_len > 0) {
         void *p = mmap(NULL, m->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -412,13 +416,17 @@ static uint64_t peek_chunk_len(hid_t g, uint64_t *length)
     return cl;
 }
 
-int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
+/* Tells the parent which part of the group the child reads now. */
+static void stage(iv_h5iso_out_t *o, const char *group, const char *name)
 {
-    return iv_h5matrix_load_notify(path, group, NULL, NULL, m, err);
+    char buf[IV_H5ISO_STAGE_MAX];
+    snprintf(buf, sizeof buf, "%s%s%s", group, name ? "/" : "", name ? name : "");
+    iv_h5iso_stage(o, buf);
 }
 
-int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
-                            void *ctx, iv_h5matrix_t *m, iv_err_t *err)
+/* The HDF5 load itself; runs in the reader process (see h5iso.h). */
+static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn fn, void *ctx,
+                     iv_h5iso_out_t *o, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
 {
     memset(m, 0, sizeof *m);
     if (!group || !*group) group = "X";
@@ -438,7 +446,8 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
     }
     if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
         return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
-    if ((rc = map_file(path, m, err)) < 0) goto fail;
+    if ((rc = map_file(path, m, id, err)) < 0) goto fail;
+    stage(o, group, NULL);
 
     if (strchr(group, '/') || H5Lexists(file, group, H5P_DEFAULT) <= 0) {
         rc = FAILF(IV_EBAD_FILE, "%s: no top-level group '%s'", path, group);
@@ -504,17 +513,20 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
     }
 
     if (fn) {
+        stage(o, group, "packed_indices");
         uint64_t length = 0, cl = peek_chunk_len(g, &length);
         if (cl) fn(ctx, length, cl);
     }
 
     int64_t n_mp, n_vp, n_val, n_packed;
+    stage(o, group, "major_ptr");
     if ((rc = load_i64(g, where, "major_ptr", &m->major_ptr, &n_mp, err)) < 0) goto fail;
     if (n_mp != m->n_major + 1) {
         rc = FAILF(IV_EBAD_FILE, "%s/major_ptr has %" PRId64 " entries, expected n_major + 1 = %" PRId64,
                    where, n_mp, m->n_major + 1);
         goto fail;
     }
+    stage(o, group, "value_ptr");
     if ((rc = load_i64(g, where, "value_ptr", &m->value_ptr, &n_vp, err)) < 0) goto fail;
     if (n_vp < 1) {
         rc = FAILF(IV_EBAD_FILE, "%s/value_ptr is empty (needs n_unique + 1 entries)", where);
@@ -523,6 +535,7 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
     m->n_unique = n_vp - 1;
     m->nnz = m->value_ptr[n_vp - 1];
 
+    stage(o, group, "values");
     if ((rc = open_1d(g, where, "values", &d, &n_val, &m->value_dtype, err)) < 0) goto fail;
     if (n_val != m->n_unique) {
         rc = FAILF(IV_EBAD_FILE, "%s/values has %" PRId64 " entries but value_ptr has %" PRId64
@@ -544,6 +557,7 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
     d = -1;
 
     iv_dtype_t pdt;
+    stage(o, group, "packed_indices");
     if ((rc = open_1d(g, where, "packed_indices", &d, &n_packed, &pdt, err)) < 0) goto fail;
     if (pdt != IV_DT_UINT8 && pdt != IV_DT_INT8) {
         rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: element type %s, expected uint8", where,
@@ -564,6 +578,260 @@ fail:
     if (file >= 0) H5Fclose(file);
     iv_h5matrix_free(m);
     return rc < 0 ? rc : IV_EBAD_FILE;
+}
+
+/* ------------------------------------------- the load, across the process line */
+
+/*
+ * The child puts, in this order: a magic word; the shape, counts, dtypes
+ * and stored size (u64 each); the codec text (64 bytes); the identity of
+ * the file it read (size, device, inode, modification time); the pointer
+ * and value arrays as blobs; packed_indices' extent, layout, pipeline and
+ * either its offset in the file, its bytes (compact layout) or its chunk
+ * table.  The parent maps the file itself, refuses a file that is not
+ * the one the child read, and checks every count, offset and pointer
+ * again: what crosses the line is bytes, to be trusted no more than the
+ * file.
+ */
+#define MAT_MAGIC 0x3154414d35485649ull   /* "IVH5MAT1" */
+enum { CONTIG_NONE = 0, CONTIG_MAP = 1, CONTIG_OWNED = 2 };
+
+struct mat_ctx {
+    const char *path, *group;
+    int notify;
+};
+
+/* The child's end of the prefault notice: extent and chunk length. */
+static void child_peek(void *ctx, uint64_t length, uint64_t chunk_len)
+{
+    uint64_t v[2] = {length, chunk_len};
+    iv_h5iso_note(ctx, v, sizeof v);
+}
+
+static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct stat *id)
+{
+    const iv_stream_desc_t *s = &m->stream;
+    uint64_t head[] = {MAT_MAGIC, (uint64_t)m->orient, (uint64_t)m->n_rows, (uint64_t)m->n_cols,
+                       (uint64_t)m->n_major, (uint64_t)m->n_minor, (uint64_t)m->nnz,
+                       (uint64_t)m->n_unique, (uint64_t)m->value_dtype,
+                       (uint64_t)m->indices_dtype, m->stored_bytes,
+                       (uint64_t)id->st_size, (uint64_t)id->st_dev, (uint64_t)id->st_ino,
+                       (uint64_t)id->st_mtim.tv_sec, (uint64_t)id->st_mtim.tv_nsec};
+    IV_TRY(iv_h5iso_put(o, head, sizeof head));
+    IV_TRY(iv_h5iso_put(o, m->codec, sizeof m->codec));
+    IV_TRY(iv_h5iso_put_blob(o, m->major_ptr, (uint64_t)(m->n_major + 1) * 8));
+    IV_TRY(iv_h5iso_put_blob(o, m->value_ptr, (uint64_t)(m->n_unique + 1) * 8));
+    IV_TRY(iv_h5iso_put_blob(o, m->values,
+                             (uint64_t)m->n_unique * iv_dtype_size(m->value_dtype)));
+    uint64_t sh[] = {s->length, (uint64_t)s->chunked, s->chunk_len, s->n_chunks};
+    IV_TRY(iv_h5iso_put(o, sh, sizeof sh));
+    IV_TRY(iv_h5iso_put(o, &s->pipe, sizeof s->pipe));
+    if (s->chunked) {
+        IV_TRY(iv_h5iso_put_blob(o, s->chunk_addr, s->n_chunks * 8));
+        IV_TRY(iv_h5iso_put_blob(o, s->chunk_size, s->n_chunks * 8));
+        return iv_h5iso_put_blob(o, s->chunk_mask, s->n_chunks * 4);
+    }
+    if (s->owned_buf) {
+        IV_TRY(iv_h5iso_put_u64(o, CONTIG_OWNED));
+        return iv_h5iso_put_blob(o, s->owned_buf, s->length);
+    }
+    if (s->contig) {
+        IV_TRY(iv_h5iso_put_u64(o, CONTIG_MAP));
+        return iv_h5iso_put_u64(o, (uint64_t)(s->contig - m->map));
+    }
+    return iv_h5iso_put_u64(o, CONTIG_NONE);
+}
+
+static int matrix_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    const struct mat_ctx *c = vctx;
+    iv_h5matrix_t m;
+    struct stat id;
+    IV_TRY(load_here(c->path, c->group, c->notify ? child_peek : NULL, o, o, &m, &id, err));
+    int rc = put_matrix(o, &m, &id);
+    iv_h5matrix_free(&m);
+    if (rc < 0) return iv_fail(err, rc, "%s: cannot pass the matrix to the server", c->path);
+    return 0;
+}
+
+struct peek_relay {
+    iv_h5matrix_stream_fn fn;
+    void *ctx;
+    int told;
+};
+
+static void parent_peek(void *ctx, const void *msg, size_t n)
+{
+    struct peek_relay *pr = ctx;
+    uint64_t v[2];
+    if (n != sizeof v || pr->told) return;
+    memcpy(v, msg, sizeof v);
+    if (v[0] == 0 || v[1] == 0 || v[1] > MAX_CHUNK_BYTES) return;
+    pr->told = 1;
+    pr->fn(pr->ctx, v[0], v[1]);
+}
+
+/* A copy of a blob of exactly n elements of size esz (at least one
+ * element allocated, as the in-process load did). */
+static void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz)
+{
+    if (n > ((uint64_t)1 << 56) / (esz ? esz : 1)) {
+        r->bad = 1;
+        return NULL;
+    }
+    size_t bytes = (size_t)n * esz;
+    const void *p = iv_h5iso_rd_blob(r, bytes, NULL);
+    if (!p) return NULL;
+    void *a = malloc(bytes ? bytes : 1);
+    if (a && bytes) memcpy(a, p, bytes);
+    return a;
+}
+
+static int filter_known(int id)
+{
+    return id == IV_FILTER_DEFLATE || id == IV_FILTER_SHUFFLE || id == IV_FILTER_FLETCHER32 ||
+           id == IV_FILTER_ZSTD || id == IV_FILTER_BLOSC2;
+}
+
+static int take_matrix(const char *path, const char *where, const iv_h5iso_result_t *res,
+                       iv_h5matrix_t *m, iv_err_t *err)
+{
+#define BAD(...) do { rc = FAILF(IV_EBAD_FILE, __VA_ARGS__); goto fail; } while (0)
+    int rc = 0;
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, res);
+    const uint64_t *h = iv_h5iso_rd_raw(&r, 16 * 8);
+    uint64_t head[16];
+    if (!h) BAD("%s: the HDF5 reader's answer is truncated", where);
+    memcpy(head, h, sizeof head);
+    if (head[0] != MAT_MAGIC || head[1] > IV_IVCSC || head[8] >= IV_DT_COUNT ||
+        head[9] >= IV_DT_FLOAT32)
+        BAD("%s: the HDF5 reader's answer is malformed", where);
+    for (int i = 2; i <= 7; i++)
+        if (head[i] > ((uint64_t)1 << 48)) BAD("%s: the HDF5 reader's answer is malformed", where);
+    m->orient = (iv_orient_t)head[1];
+    m->n_rows = (int64_t)head[2];
+    m->n_cols = (int64_t)head[3];
+    m->n_major = (int64_t)head[4];
+    m->n_minor = (int64_t)head[5];
+    m->n_unique = (int64_t)head[7];
+    m->value_dtype = (iv_dtype_t)head[8];
+    m->indices_dtype = (iv_dtype_t)head[9];
+    m->stored_bytes = head[10];
+    if (m->n_major != (m->orient == IV_IVCSR ? m->n_rows : m->n_cols) ||
+        m->n_minor != (m->orient == IV_IVCSR ? m->n_cols : m->n_rows))
+        BAD("%s: the HDF5 reader's answer is malformed (shape)", where);
+    const char *codec = iv_h5iso_rd_raw(&r, sizeof m->codec);
+    if (!codec) BAD("%s: the HDF5 reader's answer is truncated", where);
+    memcpy(m->codec, codec, sizeof m->codec);
+    m->codec[sizeof m->codec - 1] = '\0';
+
+    /* The file the parent maps must be the one the child read. */
+    struct stat id;
+    if ((rc = map_file(path, m, &id, err)) < 0) goto fail;
+    if ((uint64_t)id.st_size != head[11] || (uint64_t)id.st_dev != head[12] ||
+        (uint64_t)id.st_ino != head[13] || (uint64_t)id.st_mtim.tv_sec != head[14] ||
+        (uint64_t)id.st_mtim.tv_nsec != head[15])
+        BAD("%s: the file changed while it was being loaded", path);
+
+    m->major_ptr = take_array(&r, (uint64_t)m->n_major + 1, 8);
+    m->value_ptr = take_array(&r, (uint64_t)m->n_unique + 1, 8);
+    m->values = take_array(&r, (uint64_t)m->n_unique, iv_dtype_size(m->value_dtype));
+    if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (arrays)", where);
+    if (!m->major_ptr || !m->value_ptr || !m->values) {
+        rc = FAILF(IV_ENOMEM, "%s: out of memory for the pointer arrays", where);
+        goto fail;
+    }
+    m->nnz = m->value_ptr[m->n_unique];
+    if ((uint64_t)m->nnz != head[6]) BAD("%s: the HDF5 reader's answer is malformed (nnz)", where);
+
+    iv_stream_desc_t *s = &m->stream;
+    const uint64_t *shp = iv_h5iso_rd_raw(&r, 4 * 8);
+    const iv_pipeline_t *pipe = iv_h5iso_rd_raw(&r, sizeof s->pipe);
+    if (!shp || !pipe) BAD("%s: the HDF5 reader's answer is truncated", where);
+    uint64_t sh[4];
+    memcpy(sh, shp, sizeof sh);
+    memcpy(&s->pipe, pipe, sizeof s->pipe);
+    s->length = sh[0];
+    s->chunked = sh[1] != 0;
+    s->chunk_len = sh[2];
+    s->n_chunks = sh[3];
+    s->map = m->map;
+    s->map_len = m->map_len;
+    if (s->pipe.n > IV_PIPELINE_MAX) BAD("%s/packed_indices: bad filter pipeline", where);
+    for (size_t i = 0; i < s->pipe.n; i++)
+        if (!filter_known(s->pipe.f[i].id) || s->pipe.f[i].n_cd > IV_FILTER_MAX_CD)
+            BAD("%s/packed_indices: bad filter pipeline", where);
+    if (s->chunked) {
+        if (s->chunk_len == 0 || s->chunk_len > MAX_CHUNK_BYTES ||
+            s->n_chunks != (s->length + s->chunk_len - 1) / s->chunk_len)
+            BAD("%s/packed_indices: bad chunk table", where);
+        s->chunk_addr = take_array(&r, s->n_chunks, 8);
+        s->chunk_size = take_array(&r, s->n_chunks, 8);
+        s->chunk_mask = take_array(&r, s->n_chunks, 4);
+        if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (chunk table)", where);
+        if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask) {
+            rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
+            goto fail;
+        }
+        uint64_t stored = 0;
+        for (uint64_t c = 0; c < s->n_chunks; c++) {
+            uint64_t a = s->chunk_addr[c], z = s->chunk_size[c];
+            if (a == UINT64_MAX && z == 0) continue;
+            if (a > m->map_len || z > m->map_len - a)
+                BAD("%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %" PRIu64
+                    " bytes) lies past the end of the file (%zu bytes)", where, c, a, z,
+                    m->map_len);
+            stored += z;
+        }
+        m->stored_bytes = stored;
+    } else {
+        uint64_t kind = iv_h5iso_rd_u64(&r);
+        if (kind == CONTIG_MAP) {
+            uint64_t a = iv_h5iso_rd_u64(&r);
+            if (a > m->map_len || s->length > m->map_len - a)
+                BAD("%s/packed_indices: contiguous data past the end of the file", where);
+            s->contig = m->map + a;
+        } else if (kind == CONTIG_OWNED) {
+            s->owned_buf = take_array(&r, s->length, 1);
+            if (!r.bad && !s->owned_buf) {
+                rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
+                goto fail;
+            }
+            s->contig = s->owned_buf;
+        } else if (kind != CONTIG_NONE || s->length != 0) {
+            r.bad = 1;
+        }
+        if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (layout)", where);
+    }
+    if (r.pos != r.len) BAD("%s: the HDF5 reader's answer is malformed (trailing bytes)", where);
+    if ((rc = iv_h5matrix_check_pointers(m, where, err)) < 0) goto fail;
+    return 0;
+fail:
+    iv_h5matrix_free(m);
+    return rc < 0 ? rc : IV_EBAD_FILE;
+#undef BAD
+}
+
+int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
+{
+    return iv_h5matrix_load_notify(path, group, NULL, NULL, m, err);
+}
+
+int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                            void *ctx, iv_h5matrix_t *m, iv_err_t *err)
+{
+    memset(m, 0, sizeof *m);
+    if (!group || !*group) group = "X";
+    char where[1024];
+    snprintf(where, sizeof where, "%s:/%s", path, group);
+    struct mat_ctx c = {path, group, fn != NULL};
+    struct peek_relay pr = {fn, ctx, 0};
+    iv_h5iso_result_t res;
+    IV_TRY(iv_h5iso_run(path, matrix_child, &c, fn ? parent_peek : NULL, &pr, &res, err));
+    int rc = take_matrix(path, where, &res, m, err);
+    iv_h5iso_result_free(&res);
+    return rc;
 }
 
 void iv_h5matrix_free(iv_h5matrix_t *m)

@@ -5,8 +5,12 @@
  * packed index bytes live (an in-place range or a table of chunks).
  *
  * This is the only engine file that calls HDF5 for the matrix, and it
- * runs at start-up only.  Everything it returns is plain memory plus the
- * read-only file mapping; the caller owns it and frees it with
+ * runs at start-up only, in a reader process (h5iso.h): a damaged file
+ * that crashes libhdf5 fails this load with an error, not the caller.
+ * The results cross back as bytes and are checked again here (counts,
+ * chunk offsets against the file's size, the pointer arrays).
+ * Everything it returns is plain memory plus the read-only file mapping
+ * (made by the caller's process); the caller owns it and frees it with
  * iv_h5matrix_free().  Checks that need the packed bytes themselves
  * (varint count, index bounds) belong to the row-index pass.
  */
@@ -36,7 +40,9 @@ typedef struct iv_h5matrix {
 } iv_h5matrix_t;
 
 /* Opens path and loads group (NULL = "X").  Errors name the file, the
- * dataset or attribute and the failed check. */
+ * dataset or attribute and the failed check; a crash of the reader names
+ * what it was reading (see iv_h5iso_run).  Blocks the calling thread for
+ * the load; any thread may call it, concurrently. */
 int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err);
 
 /* The same, telling fn(ctx, length, chunk_len) as soon as packed_indices

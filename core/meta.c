@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "codec.h"
+#include "h5iso.h"
 #include "names.h"
 
 struct mcol {
@@ -52,6 +53,7 @@ struct iv_meta {
 typedef struct rd {
     const char *path;
     iv_err_t *err;
+    iv_h5iso_out_t *o;     /* the reader process's channel (stages) */
 } rd_t;
 
 static double now_s(void)
@@ -665,6 +667,7 @@ static int read_element(rd_t *r, hid_t g, const char *gname, const char *name, i
 {
     char what[512];
     snprintf(what, sizeof what, "%s/%s", gname, name);
+    iv_h5iso_stage(r->o, what);
     hid_t o = open_child(g, name);
     IV_RETURN_IF(o < 0, r->err, IV_EBAD_FILE, "%s: %s: listed but not present", r->path, what);
     char enc[64] = "";
@@ -813,6 +816,7 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
                       struct frame *f)
 {
     memset(f, 0, sizeof(*f));
+    iv_h5iso_stage(r->o, gname);
     hid_t g = open_child(file, gname);
     if (g < 0) return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
     int rc = 0;
@@ -923,20 +927,88 @@ static const char *cat_get(const void *ctx, int64_t i)
     return k < 0 ? NULL : iv_meta_col_cat(c, k);
 }
 
-int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
+/* ------------------------------------------ the load, across the process line */
+
+/*
+ * The frames are read in a reader process (see h5iso.h) and cross to the
+ * server as bytes: per frame its row count, column count, the index and
+ * the columns; per column its name, kind, flags and arrays (the mask, the
+ * values of its type, the string arenas with their offsets).  The server
+ * checks every length against the row count, every code against the
+ * categories and every string offset against its arena before a column
+ * is used: the bytes are trusted no more than the file.
+ */
+#define META_MAGIC 0x3154454d35485649ull   /* "IVH5MET1" */
+
+static const char *const ENCODINGS[] = {"array", "categorical", "nullable-integer",
+                                        "nullable-boolean", "nullable-string-array",
+                                        "string-array", "computed"};
+#define N_ENCODINGS (sizeof ENCODINGS / sizeof ENCODINGS[0])
+
+/* Bytes of a sequential arena of n strings (sarena_push appends). */
+static uint64_t arena_len(const char *data, const int64_t *off, int64_t n)
 {
-    double t0 = now_s();
-    *out = NULL;
-    rd_t r = {path, err};
-    iv_meta_t *m = calloc(1, sizeof(*m));
-    IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
-    pthread_mutex_init(&m->lock, NULL);
+    return n > 0 ? (uint64_t)off[n - 1] + strlen(data + off[n - 1]) + 1 : 0;
+}
+
+static int put_arena(iv_h5iso_out_t *o, const char *data, const int64_t *off, int64_t n)
+{
+    IV_TRY(iv_h5iso_put_blob(o, data, arena_len(data, off, n)));
+    return iv_h5iso_put_blob(o, off, (uint64_t)n * 8);
+}
+
+static int put_col(iv_h5iso_out_t *o, const iv_meta_col_t *c)
+{
+    uint64_t enc = 0;
+    for (size_t i = 0; c->encoding && i < N_ENCODINGS; i++)
+        if (strcmp(c->encoding, ENCODINGS[i]) == 0) enc = i;
+    IV_TRY(iv_h5iso_put_blob(o, c->name, strlen(c->name) + 1));
+    uint64_t h[] = {(uint64_t)c->type, enc, (uint64_t)c->dtype, (uint64_t)c->nullable,
+                    (uint64_t)c->is_index, (uint64_t)c->n, (uint64_t)c->ordered,
+                    (uint64_t)c->cats_numeric, (uint64_t)c->n_cats};
+    IV_TRY(iv_h5iso_put(o, h, sizeof h));
+    IV_TRY(iv_h5iso_put_blob(o, c->mask, c->mask ? (uint64_t)c->n : 0));
+    switch (c->type) {
+    case IV_COL_INT: return iv_h5iso_put_blob(o, c->i64, (uint64_t)c->n * 8);
+    case IV_COL_FLOAT: return iv_h5iso_put_blob(o, c->f64, (uint64_t)c->n * 8);
+    case IV_COL_BOOL: return iv_h5iso_put_blob(o, c->b, (uint64_t)c->n);
+    case IV_COL_STRING: return put_arena(o, c->str_data, c->str_off, c->n);
+    case IV_COL_CATEGORICAL:
+        IV_TRY(iv_h5iso_put_blob(o, c->codes, (uint64_t)c->n * 4));
+        IV_TRY(put_arena(o, c->cat_data, c->cat_off, c->n_cats));
+        return iv_h5iso_put_blob(o, c->cat_num, c->cat_num ? (uint64_t)c->n_cats * 8 : 0);
+    }
+    return IV_EINTERNAL;
+}
+
+static int put_frame(iv_h5iso_out_t *o, const struct frame *f)
+{
+    IV_TRY(iv_h5iso_put_u64(o, (uint64_t)f->n));
+    IV_TRY(iv_h5iso_put_u64(o, (uint64_t)f->n_cols));
+    IV_TRY(put_col(o, &f->index->c));
+    for (size_t i = 0; i < f->n_cols; i++) IV_TRY(put_col(o, &f->cols[i]->c));
+    return 0;
+}
+
+struct meta_ctx {
+    const char *path, *x_group;
+};
+
+/* The HDF5 side of iv_meta_load; runs in the reader process. */
+static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    const struct meta_ctx *mc = vctx;
+    const char *path = mc->path;
+    rd_t r = {path, err, o};
+    /* No HDF5 error stack on stderr: messages go into err, and stdio is
+     * best left alone in a forked child. */
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     /* Compressed metadata columns read through the project's own zstd and
      * Blosc2 decoders; registering is idempotent. */
-    if (iv_h5filters_register() < 0) {
-        iv_meta_free(m);
+    if (iv_h5filters_register() < 0)
         return iv_fail(err, IV_EINTERNAL, "%s: cannot register HDF5 filters", path);
-    }
+    struct frame ax[2];
+    memset(ax, 0, sizeof ax);
     int rc = 0;
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     hid_t file = -1;
@@ -946,21 +1018,228 @@ int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_
     }
     H5E_END_TRY;
     h5close(fapl);
-    if (file < 0) {
-        iv_meta_free(m);
-        return iv_fail(err, IV_EIO, "%s: cannot open as HDF5", path);
-    }
+    if (file < 0) return iv_fail(err, IV_EIO, "%s: cannot open as HDF5", path);
     int64_t shape[2] = {-1, -1};
-    if (!read_shape(file, x_group ? x_group : "X", shape)) shape[0] = shape[1] = -1;
+    iv_h5iso_stage(o, mc->x_group);
+    if (!read_shape(file, mc->x_group, shape)) shape[0] = shape[1] = -1;
     /* Library error stacks would be printed for every optional probe
      * that fails; messages go into err instead. */
     H5E_BEGIN_TRY
     {
-        rc = read_frame(&r, file, "obs", shape[0], &m->ax[IV_AXIS_OBS]);
-        if (rc == 0) rc = read_frame(&r, file, "var", shape[1], &m->ax[IV_AXIS_VAR]);
+        rc = read_frame(&r, file, "obs", shape[0], &ax[IV_AXIS_OBS]);
+        if (rc == 0) rc = read_frame(&r, file, "var", shape[1], &ax[IV_AXIS_VAR]);
     }
     H5E_END_TRY;
     h5close(file);
+    iv_h5iso_stage(o, "the metadata's results");
+    if (rc == 0 && (iv_h5iso_put_u64(o, META_MAGIC) < 0 || put_frame(o, &ax[0]) < 0 || put_frame(o, &ax[1]) < 0))
+        rc = iv_fail(err, IV_EIO, "%s: cannot pass the metadata to the server", path);
+    frame_free(&ax[0]);
+    frame_free(&ax[1]);
+    return rc;
+}
+
+/* Copies a blob of exactly n elements of esz bytes (one element at least
+ * allocated); NULL with r->bad on a malformed answer or *oom on memory. */
+static void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz, int *oom)
+{
+    if (n > ((uint64_t)1 << 48)) {
+        r->bad = 1;
+        return NULL;
+    }
+    size_t bytes = (size_t)n * esz;
+    const void *p = iv_h5iso_rd_blob(r, bytes, NULL);
+    if (!p) return NULL;
+    void *a = malloc(bytes ? bytes : 1);
+    if (!a) *oom = 1;
+    else if (bytes) memcpy(a, p, bytes);
+    return a;
+}
+
+/* An arena of n strings and its offsets; every offset must fall inside
+ * the arena, which must end with a NUL, so that each string ends in it. */
+static int take_arena(iv_h5iso_rd_t *r, int64_t n, const char **data, const int64_t **off,
+                      int *oom)
+{
+    size_t len = 0;
+    const char *d = iv_h5iso_rd_blob(r, (size_t)-1, &len);
+    int64_t *o = take_array(r, (uint64_t)n, 8, oom);
+    if (r->bad || *oom || (n > 0) != (len > 0) || (len > 0 && d[len - 1] != '\0')) {
+        free(o);
+        if (!*oom) r->bad = 1;
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (o[i] < 0 || (uint64_t)o[i] >= len) {
+            free(o);
+            r->bad = 1;
+            return -1;
+        }
+    char *copy = malloc(len ? len : 1);
+    if (!copy) {
+        free(o);
+        *oom = 1;
+        return -1;
+    }
+    if (len) memcpy(copy, d, len);
+    else copy[0] = '\0';
+    *data = copy;
+    *off = o;
+    return 0;
+}
+
+static int bytes_are_bool(const uint8_t *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] > 1) return 0;
+    return 1;
+}
+
+/* One column of n rows; NULL on a malformed answer (r->bad) or *oom. */
+static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
+{
+    size_t nl = 0;
+    const char *name = iv_h5iso_rd_blob(r, (size_t)-1, &nl);
+    const uint64_t *hp = iv_h5iso_rd_raw(r, 9 * 8);
+    if (!name || !hp || nl == 0 || name[nl - 1] != '\0') {
+        r->bad = 1;
+        return NULL;
+    }
+    uint64_t h[9];
+    memcpy(h, hp, sizeof h);
+    if (h[0] > IV_COL_STRING || h[1] >= N_ENCODINGS || h[2] >= IV_DT_COUNT ||
+        h[5] != (uint64_t)n || h[8] > INT32_MAX) {
+        r->bad = 1;
+        return NULL;
+    }
+    struct mcol *mc = col_new(name, ENCODINGS[h[1]]);
+    if (!mc) {
+        *oom = 1;
+        return NULL;
+    }
+    iv_meta_col_t *c = &mc->c;
+    c->type = (iv_col_type_t)h[0];
+    c->dtype = (iv_dtype_t)h[2];
+    c->nullable = h[3] != 0;
+    c->is_index = h[4] != 0;
+    c->n = n;
+    c->ordered = h[6] != 0;
+    c->cats_numeric = h[7] != 0;
+    size_t ml = 0;
+    const uint8_t *mask = iv_h5iso_rd_blob(r, (size_t)-1, &ml);
+    if (!mask || (ml != 0 && ml != (size_t)n) || !bytes_are_bool(mask, (int64_t)ml)) {
+        r->bad = 1;
+        goto fail;
+    }
+    if (ml) {
+        uint8_t *m = malloc(ml);
+        if (!m) {
+            *oom = 1;
+            goto fail;
+        }
+        memcpy(m, mask, ml);
+        set_mask(c, m);
+    }
+    switch (c->type) {
+    case IV_COL_INT: c->i64 = take_array(r, (uint64_t)n, 8, oom); break;
+    case IV_COL_FLOAT: c->f64 = take_array(r, (uint64_t)n, 8, oom); break;
+    case IV_COL_BOOL:
+        c->b = take_array(r, (uint64_t)n, 1, oom);
+        if (c->b && !bytes_are_bool(c->b, n)) r->bad = 1;
+        break;
+    case IV_COL_STRING: take_arena(r, n, &c->str_data, &c->str_off, oom); break;
+    case IV_COL_CATEGORICAL: {
+        c->n_cats = (int64_t)h[8];
+        int32_t *codes = take_array(r, (uint64_t)n, 4, oom);
+        c->codes = codes;
+        if (!codes || take_arena(r, c->n_cats, &c->cat_data, &c->cat_off, oom) < 0) break;
+        size_t cl = 0;
+        const void *num = iv_h5iso_rd_blob(r, (size_t)-1, &cl);
+        if (!num || cl != (c->cats_numeric ? (size_t)c->n_cats * 8 : 0)) {
+            r->bad = 1;
+            break;
+        }
+        if (c->cats_numeric) {
+            double *v = malloc(cl ? cl : 1);
+            if (!v) {
+                *oom = 1;
+                break;
+            }
+            if (cl) memcpy(v, num, cl);
+            c->cat_num = v;
+        }
+        /* Codes index the categories: each is checked, and the counts are
+         * made here rather than taken. */
+        int64_t *counts = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof(int64_t));
+        if (!counts) {
+            *oom = 1;
+            break;
+        }
+        c->cat_counts = counts;
+        for (int64_t i = 0; i < n; i++) {
+            if (codes[i] < -1 || codes[i] >= c->n_cats) {
+                r->bad = 1;
+                break;
+            }
+            if (codes[i] >= 0) counts[codes[i]]++;
+        }
+        break;
+    }
+    }
+    if (r->bad || *oom) goto fail;
+    return mc;
+fail:
+    col_free(mc);
+    return NULL;
+}
+
+static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, struct frame *f,
+                      iv_err_t *err)
+{
+    memset(f, 0, sizeof *f);
+    uint64_t n = iv_h5iso_rd_u64(r), n_cols = iv_h5iso_rd_u64(r);
+    int oom = 0;
+    if (r->bad || n > ((uint64_t)1 << 40) || n_cols > r->len) r->bad = 1;
+    else f->n = (int64_t)n;
+    if (!r->bad) f->index = take_col(r, f->n, &oom);
+    if (f->index && (f->index->c.type != IV_COL_STRING || !f->index->c.is_index)) r->bad = 1;
+    for (uint64_t i = 0; !r->bad && !oom && i < n_cols; i++) {
+        struct mcol *mc = take_col(r, f->n, &oom);
+        if (mc && frame_push(f, mc) < 0) {
+            col_free(mc);
+            oom = 1;
+        }
+    }
+    if (!r->bad && !oom) return 0;
+    frame_free(f);
+    if (oom) return iv_fail(err, IV_ENOMEM, "%s: %s: out of memory", path, gname);
+    return iv_fail(err, IV_EBAD_FILE, "%s: %s: the HDF5 reader's answer is malformed", path,
+                   gname);
+}
+
+int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
+{
+    double t0 = now_s();
+    *out = NULL;
+    iv_meta_t *m = calloc(1, sizeof(*m));
+    IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
+    pthread_mutex_init(&m->lock, NULL);
+    struct meta_ctx mc = {path, x_group && *x_group ? x_group : "X"};
+    iv_h5iso_result_t res;
+    int rc = iv_h5iso_run(path, meta_child, &mc, NULL, NULL, &res, err);
+    if (rc < 0) {
+        iv_meta_free(m);
+        return rc;
+    }
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, &res);
+    if (iv_h5iso_rd_u64(&r) != META_MAGIC)
+        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
+    if (rc == 0) rc = take_frame(&r, path, "obs", &m->ax[IV_AXIS_OBS], err);
+    if (rc == 0) rc = take_frame(&r, path, "var", &m->ax[IV_AXIS_VAR], err);
+    if (rc == 0 && r.pos != r.len)
+        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
+    iv_h5iso_result_free(&res);
     for (int a = 0; rc == 0 && a < 2; a++) {
         struct mcol *ix = m->ax[a].index;
         rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);

@@ -100,7 +100,8 @@ typedef struct iv_meta_stats {
  * the matrix group whose shape attribute the row counts are checked
  * against; a file without that group is accepted unchecked.  Opens and
  * closes the file itself (HDF5, read-only; start-up only, never on the
- * query path).  A missing obs or var group gives an empty frame with an
+ * query path), in a reader process (h5iso.h): a file that crashes libhdf5
+ * fails with IV_EBAD_FILE and a message naming the element being read.  A missing obs or var group gives an empty frame with an
  * index of numbers "0".."n-1" when the matrix shape is known.
  * On error *out is NULL and err names the file, the column and the check.
  */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "dataset.h"
+#include "meta.h"
 #include "npz.h"
 #include "pool.h"
 #include "query.h"
@@ -145,6 +146,64 @@ static int open_dataset(const struct cli_opts *o, iv_pool_t *pool, iv_dataset_t 
     return 0;
 }
 
+/* Rows of an axis whose index name also names an earlier row: lookups by
+ * name give the first of them.  -1 when it cannot be counted. */
+static int64_t count_duplicate_names(iv_meta_t *m, iv_axis_t axis)
+{
+    const iv_meta_col_t *ix = iv_meta_index(m, axis);
+    int64_t n = ix->n, dup = 0;
+    const char **names = malloc((size_t)(n ? n : 1) * sizeof *names);
+    int64_t *rows = malloc((size_t)(n ? n : 1) * sizeof *rows);
+    iv_err_t err = {0};
+    if (!names || !rows) dup = -1;
+    for (int64_t i = 0; dup >= 0 && i < n; i++)
+        names[i] = ix->mask && ix->mask[i] ? "" : iv_meta_col_str(ix, i);
+    if (dup >= 0 && iv_meta_find_names(m, axis, NULL, names, n, 1, rows, NULL, &err) < 0) dup = -1;
+    for (int64_t i = 0; dup >= 0 && i < n; i++) dup += rows[i] != i;
+    free(names);
+    free(rows);
+    return dup;
+}
+
+/*
+ * The metadata, read and checked as the server's load reads it
+ * (iv_meta_load, then the computed columns).  A file the server would
+ * leave out fails here with the server's message; metadata in an
+ * unsupported encoding is reported, not failed, since the server then
+ * serves the matrix without names.  Returns 0 or 1.
+ */
+static int check_meta(const struct cli_opts *o, iv_dataset_t *ds)
+{
+    iv_meta_t *m = NULL;
+    iv_err_t err = {0};
+    if (iv_meta_load(o->file, o->group, &m, &err) != 0 ||
+        iv_meta_add_computed(m, ds, &err) != 0) {
+        iv_meta_free(m);
+        if (err.code == IV_EUNSUPPORTED) {
+            printf("metadata: not loaded (%s); the server serves the matrix without names\n",
+                   err.msg);
+            return 0;
+        }
+        fprintf(stderr, "ivserve: error: %s\n", err.msg);
+        return 1;
+    }
+    for (int a = 0; a < 2; a++) {
+        iv_axis_t axis = a ? IV_AXIS_VAR : IV_AXIS_OBS;
+        const iv_meta_col_t *ix = iv_meta_index(m, axis);
+        int64_t dup = count_duplicate_names(m, axis);
+        printf("%s: %" PRId64 " rows, %zu columns, index '%s'", a ? "var" : "obs",
+               iv_meta_n_rows(m, axis), iv_meta_n_cols(m, axis), ix->name);
+        if (dup > 0)
+            printf(" (%" PRId64 " duplicated names: a lookup by name gives the first row)", dup);
+        printf("\n");
+    }
+    iv_meta_stats_t st;
+    iv_meta_stats(m, &st);
+    printf("metadata load: %.3f s, %zu bytes\n", st.load_seconds, st.bytes);
+    iv_meta_free(m);
+    return 0;
+}
+
 static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
 {
     iv_dataset_t *ds;
@@ -168,8 +227,9 @@ static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
     printf("cache: %zu of %zu bytes used\n", cs.used, cs.budget);
     printf("open time: %.3f s\n", in->open_seconds);
     printf("index build: %.3f s\n", in->index_seconds);
+    int rc = check_meta(o, ds);
     iv_dataset_close(ds);
-    return 0;
+    return rc;
 }
 
 struct decode_job {

@@ -358,8 +358,15 @@ static void job_load(void *arg)
             iv_meta_free(d->meta);
             d->meta = NULL;
             snprintf(d->err, sizeof d->err, "%s", me.msg);
+            if (me.code != IV_EUNSUPPORTED) {
+                /* A damaged file is left out whole, as `ivserve check` fails it. */
+                j->rc = me.code ? me.code : IV_EBAD_FILE;
+                j->err = me;
+                iv_dataset_close(d->ds);
+                d->ds = NULL;
+            }
         }
-        build_doc(d);
+        if (j->rc == 0) build_doc(d);
     }
     j->secs = now_s() - t0;
     job_finish(j);

@@ -1,0 +1,281 @@
+"""Files damaged below the HDF5 API must cost only themselves.
+
+Each case writes a valid file with h5py, finds one HDF5 structure by its
+address (the global heap collection that holds the obs names, an object
+header, the chunk B-tree of packed_indices) and changes bytes in it.  Some
+of these changes make libhdf5 itself read out of bounds and die (a heap
+object whose size field is damaged does, on the Debian library): the
+server reads every file in a child process, so:
+
+- `ivserve check` exits with status 1 and one `ivserve: error:` line that
+  names the file and the part being read, never by a signal;
+- a server given the damaged files and a good one keeps running, serves
+  the good one exactly, leaves the damaged ones out (absent from the
+  listing, 404 by id, counted as failed in /metrics) and logs the same
+  error that `check` prints.
+
+A sweep changes every byte of each structure in turn and requires a clean
+exit (0 or 1, an error line on 1) from `check` for each.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import h5py
+import numpy as np
+import pytest
+
+import ivref
+
+N_ROWS, N_COLS = 400, 600
+
+
+def matrix():
+    rng = np.random.default_rng(7)
+    return ivref.random_csr(rng, N_ROWS, N_COLS, 7000, np.int32)
+
+
+def write_good(path):
+    ivref.write_iv(path, matrix(), compression="zstd", chunk_len=256)
+    return open(path, "rb").read()
+
+
+def heap_object_of_obs_name(path, blob, row=0):
+    """File offset of the global heap object that holds obs name `row`:
+    the heap ID in obs/_index's raw data names the collection and the
+    object index; the collection is walked to that object."""
+    with h5py.File(path, "r") as f:
+        d = f["obs/_index"].id
+        off = d.get_offset()
+        assert off is not None, "obs/_index is not contiguous"
+    _, coll, index = struct.unpack_from("<IQI", blob, off + 16 * row)
+    assert blob[coll:coll + 4] == b"GCOL"
+    end = coll + struct.unpack_from("<Q", blob, coll + 8)[0]
+    p = coll + 16
+    while p + 16 <= end:
+        oi, _, _, size = struct.unpack_from("<HHIQ", blob, p)
+        if oi == index:
+            assert blob[p + 16:p + 16 + size].decode() == "cell%d" % row
+            return p
+        if oi == 0:
+            break
+        p += 16 + ((size + 7) // 8) * 8
+    raise AssertionError("heap object %d not found" % index)
+
+
+def object_header(path, name):
+    with h5py.File(path, "r") as f:
+        return h5py.h5o.get_info(f[name].id).addr
+
+
+def chunk_btree(blob, n_chunks):
+    """The v1 B-tree node (signature TREE, node type 1 = chunks) indexing
+    packed_indices: the only chunk node with one entry per chunk."""
+    nodes = []
+    i = blob.find(b"TREE")
+    while i >= 0:
+        if blob[i + 4] == 1 and struct.unpack_from("<H", blob, i + 6)[0] == n_chunks:
+            nodes.append(i)
+        i = blob.find(b"TREE", i + 1)
+    assert len(nodes) == 1, nodes
+    return nodes[0]
+
+
+def n_chunks(path):
+    with h5py.File(path, "r") as f:
+        d = f["X/packed_indices"]
+        return -(-d.shape[0] // d.chunks[0])
+
+
+def damaged(blob, changes):
+    b = bytearray(blob)
+    for off, xor in changes:
+        b[off] ^= xor
+    return bytes(b)
+
+
+def cases(workdir):
+    """name -> (damaged bytes, keywords of the error)."""
+    good = os.path.join(workdir, "base.h5ad")
+    blob = write_good(good)
+    heap = heap_object_of_obs_name(good, blob)
+    tree = chunk_btree(blob, n_chunks(good))
+    obs_hdr = object_header(good, "obs/_index")
+    mp_hdr = object_header(good, "X/major_ptr")
+    return {
+        # The size of the heap object of "cell0" (bytes 8..15 of its
+        # header) made huge: libhdf5 walks off its buffer.
+        "heap_object_size": (damaged(blob, [(heap + 15, 0xFF)]),
+                             ["obs/_index", "hdf5", "damaged"]),
+        "heap_object_size_low": (damaged(blob, [(heap + 8, 0xF0), (heap + 10, 0xFF)]),
+                                 ["obs/_index", "damaged"]),
+        # Object header version byte: the dataset cannot be opened.
+        "ohdr_obs_index": (damaged(blob, [(obs_hdr, 0xFE)]), ["obs", "_index"]),
+        "ohdr_major_ptr": (damaged(blob, [(mp_hdr, 0xFE)]), ["major_ptr"]),
+        # Chunk B-tree: entries used, and the stored size of chunk 0.
+        "btree_entries": (damaged(blob, [(tree + 6, 0xFF), (tree + 7, 0xFF)]),
+                          ["packed_indices"]),
+        "btree_chunk_size": (damaged(blob, [(tree + 26, 0xFF)]),
+                             ["packed_indices", "chunk 0", "past the end"]),
+        "btree_child_addr": (damaged(blob, [(tree + 24 + 24 + 5, 0x7F)]),
+                             ["packed_indices", "chunk 0"]),
+    }
+
+
+def write_case(workdir, name, data):
+    path = os.path.join(workdir, name + ".h5ad")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+def test_base_file_passes_check(ivserve, workdir):
+    path = os.path.join(workdir, "base.h5ad")
+    write_good(path)
+    proc = ivserve.check(path)
+    ivserve.assert_ok(proc)
+    # check reads the metadata as the server does, and says so.
+    assert "obs: 400 rows" in proc.stdout and "var: 600 rows" in proc.stdout, proc.stdout
+
+
+def test_damaged_files_refused_by_check(ivserve, workdir):
+    for name, (data, keywords) in cases(workdir).items():
+        path = write_case(workdir, name, data)
+        ivserve.assert_error(ivserve.check(path, timeout=120), path, *keywords)
+
+
+def test_heap_damage_crashes_the_reader(ivserve, workdir):
+    """The heap lie is one that kills libhdf5: the reader process dies by
+    a signal (or, under a sanitizer, exits on its report), and the error
+    says so."""
+    data, _ = cases(workdir)["heap_object_size"]
+    path = write_case(workdir, "heap", data)
+    text = ivserve.assert_error(ivserve.check(path, timeout=120), path)
+    assert ("crashed reading obs/_index (signal" in text or
+            "died reading obs/_index (exit status" in text), text
+
+
+def test_duplicated_index_reported_by_check(ivserve, workdir):
+    """A duplicated obs name: the server loads the file (a lookup by name
+    gives the first row); check reads the index as the server does and
+    reports the duplicates."""
+    names = np.array(["cell%d" % i for i in range(N_ROWS)], dtype=object)
+    names[7] = "cell3"
+    path = os.path.join(workdir, "dup.h5ad")
+    ivref.write_iv(path, matrix(), obs=names)
+    proc = ivserve.check(path)
+    ivserve.assert_ok(proc)
+    assert "1 duplicated names" in proc.stdout, proc.stdout
+
+
+def sweep_offsets(workdir):
+    good = os.path.join(workdir, "base.h5ad")
+    blob = write_good(good)
+    heap = heap_object_of_obs_name(good, blob)
+    tree = chunk_btree(blob, n_chunks(good))
+    obs_hdr = object_header(good, "obs/_index")
+    offs = [heap + k for k in range(24)]
+    offs += [obs_hdr + k for k in range(0, 48, 2)]
+    offs += [tree + k for k in range(0, 72, 2)]
+    return blob, offs
+
+
+def test_sweep_never_crashes_check(ivserve, workdir):
+    blob, offs = sweep_offsets(workdir)
+    failures = []
+    for off in offs:
+        path = write_case(workdir, "sweep", damaged(blob, [(off, 0xFF)]))
+        proc = ivserve.check(path, timeout=120)
+        errs = [l for l in proc.stderr.splitlines() if l.startswith("ivserve: error:")]
+        if proc.returncode not in (0, 1) or (proc.returncode == 1 and not errs):
+            failures.append((off, proc.returncode, proc.stderr[-500:]))
+    assert not failures, failures
+
+
+# --------------------------------------------------------------- the server
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url, timeout=10):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_server_serves_good_file_and_leaves_damaged_ones_out(ivserve, workdir):
+    all_cases = cases(workdir)
+    good = os.path.join(workdir, "good.h5ad")
+    write_good(good)
+    bad = {name: write_case(workdir, name, all_cases[name][0])
+           for name in ("heap_object_size", "ohdr_major_ptr", "btree_chunk_size")}
+    datasets = [{"id": "good", "path": good}] + [{"id": n, "path": p} for n, p in bad.items()]
+    cfg = os.path.join(workdir, "cfg.json")
+    with open(cfg, "w") as fh:
+        json.dump({"datasets": datasets}, fh)
+    port = free_port()
+    log = open(os.path.join(workdir, "server.log"), "w+")
+    proc = subprocess.Popen([ivserve.path, "--config", cfg, "--port", str(port),
+                             "--threads", "2"], stdout=log, stderr=log)
+    base = "http://127.0.0.1:%d" % port
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            assert proc.poll() is None, "server died: %s" % open(log.name).read()[-3000:]
+            try:
+                if get(base + "/readyz", 1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise AssertionError("server not ready: " + open(log.name).read()[-3000:])
+        status, body = get(base + "/v1/datasets")
+        assert status == 200
+        ids = [d["id"] for d in json.loads(body)["datasets"]]
+        assert ids == ["good"], ids
+        for name in bad:
+            assert get(base + "/v1/datasets/" + name)[0] == 404
+        status, body = get(base + "/metrics")
+        assert 'ivserve_datasets{state="failed"} 3' in body.decode(), body.decode()
+        # The good dataset answers exactly, metadata included.
+        status, body = get(base + "/v1/datasets/good/query?obs=5,6,7,8,1&format=json")
+        assert status == 200, body
+        doc = json.loads(body)
+        exp = matrix().toarray()[[5, 6, 7, 8, 1], :]
+        got = np.zeros_like(exp)
+        ip = doc["indptr"]
+        for r in range(len(ip) - 1):
+            got[r, doc["indices"][ip[r]:ip[r + 1]]] = doc["data"][ip[r]:ip[r + 1]]
+        assert np.array_equal(got, exp)
+        status, body = get(base + "/v1/datasets/good/query?obs_names=cell3,cell0&format=json")
+        assert status == 200 and json.loads(body)["obs"] == [3, 0], body
+        assert proc.poll() is None
+        text = open(log.name).read()
+        # The log names each damaged file with the error check prints.
+        for name, path in bad.items():
+            line = [l for l in text.splitlines() if "left out" in l and name in l]
+            assert line, text[-3000:]
+            msg = ivserve.check(path, timeout=120).stderr.split("ivserve: error: ", 1)[1].strip()
+            assert json.dumps(msg)[1:-1] in line[0], (msg, line[0])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        log.close()
+    assert rc == 0, open(log.name).read()[-3000:]
