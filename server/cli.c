@@ -7,6 +7,7 @@
  * many selections against one opened dataset, for differential tests.
  */
 #include "cli.h"
+#include "cli_pack.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,7 +42,8 @@ static int usage(void)
 
 int iv_cli_is_command(const char *name)
 {
-    return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0);
+    return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0 ||
+                    strcmp(name, "pack") == 0);
 }
 
 static int parse_opts(int argc, char **argv, struct cli_opts *o)
@@ -347,6 +349,7 @@ int iv_cli_main(int argc, char **argv)
 {
     struct cli_opts o;
     if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
+    if (strcmp(argv[1], "pack") == 0) return iv_cli_pack_main(argc, argv);
     if (parse_opts(argc, argv, &o) < 0) return usage();
     iv_pool_t *pool = NULL;
     unsigned threads = o.threads;
