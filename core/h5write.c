@@ -488,6 +488,12 @@ static herr_t copy_attr_cb(hid_t src, const char *name, const H5A_info_t *info, 
     void *buf = NULL;
     if ((a = H5Aopen(src, name, H5P_DEFAULT)) < 0) goto done;
     if ((ft = H5Aget_type(a)) < 0 || (sp = H5Aget_space(a)) < 0) goto done;
+    if (H5Tget_class(ft) == H5T_REFERENCE) {
+        /* A reference holds an address in the source file: meaningless
+         * in another one.  Objects copied with H5Ocopy keep theirs. */
+        rc = 0;
+        goto done;
+    }
     if ((mt = H5Tget_native_type(ft, H5T_DIR_ASCEND)) < 0 && (mt = H5Tcopy(ft)) < 0) goto done;
     hssize_t n = H5Sget_simple_extent_npoints(sp);
     if (n < 0) goto done;

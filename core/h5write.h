@@ -89,7 +89,8 @@ int iv_h5w_attr_encoding(hid_t obj, const char *type, const char *version);
  * when absent or not a scalar string. */
 int iv_h5w_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap);
 
-/* Copies every attribute of src onto dst, type and bytes unchanged. */
+/* Copies every attribute of src onto dst, type and bytes unchanged,
+ * except object references (they would point into the source file). */
 int iv_h5w_copy_attrs(hid_t src, hid_t dst);
 
 /* H5Ocopy of src_loc/name to dst_loc/dst_name, with the references it
