@@ -7,7 +7,8 @@
  * gathered variable-length pointers still point into the buffer HDF5
  * allocated, which is reclaimed only after the write.  Memory is the
  * element read plus its subset; metadata columns are small next to X.
- * A whole axis selected is copied with H5Ocopy instead, bit for bit.
+ * A whole axis selected goes the same way (idx NULL), so that the output
+ * never depends on a filter plugin the input's columns needed.
  */
 #include "anndata_write.h"
 
@@ -77,7 +78,10 @@ static int subset_dataset(hid_t src, const char *name, hid_t dst, const subset_t
         rc = FAILF(IV_EBAD_FILE, "%s:/%s: read failed", s->src_path, path);
         goto done;
     }
-    for (int64_t i = 0; i < s->n; i++) memcpy(out + (size_t)i * row, buf + (size_t)s->idx[i] * row, row);
+    if (s->idx)
+        for (int64_t i = 0; i < s->n; i++) memcpy(out + (size_t)i * row, buf + (size_t)s->idx[i] * row, row);
+    else
+        memcpy(out, buf, row * (size_t)s->n);
     hsize_t odims[8];
     memcpy(odims, dims, sizeof odims);
     odims[0] = (hsize_t)s->n;
@@ -165,15 +169,11 @@ static int subset_element(hid_t src, const char *name, hid_t dst, const subset_t
     return 0;
 }
 
-/* obs or var: subset, or copied whole when every row is selected in order. */
+/* obs or var.  Every row selected is subset too, never H5Ocopy'd: the
+ * output must be readable without the input's filters (Blosc2 columns). */
 static int write_axis(hid_t in, hid_t out, const char *name, const subset_t *s, iv_err_t *err)
 {
     if (H5Lexists(in, name, H5P_DEFAULT) <= 0) return 0;
-    if (!s->idx) {
-        if (iv_h5w_copy_object(in, name, out, name) < 0)
-            return FAILF(IV_EIO, "%s:/%s: cannot copy", s->src_path, name);
-        return 0;
-    }
     return subset_element(in, name, out, s, "", 0, err);
 }
 
@@ -181,11 +181,6 @@ static int write_axis(hid_t in, hid_t out, const char *name, const subset_t *s, 
 static int write_axism(hid_t in, hid_t out, const char *name, const subset_t *s, iv_err_t *err)
 {
     if (H5Lexists(in, name, H5P_DEFAULT) <= 0) return 0;
-    if (!s->idx) {
-        if (iv_h5w_copy_object(in, name, out, name) < 0)
-            return FAILF(IV_EIO, "%s:/%s: cannot copy", s->src_path, name);
-        return 0;
-    }
     hid_t sg = H5Gopen2(in, name, H5P_DEFAULT);
     if (sg < 0) return 0;
     hid_t dg = H5Gcreate2(out, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
