@@ -279,7 +279,9 @@ def dense_expected(X):
 @pytest.mark.parametrize("kind", ["csr", "csc", "dense"])
 def test_generated_round_trip(ivserve, tmp_path, dtype, kind):
     rng = np.random.default_rng([7, DTYPES.index(dtype), len(kind)])
-    for shape in ((37, 23), (1, 40), (40, 1)):
+    # One row and one column for a few dtypes (the suite runs on 2 cores).
+    shapes = ((37, 23), (1, 40), (40, 1)) if dtype in ("int8", "uint16", "float64") else ((37, 23),)
+    for shape in shapes:
         X = random_matrix(rng, shape, dtype)
         src = str(tmp_path / "in.h5ad")
         write_h5ad(src, X, kind, compression="gzip" if dtype in ("int16", "float32") else None)
@@ -513,7 +515,7 @@ def test_bad_output_folder_and_export_extension(ivserve, tmp_path):
     assert not os.path.exists(os.path.dirname(missing))
     out = str(tmp_path / "p.h5ad")
     pack(ivserve, src, out)
-    for name in ("o.txt", "o", "o.h5"):
+    for name in ("o.txt", "exported", "o.h5"):
         target = str(tmp_path / name)
         proc = ivserve.run("export", out, "-o", target)
         ivserve.assert_error(proc, target, "extension")
