@@ -5,8 +5,11 @@
  * Design: bulk reads take raw chunk bytes and decode them in the worker
  * pool, but small datasets (pointers, metadata columns) are simplest to
  * read with plain H5Dread, which needs the filters registered in-process
- * (Debian ships no plugin for either).  Only the decode direction is
- * provided; the server never writes compressed data, so encoding fails.
+ * (Debian ships no plugin for either).  Blosc2 decodes only.  zstd also
+ * encodes, as the HDF5 plugin does (one frame with its content size per
+ * chunk, level cd_values[0]): HDF5 refuses to create a dataset whose
+ * filter cannot encode, and `ivserve pack` creates zstd datasets (it
+ * writes their chunks itself, compressed on its worker pool).
  *
  * HDF5 hands the filter a buffer it owns and expects a replacement
  * allocated with the library's allocator: the new buffer comes from
@@ -38,9 +41,18 @@ static size_t hand_back(void **buf, size_t *buf_size, void *out, size_t out_cap,
 static size_t zstd_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[],
                           size_t nbytes, size_t *buf_size, void **buf)
 {
-    (void)cd_nelmts;
-    (void)cd_values;
-    if (!(flags & H5Z_FLAG_REVERSE)) return 0; /* decode only */
+    if (!(flags & H5Z_FLAG_REVERSE)) {
+        int level = cd_nelmts > 0 ? (int)cd_values[0] : 1;
+        size_t cap = ZSTD_compressBound(nbytes);
+        void *out = H5allocate_memory(cap, 0);
+        if (!out) return 0;
+        size_t n = ZSTD_compress(out, cap, *buf, nbytes, level);
+        if (ZSTD_isError(n)) {
+            H5free_memory(out);
+            return 0;
+        }
+        return hand_back(buf, buf_size, out, cap, n);
+    }
     unsigned long long fcs = ZSTD_getFrameContentSize(*buf, nbytes);
     if (fcs == ZSTD_CONTENTSIZE_ERROR) return 0;
     size_t cap;
@@ -91,7 +103,7 @@ static size_t blosc2_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_
 }
 
 static const H5Z_class2_t zstd_class = {
-    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_ZSTD, 0, 1, "zstd (ivserve decoder)",
+    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_ZSTD, 1, 1, "zstd (ivserve)",
     NULL, NULL, zstd_filter,
 };
 

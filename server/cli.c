@@ -7,6 +7,8 @@
  * many selections against one opened dataset, for differential tests.
  */
 #include "cli.h"
+#include "cli_export.h"
+#include "cli_pack.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,7 +24,7 @@
 #include "version.h"
 
 struct cli_opts {
-    const char *file, *group, *obs, *var, *out, *batch;
+    const char *file, *group, *obs, *var, *out, *batch, *where, *var_where;
     unsigned threads;
     uint32_t stride;
     long long cache_mb;
@@ -34,15 +36,19 @@ static int usage(void)
     fprintf(stderr,
             "usage: ivserve check FILE [--group G] [--threads N] [--stride K]\n"
             "       ivserve export FILE [--group G] [--obs SEL] [--var SEL] [--threads N]\n"
-            "                      [--stride K] [--cache-mb N] -o OUT.npz\n"
+            "                      [--stride K] [--cache-mb N] [--where EXPR] [--var-where EXPR]\n"
+            "                      -o OUT.npz|OUT.h5ad\n"
             "       ivserve export FILE --batch LIST -o DIR\n"
-            "SEL: comma-separated indices and half-open ranges, e.g. 5,3,3,10:20; '' = none\n");
+            "       ivserve pack IN.h5ad OUT.h5ad [options]   (ivserve pack --help)\n"
+            "SEL: comma-separated indices and half-open ranges, e.g. 5,3,3,10:20, or names\n"
+            "     (CD3E,MS4A1); '' = none.  EXPR: a filter, e.g. \"cell_type == 'B' and n_genes > 500\"\n");
     return 2;
 }
 
 int iv_cli_is_command(const char *name)
 {
-    return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0);
+    return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0 ||
+                    strcmp(name, "pack") == 0);
 }
 
 static int parse_opts(int argc, char **argv, struct cli_opts *o)
@@ -58,6 +64,8 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
         else if (OPT("--var")) o->var = v;
         else if (OPT("-o") || OPT("--output")) o->out = v;
         else if (OPT("--batch")) o->batch = v;
+        else if (OPT("--where")) o->where = v;
+        else if (OPT("--var-where")) o->var_where = v;
         else if (OPT("--threads")) o->threads = (unsigned)strtoul(v, NULL, 10);
         else if (OPT("--stride")) o->stride = (uint32_t)strtoul(v, NULL, 10);
         else if (OPT("--cache-mb")) o->cache_mb = strtoll(v, NULL, 10);
@@ -247,7 +255,7 @@ static void decode_one(void *arg, size_t i)
 
 /* Runs one query and writes OUT.npz; returns 0 or 1 (error printed). */
 static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
-                      int major_axis, const char *out_path)
+                      int major_axis, const char *out_path, int h5ad)
 {
     iv_err_t err = {0};
     iv_query_t *q = NULL;
@@ -307,6 +315,16 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
             dp[b] = bl->data;
             dl[b] = (size_t)bl->nnz * iv_dtype_size(dt);
         }
+        if (h5ad) {
+            /* A standard AnnData file: CSR X plus the subset metadata. */
+            const iv_dataset_info_t *di = iv_dataset_info(ds);
+            int r = iv_cli_write_h5ad(di->path, out_path, nr, nc, di->n_rows, di->n_cols, indptr,
+                                      nnz, (size_t)nb, ip, il, isz, dp, dl, dt, obs, var, &err);
+            free(indptr); free(ip); free(dp); free(il); free(dl);
+            if (r < 0) goto report;
+            rc = 0;
+            goto report;
+        }
         FILE *f = fopen(out_path, "wb");
         int werr = !f;
         if (f) {
@@ -356,14 +374,32 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
         fprintf(stderr, "ivserve: error: export needs -o OUT\n");
         return 2;
     }
+    /* The output format comes from the extension; anything else is an
+     * error rather than a guess. */
+    int h5ad = 0;
+    if (!o->batch) {
+        const char *dot = strrchr(o->out, '.'), *slash = strrchr(o->out, '/');
+        if (dot && (!slash || dot > slash) && strcmp(dot, ".h5ad") == 0) h5ad = 1;
+        else if (!dot || (slash && dot < slash) || strcmp(dot, ".npz") != 0) {
+            fprintf(stderr, "ivserve: error: %s: unknown output extension (use .npz for "
+                    "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
+            return 1;
+        }
+        if (h5ad && o->major_axis) {
+            fprintf(stderr, "ivserve: error: .h5ad output is CSR by cells; drop --genes-major\n");
+            return 1;
+        }
+    }
     iv_dataset_t *ds;
     if (open_dataset(o, pool, &ds) < 0) return 1;
     int rc = 0;
     if (!o->batch) {
         iv_sel_t obs, var;
         int64_t *ob = NULL, *vb = NULL;
-        if (parse_sel(o->obs, "obs", &obs, &ob) < 0 || parse_sel(o->var, "var", &var, &vb) < 0) rc = 1;
-        else rc = export_one(ds, pool, &obs, &var, o->major_axis, o->out);
+        if (iv_cli_select(o->file, o->group, IV_AXIS_OBS, o->obs, o->where, &obs, &ob) < 0 ||
+            iv_cli_select(o->file, o->group, IV_AXIS_VAR, o->var, o->var_where, &var, &vb) < 0)
+            rc = 1;
+        else rc = export_one(ds, pool, &obs, &var, o->major_axis, o->out, h5ad);
         free(ob);
         free(vb);
     } else {
@@ -391,7 +427,7 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
             iv_sel_t obs, var;
             int64_t *ob = NULL, *vb = NULL;
             if (parse_sel(line, "obs", &obs, &ob) < 0 || parse_sel(tab + 1, "var", &var, &vb) < 0) rc = 1;
-            else rc = export_one(ds, pool, &obs, &var, o->major_axis, path);
+            else rc = export_one(ds, pool, &obs, &var, o->major_axis, path, 0);
             free(ob);
             free(vb);
             k++;
@@ -407,6 +443,7 @@ int iv_cli_main(int argc, char **argv)
 {
     struct cli_opts o;
     if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
+    if (strcmp(argv[1], "pack") == 0) return iv_cli_pack_main(argc, argv);
     if (parse_opts(argc, argv, &o) < 0) return usage();
     iv_pool_t *pool = NULL;
     unsigned threads = o.threads;

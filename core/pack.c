@@ -1,0 +1,1215 @@
+/*
+ * The packer (see pack.h).
+ *
+ * Three parts.  A source reads the input matrix in its own orientation as
+ * slabs of consecutive major slices (rows of CSR and dense, columns of
+ * CSC, the major axis of IVCSR/IVCSC), optionally keeping only the minor
+ * indices of a band.  An encoder turns output slices into the four arrays
+ * of the format, in parallel on the pool over the slices of a slab, and
+ * appends them in order to growing HDF5 arrays that compress their chunks
+ * on the pool as well.  A driver connects the two: straight through when
+ * the orientation is kept, or through counted bands when it changes.
+ *
+ * Encoding one slice: entries sorted by minor index (checked; sorted when
+ * they are not, and a repeated index is refused: a matrix cannot hold two
+ * values in one cell), then a stable radix sort by a key that orders
+ * values (floats by the usual sign-flip of their bits; all NaNs last), so
+ * each value group holds its indices ascending.  Groups are made of equal
+ * bit patterns, so -0.0 and 0.0 stay apart and every NaN is a group of its
+ * own with its payload: the packed file holds exactly the input's values.
+ */
+#include "pack.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "cursor.h"
+#include "h5matrix.h"
+#include "stream.h"
+#include "varint.h"
+
+#define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
+
+/* Entries read per slab: 4 Mi, 32 MB of indices plus the values. */
+#define SLAB_ENTRIES ((int64_t)1 << 22)
+/* The format's shape limit (the loader refuses larger). */
+#define MAX_DIM ((int64_t)1 << 40)
+/* Pointer and value arrays: chunks of 64 Ki elements. */
+#define PTR_CHUNK 65536
+
+void iv_pack_opts_init(iv_pack_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->orient = IV_IVCSR;
+    o->codec.kind = IV_H5W_ZSTD;
+    o->codec.level = 1;
+}
+
+/* ---- sources -------------------------------------------------------------- */
+
+enum src_kind { SRC_CSR, SRC_CSC, SRC_DENSE, SRC_IV };
+
+typedef struct slab {
+    int64_t first, n;         /* major slices [first, first + n) */
+    int64_t *ptr;             /* n + 1 entry offsets */
+    int64_t *idx;             /* minor index of each entry */
+    uint8_t *val;             /* value bytes of each entry */
+    size_t cap_slices, cap_entries;
+    uint8_t *dense;           /* dense sources: the hyperslab read */
+    size_t dense_cap;
+} slab_t;
+
+typedef struct src {
+    enum src_kind kind;
+    char where[1024];         /* "IN:/X" for messages */
+    int64_t n_rows, n_cols, n_major, n_minor;
+    iv_dtype_t vdt;
+    size_t esz;
+    int64_t nnz;              /* -1 when unknown (dense) */
+    hid_t file, didx, ddata, ddense;
+    int64_t *indptr;          /* sparse: n_major + 1 */
+    iv_h5matrix_t m;          /* IV */
+    iv_stream_t *stream;
+    iv_cursor_t cur;
+    int have_cursor;
+    int64_t next;             /* next slice of the pass */
+    int64_t band0, band1;
+    uint64_t bytes_read;
+} src_t;
+
+static void slab_free(slab_t *s)
+{
+    free(s->ptr);
+    free(s->idx);
+    free(s->val);
+    free(s->dense);
+    memset(s, 0, sizeof *s);
+}
+
+static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
+{
+    if ((size_t)slices + 1 > s->cap_slices) {
+        size_t cap = (size_t)slices + 1;
+        int64_t *p = realloc(s->ptr, cap * sizeof *p);
+        if (!p) return -1;
+        s->ptr = p;
+        s->cap_slices = cap;
+    }
+    if ((size_t)entries > s->cap_entries) {
+        size_t cap = (size_t)entries;
+        int64_t *i = realloc(s->idx, (cap ? cap : 1) * sizeof *i);
+        if (!i) return -1;
+        s->idx = i;
+        uint8_t *v = realloc(s->val, (cap ? cap : 1) * esz);
+        if (!v) return -1;
+        s->val = v;
+        s->cap_entries = cap;
+    }
+    return 0;
+}
+
+static void src_close(src_t *s)
+{
+    if (s->have_cursor) iv_cursor_done(&s->cur);
+    s->have_cursor = 0;
+    if (s->stream) iv_stream_destroy(s->stream);
+    s->stream = NULL;
+    iv_h5matrix_free(&s->m);
+    if (s->didx >= 0) H5Dclose(s->didx);
+    if (s->ddata >= 0) H5Dclose(s->ddata);
+    if (s->ddense >= 0) H5Dclose(s->ddense);
+    s->didx = s->ddata = s->ddense = -1;
+    free(s->indptr);
+    s->indptr = NULL;
+}
+
+/* A dataset access list with a chunk cache large enough that slab reads
+ * never decompress one input chunk twice. */
+static hid_t big_cache_dapl(void)
+{
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (dapl >= 0) H5Pset_chunk_cache(dapl, 12421, (size_t)64 << 20, 1.0);
+    return dapl;
+}
+
+static int open_1d(hid_t g, const char *where, const char *name, hid_t *d, int64_t *len,
+                   iv_err_t *err)
+{
+    if (H5Lexists(g, name, H5P_DEFAULT) <= 0)
+        return FAILF(IV_EBAD_FILE, "%s: dataset '%s' is missing", where, name);
+    hid_t dapl = big_cache_dapl();
+    *d = H5Dopen2(g, name, dapl);
+    if (dapl >= 0) H5Pclose(dapl);
+    if (*d < 0) return FAILF(IV_EBAD_FILE, "%s: '%s' is not a dataset", where, name);
+    hid_t sp = H5Dget_space(*d);
+    hsize_t dims[1];
+    int rank = H5Sget_simple_extent_ndims(sp);
+    if (rank == 1) H5Sget_simple_extent_dims(sp, dims, NULL);
+    H5Sclose(sp);
+    if (rank != 1) return FAILF(IV_EBAD_FILE, "%s/%s: expected a 1-D array, found rank %d", where, name, rank);
+    *len = (int64_t)dims[0];
+    return 0;
+}
+
+static int read_shape_attr(hid_t g, const char *name, int64_t shape[2])
+{
+    hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+    if (a < 0) return -1;
+    hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
+    int ok = H5Tget_class(t) == H5T_INTEGER && H5Sget_simple_extent_npoints(sp) == 2 &&
+             H5Aread(a, H5T_NATIVE_INT64, shape) >= 0;
+    H5Tclose(t);
+    H5Sclose(sp);
+    H5Aclose(a);
+    return ok ? 0 : -1;
+}
+
+static int check_shape(const char *where, int64_t r, int64_t c, iv_err_t *err)
+{
+    if (r < 0 || c < 0 || r > MAX_DIM || c > MAX_DIM)
+        return FAILF(IV_EUNSUPPORTED, "%s: shape (%" PRId64 ", %" PRId64 ") is past the format's "
+                     "limit of 2^40 rows or columns", where, r, c);
+    return 0;
+}
+
+static int open_sparse(src_t *s, hid_t g, int csc, iv_err_t *err)
+{
+    int64_t shape[2];
+    if (read_shape_attr(g, "shape", shape) < 0 && read_shape_attr(g, "h5sparse_shape", shape) < 0)
+        return FAILF(IV_EBAD_FILE, "%s: attribute 'shape' missing or not two integers", s->where);
+    IV_TRY(check_shape(s->where, shape[0], shape[1], err));
+    s->kind = csc ? SRC_CSC : SRC_CSR;
+    s->n_rows = shape[0];
+    s->n_cols = shape[1];
+    s->n_major = csc ? shape[1] : shape[0];
+    s->n_minor = csc ? shape[0] : shape[1];
+    int64_t n_ptr, n_idx, n_dat;
+    hid_t dptr;
+    IV_TRY(open_1d(g, s->where, "indptr", &dptr, &n_ptr, err));
+    int rc = 0;
+    hid_t t = H5Dget_type(dptr);
+    if (H5Tget_class(t) != H5T_INTEGER)
+        rc = FAILF(IV_EBAD_FILE, "%s/indptr: not an integer array", s->where);
+    else if (n_ptr != s->n_major + 1)
+        rc = FAILF(IV_EBAD_FILE, "%s/indptr has %" PRId64 " entries, expected %" PRId64, s->where,
+                   n_ptr, s->n_major + 1);
+    H5Tclose(t);
+    if (rc == 0 && !(s->indptr = malloc((size_t)n_ptr * sizeof(int64_t))))
+        rc = FAILF(IV_ENOMEM, "%s/indptr: out of memory", s->where);
+    if (rc == 0 && H5Dread(dptr, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->indptr) < 0)
+        rc = FAILF(IV_EBAD_FILE, "%s/indptr: read failed (truncated file or unsupported "
+                   "compression)", s->where);
+    H5Dclose(dptr);
+    IV_TRY(rc);
+    IV_TRY(open_1d(g, s->where, "indices", &s->didx, &n_idx, err));
+    IV_TRY(open_1d(g, s->where, "data", &s->ddata, &n_dat, err));
+    t = H5Dget_type(s->didx);
+    int idx_int = H5Tget_class(t) == H5T_INTEGER;
+    H5Tclose(t);
+    if (!idx_int) return FAILF(IV_EBAD_FILE, "%s/indices: not an integer array", s->where);
+    t = H5Dget_type(s->ddata);
+    int ok = iv_h5w_dtype_of(t, &s->vdt) == 0;
+    H5Tclose(t);
+    if (!ok)
+        return FAILF(IV_EUNSUPPORTED, "%s/data: element type is not an integer or float32/64 "
+                     "(bool, float16, complex and strings cannot be packed)", s->where);
+    s->esz = iv_dtype_size(s->vdt);
+    if (s->indptr[0] != 0)
+        return FAILF(IV_EBAD_FILE, "%s/indptr[0] is %" PRId64 ", not 0", s->where, s->indptr[0]);
+    for (int64_t i = 0; i < s->n_major; i++)
+        if (s->indptr[i + 1] < s->indptr[i])
+            return FAILF(IV_EBAD_FILE, "%s/indptr goes backwards at %" PRId64, s->where, i + 1);
+    s->nnz = s->indptr[s->n_major];
+    if (n_idx != s->nnz || n_dat != s->nnz)
+        return FAILF(IV_EBAD_FILE, "%s: indptr ends at %" PRId64 " but indices has %" PRId64
+                     " and data %" PRId64 " entries", s->where, s->nnz, n_idx, n_dat);
+    return 0;
+}
+
+static int open_dense(src_t *s, hid_t file, const char *path, iv_err_t *err)
+{
+    hid_t dapl = big_cache_dapl();
+    s->ddense = H5Dopen2(file, path, dapl);
+    if (dapl >= 0) H5Pclose(dapl);
+    if (s->ddense < 0) return FAILF(IV_EBAD_FILE, "%s: cannot open the dataset", s->where);
+    hid_t t = H5Dget_type(s->ddense), sp = H5Dget_space(s->ddense);
+    H5T_class_t cls = H5Tget_class(t);
+    int rank = H5Sget_simple_extent_ndims(sp);
+    hsize_t dims[2] = {0, 0};
+    if (rank == 2) H5Sget_simple_extent_dims(sp, dims, NULL);
+    int ok = iv_h5w_dtype_of(t, &s->vdt) == 0;
+    H5Sclose(sp);
+    H5Tclose(t);
+    if (cls == H5T_STRING)
+        return FAILF(IV_EUNSUPPORTED, "%s: a dense array of strings cannot be packed (only "
+                     "integers and floats)", s->where);
+    if (!ok)
+        return FAILF(IV_EUNSUPPORTED, "%s: dense element type is not an integer or float32/64 "
+                     "(bool, float16, compound and strings cannot be packed)", s->where);
+    if (rank != 2)
+        return FAILF(IV_EUNSUPPORTED, "%s: a dense matrix must be 2-D, found rank %d", s->where, rank);
+    IV_TRY(check_shape(s->where, (int64_t)dims[0], (int64_t)dims[1], err));
+    s->kind = SRC_DENSE;
+    s->esz = iv_dtype_size(s->vdt);
+    s->n_rows = s->n_major = (int64_t)dims[0];
+    s->n_cols = s->n_minor = (int64_t)dims[1];
+    s->nnz = -1;
+    return 0;
+}
+
+static int open_iv(src_t *s, const char *in_path, const char *group, iv_err_t *err)
+{
+    IV_TRY(iv_h5matrix_load(in_path, group, &s->m, err));
+    s->kind = SRC_IV;
+    s->n_rows = s->m.n_rows;
+    s->n_cols = s->m.n_cols;
+    s->n_major = s->m.n_major;
+    s->n_minor = s->m.n_minor;
+    s->vdt = s->m.value_dtype;
+    s->esz = iv_dtype_size(s->vdt);
+    s->nnz = s->m.nnz;
+    char label[1100];
+    snprintf(label, sizeof label, "%s/packed_indices", s->where);
+    s->m.stream.label = label;
+    /* A small cache: a pass reads the stream front to back once. */
+    int rc = iv_stream_create(&s->m.stream, (size_t)64 << 20, &s->stream, err);
+    memset(&s->m.stream, 0, sizeof s->m.stream); /* handed over, even on failure */
+    return rc;
+}
+
+/* Opens the matrix element `path` of the input. */
+static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
+                    iv_err_t *err)
+{
+    snprintf(s->where, sizeof s->where, "%s:/%s", in_path, path);
+    if (H5Lexists(file, path, H5P_DEFAULT) <= 0)
+        return FAILF(IV_EBAD_FILE, "%s: no such element in the input", s->where);
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(file, path, &oi, H5P_DEFAULT) < 0)
+        return FAILF(IV_EBAD_FILE, "%s: cannot read the object header (truncated file?)", s->where);
+    if (oi.type == H5O_TYPE_DATASET) return open_dense(s, file, path, err);
+    if (oi.type != H5O_TYPE_GROUP)
+        return FAILF(IV_EUNSUPPORTED, "%s: neither a group nor a dataset", s->where);
+    hid_t g = H5Gopen2(file, path, H5P_DEFAULT);
+    if (g < 0) return FAILF(IV_EBAD_FILE, "%s: cannot open the group", s->where);
+    char enc[64] = "";
+    if (iv_h5w_read_str_attr(g, "encoding-type", enc, sizeof enc) < 0)
+        iv_h5w_read_str_attr(g, "h5sparse_format", enc, sizeof enc); /* anndata 0.7 */
+    int rc;
+    if (strcmp(enc, "csr_matrix") == 0 || strcmp(enc, "csr") == 0) rc = open_sparse(s, g, 0, err);
+    else if (strcmp(enc, "csc_matrix") == 0 || strcmp(enc, "csc") == 0) rc = open_sparse(s, g, 1, err);
+    else if (strcmp(enc, "ivcsr") == 0 || strcmp(enc, "ivcsc") == 0) {
+        if (strchr(path, '/'))
+            rc = FAILF(IV_EUNSUPPORTED, "%s: an %s input must be a top-level group", s->where, enc);
+        else
+            rc = open_iv(s, in_path, path, err);
+    } else if (!enc[0])
+        rc = FAILF(IV_EUNSUPPORTED, "%s: group without an encoding-type attribute (not an "
+                   "anndata sparse matrix)", s->where);
+    else
+        rc = FAILF(IV_EUNSUPPORTED, "%s: unsupported encoding '%s' (pack reads csr_matrix, "
+                   "csc_matrix, ivcsr, ivcsc and dense arrays)", s->where, enc);
+    H5Gclose(g);
+    return rc;
+}
+
+static const char *src_kind_name(const src_t *s)
+{
+    switch (s->kind) {
+    case SRC_CSR: return "csr_matrix";
+    case SRC_CSC: return "csc_matrix";
+    case SRC_DENSE: return "dense";
+    default: return s->m.orient == IV_IVCSR ? "ivcsr" : "ivcsc";
+    }
+}
+
+static int src_begin(src_t *s, int64_t band0, int64_t band1, iv_err_t *err)
+{
+    s->next = 0;
+    s->band0 = band0;
+    s->band1 = band1;
+    if (s->kind == SRC_IV) {
+        if (!s->have_cursor) {
+            iv_cursor_init(&s->cur, s->stream);
+            s->have_cursor = 1;
+        }
+        IV_TRY(iv_cursor_seek(&s->cur, 0, err));
+    }
+    return 0;
+}
+
+/* Keeps the entries of [band0, band1) (sparse sources), rebuilding ptr. */
+static void slab_band(slab_t *sl, size_t esz, int64_t b0, int64_t b1)
+{
+    int64_t w = 0, start = 0;
+    for (int64_t i = 0; i < sl->n; i++) {
+        int64_t end = sl->ptr[i + 1];
+        for (int64_t e = start; e < end; e++) {
+            int64_t x = sl->idx[e];
+            if (x < b0 || x >= b1) continue;
+            sl->idx[w] = x;
+            if (w != e) memcpy(sl->val + (size_t)w * esz, sl->val + (size_t)e * esz, esz);
+            w++;
+        }
+        start = end;
+        sl->ptr[i + 1] = w;
+    }
+}
+
+static int next_sparse(src_t *s, slab_t *sl, iv_err_t *err)
+{
+    int64_t a = s->next, e = a;
+    while (e < s->n_major && (e == a || s->indptr[e + 1] - s->indptr[a] <= SLAB_ENTRIES)) e++;
+    int64_t n0 = s->indptr[a], n1 = s->indptr[e], n = n1 - n0;
+    if (slab_reserve(sl, e - a, n, s->esz) < 0) return FAILF(IV_ENOMEM, "%s: out of memory", s->where);
+    sl->first = a;
+    sl->n = e - a;
+    for (int64_t i = a; i <= e; i++) sl->ptr[i - a] = s->indptr[i] - n0;
+    if (n > 0) {
+        hsize_t off[1] = {(hsize_t)n0}, cnt[1] = {(hsize_t)n};
+        hid_t ms = H5Screate_simple(1, cnt, NULL);
+        hid_t fs = H5Dget_space(s->didx);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
+        herr_t r1 = H5Dread(s->didx, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, sl->idx);
+        H5Sclose(fs);
+        fs = H5Dget_space(s->ddata);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
+        herr_t r2 = r1 < 0 ? -1 : H5Dread(s->ddata, iv_h5w_native(s->vdt), ms, fs, H5P_DEFAULT, sl->val);
+        H5Sclose(fs);
+        H5Sclose(ms);
+        if (r1 < 0 || r2 < 0)
+            return FAILF(IV_EBAD_FILE, "%s/%s: read of entries %" PRId64 "..%" PRId64 " failed "
+                         "(truncated file or unsupported compression)", s->where,
+                         r1 < 0 ? "indices" : "data", n0, n1);
+        for (int64_t k = 0; k < n; k++)
+            if ((uint64_t)sl->idx[k] >= (uint64_t)s->n_minor) {
+                int64_t sl_i = a;
+                while (s->indptr[sl_i + 1] <= n0 + k) sl_i++;
+                return FAILF(IV_EBAD_FILE, "%s/indices[%" PRId64 "] = %" PRId64 " is outside 0..%"
+                             PRId64 " (%s %" PRId64 ")", s->where, n0 + k, sl->idx[k],
+                             s->n_minor - 1, s->kind == SRC_CSR ? "row" : "column", sl_i);
+            }
+    }
+    s->bytes_read += (uint64_t)n * (8 + s->esz);
+    if (s->band0 > 0 || s->band1 < s->n_minor) slab_band(sl, s->esz, s->band0, s->band1);
+    s->next = e;
+    return 0;
+}
+
+static int next_dense(src_t *s, slab_t *sl, iv_err_t *err)
+{
+    int64_t bw = s->band1 - s->band0;
+    int64_t rows = bw > 0 ? SLAB_ENTRIES / bw : SLAB_ENTRIES;
+    if (rows < 1) rows = 1;
+    if (rows > s->n_major - s->next) rows = s->n_major - s->next;
+    int64_t cells = rows * bw;
+    if (slab_reserve(sl, rows, cells, s->esz) < 0) return FAILF(IV_ENOMEM, "%s: out of memory", s->where);
+    size_t need = (size_t)(cells ? cells : 1) * s->esz;
+    if (sl->dense_cap < need) {
+        uint8_t *p = realloc(sl->dense, need);
+        if (!p) return FAILF(IV_ENOMEM, "%s: out of memory", s->where);
+        sl->dense = p;
+        sl->dense_cap = need;
+    }
+    sl->first = s->next;
+    sl->n = rows;
+    sl->ptr[0] = 0;
+    if (cells > 0) {
+        hsize_t off[2] = {(hsize_t)s->next, (hsize_t)s->band0}, cnt[2] = {(hsize_t)rows, (hsize_t)bw};
+        hid_t ms = H5Screate_simple(2, cnt, NULL), fs = H5Dget_space(s->ddense);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
+        herr_t r = H5Dread(s->ddense, iv_h5w_native(s->vdt), ms, fs, H5P_DEFAULT, sl->dense);
+        H5Sclose(fs);
+        H5Sclose(ms);
+        if (r < 0)
+            return FAILF(IV_EBAD_FILE, "%s: read of rows %" PRId64 "..%" PRId64 " failed "
+                         "(truncated file or unsupported compression)", s->where, s->next,
+                         s->next + rows);
+    }
+    /* An entry is stored unless all its bits are zero: -0.0 is kept, so
+     * that the packed matrix densifies to exactly the input. */
+    int64_t w = 0;
+    size_t esz = s->esz;
+    static const uint8_t zero[8];
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = sl->dense + (size_t)(r * bw) * esz;
+        for (int64_t j = 0; j < bw; j++) {
+            const uint8_t *v = row + (size_t)j * esz;
+            if (memcmp(v, zero, esz) == 0) continue;
+            sl->idx[w] = s->band0 + j;
+            memcpy(sl->val + (size_t)w * esz, v, esz);
+            w++;
+        }
+        sl->ptr[r + 1] = w;
+    }
+    s->bytes_read += (uint64_t)cells * esz;
+    s->next += rows;
+    return 0;
+}
+
+static int next_iv(src_t *s, slab_t *sl, iv_err_t *err)
+{
+    const int64_t *mp = s->m.major_ptr, *vp = s->m.value_ptr;
+    int64_t a = s->next, e = a;
+    while (e < s->n_major && (e == a || vp[mp[e + 1]] - vp[mp[a]] <= SLAB_ENTRIES)) e++;
+    int64_t n = vp[mp[e]] - vp[mp[a]];
+    if (slab_reserve(sl, e - a, n, s->esz) < 0) return FAILF(IV_ENOMEM, "%s: out of memory", s->where);
+    sl->first = a;
+    sl->n = e - a;
+    sl->ptr[0] = 0;
+    int64_t w = 0;
+    const uint8_t *values = s->m.values;
+    int banded = s->band0 > 0 || s->band1 < s->n_minor;
+    for (int64_t i = a; i < e; i++) {
+        for (int64_t g = mp[i]; g < mp[i + 1]; g++) {
+            int64_t cnt = vp[g + 1] - vp[g];
+            uint64_t prev = UINT64_MAX; /* -1: the first index is d0 */
+            for (int64_t k = 0; k < cnt; k++) {
+                uint64_t d;
+                IV_TRY(iv_cursor_read(&s->cur, &d, err));
+                uint64_t x = prev + 1 + d;
+                if (d >= (uint64_t)s->n_minor || x >= (uint64_t)s->n_minor || x < prev + 1)
+                    return FAILF(IV_EBAD_FILE, "%s/packed_indices: slice %" PRId64 " holds an "
+                                 "index >= n_minor (%" PRId64 ")", s->where, i, s->n_minor);
+                prev = x;
+                if (banded && ((int64_t)x < s->band0 || (int64_t)x >= s->band1)) continue;
+                sl->idx[w] = (int64_t)x;
+                memcpy(sl->val + (size_t)w * s->esz, values + (size_t)g * s->esz, s->esz);
+                w++;
+            }
+        }
+        sl->ptr[i - a + 1] = w;
+    }
+    s->bytes_read += (uint64_t)n * (8 + s->esz);
+    s->next = e;
+    if (e == s->n_major && iv_cursor_tell(&s->cur) != iv_stream_length(s->stream))
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: %" PRIu64 " bytes follow the last of the "
+                     "%" PRId64 " varints value_ptr promises", s->where,
+                     iv_stream_length(s->stream) - iv_cursor_tell(&s->cur), s->nnz);
+    return 0;
+}
+
+/* Reads the next slab of the pass; 1 = got one, 0 = pass over. */
+static int src_next(src_t *s, slab_t *sl, iv_err_t *err)
+{
+    if (s->next >= s->n_major) return 0;
+    switch (s->kind) {
+    case SRC_CSR: case SRC_CSC: IV_TRY(next_sparse(s, sl, err)); break;
+    case SRC_DENSE: IV_TRY(next_dense(s, sl, err)); break;
+    default: IV_TRY(next_iv(s, sl, err)); break;
+    }
+    return 1;
+}
+
+/* ---- encoding ------------------------------------------------------------- */
+
+typedef struct rec {
+    uint64_t key, pos;
+} rec_t;
+
+/* Stable LSD radix sort of n records by key, over the key bytes that
+ * differ at all (counts take one or two passes). */
+static void radix_sort(rec_t *a, rec_t *tmp, size_t n)
+{
+    if (n < 2) return;
+    if (n <= 24) {
+        for (size_t i = 1; i < n; i++) {
+            rec_t x = a[i];
+            size_t j = i;
+            while (j > 0 && a[j - 1].key > x.key) {
+                a[j] = a[j - 1];
+                j--;
+            }
+            a[j] = x;
+        }
+        return;
+    }
+    uint64_t diff = 0, k0 = a[0].key;
+    for (size_t i = 1; i < n; i++) diff |= a[i].key ^ k0;
+    rec_t *src = a, *dst = tmp;
+    for (int b = 0; b < 8; b++) {
+        unsigned sh = 8u * (unsigned)b;
+        if (((diff >> sh) & 0xff) == 0) continue;
+        size_t cnt[256] = {0};
+        for (size_t i = 0; i < n; i++) cnt[(src[i].key >> sh) & 0xff]++;
+        size_t sum = 0;
+        for (int v = 0; v < 256; v++) {
+            size_t c = cnt[v];
+            cnt[v] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) dst[cnt[(src[i].key >> sh) & 0xff]++] = src[i];
+        rec_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, n * sizeof *a);
+}
+
+#define NAN_KEY UINT64_MAX
+
+/* Sort key of a value: the order of the numbers; float NaNs get NAN_KEY
+ * (the walk makes each a group of one; integer keys may equal it). */
+static uint64_t value_key(iv_dtype_t t, const uint8_t *v)
+{
+    switch (t) {
+    case IV_DT_INT8: { int8_t x; memcpy(&x, v, 1); return (uint64_t)(int64_t)x ^ (1ull << 63); }
+    case IV_DT_INT16: { int16_t x; memcpy(&x, v, 2); return (uint64_t)(int64_t)x ^ (1ull << 63); }
+    case IV_DT_INT32: { int32_t x; memcpy(&x, v, 4); return (uint64_t)(int64_t)x ^ (1ull << 63); }
+    case IV_DT_INT64: { int64_t x; memcpy(&x, v, 8); return (uint64_t)x ^ (1ull << 63); }
+    case IV_DT_UINT8: return v[0];
+    case IV_DT_UINT16: { uint16_t x; memcpy(&x, v, 2); return x; }
+    case IV_DT_UINT32: { uint32_t x; memcpy(&x, v, 4); return x; }
+    case IV_DT_UINT64: { uint64_t x; memcpy(&x, v, 8); return x; }
+    case IV_DT_FLOAT32: {
+        uint32_t b;
+        memcpy(&b, v, 4);
+        if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu)) return NAN_KEY;
+        return (b & 0x80000000u) ? (uint64_t)(~b) : (uint64_t)(b | 0x80000000u);
+    }
+    default: {
+        uint64_t b;
+        memcpy(&b, v, 8);
+        if ((b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (b & 0x000fffffffffffffull))
+            return NAN_KEY;
+        /* Numbers map to at most 0xfff0...0 (+inf), below NAN_KEY. */
+        return (b & (1ull << 63)) ? ~b : (b | (1ull << 63));
+    }
+    }
+}
+
+/* Output of one part of a slab, encoded by one thread. */
+typedef struct part {
+    int64_t s0, s1;           /* slab-local slices */
+    int64_t *groups;          /* per slice: groups in it */
+    uint8_t *values;          /* group values */
+    int64_t *vend;            /* per group: entries up to its end, part-relative */
+    uint8_t *packed;
+    size_t n_groups, cap_groups, n_packed, cap_packed;
+    size_t cap_slices;
+    int64_t nnz;
+    rec_t *rec, *tmp;
+    int64_t *sidx;
+    uint8_t *sval;
+    size_t cap_rec;
+    int rc;
+    iv_err_t err;
+} part_t;
+
+typedef struct encoder {
+    iv_orient_t orient;       /* output */
+    int64_t n_major, n_minor; /* output */
+    iv_dtype_t vdt;
+    size_t esz;
+    const char *where;        /* input, for messages */
+    iv_h5w_array_t *values, *vptr, *packed;
+    int64_t *major_ptr;
+    int64_t done;             /* output slices encoded */
+    int64_t n_groups, nnz;
+    part_t *parts;
+    unsigned n_parts;
+    /* the slab being encoded */
+    const slab_t *sl;
+    int64_t slab_first;       /* output slice of sl's slice 0 */
+} encoder_t;
+
+static void part_free(part_t *p)
+{
+    free(p->groups);
+    free(p->values);
+    free(p->vend);
+    free(p->packed);
+    free(p->rec);
+    free(p->tmp);
+    free(p->sidx);
+    free(p->sval);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 256;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* Encodes one output slice of n entries into part p. */
+static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *idx,
+                        const uint8_t *val, int64_t n)
+{
+    iv_err_t *err = &p->err;
+    size_t esz = en->esz;
+    size_t un = (size_t)n;
+    int is_float = en->vdt == IV_DT_FLOAT32 || en->vdt == IV_DT_FLOAT64;
+    if (n == 0) {
+        p->groups[slice - en->slab_first - p->s0] = 0;
+        return 0;
+    }
+    if (un > p->cap_rec) {
+        /* rec, tmp and the sorted copies share one capacity. */
+        size_t cap = p->cap_rec ? p->cap_rec : 256;
+        while (cap < un) cap *= 2;
+        rec_t *r = realloc(p->rec, cap * sizeof *r);
+        if (!r) goto nomem;
+        p->rec = r;
+        rec_t *t = realloc(p->tmp, cap * sizeof *t);
+        if (!t) goto nomem;
+        p->tmp = t;
+        int64_t *si = realloc(p->sidx, cap * sizeof *si);
+        if (!si) goto nomem;
+        p->sidx = si;
+        uint8_t *sv = realloc(p->sval, cap * esz);
+        if (!sv) goto nomem;
+        p->sval = sv;
+        p->cap_rec = cap;
+    }
+    int sorted = 1;
+    for (int64_t i = 1; i < n; i++)
+        if (idx[i] <= idx[i - 1]) {
+            sorted = 0;
+            break;
+        }
+    if (!sorted) {
+        for (size_t i = 0; i < un; i++) {
+            p->rec[i].key = (uint64_t)idx[i];
+            p->rec[i].pos = i;
+        }
+        radix_sort(p->rec, p->tmp, un);
+        for (size_t i = 0; i < un; i++) {
+            p->sidx[i] = idx[p->rec[i].pos];
+            memcpy(p->sval + i * esz, val + p->rec[i].pos * esz, esz);
+        }
+        idx = p->sidx;
+        val = p->sval;
+    }
+    for (int64_t i = 1; i < n; i++)
+        if (idx[i] == idx[i - 1]) {
+            int64_t r = en->orient == IV_IVCSR ? slice : idx[i];
+            int64_t c = en->orient == IV_IVCSR ? idx[i] : slice;
+            return iv_fail(err, IV_EBAD_FILE, "%s: entry (row %" PRId64 ", column %" PRId64 ") is "
+                           "stored twice; a packed matrix holds one value per cell (sum or drop "
+                           "the duplicates first)", en->where, r, c);
+        }
+    for (size_t i = 0; i < un; i++) {
+        p->rec[i].key = value_key(en->vdt, val + i * esz);
+        p->rec[i].pos = i;
+    }
+    radix_sort(p->rec, p->tmp, un);
+    if (grow((void **)&p->packed, &p->cap_packed, p->n_packed + un * IV_VARINT_MAX, 1) < 0) goto nomem;
+    int64_t groups = 0;
+    size_t i = 0;
+    while (i < un) {
+        size_t j = i + 1;
+        uint64_t k = p->rec[i].key;
+        if (!is_float || k != NAN_KEY)
+            while (j < un && p->rec[j].key == k) j++;
+        if (p->n_groups == p->cap_groups) {
+            /* values and vend grow together. */
+            size_t c = p->cap_groups ? 2 * p->cap_groups : 256;
+            uint8_t *nv = realloc(p->values, c * esz);
+            if (!nv) goto nomem;
+            p->values = nv;
+            int64_t *ne = realloc(p->vend, c * sizeof *ne);
+            if (!ne) goto nomem;
+            p->vend = ne;
+            p->cap_groups = c;
+        }
+        memcpy(p->values + p->n_groups * esz, val + p->rec[i].pos * esz, esz);
+        int64_t prev = -1;
+        uint8_t *out = p->packed + p->n_packed;
+        for (size_t q = i; q < j; q++) {
+            int64_t x = idx[p->rec[q].pos];
+            out += iv_varint_write((uint64_t)(x - prev - 1), out);
+            prev = x;
+        }
+        p->n_packed = (size_t)(out - p->packed);
+        p->nnz += (int64_t)(j - i);
+        p->vend[p->n_groups++] = p->nnz;
+        groups++;
+        i = j;
+    }
+    p->groups[slice - en->slab_first - p->s0] = groups;
+    return 0;
+nomem:
+    return iv_fail(err, IV_ENOMEM, "out of memory encoding slice %" PRId64, slice);
+}
+
+static void encode_part(void *arg, size_t k)
+{
+    encoder_t *en = arg;
+    part_t *p = &en->parts[k];
+    const slab_t *sl = en->sl;
+    p->n_groups = p->n_packed = 0;
+    p->nnz = 0;
+    p->rc = 0;
+    size_t ns = (size_t)(p->s1 - p->s0);
+    if (grow((void **)&p->groups, &p->cap_slices, ns ? ns : 1, sizeof(int64_t)) < 0) {
+        p->rc = iv_fail(&p->err, IV_ENOMEM, "out of memory");
+        return;
+    }
+    for (int64_t s = p->s0; s < p->s1 && p->rc == 0; s++) {
+        int64_t a = sl->ptr[s], b = sl->ptr[s + 1];
+        p->rc = encode_slice(en, p, en->slab_first + s, sl->idx + a, sl->val + (size_t)a * en->esz,
+                             b - a);
+    }
+}
+
+/* Encodes output slices [slab_first, slab_first + sl->n) from sl. */
+static int encode_slab(encoder_t *en, iv_pool_t *pool, const slab_t *sl, iv_err_t *err)
+{
+    en->sl = sl;
+    en->slab_first = en->done;
+    /* Split the slab into parts of about equal entries. */
+    int64_t total = sl->ptr[sl->n];
+    unsigned np = en->n_parts;
+    if ((int64_t)np > sl->n) np = (unsigned)(sl->n ? sl->n : 1);
+    int64_t s = 0;
+    for (unsigned k = 0; k < np; k++) {
+        part_t *p = &en->parts[k];
+        p->s0 = s;
+        if (k + 1 == np) {
+            s = sl->n;
+        } else {
+            int64_t want = total / (int64_t)np * (int64_t)(k + 1);
+            while (s < sl->n && sl->ptr[s + 1] <= want) s++;
+        }
+        p->s1 = s;
+    }
+    iv_pool_parallel_for(pool, np, 0, encode_part, en);
+    for (unsigned k = 0; k < np; k++)
+        if (en->parts[k].rc < 0) return iv_fail(err, en->parts[k].rc, "%s", en->parts[k].err.msg);
+    /* Append the parts in order, making their pointers global. */
+    for (unsigned k = 0; k < np; k++) {
+        part_t *p = &en->parts[k];
+        for (int64_t q = p->s0; q < p->s1; q++) {
+            int64_t out = en->slab_first + q;
+            en->n_groups += p->groups[q - p->s0];
+            en->major_ptr[out + 1] = en->n_groups;
+        }
+        for (size_t g = 0; g < p->n_groups; g++) p->vend[g] += en->nnz;
+        en->nnz += p->nnz;
+        IV_TRY(iv_h5w_array_append(en->values, p->values, p->n_groups, err));
+        IV_TRY(iv_h5w_array_append(en->vptr, p->vend, p->n_groups, err));
+        IV_TRY(iv_h5w_array_append(en->packed, p->packed, p->n_packed, err));
+    }
+    en->done += sl->n;
+    return 0;
+}
+
+/* ---- driver --------------------------------------------------------------- */
+
+typedef struct progress {
+    const iv_pack_opts_t *o;
+    src_t *src;
+    encoder_t *en;
+    int pass, n_passes;
+    uint64_t bytes_before;
+} progress_t;
+
+static void report(progress_t *pr)
+{
+    if (!pr->o->progress) return;
+    iv_pack_progress_t p;
+    double in_pass = pr->src->n_major ? (double)pr->src->next / (double)pr->src->n_major : 1.0;
+    p.fraction = ((double)(pr->pass - 1) + in_pass) / (double)pr->n_passes;
+    p.slices_done = pr->en->done;
+    p.n_slices = pr->en->n_major;
+    p.bytes_read = pr->src->bytes_read;
+    p.pass = pr->pass;
+    p.n_passes = pr->n_passes;
+    pr->o->progress(pr->o->progress_ctx, &p);
+}
+
+/* Output orientation equals the input's: slabs go straight through. */
+static int run_direct(src_t *s, encoder_t *en, const iv_pack_opts_t *o, iv_err_t *err)
+{
+    slab_t sl = {0};
+    progress_t pr = {o, s, en, 1, 1, 0};
+    int rc = src_begin(s, 0, s->n_minor, err);
+    while (rc == 0) {
+        int got = src_next(s, &sl, err);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        rc = encode_slab(en, o->pool, &sl, err);
+        report(&pr);
+    }
+    slab_free(&sl);
+    return rc;
+}
+
+/* Output orientation differs: count, then fill bands under the budget. */
+static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
+                         iv_err_t *err)
+{
+    int64_t nt = en->n_major; /* output slices = the input's minor axis */
+    size_t entry = sizeof(int64_t) + en->esz;
+    size_t budget = o->memory_budget ? o->memory_budget : ((size_t)2 << 30);
+    int64_t *counts = calloc((size_t)(nt ? nt : 1), sizeof *counts);
+    int64_t *fill = NULL;
+    slab_t sl = {0}, band = {0};
+    int rc = 0;
+    if (!counts) return FAILF(IV_ENOMEM, "out of memory for %" PRId64 " counters", nt);
+    /* Pass 1: entries per output slice. */
+    progress_t pr = {o, s, en, 1, 2, 0};
+    if ((rc = src_begin(s, 0, s->n_minor, err)) < 0) goto done;
+    for (;;) {
+        int got = src_next(s, &sl, err);
+        if (got < 0) { rc = got; goto done; }
+        if (!got) break;
+        int64_t n = sl.ptr[sl.n];
+        for (int64_t e = 0; e < n; e++) counts[sl.idx[e]]++;
+        report(&pr);
+    }
+    /* The bands: as many output slices as fit the budget (at least one). */
+    int n_bands = 0;
+    for (int64_t t = 0; t < nt;) {
+        uint64_t bytes = 0;
+        int64_t u = t;
+        while (u < nt && (u == t || bytes + (uint64_t)counts[u] * entry <= budget))
+            bytes += (uint64_t)counts[u++] * entry;
+        n_bands++;
+        t = u;
+    }
+    if (nt == 0) n_bands = 0;
+    pr.n_passes = 1 + n_bands;
+    *n_passes = pr.n_passes;
+    fill = malloc((size_t)(nt ? nt : 1) * sizeof *fill);
+    if (!fill) { rc = FAILF(IV_ENOMEM, "out of memory"); goto done; }
+    for (int64_t t0 = 0; t0 < nt;) {
+        int64_t t1 = t0, n = 0;
+        while (t1 < nt && (t1 == t0 || (uint64_t)(n + counts[t1]) * entry <= budget)) n += counts[t1++];
+        if (slab_reserve(&band, t1 - t0, n, en->esz) < 0) { rc = FAILF(IV_ENOMEM, "out of memory for a band of %" PRId64 " entries", n); goto done; }
+        band.first = t0;
+        band.n = t1 - t0;
+        band.ptr[0] = 0;
+        for (int64_t t = t0; t < t1; t++) {
+            fill[t] = band.ptr[t - t0];
+            band.ptr[t - t0 + 1] = band.ptr[t - t0] + counts[t];
+        }
+        pr.pass++;
+        if ((rc = src_begin(s, t0, t1, err)) < 0) goto done;
+        for (;;) {
+            int got = src_next(s, &sl, err);
+            if (got < 0) { rc = got; goto done; }
+            if (!got) break;
+            for (int64_t i = 0; i < sl.n; i++) {
+                int64_t major = sl.first + i;
+                for (int64_t e = sl.ptr[i]; e < sl.ptr[i + 1]; e++) {
+                    int64_t pos = fill[sl.idx[e]]++;
+                    band.idx[pos] = major;
+                    memcpy(band.val + (size_t)pos * en->esz, sl.val + (size_t)e * en->esz, en->esz);
+                }
+            }
+            report(&pr);
+        }
+        for (int64_t t = t0; t < t1; t++)
+            if (fill[t] != band.ptr[t - t0 + 1]) {
+                rc = FAILF(IV_EBAD_FILE, "%s: the input changed between passes", s->where);
+                goto done;
+            }
+        if ((rc = encode_slab(en, o->pool, &band, err)) < 0) goto done;
+        report(&pr);
+        t0 = t1;
+    }
+done:
+    slab_free(&sl);
+    slab_free(&band);
+    free(counts);
+    free(fill);
+    return rc;
+}
+
+/* ---- copying the rest ----------------------------------------------------- */
+
+typedef struct copy_ctx {
+    hid_t dst;
+    const char *skip[8];
+    size_t n_skip;
+    const char *layer;        /* copy "layers" without this child */
+    const char *replaced;     /* the matrix packed in place: not reported */
+    char *dropped;
+    size_t dropped_cap;
+    int rc;
+    char what[600];
+} copy_ctx_t;
+
+static void add_dropped(copy_ctx_t *c, const char *name)
+{
+    size_t n = strlen(c->dropped);
+    snprintf(c->dropped + n, c->dropped_cap - n, "%s%s", n ? ", " : "", name);
+}
+
+static int copy_group_except(hid_t src, const char *name, hid_t dst, const char *except)
+{
+    hid_t sg = H5Gopen2(src, name, H5P_DEFAULT);
+    if (sg < 0) return -1;
+    hid_t gcpl = H5Gget_create_plist(sg);
+    hid_t dg = H5Gcreate2(dst, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    int rc = dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0 ? -1 : 0;
+    H5G_info_t gi;
+    if (rc == 0 && H5Gget_info(sg, &gi) < 0) rc = -1;
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
+        char child[1024];
+        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child,
+                               H5P_DEFAULT) < 0)
+            rc = -1;
+        else if (strcmp(child, except) != 0 && iv_h5w_copy_object(sg, child, dg, child) < 0)
+            rc = -1;
+    }
+    if (dg >= 0) H5Gclose(dg);
+    if (gcpl >= 0) H5Pclose(gcpl);
+    H5Gclose(sg);
+    return rc;
+}
+
+static herr_t copy_root_cb(hid_t src, const char *name, const H5L_info_t *info, void *arg)
+{
+    (void)info;
+    copy_ctx_t *c = arg;
+    for (size_t i = 0; i < c->n_skip; i++)
+        if (strcmp(name, c->skip[i]) == 0) {
+            if (!c->replaced || strcmp(name, c->replaced) != 0) add_dropped(c, name);
+            return 0;
+        }
+    int rc;
+    if (c->layer && strcmp(name, "layers") == 0) rc = copy_group_except(src, name, c->dst, c->layer);
+    else rc = iv_h5w_copy_object(src, name, c->dst, name);
+    if (rc < 0) {
+        snprintf(c->what, sizeof c->what, "%s", name);
+        c->rc = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the whole job -------------------------------------------------------- */
+
+static const char *indices_dtype_name(int64_t n_minor)
+{
+    if (n_minor <= INT16_MAX) return "int16";
+    if (n_minor <= INT32_MAX) return "int32";
+    return "int64";
+}
+
+static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack_opts_t *o,
+                        iv_pack_report_t *rep, iv_err_t *err)
+{
+    const char *gname = o->group && *o->group ? o->group : "X";
+    char label[1200];
+    snprintf(label, sizeof label, "%s:/%s", out_path, gname);
+    encoder_t en;
+    memset(&en, 0, sizeof en);
+    en.orient = o->orient;
+    en.n_major = o->orient == IV_IVCSR ? s->n_rows : s->n_cols;
+    en.n_minor = o->orient == IV_IVCSR ? s->n_cols : s->n_rows;
+    en.vdt = s->vdt;
+    en.esz = s->esz;
+    en.where = s->where;
+    unsigned threads = o->pool ? iv_pool_threads(o->pool) + 1 : 1;
+    en.n_parts = threads * 4;
+    int rc = 0, n_passes = 1;
+    hid_t g = -1;
+    iv_h5w_array_t *mp = NULL;
+    en.parts = calloc(en.n_parts, sizeof *en.parts);
+    en.major_ptr = calloc((size_t)en.n_major + 1, sizeof *en.major_ptr);
+    if (!en.parts || !en.major_ptr) { rc = FAILF(IV_ENOMEM, "out of memory"); goto done; }
+    if ((g = H5Gcreate2(out, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
+        rc = FAILF(IV_EIO, "%s: cannot create the group", label);
+        goto done;
+    }
+    int64_t shape[2] = {s->n_rows, s->n_cols};
+    if (iv_h5w_attr_encoding(g, o->orient == IV_IVCSR ? "ivcsr" : "ivcsc", "0.1.0") < 0 ||
+        iv_h5w_attr_i64(g, "shape", shape, 2) < 0 ||
+        iv_h5w_attr_str(g, "indices_dtype", indices_dtype_name(en.n_minor)) < 0) {
+        rc = FAILF(IV_EIO, "%s: cannot write attributes", label);
+        goto done;
+    }
+    /* Chunks no longer than the array can get, so that small matrices do
+     * not carry a mostly padded chunk (it matters for codec none). */
+    uint64_t nnz_bound = s->nnz >= 0 ? (uint64_t)s->nnz : (uint64_t)s->n_rows * (uint64_t)s->n_cols;
+    uint64_t pchunk = o->chunk_bytes ? o->chunk_bytes : IV_PACK_DEFAULT_CHUNK;
+    if (pchunk > nnz_bound * IV_VARINT_MAX) pchunk = nnz_bound * IV_VARINT_MAX;
+    uint64_t vchunk = PTR_CHUNK < nnz_bound + 1 ? PTR_CHUNK : nnz_bound + 1;
+    if (pchunk == 0) pchunk = 1;
+    if ((rc = iv_h5w_array_create(g, "values", s->vdt, vchunk ? vchunk : 1, &o->codec, o->pool, 0,
+                                  label, &en.values, err)) < 0 ||
+        (rc = iv_h5w_array_create(g, "value_ptr", IV_DT_INT64, vchunk ? vchunk : 1, &o->codec,
+                                  o->pool, 0, label, &en.vptr, err)) < 0 ||
+        (rc = iv_h5w_array_create(g, "packed_indices", IV_DT_UINT8, pchunk, &o->codec, o->pool, 0,
+                                  label, &en.packed, err)) < 0)
+        goto done;
+    int64_t zero = 0;
+    if ((rc = iv_h5w_array_append(en.vptr, &zero, 1, err)) < 0) goto done;
+    int same = (s->kind == SRC_CSR || s->kind == SRC_DENSE || (s->kind == SRC_IV && s->m.orient == IV_IVCSR))
+                   ? o->orient == IV_IVCSR
+                   : o->orient == IV_IVCSC;
+    rc = same ? run_direct(s, &en, o, err) : run_transpose(s, &en, o, &n_passes, err);
+    if (rc < 0) goto done;
+    if (en.done != en.n_major) {
+        rc = FAILF(IV_EINTERNAL, "%s: %" PRId64 " of %" PRId64 " slices written", label, en.done, en.n_major);
+        goto done;
+    }
+    uint64_t mchunk = (uint64_t)en.n_major + 1 < PTR_CHUNK ? (uint64_t)en.n_major + 1 : PTR_CHUNK;
+    if ((rc = iv_h5w_array_create(g, "major_ptr", IV_DT_INT64, mchunk, &o->codec, o->pool, 0, label,
+                                  &mp, err)) < 0 ||
+        (rc = iv_h5w_array_append(mp, en.major_ptr, (uint64_t)en.n_major + 1, err)) < 0 ||
+        (rc = iv_h5w_array_finish(mp, err)) < 0 ||
+        (rc = iv_h5w_array_finish(en.values, err)) < 0 ||
+        (rc = iv_h5w_array_finish(en.vptr, err)) < 0 ||
+        (rc = iv_h5w_array_finish(en.packed, err)) < 0)
+        goto done;
+    rep->n_rows = s->n_rows;
+    rep->n_cols = s->n_cols;
+    rep->nnz = en.nnz;
+    rep->n_unique = en.n_groups;
+    rep->dtype = s->vdt;
+    rep->stream_bytes = iv_h5w_array_length(en.packed);
+    rep->stored_bytes = iv_h5w_array_stored(en.packed) + iv_h5w_array_stored(en.values) +
+                        iv_h5w_array_stored(en.vptr) + iv_h5w_array_stored(mp);
+    rep->input_bytes = s->bytes_read;
+    rep->n_passes = n_passes;
+done:
+    iv_h5w_array_free(mp);
+    iv_h5w_array_free(en.values);
+    iv_h5w_array_free(en.vptr);
+    iv_h5w_array_free(en.packed);
+    if (g >= 0) H5Gclose(g);
+    if (en.parts)
+        for (unsigned k = 0; k < en.n_parts; k++) part_free(&en.parts[k]);
+    free(en.parts);
+    free(en.major_ptr);
+    return rc;
+}
+
+int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
+                 iv_pack_report_t *rep, iv_err_t *err)
+{
+    iv_pack_report_t local;
+    if (!rep) rep = &local;
+    memset(rep, 0, sizeof *rep);
+    const char *matrix = o->matrix && *o->matrix ? o->matrix : "X";
+    const char *gname = o->group && *o->group ? o->group : "X";
+    if (strchr(gname, '/'))
+        return FAILF(IV_EINVALID_ARG, "output group '%s' must be a top-level name", gname);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+
+    /* The output's folder must exist: say so before reading anything. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", out_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        if (slash == dir) slash[1] = '\0';
+        else *slash = '\0';
+    } else {
+        snprintf(dir, sizeof dir, ".");
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return FAILF(IV_EIO, "%s: cannot write: folder '%s' does not exist", out_path, dir);
+
+    htri_t is = H5Fis_hdf5(in_path);
+    if (is <= 0) {
+        if (access(in_path, R_OK) != 0)
+            return FAILF(IV_EIO, "%s: cannot open: %s", in_path, strerror(errno));
+        return FAILF(IV_EBAD_FILE, "%s: not an HDF5 file", in_path);
+    }
+    hid_t in = H5Fopen(in_path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file (truncated?)", in_path);
+
+    src_t s;
+    memset(&s, 0, sizeof s);
+    s.didx = s.ddata = s.ddense = -1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
+    hid_t out = -1, rin = -1, rout = -1;
+    int rc = src_open(&s, in, in_path, matrix, err);
+    if (rc < 0) goto fail;
+    snprintf(rep->input_kind, sizeof rep->input_kind, "%s", src_kind_name(&s));
+
+    if ((out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
+        rc = FAILF(IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    rin = H5Gopen2(in, "/", H5P_DEFAULT);
+    rout = H5Gopen2(out, "/", H5P_DEFAULT);
+    if (rin < 0 || rout < 0 || iv_h5w_copy_attrs(rin, rout) < 0) {
+        rc = FAILF(IV_EIO, "%s: cannot copy the root attributes", in_path);
+        goto fail;
+    }
+    /* Everything else of the input, except the matrix packed and what
+     * the output group replaces. */
+    copy_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.dst = out;
+    c.dropped = rep->dropped;
+    c.dropped_cap = sizeof rep->dropped;
+    c.skip[c.n_skip++] = gname;
+    int raw = strcmp(matrix, "raw/X") == 0;
+    if (!strchr(matrix, '/')) c.skip[c.n_skip++] = matrix;
+    if (strcmp(matrix, gname) == 0) c.replaced = gname;
+    else if (strncmp(matrix, "layers/", 7) == 0 && !strchr(matrix + 7, '/')) c.layer = matrix + 7;
+    if (raw) {
+        /* raw/X has raw/var's genes: the output takes raw's var and varm,
+         * and leaves out what describes the other gene set. */
+        static const char *const other[] = {"var", "varm", "varp", "layers", "raw"};
+        for (size_t i = 0; i < sizeof other / sizeof *other; i++) c.skip[c.n_skip++] = other[i];
+    }
+    hsize_t idx = 0;
+    if (H5Literate(in, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_root_cb, &c) < 0 || c.rc < 0) {
+        rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element (truncated file?)", in_path,
+                   c.what[0] ? c.what : "?");
+        goto fail;
+    }
+    if (raw) {
+        if (H5Lexists(in, "raw/var", H5P_DEFAULT) > 0 &&
+            iv_h5w_copy_object(in, "raw/var", out, "var") < 0) {
+            rc = FAILF(IV_EBAD_FILE, "%s:/raw/var: cannot copy", in_path);
+            goto fail;
+        }
+        if (H5Lexists(in, "raw/varm", H5P_DEFAULT) > 0 &&
+            iv_h5w_copy_object(in, "raw/varm", out, "varm") < 0) {
+            rc = FAILF(IV_EBAD_FILE, "%s:/raw/varm: cannot copy", in_path);
+            goto fail;
+        }
+    }
+    if ((rc = write_packed(&s, out, out_path, o, rep, err)) < 0) goto fail;
+    H5Gclose(rin);
+    H5Gclose(rout);
+    rin = rout = -1;
+    if (H5Fclose(out) < 0) {
+        out = -1;
+        rc = FAILF(IV_EIO, "%s: closing the file failed (disk full?)", tmp);
+        goto fail;
+    }
+    out = -1;
+    src_close(&s);
+    H5Fclose(in);
+    if (rename(tmp, out_path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return FAILF(IV_EIO, "%s: cannot rename the finished file into place: %s", out_path,
+                     strerror(e));
+    }
+    return 0;
+fail:
+    if (rin >= 0) H5Gclose(rin);
+    if (rout >= 0) H5Gclose(rout);
+    if (out >= 0) H5Fclose(out);
+    unlink(tmp);
+    src_close(&s);
+    H5Fclose(in);
+    return rc < 0 ? rc : IV_EINTERNAL;
+}

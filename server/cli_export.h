@@ -1,0 +1,33 @@
+/*
+ * Parts of `ivserve export` beyond the .npz path: selections by names and
+ * by a where filter, and the AnnData (.h5ad) output.
+ */
+#ifndef IV_CLI_EXPORT_H
+#define IV_CLI_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meta.h"
+#include "query.h"
+
+/*
+ * Resolves one axis' selection: sel as indices and half-open ranges
+ * ("5,3,10:20"), else as comma-separated names of the axis (obs names or
+ * gene names, exact then unique case-insensitive match); where as a filter
+ * expression over the axis' columns (rows in file order).  sel and where
+ * together are an error; neither selects everything.  *buf receives the
+ * index array to free.  Returns 0, or -1 with the error printed.
+ */
+int iv_cli_select(const char *path, const char *group, iv_axis_t axis, const char *sel,
+                  const char *where, iv_sel_t *out, int64_t **buf);
+
+/* Writes the decoded result as a standard AnnData file (core/anndata_write.h)
+ * and notes elements left out on stderr.  0, or -1 with err set. */
+int iv_cli_write_h5ad(const char *src_path, const char *out_path, int64_t n_rows, int64_t n_cols,
+                      int64_t src_rows, int64_t src_cols, const int64_t *indptr, int64_t nnz,
+                      size_t n_parts, const void **ip, const size_t *il, int index_size,
+                      const void **dp, const size_t *dl, iv_dtype_t dtype, const iv_sel_t *obs,
+                      const iv_sel_t *var, iv_err_t *err);
+
+#endif

@@ -1,0 +1,198 @@
+/*
+ * `ivserve pack` on the command line (see cli_pack.h and core/pack.h).
+ *
+ * Progress goes to stderr: on a terminal a bar redrawn at most five times
+ * a second (percent, output rows done, input MB/s, time left), otherwise
+ * one line per 10%, so that logs of batch jobs stay short.  With
+ * --layout both the input is packed twice, into OUT's name with .ivcsr
+ * and .ivcsc before its extension; each file is complete on its own.
+ */
+#include "cli_pack.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pack.h"
+#include "pool.h"
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: ivserve pack IN.h5ad OUT.h5ad [--layout ivcsr|ivcsc|both]\n"
+            "                    [--matrix X|layers/NAME|raw/X] [--group G]\n"
+            "                    [--codec zstd[:LEVEL]|deflate[:LEVEL]|none] [--chunk-bytes N]\n"
+            "                    [--threads N] [--memory-mb N] [--quiet]\n");
+    return 2;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bar {
+    int tty, quiet;
+    double t0, last;
+    int last_decile;
+    const char *unit;         /* "rows" or "columns" */
+    const char *name;
+} bar_t;
+
+static void fmt_time(double s, char *buf, size_t cap)
+{
+    if (s < 0 || s > 1e7) {
+        snprintf(buf, cap, "--:--");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void on_progress(void *ctx, const iv_pack_progress_t *p)
+{
+    bar_t *b = ctx;
+    if (b->quiet) return;
+    double t = now(), el = t - b->t0;
+    double mbs = el > 0 ? (double)p->bytes_read / 1e6 / el : 0;
+    double left = p->fraction > 0 ? el * (1 - p->fraction) / p->fraction : -1;
+    char eta[32];
+    fmt_time(left, eta, sizeof eta);
+    if (b->tty) {
+        if (t - b->last < 0.2 && p->fraction < 1) return;
+        b->last = t;
+        char bar[31];
+        int fill = (int)(p->fraction * 30);
+        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        bar[30] = '\0';
+        fprintf(stderr, "\r%s [%s] %3.0f%%  pass %d/%d  %s %" PRId64 "/%" PRId64 "  %.1f MB/s  "
+                "left %s ", b->name, bar, p->fraction * 100, p->pass, p->n_passes, b->unit,
+                p->slices_done, p->n_slices, mbs, eta);
+        fflush(stderr);
+    } else {
+        int d = (int)(p->fraction * 10);
+        if (d <= b->last_decile) return;
+        b->last_decile = d;
+        fprintf(stderr, "ivserve: pack %s: %d%% (pass %d/%d, %s %" PRId64 "/%" PRId64 ", %.1f MB/s, "
+                "%s left)\n", b->name, d * 10, p->pass, p->n_passes, b->unit, p->slices_done,
+                p->n_slices, mbs, eta);
+    }
+}
+
+/* OUT with ".ivcsr" / ".ivcsc" before its extension (or at its end). */
+static void both_name(const char *out, const char *tag, char *buf, size_t cap)
+{
+    const char *base = strrchr(out, '/');
+    base = base ? base + 1 : out;
+    const char *dot = strrchr(base, '.');
+    if (!dot || dot == base) snprintf(buf, cap, "%s.%s.h5ad", out, tag);
+    else snprintf(buf, cap, "%.*s.%s%s", (int)(dot - out), out, tag, dot);
+}
+
+static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quiet)
+{
+    bar_t b = {isatty(2), quiet, now(), 0, 0, o->orient == IV_IVCSR ? "rows" : "columns", out};
+    o->progress = on_progress;
+    o->progress_ctx = &b;
+    iv_pack_report_t rep;
+    iv_err_t err = {0};
+    int rc = iv_pack_file(in, out, o, &rep, &err);
+    if (b.tty && !quiet) fputc('\n', stderr);
+    if (rc < 0) {
+        fprintf(stderr, "ivserve: error: %s\n", err.msg);
+        return 1;
+    }
+    double el = now() - b.t0;
+    char codec[32];
+    iv_h5w_codec_describe(&o->codec, codec, sizeof codec);
+    printf("%s: %s %" PRId64 " x %" PRId64 ", %s, nnz %" PRId64 ", %" PRId64 " value groups, "
+           "packed_indices %" PRIu64 " bytes, matrix stored in %" PRIu64 " bytes (%s); from %s "
+           "in %d pass%s, %.2f s, %.1f MB/s\n",
+           out, o->orient == IV_IVCSR ? "ivcsr" : "ivcsc", rep.n_rows, rep.n_cols,
+           iv_dtype_name(rep.dtype), rep.nnz, rep.n_unique, rep.stream_bytes, rep.stored_bytes,
+           codec, rep.input_kind, rep.n_passes, rep.n_passes == 1 ? "" : "es", el,
+           el > 0 ? (double)rep.input_bytes / 1e6 / el : 0.0);
+    if (rep.dropped[0]) printf("%s: not carried over from the input: %s\n", out, rep.dropped);
+    return 0;
+}
+
+int iv_cli_pack_main(int argc, char **argv)
+{
+    const char *in = NULL, *out = NULL, *layout = "ivcsr";
+    iv_pack_opts_t o;
+    iv_pack_opts_init(&o);
+    unsigned threads = 0;
+    int quiet = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(flag) (strcmp(a, flag) == 0 && v && (i++, 1))
+        char *end;
+        if (OPT("--layout")) layout = v;
+        else if (OPT("--matrix")) o.matrix = v;
+        else if (OPT("--group")) o.group = v;
+        else if (OPT("--codec")) {
+            if (iv_h5w_codec_parse(v, &o.codec) < 0) {
+                fprintf(stderr, "ivserve: error: bad --codec '%s' (zstd[:1..22], deflate[:0..9], "
+                        "none)\n", v);
+                return 2;
+            }
+        } else if (OPT("--chunk-bytes")) {
+            unsigned long long n = strtoull(v, &end, 10);
+            if (end == v || *end || n == 0 || n > (1ull << 30)) {
+                fprintf(stderr, "ivserve: error: bad --chunk-bytes '%s' (1 to 2^30)\n", v);
+                return 2;
+            }
+            o.chunk_bytes = n;
+        } else if (OPT("--threads")) {
+            threads = (unsigned)strtoul(v, &end, 10);
+            if (end == v || *end) return usage();
+        } else if (OPT("--memory-mb")) {
+            unsigned long long n = strtoull(v, &end, 10);
+            if (end == v || *end || n == 0) return usage();
+            o.memory_budget = (size_t)n << 20;
+        } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
+        else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
+            return usage();
+        } else if (!in) in = a;
+        else if (!out) out = a;
+        else return usage();
+#undef OPT
+    }
+    if (!in || !out) return usage();
+    int want_r = strcmp(layout, "ivcsr") == 0 || strcmp(layout, "both") == 0;
+    int want_c = strcmp(layout, "ivcsc") == 0 || strcmp(layout, "both") == 0;
+    if (!want_r && !want_c) {
+        fprintf(stderr, "ivserve: error: bad --layout '%s' (ivcsr, ivcsc or both)\n", layout);
+        return 2;
+    }
+    iv_pool_t *pool = NULL;
+    if (threads != 1) {
+        pool = iv_pool_create(threads ? threads - 1 : 0, 0);
+        if (!pool) {
+            fprintf(stderr, "ivserve: error: cannot start worker threads\n");
+            return 1;
+        }
+    }
+    o.pool = pool;
+    int rc = 0;
+    char name[4200];
+    if (want_r) {
+        o.orient = IV_IVCSR;
+        if (want_c) both_name(out, "ivcsr", name, sizeof name);
+        rc = pack_one(in, want_c ? name : out, &o, quiet);
+    }
+    if (rc == 0 && want_c) {
+        o.orient = IV_IVCSC;
+        if (want_r) both_name(out, "ivcsc", name, sizeof name);
+        rc = pack_one(in, want_r ? name : out, &o, quiet);
+    }
+    iv_pool_destroy(pool);
+    return rc;
+}
