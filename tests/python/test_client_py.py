@@ -487,15 +487,71 @@ def test_stream_reader_checks():
 
 
 def test_obsm_binary_parser():
-    from ivserve.client import _array_from_binary
+    """The dense-array encoding of GET .../obsm/{name} (application/
+    vnd.ivserve.array), built by hand: this branch's server has no obsm
+    route, so the real answers are checked where it has one."""
+    from ivserve.client import _array_from_binary, _array_from_json
     import struct
     a = np.arange(12, dtype=np.float32).reshape(6, 2) / 3
-    body = struct.pack("<4sIqq8s", b"IVMA", 1, 6, 2, b"<f4") + a.astype("<f4").tobytes()
-    assert_same(_array_from_binary(body, {}, "X_umap", 6), a)
-    # Another header: shape and dtype from the dataset document's listing.
-    body = b"HDR\0" * 3 + a.astype("<f8").tobytes()
-    got = _array_from_binary(body, {"shape": [6, 2], "dtype": "float64"}, "X_pca", 6)
-    assert_same(got, a.astype(np.float64))
+    head = lambda rows, cols, dt, flags: struct.pack("<4sIqq8sII", b"IVAR", 1, rows, cols, dt, flags, 0)  # noqa: E731
+    assert_same(_array_from_binary(head(6, 2, b"<f4", 0) + a.astype("<f4").tobytes(), "X_umap"), a)
+    ids = np.array([5, 0, 3], "<i8").tobytes()
+    got = _array_from_binary(head(3, 2, b"<f8", 1) + ids + a[[5, 0, 3]].astype("<f8").tobytes(), "X_pca")
+    assert_same(got, a[[5, 0, 3]].astype(np.float64))
+    body = head(6, 2, b"<f4", 0) + a.astype("<f4").tobytes()
+    for bad in (body[:-1], body[:30], b"IVQS" + body[4:], body + b"\0"):
+        with pytest.raises(IvserveError):
+            _array_from_binary(bad, "X_umap")
+    doc = {"name": "X_umap", "shape": [2, 2], "dtype": "float32", "values": [[1.5, None], [0, 2]]}
+    got = _array_from_json(doc, "X_umap")
+    assert got.dtype == np.float32 and np.isnan(got[0, 1]) and got[1, 1] == 2
+
+
+def test_obsm(srv, tmp_path):
+    """obsm arrays of a dataset written here.  A server that lists obsm in
+    the dataset document serves GET .../obsm/{name}: the arrays must equal
+    what was written, in their dtype, and to_anndata() must carry their
+    rows in the selection's order.  A server without the route (this
+    branch's) answers 404, which must reach the caller as IvserveError."""
+    import ivref
+    from anndata.experimental import write_elem
+    rng = np.random.default_rng(3)
+    n, g = 120, 30
+    X = sp.random(n, g, density=0.2, format="csr", random_state=3,
+                  data_rvs=lambda k: rng.integers(1, 50, k)).astype(np.float64)
+    obs = pd.DataFrame({"cell_type": pd.Categorical(rng.choice(["B", "T", "NK"], n))},
+                       index=["cell%d" % i for i in range(n)])
+    var = pd.DataFrame({"gene_ids": ["E%d" % i for i in range(g)]}, index=["g%d" % i for i in range(g)])
+    arrays = {"X_umap": rng.standard_normal((n, 2)).astype(np.float32),
+              "X_pca": rng.standard_normal((n, 5)), "ints": rng.integers(0, 9, (n, 3)).astype(np.int32)}
+    path = str(tmp_path / "emb.h5ad")
+    ivref.write_iv(path, X, orientation="ivcsr", value_dtype="int32", obs=False, var=False)
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", obs)
+        write_elem(f, "var", var)
+        grp = f.create_group("obsm")
+        for k, v in arrays.items():
+            grp.create_dataset(k, data=v)
+    s = Server(str(tmp_path), datasets=[{"id": "emb", "path": path}])
+    try:
+        ds = ivserve.connect(s.url)["emb"]
+        sel = [7, 3, 3, 119, 0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ad = ds[sel, ::2].to_anndata()
+        assert_same(ad.X, X.toarray().astype(np.int32)[sel][:, ::2])
+        if "obsm" in ds.info:
+            assert sorted(ds.obsm.keys()) == sorted(arrays)
+            for k, v in arrays.items():
+                assert_same(ds.obsm[k], v)
+                assert_same(ad.obsm[k], v[sel])
+        else:
+            assert len(ds.obsm) == 0 and len(ad.obsm) == 0
+            with pytest.raises(IvserveError) as e:
+                ds.obsm["X_umap"]
+            assert e.value.status == 404
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
 
 
 def test_token(srv, tmp_path):

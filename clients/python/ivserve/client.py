@@ -109,6 +109,7 @@ class Dataset:
         self._frames = {}
         self._names = {}
         self.obsm = Arrays(self, "obsm")
+        self.varm = Arrays(self, "varm")
 
     def __repr__(self):
         return (f"<ivserve.Dataset {self.id!r}: {self.shape[0]} cells x {self.shape[1]} genes, "
@@ -501,8 +502,10 @@ def _short(sel):
 
 
 class Arrays:
-    """ds.obsm: the per-cell arrays the server lists (embeddings such as
-    X_umap), fetched on first use from GET .../obsm/{name} and kept."""
+    """ds.obsm / ds.varm: the per-cell (per-gene) arrays the server lists
+    (embeddings such as X_umap), fetched whole on first use from
+    GET .../obsm/{name} and kept; a name the server does not serve (or a
+    server without the route) is an IvserveError."""
 
     def __init__(self, ds, kind):
         self.ds = ds
@@ -510,24 +513,15 @@ class Arrays:
         self._cache = {}
 
     def _listing(self):
-        """{name: entry} from the dataset document, in its order."""
+        """{name: entry} from the dataset document's list ("obsm": [{"name",
+        "shape", "dtype", "servable", ...}]), in its order; empty when the
+        server lists none."""
         listed = self.ds.info.get(self.kind)
-        if isinstance(listed, dict) and "arrays" in listed:
-            listed = listed["arrays"]
-        if isinstance(listed, dict):
-            return {k: (v if isinstance(v, dict) else {}) for k, v in listed.items()}
-        out = {}
-        for e in listed or []:
-            if isinstance(e, dict) and "name" in e:
-                out[e["name"]] = e
-            elif isinstance(e, str):
-                out[e] = {}
-        return out
+        return {e["name"]: e for e in listed or [] if isinstance(e, dict) and "name" in e}
 
     def keys(self):
         """Names of the arrays the server can serve."""
-        return [k for k, e in self._listing().items()
-                if e.get("servable", True) and not e.get("why") and not e.get("error")]
+        return [k for k, e in self._listing().items() if e.get("servable", True)]
 
     def __iter__(self):
         return iter(self.keys())
@@ -548,58 +542,49 @@ class Arrays:
 
     def _fetch(self, name):
         path = f"{self.ds.path}/{self.kind}/{quote(name, safe='')}"
-        r = self.ds.client.request("GET", path, params={"format": "binary"},
-                                   headers={"Accept": "application/octet-stream"})
+        r = self.ds.client.request("GET", path, headers={"Accept": ARRAY_MEDIA_TYPE})
         ctype = r.headers.get("Content-Type", "")
         body = r.content
-        entry = self._listing().get(name, {})
         if "json" in ctype:
-            return _array_from_json(json.loads(body), entry, name)
-        return _array_from_binary(body, entry, name, self.ds.shape[0])
+            return _array_from_json(json.loads(body), name)
+        return _array_from_binary(body, name)
 
 
-def _entry_shape(entry):
-    shape = entry.get("shape")
-    dtype = entry.get("dtype")
-    return (tuple(int(x) for x in shape) if shape else None), (np.dtype(dtype) if dtype else None)
+# Dense arrays (obsm / varm rows), binary, little-endian:
+#   header 40 B: "IVAR" | u32 version (1) | i64 rows | i64 cols | char[8] dtype
+#                | u32 flags (bit 0: an i64 row id per row follows) | u32 0
+#   i64 ids[rows] (flag bit 0 only) | values[rows * cols], row-major
+ARRAY_MEDIA_TYPE = "application/vnd.ivserve.array"
+_ARRAY_HEADER = struct.Struct("<4sIqq8sII")
 
 
-def _array_from_json(doc, entry, name):
-    vals = doc.get("values", doc.get("data"))
-    if vals is None:
-        raise IvserveError(None, "bad_answer", f"obsm {name!r}: no values in the JSON answer")
-    dtype = doc.get("dtype") or entry.get("dtype") or "float64"
-    arr = np.array(vals, dtype=np.float64 if np.dtype(dtype).kind == "f" else None).astype(dtype)
-    shape = doc.get("shape") or entry.get("shape")
-    if shape is not None:
-        arr = arr.reshape(tuple(int(x) for x in shape))
-    return arr
+def _array_from_json(doc, name):
+    vals = doc.get("values")
+    if vals is None or "shape" not in doc or "dtype" not in doc:
+        raise IvserveError(None, "bad_answer", f"obsm {name!r}: the JSON answer lacks values, shape or dtype")
+    dt = np.dtype(doc["dtype"])
+    # Non-finite floats are null in JSON: NaN is the closest reading.
+    arr = np.array(vals, dtype=np.float64 if dt.kind == "f" else dt)
+    return arr.astype(dt, copy=False).reshape(tuple(int(x) for x in doc["shape"]))
 
 
-def _array_from_binary(body, entry, name, n_obs):
-    """A binary array answer: a small header, then little-endian values
-    row-major.  The header's layout is read as "magic | u32 version | i64
-    rows | i64 cols | char[8] dtype" when it fits the body exactly;
-    otherwise the shape and dtype come from the dataset document and the
-    header is what precedes the values."""
-    if len(body) >= 32:
-        try:
-            magic, version, rows, cols, raw = struct.unpack_from("<4sIqq8s", body, 0)
-            dt = np.dtype(raw.rstrip(b"\0").decode("ascii"))
-            if magic.isalpha() and rows >= 0 and cols >= 0 and dt.kind in "iuf" and \
-                    len(body) == 32 + rows * cols * dt.itemsize:
-                return np.frombuffer(body, dtype=dt.newbyteorder("<"), count=rows * cols,
-                                     offset=32).reshape(rows, cols).astype(dt.newbyteorder("="))
-        except (struct.error, TypeError, ValueError, UnicodeDecodeError):
-            pass
-    shape, dt = _entry_shape(entry)
-    if shape is None or dt is None:
-        raise IvserveError(None, "bad_answer",
-                           f"obsm {name!r}: cannot read the answer's header and the dataset "
-                           f"document lists no shape and dtype for it")
-    count = int(np.prod(shape))
-    size = count * dt.itemsize
-    if len(body) < size:
-        raise IvserveError(None, "bad_answer", f"obsm {name!r}: {len(body)} bytes for {size} of values")
-    arr = np.frombuffer(body, dtype=dt.newbyteorder("<"), count=count, offset=len(body) - size)
-    return arr.reshape(shape).astype(dt.newbyteorder("="))
+def _array_from_binary(body, name):
+    """A binary dense-array answer as a numpy array (rows x cols)."""
+    if len(body) < _ARRAY_HEADER.size:
+        raise IvserveError(None, "truncated", f"obsm {name!r}: {len(body)} bytes, no header")
+    magic, version, rows, cols, raw, flags, _ = _ARRAY_HEADER.unpack_from(body, 0)
+    if magic != b"IVAR" or version != 1:
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: not an ivserve array (version 1)")
+    try:
+        dt = np.dtype(raw.rstrip(b"\0").decode("ascii"))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: bad dtype {raw!r}") from None
+    if rows < 0 or cols < 0 or dt.kind not in "biuf":
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: bad shape or dtype in the header")
+    off = _ARRAY_HEADER.size + (8 * rows if flags & 1 else 0)
+    size = rows * cols * dt.itemsize
+    if len(body) != off + size:
+        raise IvserveError(None, "truncated" if len(body) < off + size else "bad_stream",
+                           f"obsm {name!r}: {len(body)} bytes for a {rows} x {cols} {dt} array")
+    arr = np.frombuffer(body, dtype=dt, count=rows * cols, offset=off)
+    return arr.reshape(rows, cols).astype(dt.newbyteorder("="))
