@@ -166,6 +166,8 @@ def selections(n_obs, n_var, obs_names, var_names, rng):
         (onames, vnames), (np.array(onames), None), (pd.Index(onames), pd.Index(vnames)),
         (obs_names[1], var_names[2]),
         (Ellipsis, vnames[:3]),
+        # long increasing lists travel as masks (chunky's obs, wide's var)
+        (np.delete(np.arange(n_obs), [1, n_obs // 2]), np.arange(0, n_var, 3)),
     ]
 
 

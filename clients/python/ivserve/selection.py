@@ -123,7 +123,25 @@ def to_wire(key, n, axis):
         return {"mask": base64.b64encode(bits.tobytes()).decode("ascii")}
     if _is_names(arr):
         return {"names": [str(x) for x in arr]}
-    return {"index": _ints(arr, n, axis).tolist()}
+    return _index_wire(_ints(arr, n, axis), n)
+
+
+def _index_wire(idx, n):
+    """An index list, sent in its smallest exact form: a run as a range,
+    a long strictly increasing list as a mask (the server keeps file
+    order for a mask, which is that list's order), else the list, whose
+    JSON costs about 7 bytes an index against n/6 bytes for a mask."""
+    k = len(idx)
+    if k > 1:
+        d = np.diff(idx)
+        if np.all(d == 1):
+            return {"range": [int(idx[0]), int(idx[-1]) + 1]}
+        if k > 1024 and np.all(d > 0) and n < 24 * k:
+            bits = np.zeros(n, dtype=np.uint8)
+            bits[idx] = 1
+            packed = np.packbits(bits, bitorder="little")
+            return {"mask": base64.b64encode(packed.tobytes()).decode("ascii")}
+    return {"index": idx.tolist()}
 
 
 def positions(wire, n):
