@@ -69,7 +69,7 @@ ivs_var_positions <- function(client, dataset, var, var_where, n) {
     p <- match(as.character(var), vn)
     if (anyNA(p)) {
       ivs_stop(422L, "unknown_name",
-               paste("var names not found:", paste(head(var[is.na(p)], 10), collapse = ", ")))
+               paste("var names not found:", paste(utils::head(var[is.na(p)], 10), collapse = ", ")))
     }
     p
   } else {
