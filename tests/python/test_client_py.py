@@ -509,8 +509,8 @@ def test_obsm_binary_parser():
     assert got.dtype == np.float32 and np.isnan(got[0, 1]) and got[1, 1] == 2
 
 
-def test_obsm(srv, tmp_path):
-    """obsm arrays of a dataset written here.  A server that lists obsm in
+def test_obsm_and_aggregate(srv, tmp_path):
+    """obsm arrays and grouped statistics of a dataset written here.  A server that lists obsm in
     the dataset document serves GET .../obsm/{name}: the arrays must equal
     what was written, in their dtype, and to_anndata() must carry their
     rows in the selection's order.  A server without the route (this
@@ -551,6 +551,32 @@ def test_obsm(srv, tmp_path):
             assert len(ds.obsm) == 0 and len(ad.obsm) == 0
             with pytest.raises(IvserveError) as e:
                 ds.obsm["X_umap"]
+            assert e.value.status == 404
+        # Grouped statistics, from the same branch of the server as obsm.
+        rows = [7, 3, 3, 119, 0] + list(range(20, 100))
+        genes = [4, 0, 4, 29]
+        stats = ["sum", "mean", "var", "nnz", "frac_nonzero", "max"]
+        if "obsm" in ds.info:
+            got = ds.aggregate("cell_type", stats, obs=rows, var=genes)
+            D = pd.DataFrame(X.toarray()[rows][:, genes])
+            key = obs.cell_type.iloc[rows].reset_index(drop=True)
+            grp = D.groupby(key, observed=True, sort=True)
+            want = {"sum": grp.sum(), "mean": grp.mean(), "var": grp.var(ddof=1), "max": grp.max(),
+                    "nnz": (D != 0).groupby(key, observed=True).sum(),
+                    "frac_nonzero": (D != 0).groupby(key, observed=True).mean()}
+            order = [c for c in obs.cell_type.cat.categories if c in set(key)]
+            assert list(got["n_cells"].index) == order
+            assert list(got["n_cells"]) == [int((key == c).sum()) for c in order]
+            for st in stats:
+                assert list(got[st].columns) == [var.index[i] for i in genes]
+                w = want[st].loc[order].to_numpy(dtype=np.float64)
+                if st == "var":
+                    np.testing.assert_allclose(got[st].to_numpy(), w, rtol=1e-12, atol=1e-12)
+                else:
+                    assert np.array_equal(got[st].to_numpy(), w), st
+        else:
+            with pytest.raises(IvserveError) as e:
+                ds.aggregate("cell_type", stats)
             assert e.value.status == 404
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]

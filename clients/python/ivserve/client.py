@@ -249,6 +249,34 @@ class Dataset:
         """Blocks of a selection as they arrive (see Query.iter_blocks)."""
         return self.query(obs, var).iter_blocks(progress=progress)
 
+    def aggregate(self, group_by, stats=("mean", "frac_nonzero"), obs=None, var=None, ddof=1):
+        """Grouped statistics of the selected genes over groups of cells, on
+        servers with the aggregate route: group_by names one or more
+        categorical obs columns; stats are among sum, mean, var, nnz,
+        frac_nonzero, max.  Returns a dict: each statistic as a DataFrame
+        (one row per observed group, in category order; one column per
+        gene), and "n_cells" as a Series over the same groups."""
+        import pandas as pd
+
+        group_by = [group_by] if isinstance(group_by, str) else list(group_by)
+        body = {"group_by": group_by, "stats": list(stats), "ddof": ddof}
+        o, v = self._wire(obs, "obs"), self._wire(var, "var")
+        if o is not None:
+            body["obs"] = o
+        if v is not None:
+            body["var"] = v
+        r = self.client.request("POST", f"{self.path}/aggregate", json=body,
+                                headers={"Accept": AGG_MEDIA_TYPE})
+        doc, values = _aggregate_from_binary(r.content)
+        keys = [tuple(g["key"]) for g in doc["groups"]]
+        index = (pd.MultiIndex.from_tuples(keys, names=group_by) if len(group_by) > 1
+                 else pd.Index([k[0] for k in keys], name=group_by[0]))
+        genes = pd.Index([g["name"] for g in doc["genes"]])
+        out = {st: pd.DataFrame(values[st], index=index, columns=genes) for st in doc["stats"]}
+        out["n_cells"] = pd.Series([int(g["n_cells"]) for g in doc["groups"]], index=index,
+                                   name="n_cells")
+        return out
+
     # -- resolving selections to row numbers ------------------------------
 
     def _obs_positions(self, wire_sel):
@@ -588,3 +616,30 @@ def _array_from_binary(body, name):
                            f"obsm {name!r}: {len(body)} bytes for a {rows} x {cols} {dt} array")
     arr = np.frombuffer(body, dtype=dt, count=rows * cols, offset=off)
     return arr.reshape(rows, cols).astype(dt.newbyteorder("="))
+
+
+# Grouped statistics, binary: "IVAG" | u32 version (1) | u64 json_len | the
+# JSON document without "values" | zero bytes to a multiple of 8 | per stat
+# in the document's "stats" order, f64 values[groups * genes], group-major.
+AGG_MEDIA_TYPE = "application/vnd.ivserve.aggregate"
+
+
+def _aggregate_from_binary(body):
+    if len(body) < 16 or body[:4] != b"IVAG":
+        raise IvserveError(None, "bad_stream", "not an ivserve aggregate answer")
+    version, jlen = struct.unpack_from("<IQ", body, 4)
+    if version != 1 or jlen > len(body) - 16:
+        raise IvserveError(None, "bad_stream", "bad aggregate header")
+    try:
+        doc = json.loads(body[16:16 + jlen])
+        ng, nv, stats = len(doc["groups"]), len(doc["genes"]), list(doc["stats"])
+    except (ValueError, KeyError, TypeError):
+        raise IvserveError(None, "bad_stream", "bad aggregate document") from None
+    pos = (16 + jlen + 7) // 8 * 8
+    if len(body) != pos + 8 * ng * nv * len(stats):
+        raise IvserveError(None, "bad_stream", "aggregate values do not match the document")
+    values = {}
+    for st in stats:
+        values[st] = np.frombuffer(body, dtype="<f8", count=ng * nv, offset=pos).reshape(ng, nv)
+        pos += 8 * ng * nv
+    return doc, values
