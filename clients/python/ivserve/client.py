@@ -211,6 +211,16 @@ class Dataset:
             series[name] = cached[name]
         return pd.DataFrame(series, index=index.copy(), columns=columns)
 
+    def _frame_or_bare(self, axis, computed):
+        """The table, or one without columns indexed by row number when
+        the server has no metadata for the dataset (it lists no columns)."""
+        import pandas as pd
+
+        if not self.info.get(axis):
+            n = self._axis_len(axis)
+            return pd.DataFrame(index=pd.Index([str(i) for i in range(n)], dtype=object))
+        return self.read_frame(axis, computed=computed)
+
     @property
     def obs(self):
         """The obs table (the file's columns; computed ones via read_frame)."""
@@ -488,8 +498,8 @@ class Query:
         if len(var_pos) != X.shape[1]:
             raise IvserveError(None, "bad_answer",
                                f"the result has {X.shape[1]} genes; the var selection resolves to {len(var_pos)}")
-        obs = self.ds.read_frame("obs", computed=computed).iloc[obs_pos]
-        var = self.ds.read_frame("var", computed=computed).iloc[var_pos]
+        obs = self.ds._frame_or_bare("obs", computed).iloc[obs_pos]
+        var = self.ds._frame_or_bare("var", computed).iloc[var_pos]
         arrays = {}
         names = list(self.ds.obsm.keys()) if obsm is True else list(obsm or [])
         for name in names:
