@@ -582,6 +582,31 @@ def test_obsm_and_aggregate(srv, tmp_path):
         assert s.stop() == 0, s.log_text()[-3000:]
 
 
+def test_metadata_types_equal_anndata(srv, tmp_path):
+    """Numeric, ordered and partly missing categoricals, nullable booleans
+    and integers, narrow ints and float32 with NaN, a named index: the
+    frames and to_anndata() equal anndata's reading of the same file."""
+    from client_data import make_types_dataset
+    path = str(tmp_path / "types.h5ad")
+    X, obs, var = make_types_dataset(path)
+    s = Server(str(tmp_path), datasets=[{"id": "types", "path": path}])
+    try:
+        ds = ivserve.connect(s.url)["types"]
+        frame_equal(ds.obs, obs)
+        frame_equal(ds.var, var)
+        assert ds.obs.index.name == "barcode"
+        rows = [9, 0, 0, 77, 119, 50]
+        ad = ds[rows, ::-1].to_anndata()
+        assert_same(ad.X, X.toarray().astype(np.int32)[rows][:, ::-1])
+        frame_equal(ad.obs, obs.iloc[rows])
+        frame_equal(ad.var, var.iloc[::-1])
+        m = (obs.count32 >= 50).fillna(False).to_numpy(dtype=bool) & (obs.grade == "high").to_numpy()
+        q = ds.where("count32 >= 50 and grade == 'high'")
+        assert np.array_equal(q.fetch()[1], np.flatnonzero(m))
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
+
+
 def test_token(srv, tmp_path):
     d = DATASETS[0]
     s = Server(str(tmp_path), datasets=[{"id": d[0], "path": os.path.abspath(os.path.join(FIX, d[1]))}],

@@ -35,6 +35,7 @@ if FIX is None:
     pytest.skip("fixtures folder absent (IV_FIXTURES or ../shared/fixtures): skipping",
                 allow_module_level=True)
 
+from client_data import make_types_dataset  # noqa: E402
 from test_http_server import Server  # noqa: E402
 
 DATASETS = [
@@ -83,6 +84,12 @@ def where_rows(ds_id, obs, var):
         return ([{"where": "groups == 'g1' and nCount_RNA > 100",
                   "rows": rows((obs.groups == "g1") & (obs.nCount_RNA > 100))}],
                 [{"where": "`vst.variable`", "rows": rows(var["vst.variable"])}])
+    if ds_id == "types":
+        return ([{"where": "count32 >= 50 and grade == 'high'",
+                  "rows": rows((obs.count32 >= 50).fillna(False).to_numpy(dtype=bool)
+                               & (obs.grade == "high").to_numpy())},
+                 {"where": "maybe is null", "rows": rows(obs.maybe.isna())}],
+                [{"where": "highly_variable", "rows": rows(var.highly_variable)}])
     return ([{"where": "cell_type in ['B cell', 'NK cell']",
               "rows": rows(obs.cell_type.isin(["B cell", "NK cell"]))},
              {"where": "age >= 40 and not is_doublet", "rows": rows((obs.age >= 40) & ~obs.is_doublet)},
@@ -90,19 +97,23 @@ def where_rows(ds_id, obs, var):
             [{"where": "highly_variable", "rows": rows(var.highly_variable)}])
 
 
-def write_expected(folder, ds_id, exp, meta):
-    os.makedirs(folder)
+def fixture_data(exp, meta):
     with h5py.File(os.path.join(FIX, exp), "r") as h:
         shape = tuple(int(x) for x in h.attrs["shape"])
         m = sp.csr_matrix((h["data"][:], h["indices"][:], h["indptr"][:]), shape=shape)
-    scipy.io.mmwrite(os.path.join(folder, "matrix.mtx"), m, precision=17)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = anndata.read_h5ad(os.path.join(FIX, meta))
-    for axis, df in (("obs", a.obs), ("var", a.var)):
+    return m, a.obs, a.var
+
+
+def write_expected(folder, ds_id, m, obs, var):
+    os.makedirs(folder)
+    scipy.io.mmwrite(os.path.join(folder, "matrix.mtx"), m, precision=17)
+    for axis, df in (("obs", obs), ("var", var)):
         with open(os.path.join(folder, axis + ".json"), "w") as f:
             json.dump(table(df), f)
-    o, v = where_rows(ds_id, a.obs, a.var)
+    o, v = where_rows(ds_id, obs, var)
     with open(os.path.join(folder, "wheres.json"), "w") as f:
         json.dump({"obs": o, "var": v}, f)
 
@@ -120,13 +131,18 @@ def test_r_client(ivserve, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     exp_dir = tmp_path / "expected"
-    for ds_id, _, exp, meta in DATASETS:
-        write_expected(str(exp_dir / ds_id), ds_id, exp, meta)
-    srv = Server(str(tmp_path), datasets=[{"id": d, "path": os.path.abspath(os.path.join(FIX, f))}
-                                          for d, f, _, _ in DATASETS])
+    served = []
+    for ds_id, f, exp, meta in DATASETS:
+        write_expected(str(exp_dir / ds_id), ds_id, *fixture_data(exp, meta))
+        served.append({"id": ds_id, "path": os.path.abspath(os.path.join(FIX, f))})
+    # Every metadata type the client rebuilds (numeric and ordered factors, NA).
+    path = str(tmp_path / "types.h5ad")
+    write_expected(str(exp_dir / "types"), "types", *make_types_dataset(path))
+    served.append({"id": "types", "path": path})
+    srv = Server(str(tmp_path), datasets=served)
     try:
         env = dict(os.environ, IVS_URL=srv.url, IVS_EXPECTED=str(exp_dir),
-                   IVS_DATASETS=",".join(d[0] for d in DATASETS), R_LIBS=str(lib))
+                   IVS_DATASETS=",".join(d["id"] for d in served), R_LIBS=str(lib))
         code = ("library(testthat); library(ivserve); "
                 "res <- as.data.frame(test_dir(commandArgs(TRUE)[1], reporter = 'summary', "
                 "stop_on_failure = TRUE, load_package = 'none', env = new.env(parent = asNamespace('ivserve')))); "

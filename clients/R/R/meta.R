@@ -90,7 +90,17 @@ ivs_column <- function(spec, values) {
   type <- spec$type
   if (type == "categorical") {
     levels <- vapply(spec$categories, function(c) c$name, "")
-    labels <- vapply(values, function(v) if (is.null(v)) NA_character_ else format_label(v), "")
+    numeric <- any(vapply(values, is.numeric, TRUE))
+    labels <- if (!numeric) {
+      vapply(values, function(v) if (is.null(v)) NA_character_ else v, "")
+    } else {
+      # Numeric categories: rows come as numbers, the levels as the server
+      # formats them ("3", "0.5", "True"); match by value, not by text.
+      v <- vapply(values, function(x) if (is.null(x)) NA_real_ else as.numeric(x), 0)
+      key <- if (all(levels %in% c("True", "False"))) as.numeric(levels == "True")
+             else suppressWarnings(as.numeric(levels))
+      levels[match(v, key)]
+    }
     return(factor(labels, levels = levels, ordered = isTRUE(spec$ordered)))
   }
   if (type == "int") {
@@ -102,15 +112,6 @@ ivs_column <- function(spec, values) {
   if (type == "bool") return(null_to_na(values, NA))
   if (type == "string") return(null_to_na(values, NA_character_))
   ivs_stop(NA_integer_, "bad_answer", paste("unknown column type", type))
-}
-
-# Numeric category values come as JSON numbers; the levels are the
-# server's formatting of the same numbers.
-format_label <- function(v) {
-  if (is.character(v)) return(v)
-  if (is.logical(v)) return(if (v) "True" else "False")
-  if (v == round(v) && abs(v) < 1e15) return(format(v, scientific = FALSE))
-  format(v, digits = 17)
 }
 
 ivs_frame <- function(client, dataset, axis, columns, computed) {
