@@ -10,6 +10,8 @@ PKGS=(
   check liblz4-dev zlib1g-dev node-llhttp
   python3 python3-h5py python3-numpy python3-scipy python3-anndata
   python3-zstandard python3-requests python3-pytest python3-pandas
+  python3-pip python3-setuptools python3-wheel
+  r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   wrk nginx-light
 )
 

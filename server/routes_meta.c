@@ -216,6 +216,10 @@ void iv_rmeta_schema(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis)
         iv_buf_json_str(b, c->encoding ? c->encoding : "");
         iv_buf_printf(b, ",\"computed\":%s,\"null_count\":%" PRId64, c->computed ? "true" : "false",
                       c->null_count);
+        /* The stored width, so that a client rebuilds float32 or int8
+         * columns as they are in the file rather than widened. */
+        if (c->type == IV_COL_INT || c->type == IV_COL_FLOAT)
+            iv_buf_printf(b, ",\"dtype\":\"%s\"", iv_dtype_name(c->dtype));
         if (c->type == IV_COL_CATEGORICAL) {
             iv_buf_printf(b, ",\"ordered\":%s,\"categories\":[", c->ordered ? "true" : "false");
             for (int64_t k = 0; k < c->n_cats; k++) {

@@ -1,0 +1,75 @@
+# HTTP to the server and its errors.
+#
+# Every failure is signalled as one condition class, "ivserve_error" (also
+# an "error"), carrying the HTTP status (NA when no answer came), the
+# server's error code and its message, so callers can tryCatch() one class.
+# httr2 is told not to turn error statuses into its own conditions: the
+# server's JSON error body is read here instead.
+
+ivs_error <- function(status, code, message) {
+  structure(
+    class = c("ivserve_error", "error", "condition"),
+    list(message = sprintf("%s %s: %s", if (is.na(status)) "-" else status, code, message),
+         call = NULL, status = status, code = code, detail = message)
+  )
+}
+
+ivs_stop <- function(status, code, message) stop(ivs_error(status, code, message))
+
+#' Connect to an ivserve server.
+#'
+#' @param url base URL, e.g. "http://127.0.0.1:8080".
+#' @param token bearer token, when the server asks for one.
+#' @param timeout seconds a request may take.
+#' @return an "ivs_client" object for the other ivs_ functions.
+ivs_connect <- function(url, token = NULL, timeout = 60) {
+  client <- list(url = sub("/+$", "", url), token = token, timeout = timeout,
+                 cache = new.env(parent = emptyenv()))
+  class(client) <- "ivs_client"
+  client
+}
+
+print.ivs_client <- function(x, ...) {
+  cat("<ivserve client ", x$url, ">\n", sep = "")
+  invisible(x)
+}
+
+ivs_path <- function(dataset, ...) {
+  parts <- c("v1", "datasets", utils::URLencode(dataset, reserved = TRUE), ...)
+  paste0("/", paste(parts, collapse = "/"))
+}
+
+# One request; returns the httr2 response or signals an ivserve_error.
+ivs_request <- function(client, path, query = NULL, body = NULL, accept = NULL) {
+  req <- httr2::request(paste0(client$url, path))
+  req <- httr2::req_timeout(req, client$timeout)
+  req <- httr2::req_error(req, is_error = function(resp) FALSE)
+  if (!is.null(client$token)) req <- httr2::req_auth_bearer_token(req, client$token)
+  if (!is.null(accept)) req <- httr2::req_headers(req, Accept = accept)
+  if (length(query)) req <- do.call(httr2::req_url_query, c(list(req), query))
+  if (!is.null(body)) {
+    req <- httr2::req_body_raw(req, jsonlite::toJSON(body, auto_unbox = TRUE, digits = NA),
+                               type = "application/json")
+  }
+  resp <- tryCatch(httr2::req_perform(req), error = function(e) {
+    if (inherits(e, "ivserve_error")) stop(e)
+    ivs_stop(NA_integer_, "connection", conditionMessage(e))
+  })
+  status <- httr2::resp_status(resp)
+  if (status >= 400) {
+    code <- "http"
+    msg <- tryCatch(httr2::resp_body_string(resp), error = function(e) "")
+    parsed <- tryCatch(jsonlite::fromJSON(msg, simplifyVector = FALSE), error = function(e) NULL)
+    if (!is.null(parsed$error$code)) {
+      code <- parsed$error$code
+      msg <- parsed$error$message
+    }
+    ivs_stop(status, code, msg)
+  }
+  resp
+}
+
+ivs_get_json <- function(client, path, query = NULL) {
+  resp <- ivs_request(client, path, query = query)
+  jsonlite::fromJSON(httr2::resp_body_string(resp), simplifyVector = FALSE)
+}

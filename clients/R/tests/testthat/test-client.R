@@ -1,0 +1,180 @@
+# The R client against a real server.
+#
+# Run by tests/python/test_client_r.py, which starts ivserve on fixture
+# files and writes, for each dataset, the expected matrix (Matrix Market)
+# and the obs / var tables and filter results as anndata and pandas read
+# them.  Environment: IVS_URL (the server), IVS_EXPECTED (that folder),
+# IVS_DATASETS (comma-separated ids).  Expected selections are R's own
+# indexing of the expected matrix, so every form checks against R.
+
+url <- Sys.getenv("IVS_URL")
+expected_dir <- Sys.getenv("IVS_EXPECTED")
+datasets <- strsplit(Sys.getenv("IVS_DATASETS"), ",")[[1]]
+if (!nzchar(url) || !nzchar(expected_dir) || !length(datasets)) {
+  stop("IVS_URL, IVS_EXPECTED and IVS_DATASETS must be set (tests/python/test_client_r.py sets them)")
+}
+client <- ivs_connect(url)
+
+expected <- function(id) {
+  d <- file.path(expected_dir, id)
+  E <- as(Matrix::readMM(file.path(d, "matrix.mtx")), "CsparseMatrix")
+  obs <- jsonlite::fromJSON(file.path(d, "obs.json"), simplifyVector = FALSE)
+  var <- jsonlite::fromJSON(file.path(d, "var.json"), simplifyVector = FALSE)
+  dimnames(E) <- list(unlist(obs$index), unlist(var$index))
+  list(E = E, obs = obs, var = var,
+       wheres = jsonlite::fromJSON(file.path(d, "wheres.json"), simplifyVector = FALSE))
+}
+
+same_matrix <- function(X, want) {
+  expect_s4_class(X, "dgCMatrix")
+  expect_identical(dim(X), dim(want))
+  # An empty axis's names are NULL in one and character(0) in the other.
+  norm <- function(d) lapply(d, function(x) if (length(x)) x else NULL)
+  expect_identical(norm(dimnames(X)), norm(dimnames(want)))
+  expect_identical(as.matrix(X), as.matrix(want))
+}
+
+test_that("ivs_datasets lists every dataset with its shape", {
+  d <- ivs_datasets(client)
+  expect_setequal(d$id, datasets)
+  for (id in datasets) {
+    E <- expected(id)$E
+    expect_equal(c(d$n_obs[d$id == id], d$n_var[d$id == id]), dim(E))
+  }
+})
+
+for (id in datasets) {
+  test_that(paste("every selection form equals R indexing:", id), {
+    ex <- expected(id)
+    E <- ex$E
+    n <- nrow(E)
+    g <- ncol(E)
+    set.seed(nchar(id))
+    ints <- sample.int(n, 12, replace = TRUE)
+    gints <- sample.int(g, 15, replace = TRUE)
+    mask <- runif(n) < 0.3
+    gmask <- runif(g) < 0.2
+    onames <- rownames(E)[c(sample.int(n, 6), 1, 1)]
+    vnames <- colnames(E)[c(sample.int(g, 7), g, g)]
+    cases <- list(
+      list(NULL, NULL), list(3, NULL), list(n, 1), list(1, g),
+      list(5:n, 1:7), list(1:(n - 3), (g - 9):g), list(seq(1, n, by = 2), seq(g, 1, by = -1)),
+      list(seq(n, 1, by = -3), seq(2, g, by = 5)), list(rev(seq_len(n)), NULL),
+      list(-1, NULL), list(-(1:5), -g), list(ints, gints), list(integer(0), NULL), list(NULL, integer(0)),
+      list(mask, gmask), list(onames, vnames), list(rownames(E)[2], colnames(E)[3]),
+      list(c(2, 2, 2), c(1, 1))
+    )
+    for (cs in cases) {
+      o <- cs[[1]]
+      v <- cs[[2]]
+      want <- E[if (is.null(o)) seq_len(n) else o, if (is.null(v)) seq_len(g) else v, drop = FALSE]
+      X <- ivs_query(client, id, obs = o, var = v)
+      same_matrix(X, want)
+      cnt <- ivs_count(client, id, obs = o, var = v)
+      expect_equal(c(cnt$n_cells, cnt$n_genes), dim(want))
+      expect_equal(cnt$nnz, length(want@x))
+    }
+  })
+
+  test_that(paste("where filters equal pandas:", id), {
+    ex <- expected(id)
+    E <- ex$E
+    for (w in ex$wheres$obs) {
+      rows <- as.integer(unlist(w$rows))
+      X <- ivs_query(client, id, where = w$where)
+      same_matrix(X, E[rows, , drop = FALSE])
+      X <- ivs_query(client, id, obs = seq(1, nrow(E), by = 2), var = c(3, 1), where = w$where)
+      same_matrix(X, E[intersect(seq(1, nrow(E), by = 2), rows), c(3, 1), drop = FALSE])
+      expect_equal(ivs_count(client, id, where = w$where)$n_cells, length(rows))
+    }
+    for (w in ex$wheres$var) {
+      cols <- as.integer(unlist(w$rows))
+      same_matrix(ivs_query(client, id, obs = 1:4, var_where = w$where), E[1:4, cols, drop = FALSE])
+      keep <- rev(seq_len(ncol(E)))
+      same_matrix(ivs_query(client, id, var = keep, var_where = w$where),
+                  E[, keep[keep %in% cols], drop = FALSE])
+    }
+  })
+
+  test_that(paste("ivs_obs and ivs_var equal anndata's tables:", id), {
+    ex <- expected(id)
+    for (axis in c("obs", "var")) {
+      want <- ex[[axis]]
+      df <- if (axis == "obs") ivs_obs(client, id) else ivs_var(client, id)
+      expect_identical(rownames(df), unlist(want$index))
+      expect_identical(names(df), vapply(want$columns, function(c) c$name, ""))
+      for (col in want$columns) {
+        got <- df[[col$name]]
+        vals <- col$values
+        isna <- vapply(vals, is.null, TRUE)
+        expect_identical(is.na(got), isna, label = col$name)
+        plain <- function(na) vapply(vals, function(x) if (is.null(x)) na else x, na)
+        if (col$kind == "categorical") {
+          expect_true(is.factor(got), label = col$name)
+          expect_identical(levels(got), unlist(col$categories), label = col$name)
+          expect_identical(is.ordered(got), isTRUE(col$ordered))
+          expect_identical(as.character(got), plain(NA_character_), label = col$name)
+        } else if (col$kind == "int") {
+          expect_true(is.integer(got), label = col$name)
+          expect_identical(got, as.integer(plain(NA_real_)), label = col$name)
+        } else if (col$kind == "float") {
+          expect_identical(got, plain(NA_real_), label = col$name)
+        } else if (col$kind == "bool") {
+          expect_identical(got, plain(NA), label = col$name)
+        } else {
+          expect_identical(got, plain(NA_character_), label = col$name)
+        }
+      }
+    }
+    # computed columns only when asked for
+    axis <- if ("total_counts" %in% names(ivs_obs(client, id, computed = TRUE))) "obs" else "var"
+    full <- if (axis == "obs") ivs_obs(client, id, computed = TRUE) else ivs_var(client, id, computed = TRUE)
+    sums <- if (axis == "obs") Matrix::rowSums(ex$E) else Matrix::colSums(ex$E)
+    expect_equal(as.numeric(full$total_counts), as.numeric(sums), tolerance = 1e-6)
+  })
+}
+
+test_that("errors are ivserve_error conditions with status, code and message", {
+  id <- datasets[1]
+  E <- expected(id)$E
+  e <- tryCatch(ivs_query(client, "no_such_dataset"), ivserve_error = function(e) e)
+  expect_s3_class(e, "ivserve_error")
+  expect_identical(e$status, 404L)
+  expect_identical(e$code, "not_found")
+  e <- tryCatch(ivs_query(client, id, where = "nope_column == 1"), ivserve_error = function(e) e)
+  expect_identical(e$status, 422L)
+  expect_identical(e$code, "bad_filter")
+  e <- tryCatch(ivs_query(client, id, obs = "NOPE_CELL"), ivserve_error = function(e) e)
+  expect_identical(e$code, "unknown_name")
+  e <- tryCatch(ivs_query(client, id, obs = nrow(E) + 1), ivserve_error = function(e) e)
+  expect_identical(e$code, "bad_selection")
+  e <- tryCatch(ivs_query(client, id, obs = c(TRUE, FALSE)), ivserve_error = function(e) e)
+  expect_identical(e$code, "bad_selection")
+  e <- tryCatch(ivs_datasets(ivs_connect("http://127.0.0.1:1", timeout = 2)),
+                ivserve_error = function(e) e)
+  expect_identical(e$code, "connection")
+  expect_true(is.na(e$status))
+})
+
+test_that("a stream cut before its trailer or ending in an error trailer is an error", {
+  id <- datasets[1]
+  resp <- httr2::req_perform(httr2::req_headers(
+    httr2::req_body_raw(httr2::request(paste0(url, "/v1/datasets/", id, "/query")), "{}",
+                        type = "application/json"),
+    Accept = "application/vnd.ivserve.csr"))
+  body <- httr2::resp_body_raw(resp)
+  ok <- ivs_read_stream(body)
+  expect_equal(nrow(ok$X), nrow(expected(id)$E))
+  for (cut in c(10, 40, 80, length(body) - 3)) {
+    e <- tryCatch(ivs_read_stream(body[seq_len(cut)]), ivserve_error = function(e) e)
+    expect_s3_class(e, "ivserve_error")
+  }
+  # Replace the ok trailer by an error trailer (status 503 and a message).
+  msg <- charToRaw('{"error":{"code":"overloaded","message":"try later"}}')
+  trailer_at <- length(body) - 28 + 1
+  bad <- c(body[seq_len(trailer_at - 1)], as.raw(c(2, 0, 0, 0)), writeBin(503L, raw(), size = 4, endian = "little"),
+           body[(trailer_at + 8):(trailer_at + 23)], writeBin(length(msg), raw(), size = 4, endian = "little"), msg)
+  e <- tryCatch(ivs_read_stream(bad), ivserve_error = function(e) e)
+  expect_identical(e$status, 503L)
+  expect_identical(e$code, "overloaded")
+})

@@ -1,0 +1,655 @@
+"""Client, Dataset and Query: the objects a user holds.
+
+A Dataset is one served matrix with its obs and var tables.  Indexing it
+(ds[obs, var], ds.where(...)) builds a Query, which holds only the two
+selections: nothing is fetched until a result is asked for (to_scipy,
+to_numpy, to_anndata, iter_blocks, count, shape).  A Query indexed again
+composes numpy-style: the selection it already has is resolved to row
+numbers (by the server, for names and filters) and the new key picks
+among them, so ds.where("cell_type == 'B cell'")[:10, ["CD3E"]] means
+the first ten B cells.
+
+Results are always two-dimensional (an int key keeps its axis, as
+anndata does).  Rows come in the selection's order, duplicates kept; the
+obs and var rows of to_anndata() follow the same order.  Metadata tables
+and obsm arrays are fetched once per Dataset and reused.
+"""
+import inspect
+import json
+import struct
+from urllib.parse import quote
+
+import numpy as np
+import requests
+
+from . import frames, selection, wire
+from .progress import bar as progress_bar
+from .errors import IvserveError
+
+# Rows a page of a metadata column asks for; halved when the server says
+# the page is past its JSON limit (413).
+_COLUMN_PAGE = 1_000_000
+# The table route serves at most this many rows a page.
+_TABLE_PAGE = 100_000
+
+
+def connect(url, token=None, timeout=60, session=None):
+    """A Client for the server at url (http://host:port), sending token as
+    a bearer token when given."""
+    return Client(url, token=token, timeout=timeout, session=session)
+
+
+class Client:
+    def __init__(self, url, token=None, timeout=60, session=None):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def __repr__(self):
+        return f"ivserve.Client({self.url!r})"
+
+    # -- HTTP -------------------------------------------------------------
+
+    def request(self, method, path, stream=False, **kw):
+        """One request; an error answer or a failed connection raises
+        IvserveError.  path starts with /."""
+        try:
+            r = self.session.request(method, self.url + path, timeout=self.timeout,
+                                     stream=stream, **kw)
+        except requests.RequestException as e:
+            raise IvserveError(None, "connection", f"{method} {path}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                body = r.content
+                err = json.loads(body)["error"]
+                code, message = err["code"], err["message"]
+            except (ValueError, KeyError, TypeError):
+                code, message = "http", r.text[:500]
+            finally:
+                r.close()
+            raise IvserveError(r.status_code, code, message)
+        return r
+
+    def get_json(self, path, **params):
+        r = self.request("GET", path, params=params or None)
+        try:
+            return r.json()
+        except ValueError:
+            raise IvserveError(r.status_code, "bad_answer", f"GET {path}: the answer is not JSON") from None
+
+    # -- datasets ---------------------------------------------------------
+
+    def datasets(self):
+        """The served datasets, as the server lists them: a list of dicts
+        with id, title, shape, orientation, nnz, dtype, codec, ready."""
+        return self.get_json("/v1/datasets")["datasets"]
+
+    def dataset(self, ds_id):
+        """The Dataset ds_id (404 from the server is an IvserveError)."""
+        return Dataset(self, ds_id)
+
+    def __getitem__(self, ds_id):
+        return self.dataset(ds_id)
+
+    def __iter__(self):
+        return iter(d["id"] for d in self.datasets())
+
+
+class Dataset:
+    """One served dataset.  ds[obs, var] and ds.where() give Queries."""
+
+    def __init__(self, client, ds_id):
+        self.client = client
+        self.id = ds_id
+        self.path = "/v1/datasets/" + quote(ds_id, safe="")
+        self.info = client.get_json(self.path)
+        self.shape = tuple(int(x) for x in self.info["shape"])
+        self._frames = {}
+        self._names = {}
+        self.obsm = Arrays(self, "obsm")
+        self.varm = Arrays(self, "varm")
+
+    def __repr__(self):
+        return (f"<ivserve.Dataset {self.id!r}: {self.shape[0]} cells x {self.shape[1]} genes, "
+                f"{self.info.get('nnz')} stored values>")
+
+    @property
+    def nnz(self):
+        return int(self.info["nnz"])
+
+    @property
+    def dtype(self):
+        return np.dtype(self.info["dtype"])
+
+    def _axis_len(self, axis):
+        return self.shape[0] if axis == "obs" else self.shape[1]
+
+    def _schema(self, axis):
+        doc = self.info.get(axis)
+        if not doc:
+            raise IvserveError(None, "no_metadata", f"dataset {self.id!r} lists no {axis} columns")
+        return doc
+
+    # -- metadata ---------------------------------------------------------
+
+    def columns(self, axis="obs", computed=False):
+        """Names of the obs or var columns (the computed ones when asked)."""
+        return [c["name"] for c in self._schema(axis)["columns"] if computed or not c.get("computed")]
+
+    def names(self, axis="obs"):
+        """The obs or var names (the DataFrame index), fetched once."""
+        if axis not in self._names:
+            schema = self._schema(axis)
+            out, offset, total = [], 0, None
+            while total is None or offset < total:
+                page = self.client.get_json(f"{self.path}/{axis}", columns="", offset=offset,
+                                            limit=_TABLE_PAGE, format="json")
+                total = int(page["total"])
+                rows = page["rows"]
+                if not rows and offset < total:
+                    raise IvserveError(None, "bad_answer", f"{axis} table page at {offset} is empty")
+                out.extend(r["_index"] for r in rows)
+                offset += len(rows)
+            self._names[axis] = frames.make_index(out, schema.get("index"))
+        return self._names[axis]
+
+    @property
+    def obs_names(self):
+        return self.names("obs")
+
+    @property
+    def var_names(self):
+        return self.names("var")
+
+    def _column_values(self, axis, name):
+        """Every value of one column (categorical labels row by row), paged."""
+        path = f"{self.path}/{axis}/{quote(name, safe='')}"
+        values, offset, limit, total = [], 0, _COLUMN_PAGE, None
+        while total is None or offset < total:
+            try:
+                page = self.client.get_json(path, offset=offset, limit=limit, values="true")
+            except IvserveError as e:
+                if e.status == 413 and limit > 1:
+                    limit //= 2
+                    continue
+                raise
+            total = int(page.get("selected", page.get("n_rows", 0)))
+            vals = page.get("values", [])
+            if not vals and offset < total:
+                raise IvserveError(None, "bad_answer", f"{axis} column {name!r} page at {offset} is empty")
+            values.extend(vals)
+            offset += len(vals)
+        return values
+
+    def read_frame(self, axis="obs", columns=None, computed=False):
+        """The obs or var table as a pandas DataFrame: columns (default all
+        the file's, plus the computed ones when computed=True) in the
+        server's order, each in the dtype anndata would give it."""
+        import pandas as pd
+
+        schema = self._schema(axis)
+        specs = {c["name"]: c for c in schema["columns"]}
+        if columns is None:
+            columns = [c["name"] for c in schema["columns"] if computed or not c.get("computed")]
+        else:
+            columns = [columns] if isinstance(columns, str) else list(columns)
+            unknown = [c for c in columns if c not in specs]
+            if unknown:
+                raise IvserveError(None, "unknown_column", f"{axis} has no column(s) {unknown}")
+        index = self.names(axis)
+        cached = self._frames.setdefault(axis, {})
+        series = {}
+        for name in columns:
+            if name not in cached:
+                vals = self._column_values(axis, name)
+                if len(vals) != len(index):
+                    raise IvserveError(None, "bad_answer",
+                                       f"{axis} column {name!r} has {len(vals)} values for {len(index)} rows")
+                cached[name] = frames.column_series(specs[name], vals, index)
+            series[name] = cached[name]
+        return pd.DataFrame(series, index=index.copy(), columns=columns)
+
+    def _frame_or_bare(self, axis, computed):
+        """The table, or one without columns indexed by row number when
+        the server has no metadata for the dataset (it lists no columns)."""
+        import pandas as pd
+
+        if not self.info.get(axis):
+            n = self._axis_len(axis)
+            return pd.DataFrame(index=pd.Index([str(i) for i in range(n)], dtype=object))
+        return self.read_frame(axis, computed=computed)
+
+    @property
+    def obs(self):
+        """The obs table (the file's columns; computed ones via read_frame)."""
+        return self.read_frame("obs")
+
+    @property
+    def var(self):
+        return self.read_frame("var")
+
+    # -- selections -------------------------------------------------------
+
+    def _wire(self, key, axis):
+        return selection.to_wire(key, self._axis_len(axis), axis)
+
+    def query(self, obs=None, var=None):
+        """A Query of obs and var keys (any form ds[obs, var] takes)."""
+        return Query(self, self._wire(obs, "obs"), self._wire(var, "var"))
+
+    def __getitem__(self, key):
+        obs, var = _split_key(key)
+        return self.query(obs, var)
+
+    def where(self, obs=None, var=None):
+        """A Query of the cells (obs) and genes (var) matching where
+        expressions in the server's grammar, e.g.
+        ds.where("cell_type == 'B cell' and n_genes > 200", var="highly_variable")."""
+        return Query(self, None if obs is None else {"where": obs},
+                     None if var is None else {"where": var})
+
+    def count(self, obs=None, var=None):
+        """The server's count of a selection: shape, n_cells, n_genes, nnz,
+        total_counts and the binary size, without fetching values."""
+        return self.query(obs, var).count()
+
+    def iter_blocks(self, obs=None, var=None, progress=None):
+        """Blocks of a selection as they arrive (see Query.iter_blocks)."""
+        return self.query(obs, var).iter_blocks(progress=progress)
+
+    def aggregate(self, group_by, stats=("mean", "frac_nonzero"), obs=None, var=None, ddof=1):
+        """Grouped statistics of the selected genes over groups of cells, on
+        servers with the aggregate route: group_by names one or more
+        categorical obs columns; stats are among sum, mean, var, nnz,
+        frac_nonzero, max.  Returns a dict: each statistic as a DataFrame
+        (one row per observed group, in category order; one column per
+        gene), and "n_cells" as a Series over the same groups."""
+        import pandas as pd
+
+        group_by = [group_by] if isinstance(group_by, str) else list(group_by)
+        body = {"group_by": group_by, "stats": list(stats), "ddof": ddof}
+        o, v = self._wire(obs, "obs"), self._wire(var, "var")
+        if o is not None:
+            body["obs"] = o
+        if v is not None:
+            body["var"] = v
+        r = self.client.request("POST", f"{self.path}/aggregate", json=body,
+                                headers={"Accept": AGG_MEDIA_TYPE})
+        doc, values = _aggregate_from_binary(r.content)
+        keys = [tuple(g["key"]) for g in doc["groups"]]
+        index = (pd.MultiIndex.from_tuples(keys, names=group_by) if len(group_by) > 1
+                 else pd.Index([k[0] for k in keys], name=group_by[0]))
+        genes = pd.Index([g["name"] for g in doc["genes"]])
+        out = {st: pd.DataFrame(values[st], index=index, columns=genes) for st in doc["stats"]}
+        out["n_cells"] = pd.Series([int(g["n_cells"]) for g in doc["groups"]], index=index,
+                                   name="n_cells")
+        return out
+
+    # -- resolving selections to row numbers ------------------------------
+
+    def _obs_positions(self, wire_sel):
+        pos = selection.positions(wire_sel, self.shape[0])
+        if pos is not None:
+            return pos
+        # Names and filters are the server's to resolve: the same selection
+        # with no genes streams just the row numbers.
+        q = Query(self, wire_sel, {"index": []})
+        parts = [b.obs for b in q.iter_blocks(progress=False)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def _lookup(self, names, by):
+        """Row numbers of names in the index (by None) or in column by; the
+        first row of a name listed twice, as the server picks it."""
+        if by is None:
+            keys = list(self.names("var"))
+        else:
+            keys = self._column_values("var", by)
+        first = {}
+        for i, k in enumerate(keys):
+            first.setdefault(str(k), i)
+        return [first.get(str(n), -1) for n in names]
+
+    def _var_positions(self, wire_sel):
+        """Column numbers of a var selection, in the result's order.  The
+        server returns none for a result's columns, so names are looked up
+        here as the server does; a filter is resolved through the var table
+        (by name), which needs the var names to be unique."""
+        n = self.shape[1]
+        pos = selection.positions(wire_sel, n)
+        if pos is not None:
+            return pos
+        base = {k: v for k, v in wire_sel.items() if k not in ("where", "filter")}
+        if "names" in base:
+            found = self._lookup(base["names"], base.get("by"))
+            unknown = [nm for nm, i in zip(base["names"], found) if i < 0]
+            if unknown and base.get("missing") != "ignore":
+                raise IvserveError(422, "unknown_name", f"var names not found: {unknown[:10]}")
+            pos = np.asarray([i for i in found if i >= 0], dtype=np.int64)
+        else:
+            pos = selection.positions(base or None, n)
+            if pos is None:
+                raise IvserveError(None, "bad_selection", f"cannot resolve the var selection {wire_sel}")
+        if "where" in wire_sel or "filter" in wire_sel:
+            keep = self._var_filter(wire_sel)
+            pos = pos[keep[pos]]
+        return pos
+
+    def _var_filter(self, wire_sel):
+        """A boolean mask over var of a selection's filter part."""
+        params = {}
+        if "filter" in wire_sel:
+            raise IvserveError(None, "unsupported",
+                               "to_anndata() of a var JSON filter is not supported; use a where string")
+        params["where"] = wire_sel["where"]
+        names = self.names("var")
+        if not names.is_unique:
+            raise IvserveError(None, "ambiguous",
+                               "var names are not unique, so the genes a var where selects cannot be "
+                               "placed; select genes by index, mask or range instead")
+        matched, offset, total = [], 0, None
+        while total is None or offset < total:
+            page = self.client.get_json(f"{self.path}/var", columns="", offset=offset,
+                                        limit=_TABLE_PAGE, **params)
+            total = int(page["total"])
+            if not page["rows"] and offset < total:
+                raise IvserveError(None, "bad_answer", "var table page is empty")
+            matched.extend(r["_index"] for r in page["rows"])
+            offset += len(page["rows"])
+        mask = np.zeros(len(names), dtype=bool)
+        mask[names.get_indexer(matched)] = True
+        return mask
+
+    def _post(self, route, obs, var, stream=False, headers=None):
+        body = {}
+        if obs is not None:
+            body["obs"] = obs
+        if var is not None:
+            body["var"] = var
+        return self.client.request("POST", f"{self.path}/{route}", json=body, stream=stream,
+                                   headers=headers)
+
+
+def _split_key(key):
+    if not isinstance(key, tuple):
+        return key, None
+    if len(key) == 2 and key[0] is Ellipsis:
+        return None, key[1]
+    if len(key) == 2 and key[1] is Ellipsis:
+        return key[0], None
+    if len(key) == 1:
+        return key[0], None
+    if len(key) != 2:
+        raise IndexError(f"a dataset has two axes; {len(key)} keys were given")
+    return key
+
+
+class Query:
+    """A selection of cells and genes of a Dataset; fetches nothing until a
+    result is asked for."""
+
+    def __init__(self, ds, obs, var):
+        self.ds = ds
+        self.obs = obs
+        self.var = var
+
+    def __repr__(self):
+        return f"<ivserve.Query {self.ds.id!r} obs={_short(self.obs)} var={_short(self.var)}>"
+
+    # -- composing --------------------------------------------------------
+
+    def __getitem__(self, key):
+        okey, vkey = _split_key(key)
+        ds = self.ds
+        obs, var = self.obs, self.var
+        if not _is_all(okey):
+            if obs is None:
+                obs = ds._wire(okey, "obs")
+            else:
+                pos = ds._obs_positions(obs)
+                names = ds.names("obs")[pos] if _has_names(okey) else None
+                obs = {"index": selection.subselect(pos, okey, names, "obs").tolist()}
+        if not _is_all(vkey):
+            if var is None:
+                var = ds._wire(vkey, "var")
+            else:
+                pos = ds._var_positions(var)
+                names = ds.names("var")[pos] if _has_names(vkey) else None
+                var = {"index": selection.subselect(pos, vkey, names, "var").tolist()}
+        return Query(ds, obs, var)
+
+    def where(self, obs=None, var=None):
+        """This selection further restricted by where expressions."""
+        return Query(self.ds, _and_where(self.obs, obs), _and_where(self.var, var))
+
+    # -- answers ----------------------------------------------------------
+
+    def count(self):
+        """The server's count of this selection (a dict)."""
+        return self.ds._post("count", self.obs, self.var).json()
+
+    @property
+    def shape(self):
+        c = self.count()
+        return (int(c["n_cells"]), int(c["n_genes"]))
+
+    def _stream(self, progress):
+        """Reads this selection's result stream: yields its header, then
+        each block as it arrives."""
+        r = self.ds._post("query", self.obs, self.var, stream=True,
+                          headers={"Accept": wire.MEDIA_TYPE})
+        try:
+            # The socket's bytes, read frame by frame; transfer encodings
+            # (chunked, gzip) are undone by urllib3.
+            r.raw.decode_content = True
+            reader = wire.StreamReader(r.raw)
+            h = reader.read_header()
+            yield h
+            bar = progress_bar(h.rows, progress, self.ds.id)
+            try:
+                for b in reader.blocks():
+                    bar.update(b.X.shape[0])
+                    yield b
+            finally:
+                bar.close()
+        except (requests.RequestException, OSError) as e:
+            raise IvserveError(None, "connection", f"reading the result stream: {e}") from None
+        finally:
+            r.close()
+
+    def iter_blocks(self, progress=None):
+        """Yields Block(obs, X) as blocks arrive, X a csr_matrix of up to
+        64 Ki rows; memory is one block, whatever the result's size.
+        progress: True / False / None (a tqdm bar for large results when
+        tqdm is installed)."""
+        stream = self._stream(progress)
+        next(stream)
+        yield from stream
+
+    def fetch(self, progress=None):
+        """(X, obs): the whole result as a csr_matrix and the dataset row of
+        each of its rows."""
+        stream = self._stream(progress)
+        header = next(stream)
+        return wire.assemble(header, list(stream))
+
+    def to_scipy(self, progress=None):
+        """The result as a scipy.sparse.csr_matrix (cells x genes)."""
+        return self.fetch(progress)[0]
+
+    def to_numpy(self, progress=None):
+        """The result as a dense numpy array."""
+        return self.fetch(progress)[0].toarray()
+
+    def __array__(self, dtype=None):
+        a = self.to_numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def to_anndata(self, obsm=True, computed=False, progress=None):
+        """The result as an AnnData: X (csr), obs and var rows in the
+        selection's order (the file's columns, and the server's computed
+        ones when computed=True), and the obsm arrays the server serves
+        (obsm=True: all; a list: those; False: none)."""
+        import anndata
+
+        X, obs_pos = self.fetch(progress)
+        var_pos = self.ds._var_positions(self.var)
+        if len(var_pos) != X.shape[1]:
+            raise IvserveError(None, "bad_answer",
+                               f"the result has {X.shape[1]} genes; the var selection resolves to {len(var_pos)}")
+        obs = self.ds._frame_or_bare("obs", computed).iloc[obs_pos]
+        var = self.ds._frame_or_bare("var", computed).iloc[var_pos]
+        arrays = {}
+        names = list(self.ds.obsm.keys()) if obsm is True else list(obsm or [])
+        for name in names:
+            arrays[name] = self.ds.obsm[name][obs_pos]
+        kw = {}
+        if "dtype" in inspect.signature(anndata.AnnData.__init__).parameters:
+            # anndata before 0.9 casts X to float32 unless told the dtype.
+            kw["dtype"] = X.dtype
+        return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, **kw)
+
+
+def _is_all(key):
+    return key is None or key is Ellipsis or (isinstance(key, slice) and key == slice(None))
+
+
+def _has_names(key):
+    if isinstance(key, str):
+        return True
+    arr = selection._array(key) if not isinstance(key, (slice, range, int, np.integer)) else None
+    return arr is not None and selection._is_names(arr)
+
+
+def _and_where(sel, expr):
+    if expr is None:
+        return sel
+    if sel is None:
+        return {"where": expr}
+    sel = dict(sel)
+    sel["where"] = f"({sel['where']}) and ({expr})" if "where" in sel else expr
+    return sel
+
+
+def _short(sel):
+    if sel is None:
+        return "all"
+    s = json.dumps(sel)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+class Arrays:
+    """ds.obsm / ds.varm: the per-cell (per-gene) arrays the server lists
+    (embeddings such as X_umap), fetched whole on first use from
+    GET .../obsm/{name} and kept; a name the server does not serve (or a
+    server without the route) is an IvserveError."""
+
+    def __init__(self, ds, kind):
+        self.ds = ds
+        self.kind = kind
+        self._cache = {}
+
+    def _listing(self):
+        """{name: entry} from the dataset document's list ("obsm": [{"name",
+        "shape", "dtype", "servable", ...}]), in its order; empty when the
+        server lists none."""
+        listed = self.ds.info.get(self.kind)
+        return {e["name"]: e for e in listed or [] if isinstance(e, dict) and "name" in e}
+
+    def keys(self):
+        """Names of the arrays the server can serve."""
+        return [k for k, e in self._listing().items() if e.get("servable", True)]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+    def __contains__(self, name):
+        return name in self.keys()
+
+    def __repr__(self):
+        return f"{self.kind}: {self.keys()}"
+
+    def __getitem__(self, name):
+        if name not in self._cache:
+            self._cache[name] = self._fetch(name)
+        return self._cache[name]
+
+    def _fetch(self, name):
+        path = f"{self.ds.path}/{self.kind}/{quote(name, safe='')}"
+        r = self.ds.client.request("GET", path, headers={"Accept": ARRAY_MEDIA_TYPE})
+        ctype = r.headers.get("Content-Type", "")
+        body = r.content
+        if "json" in ctype:
+            return _array_from_json(json.loads(body), name)
+        return _array_from_binary(body, name)
+
+
+# Dense arrays (obsm / varm rows), binary, little-endian:
+#   header 40 B: "IVAR" | u32 version (1) | i64 rows | i64 cols | char[8] dtype
+#                | u32 flags (bit 0: an i64 row id per row follows) | u32 0
+#   i64 ids[rows] (flag bit 0 only) | values[rows * cols], row-major
+ARRAY_MEDIA_TYPE = "application/vnd.ivserve.array"
+_ARRAY_HEADER = struct.Struct("<4sIqq8sII")
+
+
+def _array_from_json(doc, name):
+    vals = doc.get("values")
+    if vals is None or "shape" not in doc or "dtype" not in doc:
+        raise IvserveError(None, "bad_answer", f"obsm {name!r}: the JSON answer lacks values, shape or dtype")
+    dt = np.dtype(doc["dtype"])
+    # Non-finite floats are null in JSON: NaN is the closest reading.
+    arr = np.array(vals, dtype=np.float64 if dt.kind == "f" else dt)
+    return arr.astype(dt, copy=False).reshape(tuple(int(x) for x in doc["shape"]))
+
+
+def _array_from_binary(body, name):
+    """A binary dense-array answer as a numpy array (rows x cols)."""
+    if len(body) < _ARRAY_HEADER.size:
+        raise IvserveError(None, "truncated", f"obsm {name!r}: {len(body)} bytes, no header")
+    magic, version, rows, cols, raw, flags, _ = _ARRAY_HEADER.unpack_from(body, 0)
+    if magic != b"IVAR" or version != 1:
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: not an ivserve array (version 1)")
+    try:
+        dt = np.dtype(raw.rstrip(b"\0").decode("ascii"))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: bad dtype {raw!r}") from None
+    if rows < 0 or cols < 0 or dt.kind not in "biuf":
+        raise IvserveError(None, "bad_stream", f"obsm {name!r}: bad shape or dtype in the header")
+    off = _ARRAY_HEADER.size + (8 * rows if flags & 1 else 0)
+    size = rows * cols * dt.itemsize
+    if len(body) != off + size:
+        raise IvserveError(None, "truncated" if len(body) < off + size else "bad_stream",
+                           f"obsm {name!r}: {len(body)} bytes for a {rows} x {cols} {dt} array")
+    arr = np.frombuffer(body, dtype=dt, count=rows * cols, offset=off)
+    return arr.reshape(rows, cols).astype(dt.newbyteorder("="))
+
+
+# Grouped statistics, binary: "IVAG" | u32 version (1) | u64 json_len | the
+# JSON document without "values" | zero bytes to a multiple of 8 | per stat
+# in the document's "stats" order, f64 values[groups * genes], group-major.
+AGG_MEDIA_TYPE = "application/vnd.ivserve.aggregate"
+
+
+def _aggregate_from_binary(body):
+    if len(body) < 16 or body[:4] != b"IVAG":
+        raise IvserveError(None, "bad_stream", "not an ivserve aggregate answer")
+    version, jlen = struct.unpack_from("<IQ", body, 4)
+    if version != 1 or jlen > len(body) - 16:
+        raise IvserveError(None, "bad_stream", "bad aggregate header")
+    try:
+        doc = json.loads(body[16:16 + jlen])
+        ng, nv, stats = len(doc["groups"]), len(doc["genes"]), list(doc["stats"])
+    except (ValueError, KeyError, TypeError):
+        raise IvserveError(None, "bad_stream", "bad aggregate document") from None
+    pos = (16 + jlen + 7) // 8 * 8
+    if len(body) != pos + 8 * ng * nv * len(stats):
+        raise IvserveError(None, "bad_stream", "aggregate values do not match the document")
+    values = {}
+    for st in stats:
+        values[st] = np.frombuffer(body, dtype="<f8", count=ng * nv, offset=pos).reshape(ng, nv)
+        pos += 8 * ng * nv
+    return doc, values

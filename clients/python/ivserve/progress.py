@@ -1,0 +1,31 @@
+"""A progress bar for long results, when tqdm is installed.
+
+tqdm stays optional: without it, or for a result small enough to arrive
+before a bar would be worth drawing, the bar is a no-op.  The total is
+the row count the stream's header announces, so the bar is exact.
+"""
+import importlib
+
+# Results of at least this many rows get a bar when progress is left to
+# the client (progress=None); a few hundred milliseconds at typical rates.
+AUTO_ROWS = 100_000
+
+
+class _Null:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def bar(total, progress, desc):
+    """A bar object with update(n) and close(): tqdm's when progress is
+    True, or None and total >= AUTO_ROWS, and tqdm imports; else a no-op."""
+    if progress is False or (progress is None and total < AUTO_ROWS):
+        return _Null()
+    try:
+        tqdm = importlib.import_module("tqdm").tqdm
+    except ImportError:
+        return _Null()
+    return tqdm(total=total, unit="cells", desc=desc, unit_scale=True)

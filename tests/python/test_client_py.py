@@ -1,0 +1,643 @@
+"""The Python client package (clients/python, `import ivserve`) against a real server.
+
+Starts ivserve on fixture files of both orientations, integer and float
+values, synthetic and real metadata, and checks: every selection form
+(ints, slices of every shape, ranges, boolean masks, int and name lists,
+Ellipsis, where filters, composed queries) gives exactly numpy's
+X[rows][:, cols] of the expected matrix, as scipy CSR and as numpy, with
+the file's value dtype; obs / var DataFrames and to_anndata() equal
+anndata's own reading of the metadata twin, column by column, dtypes and
+categories included, rows in the selection's order; count; streamed blocks
+read incrementally; errors as IvserveError; the progress bar; tokens; and
+that `pip install --no-build-isolation` of the package works offline.
+
+The package is imported from the source tree (clients/python on sys.path),
+so the suite needs no install step.
+"""
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+import warnings
+
+import anndata
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+import scipy.sparse as sp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PKG = os.path.join(REPO, "clients", "python")
+sys.path.insert(0, HERE)
+sys.path.insert(0, PKG)
+
+import ivserve  # noqa: E402
+from ivserve import IvserveError, Where  # noqa: E402
+from ivserve import wire  # noqa: E402
+
+from conftest import fixtures_path  # noqa: E402
+
+FIX = fixtures_path()
+if FIX is None:
+    pytest.skip("fixtures folder absent (IV_FIXTURES or ../shared/fixtures): skipping",
+                allow_module_level=True)
+
+from test_http_server import Server  # noqa: E402
+
+# (dataset id, file, expected matrix, metadata twin), relative to the fixtures.
+DATASETS = [
+    ("tiny_r", "tiny.ivcsr.blosc2-lz4.h5ad", "expected/tiny.csr.h5", "expected/tiny.meta.h5ad"),
+    ("tiny_c", "tiny.ivcsc.blosc2-lz4.h5ad", "expected/tiny.csr.h5", "expected/tiny.meta.h5ad"),
+    ("floaty", "floaty.ivcsr.gzip.h5ad", "expected/floaty.csr.h5", "expected/floaty.meta.h5ad"),
+    ("wide_c", "wide.ivcsc.zstd.h5ad", "expected/wide.csr.h5", "expected/wide.meta.h5ad"),
+    ("chunky", "chunky.ivcsr.zstd.h5ad", "expected/chunky.csr.h5", "expected/chunky.meta.h5ad"),
+    ("pbmc_small", "real/pbmc_small.ivcsr.h5ad", "real/expected/pbmc_small.csr.h5",
+     "real/expected/pbmc_small.meta.h5ad"),
+    ("visium", "real/seurat_visium_testdata.ivcsr.h5ad",
+     "real/expected/seurat_visium_testdata.csr.h5", "real/expected/seurat_visium_testdata.meta.h5ad"),
+]
+DATASETS = [d for d in DATASETS if os.path.exists(os.path.join(FIX, d[1]))]
+IDS = [d[0] for d in DATASETS]
+SYNTHETIC = [d for d in IDS if d in ("tiny_r", "tiny_c", "floaty", "wide_c", "chunky")]
+
+
+@pytest.fixture(scope="module")
+def srv(ivserve, tmp_path_factory):
+    ds = [{"id": d, "path": os.path.abspath(os.path.join(FIX, f))} for d, f, _, _ in DATASETS]
+    s = Server(str(tmp_path_factory.mktemp("client")), datasets=ds)
+    yield s
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return ivserve.connect(srv.url)
+
+
+_CACHE = {}
+_SPARSE = {}
+
+
+def stored(ds_id, rows, cols):
+    """Stored values (explicit zeros included) of the expected selection."""
+    ref(ds_id)
+    return _SPARSE[ds_id][rows][:, cols].nnz
+
+
+def ref(ds_id):
+    """(dense expected matrix in the file's value dtype, anndata obs, var)."""
+    if ds_id not in _CACHE:
+        _, f, exp, meta = next(d for d in DATASETS if d[0] == ds_id)
+        with h5py.File(os.path.join(FIX, f), "r") as h:
+            vdt = h["X"]["values"].dtype
+        with h5py.File(os.path.join(FIX, exp), "r") as h:
+            shape = tuple(int(x) for x in h.attrs["shape"])
+            m = sp.csr_matrix((h["data"][:], h["indices"][:], h["indptr"][:]), shape=shape)
+        dense = m.toarray()
+        assert np.array_equal(dense.astype(vdt).astype(dense.dtype), dense, equal_nan=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = anndata.read_h5ad(os.path.join(FIX, meta))
+        _CACHE[ds_id] = (dense.astype(vdt), a.obs, a.var)
+        _SPARSE[ds_id] = m
+    return _CACHE[ds_id]
+
+
+def np_rows(key, n, names):
+    """The row numbers numpy (and pandas, for names) gives for key."""
+    if key is None or key is Ellipsis:
+        return np.arange(n)
+    if isinstance(key, str):
+        key = [key]
+    if isinstance(key, (pd.Series, pd.Index)):
+        key = key.to_numpy()
+    arr = np.asarray(key) if not isinstance(key, slice) else None
+    if arr is not None and arr.size and (arr.dtype.kind in "US" or arr.dtype == object):
+        pos = names.get_indexer(arr)
+        assert (pos >= 0).all()
+        return pos
+    if arr is not None and arr.size == 0:
+        return np.zeros(0, np.int64)
+    out = np.arange(n)[key]
+    return np.atleast_1d(out)
+
+
+def assert_same(got, want):
+    """Exact equality (NaN where NaN), shape and dtype included."""
+    if sp.issparse(got):
+        assert isinstance(got, sp.csr_matrix)
+        got = got.toarray()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert np.array_equal(got, want, equal_nan=want.dtype.kind == "f")
+
+
+def selections(n_obs, n_var, obs_names, var_names, rng):
+    """(obs key, var key) pairs covering every form."""
+    ints = rng.integers(-n_obs, n_obs, 12)
+    gints = rng.integers(-n_var, n_var, 15)
+    mask = rng.random(n_obs) < 0.3
+    gmask = rng.random(n_var) < 0.2
+    onames = [obs_names[i] for i in rng.integers(0, n_obs, 6)] + [obs_names[0], obs_names[0]]
+    vnames = [var_names[i] for i in rng.integers(0, n_var, 7)] + [var_names[-1]] * 2
+    return [
+        (None, None),
+        (3, None), (-1, None), (np.int64(n_obs // 2), 0), (0, -1),
+        (slice(None, None), slice(None, None)),
+        (slice(5, None), slice(None, 7)),
+        (slice(None, -3), slice(-10, None)),
+        (slice(-7, -2), slice(2, -2, 3)),
+        (slice(None, None, 2), slice(None, None, -1)),
+        (slice(None, None, -3), slice(1, None, 5)),
+        (slice(-2, 1, -2), slice(-1, -40, -7)),
+        (slice(4, 4), None), (slice(10, 2), None),
+        (slice(0, n_obs + 50), slice(-10 * n_var, None)),   # out-of-range ends clip, as numpy
+        (range(2, 9), range(n_var - 1, 0, -4)),
+        (ints.tolist(), gints.tolist()),
+        (ints, gints.astype(np.int32)),
+        ([], None), (None, []),
+        (mask, gmask), (mask.tolist(), None), (pd.Series(mask), pd.Series(gmask)),
+        (onames, vnames), (np.array(onames), None), (pd.Index(onames), pd.Index(vnames)),
+        (obs_names[1], var_names[2]),
+        (Ellipsis, vnames[:3]),
+        # long increasing lists travel as masks (chunky's obs, wide's var)
+        (np.delete(np.arange(n_obs), [1, n_obs // 2]), np.arange(0, n_var, 3)),
+    ]
+
+
+@pytest.mark.parametrize("ds_id", IDS)
+def test_selection_forms_equal_numpy(client, ds_id):
+    dense, obs, var = ref(ds_id)
+    ds = client[ds_id]
+    assert ds.shape == dense.shape
+    assert list(ds.obs_names) == list(obs.index) and list(ds.var_names) == list(var.index)
+    rng = np.random.default_rng(sum(map(ord, ds_id)))
+    n, g = dense.shape
+    for ok, vk in selections(n, g, list(obs.index), list(var.index), rng):
+        rows, cols = np_rows(ok, n, obs.index), np_rows(vk, g, var.index)
+        want = dense[rows][:, cols]
+        q = ds[ok, vk] if vk is not None else ds[ok]
+        X, got_rows = q.fetch()
+        assert_same(X, want)
+        assert np.array_equal(got_rows, rows), (ok, vk)
+        assert_same(q.to_numpy(), want)
+        cnt = q.count()
+        assert (cnt["n_cells"], cnt["n_genes"], cnt["nnz"]) == (len(rows), len(cols), stored(ds_id, rows, cols))
+    # The Ellipsis and one-key forms, and ds.query() with keywords.
+    assert_same(ds[...].to_scipy(), dense)
+    assert_same(ds.query(var=[1, 0]).to_scipy(), dense[:, [1, 0]])
+
+
+@pytest.mark.parametrize("ds_id", IDS)
+def test_composed_queries_equal_numpy(client, ds_id):
+    dense, obs, var = ref(ds_id)
+    ds = client[ds_id]
+    n, g = dense.shape
+    rows = np.arange(n)[::-2]
+    cols = np.arange(g)[1::3]
+    q = ds[::-2, 1::3]
+    assert_same(q[3:, [0, -1, 0]].to_scipy(), dense[rows[3:]][:, cols[[0, -1, 0]]])
+    assert_same(q[[-1, 0]].to_scipy(), dense[rows[[-1, 0]]][:, cols])
+    m = np.zeros(len(rows), bool)
+    m[::3] = True
+    assert_same(q[m, :2].to_numpy(), dense[rows[m]][:, cols[:2]])
+    # names among the selected rows
+    nm = [obs.index[rows[2]], obs.index[rows[0]]]
+    assert_same(q[nm].to_numpy(), dense[rows[[2, 0]]][:, cols])
+    outside = next(i for i in range(n) if i not in set(rows.tolist()))
+    with pytest.raises(IvserveError) as e:
+        q[[obs.index[outside]]]
+    assert e.value.code == "unknown_name"
+
+
+def filters_for(ds_id, obs):
+    """(where string, pandas mask) pairs for the dataset's obs."""
+    if ds_id in SYNTHETIC:
+        return [
+            ("cell_type in ['B cell', 'NK cell']", obs.cell_type.isin(["B cell", "NK cell"])),
+            ("age >= 40 and age < 70 and not is_doublet", (obs.age >= 40) & (obs.age < 70) & ~obs.is_doublet),
+            ("batch is null", obs.batch.isna()),
+        ]
+    if ds_id == "pbmc_small":
+        return [("groups == 'g1' and nCount_RNA > 100", (obs.groups == "g1") & (obs.nCount_RNA > 100))]
+    return [("in_tissue == 1 and array_row < 30", (obs.in_tissue == 1) & (obs.array_row < 30))]
+
+
+@pytest.mark.parametrize("ds_id", IDS)
+def test_where_equals_pandas(client, ds_id):
+    dense, obs, var = ref(ds_id)
+    ds = client[ds_id]
+    for expr, mask in filters_for(ds_id, obs):
+        rows = np.flatnonzero(np.asarray(mask, dtype=bool))
+        assert 0 < len(rows) < len(obs) or "is null" in expr
+        q = ds.where(expr)
+        X, got = q.fetch()
+        assert np.array_equal(got, rows), expr
+        assert_same(X, dense[rows])
+        assert q.shape == (len(rows), dense.shape[1])
+        # Where as a key, combined with genes; a where narrowing a selection.
+        assert_same(ds[Where(expr), [2, 0]].to_numpy(), dense[rows][:, [2, 0]])
+        assert_same(q[1::2, -3:].to_numpy(), dense[rows[1::2]][:, dense.shape[1] - 3:])
+        sub = ds[::3].where(expr)
+        keep = np.arange(len(obs))[::3]
+        keep = keep[np.asarray(mask, dtype=bool)[keep]]
+        assert np.array_equal(sub.fetch()[1], keep)
+        assert ds.count(obs=Where(expr))["n_cells"] == len(rows)
+    if ds_id in SYNTHETIC:
+        # Two obs wheres are and-ed; a var where selects genes.
+        both = ds.where("age >= 40").where("not is_doublet")
+        m = (obs.age >= 40) & ~obs.is_doublet
+        assert np.array_equal(both.fetch()[1], np.flatnonzero(m.to_numpy()))
+        hv = np.flatnonzero(var.highly_variable.to_numpy())
+        assert_same(ds.where(var="highly_variable").to_scipy(), dense[:, hv])
+
+
+def frame_equal(got, want):
+    pd.testing.assert_frame_equal(got, want, check_exact=True, check_categorical=True)
+    for c in want.columns:
+        if isinstance(want[c].dtype, pd.CategoricalDtype):
+            assert list(got[c].cat.categories) == list(want[c].cat.categories), c
+            assert got[c].cat.ordered == want[c].cat.ordered
+
+
+@pytest.mark.parametrize("ds_id", IDS)
+def test_obs_var_frames_equal_anndata(client, ds_id):
+    _, obs, var = ref(ds_id)
+    ds = client[ds_id]
+    frame_equal(ds.obs, obs)
+    frame_equal(ds.var, var)
+    assert ds.columns("obs") == list(obs.columns)
+    # Computed columns (of the stored major axis) only when asked for;
+    # total_counts equals the matrix' sums.
+    dense = ref(ds_id)[0]
+    axis = "obs" if ds.info["orientation"] == "ivcsr" else "var"
+    full = ds.read_frame(axis, computed=True)
+    plain = ds.obs if axis == "obs" else ds.var
+    assert "total_counts" in full.columns and "total_counts" not in plain.columns
+    assert np.allclose(full.total_counts.to_numpy(dtype=np.float64),
+                       np.nansum(dense.astype(np.float64), axis=1 if axis == "obs" else 0))
+    assert list(ds.read_frame("obs", columns=[obs.columns[1]]).columns) == [obs.columns[1]]
+
+
+@pytest.mark.parametrize("ds_id", IDS)
+def test_to_anndata_equals_anndata(client, ds_id):
+    dense, obs, var = ref(ds_id)
+    ds = client[ds_id]
+    n, g = dense.shape
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, n, 25).tolist() + [0, 0]
+    gidx = rng.permutation(g)[: min(g, 40)]
+    expr, mask = filters_for(ds_id, obs)[0]
+    cases = [
+        (ds[:, :], np.arange(n), np.arange(g)),
+        (ds[idx, gidx], np.asarray(idx), gidx),
+        (ds[::-1, list(var.index[[3, 1, 3]])], np.arange(n)[::-1], np.array([3, 1, 3])),
+        (ds.where(expr)[:, 2:9], np.flatnonzero(np.asarray(mask, bool)), np.arange(2, 9)),
+    ]
+    if ds_id in SYNTHETIC:
+        cases.append((ds.where("cell_type == 'B cell'", var="highly_variable"),
+                      np.flatnonzero((obs.cell_type == "B cell").to_numpy()),
+                      np.flatnonzero(var.highly_variable.to_numpy())))
+        cases.append((ds[:5, {"names": list(var.gene_ids.iloc[[4, 2]]), "by": "gene_ids"}],
+                      np.arange(5), np.array([4, 2])))
+    for q, rows, cols in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # duplicate obs names
+            ad = q.to_anndata()
+        assert isinstance(ad, anndata.AnnData)
+        assert isinstance(ad.X, sp.csr_matrix)
+        assert_same(ad.X, dense[rows][:, cols])
+        frame_equal(ad.obs, obs.iloc[rows])
+        frame_equal(ad.var, var.iloc[cols])
+        assert len(ad.obsm) == 0  # this server serves no obsm arrays
+    ad = ds[:3].to_anndata(computed=True)
+    assert "total_counts" in list(ad.obs.columns) + list(ad.var.columns)
+
+
+def test_count(client):
+    dense, obs, _ = ref(IDS[0])
+    ds = client[IDS[0]]
+    c = ds.count(obs=slice(5, None), var=[0, 3, 3])
+    want = dense[5:][:, [0, 3, 3]]
+    assert c["shape"] == list(want.shape) and c["nnz"] == stored(IDS[0], np.arange(5, len(dense)), [0, 3, 3])
+    assert c["total_counts"] == pytest.approx(float(want.sum()))
+    assert ds.count()["nnz"] == ds.nnz == _SPARSE[IDS[0]].nnz
+
+
+def test_datasets_and_info(client):
+    listed = {d["id"]: d for d in client.datasets()}
+    assert set(listed) == set(IDS)
+    assert set(client) == set(IDS)
+    for ds_id in IDS:
+        ds = client[ds_id]
+        assert tuple(listed[ds_id]["shape"]) == ds.shape
+        assert ds.dtype == ref(ds_id)[0].dtype
+    assert "tiny_r" in repr(client["tiny_r"])
+
+
+@pytest.mark.parametrize("ds_id", [d for d in ("wide_c", "chunky") if d in IDS])
+def test_iter_blocks_streams(client, srv, ds_id):
+    dense, _, _ = ref(ds_id)
+    ds = client[ds_id]
+    blocks = list(ds.iter_blocks())
+    assert len(blocks) >= 2, "the fixture's whole matrix should span several blocks"
+    X = sp.vstack([b.X for b in blocks]).tocsr()
+    assert_same(X, dense)
+    assert np.array_equal(np.concatenate([b.obs for b in blocks]), np.arange(dense.shape[0]))
+    sel = list(ds.iter_blocks(obs=slice(None, None, -1), var=slice(0, 500)))
+    assert_same(sp.vstack([b.X for b in sel]).tocsr(), dense[::-1, :500])
+    # The reader takes the stream frame by frame: when the first block is
+    # handed out, no byte past it has been read.
+    body = requests.post(f"{srv.url}/v1/datasets/{ds_id}/query", json={},
+                         headers={"Accept": wire.MEDIA_TYPE}).content
+
+    class Counting(io.BytesIO):
+        high = 0
+
+        def readinto(self, b):
+            k = super().readinto(b)
+            Counting.high = max(Counting.high, self.tell())
+            return k
+
+    src = Counting(body)
+    it = wire.StreamReader(src).blocks()
+    first = next(it)
+    n0, k0 = first.X.shape[0], first.X.nnz
+    idx_size = 4 if dense.shape[1] < 2 ** 31 else 8
+    first_end = 40 + 24 + 8 * n0 + 8 * (n0 + 1) + (idx_size + dense.dtype.itemsize) * k0
+    assert Counting.high == first_end < len(body)
+    rest = list(it)
+    assert Counting.high == len(body) and len(rest) == len(blocks) - 1
+
+
+def test_progress_bar(client, monkeypatch):
+    calls = []
+
+    class FakeBar:
+        def __init__(self, total, **kw):
+            calls.append(("new", total))
+
+        def update(self, n):
+            calls.append(("update", n))
+
+        def close(self):
+            calls.append(("close", None))
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+    ds = client["chunky" if "chunky" in IDS else IDS[0]]
+    n = ds.shape[0]
+    ds[:].to_scipy(progress=True)
+    assert calls[0] == ("new", n) and calls[-1] == ("close", None)
+    assert sum(x for k, x in calls if k == "update") == n
+    calls.clear()
+    ds[:].to_scipy()  # small result: no bar by default
+    assert calls == []
+    monkeypatch.setattr("ivserve.progress.AUTO_ROWS", 10)
+    ds[:].to_scipy()
+    assert calls and calls[0] == ("new", n)
+    calls.clear()
+    ds[:].to_scipy(progress=False)
+    assert calls == []
+
+
+def test_errors(client, srv):
+    ds = client[IDS[0]]
+    n, g = ds.shape
+    with pytest.raises(IvserveError) as e:
+        client["no_such_dataset"]
+    assert (e.value.status, e.value.code) == (404, "not_found")
+    assert "no_such_dataset" in e.value.message
+    with pytest.raises(IvserveError) as e:
+        ds.where("cell_typ == 'B cell'" if IDS[0] in SYNTHETIC else "nope == 1").to_scipy()
+    assert e.value.status == 422 and e.value.code == "bad_filter"
+    with pytest.raises(IvserveError) as e:
+        ds.where("age >=").count()
+    assert e.value.status == 400 and "position" in e.value.message
+    with pytest.raises(IvserveError) as e:
+        ds[["NOPE_CELL"]].to_scipy()
+    assert e.value.status == 422 and e.value.code == "unknown_name"
+    for key in (n, -n - 1, [0, n], np.zeros(n + 1, bool)):
+        with pytest.raises(IvserveError) as e:
+            ds[key]
+        assert e.value.code == "bad_selection" and "obs" in e.value.message
+    with pytest.raises(IvserveError) as e:
+        ds[:, g]
+    assert "var" in e.value.message
+    with pytest.raises(IvserveError) as e:
+        ds.obsm["X_umap"]
+    assert e.value.status == 404
+    with pytest.raises(IvserveError) as e:
+        ivserve.connect("http://127.0.0.1:1", timeout=2).datasets()
+    assert e.value.status is None and e.value.code == "connection"
+    with pytest.raises(TypeError):
+        ds[1.5]
+
+
+def _stream(blocks, trailer_status=0, msg=b"", rows=None, nnz=None, cols=4):
+    """A binary stream of int32 values built by hand."""
+    import struct
+    total_rows = sum(len(o) for o, _ in blocks)
+    out = bytearray(struct.pack("<4sIqq8s8s", b"IVQS", 1, total_rows, cols, b"<i4", b"<i4"))
+    knnz = 0
+    for obs, m in blocks:
+        m = sp.csr_matrix(m)
+        out += struct.pack("<IIqq", 1, 0, len(obs), m.nnz)
+        out += np.asarray(obs, "<i8").tobytes() + m.indptr.astype("<i8").tobytes()
+        out += m.indices.astype("<i4").tobytes() + m.data.astype("<i4").tobytes()
+        knnz += m.nnz
+    out += struct.pack("<IIqqI", 2, trailer_status, total_rows if rows is None else rows,
+                       knnz if nnz is None else nnz, len(msg)) + msg
+    return bytes(out)
+
+
+def test_stream_reader_checks():
+    m = np.array([[0, 1, 0, 2], [3, 0, 0, 0]], np.int32)
+    good = _stream([([5, 2], m)])
+    r = wire.StreamReader(io.BytesIO(good))
+    h = r.read_header()
+    X, obs = wire.assemble(h, list(r.blocks()))
+    assert_same(X, m) and list(obs) == [5, 2]
+    for cut in (10, 40, 70, len(good) - 3):
+        with pytest.raises(IvserveError) as e:
+            list(wire.StreamReader(io.BytesIO(good[:cut])).blocks())
+        assert e.value.code == "truncated"
+    err = _stream([([5, 2], m)], trailer_status=503,
+                  msg=b'{"error":{"code":"overloaded","message":"try later"}}')
+    with pytest.raises(IvserveError) as e:
+        list(wire.StreamReader(io.BytesIO(err)).blocks())
+    assert (e.value.status, e.value.code, e.value.message) == (503, "overloaded", "try later")
+    with pytest.raises(IvserveError) as e:
+        list(wire.StreamReader(io.BytesIO(_stream([([5, 2], m)], nnz=7))).blocks())
+    assert e.value.code == "bad_stream"
+    bad = bytearray(good)
+    bad[0:4] = b"NOPE"
+    with pytest.raises(IvserveError):
+        wire.StreamReader(io.BytesIO(bytes(bad))).read_header()
+    # A block claiming more rows than the header announced is refused
+    # before anything is allocated for it.
+    import struct
+    huge = good[:40] + struct.pack("<IIqq", 1, 0, 1 << 40, 1 << 40)
+    with pytest.raises(IvserveError) as e:
+        list(wire.StreamReader(io.BytesIO(huge)).blocks())
+    assert e.value.code == "bad_stream"
+
+
+def test_obsm_binary_parser():
+    """The dense-array encoding of GET .../obsm/{name} (application/
+    vnd.ivserve.array), built by hand: this branch's server has no obsm
+    route, so the real answers are checked where it has one."""
+    from ivserve.client import _array_from_binary, _array_from_json
+    import struct
+    a = np.arange(12, dtype=np.float32).reshape(6, 2) / 3
+    head = lambda rows, cols, dt, flags: struct.pack("<4sIqq8sII", b"IVAR", 1, rows, cols, dt, flags, 0)  # noqa: E731
+    assert_same(_array_from_binary(head(6, 2, b"<f4", 0) + a.astype("<f4").tobytes(), "X_umap"), a)
+    ids = np.array([5, 0, 3], "<i8").tobytes()
+    got = _array_from_binary(head(3, 2, b"<f8", 1) + ids + a[[5, 0, 3]].astype("<f8").tobytes(), "X_pca")
+    assert_same(got, a[[5, 0, 3]].astype(np.float64))
+    body = head(6, 2, b"<f4", 0) + a.astype("<f4").tobytes()
+    for bad in (body[:-1], body[:30], b"IVQS" + body[4:], body + b"\0"):
+        with pytest.raises(IvserveError):
+            _array_from_binary(bad, "X_umap")
+    doc = {"name": "X_umap", "shape": [2, 2], "dtype": "float32", "values": [[1.5, None], [0, 2]]}
+    got = _array_from_json(doc, "X_umap")
+    assert got.dtype == np.float32 and np.isnan(got[0, 1]) and got[1, 1] == 2
+
+
+def test_obsm_and_aggregate(srv, tmp_path):
+    """obsm arrays and grouped statistics of a dataset written here.  A server that lists obsm in
+    the dataset document serves GET .../obsm/{name}: the arrays must equal
+    what was written, in their dtype, and to_anndata() must carry their
+    rows in the selection's order.  A server without the route (this
+    branch's) answers 404, which must reach the caller as IvserveError."""
+    import ivref
+    from anndata.experimental import write_elem
+    rng = np.random.default_rng(3)
+    n, g = 120, 30
+    X = sp.random(n, g, density=0.2, format="csr", random_state=3,
+                  data_rvs=lambda k: rng.integers(1, 50, k)).astype(np.float64)
+    obs = pd.DataFrame({"cell_type": pd.Categorical(rng.choice(["B", "T", "NK"], n))},
+                       index=["cell%d" % i for i in range(n)])
+    var = pd.DataFrame({"gene_ids": ["E%d" % i for i in range(g)]}, index=["g%d" % i for i in range(g)])
+    arrays = {"X_umap": rng.standard_normal((n, 2)).astype(np.float32),
+              "X_pca": rng.standard_normal((n, 5)), "ints": rng.integers(0, 9, (n, 3)).astype(np.int32)}
+    path = str(tmp_path / "emb.h5ad")
+    ivref.write_iv(path, X, orientation="ivcsr", value_dtype="int32", obs=False, var=False)
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", obs)
+        write_elem(f, "var", var)
+        grp = f.create_group("obsm")
+        for k, v in arrays.items():
+            grp.create_dataset(k, data=v)
+    s = Server(str(tmp_path), datasets=[{"id": "emb", "path": path}])
+    try:
+        ds = ivserve.connect(s.url)["emb"]
+        sel = [7, 3, 3, 119, 0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ad = ds[sel, ::2].to_anndata()
+        assert_same(ad.X, X.toarray().astype(np.int32)[sel][:, ::2])
+        if "obsm" in ds.info:
+            assert sorted(ds.obsm.keys()) == sorted(arrays)
+            for k, v in arrays.items():
+                assert_same(ds.obsm[k], v)
+                assert_same(ad.obsm[k], v[sel])
+        else:
+            assert len(ds.obsm) == 0 and len(ad.obsm) == 0
+            with pytest.raises(IvserveError) as e:
+                ds.obsm["X_umap"]
+            assert e.value.status == 404
+        # Grouped statistics, from the same branch of the server as obsm.
+        rows = [7, 3, 3, 119, 0] + list(range(20, 100))
+        genes = [4, 0, 4, 29]
+        stats = ["sum", "mean", "var", "nnz", "frac_nonzero", "max"]
+        if "obsm" in ds.info:
+            got = ds.aggregate("cell_type", stats, obs=rows, var=genes)
+            D = pd.DataFrame(X.toarray()[rows][:, genes])
+            key = obs.cell_type.iloc[rows].reset_index(drop=True)
+            grp = D.groupby(key, observed=True, sort=True)
+            want = {"sum": grp.sum(), "mean": grp.mean(), "var": grp.var(ddof=1), "max": grp.max(),
+                    "nnz": (D != 0).groupby(key, observed=True).sum(),
+                    "frac_nonzero": (D != 0).groupby(key, observed=True).mean()}
+            order = [c for c in obs.cell_type.cat.categories if c in set(key)]
+            assert list(got["n_cells"].index) == order
+            assert list(got["n_cells"]) == [int((key == c).sum()) for c in order]
+            for st in stats:
+                assert list(got[st].columns) == [var.index[i] for i in genes]
+                w = want[st].loc[order].to_numpy(dtype=np.float64)
+                if st == "var":
+                    np.testing.assert_allclose(got[st].to_numpy(), w, rtol=1e-12, atol=1e-12)
+                else:
+                    assert np.array_equal(got[st].to_numpy(), w), st
+        else:
+            with pytest.raises(IvserveError) as e:
+                ds.aggregate("cell_type", stats)
+            assert e.value.status == 404
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_metadata_types_equal_anndata(srv, tmp_path):
+    """Numeric, ordered and partly missing categoricals, nullable booleans
+    and integers, narrow ints and float32 with NaN, a named index: the
+    frames and to_anndata() equal anndata's reading of the same file."""
+    from client_data import make_types_dataset
+    path = str(tmp_path / "types.h5ad")
+    X, obs, var = make_types_dataset(path)
+    s = Server(str(tmp_path), datasets=[{"id": "types", "path": path}])
+    try:
+        ds = ivserve.connect(s.url)["types"]
+        frame_equal(ds.obs, obs)
+        frame_equal(ds.var, var)
+        assert ds.obs.index.name == "barcode"
+        rows = [9, 0, 0, 77, 119, 50]
+        ad = ds[rows, ::-1].to_anndata()
+        assert_same(ad.X, X.toarray().astype(np.int32)[rows][:, ::-1])
+        frame_equal(ad.obs, obs.iloc[rows])
+        frame_equal(ad.var, var.iloc[::-1])
+        m = (obs.count32 >= 50).fillna(False).to_numpy(dtype=bool) & (obs.grade == "high").to_numpy()
+        q = ds.where("count32 >= 50 and grade == 'high'")
+        assert np.array_equal(q.fetch()[1], np.flatnonzero(m))
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_token(srv, tmp_path):
+    d = DATASETS[0]
+    s = Server(str(tmp_path), datasets=[{"id": d[0], "path": os.path.abspath(os.path.join(FIX, d[1]))}],
+               cfg_extra={"tokens": ["s3cret"]})
+    try:
+        with pytest.raises(IvserveError) as e:
+            ivserve.connect(s.url).datasets()
+        assert e.value.status == 401
+        with pytest.raises(IvserveError) as e:
+            ivserve.connect(s.url, token="wrong").datasets()
+        assert e.value.status == 403
+        c = ivserve.connect(s.url, token="s3cret")
+        assert_same(c[d[0]][:4, :3].to_scipy(), ref(d[0])[0][:4, :3])
+    finally:
+        assert s.stop() == 0
+
+
+def test_pip_install_offline(tmp_path, srv):
+    """pip builds and installs the package with the system's setuptools,
+    without an index, and the installed copy works."""
+    src = tmp_path / "src"
+    shutil.copytree(PKG, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                           "--no-index", "--target", str(target), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    code = ("import ivserve, sys; assert ivserve.__file__.startswith(sys.argv[1]), ivserve.__file__;"
+            "c = ivserve.connect(sys.argv[2]); print(c[sys.argv[3]].shape)")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    proc = subprocess.run([sys.executable, "-c", code, str(target), srv.url, IDS[0]],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(ref(IDS[0])[0].shape)
