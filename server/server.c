@@ -436,7 +436,7 @@ static void setup_run(job_t *j)
         return;
     }
     iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
-    iv_query_opts_t qo = {IV_OUT_ROWS, 0, 0};
+    iv_query_opts_t qo = {IV_OUT_ROWS, 0, 0, IV_PICK_AUTO};
     j->rc = iv_query_new(d->ds, &so, &sv, &qo, &st->q, &j->err);
     iv_qreq_free(&qr);
 }
