@@ -258,6 +258,8 @@ int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset
                             iv_err_t *err)
 {
     double t0 = now_s();
+    if (iv_dataset_other(ds) || ds->is_copy)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
     iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
     iv_dataset_t *o = NULL;
     int rc = iv_dataset_open(path, opts, &o, err);

@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cursor.h"
@@ -68,6 +69,45 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+#define TRACE(what) do { if (getenv("IV_TRANSPOSE_TRACE")) fprintf(stderr, "transpose %-10s %.3f cpu s\n", what, cpu_s()); } while (0)
+
+/*
+ * Large arrays of the build come from anonymous mappings asked for
+ * transparent huge pages: the temporary and the copy's stream are written
+ * once, scattered, and taking their memory 4 KiB a fault measured slower
+ * than the writes themselves.  Pages never written are never committed.
+ */
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+static void *big_map(size_t bytes)
+{
+    size_t len = (bytes + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+    void *p = mmap(NULL, len ? len : HUGE_ALIGN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len ? len : HUGE_ALIGN, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static size_t big_len(size_t bytes)
+{
+    size_t len = (bytes + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+    return len ? len : HUGE_ALIGN;
+}
+
+static void big_unmap(void *p, size_t bytes)
+{
+    if (p) munmap(p, big_len(bytes));
 }
 
 static unsigned bits_for(uint64_t n_values)
@@ -318,7 +358,16 @@ static void band_pass(void *arg, size_t b)
             uint64_t left = (uint64_t)(t->vp[k + 1] - t->vp[k]), acc = 0, d;
             uint64_t hi = t->fill ? ((uint64_t)s << t->vbits) | t->vid[k] : 0;
             while (left > 0) {
-                if ((rc = iv_cursor_read(&cur, &d, &e)) < 0) break;
+                /* One- and two-byte varints inline (most of a cell-major
+                 * stream); the rest through the cursor. */
+                if (cur.end - cur.p >= 2 && cur.p[0] < 0x80) {
+                    d = *cur.p++;
+                } else if (cur.end - cur.p >= 2 && cur.p[1] < 0x80) {
+                    d = (uint64_t)(cur.p[0] & 0x7f) | (uint64_t)cur.p[1] << 7;
+                    cur.p += 2;
+                } else if ((rc = iv_cursor_read(&cur, &d, &e)) < 0) {
+                    break;
+                }
                 left--;
                 acc += d + 1;
                 if (d >= n_minor || acc > n_minor) {
@@ -494,6 +543,8 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
 {
     double t0 = now_s();
     const iv_h5matrix_t *m = &ds->m;
+    if (iv_dataset_other(ds) || ds->is_copy)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
     iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
     size_t vsz = iv_dtype_size(m->value_dtype);
     int64_t G = m->n_minor, S = m->n_major;
@@ -512,11 +563,14 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     uint64_t *vsize = NULL;
     iv_dataset_t *c = NULL;
     uint8_t *out = NULL;
+    size_t out_cap = 0, tmp_cap = 0;
 
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
     uint64_t n_vals = 0;
+    TRACE("start");
     if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
+    TRACE("values");
     uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
                    (uint64_t)(G / stride + 1) * 8;
     if (est > opts->budget || (opts->global && atomic_load(&opts->global->left) < est)) {
@@ -578,6 +632,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.fill = 0;
     iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
     if (atomic_load(&t.failed)) goto failed_pass;
+    TRACE("count");
     start[0] = 0;
     for (int64_t g = 0; g < G; g++) {
         uint64_t at = start[g];
@@ -597,10 +652,11 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.start = start;
 
     /* The copy's stream, sized for the worst case (committed as written). */
-    out = malloc((size_t)(nnz * maxlen + 1));
+    out_cap = (size_t)(nnz * maxlen + 1);
+    out = big_map(out_cap);
     uint64_t tmp_bytes = opts->tmp_bytes;
     if (tmp_bytes == 0) {
-        tmp_bytes = iv_stream_length(ds->stream);
+        tmp_bytes = 2 * iv_stream_length(ds->stream);
         if (tmp_bytes < ((uint64_t)64 << 20)) tmp_bytes = (uint64_t)64 << 20;
     }
     uint64_t biggest = 0;
@@ -609,7 +665,8 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     uint64_t win_entries = tmp_bytes / t.esz;
     if (win_entries < biggest) win_entries = biggest;
     if (win_entries > nnz) win_entries = nnz;
-    t.tmp = malloc((size_t)(win_entries ? win_entries : 1) * t.esz);
+    tmp_cap = (size_t)(win_entries ? win_entries : 1) * t.esz;
+    t.tmp = big_map(tmp_cap);
     int64_t want_items = (int64_t)threads * 8;
     t.items = calloc((size_t)want_items, sizeof *t.items);
     if (!out || !t.tmp || !t.items) {
@@ -633,12 +690,15 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
             iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
+        TRACE("fill");
         /* 4. Encode, then place. */
         t.n_items = plan_items(&t, g0, g1, want_items);
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         for (int64_t g = g0; g < g1; g++) t.byte_at[g + 1] = t.byte_at[g] + t.nbytes[g];
+        TRACE("encode");
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, move_item, &t);
+        TRACE("move");
         for (int64_t k = 0; k < t.n_items; k++) {
             struct item *it = &t.items[k];
             size_t ng = it->n_grp / 2;
@@ -663,7 +723,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         }
         g0 = g1;
     }
-    free(t.tmp);
+    big_unmap(t.tmp, tmp_cap);
     t.tmp = NULL;
     free(t.off);
     t.off = NULL;
@@ -688,8 +748,12 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         took_global = 1;
         charged = bytes;
     }
-    uint8_t *shrunk = realloc(out, (size_t)(len ? len : 1));
-    if (shrunk) out = shrunk;
+    {
+        /* Hand the tail past the stream back. */
+        size_t keep = big_len((size_t)len), cap = big_len(out_cap);
+        if (keep < cap) munmap(out + keep, cap - keep);
+        out_cap = (size_t)len;
+    }
 
     /* The copy as a dataset. */
     c = calloc(1, sizeof *c);
@@ -736,8 +800,8 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     {
         char label[sizeof c->where + 32];
         snprintf(label, sizeof label, "%s/packed_indices", c->where);
-        iv_stream_desc_t desc = {.length = len, .chunked = 0, .contig = out, .owned_buf = out,
-                                 .label = label};
+        iv_stream_desc_t desc = {.length = len, .chunked = 0, .contig = out, .owned_map = out,
+                                 .owned_map_len = big_len(out_cap), .label = label};
         out = NULL;   /* the stream owns it, also on failure */
         if ((rc = iv_stream_create(&desc, 0, &c->stream, err)) < 0) goto fail;
     }
@@ -791,7 +855,7 @@ fail:
         iv_h5matrix_free(&c->m);
         free(c);
     }
-    free(out);
+    big_unmap(out, out_cap);
     free(vid);
     free(distinct);
     free(vlist);
@@ -799,7 +863,7 @@ fail:
     free(start);
     free(t.band);
     free(t.off);
-    free(t.tmp);
+    big_unmap(t.tmp, tmp_cap);
     free(t.nbytes);
     free(t.ngrp);
     free(t.byte_at);
