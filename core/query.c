@@ -256,12 +256,19 @@ static double plan_cost(const iv_dataset_t *d, const iv_sel_t *obs, const iv_sel
 {
     int csr = d->m.orient == IV_IVCSR;
     double per = d->m.nnz > 0 ? (double)iv_stream_length(d->stream) / (double)d->m.nnz : 1.0;
-    double cost = major_entries(d, csr ? obs : var) * per;
+    double entries = major_entries(d, csr ? obs : var);
+    double cost = entries * per;
     int out_obs = axis == IV_OUT_ROWS;
     if (axis != IV_OUT_MAJOR && out_obs != csr) {
+        /* A transpose holds its whole output in memory before the first
+         * block goes out: its counters, and each output entry written and
+         * copied once more.  The output is the decoded entries times the
+         * share of the minor axis selected (duplicates count). */
         const iv_sel_t *rows = out_obs ? obs : var;
-        double n = !rows || rows->all ? (double)(out_obs ? d->m.n_rows : d->m.n_cols) : (double)rows->n;
-        cost += 4.0 * n;
+        double n_axis = (double)(out_obs ? d->m.n_rows : d->m.n_cols);
+        double n = !rows || rows->all ? n_axis : (double)rows->n;
+        double out = n_axis > 0 ? entries * n / n_axis : 0;
+        cost += 4.0 * n + 8.0 * out;
     }
     return cost;
 }

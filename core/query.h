@@ -77,8 +77,10 @@ typedef struct iv_block {
  * slices (cells for cell-major, genes for gene-major; all of them when the
  * axis is wholly selected) times that stream's bytes per entry, plus,
  * when the orientation has to be turned around for the asked output axis,
- * 4 bytes per output row for the transpose's counters.  Ties keep the
- * file's orientation.  Results are identical whichever serves a query.
+ * what the transpose adds: 4 bytes per output row for its counters and 8
+ * per output entry (estimated as the decoded entries times the share of
+ * the output axis selected), since it holds the whole output before the
+ * first block goes out.  Ties keep the file's orientation.  Results are identical whichever serves a query.
  * Sets *bytes_est per orientation (index IV_IVCSR / IV_IVCSC; -1 when
  * absent) when bytes_est is not NULL, and returns the chosen orientation.
  */
