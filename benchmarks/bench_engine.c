@@ -6,7 +6,7 @@
  *                [--strides 1,4,16,64] [--stride-queries Q]
  *                [--csr CSR.h5ad --baseline SCRIPT [--python PY]]
  *                [--sel-dir DIR] [--no-subset-baseline] [--startup-only]
- *                [--stride-only] [--stride-frac F]
+ *                [--stride-only] [--stride-frac F] [--orient-only]
  *
  * What is measured, and why it is measured this way:
  *
@@ -67,6 +67,7 @@
 #include "pool.h"
 #include "query.h"
 #include "stream.h"
+#include "transpose.h"
 
 #define MAX_STRIDES 8
 #define N_GENES_SUBSET 2000
@@ -291,14 +292,14 @@ static void checksum_blocks(const iv_block_t *blocks, int64_t nb, struct result 
  * the whole result until the end (then checksums it and, unless out_blocks
  * takes it, frees it); keep == 0 frees each block as soon as it is decoded.
  */
-static void run_query(iv_dataset_t *ds, iv_pool_t *pool, unsigned width, const iv_sel_t *obs,
-                      const iv_sel_t *var, int keep, struct result *r, iv_block_t **out_blocks,
-                      int64_t *out_nb)
+static void run_query_with(iv_dataset_t *ds, iv_pool_t *pool, unsigned width, const iv_sel_t *obs,
+                           const iv_sel_t *var, const iv_query_opts_t *qo, int keep,
+                           struct result *r, iv_block_t **out_blocks, int64_t *out_nb)
 {
     iv_err_t err = {0};
     iv_query_t *q = NULL;
     double t0 = now_s();
-    if (iv_query_new(ds, obs, var, NULL, &q, &err) < 0) die("query", &err);
+    if (iv_query_new(ds, obs, var, qo, &q, &err) < 0) die("query", &err);
     if (iv_query_prepare(q, pool, &err) < 0) die("prepare", &err);
     int64_t nb = iv_query_n_blocks(q);
     struct decode_job j = {.q = q, .keep = keep};
@@ -326,6 +327,13 @@ static void run_query(iv_dataset_t *ds, iv_pool_t *pool, unsigned width, const i
     if (keep)
         for (int64_t b = 0; b < nb; b++) iv_block_free(&j.blocks[b]);
     free(j.blocks);
+}
+
+static void run_query(iv_dataset_t *ds, iv_pool_t *pool, unsigned width, const iv_sel_t *obs,
+                      const iv_sel_t *var, int keep, struct result *r, iv_block_t **out_blocks,
+                      int64_t *out_nb)
+{
+    run_query_with(ds, pool, width, obs, var, NULL, keep, r, out_blocks, out_nb);
 }
 
 static void free_blocks(iv_block_t *blocks, int64_t nb)
@@ -582,7 +590,7 @@ static const struct ad_result *find_ad(const struct ad_result *res, int n, const
 struct opts {
     const char *file, *csr, *python, *script, *sel_dir;
     unsigned threads;
-    int reps, stride_queries, subset_baseline, startup_only, stride_only;
+    int reps, stride_queries, subset_baseline, startup_only, stride_only, orient_only;
     double stride_frac;
     uint64_t seed;
     long cache_mb;
@@ -597,7 +605,7 @@ static void usage(void)
             "                    [--strides 1,4,16,64] [--stride-queries Q]\n"
             "                    [--csr CSR.h5ad --baseline SCRIPT [--python PY]]\n"
             "                    [--sel-dir DIR] [--no-subset-baseline] [--startup-only]\n"
-            "                    [--stride-only] [--stride-frac F]\n");
+            "                    [--stride-only] [--stride-frac F] [--orient-only]\n");
     exit(2);
 }
 
@@ -631,6 +639,10 @@ static void parse_args(int argc, char **argv, struct opts *o)
             o->stride_only = 1;
             continue;
         }
+        if (strcmp(a, "--orient-only") == 0) {
+            o->orient_only = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (o->file) usage();
             o->file = a;
@@ -659,6 +671,110 @@ static void parse_args(int argc, char **argv, struct opts *o)
     if (!o->file || o->threads < 1 || o->reps < 1 || o->stride_queries < 1 ||
         !(o->stride_frac > 0 && o->stride_frac <= 1))
         usage();
+}
+
+static double mb(uint64_t bytes) { return (double)bytes / 1e6; }
+
+/* ---- both orientations ---- */
+
+/*
+ * The gene-major copy built in memory (iv_dataset_build_other, best of
+ * R builds, each on a freshly opened dataset whose cache holds the whole
+ * stream) and its memory next to the packed stream's length; then the
+ * queries web viewers make most, each through the cell-major file, the
+ * gene-major copy and the planner's choice, warm, result kept, answers
+ * as cell rows (by obs) and as gene rows (by var).  Every path of a case
+ * must give the same checksum.
+ */
+static void orient_bench(const struct opts *o, const iv_dataset_opts_t *dopts, iv_pool_t *pool)
+{
+    iv_err_t err = {0};
+    iv_dataset_t *ds = NULL;
+    double *t = xcalloc((size_t)o->reps, sizeof *t);
+    for (int k = 0; k < o->reps; k++) {
+        iv_dataset_close(ds);
+        if (iv_dataset_open(o->file, dopts, &ds, &err) < 0) die("open", &err);
+        iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = pool};
+        reset_peak_rss();
+        long rss0 = proc_status_kb("VmRSS");
+        double t0 = now_s();
+        if (iv_dataset_build_other(ds, &to, &err) < 0) die("transpose", &err);
+        t[k] = now_s() - t0;
+        if (k == 0) {
+            long peak = proc_status_kb("VmHWM");
+            printf("  build %d: peak RSS +%.1f MB during the build\n", k, (double)(peak - rss0) / 1024.0);
+        }
+    }
+    const iv_dataset_info_t *info = iv_dataset_info(ds);
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    const iv_dataset_info_t *ci = iv_dataset_info(iv_dataset_other(ds));
+    double build_s = best(t, o->reps);
+    printf("\n[both orientations: gene-major copy built in memory, %u threads, best of %d]\n",
+           o->threads, o->reps);
+    printf("  row-index pass of the file (open)          %8.3f s\n", info->index_seconds);
+    printf("  gene-major copy build                      %8.3f s   (%.2fx the row-index pass)\n",
+           build_s, build_s / info->index_seconds);
+    printf("  packed stream (cell-major)                 %8.1f MB\n", mb(info->stream_bytes));
+    printf("  copy: stream %.1f MB + pointers/values/index = %.1f MB   (%.3fx the packed stream)\n",
+           mb(ci->stream_bytes), (double)st.bytes[IV_IVCSC] / 1e6,
+           (double)st.bytes[IV_IVCSC] / (double)info->stream_bytes);
+    printf("  copy: %" PRId64 " value groups (file: %" PRId64 ")\n", ci->n_unique, info->n_unique);
+    free(t);
+
+    int64_t N = info->n_rows, G = info->n_cols;
+    int64_t gene1 = rng_below(G);
+    int64_t *genes50 = random_subset(G, 50);
+    int64_t *cells10 = random_subset(N, N / 10);
+    int64_t cell1 = rng_below(N);
+    iv_sel_t all = {.all = 1}, g1 = {.n = 1, .idx = &gene1}, g50 = {.n = 50, .idx = genes50},
+             c10 = {.n = N / 10, .idx = cells10}, c1 = {.n = 1, .idx = &cell1};
+    struct {
+        const char *name;
+        const iv_sel_t *obs, *var;
+    } cases[] = {
+        {"1 gene x all cells", &all, &g1},
+        {"50 genes x all cells", &all, &g50},
+        {"50 genes x 10% cells", &c10, &g50},
+        {"1 cell x all genes", &c1, &all},
+    };
+    const char *pick_name[3] = {"auto", "cells", "genes"};
+    printf("\n[gene and cell queries, warm, %u threads, best of %d; ms = plan + prepare + decode, "
+           "result kept]\n", o->threads, o->reps);
+    printf("  %-22s %-4s %10s %10s %10s %10s  %s\n", "query", "by", "nnz", "cells ms",
+           "genes ms", "auto ms", "auto picks / cells:genes");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int by = 0; by < 2; by++) {
+            double ms[3];
+            struct result ref = {0};
+            iv_orient_t chosen = IV_IVCSR;
+            for (int p = 0; p < 3; p++) {
+                iv_query_opts_t qo = {.axis = by ? IV_OUT_VARS : IV_OUT_ROWS, .pick = (iv_pick_t)p};
+                double *tt = xcalloc((size_t)o->reps, sizeof *tt);
+                struct result r;
+                for (int k = 0; k < o->reps; k++) {
+                    run_query_with(ds, pool, 0, cases[c].obs, cases[c].var, &qo, 1, &r, NULL, NULL);
+                    tt[k] = r.seconds;
+                }
+                ms[p] = best(tt, o->reps) * 1e3;
+                free(tt);
+                if (p == 0) {
+                    ref = r;
+                    chosen = iv_plan_orient(ds, cases[c].obs, cases[c].var, qo.axis, NULL);
+                } else if (r.nnz != ref.nnz || r.sum != ref.sum || r.hash != ref.hash) {
+                    fprintf(stderr, "bench_engine: %s by %s: orientation %s differs\n",
+                            cases[c].name, by ? "var" : "obs", pick_name[p]);
+                    exit(1);
+                }
+            }
+            printf("  %-22s %-4s %10" PRId64 " %10.2f %10.2f %10.2f  %s / %.1fx\n", cases[c].name,
+                   by ? "var" : "obs", ref.nnz, ms[1], ms[2], ms[0],
+                   chosen == IV_IVCSR ? "cells" : "genes", ms[1] / ms[2]);
+        }
+    }
+    free(genes50);
+    free(cells10);
+    iv_dataset_close(ds);
 }
 
 /* ---- row-index stride sweep ---- */
@@ -761,7 +877,6 @@ static void measure_case(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs,
     free(t);
 }
 
-static double mb(uint64_t bytes) { return (double)bytes / 1e6; }
 
 int main(int argc, char **argv)
 {
@@ -800,6 +915,13 @@ int main(int argc, char **argv)
         return 1;
     }
     double index_s = best(t_index, o.reps), open_s = best(t_open, o.reps);
+    if (o.orient_only) {
+        /* Both orientations alone. */
+        iv_dataset_close(ds);
+        orient_bench(&o, &dopts, pool);
+        iv_pool_destroy(pool);
+        return 0;
+    }
 
     iv_h5matrix_t m;
     memset(&m, 0, sizeof m);

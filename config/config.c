@@ -35,6 +35,7 @@ static const struct num_opt num_opts[] = {
     {"threads", "IVSERVE_THREADS", "--threads", OFF(threads), NK_UINT, 0, 1024},
     {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
+    {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
     {"limits.body_bytes", NULL, "--max-body-bytes", OFF(limits.body_bytes), NK_SIZE, 0, 1 << 30},
     {"limits.header_timeout_ms", NULL, "--header-timeout-ms", OFF(limits.header_timeout_ms), NK_U32, 1, 86400000},
@@ -60,6 +61,7 @@ void iv_config_init(iv_config_t *c)
     c->threads = 0;
     c->queue = 1024;
     c->cache_bytes = (size_t)1 << 30;
+    c->transpose_bytes = (size_t)4 << 30;
     c->log_format = strdup("json");
     c->access_log = strdup("-");
     c->limits.header_bytes = 16384;
@@ -89,6 +91,8 @@ static void ds_free(iv_ds_conf_t *d)
     free(d->path);
     free(d->group);
     free(d->title);
+    free(d->companion);
+    free(d->companion_group);
     free_strv(d->tokens, d->n_tokens);
 }
 
@@ -236,6 +240,7 @@ static iv_ds_conf_t *ds_push(iv_config_t *c, iv_err_t *err)
     }
     c->datasets = nd;
     memset(&nd[c->n_datasets], 0, sizeof *nd);
+    nd[c->n_datasets].transpose_bytes = -1;
     return &nd[c->n_datasets++];
 }
 
@@ -259,8 +264,15 @@ static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *ba
     {
         const char *k = kv->string;
         if (strcmp(k, "id") && strcmp(k, "path") && strcmp(k, "group") && strcmp(k, "title") &&
-            strcmp(k, "tokens"))
+            strcmp(k, "tokens") && strcmp(k, "companion") && strcmp(k, "companion_group") &&
+            strcmp(k, "transpose_bytes"))
             return iv_fail(err, IV_EINVALID_ARG, "%s.%s: unknown key", key, k);
+        if (!strcmp(k, "transpose_bytes")) {
+            if (!cJSON_IsNumber(kv) || kv->valuedouble < 0 ||
+                kv->valuedouble != (double)(int64_t)kv->valuedouble)
+                return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a non-negative integer", key, k);
+            continue;
+        }
         if (strcmp(k, "tokens") && !cJSON_IsString(kv))
             return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a string", key, k);
     }
@@ -283,6 +295,12 @@ static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *ba
                        key, d->id);
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "group");
     if (g && !(d->group = strdup(g->valuestring))) return IV_ENOMEM;
+    const cJSON *cp = cJSON_GetObjectItemCaseSensitive(o, "companion");
+    if (cp && !(d->companion = join_path(base_dir, cp->valuestring))) return IV_ENOMEM;
+    const cJSON *cg = cJSON_GetObjectItemCaseSensitive(o, "companion_group");
+    if (cg && !(d->companion_group = strdup(cg->valuestring))) return IV_ENOMEM;
+    const cJSON *tb = cJSON_GetObjectItemCaseSensitive(o, "transpose_bytes");
+    d->transpose_bytes = tb ? (int64_t)tb->valuedouble : -1;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "title");
     if (t && !(d->title = strdup(t->valuestring))) return IV_ENOMEM;
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -464,7 +482,7 @@ const char *iv_config_usage(void)
     return "usage: ivserve [--config FILE] [options] [FILE.h5ad ...]\n"
            "       ivserve check FILE | export FILE ... -o OUT.npz\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
-           "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N\n"
+           "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
            "  --token T (repeatable)  --cors ORIGIN (repeatable)  --log-format json|text\n"
            "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"

@@ -24,6 +24,9 @@ typedef struct iv_ds_conf {
     char *title;         /* NULL = the id */
     char **tokens;       /* bearer tokens that open this dataset (besides global ones) */
     size_t n_tokens;
+    char *companion;     /* file holding the other orientation, or NULL */
+    char *companion_group;   /* its matrix group; NULL = "X" */
+    int64_t transpose_bytes; /* memory for the other orientation built in memory; -1 = the global */
 } iv_ds_conf_t;
 
 typedef struct iv_limits {
@@ -48,6 +51,7 @@ typedef struct iv_config {
     unsigned threads;             /* 0 = number of cores */
     size_t queue;                 /* worker job queue length; full = 503 */
     size_t cache_bytes;           /* per-dataset decompressed chunk cache */
+    size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
     iv_ds_conf_t *datasets;
     size_t n_datasets;
     char **tokens;                /* global bearer tokens; none = open server */

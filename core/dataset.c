@@ -143,6 +143,8 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->index_bytes = iv_rowindex_bytes(&ds->ri);
     in->open_seconds = t1 - t0;
     in->index_seconds = t2 - t1;
+    atomic_init(&ds->other, NULL);
+    atomic_init(&ds->other_state, IV_OTHER_NONE);
     *out = ds;
     return 0;
 
@@ -158,6 +160,7 @@ fail_alloc:
 void iv_dataset_close(iv_dataset_t *ds)
 {
     if (!ds) return;
+    iv_dataset_close(atomic_load(&ds->other));
     iv_rowindex_free(&ds->ri);
     iv_stream_destroy(ds->stream);
     iv_h5matrix_free(&ds->m);
@@ -190,4 +193,96 @@ void iv_dataset_cache_stats(iv_dataset_t *ds, iv_cache_stats_t *out)
 void iv_dataset_cache_drop(iv_dataset_t *ds)
 {
     iv_stream_drop_cache(ds->stream);
+}
+
+/* ---- the other orientation ---- */
+
+iv_dataset_t *iv_dataset_other(const iv_dataset_t *ds)
+{
+    return atomic_load_explicit(&((iv_dataset_t *)ds)->other, memory_order_acquire);
+}
+
+void iv_dataset_set_other_state(iv_dataset_t *ds, iv_other_state_t st)
+{
+    atomic_store(&ds->other_state, (int)st);
+}
+
+size_t iv_dataset_memory_of(iv_dataset_t *ds)
+{
+    const iv_h5matrix_t *m = &ds->m;
+    size_t b = (size_t)(m->n_major + 1) * 8 + (size_t)(m->n_unique + 1) * 8 +
+               (size_t)m->n_unique * iv_dtype_size(m->value_dtype) + iv_rowindex_bytes(&ds->ri);
+    if (ds->is_copy) return b + (size_t)iv_stream_length(ds->stream);
+    iv_stream_stats_t st;
+    iv_stream_stats(ds->stream, &st);
+    return b + st.used;
+}
+
+void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->file_orient = ds->m.orient;
+    out->bytes[ds->m.orient] = iv_dataset_memory_of(ds);
+    out->stream_bytes[ds->m.orient] = iv_stream_length(ds->stream);
+    iv_dataset_t *o = iv_dataset_other(ds);
+    out->other_state = (iv_other_state_t)atomic_load(&ds->other_state);
+    if (o) {
+        out->other_state = IV_OTHER_READY;
+        out->other_source = ds->other_source;
+        out->other_seconds = ds->other_seconds;
+        out->bytes[o->m.orient] = iv_dataset_memory_of(o);
+        out->stream_bytes[o->m.orient] = iv_stream_length(o->stream);
+    }
+}
+
+/* An order-free hash of a matrix's stored values: for every value group,
+ * a mix of its value's bits, times its size, summed. */
+static uint64_t value_hash(const iv_h5matrix_t *m)
+{
+    size_t esz = iv_dtype_size(m->value_dtype);
+    uint64_t h = 0;
+    for (int64_t k = 0; k < m->n_unique; k++) {
+        uint64_t x = 0;
+        memcpy(&x, (const char *)m->values + (size_t)k * esz, esz);
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdULL;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ULL;
+        x ^= x >> 33;
+        h += (x | 1) * (uint64_t)(m->value_ptr[k + 1] - m->value_ptr[k]);
+    }
+    return h;
+}
+
+int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                            iv_err_t *err)
+{
+    double t0 = now_s();
+    if (iv_dataset_other(ds) || ds->is_copy)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
+    iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
+    iv_dataset_t *o = NULL;
+    int rc = iv_dataset_open(path, opts, &o, err);
+    if (rc < 0) goto fail;
+    const iv_h5matrix_t *a = &ds->m, *b = &o->m;
+    const char *what = NULL;
+    if (a->orient == b->orient) what = "it has the same orientation";
+    else if (a->n_rows != b->n_rows || a->n_cols != b->n_cols) what = "the shapes differ";
+    else if (a->nnz != b->nnz) what = "the nnz differ";
+    else if (a->value_dtype != b->value_dtype) what = "the value dtypes differ";
+    else if (value_hash(a) != value_hash(b)) what = "the stored values differ";
+    if (what) {
+        rc = iv_fail(err, IV_EBAD_FILE, "companion %s is not the other orientation of %s: %s",
+                     o->where, ds->where, what);
+        iv_dataset_close(o);
+        goto fail;
+    }
+    ds->other_source = IV_SRC_FILE;
+    ds->other_seconds = now_s() - t0;
+    atomic_store_explicit(&ds->other, o, memory_order_release);
+    iv_dataset_set_other_state(ds, IV_OTHER_READY);
+    return 0;
+fail:
+    iv_dataset_set_other_state(ds, IV_OTHER_FAILED);
+    return rc;
 }

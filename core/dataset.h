@@ -80,4 +80,53 @@ void iv_dataset_cache_stats(iv_dataset_t *ds, iv_cache_stats_t *out);
 /* Drops every unpinned cached chunk (benchmarks: cold runs). */
 void iv_dataset_cache_drop(iv_dataset_t *ds);
 
+/*
+ * Both orientations.  A dataset opens in its file's orientation; the other
+ * one (gene-major for an IVCSR file, cell-major for an IVCSC one) can be
+ * added later, while queries run: built in memory from the decoded stream
+ * (iv_dataset_build_other, transpose.h) or read from a companion file that
+ * holds the same matrix the other way (iv_dataset_attach_other).  Queries
+ * started before it is published use the file's orientation only.
+ */
+typedef enum iv_other_state {
+    IV_OTHER_NONE = 0,        /* nothing asked */
+    IV_OTHER_BUILDING,        /* being built or attached */
+    IV_OTHER_READY,           /* published: queries may use it */
+    IV_OTHER_SKIPPED,         /* over its memory budget */
+    IV_OTHER_FAILED,          /* the build or the companion failed (logged by the caller) */
+} iv_other_state_t;
+
+typedef enum iv_other_source { IV_SRC_NONE = 0, IV_SRC_MEMORY, IV_SRC_FILE } iv_other_source_t;
+
+typedef struct iv_orient_status {
+    iv_orient_t file_orient;        /* the dataset's own orientation */
+    iv_other_state_t other_state;
+    iv_other_source_t other_source; /* when ready */
+    size_t bytes[2];                /* memory per orientation (index IV_IVCSR / IV_IVCSC), 0 = absent */
+    uint64_t stream_bytes[2];       /* packed stream length per orientation */
+    double other_seconds;           /* time the other one took to build or attach */
+} iv_orient_status_t;
+
+/* A snapshot; any thread. */
+void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out);
+/* The other orientation once published, else NULL (any thread). */
+iv_dataset_t *iv_dataset_other(const iv_dataset_t *ds);
+/* Marks the other orientation as being built/attached, or as skipped or
+ * failed (the caller decides; these only change what is reported). */
+void iv_dataset_set_other_state(iv_dataset_t *ds, iv_other_state_t st);
+
+/*
+ * Opens path (group per opts) as the other orientation of ds and checks
+ * that it is the same matrix: opposite orientation, same shape, nnz and
+ * value dtype, and the same multiset of stored values, compared as an
+ * order-free hash of (value bits, group size) over every value group,
+ * which both files give from their pointer and value arrays without
+ * decoding (O(groups)).  It cannot see a permutation of the indices; the
+ * files' own row-index passes have checked each stream.  A mismatch is
+ * IV_EBAD_FILE naming both files and the check; ds is left unchanged.
+ * Not thread-safe with itself or iv_dataset_build_other on the same ds.
+ */
+int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                            iv_err_t *err);
+
 #endif /* IV_DATASET_H */

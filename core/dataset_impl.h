@@ -1,6 +1,8 @@
-/* Internals of iv_dataset_t shared by dataset.c and query.c only. */
+/* Internals of iv_dataset_t shared by dataset.c, transpose.c and query.c only. */
 #ifndef IV_DATASET_IMPL_H
 #define IV_DATASET_IMPL_H
+
+#include <stdatomic.h>
 
 #include "dataset.h"
 #include "h5matrix.h"
@@ -15,6 +17,24 @@ struct iv_dataset {
     iv_stream_t *stream;
     iv_rowindex_t ri;
     iv_dataset_info_t info;
+    /*
+     * The same matrix in the other orientation, or NULL: an in-memory copy
+     * built after open (transpose.c) or a companion file.  It is a whole
+     * dataset of its own (pointers, stream, row index), so the query code
+     * runs over it unchanged.  Published once with a release store when it
+     * is complete; readers load it with acquire and may use it until the
+     * dataset closes.  other_state says how far its building got.
+     */
+    _Atomic(struct iv_dataset *) other;
+    atomic_int other_state;   /* iv_other_state_t */
+    iv_other_source_t other_source;   /* set before other is published */
+    double other_seconds;     /* set before other is published */
+    int is_copy;              /* this dataset is an in-memory copy (no file mapping) */
 };
+
+/* Memory a dataset's matrix takes now: pointer and value arrays, row
+ * index, and its stream's resident bytes (the cache, or the whole
+ * in-memory copy). */
+size_t iv_dataset_memory_of(iv_dataset_t *ds);
 
 #endif

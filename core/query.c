@@ -70,8 +70,9 @@ struct work {
 static void work_free(struct work *w);
 
 struct iv_query {
-    iv_dataset_t *ds;
+    iv_dataset_t *ds;         /* the orientation serving the query */
     enum mode mode;
+    int by_var;               /* output rows are genes */
     int64_t n_out_rows, n_out_cols;
     int64_t *row_ids;         /* n_out_rows original indices (NULL: identity) */
     int64_t *col_ids;         /* n_out_cols original indices (NULL: identity) */
@@ -238,10 +239,74 @@ static int plan_blocks(struct iv_query *q, const int64_t *row_nnz_or_null, iv_er
     return 0;
 }
 
+/* Stored entries of the selected major slices of d. */
+static double major_entries(const iv_dataset_t *d, const iv_sel_t *major)
+{
+    if (!major || major->all) return (double)d->m.nnz;
+    double z = 0;
+    for (int64_t i = 0; i < major->n; i++) {
+        int64_t s = major->idx[i];
+        if (s >= 0 && s < d->m.n_major) z += (double)slice_nnz(d, s);
+    }
+    return z;
+}
+
+static double plan_cost(const iv_dataset_t *d, const iv_sel_t *obs, const iv_sel_t *var,
+                        iv_out_axis_t axis)
+{
+    int csr = d->m.orient == IV_IVCSR;
+    double per = d->m.nnz > 0 ? (double)iv_stream_length(d->stream) / (double)d->m.nnz : 1.0;
+    double entries = major_entries(d, csr ? obs : var);
+    double cost = entries * per;
+    int out_obs = axis == IV_OUT_ROWS;
+    if (axis != IV_OUT_MAJOR && out_obs != csr) {
+        /* A transpose holds its whole output in memory before the first
+         * block goes out: its counters, and each output entry written and
+         * copied once more.  The output is the decoded entries times the
+         * share of the minor axis selected (duplicates count). */
+        const iv_sel_t *rows = out_obs ? obs : var;
+        double n_axis = (double)(out_obs ? d->m.n_rows : d->m.n_cols);
+        double n = !rows || rows->all ? n_axis : (double)rows->n;
+        double out = n_axis > 0 ? entries * n / n_axis : 0;
+        cost += 4.0 * n + 8.0 * out;
+    }
+    return cost;
+}
+
+iv_orient_t iv_plan_orient(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
+                           iv_out_axis_t axis, double bytes_est[2])
+{
+    iv_dataset_t *o = iv_dataset_other(ds);
+    double own = plan_cost(ds, obs, var, axis), alt = o ? plan_cost(o, obs, var, axis) : -1;
+    if (bytes_est) {
+        bytes_est[ds->m.orient] = own;
+        bytes_est[!ds->m.orient] = alt;
+    }
+    return o && alt < own ? o->m.orient : ds->m.orient;
+}
+
 int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
                  const iv_query_opts_t *opts, iv_query_t **out, iv_err_t *err)
 {
     *out = NULL;
+    iv_out_axis_t axis = opts ? opts->axis : IV_OUT_ROWS;
+    iv_pick_t pick = opts ? opts->pick : IV_PICK_AUTO;
+    if ((unsigned)axis > IV_OUT_VARS || (unsigned)pick > IV_PICK_GENES)
+        return iv_fail(err, IV_EINVALID_ARG, "unknown output axis or orientation");
+    {
+        /* Selections are checked below against the shape, which both
+         * orientations share; the planner skips out-of-range indices. */
+        iv_dataset_t *other = iv_dataset_other(ds);
+        iv_orient_t want;
+        if (pick == IV_PICK_AUTO) want = iv_plan_orient(ds, obs, var, axis, NULL);
+        else want = pick == IV_PICK_CELLS ? IV_IVCSR : IV_IVCSC;
+        if (want != ds->m.orient) {
+            if (!other)
+                return iv_fail(err, IV_EINVALID_ARG, "%s: no %s orientation (neither built nor "
+                               "attached)", ds->where, want == IV_IVCSR ? "cell-major" : "gene-major");
+            ds = other;
+        }
+    }
     struct iv_query *q = calloc(1, sizeof *q);
     if (!q) return iv_fail(err, IV_ENOMEM, "out of memory for a query");
     q->ds = ds;
@@ -257,22 +322,25 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
     if ((rc = copy_sel(obs, ds->m.n_rows, "obs", &obs_ids, &n_obs, err)) < 0) goto fail;
     if ((rc = copy_sel(var, ds->m.n_cols, "var", &var_ids, &n_var, err)) < 0) goto fail;
 
-    const iv_sel_t *minor_sel;
-    if (ds->m.orient == IV_IVCSR || (opts && opts->axis == IV_OUT_MAJOR)) {
+    int csr = ds->m.orient == IV_IVCSR;
+    const iv_sel_t *minor_sel = csr ? var : obs;
+    int64_t *maj_ids = csr ? obs_ids : var_ids, *minor_ids0 = csr ? var_ids : obs_ids;
+    int64_t n_maj = csr ? n_obs : n_var, n_minor_sel0 = csr ? n_var : n_obs;
+    q->by_var = axis == IV_OUT_VARS || (axis == IV_OUT_MAJOR && !csr);
+    if (axis == IV_OUT_MAJOR || (axis == IV_OUT_ROWS) == csr) {
+        /* Output rows are the major slices: decoded directly. */
         q->mode = MODE_MAJOR;
-        int csr = ds->m.orient == IV_IVCSR;
-        q->row_ids = csr ? obs_ids : var_ids;
-        q->col_ids = csr ? var_ids : obs_ids;
-        q->n_out_rows = csr ? n_obs : n_var;
-        q->n_out_cols = csr ? n_var : n_obs;
-        minor_sel = csr ? var : obs;
+        q->row_ids = maj_ids;
+        q->col_ids = minor_ids0;
+        q->n_out_rows = n_maj;
+        q->n_out_cols = n_minor_sel0;
     } else {
+        /* Output rows are the minor axis: a transpose. */
         q->mode = MODE_TRANSPOSE;
-        q->row_ids = obs_ids;   /* minor (cells) */
-        q->col_ids = var_ids;   /* major (genes) */
-        q->n_out_rows = n_obs;
-        q->n_out_cols = n_var;
-        minor_sel = obs;
+        q->row_ids = minor_ids0;
+        q->col_ids = maj_ids;
+        q->n_out_rows = n_minor_sel0;
+        q->n_out_cols = n_maj;
     }
     obs_ids = var_ids = NULL;
     q->index_size = q->n_out_cols > INT32_MAX ? 8 : 4;
@@ -340,6 +408,8 @@ int64_t iv_query_n_cols(const iv_query_t *q) { return q->n_out_cols; }
 int64_t iv_query_nnz_hint(const iv_query_t *q) { return q->nnz_hint; }
 int iv_query_index_size(const iv_query_t *q) { return q->index_size; }
 iv_dtype_t iv_query_dtype(const iv_query_t *q) { return q->dtype; }
+iv_orient_t iv_query_orient(const iv_query_t *q) { return q->ds->m.orient; }
+int iv_query_by_var(const iv_query_t *q) { return q->by_var; }
 void iv_query_cancel(iv_query_t *q) { atomic_store(&q->cancelled, 1); }
 uint64_t iv_query_bytes_decompressed(const iv_query_t *q) { return atomic_load(&q->decompressed); }
 

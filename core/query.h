@@ -13,11 +13,12 @@
  * indices are sorted within each row; values keep the file's dtype;
  * explicit stored zeros are kept.
  *
- * IVCSR: rows are the major axis, decoded directly.  IVCSC: iv_query_new
- * with IV_OUT_ROWS plans a transpose; iv_query_prepare() decodes the
- * selected gene columns once and builds the cell rows (memory bounded by
- * the output); with IV_OUT_MAJOR the blocks are gene columns (CSC blocks,
- * "rows" of the block are genes) streamed without a transpose.
+ * When the output rows are the serving orientation's major slices (cells
+ * of a cell-major copy asked by obs, genes of a gene-major copy asked by
+ * var, or IV_OUT_MAJOR) they are decoded directly.  Otherwise
+ * iv_query_new plans a transpose; iv_query_prepare() decodes the selected
+ * major slices once and builds the output rows (memory bounded by the
+ * output).
  */
 #ifndef IV_QUERY_H
 #define IV_QUERY_H
@@ -36,13 +37,23 @@ typedef struct iv_sel {
 
 typedef enum iv_out_axis {
     IV_OUT_ROWS = 0,      /* blocks of cell rows (CSR), the default */
-    IV_OUT_MAJOR = 1,     /* blocks of the file's major slices (CSC blocks for IVCSC) */
+    IV_OUT_MAJOR = 1,     /* blocks of the serving orientation's major slices */
+    IV_OUT_VARS = 2,      /* blocks of gene rows: the CSC of the result; columns are
+                           * positions in the obs selection */
 } iv_out_axis_t;
+
+/* Which orientation serves a query (see iv_query_new). */
+typedef enum iv_pick {
+    IV_PICK_AUTO = 0,     /* the planner's choice */
+    IV_PICK_CELLS = 1,    /* cell-major (IVCSR) */
+    IV_PICK_GENES = 2,    /* gene-major (IVCSC) */
+} iv_pick_t;
 
 typedef struct iv_query_opts {
     iv_out_axis_t axis;
     int64_t block_nnz;    /* target stored entries per block; 0 = default (262144) */
     int64_t block_rows;   /* max rows per block; 0 = default (65536) */
+    iv_pick_t pick;       /* orientation; AUTO = the planner's */
 } iv_query_opts_t;
 
 typedef struct iv_query iv_query_t;
@@ -58,6 +69,23 @@ typedef struct iv_block {
     int index_size;       /* 4 or 8 */
     iv_dtype_t dtype;
 } iv_block_t;
+
+/*
+ * The planner.  A dataset may have both orientations (iv_dataset_other).
+ * The one chosen is the one whose decode reads fewer bytes, estimated from
+ * the pointer arrays alone: the stored entries of the selected major
+ * slices (cells for cell-major, genes for gene-major; all of them when the
+ * axis is wholly selected) times that stream's bytes per entry, plus,
+ * when the orientation has to be turned around for the asked output axis,
+ * what the transpose adds: 4 bytes per output row for its counters and 8
+ * per output entry (estimated as the decoded entries times the share of
+ * the output axis selected), since it holds the whole output before the
+ * first block goes out.  Ties keep the file's orientation.  Results are identical whichever serves a query.
+ * Sets *bytes_est per orientation (index IV_IVCSR / IV_IVCSC; -1 when
+ * absent) when bytes_est is not NULL, and returns the chosen orientation.
+ */
+iv_orient_t iv_plan_orient(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
+                           iv_out_axis_t axis, double bytes_est[2]);
 
 /*
  * Validates obs/var against the shape (an index out of range is
@@ -80,6 +108,9 @@ int64_t iv_query_n_cols(const iv_query_t *q);   /* output columns */
 int64_t iv_query_nnz_hint(const iv_query_t *q);
 int iv_query_index_size(const iv_query_t *q);
 iv_dtype_t iv_query_dtype(const iv_query_t *q);
+/* The orientation serving q, and whether its rows are genes (IV_OUT_VARS). */
+iv_orient_t iv_query_orient(const iv_query_t *q);
+int iv_query_by_var(const iv_query_t *q);
 
 /* Decodes block b into *out (fields allocated; free with iv_block_free).
  * Thread-safe.  Returns IV_ECANCELLED after iv_query_cancel(). */

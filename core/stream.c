@@ -62,9 +62,11 @@ static void desc_free(iv_stream_desc_t *d)
     free(d->chunk_size);
     free(d->chunk_mask);
     free(d->owned_buf);
+    if (d->owned_map) munmap(d->owned_map, d->owned_map_len);
     d->chunk_addr = d->chunk_size = NULL;
     d->chunk_mask = NULL;
     d->owned_buf = NULL;
+    d->owned_map = NULL;
 }
 
 /* Bytes a chunk buffer needs: stages before a fletcher32 check produce 4

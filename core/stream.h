@@ -30,6 +30,8 @@ typedef struct iv_stream_desc {
     int chunked;              /* 0: bytes are at `contig` */
     const uint8_t *contig;    /* contiguous bytes (mapping or owned_buf) */
     uint8_t *owned_buf;       /* freed by the stream (compact layout), may be NULL */
+    void *owned_map;          /* unmapped by the stream (an in-memory copy), may be NULL */
+    size_t owned_map_len;
     /* Chunked layout: n_chunks entries, owned by the stream after create. */
     uint64_t chunk_len;       /* decompressed bytes per chunk */
     uint64_t n_chunks;

@@ -118,6 +118,106 @@ static void put_values(iv_buf_t *b, const iv_block_t *blk, int sep_first)
     }
 }
 
+iv_stream_hdr_t iv_stream_hdr_of(const iv_query_t *q, int dense)
+{
+    iv_stream_hdr_t h = {iv_query_n_rows(q), iv_query_n_cols(q), iv_query_dtype(q),
+                         iv_query_index_size(q), iv_query_by_var(q), 0};
+    if (h.by_var) {
+        h.n_rows = iv_query_n_cols(q);
+        h.n_cols = iv_query_n_rows(q);
+        h.dense = dense;
+    }
+    return h;
+}
+
+/* Row r of a gene-row block as n_cells values (zero bits where nothing is
+ * stored), appended to b. */
+static void put_dense_row(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t n_cells)
+{
+    size_t vs = value_size(blk->dtype);
+    if (iv_buf_reserve(b, (size_t)n_cells * vs) != 0) return;
+    char *dst = b->data + b->len;
+    memset(dst, 0, (size_t)n_cells * vs);
+    for (int64_t p = blk->indptr[r]; p < blk->indptr[r + 1]; p++) {
+        int64_t c = block_index(blk, p);
+        if (c >= 0 && c < n_cells)
+            memcpy(dst + (size_t)c * vs, (const char *)blk->data + (size_t)p * vs, vs);
+    }
+    b->len += (size_t)n_cells * vs;
+}
+
+/* Row r of a gene-row block as a JSON array of n_cells values. */
+static void put_dense_json(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t n_cells)
+{
+    iv_buf_puts(b, "[");
+    int64_t p = blk->indptr[r], e = blk->indptr[r + 1];
+    for (int64_t c = 0; c < n_cells; c++) {
+        if (c) iv_buf_append(b, ",", 1);
+        if (p < e && block_index(blk, p) == c) put_value(b, blk->dtype, blk->data, p++);
+        else iv_buf_append(b, "0", 1);
+    }
+    iv_buf_puts(b, "]");
+}
+
+void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_block_t *blk)
+{
+    if (!h->by_var) {
+        iv_enc_block(b, f, blk);
+        return;
+    }
+    if (f == IV_FMT_BINARY && !h->dense) {
+        size_t before = b->len;
+        iv_enc_block(b, f, blk);
+        /* The same layout, told apart by its kind. */
+        if (b->len >= before + 4 && !b->oom) {
+            uint32_t k = IV_WIRE_VAR_BLOCK;
+            memcpy(b->data + before, &k, 4);
+        }
+    } else if (f == IV_FMT_BINARY) {
+        iv_buf_u32le(b, IV_WIRE_DENSE_BLOCK);
+        iv_buf_u32le(b, 0);
+        iv_buf_i64le(b, blk->n_rows);
+        iv_buf_i64le(b, h->n_rows);
+        iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
+        for (int64_t r = 0; r < blk->n_rows; r++) put_dense_row(b, blk, r, h->n_rows);
+    } else if (f == IV_FMT_NDJSON) {
+        iv_buf_printf(b, "{\"type\":\"block\",\"row0\":%" PRId64 ",\"n_rows\":%" PRId64
+                      ",\"nnz\":%" PRId64 ",\"var\":[", blk->row0, blk->n_rows, blk->nnz);
+        put_i64_list(b, blk->ids, blk->n_rows, 0, 0);
+        if (h->dense) {
+            iv_buf_puts(b, "],\"data\":[");
+            for (int64_t r = 0; r < blk->n_rows; r++) {
+                if (r) iv_buf_append(b, ",", 1);
+                put_dense_json(b, blk, r, h->n_rows);
+            }
+            iv_buf_puts(b, "]}\n");
+            return;
+        }
+        iv_buf_puts(b, "],\"indptr\":[");
+        put_i64_list(b, blk->indptr, blk->n_rows + 1, 0, 0);
+        iv_buf_puts(b, "],\"indices\":[");
+        put_indices(b, blk, 0);
+        iv_buf_puts(b, "],\"data\":[");
+        put_values(b, blk, 0);
+        iv_buf_puts(b, "]}\n");
+    }
+}
+
+void iv_jdoc_add_h(iv_jdoc_t *d, const iv_stream_hdr_t *h, const iv_block_t *blk)
+{
+    if (!h->dense) {
+        iv_jdoc_add(d, blk);
+        return;
+    }
+    put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
+    for (int64_t r = 0; r < blk->n_rows; r++) {
+        if (d->rows + r > 0) iv_buf_append(&d->data, ",", 1);
+        put_dense_json(&d->data, blk, r, h->n_rows);
+    }
+    d->rows += blk->n_rows;
+    d->nnz += blk->nnz;
+}
+
 void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
 {
     if (f == IV_FMT_BINARY) {
@@ -130,9 +230,10 @@ void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
     } else if (f == IV_FMT_NDJSON) {
         iv_buf_printf(b,
                       "{\"type\":\"header\",\"shape\":[%" PRId64 ",%" PRId64
-                      "],\"dtype\":\"%s\",\"index_dtype\":\"%s\"}\n",
+                      "],\"dtype\":\"%s\",\"index_dtype\":\"%s\"%s%s}\n",
                       h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype),
-                      h->index_size == 4 ? "int32" : "int64");
+                      h->index_size == 4 ? "int32" : "int64", h->by_var ? ",\"by\":\"var\"" : "",
+                      h->dense ? ",\"dense\":true" : "");
     }
 }
 
@@ -253,9 +354,18 @@ void iv_jdoc_finish(iv_jdoc_t *d, const iv_stream_hdr_t *h, iv_buf_t *b)
     iv_buf_reserve(b, iv_jdoc_bytes(d) + 256);
     iv_buf_printf(b,
                   "{\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"%s\",\"nnz\":%" PRId64
-                  ",\"obs\":[",
-                  h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype), d->nnz);
+                  "%s%s,\"%s\":[",
+                  h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype), d->nnz,
+                  h->by_var ? ",\"by\":\"var\"" : "", h->dense ? ",\"dense\":true" : "",
+                  h->by_var ? "var" : "obs");
     iv_buf_append(b, d->obs.data, d->obs.len);
+    if (h->dense) {
+        iv_buf_puts(b, "],\"data\":[");
+        iv_buf_append(b, d->data.data, d->data.len);
+        iv_buf_puts(b, "]}");
+        if (iv_jdoc_oom(d)) b->oom = 1;
+        return;
+    }
     iv_buf_puts(b, "],\"indptr\":[");
     iv_buf_append(b, d->indptr.data, d->indptr.len);
     iv_buf_puts(b, "],\"indices\":[");

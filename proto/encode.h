@@ -21,13 +21,24 @@
  *     i64 indptr[n_rows + 1]  starting at 0 within the block
  *     indices[nnz]            index dtype (output column positions)
  *     values[nnz]             value dtype
+ *   gene-row block frame ("by": "var"), the same layout as a block frame:
+ *     u32 kind = 3, u32 0, i64 n_rows (genes), i64 nnz, i64 ids[n_rows] (var
+ *     indices), indptr, indices (positions in the obs selection), values
+ *   dense gene-row frame ("dense": true):
+ *     u32 kind = 4, u32 0, i64 n_rows (genes), i64 n_cols (selected cells),
+ *     i64 ids[n_rows], values[n_rows * n_cols] (row-major, value dtype,
+ *     zero where nothing is stored)
+ *   The stream header's rows and columns are the result's shape (selected
+ *   cells x selected genes) whatever the block rows are.
  *   trailer frame:
  *     u32 kind = 2, u32 status (0 = ok, else the HTTP status of the error),
  *     i64 rows sent, i64 nnz sent, u32 message length, message bytes
  *     (the JSON error object, empty when ok)
  *
  * NDJSON: {"type":"header",...}, one {"type":"block",...} per block, then
- * {"type":"end","status":"ok"|"error",...}.  JSON: one document with the
+ * {"type":"end","status":"ok"|"error",...}.  By var the header says
+ * "by":"var" (and "dense":true), blocks name their rows "var" instead of
+ * "obs", and a dense block has "data" as one array of values per gene.  JSON: one document with the
  * whole CSR (iv_jdoc_*), built in memory and sent with Content-Length.
  * Non-finite floating-point values are written as null in both JSON forms
  * (JSON has no NaN); clients map null back to NaN.
@@ -50,12 +61,25 @@
 #define IV_WIRE_FRAME_BYTES 24    /* block frame header and trailer fixed part (+4 for msg length) */
 #define IV_WIRE_BLOCK 1u
 #define IV_WIRE_TRAILER 2u
+#define IV_WIRE_VAR_BLOCK 3u
+#define IV_WIRE_DENSE_BLOCK 4u
 
 typedef struct iv_stream_hdr {
-    int64_t n_rows, n_cols;
+    int64_t n_rows, n_cols;   /* the result's shape: selected cells x selected genes */
     iv_dtype_t dtype;
     int index_size;       /* 4 or 8 */
+    int by_var;           /* blocks are gene rows: the CSC of the result */
+    int dense;            /* gene rows as dense vectors (by_var) */
 } iv_stream_hdr_t;
+
+/* The header of q's result; dense asks for dense gene rows. */
+iv_stream_hdr_t iv_stream_hdr_of(const iv_query_t *q, int dense);
+
+/* Header, block and trailer as above, for any iv_stream_hdr_t: with
+ * by_var the block's rows are genes (ids = var indices, columns =
+ * positions in the obs selection), with dense as well each gene row is
+ * n_rows values (the result's cells), zero where nothing is stored. */
+void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_block_t *blk);
 
 /* numpy descr of a dtype on the wire ("<f4"); "" for an unknown one. */
 const char *iv_wire_descr(iv_dtype_t t);
@@ -86,6 +110,8 @@ void iv_jdoc_free(iv_jdoc_t *d);
 void iv_jdoc_add(iv_jdoc_t *d, const iv_block_t *blk);
 /* Bytes accumulated so far (to enforce the JSON size limit early). */
 size_t iv_jdoc_bytes(const iv_jdoc_t *d);
+/* The same for any header (gene rows, dense gene rows; see iv_enc_block_h). */
+void iv_jdoc_add_h(iv_jdoc_t *d, const iv_stream_hdr_t *h, const iv_block_t *blk);
 /* Writes the document into b. */
 void iv_jdoc_finish(iv_jdoc_t *d, const iv_stream_hdr_t *h, iv_buf_t *b);
 /* Any allocation failed. */

@@ -482,6 +482,27 @@ static int64_t json_nul_escape(const char *s, size_t len)
     return -1;
 }
 
+/* "by": which axis the result's block rows follow.  -1 until given, so
+ * that dense can tell an explicit "obs" from the default. */
+static int set_by(iv_qreq_t *out, const char *v, iv_err_t *err)
+{
+    if (v && !strcmp(v, "obs")) out->by_var = -1;
+    else if (v && !strcmp(v, "var")) out->by_var = 1;
+    else return iv_fail(err, IV_EBAD_REQUEST, "\"by\" must be \"obs\" or \"var\"");
+    return 0;
+}
+
+/* Dense vectors are gene rows: by var is implied, by obs refused. */
+static int check_by(iv_qreq_t *out, iv_err_t *err)
+{
+    if (out->dense && out->by_var < 0)
+        return iv_fail(err, IV_EBAD_REQUEST, "\"dense\" gives one vector per gene: it needs "
+                       "\"by\": \"var\" (or no \"by\")");
+    if (out->dense) out->by_var = 1;
+    if (out->by_var < 0) out->by_var = 0;
+    return 0;
+}
+
 int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_var,
                        iv_qreq_t *out, iv_err_t *err)
 {
@@ -505,15 +526,15 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
         rc = iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
         goto done;
     }
-    static const char *const keys[] = {"obs", "var", "format"};
+    static const char *const keys[] = {"obs", "var", "format", "by", "dense"};
     unsigned dup = 0;
     const cJSON *kv;
     cJSON_ArrayForEach(kv, root)
     {
-        int ki = key_index(kv->string, keys, 3);
+        int ki = key_index(kv->string, keys, 5);
         if (ki < 0) {
             rc = iv_fail(err, IV_EBAD_SELECTION,
-                         "unknown key '%.60s' in the request (expected obs, var, format)",
+                         "unknown key '%.60s' in the request (expected obs, var, format, by, dense)",
                          kv->string);
             goto done;
         }
@@ -524,6 +545,17 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
         }
         dup |= 1u << ki;
     }
+    const cJSON *by = cJSON_GetObjectItemCaseSensitive(root, "by");
+    if (by && (rc = set_by(out, cJSON_IsString(by) ? by->valuestring : NULL, err)) != 0) goto done;
+    const cJSON *dn = cJSON_GetObjectItemCaseSensitive(root, "dense");
+    if (dn) {
+        if (!cJSON_IsBool(dn)) {
+            rc = iv_fail(err, IV_EBAD_REQUEST, "\"dense\" must be true or false");
+            goto done;
+        }
+        out->dense = cJSON_IsTrue(dn);
+    }
+    if ((rc = check_by(out, err)) != 0) goto done;
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (f) {
         out->format = cJSON_IsString(f) ? iv_fmt_parse(f->valuestring) : IV_FMT_NONE;
@@ -623,6 +655,13 @@ static int sel_names_from_list(iv_psel_t *p, const char *axis, const char *s, iv
 static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
                     int64_t n_var, iv_err_t *err)
 {
+    if (!strcmp(key, "by")) return set_by(out, val, err);
+    if (!strcmp(key, "dense")) {
+        if (!strcmp(val, "true") || !strcmp(val, "1")) out->dense = 1;
+        else if (!strcmp(val, "false") || !strcmp(val, "0")) out->dense = 0;
+        else return iv_fail(err, IV_EBAD_REQUEST, "dense=%s: expected true or false", val);
+        return 0;
+    }
     if (!strcmp(key, "format")) {
         out->format = iv_fmt_parse(val);
         if (out->format == IV_FMT_NONE)
@@ -713,6 +752,7 @@ int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var
             rc = iv_fail(err, IV_EBAD_SELECTION, "%s_by and %s_missing go with %s_names",
                          a ? "var" : "obs", a ? "var" : "obs", a ? "var" : "obs");
     }
+    if (rc == 0) rc = check_by(out, err);
     if (rc != 0) iv_qreq_free(out);
     return rc;
 }

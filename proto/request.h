@@ -3,7 +3,8 @@
  * same selection in a GET query string, parsed and validated into
  * selections the engine accepts.
  *
- * JSON body:  {"obs": SEL, "var": SEL, "format": "binary"|"ndjson"|"json"}
+ * JSON body:  {"obs": SEL, "var": SEL, "format": "binary"|"ndjson"|"json",
+ *              "by": "obs"|"var", "dense": true|false}
  * SEL:        {"index":[i,...]} | {"range":[start,stop]} |
  *             {"mask":"<base64, bit i = element i, LSB first>"} |
  *             {"mask":[true,false,...]} | {"names":["a",...]} | absent (all)
@@ -12,7 +13,7 @@
  *             and "missing": "error" | "ignore".
  * Query string: obs=1,5,2 | obs=10:20 (range) | obs_mask=B64 | obs_names=a,b
  *             | obs_where=EXPR | obs_by=COL | obs_missing=ignore
- *             and the same with var; format=...  Values are percent-decoded;
+ *             and the same with var; format=...; by=obs|var; dense=true|false  Values are percent-decoded;
  *             '+' stays '+' because base64 masks use it.
  *
  * A filter is parsed here (syntax errors are IV_EBAD_REQUEST, 400) but
@@ -64,6 +65,8 @@ typedef enum iv_fmt {
 typedef struct iv_qreq {
     iv_psel_t obs, var;
     iv_fmt_t format;    /* from the "format" field / parameter */
+    int by_var;         /* "by": "var" / by=var: one block row per selected gene (CSC) */
+    int dense;          /* "dense": true / dense=true: gene rows as dense vectors (implies by_var) */
 } iv_qreq_t;
 
 /* Parses a JSON body (need not be NUL terminated).  n_obs/n_var are the

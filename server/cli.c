@@ -21,6 +21,7 @@
 #include "npz.h"
 #include "pool.h"
 #include "query.h"
+#include "transpose.h"
 #include "version.h"
 
 struct cli_opts {
@@ -29,6 +30,9 @@ struct cli_opts {
     uint32_t stride;
     long long cache_mb;
     int major_axis;
+    const char *orient;       /* export --orient cells|genes|auto, or NULL */
+    const char *companion;    /* export --companion FILE */
+    int by_var;               /* export --by var */
 };
 
 static int usage(void)
@@ -37,6 +41,7 @@ static int usage(void)
             "usage: ivserve check FILE [--group G] [--threads N] [--stride K]\n"
             "       ivserve export FILE [--group G] [--obs SEL] [--var SEL] [--threads N]\n"
             "                      [--stride K] [--cache-mb N] [--where EXPR] [--var-where EXPR]\n"
+            "                      [--orient cells|genes|auto] [--companion FILE] [--by obs|var]\n"
             "                      -o OUT.npz|OUT.h5ad\n"
             "       ivserve export FILE --batch LIST -o DIR\n"
             "       ivserve pack IN.h5ad OUT.h5ad [options]   (ivserve pack --help)\n"
@@ -70,6 +75,9 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
         else if (OPT("--stride")) o->stride = (uint32_t)strtoul(v, NULL, 10);
         else if (OPT("--cache-mb")) o->cache_mb = strtoll(v, NULL, 10);
         else if (strcmp(a, "--genes-major") == 0) o->major_axis = 1;
+        else if (OPT("--orient")) o->orient = v;
+        else if (OPT("--companion")) o->companion = v;
+        else if (OPT("--by")) o->by_var = strcmp(v, "var") == 0 ? 1 : strcmp(v, "obs") == 0 ? 0 : -1;
         else if (a[0] == '-' || o->file) {
             fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
             return -1;
@@ -80,6 +88,41 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
         fprintf(stderr, "ivserve: missing FILE\n");
         return -1;
     }
+    if (o->by_var < 0 || (o->orient && strcmp(o->orient, "cells") && strcmp(o->orient, "genes") &&
+                          strcmp(o->orient, "auto"))) {
+        fprintf(stderr, "ivserve: --orient takes cells, genes or auto; --by takes obs or var\n");
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * export --orient: the orientation that serves (cells, genes, or the
+ * planner's choice); the one the file lacks is read from --companion or
+ * built in memory first, with no budget.
+ */
+static int export_orient(const struct cli_opts *o, iv_pool_t *pool, iv_dataset_t *ds,
+                         iv_pick_t *pick)
+{
+    *pick = IV_PICK_AUTO;
+    if (!o->orient && !o->companion) return 0;
+    iv_err_t err = {0};
+    int rc;
+    if (o->companion) {
+        iv_dataset_opts_t dopts;
+        iv_dataset_opts_init(&dopts);
+        dopts.pool = pool;
+        rc = iv_dataset_attach_other(ds, o->companion, &dopts, &err);
+    } else {
+        iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = pool};
+        rc = iv_dataset_build_other(ds, &to, &err);
+    }
+    if (rc < 0) {
+        fprintf(stderr, "ivserve: error: %s\n", err.msg);
+        return -1;
+    }
+    if (o->orient && !strcmp(o->orient, "cells")) *pick = IV_PICK_CELLS;
+    if (o->orient && !strcmp(o->orient, "genes")) *pick = IV_PICK_GENES;
     return 0;
 }
 
@@ -255,11 +298,12 @@ static void decode_one(void *arg, size_t i)
 
 /* Runs one query and writes OUT.npz; returns 0 or 1 (error printed). */
 static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
-                      int major_axis, const char *out_path, int h5ad)
+                      int major_axis, iv_pick_t pick, int by_var, const char *out_path, int h5ad)
 {
     iv_err_t err = {0};
     iv_query_t *q = NULL;
-    iv_query_opts_t qo = {.axis = major_axis ? IV_OUT_MAJOR : IV_OUT_ROWS};
+    iv_query_opts_t qo = {.axis = major_axis ? IV_OUT_MAJOR : by_var ? IV_OUT_VARS : IV_OUT_ROWS,
+                          .pick = pick};
     iv_block_t *blocks = NULL;
     int64_t nb = 0;
     int rc = 1;
@@ -340,7 +384,13 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
                 pp[0] = indptr;
                 pl[0] = (size_t)(nr + 1) * sizeof *indptr;
                 werr |= iv_npz_add(z, "indptr", "<i8", 1, n1, 1, pp, pl) != 0;
-                pp[0] = "csr";
+                /* Gene rows are the CSC of the result (cells x genes). */
+                int csc = by_var && !major_axis;
+                if (csc) {
+                    shape[0] = nc;
+                    shape[1] = nr;
+                }
+                pp[0] = csc ? "csc" : "csr";
                 pl[0] = 3;
                 werr |= iv_npz_add(z, "format", "|S3", 0, NULL, 1, pp, pl) != 0;
                 pp[0] = shape;
@@ -385,13 +435,19 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
                     "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
             return 1;
         }
-        if (h5ad && o->major_axis) {
-            fprintf(stderr, "ivserve: error: .h5ad output is CSR by cells; drop --genes-major\n");
+        if (h5ad && (o->major_axis || o->by_var)) {
+            fprintf(stderr, "ivserve: error: .h5ad output is CSR by cells; drop --genes-major "
+                    "and --by var\n");
             return 1;
         }
     }
     iv_dataset_t *ds;
     if (open_dataset(o, pool, &ds) < 0) return 1;
+    iv_pick_t pick;
+    if (export_orient(o, pool, ds, &pick) < 0) {
+        iv_dataset_close(ds);
+        return 1;
+    }
     int rc = 0;
     if (!o->batch) {
         iv_sel_t obs, var;
@@ -399,7 +455,7 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
         if (iv_cli_select(o->file, o->group, IV_AXIS_OBS, o->obs, o->where, &obs, &ob) < 0 ||
             iv_cli_select(o->file, o->group, IV_AXIS_VAR, o->var, o->var_where, &var, &vb) < 0)
             rc = 1;
-        else rc = export_one(ds, pool, &obs, &var, o->major_axis, o->out, h5ad);
+        else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->out, h5ad);
         free(ob);
         free(vb);
     } else {
@@ -427,7 +483,7 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
             iv_sel_t obs, var;
             int64_t *ob = NULL, *vb = NULL;
             if (parse_sel(line, "obs", &obs, &ob) < 0 || parse_sel(tab + 1, "var", &var, &vb) < 0) rc = 1;
-            else rc = export_one(ds, pool, &obs, &var, o->major_axis, path, 0);
+            else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, path, 0);
             free(ob);
             free(vb);
             k++;

@@ -54,6 +54,7 @@
 #include "query.h"
 #include "request.h"
 #include "routes_meta.h"
+#include "transpose.h"
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
@@ -76,7 +77,7 @@ typedef struct sds {
     char etag[24];
 } sds_t;
 
-enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT };
+enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
 
 /*
  * A query's set-up, run on a worker: parsing the JSON body or query string,
@@ -105,6 +106,7 @@ typedef struct setup {
     int have_total;
     double total;
     iv_fmt_t fmt;
+    int dense;            /* "dense": true */
 } setup_t;
 
 typedef struct job {
@@ -138,6 +140,7 @@ struct qstream {
     int64_t rows, nnz;
     int have_total;       /* J_COUNT: total already known from the metadata */
     double total;
+    int dense;            /* gene rows as dense vectors */
     qstream_t *next_live; /* server list of every stream, for shutdown and metrics */
     qstream_t *prev_live;
 };
@@ -188,6 +191,7 @@ struct server {
     size_t n_streams;
     int draining, stopped;
     iv_metrics_t metrics;
+    iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     FILE *alog;
     int alog_owned;
     int alog_json;
@@ -314,11 +318,50 @@ static void put_summary(iv_buf_t *b, const sds_t *d, int with_indices_dtype)
     iv_buf_puts(b, ",\"ready\":true");
 }
 
+/* "orientations": which copies of the matrix serve queries, and the memory
+ * each takes now (see iv_dataset_orientations). */
+static void put_orientations(iv_buf_t *b, iv_dataset_t *ds)
+{
+    static const char *const state[] = {"none", "building", "ready", "skipped", "failed"};
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    iv_buf_puts(b, ",\"orientations\":{");
+    for (int o = 0; o < 2; o++) {
+        int own = (iv_orient_t)o == st.file_orient;
+        iv_buf_printf(b, "%s\"%s\":{", o ? "," : "", o == IV_IVCSR ? "cells" : "genes");
+        if (own || st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, "\"state\":\"ready\",\"source\":\"%s\",\"bytes\":%zu,"
+                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source == IV_SRC_FILE
+                          ? "companion" : "memory", st.bytes[o], st.stream_bytes[o]);
+        else
+            iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
+        if (!own && st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
+        iv_buf_puts(b, "}");
+    }
+    iv_buf_puts(b, "}");
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b);
+
 static void build_doc(sds_t *d)
 {
     iv_buf_t b;
     iv_buf_init(&b);
+    render_doc(d, &b);
+    if (b.oom) {
+        iv_buf_free(&b);
+        return;
+    }
+    snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
+    d->doc = iv_buf_steal(&b, &d->doc_len);
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b0)
+{
+    iv_buf_t b = *b0;
     put_summary(&b, d, 1);
+    put_orientations(&b, d->ds);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {
@@ -328,12 +371,38 @@ static void build_doc(sds_t *d)
         iv_rmeta_schema(&b, d->meta, ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR);
     }
     iv_buf_puts(&b, "}");
-    if (b.oom) {
-        iv_buf_free(&b);
-        return;
+    *b0 = b;
+}
+
+/* The other orientation of a ready dataset, on a worker: the companion
+ * file when configured, else a copy built in memory under the budgets
+ * (the dataset's transpose_bytes, or the global one, and what is left of
+ * the global).  The document is rendered again for the loop to install. */
+static void job_other(void *arg)
+{
+    job_t *j = arg;
+    sds_t *d = j->ds;
+    const iv_config_t *cfg = j->srv->cfg;
+    double t0 = now_s();
+    if (d->conf->companion) {
+        iv_dataset_opts_t o;
+        iv_dataset_opts_init(&o);
+        o.group = d->conf->companion_group;
+        o.cache_bytes = cfg->cache_bytes;
+        o.pool = j->srv->pool;
+        j->rc = iv_dataset_attach_other(d->ds, d->conf->companion, &o, &j->err);
+    } else {
+        iv_transpose_opts_t to = {
+            .budget = d->conf->transpose_bytes >= 0 ? (uint64_t)d->conf->transpose_bytes
+                                                    : (uint64_t)cfg->transpose_bytes,
+            .global = &j->srv->transpose_left,
+            .pool = j->srv->pool,
+        };
+        j->rc = iv_dataset_build_other(d->ds, &to, &j->err);
     }
-    snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
-    d->doc = iv_buf_steal(&b, &d->doc_len);
+    render_doc(d, &j->out);
+    j->secs = now_s() - t0;
+    job_finish(j);
 }
 
 static void job_load(void *arg)
@@ -443,7 +512,15 @@ static void setup_run(job_t *j)
         return;
     }
     iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
-    iv_query_opts_t qo = {IV_OUT_ROWS, 0, 0};
+    iv_query_opts_t qo = {qr.by_var ? IV_OUT_VARS : IV_OUT_ROWS, 0, 0, IV_PICK_AUTO};
+    st->dense = qr.dense;
+    if (qr.dense) {
+        /* A dense gene row holds one value per selected cell: about 8 MiB
+         * of them a block. */
+        int64_t cells = so.all ? st->n_rows : so.n;
+        qo.block_rows = cells > 0 ? ((int64_t)8 << 20) / (cells * 8) : 0;
+        if (qo.block_rows < 1) qo.block_rows = 1;
+    }
     j->rc = iv_query_new(d->ds, &so, &sv, &qo, &st->q, &j->err);
     iv_qreq_free(&qr);
 }
@@ -484,7 +561,8 @@ static void job_run(void *arg)
         memset(&blk, 0, sizeof blk);
         j->rc = iv_query_decode_block(qs->q, j->b, &blk, &j->err);
         if (j->rc == 0) {
-            iv_enc_block(&j->out, qs->fmt, &blk);
+            iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+            iv_enc_block_h(&j->out, qs->fmt, &h, &blk);
             j->rows = blk.n_rows;
             j->nnz = blk.nnz;
             if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
@@ -495,6 +573,7 @@ static void job_run(void *arg)
         int64_t hint = iv_query_nnz_hint(qs->q);
         iv_jdoc_t d;
         iv_jdoc_init(&d);
+        iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
         int64_t nb = iv_query_n_blocks(qs->q);
         if (j->kind == J_COUNT && hint >= 0 && qs->have_total) {
             j->nnz = hint;
@@ -510,7 +589,7 @@ static void job_run(void *arg)
                     for (int64_t k = 0; k < blk.nnz; k++)
                         j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
                 if (j->kind == J_WHOLE) {
-                    iv_jdoc_add(&d, &blk);
+                    iv_jdoc_add_h(&d, &h, &blk);
                     if (iv_jdoc_oom(&d))
                         j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
                     else if (iv_jdoc_bytes(&d) > lim->json_bytes)
@@ -523,8 +602,6 @@ static void job_run(void *arg)
             iv_block_free(&blk);
         }
         if (j->rc == 0 && j->kind == J_WHOLE) {
-            iv_stream_hdr_t h = {iv_query_n_rows(qs->q), iv_query_n_cols(qs->q),
-                                 iv_query_dtype(qs->q), iv_query_index_size(qs->q)};
             iv_jdoc_finish(&d, &h, &j->out);
             if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
         }
@@ -881,8 +958,7 @@ static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
 {
     resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, "Cache-Control: no-store\r\n");
     c->status = 200;
-    iv_stream_hdr_t h = {iv_query_n_rows(qs->q), iv_query_n_cols(qs->q), iv_query_dtype(qs->q),
-                         iv_query_index_size(qs->q)};
+    iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
     iv_buf_t sh;
     iv_buf_init(&sh);
     iv_enc_header(&sh, qs->fmt, &h);
@@ -1046,13 +1122,21 @@ static void on_qs_job(job_t *j)
 static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total)
 {
     int64_t rows = iv_query_n_rows(q), cols = iv_query_n_cols(q), nb = iv_query_n_blocks(q);
+    int64_t out_rows = rows;
+    if (iv_query_by_var(q)) {
+        /* Gene rows: the result's shape is still cells x genes. */
+        rows = cols;
+        cols = out_rows;
+    }
     const char *cells = "n_cells", *genes = "n_genes";
     iv_buf_printf(b,
                   "{\"shape\":[%" PRId64 ",%" PRId64 "],\"%s\":%" PRId64 ",\"%s\":%" PRId64
                   ",\"nnz\":%" PRId64 ",\"total_counts\":%.17g,\"bytes\":{\"binary\":%" PRId64
                   "},\"blocks\":%" PRId64 ",\"exact\":true",
                   rows, cols, cells, rows, genes, cols, nnz, total,
-                  iv_enc_binary_size(rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
+                  iv_enc_binary_size(out_rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
+    iv_buf_printf(b, ",\"orientation\":\"%s\"", iv_query_orient(q) == IV_IVCSR ? "cells" : "genes");
+    if (c->qs && c->qs->ds) put_orientations(b, c->qs->ds->ds);
     if (c->dropped) {
         iv_buf_puts(b, ",\"dropped\":");
         iv_buf_puts(b, c->dropped);
@@ -1239,6 +1323,7 @@ static void route_query_finish(qstream_t *qs, job_t *j)
     int count = qs->kind == J_COUNT, have_total = st->have_total;
     double total = st->total;
     iv_fmt_t fmt = st->fmt;
+    int dense = st->dense;
     job_free(j);
     int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
     const iv_limits_t *lim = &s->cfg->limits;
@@ -1248,6 +1333,14 @@ static void route_query_finish(qstream_t *qs, job_t *j)
                  "the query selects %" PRId64 " rows and %" PRId64
                  " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
                  rows, hint, lim->max_rows, lim->max_nnz);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
+        /* Dense gene rows hold every (gene, cell) value. */
+        snprintf(msg, sizeof msg,
+                 "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
+                 iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
         send_error(c, 413, "too_large", msg, NULL);
         return;
     }
@@ -1282,6 +1375,7 @@ static void route_query_finish(qstream_t *qs, job_t *j)
     }
     int kind = count ? J_COUNT : fmt == IV_FMT_JSON ? J_WHOLE : J_BLOCK;
     qs->fmt = fmt;
+    qs->dense = dense;
     qs->kind = kind;
     qs->have_total = have_total;
     qs->total = total;
@@ -1712,6 +1806,39 @@ static void on_load_done(job_t *j)
                   in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
     }
     if (s->n_loading == 0) log_event(s, "info", "all datasets loaded");
+    const iv_ds_conf_t *dc = d->conf;
+    int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
+    if (d->state == DS_READY && !s->draining && (dc->companion || tb > 0)) {
+        /* Cell queries are served meanwhile; the other orientation joins
+         * when it is ready (see job_other). */
+        j->kind = J_OTHER;
+        j->rc = 0;
+        iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
+        if (iv_pool_try_submit(s->pool, job_other, j) == 0) return;
+        iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+    }
+    job_free(j);
+}
+
+static void on_other_done(job_t *j)
+{
+    server_t *s = j->srv;
+    sds_t *d = j->ds;
+    iv_orient_status_t st;
+    iv_dataset_orientations(d->ds, &st);
+    const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
+    if (j->rc == 0)
+        log_event(s, "info", "dataset %s: %s orientation ready (%s, %zu bytes, %.2f s)",
+                  d->conf->id, other, st.other_source == IV_SRC_FILE ? "companion" : "in memory",
+                  st.bytes[!st.file_orient], j->secs);
+    else
+        log_event(s, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
+                  d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
+    if (!j->out.oom && j->out.len) {
+        free(d->doc);
+        snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(j->out.data, j->out.len));
+        d->doc = iv_buf_steal(&j->out, &d->doc_len);
+    }
     job_free(j);
 }
 
@@ -1739,6 +1866,7 @@ static void on_async(uv_async_t *a)
     while (j) {
         job_t *n = j->next;
         if (j->kind == J_LOAD) on_load_done(j);
+        else if (j->kind == J_OTHER) on_other_done(j);
         else on_qs_job(j);
         j = n;
     }
@@ -1808,8 +1936,8 @@ static void drain_after_stop(server_t *s)
     job_t *j = take_done(s);
     while (j) {
         job_t *n = j->next;
-        if (j->kind == J_LOAD) {
-            s->n_loading--;
+        if (j->kind == J_LOAD || j->kind == J_OTHER) {
+            if (j->kind == J_LOAD) s->n_loading--;
         } else {
             qstream_t *qs = j->qs;
             qs->inflight--;
@@ -1851,6 +1979,7 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_pool;
     }
     pthread_mutex_init(&s->done_mu, NULL);
+    iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
     uv_loop_init(&s->loop);
     uv_async_init(&s->loop, &s->async, on_async);
     s->async.data = s;

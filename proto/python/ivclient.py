@@ -10,6 +10,12 @@ the original obs index of every row.  Needs numpy, scipy and requests.
     res.matrix      # scipy.sparse.csr_matrix, rows in the requested order
     res.obs         # numpy int64 array: obs index of each row
     res.obs_names   # names of those rows when the server's metadata has them, else None
+
+    g = c.query("pbmc", var=["CD3E"], by="var")   # gene rows: g.matrix is the CSC
+    g.matrix        # scipy.sparse.csc_matrix of X[obs, :][:, var] (cells x genes)
+    g.var           # var index of each gene column
+    d = c.query("pbmc", var=["CD3E", "MS4A1"], dense=True)
+    d.dense         # numpy array (genes x selected cells), zero where nothing is stored
 """
 import base64
 import json
@@ -35,8 +41,23 @@ class ServerError(Exception):
 
 
 class Result:
-    def __init__(self, matrix, obs, obs_names=None):
+    def __init__(self, matrix, obs, obs_names=None, var=None, dense=None):
         self.matrix, self.obs, self.obs_names = matrix, obs, obs_names
+        self.var, self.dense = var, dense
+
+
+def _by_var(shape, ids, indptr_parts, index_parts, data_parts, dtype):
+    """Gene rows (the result's CSC) as a Result."""
+    m, var = _assemble((shape[1], shape[0]), ids, indptr_parts, index_parts, data_parts, dtype)
+    csc = sp.csc_matrix((m.data, m.indices, m.indptr), shape=tuple(shape))
+    return Result(csc, None, var=var)
+
+
+def _dense(shape, ids, rows, dtype):
+    """Dense gene rows as a Result."""
+    var = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
+    d = np.concatenate(rows) if rows else np.zeros((0, shape[0]), dtype)
+    return Result(None, None, var=var, dense=d.reshape(len(var), shape[0]))
 
 
 def selection(sel, axis_len=None):
@@ -81,7 +102,7 @@ def _assemble(shape, obs_parts, indptr_parts, index_parts, data_parts, dtype):
     return m, obs.astype(np.int64)
 
 
-def parse_binary(buf):
+def _parse_binary(buf, by_var=False, dense=False):
     """Parses a whole binary stream (bytes); raises ServerError on an error trailer."""
     mv = memoryview(buf)
     if len(mv) < 40 or bytes(mv[:4]) != b"IVQS":
@@ -91,7 +112,7 @@ def parse_binary(buf):
         raise ValueError(f"unknown stream version {version}")
     vdt = np.dtype(bytes(mv[24:32]).rstrip(b"\0").decode())
     idt = np.dtype(bytes(mv[32:40]).rstrip(b"\0").decode())
-    pos, parts = 40, ([], [], [], [])
+    pos, parts, kinds, dense_rows = 40, ([], [], [], []), set(), []
     while True:
         if pos + 24 > len(mv):
             raise ValueError("stream ended without a trailer (truncated)")
@@ -104,22 +125,41 @@ def parse_binary(buf):
                 err = json.loads(msg)["error"]
                 raise ServerError(status, err["code"], err["message"])
             break
-        if kind != 1:
+        if kind not in (1, 3, 4):
             raise ValueError(f"unknown frame kind {kind}")
+        kinds.add(kind)
+        if kind == 4:
+            ids = np.frombuffer(mv, dtype=np.int64, count=n, offset=pos)
+            pos += ids.nbytes
+            vals = np.frombuffer(mv, dtype=vdt, count=n * nnz, offset=pos)
+            pos += vals.nbytes
+            parts[0].append(ids)
+            dense_rows.append(vals.reshape(n, nnz))
+            continue
         for arr_dt, count, dest in ((np.int64, n, 0), (np.int64, n + 1, 1), (idt, nnz, 2), (vdt, nnz, 3)):
             a = np.frombuffer(mv, dtype=arr_dt, count=count, offset=pos)
             pos += a.nbytes
             parts[dest].append(a)
-    return _assemble((rows, cols), *parts, vdt)
+    if len(kinds) > 1:
+        raise ValueError("a stream mixes block kinds")
+    if not kinds:
+        # No block: the frames cannot say what the rows were; the request can.
+        kinds = {4} if dense else {3} if by_var else {1}
+    if kinds == {4}:
+        return _dense((rows, cols), parts[0], dense_rows, vdt)
+    if kinds == {3}:
+        return _by_var((rows, cols), *parts, vdt)
+    m, obs = _assemble((rows, cols), *parts, vdt)
+    return Result(m, obs)
 
 
 def _json_values(vals, dtype):
     return np.array([np.nan if v is None else v for v in vals], dtype=dtype)
 
 
-def parse_ndjson(text):
+def _parse_ndjson(text):
     shape, dtype, idt, parts = None, None, None, ([], [], [], [])
-    ended = False
+    ended, by_var, dense, dense_rows = False, False, False, []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -127,8 +167,13 @@ def parse_ndjson(text):
         t = o.get("type")
         if t == "header":
             shape, dtype, idt = o["shape"], np.dtype(o["dtype"]), np.dtype(o["index_dtype"])
+            by_var, dense = o.get("by") == "var", bool(o.get("dense"))
+        elif t == "block" and dense:
+            parts[0].append(np.array(o["var"], np.int64))
+            dense_rows.append(np.array([_json_values(r, dtype) for r in o["data"]], dtype)
+                              .reshape(len(o["var"]), shape[0]))
         elif t == "block":
-            parts[0].append(np.array(o["obs"], np.int64))
+            parts[0].append(np.array(o["var" if by_var else "obs"], np.int64))
             parts[1].append(np.array(o["indptr"], np.int64))
             parts[2].append(np.array(o["indices"], idt))
             parts[3].append(_json_values(o["data"], dtype))
@@ -139,18 +184,52 @@ def parse_ndjson(text):
             ended = True
     if shape is None or not ended:
         raise ValueError("NDJSON stream is truncated")
-    return _assemble(tuple(shape), *parts, dtype)
+    if dense:
+        return _dense(shape, parts[0], dense_rows, dtype)
+    if by_var:
+        return _by_var(shape, *parts, dtype)
+    m, obs = _assemble(tuple(shape), *parts, dtype)
+    return Result(m, obs)
 
 
-def parse_json(doc):
+def _parse_json(doc):
     if isinstance(doc, (bytes, str)):
         doc = json.loads(doc)
     dtype = np.dtype(doc["dtype"])
-    m = sp.csr_matrix(
-        (_json_values(doc["data"], dtype), np.array(doc["indices"], np.int64), np.array(doc["indptr"], np.int64)),
-        shape=tuple(doc["shape"]),
-    )
-    return m, np.array(doc["obs"], np.int64)
+    shape = tuple(doc["shape"])
+    if doc.get("dense"):
+        rows = [np.array([_json_values(r, dtype) for r in doc["data"]], dtype)
+                .reshape(len(doc["var"]), shape[0])]
+        return _dense(shape, [np.array(doc["var"], np.int64)], rows, dtype)
+    parts = ([np.array(doc["var" if doc.get("by") == "var" else "obs"], np.int64)],
+             [np.array(doc["indptr"], np.int64)], [np.array(doc["indices"], np.int64)],
+             [_json_values(doc["data"], dtype)])
+    if doc.get("by") == "var":
+        return _by_var(shape, *parts, dtype)
+    m = sp.csr_matrix((parts[3][0], parts[2][0], parts[1][0]), shape=shape)
+    return Result(m, parts[0][0])
+
+
+def _pair(res):
+    """(matrix, ids): the CSR and obs indices, the CSC and var indices (by
+    var), or the dense array and var indices (dense)."""
+    if res.dense is not None:
+        return res.dense, res.var
+    return res.matrix, res.obs if res.var is None else res.var
+
+
+def parse_binary(buf):
+    """Parses a whole binary stream (bytes) into (matrix, ids); raises
+    ServerError on an error trailer."""
+    return _pair(_parse_binary(buf))
+
+
+def parse_ndjson(text):
+    return _pair(_parse_ndjson(text))
+
+
+def parse_json(doc):
+    return _pair(_parse_json(doc))
 
 
 class Client:
@@ -176,8 +255,12 @@ class Client:
     def dataset(self, ds):
         return self._check(self.s.get(f"{self.base}/v1/datasets/{ds}", timeout=self.timeout)).json()
 
-    def _body(self, obs, var):
+    def _body(self, obs, var, by=None, dense=False):
         body = {}
+        if by is not None:
+            body["by"] = by
+        if dense:
+            body["dense"] = True
         if obs is not None:
             body["obs"] = selection(obs)
         if var is not None:
@@ -188,18 +271,19 @@ class Client:
         r = self.s.post(f"{self.base}/v1/datasets/{ds}/count", json=self._body(obs, var), timeout=self.timeout)
         return self._check(r).json()
 
-    def query(self, ds, obs=None, var=None, format="binary"):
+    def query(self, ds, obs=None, var=None, format="binary", by=None, dense=False):
+        """by="var" gives gene rows (Result.matrix is the CSC of the result,
+        Result.var the gene of each column); dense=True gives
+        Result.dense, one row of values per gene over the selected cells."""
         r = self.s.post(
             f"{self.base}/v1/datasets/{ds}/query",
-            json=self._body(obs, var),
+            json=self._body(obs, var, by, dense),
             headers={"Accept": MEDIA[format]},
             timeout=self.timeout,
         )
         self._check(r)
         if format == "binary":
-            m, rows = parse_binary(r.content)
-        elif format == "ndjson":
-            m, rows = parse_ndjson(r.text)
-        else:
-            m, rows = parse_json(r.content)
-        return Result(m, rows, None)
+            return _parse_binary(r.content, by == "var" or dense, dense)
+        if format == "ndjson":
+            return _parse_ndjson(r.text)
+        return _parse_json(r.content)

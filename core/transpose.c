@@ -1,0 +1,875 @@
+/*
+ * The other orientation built in memory (see transpose.h).
+ *
+ * The copy's entries are the source's (slice s, value v, index j) turned
+ * into (slice j, value v, index s), ordered by j, then by v (ascending, as
+ * the format's writer orders groups), then by s.  It is a counting sort
+ * that never holds more than a bounded temporary:
+ *
+ *  1. Value ids.  The source's distinct values (by bit pattern, so that
+ *     -0.0, 0.0 and NaN payloads stay apart and every value round-trips
+ *     exactly) are numbered in value order; each source group gets the id
+ *     of its value.
+ *  2. Count pass.  The source slices are cut into bands of about equal
+ *     nnz; a band's worker decodes its slices and counts the entries of
+ *     each new major slice (source minor index) in its own counters.
+ *     Prefix sums give each (band, new slice) its place: since bands are
+ *     in source order and each band walks its slices in order, the source
+ *     slice numbers land ascending within every new slice.
+ *  3. Windows.  New slices are taken in windows whose entries fit the
+ *     temporary (4 or 8 bytes an entry: source slice and value id packed
+ *     in one word).  Per window, a fill pass decodes the source again and
+ *     writes the window's entries in place; a value group whose indices
+ *     pass the window's end skips the rest of its varints.
+ *  4. Encode, per new slice and in parallel: a counting sort by value id
+ *     (stable, so slices stay ascending inside each group), a check that
+ *     no source slice appears twice (a corrupt source), then the delta
+ *     varints, written back over the slice's own temporary (never more
+ *     bytes than the entries held), and moved to the copy's stream once
+ *     the window's byte offsets are known.
+ *
+ * The copy's stream is one allocation sized for the worst case and
+ * shrunk at the end: pages never written are never committed, so memory
+ * is the stream's real size.  The row index of the copy comes from the
+ * byte offset of every new slice, which the encode step knows, so no
+ * second pass is needed.
+ */
+#include "transpose.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "cursor.h"
+#include "dataset_impl.h"
+
+/* Bound on the per-band counters, all bands together. */
+#define COUNTER_BYTES ((uint64_t)256 << 20)
+
+void iv_budget_init(iv_budget_t *b, uint64_t bytes) { atomic_init(&b->left, bytes); }
+
+int iv_budget_take(iv_budget_t *b, uint64_t n)
+{
+    uint_fast64_t cur = atomic_load(&b->left);
+    do {
+        if (cur < n) return -1;
+    } while (!atomic_compare_exchange_weak(&b->left, &cur, cur - n));
+    return 0;
+}
+
+void iv_budget_give(iv_budget_t *b, uint64_t n) { atomic_fetch_add(&b->left, n); }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+#define TRACE(what) do { if (getenv("IV_TRANSPOSE_TRACE")) fprintf(stderr, "transpose %-10s %.3f cpu s\n", what, cpu_s()); } while (0)
+
+/*
+ * Large arrays of the build come from anonymous mappings asked for
+ * transparent huge pages: the temporary and the copy's stream are written
+ * once, scattered, and taking their memory 4 KiB a fault measured slower
+ * than the writes themselves.  Pages never written are never committed.
+ */
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+static void *big_map(size_t bytes)
+{
+    size_t len = (bytes + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+    void *p = mmap(NULL, len ? len : HUGE_ALIGN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len ? len : HUGE_ALIGN, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static size_t big_len(size_t bytes)
+{
+    size_t len = (bytes + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+    return len ? len : HUGE_ALIGN;
+}
+
+static void big_unmap(void *p, size_t bytes)
+{
+    if (p) munmap(p, big_len(bytes));
+}
+
+static unsigned bits_for(uint64_t n_values)
+{
+    unsigned b = 0;
+    while (b < 64 && (n_values - 1) >> b && n_values > 1) b++;
+    return b;
+}
+
+/* ---- 1. value ids ---- */
+
+static uint64_t value_bits(const void *values, size_t esz, int64_t i)
+{
+    uint64_t x = 0;
+    memcpy(&x, (const char *)values + (size_t)i * esz, esz);
+    return x;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Orders two bit patterns of dtype t by value: integers by value, floats
+ * by value with NaN last, ties (-0.0 and 0.0, NaN payloads) by bits. */
+static iv_dtype_t cmp_dtype;
+static int cmp_values(const void *pa, const void *pb)
+{
+    uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+    size_t esz = iv_dtype_size(cmp_dtype);
+    switch (cmp_dtype) {
+    case IV_DT_INT8: case IV_DT_INT16: case IV_DT_INT32: case IV_DT_INT64: {
+        unsigned sh = (unsigned)(64 - 8 * esz);
+        int64_t x = (int64_t)(a << sh) >> sh, y = (int64_t)(b << sh) >> sh;
+        return (x > y) - (x < y);
+    }
+    case IV_DT_FLOAT32: case IV_DT_FLOAT64: {
+        double x, y;
+        if (esz == 4) {
+            float f, g;
+            uint32_t u = (uint32_t)a, v = (uint32_t)b;
+            memcpy(&f, &u, 4);
+            memcpy(&g, &v, 4);
+            x = f;
+            y = g;
+        } else {
+            memcpy(&x, &a, 8);
+            memcpy(&y, &b, 8);
+        }
+        int nx = isnan(x), ny = isnan(y);
+        if (nx != ny) return nx - ny;
+        if (!nx && x != y) return (x > y) - (x < y);
+        return (a > b) - (a < b);
+    }
+    default:
+        return (a > b) - (a < b);
+    }
+}
+
+/*
+ * Gives every source group the rank of its value among the distinct
+ * values (vid, n_unique entries); *n_distinct and the distinct bit
+ * patterns in rank order (*distinct) are returned.  One hash table of
+ * bit patterns; values of real matrices repeat (counts), so it stays
+ * small and in cache.
+ */
+static int value_ids(const iv_h5matrix_t *m, uint32_t **vid_out, uint64_t **distinct_out,
+                     uint64_t *n_distinct, iv_err_t *err)
+{
+    size_t esz = iv_dtype_size(m->value_dtype);
+    int64_t n = m->n_unique;
+    uint32_t *vid = malloc((size_t)(n ? n : 1) * sizeof *vid);
+    size_t cap = 1024, used = 0;
+    uint64_t *keys = malloc(cap * sizeof *keys);
+    uint32_t *ids = malloc(cap * sizeof *ids);
+    uint64_t *list = malloc(cap / 2 * sizeof *list);
+    uint32_t *rank = NULL;
+    if (!vid || !keys || !ids || !list) goto oom;
+    memset(ids, 0xff, cap * sizeof *ids);
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t k = value_bits(m->values, esz, i);
+        size_t h = (size_t)mix64(k) & (cap - 1);
+        while (ids[h] != UINT32_MAX && keys[h] != k) h = (h + 1) & (cap - 1);
+        if (ids[h] == UINT32_MAX) {
+            if (used >= UINT32_MAX - 1) {
+                free(vid); free(keys); free(ids); free(list);
+                return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
+            }
+            keys[h] = k;
+            ids[h] = (uint32_t)used;
+            list[used++] = k;
+            if (used * 2 >= cap) {
+                /* Grow: rehash every key. */
+                size_t nc = cap * 2;
+                uint64_t *nk = malloc(nc * sizeof *nk);
+                uint32_t *ni = malloc(nc * sizeof *ni);
+                uint64_t *nl = realloc(list, nc / 2 * sizeof *nl);
+                if (nl) list = nl;
+                if (!nk || !ni || !nl) {
+                    free(nk);
+                    free(ni);
+                    goto oom;
+                }
+                memset(ni, 0xff, nc * sizeof *ni);
+                for (size_t x = 0; x < cap; x++) {
+                    if (ids[x] == UINT32_MAX) continue;
+                    size_t g = (size_t)mix64(keys[x]) & (nc - 1);
+                    while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
+                    nk[g] = keys[x];
+                    ni[g] = ids[x];
+                }
+                free(keys);
+                free(ids);
+                keys = nk;
+                ids = ni;
+                cap = nc;
+                h = (size_t)mix64(k) & (cap - 1);
+                while (keys[h] != k || ids[h] == UINT32_MAX) h = (h + 1) & (cap - 1);
+            }
+        }
+        vid[i] = ids[h];
+    }
+    /* Rank the distinct values; the comparator's dtype is a file-level
+     * static, so this runs under a lock (one build at a time here is the
+     * common case; the sort is over distinct values only). */
+    {
+        static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+        uint64_t *sorted = malloc((used ? used : 1) * sizeof *sorted);
+        rank = malloc((used ? used : 1) * sizeof *rank);
+        if (!sorted || !rank) {
+            free(sorted);
+            goto oom;
+        }
+        memcpy(sorted, list, used * sizeof *sorted);
+        pthread_mutex_lock(&sort_mu);
+        cmp_dtype = m->value_dtype;
+        qsort(sorted, used, sizeof *sorted, cmp_values);
+        pthread_mutex_unlock(&sort_mu);
+        /* rank[provisional id] = position in value order. */
+        for (size_t r = 0; r < used; r++) {
+            uint64_t k = sorted[r];
+            size_t h = (size_t)mix64(k) & (cap - 1);
+            while (keys[h] != k) h = (h + 1) & (cap - 1);
+            rank[ids[h]] = (uint32_t)r;
+        }
+        for (int64_t i = 0; i < n; i++) vid[i] = rank[vid[i]];
+        free(list);
+        list = sorted;
+    }
+    free(keys);
+    free(ids);
+    free(rank);
+    *vid_out = vid;
+    *distinct_out = list;
+    *n_distinct = used;
+    return 0;
+oom:
+    free(vid);
+    free(keys);
+    free(ids);
+    free(list);
+    free(rank);
+    return iv_fail(err, IV_ENOMEM, "out of memory numbering the values");
+}
+
+/* ---- 2-4. passes ---- */
+
+struct item {
+    int64_t g0, g1;            /* new slices [g0, g1) */
+    uint32_t *grp;             /* (value id, size) per group, in slice order */
+    size_t n_grp, cap_grp;
+};
+
+struct tb {
+    const iv_dataset_t *src;
+    const int64_t *mp, *vp;
+    int64_t n_src_major, n_new_major;
+    const uint32_t *vid;
+    unsigned vbits;
+    uint64_t vmask;
+    size_t esz;                /* 4 or 8 bytes a temporary entry */
+    uint64_t n_vals;
+    int64_t n_bands;
+    int64_t *band;             /* n_bands + 1 source slice boundaries */
+    uint64_t *off;             /* n_bands x n_new_major: counts, then fill offsets */
+    /* The window being filled and encoded. */
+    int64_t g0, g1;
+    uint64_t base;             /* entry index of g0 */
+    uint8_t *tmp;
+    const uint64_t *start;     /* n_new_major + 1 entry offsets */
+    uint64_t *nbytes;          /* per new slice: encoded bytes */
+    uint32_t *ngrp;            /* per new slice: groups */
+    struct item *items;
+    int64_t n_items;
+    uint8_t *out;              /* the copy's stream */
+    uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
+    int fill;
+    atomic_int failed;
+    pthread_mutex_t mu;
+    iv_err_t err;
+};
+
+static void tb_fail(struct tb *t, const iv_err_t *e)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!atomic_load(&t->failed)) {
+        t->err = *e;
+        atomic_store(&t->failed, 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+static inline void put_entry(uint8_t *tmp, size_t esz, uint64_t at, uint64_t e)
+{
+    if (esz == 4) ((uint32_t *)(void *)tmp)[at] = (uint32_t)e;
+    else ((uint64_t *)(void *)tmp)[at] = e;
+}
+
+static inline uint64_t get_entry(const uint8_t *tmp, size_t esz, uint64_t at)
+{
+    return esz == 4 ? ((const uint32_t *)(const void *)tmp)[at] : ((const uint64_t *)(const void *)tmp)[at];
+}
+
+/* Count or fill pass over band b's source slices. */
+static void band_pass(void *arg, size_t b)
+{
+    struct tb *t = arg;
+    const iv_dataset_t *ds = t->src;
+    int64_t s0 = t->band[b], s1 = t->band[b + 1];
+    if (s0 >= s1 || atomic_load(&t->failed)) return;
+    uint64_t *off = t->off + (size_t)b * (size_t)t->n_new_major;
+    uint64_t n_minor = (uint64_t)t->n_new_major;
+    iv_cursor_t cur;
+    iv_err_t e = {0};
+    iv_cursor_init(&cur, ds->stream);
+    uint64_t at, skip;
+    iv_rowindex_locate(&ds->ri, t->mp, t->vp, s0, &at, &skip);
+    int rc = iv_cursor_seek(&cur, at, &e);
+    if (rc == 0) rc = iv_cursor_skip(&cur, skip, &e);
+    uint64_t g0 = (uint64_t)t->g0, g1 = (uint64_t)t->g1;
+    for (int64_t s = s0; rc == 0 && s < s1; s++) {
+        for (int64_t k = t->mp[s]; rc == 0 && k < t->mp[s + 1]; k++) {
+            uint64_t left = (uint64_t)(t->vp[k + 1] - t->vp[k]), acc = 0, d;
+            uint64_t hi = t->fill ? ((uint64_t)s << t->vbits) | t->vid[k] : 0;
+            while (left > 0) {
+                /* One- and two-byte varints inline (most of a cell-major
+                 * stream); the rest through the cursor. */
+                if (cur.end - cur.p >= 2 && cur.p[0] < 0x80) {
+                    d = *cur.p++;
+                } else if (cur.end - cur.p >= 2 && cur.p[1] < 0x80) {
+                    d = (uint64_t)(cur.p[0] & 0x7f) | (uint64_t)cur.p[1] << 7;
+                    cur.p += 2;
+                } else if ((rc = iv_cursor_read(&cur, &d, &e)) < 0) {
+                    break;
+                }
+                left--;
+                acc += d + 1;
+                if (d >= n_minor || acc > n_minor) {
+                    rc = iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64,
+                                 ds->where, s, n_minor);
+                    break;
+                }
+                uint64_t j = acc - 1;
+                if (!t->fill) {
+                    off[j]++;
+                } else if (j >= g0) {
+                    if (j >= g1) {
+                        /* The group's indices rise: the rest lie past the window. */
+                        rc = iv_cursor_skip(&cur, left, &e);
+                        break;
+                    }
+                    put_entry(t->tmp, t->esz, off[j]++ - t->base, hi);
+                }
+            }
+        }
+        if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
+    }
+    iv_cursor_done(&cur);
+    if (rc < 0) tb_fail(t, &e);
+}
+
+/* Writes v as LEB128 at p (exactly its bytes); returns the length. */
+static inline size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+static int grp_push(struct item *it, uint32_t v, uint32_t size)
+{
+    if (it->n_grp + 2 > it->cap_grp) {
+        size_t cap = it->cap_grp ? it->cap_grp * 2 : 1024;
+        uint32_t *g = realloc(it->grp, cap * sizeof *g);
+        if (!g) return -1;
+        it->grp = g;
+        it->cap_grp = cap;
+    }
+    it->grp[it->n_grp++] = v;
+    it->grp[it->n_grp++] = size;
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Step 4 for the new slices of item i. */
+static void encode_item(void *arg, size_t i)
+{
+    struct tb *t = arg;
+    struct item *it = &t->items[i];
+    iv_err_t e = {0};
+    uint64_t biggest = 0;
+    for (int64_t g = it->g0; g < it->g1; g++) {
+        uint64_t n = t->start[g + 1] - t->start[g];
+        if (n > biggest) biggest = n;
+    }
+    size_t nv = (size_t)t->n_vals;
+    uint32_t *cnt = calloc(nv ? nv : 1, sizeof *cnt);
+    uint32_t *touched = malloc((nv ? nv : 1) * sizeof *touched);
+    uint64_t *cells = malloc((size_t)(biggest ? biggest : 1) * sizeof *cells);
+    if (!cnt || !touched || !cells) {
+        iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+        goto done;
+    }
+    for (int64_t g = it->g0; g < it->g1 && !atomic_load(&t->failed); g++) {
+        uint64_t n = t->start[g + 1] - t->start[g];
+        uint8_t *r = t->tmp + (size_t)(t->start[g] - t->base) * t->esz;
+        size_t nt = 0;
+        uint64_t prev = UINT64_MAX;
+        for (uint64_t x = 0; x < n; x++) {
+            uint64_t en = get_entry(r, t->esz, x), s = en >> t->vbits;
+            uint32_t v = (uint32_t)(en & t->vmask);
+            if (prev != UINT64_MAX && s <= prev) {
+                iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
+                        " twice", t->src->where, s, g);
+                goto done;
+            }
+            prev = s;
+            if (cnt[v]++ == 0) touched[nt++] = v;
+        }
+        if (nt > 1) qsort(touched, nt, sizeof *touched, cmp_u32);
+        uint32_t run = 0;
+        for (size_t k = 0; k < nt; k++) {
+            uint32_t c = cnt[touched[k]];
+            if (grp_push(it, touched[k], c) < 0) {
+                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+                goto done;
+            }
+            cnt[touched[k]] = run;
+            run += c;
+        }
+        for (uint64_t x = 0; x < n; x++) {
+            uint64_t en = get_entry(r, t->esz, x);
+            cells[cnt[en & t->vmask]++] = en >> t->vbits;
+        }
+        /* Every entry was read: write the varints over them. */
+        size_t w = 0;
+        uint32_t from = 0;
+        for (size_t k = 0; k < nt; k++) {
+            uint32_t to = cnt[touched[k]];
+            uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
+            for (uint32_t x = from; x < to; x++) {
+                w += put_varint(r + w, cells[x] - last - 1);
+                last = cells[x];
+            }
+            from = to;
+            cnt[touched[k]] = 0;
+        }
+        t->nbytes[g] = w;
+        t->ngrp[g] = (uint32_t)nt;
+    }
+done:
+    free(cnt);
+    free(touched);
+    free(cells);
+    if (e.code) tb_fail(t, &e);
+}
+
+/* Moves item i's encoded slices to their place in the copy's stream. */
+static void move_item(void *arg, size_t i)
+{
+    struct tb *t = arg;
+    const struct item *it = &t->items[i];
+    for (int64_t g = it->g0; g < it->g1; g++)
+        memcpy(t->out + t->byte_at[g], t->tmp + (size_t)(t->start[g] - t->base) * t->esz,
+               (size_t)t->nbytes[g]);
+}
+
+/* Cuts [g0, g1) into about n_items items of equal entries. */
+static int64_t plan_items(struct tb *t, int64_t g0, int64_t g1, int64_t want)
+{
+    uint64_t total = t->start[g1] - t->start[g0];
+    int64_t n = 0;
+    int64_t g = g0;
+    for (int64_t k = 0; k < want && g < g1; k++) {
+        uint64_t stop = t->start[g0] + total * (uint64_t)(k + 1) / (uint64_t)want;
+        int64_t e = g + 1;
+        while (e < g1 && t->start[e] < stop) e++;
+        if (k == want - 1) e = g1;
+        t->items[n].g0 = g;
+        t->items[n].g1 = e;
+        t->items[n].n_grp = 0;
+        n++;
+        g = e;
+    }
+    return n;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
+{
+    double t0 = now_s();
+    const iv_h5matrix_t *m = &ds->m;
+    if (iv_dataset_other(ds) || ds->is_copy)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
+    iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
+    size_t vsz = iv_dtype_size(m->value_dtype);
+    int64_t G = m->n_minor, S = m->n_major;
+    uint64_t nnz = (uint64_t)m->nnz;
+    uint32_t stride = ds->ri.stride ? ds->ri.stride : IV_ROWINDEX_DEFAULT_STRIDE;
+    unsigned threads = iv_pool_threads(opts->pool) + 1;
+    int rc = 0, took_global = 0;
+    uint64_t charged = 0;
+
+    struct tb t;
+    memset(&t, 0, sizeof t);
+    atomic_init(&t.failed, 0);
+    pthread_mutex_init(&t.mu, NULL);
+    uint64_t *distinct = NULL, *start = NULL;
+    uint32_t *vid = NULL, *vlist = NULL;
+    uint64_t *vsize = NULL;
+    iv_dataset_t *c = NULL;
+    uint8_t *out = NULL;
+    size_t out_cap = 0, tmp_cap = 0;
+
+    /* The estimate before anything large: a stream as long as the
+     * source's, the pointers, one group per distinct value at least. */
+    uint64_t n_vals = 0;
+    TRACE("start");
+    if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
+    TRACE("values");
+    uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
+                   (uint64_t)(G / stride + 1) * 8;
+    if (est > opts->budget || (opts->global && atomic_load(&opts->global->left) < est)) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation needs about %" PRIu64
+                     " bytes; the budget allows %" PRIu64, ds->where, est,
+                     opts->global && atomic_load(&opts->global->left) < opts->budget
+                         ? (uint64_t)atomic_load(&opts->global->left) : opts->budget);
+        goto fail;
+    }
+
+    t.src = ds;
+    t.mp = m->major_ptr;
+    t.vp = m->value_ptr;
+    t.n_src_major = S;
+    t.n_new_major = G;
+    t.vid = vid;
+    t.n_vals = n_vals;
+    t.vbits = bits_for(n_vals);
+    t.vmask = t.vbits ? (((uint64_t)1 << t.vbits) - 1) : 0;
+    unsigned sbits = bits_for((uint64_t)S);
+    size_t maxlen = varint_len(S > 0 ? (uint64_t)S - 1 : 0);
+    if (sbits + t.vbits > 64 || (uint64_t)S > UINT32_MAX) {
+        rc = iv_fail(err, IV_EUNSUPPORTED, "%s: %" PRIu64 " distinct values and %" PRId64
+                     " slices do not pack in 64 bits", ds->where, n_vals, S);
+        goto fail;
+    }
+    t.esz = sbits + t.vbits <= 32 && maxlen <= 4 ? 4 : 8;
+
+    /* Bands of about equal nnz, as many as the counters allow. */
+    int64_t nb = (int64_t)threads * 4;
+    if (nb > S) nb = S;
+    while (nb > 1 && (uint64_t)nb * (uint64_t)G * 8 > COUNTER_BYTES) nb--;
+    if (nb < 1) nb = 1;
+    t.n_bands = nb;
+    t.band = malloc((size_t)(nb + 1) * sizeof *t.band);
+    t.off = calloc((size_t)nb * (size_t)(G ? G : 1), sizeof *t.off);
+    start = malloc((size_t)(G + 1) * sizeof *start);
+    t.nbytes = calloc((size_t)(G ? G : 1), sizeof *t.nbytes);
+    t.ngrp = calloc((size_t)(G ? G : 1), sizeof *t.ngrp);
+    t.byte_at = malloc((size_t)(G + 1) * sizeof *t.byte_at);
+    if (!t.band || !t.off || !start || !t.nbytes || !t.ngrp || !t.byte_at) {
+        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose counters", ds->where);
+        goto fail;
+    }
+    t.band[0] = 0;
+    for (int64_t b = 1; b < nb; b++) {
+        uint64_t want = nnz * (uint64_t)b / (uint64_t)nb;
+        int64_t lo = t.band[b - 1], hi = S;
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if ((uint64_t)t.vp[t.mp[mid]] < want) lo = mid + 1;
+            else hi = mid;
+        }
+        t.band[b] = lo;
+    }
+    t.band[nb] = S;
+
+    /* 2. Count, then per-band fill offsets. */
+    t.fill = 0;
+    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+    if (atomic_load(&t.failed)) goto failed_pass;
+    TRACE("count");
+    start[0] = 0;
+    for (int64_t g = 0; g < G; g++) {
+        uint64_t at = start[g];
+        for (int64_t b = 0; b < nb; b++) {
+            uint64_t *o = &t.off[(size_t)b * (size_t)G + (size_t)g];
+            uint64_t cnt = *o;
+            *o = at;
+            at += cnt;
+        }
+        start[g + 1] = at;
+    }
+    if (start[G] != nnz) {
+        rc = iv_fail(err, IV_EINTERNAL, "%s: transpose counted %" PRIu64 " entries, nnz %" PRIu64,
+                     ds->where, start[G], nnz);
+        goto fail;
+    }
+    t.start = start;
+
+    /* The copy's stream, sized for the worst case (committed as written). */
+    out_cap = (size_t)(nnz * maxlen + 1);
+    out = big_map(out_cap);
+    uint64_t tmp_bytes = opts->tmp_bytes;
+    if (tmp_bytes == 0) {
+        tmp_bytes = 2 * iv_stream_length(ds->stream);
+        if (tmp_bytes < ((uint64_t)64 << 20)) tmp_bytes = (uint64_t)64 << 20;
+    }
+    uint64_t biggest = 0;
+    for (int64_t g = 0; g < G; g++)
+        if (start[g + 1] - start[g] > biggest) biggest = start[g + 1] - start[g];
+    uint64_t win_entries = tmp_bytes / t.esz;
+    if (win_entries < biggest) win_entries = biggest;
+    if (win_entries > nnz) win_entries = nnz;
+    tmp_cap = (size_t)(win_entries ? win_entries : 1) * t.esz;
+    t.tmp = big_map(tmp_cap);
+    int64_t want_items = (int64_t)threads * 8;
+    t.items = calloc((size_t)want_items, sizeof *t.items);
+    if (!out || !t.tmp || !t.items) {
+        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", ds->where);
+        goto fail;
+    }
+    t.out = out;
+    /* Groups of the copy, gathered window by window. */
+    size_t n_groups = 0, cap_groups = 0;
+
+    t.byte_at[0] = 0;
+    for (int64_t g0 = 0; g0 < G;) {
+        int64_t g1 = g0 + 1;
+        while (g1 < G && start[g1 + 1] - start[g0] <= win_entries) g1++;
+        t.g0 = g0;
+        t.g1 = g1;
+        t.base = start[g0];
+        t.fill = 1;
+        /* 3. Fill (skipped when the window holds nothing). */
+        if (start[g1] > start[g0]) {
+            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+            if (atomic_load(&t.failed)) goto failed_pass;
+        }
+        TRACE("fill");
+        /* 4. Encode, then place. */
+        t.n_items = plan_items(&t, g0, g1, want_items);
+        iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
+        if (atomic_load(&t.failed)) goto failed_pass;
+        for (int64_t g = g0; g < g1; g++) t.byte_at[g + 1] = t.byte_at[g] + t.nbytes[g];
+        TRACE("encode");
+        iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, move_item, &t);
+        TRACE("move");
+        for (int64_t k = 0; k < t.n_items; k++) {
+            struct item *it = &t.items[k];
+            size_t ng = it->n_grp / 2;
+            if (n_groups + ng > cap_groups) {
+                size_t cap = cap_groups ? cap_groups : 4096;
+                while (cap < n_groups + ng) cap *= 2;
+                uint32_t *nl = realloc(vlist, cap * sizeof *nl);
+                if (nl) vlist = nl;
+                uint64_t *ns = realloc(vsize, cap * sizeof *ns);
+                if (ns) vsize = ns;
+                if (!nl || !ns) {
+                    rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's groups", ds->where);
+                    goto fail;
+                }
+                cap_groups = cap;
+            }
+            for (size_t x = 0; x < ng; x++) {
+                vlist[n_groups + x] = it->grp[2 * x];
+                vsize[n_groups + x] = it->grp[2 * x + 1];
+            }
+            n_groups += ng;
+        }
+        g0 = g1;
+    }
+    big_unmap(t.tmp, tmp_cap);
+    t.tmp = NULL;
+    free(t.off);
+    t.off = NULL;
+    uint64_t len = t.byte_at[G];
+
+    /* The exact size, against both budgets. */
+    uint64_t n_ckpt = G == 0 ? 0 : (uint64_t)(G - 1) / stride + 1;
+    uint64_t bytes = len + (uint64_t)(G + 1) * 8 + (uint64_t)(n_groups + 1) * 8 +
+                     (uint64_t)n_groups * vsz + n_ckpt * 8;
+    if (bytes > opts->budget) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
+                     " bytes; the budget allows %" PRIu64, ds->where, bytes, opts->budget);
+        goto fail;
+    }
+    if (opts->global) {
+        if (iv_budget_take(opts->global, bytes) < 0) {
+            rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
+                         " bytes; the global transpose budget has %" PRIu64 " left", ds->where,
+                         bytes, (uint64_t)atomic_load(&opts->global->left));
+            goto fail;
+        }
+        took_global = 1;
+        charged = bytes;
+    }
+    {
+        /* Hand the tail past the stream back. */
+        size_t keep = big_len((size_t)len), cap = big_len(out_cap);
+        if (keep < cap) munmap(out + keep, cap - keep);
+        out_cap = (size_t)len;
+    }
+
+    /* The copy as a dataset. */
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory", ds->where);
+        goto fail;
+    }
+    snprintf(c->path, sizeof c->path, "%s", ds->path);
+    snprintf(c->group, sizeof c->group, "%s", ds->group);
+    snprintf(c->where, sizeof c->where, "%.4300s (%s copy in memory)", ds->where,
+             m->orient == IV_IVCSR ? "gene-major" : "cell-major");
+    c->is_copy = 1;
+    atomic_init(&c->other, NULL);
+    atomic_init(&c->other_state, IV_OTHER_NONE);
+    iv_h5matrix_t *cm = &c->m;
+    cm->orient = m->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
+    cm->n_rows = m->n_rows;
+    cm->n_cols = m->n_cols;
+    cm->n_major = G;
+    cm->n_minor = S;
+    cm->nnz = m->nnz;
+    cm->n_unique = (int64_t)n_groups;
+    cm->value_dtype = m->value_dtype;
+    cm->indices_dtype = m->indices_dtype;
+    snprintf(cm->codec, sizeof cm->codec, "none (in memory)");
+    cm->major_ptr = malloc((size_t)(G + 1) * sizeof *cm->major_ptr);
+    cm->value_ptr = malloc((n_groups + 1) * sizeof *cm->value_ptr);
+    cm->values = malloc((n_groups ? n_groups : 1) * vsz);
+    c->ri.stride = stride;
+    c->ri.n_ckpt = n_ckpt;
+    c->ri.off = malloc((size_t)(n_ckpt ? n_ckpt : 1) * sizeof *c->ri.off);
+    if (!cm->major_ptr || !cm->value_ptr || !cm->values || !c->ri.off) {
+        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's pointers", ds->where);
+        goto fail;
+    }
+    cm->major_ptr[0] = 0;
+    for (int64_t g = 0; g < G; g++) cm->major_ptr[g + 1] = cm->major_ptr[g] + t.ngrp[g];
+    cm->value_ptr[0] = 0;
+    for (size_t k = 0; k < n_groups; k++) {
+        cm->value_ptr[k + 1] = cm->value_ptr[k] + (int64_t)vsize[k];
+        memcpy((char *)cm->values + k * vsz, &distinct[vlist[k]], vsz);
+    }
+    for (uint64_t j = 0; j < n_ckpt; j++) c->ri.off[j] = t.byte_at[j * stride];
+    {
+        char label[sizeof c->where + 32];
+        snprintf(label, sizeof label, "%s/packed_indices", c->where);
+        iv_stream_desc_t desc = {.length = len, .chunked = 0, .contig = out, .owned_map = out,
+                                 .owned_map_len = big_len(out_cap), .label = label};
+        out = NULL;   /* the stream owns it, also on failure */
+        if ((rc = iv_stream_create(&desc, 0, &c->stream, err)) < 0) goto fail;
+    }
+    iv_dataset_info_t *in = &c->info;
+    in->path = c->path;
+    in->group = c->group;
+    in->orient = cm->orient;
+    in->n_rows = cm->n_rows;
+    in->n_cols = cm->n_cols;
+    in->n_major = cm->n_major;
+    in->n_minor = cm->n_minor;
+    in->nnz = cm->nnz;
+    in->n_unique = cm->n_unique;
+    in->value_dtype = cm->value_dtype;
+    in->indices_dtype = cm->indices_dtype;
+    snprintf(in->codec, sizeof in->codec, "%s", cm->codec);
+    in->chunked = 0;
+    in->stream_bytes = len;
+    in->stored_bytes = 0;
+    in->n_chunks = iv_stream_n_chunks(c->stream);
+    in->chunk_len = iv_stream_chunk_len(c->stream);
+    in->index_stride = stride;
+    in->index_bytes = iv_rowindex_bytes(&c->ri);
+    in->open_seconds = now_s() - t0;
+
+    free(vid);
+    free(distinct);
+    free(vlist);
+    free(vsize);
+    free(start);
+    free(t.band);
+    free(t.nbytes);
+    free(t.ngrp);
+    free(t.byte_at);
+    for (int64_t k = 0; t.items && k < want_items; k++) free(t.items[k].grp);
+    free(t.items);
+    pthread_mutex_destroy(&t.mu);
+    ds->other_source = IV_SRC_MEMORY;
+    ds->other_seconds = now_s() - t0;
+    atomic_store_explicit(&ds->other, c, memory_order_release);
+    iv_dataset_set_other_state(ds, IV_OTHER_READY);
+    return 0;
+
+failed_pass:
+    rc = iv_fail(err, t.err.code, "%s", t.err.msg);
+fail:
+    if (took_global) iv_budget_give(opts->global, charged);
+    if (c) {
+        iv_stream_destroy(c->stream);
+        iv_rowindex_free(&c->ri);
+        iv_h5matrix_free(&c->m);
+        free(c);
+    }
+    big_unmap(out, out_cap);
+    free(vid);
+    free(distinct);
+    free(vlist);
+    free(vsize);
+    free(start);
+    free(t.band);
+    free(t.off);
+    big_unmap(t.tmp, tmp_cap);
+    free(t.nbytes);
+    free(t.ngrp);
+    free(t.byte_at);
+    for (int64_t k = 0; t.items && k < (int64_t)threads * 8; k++) free(t.items[k].grp);
+    free(t.items);
+    pthread_mutex_destroy(&t.mu);
+    iv_dataset_set_other_state(ds, rc == IV_ETOO_LARGE ? IV_OTHER_SKIPPED : IV_OTHER_FAILED);
+    return rc;
+}

@@ -1,0 +1,56 @@
+/*
+ * The other orientation built in memory.
+ *
+ * iv_dataset_build_other() turns a dataset's packed matrix around (cell
+ * major to gene major, or back) into the same packed form: value groups
+ * per slice in ascending value order, delta + LEB128 varints, major_ptr,
+ * value_ptr and values, held uncompressed in memory as one contiguous
+ * stream.  The copy is a dataset of its own, published on the source
+ * (iv_dataset_other), so the query code reads it as it reads a file.
+ *
+ * Memory: the copy must fit `budget` (and what is left of `global`, when
+ * given); the check is made on an estimate before anything large is
+ * allocated and on the exact size at the end, and a copy over budget is
+ * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of at most
+ * `tmp_bytes` (default: twice the source stream's length, at least
+ * 64 MiB)
+ * besides per-band counters.
+ */
+#ifndef IV_TRANSPOSE_H
+#define IV_TRANSPOSE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "dataset.h"
+#include "error.h"
+#include "pool.h"
+
+/* Bytes shared by several copies (the server's global transpose_bytes). */
+typedef struct iv_budget {
+    atomic_uint_fast64_t left;
+} iv_budget_t;
+
+void iv_budget_init(iv_budget_t *b, uint64_t bytes);
+/* Takes n bytes if that many are left: 0, or -1 with nothing taken. */
+int iv_budget_take(iv_budget_t *b, uint64_t n);
+void iv_budget_give(iv_budget_t *b, uint64_t n);
+
+typedef struct iv_transpose_opts {
+    uint64_t budget;          /* bytes the copy may take (0: none) */
+    iv_budget_t *global;      /* also charged, or NULL */
+    uint64_t tmp_bytes;       /* bound on the temporary; 0 = default */
+    iv_pool_t *pool;          /* workers (NULL: the caller only) */
+} iv_transpose_opts_t;
+
+/*
+ * Builds and publishes the other orientation of ds.  Any thread, while
+ * queries run on ds; not concurrently with itself or attach_other on the
+ * same ds.  Sets ds's other state (building, then ready, skipped or
+ * failed).  Errors: IV_ETOO_LARGE (over budget: a skip, not a fault),
+ * IV_ECORRUPT (a slice stores an index twice), IV_ENOMEM, IV_EUNSUPPORTED
+ * (too many distinct values to pack an entry in 64 bits).
+ */
+int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err);
+
+#endif

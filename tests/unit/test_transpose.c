@@ -1,0 +1,604 @@
+/*
+ * Both orientations (core/transpose.c, the planner in core/query.c, the
+ * companion check in core/dataset.c) on random matrices written here as
+ * IVCSR and IVCSC files: every selection form (indices in any order with
+ * duplicates, ranges, masks, empty, all) asked by obs and by var must give
+ * byte-identical answers through the cell-major and the gene-major copy,
+ * and equal a gather from the dense matrix (explicit zeros, -0.0 and NaN
+ * payloads kept bit for bit).
+ */
+#include <check.h>
+
+#include "check_main.h"
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataset.h"
+#include "pool.h"
+#include "query.h"
+#include "transpose.h"
+
+#define EXPECT(cond, ...)                       \
+    do {                                        \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__); \
+    } while (0)
+
+static uint64_t rs = 88172645463325252ULL;
+static uint64_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+
+/* A dense matrix: value bits per cell, present flags. */
+struct mat {
+    int64_t n_rows, n_cols;
+    iv_dtype_t dt;
+    uint64_t *bits;
+    char *has;
+    int64_t nnz;
+};
+
+static void mat_free(struct mat *m)
+{
+    free(m->bits);
+    free(m->has);
+}
+
+/* A value of dtype dt as bits, from a small palette (explicit zeros, a
+ * negative zero and NaN for floats), so that groups repeat. */
+static uint64_t pick_value(iv_dtype_t dt)
+{
+    int k = (int)(rnd() % 7);
+    uint64_t b = 0;
+    if (dt == IV_DT_FLOAT32) {
+        float pal[7] = {0.0f, 1.0f, 2.0f, 3.5f, -1.25f, -0.0f, NAN};
+        memcpy(&b, &pal[k], 4);
+    } else if (dt == IV_DT_FLOAT64) {
+        double pal[7] = {0.0, 1.0, 2.0, 1e300, -7.5, -0.0, NAN};
+        memcpy(&b, &pal[k], 8);
+    } else if (dt == IV_DT_INT64) {
+        int64_t pal[7] = {0, 1, 2, -3, INT64_MAX, INT64_MIN, 5};
+        memcpy(&b, &pal[k], 8);
+    } else {
+        uint16_t pal[7] = {0, 1, 2, 3, 65535, 7, 9};
+        memcpy(&b, &pal[k], 2);
+    }
+    return b;
+}
+
+static void mat_random(struct mat *m, int64_t nr, int64_t nc, iv_dtype_t dt, double dens)
+{
+    m->n_rows = nr;
+    m->n_cols = nc;
+    m->dt = dt;
+    m->bits = calloc((size_t)(nr * nc + 1), sizeof *m->bits);
+    m->has = calloc((size_t)(nr * nc + 1), 1);
+    m->nnz = 0;
+    for (int64_t i = 0; i < nr * nc; i++) {
+        if ((double)(rnd() % 10000) / 10000.0 < dens) {
+            m->has[i] = 1;
+            m->bits[i] = pick_value(dt);
+            m->nnz++;
+        }
+    }
+}
+
+static hid_t h5type(iv_dtype_t dt)
+{
+    switch (dt) {
+    case IV_DT_FLOAT32: return H5T_IEEE_F32LE;
+    case IV_DT_FLOAT64: return H5T_IEEE_F64LE;
+    case IV_DT_INT64: return H5T_STD_I64LE;
+    default: return H5T_STD_U16LE;
+    }
+}
+
+static void put_str_attr(hid_t obj, const char *name, const char *v)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(v));
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, t, v);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+}
+
+static void put_1d(hid_t g, const char *name, hid_t t, const void *data, hsize_t n, hsize_t chunk)
+{
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    /* HDF5 wants chunks no longer than a fixed-size dataset. */
+    if (chunk > n) chunk = n;
+    if (chunk && n > 0) H5Pset_chunk(dcpl, 1, &chunk);
+    hid_t d = H5Dcreate2(g, name, t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (n > 0) H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * Writes m in the packed layout, cell-major (csc = 0) or gene-major, with
+ * the groups of each slice in a shuffled order (readers must not depend
+ * on it).  dup_slice >= 0 stores one index of that slice twice (in two
+ * groups): a corrupt file that the row index does not see.  chunk > 0
+ * stores packed_indices in chunks of that many bytes (unfiltered).
+ */
+static void write_packed(const char *path, const struct mat *m, int csc, int64_t dup_slice,
+                         hsize_t chunk)
+{
+    int64_t nmaj = csc ? m->n_cols : m->n_rows, nmin = csc ? m->n_rows : m->n_cols;
+    size_t esz = iv_dtype_size(m->dt);
+    int64_t cap = m->nnz + 2;
+    int64_t *mp = malloc((size_t)(nmaj + 1) * sizeof *mp);
+    int64_t *vp = malloc((size_t)(cap + 1) * sizeof *vp);
+    uint8_t *vals = malloc((size_t)cap * esz + 1);
+    uint8_t *pk = malloc((size_t)(cap + 1) * 10);
+    uint64_t *distinct = malloc((size_t)(nmin + 1) * sizeof *distinct);
+    int64_t ng = 0, rank = 0;
+    size_t nb = 0;
+    vp[0] = 0;
+    mp[0] = 0;
+    for (int64_t s = 0; s < nmaj; s++) {
+        size_t nd = 0;
+        for (int64_t j = 0; j < nmin; j++) {
+            int64_t at = csc ? j * m->n_cols + s : s * m->n_cols + j;
+            if (m->has[at]) distinct[nd++] = m->bits[at];
+        }
+        qsort(distinct, nd, sizeof *distinct, cmp_u64);
+        size_t u = 0;
+        for (size_t k = 0; k < nd; k++)
+            if (k == 0 || distinct[k] != distinct[u - 1]) distinct[u++] = distinct[k];
+        for (size_t k = u; k > 1; k--) {   /* shuffled group order */
+            size_t r = (size_t)(rnd() % k);
+            uint64_t x = distinct[k - 1];
+            distinct[k - 1] = distinct[r];
+            distinct[r] = x;
+        }
+        for (size_t k = 0; k < u; k++) {
+            int64_t prev = -1;
+            for (int64_t j = 0; j < nmin; j++) {
+                int64_t at = csc ? j * m->n_cols + s : s * m->n_cols + j;
+                if (!m->has[at] || m->bits[at] != distinct[k]) continue;
+                uint64_t d = (uint64_t)(j - prev - 1);
+                while (d >= 0x80) {
+                    pk[nb++] = (uint8_t)(d | 0x80);
+                    d >>= 7;
+                }
+                pk[nb++] = (uint8_t)d;
+                prev = j;
+                rank++;
+            }
+            memcpy(vals + (size_t)ng * esz, &distinct[k], esz);
+            vp[++ng] = rank;
+        }
+        if (s == dup_slice && u > 0 && ng < cap) {
+            /* A second group holding the slice's first index again. */
+            int64_t first = -1;
+            for (int64_t j = 0; j < nmin && first < 0; j++) {
+                int64_t at = csc ? j * m->n_cols + s : s * m->n_cols + j;
+                if (m->has[at]) first = j;
+            }
+            pk[nb++] = (uint8_t)first;   /* test matrices have < 128 minor */
+            rank++;
+            memcpy(vals + (size_t)ng * esz, &distinct[0], esz);
+            vp[++ng] = rank;
+        }
+        mp[s + 1] = ng;
+    }
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t g = H5Gcreate2(f, "X", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    put_str_attr(g, "encoding-type", csc ? "ivcsc" : "ivcsr");
+    put_str_attr(g, "encoding-version", "0.1.0");
+    put_str_attr(g, "indices_dtype", "int32");
+    int64_t shape[2] = {m->n_rows, m->n_cols};
+    hsize_t two = 2;
+    hid_t sp = H5Screate_simple(1, &two, NULL);
+    hid_t a = H5Acreate2(g, "shape", H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, shape);
+    H5Aclose(a);
+    H5Sclose(sp);
+    put_1d(g, "major_ptr", H5T_NATIVE_INT64, mp, (hsize_t)nmaj + 1, 0);
+    put_1d(g, "value_ptr", H5T_NATIVE_INT64, vp, (hsize_t)ng + 1, 0);
+    put_1d(g, "values", h5type(m->dt), vals, (hsize_t)ng, 0);
+    put_1d(g, "packed_indices", H5T_NATIVE_UINT8, pk, (hsize_t)nb, chunk);
+    H5Gclose(g);
+    H5Fclose(f);
+    free(mp);
+    free(vp);
+    free(vals);
+    free(pk);
+    free(distinct);
+}
+
+/* One selection; idx owned. */
+struct sel {
+    iv_sel_t s;
+    int64_t *idx;
+};
+
+/* Every selection form over an axis of length n, by kind. */
+static void make_sel(struct sel *o, int kind, int64_t n)
+{
+    memset(o, 0, sizeof *o);
+    int64_t cap = 3 * n + 4;
+    o->idx = malloc((size_t)cap * sizeof *o->idx);
+    int64_t k = 0;
+    switch (kind) {
+    case 0: o->s.all = 1; return;                          /* all */
+    case 1: break;                                          /* empty */
+    case 2:                                                 /* any order, duplicates */
+        if (n > 0)
+            for (int64_t t = (int64_t)(rnd() % (uint64_t)(2 * n + 1)); t > 0; t--)
+                o->idx[k++] = (int64_t)(rnd() % (uint64_t)n);
+        break;
+    case 3: {                                               /* a range */
+        int64_t a = n ? (int64_t)(rnd() % (uint64_t)(n + 1)) : 0;
+        int64_t b = a + (n - a ? (int64_t)(rnd() % (uint64_t)(n - a + 1)) : 0);
+        for (int64_t x = a; x < b; x++) o->idx[k++] = x;
+        break;
+    }
+    case 4:                                                 /* a mask: ascending, no duplicates */
+        for (int64_t x = 0; x < n; x++)
+            if (rnd() % 3 == 0) o->idx[k++] = x;
+        break;
+    default:                                                /* one element */
+        if (n > 0) o->idx[k++] = (int64_t)(rnd() % (uint64_t)n);
+        break;
+    }
+    o->s.n = k;
+    o->s.idx = o->idx;
+}
+
+/* A whole result as one CSR: ids, global indptr, indices, value bits. */
+struct res {
+    int64_t n_rows, n_cols, nnz;
+    int64_t *ids, *indptr, *indices;
+    uint64_t *vals;
+    iv_orient_t orient;
+};
+
+static void res_free(struct res *r)
+{
+    free(r->ids);
+    free(r->indptr);
+    free(r->indices);
+    free(r->vals);
+}
+
+static int run(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
+               iv_out_axis_t axis, iv_pick_t pick, int64_t block_nnz, struct res *r, iv_err_t *err)
+{
+    memset(r, 0, sizeof *r);
+    iv_query_t *q;
+    iv_query_opts_t qo = {.axis = axis, .pick = pick, .block_nnz = block_nnz};
+    if (iv_query_new(ds, obs, var, &qo, &q, err) < 0) return -1;
+    if (iv_query_prepare(q, pool, err) < 0) {
+        iv_query_free(q);
+        return -1;
+    }
+    r->orient = iv_query_orient(q);
+    r->n_rows = iv_query_n_rows(q);
+    r->n_cols = iv_query_n_cols(q);
+    r->ids = malloc((size_t)(r->n_rows + 1) * sizeof *r->ids);
+    r->indptr = malloc((size_t)(r->n_rows + 1) * sizeof *r->indptr);
+    r->indptr[0] = 0;
+    int64_t cap = 16;
+    r->indices = malloc((size_t)cap * sizeof *r->indices);
+    r->vals = malloc((size_t)cap * sizeof *r->vals);
+    for (int64_t b = 0; b < iv_query_n_blocks(q); b++) {
+        iv_block_t blk;
+        if (iv_query_decode_block(q, b, &blk, err) < 0) {
+            iv_query_free(q);
+            return -1;
+        }
+        size_t esz = iv_dtype_size(blk.dtype);
+        while (r->nnz + blk.nnz > cap) cap *= 2;
+        r->indices = realloc(r->indices, (size_t)cap * sizeof *r->indices);
+        r->vals = realloc(r->vals, (size_t)cap * sizeof *r->vals);
+        for (int64_t x = 0; x < blk.n_rows; x++) {
+            r->ids[blk.row0 + x] = blk.ids[x];
+            r->indptr[blk.row0 + x + 1] = r->nnz + blk.indptr[x + 1];
+        }
+        for (int64_t t = 0; t < blk.nnz; t++) {
+            r->indices[r->nnz + t] = blk.index_size == 4 ? ((int32_t *)blk.indices)[t]
+                                                         : ((int64_t *)blk.indices)[t];
+            uint64_t v = 0;
+            memcpy(&v, (char *)blk.data + (size_t)t * esz, esz);
+            r->vals[r->nnz + t] = v;
+        }
+        r->nnz += blk.nnz;
+        iv_block_free(&blk);
+    }
+    iv_query_free(q);
+    return 0;
+}
+
+/* The result against the dense matrix: rows are obs (or var) selections. */
+static void check_ref(const struct mat *m, const iv_sel_t *obs, const iv_sel_t *var, int by_var,
+                      const struct res *r, const char *label)
+{
+    int64_t no = obs->all ? m->n_rows : obs->n, nv = var->all ? m->n_cols : var->n;
+    int64_t nr = by_var ? nv : no, nc = by_var ? no : nv;
+    EXPECT(r->n_rows == nr && r->n_cols == nc, "%s: shape %ld x %ld, expected %ld x %ld", label,
+           (long)r->n_rows, (long)r->n_cols, (long)nr, (long)nc);
+    int64_t t = 0;
+    for (int64_t i = 0; i < nr; i++) {
+        int64_t id = by_var ? (var->all ? i : var->idx[i]) : (obs->all ? i : obs->idx[i]);
+        EXPECT(r->ids[i] == id, "%s: row %ld id %ld, expected %ld", label, (long)i, (long)r->ids[i],
+               (long)id);
+        for (int64_t j = 0; j < nc; j++) {
+            int64_t o = by_var ? (obs->all ? j : obs->idx[j]) : id;
+            int64_t v = by_var ? id : (var->all ? j : var->idx[j]);
+            int64_t at = o * m->n_cols + v;
+            if (!m->has[at]) continue;
+            EXPECT(t < r->indptr[i + 1] && r->indices[t] == j && r->vals[t] == m->bits[at],
+                   "%s: row %ld col %ld missing or wrong", label, (long)i, (long)j);
+            t++;
+        }
+        EXPECT(t == r->indptr[i + 1], "%s: row %ld has extra entries", label, (long)i);
+    }
+    EXPECT(t == r->nnz, "%s: nnz %ld, expected %ld", label, (long)r->nnz, (long)t);
+}
+
+static int res_equal(const struct res *a, const struct res *b)
+{
+    return a->n_rows == b->n_rows && a->n_cols == b->n_cols && a->nnz == b->nnz &&
+           !memcmp(a->ids, b->ids, (size_t)a->n_rows * 8) &&
+           !memcmp(a->indptr, b->indptr, (size_t)(a->n_rows + 1) * 8) &&
+           !memcmp(a->indices, b->indices, (size_t)a->nnz * 8) &&
+           !memcmp(a->vals, b->vals, (size_t)a->nnz * 8);
+}
+
+static void tmp_path(char *buf, size_t cap, const char *tag)
+{
+    snprintf(buf, cap, "/tmp/ivtest_transpose_%d_%s.h5ad", (int)getpid(), tag);
+}
+
+static iv_dataset_t *open_ds(const char *path, iv_pool_t *pool)
+{
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.pool = pool;
+    o.index_stride = (uint32_t)(1 + rnd() % 5);
+    iv_dataset_t *ds = NULL;
+    iv_err_t err = {0};
+    ck_assert_msg(iv_dataset_open(path, &o, &ds, &err) == 0, "%s", err.msg);
+    return ds;
+}
+
+static const iv_dtype_t dtypes[4] = {IV_DT_FLOAT32, IV_DT_UINT16, IV_DT_FLOAT64, IV_DT_INT64};
+
+/* Random matrices, both file orientations, built copies, every selection
+ * form by obs and by var through both orientations. */
+START_TEST(differential_random)
+{
+    iv_pool_t *pool = iv_pool_create(2, 0);
+    char path[256];
+    tmp_path(path, sizeof path, "diff");
+    for (int iter = 0; iter < 24; iter++) {
+        struct mat m;
+        int64_t nr = (int64_t)(rnd() % 90), nc = (int64_t)(rnd() % 100);
+        if (iter == 0) nr = 0;
+        if (iter == 1) nc = 0;
+        double dens = iter % 5 == 0 ? 0.9 : (double)(rnd() % 40) / 100.0;
+        mat_random(&m, nr, nc, dtypes[iter % 4], dens);
+        int csc = iter % 2;
+        write_packed(path, &m, csc, -1, iter % 3 == 0 ? 7 : 0);
+        iv_dataset_t *ds = open_ds(path, pool);
+        iv_err_t err = {0};
+        /* Small temporaries make several windows. */
+        iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = iter % 4 == 3 ? NULL : pool,
+                                  .tmp_bytes = iter % 3 == 1 ? 64 : 0};
+        ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "iter %d: %s", iter, err.msg);
+        iv_orient_status_t st;
+        iv_dataset_orientations(ds, &st);
+        ck_assert_int_eq(st.other_state, IV_OTHER_READY);
+        ck_assert_int_eq(st.other_source, IV_SRC_MEMORY);
+        ck_assert(st.bytes[IV_IVCSR] > 0 && st.bytes[IV_IVCSC] > 0);
+        for (int ko = 0; ko < 6; ko++) {
+            for (int kv = 0; kv < 6; kv++) {
+                struct sel so, sv;
+                make_sel(&so, ko, nr);
+                make_sel(&sv, kv, nc);
+                for (int ax = 0; ax < 2; ax++) {
+                    iv_out_axis_t axis = ax ? IV_OUT_VARS : IV_OUT_ROWS;
+                    struct res a, b, c;
+                    char label[96];
+                    snprintf(label, sizeof label, "iter %d obs kind %d var kind %d axis %d", iter,
+                             ko, kv, ax);
+                    int64_t bn = 1 + (int64_t)(rnd() % 64);
+                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_CELLS, bn, &a, &err) == 0,
+                                  "%s: %s", label, err.msg);
+                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_GENES, bn, &b, &err) == 0,
+                                  "%s: %s", label, err.msg);
+                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_AUTO, 0, &c, &err) == 0,
+                                  "%s: %s", label, err.msg);
+                    ck_assert_int_eq(a.orient, IV_IVCSR);
+                    ck_assert_int_eq(b.orient, IV_IVCSC);
+                    check_ref(&m, &so.s, &sv.s, ax, &a, label);
+                    EXPECT(res_equal(&a, &b), "%s: the orientations differ", label);
+                    EXPECT(res_equal(&a, &c), "%s: the planner's answer differs", label);
+                    res_free(&a);
+                    res_free(&b);
+                    res_free(&c);
+                }
+                free(so.idx);
+                free(sv.idx);
+            }
+        }
+        iv_dataset_close(ds);
+        mat_free(&m);
+    }
+    unlink(path);
+    iv_pool_destroy(pool);
+}
+END_TEST
+
+/* The planner picks the orientation that decodes fewer bytes. */
+START_TEST(planner_picks_fewer_bytes)
+{
+    char path[256];
+    tmp_path(path, sizeof path, "plan");
+    struct mat m;
+    mat_random(&m, 400, 300, IV_DT_FLOAT32, 0.2);
+    write_packed(path, &m, 0, -1, 0);
+    iv_dataset_t *ds = open_ds(path, NULL);
+    iv_err_t err = {0};
+    int64_t one = 5;
+    iv_sel_t all = {.all = 1}, single = {.n = 1, .idx = &one};
+    /* Before the copy exists, everything is cell-major; asking for the
+     * gene-major one is an error. */
+    ck_assert_int_eq(iv_plan_orient(ds, &all, &single, IV_OUT_ROWS, NULL), IV_IVCSR);
+    iv_query_t *q;
+    iv_query_opts_t qo = {.pick = IV_PICK_GENES};
+    ck_assert_int_eq(iv_query_new(ds, &all, &single, &qo, &q, &err), IV_EINVALID_ARG);
+    iv_transpose_opts_t to = {.budget = UINT64_MAX};
+    ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "%s", err.msg);
+    double est[2];
+    /* One gene across all cells: gene-major.  One cell across all genes:
+     * cell-major. */
+    ck_assert_int_eq(iv_plan_orient(ds, &all, &single, IV_OUT_ROWS, est), IV_IVCSC);
+    ck_assert(est[IV_IVCSC] < est[IV_IVCSR]);
+    ck_assert_int_eq(iv_plan_orient(ds, &single, &all, IV_OUT_ROWS, est), IV_IVCSR);
+    ck_assert(est[IV_IVCSR] < est[IV_IVCSC]);
+    ck_assert_int_eq(iv_plan_orient(ds, &all, &single, IV_OUT_VARS, NULL), IV_IVCSC);
+    iv_dataset_close(ds);
+    mat_free(&m);
+    unlink(path);
+}
+END_TEST
+
+/* Over budget: skipped, nothing kept, the global budget unchanged; a
+ * budget that fits is charged the copy's size. */
+START_TEST(budget_skips)
+{
+    char path[256];
+    tmp_path(path, sizeof path, "budget");
+    struct mat m;
+    mat_random(&m, 200, 150, IV_DT_UINT16, 0.3);
+    write_packed(path, &m, 0, -1, 0);
+    iv_dataset_t *ds = open_ds(path, NULL);
+    iv_err_t err = {0};
+    iv_transpose_opts_t to = {.budget = 100};
+    ck_assert_int_eq(iv_dataset_build_other(ds, &to, &err), IV_ETOO_LARGE);
+    ck_assert_ptr_null(iv_dataset_other(ds));
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    ck_assert_int_eq(st.other_state, IV_OTHER_SKIPPED);
+    ck_assert_int_eq(st.bytes[IV_IVCSC], 0);
+    iv_budget_t g;
+    iv_budget_init(&g, 1000);
+    to.budget = UINT64_MAX;
+    to.global = &g;
+    ck_assert_int_eq(iv_dataset_build_other(ds, &to, &err), IV_ETOO_LARGE);
+    ck_assert_uint_eq(atomic_load(&g.left), 1000);
+    iv_budget_init(&g, (uint64_t)1 << 30);
+    ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "%s", err.msg);
+    iv_dataset_orientations(ds, &st);
+    ck_assert_int_eq(st.other_state, IV_OTHER_READY);
+    ck_assert_uint_eq(((uint64_t)1 << 30) - atomic_load(&g.left), st.bytes[IV_IVCSC]);
+    iv_dataset_close(ds);
+    mat_free(&m);
+    unlink(path);
+}
+END_TEST
+
+/* A slice that stores an index twice (in two groups) passes the row
+ * index but not the transpose. */
+START_TEST(duplicate_index_is_corrupt)
+{
+    char path[256];
+    tmp_path(path, sizeof path, "dup");
+    struct mat m;
+    mat_random(&m, 30, 40, IV_DT_FLOAT32, 0.5);
+    write_packed(path, &m, 0, 3, 0);
+    iv_dataset_t *ds = open_ds(path, NULL);
+    iv_err_t err = {0};
+    iv_transpose_opts_t to = {.budget = UINT64_MAX};
+    ck_assert_int_eq(iv_dataset_build_other(ds, &to, &err), IV_ECORRUPT);
+    ck_assert_msg(strstr(err.msg, "twice") != NULL, "%s", err.msg);
+    ck_assert_ptr_null(iv_dataset_other(ds));
+    iv_dataset_close(ds);
+    mat_free(&m);
+    unlink(path);
+}
+END_TEST
+
+/* A companion file: the same matrix the other way attaches and serves
+ * identical answers; a different matrix is refused with a reason. */
+START_TEST(companion_file)
+{
+    char p1[256], p2[256], p3[256];
+    tmp_path(p1, sizeof p1, "c1");
+    tmp_path(p2, sizeof p2, "c2");
+    tmp_path(p3, sizeof p3, "c3");
+    struct mat m, other;
+    mat_random(&m, 70, 60, IV_DT_FLOAT32, 0.3);
+    mat_random(&other, 70, 60, IV_DT_FLOAT32, 0.3);
+    write_packed(p1, &m, 0, -1, 0);
+    write_packed(p2, &m, 1, -1, 5);
+    write_packed(p3, &other, 1, -1, 0);
+    iv_dataset_t *ds = open_ds(p1, NULL);
+    iv_err_t err = {0};
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    ck_assert_int_eq(iv_dataset_attach_other(ds, p1, &o, &err), IV_EBAD_FILE);
+    ck_assert_msg(strstr(err.msg, "same orientation") != NULL, "%s", err.msg);
+    ck_assert_int_eq(iv_dataset_attach_other(ds, p3, &o, &err), IV_EBAD_FILE);
+    ck_assert_ptr_null(iv_dataset_other(ds));
+    ck_assert_msg(iv_dataset_attach_other(ds, p2, &o, &err) == 0, "%s", err.msg);
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    ck_assert_int_eq(st.other_source, IV_SRC_FILE);
+    struct sel so, sv;
+    for (int k = 0; k < 20; k++) {
+        make_sel(&so, (int)(rnd() % 6), m.n_rows);
+        make_sel(&sv, (int)(rnd() % 6), m.n_cols);
+        struct res a, b;
+        ck_assert(run(ds, NULL, &so.s, &sv.s, IV_OUT_ROWS, IV_PICK_CELLS, 0, &a, &err) == 0);
+        ck_assert(run(ds, NULL, &so.s, &sv.s, IV_OUT_ROWS, IV_PICK_GENES, 0, &b, &err) == 0);
+        check_ref(&m, &so.s, &sv.s, 0, &a, "companion");
+        ck_assert(res_equal(&a, &b));
+        res_free(&a);
+        res_free(&b);
+        free(so.idx);
+        free(sv.idx);
+    }
+    iv_dataset_close(ds);
+    mat_free(&m);
+    mat_free(&other);
+    unlink(p1);
+    unlink(p2);
+    unlink(p3);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("transpose");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, differential_random);
+    tcase_add_test(tc, planner_picks_fewer_bytes);
+    tcase_add_test(tc, budget_skips);
+    tcase_add_test(tc, duplicate_index_is_corrupt);
+    tcase_add_test(tc, companion_file);
+    suite_add_tcase(s, tc);
+    return iv_check_run(s);
+}
