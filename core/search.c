@@ -166,9 +166,16 @@ int64_t iv_search_run(const iv_search_t *s, const char *q, size_t qlen, int64_t 
         h.pos = at - s->off[row];
         h.kind = h.pos > 0 ? IV_MATCH_SUBSTRING
                  : (size_t)h.len == qlen ? IV_MATCH_EXACT : IV_MATCH_PREFIX;
+        count++;
+        /* Reading the original name (for the case rank) is a random
+         * access: skip it when even a same-case match would not be kept. */
+        h.case_differs = 0;
+        if (kept == limit && !hit_before(&h, &heap[0])) {
+            p = base + s->off[row + 1];
+            continue;
+        }
         const char *orig = s->get(s->ctx, row);
         h.case_differs = !orig || memcmp(orig + h.pos, q, qlen) != 0;
-        count++;
         if (kept < limit) {
             heap[kept] = h;
             heap_sift_up(heap, kept);
