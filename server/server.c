@@ -54,6 +54,7 @@
 #include "query.h"
 #include "request.h"
 #include "routes_meta.h"
+#include "openapi.h"
 #include "routes_viewer.h"
 #include "version.h"
 
@@ -1414,6 +1415,12 @@ static void dispatch(conn_t *c)
         if (!method_ok(c, 0)) return;
         if (s->n_loading == 0) send_simple(c, 200, "application/json", "{\"status\":\"ready\"}", 18, NULL);
         else send_error(c, 503, "not_ready", "datasets are still loading", "Retry-After: 1\r\n");
+        return;
+    }
+    if (!strcmp(p, "/openapi.json")) {
+        if (method_ok(c, 0))
+            send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
+                        "Cache-Control: no-cache\r\n");
         return;
     }
     if (!strcmp(p, "/metrics")) {
