@@ -10,6 +10,12 @@ the original obs index of every row.  Needs numpy, scipy and requests.
     res.matrix      # scipy.sparse.csr_matrix, rows in the requested order
     res.obs         # numpy int64 array: obs index of each row
     res.obs_names   # names of those rows when the server's metadata has them, else None
+
+Names come from the dataset's obs index, fetched once per dataset and
+client (paged through GET .../obs/{index}) and cached; pass names=False to
+query() to skip that.  Names the server dropped (missing="ignore") or
+matched only by ignoring case are in res.dropped, the parsed
+X-Ivserve-Dropped-Names header (None when it was not sent).
 """
 import base64
 import json
@@ -35,8 +41,8 @@ class ServerError(Exception):
 
 
 class Result:
-    def __init__(self, matrix, obs, obs_names=None):
-        self.matrix, self.obs, self.obs_names = matrix, obs, obs_names
+    def __init__(self, matrix, obs, obs_names=None, dropped=None):
+        self.matrix, self.obs, self.obs_names, self.dropped = matrix, obs, obs_names, dropped
 
 
 def selection(sel, axis_len=None):
@@ -160,6 +166,7 @@ class Client:
         self.timeout = timeout
         if token:
             self.s.headers["Authorization"] = f"Bearer {token}"
+        self._obs_names = {}
 
     def _check(self, r):
         if r.status_code >= 400:
@@ -188,7 +195,31 @@ class Client:
         r = self.s.post(f"{self.base}/v1/datasets/{ds}/count", json=self._body(obs, var), timeout=self.timeout)
         return self._check(r).json()
 
-    def query(self, ds, obs=None, var=None, format="binary"):
+    def obs_names(self, ds, page=100000):
+        """Every obs name of dataset ds as a numpy object array (cached), or
+        None when the server has no obs metadata for it."""
+        if ds in self._obs_names:
+            return self._obs_names[ds]
+        doc = self.dataset(ds)
+        frame = doc.get("obs")
+        if not frame or not frame.get("index"):
+            self._obs_names[ds] = None
+            return None
+        col = requests.utils.quote(frame["index"], safe="")
+        names, offset = [], 0
+        while True:
+            r = self.s.get(f"{self.base}/v1/datasets/{ds}/obs/{col}",
+                           params={"offset": offset, "limit": page}, timeout=self.timeout)
+            vals = self._check(r).json()["values"]
+            names.extend(vals)
+            offset += len(vals)
+            if len(vals) < page or offset >= frame["n_rows"]:
+                break
+        arr = np.array(names, dtype=object)
+        self._obs_names[ds] = arr
+        return arr
+
+    def query(self, ds, obs=None, var=None, format="binary", names=True):
         r = self.s.post(
             f"{self.base}/v1/datasets/{ds}/query",
             json=self._body(obs, var),
@@ -202,4 +233,14 @@ class Client:
             m, rows = parse_ndjson(r.text)
         else:
             m, rows = parse_json(r.content)
-        return Result(m, rows, None)
+        dropped = r.headers.get("X-Ivserve-Dropped-Names")
+        dropped = json.loads(dropped) if dropped else None
+        obs_names = None
+        if names:
+            try:
+                allnames = self.obs_names(ds)
+            except ServerError:
+                allnames = None  # names are a convenience: the matrix still stands
+            if allnames is not None:
+                obs_names = allnames[rows]
+        return Result(m, rows, obs_names, dropped)

@@ -437,3 +437,20 @@ def test_cors_exposes_custom_headers(env):
     assert r.headers["Access-Control-Allow-Origin"] == "https://viewer.example"
     exposed = [h.strip().lower() for h in r.headers["Access-Control-Expose-Headers"].split(",")]
     assert "x-ivserve-dropped-names" in exposed and "etag" in exposed
+
+
+def test_client_fills_obs_names(env):
+    import ivclient
+    s, data = env
+    obs = data["ivcsr_int32"][1]
+    c = ivclient.Client(s.url)
+    for fmt in ("binary", "ndjson", "json"):
+        res = c.query("ivcsr_int32", obs=[9, 2, 9], var=["cd3e"], format=fmt)
+        assert list(res.obs_names) == ["cell9", "cell2", "cell9"]
+        assert res.dropped == {"obs": [], "var": [], "folded": {"obs": [], "var": ["cd3e"]}}
+    res = c.query("ivcsr_int32", obs={"where": "cell_type == 'NK cell'"})
+    assert list(res.obs_names) == list(obs.index[(obs.cell_type == "NK cell").values])
+    # Paging: a page shorter than the obs keeps fetching until every name is in.
+    c2 = ivclient.Client(s.url)
+    assert list(c2.obs_names("ivcsr_int32", page=64)) == list(obs.index)
+    assert c.query("ivcsr_int32", obs=[1], names=False).obs_names is None
