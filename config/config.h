@@ -48,6 +48,7 @@ typedef struct iv_config {
     unsigned threads;             /* 0 = number of cores */
     size_t queue;                 /* worker job queue length; full = 503 */
     size_t cache_bytes;           /* per-dataset decompressed chunk cache */
+    uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     iv_ds_conf_t *datasets;
     size_t n_datasets;
     char **tokens;                /* global bearer tokens; none = open server */

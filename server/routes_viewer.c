@@ -25,8 +25,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
+#include <zlib.h>
 
 #include "aggregate.h"
 #include "enc_viewer.h"
@@ -56,6 +60,7 @@ typedef struct sidx {
 } sidx_t;
 
 struct iv_vds {
+    char identity[96];        /* content identity for ETags (iv_vds_identity) */
     iv_marrays_t *arrays;
     char arrays_err[256];
     iv_meta_t *meta;
@@ -120,6 +125,11 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
     if (!v) return NULL;
     pthread_mutex_init(&v->mu, NULL);
     v->meta = meta;
+    struct stat st;
+    if (stat(path, &st) == 0)
+        snprintf(v->identity, sizeof v->identity, "%llx-%llx-%llx-%lld.%09ld",
+                 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                 (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     const iv_dataset_info_t *in = iv_dataset_info(ds);
     iv_err_t e;
     iv_err_clear(&e);
@@ -144,6 +154,11 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
         pthread_mutex_unlock(&v->mu);
     }
     return v;
+}
+
+const char *iv_vds_identity(const iv_vds_t *v)
+{
+    return v ? v->identity : "";
 }
 
 void iv_vds_free(iv_vds_t *v)
@@ -243,6 +258,8 @@ void iv_vreq_free(iv_vreq_t *r)
     free(r->query);
     free(r->body);
     free(r->accept);
+    free(r->if_none_match);
+    free(r->accept_encoding);
     free(r->dropped);
     iv_buf_free(&r->out);
     free(r);
@@ -933,14 +950,137 @@ out:
     return rc;
 }
 
+/* ---- caching and compression ---------------------------------------------- */
+
+/* The q value a header gives coding (or "*"); -1 when it names neither. */
+static double coding_q(const char *h, const char *coding)
+{
+    double star = -1, named = -1;
+    const char *p = h;
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t n = strcspn(p, ";,");
+        while (n && p[n - 1] == ' ') n--;
+        const char *next = strchr(p, ',');
+        double q = 1;
+        const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
+        if (semi) {
+            const char *qq = strstr(semi, "q=");
+            if (qq && (!next || qq < next)) q = strtod(qq + 2, NULL);
+        }
+        if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
+        else if (n == 1 && *p == '*') star = q;
+        p = next;
+    }
+    return named >= 0 ? named : star;
+}
+
+static int etag_listed(const char *inm, const char *etag)
+{
+    const char *p = inm;
+    size_t el = strlen(etag);
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (*p == '*') return 1;
+        if (!strncmp(p, "W/", 2)) p += 2;  /* If-None-Match compares weakly */
+        if (!strncmp(p, etag, el) && (p[el] == '\0' || p[el] == ',' || p[el] == ' ')) return 1;
+        p = strchr(p, ',');
+    }
+    return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t fnv_str(uint64_t h, const char *s)
+{
+    /* The NUL separates fields, so "ab"+"c" and "a"+"bc" differ. */
+    return fnv(h, s ? s : "", s ? strlen(s) + 1 : 1);
+}
+
+/* Gzip-encodes r->out in place (level 1: the per-thread cost table in
+ * benchmarks/README.md).  Keeps the identity body when gzip does not pay. */
+static int gzip_out(iv_vreq_t *r)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return 0;
+    uLong bound = deflateBound(&z, (uLong)r->out.len);
+    char *dst = malloc(bound + 32);
+    if (!dst) {
+        deflateEnd(&z);
+        return 0;
+    }
+    z.next_in = (Bytef *)r->out.data;
+    z.avail_in = (uInt)r->out.len;
+    z.next_out = (Bytef *)dst;
+    z.avail_out = (uInt)(bound + 32);
+    int rc = deflate(&z, Z_FINISH);
+    size_t n = z.total_out;
+    deflateEnd(&z);
+    if (rc != Z_STREAM_END || n >= r->out.len) {
+        free(dst);
+        return 0;
+    }
+    free(r->out.data);
+    r->out.data = dst;
+    r->out.len = n;
+    r->out.cap = bound + 32;
+    return 1;
+}
+
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
 {
+    /* gzip is chosen before the work so that the ETag (which names the
+     * coding) is known before it, and a match costs nothing more. */
+    int gzip = r->accept_encoding && coding_q(r->accept_encoding, "gzip") > 0 &&
+               r->out.len == 0;
+    uint64_t h = 1469598103934665603ull;
+    h = fnv_str(h, iv_vds_identity(r->vx));
+    h = fnv(h, &r->route, sizeof r->route);
+    h = fnv_str(h, r->name);
+    h = fnv_str(h, r->query);
+    h = fnv(h, r->body ? r->body : "", r->body_len);
+    h = fnv_str(h, r->accept);
+    char etag[24];
+    snprintf(etag, sizeof etag, "\"%016llx%s\"", (unsigned long long)(h ^ (uint64_t)gzip),
+             gzip ? "-gz" : "");
+    char cc[80];
+    if (r->max_age)
+        snprintf(cc, sizeof cc, "Cache-Control: %s, max-age=%u\r\n", r->private_cache ? "private" : "public",
+                 (unsigned)r->max_age);
+    else
+        snprintf(cc, sizeof cc, "Cache-Control: no-cache\r\n");
+    snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n", etag, cc);
+    r->status = 200;
+    if (r->if_none_match && etag_listed(r->if_none_match, etag)) {
+        r->status = 304;
+        return 0;
+    }
+    int rc;
     switch (r->route) {
     case IV_VR_OBSM:
-    case IV_VR_VARM: return run_marray(r, err);
+    case IV_VR_VARM: rc = run_marray(r, err); break;
     case IV_VR_OBS_SEARCH:
-    case IV_VR_VAR_SEARCH: return run_search(r, err);
-    case IV_VR_AGGREGATE: return run_aggregate(r, err);
+    case IV_VR_VAR_SEARCH: rc = run_search(r, err); break;
+    case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
     default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
     }
+    if (rc != 0) return rc;
+    if (gzip && r->out.len >= 1024 && gzip_out(r)) {
+        size_t n = strlen(r->extra);
+        snprintf(r->extra + n, sizeof r->extra - n, "Content-Encoding: gzip\r\n");
+    } else if (gzip) {
+        /* Sent as identity after all: its ETag must not claim gzip. */
+        snprintf(etag, sizeof etag, "\"%016llx\"", (unsigned long long)h);
+        snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n", etag, cc);
+    }
+    return 0;
 }

@@ -76,11 +76,22 @@ typedef struct iv_vreq {
     iv_vds_t *vx;
     iv_pool_t *pool;
     size_t json_bytes;        /* JSON response limit */
+    uint32_t max_age;         /* Cache-Control max-age; 0 = no-cache */
+    int private_cache;        /* the dataset needs a token: "private", not "public" */
+    char *if_none_match;      /* If-None-Match header or NULL (owned) */
+    char *accept_encoding;    /* Accept-Encoding header or NULL (owned) */
     /* out */
+    int status;               /* 200, or 304 when If-None-Match matched (out empty) */
     const char *ctype;        /* media type of out (static) */
-    iv_buf_t out;             /* the response body */
+    iv_buf_t out;             /* the response body (gzip-encoded when extra says so) */
     char *dropped;            /* X-Ivserve-Dropped-Names JSON, or NULL */
+    char extra[320];          /* header lines to add: ETag, Cache-Control, Content-Encoding, Vary */
 } iv_vreq_t;
+
+/* The identity of a dataset's content for ETags: the file's device,
+ * inode, size and modification time at load (a dataset is immutable
+ * while served, and a replaced file changes them).  "" when unknown. */
+const char *iv_vds_identity(const iv_vds_t *v);
 
 /* Copies a request for a worker; body (may be NULL) is taken.  NULL when
  * out of memory or when the name in sub has a bad percent-escape
@@ -89,9 +100,17 @@ iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *quer
                        size_t body_len, const char *accept, int *bad_name);
 void iv_vreq_free(iv_vreq_t *r);
 
-/* Runs the request (worker): fills ctype, out and dropped, or returns an
- * error whose iv_error_status is the HTTP status (404 unknown array, 400
- * bad parameters, 406, 413 over the JSON limit, 422 selections). */
+/*
+ * Runs the request (worker): fills status, ctype, out, dropped and extra,
+ * or returns an error whose iv_error_status is the HTTP status (404
+ * unknown array, 400 bad parameters, 406, 413 over the JSON limit, 422
+ * selections).  A response depends only on the dataset's content and
+ * the request, so it gets a strong ETag (the content identity, the
+ * route, the path, the exact query string or body, Accept and the
+ * content coding) and Cache-Control; an If-None-Match that matches
+ * answers 304 before any work.  Bodies of 1 KiB and more are gzip-encoded
+ * (zlib, level 1) when Accept-Encoding allows it.
+ */
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err);
 
 #endif

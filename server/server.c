@@ -1330,6 +1330,16 @@ static void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->vx = d->vx;
     vr->pool = c->srv->pool;
     vr->json_bytes = c->srv->cfg->limits.json_bytes;
+    vr->max_age = c->srv->cfg->cache_max_age;
+    vr->private_cache = c->srv->cfg->n_tokens > 0 || d->conf->n_tokens > 0;
+    if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
+        (r->hdr[IV_H_ACCEPT_ENCODING] &&
+         !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
+        iv_vreq_free(vr);
+        free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
     st->vr = vr;
     submit_setup(c, d, st, J_META, J_META);
 }
@@ -1342,8 +1352,11 @@ static void route_meta_finish(qstream_t *qs, job_t *j)
     if (st->vr && j->rc == 0) {
         c->dropped = st->vr->dropped;
         st->vr->dropped = NULL;
-        send_simple(c, 200, st->vr->ctype, st->vr->out.data ? st->vr->out.data : "", st->vr->out.len,
-                    "Cache-Control: no-cache\r\n");
+        if (st->vr->status == 304)
+            send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
+        else
+            send_simple(c, 200, st->vr->ctype, st->vr->out.data ? st->vr->out.data : "",
+                        st->vr->out.len, st->vr->extra);
     } else if (st->vr) {
         send_iv_error(c, j->rc, &j->err);
     } else if (j->rc == 0)

@@ -8,6 +8,7 @@ from numpy and pandas on the same data; every request form (GET query
 string, POST body, each encoding) is compared with them.
 """
 import json
+import re
 import os
 import struct
 import sys
@@ -454,3 +455,68 @@ def test_client_fills_obs_names(env):
     c2 = ivclient.Client(s.url)
     assert list(c2.obs_names("ivcsr_int32", page=64)) == list(obs.index)
     assert c.query("ivcsr_int32", obs=[1], names=False).obs_names is None
+
+
+def test_etag_304_and_gzip(env):
+    import gzip as gz
+    s, data = env
+    u = s.url + "/v1/datasets/ivcsr_int32/obsm/X_pca"
+    plain = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "identity"})
+    assert plain.status_code == 200 and "Content-Encoding" not in plain.headers
+    et = plain.headers["ETag"]
+    assert re.fullmatch(r'"[0-9a-f]{16}"', et)
+    assert plain.headers["Cache-Control"] == "public, max-age=604800"
+    assert "Accept-Encoding" in plain.headers["Vary"]
+    # The same request: the same tag; a match is a 304 with no body.
+    again = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "identity"})
+    assert again.headers["ETag"] == et
+    r = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "identity",
+                                                           "If-None-Match": 'W/"x", ' + et})
+    assert r.status_code == 304 and r.content == b"" and r.headers["ETag"] == et
+    # Another request, another tag; a stale tag gets the full answer.
+    other = requests.get(u, params={"format": "json", "obs": "1"}, headers={"Accept-Encoding": "identity"})
+    assert other.headers["ETag"] != et
+    r = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "identity",
+                                                           "If-None-Match": other.headers["ETag"]})
+    assert r.status_code == 200 and r.content == plain.content
+    # gzip: its own tag, and the bytes decompress to the identity body.
+    r = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "gzip"}, stream=True)
+    raw = r.raw.read(decode_content=False)
+    assert r.headers["Content-Encoding"] == "gzip" and r.headers["ETag"] != et
+    assert len(raw) < len(plain.content) and gz.decompress(raw) == plain.content
+    r = requests.get(u, params={"format": "json"}, headers={"Accept-Encoding": "gzip;q=0, br"})
+    assert "Content-Encoding" not in r.headers and r.headers["ETag"] == et
+    # POST bodies are part of the request's identity too.
+    a = requests.post(s.url + "/v1/datasets/ivcsr_int32/aggregate",
+                      json={"group_by": "cell_type", "stats": ["mean"]})
+    b = requests.post(s.url + "/v1/datasets/ivcsr_int32/aggregate",
+                      json={"group_by": "cell_type", "stats": ["max"]})
+    assert a.headers["ETag"] != b.headers["ETag"]
+    r = requests.post(s.url + "/v1/datasets/ivcsr_int32/aggregate",
+                      json={"group_by": "cell_type", "stats": ["mean"]},
+                      headers={"If-None-Match": a.headers["ETag"]})
+    assert r.status_code == 304
+    # Errors are not cached.
+    r = requests.get(s.url + "/v1/datasets/ivcsr_int32/obsm/nope")
+    assert r.status_code == 404 and "ETag" not in r.headers
+
+
+def test_cache_max_age_is_configurable(env, tmp_path):
+    s0, _ = env
+    path = [d for d in json.load(open(os.path.join(os.path.dirname(s0.log.name),
+                                                   "cfg%d.json" % s0.port)))["datasets"]][0]
+    s = Server(str(tmp_path), datasets=[path], cfg_extra={"cache_max_age": 0, "tokens": ["t0k"]})
+    try:
+        r = requests.get(s.url + "/v1/datasets/%s/var/search" % path["id"], params={"q": "CD3"},
+                         headers={"Authorization": "Bearer t0k"})
+        assert r.status_code == 200 and r.headers["Cache-Control"] == "no-cache"
+    finally:
+        assert s.stop() == 0
+    s = Server(str(tmp_path), datasets=[path], extra_args=["--cache-max-age", "60"],
+               cfg_extra={"tokens": ["t0k"]})
+    try:
+        r = requests.get(s.url + "/v1/datasets/%s/var/search" % path["id"], params={"q": "CD3"},
+                         headers={"Authorization": "Bearer t0k"})
+        assert r.headers["Cache-Control"] == "private, max-age=60"
+    finally:
+        assert s.stop() == 0
