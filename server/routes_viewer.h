@@ -108,8 +108,8 @@ void iv_vreq_free(iv_vreq_t *r);
  * the request, so it gets a strong ETag (the content identity, the
  * route, the path, the exact query string or body, Accept and the
  * content coding) and Cache-Control; an If-None-Match that matches
- * answers 304 before any work.  Bodies of 1 KiB and more are gzip-encoded
- * (zlib, level 1) when Accept-Encoding allows it.
+ * answers 304 before any work.  Bodies of 1 KiB and more are encoded
+ * with br (libbrotli) or gzip (zlib) when Accept-Encoding allows it.
  */
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err);
 
