@@ -222,6 +222,13 @@ def test_every_example_is_answered_as_described(srv, spec):
         assert ctype in resp["content"], "%s: %s not among %s" % (what, ctype, list(resp["content"]))
         if ctype == "application/json":
             validate(spec, resp["content"][ctype]["schema"], r.json())
+        for h in resp.get("headers", {}):
+            if h in ("ETag", "Cache-Control", "Vary"):
+                assert h in r.headers, "%s: documented header %s not sent" % (what, h)
+        if "304" in op["responses"]:
+            again = requests.request(m.upper(), url, params=params, json=body,
+                                     headers={"If-None-Match": r.headers["ETag"]})
+            assert again.status_code == 304, "%s: If-None-Match -> %d" % (what, again.status_code)
 
 
 def test_error_shape_is_described(srv, spec):
