@@ -36,6 +36,7 @@ static const struct num_opt num_opts[] = {
     {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
+    {"cache_max_age", "IVSERVE_CACHE_MAX_AGE", "--cache-max-age", OFF(cache_max_age), NK_U32, 0, 31536000},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
     {"limits.body_bytes", NULL, "--max-body-bytes", OFF(limits.body_bytes), NK_SIZE, 0, 1 << 30},
     {"limits.header_timeout_ms", NULL, "--header-timeout-ms", OFF(limits.header_timeout_ms), NK_U32, 1, 86400000},
@@ -62,6 +63,7 @@ void iv_config_init(iv_config_t *c)
     c->queue = 1024;
     c->cache_bytes = (size_t)1 << 30;
     c->transpose_bytes = (size_t)4 << 30;
+    c->cache_max_age = 604800;  /* a week, as cellxgene caches */
     c->log_format = strdup("json");
     c->access_log = strdup("-");
     c->limits.header_bytes = 16384;
@@ -483,6 +485,7 @@ const char *iv_config_usage(void)
            "       ivserve check FILE | export FILE ... -o OUT.npz\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
            "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
+           "  --cache-max-age S\n"
            "  --token T (repeatable)  --cors ORIGIN (repeatable)  --log-format json|text\n"
            "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"

@@ -52,6 +52,7 @@ typedef struct iv_config {
     size_t queue;                 /* worker job queue length; full = 503 */
     size_t cache_bytes;           /* per-dataset decompressed chunk cache */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
+    uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     iv_ds_conf_t *datasets;
     size_t n_datasets;
     char **tokens;                /* global bearer tokens; none = open server */

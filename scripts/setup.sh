@@ -7,7 +7,7 @@ PKGS=(
   build-essential cmake pkg-config git ca-certificates curl
   clang libclang-rt-14-dev llvm
   libuv1-dev libzstd-dev libhdf5-dev hdf5-tools libcjson-dev libjemalloc-dev
-  check liblz4-dev zlib1g-dev node-llhttp
+  check liblz4-dev zlib1g-dev libbrotli-dev node-llhttp
   python3 python3-h5py python3-numpy python3-scipy python3-anndata
   python3-zstandard python3-requests python3-pytest python3-pandas
   python3-pip python3-setuptools python3-wheel

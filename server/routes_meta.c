@@ -29,8 +29,18 @@ static const char *axis_name(iv_axis_t axis)
 
 /* ---- selections ---------------------------------------------------------- */
 
+static void put_name_list(iv_buf_t *b, const iv_psel_t *p, const int64_t *pos, int64_t n)
+{
+    iv_buf_puts(b, "[");
+    for (int64_t i = 0; i < n; i++) {
+        if (i) iv_buf_puts(b, ",");
+        iv_buf_json_str(b, p->names[pos[i]]);
+    }
+    iv_buf_puts(b, "]");
+}
+
 static int resolve_names(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
-                         iv_err_t *err)
+                         iv_buf_t *folded, iv_err_t *err)
 {
     int64_t *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
     if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
@@ -43,14 +53,8 @@ static int resolve_names(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *d
         free(idx);
         return rc;
     }
-    if (dropped) {
-        iv_buf_puts(dropped, "[");
-        for (int64_t i = 0; i < rep.n_missing; i++) {
-            if (i) iv_buf_puts(dropped, ",");
-            iv_buf_json_str(dropped, p->names[rep.missing[i]]);
-        }
-        iv_buf_puts(dropped, "]");
-    }
+    if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
+    if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
     iv_names_report_free(&rep);
     /* Unknown names (only possible with missing_ignore) are dropped here. */
     int64_t k = 0;
@@ -78,12 +82,18 @@ static int compile_filter(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e
 
 int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err)
 {
+    return iv_rmeta_resolve_ex(m, axis, p, dropped, NULL, err);
+}
+
+int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
+                        iv_buf_t *folded, iv_err_t *err)
+{
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     if (!m)
         return iv_fail(err, IV_EUNSUPPORTED,
                        "names and filters need the dataset's %s metadata, which could not be loaded",
                        axis_name(axis));
-    if (p->kind == IV_PSEL_NAMES) IV_TRY(resolve_names(m, axis, p, dropped, err));
+    if (p->kind == IV_PSEL_NAMES) IV_TRY(resolve_names(m, axis, p, dropped, folded, err));
     if (!p->filter) return 0;
     iv_bitmap_t bits;
     IV_TRY(compile_filter(m, axis, p->filter, &bits, err));
@@ -108,6 +118,43 @@ int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropp
     }
     iv_psel_set_indices(p, idx, n);
     return 0;
+}
+
+int iv_rmeta_resolve_query(iv_meta_t *m, iv_qreq_t *qr, char **dropped, iv_err_t *err)
+{
+    iv_buf_t drop[2], fold[2];
+    for (int a = 0; a < 2; a++) {
+        iv_buf_init(&drop[a]);
+        iv_buf_init(&fold[a]);
+    }
+    int show = qr->obs.missing_ignore || qr->var.missing_ignore;
+    int rc = iv_rmeta_resolve_ex(m, IV_AXIS_OBS, &qr->obs, &drop[0], &fold[0], err);
+    if (rc == 0) rc = iv_rmeta_resolve_ex(m, IV_AXIS_VAR, &qr->var, &drop[1], &fold[1], err);
+    if (rc == 0 && (show || fold[0].len || fold[1].len)) {
+        iv_buf_t dj;
+        iv_buf_init(&dj);
+        for (int a = 0; a < 2; a++) {
+            iv_buf_puts(&dj, a ? ",\"var\":" : "{\"obs\":");
+            if (drop[a].len) iv_buf_append(&dj, drop[a].data, drop[a].len);
+            else iv_buf_puts(&dj, "[]");
+        }
+        if (fold[0].len || fold[1].len) {
+            for (int a = 0; a < 2; a++) {
+                iv_buf_puts(&dj, a ? ",\"var\":" : ",\"folded\":{\"obs\":");
+                if (fold[a].len) iv_buf_append(&dj, fold[a].data, fold[a].len);
+                else iv_buf_puts(&dj, "[]");
+            }
+            iv_buf_puts(&dj, "}");
+        }
+        iv_buf_append(&dj, "}", 2);
+        if (!dj.oom) *dropped = iv_buf_steal(&dj, NULL);
+        iv_buf_free(&dj);
+    }
+    for (int a = 0; a < 2; a++) {
+        iv_buf_free(&drop[a]);
+        iv_buf_free(&fold[a]);
+    }
+    return rc;
 }
 
 int iv_rmeta_total_counts(const iv_meta_t *m, iv_axis_t axis, const int64_t *idx, int64_t n,

@@ -33,6 +33,21 @@
  * IV_EBAD_SELECTION (unknown by-column), IV_EBAD_FILTER (compile).
  */
 int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err);
+/* The same, also appending to folded (when not NULL) the JSON array of the
+ * names that matched only ASCII-case-insensitively; nothing is appended
+ * when every match was exact, so folded->len says whether any was. */
+int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
+                        iv_buf_t *folded, iv_err_t *err);
+
+/*
+ * Both selections of a query request (iv_rmeta_resolve_ex on obs, then
+ * var).  When either selection ignores missing names, or any name was
+ * matched only ASCII-case-insensitively, *dropped receives the
+ * X-Ivserve-Dropped-Names document {"obs":[...],"var":[...]} (names
+ * dropped), with "folded":{"obs":[...],"var":[...]} added when names were
+ * matched by ignoring case; otherwise it is left NULL.  Caller frees it.
+ */
+int iv_rmeta_resolve_query(iv_meta_t *m, iv_qreq_t *qr, char **dropped, iv_err_t *err);
 
 /* Appends the {"index":..., "columns":[...]} object of one axis for the
  * dataset document: name, type, encoding, computed, null_count and, for

@@ -54,6 +54,8 @@
 #include "query.h"
 #include "request.h"
 #include "routes_meta.h"
+#include "openapi.h"
+#include "routes_viewer.h"
 #include "transpose.h"
 #include "version.h"
 
@@ -72,6 +74,7 @@ typedef struct sds {
     iv_meta_t *meta;
     int state;
     char err[512];
+    iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
@@ -107,6 +110,7 @@ typedef struct setup {
     double total;
     iv_fmt_t fmt;
     int dense;            /* "dense": true */
+    iv_vreq_t *vr;        /* J_META: a viewer route (routes_viewer.h), or NULL */
 } setup_t;
 
 typedef struct job {
@@ -286,6 +290,7 @@ static void setup_free(setup_t *st)
     iv_buf_free(&st->page);
     iv_query_free(st->q);
     free(st->dropped);
+    iv_vreq_free(st->vr);
     free(st);
 }
 
@@ -370,6 +375,7 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
         }
         iv_rmeta_schema(&b, d->meta, ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR);
     }
+    iv_vds_doc(&b, d->vx);
     iv_buf_puts(&b, "}");
     *b0 = b;
 }
@@ -435,7 +441,10 @@ static void job_load(void *arg)
                 d->ds = NULL;
             }
         }
-        if (j->rc == 0) build_doc(d);
+        if (j->rc == 0) {
+            d->vx = iv_vds_load(d->conf->path, d->ds, d->meta);
+            build_doc(d);
+        }
     }
     j->secs = now_s() - t0;
     job_finish(j);
@@ -463,35 +472,12 @@ static void setup_run(job_t *j)
     }
     /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
      * four-term filter on 200,000 cells). */
-    iv_buf_t drop_obs, drop_var;
-    iv_buf_init(&drop_obs);
-    iv_buf_init(&drop_var);
-    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
-    if ((rc = iv_rmeta_resolve(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &j->err)) != 0 ||
-        (rc = iv_rmeta_resolve(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &j->err)) != 0) {
+    if ((rc = iv_rmeta_resolve_query(d->meta, &qr, &st->dropped, &j->err)) != 0) {
         iv_qreq_free(&qr);
-        iv_buf_free(&drop_obs);
-        iv_buf_free(&drop_var);
         if (rc == IV_EUNSUPPORTED) st->status = 422;
         j->rc = rc;
         return;
     }
-    if (show_obs || show_var) {
-        iv_buf_t dj;
-        iv_buf_init(&dj);
-        iv_buf_puts(&dj, "{\"obs\":");
-        /* Buffers are not NUL-terminated: copy by length. */
-        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
-        else iv_buf_puts(&dj, "[]");
-        iv_buf_puts(&dj, ",\"var\":");
-        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
-        else iv_buf_puts(&dj, "[]");
-        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
-        if (!dj.oom) st->dropped = iv_buf_steal(&dj, NULL);
-        iv_buf_free(&dj);
-    }
-    iv_buf_free(&drop_obs);
-    iv_buf_free(&drop_var);
     /* Total counts without decoding: the computed per-row sums of the axis
      * whose opposite axis is wholly selected. */
     if (st->count && d->meta) {
@@ -533,6 +519,10 @@ static void meta_run(job_t *j)
     sds_t *d = j->qs->ds;
     const char *q = st->query;
     st->ctype = "application/json";
+    if (st->vr) {
+        j->rc = iv_vreq_run(st->vr, &j->err);
+        return;
+    }
     if (st->col) {
         j->rc = iv_rmeta_column(&st->page, d->meta, st->axis, st->col, q, strlen(q), st->json_bytes,
                                 &j->err);
@@ -752,7 +742,8 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
     if (origin_allowed(c->srv, origin)) {
         iv_buf_puts(b, "Access-Control-Allow-Origin: ");
         iv_buf_puts(b, origin);
-        iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After\r\n");
+        iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
+                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding\r\n");
     }
     if (extra) iv_buf_puts(b, extra);
     if (c->dropped && status < 300) {
@@ -1418,12 +1409,60 @@ static void route_meta(conn_t *c, sds_t *d, const char *sub)
     submit_setup(c, d, st, J_META, J_META);
 }
 
+/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
+ * builds the whole answer; route_meta_finish sends it. */
+static void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, iv_vroute_allows_post(vroute))) return;
+    int bad_name = 0;
+    size_t blen = 0;
+    char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;
+    iv_vreq_t *vr = iv_vreq_new(vroute, sub, r->method == HTTP_POST, r->query, body, blen,
+                                r->hdr[IV_H_ACCEPT], &bad_name);
+    setup_t *st = vr ? calloc(1, sizeof *st) : NULL;
+    if (!st) {
+        iv_vreq_free(vr);
+        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
+        else send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    iv_buf_init(&st->page);
+    vr->ds = d->ds;
+    vr->meta = d->meta;
+    vr->vx = d->vx;
+    vr->pool = c->srv->pool;
+    vr->json_bytes = c->srv->cfg->limits.json_bytes;
+    vr->max_age = c->srv->cfg->cache_max_age;
+    vr->private_cache = c->srv->cfg->n_tokens > 0 || d->conf->n_tokens > 0;
+    if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
+        (r->hdr[IV_H_ACCEPT_ENCODING] &&
+         !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
+        iv_vreq_free(vr);
+        free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    st->vr = vr;
+    submit_setup(c, d, st, J_META, J_META);
+}
+
 /* The loop half of a metadata page: send what the worker built. */
 static void route_meta_finish(qstream_t *qs, job_t *j)
 {
     conn_t *c = qs->c;
     setup_t *st = j->setup;
-    if (j->rc == 0)
+    if (st->vr && j->rc == 0) {
+        c->dropped = st->vr->dropped;
+        st->vr->dropped = NULL;
+        if (st->vr->status == 304)
+            send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
+        else
+            send_simple(c, 200, st->vr->ctype, st->vr->out.data ? st->vr->out.data : "",
+                        st->vr->out.len, st->vr->extra);
+    } else if (st->vr) {
+        send_iv_error(c, j->rc, &j->err);
+    } else if (j->rc == 0)
         send_simple(c, 200, st->ctype, st->page.data ? st->page.data : "", st->page.len,
                     "Cache-Control: no-cache\r\n");
     else if (st->status == 404)
@@ -1494,6 +1533,12 @@ static void dispatch(conn_t *c)
         else send_error(c, 503, "not_ready", "datasets are still loading", "Retry-After: 1\r\n");
         return;
     }
+    if (!strcmp(p, "/openapi.json")) {
+        if (method_ok(c, 0))
+            send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
+                        "Cache-Control: no-cache\r\n");
+        return;
+    }
     if (!strcmp(p, "/metrics")) {
         c->route = IV_R_METRICS;
         route_metrics(c);
@@ -1512,6 +1557,13 @@ static void dispatch(conn_t *c)
             const char *slash = strchr(id, '/');
             size_t idn = slash ? (size_t)(slash - id) : strlen(id);
             const char *sub = slash ? slash : "";
+            int vroute = iv_vroute_match(sub);
+            if (vroute != IV_VR_NONE && idn > 0) {
+                c->route = IV_R_DATASET;
+                sds_t *d = ready_ds(c, id, idn);
+                if (d) route_viewer(c, d, vroute, sub);
+                return;
+            }
             int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
                        (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
             if (!*sub || meta) c->route = IV_R_DATASET;
@@ -2033,6 +2085,7 @@ cleanup:
     for (size_t i = 0; s->ds && i < s->n_ds; i++) {
         iv_meta_free(s->ds[i].meta);
         if (s->ds[i].ds) iv_dataset_close(s->ds[i].ds);
+        iv_vds_free(s->ds[i].vx);
         free(s->ds[i].doc);
     }
     free(s->ds);

@@ -16,6 +16,12 @@ the original obs index of every row.  Needs numpy, scipy and requests.
     g.var           # var index of each gene column
     d = c.query("pbmc", var=["CD3E", "MS4A1"], dense=True)
     d.dense         # numpy array (genes x selected cells), zero where nothing is stored
+
+Names come from the dataset's obs index, fetched once per dataset and
+client (paged through GET .../obs/{index}) and cached; pass names=False to
+query() to skip that.  Names the server dropped (missing="ignore") or
+matched only by ignoring case are in res.dropped, the parsed
+X-Ivserve-Dropped-Names header (None when it was not sent).
 """
 import base64
 import json
@@ -41,9 +47,9 @@ class ServerError(Exception):
 
 
 class Result:
-    def __init__(self, matrix, obs, obs_names=None, var=None, dense=None):
+    def __init__(self, matrix, obs, obs_names=None, var=None, dense=None, dropped=None):
         self.matrix, self.obs, self.obs_names = matrix, obs, obs_names
-        self.var, self.dense = var, dense
+        self.var, self.dense, self.dropped = var, dense, dropped
 
 
 def _by_var(shape, ids, indptr_parts, index_parts, data_parts, dtype):
@@ -239,6 +245,7 @@ class Client:
         self.timeout = timeout
         if token:
             self.s.headers["Authorization"] = f"Bearer {token}"
+        self._obs_names = {}
 
     def _check(self, r):
         if r.status_code >= 400:
@@ -271,10 +278,35 @@ class Client:
         r = self.s.post(f"{self.base}/v1/datasets/{ds}/count", json=self._body(obs, var), timeout=self.timeout)
         return self._check(r).json()
 
-    def query(self, ds, obs=None, var=None, format="binary", by=None, dense=False):
+    def obs_names(self, ds, page=100000):
+        """Every obs name of dataset ds as a numpy object array (cached), or
+        None when the server has no obs metadata for it."""
+        if ds in self._obs_names:
+            return self._obs_names[ds]
+        doc = self.dataset(ds)
+        frame = doc.get("obs")
+        if not frame or not frame.get("index"):
+            self._obs_names[ds] = None
+            return None
+        col = requests.utils.quote(frame["index"], safe="")
+        names, offset = [], 0
+        while True:
+            r = self.s.get(f"{self.base}/v1/datasets/{ds}/obs/{col}",
+                           params={"offset": offset, "limit": page}, timeout=self.timeout)
+            vals = self._check(r).json()["values"]
+            names.extend(vals)
+            offset += len(vals)
+            if len(vals) < page or offset >= frame["n_rows"]:
+                break
+        arr = np.array(names, dtype=object)
+        self._obs_names[ds] = arr
+        return arr
+
+    def query(self, ds, obs=None, var=None, format="binary", by=None, dense=False, names=True):
         """by="var" gives gene rows (Result.matrix is the CSC of the result,
         Result.var the gene of each column); dense=True gives
-        Result.dense, one row of values per gene over the selected cells."""
+        Result.dense, one row of values per gene over the selected cells.
+        Cell rows carry Result.obs_names (names=False skips fetching them)."""
         r = self.s.post(
             f"{self.base}/v1/datasets/{ds}/query",
             json=self._body(obs, var, by, dense),
@@ -283,7 +315,18 @@ class Client:
         )
         self._check(r)
         if format == "binary":
-            return _parse_binary(r.content, by == "var" or dense, dense)
-        if format == "ndjson":
-            return _parse_ndjson(r.text)
-        return _parse_json(r.content)
+            res = _parse_binary(r.content, by == "var" or dense, dense)
+        elif format == "ndjson":
+            res = _parse_ndjson(r.text)
+        else:
+            res = _parse_json(r.content)
+        dropped = r.headers.get("X-Ivserve-Dropped-Names")
+        res.dropped = json.loads(dropped) if dropped else None
+        if names and res.obs is not None and res.var is None and res.dense is None:
+            try:
+                allnames = self.obs_names(ds)
+            except ServerError:
+                allnames = None  # names are a convenience: the matrix still stands
+            if allnames is not None:
+                res.obs_names = allnames[res.obs]
+        return res

@@ -1,0 +1,1129 @@
+/*
+ * Viewer routes (see routes_viewer.h).
+ *
+ * Design.  Every route here answers with one body built on a worker, of
+ * a size the request bounds (an embedding is at most the array; a search
+ * is `limit` rows; an aggregate is groups x genes x stats), so nothing is
+ * streamed block by block: the server sends the finished buffer with a
+ * Content-Length.  The expensive part of an aggregate, the decode of the
+ * selection, is spread over the pool with iv_pool_parallel_for from the
+ * worker that runs the request; the caller takes part, so it cannot
+ * deadlock on a busy pool.
+ *
+ * Selections reuse the query route's parser and name/filter resolution
+ * unchanged, so "any selection form the query route takes" is literally
+ * the same code: the route's own parameters (dtype, q, group_by, ...) are
+ * taken out of the query string or JSON body first and the rest goes to
+ * iv_qreq_parse_*.
+ */
+#include "routes_viewer.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <sys/stat.h>
+
+#include <brotli/encode.h>
+#include <cjson/cJSON.h>
+#include <zlib.h>
+
+#include "aggregate.h"
+#include "enc_viewer.h"
+#include "obsm.h"
+#include "query.h"
+#include "request.h"
+#include "routes_meta.h"
+#include "search.h"
+
+#define SEARCH_LIMIT_DEFAULT 20
+#define SEARCH_LIMIT_MAX 1000
+/* Most group combinations an aggregate may span, and the memory its
+ * partial accumulators may take together. */
+#define AGG_MAX_COMBOS ((int64_t)1 << 20)
+#define AGG_PART_BUDGET ((size_t)512 << 20)
+#define AGG_MAX_GROUP_BY 8
+
+/* Compression levels, from the per-thread cost table in benchmarks/README.md. */
+#define GZIP_LEVEL 1
+#define BR_QUALITY 1
+
+#define MEDIA_ARRAY "application/vnd.ivserve.array"
+#define MEDIA_AGG "application/vnd.ivserve.aggregate"
+
+/* ---- per-dataset state -------------------------------------------------- */
+
+typedef struct sidx {
+    iv_axis_t axis;
+    const iv_meta_col_t *col;
+    iv_search_t *s;
+} sidx_t;
+
+struct iv_vds {
+    char identity[96];        /* content identity for ETags (iv_vds_identity) */
+    iv_marrays_t *arrays;
+    char arrays_err[256];
+    iv_meta_t *meta;
+    pthread_mutex_t mu;       /* guards idx (lazy search indexes) */
+    sidx_t *idx;
+    size_t n_idx, cap_idx;
+    size_t search_bytes;
+};
+
+static const char *col_get(const void *ctx, int64_t i)
+{
+    const iv_meta_col_t *c = ctx;
+    if (c->mask && c->mask[i]) return NULL;
+    if (c->type == IV_COL_CATEGORICAL) {
+        int32_t k = c->codes[i];
+        return k >= 0 && k < c->n_cats ? iv_meta_col_cat(c, k) : NULL;
+    }
+    return iv_meta_col_str(c, i);
+}
+
+/* The search index of a column, built on first use (lock held by caller). */
+static int search_index_locked(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t *col,
+                               const iv_search_t **out, iv_err_t *err)
+{
+    for (size_t i = 0; i < v->n_idx; i++)
+        if (v->idx[i].col == col) {
+            *out = v->idx[i].s;
+            return 0;
+        }
+    if (v->n_idx == v->cap_idx) {
+        size_t nc = v->cap_idx ? v->cap_idx * 2 : 8;
+        sidx_t *n = realloc(v->idx, nc * sizeof *n);
+        if (!n) return iv_fail(err, IV_ENOMEM, "out of memory for a search index");
+        v->idx = n;
+        v->cap_idx = nc;
+    }
+    iv_search_t *s = NULL;
+    IV_TRY(iv_search_build(col->n, col_get, col, &s, err));
+    v->idx[v->n_idx++] = (sidx_t){axis, col, s};
+    v->search_bytes += iv_search_bytes(s);
+    *out = s;
+    return 0;
+}
+
+static int search_index(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t *col,
+                        const iv_search_t **out, iv_err_t *err)
+{
+    pthread_mutex_lock(&v->mu);
+    int rc = search_index_locked(v, axis, col, out, err);
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
+
+static int is_text(const iv_meta_col_t *c)
+{
+    return c->type == IV_COL_STRING || c->type == IV_COL_CATEGORICAL;
+}
+
+iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
+{
+    iv_vds_t *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    pthread_mutex_init(&v->mu, NULL);
+    v->meta = meta;
+    struct stat st;
+    if (stat(path, &st) == 0)
+        snprintf(v->identity, sizeof v->identity, "%llx-%llx-%llx-%lld.%09ld",
+                 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                 (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    const iv_dataset_info_t *in = iv_dataset_info(ds);
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (iv_marrays_load(path, in->n_rows, in->n_cols, &v->arrays, &e) != 0)
+        snprintf(v->arrays_err, sizeof v->arrays_err, "%.250s", e.msg);
+    if (meta) {
+        /* Names indexes of both axes and var's text columns are searched
+         * most and are small enough to index ahead (a gene table's
+         * columns take a few MB); other obs columns are indexed on first
+         * use. */
+        const iv_search_t *s;
+        pthread_mutex_lock(&v->mu);
+        for (int ax = 0; ax < 2; ax++) {
+            iv_axis_t axis = ax ? IV_AXIS_VAR : IV_AXIS_OBS;
+            const iv_meta_col_t *ix = iv_meta_index(meta, axis);
+            if (ix) search_index_locked(v, axis, ix, &s, &e);
+        }
+        for (size_t i = 0; i < iv_meta_n_cols(meta, IV_AXIS_VAR); i++) {
+            const iv_meta_col_t *c = iv_meta_col(meta, IV_AXIS_VAR, i);
+            if (is_text(c)) search_index_locked(v, IV_AXIS_VAR, c, &s, &e);
+        }
+        pthread_mutex_unlock(&v->mu);
+    }
+    return v;
+}
+
+const char *iv_vds_identity(const iv_vds_t *v)
+{
+    return v ? v->identity : "";
+}
+
+void iv_vds_free(iv_vds_t *v)
+{
+    if (!v) return;
+    iv_marrays_free(v->arrays);
+    for (size_t i = 0; i < v->n_idx; i++) iv_search_free(v->idx[i].s);
+    free(v->idx);
+    pthread_mutex_destroy(&v->mu);
+    free(v);
+}
+
+void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
+{
+    const iv_marrays_t *s = v ? v->arrays : NULL;
+    for (int ax = 0; ax < 2; ax++) {
+        iv_axis_t axis = ax ? IV_AXIS_VAR : IV_AXIS_OBS;
+        iv_buf_puts(b, ax ? ",\"varm\":[" : ",\"obsm\":[");
+        int first = 1;
+        for (size_t i = 0; s && i < s->n; i++) {
+            const iv_marray_t *a = &s->a[i];
+            if (a->axis != axis) continue;
+            iv_buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
+            first = 0;
+            iv_buf_json_str(b, a->name);
+            iv_buf_puts(b, ",\"encoding\":");
+            iv_buf_json_str(b, a->encoding);
+            if (a->data) {
+                iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"%s\",\"bytes\":%zu"
+                                 ",\"servable\":true}",
+                              a->n_rows, a->n_cols, iv_dtype_name(a->dtype),
+                              (size_t)a->n_rows * (size_t)a->n_cols * iv_dtype_size(a->dtype));
+            } else {
+                iv_buf_puts(b, ",\"servable\":false,\"reason\":");
+                iv_buf_json_str(b, a->why);
+                iv_buf_puts(b, "}");
+            }
+        }
+        iv_buf_puts(b, "]");
+    }
+    if (v && v->arrays_err[0]) {
+        iv_buf_puts(b, ",\"obsm_error\":");
+        iv_buf_json_str(b, v->arrays_err);
+    }
+    iv_buf_printf(b, ",\"viewer_bytes\":{\"arrays\":%zu,\"search\":%zu}", s ? s->bytes : 0,
+                  v ? v->search_bytes : 0);
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+int iv_vroute_match(const char *sub)
+{
+    if (!strcmp(sub, "/aggregate")) return IV_VR_AGGREGATE;
+    if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
+    if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
+    int obsm = !strncmp(sub, "/obsm/", 6), varm = !strncmp(sub, "/varm/", 6);
+    if ((obsm || varm) && sub[6] && !strchr(sub + 6, '/')) return obsm ? IV_VR_OBSM : IV_VR_VARM;
+    return IV_VR_NONE;
+}
+
+int iv_vroute_allows_post(int route)
+{
+    return route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_AGGREGATE;
+}
+
+iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *query, char *body,
+                       size_t body_len, const char *accept, int *bad_name)
+{
+    *bad_name = 0;
+    iv_vreq_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        free(body);
+        return NULL;
+    }
+    iv_buf_init(&r->out);
+    r->route = route;
+    r->is_post = is_post;
+    r->body = body;
+    r->body_len = body_len;
+    r->query = strdup(query ? query : "");
+    if (accept) r->accept = strdup(accept);
+    if (route == IV_VR_OBSM || route == IV_VR_VARM) {
+        r->name = iv_url_decode(sub + 6, strlen(sub + 6));
+        if (!r->name) *bad_name = 1;
+    }
+    if (!r->query || (accept && !r->accept) || *bad_name) {
+        iv_vreq_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void iv_vreq_free(iv_vreq_t *r)
+{
+    if (!r) return;
+    free(r->name);
+    free(r->query);
+    free(r->body);
+    free(r->accept);
+    free(r->if_none_match);
+    free(r->accept_encoding);
+    free(r->dropped);
+    iv_buf_free(&r->out);
+    free(r);
+}
+
+/* ---- parameters ---------------------------------------------------------- */
+
+/* A route's own parameters, taken out of the request before the rest goes
+ * to the selection parser.  vals[i] is the value of keys[i] (owned) or
+ * NULL; for a JSON body, items[i] is the detached JSON value instead. */
+typedef struct params {
+    const char *const *keys;
+    size_t n;
+    char *vals[8];
+    cJSON *items[8];
+    iv_qreq_t qr;
+    int have_qr;
+} params_t;
+
+static void params_free(params_t *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        free(p->vals[i]);
+        cJSON_Delete(p->items[i]);
+    }
+    if (p->have_qr) iv_qreq_free(&p->qr);
+}
+
+struct qs_split {
+    params_t *p;
+    iv_buf_t *rest;
+};
+
+static int key_slot(const params_t *p, const char *key)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (!strcmp(p->keys[i], key)) return (int)i;
+    return -1;
+}
+
+/*
+ * Parses the request's parameters: the route's keys are taken out (from
+ * the query string, or from the JSON body of a POST), and the remainder
+ * is parsed as a query selection against axis lengths n_obs / n_var.
+ */
+static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t n_var, iv_err_t *err)
+{
+    if (!r->is_post) {
+        iv_buf_t rest;
+        iv_buf_init(&rest);
+        const char *qs = r->query;
+        size_t len = strlen(qs), i = 0;
+        int rc = 0;
+        while (i < len && rc == 0) {
+            size_t j = i;
+            while (j < len && qs[j] != '&') j++;
+            if (j > i) {
+                const char *eq = memchr(qs + i, '=', j - i);
+                size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
+                char *key = iv_url_decode(qs + i, klen);
+                int slot = key ? key_slot(p, key) : -1;
+                if (!key) {
+                    rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
+                } else if (slot >= 0) {
+                    if (p->vals[slot]) {
+                        rc = iv_fail(err, IV_EBAD_REQUEST, "%s is given more than once", key);
+                    } else {
+                        p->vals[slot] = eq ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1))
+                                           : strdup("");
+                        if (!p->vals[slot])
+                            rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in %s", key);
+                    }
+                } else {
+                    if (rest.len) iv_buf_append(&rest, "&", 1);
+                    iv_buf_append(&rest, qs + i, j - i);
+                }
+                free(key);
+            }
+            i = j + 1;
+        }
+        if (rc == 0 && rest.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        if (rc == 0) {
+            rc = iv_qreq_parse_query(rest.data ? rest.data : "", rest.len, n_obs, n_var, &p->qr, err);
+            p->have_qr = rc == 0;
+        }
+        iv_buf_free(&rest);
+        return rc;
+    }
+    cJSON *root = cJSON_ParseWithLength(r->body ? r->body : "", r->body_len);
+    if (!root && r->body_len == 0) root = cJSON_CreateObject();
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return iv_fail(err, IV_EBAD_JSON, "the request body must be a JSON object");
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->items[i] = cJSON_DetachItemFromObjectCaseSensitive(root, p->keys[i]);
+    char *restj = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!restj) return iv_fail(err, IV_ENOMEM, "out of memory");
+    int rc = iv_qreq_parse_json(restj, strlen(restj), n_obs, n_var, &p->qr, err);
+    free(restj);
+    p->have_qr = rc == 0;
+    return rc;
+}
+
+/* Parameter i as a string (a JSON string, or the query-string value). */
+static int param_str(params_t *p, size_t i, const char **out, iv_err_t *err)
+{
+    *out = NULL;
+    if (p->vals[i]) {
+        *out = p->vals[i];
+    } else if (p->items[i]) {
+        if (!cJSON_IsString(p->items[i]))
+            return iv_fail(err, IV_EBAD_REQUEST, "%s must be a string", p->keys[i]);
+        *out = p->items[i]->valuestring;
+    }
+    return 0;
+}
+
+/* Parameter i as an integer in [lo, hi]; *out keeps its value when absent. */
+static int param_int(params_t *p, size_t i, int64_t lo, int64_t hi, int64_t *out, iv_err_t *err)
+{
+    if (p->items[i]) {
+        const cJSON *v = p->items[i];
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+            v->valuedouble > (double)hi)
+            return iv_fail(err, IV_EBAD_REQUEST, "%s must be an integer in [%" PRId64 ", %" PRId64 "]",
+                           p->keys[i], lo, hi);
+        *out = (int64_t)v->valuedouble;
+        return 0;
+    }
+    if (!p->vals[i]) return 0;
+    const char *s = p->vals[i];
+    char *end = NULL;
+    long long x = strtoll(s, &end, 10);
+    if (!*s || *end || x < lo || x > hi)
+        return iv_fail(err, IV_EBAD_REQUEST, "%s=%.40s must be an integer in [%" PRId64 ", %" PRId64 "]",
+                       p->keys[i], s, lo, hi);
+    *out = x;
+    return 0;
+}
+
+/*
+ * Parameter i as a list of strings: a JSON array of strings or a string,
+ * or a comma-separated query-string value.  *out is an owned array of n
+ * borrowed strings (into p), or NULL when absent.
+ */
+static int param_list(params_t *p, size_t i, const char ***out, size_t *n, iv_err_t *err)
+{
+    *out = NULL;
+    *n = 0;
+    const char **v = NULL;
+    size_t cnt = 0;
+    if (p->vals[i]) {
+        char *s = p->vals[i];
+        size_t cap = 1;
+        for (char *q = s; *q; q++) cap += *q == ',';
+        v = calloc(cap, sizeof *v);
+        if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
+        for (char *tok = s; tok;) {
+            char *comma = strchr(tok, ',');
+            if (comma) *comma = '\0';
+            if (*tok) v[cnt++] = tok;
+            tok = comma ? comma + 1 : NULL;
+        }
+    } else if (p->items[i]) {
+        const cJSON *it = p->items[i];
+        if (cJSON_IsString(it)) {
+            v = calloc(1, sizeof *v);
+            if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
+            v[cnt++] = it->valuestring;
+        } else if (cJSON_IsArray(it)) {
+            v = calloc((size_t)cJSON_GetArraySize(it) + 1, sizeof *v);
+            if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it)
+            {
+                if (!cJSON_IsString(e)) {
+                    free(v);
+                    return iv_fail(err, IV_EBAD_REQUEST, "%s must be a list of strings", p->keys[i]);
+                }
+                v[cnt++] = e->valuestring;
+            }
+        } else {
+            return iv_fail(err, IV_EBAD_REQUEST, "%s must be a string or a list of strings", p->keys[i]);
+        }
+    } else {
+        return 0;
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+/* The output format: the format parameter, else Accept (extra: this
+ * route's own binary media type, which also means binary). */
+static int pick_format(const iv_vreq_t *r, iv_fmt_t given, const char *own_media, iv_fmt_t dflt,
+                       iv_fmt_t *out, iv_err_t *err)
+{
+    if (given != IV_FMT_NONE) {
+        *out = given;
+        return 0;
+    }
+    const char *a = r->accept;
+    if (!a || !*a) {
+        *out = dflt;
+        return 0;
+    }
+    if (strstr(a, own_media)) {
+        *out = IV_FMT_BINARY;
+        return 0;
+    }
+    /* A browser's fetch() sends a wildcard: give it the route's default. */
+    if (!strstr(a, "application/json") && !strstr(a, "application/x-ndjson") &&
+        !strstr(a, "application/vnd.ivserve.csr") && (strstr(a, "*/*") || strstr(a, "application/*"))) {
+        *out = dflt;
+        return 0;
+    }
+    *out = iv_fmt_from_accept(a);
+    if (*out == IV_FMT_NONE)
+        return iv_fail(err, IV_ENOT_ACCEPTABLE, "acceptable encodings: %s, application/x-ndjson, "
+                       "application/json", own_media);
+    return 0;
+}
+
+static const char *fmt_media(iv_fmt_t f, const char *own_media)
+{
+    return f == IV_FMT_BINARY ? own_media : f == IV_FMT_NDJSON ? "application/x-ndjson" : "application/json";
+}
+
+static int has_selection(const iv_psel_t *p)
+{
+    return p->kind != IV_PSEL_ALL || p->filter != NULL;
+}
+
+/* ---- obsm / varm ---------------------------------------------------------- */
+
+static int run_marray(iv_vreq_t *r, iv_err_t *err)
+{
+    iv_axis_t axis = r->route == IV_VR_OBSM ? IV_AXIS_OBS : IV_AXIS_VAR;
+    const char *axn = axis == IV_AXIS_OBS ? "obs" : "var";
+    const iv_marray_t *a = iv_marrays_find(r->vx ? r->vx->arrays : NULL, axis, r->name);
+    if (!a) return iv_fail(err, IV_ENOT_FOUND, "the dataset has no %sm element '%.100s'", axn, r->name);
+    if (!a->data)
+        return iv_fail(err, IV_EBAD_SELECTION, "%sm/%.100s is not served: %s", axn, r->name, a->why);
+    static const char *const keys[] = {"dtype"};
+    params_t p;
+    memset(&p, 0, sizeof p);
+    p.keys = keys;
+    p.n = 1;
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    int rc = params_parse(&p, r, in->n_rows, in->n_cols, err);
+    const char *dt = NULL;
+    iv_dtype_t to = a->dtype;
+    iv_fmt_t fmt = IV_FMT_NONE;
+    if (rc != 0) goto out;
+    if ((rc = param_str(&p, 0, &dt, err)) != 0) goto out;
+    if (dt && !strcmp(dt, "float32")) to = IV_DT_FLOAT32;
+    else if (dt && !strcmp(dt, "float64")) to = IV_DT_FLOAT64;
+    else if (dt && strcmp(dt, iv_dtype_name(a->dtype)) != 0) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "dtype=%.40s: expected float32, float64 or %s", dt,
+                     iv_dtype_name(a->dtype));
+        goto out;
+    }
+    iv_psel_t *sel = axis == IV_AXIS_OBS ? &p.qr.obs : &p.qr.var;
+    iv_psel_t *other = axis == IV_AXIS_OBS ? &p.qr.var : &p.qr.obs;
+    if (has_selection(other)) {
+        rc = iv_fail(err, IV_EBAD_SELECTION, "%sm/%.100s takes a %s selection only", axn, r->name, axn);
+        goto out;
+    }
+    if ((rc = iv_rmeta_resolve_query(r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
+    if ((rc = pick_format(r, p.qr.format, MEDIA_ARRAY, IV_FMT_BINARY, &fmt, err)) != 0) goto out;
+    int all = sel->kind == IV_PSEL_ALL;
+    int64_t n = all ? a->n_rows : sel->n;
+    if (fmt != IV_FMT_BINARY && (uint64_t)n * (uint64_t)(a->n_cols + 1) * 2 > r->json_bytes) {
+        /* At two bytes a number ("0,") the document would already be too big. */
+        rc = iv_fail(err, IV_ETOO_LARGE,
+                     "%" PRId64 " rows of %sm/%.100s exceed the JSON limit of %zu bytes; ask for "
+                     MEDIA_ARRAY " or a smaller selection",
+                     n, axn, r->name, r->json_bytes);
+        goto out;
+    }
+    void *vals = NULL;
+    const void *src = a->data;
+    if (!all || to != a->dtype) {
+        vals = malloc((size_t)n * (size_t)a->n_cols * iv_dtype_size(to) + 1);
+        if (!vals) {
+            rc = iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " rows", n);
+            goto out;
+        }
+        iv_marray_gather(a, all ? NULL : sel->idx, n, to, vals);
+        src = vals;
+    }
+    iv_dense_t d = {a->name, axn, n, a->n_cols, to, src, all ? NULL : sel->idx};
+    iv_enc_dense(&r->out, fmt, &d);
+    free(vals);
+    r->ctype = fmt_media(fmt, MEDIA_ARRAY);
+    if (r->out.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory encoding %sm/%.100s", axn, r->name);
+    else if (fmt != IV_FMT_BINARY && r->out.len > r->json_bytes)
+        rc = iv_fail(err, IV_ETOO_LARGE, "the result exceeds the JSON limit of %zu bytes; ask for "
+                     MEDIA_ARRAY " or a smaller selection", r->json_bytes);
+out:
+    params_free(&p);
+    return rc;
+}
+
+/* ---- search ------------------------------------------------------------- */
+
+static int run_search(iv_vreq_t *r, iv_err_t *err)
+{
+    iv_axis_t axis = r->route == IV_VR_OBS_SEARCH ? IV_AXIS_OBS : IV_AXIS_VAR;
+    const char *axn = axis == IV_AXIS_OBS ? "obs" : "var";
+    if (r->is_post) return iv_fail(err, IV_EMETHOD, "search takes GET");
+    if (!r->meta || !r->vx)
+        return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    static const char *const keys[] = {"q", "limit", "by"};
+    params_t p;
+    memset(&p, 0, sizeof p);
+    p.keys = keys;
+    p.n = 3;
+    /* Only q, limit and by are known: anything left is a selection the
+     * search does not take. */
+    int rc = 0;
+    const char *q = NULL, *by = NULL;
+    int64_t limit = SEARCH_LIMIT_DEFAULT;
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    if ((rc = params_parse(&p, r, in->n_rows, in->n_cols, err)) != 0) goto out;
+    if (has_selection(&p.qr.obs) || has_selection(&p.qr.var) || p.qr.format != IV_FMT_NONE) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "search takes the parameters q, limit and by only");
+        goto out;
+    }
+    if ((rc = param_str(&p, 0, &q, err)) != 0 || (rc = param_str(&p, 2, &by, err)) != 0 ||
+        (rc = param_int(&p, 1, 1, SEARCH_LIMIT_MAX, &limit, err)) != 0)
+        goto out;
+    if (!q || !*q) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "q (the text to search for) is required");
+        goto out;
+    }
+    const iv_meta_col_t *ix = iv_meta_index(r->meta, axis);
+    const iv_meta_col_t *col = by ? iv_meta_find_col(r->meta, axis, by) : ix;
+    if (!col) {
+        rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axn, by);
+        goto out;
+    }
+    if (!is_text(col)) {
+        rc = iv_fail(err, IV_EBAD_SELECTION, "%s column '%.80s' holds %s values, not names", axn,
+                     col->name, iv_col_type_name(col->type));
+        goto out;
+    }
+    const iv_search_t *s = NULL;
+    if ((rc = search_index(r->vx, axis, col, &s, err)) != 0) goto out;
+    iv_search_hit_t *hits = malloc((size_t)limit * sizeof *hits);
+    if (!hits) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        goto out;
+    }
+    int64_t total = 0, k = iv_search_run(s, q, strlen(q), limit, hits, &total);
+    if (k < 0) {
+        free(hits);
+        rc = iv_fail(err, IV_ENOMEM, "out of memory searching");
+        goto out;
+    }
+    iv_buf_t *b = &r->out;
+    iv_buf_puts(b, "{\"q\":");
+    iv_buf_json_str(b, q);
+    iv_buf_printf(b, ",\"axis\":\"%s\",\"by\":", axn);
+    iv_buf_json_str(b, col->name);
+    iv_buf_printf(b, ",\"total\":%" PRId64 ",\"results\":[", total);
+    for (int64_t i = 0; i < k; i++) {
+        int64_t row = hits[i].row;
+        iv_buf_printf(b, i ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", row);
+        const char *nm = ix ? col_get(ix, row) : NULL;
+        if (nm) iv_buf_json_str(b, nm);
+        else iv_buf_puts(b, "null");
+        if (col != ix) {
+            iv_buf_puts(b, ",\"value\":");
+            iv_buf_json_str(b, col_get(col, row));
+        }
+        iv_buf_printf(b, ",\"match\":\"%s\"}", iv_match_name(hits[i].kind));
+    }
+    iv_buf_puts(b, "]}");
+    free(hits);
+    r->ctype = "application/json";
+    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+out:
+    params_free(&p);
+    return rc;
+}
+
+/* ---- aggregate ------------------------------------------------------------ */
+
+typedef struct aggrun {
+    iv_query_t *q;
+    iv_agg_t *acc;
+    const int32_t *cell_group;   /* group of each position of the obs selection */
+    int cell_major;              /* blocks are cell rows (IVCSR) */
+    int64_t n_blocks;
+    unsigned n_parts;
+    atomic_int failed;
+    pthread_mutex_t mu;
+    int rc;
+    iv_err_t err;
+} aggrun_t;
+
+/* Partial p takes blocks p, p + n_parts, ...: a fixed assignment, so the
+ * float sums do not depend on which thread ran what. */
+static void agg_part(void *arg, size_t part)
+{
+    aggrun_t *ar = arg;
+    for (int64_t b = (int64_t)part; b < ar->n_blocks && !atomic_load(&ar->failed); b += ar->n_parts) {
+        iv_block_t blk;
+        memset(&blk, 0, sizeof blk);
+        iv_err_t e;
+        iv_err_clear(&e);
+        int rc = iv_query_decode_block(ar->q, b, &blk, &e);
+        if (rc != 0) {
+            pthread_mutex_lock(&ar->mu);
+            if (ar->rc == 0) {
+                ar->rc = rc;
+                ar->err = e;
+            }
+            pthread_mutex_unlock(&ar->mu);
+            atomic_store(&ar->failed, 1);
+            iv_block_free(&blk);
+            return;
+        }
+        if (ar->cell_major)
+            iv_agg_add_rows(ar->acc, (unsigned)part, blk.n_rows, ar->cell_group + blk.row0, blk.indptr,
+                            blk.indices, blk.index_size, blk.data, blk.dtype);
+        else
+            iv_agg_add_cols(ar->acc, (unsigned)part, blk.row0, blk.n_rows, ar->cell_group, blk.indptr,
+                            blk.indices, blk.index_size, blk.data, blk.dtype);
+        iv_block_free(&blk);
+    }
+}
+
+static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
+{
+    if (!r->meta) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    static const char *const keys[] = {"group_by", "stats", "ddof"};
+    params_t p;
+    memset(&p, 0, sizeof p);
+    p.keys = keys;
+    p.n = 3;
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    const char **gb = NULL, **st = NULL;
+    size_t n_gb = 0, n_st = 0;
+    int64_t ddof = 1;
+    int32_t *cell_group = NULL;
+    int64_t *combo_dense = NULL, *n_cells = NULL, *combo_of_group = NULL;
+    double *vals = NULL;
+    iv_query_t *q = NULL;
+    iv_agg_t *acc = NULL;
+    const iv_meta_col_t *gcols[AGG_MAX_GROUP_BY];
+    int stat_bits[IV_STAT_COUNT];
+    unsigned mask = 0;
+    iv_fmt_t fmt = IV_FMT_NONE;
+    int rc = params_parse(&p, r, in->n_rows, in->n_cols, err);
+    if (rc != 0) goto out;
+    if ((rc = param_list(&p, 0, &gb, &n_gb, err)) != 0 || (rc = param_list(&p, 1, &st, &n_st, err)) != 0 ||
+        (rc = param_int(&p, 2, 0, 1, &ddof, err)) != 0)
+        goto out;
+    if (n_gb == 0 || n_gb > AGG_MAX_GROUP_BY) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "group_by must name 1 to %d categorical obs columns",
+                     AGG_MAX_GROUP_BY);
+        goto out;
+    }
+    if (n_st == 0) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "stats must name at least one of sum, mean, var, nnz, "
+                     "frac_nonzero, max");
+        goto out;
+    }
+    for (size_t i = 0; i < n_st; i++) {
+        int bit = iv_stat_parse(st[i]);
+        if (!bit) {
+            rc = iv_fail(err, IV_EBAD_REQUEST, "unknown statistic '%.40s' (expected sum, mean, var, "
+                         "nnz, frac_nonzero, max)", st[i]);
+            goto out;
+        }
+        if (mask & (unsigned)bit) {
+            rc = iv_fail(err, IV_EBAD_REQUEST, "statistic '%s' is named twice", st[i]);
+            goto out;
+        }
+        mask |= (unsigned)bit;
+        stat_bits[i] = bit;
+    }
+    int64_t n_combos = 1;
+    for (size_t i = 0; i < n_gb; i++) {
+        const iv_meta_col_t *c = iv_meta_find_col(r->meta, IV_AXIS_OBS, gb[i]);
+        if (!c) {
+            rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", gb[i]);
+            goto out;
+        }
+        if (c->type != IV_COL_CATEGORICAL) {
+            rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is %s, not categorical",
+                         gb[i], iv_col_type_name(c->type));
+            goto out;
+        }
+        gcols[i] = c;
+        n_combos *= c->n_cats > 0 ? c->n_cats : 1;
+        if (n_combos > AGG_MAX_COMBOS) {
+            rc = iv_fail(err, IV_ETOO_LARGE, "group_by spans more than %" PRId64 " category combinations",
+                         AGG_MAX_COMBOS);
+            goto out;
+        }
+    }
+    if ((rc = iv_rmeta_resolve_query(r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
+    if ((rc = pick_format(r, p.qr.format, MEDIA_AGG, IV_FMT_JSON, &fmt, err)) != 0) goto out;
+    if (fmt == IV_FMT_NDJSON) {
+        rc = iv_fail(err, IV_ENOT_ACCEPTABLE, "aggregate answers application/json or " MEDIA_AGG);
+        goto out;
+    }
+    /* The obs selection as positions -> rows, and each position's group. */
+    iv_sel_t so = iv_psel_view(&p.qr.obs), sv = iv_psel_view(&p.qr.var);
+    int64_t n_obs = so.all ? in->n_rows : so.n, n_var = sv.all ? in->n_cols : sv.n;
+    cell_group = malloc((size_t)(n_obs ? n_obs : 1) * sizeof *cell_group);
+    combo_dense = malloc((size_t)n_combos * sizeof *combo_dense);
+    if (!cell_group || !combo_dense) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int64_t k = 0; k < n_combos; k++) combo_dense[k] = 0;
+    for (int64_t i = 0; i < n_obs; i++) {
+        int64_t row = so.all ? i : so.idx[i], code = 0;
+        for (size_t g = 0; g < n_gb && code >= 0; g++) {
+            const iv_meta_col_t *c = gcols[g];
+            int32_t k = c->codes[row];
+            /* A cell missing any group value is left out, as pandas'
+             * groupby drops NaN keys. */
+            if (k < 0 || k >= c->n_cats || (c->mask && c->mask[row])) code = -1;
+            else code = code * c->n_cats + k;
+        }
+        cell_group[i] = (int32_t)code;
+        if (code >= 0) combo_dense[code]++;
+    }
+    /* Observed combinations only, in category order (pandas observed=True). */
+    int64_t n_groups = 0;
+    for (int64_t k = 0; k < n_combos; k++)
+        if (combo_dense[k]) n_groups++;
+    n_cells = malloc((size_t)(n_groups ? n_groups : 1) * sizeof *n_cells);
+    combo_of_group = malloc((size_t)(n_groups ? n_groups : 1) * sizeof *combo_of_group);
+    if (!n_cells || !combo_of_group) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int64_t k = 0, g = 0; k < n_combos; k++) {
+        if (!combo_dense[k]) {
+            combo_dense[k] = -1;
+            continue;
+        }
+        n_cells[g] = combo_dense[k];
+        combo_of_group[g] = k;
+        combo_dense[k] = g++;
+    }
+    for (int64_t i = 0; i < n_obs; i++)
+        if (cell_group[i] >= 0) cell_group[i] = (int32_t)combo_dense[cell_group[i]];
+    /* Output size: refuse early rather than after the decode. */
+    uint64_t cells = (uint64_t)n_groups * (uint64_t)n_var * n_st;
+    if (fmt == IV_FMT_JSON && cells * 2 > r->json_bytes) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats exceed the "
+                     "JSON limit of %zu bytes; ask for " MEDIA_AGG,
+                     n_groups, n_var, n_st, r->json_bytes);
+        goto out;
+    }
+    size_t part = iv_agg_part_bytes(n_groups, n_var, mask);
+    if (part > AGG_PART_BUDGET) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes need %zu bytes of "
+                     "accumulators, more than the %zu allowed",
+                     n_groups, n_var, part, AGG_PART_BUDGET);
+        goto out;
+    }
+    /* Blocks in the serving orientation's own slices, whichever it is: the
+     * planner picks the copy that decodes fewer bytes (the gene-major one
+     * for a few genes over many cells), and the accumulation follows it. */
+    iv_query_opts_t qo = {.axis = IV_OUT_MAJOR, .pick = IV_PICK_AUTO};
+    if ((rc = iv_query_new(r->ds, &so, &sv, &qo, &q, err)) != 0) goto out;
+    int64_t nb = iv_query_n_blocks(q);
+    unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
+    if ((int64_t)n_parts > nb) n_parts = nb > 0 ? (unsigned)nb : 1;
+    while (n_parts > 1 && part * n_parts > AGG_PART_BUDGET) n_parts--;
+    if ((rc = iv_agg_new(n_groups, n_var, mask, n_parts, &acc, err)) != 0) goto out;
+    aggrun_t ar;
+    memset(&ar, 0, sizeof ar);
+    ar.q = q;
+    ar.acc = acc;
+    ar.cell_group = cell_group;
+    ar.cell_major = iv_query_orient(q) == IV_IVCSR;
+    ar.n_blocks = nb;
+    ar.n_parts = n_parts;
+    atomic_init(&ar.failed, 0);
+    pthread_mutex_init(&ar.mu, NULL);
+    iv_err_clear(&ar.err);
+    iv_pool_parallel_for(r->pool, n_parts, 0, agg_part, &ar);
+    pthread_mutex_destroy(&ar.mu);
+    if (ar.rc != 0) {
+        *err = ar.err;
+        rc = ar.rc;
+        goto out;
+    }
+    size_t per = (size_t)n_groups * (size_t)n_var;
+    vals = malloc((per ? per : 1) * n_st * sizeof *vals);
+    if (!vals) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory for the result");
+        goto out;
+    }
+    for (size_t s = 0; s < n_st; s++) iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, vals + s * per);
+
+    /* The document: groups, genes, then the values (JSON) or the binary. */
+    iv_buf_t doc;
+    iv_buf_init(&doc);
+    iv_buf_puts(&doc, "{\"group_by\":[");
+    for (size_t g = 0; g < n_gb; g++) {
+        if (g) iv_buf_puts(&doc, ",");
+        iv_buf_json_str(&doc, gcols[g]->name);
+    }
+    iv_buf_puts(&doc, "],\"stats\":[");
+    for (size_t s = 0; s < n_st; s++) iv_buf_printf(&doc, s ? ",\"%s\"" : "\"%s\"", iv_stat_name(stat_bits[s]));
+    iv_buf_printf(&doc, "],\"ddof\":%d,\"n_cells\":%" PRId64 ",\"groups\":[", (int)ddof, n_obs);
+    for (int64_t g = 0; g < n_groups; g++) {
+        iv_buf_puts(&doc, g ? ",{\"key\":[" : "{\"key\":[");
+        /* Decode the mixed-radix combination back into category labels. */
+        int64_t k = combo_of_group[g];
+        int64_t div = 1;
+        for (size_t i = 1; i < n_gb; i++) div *= gcols[i]->n_cats;
+        for (size_t i = 0; i < n_gb; i++) {
+            int64_t code = k / div;
+            k %= div;
+            if (i + 1 < n_gb) div /= gcols[i + 1]->n_cats;
+            if (i) iv_buf_puts(&doc, ",");
+            iv_buf_json_str(&doc, iv_meta_col_cat(gcols[i], code));
+        }
+        iv_buf_printf(&doc, "],\"n_cells\":%" PRId64 "}", n_cells[g]);
+    }
+    iv_buf_puts(&doc, "],\"genes\":[");
+    const iv_meta_col_t *vix = iv_meta_index(r->meta, IV_AXIS_VAR);
+    for (int64_t j = 0; j < n_var && !doc.oom; j++) {
+        int64_t gi = sv.all ? j : sv.idx[j];
+        iv_buf_printf(&doc, j ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);
+        const char *nm = vix ? col_get(vix, gi) : NULL;
+        if (nm) iv_buf_json_str(&doc, nm);
+        else iv_buf_puts(&doc, "null");
+        iv_buf_puts(&doc, "}");
+    }
+    iv_buf_puts(&doc, "]");
+    iv_buf_t *b = &r->out;
+    if (fmt == IV_FMT_BINARY) {
+        iv_buf_puts(&doc, "}");
+        iv_buf_append(b, IV_AGG_MAGIC, 4);
+        iv_buf_u32le(b, 1);
+        iv_buf_i64le(b, (int64_t)doc.len);
+        iv_buf_append(b, doc.data, doc.len);
+        static const char zeros[8] = {0};
+        if (b->len % 8) iv_buf_append(b, zeros, 8 - b->len % 8);
+        iv_buf_append(b, vals, per * n_st * sizeof *vals);
+        r->ctype = MEDIA_AGG;
+    } else {
+        iv_buf_append(b, doc.data, doc.len);
+        iv_buf_puts(b, ",\"values\":{");
+        for (size_t s = 0; s < n_st && !b->oom; s++) {
+            iv_buf_printf(b, s ? ",\"%s\":[" : "\"%s\":[", iv_stat_name(stat_bits[s]));
+            for (int64_t g = 0; g < n_groups && !b->oom; g++) {
+                iv_buf_puts(b, g ? ",[" : "[");
+                for (int64_t j = 0; j < n_var; j++) {
+                    if (j) iv_buf_append(b, ",", 1);
+                    iv_enc_json_value(b, IV_DT_FLOAT64, vals + s * per, g * n_var + j);
+                }
+                iv_buf_puts(b, "]");
+            }
+            iv_buf_puts(b, "]");
+            if (b->len > r->json_bytes) break;
+        }
+        iv_buf_puts(b, "}}");
+        r->ctype = "application/json";
+    }
+    if (doc.oom || b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the result");
+    else if (fmt == IV_FMT_JSON && b->len > r->json_bytes)
+        rc = iv_fail(err, IV_ETOO_LARGE, "the result exceeds the JSON limit of %zu bytes; ask for " MEDIA_AGG,
+                     r->json_bytes);
+    iv_buf_free(&doc);
+out:
+    iv_agg_free(acc);
+    iv_query_free(q);
+    free(vals);
+    free(cell_group);
+    free(combo_dense);
+    free(combo_of_group);
+    free(n_cells);
+    free(gb);
+    free(st);
+    params_free(&p);
+    return rc;
+}
+
+/* ---- caching and compression ---------------------------------------------- */
+
+/* The q value a header gives coding (or "*"); -1 when it names neither. */
+static double coding_q(const char *h, const char *coding)
+{
+    double star = -1, named = -1;
+    const char *p = h;
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t n = strcspn(p, ";,");
+        while (n && p[n - 1] == ' ') n--;
+        const char *next = strchr(p, ',');
+        double q = 1;
+        const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
+        if (semi) {
+            const char *qq = strstr(semi, "q=");
+            if (qq && (!next || qq < next)) q = strtod(qq + 2, NULL);
+        }
+        if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
+        else if (n == 1 && *p == '*') star = q;
+        p = next;
+    }
+    return named >= 0 ? named : star;
+}
+
+static int etag_listed(const char *inm, const char *etag)
+{
+    const char *p = inm;
+    size_t el = strlen(etag);
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (*p == '*') return 1;
+        if (!strncmp(p, "W/", 2)) p += 2;  /* If-None-Match compares weakly */
+        if (!strncmp(p, etag, el) && (p[el] == '\0' || p[el] == ',' || p[el] == ' ')) return 1;
+        p = strchr(p, ',');
+    }
+    return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t fnv_str(uint64_t h, const char *s)
+{
+    /* The NUL separates fields, so "ab"+"c" and "a"+"bc" differ. */
+    return fnv(h, s ? s : "", s ? strlen(s) + 1 : 1);
+}
+
+/* Gzip-encodes r->out in place at GZIP_LEVEL.  Keeps the identity body
+ * when compression does not pay. */
+static int gzip_out(iv_vreq_t *r)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, GZIP_LEVEL, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return 0;
+    uLong bound = deflateBound(&z, (uLong)r->out.len);
+    char *dst = malloc(bound + 32);
+    if (!dst) {
+        deflateEnd(&z);
+        return 0;
+    }
+    z.next_in = (Bytef *)r->out.data;
+    z.avail_in = (uInt)r->out.len;
+    z.next_out = (Bytef *)dst;
+    z.avail_out = (uInt)(bound + 32);
+    int rc = deflate(&z, Z_FINISH);
+    size_t n = z.total_out;
+    deflateEnd(&z);
+    if (rc != Z_STREAM_END || n >= r->out.len) {
+        free(dst);
+        return 0;
+    }
+    free(r->out.data);
+    r->out.data = dst;
+    r->out.len = n;
+    r->out.cap = bound + 32;
+    return 1;
+}
+
+/* Brotli-encodes r->out in place at quality BR_QUALITY; as gzip_out. */
+static int brotli_out(iv_vreq_t *r)
+{
+    size_t bound = BrotliEncoderMaxCompressedSize(r->out.len);
+    if (bound == 0) return 0;
+    uint8_t *dst = malloc(bound);
+    if (!dst) return 0;
+    size_t n = bound;
+    if (!BrotliEncoderCompress(BR_QUALITY, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, r->out.len,
+                               (const uint8_t *)r->out.data, &n, dst) ||
+        n >= r->out.len) {
+        free(dst);
+        return 0;
+    }
+    free(r->out.data);
+    r->out.data = (char *)dst;
+    r->out.len = n;
+    r->out.cap = bound;
+    return 1;
+}
+
+enum { CODING_IDENTITY = 0, CODING_GZIP = 1, CODING_BR = 2 };
+
+int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
+{
+    /* The coding is chosen before the work so that the ETag (which names
+     * it) is known before it, and a match costs nothing more.  br wins
+     * over gzip at equal preference: smaller at a similar cost. */
+    double qg = r->accept_encoding ? coding_q(r->accept_encoding, "gzip") : -1;
+    double qb = r->accept_encoding ? coding_q(r->accept_encoding, "br") : -1;
+    int coding = qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
+    static const char *const suffix[] = {"", "-gz", "-br"};
+    uint64_t h = 1469598103934665603ull;
+    h = fnv_str(h, iv_vds_identity(r->vx));
+    h = fnv(h, &r->route, sizeof r->route);
+    h = fnv_str(h, r->name);
+    h = fnv_str(h, r->query);
+    h = fnv(h, r->body ? r->body : "", r->body_len);
+    h = fnv_str(h, r->accept);
+    /* Two tags: the identity body's and the encoded body's.  Which one a
+     * response gets is known only after the work (a body may not be worth
+     * encoding), so a conditional request matching either is answered
+     * 304 with the tag it matched: both bodies stand for this request. */
+    char tag_id[24], tag_coded[24];
+    snprintf(tag_id, sizeof tag_id, "\"%016llx\"", (unsigned long long)h);
+    snprintf(tag_coded, sizeof tag_coded, "\"%016llx%s\"", (unsigned long long)(h ^ (uint64_t)coding),
+             suffix[coding]);
+    char cc[80];
+    if (r->max_age)
+        snprintf(cc, sizeof cc, "Cache-Control: %s, max-age=%u\r\n", r->private_cache ? "private" : "public",
+                 (unsigned)r->max_age);
+    else
+        snprintf(cc, sizeof cc, "Cache-Control: no-cache\r\n");
+    r->status = 200;
+    const char *match = NULL;
+    if (r->if_none_match && coding && etag_listed(r->if_none_match, tag_coded)) match = tag_coded;
+    else if (r->if_none_match && etag_listed(r->if_none_match, tag_id)) match = tag_id;
+    if (match) {
+        snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n", match, cc);
+        r->status = 304;
+        return 0;
+    }
+    int rc;
+    switch (r->route) {
+    case IV_VR_OBSM:
+    case IV_VR_VARM: rc = run_marray(r, err); break;
+    case IV_VR_OBS_SEARCH:
+    case IV_VR_VAR_SEARCH: rc = run_search(r, err); break;
+    case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
+    default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
+    }
+    if (rc != 0) return rc;
+    /* Float arrays (embeddings) shrink by under 10% at a cost of 10 to 300
+     * MB/s a thread: they go out as they are, compressible bodies (JSON,
+     * NDJSON, the aggregate's binary with its JSON prelude) are encoded. */
+    int worth = strcmp(r->ctype, MEDIA_ARRAY) != 0;
+    int encoded = coding && worth && r->out.len >= 1024 &&
+                  (coding == CODING_BR ? brotli_out(r) : gzip_out(r));
+    snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n%s%s%s",
+             encoded ? tag_coded : tag_id, cc, encoded ? "Content-Encoding: " : "",
+             encoded ? (coding == CODING_BR ? "br" : "gzip") : "", encoded ? "\r\n" : "");
+    return 0;
+}

@@ -1,0 +1,116 @@
+/*
+ * The routes a web viewer needs besides queries: embeddings (obsm/varm
+ * arrays), name search and grouped statistics.
+ *
+ *   GET|POST /v1/datasets/{id}/obsm/{name}   rows of an obsm array
+ *   GET|POST /v1/datasets/{id}/varm/{name}   rows of a varm array
+ *   GET      /v1/datasets/{id}/var/search    gene name search
+ *   GET      /v1/datasets/{id}/obs/search    cell name search
+ *   GET|POST /v1/datasets/{id}/aggregate     grouped statistics
+ *
+ * Socket-free like routes_meta.h: a request is copied into an iv_vreq_t
+ * on the loop, run on a worker (iv_vreq_run fills a complete response
+ * body), and the server sends what it built.  Per-dataset state (the
+ * arrays, the search indexes) lives in an iv_vds_t loaded with the
+ * dataset.
+ *
+ * Threads: iv_vds_load runs once on the load worker; afterwards a vds is
+ * shared by every worker (search indexes of further columns are built on
+ * first use under its lock).  A vreq belongs to one thread at a time.
+ */
+#ifndef IV_ROUTES_VIEWER_H
+#define IV_ROUTES_VIEWER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "dataset.h"
+#include "error.h"
+#include "meta.h"
+#include "pool.h"
+
+typedef struct iv_vds iv_vds_t;
+
+/*
+ * Loads the viewer state of a dataset: obsm/varm arrays of the file at
+ * path and the search indexes of both names indexes and of var's string
+ * columns.  meta may be NULL (no search then).  Never fails the dataset:
+ * a file whose arrays cannot be read gets a vds without them and the
+ * reason in the dataset document.  NULL only when out of memory.
+ */
+iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta);
+void iv_vds_free(iv_vds_t *v);
+
+/* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N to a
+ * dataset document being built (v may be NULL: empty lists). */
+void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v);
+
+enum iv_vroute {
+    IV_VR_NONE = 0,
+    IV_VR_OBSM,
+    IV_VR_VARM,
+    IV_VR_OBS_SEARCH,
+    IV_VR_VAR_SEARCH,
+    IV_VR_AGGREGATE,
+};
+
+/* The viewer route of sub (the path after the dataset id, e.g.
+ * "/obsm/X_umap"), or IV_VR_NONE. */
+int iv_vroute_match(const char *sub);
+/* Whether the route takes POST (a selection in a JSON body). */
+int iv_vroute_allows_post(int route);
+
+typedef struct iv_vreq {
+    /* in: the request (owned copies) */
+    int route;
+    char *name;               /* obsm/varm element, percent-decoded */
+    char *query;              /* raw query string ("" when none) */
+    char *body;               /* POST body or NULL */
+    size_t body_len;
+    int is_post;
+    char *accept;             /* Accept header or NULL */
+    /* in: the dataset and server (borrowed; set by the caller) */
+    iv_dataset_t *ds;
+    iv_meta_t *meta;
+    iv_vds_t *vx;
+    iv_pool_t *pool;
+    size_t json_bytes;        /* JSON response limit */
+    uint32_t max_age;         /* Cache-Control max-age; 0 = no-cache */
+    int private_cache;        /* the dataset needs a token: "private", not "public" */
+    char *if_none_match;      /* If-None-Match header or NULL (owned) */
+    char *accept_encoding;    /* Accept-Encoding header or NULL (owned) */
+    /* out */
+    int status;               /* 200, or 304 when If-None-Match matched (out empty) */
+    const char *ctype;        /* media type of out (static) */
+    iv_buf_t out;             /* the response body (gzip-encoded when extra says so) */
+    char *dropped;            /* X-Ivserve-Dropped-Names JSON, or NULL */
+    char extra[320];          /* header lines to add: ETag, Cache-Control, Content-Encoding, Vary */
+} iv_vreq_t;
+
+/* The identity of a dataset's content for ETags: the file's device,
+ * inode, size and modification time at load (a dataset is immutable
+ * while served, and a replaced file changes them).  "" when unknown. */
+const char *iv_vds_identity(const iv_vds_t *v);
+
+/* Copies a request for a worker; body (may be NULL) is taken.  NULL when
+ * out of memory or when the name in sub has a bad percent-escape
+ * (*bad_name set). */
+iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *query, char *body,
+                       size_t body_len, const char *accept, int *bad_name);
+void iv_vreq_free(iv_vreq_t *r);
+
+/*
+ * Runs the request (worker): fills status, ctype, out, dropped and extra,
+ * or returns an error whose iv_error_status is the HTTP status (404
+ * unknown array, 400 bad parameters, 406, 413 over the JSON limit, 422
+ * selections).  A response depends only on the dataset's content and
+ * the request, so it gets a strong ETag (the content identity, the
+ * route, the path, the exact query string or body, Accept and the
+ * content coding) and Cache-Control; an If-None-Match that matches
+ * answers 304 before any work.  Bodies of 1 KiB and more are encoded
+ * with br (libbrotli) or gzip (zlib) when Accept-Encoding allows it.
+ */
+int iv_vreq_run(iv_vreq_t *r, iv_err_t *err);
+
+#endif
