@@ -455,6 +455,7 @@ const char *iv_config_usage(void)
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
+           "  --compute-timeout-ms N  --write-budget-bytes N\n"
            "  --help  --version\n";
 }
 

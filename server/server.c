@@ -1176,17 +1176,20 @@ static size_t budget_used(const server_t *s)
 }
 
 /*
- * True when need more bytes fit in the budget for bytes waiting to be
- * written across every connection.  When they do not, connections whose
- * writes have stalled longest (at least BUDGET_SLOW_MS) are cut first,
- * one at a time, until they fit; c itself is spared.
+ * True when the bytes waiting to be written across every connection are
+ * under the budget, so that a new large answer (or a stream's next block)
+ * may start.  When they are not, the connections whose writes have
+ * stalled longest (at least BUDGET_SLOW_MS) are cut first, one at a time,
+ * until they are; c itself is spared.  An answer that starts under the
+ * budget may take it past by its own size: one answer is never refused
+ * for being large alone (the JSON and row limits bound it).
  */
-static int budget_room(conn_t *c, size_t need)
+static int budget_room(conn_t *c)
 {
     server_t *s = c->srv;
     size_t limit = s->cfg->limits.write_budget_bytes;
     uint64_t now = uv_now(&s->loop);
-    while (budget_used(s) + need > limit) {
+    while (budget_used(s) >= limit) {
         conn_t *worst = NULL;
         for (conn_t *o = s->conns; o; o = o->next)
             if (o != c && o->wpending && o->state != CS_CLOSING &&
@@ -1207,7 +1210,7 @@ static int budget_room(conn_t *c, size_t need)
 /* 0 when an answer of len bytes may go out now; otherwise a 503 was sent. */
 static int budget_admit(conn_t *c, size_t len)
 {
-    if (len <= BUDGET_SMALL || budget_room(c, len)) return 0;
+    if (len <= BUDGET_SMALL || budget_room(c)) return 0;
     c->srv->metrics.overloaded++;
     send_error(c, 503, "overloaded",
                "the server holds too many unsent answers for slow clients; retry later",
@@ -1218,7 +1221,7 @@ static int budget_admit(conn_t *c, size_t len)
 /* Some bytes were written or dropped: streams waiting for the budget go on. */
 static void budget_wake(server_t *s)
 {
-    if (budget_used(s) > s->cfg->limits.write_budget_bytes) return;
+    if (budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
     /* A pump may end streams or cut connections (freeing their streams),
      * so the list is scanned again from its head after each one. */
     for (qstream_t *qs = s->streams; qs;) {
@@ -1229,7 +1232,7 @@ static void budget_wake(server_t *s)
         qs->budget_wait = 0;
         s->n_budget_wait--;
         if (qs->c) qs_pump(qs);
-        if (!s->n_budget_wait || budget_used(s) > s->cfg->limits.write_budget_bytes) return;
+        if (!s->n_budget_wait || budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
         qs = s->streams;
     }
 }
@@ -1367,7 +1370,7 @@ static void qs_pump(qstream_t *qs)
     if (!c || qs->done || !qs->prepared) return;
     /* Past the write budget, a stream with blocks still unsent waits (its
      * unsent bytes are part of the overflow); budget_wake resumes it. */
-    if (qs->next_submit < qs->n_blocks && !budget_room(c, 0)) {
+    if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
         if (!qs->budget_wait) {
             qs->budget_wait = 1;
             qs->srv->n_budget_wait++;
@@ -2019,7 +2022,8 @@ static void conn_close(conn_t *c)
     if (c->state == CS_CLOSING) return;
     server_t *s = c->srv;
     if (c->active) {
-        /* The answer did not end: log it as cut short. */
+        /* The answer did not end: log it as cut short, and stop its work. */
+        if (c->qs) qs_cancel(c->qs);
         if (!c->status) c->status = 499;
         if (c->qs) {
             c->rows = c->qs->rows;
@@ -2223,13 +2227,17 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         /* EOF: a request being answered still gets its answer (the client
          * may have half-closed after sending it); otherwise the
          * conversation is over. */
-        if (n == UV_EOF && c->active) {
+        if (n == UV_EOF && c->active && c->state == CS_RESPONDING) {
             c->peer_eof = 1;
             c->close_after = 1;
             uv_read_stop(st);
             c->reading = 0;
             return;
         }
+        /* EOF before any byte of the answer: the client left (as nginx
+         * takes it, 499), and its work is cancelled (conn_close). */
+        if (c->active && !c->errmsg[0])
+            snprintf(c->errmsg, sizeof c->errmsg, "the client closed the connection before the answer");
         conn_close(c);
         return;
     }
