@@ -9,7 +9,9 @@
 #     serving a static file of exactly the same size with sendfile, same
 #     client, runs interleaved; bytes/s, rows/s and the ratio;
 #   - the server's memory (VmRSS, RssAnon, VmHWM) before, during and after
-#     each stream, a half-matrix stream and a slow reader.
+#     each stream, a half-matrix stream and a slow reader;
+#   - one 300-random-cell query through curl, Python's urllib (GET, POST)
+#     and a kept-alive http.client connection (bench_clients.py).
 #
 #   benchmarks/bench_http.sh [--cells N] [--runs R] [--port P] [--build DIR]
 #                            [--duration S] [--slow-rate RATE] [--slow-seconds S]
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
         --slow-rate) slow_rate=$2; shift 2 ;;
         --slow-seconds) slow_seconds=$2; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "bench_http.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -291,6 +293,12 @@ for mode in one many; do
     done
 done
 
+# ------------------------------------------------- curl vs Python clients
+# The same few hundred cells through curl and Python's own HTTP clients:
+# a Python user should see the server curl sees.
+client_rows=$("$py" "$here/bench_clients.py" "$base" "$id" "$n_cells" --runs "$((runs * 10))") ||
+    die "bench_clients.py failed"
+
 # ------------------------------------------------------------------ nginx
 # A single nginx process (master_process off: no privilege drop, so it can
 # read the temporary folder) with sendfile, every path in the temporary
@@ -417,6 +425,9 @@ awk -v bytes="$cold_bytes" -v rows="$n_cells" -v biv="$best_iv" -v bng="$best_ng
 }'
 echo "  check: first stream saved and parsed: header $n_cells x $n_genes, trailer ok with rows $n_cells, nnz $nnz;"
 echo "         every timed download (ivserve and nginx) HTTP 200 with exactly $cold_bytes bytes"
+
+printf '\n[one query, several clients: curl vs Python urllib and http.client, engine cache warm]\n'
+printf '%s\n' "$client_rows"
 
 printf '\n[ivserve memory, MB (10^6 bytes): VmRSS and RssAnon before, sampled peak (every 50 ms), VmHWM, after (0.5 s later)]\n'
 printf '  %-34s %6s %6s %6s %6s %6s %6s %6s %7s %9s %4s\n' "case" "rss0" "anon0" "rssmax" "anonmx" "hwm" \

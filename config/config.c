@@ -43,6 +43,8 @@ static const struct num_opt num_opts[] = {
     {"limits.body_timeout_ms", NULL, "--body-timeout-ms", OFF(limits.body_timeout_ms), NK_U32, 1, 86400000},
     {"limits.keepalive_ms", NULL, "--keepalive-ms", OFF(limits.keepalive_ms), NK_U32, 1, 86400000},
     {"limits.write_timeout_ms", NULL, "--write-timeout-ms", OFF(limits.write_timeout_ms), NK_U32, 1, 86400000},
+    {"limits.compute_timeout_ms", NULL, "--compute-timeout-ms", OFF(limits.compute_timeout_ms), NK_U32, 1, 86400000},
+    {"limits.write_budget_bytes", NULL, "--write-budget-bytes", OFF(limits.write_budget_bytes), NK_SIZE, 1 << 20, INT64_MAX},
     {"limits.shutdown_grace_ms", NULL, "--shutdown-grace-ms", OFF(limits.shutdown_grace_ms), NK_U32, 0, 3600000},
     {"limits.max_connections", "IVSERVE_MAX_CONNECTIONS", "--max-connections", OFF(limits.max_connections), NK_U32, 1, 1000000},
     {"limits.max_rows", NULL, "--max-rows", OFF(limits.max_rows), NK_I64, 1, INT64_MAX},
@@ -72,6 +74,8 @@ void iv_config_init(iv_config_t *c)
     c->limits.body_timeout_ms = 30000;
     c->limits.keepalive_ms = 60000;
     c->limits.write_timeout_ms = 60000;
+    c->limits.compute_timeout_ms = 300000;
+    c->limits.write_budget_bytes = (size_t)1 << 30;
     c->limits.shutdown_grace_ms = 10000;
     c->limits.max_connections = 1024;
     c->limits.max_rows = (int64_t)1 << 31;
@@ -491,6 +495,7 @@ const char *iv_config_usage(void)
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
+           "  --compute-timeout-ms N  --write-budget-bytes N\n"
            "  --help  --version\n";
 }
 

@@ -36,6 +36,8 @@ typedef struct iv_limits {
     uint32_t body_timeout_ms;     /* from the end of the headers to the end of the body */
     uint32_t keepalive_ms;        /* idle connection between requests */
     uint32_t write_timeout_ms;    /* a response that makes no progress for this long is cut */
+    uint32_t compute_timeout_ms;  /* a job (set-up, prepare, whole JSON, count, one block) longer than this is answered 503 */
+    size_t write_budget_bytes;    /* bytes waiting to be written, across all connections */
     uint32_t shutdown_grace_ms;   /* SIGTERM: how long streams in flight may finish */
     uint32_t max_connections;
     int64_t max_rows;             /* rows a query may return */

@@ -14,6 +14,12 @@
 #include <string.h>
 #include <strings.h>
 
+/* Bytes of a header line besides its name and value (": " and CRLF), and
+ * of the request line besides its target (method, version, spaces, CRLF,
+ * counted at the shortest), so that the limit is on what was sent. */
+#define HEADER_LINE_EXTRA 4
+#define REQUEST_LINE_EXTRA 14
+
 static const char *const hdr_names[IV_H_COUNT] = {
     "accept", "content-type", "authorization", "origin", "if-none-match", "expect",
     "access-control-request-method", "accept-encoding",
@@ -57,7 +63,8 @@ static int on_message_begin(llhttp_t *p)
     if (!in->cur) return fail(in, 503, "out of memory");
     in->in_message = 1;
     in->headers_done = 0;
-    in->header_bytes = 0;
+    in->header_bytes = REQUEST_LINE_EXTRA;
+    in->n_host = 0;
     in->url.len = in->field.len = in->value.len = 0;
     return 0;
 }
@@ -82,6 +89,13 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n)
 {
     iv_http_in_t *in = in_of(p);
     if (count_header(in, n)) return HPE_USER;
+    /* llhttp accepts an obsolete line folding (CRLF, then a space), even
+     * in strict mode, and passes the next line as a second piece of the
+     * same value.  A value split by the end of the input ends where the
+     * input ends; one that ended earlier and goes on is folded.  RFC 9112
+     * 5.2 lets a server reject it, and a proxy may read it otherwise. */
+    if (in->value_cut) return fail(in, 400, "folded header lines are not accepted");
+    in->value_cut = at + n != in->feed_end;
     iv_buf_append(&in->value, at, n);
     return in->value.oom ? fail(in, 503, "out of memory") : 0;
 }
@@ -89,6 +103,10 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n)
 static int on_header_value_complete(llhttp_t *p)
 {
     iv_http_in_t *in = in_of(p);
+    /* Thousands of tiny headers cost more than their names and values. */
+    if (count_header(in, HEADER_LINE_EXTRA)) return HPE_USER;
+    in->value_cut = 0;
+    if (in->field.len == 4 && strncasecmp(in->field.data, "host", 4) == 0) in->n_host++;
     for (int i = 0; i < IV_H_COUNT; i++) {
         if (in->field.len == strlen(hdr_names[i]) &&
             strncasecmp(in->field.data, hdr_names[i], in->field.len) == 0) {
@@ -121,6 +139,11 @@ static int on_headers_complete(llhttp_t *p)
     r->http_major = p->http_major;
     r->http_minor = p->http_minor;
     if (p->http_major != 1) return fail(in, 505, "only HTTP/1.x is supported");
+    /* RFC 9112 3.2: an HTTP/1.1 request has exactly one Host header.  A
+     * proxy in front may route by it; accepting none or two invites the
+     * two to disagree on what the request is. */
+    if (p->http_minor >= 1 && in->n_host != 1)
+        return fail(in, 400, in->n_host ? "more than one Host header" : "HTTP/1.1 request without Host");
     char *q = in->url.len ? memchr(in->url.data, '?', in->url.len) : NULL;
     size_t plen = q ? (size_t)(q - in->url.data) : in->url.len;
     r->target = strndup(in->url.data ? in->url.data : "", in->url.len);
@@ -189,6 +212,7 @@ int iv_http_in_feed(iv_http_in_t *in, const char *data, size_t len, size_t *cons
     if (in->err_status) return -1;
     if (llhttp_get_errno(&in->parser) == HPE_PAUSED) llhttp_resume(&in->parser);
     if (len == 0) return 0;
+    in->feed_end = data + len;
     llhttp_errno_t e = llhttp_execute(&in->parser, data, len);
     if (e == HPE_OK) {
         *consumed = len;
@@ -226,6 +250,32 @@ const iv_http_req_t *iv_http_in_current(const iv_http_in_t *in)
     return in->cur;
 }
 
+size_t iv_http_redact_paths(char *out, size_t cap, const char *msg)
+{
+    size_t o = 0;
+    if (!cap) return 0;
+    for (const char *p = msg; *p;) {
+        if (*p == '/' && (p == msg || strchr(" \t'\"(=:[,", p[-1]))) {
+            /* A path runs to a space, a quote, a bracket, a comma or ": ". */
+            const char *e = p;
+            while (*e && !strchr(" \t'\")],", *e) && !(e[0] == ':' && (e[1] == ' ' || !e[1]))) e++;
+            const char *base = p;
+            for (const char *q = p; q < e; q++)
+                if (*q == '/') base = q + 1;
+            if (base > p + 1 && base < e) {
+                /* Folders before the last part: only the last part stays. */
+                for (const char *q = base; q < e && o + 1 < cap; q++) out[o++] = *q;
+                p = e;
+                continue;
+            }
+        }
+        if (o + 1 < cap) out[o++] = *p;
+        p++;
+    }
+    out[o] = '\0';
+    return o;
+}
+
 const char *iv_http_reason(int status)
 {
     switch (status) {
@@ -242,6 +292,7 @@ const char *iv_http_reason(int status)
     case 408: return "Request Timeout";
     case 413: return "Content Too Large";
     case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";

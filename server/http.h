@@ -42,7 +42,10 @@ typedef struct iv_http_in {
     llhttp_t parser;
     llhttp_settings_t settings;
     size_t max_header, max_body;
-    size_t header_bytes;
+    size_t header_bytes;        /* request line and header lines so far, as sent */
+    int n_host;                 /* Host headers of the current request */
+    const char *feed_end;       /* end of the bytes being parsed */
+    int value_cut;              /* the header value's last piece ended before feed_end */
     iv_http_req_t *cur;         /* request being parsed (owned until handed out) */
     iv_buf_t url, field, value; /* pieces that may arrive split over reads */
     int in_message;             /* between message begin and complete */
@@ -72,6 +75,12 @@ int iv_http_in_active(const iv_http_in_t *in);
 int iv_http_in_headers_done(const iv_http_in_t *in);
 /* The current (incomplete) request, e.g. to look at Expect; NULL if none. */
 const iv_http_req_t *iv_http_in_current(const iv_http_in_t *in);
+
+/* Copies msg into out (cap bytes, NUL-terminated) with every absolute
+ * file path shortened to its last part ("/srv/data/a.h5ad" -> "a.h5ad"),
+ * for error answers that must not show where the server's files are.
+ * Returns the length written. */
+size_t iv_http_redact_paths(char *out, size_t cap, const char *msg);
 
 /* "OK", "Not Found", ... for a status code. */
 const char *iv_http_reason(int status);

@@ -73,6 +73,11 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
                   "# TYPE ivserve_connections_total counter\nivserve_connections_total %" PRIu64 "\n",
                   m->bytes_sent, m->decode_seconds, m->blocks_decoded, m->overloaded,
                   m->connections_total);
+    iv_buf_printf(o,
+                  "# TYPE ivserve_jobs_cancelled_total counter\nivserve_jobs_cancelled_total %" PRIu64 "\n"
+                  "# TYPE ivserve_compute_timeouts_total counter\nivserve_compute_timeouts_total %" PRIu64 "\n"
+                  "# TYPE ivserve_write_budget_cuts_total counter\nivserve_write_budget_cuts_total %" PRIu64 "\n",
+                  m->jobs_cancelled, m->compute_timeouts, m->budget_cuts);
     double hr = g->cache_hits + g->cache_misses
                     ? (double)g->cache_hits / (double)(g->cache_hits + g->cache_misses)
                     : 0.0;
@@ -80,10 +85,12 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
                   "# TYPE ivserve_queue_depth gauge\nivserve_queue_depth %zu\n"
                   "# TYPE ivserve_open_connections gauge\nivserve_open_connections %zu\n"
                   "# TYPE ivserve_active_streams gauge\nivserve_active_streams %zu\n"
+                  "# TYPE ivserve_queued_write_bytes gauge\nivserve_queued_write_bytes %zu\n"
                   "# TYPE ivserve_cache_bytes gauge\nivserve_cache_bytes %zu\n"
                   "# TYPE ivserve_cache_hit_ratio gauge\nivserve_cache_hit_ratio %.6f\n"
                   "# TYPE ivserve_datasets gauge\nivserve_datasets{state=\"ready\"} %zu\n"
                   "ivserve_datasets{state=\"failed\"} %zu\nivserve_datasets{state=\"loading\"} %zu\n",
-                  g->queue_depth, g->open_connections, g->active_streams, g->cache_bytes, hr,
+                  g->queue_depth, g->open_connections, g->active_streams, g->queued_write_bytes,
+                  g->cache_bytes, hr,
                   g->datasets_ready, g->datasets_failed, g->datasets_loading);
 }

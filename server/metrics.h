@@ -34,12 +34,16 @@ typedef struct iv_metrics {
     uint64_t blocks_decoded;
     uint64_t overloaded;
     uint64_t connections_total;
+    uint64_t jobs_cancelled;     /* jobs that stopped early: their client left or the server stops */
+    uint64_t compute_timeouts;   /* answers cut by limits.compute_timeout_ms */
+    uint64_t budget_cuts;        /* slow readers cut to keep the write budget */
 } iv_metrics_t;
 
 typedef struct iv_metrics_gauges {
     size_t queue_depth;
     size_t open_connections;
     size_t active_streams;
+    size_t queued_write_bytes;   /* bytes waiting to be written, all connections */
     size_t cache_bytes;
     uint64_t cache_hits, cache_misses;
     size_t datasets_ready, datasets_failed, datasets_loading;

@@ -31,8 +31,10 @@
 #include "server.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,14 @@
 #include <strings.h>
 #include <time.h>
 
+#ifdef __linux__
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
+#endif
+
+#include <hdf5.h>
 #include <uv.h>
 
 #include "buf.h"
@@ -78,6 +88,7 @@ typedef struct sds {
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
+    char *tok_pad;        /* its tokens, padded (see tokens_pad) */
 } sds_t;
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
@@ -105,7 +116,8 @@ typedef struct setup {
     iv_buf_t page;        /* J_META: the document */
     const char *ctype;    /* J_META: its media type (static) */
     iv_query_t *q;
-    char *dropped;        /* X-Ivserve-Dropped-Names JSON, or NULL */
+    char *dropped;        /* the names dropped by missing=ignore, JSON, or NULL */
+    char *dropped_hdr;    /* the same, bounded for the X-Ivserve-Dropped-Names header */
     int have_total;
     double total;
     iv_fmt_t fmt;
@@ -127,6 +139,7 @@ typedef struct job {
     double secs;
     double total;         /* J_COUNT: sum of the selected values */
     setup_t *setup;       /* J_SETUP */
+    int cancelled;        /* skipped: cancelled before it ran */
 } job_t;
 
 struct qstream {
@@ -145,36 +158,78 @@ struct qstream {
     int have_total;       /* J_COUNT: total already known from the metadata */
     double total;
     int dense;            /* gene rows as dense vectors */
+    unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
+    int budget_wait;      /* waits for the write budget before submitting blocks */
+    /* Set on the loop when the client left or the server stops; workers
+     * read it between the phases of a job and drop the work. */
+    atomic_int cancelled;
     qstream_t *next_live; /* server list of every stream, for shutdown and metrics */
     qstream_t *prev_live;
 };
 
-enum tstate { T_NONE, T_IDLE, T_HEADER, T_BODY, T_WRITE };
+/*
+ * A connection is always in exactly one of these states, and the state
+ * alone decides which timer runs (see conn_set_state):
+ *
+ *   IDLE        keep-alive: no byte of the next request yet (keepalive_ms)
+ *   READ_HEAD   request line and headers arriving; a new connection starts
+ *               here (header_timeout_ms)
+ *   READ_BODY   the body arriving (body_timeout_ms)
+ *   DISPATCHED  a complete request is being worked on and nothing of its
+ *               answer is written yet (compute_timeout_ms)
+ *   RESPONDING  the answer is being written (write_timeout_ms while bytes
+ *               wait for the socket, compute_timeout_ms while a stream
+ *               waits for its next block); ends when the answer's last
+ *               write completes, and only then is the next pipelined
+ *               request parsed
+ *   DRAINING    the last answer is out and the write side shut: input is
+ *               read and dropped, for a bounded time and size, until the
+ *               client has acknowledged every byte (polled)
+ *   CLOSING     uv_close called; freed in the close callbacks
+ */
+typedef enum conn_state {
+    CS_IDLE, CS_READ_HEAD, CS_READ_BODY, CS_DISPATCHED, CS_RESPONDING, CS_DRAINING, CS_CLOSING
+} conn_state_t;
 
 struct conn {
     uv_tcp_t tcp;
     uv_timer_t timer;
     server_t *srv;
     conn_t *prev, *next;
+    conn_state_t state;
     iv_http_in_t in;
     char *rbuf;
     size_t rlen, rcap;
-    int reading, closing, handles_open, in_pump, busy, close_after, shutting, lingering;
-    enum tstate tstate;
-    size_t wpending;
-    int sent_continue;
+    int reading, handles_open, in_pump;
+    int active;           /* between resp_begin and req_done */
+    int shutting;         /* uv_shutdown called */
+    int close_after;      /* the connection ends after the current answer */
+    int peer_eof;         /* the client half-closed */
+    int got_bytes;        /* any byte ever arrived (a silent connection closes without a 408) */
+    size_t wpending;      /* bytes in uv_write calls whose callbacks have not run */
+    uint64_t last_progress; /* uv_now of the last completed write, for the write budget */
+    /* The answer being written: its sequence number and whether its last
+     * bytes are queued (req_done ran). */
+    uint64_t seq;
+    int resp_ended;
+    int expect_checked;   /* Expect of the request being read was answered */
+    /* DRAINING bookkeeping. */
+    uint64_t drain_t0, drain_last_in, outq_t;
+    size_t drain_bytes, outq_last;
     /* The request being answered. */
     iv_http_req_t *req;
     iv_route_t route;
-    uint64_t t0;
+    uint64_t t0, t_end;
     int status;
     char dsid[136];
     int64_t rows, nnz;
     uint64_t bytes;
     char errmsg[520];
+    int log_pending;      /* the last answer's log line waits for the close (delivered bytes) */
     qstream_t *qs;
     int chunked;
     char *dropped;        /* JSON {"obs":[...],"var":[...]} of names dropped by missing=ignore */
+    char *dropped_hdr;    /* the same, bounded, for the header */
 };
 
 struct server {
@@ -194,6 +249,18 @@ struct server {
     qstream_t *streams;
     size_t n_streams;
     int draining, stopped;
+    size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
+    size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
+    size_t n_budget_wait; /* streams waiting for the write budget */
+    /* Tokens zero-padded to tok_len bytes, so that a comparison takes the
+     * same time whatever the lengths (see auth_check). */
+    char *tok_pad;
+    size_t tok_len;
+    unsigned char *tok_cand; /* the candidate, padded (loop thread) */
+    /* Serializes HDF5 calls when the library was built without thread
+     * safety (H5is_library_threadsafe); unused otherwise. */
+    pthread_mutex_t h5_mu;
+    int h5_serial;
     iv_metrics_t metrics;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     FILE *alog;
@@ -250,12 +317,42 @@ static const char *method_name(int m)
     return llhttp_method_name((llhttp_method_t)m);
 }
 
-static int token_eq(const char *a, const char *b)
+/*
+ * Tokens are stored as [size_t length][tok_len bytes, zero-padded], with
+ * tok_len the longest configured token, so that comparing a candidate
+ * against one reads the same number of bytes whatever either length is:
+ * the time says nothing about the token's length or content.
+ */
+static char *tokens_pad(char *const *toks, size_t n, size_t len)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned diff = (unsigned)(la ^ lb);
-    for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned)(a[i] ^ b[i]);
-    return diff == 0;
+    size_t stride = sizeof(size_t) + len;
+    char *p = calloc(n ? n : 1, stride);
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(toks[i]);
+        memcpy(p + i * stride, &l, sizeof l);
+        memcpy(p + i * stride + sizeof l, toks[i], l);
+    }
+    return p;
+}
+
+/* cand is the candidate copied into a zero-padded buffer of len bytes,
+ * clen its real length.  Every one of the n tokens is compared in full. */
+static int tokens_match(const char *pad, size_t n, size_t len, const unsigned char *cand, size_t clen)
+{
+    size_t stride = sizeof(size_t) + len;
+    unsigned any = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        memcpy(&l, pad + i * stride, sizeof l);
+        const unsigned char *t = (const unsigned char *)pad + i * stride + sizeof l;
+        unsigned diff = 0;
+        for (size_t k = 0; k < len; k++) diff |= (unsigned)(t[k] ^ cand[k]);
+        /* A length difference folds in without a branch. */
+        diff |= (unsigned)(l != clen);
+        any |= (unsigned)(diff == 0);
+    }
+    return any != 0;
 }
 
 static uint64_t fnv1a(const char *p, size_t n)
@@ -291,6 +388,7 @@ static void setup_free(setup_t *st)
     iv_query_free(st->q);
     free(st->dropped);
     iv_vreq_free(st->vr);
+    free(st->dropped_hdr);
     free(st);
 }
 
@@ -423,6 +521,7 @@ static void job_load(void *arg)
     /* The row-index pass and the cache prefault take the workers that are
      * free (nested: this job is one of them, and runs its share). */
     o.pool = j->srv->pool;
+    if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
     j->rc = iv_dataset_open(d->conf->path, &o, &d->ds, &j->err);
     if (j->rc == 0) {
         iv_err_t me;
@@ -446,11 +545,76 @@ static void job_load(void *arg)
             build_doc(d);
         }
     }
+    if (j->srv->h5_serial) pthread_mutex_unlock(&j->srv->h5_mu);
+    if (j->rc == 0) build_doc(d);
     j->secs = now_s() - t0;
     job_finish(j);
 }
 
 /* ---- query jobs (worker) ------------------------------------------------ */
+
+/* True when the stream's client left or the server stops: a worker drops
+ * the rest of the job.  Checked between the phases of a job. */
+static int job_cancelled(job_t *j)
+{
+    return j->qs && atomic_load_explicit(&j->qs->cancelled, memory_order_relaxed);
+}
+
+static int job_cancel_rc(job_t *j)
+{
+    return iv_fail(&j->err, IV_ECANCELLED, "the client went away");
+}
+
+/* The largest X-Ivserve-Dropped-Names header; past it the names are cut
+ * at an element and the header says how many there were. */
+#define DROPPED_HDR_MAX 4096
+
+/* Length of the longest prefix of the JSON string array arr (of len
+ * bytes) that ends at an element and fits in max bytes with its closing
+ * ']'; *total and *kept count the elements. */
+static size_t json_array_cut(const char *arr, size_t len, size_t max, size_t *total, size_t *kept)
+{
+    size_t cut = 1, n = 0, k = 0;
+    int in_str = 0, esc = 0;
+    for (size_t i = 1; i < len; i++) {
+        char ch = arr[i];
+        if (in_str) {
+            if (esc) esc = 0;
+            else if (ch == '\\') esc = 1;
+            else if (ch == '"') {
+                in_str = 0;
+                n++;
+                if (i + 2 <= max) {
+                    cut = i + 1;
+                    k = n;
+                }
+            }
+        } else if (ch == '"') {
+            in_str = 1;
+        }
+    }
+    *total = n;
+    *kept = k;
+    return cut;
+}
+
+/* Appends one axis of the bounded header form: the names that fit, and
+ * when some did not, the count of all of them. */
+static void dropped_hdr_axis(iv_buf_t *b, const char *key, const iv_buf_t *arr, size_t budget)
+{
+    iv_buf_printf(b, "\"%s\":", key);
+    if (!arr->len) {
+        iv_buf_puts(b, "[]");
+        return;
+    }
+    size_t total, kept, cut = json_array_cut(arr->data, arr->len, budget, &total, &kept);
+    if (kept == total) {
+        iv_buf_append(b, arr->data, arr->len);
+        return;
+    }
+    iv_buf_append(b, arr->data, cut);
+    iv_buf_printf(b, "],\"%s_count\":%zu,\"%s_truncated\":true", key, total, key);
+}
 
 /* The worker half of a query's set-up (see setup_t). */
 static void setup_run(job_t *j)
@@ -460,6 +624,10 @@ static void setup_run(job_t *j)
     const iv_dataset_info_t *info = iv_dataset_info(d->ds);
     iv_qreq_t qr;
     int rc;
+    if (job_cancelled(j)) {
+        j->rc = job_cancel_rc(j);
+        return;
+    }
     if (st->is_post)
         rc = iv_qreq_parse_json(st->body ? st->body : "", st->body_len, st->n_rows, st->n_cols,
                                 &qr, &j->err);
@@ -472,12 +640,77 @@ static void setup_run(job_t *j)
     }
     /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
      * four-term filter on 200,000 cells). */
-    if ((rc = iv_rmeta_resolve_query(d->meta, &qr, &st->dropped, &j->err)) != 0) {
+    iv_buf_t drop_obs, drop_var, fold_obs, fold_var;
+    iv_buf_init(&drop_obs);
+    iv_buf_init(&drop_var);
+    iv_buf_init(&fold_obs);
+    iv_buf_init(&fold_var);
+    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
+    if ((rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
+        (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &fold_obs,
+                                  &j->err)) != 0 ||
+        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
+        (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &fold_var,
+                                  &j->err)) != 0 ||
+        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0) {
+        iv_buf_free(&drop_obs);
+        iv_buf_free(&drop_var);
+        iv_buf_free(&fold_obs);
+        iv_buf_free(&fold_var);
         iv_qreq_free(&qr);
         if (rc == IV_EUNSUPPORTED) st->status = 422;
         j->rc = rc;
         return;
     }
+    int folded = fold_obs.len || fold_var.len;
+    if (show_obs || show_var || folded) {
+        /* The count body's form is whole; names matched only by ignoring
+         * case are reported beside the dropped ones, under "folded". */
+        iv_buf_t dj;
+        iv_buf_init(&dj);
+        iv_buf_puts(&dj, "{\"obs\":");
+        /* Buffers are not NUL-terminated: copy by length. */
+        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_puts(&dj, ",\"var\":");
+        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
+        else iv_buf_puts(&dj, "[]");
+        if (folded) {
+            iv_buf_puts(&dj, ",\"folded\":{\"obs\":");
+            if (fold_obs.len) iv_buf_append(&dj, fold_obs.data, fold_obs.len);
+            else iv_buf_puts(&dj, "[]");
+            iv_buf_puts(&dj, ",\"var\":");
+            if (fold_var.len) iv_buf_append(&dj, fold_var.data, fold_var.len);
+            else iv_buf_puts(&dj, "[]");
+            iv_buf_puts(&dj, "}");
+        }
+        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
+        if (!dj.oom) st->dropped = iv_buf_steal(&dj, NULL);
+        iv_buf_free(&dj);
+        /* The header form is bounded: a request of a million unknown names
+         * would otherwise send a header of megabytes. */
+        size_t share = folded ? DROPPED_HDR_MAX / 4 : DROPPED_HDR_MAX / 2;
+        iv_buf_t dh;
+        iv_buf_init(&dh);
+        iv_buf_puts(&dh, "{");
+        dropped_hdr_axis(&dh, "obs", &drop_obs, share);
+        iv_buf_puts(&dh, ",");
+        dropped_hdr_axis(&dh, "var", &drop_var, share);
+        if (folded) {
+            iv_buf_puts(&dh, ",\"folded\":{");
+            dropped_hdr_axis(&dh, "obs", &fold_obs, share);
+            iv_buf_puts(&dh, ",");
+            dropped_hdr_axis(&dh, "var", &fold_var, share);
+            iv_buf_puts(&dh, "}");
+        }
+        iv_buf_append(&dh, "}", 2);
+        if (!dh.oom) st->dropped_hdr = iv_buf_steal(&dh, NULL);
+        iv_buf_free(&dh);
+    }
+    iv_buf_free(&drop_obs);
+    iv_buf_free(&drop_var);
+    iv_buf_free(&fold_obs);
+    iv_buf_free(&fold_var);
     /* Total counts without decoding: the computed per-row sums of the axis
      * whose opposite axis is wholly selected. */
     if (st->count && d->meta) {
@@ -495,6 +728,11 @@ static void setup_run(job_t *j)
         j->rc = iv_fail(&j->err, IV_ENOT_ACCEPTABLE,
                         "acceptable encodings: application/vnd.ivserve.csr, "
                         "application/x-ndjson, application/json");
+        return;
+    }
+    if (job_cancelled(j)) {
+        iv_qreq_free(&qr);
+        j->rc = job_cancel_rc(j);
         return;
     }
     iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
@@ -540,7 +778,11 @@ static void job_run(void *arg)
     qstream_t *qs = j->qs;
     double t0 = now_s();
     const iv_limits_t *lim = &j->srv->cfg->limits;
-    if (j->kind == J_SETUP) {
+    if (job_cancelled(j)) {
+        /* The client left while the job waited in the queue. */
+        j->rc = job_cancel_rc(j);
+        j->cancelled = 1;
+    } else if (j->kind == J_SETUP) {
         setup_run(j);
     } else if (j->kind == J_META) {
         meta_run(j);
@@ -570,6 +812,10 @@ static void job_run(void *arg)
             nb = 0;
         }
         for (int64_t b = 0; j->rc == 0 && b < nb; b++) {
+            if (job_cancelled(j)) {
+                j->rc = job_cancel_rc(j);
+                break;
+            }
             iv_block_t blk;
             memset(&blk, 0, sizeof blk);
             j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
@@ -604,13 +850,20 @@ static void job_run(void *arg)
 
 /* ---- connection output -------------------------------------------------- */
 
+/* One uv_write: up to 2 + 2 * WREQ_PIECES buffers (head, chunk size,
+ * payload pieces of at most UINT_MAX bytes, chunk end). */
+#define WREQ_PIECES 4
+#define PIECE_MAX ((size_t)UINT_MAX)
+
 typedef struct wreq {
     uv_write_t req;
     conn_t *c;
-    char *head;
-    char *payload;
+    char *head;           /* owned */
+    char *payload;        /* owned, or NULL when borrowed */
+    qstream_t *qs;        /* the stream whose block this is, credited on completion */
+    uint64_t seq;         /* the answer it belongs to */
+    int last;             /* the answer's last write */
     size_t bytes;
-    int block;
     char chunk[24];
 } wreq_t;
 
@@ -618,75 +871,134 @@ static void conn_close(conn_t *c);
 static void on_timer(uv_timer_t *t);
 static void conn_pump(conn_t *c);
 static void qs_pump(qstream_t *qs);
+static void qs_free(qstream_t *qs);
 static void req_done(conn_t *c);
-static void conn_finish(conn_t *c);
+static void conn_shutdown(conn_t *c);
+static void drain_check(conn_t *c);
+static void budget_wake(server_t *s);
 
-static void timer_arm(conn_t *c, enum tstate st, int force)
+/* How often a draining connection looks at its unacknowledged bytes. */
+#define DRAIN_POLL_MS 25
+
+/*
+ * The one place a connection changes state.  It also (re)arms the state's
+ * timer, so that calling it again with the same state restarts the
+ * deadline: that is how progress (a completed write, a finished block)
+ * extends a response.
+ */
+static void conn_set_state(conn_t *c, conn_state_t st)
 {
-    if (c->closing || c->lingering || (c->tstate == st && !force)) return;
+    if (c->state == CS_CLOSING) return;
     const iv_limits_t *l = &c->srv->cfg->limits;
     uint64_t ms = 0;
+    c->state = st;
     switch (st) {
-    case T_IDLE: ms = l->keepalive_ms; break;
-    case T_HEADER: ms = l->header_timeout_ms; break;
-    case T_BODY: ms = l->body_timeout_ms; break;
-    case T_WRITE: ms = l->write_timeout_ms; break;
-    case T_NONE: break;
+    case CS_IDLE: ms = l->keepalive_ms; break;
+    case CS_READ_HEAD: ms = l->header_timeout_ms; break;
+    case CS_READ_BODY: ms = l->body_timeout_ms; break;
+    case CS_DISPATCHED: ms = l->compute_timeout_ms; break;
+    case CS_RESPONDING:
+        /* Bytes waiting for the client: the write deadline.  None (a stream
+         * waiting for its next block, or the last write done and the
+         * close pending): the compute deadline. */
+        ms = c->wpending ? l->write_timeout_ms : l->compute_timeout_ms;
+        break;
+    case CS_DRAINING: ms = DRAIN_POLL_MS; break;
+    case CS_CLOSING:
+        uv_timer_stop(&c->timer);
+        return;
     }
-    c->tstate = st;
-    if (st == T_NONE) uv_timer_stop(&c->timer);
-    else uv_timer_start(&c->timer, on_timer, ms, 0);
+    uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* Moves between the reading states only on a real change, so that bytes
+ * trickling in do not extend the header or body deadline. */
+static void conn_enter(conn_t *c, conn_state_t st)
+{
+    if (c->state != st) conn_set_state(c, st);
+}
+
+static int is_reading_state(const conn_t *c)
+{
+    return c->state == CS_IDLE || c->state == CS_READ_HEAD || c->state == CS_READ_BODY;
+}
+
+/* An answer's last write completed: the connection closes politely or
+ * goes on to the next pipelined request. */
+static void resp_finished(conn_t *c)
+{
+    c->resp_ended = 0;
+    if (c->close_after || c->srv->draining) {
+        conn_shutdown(c);
+        return;
+    }
+    conn_set_state(c, iv_http_in_active(&c->in) || c->rlen ? CS_READ_HEAD : CS_IDLE);
+    conn_pump(c);
 }
 
 static void on_write(uv_write_t *w, int status)
 {
     wreq_t *r = (wreq_t *)w;
     conn_t *c = r->c;
+    server_t *s = c->srv;
+    if (c->state == CS_CLOSING) s->doomed_bytes -= r->bytes;
     c->wpending -= r->bytes;
+    s->queued_bytes -= r->bytes;
+    c->last_progress = uv_now(&s->loop);
     free(r->head);
     free(r->payload);
-    int block = r->block;
+    qstream_t *qs = r->qs;
+    int last = r->last && r->seq == c->seq;
     free(r);
-    if (status < 0 || c->closing) {
+    if (qs) {
+        /* The block's own stream is told, whatever the connection does now. */
+        qs->wq--;
+        qs->writes_done++;
+        if (!qs->c) {
+            if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
+        } else if (status == 0 && c->state != CS_CLOSING) {
+            qs_pump(qs);
+        }
+    }
+    if (s->n_budget_wait) budget_wake(s);
+    if (c->state == CS_CLOSING) return;
+    if (status < 0) {
         conn_close(c);
         return;
     }
-    if (c->busy) timer_arm(c, T_WRITE, 1);  /* progress: the write deadline starts again */
-    if (block && c->qs) {
-        c->qs->writes_done++;
-        qs_pump(c->qs);
-        return;
-    }
-    if (c->closing) return;
-    if (!c->busy && c->close_after && c->wpending == 0) {
-        conn_finish(c);
-        return;
-    }
-    if (!c->busy) conn_pump(c);
+    if (last) resp_finished(c);
+    else if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
 }
 
-/* Queues head (owned, may be NULL) then payload (owned, may be NULL),
- * the payload framed as one chunk when chunk is set. */
-static void conn_write(conn_t *c, char *head, size_t hlen, char *payload, size_t plen, int chunk,
-                       int block)
+/* Queues head (owned, may be NULL) then payload (owned when own, else it
+ * must outlive the write; may be NULL), the payload framed as one chunk
+ * when chunk is set.  A block of stream qs is credited to it when written;
+ * last marks the answer's final bytes.  Returns 0, or -1 when the
+ * connection was closed instead. */
+static int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
+                      int chunk, qstream_t *qs, int last)
 {
-    if (c->closing) {
+    char *owned = own ? (char *)payload : NULL;
+    if (c->state == CS_CLOSING) {
         free(head);
-        free(payload);
-        return;
+        free(owned);
+        return -1;
     }
     wreq_t *r = calloc(1, sizeof *r);
-    if (!r) {
+    if (!r || plen > PIECE_MAX * WREQ_PIECES) {
+        free(r);
         free(head);
-        free(payload);
+        free(owned);
         conn_close(c);
-        return;
+        return -1;
     }
     r->c = c;
     r->head = head;
-    r->payload = payload;
-    r->block = block;
-    uv_buf_t bufs[4];
+    r->payload = owned;
+    r->qs = qs;
+    r->seq = c->seq;
+    r->last = last;
+    uv_buf_t bufs[3 + WREQ_PIECES];
     unsigned n = 0;
     if (head && hlen) bufs[n++] = uv_buf_init(head, (unsigned)hlen);
     if (payload && plen) {
@@ -694,20 +1006,33 @@ static void conn_write(conn_t *c, char *head, size_t hlen, char *payload, size_t
             int cl = snprintf(r->chunk, sizeof r->chunk, "%zx\r\n", plen);
             bufs[n++] = uv_buf_init(r->chunk, (unsigned)cl);
         }
-        bufs[n++] = uv_buf_init(payload, (unsigned)plen);
+        /* uv_buf_t lengths are unsigned int: a body past 4 GiB goes in pieces. */
+        for (size_t off = 0; off < plen; off += PIECE_MAX) {
+            size_t k = plen - off < PIECE_MAX ? plen - off : PIECE_MAX;
+            bufs[n++] = uv_buf_init((char *)payload + off, (unsigned)k);
+        }
         if (chunk) bufs[n++] = uv_buf_init((char *)"\r\n", 2);
     }
     for (unsigned i = 0; i < n; i++) r->bytes += bufs[i].len;
     if (n == 0) bufs[n++] = uv_buf_init((char *)"", 0);
+    if (qs) qs->wq++;
+    if (!c->wpending) c->last_progress = uv_now(&c->srv->loop);
     c->wpending += r->bytes;
+    c->srv->queued_bytes += r->bytes;
     c->bytes += r->bytes;
+    if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
     if (uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, n, on_write) != 0) {
         c->wpending -= r->bytes;
+        c->srv->queued_bytes -= r->bytes;
+        if (qs) qs->wq--;
         free(head);
-        free(payload);
+        free(owned);
         free(r);
         conn_close(c);
+        return -1;
     }
+    if (c->state == CS_RESPONDING && n && r->bytes) conn_set_state(c, CS_RESPONDING);
+    return 0;
 }
 
 static int origin_allowed(const server_t *s, const char *origin)
@@ -719,7 +1044,8 @@ static int origin_allowed(const server_t *s, const char *origin)
     return 0;
 }
 
-/* Status line and headers.  content_length < 0 means a streamed body. */
+/* Status line and headers.  content_length < 0 means a streamed body (or,
+ * for HEAD, a length not known without computing the body). */
 static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
                       const char *extra)
 {
@@ -746,30 +1072,39 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
                     "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding\r\n");
     }
     if (extra) iv_buf_puts(b, extra);
-    if (c->dropped && status < 300) {
-        /* JSON keeps the names unambiguous; control characters are escaped by it. */
+    if (c->dropped_hdr && status < 300) {
+        /* JSON keeps the names unambiguous; control characters are escaped
+         * by it; the setup bounded its length. */
         iv_buf_puts(b, "X-Ivserve-Dropped-Names: ");
-        iv_buf_puts(b, c->dropped);
+        iv_buf_puts(b, c->dropped_hdr);
         iv_buf_puts(b, "\r\n");
     }
     iv_buf_puts(b, "\r\n");
 }
 
-/* Sends a complete response that is all in b (b is consumed) and ends the
- * request; a buffer that ran out of memory closes the connection instead. */
-static void send_buf_done(conn_t *c, iv_buf_t *b)
+/* Sends a complete answer, head (consumed) and body, in one uv_write, and
+ * ends the request; a head that ran out of memory closes the connection
+ * instead.  body_own: body is heap memory handed over; otherwise it must
+ * outlive the write (static text, a dataset's document). */
+static void send_resp(conn_t *c, iv_buf_t *head, const char *body, size_t len, int body_own)
 {
-    if (b->oom) {
-        iv_buf_free(b);
+    if (head->oom) {
+        iv_buf_free(head);
+        if (body_own) free((char *)body);
         conn_close(c);
         return;
     }
     size_t n;
-    char *p = iv_buf_steal(b, &n);
-    conn_write(c, p, n, NULL, 0, 0, 0);
-    req_done(c);
+    char *p = iv_buf_steal(head, &n);
+    if (conn_write(c, p, n, body, len, body_own, 0, NULL, 1) == 0) req_done(c);
 }
 
+static void send_buf_done(conn_t *c, iv_buf_t *b)
+{
+    send_resp(c, b, NULL, 0, 0);
+}
+
+/* body must outlive the write (static text or a dataset's document). */
 static void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
                         const char *extra)
 {
@@ -777,9 +1112,31 @@ static void send_simple(conn_t *c, int status, const char *ctype, const char *bo
     iv_buf_init(&b);
     resp_head(c, &b, status, ctype, (int64_t)len, extra);
     int head_only = c->req && c->req->method == HTTP_HEAD;
-    if (!head_only && len) iv_buf_append(&b, body, len);
     c->status = status;
-    send_buf_done(c, &b);
+    send_resp(c, &b, head_only ? NULL : body, head_only ? 0 : len, 0);
+}
+
+/* The body is taken from body (left empty); its memory is written as is. */
+static void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra)
+{
+    if (body->oom) {
+        iv_buf_free(body);
+        conn_close(c);
+        return;
+    }
+    iv_buf_t b;
+    iv_buf_init(&b);
+    resp_head(c, &b, status, ctype, (int64_t)body->len, extra);
+    int head_only = c->req && c->req->method == HTTP_HEAD;
+    c->status = status;
+    size_t n;
+    char *p = iv_buf_steal(body, &n);
+    if (head_only) {
+        free(p);
+        p = NULL;
+        n = 0;
+    }
+    send_resp(c, &b, p, n, 1);
 }
 
 static void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra)
@@ -789,8 +1146,7 @@ static void send_error(conn_t *c, int status, const char *code, const char *msg,
     iv_enc_error(&b, code, msg);
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     if (status == 503 && !extra) extra = "Retry-After: 1\r\n";
-    send_simple(c, status, "application/json", b.data ? b.data : "", b.len, extra);
-    iv_buf_free(&b);
+    send_owned(c, status, "application/json", &b, extra);
 }
 
 static void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
@@ -798,18 +1154,30 @@ static void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
     int status = iv_error_status(rc);
     if (rc == IV_EUNSUPPORTED || rc == IV_EBAD_FILE || rc == IV_ECORRUPT || rc == IV_EIO)
         status = 500;
-    send_error(c, status, iv_error_code(rc), e && e->msg[0] ? e->msg : iv_error_message(rc), NULL);
+    const char *msg = e && e->msg[0] ? e->msg : iv_error_message(rc);
+    if (status >= 500) {
+        /* The log keeps the whole message; the client is not shown where
+         * the server's files are. */
+        char red[sizeof e->msg];
+        iv_http_redact_paths(red, sizeof red, msg);
+        send_error(c, status, iv_error_code(rc), red, NULL);
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+        return;
+    }
+    send_error(c, status, iv_error_code(rc), msg, NULL);
 }
 
 /* ---- request completion, access log ------------------------------------ */
 
-static void access_log(conn_t *c)
+/* One line for the answer; bytes is what was written (or, for a closing
+ * connection's last answer, what the client acknowledged). */
+static void access_log(conn_t *c, uint64_t bytes)
 {
     server_t *s = c->srv;
     if (!s->alog) return;
     char t[40];
     iso_time(t, sizeof t);
-    double ms = (double)(uv_hrtime() - c->t0) / 1e6;
+    double ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6;
     iv_buf_t b;
     iv_buf_init(&b);
     const char *path = c->req && c->req->path ? c->req->path : "";
@@ -823,7 +1191,7 @@ static void access_log(conn_t *c)
         iv_buf_printf(&b,
                       ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
                       ",\"ms\":%.3f",
-                      c->status, c->rows, c->nnz, c->bytes, ms);
+                      c->status, c->rows, c->nnz, bytes, ms);
         if (c->errmsg[0]) {
             iv_buf_puts(&b, ",\"error\":");
             iv_buf_json_str(&b, c->errmsg);
@@ -832,48 +1200,170 @@ static void access_log(conn_t *c)
     } else {
         iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f%s%s\n",
                       t, method, path, c->dsid[0] ? c->dsid : "-", c->status, c->rows, c->nnz,
-                      c->bytes, ms, c->errmsg[0] ? " error=" : "", c->errmsg);
+                      bytes, ms, c->errmsg[0] ? " error=" : "", c->errmsg);
     }
     if (!b.oom) fwrite(b.data, 1, b.len, s->alog);
     fflush(s->alog);
     iv_buf_free(&b);
 }
 
-static void qs_free(qstream_t *qs);
 static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
 
-static void req_done(conn_t *c)
+/* Forgets the answered request (after its log line). */
+static void req_reset(conn_t *c)
 {
-    if (!c->busy) return;
-    server_t *s = c->srv;
-    access_log(c);
-    free(c->dropped);
-    c->dropped = NULL;
-    iv_metrics_request(&s->metrics, c->route, c->status, (double)(uv_hrtime() - c->t0) / 1e9,
-                       c->bytes);
-    if (c->qs) {
-        qstream_t *qs = c->qs;
-        c->qs = NULL;
-        qs->c = NULL;
-        if (qs->inflight == 0) qs_free(qs);
-        else if (qs->q) iv_query_cancel(qs->q);
-    }
-    if (c->req && !c->req->keep_alive) c->close_after = 1;
-    if (s->draining) c->close_after = 1;
     iv_http_req_free(c->req);
     free(c->req);
     c->req = NULL;
-    c->busy = 0;
+    c->log_pending = 0;
     c->dsid[0] = c->errmsg[0] = '\0';
     c->rows = c->nnz = 0;
     c->bytes = 0;
     c->chunked = 0;
     c->status = 0;
-    if (c->close_after) {
-        if (c->wpending == 0) conn_finish(c);
+    c->t_end = 0;
+}
+
+/* Stops a stream's work: its jobs see the flag between phases and blocks. */
+static void qs_cancel(qstream_t *qs)
+{
+    atomic_store_explicit(&qs->cancelled, 1, memory_order_relaxed);
+    if (qs->q) iv_query_cancel(qs->q);
+}
+
+/* Starts answering: a new sequence number, the compute deadline. */
+static void resp_begin(conn_t *c, iv_http_req_t *req)
+{
+    c->active = 1;
+    c->seq++;
+    c->req = req;
+    c->t0 = uv_hrtime();
+    c->bytes = 0;
+    c->resp_ended = 0;
+    c->expect_checked = 0;
+    if (c->srv->draining) c->close_after = 1;
+    conn_set_state(c, CS_DISPATCHED);
+}
+
+/* An answer that is not to a complete request (bad input, a timeout while
+ * reading, a refused connection): the connection closes after it. */
+static void resp_begin_error(conn_t *c)
+{
+    c->close_after = 1;
+    resp_begin(c, NULL);
+}
+
+/* The answer's last bytes are queued: log, count, detach the stream.  The
+ * connection moves on when that last write completes (resp_finished). */
+static void req_done(conn_t *c)
+{
+    if (!c->active) return;
+    server_t *s = c->srv;
+    c->active = 0;
+    c->resp_ended = 1;
+    c->t_end = uv_hrtime();
+    free(c->dropped);
+    free(c->dropped_hdr);
+    c->dropped = c->dropped_hdr = NULL;
+    iv_metrics_request(&s->metrics, c->route, c->status, (double)(c->t_end - c->t0) / 1e9,
+                       c->bytes);
+    if (c->qs) {
+        qstream_t *qs = c->qs;
+        c->qs = NULL;
+        qs->c = NULL;
+        if (qs->budget_wait) {
+            qs->budget_wait = 0;
+            s->n_budget_wait--;
+        }
+        if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
+        else qs_cancel(qs);
+    }
+    if (c->req && !c->req->keep_alive) c->close_after = 1;
+    if (s->draining) c->close_after = 1;
+    if (c->close_after && c->state != CS_CLOSING) {
+        /* The log line of a connection's last answer waits for the close,
+         * to say how many bytes the client really acknowledged. */
+        c->log_pending = 1;
         return;
     }
-    if (!c->in_pump) conn_pump(c);
+    access_log(c, c->bytes);
+    req_reset(c);
+}
+
+/* ---- the write budget -------------------------------------------------- */
+
+/* An answer at most this large is always sent: the budget is about the
+ * large ones. */
+#define BUDGET_SMALL ((size_t)64 << 10)
+/* A connection whose writes made no progress for this long may be cut to
+ * make room for others. */
+#define BUDGET_SLOW_MS 1000
+
+static size_t budget_used(const server_t *s)
+{
+    return s->queued_bytes - s->doomed_bytes;
+}
+
+/*
+ * True when the bytes waiting to be written across every connection are
+ * under the budget, so that a new large answer (or a stream's next block)
+ * may start.  When they are not, the connections whose writes have
+ * stalled longest (at least BUDGET_SLOW_MS) are cut first, one at a time,
+ * until they are; c itself is spared.  An answer that starts under the
+ * budget may take it past by its own size: one answer is never refused
+ * for being large alone (the JSON and row limits bound it).
+ */
+static int budget_room(conn_t *c)
+{
+    server_t *s = c->srv;
+    size_t limit = s->cfg->limits.write_budget_bytes;
+    uint64_t now = uv_now(&s->loop);
+    while (budget_used(s) >= limit) {
+        conn_t *worst = NULL;
+        for (conn_t *o = s->conns; o; o = o->next)
+            if (o != c && o->wpending && o->state != CS_CLOSING &&
+                now - o->last_progress >= BUDGET_SLOW_MS &&
+                (!worst || o->last_progress < worst->last_progress))
+                worst = o;
+        if (!worst) return 0;
+        snprintf(worst->errmsg, sizeof worst->errmsg,
+                 "cut: the write budget of %zu bytes is spent and this client read nothing for "
+                 "%" PRIu64 " ms",
+                 limit, now - worst->last_progress);
+        s->metrics.budget_cuts++;
+        conn_close(worst);
+    }
+    return 1;
+}
+
+/* 0 when an answer of len bytes may go out now; otherwise a 503 was sent. */
+static int budget_admit(conn_t *c, size_t len)
+{
+    if (len <= BUDGET_SMALL || budget_room(c)) return 0;
+    c->srv->metrics.overloaded++;
+    send_error(c, 503, "overloaded",
+               "the server holds too many unsent answers for slow clients; retry later",
+               "Retry-After: 1\r\n");
+    return -1;
+}
+
+/* Some bytes were written or dropped: streams waiting for the budget go on. */
+static void budget_wake(server_t *s)
+{
+    if (budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
+    /* A pump may end streams or cut connections (freeing their streams),
+     * so the list is scanned again from its head after each one. */
+    for (qstream_t *qs = s->streams; qs;) {
+        if (qs->budget_wait != 1) {
+            qs = qs->next_live;
+            continue;
+        }
+        qs->budget_wait = 0;
+        s->n_budget_wait--;
+        if (qs->c) qs_pump(qs);
+        if (!s->n_budget_wait || budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
+        qs = s->streams;
+    }
 }
 
 /* ---- query streams ------------------------------------------------------ */
@@ -905,6 +1395,7 @@ static qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
 static void qs_free(qstream_t *qs)
 {
     server_t *s = qs->srv;
+    if (qs->budget_wait) s->n_budget_wait--;
     for (unsigned i = 0; i < qs->ahead; i++)
         if (qs->slots[i]) job_free(qs->slots[i]);
     free(qs->slots);
@@ -1005,7 +1496,15 @@ static void qs_pump(qstream_t *qs)
 {
     conn_t *c = qs->c;
     if (!c || qs->done || !qs->prepared) return;
-    while (qs->next_submit < qs->n_blocks &&
+    /* Past the write budget, a stream with blocks still unsent waits (its
+     * unsent bytes are part of the overflow); budget_wake resumes it. */
+    if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
+        if (!qs->budget_wait) {
+            qs->budget_wait = 1;
+            qs->srv->n_budget_wait++;
+        }
+    }
+    while (!qs->budget_wait && qs->next_submit < qs->n_blocks &&
            (uint64_t)(qs->next_submit - qs->writes_done) < qs->ahead) {
         int rc = qs_submit(qs, J_BLOCK, qs->next_submit);
         if (rc != 0) {
@@ -1038,8 +1537,8 @@ static void qs_pump(qstream_t *qs)
         char *payload = iv_buf_steal(&j->out, &plen);
         job_free(j);
         qs->next_write++;
-        conn_write(c, head, hlen, payload, plen, c->chunked, 1);
-        if (c->closing || qs->c == NULL) return;
+        if (conn_write(c, head, hlen, payload, plen, 1, c->chunked, qs, 0) != 0 || qs->c == NULL)
+            return;
     }
     if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
 }
@@ -1053,10 +1552,11 @@ static void on_qs_job(job_t *j)
     server_t *s = j->srv;
     qs->inflight--;
     if (j->kind != J_SETUP && j->kind != J_META) s->metrics.decode_seconds += j->secs;
+    if (j->cancelled || j->rc == IV_ECANCELLED) s->metrics.jobs_cancelled++;
     if (!qs->c || qs->done) {
         /* Detached (client gone) or already answered: drop the result. */
         job_free(j);
-        if (!qs->c && qs->inflight == 0) qs_free(qs);
+        if (!qs->c && qs->inflight == 0 && qs->wq == 0) qs_free(qs);
         else if (qs->c && qs->inflight == 0) qs_pump(qs);
         return;
     }
@@ -1069,7 +1569,7 @@ static void on_qs_job(job_t *j)
         route_meta_finish(qs, j);
         return;
     }
-    timer_arm(c, T_WRITE, 1);
+    if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
     if (j->rc != 0) {
         iv_err_t e = j->err;
         int rc = j->rc;
@@ -1094,14 +1594,13 @@ static void on_qs_job(job_t *j)
     c->rows = j->rows;
     c->nnz = j->nnz;
     if (j->kind == J_WHOLE) {
-        send_simple(c, 200, "application/json", j->out.data ? j->out.data : "", j->out.len,
-                    "Cache-Control: no-store\r\n");
+        if (budget_admit(c, j->out.len) == 0)
+            send_owned(c, 200, "application/json", &j->out, "Cache-Control: no-store\r\n");
     } else {
         iv_buf_t body;
         iv_buf_init(&body);
         count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
-        send_simple(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
-        iv_buf_free(&body);
+        send_owned(c, 200, "application/json", &body, NULL);
     }
     job_free(j);
 }
@@ -1142,28 +1641,49 @@ static sds_t *find_ds(server_t *s, const char *id, size_t n)
     return NULL;
 }
 
-/* 0 when the request may proceed; otherwise an answer was sent. */
-static int auth_check(conn_t *c, const sds_t *d)
+/* A refusal decided before any work: the answer to send. */
+typedef struct rfail {
+    int status;
+    const char *code;
+    char msg[200];
+    const char *extra;
+    iv_route_t route;
+} rfail_t;
+
+/* The bearer-token check, in one place for dispatch and route_precheck. */
+static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f)
 {
-    const iv_config_t *cfg = c->srv->cfg;
     size_t nd = d ? d->conf->n_tokens : 0;
-    if (cfg->n_tokens == 0 && nd == 0) return 0;
-    const char *h = c->req->hdr[IV_H_AUTHORIZATION];
+    if (s->cfg->n_tokens == 0 && nd == 0) return 0;
+    const char *h = r->hdr[IV_H_AUTHORIZATION];
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) {
-        send_error(c, 401, "unauthorized", "this resource needs an Authorization: Bearer token",
-                   "WWW-Authenticate: Bearer\r\n");
+        f->status = 401;
+        f->code = "unauthorized";
+        snprintf(f->msg, sizeof f->msg, "this resource needs an Authorization: Bearer token");
+        f->extra = "WWW-Authenticate: Bearer\r\n";
         return -1;
     }
     const char *tok = h + 7;
     while (*tok == ' ') tok++;
-    int ok = 0;
-    for (size_t i = 0; i < cfg->n_tokens; i++) ok |= token_eq(tok, cfg->tokens[i]);
-    for (size_t i = 0; i < nd; i++) ok |= token_eq(tok, d->conf->tokens[i]);
-    if (!ok) {
-        send_error(c, 403, "forbidden", "the token does not open this resource", NULL);
-        return -1;
-    }
-    return 0;
+    size_t clen = strlen(tok);
+    memset(s->tok_cand, 0, s->tok_len);
+    memcpy(s->tok_cand, tok, clen < s->tok_len ? clen : s->tok_len);
+    int ok = tokens_match(s->tok_pad, s->cfg->n_tokens, s->tok_len, s->tok_cand, clen);
+    ok |= tokens_match(d ? d->tok_pad : NULL, nd, s->tok_len, s->tok_cand, clen);
+    if (ok) return 0;
+    f->status = 403;
+    f->code = "forbidden";
+    snprintf(f->msg, sizeof f->msg, "the token does not open this resource");
+    return -1;
+}
+
+/* 0 when the request may proceed; otherwise an answer was sent. */
+static int auth_check(conn_t *c, const sds_t *d)
+{
+    rfail_t f;
+    if (token_ok(c->srv, c->req, d, &f) == 0) return 0;
+    send_error(c, f.status, f.code, f.msg, f.extra);
+    return -1;
 }
 
 static int method_ok(conn_t *c, int allow_post)
@@ -1201,8 +1721,7 @@ static void route_list(conn_t *c)
         }
     }
     iv_buf_puts(&b, "]}");
-    send_simple(c, 200, "application/json", b.data, b.len, NULL);
-    iv_buf_free(&b);
+    send_owned(c, 200, "application/json", &b, NULL);
 }
 
 static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
@@ -1308,7 +1827,8 @@ static void route_query_finish(qstream_t *qs, job_t *j)
         return;
     }
     c->dropped = st->dropped;
-    st->dropped = NULL;
+    c->dropped_hdr = st->dropped_hdr;
+    st->dropped = st->dropped_hdr = NULL;
     iv_query_t *q = qs->q = st->q;
     st->q = NULL;
     int count = qs->kind == J_COUNT, have_total = st->have_total;
@@ -1352,14 +1872,15 @@ static void route_query_finish(qstream_t *qs, job_t *j)
         count_body(&body, c, q, hint, total);
         c->rows = rows;
         c->nnz = hint;
-        send_simple(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
-        iv_buf_free(&body);
+        send_owned(c, 200, "application/json", &body, NULL);
         return;
     }
     if (!count && c->req->method == HTTP_HEAD) {
         iv_buf_t b;
         iv_buf_init(&b);
-        resp_head(c, &b, 200, iv_fmt_media_type(fmt), fmt == IV_FMT_JSON ? 0 : -1, NULL);
+        /* The length of a JSON document is not known without building
+         * it: the head says nothing rather than something false. */
+        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, NULL);
         c->status = 200;
         send_buf_done(c, &b);
         return;
@@ -1453,18 +1974,23 @@ static void route_meta_finish(qstream_t *qs, job_t *j)
     conn_t *c = qs->c;
     setup_t *st = j->setup;
     if (st->vr && j->rc == 0) {
-        c->dropped = st->vr->dropped;
-        st->vr->dropped = NULL;
+        /* The header is bounded as the query route's is. */
+        if (st->vr->dropped && strlen(st->vr->dropped) <= DROPPED_HDR_MAX) {
+            c->dropped_hdr = st->vr->dropped;
+            st->vr->dropped = NULL;
+        } else if (st->vr->dropped) {
+            c->dropped_hdr = strdup("{\"truncated\":true}");
+        }
         if (st->vr->status == 304)
             send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
-        else
-            send_simple(c, 200, st->vr->ctype, st->vr->out.data ? st->vr->out.data : "",
-                        st->vr->out.len, st->vr->extra);
+        else if (budget_admit(c, st->vr->out.len) == 0)
+            send_owned(c, 200, st->vr->ctype, &st->vr->out, st->vr->extra);
     } else if (st->vr) {
         send_iv_error(c, j->rc, &j->err);
-    } else if (j->rc == 0)
-        send_simple(c, 200, st->ctype, st->page.data ? st->page.data : "", st->page.len,
-                    "Cache-Control: no-cache\r\n");
+    } else if (j->rc == 0) {
+        if (budget_admit(c, st->page.len) == 0)
+            send_owned(c, 200, st->ctype, &st->page, "Cache-Control: no-cache\r\n");
+    }
     else if (st->status == 404)
         send_error(c, 404, "not_found", j->err.msg, NULL);
     else
@@ -1481,6 +2007,7 @@ static void route_metrics(conn_t *c)
     g.queue_depth = iv_pool_queued(s->pool);
     g.open_connections = s->n_conns;
     g.active_streams = s->n_streams;
+    g.queued_write_bytes = s->queued_bytes;
     for (size_t i = 0; i < s->n_ds; i++) {
         sds_t *d = &s->ds[i];
         if (d->state == DS_READY) {
@@ -1499,8 +2026,7 @@ static void route_metrics(conn_t *c)
     iv_buf_t b;
     iv_buf_init(&b);
     iv_metrics_render(&s->metrics, &g, &b);
-    send_simple(c, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len, NULL);
-    iv_buf_free(&b);
+    send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
 }
 
 static void dispatch(conn_t *c)
@@ -1579,7 +2105,86 @@ static void dispatch(conn_t *c)
             }
         }
     }
+    if (r->method != HTTP_GET && r->method != HTTP_HEAD && r->method != HTTP_POST) {
+        /* TRACE, CONNECT and the like exist nowhere on this server. */
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here", method_name(r->method));
+        send_error(c, 405, "method_not_allowed", msg, "Allow: GET, HEAD, POST, OPTIONS\r\n");
+        return;
+    }
     send_error(c, 404, "not_found", "no such path", NULL);
+}
+
+/*
+ * The checks dispatch() makes before any work, made on the headers alone:
+ * whether a request that expects "100 Continue" would be refused anyway
+ * (unknown path or dataset, wrong method, missing or wrong token, dataset
+ * still loading).  It follows dispatch's path rules; a route added there
+ * belongs here too.  0: the request may go on; otherwise *f says the
+ * answer.
+ */
+static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
+{
+    server_t *s = c->srv;
+    const char *p = r->path ? r->path : "";
+    memset(f, 0, sizeof *f);
+    f->route = IV_R_OTHER;
+    int m = r->method, allow_post = 0;
+    if (m == HTTP_OPTIONS) return 0;
+    static const char pre[] = "/v1/datasets";
+    const sds_t *d = NULL;
+    if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
+        f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
+                                                                                  : IV_R_METRICS;
+    } else if (!strncmp(p, pre, sizeof pre - 1)) {
+        const char *rest = p + sizeof pre - 1;
+        if (*rest == '\0' || !strcmp(rest, "/")) {
+            f->route = IV_R_DATASETS;
+            if (token_ok(s, r, NULL, f)) return -1;
+        } else if (*rest == '/') {
+            const char *id = rest + 1;
+            const char *slash = strchr(id, '/');
+            size_t idn = slash ? (size_t)(slash - id) : strlen(id);
+            const char *sub = slash ? slash : "";
+            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
+                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
+            if (!*sub || meta) f->route = IV_R_DATASET;
+            else if (!strcmp(sub, "/query")) f->route = IV_R_QUERY;
+            else if (!strcmp(sub, "/count")) f->route = IV_R_COUNT;
+            if (f->route != IV_R_OTHER && idn > 0) {
+                d = find_ds(s, id, idn);
+                if (!d || d->state == DS_FAILED) {
+                    f->status = 404;
+                    f->code = "not_found";
+                    snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
+                    return -1;
+                }
+                if (token_ok(s, r, d, f)) return -1;
+                if (d->state == DS_LOADING) {
+                    f->status = 503;
+                    f->code = "not_ready";
+                    snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
+                    f->extra = "Retry-After: 1\r\n";
+                    return -1;
+                }
+                allow_post = f->route == IV_R_QUERY || f->route == IV_R_COUNT;
+            } else {
+                f->route = IV_R_OTHER;
+            }
+        }
+    }
+    if (f->route == IV_R_OTHER) {
+        f->status = 404;
+        f->code = "not_found";
+        snprintf(f->msg, sizeof f->msg, "no such path");
+        return -1;
+    }
+    if (m == HTTP_GET || m == HTTP_HEAD || (allow_post && m == HTTP_POST)) return 0;
+    f->status = 405;
+    f->code = "method_not_allowed";
+    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+    f->extra = allow_post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n";
+    return -1;
 }
 
 /* ---- connection input --------------------------------------------------- */
@@ -1594,6 +2199,8 @@ static void on_handle_closed(uv_handle_t *h)
         iv_http_req_free(c->req);
         free(c->req);
     }
+    free(c->dropped);
+    free(c->dropped_hdr);
     free(c->rbuf);
     free(c);
     if (s->draining && s->n_conns == 0 && !s->stopped) {
@@ -1605,22 +2212,71 @@ static void on_handle_closed(uv_handle_t *h)
     }
 }
 
+/* Bytes the kernel still holds for the client: unsent or unacknowledged.
+ * Linux says (SIOCOUTQ); elsewhere 0, and closing relies on the client's
+ * EOF or the drain time. */
+static size_t sock_outq(conn_t *c)
+{
+#ifdef __linux__
+    uv_os_fd_t fd;
+    int n = 0;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &n) == 0 && n > 0)
+        return (size_t)n;
+#else
+    (void)c;
+#endif
+    return 0;
+}
+
+/*
+ * A request arrived in part.  Clients that write the headers and the body
+ * in two calls with Nagle on (Python's http.client does) hold the second
+ * part until the first is acknowledged, and a delayed ACK makes that wait
+ * tens of milliseconds: acknowledge now.  Linux only; a hint elsewhere.
+ */
+static void sock_quickack(conn_t *c)
+{
+#if defined(__linux__) && defined(TCP_QUICKACK)
+    uv_os_fd_t fd;
+    int one = 1;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+#else
+    (void)c;
+#endif
+}
+
 static void conn_close(conn_t *c)
 {
-    if (c->closing) return;
+    if (c->state == CS_CLOSING) return;
     server_t *s = c->srv;
-    if (c->busy) {
-        /* The client went away mid-request: log it as such. */
+    if (c->active) {
+        /* The answer did not end: log it as cut short, and stop its work. */
+        if (c->qs) qs_cancel(c->qs);
         if (!c->status) c->status = 499;
         if (c->qs) {
             c->rows = c->qs->rows;
             c->nnz = c->qs->nnz;
         }
-        snprintf(c->errmsg, sizeof c->errmsg, "connection closed before the response ended");
-        c->in_pump = 1;  /* req_done must not start parsing again */
+        if (!c->errmsg[0])
+            snprintf(c->errmsg, sizeof c->errmsg, "connection closed before the response ended");
+        c->close_after = 1;
         req_done(c);
     }
-    c->closing = 1;
+    if (c->log_pending) {
+        /* What the client really got: the answer less what never left
+         * this process and what the kernel still holds unacknowledged. */
+        size_t held = c->wpending + sock_outq(c);
+        uint64_t got = c->bytes > held ? c->bytes - held : 0;
+        if (got < c->bytes && !c->errmsg[0])
+            snprintf(c->errmsg, sizeof c->errmsg,
+                     "the client acknowledged %" PRIu64 " of %" PRIu64 " bytes before the close", got,
+                     c->bytes);
+        access_log(c, got);
+        req_reset(c);
+    }
+    s->doomed_bytes += c->wpending;
+    c->state = CS_CLOSING;
     if (c->prev) c->prev->next = c->next;
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
@@ -1634,34 +2290,70 @@ static void conn_close(conn_t *c)
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
 
-/* After the last response of a connection that the client may still be
- * writing to (a refused upload, a malformed request), the server reads and
- * drops input for a short while before closing: closing with unread input
- * makes the kernel send a reset, which can destroy the response the
- * client has not read yet. */
-#define LINGER_MS 2000
+/*
+ * The polite close.  After the last answer the write side is shut and the
+ * input read and dropped: closing a socket with unread input makes the
+ * kernel send a reset, which destroys an answer the client has not read
+ * yet (a 413 to a client still uploading).  Input is drained for at most
+ * DRAIN_MS and DRAIN_MAX_BYTES, and the close waits until the client has
+ * acknowledged every byte: a client that pauses before reading the tail
+ * of a large answer still gets it.  A client that acknowledges nothing for
+ * write_timeout_ms is cut.
+ */
+#define DRAIN_QUIET_MS 2000               /* input silent this long: the client is done */
+#define DRAIN_MS 10000                    /* the longest time input is read and dropped */
+#define DRAIN_MAX_BYTES ((size_t)64 << 20)
+
+static void drain_check(conn_t *c)
+{
+    uint64_t now = uv_now(&c->srv->loop);
+    size_t outq = sock_outq(c);
+    if (outq != c->outq_last) {
+        c->outq_last = outq;
+        c->outq_t = now;
+    }
+    int input_over = now - c->drain_t0 >= DRAIN_MS || c->drain_bytes >= DRAIN_MAX_BYTES;
+    int input_done = c->peer_eof || input_over || now - c->drain_last_in >= DRAIN_QUIET_MS;
+    if (outq == 0 && input_done) {
+        conn_close(c);
+        return;
+    }
+    if (outq > 0 && now - c->outq_t >= c->srv->cfg->limits.write_timeout_ms) {
+        conn_close(c);
+        return;
+    }
+    if (input_over && c->reading) {
+        /* Enough dropped: stop reading, still wait for the acknowledgements. */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
     conn_t *c = req->data;
     free(req);
-    if (status < 0 || c->closing) {
+    if (c->state == CS_CLOSING) return;
+    if (status < 0) {
         conn_close(c);
         return;
     }
-    c->lingering = 1;
+    uint64_t now = uv_now(&c->srv->loop);
+    c->drain_t0 = c->drain_last_in = c->outq_t = now;
+    c->drain_bytes = 0;
+    c->outq_last = (size_t)-1;
     c->rlen = 0;
-    c->tstate = T_NONE;
-    uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
-    if (!c->reading && uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0) c->reading = 1;
-    if (!c->reading) conn_close(c);
+    conn_set_state(c, CS_DRAINING);
+    if (!c->reading && !c->peer_eof &&
+        uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0)
+        c->reading = 1;
+    drain_check(c);
 }
 
-/* Half-closes after the queued writes so that the client reads the last
- * response before the connection goes away. */
-static void conn_finish(conn_t *c)
+/* Half-closes after the queued writes. */
+static void conn_shutdown(conn_t *c)
 {
-    if (c->closing || c->shutting) return;
+    if (c->state == CS_CLOSING || c->shutting) return;
     c->shutting = 1;
     uv_shutdown_t *sr = malloc(sizeof *sr);
     if (!sr) {
@@ -1678,22 +2370,55 @@ static void conn_finish(conn_t *c)
 static void on_timer(uv_timer_t *t)
 {
     conn_t *c = t->data;
-    if (c->lingering) {
+    switch (c->state) {
+    case CS_IDLE:
         conn_close(c);
         return;
-    }
-    if (c->tstate == T_HEADER || c->tstate == T_BODY) {
-        const char *what = c->tstate == T_BODY ? "the request body did not arrive in time"
-                                               : "the request headers did not arrive in time";
-        c->busy = 1;
-        c->t0 = uv_hrtime();
-        c->close_after = 1;
-        c->tstate = T_NONE;
-        send_error(c, 408, "timeout", what, NULL);
-        conn_finish(c);
+    case CS_READ_HEAD:
+    case CS_READ_BODY:
+        if (c->state == CS_READ_HEAD && !iv_http_in_active(&c->in) && !c->rlen) {
+            /* Connected and never sent a byte of a request: nothing to answer. */
+            conn_close(c);
+            return;
+        }
+        resp_begin_error(c);
+        send_error(c, 408, "timeout",
+                   iv_http_in_headers_done(&c->in) ? "the request body did not arrive in time"
+                                                   : "the request headers did not arrive in time",
+                   NULL);
+        return;
+    case CS_DISPATCHED:
+        /* The computation ran out of time before any byte of the answer:
+         * it is cancelled (req_done) and the client told so. */
+        if (c->qs) qs_cancel(c->qs);
+        c->srv->metrics.compute_timeouts++;
+        send_error(c, 503, "compute_timeout",
+                   "the computation took longer than limits.compute_timeout_ms; retry later or ask "
+                   "for less",
+                   "Retry-After: 1\r\n");
+        return;
+    case CS_RESPONDING:
+        if (!c->wpending && c->active && c->qs && !c->qs->done) {
+            /* A stream waited too long for its next block: its trailer says so. */
+            iv_err_t e;
+            iv_err_clear(&e);
+            iv_fail(&e, IV_ECANCELLED, "a block took longer than limits.compute_timeout_ms");
+            c->srv->metrics.compute_timeouts++;
+            qs_fail(c->qs, IV_ECANCELLED, &e);
+            return;
+        }
+        if (!c->errmsg[0])
+            snprintf(c->errmsg, sizeof c->errmsg, "the client read nothing for %u ms",
+                     c->srv->cfg->limits.write_timeout_ms);
+        conn_close(c);
+        return;
+    case CS_DRAINING:
+        drain_check(c);
+        if (c->state == CS_DRAINING) conn_set_state(c, CS_DRAINING);
+        return;
+    case CS_CLOSING:
         return;
     }
-    conn_close(c);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -1711,34 +2436,99 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
     conn_t *c = st->data;
-    if (c->lingering) {
+    if (c->state == CS_CLOSING) return;
+    if (c->state == CS_DRAINING) {
         c->rlen = 0;  /* dropped */
-        if (n < 0) conn_close(c);
+        if (n > 0) {
+            c->drain_bytes += (size_t)n;
+            c->drain_last_in = uv_now(&c->srv->loop);
+        } else if (n == UV_EOF) {
+            c->peer_eof = 1;
+            uv_read_stop(st);
+            c->reading = 0;
+            drain_check(c);
+        } else if (n < 0) {
+            conn_close(c);
+        }
         return;
     }
     if (n < 0) {
-        /* EOF: answer what is already buffered only when it is a complete
-         * request being served; otherwise the conversation is over. */
-        if (c->busy && n == UV_EOF) {
+        /* EOF: a request being answered still gets its answer (the client
+         * may have half-closed after sending it); otherwise the
+         * conversation is over. */
+        if (n == UV_EOF && c->active && c->state == CS_RESPONDING) {
+            c->peer_eof = 1;
             c->close_after = 1;
             uv_read_stop(st);
             c->reading = 0;
             return;
         }
+        /* EOF before any byte of the answer: the client left (as nginx
+         * takes it, 499), and its work is cancelled (conn_close). */
+        if (c->active && !c->errmsg[0])
+            snprintf(c->errmsg, sizeof c->errmsg, "the client closed the connection before the answer");
         conn_close(c);
         return;
     }
     if (n == 0) return;
+    c->got_bytes = 1;
     c->rlen += (size_t)n;
     conn_pump(c);
 }
 
+/* The status code and error code of a request the parser refused. */
+static const char *parse_error_code(int status)
+{
+    switch (status) {
+    case 413: return "too_large";
+    case 417: return "expectation_failed";
+    case 431: return "header_too_large";
+    case 503: return "out_of_memory";
+    case 505: return "http_version_not_supported";
+    default: return "bad_request";
+    }
+}
+
+/*
+ * A request's headers are complete and its body is still to come: an
+ * Expect header is answered now.  "100-continue" gets its interim answer
+ * only when the route, the method, the dataset and the token would accept
+ * the request; otherwise the final answer goes out at once and the
+ * connection closes (the body is drained, not read).  Any other
+ * expectation is 417.
+ */
+static void expect_check(conn_t *c)
+{
+    const iv_http_req_t *cur = iv_http_in_current(&c->in);
+    const char *ex = cur ? cur->hdr[IV_H_EXPECT] : NULL;
+    if (!ex) return;
+    if (strcasecmp(ex, "100-continue") != 0) {
+        resp_begin_error(c);
+        send_error(c, 417, "expectation_failed", "only Expect: 100-continue is supported", NULL);
+        return;
+    }
+    rfail_t f;
+    if (route_precheck(c, cur, &f) != 0) {
+        resp_begin_error(c);
+        c->route = f.route;
+        send_error(c, f.status, f.code, f.msg, f.extra);
+        return;
+    }
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    conn_write(c, NULL, 0, cont, sizeof cont - 1, 0, 0, NULL, 0);
+}
+
+/*
+ * Parses the next request when the connection is between answers, and
+ * starts reading or stops (the input buffer is full, or the connection
+ * closes after its answer).  One request at a time: the next is parsed
+ * only when the previous answer's last write completed (resp_finished).
+ */
 static void conn_pump(conn_t *c)
 {
-    server_t *s = c->srv;
-    if (c->closing || c->in_pump) return;
+    if (c->state == CS_CLOSING || c->in_pump) return;
     c->in_pump = 1;
-    while (!c->closing && !c->busy && !c->close_after && c->wpending < WRITE_HIGH_WATER && c->rlen > 0) {
+    if (is_reading_state(c) && c->rlen > 0) {
         size_t used = 0;
         iv_http_req_t *req = NULL;
         int rc = iv_http_in_feed(&c->in, c->rbuf, c->rlen, &used, &req);
@@ -1747,50 +2537,28 @@ static void conn_pump(conn_t *c)
             c->rlen -= used;
         }
         if (rc == 1) {
-            c->busy = 1;
-            c->req = req;
-            c->t0 = uv_hrtime();
-            c->sent_continue = 0;
-            timer_arm(c, T_WRITE, 1);
-            if (s->draining) c->close_after = 1;
+            resp_begin(c, req);
             dispatch(c);
-            continue;
-        }
-        if (rc < 0) {
-            c->busy = 1;
-            c->t0 = uv_hrtime();
-            c->close_after = 1;
-            send_error(c, c->in.err_status, c->in.err_status == 400 ? "bad_request" : "too_large",
-                       c->in.err_msg, NULL);
-            break;
-        }
-        if (iv_http_in_headers_done(&c->in)) {
-            const iv_http_req_t *cur = iv_http_in_current(&c->in);
-            if (cur && cur->hdr[IV_H_EXPECT] && !strcasecmp(cur->hdr[IV_H_EXPECT], "100-continue") &&
-                !c->sent_continue) {
-                c->sent_continue = 1;
-                char *m = strdup("HTTP/1.1 100 Continue\r\n\r\n");
-                if (m) conn_write(c, m, strlen(m), NULL, 0, 0, 0);
+        } else if (rc < 0) {
+            resp_begin_error(c);
+            send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg, NULL);
+        } else if (iv_http_in_headers_done(&c->in)) {
+            conn_enter(c, CS_READ_BODY);
+            if (!c->expect_checked) {
+                c->expect_checked = 1;
+                expect_check(c);
             }
-            timer_arm(c, T_BODY, 0);
         } else if (iv_http_in_active(&c->in)) {
-            timer_arm(c, T_HEADER, 0);
+            conn_enter(c, CS_READ_HEAD);
         }
-        break;
+        if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) sock_quickack(c);
     }
     c->in_pump = 0;
-    if (c->closing) return;
-    if (!c->busy && c->close_after) {
-        if (c->wpending == 0) conn_finish(c);
-        return;
-    }
-    if (!c->busy && !iv_http_in_active(&c->in) && c->rlen == 0) timer_arm(c, T_IDLE, 0);
-    else if (!c->busy && iv_http_in_active(&c->in) && !iv_http_in_headers_done(&c->in))
-        timer_arm(c, T_HEADER, 0);
-    int want = c->rlen < c->rcap && !c->close_after;
+    if (c->state == CS_CLOSING) return;
+    int want = c->rlen < c->rcap && !c->peer_eof && !c->close_after && c->state != CS_DRAINING;
     if (want && !c->reading) {
         if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0) c->reading = 1;
-    } else if (!want && c->reading) {
+    } else if (!want && c->reading && c->state != CS_DRAINING) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
     }
@@ -1806,9 +2574,18 @@ static void on_connection(uv_stream_t *ls, int status)
     c->rcap = s->cfg->limits.header_bytes + 4096 > READ_BUF_BYTES ? s->cfg->limits.header_bytes + 4096
                                                                    : READ_BUF_BYTES;
     c->rbuf = malloc(c->rcap);
-    uv_tcp_init(&s->loop, &c->tcp);
+    if (uv_tcp_init(&s->loop, &c->tcp) != 0) {
+        free(c->rbuf);
+        free(c);
+        return;
+    }
     c->tcp.data = c;
-    uv_timer_init(&s->loop, &c->timer);
+    c->handles_open = 1;
+    if (uv_timer_init(&s->loop, &c->timer) != 0) {
+        c->state = CS_CLOSING;
+        uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+        return;
+    }
     c->timer.data = c;
     c->handles_open = 2;
     iv_http_in_init(&c->in, s->cfg->limits.header_bytes, s->cfg->limits.body_bytes);
@@ -1817,15 +2594,19 @@ static void on_connection(uv_stream_t *ls, int status)
     s->conns = c;
     s->n_conns++;
     s->metrics.connections_total++;
+    c->last_progress = uv_now(&s->loop);
     if (!c->rbuf || uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
     }
+    /* Answers go out as soon as they are written: with Nagle on, the last
+     * small write of an answer waits for the client's delayed ACK. */
     uv_tcp_nodelay(&c->tcp, 1);
+    /* A new connection owes its first request within the header timeout,
+     * not the keep-alive time. */
+    conn_set_state(c, CS_READ_HEAD);
     if (s->n_conns > s->cfg->limits.max_connections || s->draining) {
-        c->busy = 1;
-        c->t0 = uv_hrtime();
-        c->close_after = 1;
+        resp_begin_error(c);
         send_error(c, 503, "overloaded", "too many connections", "Retry-After: 1\r\n");
         return;
     }
@@ -1940,9 +2721,12 @@ static void on_signal(uv_signal_t *sig, int signum)
     uv_close((uv_handle_t *)&s->listener, NULL);
     for (conn_t *c = s->conns, *n; c; c = n) {
         n = c->next;
-        if (!c->busy) conn_close(c);
+        if (is_reading_state(c)) conn_close(c);
         else c->close_after = 1;
     }
+    /* Work for clients that already left is not waited for. */
+    for (qstream_t *qs = s->streams; qs; qs = qs->next_live)
+        if (!qs->c) qs_cancel(qs);
     if (s->n_conns == 0) {
         s->stopped = 1;
         uv_close((uv_handle_t *)&s->async, NULL);
@@ -1974,7 +2758,10 @@ static int bind_listener(server_t *s)
     }
     struct sockaddr_storage got;
     int len = sizeof got;
-    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
+    if ((rc = uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len)) != 0) {
+        fprintf(stderr, "ivserve: cannot read the listening address: %s\n", uv_strerror(rc));
+        return -1;
+    }
     int port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
                                                : ((struct sockaddr_in *)&got)->sin_port);
     log_event(s, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
@@ -2030,28 +2817,68 @@ int iv_server_run(const iv_config_t *cfg)
         fprintf(stderr, "ivserve: cannot start the worker pool\n");
         goto fail_pool;
     }
-    pthread_mutex_init(&s->done_mu, NULL);
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
-    uv_loop_init(&s->loop);
-    uv_async_init(&s->loop, &s->async, on_async);
-    s->async.data = s;
-    uv_signal_init(&s->loop, &s->sigterm);
-    uv_signal_init(&s->loop, &s->sigint);
-    s->sigterm.data = s->sigint.data = s;
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
-    uv_timer_init(&s->loop, &s->grace);
-    s->grace.data = s;
-    uv_tcp_init(&s->loop, &s->listener);
-    s->listener.data = s;
-
+    /* The tokens, padded for the constant-time comparison (auth_check). */
+    for (size_t i = 0; i < cfg->n_tokens; i++)
+        if (strlen(cfg->tokens[i]) > s->tok_len) s->tok_len = strlen(cfg->tokens[i]);
+    for (size_t i = 0; i < cfg->n_datasets; i++)
+        for (size_t k = 0; k < cfg->datasets[i].n_tokens; k++)
+            if (strlen(cfg->datasets[i].tokens[k]) > s->tok_len)
+                s->tok_len = strlen(cfg->datasets[i].tokens[k]);
+    s->tok_pad = tokens_pad(cfg->tokens, cfg->n_tokens, s->tok_len);
+    s->tok_cand = calloc(1, s->tok_len + 1);
     s->n_ds = cfg->n_datasets;
     s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    if (!s->ds) goto fail_loop;
-    if (bind_listener(s) != 0) goto fail_loop;
-    for (size_t i = 0; i < s->n_ds; i++) {
+    int ok = s->tok_pad && s->tok_cand && s->ds;
+    for (size_t i = 0; ok && i < s->n_ds; i++) {
         s->ds[i].conf = &cfg->datasets[i];
         s->ds[i].state = DS_LOADING;
+        ok = (s->ds[i].tok_pad = tokens_pad(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
+                                            s->tok_len)) != NULL;
+    }
+    if (!ok) {
+        fprintf(stderr, "ivserve: out of memory\n");
+        goto fail_mem;
+    }
+    /* Datasets load on several workers at once: that needs an HDF5 built
+     * thread-safe.  Without it the loads take turns (the queries make no
+     * HDF5 calls). */
+    hbool_t h5ts = 0;
+    if (H5is_library_threadsafe(&h5ts) < 0) h5ts = 0;
+    s->h5_serial = !h5ts;
+    if (pthread_mutex_init(&s->h5_mu, NULL) != 0 || pthread_mutex_init(&s->done_mu, NULL) != 0) {
+        fprintf(stderr, "ivserve: cannot create a mutex\n");
+        goto fail_mem;
+    }
+    int rc;
+    if ((rc = uv_loop_init(&s->loop)) != 0) {
+        fprintf(stderr, "ivserve: cannot start the event loop: %s\n", uv_strerror(rc));
+        goto fail_mutex;
+    }
+    /* Each handle is closed on failure by fail_loop, which closes the ones
+     * that were initialised (a zeroed handle has no loop). */
+    if ((rc = uv_async_init(&s->loop, &s->async, on_async)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
+        (rc = uv_timer_init(&s->loop, &s->grace)) != 0 ||
+        (rc = uv_tcp_init(&s->loop, &s->listener)) != 0) {
+        fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
+        goto fail_loop;
+    }
+    s->async.data = s;
+    s->sigterm.data = s->sigint.data = s;
+    s->grace.data = s;
+    s->listener.data = s;
+    if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
+        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0) {
+        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT: %s\n", uv_strerror(rc));
+        goto fail_loop;
+    }
+    if (s->h5_serial)
+        log_event(s, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
+
+    if (bind_listener(s) != 0) goto fail_loop;
+    for (size_t i = 0; i < s->n_ds; i++) {
         job_t *j = calloc(1, sizeof *j);
         if (!j) goto fail_loop;
         j->srv = s;
@@ -2071,16 +2898,20 @@ int iv_server_run(const iv_config_t *cfg)
     goto cleanup;
 
 fail_loop:
-    /* Start-up failed: close every handle and run the loop until they are gone. */
+    /* Start-up failed: close every handle that was set up and run the loop
+     * until they are gone. */
     s->draining = 1;
-    if (!uv_is_closing((uv_handle_t *)&s->listener)) uv_close((uv_handle_t *)&s->listener, NULL);
-    uv_close((uv_handle_t *)&s->async, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_close((uv_handle_t *)&s->sigint, NULL);
-    uv_close((uv_handle_t *)&s->grace, NULL);
+    {
+        uv_handle_t *hs[] = {(uv_handle_t *)&s->listener, (uv_handle_t *)&s->async,
+                             (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
+                             (uv_handle_t *)&s->grace};
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+            if (hs[i]->loop == &s->loop && !uv_is_closing(hs[i])) uv_close(hs[i], NULL);
+    }
     uv_run(&s->loop, UV_RUN_DEFAULT);
 cleanup:
     iv_pool_destroy(s->pool);
+    s->pool = NULL;
     drain_after_stop(s);
     for (size_t i = 0; s->ds && i < s->n_ds; i++) {
         iv_meta_free(s->ds[i].meta);
@@ -2088,9 +2919,16 @@ cleanup:
         iv_vds_free(s->ds[i].vx);
         free(s->ds[i].doc);
     }
-    free(s->ds);
     uv_loop_close(&s->loop);
+fail_mutex:
     pthread_mutex_destroy(&s->done_mu);
+    pthread_mutex_destroy(&s->h5_mu);
+fail_mem:
+    iv_pool_destroy(s->pool);
+    for (size_t i = 0; s->ds && i < s->n_ds; i++) free(s->ds[i].tok_pad);
+    free(s->ds);
+    free(s->tok_pad);
+    free(s->tok_cand);
 fail_pool:
     if (s->alog_owned) fclose(s->alog);
     free(s);
