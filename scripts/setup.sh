@@ -11,6 +11,7 @@ PKGS=(
   python3 python3-h5py python3-numpy python3-scipy python3-anndata
   python3-zstandard python3-requests python3-pytest python3-pandas
   wrk nginx-light
+  chromium chromium-driver python3-selenium
 )
 
 missing=()

@@ -54,6 +54,7 @@
 #include "query.h"
 #include "request.h"
 #include "routes_meta.h"
+#include "routes_static.h"
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
@@ -1396,6 +1397,11 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/metrics")) {
         c->route = IV_R_METRICS;
         route_metrics(c);
+        return;
+    }
+    iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
+    if (iv_static_route(p, r->method, r->hdr[IV_H_IF_NONE_MATCH], r->hdr[IV_H_ACCEPT_ENCODING], &sr)) {
+        send_simple(c, sr.status, sr.ctype, sr.body, sr.len, sr.extra);
         return;
     }
     static const char pre[] = "/v1/datasets";
