@@ -589,10 +589,13 @@ window.__ivTest = {
   colors: (idx) => idx.map((i) => Array.from(state.shown.subarray(4 * i, 4 * i + 4))),
   colorInfo: () => ({ ...state.color }),
   dataToScreen: (x, y) => scatter.dataToScreen(x, y),
+  pixel: (px, py) => scatter.readPixel(px, py),
+  pointSize: () => scatter.pointSize(),
   canvasSize: () => [scatter.canvas.clientWidth, scatter.canvas.clientHeight],
   view: () => ({ ...scatter.view }),
   selection: () => (state.selection ? { count: state.selection.count, kind: state.selection.kind,
-                                         box: state.selection.box ? { ...state.selection.box, screen: undefined } : null }
+                                         box: state.selection.box ? { ...state.selection.box, screen: undefined } : null,
+                                         points: state.selection.points || null }
                                       : null),
   selectionIndices: () => (state.selection ? Array.from(maskIndices(state.selection.mask, state.selection.count)) : []),
   curl: () => $('sel-curl').value,

@@ -206,6 +206,19 @@ export class Scatter {
     ctx.putImageData(img, 0, 0);
   }
 
+  // The drawn RGBA at CSS pixel (px, py) of the canvas (tests compare it
+  // with a cell's colour at the cell's place).
+  readPixel(px, py) {
+    const dpr = window.devicePixelRatio || 1;
+    const x = Math.floor(px * dpr), y = Math.floor(py * dpr);
+    if (this.gl) {
+      const out = new Uint8Array(4);
+      this.gl.readPixels(x, this.canvas.height - 1 - y, 1, 1, this.gl.RGBA, this.gl.UNSIGNED_BYTE, out);
+      return Array.from(out);
+    }
+    return Array.from(this.ctx.getImageData(x, y, 1, 1).data);
+  }
+
   setMode(mode) {
     this.mode = mode;
     this.overlay.className = mode;
