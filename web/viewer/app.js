@@ -31,6 +31,20 @@ const state = {
   timings: {}, downloads: [], messages: [],
 };
 
+// The first requests leave before the scatter sets up WebGL (which takes
+// a while with a software renderer), so the network and the set-up overlap.
+const early = {
+  list: getJson('v1/datasets').then((v) => ({ v }), (e) => ({ e })),
+  doc: params.get('dataset') ? getJson(dsPath(params.get('dataset'))).then((v) => ({ v }), (e) => ({ e })) : null,
+};
+
+// A request started early, or a fresh one once that was used.
+function earlyOr(key, fn) {
+  const p = early[key];
+  early[key] = null;
+  return p ? p.then((r) => { if (r.e) throw r.e; return r.v; }) : fn();
+}
+
 const scatter = new Scatter($('scatter'), $('overlay'), { forceCanvas: params.get('renderer') === 'canvas' });
 
 // ---- messages -------------------------------------------------------------
@@ -95,7 +109,7 @@ function note(text) {
 
 async function loadDatasets() {
   const sel = $('dataset');
-  const list = await step('listing the datasets', () => getJson('v1/datasets'));
+  const list = await step('listing the datasets', () => earlyOr('list', () => getJson('v1/datasets')));
   sel.textContent = '';
   if (!list) {
     sel.appendChild(new Option('(none)', ''));
@@ -123,17 +137,22 @@ async function openDataset(id) {
   updateSelectionUi();
   $('legend').textContent = '';
   $('dotplot').textContent = '';
-  const doc = await step('opening dataset ' + id, () => getJson(dsPath(id)));
+  state.timings.opening = performance.now();
+  const doc = await step('opening dataset ' + id, () =>
+    (id === params.get('dataset') ? earlyOr('doc', () => getJson(dsPath(id))) : getJson(dsPath(id))));
+  state.timings.docLoaded = performance.now();
   if (!doc || gen !== state.generation) return;
   state.doc = doc;
   state.nObs = doc.shape[0];
   $('shape').textContent = fmtInt(doc.shape[0]) + ' cells × ' + fmtInt(doc.shape[1]) + ' genes, ' +
     fmtInt(doc.nnz) + ' stored (' + doc.dtype + ', ' + doc.orientation + ')';
-  fillInfo(doc);
-  fillColumnPickers(doc);
+  // The embedding is asked for first; the side panel fills while it loads.
   fillEmbeddings(doc);
   const emb = $('embedding').value;
-  if (emb) await loadEmbedding(emb, gen);
+  const loading = emb ? loadEmbedding(emb, gen) : null;
+  fillInfo(doc);
+  fillColumnPickers(doc);
+  await loading;
 }
 
 function obsColumns(doc) { return doc.obs && doc.obs.columns ? doc.obs.columns : []; }
@@ -200,6 +219,7 @@ async function loadEmbedding(name, gen = state.generation) {
   const got = await step('loading the embedding ' + name, async () => {
     const { buf } = await fetchBinary(dsPath(id, '/obsm/' + encodeURIComponent(name) + '?dtype=float32'),
                                       { accept: MEDIA_ARRAY });
+    state.timings.embeddingFetched = performance.now();
     return parseIvar(buf);
   });
   if (!got || gen !== state.generation) return;
@@ -293,11 +313,35 @@ async function colorByObs(name) {
 
 // One gene over every cell, dense.  The query route answers the column
 // as CSR rows (one per cell that has an entry); cells it leaves out are 0.
+// Servers that answer "dense": true send the gene as one vector of every
+// cell's value (read from a gene-major copy when they hold one); older ones
+// refuse the key, and the page then asks for CSR rows from then on.
+let denseRefused = false;
+
 async function geneVector(id, name) {
-  const { buf } = await fetchBinary(dsPath(id, '/query'), {
-    method: 'POST', accept: MEDIA_CSR, body: { var: { names: [name] } },
-  });
-  return denseColumn(parseIvqs(buf), state.nObs, 0);
+  const t0 = performance.now();
+  let buf = null;
+  if (!denseRefused) {
+    try {
+      ({ buf } = await fetchBinary(dsPath(id, '/query'), {
+        method: 'POST', accept: MEDIA_CSR, body: { var: { names: [name] }, by: 'var', dense: true },
+      }));
+    } catch (e) {
+      if (!(e instanceof ApiError && /unknown key '(by|dense)'/.test(e.message))) throw e;
+      denseRefused = true;
+    }
+  }
+  if (!buf) {
+    ({ buf } = await fetchBinary(dsPath(id, '/query'), {
+      method: 'POST', accept: MEDIA_CSR, body: { var: { names: [name] } },
+    }));
+  }
+  const t1 = performance.now();
+  const v = denseColumn(parseIvqs(buf), state.nObs, 0);
+  state.timings.geneFetch = t1 - t0;
+  state.timings.geneDense = !denseRefused;
+  state.timings.geneParse = performance.now() - t1;
+  return v;
 }
 
 async function colorByGene(name) {
@@ -309,10 +353,14 @@ async function colorByGene(name) {
   const t0 = performance.now();
   const v = await step('colouring by gene ' + name, () => geneVector(id, name));
   if (!v || gen !== state.generation) return;
+  const t1 = performance.now();
   const { rgba, lo, hi } = numericColors(v);
+  const t2 = performance.now();
   state.codes = null;
   setBase(rgba, { kind: 'gene', name, lo, hi });
+  const t3 = performance.now();
   await nextFrame();
+  Object.assign(state.timings, { geneColors: t2 - t1, geneUpload: t3 - t2, geneFrame: performance.now() - t3 });
   state.timings.recolor = performance.now() - t0;
   state.timings.recolorGene = name;
 }

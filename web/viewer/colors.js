@@ -67,10 +67,19 @@ export function numericColors(values) {
   // A lookup table of 1024 steps would be faster but would round values
   // to a step: the page colours every cell with its exact t instead.
   const n = values.length, out = new Uint8Array(n * 4), span = hi - lo;
+  // rampColor inlined: this loop runs once per cell on every re-colour.
+  const last = RAMP.length - 1;
   for (let i = 0; i < n; i++) {
-    const v = values[i];
-    const c = Number.isNaN(v) ? MISSING : rampColor(span > 0 ? (v - lo) / span : 0);
-    out[4 * i] = c[0]; out[4 * i + 1] = c[1]; out[4 * i + 2] = c[2]; out[4 * i + 3] = 255;
+    const v = values[i], k = 4 * i;
+    out[k + 3] = 255;
+    if (v !== v) { out[k] = MISSING[0]; out[k + 1] = MISSING[1]; out[k + 2] = MISSING[2]; continue; }
+    const t = span > 0 ? (v - lo) / span : 0;
+    let j = 1;
+    while (j < last && t > RAMP[j][0]) j++;
+    const a = RAMP[j - 1], b = RAMP[j], f = (t - a[0]) / (b[0] - a[0]);
+    out[k] = Math.floor(a[1] + (b[1] - a[1]) * f + 0.5);
+    out[k + 1] = Math.floor(a[2] + (b[2] - a[2]) * f + 0.5);
+    out[k + 2] = Math.floor(a[3] + (b[3] - a[3]) * f + 0.5);
   }
   return { rgba: out, lo, hi };
 }

@@ -84,20 +84,47 @@ export function parseIvqs(buf) {
       }
       return out;
     }
-    if (kind !== 1 || n < 0 || nnz < 0) throw new Error('bad block in the query stream');
+    if (n < 0 || nnz < 0) throw new Error('bad block in the query stream');
+    if (kind === 4) {
+      // Dense gene rows ("dense": true): n genes, each nnz (= the
+      // selected cells) values in the selection's order.
+      const ids = i64s(buf, dv, pos, n); pos += 8 * n;
+      const vals = toNumbers(typed(buf, pos, n * nnz, out.valueDtype)); pos += n * nnz * DTYPES[out.valueDtype][1];
+      out.blocks.push({ dense: true, ids, cols: nnz, values: vals });
+      continue;
+    }
+    if (kind !== 1 && kind !== 3) throw new Error('unknown block kind ' + kind + ' in the query stream');
     const obs = i64s(buf, dv, pos, n); pos += 8 * n;
     const indptr = i64s(buf, dv, pos, n + 1); pos += 8 * (n + 1);
     const indices = toNumbers(typed(buf, pos, nnz, out.indexDtype)); pos += nnz * DTYPES[out.indexDtype][1];
     const rawValues = typed(buf, pos, nnz, out.valueDtype); pos += nnz * DTYPES[out.valueDtype][1];
-    out.blocks.push({ obs, indptr, indices, values: toNumbers(rawValues), rawValues });
+    // Kind 3 ("by": "var") has gene rows: obs then holds var indices and
+    // indices the positions of cells in the selection.
+    out.blocks.push({ byVar: kind === 3, obs, indptr, indices, values: toNumbers(rawValues), rawValues });
   }
 }
 
 // One column (gene) of a parsed stream as a dense Float32Array over nObs
 // cells: cells without a stored entry are 0.
+// Gene-row blocks (dense or sparse) are for an all-cell selection, so a
+// position in the selection is the cell.
 export function denseColumn(parsed, nObs, col = 0) {
   const v = new Float32Array(nObs);
+  let geneRow = 0;
   for (const b of parsed.blocks) {
+    if (b.dense) {
+      for (let r = 0; r < b.ids.length; r++, geneRow++) {
+        if (geneRow === col) v.set(b.values.subarray(r * b.cols, r * b.cols + Math.min(b.cols, nObs)));
+      }
+      continue;
+    }
+    if (b.byVar) {
+      for (let r = 0; r < b.obs.length; r++, geneRow++) {
+        if (geneRow !== col) continue;
+        for (let k = b.indptr[r]; k < b.indptr[r + 1]; k++) v[b.indices[k]] = b.values[k];
+      }
+      continue;
+    }
     for (let r = 0; r < b.obs.length; r++) {
       for (let k = b.indptr[r]; k < b.indptr[r + 1]; k++) {
         if (b.indices[k] === col) v[b.obs[r]] = b.values[k];
