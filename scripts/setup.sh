@@ -13,6 +13,7 @@ PKGS=(
   python3-pip python3-setuptools python3-wheel
   r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   wrk nginx-light
+  chromium chromium-driver python3-selenium
 )
 
 missing=()

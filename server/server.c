@@ -67,6 +67,7 @@
 #include "openapi.h"
 #include "routes_viewer.h"
 #include "transpose.h"
+#include "routes_static.h"
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
@@ -2068,6 +2069,11 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/metrics")) {
         c->route = IV_R_METRICS;
         route_metrics(c);
+        return;
+    }
+    iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
+    if (iv_static_route(p, r->method, r->hdr[IV_H_IF_NONE_MATCH], r->hdr[IV_H_ACCEPT_ENCODING], &sr)) {
+        send_simple(c, sr.status, sr.ctype, sr.body, sr.len, sr.extra);
         return;
     }
     static const char pre[] = "/v1/datasets";
