@@ -9,11 +9,15 @@
  *   bench_select FILE.h5ad [--threads T] [--reps R] [--cache-mb M] [--seed S]
  *                [--obs SEL | --obs-file F | --obs-random N]
  *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
+ *                [--other] [--pick auto|cells|genes]
  *
  * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
  * a file holds whitespace-separated indices; --*-random N draws N indices
- * uniformly with replacement from a fixed seed.  Prints one line:
- *   select LABEL rows R nnz Z best_ms B median_ms M threads T
+ * uniformly with replacement from a fixed seed.  --other builds the other
+ * orientation in memory first (as the server does after a load; its build
+ * time is printed on a line of its own) and --pick forces the orientation
+ * that serves the query (default: the planner's).  Prints one line:
+ *   select LABEL rows R nnz Z best_ms B median_ms M threads T served_by cells|genes
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -25,6 +29,7 @@
 #include "dataset.h"
 #include "pool.h"
 #include "query.h"
+#include "transpose.h"
 
 static double now_s(void)
 {
@@ -143,8 +148,15 @@ int main(int argc, char **argv)
     int reps = 5;
     long cache_mb = -1;
     uint64_t seed = 1;
+    int other = 0;
+    iv_pick_t pick = IV_PICK_AUTO;
     for (int i = 2; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--other") == 0) {
+            other = 1;
+            i--;
+            continue;
+        }
         if (!v) die("missing value after", a);
         if (strcmp(a, "--threads") == 0) threads = (unsigned)strtoul(v, NULL, 10);
         else if (strcmp(a, "--reps") == 0) reps = atoi(v);
@@ -157,6 +169,12 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--var-file") == 0) var_f = v;
         else if (strcmp(a, "--var-random") == 0) var_r = atoll(v);
         else if (strcmp(a, "--label") == 0) label = v;
+        else if (strcmp(a, "--pick") == 0) {
+            if (strcmp(v, "auto") == 0) pick = IV_PICK_AUTO;
+            else if (strcmp(v, "cells") == 0) pick = IV_PICK_CELLS;
+            else if (strcmp(v, "genes") == 0) pick = IV_PICK_GENES;
+            else die("--pick takes auto, cells or genes", v);
+        }
         else die("unknown option", a);
     }
     if (threads < 1) threads = 1;
@@ -169,9 +187,20 @@ int main(int argc, char **argv)
     o.pool = pool;
     if (cache_mb >= 0) o.cache_bytes = (size_t)cache_mb << 20;
     iv_dataset_t *ds;
-    iv_err_t err;
+    iv_err_t err = {0};
     if (iv_dataset_open(path, &o, &ds, &err) < 0) die("cannot open", err.msg);
     const iv_dataset_info_t *info = iv_dataset_info(ds);
+    if (other) {
+        iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool};
+        double t0 = now_s();
+        if (iv_dataset_build_other(ds, &to, &err) < 0) die("cannot build the other orientation", err.msg);
+        iv_orient_status_t os;
+        iv_dataset_orientations(ds, &os);
+        printf("other %s built in %.3f s, %.1f MB (the file's stream %.1f MB)\n",
+               info->orient == IV_IVCSR ? "gene-major" : "cell-major", now_s() - t0,
+               (double)os.bytes[info->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR] / 1e6,
+               (double)info->stream_bytes / 1e6);
+    }
 
     iv_sel_t obs = {.all = 1}, var = {.all = 1};
     if (obs_s) sel_text(obs_s, &obs);
@@ -184,10 +213,11 @@ int main(int argc, char **argv)
     double *times = malloc((size_t)reps * sizeof *times);
     if (!times) die("out of memory", NULL);
     int64_t rows = 0, nnz = 0;
+    const char *served = "?";
     for (int rep = 0; rep < reps; rep++) {
         struct run r = {0};
         double t0 = now_s();
-        iv_query_opts_t qo = {.axis = IV_OUT_ROWS};
+        iv_query_opts_t qo = {.axis = IV_OUT_ROWS, .pick = pick};
         if (iv_query_new(ds, &obs, &var, &qo, &r.q, &err) < 0 ||
             iv_query_prepare(r.q, pool, &err) < 0)
             die("query failed", err.msg);
@@ -198,6 +228,7 @@ int main(int argc, char **argv)
         iv_pool_parallel_for(pool, nb, 0, decode_one, &r);
         times[rep] = now_s() - t0;
         rows = iv_query_n_rows(r.q);
+        served = iv_query_orient(r.q) == IV_IVCSR ? "cells" : "genes";
         nnz = 0;
         for (size_t b = 0; b < nb; b++) {
             if (r.rcs[b] < 0) die("decode failed", NULL);
@@ -209,8 +240,8 @@ int main(int argc, char **argv)
         iv_query_free(r.q);
     }
     qsort(times, (size_t)reps, sizeof *times, cmp_double);
-    printf("select %s rows %" PRId64 " nnz %" PRId64 " best_ms %.3f median_ms %.3f threads %u\n",
-           label, rows, nnz, times[0] * 1e3, times[reps / 2] * 1e3, threads);
+    printf("select %s rows %" PRId64 " nnz %" PRId64 " best_ms %.3f median_ms %.3f threads %u "
+           "served_by %s\n", label, rows, nnz, times[0] * 1e3, times[reps / 2] * 1e3, threads, served);
     free(times);
     free((void *)obs.idx);
     free((void *)var.idx);
