@@ -23,10 +23,15 @@
  *
  * Connections are freed only from their close callbacks.  A stream whose
  * connection goes away is detached and its query cancelled; it is freed
- * when its last job returns.  Requests on one connection are parsed one
- * at a time (the parser pauses after each), so pipelined requests are
- * answered in order, and reading stops while the input buffer is full or
- * the output queue is above a high-water mark.
+ * when its last job returns and its last write completed.  A connection
+ * is in one explicit state at a time (conn_state_t), and conn_set_state
+ * is the one place that changes it and arms the state's timer.  Requests
+ * on one connection are parsed one at a time (the parser pauses after
+ * each), and the next only when the previous answer's last write
+ * completed, so pipelined requests are answered in order and never share
+ * the socket's write queue; reading stops while the input buffer is full.
+ * Each write carries the sequence number of its answer and, for a block,
+ * its stream, which it credits on completion.
  */
 #include "server.h"
 
@@ -71,7 +76,6 @@
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
-#define WRITE_HIGH_WATER ((size_t)1 << 20)
 
 typedef struct server server_t;
 typedef struct conn conn_t;
@@ -214,6 +218,13 @@ struct conn {
     uint64_t seq;
     int resp_ended;
     int expect_checked;   /* Expect of the request being read was answered */
+    /* Requests parsed ahead while an answer is in flight, oldest first
+     * (at most limits.max_pipeline of them, AHEAD_MAX_BYTES in all), and
+     * whether the parser failed after them. */
+    iv_http_req_t **ahead;
+    unsigned n_ahead, ahead_first, ahead_cap;
+    size_t ahead_bytes;
+    int ahead_err;
     /* DRAINING bookkeeping. */
     uint64_t drain_t0, drain_last_in, outq_t;
     size_t drain_bytes, outq_last;
@@ -933,7 +944,10 @@ static void resp_finished(conn_t *c)
         conn_shutdown(c);
         return;
     }
-    conn_set_state(c, iv_http_in_active(&c->in) || c->rlen ? CS_READ_HEAD : CS_IDLE);
+    conn_set_state(c, iv_http_in_headers_done(&c->in) ? CS_READ_BODY
+                      : iv_http_in_active(&c->in) || c->rlen || c->n_ahead || c->ahead_err
+                          ? CS_READ_HEAD
+                          : CS_IDLE);
     conn_pump(c);
 }
 
@@ -1654,6 +1668,7 @@ typedef struct rfail {
 /* The bearer-token check, in one place for dispatch and route_precheck. */
 static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f)
 {
+    f->extra = NULL;
     size_t nd = d ? d->conf->n_tokens : 0;
     if (s->cfg->n_tokens == 0 && nd == 0) return 0;
     const char *h = r->hdr[IV_H_AUTHORIZATION];
@@ -1682,6 +1697,7 @@ static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t
 static int auth_check(conn_t *c, const sds_t *d)
 {
     rfail_t f;
+    memset(&f, 0, sizeof f);
     if (token_ok(c->srv, c->req, d, &f) == 0) return 0;
     send_error(c, f.status, f.code, f.msg, f.extra);
     return -1;
@@ -2207,6 +2223,12 @@ static void on_handle_closed(uv_handle_t *h)
     }
     free(c->dropped);
     free(c->dropped_hdr);
+    for (unsigned i = 0; i < c->n_ahead; i++) {
+        iv_http_req_t *r = c->ahead[(c->ahead_first + i) % c->ahead_cap];
+        iv_http_req_free(r);
+        free(r);
+    }
+    free(c->ahead);
     free(c->rbuf);
     free(c);
     if (s->draining && s->n_conns == 0 && !s->stopped) {
@@ -2524,41 +2546,105 @@ static void expect_check(conn_t *c)
     conn_write(c, NULL, 0, cont, sizeof cont - 1, 0, 0, NULL, 0);
 }
 
-/*
- * Parses the next request when the connection is between answers, and
- * starts reading or stops (the input buffer is full, or the connection
- * closes after its answer).  One request at a time: the next is parsed
- * only when the previous answer's last write completed (resp_finished).
- */
-static void conn_pump(conn_t *c)
+/* Requests parsed ahead hold at most this much (bodies, targets). */
+#define AHEAD_MAX_BYTES ((size_t)64 << 10)
+
+static size_t req_mem(const iv_http_req_t *r)
 {
-    if (c->state == CS_CLOSING || c->in_pump) return;
-    c->in_pump = 1;
-    if (is_reading_state(c) && c->rlen > 0) {
+    return r->body.len + 2 * (r->target ? strlen(r->target) : 0) + 512;
+}
+
+/*
+ * While an answer is in flight, the requests behind it are parsed into a
+ * queue, within limits.max_pipeline requests and AHEAD_MAX_BYTES, so that
+ * a client's pipelined requests leave the read buffer and a bad one is
+ * found early (it is answered in its turn).  A request whose headers ask
+ * for "100 Continue" waits: that is answered only when it is next.
+ */
+static void conn_parse_ahead(conn_t *c)
+{
+    while (c->rlen > 0 && !c->ahead_err && c->n_ahead < c->ahead_cap) {
+        const iv_http_req_t *cur = iv_http_in_current(&c->in);
+        size_t held = c->ahead_bytes + (cur ? cur->body.len : 0);
+        if (held >= AHEAD_MAX_BYTES) break;
+        if (cur && iv_http_in_headers_done(&c->in) && cur->hdr[IV_H_EXPECT]) break;
+        size_t n = c->rlen < AHEAD_MAX_BYTES - held ? c->rlen : AHEAD_MAX_BYTES - held;
         size_t used = 0;
         iv_http_req_t *req = NULL;
-        int rc = iv_http_in_feed(&c->in, c->rbuf, c->rlen, &used, &req);
+        int rc = iv_http_in_feed(&c->in, c->rbuf, n, &used, &req);
         if (used) {
             memmove(c->rbuf, c->rbuf + used, c->rlen - used);
             c->rlen -= used;
         }
         if (rc == 1) {
+            c->ahead[(c->ahead_first + c->n_ahead) % c->ahead_cap] = req;
+            c->n_ahead++;
+            c->ahead_bytes += req_mem(req);
+        } else if (rc < 0) {
+            c->ahead_err = 1;
+        } else if (used == 0) {
+            break;
+        }
+    }
+}
+
+/*
+ * Between answers: starts the next request (parsed ahead, or parsed now
+ * from the read buffer), answers a parse error in its turn, or handles a
+ * request still arriving (its Expect, its state).  While an answer is in
+ * flight: parses ahead.  Then starts or stops reading (the input buffer
+ * is full, or the connection closes after its answer).  The next request
+ * starts only when the previous answer's last write completed
+ * (resp_finished calls this).
+ */
+static void conn_pump(conn_t *c)
+{
+    if (c->state == CS_CLOSING || c->in_pump) return;
+    c->in_pump = 1;
+    if (is_reading_state(c)) {
+        if (c->n_ahead) {
+            iv_http_req_t *req = c->ahead[c->ahead_first];
+            c->ahead_first = (c->ahead_first + 1) % c->ahead_cap;
+            c->n_ahead--;
+            c->ahead_bytes -= req_mem(req);
             resp_begin(c, req);
             dispatch(c);
-        } else if (rc < 0) {
+        } else if (c->ahead_err) {
+            c->ahead_err = 0;
             resp_begin_error(c);
             send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg, NULL);
-        } else if (iv_http_in_headers_done(&c->in)) {
-            conn_enter(c, CS_READ_BODY);
-            if (!c->expect_checked) {
-                c->expect_checked = 1;
-                expect_check(c);
+        } else if (c->rlen > 0) {
+            size_t used = 0;
+            iv_http_req_t *req = NULL;
+            int rc = iv_http_in_feed(&c->in, c->rbuf, c->rlen, &used, &req);
+            if (used) {
+                memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+                c->rlen -= used;
             }
-        } else if (iv_http_in_active(&c->in)) {
-            conn_enter(c, CS_READ_HEAD);
+            if (rc == 1) {
+                resp_begin(c, req);
+                dispatch(c);
+            } else if (rc < 0) {
+                resp_begin_error(c);
+                send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg,
+                           NULL);
+            }
         }
-        if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) sock_quickack(c);
+        if (is_reading_state(c)) {
+            if (iv_http_in_headers_done(&c->in)) {
+                conn_enter(c, CS_READ_BODY);
+                if (!c->expect_checked) {
+                    c->expect_checked = 1;
+                    expect_check(c);
+                }
+            } else if (iv_http_in_active(&c->in)) {
+                conn_enter(c, CS_READ_HEAD);
+            }
+            if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) sock_quickack(c);
+        }
     }
+    if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->close_after)
+        conn_parse_ahead(c);
     c->in_pump = 0;
     if (c->state == CS_CLOSING) return;
     int want = c->rlen < c->rcap && !c->peer_eof && !c->close_after && c->state != CS_DRAINING;
@@ -2580,7 +2666,10 @@ static void on_connection(uv_stream_t *ls, int status)
     c->rcap = s->cfg->limits.header_bytes + 4096 > READ_BUF_BYTES ? s->cfg->limits.header_bytes + 4096
                                                                    : READ_BUF_BYTES;
     c->rbuf = malloc(c->rcap);
+    c->ahead_cap = s->cfg->limits.max_pipeline ? s->cfg->limits.max_pipeline : 1;
+    c->ahead = calloc(c->ahead_cap, sizeof *c->ahead);
     if (uv_tcp_init(&s->loop, &c->tcp) != 0) {
+        free(c->ahead);
         free(c->rbuf);
         free(c);
         return;
@@ -2601,7 +2690,7 @@ static void on_connection(uv_stream_t *ls, int status)
     s->n_conns++;
     s->metrics.connections_total++;
     c->last_progress = uv_now(&s->loop);
-    if (!c->rbuf || uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+    if (!c->rbuf || !c->ahead || uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
     }

@@ -273,6 +273,13 @@ def test_obs_var_frames_equal_anndata(client, ds_id):
     frame_equal(ds.obs, obs)
     frame_equal(ds.var, var)
     assert ds.columns("obs") == list(obs.columns)
+    # The schema names the stored width of int and float columns (what
+    # lets the frames come back as float32 / int8 where the file has them).
+    for axis, frame in (("obs", obs), ("var", var)):
+        for c in ds.info[axis]["columns"]:
+            if c["type"] in ("int", "float") and c["name"] in frame.columns:
+                want = frame[c["name"]].dtype
+                assert c["dtype"] == (want.numpy_dtype.name if hasattr(want, "numpy_dtype") else want.name)
     # Computed columns (of the stored major axis) only when asked for;
     # total_counts equals the matrix' sums.
     dense = ref(ds_id)[0]

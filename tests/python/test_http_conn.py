@@ -573,3 +573,30 @@ def test_trace_is_405(srv):
         got = read_responses(c, ["TRACE"])
         c.close()
         assert got and got[0].status == 405, (path, got and got[0].status)
+
+
+# ---- 6: limits.max_pipeline: requests parsed ahead of the answer in flight --
+
+@pytest.mark.parametrize("depth", ["1", "4", "1024"])
+def test_many_pipelined_requests_behind_a_stream(tmp_path, depth):
+    """More pipelined requests than the parse-ahead queue holds and than the
+    read buffer holds, a bad one among them late: all answered, in order,
+    the bad one in its turn, and nothing after it."""
+    s = one_ds_server(tmp_path, "--max-pipeline", depth)
+    try:
+        n = 1500  # about 100 kB of requests
+        reqs = request("GET", "/v1/datasets/d/query", [BIN])
+        reqs += b"".join(request("GET", f"/v1/datasets/d/count?obs={i % 7}") for i in range(n))
+        reqs += b"GET /healthz HTTP/1.1\r\n\r\n"  # no Host: 400, and the connection ends
+        reqs += request("GET", "/healthz")
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(reqs)
+        got = read_responses(c, ["GET"] * (n + 3), timeout=30)
+        c.close()
+        assert len(got) == n + 2, len(got)
+        check_stream(got[0])
+        for i in range(n):
+            assert got[1 + i].status == 200 and json.loads(got[1 + i].body)["shape"][0] == 1
+        assert got[n + 1].status == 400
+    finally:
+        assert s.stop() == 0
