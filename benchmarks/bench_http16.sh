@@ -94,7 +94,8 @@ for _ in $(seq 1200); do
     other_state=$(curl -s "$base/v1/datasets/$id" | "$py" -c '
 import json, sys
 o = json.load(sys.stdin).get("orientations", {})
-print(min((v.get("state", "none") for v in o.values()), key=lambda s: s != "ready") if o else "absent")')
+states = [v.get("state", "none") for v in o.values()]
+print(next((s for s in states if s != "ready"), "ready") if o else "absent")')
     case "$other_state" in ready|absent|skipped|failed) break ;; esac
     sleep 0.05
 done
