@@ -12,13 +12,20 @@
  * `in` on strings probes a hash set; numeric `in` binary-searches a
  * sorted array.  Leaves write 64 rows a word and inner nodes combine
  * words, so evaluation is a handful of sequential passes over columns.
+ *
+ * Those passes are also why a filter's cost is bounded before compiling:
+ * each leaf is a pass over every row, so a request body of a few
+ * megabytes (a hundred thousand `eq` terms) would cost a worker tens of
+ * seconds on a large axis.  iv_filter_cost() estimates rows x leaves from
+ * the tree alone, and compile refuses past IV_FILTER_MAX_COST.  Expression
+ * arrays grow by doubling for the same reason: parsing stays linear in
+ * the body whatever the allocator does with realloc.
  */
 #include "filter.h"
 
 #include <ctype.h>
-#include <limits.h>
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
