@@ -333,9 +333,31 @@ static int load_num(iv_config_t *c, const char *key, const cJSON *v, iv_err_t *e
     return set_num(c, o, (int64_t)d, err);
 }
 
+/* True when a JSON string in text[0..len) holds \u0000 or a raw NUL:
+ * cJSON would hand back a C string cut there, turning a token
+ * "abc\u0000xyz" into "abc" without a word. */
+static int json_has_nul(const char *text, size_t len)
+{
+    int in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        if (!in_str) in_str = ch == '"';
+        else if (ch == '\0') return 1;
+        else if (ch == '"') in_str = 0;
+        else if (ch == '\\') {
+            if (len - i >= 6 && !memcmp(text + i + 1, "u0000", 5)) return 1;
+            i++;
+        }
+    }
+    return 0;
+}
+
 int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
                         iv_err_t *err)
 {
+    if (json_has_nul(text, len))
+        return iv_fail(err, IV_EBAD_JSON, "config: a string holds \\u0000 (NUL), which no "
+                       "setting can contain");
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root) return iv_fail(err, IV_EBAD_JSON, "config: not valid JSON");
     int rc = 0;

@@ -12,13 +12,20 @@
  * `in` on strings probes a hash set; numeric `in` binary-searches a
  * sorted array.  Leaves write 64 rows a word and inner nodes combine
  * words, so evaluation is a handful of sequential passes over columns.
+ *
+ * Those passes are also why a filter's cost is bounded before compiling:
+ * each leaf is a pass over every row, so a request body of a few
+ * megabytes (a hundred thousand `eq` terms) would cost a worker tens of
+ * seconds on a large axis.  iv_filter_cost() estimates rows x leaves from
+ * the tree alone, and compile refuses past IV_FILTER_MAX_COST.  Expression
+ * arrays grow by doubling for the same reason: parsing stays linear in
+ * the body whatever the allocator does with realloc.
  */
 #include "filter.h"
 
 #include <ctype.h>
-#include <limits.h>
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,8 +264,11 @@ size_t iv_expr_format(const iv_expr_t *e, char *buf, size_t cap)
 /* ------------------------------------------------------------- suggestions */
 
 /* Edit distance of two strings, ASCII case folded, each cut at 64 bytes
- * (suggestions only need to be near, not exact). */
-static int edit_distance(const char *a, const char *b)
+ * (suggestions only need to be near, not exact).  With bound >= 0, stops
+ * as soon as the distance must exceed bound and returns bound + 1: a row's
+ * minimum never decreases, so an unknown label checked against 200,000
+ * categories costs a few rows per category, not 64 x 64 cells. */
+static int edit_distance(const char *a, const char *b, int bound)
 {
     int la = (int)strnlen(a, 64), lb = (int)strnlen(b, 64);
     int row[65];
@@ -274,6 +284,12 @@ static int edit_distance(const char *a, const char *b)
             if (up + 1 < v) v = up + 1;
             row[j] = v;
             diag = up;
+        }
+        if (bound >= 0) {
+            int lo = row[0];
+            for (int j = 1; j <= lb; j++)
+                if (row[j] < lo) lo = row[j];
+            if (lo > bound) return bound + 1;
         }
     }
     return row[lb];
@@ -294,8 +310,11 @@ static void suggest(char *buf, size_t cap, const char *want, int64_t n, name_at_
     buf[0] = '\0';
     for (int64_t i = 0; i < n; i++) {
         const char *c = at(ctx, i);
-        int d = edit_distance(want, c);
-        if (d > limit && !strcasestr(c, want)) continue;
+        int d = edit_distance(want, c, limit);
+        if (d > limit) {
+            if (!strcasestr(c, want)) continue;
+            d = edit_distance(want, c, -1);  /* a substring: rank by its whole distance */
+        }
         for (int k = 0; k < 3; k++) {
             if (d < bd[k]) {
                 for (int m = 2; m > k; m--) bd[m] = bd[m - 1], best[m] = best[m - 1];

@@ -72,6 +72,10 @@ START_TEST(test_errors_name_the_key)
     ck_assert_ptr_nonnull(strstr(m, "out of range"));
     ck_assert_int_ne(load_err("{\"limits\":{\"max_nnz\":9223372036854775808}}", m, sizeof m), 0);
     ck_assert_ptr_nonnull(strstr(m, "out of range"));
+    /* A NUL would cut a token short without a word. */
+    ck_assert_int_eq(load_err("{\"tokens\":[\"abc\\u0000xyz\"]}", m, sizeof m), IV_EBAD_JSON);
+    ck_assert_ptr_nonnull(strstr(m, "u0000"));
+    ck_assert_int_eq(load_err("{\"tokens\":[\"abc\\\\u0000xyz\"]}", m, sizeof m), 0);
     ck_assert_int_ne(load_err("{\"tokens\":[1]}", m, sizeof m), 0);
     ck_assert_int_ne(load_err("[1]", m, sizeof m), 0);
     ck_assert_int_ne(load_err("{", m, sizeof m), 0);
