@@ -1352,11 +1352,27 @@ static void route_meta_finish(qstream_t *qs, job_t *j)
     if (st->vr && j->rc == 0) {
         c->dropped = st->vr->dropped;
         st->vr->dropped = NULL;
-        if (st->vr->status == 304)
+        if (st->vr->status == 304) {
             send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
-        else
-            send_simple(c, 200, st->vr->ctype, st->vr->out.data ? st->vr->out.data : "",
-                        st->vr->out.len, st->vr->extra);
+        } else {
+            /* The body (an embedding can be tens of MB) is handed to the
+             * write as it is, not copied behind the headers on the loop. */
+            iv_buf_t h;
+            iv_buf_init(&h);
+            resp_head(c, &h, 200, st->vr->ctype, (int64_t)st->vr->out.len, st->vr->extra);
+            c->status = 200;
+            size_t hlen = 0, blen = 0;
+            char *body = c->req->method == HTTP_HEAD ? NULL : iv_buf_steal(&st->vr->out, &blen);
+            if (h.oom) {
+                iv_buf_free(&h);
+                free(body);
+                conn_close(c);
+            } else {
+                char *head = iv_buf_steal(&h, &hlen);
+                conn_write(c, head, hlen, body, blen, 0, 0);
+                req_done(c);
+            }
+        }
     } else if (st->vr) {
         send_iv_error(c, j->rc, &j->err);
     } else if (j->rc == 0)
