@@ -410,6 +410,8 @@ def test_aggregate_errors(env):
         ({"group_by": "cell_type", "stats": ["mean"], "var": {"names": ["NOPE"]}}, 422, "NOPE"),
         ({"group_by": "cell_type", "stats": ["mean"], "bogus": 1}, 422, "bogus"),
     ]
+    r = requests.post(u, data=b"<xml/>", headers={"Content-Type": "application/xml"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media"
     for body, status, word in cases:
         r = requests.post(u, json=body)
         assert r.status_code == status, (body, r.text)
