@@ -15,6 +15,13 @@
  * the same code: the route's own parameters (dtype, q, group_by, ...) are
  * taken out of the query string or JSON body first and the rest goes to
  * iv_qreq_parse_*.
+ *
+ * Every answer here depends only on the dataset's content and the
+ * request, which is what makes HTTP caching sound: the ETag is a hash of
+ * the file's identity and the request's bytes, computed before any work,
+ * so a revalidation costs a hash.  Compression runs on the same worker
+ * over the finished body.  The obs/var metadata pages are routed here too
+ * (built by routes_meta.c) to get the same caching and encoding.
  */
 #include "routes_viewer.h"
 
