@@ -15,10 +15,12 @@
  */
 #include "search.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct iv_search {
+    uint64_t freq[256];    /* how often each byte occurs in lower */
     int64_t n;
     char *lower;           /* n lower-cased names, each NUL-terminated */
     int64_t *off;          /* n + 1 offsets into lower */
@@ -56,7 +58,11 @@ int iv_search_build(int64_t n, iv_search_get_fn get, const void *ctx, iv_search_
     for (int64_t i = 0; i < n; i++) {
         const char *x = get(ctx, i);
         s->off[i] = (int64_t)p;
-        for (; x && *x; x++) s->lower[p++] = lower(*x);
+        for (; x && *x; x++) {
+            char c = lower(*x);
+            s->freq[(unsigned char)c]++;
+            s->lower[p++] = c;
+        }
         s->lower[p++] = '\0';
     }
     s->off[n] = (int64_t)p;
@@ -151,10 +157,30 @@ int64_t iv_search_run(const iv_search_t *s, const char *q, size_t qlen, int64_t 
     for (size_t i = 0; i < qlen; i++) ql[i] = lower(q[i]);
     int64_t kept = 0, count = 0, row = 0;
     const char *base = s->lower, *end = s->lower + s->off[s->n];
+    /* The fragment's rarest byte (by the arena's byte counts) and how
+     * often it occurs: when it is rare, memchr() for it and a memcmp() at
+     * each candidate beat memmem(), whose set-up cost is paid again after
+     * every hit (a fragment such as "rpl" hits a tenth of gene names). */
+    size_t rj = 0;
+    for (size_t i = 1; i < qlen; i++)
+        if (s->freq[(unsigned char)ql[i]] < s->freq[(unsigned char)ql[rj]]) rj = i;
+    uint64_t total_bytes = (uint64_t)s->off[s->n];
+    int use_memchr = qlen > 1 && s->freq[(unsigned char)ql[rj]] * 16 < total_bytes;
     const char *p = base;
     while (p < end) {
-        const char *m = memmem(p, (size_t)(end - p), ql, qlen);
-        if (!m) break;
+        const char *m;
+        if (use_memchr) {
+            const char *c = p + rj < end ? memchr(p + rj, ql[rj], (size_t)(end - p - (ptrdiff_t)rj)) : NULL;
+            if (!c) break;
+            m = c - rj;
+            if (m + qlen > end || memcmp(m, ql, qlen) != 0) {
+                p = m + 1;
+                continue;
+            }
+        } else {
+            m = memmem(p, (size_t)(end - p), ql, qlen);
+            if (!m) break;
+        }
         int64_t at = (int64_t)(m - base);
         /* Hits come in arena order: move the row cursor forward to the
          * name that holds this one (the fragment has no NUL, so it lies

@@ -15,6 +15,13 @@
  * the same code: the route's own parameters (dtype, q, group_by, ...) are
  * taken out of the query string or JSON body first and the rest goes to
  * iv_qreq_parse_*.
+ *
+ * Every answer here depends only on the dataset's content and the
+ * request, which is what makes HTTP caching sound: the ETag is a hash of
+ * the file's identity and the request's bytes, computed before any work,
+ * so a revalidation costs a hash.  Compression runs on the same worker
+ * over the finished body.  The obs/var metadata pages are routed here too
+ * (built by routes_meta.c) to get the same caching and encoding.
  */
 #include "routes_viewer.h"
 
@@ -221,6 +228,10 @@ int iv_vroute_match(const char *sub)
     if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
     int obsm = !strncmp(sub, "/obsm/", 6), varm = !strncmp(sub, "/varm/", 6);
     if ((obsm || varm) && sub[6] && !strchr(sub + 6, '/')) return obsm ? IV_VR_OBSM : IV_VR_VARM;
+    int obs = !strncmp(sub, "/obs", 4), var = !strncmp(sub, "/var", 4);
+    if ((obs || var) && sub[4] == '\0') return obs ? IV_VR_OBS_TABLE : IV_VR_VAR_TABLE;
+    if ((obs || var) && sub[4] == '/' && sub[5] && !strchr(sub + 5, '/'))
+        return obs ? IV_VR_OBS_COLUMN : IV_VR_VAR_COLUMN;
     return IV_VR_NONE;
 }
 
@@ -245,8 +256,10 @@ iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *quer
     r->body_len = body_len;
     r->query = strdup(query ? query : "");
     if (accept) r->accept = strdup(accept);
-    if (route == IV_VR_OBSM || route == IV_VR_VARM) {
-        r->name = iv_url_decode(sub + 6, strlen(sub + 6));
+    if (route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_OBS_COLUMN ||
+        route == IV_VR_VAR_COLUMN) {
+        const char *nm = sub + (route == IV_VR_OBSM || route == IV_VR_VARM ? 6 : 5);
+        r->name = iv_url_decode(nm, strlen(nm));
         if (!r->name) *bad_name = 1;
     }
     if (!r->query || (accept && !r->accept) || *bad_name) {
@@ -651,6 +664,27 @@ static int run_search(iv_vreq_t *r, iv_err_t *err)
     if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
 out:
     params_free(&p);
+    return rc;
+}
+
+/* ---- metadata pages --------------------------------------------------------- */
+
+static int run_meta(iv_vreq_t *r, iv_err_t *err)
+{
+    if (r->is_post) return iv_fail(err, IV_EMETHOD, "metadata pages take GET");
+    if (!r->meta) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    iv_axis_t axis = r->route == IV_VR_OBS_TABLE || r->route == IV_VR_OBS_COLUMN ? IV_AXIS_OBS : IV_AXIS_VAR;
+    const char *q = r->query;
+    r->ctype = "application/json";
+    if (r->route == IV_VR_OBS_TABLE || r->route == IV_VR_VAR_TABLE)
+        return iv_rmeta_table(&r->out, r->meta, axis, q, strlen(q), r->accept, &r->ctype, err);
+    int rc = iv_rmeta_column(&r->out, r->meta, axis, r->name, q, strlen(q), r->json_bytes, err);
+    /* An unknown column in the path is a missing resource. */
+    if (rc == IV_EBAD_SELECTION) {
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        rc = iv_fail(err, IV_ENOT_FOUND, "%s", msg);
+    }
     return rc;
 }
 
@@ -1113,6 +1147,10 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     case IV_VR_OBS_SEARCH:
     case IV_VR_VAR_SEARCH: rc = run_search(r, err); break;
     case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
+    case IV_VR_OBS_TABLE:
+    case IV_VR_VAR_TABLE:
+    case IV_VR_OBS_COLUMN:
+    case IV_VR_VAR_COLUMN: rc = run_meta(r, err); break;
     default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
     }
     if (rc != 0) return rc;

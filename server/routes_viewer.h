@@ -7,6 +7,8 @@
  *   GET      /v1/datasets/{id}/var/search    gene name search
  *   GET      /v1/datasets/{id}/obs/search    cell name search
  *   GET|POST /v1/datasets/{id}/aggregate     grouped statistics
+ *   GET      /v1/datasets/{id}/obs, /var, /obs/{column}, /var/{column}
+ *                                             metadata pages (routes_meta.h)
  *
  * Socket-free like routes_meta.h: a request is copied into an iv_vreq_t
  * on the loop, run on a worker (iv_vreq_run fills a complete response
@@ -53,6 +55,10 @@ enum iv_vroute {
     IV_VR_OBS_SEARCH,
     IV_VR_VAR_SEARCH,
     IV_VR_AGGREGATE,
+    IV_VR_OBS_TABLE,          /* .../obs and .../var pages (routes_meta.h), */
+    IV_VR_VAR_TABLE,          /* served here for their ETag and encoding */
+    IV_VR_OBS_COLUMN,
+    IV_VR_VAR_COLUMN,
 };
 
 /* The viewer route of sub (the path after the dataset id, e.g.
@@ -64,7 +70,7 @@ int iv_vroute_allows_post(int route);
 typedef struct iv_vreq {
     /* in: the request (owned copies) */
     int route;
-    char *name;               /* obsm/varm element, percent-decoded */
+    char *name;               /* obsm/varm element or column, percent-decoded */
     char *query;              /* raw query string ("" when none) */
     char *body;               /* POST body or NULL */
     size_t body_len;

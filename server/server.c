@@ -1953,6 +1953,13 @@ static void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
 {
     iv_http_req_t *r = c->req;
     if (!method_ok(c, iv_vroute_allows_post(vroute))) return;
+    const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+    if (r->method == HTTP_POST && ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
+        strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
+        strncasecmp(ct, "text/plain", 10) != 0) {
+        send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+        return;
+    }
     int bad_name = 0;
     size_t blen = 0;
     char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;

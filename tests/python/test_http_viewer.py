@@ -410,6 +410,8 @@ def test_aggregate_errors(env):
         ({"group_by": "cell_type", "stats": ["mean"], "var": {"names": ["NOPE"]}}, 422, "NOPE"),
         ({"group_by": "cell_type", "stats": ["mean"], "bogus": 1}, 422, "bogus"),
     ]
+    r = requests.post(u, data=b"<xml/>", headers={"Content-Type": "application/xml"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media"
     for body, status, word in cases:
         r = requests.post(u, json=body)
         assert r.status_code == status, (body, r.text)
@@ -550,3 +552,22 @@ def test_cache_max_age_is_configurable(env, tmp_path):
         assert r.headers["Cache-Control"] == "private, max-age=60"
     finally:
         assert s.stop() == 0
+
+
+def test_metadata_pages_are_cached_and_compressed(env):
+    s, data = env
+    var = data["ivcsr_int32"][2]
+    u = s.url + "/v1/datasets/ivcsr_int32/var/gene_ids"
+    plain = requests.get(u, headers={"Accept-Encoding": "identity"})
+    assert plain.status_code == 200 and plain.json()["values"] == list(var.gene_ids)
+    r = requests.get(u, headers={"Accept-Encoding": "gzip"}, stream=True)
+    raw = r.raw.read(decode_content=False)
+    import gzip as gz
+    assert r.headers["Content-Encoding"] == "gzip" and gz.decompress(raw) == plain.content
+    assert len(raw) < len(plain.content) / 3
+    r = requests.get(u, headers={"If-None-Match": plain.headers["ETag"], "Accept-Encoding": "identity"})
+    assert r.status_code == 304
+    t = requests.get(s.url + "/v1/datasets/ivcsr_int32/obs", params={"limit": 3, "format": "csv"})
+    assert t.status_code == 200 and t.headers["Content-Type"].startswith("text/csv") and "ETag" in t.headers
+    assert requests.get(s.url + "/v1/datasets/ivcsr_int32/obs/nope").status_code == 404
+    assert requests.post(s.url + "/v1/datasets/ivcsr_int32/obs").status_code == 405
