@@ -18,7 +18,9 @@ as in the tests), then measures with the page's own clock
   recolour  the Enter key in the gene box -> two animation frames after
             the new colours were handed to the scatter (the query route
             answers that gene for every cell, the page makes the colours,
-            the frame is drawn), each run a different gene.
+            the frame is drawn), each run a different gene;
+  frame     one redraw of every cell after a small pan, waited for by
+            reading a pixel back (what panning and zooming cost).
 
 Baselines measured in the same run with Python's requests on the same
 server: the API requests the page makes for each, without the browser
@@ -132,7 +134,7 @@ def main(argv=None):
                 "return window.__ivTest && __ivTest.messages()")))
 
         page = url + "/?dataset=" + ds
-        load, recolor, renderer = [], [], None
+        load, recolor, frame, renderer = [], [], [], None
         drv.get(page)  # warm-up: the first start of the browser's caches
         wait("return window.__ivTest && __ivTest.timings().firstScatter")
         for r in range(a.runs):
@@ -143,6 +145,7 @@ def main(argv=None):
             renderer = drv.execute_script("return __ivTest.renderer()")
             load.append(t)
             wait("return __ivTest.busy() === 0")
+            frame.append(drv.execute_script("return __ivTest.drawTime(10)"))
             for g in (genes[2 * r], genes[2 * r + 1]):
                 box = drv.find_element("id", "gene")
                 box.clear()
@@ -174,7 +177,8 @@ def main(argv=None):
         print("load average: %s" % open("/proc/loadavg").read().split()[:3])
         print("%-44s %10s %10s" % ("what", "best ms", "median ms"))
         rows = [("page load -> first full scatter", load), ("  baseline: its API requests (requests)", api_load),
-                ("re-colour by a new gene", recolor), ("  baseline: the gene's query (requests)", api_gene)]
+                ("re-colour by a new gene", recolor), ("  baseline: the gene's query (requests)", api_gene),
+                ("one frame while panning (drawn, read back)", frame)]
         for name, xs in rows:
             print("%-44s %10.1f %10.1f" % (name, min(xs), median(xs)))
     finally:
