@@ -145,7 +145,7 @@ def main(argv=None):
             renderer = drv.execute_script("return __ivTest.renderer()")
             load.append(t)
             wait("return __ivTest.busy() === 0")
-            frame.append(drv.execute_script("return __ivTest.drawTime(10)"))
+            frame.append(drv.execute_script("return __ivTest.drawTime(10)")["ms"])
             for g in (genes[2 * r], genes[2 * r + 1]):
                 box = drv.find_element("id", "gene")
                 box.clear()
