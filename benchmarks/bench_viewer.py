@@ -3,7 +3,8 @@
 and re-colouring by a new gene, on the synthetic atlas with an embedding.
 
   /usr/bin/python3 benchmarks/bench_viewer.py [--cells 200000] [--runs 5]
-                                              [--build build] [--port 18090]
+                                              [--build build] [--port P]
+                                              [-- extra ivserve flags]
 
 Uses benchmarks/data/atlas_N.h5ad (made by gen_atlas.py when missing) and
 writes a copy, atlas_N_umap.h5ad, that has obsm/X_umap (one blob per cell
@@ -83,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("server_args", nargs="*", help="after --: extra ivserve flags")
     a = ap.parse_args(argv)
     path = ensure_data(a.cells)
     ds = os.path.splitext(os.path.basename(path))[0]
@@ -90,7 +92,7 @@ def main(argv=None):
     url = "http://127.0.0.1:%d" % port
     tmp = tempfile.mkdtemp(prefix="bench_viewer")
     srv = subprocess.Popen([os.path.join(a.build, "ivserve"), "--port", str(port), "--threads", "2",
-                            "--access-log", "off", path], stdout=subprocess.DEVNULL,
+                            "--access-log", "off", *a.server_args, path], stdout=subprocess.DEVNULL,
                            stderr=open(os.path.join(tmp, "server.log"), "w"))
     drv = None
     try:
@@ -172,8 +174,9 @@ def main(argv=None):
                 api_gene.append((time.perf_counter() - t0) * 1000)
                 assert q[:4] == b"IVQS"
 
-        print("viewer timing: %s, %d cells, %s renderer, %d runs (load: %d, recolour: %d genes)"
-              % (ds, a.cells, renderer, a.runs, len(load), len(recolor)))
+        print("viewer timing: %s, %d cells, %s renderer, %d runs (load: %d, recolour: %d genes)%s"
+              % (ds, a.cells, renderer, a.runs, len(load), len(recolor),
+                 ", ivserve " + " ".join(a.server_args) if a.server_args else ""))
         print("load average: %s" % open("/proc/loadavg").read().split()[:3])
         print("%-44s %10s %10s" % ("what", "best ms", "median ms"))
         rows = [("page load -> first full scatter", load), ("  baseline: its API requests (requests)", api_load),
