@@ -374,7 +374,10 @@ function drawLegend() {
   box.textContent = '';
   const c = state.color;
   if (c.kind === 'categorical') {
-    state.categories.forEach((cat, k) => {
+    // A column of thousands of categories (barcodes, say) would make a
+    // legend nobody reads and a slow page: the first LEGEND_MAX are listed.
+    const LEGEND_MAX = 300;
+    state.categories.slice(0, LEGEND_MAX).forEach((cat, k) => {
       const item = document.createElement('div');
       item.className = 'legend-item';
       item.dataset.category = cat.name;
@@ -390,6 +393,12 @@ function drawLegend() {
       item.onclick = () => toggleCategory(k, item);
       box.appendChild(item);
     });
+    if (state.categories.length > LEGEND_MAX) {
+      const more = document.createElement('div');
+      more.className = 'muted small';
+      more.textContent = '… and ' + fmtInt(state.categories.length - LEGEND_MAX) + ' more categories';
+      box.appendChild(more);
+    }
   } else if (c.kind === 'numeric' || c.kind === 'gene') {
     const title = document.createElement('div');
     title.textContent = c.name;
