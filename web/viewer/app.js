@@ -115,6 +115,8 @@ async function loadDatasets() {
     sel.appendChild(new Option('(none)', ''));
     return;
   }
+  // The list loaded: a token complaint shown earlier is answered.
+  for (const m of [...$('messages').children]) if (/bearer token|token does not open/.test(m.textContent)) m.remove();
   const ready = list.datasets.filter((d) => d.ready !== false);
   for (const d of ready) sel.appendChild(new Option(d.title && d.title !== d.id ? d.title + ' (' + d.id + ')' : d.id, d.id));
   if (!ready.length) {
