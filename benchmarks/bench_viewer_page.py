@@ -3,7 +3,8 @@
 and re-colouring by a new gene, on the synthetic atlas with an embedding.
 
   /usr/bin/python3 benchmarks/bench_viewer_page.py [--cells 200000] [--runs 5]
-                                              [--build build] [--port 18090]
+                                              [--build build] [--port P]
+                                              [-- extra ivserve flags]
 
 Uses benchmarks/data/atlas_N.h5ad (made by gen_atlas.py when missing) and
 writes a copy, atlas_N_umap.h5ad, that has obsm/X_umap (one blob per cell
@@ -18,7 +19,9 @@ as in the tests), then measures with the page's own clock
   recolour  the Enter key in the gene box -> two animation frames after
             the new colours were handed to the scatter (the query route
             answers that gene for every cell, the page makes the colours,
-            the frame is drawn), each run a different gene.
+            the frame is drawn), each run a different gene;
+  frame     one redraw of every cell after a small pan, waited for by
+            reading a pixel back (what panning and zooming cost).
 
 Baselines measured in the same run with Python's requests on the same
 server: the API requests the page makes for each, without the browser
@@ -81,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("server_args", nargs="*", help="after --: extra ivserve flags")
     a = ap.parse_args(argv)
     path = ensure_data(a.cells)
     ds = os.path.splitext(os.path.basename(path))[0]
@@ -88,7 +92,7 @@ def main(argv=None):
     url = "http://127.0.0.1:%d" % port
     tmp = tempfile.mkdtemp(prefix="bench_viewer")
     srv = subprocess.Popen([os.path.join(a.build, "ivserve"), "--port", str(port), "--threads", "2",
-                            "--access-log", "off", path], stdout=subprocess.DEVNULL,
+                            "--access-log", "off", *a.server_args, path], stdout=subprocess.DEVNULL,
                            stderr=open(os.path.join(tmp, "server.log"), "w"))
     drv = None
     try:
@@ -132,7 +136,7 @@ def main(argv=None):
                 "return window.__ivTest && __ivTest.messages()")))
 
         page = url + "/?dataset=" + ds
-        load, recolor, renderer = [], [], None
+        load, recolor, frame, renderer = [], [], [], None
         drv.get(page)  # warm-up: the first start of the browser's caches
         wait("return window.__ivTest && __ivTest.timings().firstScatter")
         for r in range(a.runs):
@@ -143,6 +147,7 @@ def main(argv=None):
             renderer = drv.execute_script("return __ivTest.renderer()")
             load.append(t)
             wait("return __ivTest.busy() === 0")
+            frame.append(drv.execute_script("return __ivTest.drawTime(10)")["ms"])
             for g in (genes[2 * r], genes[2 * r + 1]):
                 box = drv.find_element("id", "gene")
                 box.clear()
@@ -169,12 +174,14 @@ def main(argv=None):
                 api_gene.append((time.perf_counter() - t0) * 1000)
                 assert q[:4] == b"IVQS"
 
-        print("viewer timing: %s, %d cells, %s renderer, %d runs (load: %d, recolour: %d genes)"
-              % (ds, a.cells, renderer, a.runs, len(load), len(recolor)))
+        print("viewer timing: %s, %d cells, %s renderer, %d runs (load: %d, recolour: %d genes)%s"
+              % (ds, a.cells, renderer, a.runs, len(load), len(recolor),
+                 ", ivserve " + " ".join(a.server_args) if a.server_args else ""))
         print("load average: %s" % open("/proc/loadavg").read().split()[:3])
         print("%-44s %10s %10s" % ("what", "best ms", "median ms"))
         rows = [("page load -> first full scatter", load), ("  baseline: its API requests (requests)", api_load),
-                ("re-colour by a new gene", recolor), ("  baseline: the gene's query (requests)", api_gene)]
+                ("re-colour by a new gene", recolor), ("  baseline: the gene's query (requests)", api_gene),
+                ("one frame while panning (drawn, read back)", frame)]
         for name, xs in rows:
             print("%-44s %10.1f %10.1f" % (name, min(xs), median(xs)))
     finally:

@@ -665,6 +665,7 @@ def test_bearer_token(browser, data, outdir, tmp_path):
             pytest.xfail("the token opened the dataset, but this ivserve has no obsm route to draw")
         wait_for(browser, "return __ivTest.points() === %d && __ivTest.busy() === 0" % N_CELLS, 60)
         assert browser.execute_script("return sessionStorage.getItem('ivserve.token')") == "s3cret-token"
+        assert "token" not in browser.find_element("id", "messages").text.lower()  # the complaint went away
         shot(browser, outdir, "token_accepted")
     finally:
         browser.execute_script("sessionStorage.clear()")

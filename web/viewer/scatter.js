@@ -8,6 +8,14 @@
 // A transparent overlay canvas on top takes the pointer: drag pans, the
 // wheel zooms about the cursor, and in box or lasso mode a drag draws the
 // shape there and hands it, in data coordinates, to onSelect.
+//
+// Level of detail: above LOD_MIN cells, frames drawn while the view moves
+// show a fixed sample of LOD_CELLS cells (one cell picked at random from
+// each run of n / LOD_CELLS consecutive cells, so every part of the file
+// is represented), and every cell is drawn again SETTLE_MS after the last
+// movement.  A software renderer (no GPU) then still follows the mouse
+// with 1.26 million cells; a GPU never needed it, and still gets it only
+// while moving.
 
 const VS = `
 attribute vec2 a_pos;
@@ -29,6 +37,10 @@ void main() {
   if (dot(d, d) > 0.25) discard;
   gl_FragColor = v_col;
 }`;
+
+const LOD_MIN = 400000;
+const LOD_CELLS = 200000;
+const SETTLE_MS = 150;
 
 function compile(gl, type, src) {
   const s = gl.createShader(type);
@@ -82,6 +94,8 @@ export class Scatter {
     };
     this.posBuf = gl.createBuffer();
     this.colBuf = gl.createBuffer();
+    this.lodPosBuf = gl.createBuffer();
+    this.lodColBuf = gl.createBuffer();
     const range = gl.getParameter(gl.ALIASED_POINT_SIZE_RANGE);
     this.maxPoint = range ? range[1] : 16;
   }
@@ -101,7 +115,51 @@ export class Scatter {
       if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y;
     }
     this.bounds = n && x0 <= x1 ? { x0, x1, y0, y1 } : { x0: -1, x1: 1, y0: -1, y1: 1 };
+    this.makeLod();
     this.fit();
+  }
+
+  // The sample drawn while moving (see the top of the file), or none.
+  makeLod() {
+    this.lod = null;
+    const n = this.n;
+    if (n <= LOD_MIN) return;
+    const idx = new Int32Array(LOD_CELLS), step = n / LOD_CELLS;
+    let seed = 12345;
+    for (let k = 0; k < LOD_CELLS; k++) {
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      idx[k] = Math.min(n - 1, Math.floor(k * step + (seed / 4294967296) * step));
+    }
+    const xy = new Float32Array(2 * LOD_CELLS);
+    for (let k = 0; k < LOD_CELLS; k++) { xy[2 * k] = this.xy[2 * idx[k]]; xy[2 * k + 1] = this.xy[2 * idx[k] + 1]; }
+    this.lod = { idx, xy, rgba: null };
+    if (this.gl) {
+      const gl = this.gl;
+      gl.bindBuffer(gl.ARRAY_BUFFER, this.lodPosBuf);
+      gl.bufferData(gl.ARRAY_BUFFER, xy, gl.STATIC_DRAW);
+    }
+  }
+
+  lodColors() {
+    const l = this.lod, c = this.rgba, out = new Uint8Array(4 * l.idx.length);
+    for (let k = 0; k < l.idx.length; k++) {
+      const j = 4 * l.idx[k];
+      out[4 * k] = c[j]; out[4 * k + 1] = c[j + 1]; out[4 * k + 2] = c[j + 2]; out[4 * k + 3] = c[j + 3];
+    }
+    l.rgba = out;
+    if (this.gl) {
+      const gl = this.gl;
+      gl.bindBuffer(gl.ARRAY_BUFFER, this.lodColBuf);
+      gl.bufferData(gl.ARRAY_BUFFER, out, gl.DYNAMIC_DRAW);
+    }
+  }
+
+  // Called on every movement: frames use the sample until it settles.
+  moving() {
+    if (!this.lod) return;
+    this.moveUntil = performance.now() + SETTLE_MS;
+    clearTimeout(this.settleTimer);
+    this.settleTimer = setTimeout(() => { this.moveUntil = 0; this.requestDraw(); }, SETTLE_MS + 5);
   }
 
   // Colours: RGBA bytes, 4n.
@@ -112,6 +170,7 @@ export class Scatter {
       gl.bindBuffer(gl.ARRAY_BUFFER, this.colBuf);
       gl.bufferData(gl.ARRAY_BUFFER, rgba, gl.DYNAMIC_DRAW);
     }
+    if (this.lod) this.lodColors();
     this.requestDraw();
   }
 
@@ -159,24 +218,26 @@ export class Scatter {
   }
 
   draw() {
-    const n = this.xy && this.rgba ? this.n : 0;
-    if (this.gl) this.drawGl(n); else this.draw2d(n);
+    const all = this.xy && this.rgba ? this.n : 0;
+    const sample = all && this.lod && this.lod.rgba && performance.now() < (this.moveUntil || 0);
+    const n = sample ? this.lod.idx.length : all;
+    if (this.gl) this.drawGl(n, sample); else this.draw2d(n, sample);
     this.drawnPoints = n;
     this.frames++;
     if (this.onFrame) this.onFrame(n);
   }
 
-  drawGl(n) {
+  drawGl(n, sample) {
     const gl = this.gl, w = this.canvas.width, h = this.canvas.height, dpr = window.devicePixelRatio || 1;
     gl.viewport(0, 0, w, h);
     gl.clearColor(1, 1, 1, 1);
     gl.clear(gl.COLOR_BUFFER_BIT);
     if (!n) return;
     gl.useProgram(this.prog);
-    gl.bindBuffer(gl.ARRAY_BUFFER, this.posBuf);
+    gl.bindBuffer(gl.ARRAY_BUFFER, sample ? this.lodPosBuf : this.posBuf);
     gl.enableVertexAttribArray(this.loc.pos);
     gl.vertexAttribPointer(this.loc.pos, 2, gl.FLOAT, false, 0, 0);
-    gl.bindBuffer(gl.ARRAY_BUFFER, this.colBuf);
+    gl.bindBuffer(gl.ARRAY_BUFFER, sample ? this.lodColBuf : this.colBuf);
     gl.enableVertexAttribArray(this.loc.col);
     gl.vertexAttribPointer(this.loc.col, 4, gl.UNSIGNED_BYTE, true, 0, 0);
     const v = this.view;
@@ -186,13 +247,14 @@ export class Scatter {
     gl.drawArrays(gl.POINTS, 0, n);
   }
 
-  draw2d(n) {
+  draw2d(n, sample) {
     const ctx = this.ctx, w = this.canvas.width, h = this.canvas.height, dpr = window.devicePixelRatio || 1;
     const img = ctx.createImageData(w, h);
     const px = new Uint32Array(img.data.buffer);
     px.fill(0xffffffff);
     const v = this.view, k = v.scale * dpr, ox = w / 2 - v.cx * k, oy = h / 2 + v.cy * k;
-    const r = Math.max(1, Math.round(this.pointSize() * dpr / 2)), xy = this.xy, c = this.rgba;
+    const r = Math.max(1, Math.round(this.pointSize() * dpr / 2));
+    const xy = sample ? this.lod.xy : this.xy, c = sample ? this.lod.rgba : this.rgba;
     // Little-endian RGBA bytes read as one 32-bit word: A B G R from the top.
     for (let i = 0; i < n; i++) {
       const x = Math.round(xy[2 * i] * k + ox), y = Math.round(oy - xy[2 * i + 1] * k);
@@ -245,6 +307,7 @@ export class Scatter {
         this.view.cx = drag.view.cx - (p[0] - drag.start[0]) / this.view.scale;
         this.view.cy = drag.view.cy + (p[1] - drag.start[1]) / this.view.scale;
         this.userMoved = true;
+        this.moving();
         this.requestDraw();
       } else {
         if (this.mode === 'lasso') drag.path.push(p);
@@ -279,6 +342,7 @@ export class Scatter {
       this.view.cx += dx - ax;
       this.view.cy += dy - ay;
       this.userMoved = true;
+      this.moving();
       this.requestDraw();
     }, { passive: false });
   }
