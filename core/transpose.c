@@ -75,14 +75,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-#define TRACE(what) do { if (getenv("IV_TRANSPOSE_TRACE")) fprintf(stderr, "transpose %-10s %.3f cpu s\n", what, cpu_s()); } while (0)
-
 /*
  * Large arrays of the build come from anonymous mappings asked for
  * transparent huge pages: the temporary and the copy's stream are written
@@ -363,7 +355,7 @@ static void band_pass(void *arg, size_t b)
      * of once per entry (when the buffers stay small enough to be cached). */
     uint8_t *wc = NULL, *wn = NULL;
     size_t line = WC_SLOTS * t->esz;
-    if (t->fill && (g1 - g0) * line <= WC_MAX_BYTES && !getenv("IV_TRANSPOSE_NOWC")) {
+    if (t->fill && (g1 - g0) * line <= WC_MAX_BYTES) {
         wc = malloc((size_t)(g1 - g0) * line);
         wn = calloc((size_t)(g1 - g0), 1);
         if (!wc || !wn) {
@@ -627,9 +619,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
     uint64_t n_vals = 0;
-    TRACE("start");
     if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
-    TRACE("values");
     uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
                    (uint64_t)(G / stride + 1) * 8;
     if (est > opts->budget || (opts->global && atomic_load(&opts->global->left) < est)) {
@@ -691,7 +681,6 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.fill = 0;
     iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
     if (atomic_load(&t.failed)) goto failed_pass;
-    TRACE("count");
     start[0] = 0;
     for (int64_t g = 0; g < G; g++) {
         uint64_t at = start[g];
@@ -751,15 +740,12 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
             iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
-        TRACE("fill");
         /* 4. Encode, then place. */
         t.n_items = plan_items(&t, g0, g1, want_items);
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         for (int64_t g = g0; g < g1; g++) t.byte_at[g + 1] = t.byte_at[g] + t.nbytes[g];
-        TRACE("encode");
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, move_item, &t);
-        TRACE("move");
         for (int64_t k = 0; k < t.n_items; k++) {
             struct item *it = &t.items[k];
             size_t ng = it->n_grp / 2;
