@@ -18,9 +18,11 @@
  *     slice numbers land ascending within every new slice.
  *  3. Windows.  New slices are taken in windows whose entries fit the
  *     temporary (4 or 8 bytes an entry: source slice and value id packed
- *     in one word).  Per window, a fill pass decodes the source again and
- *     writes the window's entries in place; a value group whose indices
- *     pass the window's end skips the rest of its varints.
+ *     in one word; by default a count matrix fits in one window).  Per
+ *     window, a fill pass decodes the source again and writes the
+ *     window's entries in place, through line-sized write-combining
+ *     buffers per new slice; a value group whose indices pass the
+ *     window's end skips the rest of its varints.
  *  4. Encode, per new slice and in parallel: a counting sort by value id
  *     (stable, so slices stay ascending inside each group), a check that
  *     no source slice appears twice (a corrupt source), then the delta
