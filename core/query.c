@@ -298,7 +298,10 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
          * orientations share; the planner skips out-of-range indices. */
         iv_dataset_t *other = iv_dataset_other(ds);
         iv_orient_t want;
-        if (pick == IV_PICK_AUTO) want = iv_plan_orient(ds, obs, var, axis, NULL);
+        /* IV_OUT_MAJOR names the serving orientation's slices: left to
+         * the planner, its meaning would change with the choice. */
+        if (pick == IV_PICK_AUTO)
+            want = axis == IV_OUT_MAJOR ? ds->m.orient : iv_plan_orient(ds, obs, var, axis, NULL);
         else want = pick == IV_PICK_CELLS ? IV_IVCSR : IV_IVCSC;
         if (want != ds->m.orient) {
             if (!other)

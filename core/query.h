@@ -53,7 +53,7 @@ typedef struct iv_query_opts {
     iv_out_axis_t axis;
     int64_t block_nnz;    /* target stored entries per block; 0 = default (262144) */
     int64_t block_rows;   /* max rows per block; 0 = default (65536) */
-    iv_pick_t pick;       /* orientation; AUTO = the planner's */
+    iv_pick_t pick;       /* orientation; AUTO = the planner's (the file's with IV_OUT_MAJOR) */
 } iv_query_opts_t;
 
 typedef struct iv_query iv_query_t;

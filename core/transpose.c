@@ -18,9 +18,11 @@
  *     slice numbers land ascending within every new slice.
  *  3. Windows.  New slices are taken in windows whose entries fit the
  *     temporary (4 or 8 bytes an entry: source slice and value id packed
- *     in one word).  Per window, a fill pass decodes the source again and
- *     writes the window's entries in place; a value group whose indices
- *     pass the window's end skips the rest of its varints.
+ *     in one word; by default a count matrix fits in one window).  Per
+ *     window, a fill pass decodes the source again and writes the
+ *     window's entries in place, through line-sized write-combining
+ *     buffers per new slice; a value group whose indices pass the
+ *     window's end skips the rest of its varints.
  *  4. Encode, per new slice and in parallel: a counting sort by value id
  *     (stable, so slices stay ascending inside each group), a check that
  *     no source slice appears twice (a corrupt source), then the delta
@@ -48,6 +50,10 @@
 #include "cursor.h"
 #include "dataset_impl.h"
 
+/* Write-combining buffers of the fill: entries a line, bytes a band. */
+#define WC_SLOTS 16
+#define WC_MAX_BYTES ((uint64_t)8 << 20)
+
 /* Bound on the per-band counters, all bands together. */
 #define COUNTER_BYTES ((uint64_t)256 << 20)
 
@@ -70,14 +76,6 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-#define TRACE(what) do { if (getenv("IV_TRANSPOSE_TRACE")) fprintf(stderr, "transpose %-10s %.3f cpu s\n", what, cpu_s()); } while (0)
 
 /*
  * Large arrays of the build come from anonymous mappings asked for
@@ -353,6 +351,21 @@ static void band_pass(void *arg, size_t b)
     int rc = iv_cursor_seek(&cur, at, &e);
     if (rc == 0) rc = iv_cursor_skip(&cur, skip, &e);
     uint64_t g0 = (uint64_t)t->g0, g1 = (uint64_t)t->g1;
+    /* Write combining for the fill: entries of one new slice gather in a
+     * line-sized buffer and go to the temporary WC_SLOTS at a time, so that
+     * the scattered writes touch a fresh cache line once per line instead
+     * of once per entry (when the buffers stay small enough to be cached). */
+    uint8_t *wc = NULL, *wn = NULL;
+    size_t line = WC_SLOTS * t->esz;
+    if (t->fill && (g1 - g0) * line <= WC_MAX_BYTES) {
+        wc = malloc((size_t)(g1 - g0) * line);
+        wn = calloc((size_t)(g1 - g0), 1);
+        if (!wc || !wn) {
+            free(wc);
+            free(wn);
+            wc = wn = NULL;
+        }
+    }
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         for (int64_t k = t->mp[s]; rc == 0 && k < t->mp[s + 1]; k++) {
             uint64_t left = (uint64_t)(t->vp[k + 1] - t->vp[k]), acc = 0, d;
@@ -384,13 +397,35 @@ static void band_pass(void *arg, size_t b)
                         rc = iv_cursor_skip(&cur, left, &e);
                         break;
                     }
-                    put_entry(t->tmp, t->esz, off[j]++ - t->base, hi);
+                    if (!wc) {
+                        put_entry(t->tmp, t->esz, off[j]++ - t->base, hi);
+                        continue;
+                    }
+                    size_t wk = (size_t)(j - g0);
+                    put_entry(wc, t->esz, wk * WC_SLOTS + wn[wk], hi);
+                    if (++wn[wk] == WC_SLOTS) {
+                        memcpy(t->tmp + (size_t)(off[j] - t->base) * t->esz, wc + wk * line, line);
+                        off[j] += WC_SLOTS;
+                        wn[wk] = 0;
+                    }
                 }
             }
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
     iv_cursor_done(&cur);
+    if (wc) {
+        /* What is left in the buffers, in place after what went before. */
+        if (rc == 0)
+            for (uint64_t j = g0; j < g1; j++) {
+                size_t k = (size_t)(j - g0);
+                memcpy(t->tmp + (size_t)(off[j] - t->base) * t->esz, wc + k * line,
+                       (size_t)wn[k] * t->esz);
+                off[j] += wn[k];
+            }
+        free(wc);
+        free(wn);
+    }
     if (rc < 0) tb_fail(t, &e);
 }
 
@@ -460,6 +495,24 @@ static void encode_item(void *arg, size_t i)
             }
             prev = s;
             if (cnt[v]++ == 0) touched[nt++] = v;
+        }
+        if (nt == 1) {
+            /* One value: the slices are in order already. */
+            cnt[touched[0]] = 0;
+            if (grp_push(it, touched[0], (uint32_t)n) < 0) {
+                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+                goto done;
+            }
+            for (uint64_t x = 0; x < n; x++) cells[x] = get_entry(r, t->esz, x) >> t->vbits;
+            size_t w = 0;
+            uint64_t last = UINT64_MAX;
+            for (uint64_t x = 0; x < n; x++) {
+                w += put_varint(r + w, cells[x] - last - 1);
+                last = cells[x];
+            }
+            t->nbytes[g] = w;
+            t->ngrp[g] = 1;
+            continue;
         }
         if (nt > 1) qsort(touched, nt, sizeof *touched, cmp_u32);
         uint32_t run = 0;
@@ -568,9 +621,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
     uint64_t n_vals = 0;
-    TRACE("start");
     if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
-    TRACE("values");
     uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
                    (uint64_t)(G / stride + 1) * 8;
     if (est > opts->budget || (opts->global && atomic_load(&opts->global->left) < est)) {
@@ -632,7 +683,6 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.fill = 0;
     iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
     if (atomic_load(&t.failed)) goto failed_pass;
-    TRACE("count");
     start[0] = 0;
     for (int64_t g = 0; g < G; g++) {
         uint64_t at = start[g];
@@ -656,7 +706,9 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     out = big_map(out_cap);
     uint64_t tmp_bytes = opts->tmp_bytes;
     if (tmp_bytes == 0) {
-        tmp_bytes = 2 * iv_stream_length(ds->stream);
+        /* Three times the stream holds every entry of a count matrix (1 to
+         * 2 bytes a varint, 4 an entry) in one window: no second pass. */
+        tmp_bytes = 3 * iv_stream_length(ds->stream);
         if (tmp_bytes < ((uint64_t)64 << 20)) tmp_bytes = (uint64_t)64 << 20;
     }
     uint64_t biggest = 0;
@@ -690,15 +742,12 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
             iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
-        TRACE("fill");
         /* 4. Encode, then place. */
         t.n_items = plan_items(&t, g0, g1, want_items);
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         for (int64_t g = g0; g < g1; g++) t.byte_at[g + 1] = t.byte_at[g] + t.nbytes[g];
-        TRACE("encode");
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, move_item, &t);
-        TRACE("move");
         for (int64_t k = 0; k < t.n_items; k++) {
             struct item *it = &t.items[k];
             size_t ng = it->n_grp / 2;

@@ -12,8 +12,8 @@
  * given); the check is made on an estimate before anything large is
  * allocated and on the exact size at the end, and a copy over budget is
  * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of at most
- * `tmp_bytes` (default: twice the source stream's length, at least
- * 64 MiB)
+ * `tmp_bytes` (default: three times the source stream's length, at
+ * least 64 MiB)
  * besides per-band counters.
  */
 #ifndef IV_TRANSPOSE_H

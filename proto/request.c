@@ -96,6 +96,7 @@ void iv_qreq_free(iv_qreq_t *q)
     psel_clear(&q->obs);
     psel_clear(&q->var);
     q->format = IV_FMT_NONE;
+    q->by_var = q->dense = 0;
 }
 
 iv_sel_t iv_psel_view(const iv_psel_t *p)

@@ -46,6 +46,39 @@ static int load_err(const char *j, char *msg, size_t cap)
     return rc;
 }
 
+START_TEST(test_orientation_settings)
+{
+    iv_config_t c;
+    iv_config_init(&c);
+    ck_assert_uint_eq(c.transpose_bytes, (size_t)4 << 30);
+    const char *j = "{\"transpose_bytes\":1000,\"datasets\":[{\"path\":\"a.h5ad\","
+                    "\"companion\":\"a.csc.h5ad\",\"companion_group\":\"Y\"},"
+                    "{\"path\":\"b.h5ad\",\"transpose_bytes\":0}]}";
+    iv_err_t e;
+    iv_err_clear(&e);
+    ck_assert_int_eq(iv_config_load_json(&c, j, strlen(j), "base", &e), 0);
+    ck_assert_uint_eq(c.transpose_bytes, 1000);
+    ck_assert_str_eq(c.datasets[0].companion, "base/a.csc.h5ad");
+    ck_assert_str_eq(c.datasets[0].companion_group, "Y");
+    ck_assert_int_eq(c.datasets[0].transpose_bytes, -1);
+    ck_assert_int_eq(c.datasets[1].transpose_bytes, 0);
+    ck_assert_int_eq(iv_config_add_path(&c, "c.h5ad", &e), 0);
+    ck_assert_int_eq(c.datasets[2].transpose_bytes, -1);
+    iv_config_free(&c);
+    iv_config_init(&c);
+    j = "{\"datasets\":[{\"path\":\"a.h5ad\",\"transpose_bytes\":-5}]}";
+    ck_assert_int_ne(iv_config_load_json(&c, j, strlen(j), NULL, &e), 0);
+    ck_assert_ptr_nonnull(strstr(e.msg, "datasets[0].transpose_bytes"));
+    iv_config_free(&c);
+    iv_config_init(&c);
+    iv_err_clear(&e);
+    j = "{\"datasets\":[{\"path\":\"a.h5ad\",\"companion\":3}]}";
+    ck_assert_int_ne(iv_config_load_json(&c, j, strlen(j), NULL, &e), 0);
+    ck_assert_msg(strstr(e.msg, "datasets[0].companion") != NULL, "%s", e.msg);
+    iv_config_free(&c);
+}
+END_TEST
+
 START_TEST(test_errors_name_the_key)
 {
     char m[512];
@@ -185,6 +218,7 @@ int main(void)
     TCase *tc = tcase_create("all");
     tcase_add_test(tc, test_defaults_and_json);
     tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_orientation_settings);
     tcase_add_test(tc, test_precedence_file_env_flags);
     tcase_add_test(tc, test_dataset_ids_from_file_names);
     tcase_add_test(tc, test_example_config_loads);

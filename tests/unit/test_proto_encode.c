@@ -156,6 +156,62 @@ START_TEST(test_json_document_joins_blocks)
 }
 END_TEST
 
+/* Gene rows: the same block as two genes (ids 7 and 3) over 5 selected
+ * cells; dense frames spell out every cell, zero where nothing is stored. */
+START_TEST(test_gene_rows_and_dense)
+{
+    iv_block_t blk = make_block();
+    iv_stream_hdr_t h = {.n_rows = 5, .n_cols = 2, .dtype = IV_DT_FLOAT32, .index_size = 4,
+                         .by_var = 1};
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_enc_block_h(&b, IV_FMT_BINARY, &h, &blk);
+    ck_assert_uint_eq(rd_u32(b.data), IV_WIRE_VAR_BLOCK);
+    ck_assert_int_eq(rd_i64(b.data + 8), 2);
+    ck_assert_int_eq(rd_i64(b.data + 24), 7);
+    iv_buf_free(&b);
+
+    h.dense = 1;
+    iv_buf_init(&b);
+    iv_enc_block_h(&b, IV_FMT_BINARY, &h, &blk);
+    ck_assert_uint_eq(b.len, 24 + 2 * 8 + 2 * 5 * 4);
+    ck_assert_uint_eq(rd_u32(b.data), IV_WIRE_DENSE_BLOCK);
+    ck_assert_int_eq(rd_i64(b.data + 8), 2);
+    ck_assert_int_eq(rd_i64(b.data + 16), 5);
+    ck_assert_int_eq(rd_i64(b.data + 24), 7);
+    ck_assert_int_eq(rd_i64(b.data + 32), 3);
+    float row[10];
+    memcpy(row, b.data + 40, sizeof row);
+    ck_assert(row[0] == 0 && row[1] == 1.5f && row[2] == 0 && row[3] == 0 && isnan(row[4]));
+    for (int k = 5; k < 10; k++) ck_assert(row[k] == 0 && !signbit(row[k]));
+    iv_buf_free(&b);
+
+    iv_buf_init(&b);
+    iv_enc_header(&b, IV_FMT_NDJSON, &h);
+    iv_enc_block_h(&b, IV_FMT_NDJSON, &h, &blk);
+    iv_buf_append(&b, "", 1);
+    ck_assert_ptr_nonnull(strstr(b.data, "\"by\":\"var\",\"dense\":true"));
+    ck_assert_ptr_nonnull(strstr(b.data, "\"var\":[7,3],\"data\":[[0,1.5,0,0,null],[0,0,0,0,0]]"));
+    iv_buf_free(&b);
+
+    iv_jdoc_t d;
+    iv_jdoc_init(&d);
+    iv_jdoc_add_h(&d, &h, &blk);
+    iv_buf_init(&b);
+    iv_jdoc_finish(&d, &h, &b);
+    iv_buf_append(&b, "", 1);
+    cJSON *doc = cJSON_Parse(b.data);
+    ck_assert_ptr_nonnull(doc);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(doc, "dense")));
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "data")), 2);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "data"), 1)), 5);
+    ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "var"), 1)->valueint, 3);
+    cJSON_Delete(doc);
+    iv_buf_free(&b);
+    iv_jdoc_free(&d);
+}
+END_TEST
+
 START_TEST(test_error_document_escapes)
 {
     iv_buf_t b;
@@ -178,6 +234,7 @@ int main(void)
     tcase_add_test(tc, test_ndjson_lines);
     tcase_add_test(tc, test_json_document_joins_blocks);
     tcase_add_test(tc, test_error_document_escapes);
+    tcase_add_test(tc, test_gene_rows_and_dense);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

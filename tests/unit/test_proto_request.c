@@ -311,6 +311,34 @@ START_TEST(test_error_body_stays_utf8)
 }
 END_TEST
 
+START_TEST(test_by_and_dense)
+{
+    iv_qreq_t q;
+    iv_err_t err = {0};
+    const char *ok[] = {"{\"by\":\"var\"}", "{\"dense\":true}", "{\"by\":\"var\",\"dense\":true}",
+                        "{\"by\":\"obs\"}", "{\"dense\":false}"};
+    int want_by[] = {1, 1, 1, 0, 0}, want_dense[] = {0, 1, 1, 0, 0};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_msg(iv_qreq_parse_json(ok[i], strlen(ok[i]), 10, 10, &q, &err) == 0, "%s", err.msg);
+        ck_assert_int_eq(q.by_var, want_by[i]);
+        ck_assert_int_eq(q.dense, want_dense[i]);
+        iv_qreq_free(&q);
+    }
+    const char *bad[] = {"{\"by\":\"genes\"}", "{\"by\":1}", "{\"dense\":1}",
+                         "{\"by\":\"obs\",\"dense\":true}"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(iv_qreq_parse_json(bad[i], strlen(bad[i]), 10, 10, &q, &err), IV_EBAD_REQUEST);
+    const char *qs = "var=1,2&by=var&dense=true";
+    ck_assert_int_eq(iv_qreq_parse_query(qs, strlen(qs), 10, 10, &q, &err), 0);
+    ck_assert(q.by_var == 1 && q.dense == 1 && q.var.n == 2);
+    iv_qreq_free(&q);
+    qs = "dense=yes";
+    ck_assert_int_eq(iv_qreq_parse_query(qs, strlen(qs), 10, 10, &q, &err), IV_EBAD_REQUEST);
+    qs = "by=obs&dense=1";
+    ck_assert_int_eq(iv_qreq_parse_query(qs, strlen(qs), 10, 10, &q, &err), IV_EBAD_REQUEST);
+}
+END_TEST
+
 START_TEST(test_accept_negotiation)
 {
     ck_assert_int_eq(iv_fmt_from_accept(NULL), IV_FMT_NDJSON);
@@ -361,6 +389,7 @@ int main(void)
     tcase_add_test(tc, test_json_nul_escape);
     tcase_add_test(tc, test_error_body_stays_utf8);
     tcase_add_test(tc, test_accept_negotiation);
+    tcase_add_test(tc, test_by_and_dense);
     tcase_add_test(tc, test_base64_roundtrip);
     suite_add_tcase(s, tc);
     return iv_check_run(s);

@@ -478,6 +478,18 @@ START_TEST(planner_picks_fewer_bytes)
     ck_assert_int_eq(iv_plan_orient(ds, &single, &all, IV_OUT_ROWS, est), IV_IVCSR);
     ck_assert(est[IV_IVCSR] < est[IV_IVCSC]);
     ck_assert_int_eq(iv_plan_orient(ds, &all, &single, IV_OUT_VARS, NULL), IV_IVCSC);
+    /* Major-slice output keeps the file's orientation unless forced. */
+    iv_query_opts_t qm = {.axis = IV_OUT_MAJOR};
+    ck_assert_int_eq(iv_query_new(ds, &all, &single, &qm, &q, &err), 0);
+    ck_assert_int_eq(iv_query_orient(q), IV_IVCSR);
+    ck_assert_int_eq(iv_query_by_var(q), 0);
+    iv_query_free(q);
+    qm.pick = IV_PICK_GENES;
+    ck_assert_int_eq(iv_query_new(ds, &all, &single, &qm, &q, &err), 0);
+    ck_assert_int_eq(iv_query_orient(q), IV_IVCSC);
+    ck_assert_int_eq(iv_query_by_var(q), 1);
+    ck_assert_int_eq(iv_query_n_rows(q), 1);
+    iv_query_free(q);
     iv_dataset_close(ds);
     mat_free(&m);
     unlink(path);
