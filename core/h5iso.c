@@ -283,8 +283,8 @@ static int take_msgs(struct wait_state *ws, iv_h5iso_note_fn note, void *note_ct
     return 0;
 }
 
-/* Reads the child's messages until it closes the pipe (0), the deadline
- * passes (1) or the stream is malformed (-1). */
+/* Reads the child's messages until its answer or its end (0), the
+ * deadline (1) or a malformed message (-1). */
 static int read_msgs(int rfd, double deadline, struct wait_state *ws, iv_h5iso_note_fn note,
                      void *note_ctx)
 {
@@ -303,6 +303,7 @@ static int read_msgs(int rfd, double deadline, struct wait_state *ws, iv_h5iso_n
         if (r == 0) return 0;
         ws->in_len += (size_t)r;
         if (take_msgs(ws, note, note_ctx) < 0) return -1;
+        if (ws->done) return 0;   /* the answer is the child's last word */
     }
 }
 
