@@ -43,6 +43,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -283,17 +284,46 @@ static int take_msgs(struct wait_state *ws, iv_h5iso_note_fn note, void *note_ct
     return 0;
 }
 
-/* Reads the child's messages until it closes the pipe (0), the deadline
- * passes (1) or the stream is malformed (-1). */
-static int read_msgs(int rfd, double deadline, struct wait_state *ws, iv_h5iso_note_fn note,
-                     void *note_ctx)
+/*
+ * Whether the child sleeps on a futex.  It has one thread, so no futex
+ * of its own can ever be released: it inherited a lock that another
+ * thread of the parent held at the fork.  glibc's malloc and jemalloc
+ * take their locks around fork, but an allocator without fork handlers
+ * (AddressSanitizer's, before LLVM 16) can leave one held, and the child
+ * then sleeps forever in its first malloc of that size.
+ */
+static int child_in_futex(pid_t pid)
 {
+    char path[64], buf[64];
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    return strtol(buf, NULL, 10) == SYS_futex;
+}
+
+/* Seconds a child may sleep on a futex before it counts as deadlocked. */
+#define FUTEX_STUCK_CHECKS 3
+
+/* Reads the child's messages until its answer or its end (0), the
+ * deadline (1), a malformed message (-1) or a deadlock of the child (2). */
+static int read_msgs(int rfd, pid_t pid, double deadline, struct wait_state *ws,
+                     iv_h5iso_note_fn note, void *note_ctx)
+{
+    int stuck = 0;
     for (;;) {
         double left = deadline - now_ms();
         if (left <= 0) return 1;
         struct pollfd pfd = {.fd = rfd, .events = POLLIN};
-        int pr = poll(&pfd, 1, left > 60000 ? 60000 : (int)left + 1);
+        int pr = poll(&pfd, 1, left > 1000 ? 1000 : (int)left + 1);
         if (pr < 0 && errno != EINTR) return -1;
+        if (pr == 0) {
+            stuck = child_in_futex(pid) ? stuck + 1 : 0;
+            if (stuck >= FUTEX_STUCK_CHECKS) return 2;
+        }
         if (pr <= 0) continue;
         ssize_t r = read(rfd, ws->in + ws->in_len, sizeof ws->in - ws->in_len);
         if (r < 0) {
@@ -303,6 +333,7 @@ static int read_msgs(int rfd, double deadline, struct wait_state *ws, iv_h5iso_n
         if (r == 0) return 0;
         ws->in_len += (size_t)r;
         if (take_msgs(ws, note, note_ctx) < 0) return -1;
+        if (ws->done) return 0;   /* the answer is the child's last word */
     }
 }
 
@@ -316,8 +347,11 @@ static int wait_child(pid_t pid, int *status)
     }
 }
 
-int iv_h5iso_run(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_note_fn note,
-                 void *note_ctx, iv_h5iso_result_t *res, iv_err_t *err)
+#define RETRY_DEADLOCK 1   /* run_once: the child deadlocked, fork again */
+#define MAX_ATTEMPTS 3
+
+static int run_once(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_note_fn note,
+                    void *note_ctx, iv_h5iso_result_t *res, iv_err_t *err)
 {
     res->data = NULL;
     res->len = 0;
@@ -356,10 +390,17 @@ int iv_h5iso_run(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_not
     }
 
     unsigned tmo = get_timeout_ms();
-    int got = read_msgs(pfd[0], now_ms() + tmo, ws, note, note_ctx);
+    int got = read_msgs(pfd[0], pid, now_ms() + tmo, ws, note, note_ctx);
     if (got != 0) kill(pid, SIGKILL);
     int status = 0;
     int waited = wait_child(pid, &status) == 0;
+    if (got == 2) {
+        rc = RETRY_DEADLOCK;
+        iv_fail(err, IV_EINTERNAL,
+                "%s: the HDF5 reader deadlocked reading %s (a lock held at its fork), %d times",
+                path, ws->stage, MAX_ATTEMPTS);
+        goto out;
+    }
     if (got == 1) {
         rc = iv_fail(err, IV_ETIMEOUT,
                      "%s: HDF5 did not finish reading %s within %.0f s (the reader was stopped); "
@@ -411,6 +452,22 @@ out:
     if (mfd >= 0) close(mfd);
     free(ws);
     return rc;
+}
+
+int iv_h5iso_run(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_note_fn note,
+                 void *note_ctx, iv_h5iso_result_t *res, iv_err_t *err)
+{
+    /* A deadlocked child did no work and says nothing about the file: the
+     * next fork finds the parent's locks in another state. */
+    for (int attempt = 1;; attempt++) {
+        iv_err_t e;
+        iv_err_clear(&e);
+        int rc = run_once(path, fn, ctx, note, note_ctx, res, &e);
+        if (rc != RETRY_DEADLOCK || attempt == MAX_ATTEMPTS) {
+            if (rc == 0) return 0;
+            return iv_fail(err, rc == RETRY_DEADLOCK ? IV_EINTERNAL : rc, "%s", e.msg);
+        }
+    }
 }
 
 void iv_h5iso_result_free(iv_h5iso_result_t *res)

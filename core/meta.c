@@ -1217,6 +1217,9 @@ static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, str
                    gname);
 }
 
+static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m,
+                     iv_err_t *err);
+
 int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
 {
     double t0 = now_s();
@@ -1231,19 +1234,8 @@ int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_
         iv_meta_free(m);
         return rc;
     }
-    iv_h5iso_rd_t r;
-    iv_h5iso_rd_init(&r, &res);
-    if (iv_h5iso_rd_u64(&r) != META_MAGIC)
-        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
-    if (rc == 0) rc = take_frame(&r, path, "obs", &m->ax[IV_AXIS_OBS], err);
-    if (rc == 0) rc = take_frame(&r, path, "var", &m->ax[IV_AXIS_VAR], err);
-    if (rc == 0 && r.pos != r.len)
-        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
+    rc = take_meta(path, &res, m, err);
     iv_h5iso_result_free(&res);
-    for (int a = 0; rc == 0 && a < 2; a++) {
-        struct mcol *ix = m->ax[a].index;
-        rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);
-    }
     if (rc < 0) {
         iv_meta_free(m);
         return rc;
@@ -1251,6 +1243,42 @@ int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_
     m->stats.load_seconds = now_s() - t0;
     *out = m;
     return 0;
+}
+
+int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_meta_t **out,
+                       iv_err_t *err)
+{
+    *out = NULL;
+    iv_meta_t *m = calloc(1, sizeof(*m));
+    IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
+    pthread_mutex_init(&m->lock, NULL);
+    iv_h5iso_result_t res = {data, len};
+    int rc = take_meta(path, &res, m, err);
+    if (rc < 0) {
+        iv_meta_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+/* The reader's answer into m's frames, with their names indexes. */
+static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m, iv_err_t *err)
+{
+    int rc = 0;
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, res);
+    if (iv_h5iso_rd_u64(&r) != META_MAGIC)
+        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
+    if (rc == 0) rc = take_frame(&r, path, "obs", &m->ax[IV_AXIS_OBS], err);
+    if (rc == 0) rc = take_frame(&r, path, "var", &m->ax[IV_AXIS_VAR], err);
+    if (rc == 0 && r.pos != r.len)
+        rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
+    for (int a = 0; rc == 0 && a < 2; a++) {
+        struct mcol *ix = m->ax[a].index;
+        rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);
+    }
+    return rc;
 }
 
 void iv_meta_free(iv_meta_t *m)

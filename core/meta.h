@@ -108,6 +108,13 @@ typedef struct iv_meta_stats {
 int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err);
 void iv_meta_free(iv_meta_t *m);
 
+/* Builds a meta from the bytes iv_meta_load's reader process answers
+ * (its own format, see meta.c), checking every length, offset and code;
+ * path names the file in errors.  What iv_meta_load does after the read;
+ * public for the fuzz target.  data is not kept. */
+int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_meta_t **out,
+                       iv_err_t *err);
+
 /*
  * Adds computed columns from the pointer arrays of ds (no decode):
  * IVCSR: obs total_counts, n_genes, max_count; IVCSC: var total_counts,

@@ -2,7 +2,8 @@
  * The reader process of core/h5iso.c: results cross intact (small puts,
  * arrays larger than the child's buffer, notes in order); a child's
  * error, crash, silent exit and hang each become one clear error; the
- * child holds no descriptor of the parent's but its own; concurrent runs
+ * child holds no descriptor of the parent's but its own; a child that
+ * inherited a held lock is retried, then refused; concurrent runs
  * from several threads do not wait on each other's pipes; the reader
  * refuses to read past the end.
  */
@@ -12,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +225,57 @@ START_TEST(test_child_closes_parent_fds)
 }
 END_TEST
 
+static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
+
+static int child_lock(void *ctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    (void)ctx;
+    (void)err;
+    /* Held by the parent at the fork: this child sleeps forever, as one
+     * does that inherits an allocator lock another thread held. */
+    pthread_mutex_lock(&held);
+    pthread_mutex_unlock(&held);
+    return iv_h5iso_put_u64(o, 5);
+}
+
+static sem_t locked;
+
+/* Holds the lock for two seconds (the owner unlocks it, as it must). */
+static void *hold_a_while(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&held);
+    sem_post(&locked);
+    sleep(2);
+    pthread_mutex_unlock(&held);
+    return NULL;
+}
+
+START_TEST(test_child_deadlock_retried)
+{
+    iv_h5iso_result_t res;
+    iv_err_t e = {0};
+    /* Held through every attempt: a clear error, well before the timeout. */
+    pthread_mutex_lock(&held);
+    ck_assert_int_eq(iv_h5iso_run("f.h5", child_lock, NULL, NULL, NULL, &res, &e), IV_EINTERNAL);
+    ck_assert_msg(strstr(e.msg, "deadlocked"), "%s", e.msg);
+    pthread_mutex_unlock(&held);
+    /* Released during the first attempt: a later fork succeeds. */
+    pthread_t t;
+    ck_assert_int_eq(sem_init(&locked, 0, 0), 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, hold_a_while, NULL), 0);
+    sem_wait(&locked);
+    iv_err_clear(&e);
+    ck_assert_msg(iv_h5iso_run("f.h5", child_lock, NULL, NULL, NULL, &res, &e) == 0, "%s",
+                  e.msg);
+    pthread_join(t, NULL);
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, &res);
+    ck_assert_uint_eq(iv_h5iso_rd_u64(&r), 5);
+    iv_h5iso_result_free(&res);
+}
+END_TEST
+
 static void *runner(void *arg)
 {
     intptr_t ok = 1;
@@ -264,6 +317,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_child_hangs);
     tcase_add_test(tc, test_child_closes_parent_fds);
     tcase_add_test(tc, test_concurrent_runs);
+    tcase_add_test(tc, test_child_deadlock_retried);
     suite_add_tcase(s, tc);
     return s;
 }
