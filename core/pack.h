@@ -58,7 +58,7 @@ typedef struct iv_pack_opts {
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */
-#define IV_PACK_DEFAULT_CHUNK (32u << 10)
+#define IV_PACK_DEFAULT_CHUNK (16u << 10)
 
 typedef struct iv_pack_report {
     int64_t n_rows, n_cols, nnz, n_unique;

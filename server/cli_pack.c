@@ -157,6 +157,10 @@ int iv_cli_pack_main(int argc, char **argv)
             if (end == v || *end || n == 0) return usage();
             o.memory_budget = (size_t)n << 20;
         } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage();
+            return 0;
+        }
         else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
             return usage();
