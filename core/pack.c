@@ -1219,6 +1219,11 @@ done:
     return rc;
 }
 
+void iv_pack_temp_name(const char *out_path, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s.tmp%ld", out_path, (long)getpid());
+}
+
 int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
                  iv_pack_report_t *rep, iv_err_t *err)
 {
@@ -1259,7 +1264,7 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     memset(&s, 0, sizeof s);
     s.didx = s.ddata = s.ddense = -1;
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
+    iv_pack_temp_name(out_path, tmp, sizeof tmp);
     hid_t out = -1, rin = -1, rout = -1;
     int rc = src_open(&s, in, in_path, matrix, err);
     if (rc < 0) goto fail;

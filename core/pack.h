@@ -74,6 +74,11 @@ typedef struct iv_pack_report {
 /* Zstd level 1, orientation IVCSR, defaults elsewhere. */
 void iv_pack_opts_init(iv_pack_opts_t *o);
 
+/* The temporary name iv_pack_file writes before renaming to out_path
+ * (out_path + ".tmp" + the process id), for a caller that removes it
+ * when interrupted. */
+void iv_pack_temp_name(const char *out_path, char *buf, size_t cap);
+
 /* Packs in_path into out_path.  0, or a negative IV_E* with err naming the
  * file, the element and the check that failed; OUT is then untouched. */
 int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
