@@ -58,16 +58,20 @@ cat "$iv" "$csr" > /dev/null
 {
 echo "== ivserve pack, $cells cells: $(basename "$csr") ($(( $(stat -c %s "$csr") / 1000000 )) MB) -> zstd-1"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-7s %-8s %9s %10s %12s %10s\n" layout threads seconds "MB/s" "MB/s/thread" "peak MB"
+echo "(wall = elapsed; cpu = user + system, which a machine shared with other work"
+echo " inflates less than wall; MB/s per CPU-second = input MB / cpu)"
+printf "%-7s %-8s %9s %9s %10s %12s %14s %10s\n" layout threads "wall s" "cpu s" "MB/s" "MB/s/thread" "MB/cpu-second" "peak MB"
 mb=$(( $(stat -c %s "$csr") ))
 for layout in ivcsr ivcsc; do
     for t in $threads; do
         rm -f "$tmp/p.h5ad"
-        /usr/bin/time -f "%e %M" -o "$tmp/time" "$bin" pack "$csr" "$tmp/p.h5ad" --layout "$layout" \
+        /usr/bin/time -f "%e %U %S %M" -o "$tmp/time" "$bin" pack "$csr" "$tmp/p.h5ad" --layout "$layout" \
             --threads "$t" -q > "$tmp/summary"
-        read -r secs kb < "$tmp/time"
-        awk -v l="$layout" -v t="$t" -v s="$secs" -v kb="$kb" -v b="$mb" 'BEGIN {
-            printf "%-7s %-8s %9.2f %10.1f %12.1f %10.0f\n", l, t, s, b / 1e6 / s, b / 1e6 / s / t, kb / 1024 }'
+        read -r secs usr sys kb < "$tmp/time"
+        awk -v l="$layout" -v t="$t" -v s="$secs" -v u="$usr" -v y="$sys" -v kb="$kb" -v b="$mb" 'BEGIN {
+            c = u + y
+            printf "%-7s %-8s %9.2f %9.2f %10.1f %12.1f %14.1f %10.0f\n", l, t, s, c, b / 1e6 / s,
+                   b / 1e6 / s / t, b / 1e6 / c, kb / 1024 }'
     done
     cat "$tmp/summary"
 done

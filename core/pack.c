@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,6 +93,21 @@ static void slab_free(slab_t *s)
     memset(s, 0, sizeof *s);
 }
 
+/* Large entry buffers are scattered into at random: ask for transparent
+ * huge pages, which cut the TLB misses and page faults of the fill pass. */
+static void *big_realloc(void *p, size_t bytes)
+{
+    void *q = realloc(p, bytes);
+#ifdef MADV_HUGEPAGE
+    if (q && bytes >= ((size_t)64 << 20)) {
+        uintptr_t a = ((uintptr_t)q + 4095) & ~(uintptr_t)4095;
+        uintptr_t b = ((uintptr_t)q + bytes) & ~(uintptr_t)4095;
+        if (b > a) madvise((void *)a, b - a, MADV_HUGEPAGE);
+    }
+#endif
+    return q;
+}
+
 static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
 {
     if ((size_t)slices + 1 > s->cap_slices) {
@@ -103,10 +119,10 @@ static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
     }
     if ((size_t)entries > s->cap_entries) {
         size_t cap = (size_t)entries;
-        int64_t *i = realloc(s->idx, (cap ? cap : 1) * sizeof *i);
+        int64_t *i = big_realloc(s->idx, (cap ? cap : 1) * sizeof *i);
         if (!i) return -1;
         s->idx = i;
-        uint8_t *v = realloc(s->val, (cap ? cap : 1) * esz);
+        uint8_t *v = big_realloc(s->val, (cap ? cap : 1) * esz);
         if (!v) return -1;
         s->val = v;
         s->cap_entries = cap;
@@ -584,6 +600,100 @@ static uint64_t value_key(iv_dtype_t t, const uint8_t *v)
     }
 }
 
+/* Keys of n values into rec (pos = i), the dtype switch outside the loop. */
+static void fill_keys(iv_dtype_t t, const uint8_t *val, size_t n, rec_t *rec)
+{
+    size_t esz = iv_dtype_size(t);
+#define KEYS(expr)                                  \
+    for (size_t i = 0; i < n; i++) {                \
+        const uint8_t *v = val + i * esz;           \
+        rec[i].key = (expr);                        \
+        rec[i].pos = i;                             \
+    }
+    switch (t) {
+    case IV_DT_FLOAT32: KEYS(value_key(IV_DT_FLOAT32, v)); break;
+    case IV_DT_FLOAT64: KEYS(value_key(IV_DT_FLOAT64, v)); break;
+    case IV_DT_INT32: KEYS(value_key(IV_DT_INT32, v)); break;
+    case IV_DT_INT64: KEYS(value_key(IV_DT_INT64, v)); break;
+    default: KEYS(value_key(t, v)); break;
+    }
+#undef KEYS
+}
+
+/*
+ * Stable sort of rec by key.  Counts hold a handful of distinct values per
+ * slice, so the distinct keys are collected first (a small hash set, at
+ * most 64 of them) and the records placed by a counting sort over their
+ * ranks: two passes.  More distinct keys fall back to the radix sort.
+ */
+#define FEW_KEYS 64
+static void sort_by_value(rec_t *rec, rec_t *tmp, size_t n)
+{
+    if (n < 2) return;
+    uint64_t slot_key[2 * FEW_KEYS];
+    int slot_used[2 * FEW_KEYS];
+    uint32_t slot_cnt[2 * FEW_KEYS];
+    memset(slot_used, 0, sizeof slot_used);
+    size_t distinct = 0;
+    uint64_t last = rec[0].key + 1;
+    size_t last_slot = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = rec[i].key;
+        if (k == last) {
+            slot_cnt[last_slot]++;
+            continue;
+        }
+        size_t h = (size_t)((k * 0x9e3779b97f4a7c15ull) >> 57); /* 0..127 */
+        while (slot_used[h] && slot_key[h] != k) h = (h + 1) & (2 * FEW_KEYS - 1);
+        if (!slot_used[h]) {
+            if (++distinct > FEW_KEYS) {
+                radix_sort(rec, tmp, n);
+                return;
+            }
+            slot_used[h] = 1;
+            slot_key[h] = k;
+            slot_cnt[h] = 0;
+        }
+        slot_cnt[h]++;
+        last = k;
+        last_slot = h;
+    }
+    if (distinct == 1) return;
+    /* Rank the distinct keys (insertion sort of at most 64), then give each
+     * slot its first output position. */
+    uint64_t keys[FEW_KEYS];
+    size_t nk = 0;
+    for (size_t h = 0; h < 2 * FEW_KEYS; h++) {
+        if (!slot_used[h]) continue;
+        size_t j = nk++;
+        while (j > 0 && keys[j - 1] > slot_key[h]) {
+            keys[j] = keys[j - 1];
+            j--;
+        }
+        keys[j] = slot_key[h];
+    }
+    size_t start[2 * FEW_KEYS];
+    size_t sum = 0;
+    for (size_t r = 0; r < nk; r++) {
+        size_t h = (size_t)((keys[r] * 0x9e3779b97f4a7c15ull) >> 57);
+        while (slot_key[h] != keys[r] || !slot_used[h]) h = (h + 1) & (2 * FEW_KEYS - 1);
+        start[h] = sum;
+        sum += slot_cnt[h];
+    }
+    last = rec[0].key + 1;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = rec[i].key;
+        if (k != last) {
+            last_slot = (size_t)((k * 0x9e3779b97f4a7c15ull) >> 57);
+            while (slot_key[last_slot] != k || !slot_used[last_slot])
+                last_slot = (last_slot + 1) & (2 * FEW_KEYS - 1);
+            last = k;
+        }
+        tmp[start[last_slot]++] = rec[i];
+    }
+    memcpy(rec, tmp, n * sizeof *rec);
+}
+
 /* Output of one part of a slab, encoded by one thread. */
 typedef struct part {
     int64_t s0, s1;           /* slab-local slices */
@@ -700,11 +810,8 @@ static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *
                            "stored twice; a packed matrix holds one value per cell (sum or drop "
                            "the duplicates first)", en->where, r, c);
         }
-    for (size_t i = 0; i < un; i++) {
-        p->rec[i].key = value_key(en->vdt, val + i * esz);
-        p->rec[i].pos = i;
-    }
-    radix_sort(p->rec, p->tmp, un);
+    fill_keys(en->vdt, val, un, p->rec);
+    sort_by_value(p->rec, p->tmp, un);
     if (grow((void **)&p->packed, &p->cap_packed, p->n_packed + un * IV_VARINT_MAX, 1) < 0) goto nomem;
     int64_t groups = 0;
     size_t i = 0;
@@ -729,7 +836,9 @@ static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *
         uint8_t *out = p->packed + p->n_packed;
         for (size_t q = i; q < j; q++) {
             int64_t x = idx[p->rec[q].pos];
-            out += iv_varint_write((uint64_t)(x - prev - 1), out);
+            uint64_t dv = (uint64_t)(x - prev - 1);
+            if (dv < 0x80) *out++ = (uint8_t)dv;
+            else out += iv_varint_write(dv, out);
             prev = x;
         }
         p->n_packed = (size_t)(out - p->packed);
@@ -849,6 +958,30 @@ static int run_direct(src_t *s, encoder_t *en, const iv_pack_opts_t *o, iv_err_t
     return rc;
 }
 
+/* Moves a slab's entries to their output slices' next free positions.
+ * The value copy has a constant size in each case, so that it compiles
+ * to one load and one store instead of a call. */
+static void scatter(const slab_t *sl, slab_t *band, int64_t *fill, size_t esz)
+{
+#define SCATTER(T)                                                           \
+    for (int64_t i = 0; i < sl->n; i++) {                                    \
+        int64_t major = sl->first + i;                                       \
+        for (int64_t e = sl->ptr[i]; e < sl->ptr[i + 1]; e++) {              \
+            int64_t pos = fill[sl->idx[e]]++;                                \
+            band->idx[pos] = major;                                          \
+            memcpy(band->val + (size_t)pos * sizeof(T), sl->val + (size_t)e * sizeof(T), \
+                   sizeof(T));                                               \
+        }                                                                    \
+    }
+    switch (esz) {
+    case 1: SCATTER(uint8_t); break;
+    case 2: SCATTER(uint16_t); break;
+    case 4: SCATTER(uint32_t); break;
+    default: SCATTER(uint64_t); break;
+    }
+#undef SCATTER
+}
+
 /* Output orientation differs: count, then fill bands under the budget. */
 static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
                          iv_err_t *err)
@@ -904,14 +1037,7 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
             int got = src_next(s, &sl, err);
             if (got < 0) { rc = got; goto done; }
             if (!got) break;
-            for (int64_t i = 0; i < sl.n; i++) {
-                int64_t major = sl.first + i;
-                for (int64_t e = sl.ptr[i]; e < sl.ptr[i + 1]; e++) {
-                    int64_t pos = fill[sl.idx[e]]++;
-                    band.idx[pos] = major;
-                    memcpy(band.val + (size_t)pos * en->esz, sl.val + (size_t)e * en->esz, en->esz);
-                }
-            }
+            scatter(&sl, &band, fill, en->esz);
             report(&pr);
         }
         for (int64_t t = t0; t < t1; t++)
@@ -1093,6 +1219,11 @@ done:
     return rc;
 }
 
+void iv_pack_temp_name(const char *out_path, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s.tmp%ld", out_path, (long)getpid());
+}
+
 int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
                  iv_pack_report_t *rep, iv_err_t *err)
 {
@@ -1133,7 +1264,7 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     memset(&s, 0, sizeof s);
     s.didx = s.ddata = s.ddense = -1;
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
+    iv_pack_temp_name(out_path, tmp, sizeof tmp);
     hid_t out = -1, rin = -1, rout = -1;
     int rc = src_open(&s, in, in_path, matrix, err);
     if (rc < 0) goto fail;

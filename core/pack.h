@@ -58,7 +58,7 @@ typedef struct iv_pack_opts {
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */
-#define IV_PACK_DEFAULT_CHUNK (32u << 10)
+#define IV_PACK_DEFAULT_CHUNK (16u << 10)
 
 typedef struct iv_pack_report {
     int64_t n_rows, n_cols, nnz, n_unique;
@@ -73,6 +73,11 @@ typedef struct iv_pack_report {
 
 /* Zstd level 1, orientation IVCSR, defaults elsewhere. */
 void iv_pack_opts_init(iv_pack_opts_t *o);
+
+/* The temporary name iv_pack_file writes before renaming to out_path
+ * (out_path + ".tmp" + the process id), for a caller that removes it
+ * when interrupted. */
+void iv_pack_temp_name(const char *out_path, char *buf, size_t cap);
 
 /* Packs in_path into out_path.  0, or a negative IV_E* with err naming the
  * file, the element and the check that failed; OUT is then untouched. */

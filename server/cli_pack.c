@@ -10,6 +10,7 @@
 #include "cli_pack.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,17 @@ static void on_progress(void *ctx, const iv_pack_progress_t *p)
     }
 }
 
+/* The temporary file of the pack in progress, removed on SIGINT/SIGTERM
+ * so that an interrupted pack leaves nothing behind (unlink and _exit are
+ * async-signal-safe; the name is set before the handler is installed). */
+static char tmp_name[4300];
+
+static void on_signal(int sig)
+{
+    unlink(tmp_name);
+    _exit(128 + sig);
+}
+
 /* OUT with ".ivcsr" / ".ivcsc" before its extension (or at its end). */
 static void both_name(const char *out, const char *tag, char *buf, size_t cap)
 {
@@ -102,7 +114,15 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
     o->progress_ctx = &b;
     iv_pack_report_t rep;
     iv_err_t err = {0};
+    iv_pack_temp_name(out, tmp_name, sizeof tmp_name);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     int rc = iv_pack_file(in, out, o, &rep, &err);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (b.tty && !quiet) fputc('\n', stderr);
     if (rc < 0) {
         fprintf(stderr, "ivserve: error: %s\n", err.msg);
@@ -157,6 +177,10 @@ int iv_cli_pack_main(int argc, char **argv)
             if (end == v || *end || n == 0) return usage();
             o.memory_budget = (size_t)n << 20;
         } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage();
+            return 0;
+        }
         else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
             return usage();

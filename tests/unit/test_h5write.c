@@ -123,6 +123,58 @@ START_TEST(array_append_read_back)
 }
 END_TEST
 
+/* The registered zstd filter encodes too (HDF5 refuses to create a
+ * dataset whose filter cannot): an ordinary H5Dwrite through it reads
+ * back exactly, and its chunks are single frames the decoder takes. */
+START_TEST(zstd_filter_encodes_through_hdf5)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+    char path[] = "/tmp/iv_h5zstd_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    enum { N = 50000 };
+    int32_t *v = malloc(N * sizeof *v), *back = calloc(N, sizeof *back);
+    for (int i = 0; i < N; i++) v[i] = i % 977 - 300;
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t dims[1] = {N}, cd[1] = {4096};
+    hid_t sp = H5Screate_simple(1, dims, NULL), pl = H5Pcreate(H5P_DATASET_CREATE);
+    unsigned level[1] = {3};
+    H5Pset_chunk(pl, 1, cd);
+    ck_assert_int_ge(H5Pset_filter(pl, IV_FILTER_ZSTD, H5Z_FLAG_MANDATORY, 1, level), 0);
+    hid_t d = H5Dcreate2(f, "z", H5T_STD_I32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    ck_assert_int_ge(d, 0);
+    ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    d = H5Dopen2(f, "z", H5P_DEFAULT);
+    ck_assert_int_ge(H5Dread(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, back), 0);
+    ck_assert(memcmp(v, back, N * sizeof *v) == 0);
+    hsize_t off[1] = {4096}, size = 0;
+    unsigned mask = 1;
+    ck_assert_int_ge(H5Dget_chunk_storage_size(d, off, &size), 0);
+    uint8_t *raw = malloc(size), *dec = malloc(4096 * 4);
+    ck_assert_int_ge(H5Dread_chunk(d, H5P_DEFAULT, off, &mask, raw), 0);
+    ck_assert_uint_eq(mask, 0);
+    size_t got = 0;
+    iv_err_t e = {0};
+    ck_assert_int_eq(iv_zstd_decode(raw, size, dec, 4096 * 4, &got, &e), 0);
+    ck_assert_uint_eq(got, 4096 * 4);
+    ck_assert(memcmp(dec, v + 4096, got) == 0);
+    free(raw);
+    free(dec);
+    H5Dclose(d);
+    H5Fclose(f);
+    H5Pclose(pl);
+    H5Sclose(sp);
+    unlink(path);
+    free(v);
+    free(back);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("h5write");
@@ -130,6 +182,7 @@ int main(void)
     tcase_add_test(tc, codec_parse);
     tcase_add_test(tc, compress_round_trip);
     tcase_add_test(tc, array_append_read_back);
+    tcase_add_test(tc, zstd_filter_encodes_through_hdf5);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
