@@ -202,7 +202,6 @@ struct conn {
     int shutting;         /* uv_shutdown called */
     int close_after;      /* the connection ends after the current answer */
     int peer_eof;         /* the client half-closed */
-    int got_bytes;        /* any byte ever arrived (a silent connection closes without a 408) */
     size_t wpending;      /* bytes in uv_write calls whose callbacks have not run */
     uint64_t last_progress; /* uv_now of the last completed write, for the write budget */
     /* The answer being written: its sequence number and whether its last
@@ -2284,7 +2283,6 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n == 0) return;
-    c->got_bytes = 1;
     c->rlen += (size_t)n;
     conn_pump(c);
 }
@@ -2315,7 +2313,8 @@ static void expect_check(conn_t *c)
     const iv_http_req_t *cur = iv_http_in_current(&c->in);
     const char *ex = cur ? cur->hdr[IV_H_EXPECT] : NULL;
     if (!ex) return;
-    if (strcasecmp(ex, "100-continue") != 0) {
+    /* The parser keeps a value's trailing blanks. */
+    if (strncasecmp(ex, "100-continue", 12) != 0 || ex[12 + strspn(ex + 12, " \t")] != '\0') {
         resp_begin_error(c);
         send_error(c, 417, "expectation_failed", "only Expect: 100-continue is supported", NULL);
         return;
