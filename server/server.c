@@ -40,7 +40,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +56,7 @@
 #include <hdf5.h>
 #include <uv.h>
 
+#include "access_log.h"
 #include "buf.h"
 #include "codec.h"
 #include "dataset.h"
@@ -265,53 +265,16 @@ struct server {
     pthread_mutex_t h5_mu;
     int h5_serial;
     iv_metrics_t metrics;
-    FILE *alog;
-    int alog_owned;
-    int alog_json;
+    iv_alog_t log;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static void iso_time(char *out, size_t cap)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
-}
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Server events (start-up, datasets, shutdown) go to stderr as one line each. */
-static void log_event(server_t *s, const char *level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void log_event(server_t *s, const char *level, const char *fmt, ...)
-{
-    char msg[1024], t[40];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    iso_time(t, sizeof t);
-    if (s->alog_json) {
-        iv_buf_t b;
-        iv_buf_init(&b);
-        iv_buf_printf(&b, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":", t, level);
-        iv_buf_json_str(&b, msg);
-        iv_buf_puts(&b, "}\n");
-        if (!b.oom) fwrite(b.data, 1, b.len, stderr);
-        iv_buf_free(&b);
-    } else {
-        fprintf(stderr, "%s %s %s\n", t, level, msg);
-    }
-    fflush(stderr);
 }
 
 static const char *method_name(int m)
@@ -1059,38 +1022,18 @@ static void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
  * connection's last answer, what the client acknowledged). */
 static void access_log(conn_t *c, uint64_t bytes)
 {
-    server_t *s = c->srv;
-    if (!s->alog) return;
-    char t[40];
-    iso_time(t, sizeof t);
-    double ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6;
-    iv_buf_t b;
-    iv_buf_init(&b);
-    const char *path = c->req && c->req->path ? c->req->path : "";
-    const char *method = c->req ? method_name(c->req->method) : "-";
-    if (s->alog_json) {
-        iv_buf_printf(&b, "{\"time\":\"%s\",\"method\":\"%s\",\"path\":", t, method);
-        iv_buf_json_str(&b, path);
-        iv_buf_puts(&b, ",\"dataset\":");
-        if (c->dsid[0]) iv_buf_json_str(&b, c->dsid);
-        else iv_buf_puts(&b, "null");
-        iv_buf_printf(&b,
-                      ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
-                      ",\"ms\":%.3f",
-                      c->status, c->rows, c->nnz, bytes, ms);
-        if (c->errmsg[0]) {
-            iv_buf_puts(&b, ",\"error\":");
-            iv_buf_json_str(&b, c->errmsg);
-        }
-        iv_buf_puts(&b, "}\n");
-    } else {
-        iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f%s%s\n",
-                      t, method, path, c->dsid[0] ? c->dsid : "-", c->status, c->rows, c->nnz,
-                      bytes, ms, c->errmsg[0] ? " error=" : "", c->errmsg);
-    }
-    if (!b.oom) fwrite(b.data, 1, b.len, s->alog);
-    fflush(s->alog);
-    iv_buf_free(&b);
+    iv_alog_entry_t e = {
+        .method = c->req ? method_name(c->req->method) : "-",
+        .path = c->req && c->req->path ? c->req->path : "",
+        .dataset = c->dsid,
+        .error = c->errmsg,
+        .status = c->status,
+        .rows = c->rows,
+        .nnz = c->nnz,
+        .bytes = bytes,
+        .ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6,
+    };
+    iv_alog_access(&c->srv->log, &e);
 }
 
 static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
@@ -2502,22 +2445,22 @@ static void on_load_done(job_t *j)
     if (j->rc != 0) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
-        log_event(s, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
+        iv_alog_event(&s->log, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
     } else if (!d->doc) {
         d->state = DS_FAILED;
-        log_event(s, "error", "dataset %s left out: out of memory", d->conf->id);
+        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
     } else {
         d->state = DS_READY;
         const iv_dataset_info_t *in = iv_dataset_info(d->ds);
         if (!d->meta)
-            log_event(s, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
+            iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
                       d->conf->id, d->err);
-        log_event(s, "info",
+        iv_alog_event(&s->log, "info",
                   "dataset %s ready: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
                   d->conf->id, in->n_rows, in->n_cols, in->nnz,
                   in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
     }
-    if (s->n_loading == 0) log_event(s, "info", "all datasets loaded");
+    if (s->n_loading == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
     job_free(j);
 }
 
@@ -2553,7 +2496,7 @@ static void on_async(uv_async_t *a)
 static void on_grace(uv_timer_t *t)
 {
     server_t *s = t->data;
-    log_event(s, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
+    iv_alog_event(&s->log, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
     while (s->conns) conn_close(s->conns);
 }
 
@@ -2562,7 +2505,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     server_t *s = sig->data;
     if (s->draining) return;
     s->draining = 1;
-    log_event(s, "info", "signal %d: no new connections; finishing %zu open ones", signum, s->n_conns);
+    iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum, s->n_conns);
     uv_close((uv_handle_t *)&s->listener, NULL);
     for (conn_t *c = s->conns, *n; c; c = n) {
         n = c->next;
@@ -2609,7 +2552,7 @@ static int bind_listener(server_t *s)
     }
     int port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
                                                : ((struct sockaddr_in *)&got)->sin_port);
-    log_event(s, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
+    iv_alog_event(&s->log, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
               port, iv_pool_threads(s->pool));
     return 0;
 }
@@ -2642,17 +2585,9 @@ int iv_server_run(const iv_config_t *cfg)
     if (!s) return 1;
     s->cfg = cfg;
     iv_metrics_init(&s->metrics);
-    s->alog_json = strcmp(cfg->log_format, "text") != 0;
-    if (!strcmp(cfg->access_log, "-")) {
-        s->alog = stderr;
-    } else if (strcmp(cfg->access_log, "off") != 0) {
-        s->alog = fopen(cfg->access_log, "a");
-        if (!s->alog) {
-            fprintf(stderr, "ivserve: cannot open access log %s\n", cfg->access_log);
-            free(s);
-            return 1;
-        }
-        s->alog_owned = 1;
+    if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
+        free(s);
+        return 1;
     }
     signal(SIGPIPE, SIG_IGN);
     iv_h5filters_register();
@@ -2719,7 +2654,7 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_loop;
     }
     if (s->h5_serial)
-        log_event(s, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
+        iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
 
     if (bind_listener(s) != 0) goto fail_loop;
     for (size_t i = 0; i < s->n_ds; i++) {
@@ -2729,7 +2664,7 @@ int iv_server_run(const iv_config_t *cfg)
         j->kind = J_LOAD;
         j->ds = &s->ds[i];
         s->n_loading++;
-        log_event(s, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
+        iv_alog_event(&s->log, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
         if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
             s->n_loading--;
             s->ds[i].state = DS_FAILED;
@@ -2738,7 +2673,7 @@ int iv_server_run(const iv_config_t *cfg)
     }
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
-    log_event(s, "info", "stopped");
+    iv_alog_event(&s->log, "info", "stopped");
     goto cleanup;
 
 fail_loop:
@@ -2773,7 +2708,7 @@ fail_mem:
     free(s->tok_pad);
     free(s->tok_cand);
 fail_pool:
-    if (s->alog_owned) fclose(s->alog);
+    iv_alog_close(&s->log);
     free(s);
     return exit_code;
 }
