@@ -57,6 +57,7 @@
 #include <uv.h>
 
 #include "access_log.h"
+#include "auth.h"
 #include "buf.h"
 #include "codec.h"
 #include "dataset.h"
@@ -88,7 +89,7 @@ typedef struct sds {
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
-    char *tok_pad;        /* its tokens, padded (see tokens_pad) */
+    iv_tokens_t tok;      /* its own tokens (besides the global ones) */
 } sds_t;
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT };
@@ -255,9 +256,9 @@ struct server {
     size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
     size_t n_budget_wait; /* streams waiting for the write budget */
-    /* Tokens zero-padded to tok_len bytes, so that a comparison takes the
-     * same time whatever the lengths (see auth_check). */
-    char *tok_pad;
+    /* The global tokens; every set is padded to tok_len, the longest token
+     * of all, so that one candidate buffer serves them all (auth.h). */
+    iv_tokens_t tok;
     size_t tok_len;
     unsigned char *tok_cand; /* the candidate, padded (loop thread) */
     /* Serializes HDF5 calls when the library was built without thread
@@ -280,44 +281,6 @@ static double now_s(void)
 static const char *method_name(int m)
 {
     return llhttp_method_name((llhttp_method_t)m);
-}
-
-/*
- * Tokens are stored as [size_t length][tok_len bytes, zero-padded], with
- * tok_len the longest configured token, so that comparing a candidate
- * against one reads the same number of bytes whatever either length is:
- * the time says nothing about the token's length or content.
- */
-static char *tokens_pad(char *const *toks, size_t n, size_t len)
-{
-    size_t stride = sizeof(size_t) + len;
-    char *p = calloc(n ? n : 1, stride);
-    if (!p) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        size_t l = strlen(toks[i]);
-        memcpy(p + i * stride, &l, sizeof l);
-        memcpy(p + i * stride + sizeof l, toks[i], l);
-    }
-    return p;
-}
-
-/* cand is the candidate copied into a zero-padded buffer of len bytes,
- * clen its real length.  Every one of the n tokens is compared in full. */
-static int tokens_match(const char *pad, size_t n, size_t len, const unsigned char *cand, size_t clen)
-{
-    size_t stride = sizeof(size_t) + len;
-    unsigned any = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t l;
-        memcpy(&l, pad + i * stride, sizeof l);
-        const unsigned char *t = (const unsigned char *)pad + i * stride + sizeof l;
-        unsigned diff = 0;
-        for (size_t k = 0; k < len; k++) diff |= (unsigned)(t[k] ^ cand[k]);
-        /* A length difference folds in without a branch. */
-        diff |= (unsigned)(l != clen);
-        any |= (unsigned)(diff == 0);
-    }
-    return any != 0;
 }
 
 static uint64_t fnv1a(const char *p, size_t n)
@@ -1488,11 +1451,9 @@ static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t
     }
     const char *tok = h + 7;
     while (*tok == ' ') tok++;
-    size_t clen = strlen(tok);
-    memset(s->tok_cand, 0, s->tok_len);
-    memcpy(s->tok_cand, tok, clen < s->tok_len ? clen : s->tok_len);
-    int ok = tokens_match(s->tok_pad, s->cfg->n_tokens, s->tok_len, s->tok_cand, clen);
-    ok |= tokens_match(d ? d->tok_pad : NULL, nd, s->tok_len, s->tok_cand, clen);
+    size_t clen = iv_tokens_candidate(s->tok_cand, s->tok_len, tok);
+    int ok = iv_tokens_match(&s->tok, s->tok_cand, clen);
+    if (d) ok |= iv_tokens_match(&d->tok, s->tok_cand, clen);
     if (ok) return 0;
     f->status = 403;
     f->code = "forbidden";
@@ -2598,22 +2559,20 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_pool;
     }
     /* The tokens, padded for the constant-time comparison (auth_check). */
-    for (size_t i = 0; i < cfg->n_tokens; i++)
-        if (strlen(cfg->tokens[i]) > s->tok_len) s->tok_len = strlen(cfg->tokens[i]);
-    for (size_t i = 0; i < cfg->n_datasets; i++)
-        for (size_t k = 0; k < cfg->datasets[i].n_tokens; k++)
-            if (strlen(cfg->datasets[i].tokens[k]) > s->tok_len)
-                s->tok_len = strlen(cfg->datasets[i].tokens[k]);
-    s->tok_pad = tokens_pad(cfg->tokens, cfg->n_tokens, s->tok_len);
+    s->tok_len = iv_tokens_max_len(cfg->tokens, cfg->n_tokens);
+    for (size_t i = 0; i < cfg->n_datasets; i++) {
+        size_t l = iv_tokens_max_len(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens);
+        if (l > s->tok_len) s->tok_len = l;
+    }
     s->tok_cand = calloc(1, s->tok_len + 1);
     s->n_ds = cfg->n_datasets;
     s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    int ok = s->tok_pad && s->tok_cand && s->ds;
+    int ok = s->tok_cand && s->ds && iv_tokens_init(&s->tok, cfg->tokens, cfg->n_tokens, s->tok_len) == 0;
     for (size_t i = 0; ok && i < s->n_ds; i++) {
         s->ds[i].conf = &cfg->datasets[i];
         s->ds[i].state = DS_LOADING;
-        ok = (s->ds[i].tok_pad = tokens_pad(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
-                                            s->tok_len)) != NULL;
+        ok = iv_tokens_init(&s->ds[i].tok, cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
+                            s->tok_len) == 0;
     }
     if (!ok) {
         fprintf(stderr, "ivserve: out of memory\n");
@@ -2703,9 +2662,9 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) free(s->ds[i].tok_pad);
+    for (size_t i = 0; s->ds && i < s->n_ds; i++) iv_tokens_free(&s->ds[i].tok);
     free(s->ds);
-    free(s->tok_pad);
+    iv_tokens_free(&s->tok);
     free(s->tok_cand);
 fail_pool:
     iv_alog_close(&s->log);
