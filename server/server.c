@@ -40,7 +40,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +56,8 @@
 #include <hdf5.h>
 #include <uv.h>
 
+#include "access_log.h"
+#include "auth.h"
 #include "buf.h"
 #include "codec.h"
 #include "dataset.h"
@@ -93,7 +94,7 @@ typedef struct sds {
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
-    char *tok_pad;        /* its tokens, padded (see tokens_pad) */
+    iv_tokens_t tok;      /* its own tokens (besides the global ones) */
 } sds_t;
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
@@ -210,7 +211,6 @@ struct conn {
     int shutting;         /* uv_shutdown called */
     int close_after;      /* the connection ends after the current answer */
     int peer_eof;         /* the client half-closed */
-    int got_bytes;        /* any byte ever arrived (a silent connection closes without a 408) */
     size_t wpending;      /* bytes in uv_write calls whose callbacks have not run */
     uint64_t last_progress; /* uv_now of the last completed write, for the write budget */
     /* The answer being written: its sequence number and whether its last
@@ -264,9 +264,9 @@ struct server {
     size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
     size_t n_budget_wait; /* streams waiting for the write budget */
-    /* Tokens zero-padded to tok_len bytes, so that a comparison takes the
-     * same time whatever the lengths (see auth_check). */
-    char *tok_pad;
+    /* The global tokens; every set is padded to tok_len, the longest token
+     * of all, so that one candidate buffer serves them all (auth.h). */
+    iv_tokens_t tok;
     size_t tok_len;
     unsigned char *tok_cand; /* the candidate, padded (loop thread) */
     /* Serializes HDF5 calls when the library was built without thread
@@ -275,22 +275,10 @@ struct server {
     int h5_serial;
     iv_metrics_t metrics;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
-    FILE *alog;
-    int alog_owned;
-    int alog_json;
+    iv_alog_t log;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static void iso_time(char *out, size_t cap)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
-}
 
 static double now_s(void)
 {
@@ -299,72 +287,9 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Server events (start-up, datasets, shutdown) go to stderr as one line each. */
-static void log_event(server_t *s, const char *level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void log_event(server_t *s, const char *level, const char *fmt, ...)
-{
-    char msg[1024], t[40];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    iso_time(t, sizeof t);
-    if (s->alog_json) {
-        iv_buf_t b;
-        iv_buf_init(&b);
-        iv_buf_printf(&b, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":", t, level);
-        iv_buf_json_str(&b, msg);
-        iv_buf_puts(&b, "}\n");
-        if (!b.oom) fwrite(b.data, 1, b.len, stderr);
-        iv_buf_free(&b);
-    } else {
-        fprintf(stderr, "%s %s %s\n", t, level, msg);
-    }
-    fflush(stderr);
-}
-
 static const char *method_name(int m)
 {
     return llhttp_method_name((llhttp_method_t)m);
-}
-
-/*
- * Tokens are stored as [size_t length][tok_len bytes, zero-padded], with
- * tok_len the longest configured token, so that comparing a candidate
- * against one reads the same number of bytes whatever either length is:
- * the time says nothing about the token's length or content.
- */
-static char *tokens_pad(char *const *toks, size_t n, size_t len)
-{
-    size_t stride = sizeof(size_t) + len;
-    char *p = calloc(n ? n : 1, stride);
-    if (!p) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        size_t l = strlen(toks[i]);
-        memcpy(p + i * stride, &l, sizeof l);
-        memcpy(p + i * stride + sizeof l, toks[i], l);
-    }
-    return p;
-}
-
-/* cand is the candidate copied into a zero-padded buffer of len bytes,
- * clen its real length.  Every one of the n tokens is compared in full. */
-static int tokens_match(const char *pad, size_t n, size_t len, const unsigned char *cand, size_t clen)
-{
-    size_t stride = sizeof(size_t) + len;
-    unsigned any = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t l;
-        memcpy(&l, pad + i * stride, sizeof l);
-        const unsigned char *t = (const unsigned char *)pad + i * stride + sizeof l;
-        unsigned diff = 0;
-        for (size_t k = 0; k < len; k++) diff |= (unsigned)(t[k] ^ cand[k]);
-        /* A length difference folds in without a branch. */
-        diff |= (unsigned)(l != clen);
-        any |= (unsigned)(diff == 0);
-    }
-    return any != 0;
 }
 
 static uint64_t fnv1a(const char *p, size_t n)
@@ -1188,38 +1113,18 @@ static void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
  * connection's last answer, what the client acknowledged). */
 static void access_log(conn_t *c, uint64_t bytes)
 {
-    server_t *s = c->srv;
-    if (!s->alog) return;
-    char t[40];
-    iso_time(t, sizeof t);
-    double ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6;
-    iv_buf_t b;
-    iv_buf_init(&b);
-    const char *path = c->req && c->req->path ? c->req->path : "";
-    const char *method = c->req ? method_name(c->req->method) : "-";
-    if (s->alog_json) {
-        iv_buf_printf(&b, "{\"time\":\"%s\",\"method\":\"%s\",\"path\":", t, method);
-        iv_buf_json_str(&b, path);
-        iv_buf_puts(&b, ",\"dataset\":");
-        if (c->dsid[0]) iv_buf_json_str(&b, c->dsid);
-        else iv_buf_puts(&b, "null");
-        iv_buf_printf(&b,
-                      ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
-                      ",\"ms\":%.3f",
-                      c->status, c->rows, c->nnz, bytes, ms);
-        if (c->errmsg[0]) {
-            iv_buf_puts(&b, ",\"error\":");
-            iv_buf_json_str(&b, c->errmsg);
-        }
-        iv_buf_puts(&b, "}\n");
-    } else {
-        iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f%s%s\n",
-                      t, method, path, c->dsid[0] ? c->dsid : "-", c->status, c->rows, c->nnz,
-                      bytes, ms, c->errmsg[0] ? " error=" : "", c->errmsg);
-    }
-    if (!b.oom) fwrite(b.data, 1, b.len, s->alog);
-    fflush(s->alog);
-    iv_buf_free(&b);
+    iv_alog_entry_t e = {
+        .method = c->req ? method_name(c->req->method) : "-",
+        .path = c->req && c->req->path ? c->req->path : "",
+        .dataset = c->dsid,
+        .error = c->errmsg,
+        .status = c->status,
+        .rows = c->rows,
+        .nnz = c->nnz,
+        .bytes = bytes,
+        .ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6,
+    };
+    iv_alog_access(&c->srv->log, &e);
 }
 
 static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
@@ -1681,11 +1586,9 @@ static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t
     }
     const char *tok = h + 7;
     while (*tok == ' ') tok++;
-    size_t clen = strlen(tok);
-    memset(s->tok_cand, 0, s->tok_len);
-    memcpy(s->tok_cand, tok, clen < s->tok_len ? clen : s->tok_len);
-    int ok = tokens_match(s->tok_pad, s->cfg->n_tokens, s->tok_len, s->tok_cand, clen);
-    ok |= tokens_match(d ? d->tok_pad : NULL, nd, s->tok_len, s->tok_cand, clen);
+    size_t clen = iv_tokens_candidate(s->tok_cand, s->tok_len, tok);
+    int ok = iv_tokens_match(&s->tok, s->tok_cand, clen);
+    if (d) ok |= iv_tokens_match(&d->tok, s->tok_cand, clen);
     if (ok) return 0;
     f->status = 403;
     f->code = "forbidden";
@@ -2506,7 +2409,6 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n == 0) return;
-    c->got_bytes = 1;
     c->rlen += (size_t)n;
     conn_pump(c);
 }
@@ -2537,7 +2439,8 @@ static void expect_check(conn_t *c)
     const iv_http_req_t *cur = iv_http_in_current(&c->in);
     const char *ex = cur ? cur->hdr[IV_H_EXPECT] : NULL;
     if (!ex) return;
-    if (strcasecmp(ex, "100-continue") != 0) {
+    /* The parser keeps a value's trailing blanks. */
+    if (strncasecmp(ex, "100-continue", 12) != 0 || ex[12 + strspn(ex + 12, " \t")] != '\0') {
         resp_begin_error(c);
         send_error(c, 417, "expectation_failed", "only Expect: 100-continue is supported", NULL);
         return;
@@ -2725,22 +2628,22 @@ static void on_load_done(job_t *j)
     if (j->rc != 0) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
-        log_event(s, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
+        iv_alog_event(&s->log, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
     } else if (!d->doc) {
         d->state = DS_FAILED;
-        log_event(s, "error", "dataset %s left out: out of memory", d->conf->id);
+        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
     } else {
         d->state = DS_READY;
         const iv_dataset_info_t *in = iv_dataset_info(d->ds);
         if (!d->meta)
-            log_event(s, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
+            iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
                       d->conf->id, d->err);
-        log_event(s, "info",
+        iv_alog_event(&s->log, "info",
                   "dataset %s ready: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
                   d->conf->id, in->n_rows, in->n_cols, in->nnz,
                   in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
     }
-    if (s->n_loading == 0) log_event(s, "info", "all datasets loaded");
+    if (s->n_loading == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
     const iv_ds_conf_t *dc = d->conf;
     int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
     if (d->state == DS_READY && !s->draining && (dc->companion || tb > 0)) {
@@ -2763,11 +2666,11 @@ static void on_other_done(job_t *j)
     iv_dataset_orientations(d->ds, &st);
     const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
     if (j->rc == 0)
-        log_event(s, "info", "dataset %s: %s orientation ready (%s, %zu bytes, %.2f s)",
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (%s, %zu bytes, %.2f s)",
                   d->conf->id, other, st.other_source == IV_SRC_FILE ? "companion" : "in memory",
                   st.bytes[!st.file_orient], j->secs);
     else
-        log_event(s, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
+        iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
                   d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
     if (!j->out.oom && j->out.len) {
         free(d->doc);
@@ -2810,7 +2713,7 @@ static void on_async(uv_async_t *a)
 static void on_grace(uv_timer_t *t)
 {
     server_t *s = t->data;
-    log_event(s, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
+    iv_alog_event(&s->log, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
     while (s->conns) conn_close(s->conns);
 }
 
@@ -2819,7 +2722,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     server_t *s = sig->data;
     if (s->draining) return;
     s->draining = 1;
-    log_event(s, "info", "signal %d: no new connections; finishing %zu open ones", signum, s->n_conns);
+    iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum, s->n_conns);
     uv_close((uv_handle_t *)&s->listener, NULL);
     for (conn_t *c = s->conns, *n; c; c = n) {
         n = c->next;
@@ -2866,7 +2769,7 @@ static int bind_listener(server_t *s)
     }
     int port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
                                                : ((struct sockaddr_in *)&got)->sin_port);
-    log_event(s, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
+    iv_alog_event(&s->log, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
               port, iv_pool_threads(s->pool));
     return 0;
 }
@@ -2899,17 +2802,9 @@ int iv_server_run(const iv_config_t *cfg)
     if (!s) return 1;
     s->cfg = cfg;
     iv_metrics_init(&s->metrics);
-    s->alog_json = strcmp(cfg->log_format, "text") != 0;
-    if (!strcmp(cfg->access_log, "-")) {
-        s->alog = stderr;
-    } else if (strcmp(cfg->access_log, "off") != 0) {
-        s->alog = fopen(cfg->access_log, "a");
-        if (!s->alog) {
-            fprintf(stderr, "ivserve: cannot open access log %s\n", cfg->access_log);
-            free(s);
-            return 1;
-        }
-        s->alog_owned = 1;
+    if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
+        free(s);
+        return 1;
     }
     signal(SIGPIPE, SIG_IGN);
     iv_h5filters_register();
@@ -2921,22 +2816,20 @@ int iv_server_run(const iv_config_t *cfg)
     }
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
     /* The tokens, padded for the constant-time comparison (auth_check). */
-    for (size_t i = 0; i < cfg->n_tokens; i++)
-        if (strlen(cfg->tokens[i]) > s->tok_len) s->tok_len = strlen(cfg->tokens[i]);
-    for (size_t i = 0; i < cfg->n_datasets; i++)
-        for (size_t k = 0; k < cfg->datasets[i].n_tokens; k++)
-            if (strlen(cfg->datasets[i].tokens[k]) > s->tok_len)
-                s->tok_len = strlen(cfg->datasets[i].tokens[k]);
-    s->tok_pad = tokens_pad(cfg->tokens, cfg->n_tokens, s->tok_len);
+    s->tok_len = iv_tokens_max_len(cfg->tokens, cfg->n_tokens);
+    for (size_t i = 0; i < cfg->n_datasets; i++) {
+        size_t l = iv_tokens_max_len(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens);
+        if (l > s->tok_len) s->tok_len = l;
+    }
     s->tok_cand = calloc(1, s->tok_len + 1);
     s->n_ds = cfg->n_datasets;
     s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    int ok = s->tok_pad && s->tok_cand && s->ds;
+    int ok = s->tok_cand && s->ds && iv_tokens_init(&s->tok, cfg->tokens, cfg->n_tokens, s->tok_len) == 0;
     for (size_t i = 0; ok && i < s->n_ds; i++) {
         s->ds[i].conf = &cfg->datasets[i];
         s->ds[i].state = DS_LOADING;
-        ok = (s->ds[i].tok_pad = tokens_pad(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
-                                            s->tok_len)) != NULL;
+        ok = iv_tokens_init(&s->ds[i].tok, cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
+                            s->tok_len) == 0;
     }
     if (!ok) {
         fprintf(stderr, "ivserve: out of memory\n");
@@ -2977,7 +2870,7 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_loop;
     }
     if (s->h5_serial)
-        log_event(s, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
+        iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
 
     if (bind_listener(s) != 0) goto fail_loop;
     for (size_t i = 0; i < s->n_ds; i++) {
@@ -2987,7 +2880,7 @@ int iv_server_run(const iv_config_t *cfg)
         j->kind = J_LOAD;
         j->ds = &s->ds[i];
         s->n_loading++;
-        log_event(s, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
+        iv_alog_event(&s->log, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
         if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
             s->n_loading--;
             s->ds[i].state = DS_FAILED;
@@ -2996,7 +2889,7 @@ int iv_server_run(const iv_config_t *cfg)
     }
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
-    log_event(s, "info", "stopped");
+    iv_alog_event(&s->log, "info", "stopped");
     goto cleanup;
 
 fail_loop:
@@ -3027,12 +2920,12 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) free(s->ds[i].tok_pad);
+    for (size_t i = 0; s->ds && i < s->n_ds; i++) iv_tokens_free(&s->ds[i].tok);
     free(s->ds);
-    free(s->tok_pad);
+    iv_tokens_free(&s->tok);
     free(s->tok_cand);
 fail_pool:
-    if (s->alog_owned) fclose(s->alog);
+    iv_alog_close(&s->log);
     free(s);
     return exit_code;
 }

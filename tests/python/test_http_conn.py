@@ -301,7 +301,8 @@ def test_408_to_non_reading_client_closes(tmp_path):
             c = small_rcvbuf_conn(s.port)
             c.sendall(req * max(1, (kb << 10) // one) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             conns.append(c)
-        assert wait_metric(s.url, "ivserve_open_connections", lambda v: v == 1, timeout=10) == 1
+        # (A sanitizer build computes the answers slowly: the bound is generous.)
+        assert wait_metric(s.url, "ivserve_open_connections", lambda v: v == 1, timeout=60) == 1
         for c in conns:
             c.close()
     finally:
@@ -421,9 +422,15 @@ def test_write_budget_refuses_then_cuts_the_slowest(tmp_path):
             c.sendall(request("GET", "/v1/datasets/d/query?format=json") * 2)
             slows.append(c)
         assert wait_metric(s.url, "ivserve_queued_write_bytes", lambda v: v >= 1 << 20) >= 1 << 20
-        # A new large answer does not fit while the slow readers are recent: 503.
+        # A new large answer does not fit while the slow readers are recent:
+        # 503.  (When computing it took the server longer than the 1 s after
+        # which a stalled reader counts as slow, as in a sanitizer build,
+        # the slow readers were cut for it instead.)
         r = requests.get(url, timeout=30)
-        assert r.status_code == 503 and "Retry-After" in r.headers, r.status_code
+        if r.status_code == 200:
+            assert len(r.content) == full and metric(s.url, "ivserve_write_budget_cuts_total") >= 1
+        else:
+            assert r.status_code == 503 and "Retry-After" in r.headers, r.status_code
         # Small answers still go out.
         assert requests.get(f"{s.url}/healthz").status_code == 200
         # Once the slow reader stalled long enough, it is cut for the next one.
@@ -458,11 +465,18 @@ def test_abandoned_setup_jobs_are_cancelled(tmp_path):
         idx = rng.integers(0, BIG["shape"][0], 300_000).tolist()
         body = json.dumps({"obs": {"index": idx}}).encode()
         req = request("POST", "/v1/datasets/d/count", ["Content-Type: application/json"], body)
-        for _ in range(12):
-            c = socket.create_connection(("127.0.0.1", s.port))
-            c.sendall(req)
-            c.close()
-        assert wait_metric(s.url, "ivserve_active_streams", lambda v: v == 0, timeout=30) == 0
+        # Clients that send a heavy set-up and leave at once: the jobs still
+        # queued behind the single worker (or between their phases) when the
+        # server sees them go are dropped.  A round where every job finished
+        # before its client's EOF was read cancels nothing: try again.
+        for _ in range(4):
+            for _ in range(16):
+                c = socket.create_connection(("127.0.0.1", s.port))
+                c.sendall(req)
+                c.close()
+            assert wait_metric(s.url, "ivserve_active_streams", lambda v: v == 0, timeout=60) == 0
+            if (metric(s.url, "ivserve_jobs_cancelled_total") or 0) >= 1:
+                break
         assert metric(s.url, "ivserve_jobs_cancelled_total") >= 1
     finally:
         assert s.stop() == 0

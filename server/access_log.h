@@ -1,0 +1,40 @@
+/*
+ * The server's log lines: events (start-up, datasets, shutdown), always
+ * on stderr, and one access line per answer, to stderr, a file or
+ * nowhere; both as JSON lines (default) or text.
+ *
+ * The server writes one line per answer when the answer is over; a
+ * connection's last answer is logged at the close, with the bytes the
+ * client acknowledged.  Loop thread only.
+ */
+#ifndef IV_ACCESS_LOG_H
+#define IV_ACCESS_LOG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct iv_alog {
+    FILE *f;              /* access lines; NULL when off */
+    int owned;            /* f was opened here */
+    int json;
+} iv_alog_t;
+
+/* One answer, as logged.  dataset and error may be NULL or "". */
+typedef struct iv_alog_entry {
+    const char *method, *path, *dataset, *error;
+    int status;
+    int64_t rows, nnz;
+    uint64_t bytes;
+    double ms;
+} iv_alog_entry_t;
+
+/* access: a path, "-" (stderr) or "off"; format: "json" or "text".
+ * Returns 0, or -1 with the reason printed on stderr. */
+int iv_alog_open(iv_alog_t *l, const char *access, const char *format);
+void iv_alog_close(iv_alog_t *l);
+
+void iv_alog_event(const iv_alog_t *l, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e);
+
+#endif
