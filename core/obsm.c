@@ -9,6 +9,7 @@
  * keep their stored dtype; float32 output of float64 arrays is converted
  * per request, which costs less than a second copy held for ever.
  */
+#include "h5iso.h"
 #include "obsm.h"
 
 #include <hdf5.h>
@@ -195,8 +196,10 @@ static herr_t visit(hid_t g, const char *name, const H5L_info_t *info, void *arg
     return L->rc == 0 ? 0 : -1;
 }
 
-int iv_marrays_load(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t **out,
-                    iv_err_t *err)
+/* Reads obsm and varm with HDF5: in the child process only (see
+ * iv_marrays_load). */
+static int load_here(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t **out,
+                     iv_err_t *err)
 {
     double t0 = now_s();
     *out = NULL;
@@ -232,6 +235,129 @@ int iv_marrays_load(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t
     if (L.rc != 0) {
         iv_marrays_free(s);
         return L.rc;
+    }
+    s->load_seconds = now_s() - t0;
+    *out = s;
+    return 0;
+}
+
+/* ---- through a child process ---------------------------------------------
+ *
+ * HDF5 is not safe on damaged input (see h5iso.h): the arrays are read in
+ * a child, which sends each element as (axis, name, encoding, why, dtype,
+ * rows, cols, values), and the parent checks every length as it takes
+ * them back.  This also keeps HDF5 out of the parent, where a call in
+ * flight during another load's fork would leave the child's copy of the
+ * library locked. */
+
+struct marrays_ctx {
+    const char *path;
+    int64_t n_obs, n_var;
+};
+
+static int put_str(iv_h5iso_out_t *o, const char *s)
+{
+    return iv_h5iso_put_blob(o, s, strlen(s));
+}
+
+static int marrays_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    struct marrays_ctx *c = vctx;
+    iv_marrays_t *s;
+    iv_h5iso_stage(o, "obsm/varm");
+    int rc = load_here(c->path, c->n_obs, c->n_var, &s, err);
+    if (rc != 0) return rc;
+    int bad = iv_h5iso_put_u64(o, s->n);
+    for (size_t i = 0; !bad && i < s->n; i++) {
+        const iv_marray_t *a = &s->a[i];
+        size_t bytes = a->data ? (size_t)a->n_rows * (size_t)a->n_cols * iv_dtype_size(a->dtype) : 0;
+        bad |= iv_h5iso_put_u64(o, (uint64_t)a->axis) | put_str(o, a->name) |
+               put_str(o, a->encoding) | put_str(o, a->why) |
+               iv_h5iso_put_u64(o, (uint64_t)a->dtype) | iv_h5iso_put_u64(o, (uint64_t)a->n_rows) |
+               iv_h5iso_put_u64(o, (uint64_t)a->n_cols) | iv_h5iso_put_u64(o, a->data ? 1 : 0);
+        if (a->data) bad |= iv_h5iso_put_blob(o, a->data, bytes);
+    }
+    iv_marrays_free(s);
+    return bad ? iv_fail(err, IV_EIO, "%s: cannot pass obsm/varm to the server", c->path) : 0;
+}
+
+/* A NUL-terminated copy of a string blob into out (cap bytes). */
+static int take_str(iv_h5iso_rd_t *r, char *out, size_t cap)
+{
+    size_t n;
+    const char *p = iv_h5iso_rd_blob(r, (size_t)-1, &n);
+    if (!p || n >= cap) return -1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
+static int take_marrays(const char *path, const iv_h5iso_result_t *res, int64_t n_obs,
+                        int64_t n_var, iv_marrays_t *s, iv_err_t *err)
+{
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, res);
+    uint64_t n = iv_h5iso_rd_u64(&r);
+    if (r.bad || n > res->len) goto bad;
+    s->a = calloc(n ? (size_t)n : 1, sizeof *s->a);
+    if (!s->a) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+    for (uint64_t i = 0; i < n; i++) {
+        iv_marray_t *a = &s->a[i];
+        char name[1024];
+        uint64_t axis = iv_h5iso_rd_u64(&r);
+        if (r.bad || axis > 1 || take_str(&r, name, sizeof name) < 0 ||
+            take_str(&r, a->encoding, sizeof a->encoding) < 0 ||
+            take_str(&r, a->why, sizeof a->why) < 0)
+            goto bad;
+        a->name = strdup(name);
+        if (!a->name) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+        s->n = (size_t)i + 1;
+        a->axis = axis ? IV_AXIS_VAR : IV_AXIS_OBS;
+        uint64_t dt = iv_h5iso_rd_u64(&r), rows = iv_h5iso_rd_u64(&r), cols = iv_h5iso_rd_u64(&r);
+        uint64_t has = iv_h5iso_rd_u64(&r);
+        if (r.bad || has > 1 || rows > (uint64_t)INT64_MAX || cols > (uint64_t)INT64_MAX) goto bad;
+        a->dtype = (iv_dtype_t)dt;
+        a->n_rows = (int64_t)rows;
+        a->n_cols = (int64_t)cols;
+        if (!has) continue;
+        size_t esz = iv_dtype_size(a->dtype);
+        int64_t want_rows = a->axis == IV_AXIS_OBS ? n_obs : n_var;
+        if (esz == 0 || a->n_rows != want_rows || (cols && rows > MARRAY_MAX_BYTES / esz / cols))
+            goto bad;
+        size_t bytes = (size_t)(rows * cols) * esz;
+        const void *p = iv_h5iso_rd_blob(&r, bytes, NULL);
+        if (!p) goto bad;
+        a->data = malloc(bytes ? bytes : 1);
+        if (!a->data) return iv_fail(err, IV_ENOMEM, "%s: out of memory for %sm/%s", path,
+                                     a->axis == IV_AXIS_OBS ? "obs" : "var", a->name);
+        memcpy(a->data, p, bytes);
+        s->bytes += bytes;
+    }
+    if (r.pos != r.len) goto bad;
+    return 0;
+bad:
+    return iv_fail(err, IV_EINTERNAL, "%s: the obsm/varm reader's answer is malformed", path);
+}
+
+int iv_marrays_load(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t **out,
+                    iv_err_t *err)
+{
+    double t0 = now_s();
+    *out = NULL;
+    iv_marrays_t *s = calloc(1, sizeof *s);
+    IV_RETURN_IF(!s, err, IV_ENOMEM, "%s: out of memory", path);
+    struct marrays_ctx c = {path, n_obs, n_var};
+    iv_h5iso_result_t res;
+    int rc = iv_h5iso_run(path, marrays_child, &c, NULL, NULL, &res, err);
+    if (rc < 0) {
+        iv_marrays_free(s);
+        return rc;
+    }
+    rc = take_marrays(path, &res, n_obs, n_var, s, err);
+    iv_h5iso_result_free(&res);
+    if (rc < 0) {
+        iv_marrays_free(s);
+        return rc;
     }
     s->load_seconds = now_s() - t0;
     *out = s;
