@@ -637,7 +637,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
             }
         }
     }
-    w->cur.p = v.wb + v.off;
+    w->cur.p = v.wb ? v.wb + v.off : v.wb;  /* no offset on a NULL window (an empty slice) */
     w->next_slice = s + 1;
     if (n <= 1) return n;
 
