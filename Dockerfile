@@ -3,14 +3,14 @@
 FROM debian:12-slim AS build
 WORKDIR /src
 COPY . .
-RUN scripts/setup.sh \
+RUN scripts/setup.sh --build \
  && cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TESTS=OFF \
  && cmake --build build -j"$(nproc)" --target ivserve
 
 FROM debian:12-slim
 RUN apt-get update -q \
  && apt-get install -y -q --no-install-recommends libuv1 libzstd1 liblz4-1 libhdf5-103-1 \
-      libcjson1 libjemalloc2 zlib1g \
+      libcjson1 libjemalloc2 zlib1g libbrotli1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --no-create-home ivserve
 COPY --from=build /src/build/ivserve /usr/local/bin/ivserve

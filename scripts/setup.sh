@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Installs every Debian package that ivserve's build, tests and benchmarks
 # need. Safe to run any number of times: apt-get skips what is installed.
+#   scripts/setup.sh           everything (build, tests, benchmarks)
+#   scripts/setup.sh --build   what building the server needs, no more
+#                              (the example server and the Docker image)
 set -euo pipefail
 
-PKGS=(
-  build-essential cmake pkg-config git ca-certificates curl
-  clang libclang-rt-14-dev llvm
-  libuv1-dev libzstd-dev libhdf5-dev hdf5-tools libcjson-dev libjemalloc-dev
+BUILD_PKGS=(
+  build-essential cmake pkg-config ca-certificates curl
+  libuv1-dev libzstd-dev libhdf5-dev libcjson-dev libjemalloc-dev
   check liblz4-dev zlib1g-dev libbrotli-dev node-llhttp
+)
+PKGS=(
+  "${BUILD_PKGS[@]}" git hdf5-tools
+  clang libclang-rt-14-dev llvm
   python3 python3-h5py python3-numpy python3-scipy python3-anndata
   python3-zstandard python3-requests python3-pytest python3-pandas
   python3-pip python3-setuptools python3-wheel
@@ -15,6 +21,12 @@ PKGS=(
   wrk nginx-light
   chromium chromium-driver python3-selenium
 )
+
+case "${1:-}" in
+  --build) PKGS=("${BUILD_PKGS[@]}") ;;
+  "") ;;
+  *) echo "setup.sh: unknown argument $1 (expected --build or nothing)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do
