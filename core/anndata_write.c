@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "h5util.h"
 #include "h5write.h"
 
 #define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
@@ -156,7 +157,7 @@ static int subset_element(hid_t src, const char *name, hid_t dst, const subset_t
     hid_t g = H5Gopen2(src, name, H5P_DEFAULT);
     char enc[64] = "";
     if (g >= 0) {
-        iv_h5w_read_str_attr(g, "encoding-type", enc, sizeof enc);
+        iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc);
         H5Gclose(g);
     }
     static const char *const cat_whole[] = {"categories", NULL};
@@ -237,7 +238,7 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
     size_t esz = iv_dtype_size(x->dtype);
     /* The little-endian file type of the value dtype: the native one on
      * every platform this builds for, spelled as numpy stores it. */
-    hid_t vft = H5Tcopy(iv_h5w_native(x->dtype));
+    hid_t vft = H5Tcopy(iv_h5_native(x->dtype));
     H5Tset_order(vft, H5T_ORDER_LE);
     if (rc == 0)
         rc = write_parts(g, "indptr", H5T_STD_I64LE, H5T_NATIVE_INT64, 8, x->n_rows + 1, 1, pp, pb);
@@ -246,7 +247,7 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
                          x->index_size == 4 ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64,
                          (size_t)x->index_size, x->nnz, x->n_parts, x->indices, x->indices_bytes);
     if (rc == 0)
-        rc = write_parts(g, "data", vft, iv_h5w_native(x->dtype), esz, x->nnz, x->n_parts, x->data,
+        rc = write_parts(g, "data", vft, iv_h5_native(x->dtype), esz, x->nnz, x->n_parts, x->data,
                          x->data_bytes);
     H5Tclose(vft);
     H5Gclose(g);

@@ -7,6 +7,7 @@
  * end of each function.
  */
 #include "h5matrix.h"
+#include "h5util.h"
 
 #include "h5iso.h"
 
@@ -22,50 +23,6 @@
 #include <unistd.h>
 
 #define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
-
-/* Reads a string attribute (variable or fixed length) into buf. */
-static int read_str_attr(hid_t obj, const char *name, char *buf, size_t cap)
-{
-    int rc = -1;
-    hid_t a = -1, t = -1, mt = -1;
-    buf[0] = '\0';
-    if (H5Aexists(obj, name) <= 0) return -1;
-    if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0) goto done;
-    if ((t = H5Aget_type(a)) < 0) goto done;
-    if (H5Tget_class(t) != H5T_STRING) goto done;
-    hid_t sp = H5Aget_space(a);
-    hssize_t npts = H5Sget_simple_extent_npoints(sp);
-    H5Sclose(sp);
-    if (npts != 1) goto done;
-    if (H5Tis_variable_str(t) > 0) {
-        char *s = NULL;
-        mt = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mt, H5T_VARIABLE);
-        H5Tset_cset(mt, H5Tget_cset(t));
-        if (H5Aread(a, mt, &s) < 0) goto done;
-        if (s) {
-            snprintf(buf, cap, "%s", s);
-            H5free_memory(s);
-        }
-    } else {
-        size_t n = H5Tget_size(t);
-        char *tmp = calloc(1, n + 1);
-        if (!tmp) goto done;
-        mt = H5Tcopy(t);
-        if (H5Aread(a, mt, tmp) < 0) {
-            free(tmp);
-            goto done;
-        }
-        snprintf(buf, cap, "%s", tmp);
-        free(tmp);
-    }
-    rc = 0;
-done:
-    if (mt >= 0) H5Tclose(mt);
-    if (t >= 0) H5Tclose(t);
-    if (a >= 0) H5Aclose(a);
-    return rc;
-}
 
 /* Reads a small integer attribute array as int64. */
 static int read_i64_attr(hid_t obj, const char *name, int64_t *out, size_t want)
@@ -104,23 +61,6 @@ static int dtype_of(hid_t t, iv_dtype_t *out)
         if (sz == 8) { *out = IV_DT_FLOAT64; return 0; }
     }
     return -1;
-}
-
-static hid_t native_of(iv_dtype_t t)
-{
-    switch (t) {
-    case IV_DT_INT8: return H5T_NATIVE_INT8;
-    case IV_DT_INT16: return H5T_NATIVE_INT16;
-    case IV_DT_INT32: return H5T_NATIVE_INT32;
-    case IV_DT_INT64: return H5T_NATIVE_INT64;
-    case IV_DT_UINT8: return H5T_NATIVE_UINT8;
-    case IV_DT_UINT16: return H5T_NATIVE_UINT16;
-    case IV_DT_UINT32: return H5T_NATIVE_UINT32;
-    case IV_DT_UINT64: return H5T_NATIVE_UINT64;
-    case IV_DT_FLOAT32: return H5T_NATIVE_FLOAT;
-    case IV_DT_FLOAT64: return H5T_NATIVE_DOUBLE;
-    default: return -1;
-    }
 }
 
 /* Opens a 1-D dataset of the group, giving its length and element type. */
@@ -419,6 +359,7 @@ static uint64_t peek_chunk_len(hid_t g, uint64_t *length)
 /* Tells the parent which part of the group the child reads now. */
 static void stage(iv_h5iso_out_t *o, const char *group, const char *name)
 {
+    if (!o) return;  /* an in-process load (iv_h5matrix_load_inproc) */
     char buf[IV_H5ISO_STAGE_MAX];
     snprintf(buf, sizeof buf, "%s%s%s", group, name ? "/" : "", name ? name : "");
     iv_h5iso_stage(o, buf);
@@ -464,7 +405,7 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     }
 
     char enc[64], ver[64], idt[64];
-    if (read_str_attr(g, "encoding-type", enc, sizeof enc) != 0) {
+    if (iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc) != 0) {
         rc = FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-type' missing or not a string", where);
         goto fail;
     }
@@ -474,7 +415,7 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
         rc = FAILF(IV_EBAD_FILE, "%s: encoding-type is '%s', expected 'ivcsr' or 'ivcsc'", where, enc);
         goto fail;
     }
-    if (read_str_attr(g, "encoding-version", ver, sizeof ver) != 0) {
+    if (iv_h5_read_str_attr(g, "encoding-version", ver, sizeof ver) != 0) {
         rc = FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-version' missing or not a string", where);
         goto fail;
     }
@@ -502,7 +443,7 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     m->n_major = m->orient == IV_IVCSR ? shape[0] : shape[1];
     m->n_minor = m->orient == IV_IVCSR ? shape[1] : shape[0];
     m->indices_dtype = IV_DT_INT32;
-    if (read_str_attr(g, "indices_dtype", idt, sizeof idt) == 0) {
+    if (iv_h5_read_str_attr(g, "indices_dtype", idt, sizeof idt) == 0) {
         if (iv_dtype_parse(idt, &m->indices_dtype) != 0 || m->indices_dtype >= IV_DT_FLOAT32) {
             rc = FAILF(IV_EBAD_FILE, "%s: indices_dtype '%s' is not an integer dtype", where, idt);
             goto fail;
@@ -549,7 +490,7 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
         goto fail;
     }
     if (n_val > 0 &&
-        H5Dread(d, native_of(m->value_dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, m->values) < 0) {
+        H5Dread(d, iv_h5_native(m->value_dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, m->values) < 0) {
         rc = FAILF(IV_EBAD_FILE, "%s/values: read failed (corrupt or unsupported compression)", where);
         goto fail;
     }
@@ -832,6 +773,12 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
     int rc = take_matrix(path, where, &res, m, err);
     iv_h5iso_result_free(&res);
     return rc;
+}
+
+int iv_h5matrix_load_inproc(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
+{
+    struct stat id;
+    return load_here(path, group, NULL, NULL, NULL, m, &id, err);
 }
 
 void iv_h5matrix_free(iv_h5matrix_t *m)

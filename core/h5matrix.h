@@ -55,6 +55,11 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
 
 /* Frees what load allocated and still owns (the stream arrays too, unless
  * they were handed over: the caller then zeroes m->stream first). */
+/* The same load in this process, for command-line tools that already hold
+ * the file open with HDF5 (ivserve pack): a fork would copy that state.
+ * A damaged file can then crash the tool, never the server. */
+int iv_h5matrix_load_inproc(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err);
+
 void iv_h5matrix_free(iv_h5matrix_t *m);
 
 /* Validates the pointer arrays against each other and the shape (no I/O). */

@@ -73,8 +73,6 @@ uint64_t iv_h5w_array_length(const iv_h5w_array_t *a);
 /* Bytes written to the file so far (compressed chunks). */
 uint64_t iv_h5w_array_stored(const iv_h5w_array_t *a);
 
-/* The HDF5 native type of a dtype. */
-hid_t iv_h5w_native(iv_dtype_t dt);
 /* Our dtype of an HDF5 integer or float type; -1 for anything else. */
 int iv_h5w_dtype_of(hid_t t, iv_dtype_t *out);
 
@@ -85,9 +83,6 @@ int iv_h5w_attr_i64(hid_t obj, const char *name, const int64_t *v, size_t n);
 /* encoding-type / encoding-version. */
 int iv_h5w_attr_encoding(hid_t obj, const char *type, const char *version);
 
-/* Reads a string attribute (fixed or variable length) into buf; 0 or -1
- * when absent or not a scalar string. */
-int iv_h5w_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap);
 
 /* Copies every attribute of src onto dst, type and bytes unchanged,
  * except object references (they would point into the source file). */

@@ -10,6 +10,7 @@
  * per request, which costs less than a second copy held for ever.
  */
 #include "h5iso.h"
+#include "h5util.h"
 #include "obsm.h"
 
 #include <hdf5.h>
@@ -87,23 +88,6 @@ static int numeric_dtype(hid_t ft, iv_dtype_t *out)
     }
 }
 
-/* The native memory type HDF5 converts a stored dtype into. */
-static hid_t mem_type(iv_dtype_t t)
-{
-    switch (t) {
-    case IV_DT_INT8: return H5T_NATIVE_INT8;
-    case IV_DT_INT16: return H5T_NATIVE_INT16;
-    case IV_DT_INT32: return H5T_NATIVE_INT32;
-    case IV_DT_INT64: return H5T_NATIVE_INT64;
-    case IV_DT_UINT8: return H5T_NATIVE_UINT8;
-    case IV_DT_UINT16: return H5T_NATIVE_UINT16;
-    case IV_DT_UINT32: return H5T_NATIVE_UINT32;
-    case IV_DT_UINT64: return H5T_NATIVE_UINT64;
-    case IV_DT_FLOAT32: return H5T_NATIVE_FLOAT;
-    default: return H5T_NATIVE_DOUBLE;
-    }
-}
-
 /* Reads one dataset element into a (servable or with a reason). */
 static int read_array(load_t *L, hid_t d, iv_marray_t *a)
 {
@@ -141,7 +125,7 @@ static int read_array(load_t *L, hid_t d, iv_marray_t *a)
                      L->axis == IV_AXIS_OBS ? "obs" : "var", a->name);
         goto out;
     }
-    if (bytes && H5Dread(d, mem_type(a->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, a->data) < 0) {
+    if (bytes && H5Dread(d, iv_h5_native(a->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, a->data) < 0) {
         rc = iv_fail(L->err, IV_EIO, "%s: cannot read %sm/%s", L->path,
                      L->axis == IV_AXIS_OBS ? "obs" : "var", a->name);
         free(a->data);

@@ -32,6 +32,7 @@
 #include "codec.h"
 #include "cursor.h"
 #include "h5matrix.h"
+#include "h5util.h"
 #include "stream.h"
 #include "varint.h"
 
@@ -281,7 +282,9 @@ static int open_dense(src_t *s, hid_t file, const char *path, iv_err_t *err)
 
 static int open_iv(src_t *s, const char *in_path, const char *group, iv_err_t *err)
 {
-    IV_TRY(iv_h5matrix_load(in_path, group, &s->m, err));
+    /* The input is open here already (its encoding was read): load in
+     * process, not through a forked reader that would copy that state. */
+    IV_TRY(iv_h5matrix_load_inproc(in_path, group, &s->m, err));
     s->kind = SRC_IV;
     s->n_rows = s->m.n_rows;
     s->n_cols = s->m.n_cols;
@@ -315,8 +318,8 @@ static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
     hid_t g = H5Gopen2(file, path, H5P_DEFAULT);
     if (g < 0) return FAILF(IV_EBAD_FILE, "%s: cannot open the group", s->where);
     char enc[64] = "";
-    if (iv_h5w_read_str_attr(g, "encoding-type", enc, sizeof enc) < 0)
-        iv_h5w_read_str_attr(g, "h5sparse_format", enc, sizeof enc); /* anndata 0.7 */
+    if (iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc) < 0)
+        iv_h5_read_str_attr(g, "h5sparse_format", enc, sizeof enc); /* anndata 0.7 */
     int rc;
     if (strcmp(enc, "csr_matrix") == 0 || strcmp(enc, "csr") == 0) rc = open_sparse(s, g, 0, err);
     else if (strcmp(enc, "csc_matrix") == 0 || strcmp(enc, "csc") == 0) rc = open_sparse(s, g, 1, err);
@@ -396,7 +399,7 @@ static int next_sparse(src_t *s, slab_t *sl, iv_err_t *err)
         H5Sclose(fs);
         fs = H5Dget_space(s->ddata);
         H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
-        herr_t r2 = r1 < 0 ? -1 : H5Dread(s->ddata, iv_h5w_native(s->vdt), ms, fs, H5P_DEFAULT, sl->val);
+        herr_t r2 = r1 < 0 ? -1 : H5Dread(s->ddata, iv_h5_native(s->vdt), ms, fs, H5P_DEFAULT, sl->val);
         H5Sclose(fs);
         H5Sclose(ms);
         if (r1 < 0 || r2 < 0)
@@ -440,7 +443,7 @@ static int next_dense(src_t *s, slab_t *sl, iv_err_t *err)
         hsize_t off[2] = {(hsize_t)s->next, (hsize_t)s->band0}, cnt[2] = {(hsize_t)rows, (hsize_t)bw};
         hid_t ms = H5Screate_simple(2, cnt, NULL), fs = H5Dget_space(s->ddense);
         H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
-        herr_t r = H5Dread(s->ddense, iv_h5w_native(s->vdt), ms, fs, H5P_DEFAULT, sl->dense);
+        herr_t r = H5Dread(s->ddense, iv_h5_native(s->vdt), ms, fs, H5P_DEFAULT, sl->dense);
         H5Sclose(fs);
         H5Sclose(ms);
         if (r < 0)

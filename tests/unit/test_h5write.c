@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "h5util.h"
 #include "h5write.h"
 #include "pool.h"
 
@@ -108,7 +109,7 @@ START_TEST(array_append_read_back)
             ck_assert_int_ge(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, back), 0);
             ck_assert(memcmp(v, back, total * sizeof *v) == 0);
             char enc[32];
-            ck_assert_int_eq(iv_h5w_read_str_attr(d, "encoding-type", enc, sizeof enc), 0);
+            ck_assert_int_eq(iv_h5_read_str_attr(d, "encoding-type", enc, sizeof enc), 0);
             ck_assert_str_eq(enc, "array");
             H5Pclose(pl);
             H5Sclose(sp);
