@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,7 +159,8 @@ static int child_exit(void *ctx, iv_h5iso_out_t *o, iv_err_t *err)
     (void)ctx;
     (void)err;
     iv_h5iso_put_u64(o, 1);
-    _exit(7);
+    syscall(SYS_exit_group, 7);   /* not _exit: no sanitizer finalisation */
+    return 0;
 }
 
 START_TEST(test_child_exits_silently)
