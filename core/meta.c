@@ -766,6 +766,9 @@ static int frame_push(struct frame *f, struct mcol *mc)
     return 0;
 }
 
+/* The most rows given a made-up index (see read_frame). */
+#define RANGE_INDEX_MAX ((int64_t)1 << 27)
+
 /* An index "0".."n-1", what anndata gives a frame without one. */
 static int range_index(struct frame *f, int64_t n, iv_err_t *err)
 {
@@ -818,7 +821,17 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
     memset(f, 0, sizeof(*f));
     iv_h5iso_stage(r->o, gname);
     hid_t g = open_child(file, gname);
-    if (g < 0) return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
+    if (g < 0) {
+        /* Names "0".."n-1" take about 10 bytes a row: past this many rows
+         * (a synthetic shape, not an atlas) they are not built, and the
+         * matrix is served without names rather than the load running out
+         * of memory. */
+        if (expect_n > RANGE_INDEX_MAX)
+            return iv_fail(r->err, IV_EUNSUPPORTED, "%s: no %s frame, and %lld rows are too many "
+                           "to name 0..n-1 (at most %lld)", r->path, gname, (long long)expect_n,
+                           (long long)RANGE_INDEX_MAX);
+        return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
+    }
     int rc = 0;
     sarena_t order = {0};
     int64_t n_order = 0;
