@@ -483,7 +483,6 @@ static void job_load(void *arg)
         }
     }
     if (j->srv->h5_serial) pthread_mutex_unlock(&j->srv->h5_mu);
-    if (j->rc == 0) build_doc(d);
     j->secs = now_s() - t0;
     job_finish(j);
 }
