@@ -29,7 +29,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:ha
 echo "== ThreadSanitizer build and tests"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
 cmake --build build-tsan -j"$JOBS"
-TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
+TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure -j"$JOBS" -E test_export_diff
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each)"
