@@ -191,7 +191,8 @@ int main(int argc, char **argv)
     if (iv_dataset_open(path, &o, &ds, &err) < 0) die("cannot open", err.msg);
     const iv_dataset_info_t *info = iv_dataset_info(ds);
     if (other) {
-        iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool};
+        double ph[IV_TRANSPOSE_PHASES];
+        iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool, .phase_seconds = ph};
         double t0 = now_s();
         if (iv_dataset_build_other(ds, &to, &err) < 0) die("cannot build the other orientation", err.msg);
         iv_orient_status_t os;
@@ -200,6 +201,9 @@ int main(int argc, char **argv)
                info->orient == IV_IVCSR ? "gene-major" : "cell-major", now_s() - t0,
                (double)os.bytes[info->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR] / 1e6,
                (double)info->stream_bytes / 1e6);
+        printf("other phases s: values %.3f count %.3f fill %.3f encode %.3f move %.3f finish %.3f\n",
+               ph[IV_TP_VALUES], ph[IV_TP_COUNT], ph[IV_TP_FILL], ph[IV_TP_ENCODE], ph[IV_TP_MOVE],
+               ph[IV_TP_FINISH]);
     }
 
     iv_sel_t obs = {.all = 1}, var = {.all = 1};

@@ -155,25 +155,31 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
             q->sel_bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
     }
     if (n_minor > 4 * n_sel + (1 << 20) || decoded < n_minor / 4) {
-        int64_t *pairs = malloc((size_t)(n_sel ? n_sel : 1) * 2 * sizeof(int64_t));
         q->lut_keys = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
         q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
-        if (!pairs || !q->lut_keys || !q->lut_pos) {
-            free(pairs);
-            return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+        if (!q->lut_keys || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+        q->lut_sparse = 1;
+        q->n_lut = n_sel;
+        /* Selections from filters and masks come ascending: no sort. */
+        int64_t k = 1;
+        while (k < n_sel && ids[k - 1] <= ids[k]) k++;
+        if (k >= n_sel) {
+            memcpy(q->lut_keys, ids, (size_t)n_sel * sizeof(int64_t));
+            for (k = 0; k < n_sel; k++) q->lut_pos[k] = k;
+            return 0;
         }
-        for (int64_t k = 0; k < n_sel; k++) {
+        int64_t *pairs = malloc((size_t)n_sel * 2 * sizeof(int64_t));
+        if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+        for (k = 0; k < n_sel; k++) {
             pairs[2 * k] = ids[k];
             pairs[2 * k + 1] = k;
         }
         qsort(pairs, (size_t)n_sel, 2 * sizeof(int64_t), pair_cmp);
-        for (int64_t k = 0; k < n_sel; k++) {
+        for (k = 0; k < n_sel; k++) {
             q->lut_keys[k] = pairs[2 * k];
             q->lut_pos[k] = pairs[2 * k + 1];
         }
         free(pairs);
-        q->lut_sparse = 1;
-        q->n_lut = n_sel;
         return 0;
     }
     q->lut_ptr = calloc((size_t)n_minor + 1, sizeof(int64_t));
@@ -1120,6 +1126,45 @@ static void tpass_part(void *arg, size_t part)
     if (e.code != 0 && atomic_exchange(&t->failed, 1) == 0) t->err = e;
 }
 
+/*
+ * The rows' totals and the parts' write offsets, over a range of output
+ * rows.  First call (offsets 0): each range's number of entries, in
+ * range_tot[i + 1].  Second call, once range_tot holds the prefix sums:
+ * the row pointers and, per part, where its entries of each row start
+ * (the parts in order, since they hold ascending output columns).
+ */
+struct tsum {
+    struct tpass *t;
+    int64_t nr, n_ranges;
+    int64_t *range_tot;   /* n_ranges + 1 */
+    int offsets;
+};
+
+static void tsum_range(void *arg, size_t i)
+{
+    struct tsum *ts = arg;
+    struct tpass *t = ts->t;
+    int64_t *indptr = t->q->t_indptr;
+    int64_t r0 = ts->nr * (int64_t)i / ts->n_ranges, r1 = ts->nr * (int64_t)(i + 1) / ts->n_ranges;
+    if (!ts->offsets) {
+        int64_t tot = 0;
+        for (int64_t p = 0; p < t->n_parts; p++) {
+            const uint32_t *c = t->cnt[p];
+            for (int64_t r = r0; r < r1; r++) tot += c[r];
+        }
+        ts->range_tot[i + 1] = tot;
+        return;
+    }
+    int64_t at = ts->range_tot[i];
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t p = 0; p < t->n_parts; p++) {
+            t->off[p][r] = at;
+            at += t->cnt[p][r];
+        }
+        indptr[r + 1] = at;
+    }
+}
+
 int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
 {
     if (q->prepared) return 0;
@@ -1127,9 +1172,20 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
     int64_t parts = (int64_t)iv_pool_threads(pool) + 1;
     /* Bound the per-part counters to about 512 MiB in all. */
     while (parts > 1 && (uint64_t)parts * (uint64_t)nr * 12 > ((uint64_t)512 << 20)) parts--;
-    if (parts > q->n_out_cols && q->n_out_cols > 0) parts = q->n_out_cols;
+    if (parts > q->n_out_cols) parts = q->n_out_cols;
+    /* Each part has a counter and an offset per output row, which it
+     * zeroes, sums and faults in whatever its slices hold: p parts cost
+     * about p * rows on top of the decode, which p divides.  For a few
+     * genes over a million cells one part or two are fastest (the pool's
+     * 17 parts spent most of 50 genes' time on 260 MB of counters); the
+     * count is the largest p with p^2 * rows <= 4 * entries decoded. */
+    double work = 0;
+    for (int64_t k = 0; k < q->n_out_cols; k++)
+        work += (double)slice_nnz(q->ds, q->col_ids ? q->col_ids[k] : k);
+    while (parts > 1 && (double)parts * (double)parts * (double)nr > 4.0 * work) parts--;
     if (parts < 1) parts = 1;
     struct tpass t = {.q = q, .n_parts = parts};
+    struct tsum ts = {.t = &t, .nr = nr};
     atomic_init(&t.failed, 0);
     int rc = 0;
     t.cnt = calloc((size_t)parts, sizeof *t.cnt);
@@ -1151,12 +1207,18 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
         rc = iv_fail(err, t.err.code, "%s", t.err.msg);
         goto done;
     }
-    for (int64_t r = 0; r < nr; r++) {
-        int64_t z = 0;
-        for (int64_t p = 0; p < parts; p++) z += t.cnt[p][r];
-        q->t_indptr[r + 1] = q->t_indptr[r] + z;
+    /* Row totals in parallel over ranges of rows: the counters are parts x
+     * rows whatever the selection holds, which one thread walks slowly for
+     * a million cells. */
+    ts.n_ranges = parts * 4 < nr ? parts * 4 : (nr ? nr : 1);
+    ts.range_tot = calloc((size_t)ts.n_ranges + 1, sizeof *ts.range_tot);
+    if (!ts.range_tot) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+        goto done;
     }
-    int64_t nnz = q->t_indptr[nr];
+    iv_pool_parallel_for(pool, (size_t)ts.n_ranges, 0, tsum_range, &ts);
+    for (int64_t i = 0; i < ts.n_ranges; i++) ts.range_tot[i + 1] += ts.range_tot[i];
+    int64_t nnz = ts.range_tot[ts.n_ranges];
     size_t esz = iv_dtype_size(q->dtype);
     q->t_indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
     q->t_data = malloc((size_t)(nnz ? nnz : 1) * esz);
@@ -1171,13 +1233,8 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
             goto done;
         }
     }
-    for (int64_t r = 0; r < nr; r++) {
-        int64_t at = q->t_indptr[r];
-        for (int64_t p = 0; p < parts; p++) {
-            t.off[p][r] = at;
-            at += t.cnt[p][r];
-        }
-    }
+    ts.offsets = 1;
+    iv_pool_parallel_for(pool, (size_t)ts.n_ranges, 0, tsum_range, &ts);
     for (int64_t p = 0; p < parts; p++) {
         free(t.cnt[p]);
         t.cnt[p] = NULL;
@@ -1198,6 +1255,7 @@ done:
         for (int64_t p = 0; p < parts; p++) free(t.off[p]);
     free(t.cnt);
     free(t.off);
+    free(ts.range_tot);
     return rc;
 }
 

@@ -41,7 +41,13 @@ typedef struct iv_transpose_opts {
     iv_budget_t *global;      /* also charged, or NULL */
     uint64_t tmp_bytes;       /* bound on the temporary; 0 = default */
     iv_pool_t *pool;          /* workers (NULL: the caller only) */
+    double *phase_seconds;    /* NULL, or IV_TRANSPOSE_PHASES seconds filled in */
 } iv_transpose_opts_t;
+
+/* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
+ * count pass, fill passes, encode, placing, and the copy's pointers. */
+enum { IV_TP_VALUES, IV_TP_COUNT, IV_TP_FILL, IV_TP_ENCODE, IV_TP_MOVE, IV_TP_FINISH,
+       IV_TRANSPOSE_PHASES };
 
 /*
  * Builds and publishes the other orientation of ds.  Any thread, while
