@@ -144,6 +144,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->open_seconds = t1 - t0;
     in->index_seconds = t2 - t1;
     atomic_init(&ds->other, NULL);
+    atomic_init(&ds->nnz_at, NULL);
     atomic_init(&ds->other_state, IV_OTHER_NONE);
     *out = ds;
     return 0;
@@ -161,6 +162,7 @@ void iv_dataset_close(iv_dataset_t *ds)
 {
     if (!ds) return;
     iv_dataset_close(atomic_load(&ds->other));
+    free(atomic_load(&ds->nnz_at));
     iv_rowindex_free(&ds->ri);
     iv_stream_destroy(ds->stream);
     iv_h5matrix_free(&ds->m);
@@ -212,6 +214,7 @@ size_t iv_dataset_memory_of(iv_dataset_t *ds)
     const iv_h5matrix_t *m = &ds->m;
     size_t b = (size_t)(m->n_major + 1) * 8 + (size_t)(m->n_unique + 1) * 8 +
                (size_t)m->n_unique * iv_dtype_size(m->value_dtype) + iv_rowindex_bytes(&ds->ri);
+    if (atomic_load(&ds->nnz_at)) b += (size_t)(m->n_major + 1) * 8;
     if (ds->is_copy) return b + (size_t)iv_stream_length(ds->stream);
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);

@@ -30,6 +30,14 @@ struct iv_dataset {
     iv_other_source_t other_source;   /* set before other is published */
     double other_seconds;     /* set before other is published */
     int is_copy;              /* this dataset is an in-memory copy (no file mapping) */
+    /*
+     * Stored entries before each major slice (n_major + 1), or NULL: made
+     * by the first query over a large matrix (query.c) and published with
+     * a release store.  Planning reads a slice's entry count once per
+     * selected slice; through the pointers that is two dependent cache
+     * misses (value_ptr[major_ptr[s]]), through this array one.
+     */
+    _Atomic(int64_t *) nnz_at;
 };
 
 /* Memory a dataset's matrix takes now: pointer and value arrays, row

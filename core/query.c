@@ -198,7 +198,33 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
 
 static int64_t slice_nnz(const iv_dataset_t *ds, int64_t s)
 {
+    const int64_t *at = atomic_load_explicit(&ds->nnz_at, memory_order_acquire);
+    if (at) return at[s + 1] - at[s];
     return ds->m.value_ptr[ds->m.major_ptr[s + 1]] - ds->m.value_ptr[ds->m.major_ptr[s]];
+}
+
+/* Below this many slices the pointers stay in cache: no table. */
+#define NNZ_AT_MIN_SLICES ((int64_t)1 << 16)
+
+/*
+ * Makes ds->nnz_at if it is missing and the matrix is large (see
+ * dataset_impl.h).  Any thread: two racing queries each build one and the
+ * loser frees its own.  Out of memory leaves it missing (planning then
+ * reads the pointers).
+ */
+static void ensure_nnz_at(iv_dataset_t *ds)
+{
+    if (!ds || ds->m.n_major < NNZ_AT_MIN_SLICES ||
+        atomic_load_explicit(&ds->nnz_at, memory_order_acquire))
+        return;
+    int64_t S = ds->m.n_major;
+    int64_t *at = malloc((size_t)(S + 1) * sizeof *at);
+    if (!at) return;
+    for (int64_t s = 0; s <= S; s++) at[s] = ds->m.value_ptr[ds->m.major_ptr[s]];
+    int64_t *none = NULL;
+    if (!atomic_compare_exchange_strong_explicit(&ds->nnz_at, &none, at, memory_order_acq_rel,
+                                                 memory_order_acquire))
+        free(at);
 }
 
 /* Splits output rows into blocks of bounded (estimated) nnz and rows. */
@@ -283,6 +309,8 @@ iv_orient_t iv_plan_orient(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t
                            iv_out_axis_t axis, double bytes_est[2])
 {
     iv_dataset_t *o = iv_dataset_other(ds);
+    ensure_nnz_at(ds);
+    ensure_nnz_at(o);
     double own = plan_cost(ds, obs, var, axis), alt = o ? plan_cost(o, obs, var, axis) : -1;
     if (bytes_est) {
         bytes_est[ds->m.orient] = own;
@@ -316,6 +344,7 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
             ds = other;
         }
     }
+    ensure_nnz_at(ds);
     struct iv_query *q = calloc(1, sizeof *q);
     if (!q) return iv_fail(err, IV_ENOMEM, "out of memory for a query");
     q->ds = ds;

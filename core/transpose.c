@@ -833,6 +833,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
              m->orient == IV_IVCSR ? "gene-major" : "cell-major");
     c->is_copy = 1;
     atomic_init(&c->other, NULL);
+    atomic_init(&c->nnz_at, NULL);
     atomic_init(&c->other_state, IV_OTHER_NONE);
     iv_h5matrix_t *cm = &c->m;
     cm->orient = m->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
