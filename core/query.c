@@ -204,7 +204,9 @@ static int64_t slice_nnz(const iv_dataset_t *ds, int64_t s)
 }
 
 /* Below this many slices the pointers stay in cache: no table. */
-#define NNZ_AT_MIN_SLICES ((int64_t)1 << 16)
+static _Atomic int64_t nnz_at_min_slices = (int64_t)1 << 16;
+
+void iv_query_set_nnz_table_min(int64_t slices) { atomic_store(&nnz_at_min_slices, slices); }
 
 /*
  * Makes ds->nnz_at if it is missing and the matrix is large (see
@@ -214,7 +216,7 @@ static int64_t slice_nnz(const iv_dataset_t *ds, int64_t s)
  */
 static void ensure_nnz_at(iv_dataset_t *ds)
 {
-    if (!ds || ds->m.n_major < NNZ_AT_MIN_SLICES ||
+    if (!ds || ds->m.n_major < atomic_load(&nnz_at_min_slices) ||
         atomic_load_explicit(&ds->nnz_at, memory_order_acquire))
         return;
     int64_t S = ds->m.n_major;

@@ -123,4 +123,9 @@ void iv_query_cancel(iv_query_t *q);
 /* Bytes decompressed on behalf of this query (cache misses), for metrics. */
 uint64_t iv_query_bytes_decompressed(const iv_query_t *q);
 
+/* Datasets of at least this many major slices get a table of entries per
+ * slice on their first query (default 65,536); tests lower it to run the
+ * planner through the table on small files. */
+void iv_query_set_nnz_table_min(int64_t slices);
+
 #endif /* IV_QUERY_H */

@@ -177,6 +177,8 @@ START_TEST(fixtures_under_all_settings)
     const size_t caches[] = {0, (size_t)1 << 30};
     for (int t = 0; t < 2; t++) {
         iv_pool_t *pool = t ? iv_pool_create(3, 0) : NULL;
+        /* With the pool, plan through the per-slice entry table too. */
+        iv_query_set_nnz_table_min(t ? 0 : (int64_t)1 << 16);
         for (int si = 0; si < 3; si++) {
             iv_dataset_opts_t o;
             iv_dataset_opts_init(&o);
