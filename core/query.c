@@ -87,6 +87,10 @@ struct iv_query {
      * sorted (minor id, position) pairs searched by binary search. */
     int lut_sparse;
     int64_t *lut_keys;        /* n_sel sorted minor ids */
+    /* Strictly ascending selections (filters, masks): a minor's position is
+     * its rank among the selected, set bits before it in sel_bits, from
+     * the count before each word (n_minor / 64 + 1) and a popcount. */
+    int64_t *lut_rank;
     int64_t n_lut;
     int64_t n_blocks;
     int64_t *block_start;     /* n_blocks + 1 output-row boundaries */
@@ -153,6 +157,21 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
         if (!q->sel_bits) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
         for (int64_t k = 0; k < n_sel; k++)
             q->sel_bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
+        int64_t k = 1;
+        while (k < n_sel && ids[k - 1] < ids[k]) k++;
+        if (k >= n_sel) {
+            /* A table of 1/64th of the axis instead of two of it whole:
+             * a 138,000-cell filter over 1.26 M cells built 20 MB of them. */
+            size_t nw = (size_t)(n_minor / 64 + 1);
+            q->lut_rank = malloc(nw * sizeof *q->lut_rank);
+            if (!q->lut_rank) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+            int64_t r = 0;
+            for (size_t x = 0; x < nw; x++) {
+                q->lut_rank[x] = r;
+                r += __builtin_popcountll(q->sel_bits[x]);
+            }
+            return 0;
+        }
     }
     if (n_minor > 4 * n_sel + (1 << 20) || decoded < n_minor / 4) {
         q->lut_keys = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
@@ -428,6 +447,7 @@ void iv_query_free(iv_query_t *q)
     free(q->lut_ptr);
     free(q->lut_pos);
     free(q->lut_keys);
+    free(q->lut_rank);
     free(q->sel_bits);
     free(q->block_start);
     free(q->t_indptr);
@@ -647,6 +667,14 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
         hit:
             if (q->minor_all) {
                 w->pos[n] = (int64_t)j;
+                w->gid[n] = g;
+                n++;
+                continue;
+            }
+            if (q->lut_rank) {
+                if ((rc = pairs_reserve(w, n + 1, err)) < 0) goto fail;
+                w->pos[n] = q->lut_rank[j >> 6] +
+                            __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
                 w->gid[n] = g;
                 n++;
                 continue;
