@@ -129,6 +129,15 @@ int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
     return 0;
 }
 
+unsigned iv_pool_free_workers(iv_pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t busy = (size_t)p->running + p->count;
+    unsigned n = busy >= p->n_threads ? 0 : p->n_threads - (unsigned)busy;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 size_t iv_pool_queued(iv_pool_t *p)
 {
     pthread_mutex_lock(&p->mu);

@@ -36,6 +36,9 @@ int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg);
 /* Jobs waiting (not yet running); for metrics. */
 size_t iv_pool_queued(iv_pool_t *p);
 
+/* Workers with nothing to run and nothing queued for them (a snapshot). */
+unsigned iv_pool_free_workers(iv_pool_t *p);
+
 /*
  * Runs fn(arg, i) for every i in [0, n), on up to `width` threads (the
  * caller included; 0 = all workers + caller).  Items are claimed in

@@ -1,6 +1,6 @@
 /* Worker pool: every item runs once, nested parallel_for cannot deadlock,
  * a full queue is reported as overload, a started range finishes on the
- * caller when the workers are busy. */
+ * caller when the workers are busy, free workers are counted. */
 #include <check.h>
 
 #include "check_main.h"
@@ -88,6 +88,25 @@ START_TEST(full_queue_is_overload)
 }
 END_TEST
 
+/* Free workers: all of them when idle, one less a running or queued job,
+ * none while jobs wait, all again once they finished. */
+START_TEST(free_workers_counts_running_and_queued)
+{
+    atomic_store(&gate, 0);
+    iv_pool_t *p = iv_pool_create(3, 8);
+    ck_assert_uint_eq(iv_pool_free_workers(p), 3);
+    ck_assert_int_eq(iv_pool_try_submit(p, wait_gate, NULL), 0);
+    ck_assert_uint_eq(iv_pool_free_workers(p), 2);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(iv_pool_try_submit(p, wait_gate, NULL), 0);
+    ck_assert_uint_eq(iv_pool_free_workers(p), 0);
+    atomic_store(&gate, 1);
+    for (int i = 0; i < 2000 && (iv_pool_free_workers(p) != 3 || iv_pool_queued(p) != 0); i++)
+        usleep(1000);
+    ck_assert_uint_eq(iv_pool_free_workers(p), 3);
+    iv_pool_destroy(p);
+}
+END_TEST
+
 START_TEST(for_start_finish_runs_each_item_once)
 {
     /* Workers free, no pool, and every worker blocked until after finish:
@@ -116,6 +135,7 @@ int main(void)
     tcase_add_test(tc, nested_parallel_for_completes);
     tcase_add_test(tc, full_queue_is_overload);
     tcase_add_test(tc, for_start_finish_runs_each_item_once);
+    tcase_add_test(tc, free_workers_counts_running_and_queued);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
