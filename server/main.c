@@ -21,6 +21,11 @@ int main(int argc, char **argv)
     iv_err_t err;
     iv_err_clear(&err);
     int rc = iv_config_from_args(&cfg, argc, argv, environ, &err);
+    /* The values are copied: take --token out of what ps shows. */
+    if (iv_config_scrub_argv(argc, argv) > 0)
+        fprintf(stderr, "ivserve: warning: --token is deprecated: other users of this machine can "
+                        "read it (ps, /proc) until start-up overwrites it; use --token-file or "
+                        "IVSERVE_TOKENS\n");
     if (rc == 1) {
         int version = 0;
         for (int i = 1; i < argc; i++) version |= !strcmp(argv[i], "--version");
