@@ -2906,6 +2906,17 @@ int iv_server_run(const iv_config_t *cfg)
         s->ds[i].conf = &cfg->datasets[i];
         s->ds[i].state = DS_LOADING;
     }
+    if (ok) {
+        /* What is open, said once: an empty tokens file or a forgotten
+         * scope would otherwise leave datasets open without a word. */
+        size_t n_prot = 0;
+        for (size_t i = 0; i < s->n_ds; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
+        iv_alog_event(&s->log, "info",
+                      "auth: %zu tokens; %zu of %zu datasets need one, the others are public; /metrics %s",
+                      s->auth.n, n_prot, s->n_ds, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
+        if (cfg->tokens_file && cfg->n_token_entries == 0)
+            iv_alog_event(&s->log, "warn", "auth: the tokens file %s holds no tokens", cfg->tokens_file);
+    }
     if (!ok) {
         fprintf(stderr, "ivserve: out of memory\n");
         goto fail_mem;
