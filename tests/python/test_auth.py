@@ -142,6 +142,18 @@ def test_global_reader_sees_404_and_anonymous_list_is_401(tmp_path):
         assert requests.get(s.url + "/v1/datasets/nope", headers=bearer("alice-secret")).status_code == 404
         assert listed(s, bearer("alice-secret"))[1] == ["a"]
         assert requests.get(s.url + "/metrics").status_code == 200   # metrics_auth defaults to open
+        assert "auth: 1 tokens; 1 of 1 datasets need one" in s.log_text()
+    finally:
+        assert s.stop() == 0
+
+
+def test_empty_tokens_file_is_warned_about(tmp_path):
+    tf = write_tokens(str(tmp_path), [])
+    s = Server(str(tmp_path), extra_args=["--token-file", tf], datasets=[{"id": "a", "path": SMALL}])
+    try:
+        assert requests.get(s.url + "/v1/datasets/a").status_code == 200   # open, and said so
+        log = s.log_text()
+        assert "holds no tokens" in log and "auth: 0 tokens; 0 of 1 datasets need one" in log, log
     finally:
         assert s.stop() == 0
 
