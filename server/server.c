@@ -1637,7 +1637,6 @@ static int list_ok(server_t *s, const iv_http_req_t *r, rfail_t *f, const iv_aut
     if (s->auth.n == 0) return 0;
     iv_auth_verdict_t v = iv_auth_identify(&s->auth, r->hdr[IV_H_AUTHORIZATION], tok);
     if (v == IV_AUTH_MISSING) {
-        v = IV_AUTH_MISSING;
         for (size_t i = 0; i < s->n_ds; i++)
             if (!iv_auth_protected(&s->auth, s->ds[i].conf->id)) v = IV_AUTH_OK;
     }
