@@ -161,9 +161,12 @@ iv_auth_verdict_t iv_auth_scope(const iv_auth_t *a, const char *authorization, u
                                 const iv_auth_token_t **tok)
 {
     *tok = NULL;
+    /* A server without tokens is open, its admin routes included (it has
+     * no way to tell an operator from anyone else). */
+    if (a->n == 0) return IV_AUTH_OK;
     if (scope == IV_SCOPE_METRICS && !a->metrics_auth) {
         /* Open; a token still names the client in the log when it is good. */
-        if (a->n) iv_auth_identify(a, authorization, tok);
+        iv_auth_identify(a, authorization, tok);
         return IV_AUTH_OK;
     }
     iv_auth_verdict_t v = iv_auth_identify(a, authorization, tok);

@@ -77,8 +77,9 @@ iv_auth_verdict_t iv_auth_dataset(const iv_auth_t *a, const char *authorization,
 /*
  * A route that needs a scope: IV_SCOPE_METRICS (/metrics, only when
  * metrics_auth is on: OK otherwise) or IV_SCOPE_ADMIN (admin routes such
- * as POST /v1/admin/reload: always needs an admin token, even on an open
- * server).  ADMIN includes METRICS.
+ * as POST /v1/admin/reload: an admin token once the server has any token;
+ * a server without tokens is open, admin routes included).  ADMIN
+ * includes METRICS.
  */
 iv_auth_verdict_t iv_auth_scope(const iv_auth_t *a, const char *authorization, unsigned scope,
                                 const iv_auth_token_t **tok);

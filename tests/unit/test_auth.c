@@ -160,9 +160,17 @@ START_TEST(test_open_server)
     ck_assert_int_eq(ds(&a, NULL, NULL, NULL), IV_AUTH_OK);  /* then 404 */
     const iv_auth_token_t *t;
     ck_assert_int_eq(iv_auth_scope(&a, NULL, IV_SCOPE_METRICS, &t), IV_AUTH_OK);
-    /* The admin routes are never open. */
+    /* Without tokens the admin routes are open too ... */
+    ck_assert_int_eq(iv_auth_scope(&a, NULL, IV_SCOPE_ADMIN, &t), IV_AUTH_OK);
+    iv_auth_free(&a);
+    /* ... but one read token closes them to all but admin tokens. */
+    c.tokens = calloc(1, sizeof(char *));
+    c.tokens[0] = strdup("r");
+    c.n_tokens = 1;
+    ck_assert_int_eq(iv_auth_build(&a, &c), 0);
     ck_assert_int_eq(iv_auth_scope(&a, NULL, IV_SCOPE_ADMIN, &t), IV_AUTH_MISSING);
     ck_assert_int_eq(iv_auth_scope(&a, "Bearer x", IV_SCOPE_ADMIN, &t), IV_AUTH_BAD_TOKEN);
+    ck_assert_int_eq(iv_auth_scope(&a, "Bearer r", IV_SCOPE_ADMIN, &t), IV_AUTH_DENIED);
     iv_auth_free(&a);
     iv_config_free(&c);
 }
