@@ -1011,7 +1011,7 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
         iv_buf_puts(b, "Access-Control-Allow-Origin: ");
         iv_buf_puts(b, origin);
         iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
-                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding\r\n");
+                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
     }
     if (extra) iv_buf_puts(b, extra);
     if (c->dropped_hdr && status < 300) {
@@ -1707,7 +1707,9 @@ static void route_list(conn_t *c)
         }
     }
     iv_buf_puts(&b, "]}");
-    send_owned(c, 200, "application/json", &b, NULL);
+    /* Each client has its own list: no shared cache may hand it to another. */
+    send_owned(c, 200, "application/json", &b,
+               s->auth.n ? "Cache-Control: private, no-cache\r\nVary: Authorization\r\n" : NULL);
 }
 
 static sds_t *ready_ds(conn_t *c, const char *id, size_t n)

@@ -70,6 +70,8 @@ def listed(s, headers=None):
 def test_list_shows_each_client_what_it_may_read(lab):
     r, ids = listed(lab)
     assert ids == ["pub"]
+    # The list depends on the token: no shared cache may serve it to another client.
+    assert "private" in r.headers["Cache-Control"] and "Authorization" in r.headers["Vary"]
     assert "Embargoed" not in r.text and "Lab atlas" not in r.text
     assert listed(lab, bearer("bob-secret"))[1] == ["pub", "lab"]
     assert listed(lab, bearer("emb-secret"))[1] == ["pub", "emb"]
@@ -181,6 +183,7 @@ def test_cors_preflight_and_refusals_carry_cors(lab):
     # A browser page must be able to read the 401 to ask for a token.
     r = requests.get(lab.url + "/v1/datasets/emb", headers={"Origin": "http://app.example"})
     assert r.status_code == 401 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+    assert "WWW-Authenticate" in r.headers["Access-Control-Expose-Headers"]
     # The viewer's page is not behind a token.
     assert requests.get(lab.url + "/").status_code == 200
 
