@@ -18,6 +18,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "tokens_file.h"
+
 enum num_kind { NK_U32, NK_SIZE, NK_I64, NK_INT, NK_UINT };
 
 struct num_opt {
@@ -109,6 +111,10 @@ void iv_config_free(iv_config_t *c)
     for (size_t i = 0; i < c->n_datasets; i++) ds_free(&c->datasets[i]);
     free(c->datasets);
     free_strv(c->tokens, c->n_tokens);
+    free(c->tokens_file);
+    for (size_t i = 0; i < c->n_token_entries; i++) iv_token_conf_free(&c->token_entries[i]);
+    free(c->token_entries);
+    free(c->trusted_proxies);
     free_strv(c->cors_origins, c->n_cors);
     free(c->log_format);
     free(c->access_log);
@@ -163,6 +169,46 @@ static int set_log_format(iv_config_t *c, const char *v, const char *key, iv_err
     if (strcmp(v, "json") && strcmp(v, "text"))
         return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"json\" or \"text\", not '%s'", key, v);
     return set_str(&c->log_format, v, key, err);
+}
+
+static int set_metrics_auth(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (strcmp(v, "open") && strcmp(v, "token"))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"open\" or \"token\", not '%s'", key, v);
+    c->metrics_auth = !strcmp(v, "token");
+    return 0;
+}
+
+/* Appends one range to trusted_proxies. */
+static int push_cidr(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    iv_cidr_t r;
+    if (iv_cidr_parse(v, &r) != 0)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "%s: '%s' is not an IP address or range (like 10.0.0.0/8 or ::1)", key, v);
+    iv_cidr_t *nv = realloc(c->trusted_proxies, (c->n_trusted_proxies + 1) * sizeof *nv);
+    if (!nv) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    c->trusted_proxies = nv;
+    nv[c->n_trusted_proxies++] = r;
+    return 0;
+}
+
+/* A comma-separated list of ranges (replacing the list). */
+static int set_cidrs(iv_config_t *c, const char *s, const char *key, iv_err_t *err)
+{
+    c->n_trusted_proxies = 0;
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char tmp[96];
+        if (l >= sizeof tmp) return iv_fail(err, IV_EINVALID_ARG, "%s: item too long", key);
+        memcpy(tmp, p, l);
+        tmp[l] = '\0';
+        if (l) IV_TRY(push_cidr(c, tmp, key, err));
+        p = e ? e + 1 : p + l;
+    }
+    return 0;
 }
 
 static int push_str(char ***v, size_t *n, const char *s, const char *key, iv_err_t *err)
@@ -380,6 +426,33 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
             else rc = set_str(&c->access_log, kv->valuestring, k, err);
         } else if (!strcmp(k, "tokens")) {
             rc = json_str_list(kv, &c->tokens, &c->n_tokens, k, err);
+        } else if (!strcmp(k, "tokens_file")) {
+            if (!cJSON_IsString(kv) || !kv->valuestring[0]) {
+                rc = iv_fail(err, IV_EINVALID_ARG, "tokens_file: must be a file name");
+            } else {
+                /* Relative to the config file, as dataset paths are. */
+                char *pth = join_path(base_dir, kv->valuestring);
+                if (!pth) rc = iv_fail(err, IV_ENOMEM, "tokens_file: out of memory");
+                free(c->tokens_file);
+                c->tokens_file = pth;
+            }
+        } else if (!strcmp(k, "metrics_auth")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "metrics_auth: must be a string");
+            else rc = set_metrics_auth(c, kv->valuestring, k, err);
+        } else if (!strcmp(k, "trusted_proxies")) {
+            if (!cJSON_IsArray(kv)) {
+                rc = iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
+            } else {
+                c->n_trusted_proxies = 0;
+                const cJSON *e;
+                cJSON_ArrayForEach(e, kv)
+                {
+                    if (!cJSON_IsString(e))
+                        rc = iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
+                    else rc = push_cidr(c, e->valuestring, k, err);
+                    if (rc) break;
+                }
+            }
         } else if (!strcmp(k, "cors_origins")) {
             rc = json_str_list(kv, &c->cors_origins, &c->n_cors, k, err);
         } else if (!strcmp(k, "datasets")) {
@@ -477,6 +550,9 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
+        else if (!strcmp(name, "IVSERVE_TOKEN_FILE")) IV_TRY(set_str(&c->tokens_file, v, name, err));
+        else if (!strcmp(name, "IVSERVE_METRICS_AUTH")) IV_TRY(set_metrics_auth(c, v, name, err));
+        else if (!strcmp(name, "IVSERVE_TRUSTED_PROXIES")) IV_TRY(set_cidrs(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_CORS_ORIGINS"))
             IV_TRY(set_list(&c->cors_origins, &c->n_cors, v, name, err));
         else {
@@ -509,10 +585,15 @@ const char *iv_config_usage(void)
 {
     return "usage: ivserve [--config FILE] [options] [FILE.h5ad ...]\n"
            "       ivserve check FILE | export FILE ... -o OUT.npz\n"
+           "       ivserve token-hash NAME [SCOPE] < token   (prints a tokens-file line)\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
            "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
            "  --cache-max-age S\n"
-           "  --token T (repeatable)  --cors ORIGIN (repeatable)  --log-format json|text\n"
+           "  --token-file FILE (lines 'NAME SHA256HEX [SCOPE]'; ivserve token-hash NAME makes one)\n"
+           "  --token T (repeatable; deprecated: other users see it in ps until start-up\n"
+           "    overwrites it; prefer --token-file or IVSERVE_TOKENS)\n"
+           "  --metrics-auth open|token  --trusted-proxy ADDR[/LEN] (repeatable)\n"
+           "  --cors ORIGIN (repeatable)  --log-format json|text\n"
            "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
@@ -533,7 +614,7 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         }
     }
     IV_TRY(iv_config_apply_env(c, envp, err));
-    int tokens_reset = 0, cors_reset = 0;
+    int tokens_reset = 0, cors_reset = 0, proxies_reset = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-' || a[1] != '-') {
@@ -547,7 +628,12 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
         else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
         else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
-        else if (!strcmp(a, "--token")) {
+        else if (!strcmp(a, "--token-file")) IV_TRY(set_str(&c->tokens_file, v, a, err));
+        else if (!strcmp(a, "--metrics-auth")) IV_TRY(set_metrics_auth(c, v, a, err));
+        else if (!strcmp(a, "--trusted-proxy")) {
+            if (!proxies_reset++) c->n_trusted_proxies = 0;
+            IV_TRY(push_cidr(c, v, a, err));
+        } else if (!strcmp(a, "--token")) {
             /* Flags replace the file's list rather than add to it. */
             if (!tokens_reset++) {
                 free_strv(c->tokens, c->n_tokens);
@@ -570,7 +656,29 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
             IV_TRY(set_num_str(c, o, v, a, err));
         }
     }
+    IV_TRY(iv_config_load_tokens(c, err));
     return iv_config_validate(c, err);
+}
+
+int iv_config_load_tokens(iv_config_t *c, iv_err_t *err)
+{
+    if (!c->tokens_file) return 0;
+    return iv_tokens_file_load(c, c->tokens_file, err);
+}
+
+int iv_config_scrub_argv(int argc, char **argv)
+{
+    int n = 0;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--token") != 0) continue;
+        /* volatile: the compiler must not drop stores to memory it sees
+         * no later read of. */
+        volatile char *p = argv[i + 1];
+        for (; *p; p++) *p = '\0';
+        n++;
+        i++;
+    }
+    return n;
 }
 
 int iv_config_validate(const iv_config_t *c, iv_err_t *err)
@@ -587,5 +695,18 @@ int iv_config_validate(const iv_config_t *c, iv_err_t *err)
                                "datasets: '%s' and '%s' both have the id '%s'; rename one file "
                                "or give the datasets distinct ids in a --config file",
                                c->datasets[j].path, c->datasets[i].path, c->datasets[i].id);
+    /* A token that names a dataset the server does not have is a typo or
+     * a stale line: refused, so that nobody believes it opens something. */
+    for (size_t i = 0; i < c->n_token_entries; i++) {
+        const iv_token_conf_t *t = &c->token_entries[i];
+        for (size_t k = 0; k < t->n_datasets; k++) {
+            size_t j = 0;
+            while (j < c->n_datasets && strcmp(c->datasets[j].id, t->datasets[k])) j++;
+            if (j == c->n_datasets)
+                return iv_fail(err, IV_EINVALID_ARG,
+                               "tokens file %s: token '%s' has the scope dataset:%s, but no "
+                               "dataset has that id", t->where, t->name, t->datasets[k]);
+        }
+    }
     return 0;
 }

@@ -15,7 +15,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cidr.h"
 #include "error.h"
+
+/* What a token may do; a token holds a set of these.  READ opens every
+ * dataset; a token that should open only some lists them instead (the
+ * datasets of iv_token_conf_t, like a dataset's own "tokens").  METRICS
+ * opens /metrics when metrics_auth is "token"; ADMIN opens the admin
+ * routes (reload) and /metrics, but no dataset unless READ is given too. */
+enum { IV_SCOPE_READ = 1, IV_SCOPE_METRICS = 2, IV_SCOPE_ADMIN = 4 };
+
+/* One named token from the tokens file: its SHA-256, never the token. */
+typedef struct iv_token_conf {
+    char *name;          /* [A-Za-z0-9._@-]{1,64}: what the access log shows */
+    unsigned char sha256[32];
+    unsigned scope;      /* IV_SCOPE_* bits */
+    char **datasets;     /* ids this token reads (besides READ's all) */
+    size_t n_datasets;
+    char *where;         /* "FILE:LINE", for messages */
+} iv_token_conf_t;
 
 typedef struct iv_ds_conf {
     char *id;            /* [A-Za-z0-9._-]+, unique: the only way a request names a dataset */
@@ -57,8 +75,14 @@ typedef struct iv_config {
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     iv_ds_conf_t *datasets;
     size_t n_datasets;
-    char **tokens;                /* global bearer tokens; none = open server */
+    char **tokens;                /* global bearer tokens (plain text); none and no READ token = open */
     size_t n_tokens;
+    char *tokens_file;            /* named token hashes (tokens_file.h), or NULL */
+    iv_token_conf_t *token_entries; /* read from tokens_file */
+    size_t n_token_entries;
+    int metrics_auth;             /* 1: /metrics needs a METRICS or ADMIN token */
+    iv_cidr_t *trusted_proxies;   /* peers whose X-Forwarded-For is believed */
+    size_t n_trusted_proxies;
     char **cors_origins;          /* "*" allows any origin */
     size_t n_cors;
     char *log_format;             /* "json" (default) or "text" */
@@ -91,6 +115,18 @@ int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err);
 /* Final cross-checks (at least one dataset, unique ids; two files with one
  * id are an error naming both files). */
 int iv_config_validate(const iv_config_t *c, iv_err_t *err);
+
+/* Reads c->tokens_file (when set) into c->token_entries, replacing them;
+ * iv_config_from_args calls it, and so must any other path that builds
+ * a configuration (a reload). */
+int iv_config_load_tokens(iv_config_t *c, iv_err_t *err);
+
+/* Overwrites the value of every --token in argv with zero bytes, so that
+ * ps and /proc/PID/cmdline no longer show it (they read this memory).
+ * Call after iv_config_from_args copied the values; returns how many
+ * were scrubbed.  A token is visible until this runs: --token-file and
+ * IVSERVE_TOKENS never are. */
+int iv_config_scrub_argv(int argc, char **argv);
 
 /* Usage text for --help. */
 const char *iv_config_usage(void);

@@ -9,6 +9,7 @@
 #include "access_log.h"
 
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -71,6 +72,15 @@ void iv_alog_event(const iv_alog_t *l, const char *level, const char *fmt, ...)
     fflush(stderr);
 }
 
+/* A name fit for a text line: printable ASCII without spaces, else "?". */
+static const char *text_safe(const char *v)
+{
+    if (!v || !v[0]) return "-";
+    for (const char *p = v; *p; p++)
+        if (*p <= ' ' || *p > '~') return "?";
+    return v;
+}
+
 void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e)
 {
     if (!l->f) return;
@@ -78,14 +88,29 @@ void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e)
     iso_time(t, sizeof t);
     const char *err = e->error ? e->error : "";
     const char *ds = e->dataset && e->dataset[0] ? e->dataset : NULL;
+    const char *client = e->client && e->client[0] ? e->client : "-";
+    const char *tok = e->token && e->token[0] ? e->token : NULL;
+    /* The peer only when a proxy stood between: it is the client otherwise. */
+    const char *via = e->peer && e->peer[0] && strcmp(e->peer, client) ? e->peer : NULL;
     iv_buf_t b;
     iv_buf_init(&b);
     if (l->json) {
         iv_buf_printf(&b, "{\"time\":\"%s\",\"method\":\"%s\",\"path\":", t, e->method);
         iv_buf_json_str(&b, e->path);
+        iv_buf_puts(&b, ",\"client\":");
+        iv_buf_json_str(&b, client);
+        if (via) {
+            iv_buf_puts(&b, ",\"peer\":");
+            iv_buf_json_str(&b, via);
+        }
+        iv_buf_puts(&b, ",\"token\":");
+        if (tok) iv_buf_json_str(&b, tok);
+        else iv_buf_puts(&b, "null");
         iv_buf_puts(&b, ",\"dataset\":");
         if (ds) iv_buf_json_str(&b, ds);
         else iv_buf_puts(&b, "null");
+        if (e->cells >= 0 && e->genes >= 0)
+            iv_buf_printf(&b, ",\"cells\":%" PRId64 ",\"genes\":%" PRId64, e->cells, e->genes);
         iv_buf_printf(&b,
                       ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
                       ",\"ms\":%.3f",
@@ -96,11 +121,72 @@ void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e)
         }
         iv_buf_puts(&b, "}\n");
     } else {
-        iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f%s%s\n",
+        iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f",
                       t, e->method, e->path, ds ? ds : "-", e->status, e->rows, e->nnz, e->bytes,
-                      e->ms, err[0] ? " error=" : "", err);
+                      e->ms);
+        iv_buf_printf(&b, " client=%s token=%s", text_safe(client), text_safe(tok));
+        if (e->cells >= 0 && e->genes >= 0)
+            iv_buf_printf(&b, " cells=%" PRId64 " genes=%" PRId64, e->cells, e->genes);
+        if (via) iv_buf_printf(&b, " peer=%s", text_safe(via));
+        iv_buf_printf(&b, "%s%s\n", err[0] ? " error=" : "", err);
     }
     if (!b.oom) fwrite(b.data, 1, b.len, l->f);
     fflush(l->f);
     iv_buf_free(&b);
+}
+
+int iv_alog_peer(const uv_tcp_t *tcp, char *out, size_t cap, unsigned char ip[16])
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(out, cap, "-");
+    memset(ip, 0, 16);
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        if (uv_ip4_name(a, out, cap) != 0) return -1;
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &a->sin_addr, 4);
+        return 0;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        if (uv_ip6_name(a, out, cap) != 0) return -1;
+        memcpy(ip, &a->sin6_addr, 16);
+        return 0;
+    }
+    return -1;
+}
+
+static int trusted_ip(const unsigned char ip[16], const iv_cidr_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (iv_cidr_match(&t[i], ip)) return 1;
+    return 0;
+}
+
+void iv_alog_client(char *out, size_t cap, const char *peer, const unsigned char *peer_ip,
+                    const char *xff, const iv_cidr_t *trusted, size_t n_trusted)
+{
+    snprintf(out, cap, "%s", peer && peer[0] ? peer : "-");
+    if (!peer_ip || !xff || !trusted_ip(peer_ip, trusted, n_trusted)) return;
+    /* From the right: each entry was added by the hop after it. */
+    const char *end = xff + strlen(xff);
+    while (end > xff) {
+        const char *comma = end;
+        while (comma > xff && comma[-1] != ',') comma--;
+        const char *a = comma, *z = end;
+        while (a < z && (*a == ' ' || *a == '\t')) a++;
+        while (z > a && (z[-1] == ' ' || z[-1] == '\t')) z--;
+        char addr[64];
+        unsigned char ip[16];
+        size_t n = (size_t)(z - a);
+        if (n == 0 || n >= sizeof addr) return;
+        memcpy(addr, a, n);
+        addr[n] = '\0';
+        if (iv_cidr_addr(addr, ip) != 0) return;
+        snprintf(out, cap, "%s", addr);
+        if (!trusted_ip(ip, trusted, n_trusted)) return;
+        end = comma > xff ? comma - 1 : xff;
+    }
 }

@@ -10,8 +10,13 @@
 #ifndef IV_ACCESS_LOG_H
 #define IV_ACCESS_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include <uv.h>
+
+#include "cidr.h"
 
 typedef struct iv_alog {
     FILE *f;              /* access lines; NULL when off */
@@ -19,9 +24,15 @@ typedef struct iv_alog {
     int json;
 } iv_alog_t;
 
-/* One answer, as logged.  dataset and error may be NULL or "". */
+/* One answer, as logged.  dataset, error, token and peer may be NULL or
+ * "".  client is who asked (iv_alog_client), peer the socket's other
+ * end, logged besides client only when they differ (a proxy).  token is
+ * the token's name, never the token.  cells x genes is the query's
+ * selection (-1: not a query, or not known). */
 typedef struct iv_alog_entry {
     const char *method, *path, *dataset, *error;
+    const char *client, *peer, *token;
+    int64_t cells, genes;
     int status;
     int64_t rows, nnz;
     uint64_t bytes;
@@ -36,5 +47,21 @@ void iv_alog_close(iv_alog_t *l);
 void iv_alog_event(const iv_alog_t *l, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e);
+
+/* The peer of a connected socket, as text (out) and IPv4-mapped (ip).
+ * 0, or -1 (out then "-"). */
+int iv_alog_peer(const uv_tcp_t *tcp, char *out, size_t cap, unsigned char ip[16]);
+
+/*
+ * Who asked: the peer, unless the peer is a trusted proxy and the request
+ * has X-Forwarded-For (xff, entries joined by ", ").  Then the entries
+ * are read from the right, skipping trusted proxies, and the first
+ * untrusted address is the client (all trusted: the leftmost).  An entry
+ * that is not an IP address stops the walk: the last address reached is
+ * the client, so a forged header never puts free text in the log.
+ * peer_ip NULL: the peer is unknown (client = peer text).
+ */
+void iv_alog_client(char *out, size_t cap, const char *peer, const unsigned char *peer_ip,
+                    const char *xff, const iv_cidr_t *trusted, size_t n_trusted);
 
 #endif

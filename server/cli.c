@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "cli_export.h"
 #include "cli_pack.h"
+#include "cli_token.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -53,7 +54,7 @@ static int usage(void)
 int iv_cli_is_command(const char *name)
 {
     return name && (strcmp(name, "check") == 0 || strcmp(name, "export") == 0 ||
-                    strcmp(name, "pack") == 0);
+                    strcmp(name, "pack") == 0 || strcmp(name, "token-hash") == 0);
 }
 
 static int parse_opts(int argc, char **argv, struct cli_opts *o)
@@ -500,6 +501,7 @@ int iv_cli_main(int argc, char **argv)
     struct cli_opts o;
     if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
     if (strcmp(argv[1], "pack") == 0) return iv_cli_pack_main(argc, argv);
+    if (strcmp(argv[1], "token-hash") == 0) return iv_cli_token_main(argc, argv);
     if (parse_opts(argc, argv, &o) < 0) return usage();
     iv_pool_t *pool = NULL;
     unsigned threads = o.threads;

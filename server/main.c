@@ -4,6 +4,7 @@
  * settings from --config, IVSERVE_* variables and flags (config/config.h).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -13,30 +14,62 @@
 
 extern char **environ;
 
-int main(int argc, char **argv)
+/* A heap copy of the command line (NULL out of memory). */
+static char **argv_dup(int argc, char *const *argv)
 {
-    if (argc >= 2 && iv_cli_is_command(argv[1])) return iv_cli_main(argc, argv);
+    char **v = calloc((size_t)argc + 1, sizeof *v);
+    for (int i = 0; v && i < argc; i++) {
+        if (!(v[i] = strdup(argv[i]))) {
+            while (i-- > 0) free(v[i]);
+            free(v);
+            v = NULL;
+        }
+    }
+    return v;
+}
+
+static void argv_free(int argc, char **v)
+{
+    for (int i = 0; v && i < argc; i++) free(v[i]);
+    free(v);
+}
+
+int main(int argc, char **argv_in)
+{
+    if (argc >= 2 && iv_cli_is_command(argv_in[1])) return iv_cli_main(argc, argv_in);
+    /* Settings are read from a copy of the command line, which a reload
+     * can read again: the original is what ps shows, and its --token
+     * values are wiped below. */
+    char **argv = argv_dup(argc, argv_in);
+    if (!argv) {
+        fprintf(stderr, "ivserve: out of memory\n");
+        return 1;
+    }
+    if (iv_config_scrub_argv(argc, argv_in) > 0)
+        fprintf(stderr, "ivserve: warning: --token is deprecated: other users of this machine can "
+                        "read it (ps, /proc) until start-up overwrites it; use --token-file or "
+                        "IVSERVE_TOKENS\n");
     iv_config_t cfg;
     iv_config_init(&cfg);
     iv_err_t err;
     iv_err_clear(&err);
     int rc = iv_config_from_args(&cfg, argc, argv, environ, &err);
+    int code;
     if (rc == 1) {
         int version = 0;
         for (int i = 1; i < argc; i++) version |= !strcmp(argv[i], "--version");
         if (version) printf("ivserve %s\n", iv_version());
         else fputs(iv_config_usage(), stdout);
-        iv_config_free(&cfg);
-        return 0;
-    }
-    if (rc != 0) {
+        code = 0;
+    } else if (rc != 0) {
         /* The message says what to change; the usage text would bury it.
          * With no arguments at all, the usage is what the user needs. */
         fprintf(stderr, "ivserve: %s\n%s", err.msg, argc == 1 ? iv_config_usage() : "");
-        iv_config_free(&cfg);
-        return 2;
+        code = 2;
+    } else {
+        code = iv_server_run(&cfg);
     }
-    int code = iv_server_run(&cfg);
     iv_config_free(&cfg);
+    argv_free(argc, argv);
     return code;
 }

@@ -78,6 +78,7 @@
 #include "version.h"
 
 #define READ_BUF_BYTES 65536
+#define TOKNAME_BYTES 72  /* token names are at most 64 bytes (tokens_file.h) */
 
 typedef struct server server_t;
 typedef struct conn conn_t;
@@ -95,7 +96,6 @@ typedef struct sds {
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
-    iv_tokens_t tok;      /* its own tokens (besides the global ones) */
 } sds_t;
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
@@ -236,6 +236,11 @@ struct conn {
     uint64_t t0, t_end;
     int status;
     char dsid[136];
+    char tokname[TOKNAME_BYTES]; /* the answer's token name (never the token), or "" */
+    int64_t cells, genes; /* the query's selection, -1 unknown */
+    char peer[48];        /* the socket's peer address, as text */
+    unsigned char peer_ip[16]; /* the same, IPv4-mapped (cidr.h); peer_ok: known */
+    int peer_ok;
     int64_t rows, nnz;
     uint64_t bytes;
     char errmsg[520];
@@ -266,11 +271,9 @@ struct server {
     size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
     size_t n_budget_wait; /* streams waiting for the write budget */
-    /* The global tokens; every set is padded to tok_len, the longest token
-     * of all, so that one candidate buffer serves them all (auth.h). */
-    iv_tokens_t tok;
-    size_t tok_len;
-    unsigned char *tok_cand; /* the candidate, padded (loop thread) */
+    /* Every token, with its name and scope (auth.h); a reload builds a
+     * new table and frees this one between requests. */
+    iv_auth_t auth;
     /* Serializes HDF5 calls when the library was built without thread
      * safety (H5is_library_threadsafe); unused otherwise. */
     pthread_mutex_t h5_mu;
@@ -1010,7 +1013,7 @@ static void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int
         iv_buf_puts(b, "Access-Control-Allow-Origin: ");
         iv_buf_puts(b, origin);
         iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
-                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding\r\n");
+                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
     }
     if (extra) iv_buf_puts(b, extra);
     if (c->dropped_hdr && status < 300) {
@@ -1114,9 +1117,19 @@ static void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
  * connection's last answer, what the client acknowledged). */
 static void access_log(conn_t *c, uint64_t bytes)
 {
+    const iv_config_t *cfg = c->srv->cfg;
+    char client[48];
+    iv_alog_client(client, sizeof client, c->peer, c->peer_ok ? c->peer_ip : NULL,
+                   c->req ? c->req->hdr[IV_H_X_FORWARDED_FOR] : NULL, cfg->trusted_proxies,
+                   cfg->n_trusted_proxies);
     iv_alog_entry_t e = {
         .method = c->req ? method_name(c->req->method) : "-",
         .path = c->req && c->req->path ? c->req->path : "",
+        .client = client,
+        .peer = c->peer,
+        .token = c->tokname,
+        .cells = c->cells,
+        .genes = c->genes,
         .dataset = c->dsid,
         .error = c->errmsg,
         .status = c->status,
@@ -1137,7 +1150,8 @@ static void req_reset(conn_t *c)
     free(c->req);
     c->req = NULL;
     c->log_pending = 0;
-    c->dsid[0] = c->errmsg[0] = '\0';
+    c->dsid[0] = c->errmsg[0] = c->tokname[0] = '\0';
+    c->cells = c->genes = -1;
     c->rows = c->nnz = 0;
     c->bytes = 0;
     c->chunked = 0;
@@ -1582,38 +1596,79 @@ typedef struct rfail {
     iv_route_t route;
 } rfail_t;
 
-/* The bearer-token check, in one place for dispatch and route_precheck. */
-static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f)
+/* The answer to a refusal of auth.h.  The message depends on the verdict
+ * alone, never on the dataset, so that an unknown id and a protected one
+ * answer the same bytes. */
+static int auth_refuse(iv_auth_verdict_t v, rfail_t *f)
 {
     f->extra = NULL;
-    size_t nd = d ? d->conf->n_tokens : 0;
-    if (s->cfg->n_tokens == 0 && nd == 0) return 0;
-    const char *h = r->hdr[IV_H_AUTHORIZATION];
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) {
+    switch (v) {
+    case IV_AUTH_OK:
+        return 0;
+    case IV_AUTH_MISSING:
         f->status = 401;
         f->code = "unauthorized";
         snprintf(f->msg, sizeof f->msg, "this resource needs an Authorization: Bearer token");
-        f->extra = "WWW-Authenticate: Bearer\r\n";
-        return -1;
+        f->extra = "WWW-Authenticate: Bearer realm=\"ivserve\"\r\n";
+        break;
+    case IV_AUTH_BAD_TOKEN:
+        f->status = 401;
+        f->code = "invalid_token";
+        snprintf(f->msg, sizeof f->msg, "the bearer token is not valid");
+        f->extra = "WWW-Authenticate: Bearer realm=\"ivserve\", error=\"invalid_token\"\r\n";
+        break;
+    case IV_AUTH_DENIED:
+        f->status = 403;
+        f->code = "forbidden";
+        snprintf(f->msg, sizeof f->msg, "the token does not open this resource");
+        break;
     }
-    const char *tok = h + 7;
-    while (*tok == ' ') tok++;
-    size_t clen = iv_tokens_candidate(s->tok_cand, s->tok_len, tok);
-    int ok = iv_tokens_match(&s->tok, s->tok_cand, clen);
-    if (d) ok |= iv_tokens_match(&d->tok, s->tok_cand, clen);
-    if (ok) return 0;
-    f->status = 403;
-    f->code = "forbidden";
-    snprintf(f->msg, sizeof f->msg, "the token does not open this resource");
     return -1;
 }
 
-/* 0 when the request may proceed; otherwise an answer was sent. */
-static int auth_check(conn_t *c, const sds_t *d)
+static void note_token(char *out, const iv_auth_token_t *tok)
 {
+    if (out) snprintf(out, TOKNAME_BYTES, "%s", tok ? tok->name : "");
+}
+
+/* A dataset route's bearer check (d NULL or failed: the id names no
+ * dataset that answers), in one place for dispatch and route_precheck. */
+static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f, char *tokname)
+{
+    const iv_auth_token_t *tok;
+    iv_auth_verdict_t v = iv_auth_dataset(&s->auth, r->hdr[IV_H_AUTHORIZATION], d ? d->conf->id : NULL, &tok);
+    note_token(tokname, tok);
+    return auth_refuse(v, f);
+}
+
+/* The dataset list's check: a bad token is refused; no token is refused
+ * only when no dataset is public (the client needs one to see anything).
+ * *tok: whose list it is. */
+static int list_ok(server_t *s, const iv_http_req_t *r, rfail_t *f, const iv_auth_token_t **tok)
+{
+    *tok = NULL;
+    if (s->auth.n == 0) return 0;
+    iv_auth_verdict_t v = iv_auth_identify(&s->auth, r->hdr[IV_H_AUTHORIZATION], tok);
+    if (v == IV_AUTH_MISSING) {
+        for (size_t i = 0; i < s->n_ds; i++)
+            if (!iv_auth_protected(&s->auth, s->ds[i].conf->id)) v = IV_AUTH_OK;
+    }
+    return auth_refuse(v, f);
+}
+
+/* A route that needs a scope: /metrics (IV_SCOPE_METRICS, when
+ * metrics_auth is on) and the admin routes (IV_SCOPE_ADMIN: POST
+ * /v1/admin/reload answers through `if (scope_check(c, IV_SCOPE_ADMIN))
+ * return;`).  0 when the request may proceed; otherwise an answer was
+ * sent. */
+static int scope_check(conn_t *c, unsigned scope)
+{
+    const iv_auth_token_t *tok;
     rfail_t f;
     memset(&f, 0, sizeof f);
-    if (token_ok(c->srv, c->req, d, &f) == 0) return 0;
+    iv_auth_verdict_t v = iv_auth_scope(&c->srv->auth, c->req->hdr[IV_H_AUTHORIZATION], scope, &tok);
+    note_token(c->tokname, tok);
+    if (auth_refuse(v, &f) == 0) return 0;
     send_error(c, f.status, f.code, f.msg, f.extra);
     return -1;
 }
@@ -1632,7 +1687,16 @@ static int method_ok(conn_t *c, int allow_post)
 static void route_list(conn_t *c)
 {
     server_t *s = c->srv;
-    if (!method_ok(c, 0) || auth_check(c, NULL)) return;
+    if (!method_ok(c, 0)) return;
+    const iv_auth_token_t *tok;
+    rfail_t f;
+    memset(&f, 0, sizeof f);
+    int refused = list_ok(s, c->req, &f, &tok);
+    note_token(c->tokname, tok);
+    if (refused) {
+        send_error(c, f.status, f.code, f.msg, f.extra);
+        return;
+    }
     iv_buf_t b;
     iv_buf_init(&b);
     iv_buf_puts(&b, "{\"datasets\":[");
@@ -1640,6 +1704,9 @@ static void route_list(conn_t *c)
     for (size_t i = 0; i < s->n_ds; i++) {
         sds_t *d = &s->ds[i];
         if (d->state == DS_FAILED) continue;
+        /* Each client sees only what it may read: a protected dataset's
+         * id, title and shape are not shown to others. */
+        if (!iv_auth_may_read(&s->auth, tok, d->conf->id)) continue;
         if (!first) iv_buf_puts(&b, ",");
         first = 0;
         if (d->state == DS_READY && d->doc) {
@@ -1653,20 +1720,29 @@ static void route_list(conn_t *c)
         }
     }
     iv_buf_puts(&b, "]}");
-    send_owned(c, 200, "application/json", &b, NULL);
+    /* Each client has its own list: no shared cache may hand it to another. */
+    send_owned(c, 200, "application/json", &b,
+               s->auth.n ? "Cache-Control: private, no-cache\r\nVary: Authorization\r\n" : NULL);
 }
 
 static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
 {
     sds_t *d = find_ds(c->srv, id, n);
     snprintf(c->dsid, sizeof c->dsid, "%.*s", (int)(n > 128 ? 128 : n), id);
+    /* The token first: an unknown id answers as a dataset the client may
+     * not read would (auth.h), so ids cannot be probed. */
+    rfail_t f;
+    memset(&f, 0, sizeof f);
+    if (token_ok(c->srv, c->req, d, &f, c->tokname)) {
+        send_error(c, f.status, f.code, f.msg, f.extra);
+        return NULL;
+    }
     if (!d || d->state == DS_FAILED) {
         char msg[200];
         snprintf(msg, sizeof msg, "no dataset '%.*s'", (int)(n > 128 ? 128 : n), id);
         send_error(c, 404, "not_found", msg, NULL);
         return NULL;
     }
-    if (auth_check(c, d)) return NULL;
     if (d->state == DS_LOADING) {
         send_error(c, 503, "not_ready", "the dataset is still loading", "Retry-After: 1\r\n");
         return NULL;
@@ -1763,6 +1839,9 @@ static void route_query_finish(qstream_t *qs, job_t *j)
     st->dropped = st->dropped_hdr = NULL;
     iv_query_t *q = qs->q = st->q;
     st->q = NULL;
+    /* The access log's selection: cells x genes, whichever the rows are. */
+    c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
+    c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
     int count = qs->kind == J_COUNT, have_total = st->have_total;
     double total = st->total;
     iv_fmt_t fmt = st->fmt;
@@ -1894,7 +1973,7 @@ static void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->pool = c->srv->pool;
     vr->json_bytes = c->srv->cfg->limits.json_bytes;
     vr->max_age = c->srv->cfg->cache_max_age;
-    vr->private_cache = c->srv->cfg->n_tokens > 0 || d->conf->n_tokens > 0;
+    vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);
     if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
         (r->hdr[IV_H_ACCEPT_ENCODING] &&
          !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
@@ -1940,7 +2019,7 @@ static void route_meta_finish(qstream_t *qs, job_t *j)
 static void route_metrics(conn_t *c)
 {
     server_t *s = c->srv;
-    if (!method_ok(c, 0)) return;
+    if (!method_ok(c, 0) || scope_check(c, IV_SCOPE_METRICS)) return;
     iv_metrics_gauges_t g;
     memset(&g, 0, sizeof g);
     g.queue_depth = iv_pool_queued(s->pool);
@@ -2080,11 +2159,16 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
     if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
         f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
                                                                                   : IV_R_METRICS;
+        const iv_auth_token_t *tok;
+        if (f->route == IV_R_METRICS &&
+            auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f))
+            return -1;
     } else if (!strncmp(p, pre, sizeof pre - 1)) {
         const char *rest = p + sizeof pre - 1;
         if (*rest == '\0' || !strcmp(rest, "/")) {
             f->route = IV_R_DATASETS;
-            if (token_ok(s, r, NULL, f)) return -1;
+            const iv_auth_token_t *tok;
+            if (list_ok(s, r, f, &tok)) return -1;
         } else if (*rest == '/') {
             const char *id = rest + 1;
             const char *slash = strchr(id, '/');
@@ -2097,13 +2181,13 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
             else if (!strcmp(sub, "/count")) f->route = IV_R_COUNT;
             if (f->route != IV_R_OTHER && idn > 0) {
                 d = find_ds(s, id, idn);
+                if (token_ok(s, r, d, f, NULL)) return -1;
                 if (!d || d->state == DS_FAILED) {
                     f->status = 404;
                     f->code = "not_found";
                     snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
                     return -1;
                 }
-                if (token_ok(s, r, d, f)) return -1;
                 if (d->state == DS_LOADING) {
                     f->status = 503;
                     f->code = "not_ready";
@@ -2619,6 +2703,8 @@ static void on_connection(uv_stream_t *ls, int status)
     /* Answers go out as soon as they are written: with Nagle on, the last
      * small write of an answer waits for the client's delayed ACK. */
     uv_tcp_nodelay(&c->tcp, 1);
+    c->peer_ok = iv_alog_peer(&c->tcp, c->peer, sizeof c->peer, c->peer_ip) == 0;
+    c->cells = c->genes = -1;
     /* A new connection owes its first request within the header timeout,
      * not the keep-alive time. */
     conn_set_state(c, CS_READ_HEAD);
@@ -2827,21 +2913,23 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_pool;
     }
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
-    /* The tokens, padded for the constant-time comparison (auth_check). */
-    s->tok_len = iv_tokens_max_len(cfg->tokens, cfg->n_tokens);
-    for (size_t i = 0; i < cfg->n_datasets; i++) {
-        size_t l = iv_tokens_max_len(cfg->datasets[i].tokens, cfg->datasets[i].n_tokens);
-        if (l > s->tok_len) s->tok_len = l;
-    }
-    s->tok_cand = calloc(1, s->tok_len + 1);
     s->n_ds = cfg->n_datasets;
     s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    int ok = s->tok_cand && s->ds && iv_tokens_init(&s->tok, cfg->tokens, cfg->n_tokens, s->tok_len) == 0;
+    int ok = s->ds && iv_auth_build(&s->auth, cfg) == 0;
     for (size_t i = 0; ok && i < s->n_ds; i++) {
         s->ds[i].conf = &cfg->datasets[i];
         s->ds[i].state = DS_LOADING;
-        ok = iv_tokens_init(&s->ds[i].tok, cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
-                            s->tok_len) == 0;
+    }
+    if (ok) {
+        /* What is open, said once: an empty tokens file or a forgotten
+         * scope would otherwise leave datasets open without a word. */
+        size_t n_prot = 0;
+        for (size_t i = 0; i < s->n_ds; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
+        iv_alog_event(&s->log, "info",
+                      "auth: %zu tokens; %zu of %zu datasets need one, the others are public; /metrics %s",
+                      s->auth.n, n_prot, s->n_ds, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
+        if (cfg->tokens_file && cfg->n_token_entries == 0)
+            iv_alog_event(&s->log, "warn", "auth: the tokens file %s holds no tokens", cfg->tokens_file);
     }
     if (!ok) {
         fprintf(stderr, "ivserve: out of memory\n");
@@ -2932,10 +3020,8 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) iv_tokens_free(&s->ds[i].tok);
     free(s->ds);
-    iv_tokens_free(&s->tok);
-    free(s->tok_cand);
+    iv_auth_free(&s->auth);
 fail_pool:
     iv_alog_close(&s->log);
     free(s);

@@ -624,7 +624,7 @@ def test_token(srv, tmp_path):
         assert e.value.status == 401
         with pytest.raises(IvserveError) as e:
             ivserve.connect(s.url, token="wrong").datasets()
-        assert e.value.status == 403
+        assert e.value.status == 401  # a wrong token is 401 invalid_token (RFC 6750)
         c = ivserve.connect(s.url, token="s3cret")
         assert_same(c[d[0]][:4, :3].to_scipy(), ref(d[0])[0][:4, :3])
     finally:

@@ -1,0 +1,234 @@
+/*
+ * Tokens file (see tokens_file.h).
+ *
+ * The file is parsed into a new vector that replaces the configuration's
+ * only when every line is good, so a mistake while editing the file is
+ * refused with its line number and never leaves half the tokens loaded
+ * (a reload keeps the tokens it had).  Duplicate names and duplicate
+ * hashes are errors: either would make the access log's name for a
+ * request ambiguous.
+ */
+#include "tokens_file.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sha256.h"
+
+#define MAX_NAME 64
+
+void iv_token_conf_free(iv_token_conf_t *t)
+{
+    if (!t) return;
+    free(t->name);
+    for (size_t i = 0; i < t->n_datasets; i++) free(t->datasets[i]);
+    free(t->datasets);
+    free(t->where);
+    memset(t, 0, sizeof *t);
+}
+
+int iv_token_name_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > MAX_NAME) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-' || ch == '@'))
+            return 0;
+    }
+    return 1;
+}
+
+static int ds_id_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > 128) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+int iv_token_scope_parse(const char *s, size_t len, unsigned *scope, char ***ds, size_t *nds,
+                         char *bad, size_t bad_cap)
+{
+    size_t i = 0;
+    while (i <= len) {
+        size_t j = i;
+        while (j < len && s[j] != ',') j++;
+        const char *w = s + i;
+        size_t wl = j - i;
+        if (wl == 4 && !memcmp(w, "read", 4)) {
+            *scope |= IV_SCOPE_READ;
+        } else if (wl == 7 && !memcmp(w, "metrics", 7)) {
+            *scope |= IV_SCOPE_METRICS;
+        } else if (wl == 5 && !memcmp(w, "admin", 5)) {
+            *scope |= IV_SCOPE_ADMIN;
+        } else if (wl > 8 && !memcmp(w, "dataset:", 8) && ds_id_ok(w + 8, wl - 8)) {
+            char **nv = realloc(*ds, (*nds + 1) * sizeof *nv);
+            if (!nv) {
+                snprintf(bad, bad_cap, "(out of memory)");
+                return -1;
+            }
+            *ds = nv;
+            if (!(nv[*nds] = strndup(w + 8, wl - 8))) {
+                snprintf(bad, bad_cap, "(out of memory)");
+                return -1;
+            }
+            (*nds)++;
+        } else {
+            snprintf(bad, bad_cap, "%.*s", (int)(wl > 80 ? 80 : wl), w);
+            return -1;
+        }
+        i = j + 1;
+    }
+    return 0;
+}
+
+static void entries_free(iv_token_conf_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) iv_token_conf_free(&v[i]);
+    free(v);
+}
+
+/* The next field of a line: skips blanks, returns its start and length. */
+static const char *field(const char **p, const char *end, size_t *len)
+{
+    while (*p < end && (**p == ' ' || **p == '\t')) (*p)++;
+    const char *f = *p;
+    while (*p < end && **p != ' ' && **p != '\t') (*p)++;
+    *len = (size_t)(*p - f);
+    return *len ? f : NULL;
+}
+
+static int parse_line(const char *line, const char *end, const char *src, size_t lineno,
+                      iv_token_conf_t *t, iv_err_t *err)
+{
+    const char *p = line;
+    size_t nl, hl, sl, xl;
+    const char *name = field(&p, end, &nl);
+    const char *hex = field(&p, end, &hl);
+    const char *sc = field(&p, end, &sl);
+    const char *extra = field(&p, end, &xl);
+    if (!hex)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "tokens file %s line %zu: expected 'NAME SHA256HEX [SCOPE]'", src, lineno);
+    if (extra)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "tokens file %s line %zu: more than three fields (scopes are separated by "
+                       "commas, without spaces)", src, lineno);
+    if (!iv_token_name_ok(name, nl))
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "tokens file %s line %zu: the name must be 1 to %d letters, digits, '.', "
+                       "'_', '-' or '@'", src, lineno, MAX_NAME);
+    if (iv_sha256_from_hex(hex, hl, t->sha256) != 0)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "tokens file %s line %zu: the hash must be 64 hex digits (SHA-256 of the "
+                       "token; see ivserve token-hash), not %zu characters", src, lineno, hl);
+    if (!(t->name = strndup(name, nl))) return iv_fail(err, IV_ENOMEM, "tokens file: out of memory");
+    char where[600];
+    snprintf(where, sizeof where, "%s:%zu", src, lineno);
+    if (!(t->where = strdup(where))) return iv_fail(err, IV_ENOMEM, "tokens file: out of memory");
+    if (!sc) {
+        t->scope = IV_SCOPE_READ;
+        return 0;
+    }
+    char bad[96];
+    if (iv_token_scope_parse(sc, sl, &t->scope, &t->datasets, &t->n_datasets, bad, sizeof bad) != 0)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "tokens file %s line %zu: unknown scope '%s' (read, dataset:ID, metrics, "
+                       "admin)", src, lineno, bad);
+    return 0;
+}
+
+int iv_tokens_file_parse(iv_config_t *c, const char *text, size_t len, const char *src,
+                         iv_err_t *err)
+{
+    iv_token_conf_t *v = NULL;
+    size_t n = 0, lineno = 0;
+    int rc = 0;
+    const char *p = text, *end = text + len;
+    while (p < end && rc == 0) {
+        lineno++;
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        const char *le = eol ? eol : end;
+        const char *next = eol ? eol + 1 : end;
+        size_t ll = (size_t)(le - p);
+        if (ll > 0 && p[ll - 1] == '\r') ll--;
+        le = p + ll;
+        if (ll > 0 && memchr(p, '\0', ll)) {
+            rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: holds a NUL byte", src, lineno);
+            break;
+        }
+        const char *q = p;
+        while (q < le && (*q == ' ' || *q == '\t')) q++;
+        if (q == le || *q == '#') {
+            p = next;
+            continue;
+        }
+        iv_token_conf_t *nv = realloc(v, (n + 1) * sizeof *nv);
+        if (!nv) {
+            rc = iv_fail(err, IV_ENOMEM, "tokens file %s: out of memory", src);
+            break;
+        }
+        v = nv;
+        memset(&v[n], 0, sizeof v[n]);
+        n++;
+        rc = parse_line(q, le, src, lineno, &v[n - 1], err);
+        for (size_t k = 0; rc == 0 && k + 1 < n; k++) {
+            if (!strcmp(v[k].name, v[n - 1].name))
+                rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the name '%s' is "
+                             "already used at %s", src, lineno, v[k].name, v[k].where);
+            else if (!memcmp(v[k].sha256, v[n - 1].sha256, sizeof v[k].sha256))
+                rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the same token as "
+                             "'%s' at %s", src, lineno, v[k].name, v[k].where);
+        }
+        p = next;
+    }
+    if (rc) {
+        entries_free(v, n);
+        return rc;
+    }
+    entries_free(c->token_entries, c->n_token_entries);
+    c->token_entries = v;
+    c->n_token_entries = n;
+    return 0;
+}
+
+int iv_tokens_file_load(iv_config_t *c, const char *path, iv_err_t *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return iv_fail(err, IV_EIO, "tokens file %s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (16u << 20)) {
+                rc = iv_fail(err, IV_ETOO_LARGE, "tokens file %s: larger than 16 MiB", path);
+                break;
+            }
+            cap = cap ? cap * 2 : 4096;
+            char *t = realloc(text, cap);
+            if (!t) {
+                rc = iv_fail(err, IV_ENOMEM, "tokens file %s: out of memory", path);
+                break;
+            }
+            text = t;
+        }
+        size_t got = fread(text + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) rc = iv_fail(err, IV_EIO, "tokens file %s: read error", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0) rc = iv_tokens_file_parse(c, text, len, path, err);
+    free(text);
+    return rc;
+}
