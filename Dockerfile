@@ -33,16 +33,19 @@ RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       $(cat /usr/share/ivserve/runtime-packages) \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --no-create-home --shell /usr/sbin/nologin ivserve
+ && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ivserve
 COPY --from=build /build/ivserve /usr/local/bin/ivserve
 COPY --from=build /src/examples/pbmc_example.h5ad /usr/share/ivserve/pbmc_example.h5ad
 
-# The server reads its listen address and port from the environment (flags
-# override them); the health check reads the same variable, so changing
-# IVSERVE_PORT moves both.  It speaks HTTP through bash's /dev/tcp because
-# the runtime stage has no curl.
-ENV IVSERVE_LISTEN=0.0.0.0 IVSERVE_PORT=8080
-USER ivserve
+# In a container the server must listen on every address (its default is
+# loopback).  The environment overrides a config file, so only the address
+# is set here, not the port: the port is the config's or 8080, and a
+# server on another port should get IVSERVE_PORT, which the health check
+# reads too.  The check speaks HTTP through bash's /dev/tcp because the
+# runtime stage has no curl.
+ENV IVSERVE_LISTEN=0.0.0.0
+# A numeric user, so that Kubernetes' runAsNonRoot can check it.
+USER 10001:10001
 EXPOSE 8080
 # Datasets are mounted here read-only (-v HOST_DIR:/data:ro); the server
 # only ever reads them.
