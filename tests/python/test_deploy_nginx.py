@@ -166,10 +166,9 @@ class Replica:
 
 def nginx_conf(text, replica_ports, http_port, https_port, cert, key):
     """The deploy file with this test's ports and certificate."""
-    def sub(pattern, repl, s, count=None):
+    def sub(pattern, repl, s):
         new, n = re.subn(pattern, repl, s)
-        want = count if count is not None else 1
-        assert n == want, "deploy/nginx/ivserve.conf: %r matched %d times, not %d" % (pattern, n, want)
+        assert n == 1, "deploy/nginx/ivserve.conf: %r matched %d times, not once" % (pattern, n)
         return new
     servers = re.findall(r"^\s*server 127\.0\.0\.1:\d+", text, re.M)
     assert len(servers) == N_REPLICAS, "the upstream should list %d replicas: %r" % (N_REPLICAS, servers)
@@ -181,6 +180,43 @@ def nginx_conf(text, replica_ports, http_port, https_port, cert, key):
     text = sub(r"ssl_certificate\s+\S+;", "ssl_certificate %s;" % cert, text)
     text = sub(r"ssl_certificate_key\s+\S+;", "ssl_certificate_key %s;" % key, text)
     return text
+
+
+def start_nginx(root, site):
+    """nginx with its own prefix, logs and temporary folders, one worker,
+    serving `site` (http-level text); returns the process once `nginx -t`
+    has accepted the file."""
+    for d in ("logs", "tmp"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    with open(os.path.join(root, "ivserve.conf"), "w") as f:
+        f.write(site)
+    main_conf = os.path.join(root, "nginx.conf")
+    with open(main_conf, "w") as f:
+        f.write("""daemon off; worker_processes 1; pid %(r)s/nginx.pid;
+error_log %(r)s/logs/error.log info;
+events { worker_connections 256; }
+http {
+  access_log %(r)s/logs/access.log;
+  client_body_temp_path %(r)s/tmp/body; proxy_temp_path %(r)s/tmp/proxy;
+  fastcgi_temp_path %(r)s/tmp/fcgi; uwsgi_temp_path %(r)s/tmp/uwsgi; scgi_temp_path %(r)s/tmp/scgi;
+  include %(r)s/ivserve.conf;
+}
+""" % {"r": root})
+    cmd = [NGINX, "-p", root, "-e", os.path.join(root, "logs", "error.log"), "-c", main_conf]
+    t = subprocess.run(cmd + ["-t"], capture_output=True, text=True, timeout=30)
+    assert t.returncode == 0, "nginx -t refused deploy/nginx/ivserve.conf:\n" + t.stderr
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def make_cert(root):
+    """A self-signed certificate for 127.0.0.1."""
+    cert, key = os.path.join(root, "cert.pem"), os.path.join(root, "key.pem")
+    r = subprocess.run([OPENSSL, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return cert, key
 
 
 @pytest.fixture(scope="module")
@@ -197,44 +233,19 @@ def cluster(tmp_path_factory):
         # them three times would take most of the start-up.
         json.dump({"datasets": [{"id": d, "path": EXAMPLE, "transpose_bytes": 0} for d in SMALL] +
                    [{"id": BIG, "path": big, "transpose_bytes": 0}]}, f)
-    replicas = [Replica(tmp, k, cfg) for k in range(N_REPLICAS)]
     root = os.path.join(tmp, "nginx")
-    os.makedirs(os.path.join(root, "logs"))
-    os.makedirs(os.path.join(root, "tmp"))
-    cert, key = os.path.join(root, "cert.pem"), os.path.join(root, "key.pem")
-    r = subprocess.run([OPENSSL, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
-                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", key, "-out", cert], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    http_port, https_port = free_port(), free_port()
-    with open(CONF) as f:
-        site = nginx_conf(f.read(), [rp.port for rp in replicas], http_port, https_port, cert, key)
-    with open(os.path.join(root, "ivserve.conf"), "w") as f:
-        f.write(site)
-    main_conf = os.path.join(root, "nginx.conf")
-    with open(main_conf, "w") as f:
-        f.write("""daemon off; worker_processes 1; pid %(r)s/nginx.pid;
-error_log %(r)s/logs/error.log info;
-events { worker_connections 256; }
-http {
-  access_log %(r)s/logs/access.log;
-  client_body_temp_path %(r)s/tmp/body; proxy_temp_path %(r)s/tmp/proxy;
-  fastcgi_temp_path %(r)s/tmp/fcgi; uwsgi_temp_path %(r)s/tmp/uwsgi; scgi_temp_path %(r)s/tmp/scgi;
-  include %(r)s/ivserve.conf;
-}
-""" % {"r": root})
-    t = subprocess.run([NGINX, "-t", "-p", root, "-e", os.path.join(root, "logs", "error.log"),
-                        "-c", main_conf], capture_output=True, text=True,
-                       timeout=30)
-    assert t.returncode == 0, "nginx -t refused deploy/nginx/ivserve.conf:\n" + t.stderr
-    proc = subprocess.Popen([NGINX, "-p", root, "-e", os.path.join(root, "logs", "error.log"),
-                             "-c", main_conf], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    env = {"replicas": replicas, "nginx": proc, "root": root, "cert": cert,
-           "https": "https://127.0.0.1:%d" % https_port, "https_port": https_port,
-           "http": "http://127.0.0.1:%d" % http_port}
+    os.makedirs(root)
+    cert, key = make_cert(root)
+    replicas, proc = [], None
     try:
+        replicas = [Replica(tmp, k, cfg) for k in range(N_REPLICAS)]
+        http_port, https_port = free_port(), free_port()
+        with open(CONF) as f:
+            site = nginx_conf(f.read(), [rp.port for rp in replicas], http_port, https_port, cert, key)
+        proc = start_nginx(root, site)
+        env = {"replicas": replicas, "nginx": proc, "root": root, "cert": cert,
+               "https": "https://127.0.0.1:%d" % https_port, "https_port": https_port,
+               "http": "http://127.0.0.1:%d" % http_port}
         deadline = time.time() + 60
         for rp in replicas:
             rp.wait_ready(deadline)
@@ -244,16 +255,18 @@ http {
                 break
             except requests.ConnectionError:
                 if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail("nginx did not start: %s" % proc.stderr.read(4000).decode())
+                    pytest.fail("nginx did not start:\n" +
+                                open(os.path.join(root, "logs", "error.log")).read()[-3000:])
                 time.sleep(0.1)
         yield env
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         for rp in replicas:
             rp.stop()
 
