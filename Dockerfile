@@ -13,7 +13,9 @@
 # the runtime stage installs only the Debian packages that hold the
 # libraries the binary links against, found with ldd and dpkg in the build
 # stage rather than listed here by hand, so a new library cannot be
-# forgotten.
+# forgotten.  dpkg knows a file by the path its package installed, which
+# merged /usr can make differ from ldd's by a /usr prefix or a symlink, so
+# each of the three forms is asked.
 ARG BASE=debian:12-slim
 
 FROM ${BASE} AS build
@@ -33,7 +35,7 @@ RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       $(cat /usr/share/ivserve/runtime-packages) \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ivserve
+ && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin ivserve
 COPY --from=build /build/ivserve /usr/local/bin/ivserve
 COPY --from=build /src/examples/pbmc_example.h5ad /usr/share/ivserve/pbmc_example.h5ad
 

@@ -97,6 +97,9 @@ direct_pid=""
 cleanup() {
   [ -n "$direct_pid" ] && kill "$direct_pid" 2>/dev/null || true
   if [ -z "${KEEP:-}" ]; then podman rm -f -t 5 "$NAME" >/dev/null 2>&1 || true; fi
+  # podman's complaints about systemd health-check timers (see above) are
+  # noise here; anything else it said is shown.
+  grep -v 'systemd connection' "$work/podman.log" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -113,7 +116,7 @@ podman run -d --name "$NAME" --runtime runc --cgroup-manager=cgroupfs --network 
   --read-only --cap-drop=all --security-opt no-new-privileges \
   --health-interval=disable \
   -e IVSERVE_LISTEN=127.0.0.1 -e IVSERVE_PORT="$port" \
-  -v "$PWD/examples:/data:ro" "$IMAGE" /data/$DS.h5ad >/dev/null
+  -v "$PWD/examples:/data:ro" "$IMAGE" /data/$DS.h5ad >/dev/null 2>>"$work/podman.log"
 
 wait_ready() {  # URL what
   for _ in $(seq 300); do
@@ -154,7 +157,7 @@ if [ -n "${KEEP:-}" ]; then
   say "KEEP=1: container $NAME left running on $c"
 else
   t0=$SECONDS
-  podman stop -t 20 "$NAME" >/dev/null
+  podman stop -t 20 "$NAME" >/dev/null 2>>"$work/podman.log"
   status=$(podman inspect --format '{{.State.ExitCode}}' "$NAME")
   check "podman stop ends the server cleanly (exit status $status)" "[ '$status' = 0 ]"
   t_stop=$((SECONDS - t0))
