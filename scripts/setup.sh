@@ -19,6 +19,8 @@ PKGS=(
   python3-pip python3-setuptools python3-wheel
   r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   wrk nginx-light
+  systemd strace openssl python3-yaml
+  podman runc debootstrap
   chromium chromium-driver python3-selenium
 )
 
