@@ -3,8 +3,9 @@
 #   1. the release build (warnings are errors) and its whole ctest suite;
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the same suite built with ThreadSanitizer, any race an error, but for
-#      the export differential test (the engine's threads are in test_query
-#      and the server's in the HTTP tests; that one alone takes minutes);
+#      the export differential test and the deployment tests (the engine's
+#      threads are in test_query and the server's in the HTTP tests; those
+#      take minutes under TSan and add no thread of their own);
 #   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
 # Fixtures are read from ../shared/fixtures when present (tests that need
 # them say so and skip otherwise).
@@ -30,7 +31,7 @@ echo "== ThreadSanitizer build and tests"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
 cmake --build build-tsan -j"$JOBS"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
-  ctest --test-dir build-tsan --output-on-failure -j"$JOBS" -E test_export_diff
+  ctest --test-dir build-tsan --output-on-failure -j"$JOBS" -E 'test_export_diff|test_deploy_'
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
