@@ -240,11 +240,16 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
      * every platform this builds for, spelled as numpy stores it. */
     hid_t vft = H5Tcopy(iv_h5_native(x->dtype));
     H5Tset_order(vft, H5T_ORDER_LE);
+    /* indptr and indices in one integer type, as scipy makes them: int32
+     * while every pointer and index fits, int64 otherwise.  scipy's
+     * indexing routines refuse a mix (anndata's backed X[:, genes] failed
+     * with "Output dtype not compatible with inputs"); HDF5 converts from
+     * the memory types. */
+    int wide = x->index_size == 8 || x->nnz > INT32_MAX || x->n_cols > INT32_MAX;
+    hid_t ift = wide ? H5T_STD_I64LE : H5T_STD_I32LE;
+    if (rc == 0) rc = write_parts(g, "indptr", ift, H5T_NATIVE_INT64, 8, x->n_rows + 1, 1, pp, pb);
     if (rc == 0)
-        rc = write_parts(g, "indptr", H5T_STD_I64LE, H5T_NATIVE_INT64, 8, x->n_rows + 1, 1, pp, pb);
-    if (rc == 0)
-        rc = write_parts(g, "indices", x->index_size == 4 ? H5T_STD_I32LE : H5T_STD_I64LE,
-                         x->index_size == 4 ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64,
+        rc = write_parts(g, "indices", ift, x->index_size == 4 ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64,
                          (size_t)x->index_size, x->nnz, x->n_parts, x->indices, x->indices_bytes);
     if (rc == 0)
         rc = write_parts(g, "data", vft, iv_h5_native(x->dtype), esz, x->nnz, x->n_parts, x->data,
