@@ -32,7 +32,6 @@
 #include "stream.h"
 
 #include <pthread.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <stdlib.h>
@@ -62,12 +61,11 @@ struct iv_stream {
     struct scratch *free_scratch;
     uint64_t hits, misses, evictions, bytes_decompressed;
     /* Buffer arena (NULL: none) and its use (mu): never-used slots from
-     * arena_next on, freed ones on a list threaded through their bytes. */
+     * arena_next on, freed ones on the arena's stack of slot numbers. */
     iv_stream_arena_t *arena;
     size_t arena_next;
     size_t arena_out;      /* slots handed out and not yet returned */
-    void *arena_free;
-    size_t arena_free_n;   /* slots on that list whose pages are kept */
+    size_t arena_free_n;   /* slots on that stack whose pages are kept */
     /* Shared budget (NULL: none); mbc's charge is `used`. */
     iv_membudget_t *mb;
     iv_mb_client_t mbc;
@@ -111,9 +109,15 @@ struct iv_stream_arena {
     uint8_t *base;
     size_t slot_size, n_slots;
     uint64_t chunk_len;
+    /* Freed slots, most recent on top: slot number << 1 | 1 while the
+     * slot's pages are still there (kept for the next miss). */
+    size_t *free_stack;
+    size_t free_top;
 };
 
-static size_t slot_size_for(uint64_t chunk_len) { return (cap_for(chunk_len) + 63) & ~(size_t)63; }
+/* Slots are whole pages, so that a freed slot's pages can all go back to
+ * the OS (only address space is spent on the rounding). */
+static size_t slot_size_for(uint64_t chunk_len) { return (cap_for(chunk_len) + 4095) & ~(size_t)4095; }
 
 iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size_t cache_budget)
 {
@@ -123,10 +127,16 @@ iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size
     size_t n = cache_budget / slot;
     if (n > n_chunks) n = (size_t)n_chunks;
     if (n == 0) return NULL;
-    iv_stream_arena_t *a = malloc(sizeof *a);
+    iv_stream_arena_t *a = calloc(1, sizeof *a);
     if (!a) return NULL;
+    a->free_stack = malloc(n * sizeof *a->free_stack);
+    if (!a->free_stack) {
+        free(a);
+        return NULL;
+    }
     void *m = mmap(NULL, n * slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
+        free(a->free_stack);
         free(a);
         return NULL;
     }
@@ -154,6 +164,7 @@ void iv_stream_arena_free(iv_stream_arena_t *a)
 {
     if (!a) return;
     munmap(a->base, a->slot_size * a->n_slots);
+    free(a->free_stack);
     free(a);
 }
 
@@ -179,10 +190,11 @@ static uint8_t *buf_alloc(iv_stream_t *s)
     uint8_t *b = NULL;
     if (s->arena) {
         pthread_mutex_lock(&s->mu);
-        if (s->arena_free) {
-            b = s->arena_free;
-            memcpy(&s->arena_free, b, sizeof s->arena_free);
-            if (s->arena_free_n) s->arena_free_n--;
+        iv_stream_arena_t *a = s->arena;
+        if (a->free_top) {
+            size_t e = a->free_stack[--a->free_top];
+            b = a->base + a->slot_size * (e >> 1);
+            if (e & 1) s->arena_free_n--;
         } else if (s->arena_next < s->arena->n_slots) {
             b = s->arena->base + s->arena->slot_size * s->arena_next++;
         }
@@ -200,18 +212,17 @@ static void buf_free(iv_stream_t *s, uint8_t *b)
         free(b);
         return;
     }
-    if (s->arena_free_n >= KEEP_FREE_SLOTS) {
-        /* The slot's whole pages (past the link kept in its first bytes)
-         * go back to the OS; the next use faults them in afresh. */
-        size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-        uintptr_t from = ((uintptr_t)b + 64 + pg - 1) & ~(uintptr_t)(pg - 1);
-        uintptr_t to = ((uintptr_t)b + s->arena->slot_size) & ~(uintptr_t)(pg - 1);
-        if (to > from) (void)madvise((void *)from, to - from, MADV_DONTNEED);
-    } else {
+    iv_stream_arena_t *a = s->arena;
+    size_t slot = (size_t)(b - a->base) / a->slot_size;
+    int keep = s->arena_free_n < KEEP_FREE_SLOTS;
+    if (keep) {
         s->arena_free_n++;
+    } else {
+        /* The slot's pages go back to the OS; its next use faults them
+         * in afresh. */
+        (void)madvise(b, a->slot_size, MADV_DONTNEED);
     }
-    memcpy(b, &s->arena_free, sizeof s->arena_free);
-    s->arena_free = b;
+    a->free_stack[a->free_top++] = slot << 1 | (size_t)keep;
     s->arena_out--;
 }
 
@@ -550,7 +561,7 @@ void iv_stream_drop_cache(iv_stream_t *s)
          * lowers RSS. */
         (void)madvise(s->arena->base, iv_stream_arena_bytes(s->arena), MADV_DONTNEED);
         s->arena_next = 0;
-        s->arena_free = NULL;
+        s->arena->free_top = 0;
         s->arena_free_n = 0;
     }
     pthread_mutex_unlock(&s->mu);
