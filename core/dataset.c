@@ -255,12 +255,13 @@ void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
     /* An in-memory copy's stream is a buffer of the copy's own (is_copy),
      * not one the stream owns. */
     out->stream = ds->is_copy ? (size_t)iv_stream_length(ds->stream) : st.owned_bytes;
+    out->scratch = st.scratch_bytes;
     out->other = 0;
     iv_dataset_t *o = iv_dataset_other(ds);
     if (o) {
         iv_dataset_memory_t om;
         iv_dataset_memory(o, &om);
-        out->other = om.pointers + om.values + om.index + om.cache + om.stream + om.other;
+        out->other = om.pointers + om.values + om.index + om.cache + om.stream + om.other + om.scratch;
     }
 }
 

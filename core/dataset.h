@@ -97,11 +97,13 @@ void iv_dataset_cache_drop(iv_dataset_t *ds);
  * value group), index (row-index checkpoints, the chunk table and its
  * cache slots), cache (decompressed chunks resident now), stream (a
  * packed stream held in memory whole: compact layout or an in-memory
- * copy) and other (the other orientation, all its parts, when ready).
+ * copy), other (the other orientation, all its parts, when ready) and
+ * scratch (buffers of multi-stage decoding, kept for reuse).
  * Metadata and obsm arrays are held by other layers (meta.h, obsm.h).
  */
 typedef struct iv_dataset_memory {
     size_t pointers, values, index, cache, stream, other;
+    size_t scratch;           /* decode scratch buffers (one per thread that decoded at once) */
 } iv_dataset_memory_t;
 void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out);
 

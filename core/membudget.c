@@ -75,6 +75,7 @@ void iv_membudget_join(iv_membudget_t *mb, iv_mb_client_t *c)
 {
     atomic_init(&c->used, 0);
     atomic_init(&c->oldest, UINT64_MAX);
+    atomic_init(&c->oldest_bytes, 0);
     atomic_init(&c->evicted, 0);
     c->mb = mb;
     pthread_mutex_lock(&mb->mu);
@@ -132,7 +133,9 @@ int iv_membudget_make_room(iv_membudget_t *mb, iv_mb_client_t *self, size_t need
         for (iv_mb_client_t *c = mb->clients; c; c = c->next) {
             uint64_t t = atomic_load_explicit(&c->oldest, memory_order_relaxed);
             if (t >= best) continue;
-            if (c != self && atomic_load(&c->used) <= c->floor) continue;
+            /* Others only while the eviction leaves them their floor. */
+            if (c != self && atomic_load(&c->used) < c->floor + atomic_load(&c->oldest_bytes))
+                continue;
             best = t;
             victim = c;
         }

@@ -47,6 +47,7 @@ typedef struct iv_mb_client {
     /* Owned by the budget. */
     atomic_size_t used;             /* bytes charged */
     atomic_uint_fast64_t oldest;    /* tick of its oldest evictable entry; UINT64_MAX: none */
+    atomic_size_t oldest_bytes;     /* that entry's size */
     atomic_uint_fast64_t evicted;   /* entries taken by make_room (any requester) */
     iv_membudget_t *mb;
     struct iv_mb_client *prev, *next;
@@ -75,9 +76,10 @@ void iv_membudget_leave(iv_mb_client_t *c);
 uint64_t iv_membudget_tick(iv_membudget_t *mb);
 void iv_membudget_charge(iv_mb_client_t *c, size_t n);
 void iv_membudget_uncharge(iv_mb_client_t *c, size_t n);
-/* The client's oldest evictable entry (UINT64_MAX: none). */
-static inline void iv_membudget_publish(iv_mb_client_t *c, uint64_t oldest_tick)
+/* The client's oldest evictable entry (UINT64_MAX: none) and its size. */
+static inline void iv_membudget_publish(iv_mb_client_t *c, uint64_t oldest_tick, size_t bytes)
 {
+    atomic_store_explicit(&c->oldest_bytes, bytes, memory_order_relaxed);
     atomic_store_explicit(&c->oldest, oldest_tick, memory_order_relaxed);
 }
 

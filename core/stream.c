@@ -313,8 +313,11 @@ static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
 /* Tells the shared budget the tick of the LRU tail; the caller holds mu. */
 static void publish(iv_stream_t *s)
 {
-    if (s->mb)
-        iv_membudget_publish(&s->mbc, s->lru_tail != NIL ? s->slots[s->lru_tail].tick : UINT64_MAX);
+    if (!s->mb) return;
+    if (s->lru_tail != NIL)
+        iv_membudget_publish(&s->mbc, s->slots[s->lru_tail].tick, chunk_bytes(s, s->lru_tail));
+    else
+        iv_membudget_publish(&s->mbc, UINT64_MAX, 0);
 }
 
 /* LRU list operations; the caller holds mu. */
@@ -539,6 +542,9 @@ void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
     out->owned_bytes = s->d.owned_buf ? (size_t)s->d.length : 0;
     if (s->d.owned_map) out->owned_bytes += s->d.owned_map_len;
     out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + 20) : 0;
+    out->scratch_bytes = 0;
+    for (struct scratch *sc = s->free_scratch; sc; sc = sc->next)
+        out->scratch_bytes += sizeof *sc + (size_t)s->d.chunk_len + 64;
     out->pinned_over_budget = s->used > s->budget ? s->used - s->budget : 0;
     out->hits = s->hits;
     out->misses = s->misses;

@@ -99,6 +99,7 @@ typedef struct iv_stream_stats {
     size_t floor;
     size_t owned_bytes;       /* stream bytes held in memory (compact layout, in-memory copy) */
     size_t table_bytes;       /* chunk table and slots */
+    size_t scratch_bytes;     /* decode scratch buffers kept for reuse */
     uint64_t hits, misses, evictions, bytes_decompressed;
     uint64_t budget_evictions;   /* chunks taken by the shared budget's pressure */
 } iv_stream_stats_t;

@@ -16,7 +16,8 @@ static const char *const route_names[IV_R_COUNT_] = {
 };
 
 static const char *const mem_part_names[IV_MEM_N] = {
-    "pointers", "values", "index", "cache", "stream", "other_orientation", "metadata", "obsm", "search",
+    "pointers", "values", "index", "cache", "stream", "other_orientation", "scratch", "metadata", "obsm",
+    "search",
 };
 
 const char *iv_mem_part_name(iv_mem_part_t p)

@@ -43,7 +43,7 @@ typedef struct iv_metrics {
  * /metrics name them (see iv_dataset_memory for the matrix's parts). */
 typedef enum iv_mem_part {
     IV_MEM_POINTERS, IV_MEM_VALUES, IV_MEM_INDEX, IV_MEM_CACHE, IV_MEM_STREAM, IV_MEM_OTHER,
-    IV_MEM_METADATA, IV_MEM_OBSM, IV_MEM_SEARCH, IV_MEM_N
+    IV_MEM_SCRATCH, IV_MEM_METADATA, IV_MEM_OBSM, IV_MEM_SEARCH, IV_MEM_N
 } iv_mem_part_t;
 
 const char *iv_mem_part_name(iv_mem_part_t p);

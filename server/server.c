@@ -397,6 +397,7 @@ static void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
     m->part[IV_MEM_CACHE] = dm.cache;
     m->part[IV_MEM_STREAM] = dm.stream;
     m->part[IV_MEM_OTHER] = dm.other;
+    m->part[IV_MEM_SCRATCH] = dm.scratch;
     if (d->meta) {
         iv_meta_stats_t ms;
         iv_meta_stats(d->meta, &ms);
