@@ -39,6 +39,15 @@ PARTS = ["pointers", "values", "index", "cache", "stream", "other_orientation", 
 FIXED = [p for p in PARTS if p != "cache"]
 
 
+def sanitized():
+    """Whether the binary is built with a sanitizer: its resident memory then
+    holds shadow memory and freed blocks in quarantine, and chunk buffers
+    come from malloc instead of the arena, so a bound on it says nothing."""
+    with open(BIN, "rb") as f:
+        data = f.read()
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -214,6 +223,10 @@ def test_twelve_copies_stay_within_one_budget(atlas, tmp_path):
     bound = BUDGET + fixed + process_own + N_COPIES * 4 * MIB
     print("anonymous %d bytes: budget %d, fixed %d, process %d, bound %d"
           % (anon, BUDGET, fixed, process_own, bound))
+    if sanitized():
+        print("NOTE: sanitizer build: the bound on anonymous memory is not checked "
+              "(the caches' accounting above is)")
+        return
     assert anon <= bound
     assert anon < atlas["stream"] * N_COPIES  # what the old per-dataset caches took
 
@@ -302,7 +315,7 @@ def test_parts_are_present_and_plausible(tmp_path):
         anon = srv.metric("ivserve_process_resident_bytes", 'kind="anonymous"')
         assert 0 < anon <= rss
         # Everything reported is memory the process holds.
-        assert total <= anon
+        assert total <= anon or sanitized()
     finally:
         assert srv.stop() == 0, srv.log_text()[-3000:]
 
