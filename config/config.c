@@ -37,6 +37,7 @@ static const struct num_opt num_opts[] = {
     {"threads", "IVSERVE_THREADS", "--threads", OFF(threads), NK_UINT, 0, 1024},
     {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
+    {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_max_age", "IVSERVE_CACHE_MAX_AGE", "--cache-max-age", OFF(cache_max_age), NK_U32, 0, 31536000},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
@@ -65,7 +66,10 @@ void iv_config_init(iv_config_t *c)
     c->port = 8080;
     c->threads = 0;
     c->queue = 1024;
-    c->cache_bytes = (size_t)1 << 30;
+    /* A share of what the machine has free when the server starts (see
+     * iv_membudget_default and README "Sizing" for why half). */
+    c->cache_bytes = IV_CACHE_AUTO;
+    c->cache_share_percent = 50;
     c->transpose_bytes = (size_t)4 << 30;
     c->cache_max_age = 604800;  /* a week, as cellxgene caches */
     c->log_format = strdup("json");
@@ -293,6 +297,7 @@ static iv_ds_conf_t *ds_push(iv_config_t *c, iv_err_t *err)
     c->datasets = nd;
     memset(&nd[c->n_datasets], 0, sizeof *nd);
     nd[c->n_datasets].transpose_bytes = -1;
+    nd[c->n_datasets].cache_bytes = -1;
     return &nd[c->n_datasets++];
 }
 
@@ -317,10 +322,13 @@ static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *ba
         const char *k = kv->string;
         if (strcmp(k, "id") && strcmp(k, "path") && strcmp(k, "group") && strcmp(k, "title") &&
             strcmp(k, "tokens") && strcmp(k, "companion") && strcmp(k, "companion_group") &&
-            strcmp(k, "transpose_bytes"))
+            strcmp(k, "transpose_bytes") && strcmp(k, "cache_bytes") && strcmp(k, "cache_floor_bytes"))
             return iv_fail(err, IV_EINVALID_ARG, "%s.%s: unknown key", key, k);
-        if (!strcmp(k, "transpose_bytes")) {
-            if (!cJSON_IsNumber(kv) || kv->valuedouble < 0 ||
+        if (!strcmp(k, "transpose_bytes") || !strcmp(k, "cache_bytes") ||
+            !strcmp(k, "cache_floor_bytes")) {
+            /* 2^62 bounds the value well inside int64 and far above any
+             * machine's memory. */
+            if (!cJSON_IsNumber(kv) || kv->valuedouble < 0 || kv->valuedouble > 4611686018427387904.0 ||
                 kv->valuedouble != (double)(int64_t)kv->valuedouble)
                 return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a non-negative integer", key, k);
             continue;
@@ -353,6 +361,13 @@ static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *ba
     if (cg && !(d->companion_group = strdup(cg->valuestring))) return IV_ENOMEM;
     const cJSON *tb = cJSON_GetObjectItemCaseSensitive(o, "transpose_bytes");
     d->transpose_bytes = tb ? (int64_t)tb->valuedouble : -1;
+    const cJSON *cb = cJSON_GetObjectItemCaseSensitive(o, "cache_bytes");
+    d->cache_bytes = cb ? (int64_t)cb->valuedouble : -1;
+    const cJSON *cf = cJSON_GetObjectItemCaseSensitive(o, "cache_floor_bytes");
+    d->cache_floor_bytes = cf ? (int64_t)cf->valuedouble : 0;
+    if (cb && d->cache_floor_bytes > d->cache_bytes)
+        return iv_fail(err, IV_EINVALID_ARG, "%s.cache_floor_bytes: %lld is over its cache_bytes %lld",
+                       key, (long long)d->cache_floor_bytes, (long long)d->cache_bytes);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "title");
     if (t && !(d->title = strdup(t->valuestring))) return IV_ENOMEM;
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -588,7 +603,7 @@ const char *iv_config_usage(void)
            "       ivserve token-hash NAME [SCOPE] < token   (prints a tokens-file line)\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
            "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
-           "  --cache-max-age S\n"
+           "  --cache-share-percent P  --cache-max-age S\n"
            "  --token-file FILE (lines 'NAME SHA256HEX [SCOPE]'; ivserve token-hash NAME makes one)\n"
            "  --token T (repeatable; deprecated: other users see it in ps until start-up\n"
            "    overwrites it; prefer --token-file or IVSERVE_TOKENS)\n"
@@ -708,5 +723,13 @@ int iv_config_validate(const iv_config_t *c, iv_err_t *err)
                                "dataset has that id", t->where, t->name, t->datasets[k]);
         }
     }
+    /* Floors the budget cannot honour all at once; with the automatic
+     * budget the server checks (and warns) once it knows the figure. */
+    uint64_t floors = 0;
+    for (size_t i = 0; i < c->n_datasets; i++) floors += (uint64_t)c->datasets[i].cache_floor_bytes;
+    if (c->cache_bytes != IV_CACHE_AUTO && floors > c->cache_bytes)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "datasets: the cache_floor_bytes add up to %llu bytes, over cache_bytes %zu",
+                       (unsigned long long)floors, c->cache_bytes);
     return 0;
 }

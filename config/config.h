@@ -45,6 +45,8 @@ typedef struct iv_ds_conf {
     char *companion;     /* file holding the other orientation, or NULL */
     char *companion_group;   /* its matrix group; NULL = "X" */
     int64_t transpose_bytes; /* memory for the other orientation built in memory; -1 = the global */
+    int64_t cache_bytes;     /* cap on this dataset's share of the cache budget; -1 = none */
+    int64_t cache_floor_bytes; /* cache the other datasets' pressure leaves it; 0 = none */
 } iv_ds_conf_t;
 
 typedef struct iv_limits {
@@ -65,12 +67,15 @@ typedef struct iv_limits {
     uint32_t max_pipeline;        /* requests parsed ahead of their responses */
 } iv_limits_t;
 
+#define IV_CACHE_AUTO SIZE_MAX
+
 typedef struct iv_config {
     char *listen;                 /* address, default 127.0.0.1 */
     int port;                     /* default 8080; 0 = any free port (printed at start) */
     unsigned threads;             /* 0 = number of cores */
     size_t queue;                 /* worker job queue length; full = 503 */
-    size_t cache_bytes;           /* per-dataset decompressed chunk cache */
+    size_t cache_bytes;           /* decompressed-chunk cache of the whole process; IV_CACHE_AUTO = a share of the memory available at start */
+    unsigned cache_share_percent; /* that share (default 50) */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     iv_ds_conf_t *datasets;

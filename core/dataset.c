@@ -32,6 +32,8 @@ void iv_dataset_opts_init(iv_dataset_opts_t *o)
 struct prefault {
     iv_pool_t *pool;
     size_t budget;
+    iv_membudget_t *mb;
+    size_t reserved;       /* bytes of mb reserved for the prefault */
     iv_stream_arena_t *arena;
     iv_pool_for_t *run;    /* 2 MiB steps of the arena, one item each */
     atomic_int stop;       /* the load failed: steps not yet begun are skipped */
@@ -50,6 +52,13 @@ static void prefault_start(void *ctx, uint64_t length, uint64_t chunk_len)
     if (!pf->pool || pf->arena) return;
     pf->arena = iv_stream_arena_new(length, chunk_len, pf->budget);
     size_t bytes = iv_stream_arena_bytes(pf->arena);
+    if (pf->mb) {
+        /* Only what the shared budget has free now: faulting in memory
+         * the cache would not be allowed to keep would only raise the
+         * process's resident size.  The reservation keeps datasets that
+         * load at the same time from each counting the same free bytes. */
+        bytes = pf->reserved = iv_membudget_reserve(pf->mb, bytes);
+    }
     if (bytes > 0)
         pf->run = iv_pool_for_start(pf->pool, (bytes + PREFAULT_STEP - 1) / PREFAULT_STEP,
                                     prefault_step, pf);
@@ -88,8 +97,14 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     snprintf(ds->group, sizeof ds->group, "%s", opts->group && *opts->group ? opts->group : "X");
     snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
 
-    size_t budget = opts->cache_bytes == (size_t)-1 ? (size_t)1 << 30 : opts->cache_bytes;
-    struct prefault pf = {.pool = opts->pool, .budget = budget};
+    iv_membudget_t *mb = opts->membudget;
+    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30)
+                                                    : opts->cache_bytes;
+    /* The arena is address space for at most what the cache may hold; its
+     * pages are committed only as chunks land in them. */
+    size_t arena_budget = budget;
+    if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
+    struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb};
     atomic_init(&pf.stop, 0);
     int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
     /* The pass then starts on memory that is there.  When the prefault
@@ -98,9 +113,12 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
      * would have paid it anyway, page by page. */
     iv_stream_arena_t *arena = prefault_finish(&pf, rc < 0);
     if (rc < 0) {
+        if (mb) iv_membudget_unreserve(mb, pf.reserved);
         iv_stream_arena_free(arena);
         goto fail_alloc;
     }
+    if (!arena && ds->m.stream.chunked)
+        arena = iv_stream_arena_new(ds->m.stream.length, ds->m.stream.chunk_len, arena_budget);
 
     char label[sizeof ds->where + 32];
     snprintf(label, sizeof label, "%s/packed_indices", ds->where);
@@ -109,7 +127,11 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     /* The stream owns the chunk table and any owned buffer from here on. */
     memset(&ds->m.stream, 0, sizeof ds->m.stream);
     rc = iv_stream_create_in(&desc, budget, arena, &ds->stream, err);
+    /* The pass's chunks are charged as they come: the prefault's
+     * reservation has done its work. */
+    if (mb) iv_membudget_unreserve(mb, pf.reserved);
     if (rc < 0) goto fail_matrix;
+    if (mb) iv_stream_join_budget(ds->stream, mb, opts->cache_floor);
     double t1 = now_s();
 
     iv_rowindex_src_t src = {
@@ -184,6 +206,9 @@ void iv_dataset_cache_stats(iv_dataset_t *ds, iv_cache_stats_t *out)
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);
     out->budget = st.budget;
+    out->shared_budget = st.shared_budget;
+    out->floor = st.floor;
+    out->budget_evictions = st.budget_evictions;
     out->used = st.used;
     out->pinned_over_budget = st.pinned_over_budget;
     out->hits = st.hits;
@@ -219,6 +244,28 @@ size_t iv_dataset_memory_of(iv_dataset_t *ds)
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);
     return b + st.used;
+}
+
+void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
+{
+    const iv_h5matrix_t *m = &ds->m;
+    iv_stream_stats_t st;
+    iv_stream_stats(ds->stream, &st);
+    out->pointers = (size_t)(m->n_major + 1) * 8 + (size_t)(m->n_unique + 1) * 8;
+    out->values = (size_t)m->n_unique * iv_dtype_size(m->value_dtype);
+    out->index = iv_rowindex_bytes(&ds->ri) + st.table_bytes;
+    out->cache = st.used;
+    /* An in-memory copy's stream is a buffer of the copy's own (is_copy),
+     * not one the stream owns. */
+    out->stream = ds->is_copy ? (size_t)iv_stream_length(ds->stream) : st.owned_bytes;
+    out->scratch = st.scratch_bytes;
+    out->other = 0;
+    iv_dataset_t *o = iv_dataset_other(ds);
+    if (o) {
+        iv_dataset_memory_t om;
+        iv_dataset_memory(o, &om);
+        out->other = om.pointers + om.values + om.index + om.cache + om.stream + om.other + om.scratch;
+    }
 }
 
 void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out)

@@ -19,6 +19,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "membudget.h"
 #include "pool.h"
 
 typedef enum iv_orient { IV_IVCSR = 0, IV_IVCSC = 1 } iv_orient_t;
@@ -30,9 +31,16 @@ typedef struct iv_dataset_opts {
     uint32_t index_stride;    /* row-index checkpoint every K major slices; 0 = default */
     size_t cache_bytes;       /* decompressed-chunk cache budget; (size_t)-1 = default */
     iv_pool_t *pool;          /* workers for the start-up pass; NULL = caller only */
+    /* A process-wide cache budget shared with other datasets, or NULL.
+     * With one, cache_bytes is this dataset's cap ((size_t)-1: none but
+     * the shared budget) and cache_floor the bytes other datasets'
+     * pressure leaves it.  The arena faulted in ahead of the row-index
+     * pass is only what the shared budget has free at the time. */
+    iv_membudget_t *membudget;
+    size_t cache_floor;
 } iv_dataset_opts_t;
 
-/* Sets defaults (group X, stride 0, cache 1 GiB). */
+/* Sets defaults (group X, stride 0, cache 1 GiB, no shared budget). */
 void iv_dataset_opts_init(iv_dataset_opts_t *o);
 
 typedef struct iv_dataset_info {
@@ -73,12 +81,31 @@ int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i);
 
 typedef struct iv_cache_stats {
     size_t budget, used, pinned_over_budget;
+    size_t shared_budget;          /* the process-wide budget, 0: none */
+    size_t floor;
     uint64_t hits, misses, evictions;
+    uint64_t budget_evictions;     /* chunks the shared budget took */
     uint64_t bytes_decompressed;   /* since open */
 } iv_cache_stats_t;
 void iv_dataset_cache_stats(iv_dataset_t *ds, iv_cache_stats_t *out);
 /* Drops every unpinned cached chunk (benchmarks: cold runs). */
 void iv_dataset_cache_drop(iv_dataset_t *ds);
+
+/*
+ * Memory a dataset's matrix holds now, by part (bytes; any thread):
+ * pointers (major_ptr and value_ptr, 8 bytes an entry), values (one per
+ * value group), index (row-index checkpoints, the chunk table and its
+ * cache slots), cache (decompressed chunks resident now), stream (a
+ * packed stream held in memory whole: compact layout or an in-memory
+ * copy), other (the other orientation, all its parts, when ready) and
+ * scratch (buffers of multi-stage decoding, kept for reuse).
+ * Metadata and obsm arrays are held by other layers (meta.h, obsm.h).
+ */
+typedef struct iv_dataset_memory {
+    size_t pointers, values, index, cache, stream, other;
+    size_t scratch;           /* decode scratch buffers (one per thread that decoded at once) */
+} iv_dataset_memory_t;
+void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out);
 
 /*
  * Both orientations.  A dataset opens in its file's orientation; the other

@@ -17,6 +17,17 @@
  * while the file loads (iv_stream_arena_new).  Freed slots go on a free
  * list; chunks pinned past the budget fall back to malloc.  Memory that is
  * never touched is never committed.
+ *
+ * A stream may also share a process-wide budget with other streams
+ * (membudget.h): its cached bytes are charged there, a miss first makes
+ * room in it (which may evict another stream's oldest chunk, or its own),
+ * and the stream publishes the use tick of its LRU tail so that the
+ * budget can find the oldest chunk of the process.  Its own budget then
+ * acts as a per-dataset cap.  A freed arena slot keeps its pages only
+ * while the free list is short (a miss about to reuse it); past that its
+ * pages go back to the OS, so that bytes evicted for another dataset
+ * leave this one's resident memory too and the process stays near the
+ * shared budget.
  */
 #include "stream.h"
 
@@ -32,6 +43,7 @@ struct slot {
     uint8_t *buf;
     uint32_t pins;
     uint64_t prev, next;   /* LRU links, NIL when not listed */
+    uint64_t tick;         /* last use (shared budget's clock), while listed */
 };
 
 struct scratch {
@@ -49,12 +61,18 @@ struct iv_stream {
     struct scratch *free_scratch;
     uint64_t hits, misses, evictions, bytes_decompressed;
     /* Buffer arena (NULL: none) and its use (mu): never-used slots from
-     * arena_next on, freed ones on a list threaded through their bytes. */
+     * arena_next on, freed ones on the arena's stack of slot numbers. */
     iv_stream_arena_t *arena;
     size_t arena_next;
     size_t arena_out;      /* slots handed out and not yet returned */
-    void *arena_free;
+    size_t arena_free_n;   /* slots on that stack whose pages are kept */
+    /* Shared budget (NULL: none); mbc's charge is `used`. */
+    iv_membudget_t *mb;
+    iv_mb_client_t mbc;
 };
+
+/* Freed arena slots that keep their pages for the next miss. */
+#define KEEP_FREE_SLOTS 2
 
 static void desc_free(iv_stream_desc_t *d)
 {
@@ -91,9 +109,15 @@ struct iv_stream_arena {
     uint8_t *base;
     size_t slot_size, n_slots;
     uint64_t chunk_len;
+    /* Freed slots, most recent on top: slot number << 1 | 1 while the
+     * slot's pages are still there (kept for the next miss). */
+    size_t *free_stack;
+    size_t free_top;
 };
 
-static size_t slot_size_for(uint64_t chunk_len) { return (cap_for(chunk_len) + 63) & ~(size_t)63; }
+/* Slots are whole pages, so that a freed slot's pages can all go back to
+ * the OS (only address space is spent on the rounding). */
+static size_t slot_size_for(uint64_t chunk_len) { return (cap_for(chunk_len) + 4095) & ~(size_t)4095; }
 
 iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size_t cache_budget)
 {
@@ -103,10 +127,16 @@ iv_stream_arena_t *iv_stream_arena_new(uint64_t length, uint64_t chunk_len, size
     size_t n = cache_budget / slot;
     if (n > n_chunks) n = (size_t)n_chunks;
     if (n == 0) return NULL;
-    iv_stream_arena_t *a = malloc(sizeof *a);
+    iv_stream_arena_t *a = calloc(1, sizeof *a);
     if (!a) return NULL;
+    a->free_stack = malloc(n * sizeof *a->free_stack);
+    if (!a->free_stack) {
+        free(a);
+        return NULL;
+    }
     void *m = mmap(NULL, n * slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
+        free(a->free_stack);
         free(a);
         return NULL;
     }
@@ -134,6 +164,7 @@ void iv_stream_arena_free(iv_stream_arena_t *a)
 {
     if (!a) return;
     munmap(a->base, a->slot_size * a->n_slots);
+    free(a->free_stack);
     free(a);
 }
 
@@ -159,9 +190,11 @@ static uint8_t *buf_alloc(iv_stream_t *s)
     uint8_t *b = NULL;
     if (s->arena) {
         pthread_mutex_lock(&s->mu);
-        if (s->arena_free) {
-            b = s->arena_free;
-            memcpy(&s->arena_free, b, sizeof s->arena_free);
+        iv_stream_arena_t *a = s->arena;
+        if (a->free_top) {
+            size_t e = a->free_stack[--a->free_top];
+            b = a->base + a->slot_size * (e >> 1);
+            if (e & 1) s->arena_free_n--;
         } else if (s->arena_next < s->arena->n_slots) {
             b = s->arena->base + s->arena->slot_size * s->arena_next++;
         }
@@ -179,8 +212,17 @@ static void buf_free(iv_stream_t *s, uint8_t *b)
         free(b);
         return;
     }
-    memcpy(b, &s->arena_free, sizeof s->arena_free);
-    s->arena_free = b;
+    iv_stream_arena_t *a = s->arena;
+    size_t slot = (size_t)(b - a->base) / a->slot_size;
+    int keep = s->arena_free_n < KEEP_FREE_SLOTS;
+    if (keep) {
+        s->arena_free_n++;
+    } else {
+        /* The slot's pages go back to the OS; its next use faults them
+         * in afresh. */
+        (void)madvise(b, a->slot_size, MADV_DONTNEED);
+    }
+    a->free_stack[a->free_top++] = slot << 1 | (size_t)keep;
     s->arena_out--;
 }
 
@@ -237,6 +279,11 @@ int iv_stream_create_in(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_a
 void iv_stream_destroy(iv_stream_t *s)
 {
     if (!s) return;
+    /* Out of the shared budget first: no eviction can reach s after this. */
+    if (s->mb) {
+        iv_membudget_leave(&s->mbc);
+        iv_membudget_uncharge(&s->mbc, s->used);
+    }
     if (s->slots) {
         for (uint64_t c = 0; c < s->d.n_chunks; c++) buf_free(s, s->slots[c].buf);
         free(s->slots);
@@ -263,6 +310,16 @@ static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
     return (size_t)(left < s->d.chunk_len ? left : s->d.chunk_len);
 }
 
+/* Tells the shared budget the tick of the LRU tail; the caller holds mu. */
+static void publish(iv_stream_t *s)
+{
+    if (!s->mb) return;
+    if (s->lru_tail != NIL)
+        iv_membudget_publish(&s->mbc, s->slots[s->lru_tail].tick, chunk_bytes(s, s->lru_tail));
+    else
+        iv_membudget_publish(&s->mbc, UINT64_MAX, 0);
+}
+
 /* LRU list operations; the caller holds mu. */
 static void lru_unlink(iv_stream_t *s, uint64_t c)
 {
@@ -277,6 +334,7 @@ static void lru_unlink(iv_stream_t *s, uint64_t c)
 static void lru_push_head(iv_stream_t *s, uint64_t c)
 {
     struct slot *e = &s->slots[c];
+    e->tick = s->mb ? iv_membudget_tick(s->mb) : 0;
     e->prev = NIL;
     e->next = s->lru_head;
     if (s->lru_head != NIL) s->slots[s->lru_head].prev = c;
@@ -284,18 +342,52 @@ static void lru_push_head(iv_stream_t *s, uint64_t c)
     if (s->lru_tail == NIL) s->lru_tail = c;
 }
 
+/* Frees the cached, unpinned chunk c (the caller holds mu). */
+static size_t evict_chunk(iv_stream_t *s, uint64_t c)
+{
+    size_t n = chunk_bytes(s, c);
+    lru_unlink(s, c);
+    s->used -= n;
+    if (s->mb) iv_membudget_uncharge(&s->mbc, n);
+    buf_free(s, s->slots[c].buf);
+    s->slots[c].buf = NULL;
+    s->evictions++;
+    return n;
+}
+
 /* Frees unpinned chunks, least recently used first, until `need` more
  * bytes fit in the budget or nothing evictable is left. */
 static void evict_for(iv_stream_t *s, size_t need)
 {
-    while (s->used + need > s->budget && s->lru_tail != NIL) {
-        uint64_t c = s->lru_tail;
-        lru_unlink(s, c);
-        s->used -= chunk_bytes(s, c);
-        buf_free(s, s->slots[c].buf);
-        s->slots[c].buf = NULL;
-        s->evictions++;
-    }
+    while (s->used + need > s->budget && s->lru_tail != NIL) evict_chunk(s, s->lru_tail);
+    publish(s);
+}
+
+/* The shared budget's evict callback: the LRU tail goes. */
+static size_t evict_oldest(void *ctx)
+{
+    iv_stream_t *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->lru_tail != NIL ? evict_chunk(s, s->lru_tail) : 0;
+    publish(s);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor)
+{
+    if (!s->d.chunked || !mb || s->mb) return;
+    s->mbc.evict = evict_oldest;
+    s->mbc.ctx = s;
+    s->mbc.floor = floor;
+    iv_membudget_join(mb, &s->mbc);
+    pthread_mutex_lock(&s->mu);
+    s->mb = mb;
+    iv_membudget_charge(&s->mbc, s->used);
+    for (uint64_t c = s->lru_head; c != NIL; c = s->slots[c].next)
+        s->slots[c].tick = iv_membudget_tick(mb);
+    publish(s);
+    pthread_mutex_unlock(&s->mu);
 }
 
 static struct scratch *scratch_get(iv_stream_t *s)
@@ -381,7 +473,10 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
     struct slot *e = &s->slots[c];
     pthread_mutex_lock(&s->mu);
     if (e->buf) {
-        if (e->pins++ == 0) lru_unlink(s, c);
+        if (e->pins++ == 0) {
+            lru_unlink(s, c);
+            publish(s);
+        }
         s->hits++;
         *data = e->buf;
         pthread_mutex_unlock(&s->mu);
@@ -393,18 +488,24 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
     uint8_t *buf;
     int rc = load_chunk(s, c, &buf, err);
     if (rc < 0) return rc;
+    /* Room in the shared budget first (never under mu: see membudget.h). */
+    if (s->mb) (void)iv_membudget_make_room(s->mb, &s->mbc, *len);
 
     pthread_mutex_lock(&s->mu);
     s->bytes_decompressed += *len;
     if (e->buf) {
         /* Another thread installed it first; keep theirs. */
         buf_free(s, buf);
-        if (e->pins++ == 0) lru_unlink(s, c);
+        if (e->pins++ == 0) {
+            lru_unlink(s, c);
+            publish(s);
+        }
     } else {
         evict_for(s, *len);
         e->buf = buf;
         e->pins = 1;
         s->used += *len;
+        if (s->mb) iv_membudget_charge(&s->mbc, *len);
     }
     *data = e->buf;
     pthread_mutex_unlock(&s->mu);
@@ -418,24 +519,32 @@ void iv_stream_release(iv_stream_t *s, uint64_t c)
     struct slot *e = &s->slots[c];
     pthread_mutex_lock(&s->mu);
     if (--e->pins == 0) {
-        if (s->used > s->budget) {
-            /* Over budget (everything else was pinned when it came in). */
-            s->used -= chunk_bytes(s, c);
-            buf_free(s, e->buf);
-            e->buf = NULL;
-            s->evictions++;
-        } else {
-            lru_push_head(s, c);
-        }
+        lru_push_head(s, c);
+        /* Over budget (everything else was pinned when it came in). */
+        if (s->used > s->budget) evict_chunk(s, c);
+        publish(s);
     }
     pthread_mutex_unlock(&s->mu);
+    /* Over the shared budget for the same reason: the process's oldest
+     * chunk goes, which may be this one or another dataset's. */
+    if (s->mb && iv_membudget_used(s->mb) > iv_membudget_bytes(s->mb))
+        (void)iv_membudget_make_room(s->mb, &s->mbc, 0);
 }
 
 void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
 {
     pthread_mutex_lock(&s->mu);
     out->budget = s->budget;
+    out->shared_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
+    out->floor = s->mb ? s->mbc.floor : 0;
+    out->budget_evictions = s->mb ? (uint64_t)atomic_load(&s->mbc.evicted) : 0;
     out->used = s->used;
+    out->owned_bytes = s->d.owned_buf ? (size_t)s->d.length : 0;
+    if (s->d.owned_map) out->owned_bytes += s->d.owned_map_len;
+    out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + 20) : 0;
+    out->scratch_bytes = 0;
+    for (struct scratch *sc = s->free_scratch; sc; sc = sc->next)
+        out->scratch_bytes += sizeof *sc + (size_t)s->d.chunk_len + 64;
     out->pinned_over_budget = s->used > s->budget ? s->used - s->budget : 0;
     out->hits = s->hits;
     out->misses = s->misses;
@@ -458,7 +567,8 @@ void iv_stream_drop_cache(iv_stream_t *s)
          * lowers RSS. */
         (void)madvise(s->arena->base, iv_stream_arena_bytes(s->arena), MADV_DONTNEED);
         s->arena_next = 0;
-        s->arena_free = NULL;
+        s->arena->free_top = 0;
+        s->arena_free_n = 0;
     }
     pthread_mutex_unlock(&s->mu);
 }

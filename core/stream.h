@@ -12,7 +12,9 @@
  * Memory: cached bytes stay within the budget, plus the chunks pinned at
  * the moment (a few per decoding thread).  An unpinned chunk beyond the
  * budget is freed on release; LRU order decides which cached chunk goes
- * when a new one needs room.
+ * when a new one needs room.  A stream that joined a shared budget
+ * (iv_stream_join_budget) also stays within that, together with the
+ * other streams that joined it.
  */
 #ifndef IV_STREAM_H
 #define IV_STREAM_H
@@ -22,6 +24,7 @@
 
 #include "codec.h"
 #include "error.h"
+#include "membudget.h"
 
 typedef struct iv_stream iv_stream_t;
 
@@ -81,9 +84,24 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
                       uint64_t *decompressed, iv_err_t *err);
 void iv_stream_release(iv_stream_t *s, uint64_t c);
 
+/*
+ * Shares the process-wide budget mb with other streams (membudget.h): the
+ * stream's own budget becomes a cap, and other streams' pressure leaves
+ * it at least `floor` cached bytes.  Call once, before the stream is used
+ * by other threads; a contiguous stream (nothing cached) does not join.
+ * The stream leaves the budget when destroyed.
+ */
+void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor);
+
 typedef struct iv_stream_stats {
     size_t budget, used, pinned_over_budget;
+    size_t shared_budget;     /* the process-wide budget joined, 0: none */
+    size_t floor;
+    size_t owned_bytes;       /* stream bytes held in memory (compact layout, in-memory copy) */
+    size_t table_bytes;       /* chunk table and slots */
+    size_t scratch_bytes;     /* decode scratch buffers kept for reuse */
     uint64_t hits, misses, evictions, bytes_decompressed;
+    uint64_t budget_evictions;   /* chunks taken by the shared budget's pressure */
 } iv_stream_stats_t;
 void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out);
 void iv_stream_drop_cache(iv_stream_t *s);

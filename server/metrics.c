@@ -15,6 +15,16 @@ static const char *const route_names[IV_R_COUNT_] = {
     "healthz", "readyz", "metrics", "datasets", "dataset", "query", "count", "other",
 };
 
+static const char *const mem_part_names[IV_MEM_N] = {
+    "pointers", "values", "index", "cache", "stream", "other_orientation", "scratch", "metadata", "obsm",
+    "search",
+};
+
+const char *iv_mem_part_name(iv_mem_part_t p)
+{
+    return (unsigned)p < IV_MEM_N ? mem_part_names[p] : "other";
+}
+
 const char *iv_route_name(iv_route_t r)
 {
     return (unsigned)r < IV_R_COUNT_ ? route_names[r] : "other";
@@ -93,4 +103,25 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
                   g->queue_depth, g->open_connections, g->active_streams, g->queued_write_bytes,
                   g->cache_bytes, hr,
                   g->datasets_ready, g->datasets_failed, g->datasets_loading);
+    iv_buf_printf(o, "# HELP ivserve_cache_budget_bytes The decompressed-chunk cache budget of the process.\n"
+                     "# TYPE ivserve_cache_budget_bytes gauge\nivserve_cache_budget_bytes %zu\n",
+                  g->cache_budget);
+    if (g->process_rss)
+        iv_buf_printf(o, "# HELP ivserve_process_resident_bytes Resident memory of the process, all and anonymous.\n"
+                         "# TYPE ivserve_process_resident_bytes gauge\n"
+                         "ivserve_process_resident_bytes{kind=\"all\"} %" PRIu64 "\n"
+                         "ivserve_process_resident_bytes{kind=\"anonymous\"} %" PRIu64 "\n",
+                      g->process_rss, g->process_anon);
+    iv_buf_puts(o, "# HELP ivserve_dataset_memory_bytes Memory a ready dataset holds, by part.\n"
+                   "# TYPE ivserve_dataset_memory_bytes gauge\n");
+    /* Dataset ids are [A-Za-z0-9._-]+ (config.h): nothing to escape in a label. */
+    for (size_t i = 0; i < g->n_ds_mem; i++)
+        for (int p = 0; p < IV_MEM_N; p++)
+            iv_buf_printf(o, "ivserve_dataset_memory_bytes{dataset=\"%s\",part=\"%s\"} %zu\n",
+                          g->ds_mem[i].id, mem_part_names[p], g->ds_mem[i].part[p]);
+    iv_buf_puts(o, "# HELP ivserve_cache_budget_evictions_total Chunks evicted to keep the process within its cache budget, by dataset.\n"
+                   "# TYPE ivserve_cache_budget_evictions_total counter\n");
+    for (size_t i = 0; i < g->n_ds_mem; i++)
+        iv_buf_printf(o, "ivserve_cache_budget_evictions_total{dataset=\"%s\"} %" PRIu64 "\n",
+                      g->ds_mem[i].id, g->ds_mem[i].budget_evictions);
 }

@@ -39,6 +39,21 @@ typedef struct iv_metrics {
     uint64_t budget_cuts;        /* slow readers cut to keep the write budget */
 } iv_metrics_t;
 
+/* The parts of a dataset's resident memory, as the dataset document and
+ * /metrics name them (see iv_dataset_memory for the matrix's parts). */
+typedef enum iv_mem_part {
+    IV_MEM_POINTERS, IV_MEM_VALUES, IV_MEM_INDEX, IV_MEM_CACHE, IV_MEM_STREAM, IV_MEM_OTHER,
+    IV_MEM_SCRATCH, IV_MEM_METADATA, IV_MEM_OBSM, IV_MEM_SEARCH, IV_MEM_N
+} iv_mem_part_t;
+
+const char *iv_mem_part_name(iv_mem_part_t p);
+
+typedef struct iv_metrics_ds_mem {
+    const char *id;
+    size_t part[IV_MEM_N];
+    uint64_t budget_evictions;    /* its chunks taken for other datasets or itself by the shared budget */
+} iv_metrics_ds_mem_t;
+
 typedef struct iv_metrics_gauges {
     size_t queue_depth;
     size_t open_connections;
@@ -47,6 +62,10 @@ typedef struct iv_metrics_gauges {
     size_t cache_bytes;
     uint64_t cache_hits, cache_misses;
     size_t datasets_ready, datasets_failed, datasets_loading;
+    size_t cache_budget;          /* the process-wide cache budget */
+    uint64_t process_rss, process_anon;   /* 0 = unknown */
+    const iv_metrics_ds_mem_t *ds_mem;    /* per ready dataset */
+    size_t n_ds_mem;
 } iv_metrics_gauges_t;
 
 void iv_metrics_init(iv_metrics_t *m);

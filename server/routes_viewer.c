@@ -219,6 +219,16 @@ void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
                   v ? v->search_bytes : 0);
 }
 
+void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search)
+{
+    *arrays = v && v->arrays ? v->arrays->bytes : 0;
+    *search = 0;
+    if (!v) return;
+    pthread_mutex_lock(&v->mu);
+    *search = v->search_bytes;
+    pthread_mutex_unlock(&v->mu);
+}
+
 /* ---- routing ------------------------------------------------------------ */
 
 int iv_vroute_match(const char *sub)

@@ -47,6 +47,9 @@ void iv_vds_free(iv_vds_t *v);
 /* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N to a
  * dataset document being built (v may be NULL: empty lists). */
 void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v);
+/* Memory the viewer state holds now: obsm/varm arrays and the search
+ * indexes built so far (v may be NULL: none).  Any thread. */
+void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search);
 
 enum iv_vroute {
     IV_VR_NONE = 0,

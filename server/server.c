@@ -65,6 +65,7 @@
 #include "encode.h"
 #include "error.h"
 #include "http.h"
+#include "membudget.h"
 #include "meta.h"
 #include "metrics.h"
 #include "pool.h"
@@ -280,6 +281,7 @@ struct server {
     int h5_serial;
     iv_metrics_t metrics;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
+    iv_membudget_t *mb;           /* the cache budget all datasets share */
     iv_alog_t log;
 };
 
@@ -387,6 +389,52 @@ static void put_orientations(iv_buf_t *b, iv_dataset_t *ds)
     iv_buf_puts(b, "}");
 }
 
+/* A ready dataset's memory now, by part. */
+static void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->id = d->conf->id;
+    iv_dataset_memory_t dm;
+    iv_dataset_memory(d->ds, &dm);
+    m->part[IV_MEM_POINTERS] = dm.pointers;
+    m->part[IV_MEM_VALUES] = dm.values;
+    m->part[IV_MEM_INDEX] = dm.index;
+    m->part[IV_MEM_CACHE] = dm.cache;
+    m->part[IV_MEM_STREAM] = dm.stream;
+    m->part[IV_MEM_OTHER] = dm.other;
+    m->part[IV_MEM_SCRATCH] = dm.scratch;
+    if (d->meta) {
+        iv_meta_stats_t ms;
+        iv_meta_stats(d->meta, &ms);
+        m->part[IV_MEM_METADATA] = ms.bytes;
+    }
+    iv_vds_memory(d->vx, &m->part[IV_MEM_OBSM], &m->part[IV_MEM_SEARCH]);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    m->budget_evictions = cs.budget_evictions;
+}
+
+/* ,"memory":{...}: what the dataset holds now, by part, and its cache's
+ * limits (cap null: only the shared budget). */
+static void put_memory(iv_buf_t *b, const sds_t *d)
+{
+    iv_metrics_ds_mem_t m;
+    ds_memory(d, &m);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    size_t total = 0;
+    iv_buf_puts(b, ",\"memory\":{");
+    for (int p = 0; p < IV_MEM_N; p++) {
+        iv_buf_printf(b, "\"%s\":%zu,", iv_mem_part_name((iv_mem_part_t)p), m.part[p]);
+        total += m.part[p];
+    }
+    iv_buf_printf(b, "\"total\":%zu,\"cache_floor\":%zu,\"cache_budget\":%zu,\"cache_cap\":", total,
+                  cs.floor, cs.shared_budget);
+    if (cs.budget == SIZE_MAX) iv_buf_puts(b, "null");
+    else iv_buf_printf(b, "%zu", cs.budget);
+    iv_buf_printf(b, ",\"cache_budget_evictions\":%" PRIu64 "}", m.budget_evictions);
+}
+
 static void render_doc(sds_t *d, iv_buf_t *b);
 
 static void build_doc(sds_t *d)
@@ -434,7 +482,8 @@ static void job_other(void *arg)
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
         o.group = d->conf->companion_group;
-        o.cache_bytes = cfg->cache_bytes;
+        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+        o.membudget = j->srv->mb;
         o.pool = j->srv->pool;
         j->rc = iv_dataset_attach_other(d->ds, d->conf->companion, &o, &j->err);
     } else {
@@ -459,7 +508,10 @@ static void job_load(void *arg)
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
     o.group = d->conf->group;
-    o.cache_bytes = j->srv->cfg->cache_bytes;
+    /* The process-wide budget, with this dataset's cap and floor. */
+    o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+    o.cache_floor = (size_t)d->conf->cache_floor_bytes;
+    o.membudget = j->srv->mb;
     /* The row-index pass and the cache prefault take the workers that are
      * free (nested: this job is one of them, and runs its share). */
     o.pool = j->srv->pool;
@@ -1753,14 +1805,29 @@ static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
 static void route_doc(conn_t *c, sds_t *d)
 {
     if (!method_ok(c, 0)) return;
+    /* The document as built at load, with its memory member rendered now
+     * (a cache's size changes with every query); the ETag covers both. */
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_append(&b, d->doc, d->doc_len - 1);
+    put_memory(&b, d);
+    iv_buf_puts(&b, "}");
+    if (b.oom) {
+        iv_buf_free(&b);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    char etag[24];
+    snprintf(etag, sizeof etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
     const char *inm = c->req->hdr[IV_H_IF_NONE_MATCH];
     char extra[96];
-    snprintf(extra, sizeof extra, "ETag: %s\r\nCache-Control: no-cache\r\n", d->etag);
-    if (inm && (strstr(inm, d->etag) || !strcmp(inm, "*"))) {
+    snprintf(extra, sizeof extra, "ETag: %s\r\nCache-Control: no-cache\r\n", etag);
+    if (inm && (strstr(inm, etag) || !strcmp(inm, "*"))) {
+        iv_buf_free(&b);
         send_simple(c, 304, NULL, NULL, 0, extra);
         return;
     }
-    send_simple(c, 200, "application/json", d->doc, d->doc_len, extra);
+    send_owned(c, 200, "application/json", &b, extra);
 }
 
 /* Hands st (owned from here on) to a worker as job jkind of a new stream
@@ -2026,10 +2093,15 @@ static void route_metrics(conn_t *c)
     g.open_connections = s->n_conns;
     g.active_streams = s->n_streams;
     g.queued_write_bytes = s->queued_bytes;
+    g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
+    iv_mem_process(&g.process_rss, &g.process_anon);
+    iv_metrics_ds_mem_t *mem = calloc(s->n_ds ? s->n_ds : 1, sizeof *mem);
+    g.ds_mem = mem;
     for (size_t i = 0; i < s->n_ds; i++) {
         sds_t *d = &s->ds[i];
         if (d->state == DS_READY) {
             g.datasets_ready++;
+            if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
             iv_cache_stats_t cs;
             iv_dataset_cache_stats(d->ds, &cs);
             g.cache_bytes += cs.used;
@@ -2044,6 +2116,7 @@ static void route_metrics(conn_t *c)
     iv_buf_t b;
     iv_buf_init(&b);
     iv_metrics_render(&s->metrics, &g, &b);
+    free(mem);
     send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
 }
 
@@ -2872,6 +2945,34 @@ static int bind_listener(server_t *s)
     return 0;
 }
 
+/* The cache budget all datasets share: cache_bytes, or a share of the
+ * memory available now (before any dataset loads). */
+static int start_cache_budget(server_t *s)
+{
+    const iv_config_t *cfg = s->cfg;
+    size_t bytes = cfg->cache_bytes;
+    const char *src = "cache_bytes";
+    uint64_t avail = 0;
+    if (bytes == IV_CACHE_AUTO)
+        bytes = iv_membudget_default(cfg->cache_share_percent, (size_t)1 << 30, &src, &avail);
+    s->mb = iv_membudget_new(bytes);
+    if (!s->mb) {
+        fprintf(stderr, "ivserve: out of memory\n");
+        return -1;
+    }
+    if (cfg->cache_bytes == IV_CACHE_AUTO)
+        iv_alog_event(&s->log, "info", "cache budget %zu bytes: %u%% of %" PRIu64 " bytes available (%s)",
+                      bytes, cfg->cache_share_percent, avail, src);
+    else
+        iv_alog_event(&s->log, "info", "cache budget %zu bytes (cache_bytes)", bytes);
+    uint64_t floors = 0;
+    for (size_t i = 0; i < cfg->n_datasets; i++) floors += (uint64_t)cfg->datasets[i].cache_floor_bytes;
+    if (floors > bytes)
+        iv_alog_event(&s->log, "warn", "the datasets' cache floors add up to %" PRIu64 " bytes, over the "
+                      "cache budget of %zu: the caches may hold up to the floors", floors, bytes);
+    return 0;
+}
+
 /* Frees what the workers handed back after the loop stopped. */
 static void drain_after_stop(server_t *s)
 {
@@ -2913,6 +3014,7 @@ int iv_server_run(const iv_config_t *cfg)
         goto fail_pool;
     }
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
+    if (start_cache_budget(s) != 0) goto fail_mem;
     s->n_ds = cfg->n_datasets;
     s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
     int ok = s->ds && iv_auth_build(&s->auth, cfg) == 0;
@@ -3020,6 +3122,8 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
+    /* After every dataset closed (each stream leaves the budget). */
+    iv_membudget_free(s->mb);
     free(s->ds);
     iv_auth_free(&s->auth);
 fail_pool:
