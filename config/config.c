@@ -91,7 +91,7 @@ static void free_strv(char **v, size_t n)
     free(v);
 }
 
-static void ds_free(iv_ds_conf_t *d)
+void iv_ds_conf_free(iv_ds_conf_t *d)
 {
     free(d->id);
     free(d->path);
@@ -102,11 +102,56 @@ static void ds_free(iv_ds_conf_t *d)
     free_strv(d->tokens, d->n_tokens);
 }
 
+static int dup_opt(char **dst, const char *src)
+{
+    *dst = NULL;
+    return src && !(*dst = strdup(src)) ? -1 : 0;
+}
+
+int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in)
+{
+    memset(out, 0, sizeof *out);
+    out->transpose_bytes = in->transpose_bytes;
+    if (dup_opt(&out->id, in->id) || dup_opt(&out->path, in->path) ||
+        dup_opt(&out->group, in->group) || dup_opt(&out->title, in->title) ||
+        dup_opt(&out->companion, in->companion) ||
+        dup_opt(&out->companion_group, in->companion_group))
+        goto fail;
+    if (in->n_tokens) {
+        out->tokens = calloc(in->n_tokens, sizeof *out->tokens);
+        if (!out->tokens) goto fail;
+        for (size_t i = 0; i < in->n_tokens; i++, out->n_tokens++)
+            if (!(out->tokens[i] = strdup(in->tokens[i]))) goto fail;
+    }
+    return 0;
+fail:
+    iv_ds_conf_free(out);
+    memset(out, 0, sizeof *out);
+    return IV_ENOMEM;
+}
+
+static int str_eq(const char *a, const char *b)
+{
+    return a == b || (a && b && !strcmp(a, b));
+}
+
+int iv_ds_conf_equal(const iv_ds_conf_t *a, const iv_ds_conf_t *b)
+{
+    if (!str_eq(a->id, b->id) || !str_eq(a->path, b->path) || !str_eq(a->group, b->group) ||
+        !str_eq(a->title, b->title) || !str_eq(a->companion, b->companion) ||
+        !str_eq(a->companion_group, b->companion_group) ||
+        a->transpose_bytes != b->transpose_bytes || a->n_tokens != b->n_tokens)
+        return 0;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (strcmp(a->tokens[i], b->tokens[i])) return 0;
+    return 1;
+}
+
 void iv_config_free(iv_config_t *c)
 {
     if (!c) return;
     free(c->listen);
-    for (size_t i = 0; i < c->n_datasets; i++) ds_free(&c->datasets[i]);
+    for (size_t i = 0; i < c->n_datasets; i++) iv_ds_conf_free(&c->datasets[i]);
     free(c->datasets);
     free_strv(c->tokens, c->n_tokens);
     free_strv(c->cors_origins, c->n_cors);
@@ -163,6 +208,16 @@ static int set_log_format(iv_config_t *c, const char *v, const char *key, iv_err
     if (strcmp(v, "json") && strcmp(v, "text"))
         return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"json\" or \"text\", not '%s'", key, v);
     return set_str(&c->log_format, v, key, err);
+}
+
+/* "all": /readyz answers 200 once every configured dataset is loaded (a
+ * failed one keeps it 503); "any": once at least one is. */
+static int set_readyz(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (strcmp(v, "all") && strcmp(v, "any"))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"all\" or \"any\", not '%s'", key, v);
+    c->readyz_any = !strcmp(v, "any");
+    return 0;
 }
 
 static int push_str(char ***v, size_t *n, const char *s, const char *key, iv_err_t *err)
@@ -375,6 +430,9 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
         } else if (!strcmp(k, "log_format")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
             else rc = set_log_format(c, kv->valuestring, k, err);
+        } else if (!strcmp(k, "readyz")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "readyz: must be a string");
+            else rc = set_readyz(c, kv->valuestring, k, err);
         } else if (!strcmp(k, "access_log")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "access_log: must be a string");
             else rc = set_str(&c->access_log, kv->valuestring, k, err);
@@ -476,6 +534,7 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         if (!strcmp(name, "IVSERVE_LISTEN")) IV_TRY(set_str(&c->listen, v, name, err));
         else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
+        else if (!strcmp(name, "IVSERVE_READYZ")) IV_TRY(set_readyz(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
         else if (!strcmp(name, "IVSERVE_CORS_ORIGINS"))
             IV_TRY(set_list(&c->cors_origins, &c->n_cors, v, name, err));
@@ -513,7 +572,7 @@ const char *iv_config_usage(void)
            "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
            "  --cache-max-age S\n"
            "  --token T (repeatable)  --cors ORIGIN (repeatable)  --log-format json|text\n"
-           "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
+           "  --access-log PATH|-|off  --readyz all|any  --max-connections N  --max-rows N  --max-nnz N\n"
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
@@ -547,6 +606,7 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
         else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
         else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
+        else if (!strcmp(a, "--readyz")) IV_TRY(set_readyz(c, v, a, err));
         else if (!strcmp(a, "--token")) {
             /* Flags replace the file's list rather than add to it. */
             if (!tokens_reset++) {

@@ -63,6 +63,7 @@ typedef struct iv_config {
     size_t n_cors;
     char *log_format;             /* "json" (default) or "text" */
     char *access_log;             /* file path, "-" = stderr (default), "off" */
+    int readyz_any;               /* /readyz: 0 = every dataset loaded ("all"), 1 = at least one ("any") */
     iv_limits_t limits;
 } iv_config_t;
 
@@ -91,6 +92,14 @@ int iv_config_add_path(iv_config_t *c, const char *path, iv_err_t *err);
 /* Final cross-checks (at least one dataset, unique ids; two files with one
  * id are an error naming both files). */
 int iv_config_validate(const iv_config_t *c, iv_err_t *err);
+
+/* A deep copy of one dataset's settings into out (0, or IV_ENOMEM with
+ * out left empty); iv_ds_conf_free releases one. */
+int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in);
+void iv_ds_conf_free(iv_ds_conf_t *d);
+/* True when two dataset settings are the same in every field (tokens in
+ * order): a reload reopens a dataset whose settings differ. */
+int iv_ds_conf_equal(const iv_ds_conf_t *a, const iv_ds_conf_t *b);
 
 /* Usage text for --help. */
 const char *iv_config_usage(void);

@@ -13,6 +13,19 @@
 
 extern char **environ;
 
+/* The command line, kept for reloads: SIGHUP reads the same sources again. */
+struct args {
+    int argc;
+    char **argv;
+};
+
+static int reread_config(void *arg, iv_config_t *out, iv_err_t *err)
+{
+    const struct args *a = arg;
+    int rc = iv_config_from_args(out, a->argc, a->argv, environ, err);
+    return rc == 1 ? iv_fail(err, IV_EINVALID_ARG, "--help or --version on the command line") : rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && iv_cli_is_command(argv[1])) return iv_cli_main(argc, argv);
@@ -36,7 +49,8 @@ int main(int argc, char **argv)
         iv_config_free(&cfg);
         return 2;
     }
-    int code = iv_server_run(&cfg);
+    struct args a = {argc, argv};
+    int code = iv_server_run_with(&cfg, reread_config, &a);
     iv_config_free(&cfg);
     return code;
 }

@@ -68,6 +68,7 @@
 #include "metrics.h"
 #include "pool.h"
 #include "query.h"
+#include "registry.h"
 #include "request.h"
 #include "routes_meta.h"
 #include "openapi.h"
@@ -82,20 +83,12 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct qstream qstream_t;
 
-enum { DS_LOADING, DS_READY, DS_FAILED };
-
-typedef struct sds {
-    const iv_ds_conf_t *conf;
-    iv_dataset_t *ds;
-    iv_meta_t *meta;
-    int state;
-    char err[512];
-    iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
-    char *doc;            /* GET /v1/datasets/{id} document */
-    size_t doc_len;
-    char etag[24];
-    iv_tokens_t tok;      /* its own tokens (besides the global ones) */
-} sds_t;
+/* A dataset as the routes see it: a registry entry (registry.h), held by
+ * reference by each stream and load job that uses it. */
+typedef iv_rds_t sds_t;
+#define DS_LOADING IV_RDS_LOADING
+#define DS_READY IV_RDS_READY
+#define DS_FAILED IV_RDS_FAILED
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
 
@@ -146,6 +139,9 @@ typedef struct job {
     double total;         /* J_COUNT: sum of the selected values */
     setup_t *setup;       /* J_SETUP */
     int cancelled;        /* skipped: cancelled before it ran */
+    uint64_t gen;         /* J_LOAD: the reload that started it (0: start-up) */
+    int replace;          /* J_LOAD: a served entry's pending replacement */
+    int reloaded;         /* J_LOAD: of a dataset served before (the reload's summary) */
 } job_t;
 
 struct qstream {
@@ -250,12 +246,21 @@ struct server {
     iv_pool_t *pool;
     uv_tcp_t listener;
     uv_async_t async;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup, sigusr1;
     uv_timer_t grace;
     pthread_mutex_t done_mu;
     job_t *done_head;
-    sds_t *ds;
-    size_t n_ds, n_loading;
+    iv_registry_t reg;    /* the datasets served now */
+    size_t n_loading;     /* load jobs in flight */
+    int readyz_any;       /* /readyz policy (config "readyz") */
+    /* Reloads (SIGHUP, POST /v1/admin/reload): one at a time; another
+     * asked for meanwhile runs when it ends. */
+    iv_config_reader_fn reader;
+    void *reader_arg;
+    struct reload *reload;
+    int reload_again;
+    atomic_int reload_asked;  /* iv_server_request_reload_async */
+    uint64_t reload_gen;
     conn_t *conns;
     size_t n_conns;
     qstream_t *streams;
@@ -277,6 +282,17 @@ struct server {
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     iv_alog_t log;
 };
+
+/* A reload in progress (see reload_start). */
+typedef struct reload {
+    uint64_t gen;
+    unsigned waiting;     /* its load jobs not back yet, plus one while it is being set up */
+    iv_buf_t added, removed, reloaded, failed;   /* JSON array members */
+    size_t unchanged;
+    conn_t *waiter;       /* the admin request to answer, or NULL */
+    double t0;
+    char why[64];
+} reload_t;
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -329,10 +345,13 @@ static void setup_free(setup_t *st)
     free(st);
 }
 
+/* Loop thread (or after the loop stopped): a load job's reference on its
+ * dataset is dropped here. */
 static void job_free(job_t *j)
 {
     iv_buf_free(&j->out);
     setup_free(j->setup);
+    iv_rds_unref(j->ds);
     free(j);
 }
 
@@ -1179,6 +1198,9 @@ static void req_done(conn_t *c)
     if (!c->active) return;
     server_t *s = c->srv;
     c->active = 0;
+    /* An admin reload answered otherwise (a timeout, the client left):
+     * the reload goes on, and its summary is only logged. */
+    if (s->reload && s->reload->waiter == c) s->reload->waiter = NULL;
     c->resp_ended = 1;
     c->t_end = uv_hrtime();
     free(c->dropped);
@@ -1302,6 +1324,7 @@ static qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
     qs->srv = s;
     qs->c = c;
     qs->ds = d;
+    iv_rds_ref(d);  /* a reload may drop d from the list: the stream keeps it */
     qs->fmt = IV_FMT_NONE;
     qs->kind = kind;
     qs->next_live = s->streams;
@@ -1323,6 +1346,7 @@ static void qs_free(qstream_t *qs)
     else s->streams = qs->next_live;
     if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
     s->n_streams--;
+    iv_rds_unref(qs->ds);
     free(qs);
 }
 
@@ -1555,9 +1579,17 @@ static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_
 
 static sds_t *find_ds(server_t *s, const char *id, size_t n)
 {
-    for (size_t i = 0; i < s->n_ds; i++)
-        if (strlen(s->ds[i].conf->id) == n && !strncmp(s->ds[i].conf->id, id, n)) return &s->ds[i];
-    return NULL;
+    return iv_registry_find(&s->reg, id, n);
+}
+
+/* The answer to a query on a dataset that failed: 503, naming the failure
+ * (paths shortened: the client is not shown where the files are), without
+ * Retry-After, since only a reload changes it. */
+static void failed_msg(const sds_t *d, char *out, size_t cap)
+{
+    char red[sizeof d->err];
+    iv_http_redact_paths(red, sizeof red, d->err[0] ? d->err : "unknown error");
+    snprintf(out, cap, "dataset '%.128s' failed to load: %.300s", d->conf->id, red);
 }
 
 /* A refusal decided before any work: the answer to send. */
@@ -1624,20 +1656,38 @@ static void route_list(conn_t *c)
     iv_buf_init(&b);
     iv_buf_puts(&b, "{\"datasets\":[");
     int first = 1;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        sds_t *d = &s->ds[i];
-        if (d->state == DS_FAILED) continue;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
         if (!first) iv_buf_puts(&b, ",");
         first = 0;
         if (d->state == DS_READY && d->doc) {
             /* The dataset document minus the column lists keeps this short. */
             put_summary(&b, d, 0);
-            iv_buf_puts(&b, "}");
+            iv_buf_puts(&b, ",\"state\":\"ready\"");
         } else {
             iv_buf_puts(&b, "{\"id\":");
             iv_buf_json_str(&b, d->conf->id);
-            iv_buf_puts(&b, ",\"ready\":false}");
+            iv_buf_puts(&b, ",\"title\":");
+            iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
+            iv_buf_printf(&b, ",\"ready\":false,\"state\":\"%s\"",
+                          d->state == DS_FAILED ? "failed" : "loading");
+            if (d->state == DS_FAILED) {
+                char msg[480];
+                failed_msg(d, msg, sizeof msg);
+                iv_buf_puts(&b, ",\"error\":");
+                iv_buf_json_str(&b, msg);
+            }
         }
+        /* A reload's replacement: loading beside this one, or failed
+         * while this one kept serving. */
+        if (d->pending) iv_buf_puts(&b, ",\"reload\":\"loading\"");
+        else if (d->reload_err[0]) {
+            char red[sizeof d->reload_err];
+            iv_http_redact_paths(red, sizeof red, d->reload_err);
+            iv_buf_puts(&b, ",\"reload_error\":");
+            iv_buf_json_str(&b, red);
+        }
+        iv_buf_puts(&b, "}");
     }
     iv_buf_puts(&b, "]}");
     send_owned(c, 200, "application/json", &b, NULL);
@@ -1647,13 +1697,19 @@ static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
 {
     sds_t *d = find_ds(c->srv, id, n);
     snprintf(c->dsid, sizeof c->dsid, "%.*s", (int)(n > 128 ? 128 : n), id);
-    if (!d || d->state == DS_FAILED) {
+    if (!d) {
         char msg[200];
         snprintf(msg, sizeof msg, "no dataset '%.*s'", (int)(n > 128 ? 128 : n), id);
         send_error(c, 404, "not_found", msg, NULL);
         return NULL;
     }
     if (auth_check(c, d)) return NULL;
+    if (d->state == DS_FAILED) {
+        char msg[480];
+        failed_msg(d, msg, sizeof msg);
+        send_error(c, 503, "dataset_failed", msg, "Cache-Control: no-store\r\n");
+        return NULL;
+    }
     if (d->state == DS_LOADING) {
         send_error(c, 503, "not_ready", "the dataset is still loading", "Retry-After: 1\r\n");
         return NULL;
@@ -1671,7 +1727,17 @@ static void route_doc(conn_t *c, sds_t *d)
         send_simple(c, 304, NULL, NULL, 0, extra);
         return;
     }
-    send_simple(c, 200, "application/json", d->doc, d->doc_len, extra);
+    /* A copy: the document may be replaced (the other orientation ready)
+     * or the dataset dropped by a reload before the write completes. */
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_append(&b, d->doc, d->doc_len);
+    if (b.oom) {
+        iv_buf_free(&b);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    send_owned(c, 200, "application/json", &b, extra);
 }
 
 /* Hands st (owned from here on) to a worker as job jkind of a new stream
@@ -1934,8 +2000,8 @@ static void route_metrics(conn_t *c)
     g.open_connections = s->n_conns;
     g.active_streams = s->n_streams;
     g.queued_write_bytes = s->queued_bytes;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        sds_t *d = &s->ds[i];
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
         if (d->state == DS_READY) {
             g.datasets_ready++;
             iv_cache_stats_t cs;
@@ -1953,6 +2019,64 @@ static void route_metrics(conn_t *c)
     iv_buf_init(&b);
     iv_metrics_render(&s->metrics, &g, &b);
     send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
+}
+
+/*
+ * /readyz: "all" (default) is ready when every configured dataset is
+ * loaded, so a failed one keeps the replica out of a load balancer's
+ * rotation and someone notices; "any" when at least one is, for a server
+ * whose other datasets should stay reachable whatever one file does.
+ */
+static void route_readyz(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (!method_ok(c, 0)) return;
+    iv_registry_counts_t n;
+    iv_registry_count(&s->reg, &n);
+    const char *policy = s->readyz_any ? "any" : "all";
+    if (iv_registry_ready(&s->reg, s->readyz_any)) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        iv_buf_printf(&b, "{\"status\":\"ready\",\"policy\":\"%s\",\"ready\":%zu,\"loading\":%zu,"
+                      "\"failed\":%zu}", policy, n.ready, n.loading, n.failed);
+        send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+        return;
+    }
+    /* Name the datasets that are not ready (bounded: the message is a line). */
+    iv_buf_t m;
+    iv_buf_init(&m);
+    iv_buf_printf(&m, "%zu of %zu datasets ready (readyz policy \"%s\")", n.ready, s->reg.n, policy);
+    for (int failed = 1; failed >= 0; failed--) {
+        int first = 1;
+        for (size_t i = 0; i < s->reg.n && m.len < 400; i++) {
+            const sds_t *d = s->reg.v[i];
+            if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
+            iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
+                          d->conf->id);
+            first = 0;
+        }
+    }
+    iv_buf_append(&m, "", 1);
+    send_error(c, 503, "not_ready", m.oom ? "datasets are not ready" : m.data, "Retry-After: 1\r\n");
+    iv_buf_free(&m);
+}
+
+static void reload_start(server_t *s, const char *why, conn_t *waiter);
+
+/* POST /v1/admin/reload: the same as SIGHUP, answered with the summary
+ * once the new and changed datasets are loaded (or failed).  For now it
+ * needs a global token when the server has any (token_ok with no dataset);
+ * an "admin" scope is to take its place. */
+static void route_admin_reload(conn_t *c)
+{
+    if (c->req->method != HTTP_POST) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here", method_name(c->req->method));
+        send_error(c, 405, "method_not_allowed", msg, "Allow: POST, OPTIONS\r\n");
+        return;
+    }
+    if (auth_check(c, NULL)) return;
+    reload_start(c->srv, "POST /v1/admin/reload", c);
 }
 
 static void dispatch(conn_t *c)
@@ -1981,8 +2105,7 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/readyz")) {
         c->route = IV_R_READYZ;
         if (!method_ok(c, 0)) return;
-        if (s->n_loading == 0) send_simple(c, 200, "application/json", "{\"status\":\"ready\"}", 18, NULL);
-        else send_error(c, 503, "not_ready", "datasets are still loading", "Retry-After: 1\r\n");
+        route_readyz(c);
         return;
     }
     if (!strcmp(p, "/openapi.json")) {
@@ -1994,6 +2117,11 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/metrics")) {
         c->route = IV_R_METRICS;
         route_metrics(c);
+        return;
+    }
+    if (!strcmp(p, "/v1/admin/reload")) {
+        c->route = IV_R_OTHER;
+        route_admin_reload(c);
         return;
     }
     iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
@@ -2064,6 +2192,16 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
     if (m == HTTP_OPTIONS) return 0;
     static const char pre[] = "/v1/datasets";
     const sds_t *d = NULL;
+    if (!strcmp(p, "/v1/admin/reload")) {
+        if (m != HTTP_POST) {
+            f->status = 405;
+            f->code = "method_not_allowed";
+            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+            f->extra = "Allow: POST, OPTIONS\r\n";
+            return -1;
+        }
+        return token_ok(s, r, NULL, f) ? -1 : 0;
+    }
     if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
         f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
                                                                                   : IV_R_METRICS;
@@ -2084,13 +2222,21 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
             else if (!strcmp(sub, "/count")) f->route = IV_R_COUNT;
             if (f->route != IV_R_OTHER && idn > 0) {
                 d = find_ds(s, id, idn);
-                if (!d || d->state == DS_FAILED) {
+                if (!d) {
                     f->status = 404;
                     f->code = "not_found";
                     snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
                     return -1;
                 }
                 if (token_ok(s, r, d, f)) return -1;
+                if (d->state == DS_FAILED) {
+                    f->status = 503;
+                    f->code = "dataset_failed";
+                    snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load",
+                             (int)(idn > 128 ? 128 : idn), id);
+                    f->extra = "Cache-Control: no-store\r\n";
+                    return -1;
+                }
                 if (d->state == DS_LOADING) {
                     f->status = 503;
                     f->code = "not_ready";
@@ -2145,6 +2291,8 @@ static void on_handle_closed(uv_handle_t *h)
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
+        uv_close((uv_handle_t *)&s->sighup, NULL);
+        uv_close((uv_handle_t *)&s->sigusr1, NULL);
         uv_close((uv_handle_t *)&s->grace, NULL);
     }
 }
@@ -2619,6 +2767,79 @@ static void on_connection(uv_stream_t *ls, int status)
 
 /* ---- loop-side completions, signals ------------------------------------ */
 
+/*
+ * A reload (SIGHUP, POST /v1/admin/reload, iv_server_request_reload).
+ *
+ * The settings are read afresh on the loop (a small file); a bad file is
+ * refused whole and the datasets served stay as they are.  Then each
+ * dataset of the new list is compared with the one served under its id:
+ * the same settings and the same file identity (registry.h) keep the
+ * entry; anything else loads a new entry on the workers.  A new entry for
+ * a ready dataset waits beside it (the old one's `pending`) and is swapped
+ * in by on_load_done when it is ready, so queries never see a half-loaded
+ * dataset; one for a dataset that was not serving anyway (loading, failed)
+ * takes its place at once.  Datasets no longer configured leave the list
+ * at once and are freed when their last stream ends.  Connections are not
+ * touched.  The reload is over when every load it started has come back;
+ * then its summary is logged and sent to the admin request that asked.
+ */
+
+static void json_member(iv_buf_t *b, const char *id)
+{
+    if (b->len) iv_buf_puts(b, ",");
+    iv_buf_json_str(b, id);
+}
+
+static void reload_free(reload_t *op)
+{
+    iv_buf_free(&op->added);
+    iv_buf_free(&op->removed);
+    iv_buf_free(&op->reloaded);
+    iv_buf_free(&op->failed);
+    free(op);
+}
+
+static void reload_finish(server_t *s)
+{
+    reload_t *op = s->reload;
+    s->reload = NULL;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, "{\"added\":[");
+    iv_buf_append(&b, op->added.data, op->added.len);
+    iv_buf_puts(&b, "],\"removed\":[");
+    iv_buf_append(&b, op->removed.data, op->removed.len);
+    iv_buf_puts(&b, "],\"reloaded\":[");
+    iv_buf_append(&b, op->reloaded.data, op->reloaded.len);
+    iv_buf_puts(&b, "],\"failed\":[");
+    iv_buf_append(&b, op->failed.data, op->failed.len);
+    iv_buf_printf(&b, "],\"unchanged\":%zu,\"seconds\":%.3f}", op->unchanged, now_s() - op->t0);
+    if (b.oom) op->waiter = NULL;  /* send_error below */
+    iv_alog_event(&s->log, op->failed.len ? "warn" : "info", "reload (%s) done: %.*s", op->why,
+                  b.oom ? 2 : (int)(b.len > 900 ? 900 : b.len), b.oom ? "{}" : b.data);
+    conn_t *c = op->waiter;
+    op->waiter = NULL;
+    if (c) send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+    iv_buf_free(&b);
+    reload_free(op);
+    if (s->reload_again && !s->draining) {
+        s->reload_again = 0;
+        reload_start(s, "asked for during the last one", NULL);
+    }
+}
+
+/* One of the reload's loads came back (or the set-up ended). */
+static void reload_step(server_t *s)
+{
+    if (s->reload && --s->reload->waiting == 0) reload_finish(s);
+}
+
+static void job_load(void *arg);
+
+/* Loads d on a worker; gen, replace and reloaded as in job_t.  A full
+ * queue fails the load at once (on_load_done reports it). */
+static void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
+
 static void on_load_done(job_t *j)
 {
     server_t *s = j->srv;
@@ -2627,10 +2848,13 @@ static void on_load_done(job_t *j)
     if (j->rc != 0) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
-        iv_alog_event(&s->log, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
+        iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
+                      j->replace ? "not reloaded, the one loaded before keeps serving" : "failed",
+                      j->err.msg);
     } else if (!d->doc) {
         d->state = DS_FAILED;
-        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
+        snprintf(d->err, sizeof d->err, "out of memory");
+        iv_alog_event(&s->log, "error", "dataset %s failed: out of memory", d->conf->id);
     } else {
         d->state = DS_READY;
         const iv_dataset_info_t *in = iv_dataset_info(d->ds);
@@ -2638,23 +2862,275 @@ static void on_load_done(job_t *j)
             iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
                       d->conf->id, d->err);
         iv_alog_event(&s->log, "info",
-                  "dataset %s ready: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
-                  d->conf->id, in->n_rows, in->n_cols, in->nnz,
+                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
+                  d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
                   in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
     }
-    if (s->n_loading == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
+    if (j->replace && !d->retired) {
+        /* A replacement: it takes its old entry's place when ready; when
+         * it failed, the old one keeps serving and says why. */
+        sds_t *old = NULL;
+        size_t at = 0;
+        for (size_t i = 0; i < s->reg.n && !old; i++)
+            if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
+        if (old) {
+            old->pending = NULL;  /* its reference passes to the list, or is dropped */
+            if (d->state == DS_READY) {
+                s->reg.v[at] = d;
+                iv_rds_retire(old);
+            } else {
+                snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
+                d->retired = 1;
+                iv_rds_unref(d);
+            }
+        } else {
+            d->retired = 1;
+        }
+    }
+    if (s->reload && j->gen == s->reload->gen) {
+        reload_t *op = s->reload;
+        if (d->state == DS_READY) {
+            json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
+        } else {
+            if (op->failed.len) iv_buf_puts(&op->failed, ",");
+            iv_buf_puts(&op->failed, "{\"id\":");
+            iv_buf_json_str(&op->failed, d->conf->id);
+            iv_buf_puts(&op->failed, ",\"error\":");
+            iv_buf_json_str(&op->failed, d->err);
+            iv_buf_puts(&op->failed, "}");
+        }
+    }
+    if (s->n_loading == 0 && j->gen == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
     const iv_ds_conf_t *dc = d->conf;
     int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
-    if (d->state == DS_READY && !s->draining && (dc->companion || tb > 0)) {
+    uint64_t gen = j->gen;
+    if (d->state == DS_READY && !d->retired && !s->draining && (dc->companion || tb > 0)) {
         /* Cell queries are served meanwhile; the other orientation joins
-         * when it is ready (see job_other). */
+         * when it is ready (see job_other).  The job keeps its reference. */
         j->kind = J_OTHER;
         j->rc = 0;
         iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-        if (iv_pool_try_submit(s->pool, job_other, j) == 0) return;
-        iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+        if (iv_pool_try_submit(s->pool, job_other, j) == 0) j = NULL;
+        else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
     }
-    job_free(j);
+    if (j) job_free(j);
+    if (s->reload && gen == s->reload->gen) reload_step(s);
+}
+
+static void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        /* Nothing can report it but the entry itself. */
+        d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "out of memory");
+        return;
+    }
+    j->srv = s;
+    j->kind = J_LOAD;
+    j->ds = d;
+    iv_rds_ref(d);
+    j->gen = gen;
+    j->replace = replace;
+    j->reloaded = reloaded;
+    s->n_loading++;
+    if (s->reload && gen == s->reload->gen) s->reload->waiting++;
+    iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
+    if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
+        j->rc = iv_fail(&j->err, IV_EOVERLOADED, "the worker queue is full; reload to retry");
+        on_load_done(j);
+    }
+}
+
+/* Pads every token set to a reload's longest token when it grew. */
+static int tokens_grow(server_t *s, const iv_config_t *nc)
+{
+    size_t len = s->tok_len;
+    for (size_t i = 0; i < nc->n_datasets; i++) {
+        size_t l = iv_tokens_max_len(nc->datasets[i].tokens, nc->datasets[i].n_tokens);
+        if (l > len) len = l;
+    }
+    if (len == s->tok_len) return 0;
+    unsigned char *cand = calloc(1, len + 1);
+    iv_tokens_t g;
+    if (!cand || iv_tokens_init(&g, s->cfg->tokens, s->cfg->n_tokens, len) != 0) {
+        free(cand);
+        return -1;
+    }
+    /* Entries not padded to the new length compare a prefix only: every
+     * one is padded again before the new length is used. */
+    for (size_t i = 0; i < s->reg.n; i++)
+        if (iv_rds_retoken(s->reg.v[i], len) != 0 ||
+            (s->reg.v[i]->pending && iv_rds_retoken(s->reg.v[i]->pending, len) != 0)) {
+            /* Those already padded keep working: a longer pad compares the
+             * same tokens (a candidate is cut at the global length). */
+            free(cand);
+            iv_tokens_free(&g);
+            return -1;
+        }
+    iv_tokens_free(&s->tok);
+    s->tok = g;
+    free(s->tok_cand);
+    s->tok_cand = cand;
+    s->tok_len = len;
+    return 0;
+}
+
+/* Refuses a reload: the log line, and the admin request's answer. */
+static void reload_refuse(server_t *s, conn_t *waiter, int status, const char *code, const char *why,
+                          const char *msg)
+{
+    iv_alog_event(&s->log, "error", "reload (%s) refused: %s; the %zu datasets served are kept", why,
+                  msg, s->reg.n);
+    if (waiter) send_error(waiter, status, code, msg, status == 409 ? "Retry-After: 1\r\n" : NULL);
+}
+
+static void reload_start(server_t *s, const char *why, conn_t *waiter)
+{
+    if (s->draining) {
+        if (waiter) send_error(waiter, 503, "shutting_down", "the server is shutting down", NULL);
+        return;
+    }
+    if (s->reload) {
+        if (waiter) {
+            send_error(waiter, 409, "reload_in_progress", "a reload is running; retry when it ends",
+                       "Retry-After: 1\r\n");
+            return;
+        }
+        s->reload_again = 1;
+        iv_alog_event(&s->log, "info", "reload (%s): one is running; another follows it", why);
+        return;
+    }
+    if (!s->reader) {
+        reload_refuse(s, waiter, 409, "no_config_source", why,
+                      "this server has no configuration source to read again");
+        return;
+    }
+    iv_config_t nc;
+    iv_config_init(&nc);
+    iv_err_t err;
+    iv_err_clear(&err);
+    int rc = s->reader(s->reader_arg, &nc, &err);
+    if (rc != 0) {
+        reload_refuse(s, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
+        iv_config_free(&nc);
+        return;
+    }
+    /* Everything that can fail is allocated before anything changes. */
+    size_t n = nc.n_datasets;
+    reload_t *op = calloc(1, sizeof *op);
+    sds_t **nv = calloc(n ? n : 1, sizeof *nv);
+    struct plan {
+        sds_t *fresh;     /* a new entry to load, or NULL: the served one is kept */
+        int replace;      /* it waits beside a ready entry */
+        int reloaded;     /* the id was served before */
+    } *pl = calloc(n ? n : 1, sizeof *pl);
+    int ok = op && nv && pl && tokens_grow(s, &nc) == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const iv_ds_conf_t *dc = &nc.datasets[i];
+        sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
+        iv_file_id_t fid;
+        iv_file_id_read(dc->path, &fid);
+        if (cur) {
+            /* A failed dataset is tried again whatever changed. */
+            const sds_t *latest = cur->pending ? cur->pending : cur;
+            if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
+                iv_file_id_same(&latest->fid, &fid)) {
+                nv[i] = cur;
+                continue;
+            }
+        }
+        if (!(pl[i].fresh = iv_rds_new(dc, s->tok_len))) {
+            ok = 0;
+            break;
+        }
+        pl[i].fresh->fid = fid;
+        pl[i].replace = cur && cur->state == DS_READY;
+        pl[i].reloaded = cur != NULL;
+    }
+    if (!ok) {
+        for (size_t i = 0; pl && i < n; i++)
+            if (pl[i].fresh) iv_rds_unref(pl[i].fresh);
+        free(pl);
+        free(nv);
+        free(op);
+        reload_refuse(s, waiter, 503, "out_of_memory", why, "out of memory");
+        iv_config_free(&nc);
+        return;
+    }
+    op->gen = ++s->reload_gen;
+    op->waiting = 1;
+    op->waiter = waiter;
+    op->t0 = now_s();
+    snprintf(op->why, sizeof op->why, "%s", why);
+    iv_buf_init(&op->added);
+    iv_buf_init(&op->removed);
+    iv_buf_init(&op->reloaded);
+    iv_buf_init(&op->failed);
+    s->reload = op;
+    s->readyz_any = nc.readyz_any;
+    iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
+    for (size_t i = 0; i < n; i++) {
+        if (!pl[i].fresh) {
+            op->unchanged++;
+            continue;
+        }
+        if (!pl[i].replace) {
+            nv[i] = pl[i].fresh;
+            continue;
+        }
+        sds_t *cur = find_ds(s, nc.datasets[i].id, strlen(nc.datasets[i].id));
+        if (cur->pending) {
+            /* A replacement still loading is superseded: its load comes
+             * back to nothing. */
+            cur->pending->retired = 1;
+            iv_rds_unref(cur->pending);
+        }
+        cur->pending = pl[i].fresh;  /* the entry holds the new one's reference */
+        nv[i] = cur;
+    }
+    /* The new list in place; what left it is retired (freed when its last
+     * request ends). */
+    sds_t **old = s->reg.v;
+    size_t n_old = s->reg.n;
+    s->reg.v = nv;
+    s->reg.n = n;
+    for (size_t k = 0; k < n_old; k++) {
+        int kept = 0;
+        for (size_t i = 0; i < n && !kept; i++) kept = nv[i] == old[k];
+        if (kept) continue;
+        if (!find_ds(s, old[k]->conf->id, strlen(old[k]->conf->id))) {
+            json_member(&op->removed, old[k]->conf->id);
+            iv_alog_event(&s->log, "info", "dataset %s removed; freed when its last request ends",
+                          old[k]->conf->id);
+        }
+        iv_rds_retire(old[k]);
+    }
+    free(old);
+    for (size_t i = 0; i < n; i++)
+        if (pl[i].fresh) load_submit(s, pl[i].fresh, op->gen, pl[i].replace, pl[i].reloaded);
+    free(pl);
+    iv_config_free(&nc);
+    reload_step(s);
+}
+
+void iv_server_request_reload(struct server *s, const char *why)
+{
+    reload_start(s, why, NULL);
+}
+
+void iv_server_request_reload_async(struct server *s)
+{
+    atomic_store(&s->reload_asked, 1);
+    uv_async_send(&s->async);
+}
+
+void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)
+{
+    if (d->state != DS_READY) return;
+    d->state = DS_FAILED;
+    snprintf(d->err, sizeof d->err, "%s", why);
+    iv_alog_event(&s->log, "error", "dataset %s (%s) failed: %s", d->conf->id, d->conf->path, why);
 }
 
 static void on_other_done(job_t *j)
@@ -2699,6 +3175,7 @@ static job_t *take_done(server_t *s)
 static void on_async(uv_async_t *a)
 {
     server_t *s = a->data;
+    if (atomic_exchange(&s->reload_asked, 0)) reload_start(s, "asked for by a worker", NULL);
     job_t *j = take_done(s);
     while (j) {
         job_t *n = j->next;
@@ -2714,6 +3191,25 @@ static void on_grace(uv_timer_t *t)
     server_t *s = t->data;
     iv_alog_event(&s->log, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
     while (s->conns) conn_close(s->conns);
+}
+
+/*
+ * SIGHUP: what logrotate and `systemctl reload` send.  The access log file
+ * is opened again (a rotated file's new lines go to the new one) and the
+ * settings are read again (see reload_start).  SIGUSR1 is only logged: a
+ * stray one must not kill a server that many people use.
+ */
+static void on_hup(uv_signal_t *sig, int signum)
+{
+    server_t *s = sig->data;
+    if (signum == SIGHUP) {
+        if (iv_alog_reopen(&s->log, s->cfg->access_log) != 0)
+            iv_alog_event(&s->log, "error", "SIGHUP: cannot open the access log %s again; "
+                          "still writing to the one open", s->cfg->access_log);
+        reload_start(s, "SIGHUP", NULL);
+        return;
+    }
+    iv_alog_event(&s->log, "info", "signal %d ignored (SIGHUP reloads, SIGTERM stops)", signum);
 }
 
 static void on_signal(uv_signal_t *sig, int signum)
@@ -2736,6 +3232,8 @@ static void on_signal(uv_signal_t *sig, int signum)
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
+        uv_close((uv_handle_t *)&s->sighup, NULL);
+        uv_close((uv_handle_t *)&s->sigusr1, NULL);
         uv_close((uv_handle_t *)&s->grace, NULL);
         return;
     }
@@ -2797,9 +3295,18 @@ static void drain_after_stop(server_t *s)
 
 int iv_server_run(const iv_config_t *cfg)
 {
+    return iv_server_run_with(cfg, NULL, NULL);
+}
+
+int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+{
     server_t *s = calloc(1, sizeof *s);
     if (!s) return 1;
     s->cfg = cfg;
+    s->reader = reader;
+    s->reader_arg = reader_arg;
+    s->readyz_any = cfg->readyz_any;
+    atomic_init(&s->reload_asked, 0);
     iv_metrics_init(&s->metrics);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
@@ -2821,14 +3328,14 @@ int iv_server_run(const iv_config_t *cfg)
         if (l > s->tok_len) s->tok_len = l;
     }
     s->tok_cand = calloc(1, s->tok_len + 1);
-    s->n_ds = cfg->n_datasets;
-    s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    int ok = s->tok_cand && s->ds && iv_tokens_init(&s->tok, cfg->tokens, cfg->n_tokens, s->tok_len) == 0;
-    for (size_t i = 0; ok && i < s->n_ds; i++) {
-        s->ds[i].conf = &cfg->datasets[i];
-        s->ds[i].state = DS_LOADING;
-        ok = iv_tokens_init(&s->ds[i].tok, cfg->datasets[i].tokens, cfg->datasets[i].n_tokens,
-                            s->tok_len) == 0;
+    s->reg.v = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *s->reg.v);
+    int ok = s->tok_cand && s->reg.v && iv_tokens_init(&s->tok, cfg->tokens, cfg->n_tokens, s->tok_len) == 0;
+    for (size_t i = 0; ok && i < cfg->n_datasets; i++) {
+        ok = (s->reg.v[i] = iv_rds_new(&cfg->datasets[i], s->tok_len)) != NULL;
+        if (ok) {
+            s->reg.n++;
+            iv_file_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
+        }
     }
     if (!ok) {
         fprintf(stderr, "ivserve: out of memory\n");
@@ -2854,38 +3361,29 @@ int iv_server_run(const iv_config_t *cfg)
     if ((rc = uv_async_init(&s->loop, &s->async, on_async)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sighup)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigusr1)) != 0 ||
         (rc = uv_timer_init(&s->loop, &s->grace)) != 0 ||
         (rc = uv_tcp_init(&s->loop, &s->listener)) != 0) {
         fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
     s->async.data = s;
-    s->sigterm.data = s->sigint.data = s;
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
     s->grace.data = s;
     s->listener.data = s;
     if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
-        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0) {
-        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT: %s\n", uv_strerror(rc));
+        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
+        (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
+        (rc = uv_signal_start(&s->sigusr1, on_hup, SIGUSR1)) != 0) {
+        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT/SIGHUP/SIGUSR1: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
     if (s->h5_serial)
         iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
 
     if (bind_listener(s) != 0) goto fail_loop;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        job_t *j = calloc(1, sizeof *j);
-        if (!j) goto fail_loop;
-        j->srv = s;
-        j->kind = J_LOAD;
-        j->ds = &s->ds[i];
-        s->n_loading++;
-        iv_alog_event(&s->log, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
-        if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
-            s->n_loading--;
-            s->ds[i].state = DS_FAILED;
-            free(j);
-        }
-    }
+    for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
@@ -2898,6 +3396,7 @@ fail_loop:
     {
         uv_handle_t *hs[] = {(uv_handle_t *)&s->listener, (uv_handle_t *)&s->async,
                              (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
+                             (uv_handle_t *)&s->sighup, (uv_handle_t *)&s->sigusr1,
                              (uv_handle_t *)&s->grace};
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
             if (hs[i]->loop == &s->loop && !uv_is_closing(hs[i])) uv_close(hs[i], NULL);
@@ -2907,11 +3406,10 @@ cleanup:
     iv_pool_destroy(s->pool);
     s->pool = NULL;
     drain_after_stop(s);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) {
-        iv_meta_free(s->ds[i].meta);
-        if (s->ds[i].ds) iv_dataset_close(s->ds[i].ds);
-        iv_vds_free(s->ds[i].vx);
-        free(s->ds[i].doc);
+    if (s->reload) {
+        /* Stopped during a reload: its waiter's connection is gone. */
+        reload_free(s->reload);
+        s->reload = NULL;
     }
     uv_loop_close(&s->loop);
 fail_mutex:
@@ -2919,8 +3417,7 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) iv_tokens_free(&s->ds[i].tok);
-    free(s->ds);
+    iv_registry_free(&s->reg);
     iv_tokens_free(&s->tok);
     free(s->tok_cand);
 fail_pool:
