@@ -345,13 +345,35 @@ static void setup_free(setup_t *st)
     free(st);
 }
 
+/* Drops a reference to a dataset; the last one of a dataset a reload
+ * took out of service frees it, and the log says so (its memory is
+ * back). */
+static void ds_unref(server_t *s, sds_t *d)
+{
+    if (d && d->retired && d->refs == 1 && d->ds)
+        iv_alog_event(&s->log, "info", "dataset %s released (%s)", d->conf->id, d->conf->path);
+    iv_rds_unref(d);
+}
+
+/* Takes d out of service (registry.h); freed now or by the last request. */
+static void ds_retire(server_t *s, sds_t *d)
+{
+    if (d->pending) {
+        d->pending->retired = 1;
+        ds_unref(s, d->pending);
+        d->pending = NULL;
+    }
+    d->retired = 1;
+    ds_unref(s, d);
+}
+
 /* Loop thread (or after the loop stopped): a load job's reference on its
  * dataset is dropped here. */
 static void job_free(job_t *j)
 {
     iv_buf_free(&j->out);
     setup_free(j->setup);
-    iv_rds_unref(j->ds);
+    ds_unref(j->srv, j->ds);
     free(j);
 }
 
@@ -1346,7 +1368,7 @@ static void qs_free(qstream_t *qs)
     else s->streams = qs->next_live;
     if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
     s->n_streams--;
-    iv_rds_unref(qs->ds);
+    ds_unref(s, qs->ds);
     free(qs);
 }
 
@@ -2877,7 +2899,7 @@ static void on_load_done(job_t *j)
             old->pending = NULL;  /* its reference passes to the list, or is dropped */
             if (d->state == DS_READY) {
                 s->reg.v[at] = d;
-                iv_rds_retire(old);
+                ds_retire(s, old);
             } else {
                 snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
                 d->retired = 1;
@@ -3104,7 +3126,7 @@ static void reload_start(server_t *s, const char *why, conn_t *waiter)
             iv_alog_event(&s->log, "info", "dataset %s removed; freed when its last request ends",
                           old[k]->conf->id);
         }
-        iv_rds_retire(old[k]);
+        ds_retire(s, old[k]);
     }
     free(old);
     for (size_t i = 0; i < n; i++)
