@@ -2871,12 +2871,12 @@ static void on_load_done(job_t *j)
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
         iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
-                      j->replace ? "not reloaded, the one loaded before keeps serving" : "failed",
+                      j->replace ? "not reloaded, the one loaded before keeps serving" : "left out",
                       j->err.msg);
     } else if (!d->doc) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "out of memory");
-        iv_alog_event(&s->log, "error", "dataset %s failed: out of memory", d->conf->id);
+        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
     } else {
         d->state = DS_READY;
         const iv_dataset_info_t *in = iv_dataset_info(d->ds);
