@@ -3007,6 +3007,45 @@ static void reload_refuse(server_t *s, conn_t *waiter, int status, const char *c
     if (waiter) send_error(waiter, status, code, msg, status == 409 ? "Retry-After: 1\r\n" : NULL);
 }
 
+static int strv_same(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb) return 0;
+    for (size_t i = 0; i < na; i++)
+        if (strcmp(a[i], b[i])) return 0;
+    return 1;
+}
+
+/* A reload applies the datasets and the readyz policy; the log names the
+ * other settings that changed, which wait for the next start. */
+static void note_restart_keys(server_t *s, const iv_config_t *nc)
+{
+    const iv_config_t *c = s->cfg;
+    char keys[256] = "";
+    struct {
+        int changed;
+        const char *key;
+    } k[] = {
+        {strcmp(c->listen, nc->listen) != 0, "listen"},
+        {c->port != nc->port, "port"},
+        {c->threads != nc->threads || c->queue != nc->queue, "threads/queue"},
+        {c->cache_bytes != nc->cache_bytes, "cache_bytes"},
+        {c->transpose_bytes != nc->transpose_bytes, "transpose_bytes"},
+        {c->cache_max_age != nc->cache_max_age, "cache_max_age"},
+        {!strv_same(c->tokens, c->n_tokens, nc->tokens, nc->n_tokens), "tokens"},
+        {!strv_same(c->cors_origins, c->n_cors, nc->cors_origins, nc->n_cors), "cors_origins"},
+        {strcmp(c->log_format, nc->log_format) || strcmp(c->access_log, nc->access_log),
+         "log_format/access_log"},
+        {memcmp(&c->limits, &nc->limits, sizeof c->limits) != 0, "limits"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].changed)
+            snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", keys[0] ? ", " : "",
+                     k[i].key);
+    if (keys[0])
+        iv_alog_event(&s->log, "warn", "reload: changed settings that take effect at the next "
+                      "start: %s (a reload applies datasets and readyz)", keys);
+}
+
 static void reload_start(server_t *s, const char *why, conn_t *waiter)
 {
     if (s->draining) {
@@ -3092,6 +3131,7 @@ static void reload_start(server_t *s, const char *why, conn_t *waiter)
     s->reload = op;
     s->readyz_any = nc.readyz_any;
     iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
+    note_restart_keys(s, &nc);
     for (size_t i = 0; i < n; i++) {
         if (!pl[i].fresh) {
             op->unchanged++;

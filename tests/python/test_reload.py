@@ -374,6 +374,13 @@ def test_changed_file_and_settings_are_reloaded_unchanged_ones_kept(ivserve, fix
     r = srv.reload()
     assert r.json()["reloaded"] == ["a"], r.text
     assert srv.datasets()[0]["title"] == "Renamed"
+    # Settings a reload does not apply are named in the log.
+    srv.write_cfg({"datasets": [{"id": "a", "path": p, "title": "Renamed"}],
+                   "cache_max_age": 5, "limits": {"max_rows": 1000}})
+    r = srv.reload()
+    assert r.json()["unchanged"] == 1, r.text
+    assert ("take effect at the next start: cache_max_age, limits" in srv.log_text()), \
+        srv.log_text()[-2000:]
 
 
 def test_failed_replacement_keeps_the_old_one_serving(ivserve, fixtures_dir, tmp_path, servers):
