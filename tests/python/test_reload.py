@@ -460,3 +460,25 @@ def test_reloads_under_queries_leave_nothing_behind(ivserve, fixtures_dir, tmp_p
         time.sleep(0.05)
     srv.wait("settled")
     assert_same(c.query("x", format="binary").matrix, exp)
+
+
+def test_admin_client_that_leaves_does_not_stop_the_reload(ivserve, fixtures_dir, tmp_path,
+                                                           servers):
+    tmp = str(tmp_path)
+    a = os.path.join(fixtures_dir, "tiny.ivcsr.raw.h5ad")
+    srv = Srv(ivserve.path, tmp, {"datasets": [{"id": "a", "path": a}]})
+    servers.append(srv)
+    srv.write_cfg({"datasets": [{"id": "a", "path": a},
+                                {"id": "w", "path": os.path.join(fixtures_dir,
+                                                                 "wide.ivcsr.zstd.h5ad")}]})
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/admin/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    s.close()
+    deadline = time.time() + 30
+    while "reload (POST /v1/admin/reload) done" not in srv.log_text():
+        assert time.time() < deadline, srv.log_text()[-3000:]
+        time.sleep(0.05)
+    assert [(d["id"], d["state"]) for d in srv.datasets()] == [("a", "ready"), ("w", "ready")]
+    # A second reload right after answers normally.
+    r = srv.reload()
+    assert r.status_code == 200 and r.json()["unchanged"] == 2, r.text
