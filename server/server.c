@@ -32,6 +32,12 @@
  * the socket's write queue; reading stops while the input buffer is full.
  * Each write carries the sequence number of its answer and, for a block,
  * its stream, which it credits on completion.
+ *
+ * Datasets are registry entries (registry.h) that each stream and load job
+ * holds by reference, so that a reload (reload_start) can change the list
+ * under running requests: an entry it drops lives until the last of them
+ * ends, and a replacement loads beside the entry it replaces and is
+ * swapped in, on the loop, only once it is ready.
  */
 #include "server.h"
 

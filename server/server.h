@@ -4,6 +4,8 @@
  * iv_server_run() loads every configured dataset on the workers, listens,
  * serves until SIGTERM or SIGINT, lets streams in flight finish within
  * the configured grace period, and releases everything before returning.
+ * SIGHUP reopens the access log and reloads the datasets (see
+ * iv_server_run_with); SIGUSR1 is logged and ignored.
  * Call it from the main thread, once per process (it installs signal
  * handlers on its loop).
  */
