@@ -66,15 +66,6 @@ void iv_rds_retire(iv_rds_t *d)
     iv_rds_unref(d);
 }
 
-int iv_rds_retoken(iv_rds_t *d, size_t tok_len)
-{
-    iv_tokens_t t;
-    if (iv_tokens_init(&t, d->conf_own.tokens, d->conf_own.n_tokens, tok_len) != 0) return -1;
-    iv_tokens_free(&d->tok);
-    d->tok = t;
-    return 0;
-}
-
 void iv_file_id_read(const char *path, iv_file_id_t *out)
 {
     struct stat st;

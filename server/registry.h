@@ -72,9 +72,6 @@ void iv_rds_unref(iv_rds_t *d);
  * and drops the list's reference.  The caller has removed it from the
  * list. */
 void iv_rds_retire(iv_rds_t *d);
-/* Pads d's tokens to a new length (a reload brought a longer token).
- * 0, or -1 out of memory with d unchanged. */
-int iv_rds_retoken(iv_rds_t *d, size_t tok_len);
 
 /* Reads path's identity (ok = 0 when it cannot be read). */
 void iv_file_id_read(const char *path, iv_file_id_t *out);

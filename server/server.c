@@ -2970,7 +2970,9 @@ static void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int re
     }
 }
 
-/* Pads every token set to a reload's longest token when it grew. */
+/* Pads every token set to a reload's longest token when it grew.  All
+ * the new sets are built first and swapped in together: a set padded
+ * longer than the candidate buffer would be read past its end. */
 static int tokens_grow(server_t *s, const iv_config_t *nc)
 {
     size_t len = s->tok_len;
@@ -2979,25 +2981,38 @@ static int tokens_grow(server_t *s, const iv_config_t *nc)
         if (l > len) len = l;
     }
     if (len == s->tok_len) return 0;
+    size_t n = 1;  /* the global set, then each entry and its pending one */
+    for (size_t i = 0; i < s->reg.n; i++) n += 1 + (s->reg.v[i]->pending != NULL);
     unsigned char *cand = calloc(1, len + 1);
-    iv_tokens_t g;
-    if (!cand || iv_tokens_init(&g, s->cfg->tokens, s->cfg->n_tokens, len) != 0) {
+    iv_tokens_t *t = calloc(n, sizeof *t);
+    size_t k = 0;
+    int ok = cand && t && iv_tokens_init(&t[k++], s->cfg->tokens, s->cfg->n_tokens, len) == 0;
+    for (size_t i = 0; ok && i < s->reg.n; i++) {
+        const iv_ds_conf_t *dc = s->reg.v[i]->conf;
+        ok = iv_tokens_init(&t[k++], dc->tokens, dc->n_tokens, len) == 0;
+        if (ok && s->reg.v[i]->pending) {
+            dc = s->reg.v[i]->pending->conf;
+            ok = iv_tokens_init(&t[k++], dc->tokens, dc->n_tokens, len) == 0;
+        }
+    }
+    if (!ok) {
+        for (size_t i = 0; t && i < k; i++) iv_tokens_free(&t[i]);
+        free(t);
         free(cand);
         return -1;
     }
-    /* Entries not padded to the new length compare a prefix only: every
-     * one is padded again before the new length is used. */
-    for (size_t i = 0; i < s->reg.n; i++)
-        if (iv_rds_retoken(s->reg.v[i], len) != 0 ||
-            (s->reg.v[i]->pending && iv_rds_retoken(s->reg.v[i]->pending, len) != 0)) {
-            /* Those already padded keep working: a longer pad compares the
-             * same tokens (a candidate is cut at the global length). */
-            free(cand);
-            iv_tokens_free(&g);
-            return -1;
-        }
+    k = 0;
     iv_tokens_free(&s->tok);
-    s->tok = g;
+    s->tok = t[k++];
+    for (size_t i = 0; i < s->reg.n; i++) {
+        iv_tokens_free(&s->reg.v[i]->tok);
+        s->reg.v[i]->tok = t[k++];
+        if (s->reg.v[i]->pending) {
+            iv_tokens_free(&s->reg.v[i]->pending->tok);
+            s->reg.v[i]->pending->tok = t[k++];
+        }
+    }
+    free(t);
     free(s->tok_cand);
     s->tok_cand = cand;
     s->tok_len = len;

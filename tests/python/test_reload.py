@@ -425,15 +425,21 @@ def test_admin_reload_needs_the_global_token(ivserve, fixtures_dir, tmp_path, se
     assert r.status_code == 405 and "POST" in r.headers["Allow"]
     r = srv.reload(headers={"Authorization": "Bearer sekrit-admin"})
     assert r.status_code == 200 and r.json()["unchanged"] == 1, r.text
-    # A dataset token does not open the admin route.
-    srv.write_cfg({"datasets": [{"id": "a", "path": a, "tokens": ["reader-only"]}],
+    # A dataset token does not open the admin route.  It is longer than any
+    # token before: every token set is padded again (auth.h).
+    reader = "reader-only-and-longer-than-any-token-before"
+    srv.write_cfg({"datasets": [{"id": "a", "path": a, "tokens": [reader]}],
                    "tokens": ["sekrit-admin"]})
     r = srv.reload(headers={"Authorization": "Bearer sekrit-admin"})
     assert r.status_code == 200 and r.json()["reloaded"] == ["a"], r.text
-    assert srv.reload(headers={"Authorization": "Bearer reader-only"}).status_code == 403
-    # The dataset's new (longer than any before) token opens it.
-    assert requests.get(srv.url + "/v1/datasets/a",
-                        headers={"Authorization": "Bearer reader-only"}).status_code == 200
+    assert srv.reload(headers={"Authorization": "Bearer " + reader}).status_code == 403
+    # The dataset's new token opens it, a prefix of it does not, and the
+    # global token still opens everything.
+    for tok, want in ((reader, 200), (reader[:11], 403), ("sekrit-admin", 200)):
+        r = requests.get(srv.url + "/v1/datasets/a", headers={"Authorization": "Bearer " + tok})
+        assert r.status_code == want, (tok, r.status_code)
+    r = srv.reload(headers={"Authorization": "Bearer sekrit-admin"})
+    assert r.status_code == 200 and r.json()["unchanged"] == 1, r.text
 
 
 def test_reloads_under_queries_leave_nothing_behind(ivserve, fixtures_dir, tmp_path, servers):
