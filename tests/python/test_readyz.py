@@ -142,11 +142,13 @@ def test_reload_changes_the_policy_and_retries_failed_datasets(ivserve, fixtures
     del cfg["readyz"]
     srv.write_cfg(cfg)
     srv.proc.send_signal(signal.SIGHUP)
+    # /readyz was 200 under "any" before the signal: wait for the reload's end.
     deadline = time.time() + 30
-    while requests.get(srv.url + "/readyz").status_code != 200:
+    while "reload (SIGHUP) done" not in srv.log_text():
         assert time.time() < deadline, srv.log_text()[-3000:]
         time.sleep(0.05)
-    assert requests.get(srv.url + "/readyz").json()["policy"] == "all"
+    r = requests.get(srv.url + "/readyz")
+    assert r.status_code == 200 and r.json()["policy"] == "all", r.text
     listed = srv.datasets()
     assert [(d["id"], d["state"]) for d in listed] == [("good", "ready"), ("missing", "ready")]
 
