@@ -33,9 +33,11 @@ static void write_file(const char *path, const char *text)
 
 START_TEST(test_file_identity)
 {
-    char dir[] = "/tmp/ivregXXXXXX";
+    const char *tmp = getenv("TMPDIR");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ivregXXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    char a[64], b[64];
+    char a[600], b[600];
     snprintf(a, sizeof a, "%s/a", dir);
     snprintf(b, sizeof b, "%s/b", dir);
     write_file(a, "one");
