@@ -51,6 +51,7 @@ typedef struct iv_rds {
     char etag[24];
     iv_tokens_t tok;      /* its own tokens (besides the global ones) */
     iv_file_id_t fid;     /* the file as it was when the load began */
+    iv_file_id_t cfid;    /* its companion file's, when it has one */
     unsigned refs;
     int retired;          /* out of the list: freed at its last reference */
     struct iv_rds *pending;   /* a replacement being loaded (one reference), or NULL */

@@ -3111,13 +3111,15 @@ static void reload_start(server_t *s, const char *why, conn_t *waiter)
     for (size_t i = 0; ok && i < n; i++) {
         const iv_ds_conf_t *dc = &nc.datasets[i];
         sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
-        iv_file_id_t fid;
+        iv_file_id_t fid, cfid;
         iv_file_id_read(dc->path, &fid);
+        memset(&cfid, 0, sizeof cfid);
+        if (dc->companion) iv_file_id_read(dc->companion, &cfid);
         if (cur) {
             /* A failed dataset is tried again whatever changed. */
             const sds_t *latest = cur->pending ? cur->pending : cur;
             if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
-                iv_file_id_same(&latest->fid, &fid)) {
+                iv_file_id_same(&latest->fid, &fid) && iv_file_id_same(&latest->cfid, &cfid)) {
                 nv[i] = cur;
                 continue;
             }
@@ -3127,6 +3129,7 @@ static void reload_start(server_t *s, const char *why, conn_t *waiter)
             break;
         }
         pl[i].fresh->fid = fid;
+        pl[i].fresh->cfid = cfid;
         pl[i].replace = cur && cur->state == DS_READY;
         pl[i].reloaded = cur != NULL;
     }
@@ -3418,6 +3421,8 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
         if (ok) {
             s->reg.n++;
             iv_file_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
+            if (cfg->datasets[i].companion)
+                iv_file_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
         }
     }
     if (!ok) {

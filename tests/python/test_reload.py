@@ -488,3 +488,26 @@ def test_admin_client_that_leaves_does_not_stop_the_reload(ivserve, fixtures_dir
     # A second reload right after answers normally.
     r = srv.reload()
     assert r.status_code == 200 and r.json()["unchanged"] == 2, r.text
+
+
+def test_changed_companion_file_is_reloaded(ivserve, fixtures_dir, tmp_path, servers):
+    tmp = str(tmp_path)
+    comp = os.path.join(tmp, "comp.h5ad")
+    shutil.copy(os.path.join(fixtures_dir, "tiny.ivcsc.blosc2-lz4.h5ad"), comp)
+    cfg = {"datasets": [{"id": "a", "path": os.path.join(fixtures_dir, "tiny.ivcsr.raw.h5ad"),
+                         "companion": comp}]}
+    srv = Srv(ivserve.path, tmp, cfg)
+    servers.append(srv)
+    assert srv.reload().json()["unchanged"] == 1
+    st = os.stat(comp)
+    os.utime(comp, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    r = srv.reload()
+    assert r.json()["reloaded"] == ["a"], r.text
+    deadline = time.time() + 30
+    while True:
+        o = requests.get(srv.url + "/v1/datasets/a").json()["orientations"]["genes"]
+        if o["state"] == "ready":
+            break
+        assert time.time() < deadline, o
+        time.sleep(0.05)
+    assert o["source"] == "companion", o
