@@ -97,7 +97,7 @@ static void free_strv(char **v, size_t n)
     free(v);
 }
 
-static void ds_free(iv_ds_conf_t *d)
+void iv_ds_conf_free(iv_ds_conf_t *d)
 {
     free(d->id);
     free(d->path);
@@ -108,11 +108,59 @@ static void ds_free(iv_ds_conf_t *d)
     free_strv(d->tokens, d->n_tokens);
 }
 
+static int dup_opt(char **dst, const char *src)
+{
+    *dst = NULL;
+    return src && !(*dst = strdup(src)) ? -1 : 0;
+}
+
+int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in)
+{
+    memset(out, 0, sizeof *out);
+    out->transpose_bytes = in->transpose_bytes;
+    out->cache_bytes = in->cache_bytes;
+    out->cache_floor_bytes = in->cache_floor_bytes;
+    if (dup_opt(&out->id, in->id) || dup_opt(&out->path, in->path) ||
+        dup_opt(&out->group, in->group) || dup_opt(&out->title, in->title) ||
+        dup_opt(&out->companion, in->companion) ||
+        dup_opt(&out->companion_group, in->companion_group))
+        goto fail;
+    if (in->n_tokens) {
+        out->tokens = calloc(in->n_tokens, sizeof *out->tokens);
+        if (!out->tokens) goto fail;
+        for (size_t i = 0; i < in->n_tokens; i++, out->n_tokens++)
+            if (!(out->tokens[i] = strdup(in->tokens[i]))) goto fail;
+    }
+    return 0;
+fail:
+    iv_ds_conf_free(out);
+    memset(out, 0, sizeof *out);
+    return IV_ENOMEM;
+}
+
+static int str_eq(const char *a, const char *b)
+{
+    return a == b || (a && b && !strcmp(a, b));
+}
+
+int iv_ds_conf_equal(const iv_ds_conf_t *a, const iv_ds_conf_t *b)
+{
+    if (!str_eq(a->id, b->id) || !str_eq(a->path, b->path) || !str_eq(a->group, b->group) ||
+        !str_eq(a->title, b->title) || !str_eq(a->companion, b->companion) ||
+        !str_eq(a->companion_group, b->companion_group) ||
+        a->transpose_bytes != b->transpose_bytes || a->cache_bytes != b->cache_bytes ||
+        a->cache_floor_bytes != b->cache_floor_bytes || a->n_tokens != b->n_tokens)
+        return 0;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (strcmp(a->tokens[i], b->tokens[i])) return 0;
+    return 1;
+}
+
 void iv_config_free(iv_config_t *c)
 {
     if (!c) return;
     free(c->listen);
-    for (size_t i = 0; i < c->n_datasets; i++) ds_free(&c->datasets[i]);
+    for (size_t i = 0; i < c->n_datasets; i++) iv_ds_conf_free(&c->datasets[i]);
     free(c->datasets);
     free_strv(c->tokens, c->n_tokens);
     free(c->tokens_file);
@@ -212,6 +260,16 @@ static int set_cidrs(iv_config_t *c, const char *s, const char *key, iv_err_t *e
         if (l) IV_TRY(push_cidr(c, tmp, key, err));
         p = e ? e + 1 : p + l;
     }
+    return 0;
+}
+
+/* "all": /readyz answers 200 once every configured dataset is loaded (a
+ * failed one keeps it 503); "any": once at least one is. */
+static int set_readyz(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (strcmp(v, "all") && strcmp(v, "any"))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be \"all\" or \"any\", not '%s'", key, v);
+    c->readyz_any = !strcmp(v, "any");
     return 0;
 }
 
@@ -436,6 +494,9 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
         } else if (!strcmp(k, "log_format")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
             else rc = set_log_format(c, kv->valuestring, k, err);
+        } else if (!strcmp(k, "readyz")) {
+            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "readyz: must be a string");
+            else rc = set_readyz(c, kv->valuestring, k, err);
         } else if (!strcmp(k, "access_log")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "access_log: must be a string");
             else rc = set_str(&c->access_log, kv->valuestring, k, err);
@@ -564,6 +625,7 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         if (!strcmp(name, "IVSERVE_LISTEN")) IV_TRY(set_str(&c->listen, v, name, err));
         else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
+        else if (!strcmp(name, "IVSERVE_READYZ")) IV_TRY(set_readyz(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKEN_FILE")) IV_TRY(set_str(&c->tokens_file, v, name, err));
         else if (!strcmp(name, "IVSERVE_METRICS_AUTH")) IV_TRY(set_metrics_auth(c, v, name, err));
@@ -609,7 +671,7 @@ const char *iv_config_usage(void)
            "    overwrites it; prefer --token-file or IVSERVE_TOKENS)\n"
            "  --metrics-auth open|token  --trusted-proxy ADDR[/LEN] (repeatable)\n"
            "  --cors ORIGIN (repeatable)  --log-format json|text\n"
-           "  --access-log PATH|-|off  --max-connections N  --max-rows N  --max-nnz N\n"
+           "  --access-log PATH|-|off  --readyz all|any  --max-connections N  --max-rows N  --max-nnz N\n"
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
@@ -643,6 +705,7 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
         else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
         else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
+        else if (!strcmp(a, "--readyz")) IV_TRY(set_readyz(c, v, a, err));
         else if (!strcmp(a, "--token-file")) IV_TRY(set_str(&c->tokens_file, v, a, err));
         else if (!strcmp(a, "--metrics-auth")) IV_TRY(set_metrics_auth(c, v, a, err));
         else if (!strcmp(a, "--trusted-proxy")) {

@@ -92,6 +92,7 @@ typedef struct iv_config {
     size_t n_cors;
     char *log_format;             /* "json" (default) or "text" */
     char *access_log;             /* file path, "-" = stderr (default), "off" */
+    int readyz_any;               /* /readyz: 0 = every dataset loaded ("all"), 1 = at least one ("any") */
     iv_limits_t limits;
 } iv_config_t;
 
@@ -132,6 +133,14 @@ int iv_config_load_tokens(iv_config_t *c, iv_err_t *err);
  * were scrubbed.  A token is visible until this runs: --token-file and
  * IVSERVE_TOKENS never are. */
 int iv_config_scrub_argv(int argc, char **argv);
+
+/* A deep copy of one dataset's settings into out (0, or IV_ENOMEM with
+ * out left empty); iv_ds_conf_free releases one. */
+int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in);
+void iv_ds_conf_free(iv_ds_conf_t *d);
+/* True when two dataset settings are the same in every field (tokens in
+ * order): a reload reopens a dataset whose settings differ. */
+int iv_ds_conf_equal(const iv_ds_conf_t *a, const iv_ds_conf_t *b);
 
 /* Usage text for --help. */
 const char *iv_config_usage(void);

@@ -50,6 +50,16 @@ void iv_alog_close(iv_alog_t *l)
     l->owned = 0;
 }
 
+int iv_alog_reopen(iv_alog_t *l, const char *access)
+{
+    if (!l->owned) return 0;
+    FILE *f = fopen(access, "a");
+    if (!f) return -1;
+    fclose(l->f);
+    l->f = f;
+    return 0;
+}
+
 void iv_alog_event(const iv_alog_t *l, const char *level, const char *fmt, ...)
 {
     char msg[1024], t[40];

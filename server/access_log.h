@@ -43,6 +43,11 @@ typedef struct iv_alog_entry {
  * Returns 0, or -1 with the reason printed on stderr. */
 int iv_alog_open(iv_alog_t *l, const char *access, const char *format);
 void iv_alog_close(iv_alog_t *l);
+/* Opens the access log file again (access as given to iv_alog_open), for
+ * logrotate: after the old file was renamed, new lines go to a new file at
+ * the configured path.  The old file is closed only once the new one is
+ * open.  A no-op for stderr and "off".  0, or -1 with the old file kept. */
+int iv_alog_reopen(iv_alog_t *l, const char *access);
 
 void iv_alog_event(const iv_alog_t *l, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

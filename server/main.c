@@ -34,6 +34,20 @@ static void argv_free(int argc, char **v)
     free(v);
 }
 
+/* The command line (the heap copy), kept for reloads: SIGHUP reads the
+ * same sources again. */
+struct args {
+    int argc;
+    char **argv;
+};
+
+static int reread_config(void *arg, iv_config_t *out, iv_err_t *err)
+{
+    const struct args *a = arg;
+    int rc = iv_config_from_args(out, a->argc, a->argv, environ, err);
+    return rc == 1 ? iv_fail(err, IV_EINVALID_ARG, "--help or --version on the command line") : rc;
+}
+
 int main(int argc, char **argv_in)
 {
     if (argc >= 2 && iv_cli_is_command(argv_in[1])) return iv_cli_main(argc, argv_in);
@@ -67,7 +81,8 @@ int main(int argc, char **argv_in)
         fprintf(stderr, "ivserve: %s\n%s", err.msg, argc == 1 ? iv_config_usage() : "");
         code = 2;
     } else {
-        code = iv_server_run(&cfg);
+        struct args args = {argc, argv};
+        code = iv_server_run_with(&cfg, reread_config, &args);
     }
     iv_config_free(&cfg);
     argv_free(argc, argv);

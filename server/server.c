@@ -33,6 +33,12 @@
  * the socket's write queue; reading stops while the input buffer is full.
  * Each write carries the sequence number of its answer and, for a block,
  * its stream, which it credits on completion.
+ *
+ * Datasets are registry entries (registry.h) that each stream and load job
+ * holds by reference, so that a reload (reload_start) can change the list
+ * under running requests: an entry it drops lives until the last of them
+ * ends, and a replacement loads beside the entry it replaces and is
+ * swapped in, on the loop, only once it is ready.
  */
 #include "server.h"
 
@@ -70,6 +76,7 @@
 #include "metrics.h"
 #include "pool.h"
 #include "query.h"
+#include "registry.h"
 #include "request.h"
 #include "routes_meta.h"
 #include "openapi.h"
@@ -85,19 +92,12 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct qstream qstream_t;
 
-enum { DS_LOADING, DS_READY, DS_FAILED };
-
-typedef struct sds {
-    const iv_ds_conf_t *conf;
-    iv_dataset_t *ds;
-    iv_meta_t *meta;
-    int state;
-    char err[512];
-    iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
-    char *doc;            /* GET /v1/datasets/{id} document */
-    size_t doc_len;
-    char etag[24];
-} sds_t;
+/* A dataset as the routes see it: a registry entry (registry.h), held by
+ * reference by each stream and load job that uses it. */
+typedef iv_rds_t sds_t;
+#define DS_LOADING IV_RDS_LOADING
+#define DS_READY IV_RDS_READY
+#define DS_FAILED IV_RDS_FAILED
 
 enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
 
@@ -148,6 +148,9 @@ typedef struct job {
     double total;         /* J_COUNT: sum of the selected values */
     setup_t *setup;       /* J_SETUP */
     int cancelled;        /* skipped: cancelled before it ran */
+    uint64_t gen;         /* J_LOAD: the reload that started it (0: start-up) */
+    int replace;          /* J_LOAD: a served entry's pending replacement */
+    int reloaded;         /* J_LOAD: of a dataset served before (the reload's summary) */
 } job_t;
 
 struct qstream {
@@ -258,12 +261,21 @@ struct server {
     iv_pool_t *pool;
     uv_tcp_t listener;
     uv_async_t async;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup, sigusr1;
     uv_timer_t grace;
     pthread_mutex_t done_mu;
     job_t *done_head;
-    sds_t *ds;
-    size_t n_ds, n_loading;
+    iv_registry_t reg;    /* the datasets served now */
+    size_t n_loading;     /* load jobs in flight */
+    int readyz_any;       /* /readyz policy (config "readyz") */
+    /* Reloads (SIGHUP, POST /v1/admin/reload): one at a time; another
+     * asked for meanwhile runs when it ends. */
+    iv_config_reader_fn reader;
+    void *reader_arg;
+    struct reload *reload;
+    int reload_again;
+    atomic_int reload_asked;  /* iv_server_request_reload_async */
+    uint64_t reload_gen;
     conn_t *conns;
     size_t n_conns;
     qstream_t *streams;
@@ -284,6 +296,17 @@ struct server {
     iv_membudget_t *mb;           /* the cache budget all datasets share */
     iv_alog_t log;
 };
+
+/* A reload in progress (see reload_start). */
+typedef struct reload {
+    uint64_t gen;
+    unsigned waiting;     /* its load jobs not back yet, plus one while it is being set up */
+    iv_buf_t added, removed, reloaded, failed;   /* JSON array members */
+    size_t unchanged;
+    conn_t *waiter;       /* the admin request to answer, or NULL */
+    double t0;
+    char why[64];
+} reload_t;
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -336,10 +359,35 @@ static void setup_free(setup_t *st)
     free(st);
 }
 
+/* Drops a reference to a dataset; the last one of a dataset a reload
+ * took out of service frees it, and the log says so (its memory is
+ * back). */
+static void ds_unref(server_t *s, sds_t *d)
+{
+    if (d && d->retired && d->refs == 1 && d->ds)
+        iv_alog_event(&s->log, "info", "dataset %s released (%s)", d->conf->id, d->conf->path);
+    iv_rds_unref(d);
+}
+
+/* Takes d out of service (registry.h); freed now or by the last request. */
+static void ds_retire(server_t *s, sds_t *d)
+{
+    if (d->pending) {
+        d->pending->retired = 1;
+        ds_unref(s, d->pending);
+        d->pending = NULL;
+    }
+    d->retired = 1;
+    ds_unref(s, d);
+}
+
+/* Loop thread (or after the loop stopped): a load job's reference on its
+ * dataset is dropped here. */
 static void job_free(job_t *j)
 {
     iv_buf_free(&j->out);
     setup_free(j->setup);
+    ds_unref(j->srv, j->ds);
     free(j);
 }
 
@@ -1247,6 +1295,9 @@ static void req_done(conn_t *c)
     if (!c->active) return;
     server_t *s = c->srv;
     c->active = 0;
+    /* An admin reload answered otherwise (a timeout, the client left):
+     * the reload goes on, and its summary is only logged. */
+    if (s->reload && s->reload->waiter == c) s->reload->waiter = NULL;
     c->resp_ended = 1;
     c->t_end = uv_hrtime();
     free(c->dropped);
@@ -1372,6 +1423,7 @@ static qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
     qs->srv = s;
     qs->c = c;
     qs->ds = d;
+    iv_rds_ref(d);  /* a reload may drop d from the list: the stream keeps it */
     qs->fmt = IV_FMT_NONE;
     qs->kind = kind;
     qs->next_live = s->streams;
@@ -1393,6 +1445,7 @@ static void qs_free(qstream_t *qs)
     else s->streams = qs->next_live;
     if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
     s->n_streams--;
+    ds_unref(s, qs->ds);
     free(qs);
 }
 
@@ -1634,9 +1687,17 @@ static void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_
 
 static sds_t *find_ds(server_t *s, const char *id, size_t n)
 {
-    for (size_t i = 0; i < s->n_ds; i++)
-        if (strlen(s->ds[i].conf->id) == n && !strncmp(s->ds[i].conf->id, id, n)) return &s->ds[i];
-    return NULL;
+    return iv_registry_find(&s->reg, id, n);
+}
+
+/* The answer to a query on a dataset that failed: 503, naming the failure
+ * (paths shortened: the client is not shown where the files are), without
+ * Retry-After, since only a reload changes it. */
+static void failed_msg(const sds_t *d, char *out, size_t cap)
+{
+    char red[sizeof d->err];
+    iv_http_redact_paths(red, sizeof red, d->err[0] ? d->err : "unknown error");
+    snprintf(out, cap, "dataset '%.128s' failed to load: %.300s", d->conf->id, red);
 }
 
 /* A refusal decided before any work: the answer to send. */
@@ -1702,8 +1763,8 @@ static int list_ok(server_t *s, const iv_http_req_t *r, rfail_t *f, const iv_aut
     if (s->auth.n == 0) return 0;
     iv_auth_verdict_t v = iv_auth_identify(&s->auth, r->hdr[IV_H_AUTHORIZATION], tok);
     if (v == IV_AUTH_MISSING) {
-        for (size_t i = 0; i < s->n_ds; i++)
-            if (!iv_auth_protected(&s->auth, s->ds[i].conf->id)) v = IV_AUTH_OK;
+        for (size_t i = 0; i < s->reg.n; i++)
+            if (!iv_auth_protected(&s->auth, s->reg.v[i]->conf->id)) v = IV_AUTH_OK;
     }
     return auth_refuse(v, f);
 }
@@ -1753,9 +1814,8 @@ static void route_list(conn_t *c)
     iv_buf_init(&b);
     iv_buf_puts(&b, "{\"datasets\":[");
     int first = 1;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        sds_t *d = &s->ds[i];
-        if (d->state == DS_FAILED) continue;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
         /* Each client sees only what it may read: a protected dataset's
          * id, title and shape are not shown to others. */
         if (!iv_auth_may_read(&s->auth, tok, d->conf->id)) continue;
@@ -1764,12 +1824,31 @@ static void route_list(conn_t *c)
         if (d->state == DS_READY && d->doc) {
             /* The dataset document minus the column lists keeps this short. */
             put_summary(&b, d, 0);
-            iv_buf_puts(&b, "}");
+            iv_buf_puts(&b, ",\"state\":\"ready\"");
         } else {
             iv_buf_puts(&b, "{\"id\":");
             iv_buf_json_str(&b, d->conf->id);
-            iv_buf_puts(&b, ",\"ready\":false}");
+            iv_buf_puts(&b, ",\"title\":");
+            iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
+            iv_buf_printf(&b, ",\"ready\":false,\"state\":\"%s\"",
+                          d->state == DS_FAILED ? "failed" : "loading");
+            if (d->state == DS_FAILED) {
+                char msg[480];
+                failed_msg(d, msg, sizeof msg);
+                iv_buf_puts(&b, ",\"error\":");
+                iv_buf_json_str(&b, msg);
+            }
         }
+        /* A reload's replacement: loading beside this one, or failed
+         * while this one kept serving. */
+        if (d->pending) iv_buf_puts(&b, ",\"reload\":\"loading\"");
+        else if (d->reload_err[0]) {
+            char red[sizeof d->reload_err];
+            iv_http_redact_paths(red, sizeof red, d->reload_err);
+            iv_buf_puts(&b, ",\"reload_error\":");
+            iv_buf_json_str(&b, red);
+        }
+        iv_buf_puts(&b, "}");
     }
     iv_buf_puts(&b, "]}");
     /* Each client has its own list: no shared cache may hand it to another. */
@@ -1789,10 +1868,16 @@ static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
         send_error(c, f.status, f.code, f.msg, f.extra);
         return NULL;
     }
-    if (!d || d->state == DS_FAILED) {
+    if (!d) {
         char msg[200];
         snprintf(msg, sizeof msg, "no dataset '%.*s'", (int)(n > 128 ? 128 : n), id);
         send_error(c, 404, "not_found", msg, NULL);
+        return NULL;
+    }
+    if (d->state == DS_FAILED) {
+        char msg[480];
+        failed_msg(d, msg, sizeof msg);
+        send_error(c, 503, "dataset_failed", msg, "Cache-Control: no-store\r\n");
         return NULL;
     }
     if (d->state == DS_LOADING) {
@@ -2095,10 +2180,10 @@ static void route_metrics(conn_t *c)
     g.queued_write_bytes = s->queued_bytes;
     g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
     iv_mem_process(&g.process_rss, &g.process_anon);
-    iv_metrics_ds_mem_t *mem = calloc(s->n_ds ? s->n_ds : 1, sizeof *mem);
+    iv_metrics_ds_mem_t *mem = calloc(s->reg.n ? s->reg.n : 1, sizeof *mem);
     g.ds_mem = mem;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        sds_t *d = &s->ds[i];
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
         if (d->state == DS_READY) {
             g.datasets_ready++;
             if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
@@ -2118,6 +2203,63 @@ static void route_metrics(conn_t *c)
     iv_metrics_render(&s->metrics, &g, &b);
     free(mem);
     send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
+}
+
+/*
+ * /readyz: "all" (default) is ready when every configured dataset is
+ * loaded, so a failed one keeps the replica out of a load balancer's
+ * rotation and someone notices; "any" when at least one is, for a server
+ * whose other datasets should stay reachable whatever one file does.
+ */
+static void route_readyz(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (!method_ok(c, 0)) return;
+    iv_registry_counts_t n;
+    iv_registry_count(&s->reg, &n);
+    const char *policy = s->readyz_any ? "any" : "all";
+    if (iv_registry_ready(&s->reg, s->readyz_any)) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        iv_buf_printf(&b, "{\"status\":\"ready\",\"policy\":\"%s\",\"ready\":%zu,\"loading\":%zu,"
+                      "\"failed\":%zu}", policy, n.ready, n.loading, n.failed);
+        send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+        return;
+    }
+    /* Name the datasets that are not ready (bounded: the message is a line). */
+    iv_buf_t m;
+    iv_buf_init(&m);
+    iv_buf_printf(&m, "%zu of %zu datasets ready (readyz policy \"%s\")", n.ready, s->reg.n, policy);
+    for (int failed = 1; failed >= 0; failed--) {
+        int first = 1;
+        for (size_t i = 0; i < s->reg.n && m.len < 400; i++) {
+            const sds_t *d = s->reg.v[i];
+            if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
+            iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
+                          d->conf->id);
+            first = 0;
+        }
+    }
+    iv_buf_append(&m, "", 1);
+    send_error(c, 503, "not_ready", m.oom ? "datasets are not ready" : m.data, "Retry-After: 1\r\n");
+    iv_buf_free(&m);
+}
+
+static void reload_start(server_t *s, const char *why, conn_t *waiter);
+
+/* POST /v1/admin/reload: the same as SIGHUP, answered with the summary
+ * once the new and changed datasets are loaded (or failed).  It needs an
+ * admin token when the server has any token (scope_check). */
+static void route_admin_reload(conn_t *c)
+{
+    if (c->req->method != HTTP_POST) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here", method_name(c->req->method));
+        send_error(c, 405, "method_not_allowed", msg, "Allow: POST, OPTIONS\r\n");
+        return;
+    }
+    if (scope_check(c, IV_SCOPE_ADMIN)) return;
+    reload_start(c->srv, "POST /v1/admin/reload", c);
 }
 
 static void dispatch(conn_t *c)
@@ -2146,8 +2288,7 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/readyz")) {
         c->route = IV_R_READYZ;
         if (!method_ok(c, 0)) return;
-        if (s->n_loading == 0) send_simple(c, 200, "application/json", "{\"status\":\"ready\"}", 18, NULL);
-        else send_error(c, 503, "not_ready", "datasets are still loading", "Retry-After: 1\r\n");
+        route_readyz(c);
         return;
     }
     if (!strcmp(p, "/openapi.json")) {
@@ -2159,6 +2300,11 @@ static void dispatch(conn_t *c)
     if (!strcmp(p, "/metrics")) {
         c->route = IV_R_METRICS;
         route_metrics(c);
+        return;
+    }
+    if (!strcmp(p, "/v1/admin/reload")) {
+        c->route = IV_R_OTHER;
+        route_admin_reload(c);
         return;
     }
     iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
@@ -2229,6 +2375,17 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
     if (m == HTTP_OPTIONS) return 0;
     static const char pre[] = "/v1/datasets";
     const sds_t *d = NULL;
+    if (!strcmp(p, "/v1/admin/reload")) {
+        if (m != HTTP_POST) {
+            f->status = 405;
+            f->code = "method_not_allowed";
+            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+            f->extra = "Allow: POST, OPTIONS\r\n";
+            return -1;
+        }
+        const iv_auth_token_t *tok;
+        return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_ADMIN, &tok), f);
+    }
     if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
         f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
                                                                                   : IV_R_METRICS;
@@ -2255,10 +2412,18 @@ static int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
             if (f->route != IV_R_OTHER && idn > 0) {
                 d = find_ds(s, id, idn);
                 if (token_ok(s, r, d, f, NULL)) return -1;
-                if (!d || d->state == DS_FAILED) {
+                if (!d) {
                     f->status = 404;
                     f->code = "not_found";
                     snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
+                    return -1;
+                }
+                if (d->state == DS_FAILED) {
+                    f->status = 503;
+                    f->code = "dataset_failed";
+                    snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load",
+                             (int)(idn > 128 ? 128 : idn), id);
+                    f->extra = "Cache-Control: no-store\r\n";
                     return -1;
                 }
                 if (d->state == DS_LOADING) {
@@ -2315,6 +2480,8 @@ static void on_handle_closed(uv_handle_t *h)
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
+        uv_close((uv_handle_t *)&s->sighup, NULL);
+        uv_close((uv_handle_t *)&s->sigusr1, NULL);
         uv_close((uv_handle_t *)&s->grace, NULL);
     }
 }
@@ -2791,6 +2958,79 @@ static void on_connection(uv_stream_t *ls, int status)
 
 /* ---- loop-side completions, signals ------------------------------------ */
 
+/*
+ * A reload (SIGHUP, POST /v1/admin/reload, iv_server_request_reload).
+ *
+ * The settings are read afresh on the loop (a small file); a bad file is
+ * refused whole and the datasets served stay as they are.  Then each
+ * dataset of the new list is compared with the one served under its id:
+ * the same settings and the same file identity (registry.h) keep the
+ * entry; anything else loads a new entry on the workers.  A new entry for
+ * a ready dataset waits beside it (the old one's `pending`) and is swapped
+ * in by on_load_done when it is ready, so queries never see a half-loaded
+ * dataset; one for a dataset that was not serving anyway (loading, failed)
+ * takes its place at once.  Datasets no longer configured leave the list
+ * at once and are freed when their last stream ends.  Connections are not
+ * touched.  The reload is over when every load it started has come back;
+ * then its summary is logged and sent to the admin request that asked.
+ */
+
+static void json_member(iv_buf_t *b, const char *id)
+{
+    if (b->len) iv_buf_puts(b, ",");
+    iv_buf_json_str(b, id);
+}
+
+static void reload_free(reload_t *op)
+{
+    iv_buf_free(&op->added);
+    iv_buf_free(&op->removed);
+    iv_buf_free(&op->reloaded);
+    iv_buf_free(&op->failed);
+    free(op);
+}
+
+static void reload_finish(server_t *s)
+{
+    reload_t *op = s->reload;
+    s->reload = NULL;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, "{\"added\":[");
+    iv_buf_append(&b, op->added.data, op->added.len);
+    iv_buf_puts(&b, "],\"removed\":[");
+    iv_buf_append(&b, op->removed.data, op->removed.len);
+    iv_buf_puts(&b, "],\"reloaded\":[");
+    iv_buf_append(&b, op->reloaded.data, op->reloaded.len);
+    iv_buf_puts(&b, "],\"failed\":[");
+    iv_buf_append(&b, op->failed.data, op->failed.len);
+    iv_buf_printf(&b, "],\"unchanged\":%zu,\"seconds\":%.3f}", op->unchanged, now_s() - op->t0);
+    if (b.oom) op->waiter = NULL;  /* send_error below */
+    iv_alog_event(&s->log, op->failed.len ? "warn" : "info", "reload (%s) done: %.*s", op->why,
+                  b.oom ? 2 : (int)(b.len > 900 ? 900 : b.len), b.oom ? "{}" : b.data);
+    conn_t *c = op->waiter;
+    op->waiter = NULL;
+    if (c) send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+    iv_buf_free(&b);
+    reload_free(op);
+    if (s->reload_again && !s->draining) {
+        s->reload_again = 0;
+        reload_start(s, "asked for during the last one", NULL);
+    }
+}
+
+/* One of the reload's loads came back (or the set-up ended). */
+static void reload_step(server_t *s)
+{
+    if (s->reload && --s->reload->waiting == 0) reload_finish(s);
+}
+
+static void job_load(void *arg);
+
+/* Loads d on a worker; gen, replace and reloaded as in job_t.  A full
+ * queue fails the load at once (on_load_done reports it). */
+static void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
+
 static void on_load_done(job_t *j)
 {
     server_t *s = j->srv;
@@ -2799,9 +3039,12 @@ static void on_load_done(job_t *j)
     if (j->rc != 0) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
-        iv_alog_event(&s->log, "error", "dataset %s (%s) left out: %s", d->conf->id, d->conf->path, j->err.msg);
+        iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
+                      j->replace ? "not reloaded, the one loaded before keeps serving" : "left out",
+                      j->err.msg);
     } else if (!d->doc) {
         d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "out of memory");
         iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
     } else {
         d->state = DS_READY;
@@ -2810,23 +3053,290 @@ static void on_load_done(job_t *j)
             iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
                       d->conf->id, d->err);
         iv_alog_event(&s->log, "info",
-                  "dataset %s ready: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
-                  d->conf->id, in->n_rows, in->n_cols, in->nnz,
+                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
+                  d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
                   in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
     }
-    if (s->n_loading == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
+    if (j->replace && !d->retired) {
+        /* A replacement: it takes its old entry's place when ready; when
+         * it failed, the old one keeps serving and says why. */
+        sds_t *old = NULL;
+        size_t at = 0;
+        for (size_t i = 0; i < s->reg.n && !old; i++)
+            if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
+        if (old) {
+            old->pending = NULL;  /* its reference passes to the list, or is dropped */
+            if (d->state == DS_READY) {
+                s->reg.v[at] = d;
+                ds_retire(s, old);
+            } else {
+                snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
+                d->retired = 1;
+                iv_rds_unref(d);
+            }
+        } else {
+            d->retired = 1;
+        }
+    }
+    if (s->reload && j->gen == s->reload->gen) {
+        reload_t *op = s->reload;
+        if (d->state == DS_READY) {
+            json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
+        } else {
+            if (op->failed.len) iv_buf_puts(&op->failed, ",");
+            iv_buf_puts(&op->failed, "{\"id\":");
+            iv_buf_json_str(&op->failed, d->conf->id);
+            iv_buf_puts(&op->failed, ",\"error\":");
+            iv_buf_json_str(&op->failed, d->err);
+            iv_buf_puts(&op->failed, "}");
+        }
+    }
+    if (s->n_loading == 0 && j->gen == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
     const iv_ds_conf_t *dc = d->conf;
     int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
-    if (d->state == DS_READY && !s->draining && (dc->companion || tb > 0)) {
+    uint64_t gen = j->gen;
+    if (d->state == DS_READY && !d->retired && !s->draining && (dc->companion || tb > 0)) {
         /* Cell queries are served meanwhile; the other orientation joins
-         * when it is ready (see job_other). */
+         * when it is ready (see job_other).  The job keeps its reference. */
         j->kind = J_OTHER;
         j->rc = 0;
         iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-        if (iv_pool_try_submit(s->pool, job_other, j) == 0) return;
-        iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+        if (iv_pool_try_submit(s->pool, job_other, j) == 0) j = NULL;
+        else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
     }
-    job_free(j);
+    if (j) job_free(j);
+    if (s->reload && gen == s->reload->gen) reload_step(s);
+}
+
+static void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        /* Nothing can report it but the entry itself. */
+        d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "out of memory");
+        return;
+    }
+    j->srv = s;
+    j->kind = J_LOAD;
+    j->ds = d;
+    iv_rds_ref(d);
+    j->gen = gen;
+    j->replace = replace;
+    j->reloaded = reloaded;
+    s->n_loading++;
+    if (s->reload && gen == s->reload->gen) s->reload->waiting++;
+    iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
+    if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
+        j->rc = iv_fail(&j->err, IV_EOVERLOADED, "the worker queue is full; reload to retry");
+        on_load_done(j);
+    }
+}
+
+/* Refuses a reload: the log line, and the admin request's answer. */
+static void reload_refuse(server_t *s, conn_t *waiter, int status, const char *code, const char *why,
+                          const char *msg)
+{
+    iv_alog_event(&s->log, "error", "reload (%s) refused: %s; the %zu datasets served are kept", why,
+                  msg, s->reg.n);
+    if (waiter) send_error(waiter, status, code, msg, status == 409 ? "Retry-After: 1\r\n" : NULL);
+}
+
+static int strv_same(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb) return 0;
+    for (size_t i = 0; i < na; i++)
+        if (strcmp(a[i], b[i])) return 0;
+    return 1;
+}
+
+/* A reload applies the datasets and the readyz policy; the log names the
+ * other settings that changed, which wait for the next start. */
+static void note_restart_keys(server_t *s, const iv_config_t *nc)
+{
+    const iv_config_t *c = s->cfg;
+    char keys[256] = "";
+    struct {
+        int changed;
+        const char *key;
+    } k[] = {
+        {strcmp(c->listen, nc->listen) != 0, "listen"},
+        {c->port != nc->port, "port"},
+        {c->threads != nc->threads || c->queue != nc->queue, "threads/queue"},
+        {c->cache_bytes != nc->cache_bytes, "cache_bytes"},
+        {c->transpose_bytes != nc->transpose_bytes, "transpose_bytes"},
+        {c->cache_max_age != nc->cache_max_age, "cache_max_age"},
+        {!strv_same(c->cors_origins, c->n_cors, nc->cors_origins, nc->n_cors), "cors_origins"},
+        {strcmp(c->log_format, nc->log_format) || strcmp(c->access_log, nc->access_log),
+         "log_format/access_log"},
+        {memcmp(&c->limits, &nc->limits, sizeof c->limits) != 0, "limits"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].changed)
+            snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", keys[0] ? ", " : "",
+                     k[i].key);
+    if (keys[0])
+        iv_alog_event(&s->log, "warn", "reload: changed settings that take effect at the next "
+                      "start: %s (a reload applies datasets and readyz)", keys);
+}
+
+static void reload_start(server_t *s, const char *why, conn_t *waiter)
+{
+    if (s->draining) {
+        if (waiter) send_error(waiter, 503, "shutting_down", "the server is shutting down", NULL);
+        return;
+    }
+    if (s->reload) {
+        if (waiter) {
+            send_error(waiter, 409, "reload_in_progress", "a reload is running; retry when it ends",
+                       "Retry-After: 1\r\n");
+            return;
+        }
+        s->reload_again = 1;
+        iv_alog_event(&s->log, "info", "reload (%s): one is running; another follows it", why);
+        return;
+    }
+    if (!s->reader) {
+        reload_refuse(s, waiter, 409, "no_config_source", why,
+                      "this server has no configuration source to read again");
+        return;
+    }
+    iv_config_t nc;
+    iv_config_init(&nc);
+    iv_err_t err;
+    iv_err_clear(&err);
+    int rc = s->reader(s->reader_arg, &nc, &err);
+    if (rc != 0) {
+        reload_refuse(s, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
+        iv_config_free(&nc);
+        return;
+    }
+    /* Everything that can fail is allocated before anything changes. */
+    size_t n = nc.n_datasets;
+    reload_t *op = calloc(1, sizeof *op);
+    sds_t **nv = calloc(n ? n : 1, sizeof *nv);
+    struct plan {
+        sds_t *fresh;     /* a new entry to load, or NULL: the served one is kept */
+        int replace;      /* it waits beside a ready entry */
+        int reloaded;     /* the id was served before */
+    } *pl = calloc(n ? n : 1, sizeof *pl);
+    /* The tokens as the new configuration has them (its tokens file, its
+     * datasets' tokens), swapped in with the new list. */
+    iv_auth_t na;
+    memset(&na, 0, sizeof na);
+    int ok = op && nv && pl && iv_auth_build(&na, &nc) == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const iv_ds_conf_t *dc = &nc.datasets[i];
+        sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
+        iv_file_id_t fid, cfid;
+        iv_file_id_read(dc->path, &fid);
+        memset(&cfid, 0, sizeof cfid);
+        if (dc->companion) iv_file_id_read(dc->companion, &cfid);
+        if (cur) {
+            /* A failed dataset is tried again whatever changed. */
+            const sds_t *latest = cur->pending ? cur->pending : cur;
+            if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
+                iv_file_id_same(&latest->fid, &fid) && iv_file_id_same(&latest->cfid, &cfid)) {
+                nv[i] = cur;
+                continue;
+            }
+        }
+        if (!(pl[i].fresh = iv_rds_new(dc))) {
+            ok = 0;
+            break;
+        }
+        pl[i].fresh->fid = fid;
+        pl[i].fresh->cfid = cfid;
+        pl[i].replace = cur && cur->state == DS_READY;
+        pl[i].reloaded = cur != NULL;
+    }
+    if (!ok) {
+        for (size_t i = 0; pl && i < n; i++)
+            if (pl[i].fresh) iv_rds_unref(pl[i].fresh);
+        free(pl);
+        free(nv);
+        free(op);
+        iv_auth_free(&na);
+        reload_refuse(s, waiter, 503, "out_of_memory", why, "out of memory");
+        iv_config_free(&nc);
+        return;
+    }
+    op->gen = ++s->reload_gen;
+    op->waiting = 1;
+    op->waiter = waiter;
+    op->t0 = now_s();
+    snprintf(op->why, sizeof op->why, "%s", why);
+    iv_buf_init(&op->added);
+    iv_buf_init(&op->removed);
+    iv_buf_init(&op->reloaded);
+    iv_buf_init(&op->failed);
+    s->reload = op;
+    s->readyz_any = nc.readyz_any;
+    iv_auth_free(&s->auth);
+    s->auth = na;
+    iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
+    note_restart_keys(s, &nc);
+    for (size_t i = 0; i < n; i++) {
+        if (!pl[i].fresh) {
+            op->unchanged++;
+            continue;
+        }
+        if (!pl[i].replace) {
+            nv[i] = pl[i].fresh;
+            continue;
+        }
+        sds_t *cur = find_ds(s, nc.datasets[i].id, strlen(nc.datasets[i].id));
+        if (cur->pending) {
+            /* A replacement still loading is superseded: its load comes
+             * back to nothing. */
+            cur->pending->retired = 1;
+            iv_rds_unref(cur->pending);
+        }
+        cur->pending = pl[i].fresh;  /* the entry holds the new one's reference */
+        nv[i] = cur;
+    }
+    /* The new list in place; what left it is retired (freed when its last
+     * request ends). */
+    sds_t **old = s->reg.v;
+    size_t n_old = s->reg.n;
+    s->reg.v = nv;
+    s->reg.n = n;
+    for (size_t k = 0; k < n_old; k++) {
+        int kept = 0;
+        for (size_t i = 0; i < n && !kept; i++) kept = nv[i] == old[k];
+        if (kept) continue;
+        if (!find_ds(s, old[k]->conf->id, strlen(old[k]->conf->id))) {
+            json_member(&op->removed, old[k]->conf->id);
+            iv_alog_event(&s->log, "info", "dataset %s removed; freed when its last request ends",
+                          old[k]->conf->id);
+        }
+        ds_retire(s, old[k]);
+    }
+    free(old);
+    for (size_t i = 0; i < n; i++)
+        if (pl[i].fresh) load_submit(s, pl[i].fresh, op->gen, pl[i].replace, pl[i].reloaded);
+    free(pl);
+    iv_config_free(&nc);
+    reload_step(s);
+}
+
+void iv_server_request_reload(struct server *s, const char *why)
+{
+    reload_start(s, why, NULL);
+}
+
+void iv_server_request_reload_async(struct server *s)
+{
+    atomic_store(&s->reload_asked, 1);
+    uv_async_send(&s->async);
+}
+
+void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)
+{
+    if (d->state != DS_READY) return;
+    d->state = DS_FAILED;
+    snprintf(d->err, sizeof d->err, "%s", why);
+    iv_alog_event(&s->log, "error", "dataset %s (%s) failed: %s", d->conf->id, d->conf->path, why);
 }
 
 static void on_other_done(job_t *j)
@@ -2871,6 +3381,7 @@ static job_t *take_done(server_t *s)
 static void on_async(uv_async_t *a)
 {
     server_t *s = a->data;
+    if (atomic_exchange(&s->reload_asked, 0)) reload_start(s, "asked for by a worker", NULL);
     job_t *j = take_done(s);
     while (j) {
         job_t *n = j->next;
@@ -2886,6 +3397,25 @@ static void on_grace(uv_timer_t *t)
     server_t *s = t->data;
     iv_alog_event(&s->log, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
     while (s->conns) conn_close(s->conns);
+}
+
+/*
+ * SIGHUP: what logrotate and `systemctl reload` send.  The access log file
+ * is opened again (a rotated file's new lines go to the new one) and the
+ * settings are read again (see reload_start).  SIGUSR1 is only logged: a
+ * stray one must not kill a server that many people use.
+ */
+static void on_hup(uv_signal_t *sig, int signum)
+{
+    server_t *s = sig->data;
+    if (signum == SIGHUP) {
+        if (iv_alog_reopen(&s->log, s->cfg->access_log) != 0)
+            iv_alog_event(&s->log, "error", "SIGHUP: cannot open the access log %s again; "
+                          "still writing to the one open", s->cfg->access_log);
+        reload_start(s, "SIGHUP", NULL);
+        return;
+    }
+    iv_alog_event(&s->log, "info", "signal %d ignored (SIGHUP reloads, SIGTERM stops)", signum);
 }
 
 static void on_signal(uv_signal_t *sig, int signum)
@@ -2908,6 +3438,8 @@ static void on_signal(uv_signal_t *sig, int signum)
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
+        uv_close((uv_handle_t *)&s->sighup, NULL);
+        uv_close((uv_handle_t *)&s->sigusr1, NULL);
         uv_close((uv_handle_t *)&s->grace, NULL);
         return;
     }
@@ -2997,9 +3529,18 @@ static void drain_after_stop(server_t *s)
 
 int iv_server_run(const iv_config_t *cfg)
 {
+    return iv_server_run_with(cfg, NULL, NULL);
+}
+
+int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+{
     server_t *s = calloc(1, sizeof *s);
     if (!s) return 1;
     s->cfg = cfg;
+    s->reader = reader;
+    s->reader_arg = reader_arg;
+    s->readyz_any = cfg->readyz_any;
+    atomic_init(&s->reload_asked, 0);
     iv_metrics_init(&s->metrics);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
@@ -3015,21 +3556,25 @@ int iv_server_run(const iv_config_t *cfg)
     }
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
     if (start_cache_budget(s) != 0) goto fail_mem;
-    s->n_ds = cfg->n_datasets;
-    s->ds = calloc(s->n_ds ? s->n_ds : 1, sizeof *s->ds);
-    int ok = s->ds && iv_auth_build(&s->auth, cfg) == 0;
-    for (size_t i = 0; ok && i < s->n_ds; i++) {
-        s->ds[i].conf = &cfg->datasets[i];
-        s->ds[i].state = DS_LOADING;
+    s->reg.v = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *s->reg.v);
+    int ok = s->reg.v && iv_auth_build(&s->auth, cfg) == 0;
+    for (size_t i = 0; ok && i < cfg->n_datasets; i++) {
+        ok = (s->reg.v[i] = iv_rds_new(&cfg->datasets[i])) != NULL;
+        if (ok) {
+            s->reg.n++;
+            iv_file_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
+            if (cfg->datasets[i].companion)
+                iv_file_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
+        }
     }
     if (ok) {
         /* What is open, said once: an empty tokens file or a forgotten
          * scope would otherwise leave datasets open without a word. */
         size_t n_prot = 0;
-        for (size_t i = 0; i < s->n_ds; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
+        for (size_t i = 0; i < cfg->n_datasets; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
         iv_alog_event(&s->log, "info",
                       "auth: %zu tokens; %zu of %zu datasets need one, the others are public; /metrics %s",
-                      s->auth.n, n_prot, s->n_ds, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
+                      s->auth.n, n_prot, cfg->n_datasets, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
         if (cfg->tokens_file && cfg->n_token_entries == 0)
             iv_alog_event(&s->log, "warn", "auth: the tokens file %s holds no tokens", cfg->tokens_file);
     }
@@ -3057,38 +3602,29 @@ int iv_server_run(const iv_config_t *cfg)
     if ((rc = uv_async_init(&s->loop, &s->async, on_async)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sighup)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigusr1)) != 0 ||
         (rc = uv_timer_init(&s->loop, &s->grace)) != 0 ||
         (rc = uv_tcp_init(&s->loop, &s->listener)) != 0) {
         fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
     s->async.data = s;
-    s->sigterm.data = s->sigint.data = s;
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
     s->grace.data = s;
     s->listener.data = s;
     if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
-        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0) {
-        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT: %s\n", uv_strerror(rc));
+        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
+        (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
+        (rc = uv_signal_start(&s->sigusr1, on_hup, SIGUSR1)) != 0) {
+        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT/SIGHUP/SIGUSR1: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
     if (s->h5_serial)
         iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
 
     if (bind_listener(s) != 0) goto fail_loop;
-    for (size_t i = 0; i < s->n_ds; i++) {
-        job_t *j = calloc(1, sizeof *j);
-        if (!j) goto fail_loop;
-        j->srv = s;
-        j->kind = J_LOAD;
-        j->ds = &s->ds[i];
-        s->n_loading++;
-        iv_alog_event(&s->log, "info", "loading dataset %s from %s", cfg->datasets[i].id, cfg->datasets[i].path);
-        if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
-            s->n_loading--;
-            s->ds[i].state = DS_FAILED;
-            free(j);
-        }
-    }
+    for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
@@ -3101,6 +3637,7 @@ fail_loop:
     {
         uv_handle_t *hs[] = {(uv_handle_t *)&s->listener, (uv_handle_t *)&s->async,
                              (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
+                             (uv_handle_t *)&s->sighup, (uv_handle_t *)&s->sigusr1,
                              (uv_handle_t *)&s->grace};
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
             if (hs[i]->loop == &s->loop && !uv_is_closing(hs[i])) uv_close(hs[i], NULL);
@@ -3110,11 +3647,10 @@ cleanup:
     iv_pool_destroy(s->pool);
     s->pool = NULL;
     drain_after_stop(s);
-    for (size_t i = 0; s->ds && i < s->n_ds; i++) {
-        iv_meta_free(s->ds[i].meta);
-        if (s->ds[i].ds) iv_dataset_close(s->ds[i].ds);
-        iv_vds_free(s->ds[i].vx);
-        free(s->ds[i].doc);
+    if (s->reload) {
+        /* Stopped during a reload: its waiter's connection is gone. */
+        reload_free(s->reload);
+        s->reload = NULL;
     }
     uv_loop_close(&s->loop);
 fail_mutex:
@@ -3122,9 +3658,9 @@ fail_mutex:
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
+    iv_registry_free(&s->reg);
     /* After every dataset closed (each stream leaves the budget). */
     iv_membudget_free(s->mb);
-    free(s->ds);
     iv_auth_free(&s->auth);
 fail_pool:
     iv_alog_close(&s->log);

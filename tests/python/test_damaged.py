@@ -249,19 +249,23 @@ def test_server_serves_good_file_and_leaves_damaged_ones_out(ivserve, workdir):
         while time.time() < deadline:
             assert proc.poll() is None, "server died: %s" % open(log.name).read()[-3000:]
             try:
-                if get(base + "/readyz", 1)[0] == 200:
+                status, body = get(base + "/v1/datasets", 1)
+                if all(d["state"] != "loading" for d in json.loads(body)["datasets"]):
                     break
             except OSError:
                 pass
             time.sleep(0.05)
         else:
-            raise AssertionError("server not ready: " + open(log.name).read()[-3000:])
+            raise AssertionError("server not settled: " + open(log.name).read()[-3000:])
+        # Damaged files are listed as failed, answer 503, and keep /readyz
+        # (policy "all") not ready.
         status, body = get(base + "/v1/datasets")
         assert status == 200
-        ids = [d["id"] for d in json.loads(body)["datasets"]]
-        assert ids == ["good"], ids
+        states = [(d["id"], d["state"]) for d in json.loads(body)["datasets"]]
+        assert states == [("good", "ready")] + [(n, "failed") for n in bad], states
         for name in bad:
-            assert get(base + "/v1/datasets/" + name)[0] == 404
+            assert get(base + "/v1/datasets/" + name)[0] == 503
+        assert get(base + "/readyz")[0] == 503
         status, body = get(base + "/metrics")
         assert 'ivserve_datasets{state="failed"} 3' in body.decode(), body.decode()
         # The good dataset answers exactly, metadata included.

@@ -212,6 +212,55 @@ START_TEST(test_example_config_loads)
 }
 END_TEST
 
+START_TEST(test_readyz_and_dataset_copies)
+{
+    iv_config_t c;
+    iv_config_init(&c);
+    ck_assert_int_eq(c.readyz_any, 0);  /* "all" */
+    iv_err_t e;
+    iv_err_clear(&e);
+    const char *j = "{\"readyz\":\"any\",\"datasets\":[{\"id\":\"a\",\"path\":\"/x\",\"title\":\"T\","
+                    "\"tokens\":[\"t1\",\"t2\"],\"companion\":\"/y\",\"transpose_bytes\":7}]}";
+    ck_assert_int_eq(iv_config_load_json(&c, j, strlen(j), NULL, &e), 0);
+    ck_assert_int_eq(c.readyz_any, 1);
+    const char *bad = "{\"readyz\":\"most\"}";
+    ck_assert_int_ne(iv_config_load_json(&c, bad, strlen(bad), NULL, &e), 0);
+    ck_assert_ptr_nonnull(strstr(e.msg, "readyz"));
+    char *env[] = {"IVSERVE_READYZ=all", NULL};
+    ck_assert_int_eq(iv_config_apply_env(&c, env, &e), 0);
+    ck_assert_int_eq(c.readyz_any, 0);
+    /* A copy equals its source; every field is compared. */
+    iv_ds_conf_t d;
+    ck_assert_int_eq(iv_ds_conf_copy(&d, &c.datasets[0]), 0);
+    ck_assert(iv_ds_conf_equal(&d, &c.datasets[0]));
+    ck_assert_ptr_ne(d.path, c.datasets[0].path);
+    ck_assert_str_eq(d.tokens[1], "t2");
+    d.transpose_bytes = 8;
+    ck_assert(!iv_ds_conf_equal(&d, &c.datasets[0]));
+    d.transpose_bytes = 7;
+    /* The cache settings are copied and compared too. */
+    ck_assert_int_eq(d.cache_bytes, c.datasets[0].cache_bytes);
+    ck_assert_int_eq(d.cache_floor_bytes, c.datasets[0].cache_floor_bytes);
+    d.cache_bytes = c.datasets[0].cache_bytes + 1;
+    ck_assert(!iv_ds_conf_equal(&d, &c.datasets[0]));
+    d.cache_bytes = c.datasets[0].cache_bytes;
+    d.cache_floor_bytes = c.datasets[0].cache_floor_bytes + 1;
+    ck_assert(!iv_ds_conf_equal(&d, &c.datasets[0]));
+    d.cache_floor_bytes = c.datasets[0].cache_floor_bytes;
+    ck_assert(iv_ds_conf_equal(&d, &c.datasets[0]));
+    free(d.tokens[1]);
+    d.tokens[1] = strdup("t3");
+    ck_assert(!iv_ds_conf_equal(&d, &c.datasets[0]));
+    free(d.title);
+    d.title = NULL;  /* absent differs from present */
+    free(d.tokens[1]);
+    d.tokens[1] = strdup("t2");
+    ck_assert(!iv_ds_conf_equal(&d, &c.datasets[0]));
+    iv_ds_conf_free(&d);
+    iv_config_free(&c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -222,6 +271,7 @@ int main(void)
     tcase_add_test(tc, test_precedence_file_env_flags);
     tcase_add_test(tc, test_dataset_ids_from_file_names);
     tcase_add_test(tc, test_example_config_loads);
+    tcase_add_test(tc, test_readyz_and_dataset_copies);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -1,0 +1,94 @@
+/*
+ * The dataset registry: the datasets the server serves now, each an entry
+ * with its own copy of its settings, its loaded state and a reference
+ * count.
+ *
+ * A reload (reload.h) changes which entries the list holds while requests
+ * still run on the entries it drops: the list holds one reference to each
+ * entry, every stream and every load job another, and an entry is freed
+ * at its last reference.  A dropped entry is "retired": no new request
+ * finds it, the requests already running on it finish on it.  A changed
+ * dataset gets a new entry that loads beside the old one (the old entry's
+ * `pending`) and takes the old one's place in the list only once it is
+ * ready, so that the old one serves until then.
+ *
+ * Loop thread only, except that a load job fills a LOADING entry's
+ * ds/meta/vx/doc on a worker before handing it back to the loop (nothing
+ * else reads those fields of an entry that is still loading).
+ */
+#ifndef IV_REGISTRY_H
+#define IV_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "config.h"
+#include "dataset.h"
+#include "meta.h"
+#include "routes_viewer.h"
+
+typedef enum iv_rds_state { IV_RDS_LOADING, IV_RDS_READY, IV_RDS_FAILED } iv_rds_state_t;
+
+/* What identifies the bytes of a file: a file renamed over it has another
+ * inode, one written in place another size or modification time. */
+typedef struct iv_file_id {
+    uint64_t dev, ino;
+    int64_t size, mtime_ns;
+    int ok;               /* 0: stat failed (the file is missing) */
+} iv_file_id_t;
+
+typedef struct iv_rds {
+    const iv_ds_conf_t *conf;   /* points at conf_own */
+    iv_ds_conf_t conf_own;
+    iv_dataset_t *ds;
+    iv_meta_t *meta;
+    iv_rds_state_t state;
+    char err[512];        /* FAILED: why; READY: why the metadata is missing, or "" */
+    iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
+    char *doc;            /* GET /v1/datasets/{id} document */
+    size_t doc_len;
+    char etag[24];
+    iv_file_id_t fid;     /* the file as it was when the load began */
+    iv_file_id_t cfid;    /* its companion file's, when it has one */
+    unsigned refs;
+    int retired;          /* out of the list: freed at its last reference */
+    struct iv_rds *pending;   /* a replacement being loaded (one reference), or NULL */
+    char reload_err[512]; /* the last replacement's failure, "" when none */
+} iv_rds_t;
+
+typedef struct iv_registry {
+    iv_rds_t **v;         /* in configuration order; one reference each */
+    size_t n;
+} iv_registry_t;
+
+/* A new LOADING entry with a copy of conf, holding one reference (the
+ * caller's).  NULL out of memory.  Tokens live in the server's auth table
+ * (auth.h), rebuilt by a reload. */
+iv_rds_t *iv_rds_new(const iv_ds_conf_t *conf);
+void iv_rds_ref(iv_rds_t *d);
+/* Drops a reference; the last one frees the entry and what it loaded. */
+void iv_rds_unref(iv_rds_t *d);
+/* Takes d out of service: marks it (and its pending replacement) retired
+ * and drops the list's reference.  The caller has removed it from the
+ * list. */
+void iv_rds_retire(iv_rds_t *d);
+
+/* Reads path's identity (ok = 0 when it cannot be read). */
+void iv_file_id_read(const char *path, iv_file_id_t *out);
+int iv_file_id_same(const iv_file_id_t *a, const iv_file_id_t *b);
+
+/* The entry with this id (n bytes), or NULL. */
+iv_rds_t *iv_registry_find(const iv_registry_t *r, const char *id, size_t n);
+
+typedef struct iv_registry_counts {
+    size_t ready, loading, failed;
+} iv_registry_counts_t;
+void iv_registry_count(const iv_registry_t *r, iv_registry_counts_t *out);
+/* /readyz: every entry ready (any = 0), or at least one (any = 1). */
+int iv_registry_ready(const iv_registry_t *r, int any);
+
+/* Retires every entry and frees the list. */
+void iv_registry_free(iv_registry_t *r);
+
+#endif
