@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "dataset_impl.h"
+#include "transpose.h"
 
 void iv_dataset_opts_init(iv_dataset_opts_t *o)
 {
@@ -184,6 +185,7 @@ void iv_dataset_close(iv_dataset_t *ds)
 {
     if (!ds) return;
     iv_dataset_close(atomic_load(&ds->other));
+    if (ds->other_budget) iv_budget_give(ds->other_budget, ds->other_charged);
     free(atomic_load(&ds->nnz_at));
     iv_rowindex_free(&ds->ri);
     iv_stream_destroy(ds->stream);

@@ -29,6 +29,11 @@ struct iv_dataset {
     atomic_int other_state;   /* iv_other_state_t */
     iv_other_source_t other_source;   /* set before other is published */
     double other_seconds;     /* set before other is published */
+    /* The global budget an in-memory other orientation was charged to, and
+     * how much: given back when the dataset closes (a reload that drops or
+     * replaces it would otherwise leave later builds skipped). */
+    struct iv_budget *other_budget;
+    uint64_t other_charged;
     int is_copy;              /* this dataset is an in-memory copy (no file mapping) */
     /*
      * Stored entries before each major slice (n_major + 1), or NULL: made

@@ -908,6 +908,10 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     pthread_mutex_destroy(&t.mu);
     PHASE(IV_TP_FINISH);
     if (opts->phase_seconds) memcpy(opts->phase_seconds, ph, sizeof ph);
+    if (took_global) {
+        ds->other_budget = opts->global;
+        ds->other_charged = charged;
+    }
     ds->other_source = IV_SRC_MEMORY;
     ds->other_seconds = now_s() - t0;
     atomic_store_explicit(&ds->other, c, memory_order_release);
