@@ -75,6 +75,7 @@
 #include "transpose.h"
 #include "routes_static.h"
 #include "version.h"
+#include "watch.h"
 
 #define READ_BUF_BYTES 65536
 
@@ -276,6 +277,7 @@ struct server {
     iv_metrics_t metrics;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     iv_alog_t log;
+    iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -382,6 +384,20 @@ static void put_orientations(iv_buf_t *b, iv_dataset_t *ds)
     iv_buf_puts(b, "}");
 }
 
+/* "file": whether the path still names the file loaded, unchanged
+ * (filecheck.h; the watcher moves it, see on_file_change). */
+static void put_file_state(iv_buf_t *b, iv_dataset_t *ds)
+{
+    char msg[480];
+    iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
+    iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
+    if (st != IV_FILE_OK) {
+        iv_buf_puts(b, ",\"message\":");
+        iv_buf_json_str(b, msg);
+    }
+    iv_buf_puts(b, "}");
+}
+
 static void render_doc(sds_t *d, iv_buf_t *b);
 
 static void build_doc(sds_t *d)
@@ -402,6 +418,7 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
     iv_buf_t b = *b0;
     put_summary(&b, d, 1);
     put_orientations(&b, d->ds);
+    put_file_state(&b, d->ds);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {
@@ -1694,10 +1711,23 @@ static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
     }
 }
 
+/* A dataset whose file was written in place can no longer read all of its
+ * matrix: its queries are refused, all alike, until it is reloaded
+ * (filecheck.h).  Answers under way finish from the chunks they find
+ * cached, or end with the same error at the first chunk they would read. */
+static int file_refused(conn_t *c, sds_t *d)
+{
+    char msg[480];
+    if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg, NULL);
+    return 1;
+}
+
 static void route_query(conn_t *c, sds_t *d, int count)
 {
     iv_http_req_t *r = c->req;
-    if (!method_ok(c, 1)) return;
+    if (!method_ok(c, 1) || file_refused(c, d)) return;
     const iv_dataset_info_t *info = iv_dataset_info(d->ds);
     if (r->method == HTTP_POST) {
         const char *ct = r->hdr[IV_H_CONTENT_TYPE];
@@ -2142,6 +2172,8 @@ static void on_handle_closed(uv_handle_t *h)
     free(c);
     if (s->draining && s->n_conns == 0 && !s->stopped) {
         s->stopped = 1;
+        iv_watch_stop(s->watch);
+        s->watch = NULL;
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -2733,6 +2765,8 @@ static void on_signal(uv_signal_t *sig, int signum)
         if (!qs->c) qs_cancel(qs);
     if (s->n_conns == 0) {
         s->stopped = 1;
+        iv_watch_stop(s->watch);
+        s->watch = NULL;
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -2740,6 +2774,52 @@ static void on_signal(uv_signal_t *sig, int signum)
         return;
     }
     uv_timer_start(&s->grace, on_grace, s->cfg->limits.shutdown_grace_ms, 0);
+}
+
+/* ---- the served files' watcher (watch.h) -------------------------------- */
+
+/* Slot i: dataset i / 2's own file (even) or its companion's (odd). */
+static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
+{
+    server_t *s = ctx;
+    if (i / 2 >= s->n_ds) return 0;
+    sds_t *d = &s->ds[i / 2];
+    *key = d;
+    *f = NULL;
+    if (d->state != DS_READY || !d->ds) return 1;
+    if (i % 2 == 0) {
+        *f = iv_dataset_file(d->ds);
+    } else {
+        iv_orient_status_t st;
+        iv_dataset_orientations(d->ds, &st);
+        iv_dataset_t *o = iv_dataset_other(d->ds);
+        if (o && st.other_source == IV_SRC_FILE) *f = iv_dataset_file(o);
+    }
+    return 1;
+}
+
+/* A served file moved state: one log line, and the document says so. */
+static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t st, const char *msg)
+{
+    server_t *s = ctx;
+    sds_t *d = key;
+    (void)f;
+    iv_alog_event(&s->log, st == IV_FILE_CHANGED ? "error" : st == IV_FILE_OK ? "info" : "warn",
+                  "dataset %s: file %s: %s", d->conf->id, iv_file_state_name(st), msg);
+    char *old = d->doc;
+    size_t old_len = d->doc_len;
+    char old_etag[sizeof d->etag];
+    memcpy(old_etag, d->etag, sizeof old_etag);
+    d->doc = NULL;
+    build_doc(d);
+    if (d->doc) {
+        free(old);
+    } else {
+        /* Out of memory: the old document stays. */
+        d->doc = old;
+        d->doc_len = old_len;
+        memcpy(d->etag, old_etag, sizeof old_etag);
+    }
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -2886,6 +2966,10 @@ int iv_server_run(const iv_config_t *cfg)
             free(j);
         }
     }
+    if ((rc = iv_watch_start(&s->loop, IV_WATCH_DEFAULT_MS, watch_list, on_file_change, s,
+                             &s->watch)) != 0)
+        iv_alog_event(&s->log, "warn", "files replaced under the server will not be noticed: %s",
+                      uv_strerror(rc));
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
