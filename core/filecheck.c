@@ -170,10 +170,10 @@ iv_file_state_t iv_file_state(iv_file_t *f, char *msg, size_t n)
 static int changed(iv_file_t *f, const char *what, const char *seen, iv_err_t *err)
 {
     char m[480];
-    snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (%.200s, read of %.40s)",
-             f->path, seen, what);
+    snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (%.200s, read of %.40s); "
+             "reload the dataset", f->path, seen, what);
     iv_file_mark(f, IV_FILE_CHANGED, m);
-    return iv_fail(err, IV_EFILE_CHANGED, "%s; reload the dataset", m);
+    return iv_fail(err, IV_EFILE_CHANGED, "%s", m);
 }
 
 int iv_file_read(iv_file_t *f, uint64_t off, void *buf, size_t len, const char *what, iv_err_t *err)
@@ -181,7 +181,7 @@ int iv_file_read(iv_file_t *f, uint64_t off, void *buf, size_t len, const char *
     if (atomic_load(&f->state) == IV_FILE_CHANGED) {
         char m[480];
         iv_file_state(f, m, sizeof m);
-        return iv_fail(err, IV_EFILE_CHANGED, "%s; reload the dataset", m);
+        return iv_fail(err, IV_EFILE_CHANGED, "%s", m);
     }
     size_t got = 0;
     while (got < len) {

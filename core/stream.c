@@ -346,10 +346,11 @@ static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_
     if (want == h) return 0;
     char m[480];
     snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (the stored bytes of chunk %llu "
-             "at offset %llu differ from those indexed at load)", iv_file_path(s->d.file),
-             (unsigned long long)c, (unsigned long long)s->d.chunk_addr[c]);
+             "at offset %llu differ from those indexed at load); reload the dataset",
+             iv_file_path(s->d.file), (unsigned long long)c,
+             (unsigned long long)s->d.chunk_addr[c]);
     iv_file_mark(s->d.file, IV_FILE_CHANGED, m);
-    return iv_fail(err, IV_EFILE_CHANGED, "%s: %s; reload the dataset", s->label, m);
+    return iv_fail(err, IV_EFILE_CHANGED, "%s", m);
 }
 
 /* The stored bytes of chunk c, read into `into` (at least chunk_size[c]
@@ -363,7 +364,7 @@ static int fetch_chunk(iv_stream_t *s, uint64_t c, uint8_t *into, iv_err_t *err)
     snprintf(what, sizeof what, "chunk %llu", (unsigned long long)c);
     iv_err_t sub = {0};
     int rc = iv_file_read(s->d.file, s->d.chunk_addr[c], into, n, what, &sub);
-    if (rc < 0) return iv_fail(err, rc, "%s: %s", s->label, sub.msg);
+    if (rc < 0) return iv_fail(err, rc, "%s", sub.msg);
     return sum_check(s, c, into, n, err);
 }
 
