@@ -242,6 +242,11 @@ def start(tmp, files, case):
 
 
 def finish(srv, state):
+    # The document can say it first (another rendering of it, e.g. when the
+    # other orientation's build ends); the log line follows within a tick.
+    deadline = time.time() + NOTICE_S
+    while not log_lines(srv, state) and time.time() < deadline:
+        time.sleep(0.2)
     assert len(log_lines(srv, state)) == 1, srv.log_text()[-3000:]
     code = srv.stop()
     assert code == 0, "exit %s\n%s" % (code, srv.log_text()[-3000:])
