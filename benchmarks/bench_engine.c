@@ -14,7 +14,7 @@
  *    with a pool of T threads) decompresses every chunk and walks every
  *    varint.  Its floor is decompression alone, so it is set next to a
  *    bare pass over the very same stored chunks (addresses from the
- *    engine's own HDF5 loader, bytes from the file mapping, decoded with
+ *    engine's own HDF5 loader, bytes from a copy of the file in memory, decoded with
  *    iv_pipeline_decode into per-thread buffers that are reused), on the
  *    same pool and thread count.  A second reference pass goes through
  *    iv_stream_acquire with a 0-byte cache budget: decompression plus the
@@ -1169,7 +1169,7 @@ int main(int argc, char **argv)
                bare_s, index_s / bare_s);
         printf("  stream acquire pass, 0-byte cache           %8.3f   index/acquire %.2fx\n",
                acquire_s, index_s / acquire_s);
-        printf("  (bare: iv_pipeline_decode of each stored chunk from the mapping into reused\n"
+        printf("  (bare: iv_pipeline_decode of each stored chunk from memory into reused\n"
                "   per-thread buffers; acquire: iv_stream_acquire/release, decompression + one\n"
                "   allocation + cache bookkeeping per chunk)\n");
     } else {

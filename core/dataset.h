@@ -1,6 +1,6 @@
 /*
  * A dataset: one IVCSR/IVCSC matrix of one .h5ad file, opened read-only,
- * validated, memory-mapped and indexed at start-up.
+ * validated, opened for reading and indexed at start-up.
  *
  * iv_dataset_open() does every HDF5 call this matrix will ever need:
  * attributes, pointer and value arrays, the chunk table of

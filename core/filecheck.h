@@ -101,13 +101,15 @@ int iv_file_news(iv_file_t *f);
 
 /*
  * The content checksum: 64 bits over the bytes, never 0 (0 means "not
- * taken").  Four independent lanes of 8-byte words, each an invertible
- * step (xor, multiply by an odd constant, xor-shift), so a change
- * confined to one lane always changes that lane; the lanes and the tail
- * are mixed at the end.  Not cryptographic: it finds accidents (another
- * file's bytes), not forgeries.  About 4 GB/s a core, a few per cent of
- * decompressing the same chunk.
+ * taken"): four CRC32C lanes over the 8-byte words, mixed with the length
+ * (see filecheck.c).  A change confined to one lane (any change of up to
+ * 8 consecutive bytes, for one) always changes the sum.  Not
+ * cryptographic: it finds accidents (another file's bytes), not
+ * forgeries.  With SSE4.2 (x86-64-v2, the build's default) about 1 ms of
+ * CPU per 20 MB; iv_file_sum_portable is the table version, the same
+ * function bit for bit (the reference for the tests, and the fallback).
  */
 uint64_t iv_file_sum(const void *p, size_t n);
+uint64_t iv_file_sum_portable(const void *p, size_t n);
 
 #endif

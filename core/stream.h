@@ -33,7 +33,7 @@ typedef struct iv_stream iv_stream_t;
 typedef struct iv_stream_desc {
     uint64_t length;          /* decompressed bytes (the dataset's extent) */
     int chunked;              /* 0: bytes are at `contig` */
-    const uint8_t *contig;    /* contiguous bytes (mapping or owned_buf) */
+    const uint8_t *contig;    /* contiguous bytes in memory (owned_buf or owned_map) */
     uint8_t *owned_buf;       /* freed by the stream (compact layout), may be NULL */
     void *owned_map;          /* unmapped by the stream (an in-memory copy), may be NULL */
     size_t owned_map_len;

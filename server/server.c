@@ -1720,7 +1720,8 @@ static int file_refused(conn_t *c, sds_t *d)
     char msg[480];
     if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
-    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg, NULL);
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg,
+               "Retry-After: 10\r\n");
     return 1;
 }
 
