@@ -224,10 +224,13 @@ int iv_file_read(iv_file_t *f, uint64_t off, void *buf, size_t len, const char *
  * any x86-64-v2 CPU (SSE4.2), and four independent lanes keep it busy
  * every cycle: 2-2.5x the multiply-based checksum this replaced (measured), which
  * cost a third more CPU on a cold query of a poorly compressible stream.
- * A CRC sees every change of up to 32 bits in a row within its lane, and
- * the final mix is a bijection of each half, so a change confined to one
- * lane always changes the sum.  The portable table version below is the
- * reference the instruction is tested against, bit for bit.
+ * A CRC sees every burst of up to 32 changed bits in what its lane reads,
+ * and the final mix is a bijection of each half, so a burst within one
+ * word (a flipped bit, a changed byte) always changes the sum; other
+ * changes go unseen with a chance of about 2^-32 when they touch one lane
+ * only, 2^-64 when they touch several (another file's bytes touch all).
+ * The portable table version below is the reference the instruction is
+ * tested against, bit for bit.
  */
 #define K1 0x9fb21c651e98df25ull
 #define K2 0xd6e8feb86659fd93ull

@@ -102,10 +102,10 @@ int iv_file_news(iv_file_t *f);
 /*
  * The content checksum: 64 bits over the bytes, never 0 (0 means "not
  * taken"): four CRC32C lanes over the 8-byte words, mixed with the length
- * (see filecheck.c).  A change confined to one lane (any change of up to
- * 8 consecutive bytes, for one) always changes the sum.  Not
- * cryptographic: it finds accidents (another file's bytes), not
- * forgeries.  With SSE4.2 (x86-64-v2, the build's default) about 1 ms of
+ * (see filecheck.c).  Up to 32 changed bits within one 8-byte word (a
+ * flipped bit, a changed byte) always change the sum; other changes go
+ * unseen with a chance of about 2^-32 or less.  Not cryptographic: it
+ * finds accidents (another file's bytes), not forgeries.  With SSE4.2 (x86-64-v2, the build's default) about 1 ms of
  * CPU per 20 MB; iv_file_sum_portable is the table version, the same
  * function bit for bit (the reference for the tests, and the fallback).
  */
