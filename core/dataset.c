@@ -142,6 +142,10 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     };
     rc = iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err);
     if (rc < 0) goto fail_stream;
+    /* The pass read every stored chunk and took its checksum; from here
+     * on every read is checked against them (stream.h). */
+    rc = iv_stream_seal(ds->stream, err);
+    if (rc < 0) goto fail_index;
     double t2 = now_s();
 
     iv_dataset_info_t *in = &ds->info;
@@ -157,7 +161,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->value_dtype = ds->m.value_dtype;
     in->indices_dtype = ds->m.indices_dtype;
     snprintf(in->codec, sizeof in->codec, "%s", ds->m.codec);
-    in->chunked = desc.chunked;
+    in->chunked = desc.chunked && !desc.file_contig;
     in->stream_bytes = iv_stream_length(ds->stream);
     in->stored_bytes = ds->m.stored_bytes;
     in->n_chunks = iv_stream_n_chunks(ds->stream);
@@ -172,6 +176,8 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     *out = ds;
     return 0;
 
+fail_index:
+    iv_rowindex_free(&ds->ri);
 fail_stream:
     iv_stream_destroy(ds->stream);
 fail_matrix:
@@ -197,6 +203,22 @@ const iv_dataset_info_t *iv_dataset_info(const iv_dataset_t *ds) { return &ds->i
 const int64_t *iv_dataset_major_ptr(const iv_dataset_t *ds) { return ds->m.major_ptr; }
 const int64_t *iv_dataset_value_ptr(const iv_dataset_t *ds) { return ds->m.value_ptr; }
 const void *iv_dataset_values(const iv_dataset_t *ds) { return ds->m.values; }
+
+iv_file_t *iv_dataset_file(const iv_dataset_t *ds)
+{
+    return ds->is_copy ? NULL : iv_stream_file(ds->stream);
+}
+
+iv_file_state_t iv_dataset_file_state(iv_dataset_t *ds, char *msg, size_t n)
+{
+    if (msg && n) msg[0] = '\0';
+    iv_file_t *f = iv_dataset_file(ds);
+    iv_file_state_t st = f ? iv_file_state(f, msg, n) : IV_FILE_OK;
+    iv_dataset_t *o = iv_dataset_other(ds);
+    iv_file_t *fo = o ? iv_dataset_file(o) : NULL;
+    if (fo && iv_file_state(fo, NULL, 0) > st) st = iv_file_state(fo, msg, n);
+    return st;
+}
 
 int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i)
 {

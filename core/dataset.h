@@ -1,6 +1,6 @@
 /*
  * A dataset: one IVCSR/IVCSC matrix of one .h5ad file, opened read-only,
- * validated, memory-mapped and indexed at start-up.
+ * validated, opened for reading and indexed at start-up.
  *
  * iv_dataset_open() does every HDF5 call this matrix will ever need:
  * attributes, pointer and value arrays, the chunk table of
@@ -8,8 +8,11 @@
  * damaged file is this open's error and nobody else's.  Then it builds the row index in one parallel pass over
  * the packed stream (see rowindex.h).  After open returns, a dataset is
  * immutable apart from its chunk cache (internally locked), so any number
- * of threads may query it concurrently.  The hot path reads only the file
- * mapping and memory.
+ * of threads may query it concurrently.  The hot path reads memory and,
+ * on a cache miss, one stored chunk from the file through a descriptor,
+ * checked against the checksum the row-index pass took (filecheck.h): a
+ * file written over under the server gives IV_EFILE_CHANGED, never a
+ * crash or another file's bytes.
  */
 #ifndef IV_DATASET_H
 #define IV_DATASET_H
@@ -20,6 +23,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "membudget.h"
+#include "filecheck.h"
 #include "pool.h"
 
 typedef enum iv_orient { IV_IVCSR = 0, IV_IVCSC = 1 } iv_orient_t;
@@ -75,6 +79,18 @@ const iv_dataset_info_t *iv_dataset_info(const iv_dataset_t *ds);
 const int64_t *iv_dataset_major_ptr(const iv_dataset_t *ds);  /* n_major + 1 */
 const int64_t *iv_dataset_value_ptr(const iv_dataset_t *ds);  /* n_unique + 1 */
 const void *iv_dataset_values(const iv_dataset_t *ds);        /* n_unique, value_dtype */
+
+/*
+ * The file a dataset reads (NULL for an in-memory copy), for the watcher
+ * (server/watch.c), which compares what the path names now with it; and
+ * the worse of its state and its companion file's, with a message (msg
+ * may be NULL).  IV_FILE_CHANGED: the matrix can no longer be read in
+ * full and queries should be refused (IV_EFILE_CHANGED); a DELETED or
+ * REPLACED path leaves the loaded file open and fully served.  Any
+ * thread; the file lives as long as ds.
+ */
+iv_file_t *iv_dataset_file(const iv_dataset_t *ds);
+iv_file_state_t iv_dataset_file_state(iv_dataset_t *ds, char *msg, size_t n);
 
 /* Stored entries of major slice i (from the pointers; no decode). */
 int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i);

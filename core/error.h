@@ -50,7 +50,8 @@
     X(INTERNAL,       -24,  500, "internal",             "internal error")                     \
     X(INVALID_ARG,    -25,  400, "invalid_argument",     "invalid argument")                   \
     X(NO_METADATA,    -26,  422, "unsupported",          "the dataset's metadata is not available") \
-    X(NO_COLUMN,      -27,  404, "not_found",            "no such column")
+    X(NO_COLUMN,      -27,  404, "not_found",            "no such column")               \
+    X(FILE_CHANGED,   -28,  503, "file_changed",         "the dataset's file changed on disk; reload it")
 
 enum iv_error {
 #define IV__ENUM(name, val, status, code, msg) IV_E##name = (val),

@@ -9,6 +9,7 @@
 #include "h5matrix.h"
 #include "h5util.h"
 
+#include "filecheck.h"
 #include "h5iso.h"
 
 #include <errno.h>
@@ -18,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -139,27 +139,18 @@ static int load_i64(hid_t g, const char *where, const char *name, int64_t **out,
     return rc;
 }
 
-/* Maps the whole file read-only; *st receives its identity. */
-static int map_file(const char *path, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
+/* Opens the file for the stream's reads; *st receives its identity. */
+static int open_file(const char *path, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return FAILF(IV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return FAILF(IV_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    *id = st;
-    m->map_len = (size_t)st.st_size;
-    if (m->map_len > 0) {
-        void *p = mmap(NULL, m->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            close(fd);
-            return FAILF(IV_EIO, "%s: cannot map: %s", path, strerror(errno));
-        }
-        m->map = p;
-    }
-    close(fd);
+    IV_TRY(iv_file_open(path, &m->stream.file, err));
+    const iv_file_id_t *f = iv_file_loaded_id(m->stream.file);
+    memset(id, 0, sizeof *id);
+    id->st_size = (off_t)f->size;
+    id->st_dev = (dev_t)f->dev;
+    id->st_ino = (ino_t)f->ino;
+    id->st_mtim.tv_sec = (time_t)f->mtime_s;
+    id->st_mtim.tv_nsec = (long)f->mtime_ns;
+    m->file_len = f->size;
     return 0;
 }
 
@@ -197,6 +188,56 @@ static int read_pipeline(hid_t dcpl, const char *where, iv_pipeline_t *p, iv_err
 /* The largest packed_indices chunk taken (1 GiB). */
 #define MAX_CHUNK_BYTES (1u << 30)
 
+/* The most bytes a stored chunk may hold: no supported filter doubles a
+ * chunk, and the stream's read buffers are sized by the largest one. */
+static uint64_t max_stored_for(uint64_t chunk_len) { return 2 * chunk_len + 65536; }
+
+/* Virtual chunks a contiguous packed_indices is read in (the stream's
+ * unit of reading and caching), as the stream used for bytes in place. */
+#define CONTIG_CHUNK ((uint64_t)1 << 20)
+
+/* The chunk table of a contiguous range of `len` bytes at file offset a. */
+static int contig_table(iv_stream_desc_t *s, uint64_t a, uint64_t len, const char *where,
+                        iv_err_t *err)
+{
+    s->chunked = 1;
+    s->file_contig = 1;
+    s->pipe.n = 0;
+    s->chunk_len = CONTIG_CHUNK;
+    s->n_chunks = (len + CONTIG_CHUNK - 1) / CONTIG_CHUNK;
+    size_t nc = (size_t)(s->n_chunks ? s->n_chunks : 1);
+    s->chunk_addr = malloc(nc * sizeof *s->chunk_addr);
+    s->chunk_size = malloc(nc * sizeof *s->chunk_size);
+    s->chunk_mask = calloc(nc, sizeof *s->chunk_mask);
+    if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask)
+        return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
+    for (uint64_t c = 0; c < s->n_chunks; c++) {
+        uint64_t left = len - c * CONTIG_CHUNK;
+        s->chunk_addr[c] = a + c * CONTIG_CHUNK;
+        s->chunk_size[c] = left < CONTIG_CHUNK ? left : CONTIG_CHUNK;
+    }
+    return 0;
+}
+
+/* The checksums and read-buffer size of a file-backed chunk table, once
+ * its sizes are checked. */
+static int table_finish(iv_stream_desc_t *s, const char *where, iv_err_t *err)
+{
+    s->max_stored = 0;
+    for (uint64_t c = 0; c < s->n_chunks; c++) {
+        if (s->chunk_addr[c] == UINT64_MAX) continue;
+        if (s->chunk_size[c] > max_stored_for(s->chunk_len))
+            return FAILF(IV_EBAD_FILE, "%s/packed_indices: chunk %" PRIu64 " stores %" PRIu64
+                         " bytes, more than any supported filter makes of a %" PRIu64
+                         "-byte chunk", where, c, s->chunk_size[c], s->chunk_len);
+        if (s->chunk_size[c] > s->max_stored) s->max_stored = s->chunk_size[c];
+    }
+    s->chunk_sum = calloc((size_t)(s->n_chunks ? s->n_chunks : 1), sizeof *s->chunk_sum);
+    if (!s->chunk_sum)
+        return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk checksums", where);
+    return 0;
+}
+
 /* Describes where packed_indices' bytes are. */
 static int locate_packed(hid_t file, hid_t d, const char *path, const char *where, int64_t len,
                          iv_h5matrix_t *m, iv_err_t *err)
@@ -207,10 +248,7 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
     hsize_t userblock = 0;
     if (fcpl >= 0) H5Pget_userblock(fcpl, &userblock);
     iv_stream_desc_t *s = &m->stream;
-    memset(s, 0, sizeof *s);
     s->length = (uint64_t)len;
-    s->map = m->map;
-    s->map_len = m->map_len;
     H5D_layout_t layout = H5Pget_layout(dcpl);
 
     if (layout == H5D_CHUNKED) {
@@ -253,11 +291,11 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
                 continue;
             }
             uint64_t a = (uint64_t)addr + userblock;
-            if (a > m->map_len || size > m->map_len - a) {
+            if (a > m->file_len || size > m->file_len - a) {
                 rc = FAILF(IV_EBAD_FILE,
                            "%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %llu bytes) "
-                           "lies past the end of the file (%zu bytes)",
-                           where, c, a, (unsigned long long)size, m->map_len);
+                           "lies past the end of the file (%" PRIu64 " bytes)",
+                           where, c, a, (unsigned long long)size, m->file_len);
                 goto done;
             }
             s->chunk_addr[c] = a;
@@ -265,14 +303,16 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
             s->chunk_mask[c] = mask;
             m->stored_bytes += size;
         }
+        if ((rc = table_finish(s, where, err)) < 0) goto done;
     } else if (layout == H5D_CONTIGUOUS && len > 0 && H5Dget_offset(d) != HADDR_UNDEF) {
         haddr_t a = H5Dget_offset(d); /* absolute: the user block is included */
-        if (a > m->map_len || (uint64_t)len > m->map_len - a) {
+        if (a > m->file_len || (uint64_t)len > m->file_len - a) {
             rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: contiguous data past the end of the file",
                        where);
             goto done;
         }
-        s->contig = m->map + a;
+        if ((rc = contig_table(s, a, (uint64_t)len, where, err)) < 0) goto done;
+        if ((rc = table_finish(s, where, err)) < 0) goto done;
         m->stored_bytes = (uint64_t)len;
         snprintf(m->codec, sizeof m->codec, "none");
     } else {
@@ -387,7 +427,7 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     }
     if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
         return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
-    if ((rc = map_file(path, m, id, err)) < 0) goto fail;
+    if ((rc = open_file(path, m, id, err)) < 0) goto fail;
     stage(o, group, NULL);
 
     if (strchr(group, '/') || H5Lexists(file, group, H5P_DEFAULT) <= 0) {
@@ -527,15 +567,15 @@ fail:
  * The child puts, in this order: a magic word; the shape, counts, dtypes
  * and stored size (u64 each); the codec text (64 bytes); the identity of
  * the file it read (size, device, inode, modification time); the pointer
- * and value arrays as blobs; packed_indices' extent, layout, pipeline and
- * either its offset in the file, its bytes (compact layout) or its chunk
- * table.  The parent maps the file itself, refuses a file that is not
- * the one the child read, and checks every count, offset and pointer
- * again: what crosses the line is bytes, to be trusted no more than the
- * file.
+ * and value arrays as blobs; packed_indices' extent, layout (0: its bytes
+ * follow, compact layout; 1: stored chunks; 2: a contiguous range as
+ * virtual chunks), pipeline and either its bytes or its chunk table.  The
+ * parent opens the file itself, refuses a file that is not the one the
+ * child read, and checks every count, offset and pointer again: what
+ * crosses the line is bytes, to be trusted no more than the file.
  */
 #define MAT_MAGIC 0x3154414d35485649ull   /* "IVH5MAT1" */
-enum { CONTIG_NONE = 0, CONTIG_MAP = 1, CONTIG_OWNED = 2 };
+enum { CONTIG_NONE = 0, CONTIG_OWNED = 2 };
 
 struct mat_ctx {
     const char *path, *group;
@@ -564,7 +604,8 @@ static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct st
     IV_TRY(iv_h5iso_put_blob(o, m->value_ptr, (uint64_t)(m->n_unique + 1) * 8));
     IV_TRY(iv_h5iso_put_blob(o, m->values,
                              (uint64_t)m->n_unique * iv_dtype_size(m->value_dtype)));
-    uint64_t sh[] = {s->length, (uint64_t)s->chunked, s->chunk_len, s->n_chunks};
+    uint64_t sh[] = {s->length, s->chunked ? (s->file_contig ? 2u : 1u) : 0u, s->chunk_len,
+                     s->n_chunks};
     IV_TRY(iv_h5iso_put(o, sh, sizeof sh));
     IV_TRY(iv_h5iso_put(o, &s->pipe, sizeof s->pipe));
     if (s->chunked) {
@@ -575,10 +616,6 @@ static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct st
     if (s->owned_buf) {
         IV_TRY(iv_h5iso_put_u64(o, CONTIG_OWNED));
         return iv_h5iso_put_blob(o, s->owned_buf, s->length);
-    }
-    if (s->contig) {
-        IV_TRY(iv_h5iso_put_u64(o, CONTIG_MAP));
-        return iv_h5iso_put_u64(o, (uint64_t)(s->contig - m->map));
     }
     return iv_h5iso_put_u64(o, CONTIG_NONE);
 }
@@ -667,9 +704,9 @@ static int take_matrix(const char *path, const char *where, const iv_h5iso_resul
     memcpy(m->codec, codec, sizeof m->codec);
     m->codec[sizeof m->codec - 1] = '\0';
 
-    /* The file the parent maps must be the one the child read. */
+    /* The file the parent reads must be the one the child read. */
     struct stat id;
-    if ((rc = map_file(path, m, &id, err)) < 0) goto fail;
+    if ((rc = open_file(path, m, &id, err)) < 0) goto fail;
     if ((uint64_t)id.st_size != head[11] || (uint64_t)id.st_dev != head[12] ||
         (uint64_t)id.st_ino != head[13] || (uint64_t)id.st_mtim.tv_sec != head[14] ||
         (uint64_t)id.st_mtim.tv_nsec != head[15])
@@ -693,13 +730,15 @@ static int take_matrix(const char *path, const char *where, const iv_h5iso_resul
     uint64_t sh[4];
     memcpy(sh, shp, sizeof sh);
     memcpy(&s->pipe, pipe, sizeof s->pipe);
+    if (sh[1] > 2) BAD("%s: the HDF5 reader's answer is malformed (layout)", where);
     s->length = sh[0];
     s->chunked = sh[1] != 0;
+    s->file_contig = sh[1] == 2;
     s->chunk_len = sh[2];
     s->n_chunks = sh[3];
-    s->map = m->map;
-    s->map_len = m->map_len;
     if (s->pipe.n > IV_PIPELINE_MAX) BAD("%s/packed_indices: bad filter pipeline", where);
+    if (s->file_contig && (s->pipe.n != 0 || s->chunk_len != CONTIG_CHUNK))
+        BAD("%s/packed_indices: bad chunk table", where);
     for (size_t i = 0; i < s->pipe.n; i++)
         if (!filter_known(s->pipe.f[i].id) || s->pipe.f[i].n_cd > IV_FILTER_MAX_CD)
             BAD("%s/packed_indices: bad filter pipeline", where);
@@ -718,22 +757,24 @@ static int take_matrix(const char *path, const char *where, const iv_h5iso_resul
         uint64_t stored = 0;
         for (uint64_t c = 0; c < s->n_chunks; c++) {
             uint64_t a = s->chunk_addr[c], z = s->chunk_size[c];
+            /* A contiguous range's virtual chunks are all there, each
+             * 1 MiB but the last. */
+            if (s->file_contig && (a == UINT64_MAX || z != (c + 1 < s->n_chunks
+                                                            ? CONTIG_CHUNK
+                                                            : s->length - c * CONTIG_CHUNK)))
+                BAD("%s/packed_indices: bad chunk table", where);
             if (a == UINT64_MAX && z == 0) continue;
-            if (a > m->map_len || z > m->map_len - a)
+            if (a > m->file_len || z > m->file_len - a)
                 BAD("%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %" PRIu64
-                    " bytes) lies past the end of the file (%zu bytes)", where, c, a, z,
-                    m->map_len);
+                    " bytes) lies past the end of the file (%" PRIu64 " bytes)", where, c, a, z,
+                    m->file_len);
             stored += z;
         }
         m->stored_bytes = stored;
+        if ((rc = table_finish(s, where, err)) < 0) goto fail;
     } else {
         uint64_t kind = iv_h5iso_rd_u64(&r);
-        if (kind == CONTIG_MAP) {
-            uint64_t a = iv_h5iso_rd_u64(&r);
-            if (a > m->map_len || s->length > m->map_len - a)
-                BAD("%s/packed_indices: contiguous data past the end of the file", where);
-            s->contig = m->map + a;
-        } else if (kind == CONTIG_OWNED) {
+        if (kind == CONTIG_OWNED) {
             s->owned_buf = take_array(&r, s->length, 1);
             if (!r.bad && !s->owned_buf) {
                 rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
@@ -790,6 +831,7 @@ void iv_h5matrix_free(iv_h5matrix_t *m)
     free(m->stream.chunk_size);
     free(m->stream.chunk_mask);
     free(m->stream.owned_buf);
-    if (m->map) munmap(m->map, m->map_len);
+    free((void *)m->stream.chunk_sum);
+    iv_file_close(m->stream.file);
     memset(m, 0, sizeof *m);
 }

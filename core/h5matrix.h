@@ -9,9 +9,13 @@
  * that crashes libhdf5 fails this load with an error, not the caller.
  * The results cross back as bytes and are checked again here (counts,
  * chunk offsets against the file's size, the pointer arrays).
- * Everything it returns is plain memory plus the read-only file mapping
- * (made by the caller's process); the caller owns it and frees it with
- * iv_h5matrix_free().  Checks that need the packed bytes themselves
+ * Everything it returns is plain memory plus the file, open read-only in
+ * the caller's process (filecheck.h: packed chunks are read from it with
+ * pread, never mapped, so that a file written over under a running server
+ * is an error and not a SIGBUS); the caller owns it and frees it with
+ * iv_h5matrix_free().  A contiguous packed_indices comes back as a table
+ * of virtual 1 MiB chunks of that range, so that it is read and cached
+ * like stored chunks.  Checks that need the packed bytes themselves
  * (varint count, index bounds) belong to the row-index pass.
  */
 #ifndef IV_H5MATRIX_H
@@ -32,9 +36,8 @@ typedef struct iv_h5matrix {
     void *values;             /* n_unique elements of value_dtype */
     iv_dtype_t value_dtype;
     iv_dtype_t indices_dtype;
-    uint8_t *map;             /* read-only mapping of the whole file */
-    size_t map_len;
-    iv_stream_desc_t stream;  /* packed_indices; arrays handed to iv_stream_create */
+    uint64_t file_len;        /* the file's size at load */
+    iv_stream_desc_t stream;  /* packed_indices; arrays and file handed to iv_stream_create */
     uint64_t stored_bytes;
     char codec[64];
 } iv_h5matrix_t;

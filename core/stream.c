@@ -32,6 +32,7 @@
 #include "stream.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <stdlib.h>
@@ -80,9 +81,13 @@ static void desc_free(iv_stream_desc_t *d)
     free(d->chunk_size);
     free(d->chunk_mask);
     free(d->owned_buf);
+    free((void *)d->chunk_sum);
+    iv_file_close(d->file);
     if (d->owned_map) munmap(d->owned_map, d->owned_map_len);
     d->chunk_addr = d->chunk_size = NULL;
     d->chunk_mask = NULL;
+    d->chunk_sum = NULL;
+    d->file = NULL;
     d->owned_buf = NULL;
     d->owned_map = NULL;
 }
@@ -390,13 +395,21 @@ void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Scratch buffers serve two uses: a pipeline stage's output and the
+ * stored bytes of a chunk read from the file; one size fits both. */
+static size_t scratch_cap(const iv_stream_t *s)
+{
+    size_t c = (size_t)s->d.chunk_len + 64;
+    return s->d.file && s->d.max_stored > c ? (size_t)s->d.max_stored : c;
+}
+
 static struct scratch *scratch_get(iv_stream_t *s)
 {
     pthread_mutex_lock(&s->mu);
     struct scratch *sc = s->free_scratch;
     if (sc) s->free_scratch = sc->next;
     pthread_mutex_unlock(&s->mu);
-    if (!sc) sc = malloc(sizeof *sc + s->d.chunk_len + 64);
+    if (!sc) sc = malloc(sizeof *sc + scratch_cap(s));
     return sc;
 }
 
@@ -407,6 +420,44 @@ static void scratch_put(iv_stream_t *s, struct scratch *sc)
     sc->next = s->free_scratch;
     s->free_scratch = sc;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Checks the stored bytes of chunk c read from the file against the
+ * checksum the row-index pass took, or takes it during that pass.  Two
+ * threads may read the same chunk in the pass; both store the same
+ * value, or the second one compares. */
+static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_err_t *err)
+{
+    if (!s->d.chunk_sum) return 0;
+    uint64_t h = iv_file_sum(p, n);
+    uint64_t want = atomic_load_explicit(&s->d.chunk_sum[c], memory_order_relaxed);
+    if (want == 0 && !s->d.sums_sealed) {
+        atomic_store_explicit(&s->d.chunk_sum[c], h, memory_order_relaxed);
+        return 0;
+    }
+    if (want == h) return 0;
+    char m[480];
+    snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (the stored bytes of chunk %llu "
+             "at offset %llu differ from those indexed at load); reload the dataset",
+             iv_file_path(s->d.file), (unsigned long long)c,
+             (unsigned long long)s->d.chunk_addr[c]);
+    iv_file_mark(s->d.file, IV_FILE_CHANGED, m);
+    return iv_fail(err, IV_EFILE_CHANGED, "%s", m);
+}
+
+/* The stored bytes of chunk c, read into `into` (at least chunk_size[c]
+ * bytes) and checked; `into` is the decode's source from then on.  A read
+ * or a check that fails says so for the whole stream (IV_EFILE_CHANGED):
+ * the bytes are never decoded, so no other file's data is ever served. */
+static int fetch_chunk(iv_stream_t *s, uint64_t c, uint8_t *into, iv_err_t *err)
+{
+    size_t n = (size_t)s->d.chunk_size[c];
+    char what[64];
+    snprintf(what, sizeof what, "chunk %llu", (unsigned long long)c);
+    iv_err_t sub = {0};
+    int rc = iv_file_read(s->d.file, s->d.chunk_addr[c], into, n, what, &sub);
+    if (rc < 0) return iv_fail(err, rc, "%s", sub.msg);
+    return sum_check(s, c, into, n, err);
 }
 
 /* Decompresses chunk c into a new buffer of chunk_len bytes. */
@@ -422,30 +473,61 @@ static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
         *out = buf;
         return 0;
     }
-    const uint8_t *src = s->d.map + s->d.chunk_addr[c];
     size_t src_len = (size_t)s->d.chunk_size[c];
+    /* A contiguous range's last virtual chunk is what is left of it. */
+    size_t want = s->d.file_contig ? chunk_bytes(s, c) : full;
     int rc;
     size_t got = 0;
     iv_err_t sub = {0};
+    struct scratch *rd = NULL;
     if (s->d.pipe.n == 0 || (s->d.chunk_mask[c] & ((1u << s->d.pipe.n) - 1)) ==
                                 ((1u << s->d.pipe.n) - 1)) {
-        /* No filter applies: the chunk is stored as is. */
-        if (src_len != full) {
+        /* No filter applies: the chunk is stored as is (read straight
+         * into the cache buffer when it comes from the file). */
+        if (src_len != want) {
             rc = iv_fail(&sub, IV_ECORRUPT, "unfiltered chunk holds %zu bytes, expected %zu",
-                         src_len, full);
+                         src_len, want);
+        } else if (s->d.file) {
+            if ((rc = fetch_chunk(s, c, buf, err)) < 0) {
+                buf_put(s, buf);
+                return rc;
+            }
+            got = want;
         } else {
-            memcpy(buf, src, full);
-            got = full;
+            memcpy(buf, s->d.map + s->d.chunk_addr[c], want);
+            got = want;
             rc = 0;
         }
     } else {
+        const uint8_t *src = s->d.file ? NULL : s->d.map + s->d.chunk_addr[c];
         struct scratch *sc = scratch_get(s);
-        if (!sc) {
+        if (sc && s->d.file) {
+            if (src_len > scratch_cap(s)) {
+                scratch_put(s, sc);
+                buf_put(s, buf);
+                return iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %zu bytes, more than "
+                               "the chunk table allows (%zu)", s->label, (unsigned long long)c,
+                               src_len, scratch_cap(s));
+            }
+            rd = scratch_get(s);
+        }
+        if (!sc || (s->d.file && !rd)) {
+            scratch_put(s, sc);
             buf_put(s, buf);
             return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
         }
+        if (rd) {
+            if ((rc = fetch_chunk(s, c, rd->data, err)) < 0) {
+                scratch_put(s, rd);
+                scratch_put(s, sc);
+                buf_put(s, buf);
+                return rc;
+            }
+            src = rd->data;
+        }
         rc = iv_pipeline_decode(&s->d.pipe, s->d.chunk_mask[c], src, src_len, buf, cap,
                                 sc->data, full + 64, full, &got, &sub);
+        scratch_put(s, rd);
         scratch_put(s, sc);
     }
     if (rc < 0) {
@@ -457,6 +539,30 @@ static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
     *out = buf;
     return 0;
 }
+
+int iv_stream_seal(iv_stream_t *s, iv_err_t *err)
+{
+    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed) return 0;
+    struct scratch *rd = NULL;
+    int rc = 0;
+    for (uint64_t c = 0; c < s->d.n_chunks && rc == 0; c++) {
+        if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[c]) != 0) continue;
+        if (!rd && !(rd = scratch_get(s))) {
+            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
+        } else if (s->d.chunk_size[c] > scratch_cap(s)) {
+            rc = iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %llu bytes, more than the "
+                         "chunk table allows", s->label, (unsigned long long)c,
+                         (unsigned long long)s->d.chunk_size[c]);
+        } else {
+            rc = fetch_chunk(s, c, rd->data, err);
+        }
+    }
+    scratch_put(s, rd);
+    if (rc == 0) s->d.sums_sealed = 1;
+    return rc;
+}
+
+iv_file_t *iv_stream_file(const iv_stream_t *s) { return s->d.file; }
 
 int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *len,
                       uint64_t *decompressed, iv_err_t *err)

@@ -2,9 +2,13 @@
  * The packed index stream of one dataset, as a sequence of fixed-size
  * decompressed chunks, with a decompressed-chunk cache.
  *
- * Bytes come from the file mapping (chunks stored compressed, or one
- * contiguous range read in place) or from a buffer read at open (compact
- * layout).  iv_stream_acquire() returns a pinned, read-only view of chunk
+ * Bytes come from the file, read with pread() through a descriptor
+ * (chunks stored compressed, or one contiguous range cut into virtual
+ * chunks of 1 MiB), from memory the caller hands over (tests, tools), or
+ * from a buffer read at open (compact layout).  Chunks read from the file
+ * are checked (filecheck.h): their checksum, taken when the row-index
+ * pass first reads them and sealed after it, and the file's identity; a
+ * chunk that fails is IV_EFILE_CHANGED, never other bytes.  iv_stream_acquire() returns a pinned, read-only view of chunk
  * c's decompressed bytes; iv_stream_release() unpins it.  Any thread may
  * acquire any chunk; the cache is guarded by one mutex held only for
  * bookkeeping, never while decompressing.
@@ -25,24 +29,32 @@
 #include "codec.h"
 #include "error.h"
 #include "membudget.h"
+#include "filecheck.h"
 
 typedef struct iv_stream iv_stream_t;
 
 typedef struct iv_stream_desc {
     uint64_t length;          /* decompressed bytes (the dataset's extent) */
     int chunked;              /* 0: bytes are at `contig` */
-    const uint8_t *contig;    /* contiguous bytes (mapping or owned_buf) */
+    const uint8_t *contig;    /* contiguous bytes in memory (owned_buf or owned_map) */
     uint8_t *owned_buf;       /* freed by the stream (compact layout), may be NULL */
     void *owned_map;          /* unmapped by the stream (an in-memory copy), may be NULL */
     size_t owned_map_len;
     /* Chunked layout: n_chunks entries, owned by the stream after create. */
     uint64_t chunk_len;       /* decompressed bytes per chunk */
     uint64_t n_chunks;
-    const uint8_t *map;       /* file mapping */
+    const uint8_t *map;       /* chunks in memory (when file is NULL) */
     uint64_t map_len;
-    uint64_t *chunk_addr;     /* offset in the mapping; UINT64_MAX = not allocated (fill) */
+    iv_file_t *file;          /* chunks read from this file (owned by the stream), or NULL */
+    uint64_t max_stored;      /* file: the largest chunk_size (sizes the read buffers) */
+    int file_contig;          /* file: one contiguous range, cut into virtual chunks */
+    uint64_t *chunk_addr;     /* offset in the file or map; UINT64_MAX = not allocated (fill) */
     uint64_t *chunk_size;     /* stored bytes */
     uint32_t *chunk_mask;     /* HDF5 filter mask */
+    /* file: each stored chunk's iv_file_sum, 0 until the row-index pass
+     * reads it (owned by the stream; NULL = not checked). */
+    _Atomic uint64_t *chunk_sum;
+    int sums_sealed;          /* set by iv_stream_seal: every sum is taken */
     iv_pipeline_t pipe;
     const char *label;        /* "FILE:/X/packed_indices", for error messages (copied) */
 } iv_stream_desc_t;
@@ -92,6 +104,13 @@ void iv_stream_release(iv_stream_t *s, uint64_t c);
  * The stream leaves the budget when destroyed.
  */
 void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor);
+/* After the row-index pass: takes the checksum of any stored chunk the
+ * pass did not read (none, when it succeeded) and from then on checks
+ * every read against them instead of learning.  Before the stream is
+ * shared with other threads. */
+int iv_stream_seal(iv_stream_t *s, iv_err_t *err);
+/* The file chunks are read from, or NULL (memory); owned by the stream. */
+iv_file_t *iv_stream_file(const iv_stream_t *s);
 
 typedef struct iv_stream_stats {
     size_t budget, used, pinned_over_budget;

@@ -60,7 +60,7 @@ void iv_rds_retire(iv_rds_t *d)
     iv_rds_unref(d);
 }
 
-void iv_file_id_read(const char *path, iv_file_id_t *out)
+void iv_path_id_read(const char *path, iv_path_id_t *out)
 {
     struct stat st;
     memset(out, 0, sizeof *out);
@@ -72,7 +72,7 @@ void iv_file_id_read(const char *path, iv_file_id_t *out)
     out->ok = 1;
 }
 
-int iv_file_id_same(const iv_file_id_t *a, const iv_file_id_t *b)
+int iv_path_id_same(const iv_path_id_t *a, const iv_path_id_t *b)
 {
     return a->ok == b->ok && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
            a->mtime_ns == b->mtime_ns;

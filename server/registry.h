@@ -32,11 +32,11 @@ typedef enum iv_rds_state { IV_RDS_LOADING, IV_RDS_READY, IV_RDS_FAILED } iv_rds
 
 /* What identifies the bytes of a file: a file renamed over it has another
  * inode, one written in place another size or modification time. */
-typedef struct iv_file_id {
+typedef struct iv_path_id {
     uint64_t dev, ino;
     int64_t size, mtime_ns;
     int ok;               /* 0: stat failed (the file is missing) */
-} iv_file_id_t;
+} iv_path_id_t;
 
 typedef struct iv_rds {
     const iv_ds_conf_t *conf;   /* points at conf_own */
@@ -49,8 +49,8 @@ typedef struct iv_rds {
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
     char etag[24];
-    iv_file_id_t fid;     /* the file as it was when the load began */
-    iv_file_id_t cfid;    /* its companion file's, when it has one */
+    iv_path_id_t fid;     /* the file as it was when the load began */
+    iv_path_id_t cfid;    /* its companion file's, when it has one */
     unsigned refs;
     int retired;          /* out of the list: freed at its last reference */
     struct iv_rds *pending;   /* a replacement being loaded (one reference), or NULL */
@@ -75,8 +75,8 @@ void iv_rds_unref(iv_rds_t *d);
 void iv_rds_retire(iv_rds_t *d);
 
 /* Reads path's identity (ok = 0 when it cannot be read). */
-void iv_file_id_read(const char *path, iv_file_id_t *out);
-int iv_file_id_same(const iv_file_id_t *a, const iv_file_id_t *b);
+void iv_path_id_read(const char *path, iv_path_id_t *out);
+int iv_path_id_same(const iv_path_id_t *a, const iv_path_id_t *b);
 
 /* The entry with this id (n bytes), or NULL. */
 iv_rds_t *iv_registry_find(const iv_registry_t *r, const char *id, size_t n);

@@ -84,6 +84,7 @@
 #include "transpose.h"
 #include "routes_static.h"
 #include "version.h"
+#include "watch.h"
 
 #define READ_BUF_BYTES 65536
 #define TOKNAME_BYTES 72  /* token names are at most 64 bytes (tokens_file.h) */
@@ -295,6 +296,7 @@ struct server {
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     iv_membudget_t *mb;           /* the cache budget all datasets share */
     iv_alog_t log;
+    iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
 };
 
 /* A reload in progress (see reload_start). */
@@ -483,6 +485,20 @@ static void put_memory(iv_buf_t *b, const sds_t *d)
     iv_buf_printf(b, ",\"cache_budget_evictions\":%" PRIu64 "}", m.budget_evictions);
 }
 
+/* "file": whether the path still names the file loaded, unchanged
+ * (filecheck.h; the watcher moves it, see on_file_change). */
+static void put_file_state(iv_buf_t *b, iv_dataset_t *ds)
+{
+    char msg[480];
+    iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
+    iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
+    if (st != IV_FILE_OK) {
+        iv_buf_puts(b, ",\"message\":");
+        iv_buf_json_str(b, msg);
+    }
+    iv_buf_puts(b, "}");
+}
+
 static void render_doc(sds_t *d, iv_buf_t *b);
 
 static void build_doc(sds_t *d)
@@ -503,6 +519,7 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
     iv_buf_t b = *b0;
     put_summary(&b, d, 1);
     put_orientations(&b, d->ds);
+    put_file_state(&b, d->ds);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {
@@ -1935,10 +1952,24 @@ static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
     }
 }
 
+/* A dataset whose file was written in place can no longer read all of its
+ * matrix: its queries are refused, all alike, until it is reloaded
+ * (filecheck.h).  Answers under way finish from the chunks they find
+ * cached, or end with the same error at the first chunk they would read. */
+static int file_refused(conn_t *c, sds_t *d)
+{
+    char msg[480];
+    if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg,
+               "Retry-After: 10\r\n");
+    return 1;
+}
+
 static void route_query(conn_t *c, sds_t *d, int count)
 {
     iv_http_req_t *r = c->req;
-    if (!method_ok(c, 1)) return;
+    if (!method_ok(c, 1) || file_refused(c, d)) return;
     const iv_dataset_info_t *info = iv_dataset_info(d->ds);
     if (r->method == HTTP_POST) {
         const char *ct = r->hdr[IV_H_CONTENT_TYPE];
@@ -2477,6 +2508,8 @@ static void on_handle_closed(uv_handle_t *h)
     free(c);
     if (s->draining && s->n_conns == 0 && !s->stopped) {
         s->stopped = 1;
+        iv_watch_stop(s->watch);
+        s->watch = NULL;
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -3228,15 +3261,15 @@ static void reload_start(server_t *s, const char *why, conn_t *waiter)
     for (size_t i = 0; ok && i < n; i++) {
         const iv_ds_conf_t *dc = &nc.datasets[i];
         sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
-        iv_file_id_t fid, cfid;
-        iv_file_id_read(dc->path, &fid);
+        iv_path_id_t fid, cfid;
+        iv_path_id_read(dc->path, &fid);
         memset(&cfid, 0, sizeof cfid);
-        if (dc->companion) iv_file_id_read(dc->companion, &cfid);
+        if (dc->companion) iv_path_id_read(dc->companion, &cfid);
         if (cur) {
             /* A failed dataset is tried again whatever changed. */
             const sds_t *latest = cur->pending ? cur->pending : cur;
             if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
-                iv_file_id_same(&latest->fid, &fid) && iv_file_id_same(&latest->cfid, &cfid)) {
+                iv_path_id_same(&latest->fid, &fid) && iv_path_id_same(&latest->cfid, &cfid)) {
                 nv[i] = cur;
                 continue;
             }
@@ -3435,6 +3468,8 @@ static void on_signal(uv_signal_t *sig, int signum)
         if (!qs->c) qs_cancel(qs);
     if (s->n_conns == 0) {
         s->stopped = 1;
+        iv_watch_stop(s->watch);
+        s->watch = NULL;
         uv_close((uv_handle_t *)&s->async, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
         uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -3444,6 +3479,52 @@ static void on_signal(uv_signal_t *sig, int signum)
         return;
     }
     uv_timer_start(&s->grace, on_grace, s->cfg->limits.shutdown_grace_ms, 0);
+}
+
+/* ---- the served files' watcher (watch.h) -------------------------------- */
+
+/* Slot i: dataset i / 2's own file (even) or its companion's (odd). */
+static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
+{
+    server_t *s = ctx;
+    if (i / 2 >= s->reg.n) return 0;
+    sds_t *d = s->reg.v[i / 2];
+    *key = d;
+    *f = NULL;
+    if (d->state != DS_READY || !d->ds) return 1;
+    if (i % 2 == 0) {
+        *f = iv_dataset_file(d->ds);
+    } else {
+        iv_orient_status_t st;
+        iv_dataset_orientations(d->ds, &st);
+        iv_dataset_t *o = iv_dataset_other(d->ds);
+        if (o && st.other_source == IV_SRC_FILE) *f = iv_dataset_file(o);
+    }
+    return 1;
+}
+
+/* A served file moved state: one log line, and the document says so. */
+static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t st, const char *msg)
+{
+    server_t *s = ctx;
+    sds_t *d = key;
+    (void)f;
+    iv_alog_event(&s->log, st == IV_FILE_CHANGED ? "error" : st == IV_FILE_OK ? "info" : "warn",
+                  "dataset %s: file %s: %s", d->conf->id, iv_file_state_name(st), msg);
+    char *old = d->doc;
+    size_t old_len = d->doc_len;
+    char old_etag[sizeof d->etag];
+    memcpy(old_etag, d->etag, sizeof old_etag);
+    d->doc = NULL;
+    build_doc(d);
+    if (d->doc) {
+        free(old);
+    } else {
+        /* Out of memory: the old document stays. */
+        d->doc = old;
+        d->doc_len = old_len;
+        memcpy(d->etag, old_etag, sizeof old_etag);
+    }
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -3562,9 +3643,9 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
         ok = (s->reg.v[i] = iv_rds_new(&cfg->datasets[i])) != NULL;
         if (ok) {
             s->reg.n++;
-            iv_file_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
+            iv_path_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
             if (cfg->datasets[i].companion)
-                iv_file_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
+                iv_path_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
         }
     }
     if (ok) {
@@ -3625,6 +3706,10 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
 
     if (bind_listener(s) != 0) goto fail_loop;
     for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
+    if ((rc = iv_watch_start(&s->loop, IV_WATCH_DEFAULT_MS, watch_list, on_file_change, s,
+                             &s->watch)) != 0)
+        iv_alog_event(&s->log, "warn", "files replaced under the server will not be noticed: %s",
+                      uv_strerror(rc));
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");

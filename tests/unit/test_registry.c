@@ -41,37 +41,37 @@ START_TEST(test_file_identity)
     snprintf(a, sizeof a, "%s/a", dir);
     snprintf(b, sizeof b, "%s/b", dir);
     write_file(a, "one");
-    iv_file_id_t x, y;
-    iv_file_id_read(a, &x);
+    iv_path_id_t x, y;
+    iv_path_id_read(a, &x);
     ck_assert(x.ok);
-    iv_file_id_read(a, &y);
-    ck_assert(iv_file_id_same(&x, &y));
+    iv_path_id_read(a, &y);
+    ck_assert(iv_path_id_same(&x, &y));
     /* Written in place, longer: another size. */
     write_file(a, "one more");
-    iv_file_id_read(a, &y);
-    ck_assert(!iv_file_id_same(&x, &y));
+    iv_path_id_read(a, &y);
+    ck_assert(!iv_path_id_same(&x, &y));
     /* The same size, another modification time. */
-    iv_file_id_read(a, &x);
+    iv_path_id_read(a, &x);
     struct timespec ts[2] = {{0, UTIME_OMIT}, {12345, 678}};
     ck_assert_int_eq(utimensat(AT_FDCWD, a, ts, 0), 0);
-    iv_file_id_read(a, &y);
-    ck_assert(!iv_file_id_same(&x, &y));
+    iv_path_id_read(a, &y);
+    ck_assert(!iv_path_id_same(&x, &y));
     /* Renamed over with the same size and time: another inode. */
-    iv_file_id_read(a, &x);
+    iv_path_id_read(a, &x);
     write_file(b, "one more");
     ck_assert_int_eq(utimensat(AT_FDCWD, b, ts, 0), 0);
     ck_assert_int_eq(rename(b, a), 0);
-    iv_file_id_read(a, &y);
+    iv_path_id_read(a, &y);
     ck_assert(y.ok && x.size == y.size && x.mtime_ns == y.mtime_ns);
-    ck_assert(!iv_file_id_same(&x, &y));
+    ck_assert(!iv_path_id_same(&x, &y));
     /* Gone: not ok, and not the same as a file that was there. */
     ck_assert_int_eq(unlink(a), 0);
-    iv_file_id_read(a, &x);
+    iv_path_id_read(a, &x);
     ck_assert(!x.ok);
-    ck_assert(!iv_file_id_same(&x, &y));
-    iv_file_id_t z;
-    iv_file_id_read(a, &z);
-    ck_assert(iv_file_id_same(&x, &z));
+    ck_assert(!iv_path_id_same(&x, &y));
+    iv_path_id_t z;
+    iv_path_id_read(a, &z);
+    ck_assert(iv_path_id_same(&x, &z));
     ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
