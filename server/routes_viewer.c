@@ -882,8 +882,13 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     }
     /* Blocks in the serving orientation's own slices, whichever it is: the
      * planner picks the copy that decodes fewer bytes (the gene-major one
-     * for a few genes over many cells), and the accumulation follows it. */
-    iv_query_opts_t qo = {.axis = IV_OUT_MAJOR, .pick = IV_PICK_AUTO};
+     * for a few genes over many cells), and the accumulation follows it.
+     * The pick is explicit: IV_OUT_MAJOR left to the query keeps the file's
+     * orientation (50 genes over 1.26 M cells scanned every cell: 328 ms
+     * where the gene-major copy takes a few). */
+    iv_orient_t served = iv_plan_orient(r->ds, &so, &sv, IV_OUT_MAJOR, NULL);
+    iv_query_opts_t qo = {.axis = IV_OUT_MAJOR,
+                          .pick = served == IV_IVCSR ? IV_PICK_CELLS : IV_PICK_GENES};
     if ((rc = iv_query_new(r->ds, &so, &sv, &qo, &q, err)) != 0) goto out;
     int64_t nb = iv_query_n_blocks(q);
     unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
@@ -926,7 +931,8 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     }
     iv_buf_puts(&doc, "],\"stats\":[");
     for (size_t s = 0; s < n_st; s++) iv_buf_printf(&doc, s ? ",\"%s\"" : "\"%s\"", iv_stat_name(stat_bits[s]));
-    iv_buf_printf(&doc, "],\"ddof\":%d,\"n_cells\":%" PRId64 ",\"groups\":[", (int)ddof, n_obs);
+    iv_buf_printf(&doc, "],\"ddof\":%d,\"served_by\":\"%s\",\"n_cells\":%" PRId64 ",\"groups\":[",
+                  (int)ddof, iv_query_orient(q) == IV_IVCSR ? "cells" : "genes", n_obs);
     for (int64_t g = 0; g < n_groups; g++) {
         iv_buf_puts(&doc, g ? ",{\"key\":[" : "{\"key\":[");
         /* Decode the mixed-radix combination back into category labels. */
