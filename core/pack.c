@@ -33,6 +33,7 @@
 #include "cursor.h"
 #include "h5matrix.h"
 #include "h5util.h"
+#include "membudget.h"
 #include "stream.h"
 #include "varint.h"
 
@@ -991,7 +992,15 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
 {
     int64_t nt = en->n_major; /* output slices = the input's minor axis */
     size_t entry = sizeof(int64_t) + en->esz;
-    size_t budget = o->memory_budget ? o->memory_budget : ((size_t)2 << 30);
+    /* By default half of the memory available (cgroup limits included),
+     * at least 2 GiB: each band is one more read of the whole input, and a
+     * fixed 2 GiB made a 914 M-value matrix take 7 passes on a machine
+     * with 128 GB (78 s where 2 take about a third of that). */
+    size_t budget = o->memory_budget;
+    if (!budget) {
+        budget = iv_membudget_default(50, (size_t)2 << 30, NULL, NULL);
+        if (budget < ((size_t)2 << 30)) budget = (size_t)2 << 30;
+    }
     int64_t *counts = calloc((size_t)(nt ? nt : 1), sizeof *counts);
     int64_t *fill = NULL;
     slab_t sl = {0}, band = {0};

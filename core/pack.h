@@ -51,7 +51,7 @@ typedef struct iv_pack_opts {
     iv_orient_t orient;       /* output orientation */
     iv_h5w_codec_t codec;     /* of every matrix dataset */
     uint64_t chunk_bytes;     /* packed_indices chunk; 0 = IV_PACK_DEFAULT_CHUNK */
-    size_t memory_budget;     /* entry buffers when transposing; 0 = 2 GiB */
+    size_t memory_budget;     /* entry buffers when transposing; 0 = half the memory available, at least 2 GiB */
     iv_pool_t *pool;          /* may be NULL */
     iv_pack_progress_fn progress;
     void *progress_ctx;
