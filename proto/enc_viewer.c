@@ -10,39 +10,10 @@
 #include "enc_viewer.h"
 
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "encode.h"
-
-void iv_enc_json_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i)
-{
-    char s[40];
-    int n;
-    switch (t) {
-    case IV_DT_INT8: n = snprintf(s, sizeof s, "%d", ((const int8_t *)base)[i]); break;
-    case IV_DT_INT16: n = snprintf(s, sizeof s, "%d", ((const int16_t *)base)[i]); break;
-    case IV_DT_INT32: n = snprintf(s, sizeof s, "%" PRId32, ((const int32_t *)base)[i]); break;
-    case IV_DT_INT64: n = snprintf(s, sizeof s, "%" PRId64, ((const int64_t *)base)[i]); break;
-    case IV_DT_UINT8: n = snprintf(s, sizeof s, "%u", ((const uint8_t *)base)[i]); break;
-    case IV_DT_UINT16: n = snprintf(s, sizeof s, "%u", ((const uint16_t *)base)[i]); break;
-    case IV_DT_UINT32: n = snprintf(s, sizeof s, "%" PRIu32, ((const uint32_t *)base)[i]); break;
-    case IV_DT_UINT64: n = snprintf(s, sizeof s, "%" PRIu64, ((const uint64_t *)base)[i]); break;
-    case IV_DT_FLOAT32: {
-        float v = ((const float *)base)[i];
-        n = isfinite(v) ? snprintf(s, sizeof s, "%.9g", (double)v) : snprintf(s, sizeof s, "null");
-        break;
-    }
-    case IV_DT_FLOAT64: {
-        double v = ((const double *)base)[i];
-        n = isfinite(v) ? snprintf(s, sizeof s, "%.17g", v) : snprintf(s, sizeof s, "null");
-        break;
-    }
-    default: n = snprintf(s, sizeof s, "null"); break;
-    }
-    iv_buf_append(b, s, (size_t)n);
-}
 
 static void put_rows(iv_buf_t *b, const iv_dense_t *d, int64_t lo, int64_t hi)
 {

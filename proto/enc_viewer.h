@@ -55,8 +55,4 @@ typedef struct iv_dense {
 /* The whole response in format f (binary, NDJSON or JSON). */
 void iv_enc_dense(iv_buf_t *b, iv_fmt_t f, const iv_dense_t *d);
 
-/* One number as JSON: integers exactly, floats round-trip (%.9g / %.17g),
- * non-finite as null. */
-void iv_enc_json_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i);
-
 #endif

@@ -51,8 +51,7 @@ static void put_descr(iv_buf_t *b, const char *d)
     iv_buf_append(b, s, 8);
 }
 
-/* One value as JSON text. */
-static void put_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i)
+void iv_enc_json_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i)
 {
     char s[40];
     int n = 0;
@@ -114,7 +113,7 @@ static void put_values(iv_buf_t *b, const iv_block_t *blk, int sep_first)
 {
     for (int64_t i = 0; i < blk->nnz; i++) {
         if (i || sep_first) iv_buf_append(b, ",", 1);
-        put_value(b, blk->dtype, blk->data, i);
+        iv_enc_json_value(b, blk->dtype, blk->data, i);
     }
 }
 
@@ -153,7 +152,7 @@ static void put_dense_json(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_
     int64_t p = blk->indptr[r], e = blk->indptr[r + 1];
     for (int64_t c = 0; c < n_cells; c++) {
         if (c) iv_buf_append(b, ",", 1);
-        if (p < e && block_index(blk, p) == c) put_value(b, blk->dtype, blk->data, p++);
+        if (p < e && block_index(blk, p) == c) iv_enc_json_value(b, blk->dtype, blk->data, p++);
         else iv_buf_append(b, "0", 1);
     }
     iv_buf_puts(b, "]");

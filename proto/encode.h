@@ -96,6 +96,10 @@ void iv_enc_trailer(iv_buf_t *b, iv_fmt_t f, int err_status, const char *code, c
 int64_t iv_enc_binary_size(int64_t n_rows, int64_t n_blocks, int64_t nnz, int index_size,
                            iv_dtype_t dtype);
 
+/* One number as JSON: integers exactly, floats round-trip (%.9g / %.17g),
+ * non-finite as null (block values, dense arrays, aggregates). */
+void iv_enc_json_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i);
+
 /* The error document {"error":{"code":...,"message":...}}. */
 void iv_enc_error(iv_buf_t *b, const char *code, const char *msg);
 

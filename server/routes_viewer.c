@@ -42,6 +42,7 @@
 
 #include "aggregate.h"
 #include "enc_viewer.h"
+#include "encode.h"
 #include "obsm.h"
 #include "query.h"
 #include "request.h"
