@@ -141,6 +141,14 @@ static int pair_cmp(const void *a, const void *b)
     return (x[1] > y[1]) - (x[1] < y[1]);
 }
 
+/* True when v[0..n) never falls (strict: always rises). */
+static int ascending(const int64_t *v, int64_t n, int strict)
+{
+    for (int64_t k = 1; k < n; k++)
+        if (strict ? v[k - 1] >= v[k] : v[k - 1] > v[k]) return 0;
+    return 1;
+}
+
 /*
  * The minor lookup table: dense (O(n_minor) to build, one load per entry)
  * or sorted (O(n_sel log n_sel), a binary search per entry).  Sorted is
@@ -157,9 +165,7 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
         if (!q->sel_bits) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
         for (int64_t k = 0; k < n_sel; k++)
             q->sel_bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
-        int64_t k = 1;
-        while (k < n_sel && ids[k - 1] < ids[k]) k++;
-        if (k >= n_sel) {
+        if (ascending(ids, n_sel, 1)) {
             /* A table of 1/64th of the axis instead of two of it whole:
              * a 138,000-cell filter over 1.26 M cells built 20 MB of them. */
             size_t nw = (size_t)(n_minor / 64 + 1);
@@ -180,21 +186,19 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
         q->lut_sparse = 1;
         q->n_lut = n_sel;
         /* Selections from filters and masks come ascending: no sort. */
-        int64_t k = 1;
-        while (k < n_sel && ids[k - 1] <= ids[k]) k++;
-        if (k >= n_sel) {
+        if (ascending(ids, n_sel, 0)) {
             memcpy(q->lut_keys, ids, (size_t)n_sel * sizeof(int64_t));
-            for (k = 0; k < n_sel; k++) q->lut_pos[k] = k;
+            for (int64_t k = 0; k < n_sel; k++) q->lut_pos[k] = k;
             return 0;
         }
         int64_t *pairs = malloc((size_t)n_sel * 2 * sizeof(int64_t));
         if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-        for (k = 0; k < n_sel; k++) {
+        for (int64_t k = 0; k < n_sel; k++) {
             pairs[2 * k] = ids[k];
             pairs[2 * k + 1] = k;
         }
         qsort(pairs, (size_t)n_sel, 2 * sizeof(int64_t), pair_cmp);
-        for (k = 0; k < n_sel; k++) {
+        for (int64_t k = 0; k < n_sel; k++) {
             q->lut_keys[k] = pairs[2 * k];
             q->lut_pos[k] = pairs[2 * k + 1];
         }

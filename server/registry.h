@@ -22,7 +22,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "auth.h"
 #include "config.h"
 #include "dataset.h"
 #include "meta.h"
