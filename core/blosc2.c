@@ -184,8 +184,8 @@ static int decode_block_streams(const chunk_info_t *ci, const uint8_t *chunk, si
             uint8_t token = chunk[pos++];
             IV_RETURN_IF(!(token & 1), err, IV_EUNSUPPORTED,
                          "blosc2: stream token 0x%02x is not supported", token);
-            IV_RETURN_IF(csize < -255, err, IV_ECORRUPT, "blosc2: run value %d out of range",
-                         -csize);
+            IV_RETURN_IF(csize < -255, err, IV_ECORRUPT,
+                         "blosc2: run value %lld out of range", -(long long)csize);
             memset(o, -csize, slen);
         } else {
             IV_RETURN_IF((size_t)csize > ci->cbytes - pos, err, IV_ECORRUPT,
