@@ -245,7 +245,8 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
      * indexing routines refuse a mix (anndata's backed X[:, genes] failed
      * with "Output dtype not compatible with inputs"); HDF5 converts from
      * the memory types. */
-    int wide = x->index_size == 8 || x->nnz > INT32_MAX || x->n_cols > INT32_MAX;
+    int wide = x->index_bits == 64 ||
+               (x->index_bits == 0 && (x->index_size == 8 || x->nnz > INT32_MAX || x->n_cols > INT32_MAX));
     hid_t ift = wide ? H5T_STD_I64LE : H5T_STD_I32LE;
     if (rc == 0) rc = write_parts(g, "indptr", ift, H5T_NATIVE_INT64, 8, x->n_rows + 1, 1, pp, pb);
     if (rc == 0)
@@ -263,9 +264,14 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
                      const iv_sel_t *obs, const iv_sel_t *var, char *skipped, size_t skipped_cap,
                      iv_err_t *err)
 {
+    skipped[0] = '\0';
+    if (x->index_bits != 0 && x->index_bits != 32 && x->index_bits != 64)
+        return FAILF(IV_EINVALID_ARG, "index type of %d bits (expected 32 or 64)", x->index_bits);
+    if (x->index_bits == 32 && (x->nnz > INT32_MAX || x->n_cols > INT32_MAX))
+        return FAILF(IV_ETOO_LARGE, "%s: %lld stored values and %lld columns do not fit int32 "
+                     "indptr and indices", out_path, (long long)x->nnz, (long long)x->n_cols);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     iv_h5filters_register();
-    skipped[0] = '\0';
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
     hid_t in = H5Fopen(src_path, H5F_ACC_RDONLY, H5P_DEFAULT);

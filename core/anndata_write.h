@@ -35,6 +35,10 @@ typedef struct iv_adw_x {
     const void *const *data;
     const size_t *data_bytes;
     iv_dtype_t dtype;
+    /* indptr and indices in the file: 0 = int32 while every pointer and
+     * index fits, int64 otherwise (as scipy); 32 or 64 = that type (32 is
+     * refused when something does not fit). */
+    int index_bits;
 } iv_adw_x_t;
 
 /* obs / var: the selections the result was made with (all or indices). */

@@ -34,6 +34,7 @@ struct cli_opts {
     const char *orient;       /* export --orient cells|genes|auto, or NULL */
     const char *companion;    /* export --companion FILE */
     int by_var;               /* export --by var */
+    int index_bits;           /* export --index-dtype: 0 = auto, 32, 64 */
 };
 
 static int usage(void)
@@ -43,7 +44,7 @@ static int usage(void)
             "       ivserve export FILE [--group G] [--obs SEL] [--var SEL] [--threads N]\n"
             "                      [--stride K] [--cache-mb N] [--where EXPR] [--var-where EXPR]\n"
             "                      [--orient cells|genes|auto] [--companion FILE] [--by obs|var]\n"
-            "                      -o OUT.npz|OUT.h5ad\n"
+            "                      [--index-dtype auto|int32|int64] -o OUT.npz|OUT.h5ad\n"
             "       ivserve export FILE --batch LIST -o DIR\n"
             "       ivserve pack IN.h5ad OUT.h5ad [options]   (ivserve pack --help)\n"
             "SEL: comma-separated indices and half-open ranges, e.g. 5,3,3,10:20, or names\n"
@@ -79,6 +80,8 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
         else if (OPT("--orient")) o->orient = v;
         else if (OPT("--companion")) o->companion = v;
         else if (OPT("--by")) o->by_var = strcmp(v, "var") == 0 ? 1 : strcmp(v, "obs") == 0 ? 0 : -1;
+        else if (OPT("--index-dtype"))
+            o->index_bits = !strcmp(v, "int32") ? 32 : !strcmp(v, "int64") ? 64 : !strcmp(v, "auto") ? 0 : -1;
         else if (a[0] == '-' || o->file) {
             fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
             return -1;
@@ -92,6 +95,10 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
     if (o->by_var < 0 || (o->orient && strcmp(o->orient, "cells") && strcmp(o->orient, "genes") &&
                           strcmp(o->orient, "auto"))) {
         fprintf(stderr, "ivserve: --orient takes cells, genes or auto; --by takes obs or var\n");
+        return -1;
+    }
+    if (o->index_bits < 0) {
+        fprintf(stderr, "ivserve: --index-dtype takes auto, int32 or int64\n");
         return -1;
     }
     return 0;
@@ -299,7 +306,8 @@ static void decode_one(void *arg, size_t i)
 
 /* Runs one query and writes OUT.npz; returns 0 or 1 (error printed). */
 static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
-                      int major_axis, iv_pick_t pick, int by_var, const char *out_path, int h5ad)
+                      int major_axis, iv_pick_t pick, int by_var, int index_bits,
+                      const char *out_path, int h5ad)
 {
     iv_err_t err = {0};
     iv_query_t *q = NULL;
@@ -364,7 +372,8 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
             /* A standard AnnData file: CSR X plus the subset metadata. */
             const iv_dataset_info_t *di = iv_dataset_info(ds);
             int r = iv_cli_write_h5ad(di->path, out_path, nr, nc, di->n_rows, di->n_cols, indptr,
-                                      nnz, (size_t)nb, ip, il, isz, dp, dl, dt, obs, var, &err);
+                                      nnz, (size_t)nb, ip, il, isz, dp, dl, dt, index_bits, obs, var,
+                                      &err);
             free(indptr); free(ip); free(dp); free(il); free(dl);
             if (r < 0) goto report;
             rc = 0;
@@ -428,12 +437,21 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
     /* The output format comes from the extension; anything else is an
      * error rather than a guess. */
     int h5ad = 0;
+    if (o->batch && o->index_bits) {
+        fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output, not --batch\n");
+        return 1;
+    }
     if (!o->batch) {
         const char *dot = strrchr(o->out, '.'), *slash = strrchr(o->out, '/');
         if (dot && (!slash || dot > slash) && strcmp(dot, ".h5ad") == 0) h5ad = 1;
         else if (!dot || (slash && dot < slash) || strcmp(dot, ".npz") != 0) {
             fprintf(stderr, "ivserve: error: %s: unknown output extension (use .npz for "
                     "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
+            return 1;
+        }
+        if (!h5ad && o->index_bits) {
+            fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output (a .npz holds "
+                    "int64 indptr and the engine's indices)\n");
             return 1;
         }
         if (h5ad && (o->major_axis || o->by_var)) {
@@ -456,7 +474,8 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
         if (iv_cli_select(o->file, o->group, IV_AXIS_OBS, o->obs, o->where, &obs, &ob) < 0 ||
             iv_cli_select(o->file, o->group, IV_AXIS_VAR, o->var, o->var_where, &var, &vb) < 0)
             rc = 1;
-        else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->out, h5ad);
+        else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->index_bits,
+                             o->out, h5ad);
         free(ob);
         free(vb);
     } else {
@@ -484,7 +503,8 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
             iv_sel_t obs, var;
             int64_t *ob = NULL, *vb = NULL;
             if (parse_sel(line, "obs", &obs, &ob) < 0 || parse_sel(tab + 1, "var", &var, &vb) < 0) rc = 1;
-            else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, path, 0);
+            else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->index_bits,
+                                 path, 0);
             free(ob);
             free(vb);
             k++;

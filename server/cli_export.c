@@ -145,14 +145,15 @@ nomem:
 int iv_cli_write_h5ad(const char *src_path, const char *out_path, int64_t n_rows, int64_t n_cols,
                       int64_t src_rows, int64_t src_cols, const int64_t *indptr, int64_t nnz,
                       size_t n_parts, const void **ip, const size_t *il, int index_size,
-                      const void **dp, const size_t *dl, iv_dtype_t dtype, const iv_sel_t *obs,
-                      const iv_sel_t *var, iv_err_t *err)
+                      const void **dp, const size_t *dl, iv_dtype_t dtype, int index_bits,
+                      const iv_sel_t *obs, const iv_sel_t *var, iv_err_t *err)
 {
     iv_adw_x_t x = {
         .n_rows = n_rows, .n_cols = n_cols, .nnz = nnz, .src_rows = src_rows,
         .src_cols = src_cols, .indptr = indptr, .n_parts = n_parts,
         .indices = (const void *const *)ip, .indices_bytes = il, .index_size = index_size,
         .data = (const void *const *)dp, .data_bytes = dl, .dtype = dtype,
+        .index_bits = index_bits,
     };
     char skipped[1024];
     if (iv_anndata_write(src_path, out_path, &x, obs, var, skipped, sizeof skipped, err) < 0)

@@ -27,7 +27,7 @@ int iv_cli_select(const char *path, const char *group, iv_axis_t axis, const cha
 int iv_cli_write_h5ad(const char *src_path, const char *out_path, int64_t n_rows, int64_t n_cols,
                       int64_t src_rows, int64_t src_cols, const int64_t *indptr, int64_t nnz,
                       size_t n_parts, const void **ip, const size_t *il, int index_size,
-                      const void **dp, const size_t *dl, iv_dtype_t dtype, const iv_sel_t *obs,
-                      const iv_sel_t *var, iv_err_t *err);
+                      const void **dp, const size_t *dl, iv_dtype_t dtype, int index_bits,
+                      const iv_sel_t *obs, const iv_sel_t *var, iv_err_t *err);
 
 #endif
