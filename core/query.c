@@ -813,6 +813,8 @@ static void copy_value(void *dst, const void *values, int64_t g, size_t esz)
 
 static void emit_pairs(struct outbuf *o, const struct work *w, int64_t n, const void *values)
 {
+    /* Nothing to emit may come with no buffer yet (NULL + 0 is undefined). */
+    if (n == 0) return;
     char *data = (char *)o->data + (size_t)o->n * o->esz;
     if (o->isz == 4) {
         int32_t *ix = (int32_t *)o->indices + o->n;
@@ -1052,7 +1054,8 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
      * (63% at one): walking every word beats summarizing them first. */
     int walk_all = total >= w_hi - w_lo + 1;
     if (!walk_all) summarize(bits, summ, w_lo, w_hi);
-    cur->p = wb + off;
+    /* wb is NULL for a slice with no bytes (off 0): NULL + 0 is undefined. */
+    cur->p = off ? wb + off : wb;
     w->next_slice = s + 1;
     {
         /* The slice's values in a 256-entry table (zeroed once), so that
