@@ -21,7 +21,6 @@ exit (0 or 1, an error line on 1) from `check` for each.
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -30,9 +29,9 @@ import urllib.request
 
 import h5py
 import numpy as np
-import pytest
 
 import ivref
+from ivprocess import free_port  # noqa: E402
 
 N_ROWS, N_COLS = 400, 600
 
@@ -200,11 +199,6 @@ def test_sweep_never_crashes_check(ivserve, workdir):
 
 
 # --------------------------------------------------------------- the server
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url, timeout=10):

@@ -10,7 +10,6 @@ both files, without the usage text after it.
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import fixtures_path
+from ivprocess import free_port  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 
@@ -30,14 +30,6 @@ def need():
     if not fix:
         pytest.skip("shared fixtures folder not found")
     return fix
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def get(url):

@@ -21,13 +21,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import requests
 import yaml
+from ivprocess import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -149,12 +149,6 @@ def test_resources_security_and_grace(k8s):
     user = re.search(r"^USER (\d+)", open(os.path.join(REPO, "Dockerfile")).read(), re.M)
     assert user, "the Dockerfile's USER is not numeric (runAsNonRoot cannot check a name)"
     assert psc["runAsUser"] == int(user.group(1))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_server_runs_the_configmap(k8s, tmp_path):

@@ -34,13 +34,13 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 
 import h5py
 import numpy as np
 import pytest
 import requests
+from ivprocess import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -53,12 +53,6 @@ CSR = "application/vnd.ivserve.csr"
 SMALL = ["pbmc_%s" % c for c in "abcdefgh"]   # one file under several ids
 BIG = "big"                                    # 50,000 x 4,000 int64, 120 MB stream
 N_REPLICAS = 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sanitizer():

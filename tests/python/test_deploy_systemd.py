@@ -28,12 +28,12 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import requests
+from ivprocess import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -165,12 +165,6 @@ def allowed_syscalls(analyze):
             allow = (allow or set()) | expand(analyze, words)
     assert allow, "SystemCallFilter has no allow list"
     return allow - deny
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_syscalls_within_filter(analyze, tmp_path):

@@ -10,28 +10,19 @@ strict UTF-8 decode, then json.loads).
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 
 import h5py
-import numpy as np
 import pytest
 
 from conftest import fixtures_path
+from ivprocess import free_port  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 FILE = "tiny.ivcsr.raw.h5ad"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import scipy.sparse as sp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 import ivclient  # noqa: E402
+from ivprocess import ServerProcess, write_config  # noqa: E402
 
 FIX = os.environ.get("IV_FIXTURES", os.path.join(HERE, "..", "..", "..", "shared", "fixtures"))
 BIN = os.environ.get("IVSERVE_BIN", os.path.join(HERE, "..", "..", "build", "ivserve"))
@@ -42,62 +43,15 @@ def ds_id(m):
     return m["file"][: -len(".h5ad")] if m["file"].endswith(".h5ad") else m["file"]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+class Server(ServerProcess):
+    """The server over the fixtures (or `datasets`), 2 workers."""
 
-
-class Server:
     def __init__(self, tmp, extra_args=(), cfg_extra=None, datasets=None):
-        self.port = free_port()
         cfg = {"datasets": datasets if datasets is not None else
                [{"id": ds_id(m), "path": os.path.join(FIX, m["file"])} for m in FILES]}
         cfg.update(cfg_extra or {})
-        path = os.path.join(tmp, f"cfg{self.port}.json")
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        self.log = open(os.path.join(tmp, f"log{self.port}.txt"), "w+")
-        self.proc = subprocess.Popen(
-            [BIN, "--config", path, "--port", str(self.port), "--threads", "2", *extra_args],
-            stdout=self.log, stderr=self.log)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("server did not become ready:\n" + self.log_text())
-
-    def log_text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def rss_kb(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(tmp, ["--config", write_config(tmp, cfg), "--threads", "2", *extra_args],
+                         binary=BIN)
 
 
 @pytest.fixture(scope="module")

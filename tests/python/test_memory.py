@@ -11,9 +11,6 @@ budget plus the parts reported as fixed, plus an allowance named below.
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 
@@ -27,6 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 import ivclient  # noqa: E402
 import ivref  # noqa: E402
+from ivprocess import ServerProcess, write_config  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 FIX = os.environ.get("IV_FIXTURES", os.path.join(HERE, "..", "..", "..", "shared", "fixtures"))
@@ -48,51 +46,13 @@ def sanitized():
     return b"__asan_init" in data or b"__tsan_init" in data
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+class Server(ServerProcess):
+    """ivserve with cfg, 2 workers; ready once no dataset is still loading."""
 
-
-class Server:
     def __init__(self, tmp, cfg, timeout=120):
-        if not BIN or not os.access(BIN, os.X_OK):
-            pytest.fail("IVSERVE_BIN is not set to an executable ivserve binary")
-        self.port = free_port()
-        path = os.path.join(tmp, "cfg%d.json" % self.port)
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        self.log = open(os.path.join(tmp, "log%d.txt" % self.port), "w+")
-        self.proc = subprocess.Popen([BIN, "--config", path, "--port", str(self.port),
-                                      "--threads", "2"], stdout=self.log, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % self.port
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200 and \
-                        self.metric("ivserve_datasets", 'state="loading"') == 0:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("server did not become ready:\n" + self.log_text())
-
-    def log_text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def status_kb(self, key):
-        with open("/proc/%d/status" % self.proc.pid) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-        raise AssertionError("no %s in /proc/PID/status" % key)
+        super().__init__(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"],
+                         ready_timeout=timeout, stop_timeout=30,
+                         ready=lambda s: s.metric("ivserve_datasets", 'state="loading"') == 0)
 
     def metrics(self):
         r = requests.get(self.url + "/metrics", timeout=10)
@@ -119,16 +79,6 @@ class Server:
         r = requests.get("%s/v1/datasets/%s" % (self.url, ds), timeout=10)
         assert r.status_code == 200, r.text
         return r.json()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")

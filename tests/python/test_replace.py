@@ -15,9 +15,7 @@ queries keep reading chunks from the file instead of answering from memory.
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -30,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 import ivclient  # noqa: E402
 import ivref  # noqa: E402
+from ivprocess import ServerProcess, write_config  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN", os.path.join(HERE, "..", "..", "build", "ivserve"))
 if not os.path.exists(BIN):
@@ -39,14 +38,6 @@ N_ROWS, N_COLS, NNZ = 30000, 2000, 1_500_000
 CHUNK = 16384
 # The watcher looks every 2 s; a change is noticed within one interval.
 NOTICE_S = 8
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -80,45 +71,15 @@ def files(tmp_path_factory):
     return out
 
 
-class Server:
+class Server(ServerProcess):
+    """ivserve over {id: path} with a 64 KiB cache, so that queries read
+    the file."""
+
     def __init__(self, tmp, datasets):
-        self.port = free_port()
         cfg = {"datasets": [{"id": k, "path": v} for k, v in datasets.items()],
                "cache_bytes": 65536}
-        path = os.path.join(tmp, "cfg.json")
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        self.log = open(os.path.join(tmp, "log.txt"), "w+")
-        self.proc = subprocess.Popen([BIN, "--config", path, "--port", str(self.port),
-                                      "--threads", "2"], stdout=self.log, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % self.port
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("server did not become ready:\n" + self.log_text())
-
-    def log_text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"],
+                         ready_timeout=120, stop_timeout=60, binary=BIN)
 
 
 def canon(M):

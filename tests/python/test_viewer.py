@@ -30,7 +30,6 @@ A missing browser is a failure that says what to install, never a skip.
 
 import gzip
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -54,6 +53,7 @@ sys.path.insert(0, os.path.join(REPO, "proto", "python"))
 
 import ivclient  # noqa: E402
 import viewerdata  # noqa: E402
+from ivprocess import ServerProcess, free_port, write_config  # noqa: E402
 
 WEB = os.path.join(REPO, "web")
 BIN = os.environ.get("IVSERVE_BIN", os.path.join(REPO, "build", "ivserve"))
@@ -79,49 +79,12 @@ def ramp_color(t):
     return [math.floor(a[c] + (b[c] - a[c]) * f + 0.5) for c in (1, 2, 3)]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServerProcess):
     """A real ivserve on one dataset (plus extra flags)."""
 
     def __init__(self, tmp, path, extra=()):
-        if not os.access(BIN, os.X_OK):
-            pytest.fail("IVSERVE_BIN is not set to an executable ivserve binary")
-        self.port = free_port()
-        cfg = os.path.join(tmp, "cfg%d.json" % self.port)
-        with open(cfg, "w") as f:
-            json.dump({"datasets": [{"id": DS, "path": path}]}, f)
-        self.log = open(os.path.join(tmp, "log%d.txt" % self.port), "w+")
-        self.proc = subprocess.Popen([BIN, "--config", cfg, "--port", str(self.port), "--threads", "2",
-                                      *extra], stdout=self.log, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % self.port
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        self.log.seek(0)
-        raise RuntimeError("ivserve did not become ready:\n" + self.log.read())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        cfg = write_config(tmp, {"datasets": [{"id": DS, "path": path}]})
+        super().__init__(tmp, ["--config", cfg, "--threads", "2", *extra], binary=BIN)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,90 @@
+"""One ivserve server process for the Python tests: a free port, the log in
+a file, the wait for /readyz, and a polite stop.  Each test module's own
+Server class says what to start (config, arguments) and adds what it needs
+to ask; the starting and stopping live here once."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import requests
+
+BIN = os.environ.get("IVSERVE_BIN")
+
+
+def free_port():
+    """A port nobody listens on now (the kernel's pick, released)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def write_config(tmp, cfg):
+    """cfg as JSON in a new file of tmp; its path."""
+    fd, path = tempfile.mkstemp(prefix="cfg", suffix=".json", dir=tmp)
+    with os.fdopen(fd, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+class ServerProcess:
+    """Starts `ivserve ARGS --port P` with stdout and stderr in tmp/logP.txt
+    and returns once /readyz answers 200 and ready() (if given) is true.
+    A server that exits or stays unready for ready_timeout seconds is
+    stopped and reported with its log."""
+
+    def __init__(self, tmp, args, ready_timeout=30, stop_timeout=20, ready=None, binary=None):
+        binary = binary or BIN
+        if not binary or not os.access(binary, os.X_OK):
+            raise RuntimeError("IVSERVE_BIN is not set to an executable ivserve binary")
+        self.port = free_port()
+        self.stop_timeout = stop_timeout
+        self.log = open(os.path.join(tmp, "log%d.txt" % self.port), "w+")
+        self.proc = subprocess.Popen([binary, *[str(a) for a in args], "--port", str(self.port)],
+                                     stdout=self.log, stderr=self.log)
+        self.url = "http://127.0.0.1:%d" % self.port
+        deadline = time.time() + ready_timeout
+        while time.time() < deadline:
+            try:
+                if requests.get(self.url + "/readyz", timeout=2).status_code == 200 and \
+                        (ready is None or ready(self)):
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("server did not become ready:\n" + self.log_text())
+
+    def log_text(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def status_kb(self, key):
+        """A /proc/PID/status figure in kB (VmRSS, VmHWM, ...)."""
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        raise AssertionError("no %s in /proc/PID/status" % key)
+
+    def rss_kb(self):
+        return self.status_kb("VmRSS")
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after stop_timeout; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
