@@ -50,7 +50,8 @@ class Server(ServerProcess):
         cfg = {"datasets": datasets if datasets is not None else
                [{"id": ds_id(m), "path": os.path.join(FIX, m["file"])} for m in FILES]}
         cfg.update(cfg_extra or {})
-        super().__init__(tmp, ["--config", write_config(tmp, cfg), "--threads", "2", *extra_args],
+        self.cfg_path = write_config(tmp, cfg)
+        super().__init__(tmp, ["--config", self.cfg_path, "--threads", "2", *extra_args],
                          binary=BIN)
 
 

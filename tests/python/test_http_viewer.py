@@ -567,8 +567,7 @@ def test_etag_304_and_gzip(env):
 
 def test_cache_max_age_is_configurable(env, tmp_path):
     s0, _ = env
-    path = [d for d in json.load(open(os.path.join(os.path.dirname(s0.log.name),
-                                                   "cfg%d.json" % s0.port)))["datasets"]][0]
+    path = json.load(open(s0.cfg_path))["datasets"][0]
     s = Server(str(tmp_path), datasets=[path], cfg_extra={"cache_max_age": 0, "tokens": ["t0k"]})
     try:
         r = requests.get(s.url + "/v1/datasets/%s/var/search" % path["id"], params={"q": "CD3"},
