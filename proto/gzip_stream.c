@@ -1,0 +1,146 @@
+/*
+ * A gzip member made of independently compressed pieces (gzip_stream.h).
+ *
+ * Why pieces and not one deflate stream: a streamed answer is encoded a
+ * block at a time on whichever worker is free, several blocks at once.  A
+ * single zlib stream would make block k+1 wait for block k's compressor
+ * state, serializing the answer onto one thread.  Deflate allows a block
+ * boundary at any byte: a raw deflate stream ended with Z_SYNC_FLUSH
+ * stops at a byte boundary after an empty stored block and no final
+ * block, so the next piece's deflate blocks may follow it directly.  The
+ * cost is that a piece cannot refer back into the previous one (its
+ * 32 KiB window starts empty), which for blocks of hundreds of kilobytes
+ * costs well under one percent of the ratio.
+ *
+ * The gzip trailer needs the CRC-32 of the whole body; each piece's CRC is
+ * computed where the piece is compressed and crc32_combine joins them in
+ * body order on the loop in constant time.
+ */
+#include "gzip_stream.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include <zlib.h>
+
+#include "error.h"
+
+/* zlib counts in uInt: feed and checksum at most this much at a time. */
+#define GZ_STEP ((size_t)1 << 30)
+
+void iv_gz_sum_init(iv_gz_sum_t *s)
+{
+    s->crc = 0;
+    s->isize = 0;
+}
+
+void iv_gz_sum_add(iv_gz_sum_t *s, uint32_t crc, uint64_t len)
+{
+    if (len == 0) return;
+    s->crc = (uint32_t)crc32_combine(s->crc, crc, (z_off_t)len);
+    s->isize += (uint32_t)len;  /* ISIZE is the length mod 2^32 (RFC 1952) */
+}
+
+void iv_gz_header(iv_buf_t *out)
+{
+    /* ID1 ID2, CM = deflate, FLG = 0, MTIME = 0 (none), XFL = 0, OS = 3
+     * (Unix): no name, no time, so equal bodies give equal bytes. */
+    static const unsigned char h[IV_GZ_HEADER_BYTES] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
+    iv_buf_append(out, h, sizeof h);
+}
+
+static uint32_t crc_of(const void *in, size_t len)
+{
+    const unsigned char *p = in;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (len) {
+        size_t n = len < GZ_STEP ? len : GZ_STEP;
+        crc = crc32(crc, p, (uInt)n);
+        p += n;
+        len -= n;
+    }
+    return (uint32_t)crc;
+}
+
+int iv_gz_block(iv_buf_t *out, const void *in, size_t len, int level, uint32_t *crc)
+{
+    *crc = crc_of(in, len);
+    if (level < 1 || level > 9) return IV_EINVALID_ARG;
+    if (len == 0) return 0;
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    /* Negative window bits: raw deflate, no zlib or gzip wrapper. */
+    int zr = deflateInit2(&z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+    if (zr != Z_OK) {
+        out->oom = 1;
+        return IV_ENOMEM;
+    }
+    const unsigned char *p = in;
+    size_t left = len;
+    int rc = 0;
+    while (rc == 0 && left) {
+        size_t n = left < GZ_STEP ? left : GZ_STEP;
+        int flush = n == left ? Z_SYNC_FLUSH : Z_NO_FLUSH;
+        z.next_in = (Bytef *)(uintptr_t)p;
+        z.avail_in = (uInt)n;
+        /* The first reservation usually holds the whole piece: the bound
+         * for the input plus the flush's few bytes. */
+        size_t want = (size_t)deflateBound(&z, (uLong)n) + 16;
+        do {
+            if (iv_buf_reserve(out, want) != 0) {
+                rc = IV_ENOMEM;
+                break;
+            }
+            size_t room = out->cap - out->len;
+            if (room > UINT_MAX) room = UINT_MAX;
+            z.next_out = (Bytef *)out->data + out->len;
+            z.avail_out = (uInt)room;
+            zr = deflate(&z, flush);
+            out->len += room - z.avail_out;
+            if (zr != Z_OK && zr != Z_BUF_ERROR) {
+                rc = IV_EINTERNAL;
+                break;
+            }
+            want = (size_t)1 << 16;
+            /* Done with this input once it is consumed and, for the flush,
+             * once deflate returned with output space to spare (zlib's
+             * rule for a completed flush). */
+        } while (z.avail_in > 0 || z.avail_out == 0);
+        p += n;
+        left -= n;
+    }
+    deflateEnd(&z);
+    return rc;
+}
+
+void iv_gz_stored(iv_buf_t *out, const void *in, size_t len, uint32_t *crc)
+{
+    *crc = crc_of(in, len);
+    const unsigned char *p = in;
+    /* A stored block (RFC 1951 3.2.4): the 3 header bits BFINAL = 0 and
+     * BTYPE = 00, padded to the byte (the previous piece ended on a byte
+     * boundary), then LEN and its one's complement NLEN, little-endian,
+     * and LEN bytes; at most 65,535 of them a block. */
+    while (len) {
+        size_t n = len < 65535 ? len : 65535;
+        unsigned char h[5] = {0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8),
+                              (unsigned char)(~n & 0xff), (unsigned char)((~n >> 8) & 0xff)};
+        iv_buf_append(out, h, sizeof h);
+        iv_buf_append(out, p, n);
+        p += n;
+        len -= n;
+    }
+}
+
+void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s)
+{
+    /* An empty final block with fixed Huffman codes: BFINAL = 1, BTYPE =
+     * 01, then the 7-bit end-of-block code 0000000, ten bits in all, read
+     * from the least significant bit: 0x03 0x00. */
+    unsigned char t[IV_GZ_TRAILER_BYTES] = {0x03, 0x00};
+    for (int i = 0; i < 4; i++) {
+        t[2 + i] = (unsigned char)(s->crc >> (8 * i));
+        t[6 + i] = (unsigned char)(s->isize >> (8 * i));
+    }
+    iv_buf_append(out, t, sizeof t);
+}
