@@ -19,11 +19,13 @@
 #include "gzip_stream.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <zlib.h>
 
 #include "error.h"
+#include "pool.h"
 
 /* zlib counts in uInt: feed and checksum at most this much at a time. */
 #define GZ_STEP ((size_t)1 << 30)
@@ -143,4 +145,52 @@ void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s)
         t[6 + i] = (unsigned char)(s->isize >> (8 * i));
     }
     iv_buf_append(out, t, sizeof t);
+}
+
+typedef struct {
+    const unsigned char *in;
+    size_t len;
+    int level;
+    iv_buf_t *part;
+    uint32_t *crc;
+    int *rc;
+} member_job_t;
+
+static void member_piece(void *arg, size_t i)
+{
+    member_job_t *m = arg;
+    size_t off = i * IV_GZ_PIECE_BYTES, n = m->len - off < IV_GZ_PIECE_BYTES ? m->len - off : IV_GZ_PIECE_BYTES;
+    m->rc[i] = iv_gz_block(&m->part[i], m->in + off, n, m->level, &m->crc[i]);
+}
+
+int iv_gz_member(iv_buf_t *out, const void *in, size_t len, int level, struct iv_pool *pool)
+{
+    if (level < 1 || level > 9) return IV_EINVALID_ARG;
+    size_t k = (len + IV_GZ_PIECE_BYTES - 1) / IV_GZ_PIECE_BYTES;
+    iv_buf_t *part = calloc(k ? k : 1, sizeof *part);
+    uint32_t *crc = calloc(k ? k : 1, sizeof *crc);
+    int *prc = calloc(k ? k : 1, sizeof *prc);
+    int rc = 0;
+    if (!part || !crc || !prc) {
+        rc = IV_ENOMEM;
+        goto out;
+    }
+    member_job_t m = {in, len, level, part, crc, prc};
+    iv_pool_parallel_for(pool, k, 0, member_piece, &m);
+    iv_gz_sum_t s;
+    iv_gz_sum_init(&s);
+    iv_gz_header(out);
+    for (size_t i = 0; i < k && rc == 0; i++) {
+        rc = prc[i];
+        iv_buf_append(out, part[i].data, part[i].len);
+        iv_gz_sum_add(&s, crc[i], i + 1 < k ? IV_GZ_PIECE_BYTES : len - i * IV_GZ_PIECE_BYTES);
+    }
+    iv_gz_finish(out, &s);
+    if (rc == 0 && out->oom) rc = IV_ENOMEM;
+out:
+    for (size_t i = 0; part && i < k; i++) iv_buf_free(&part[i]);
+    free(part);
+    free(crc);
+    free(prc);
+    return rc;
 }

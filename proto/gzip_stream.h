@@ -67,4 +67,12 @@ void iv_gz_stored(iv_buf_t *out, const void *in, size_t len, uint32_t *crc);
 /* Appends the empty final block and the trailer for the body summed in s. */
 void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s);
 
+/* Appends a whole member of in[0..len) (a complete body, e.g. a JSON
+ * document), cut into pieces of IV_GZ_PIECE_BYTES compressed in parallel
+ * on pool (NULL: all on the caller; callable from a pool worker).  0 or
+ * as iv_gz_block. */
+#define IV_GZ_PIECE_BYTES ((size_t)1 << 20)
+struct iv_pool;
+int iv_gz_member(iv_buf_t *out, const void *in, size_t len, int level, struct iv_pool *pool);
+
 #endif

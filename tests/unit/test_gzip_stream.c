@@ -12,6 +12,7 @@
 
 #include "error.h"
 #include "gzip_stream.h"
+#include "pool.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
 static uint64_t rnd(void)
@@ -322,6 +323,34 @@ START_TEST(crc_mismatch_is_caught)
 }
 END_TEST
 
+START_TEST(whole_member_in_parallel)
+{
+    /* A whole body (the JSON document) in 1 MiB pieces on a pool, and on
+     * the caller alone: both inflate to the body, and give equal bytes. */
+    size_t sizes[] = {0, 1, IV_GZ_PIECE_BYTES, 3 * IV_GZ_PIECE_BYTES + 12345};
+    iv_pool_t *pool = iv_pool_create(2, 0);
+    ck_assert_ptr_nonnull(pool);
+    for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
+        size_t n = sizes[t];
+        unsigned char *b = malloc(n + 1);
+        ck_assert_ptr_nonnull(b);
+        fill(b, n, (int)(t % 2));
+        iv_buf_t a, c;
+        iv_buf_init(&a);
+        iv_buf_init(&c);
+        ck_assert_int_eq(iv_gz_member(&a, b, n, 1, pool), 0);
+        ck_assert_int_eq(iv_gz_member(&c, b, n, 1, NULL), 0);
+        check_inflates_to(&a, b, n);
+        ck_assert_uint_eq(a.len, c.len);
+        ck_assert(memcmp(a.data, c.data, a.len) == 0);
+        iv_buf_free(&a);
+        iv_buf_free(&c);
+        free(b);
+    }
+    iv_pool_destroy(pool);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("gzip_stream");
@@ -335,6 +364,7 @@ int main(void)
     tcase_add_test(tc, sum_counts_length_mod_2_32);
     tcase_add_test(tc, inflates_past_4_gib);
     tcase_add_test(tc, crc_mismatch_is_caught);
+    tcase_add_test(tc, whole_member_in_parallel);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
