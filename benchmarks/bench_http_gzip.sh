@@ -12,8 +12,9 @@
 # coding: 1 client (curl, best of R: ms and bytes on the wire), then C
 # clients (wrk, default 16) for S seconds: req/s, p50, p99, MB/s of
 # identity body delivered, while a probe asks /healthz every 20 ms
-# (p50/p99/max ms, against the same probe on the idle server).  The ratio
-# column is gzip req/s over identity req/s (the goal is >= 0.5).
+# (p50/p99/max ms, against the same probe on the idle server), and the
+# server's CPU time per request.  The ratio column is gzip req/s over
+# identity req/s (the goal is >= 0.5); cpu_ratio the same from CPU time.
 set -euo pipefail
 
 bin= file= threads=$(nproc) duration=10 port=18091 reps=5 clients=16 formats="binary ndjson"
@@ -80,6 +81,9 @@ print(next((v.get("state") for v in o.values() if v.get("state") not in ("ready"
     sleep 0.05
 done
 
+srv_cpu() {   # the server's user + system CPU time so far, in clock ticks
+    awk '{print $14 + $15}' "/proc/$srv_pid/stat"
+}
 probe() {   # prints one /healthz time in ms a line until killed
     while :; do
         curl -s -o /dev/null -w '%{time_total}\n' "$base/healthz" | awk '{printf "%.3f\n", $1 * 1e3}'
@@ -132,9 +136,11 @@ for fmt in $formats; do
             best=$(awk -v a="$secs" -v b="$best" 'BEGIN{print (b == "" || a < b) ? a : b}')
         done
         probe >"$tmp/probe.txt" & probe_pid=$!
+        cpu0=$(srv_cpu)
         out=$(IV_BODY="$tmp/cells1pct.json" IV_PATH="/v1/datasets/$id/query" IV_ACCEPT="$acc" IV_AE="$ae" \
               "$bin/wrk" -t"$(( clients < threads ? clients : threads ))" -c"$clients" -d"${duration}s" \
               --timeout 60s -s "$tmp/post.lua" "$base" 2>&1) || { echo "wrk failed: $out" >&2; exit 1; }
+        cpu1=$(srv_cpu)
         kill "$probe_pid"; wait "$probe_pid" 2>/dev/null || true; probe_pid=
         line=$(grep '^IVRESULT' <<<"$out") || { echo "no wrk result: $out" >&2; exit 1; }
         read -r _ n dur p50 p99 non2xx errs bytes <<<"$line"
@@ -143,7 +149,8 @@ for fmt in $formats; do
         results+=("$fmt $ae $rps $(awk -v a="$p50" -v b="$p99" 'BEGIN{printf "%.1f %.1f", a / 1e3, b / 1e3}') \
 $(awk -v r="$rps" -v b="$ident_bytes" 'BEGIN{printf "%.1f", r * b / 1e6}') \
 $(awk -v r="$bytes" -v d="$dur" 'BEGIN{printf "%.1f", r / (d / 1e6) / 1e6}') $((non2xx + errs)) \
-$(awk -v b="$best" 'BEGIN{printf "%.1f", b * 1e3}') $wire $h50 $h99 $hmax $hn")
+$(awk -v b="$best" 'BEGIN{printf "%.1f", b * 1e3}') $wire $h50 $h99 $hmax $hn \
+$(awk -v a="$cpu0" -v b="$cpu1" -v n="$n" -v t="$(getconf CLK_TCK)" 'BEGIN{printf("%.1f", (n > 0) ? (b - a) / t / n * 1e3 : 0)}')")
     done
 done
 
@@ -151,16 +158,20 @@ echo
 echo "ivserve on $(nproc) CPUs, $threads workers: $n_cells cells x $n_genes genes ($file)"
 echo "query: $((n_cells / 100)) random cells (1%) x all genes, POST; wrk $clients clients ${duration} s;"
 echo "/healthz probe every 20 ms (idle server: p50 $i50 ms, p99 $i99 ms, max $imax ms, n $in_)"
-printf '%-7s %-9s %9s %8s %8s %10s %10s %6s %9s %11s %8s %8s %8s %5s %7s\n' format coding "req/s" \
-    "p50 ms" "p99 ms" "body MB/s" "wire MB/s" errors "1cl ms" "wire bytes" "hz p50" "hz p99" "hz max" "hz n" ratio
-ident_rps=
+printf '%-7s %-9s %9s %8s %8s %10s %10s %6s %9s %11s %8s %8s %8s %5s %9s %7s %9s\n' format coding "req/s" \
+    "p50 ms" "p99 ms" "body MB/s" "wire MB/s" errors "1cl ms" "wire bytes" "hz p50" "hz p99" "hz max" "hz n" \
+    "cpu ms/r" ratio cpu_ratio
+ident_rps= ident_cpu=
 for r in "${results[@]}"; do
-    read -r fmt ae rps p50 p99 bmb wmb err one wire h50 h99 hmax hn <<<"$r"
-    [ "$ae" = identity ] && ident_rps=$rps
-    ratio=$(awk -v a="$rps" -v b="$ident_rps" 'BEGIN{printf "%.2f", b > 0 ? a / b : 0}')
-    printf '%-7s %-9s %9s %8s %8s %10s %10s %6s %9s %11s %8s %8s %8s %5s %7s\n' "$fmt" "$ae" "$rps" "$p50" \
-        "$p99" "$bmb" "$wmb" "$err" "$one" "$wire" "$h50" "$h99" "$hmax" "$hn" "$ratio"
+    read -r fmt ae rps p50 p99 bmb wmb err one wire h50 h99 hmax hn cpu <<<"$r"
+    if [ "$ae" = identity ]; then ident_rps=$rps; ident_cpu=$cpu; fi
+    ratio=$(awk -v a="$rps" -v b="$ident_rps" 'BEGIN{printf("%.2f", (b > 0) ? a / b : 0)}')
+    cratio=$(awk -v a="$cpu" -v b="$ident_cpu" 'BEGIN{printf("%.2f", (a > 0) ? b / a : 0)}')
+    printf '%-7s %-9s %9s %8s %8s %10s %10s %6s %9s %11s %8s %8s %8s %5s %9s %7s %9s\n' "$fmt" "$ae" "$rps" \
+        "$p50" "$p99" "$bmb" "$wmb" "$err" "$one" "$wire" "$h50" "$h99" "$hmax" "$hn" "$cpu" "$ratio" "$cratio"
 done
-echo "(ratio: req/s over the same format's identity req/s; goal >= 0.5.  body MB/s: identity bytes"
-echo " delivered a second; wire MB/s: bytes on the wire; 1cl ms: one client, curl, best of $reps)"
+echo "(ratio: req/s over the same format's identity req/s; goal >= 0.5.  cpu ms/r: the server's CPU time"
+echo " (user + system, all threads) per request during the wrk run; cpu_ratio: identity's over this one's,"
+echo " the throughput ratio of a CPU-bound server, steady where other load makes req/s noisy.  body MB/s:"
+echo " identity bytes delivered a second; wire MB/s: bytes on the wire; 1cl ms: one client, curl, best of $reps)"
 grep -E 'VmHWM' "/proc/$srv_pid/status" || true

@@ -73,12 +73,15 @@ void iv_config_init(iv_config_t *c)
     c->cache_share_percent = 50;
     c->transpose_bytes = (size_t)4 << 30;
     c->cache_max_age = 604800;  /* a week, as cellxgene caches */
-    /* Level 3, ISA-L's igzip level 3 where the build has it: on real 1%
-     * query blocks one thread compresses 290-310 MB/s, four times zlib
-     * level 1, to the same size (binary 0.32 of the identity bytes, NDJSON
-     * 0.36); igzip level 1 is 1.1-1.5x faster for 3-10% more bytes, zlib
-     * level 6 18x slower for 14% fewer (benchmarks/bench_gzip_stream.c). */
-    c->gzip_level = 3;
+    /* Level 1, ISA-L's igzip level 1 where the build has it: on real 1%
+     * query blocks one thread compresses 340-430 MB/s, five times zlib
+     * level 1, to 0.35-0.37 of the identity bytes (zlib 1: 0.31-0.38).
+     * Level 3 gives 3-9% fewer bytes at 0.7-0.9x the speed; a binary
+     * answer decodes at about 350 MB/s a thread when its chunks are
+     * cached, so the fastest level is the one that keeps gzip answers at
+     * half the identity throughput or more (benchmarks/bench_gzip_stream.c,
+     * bench_http_gzip.sh). */
+    c->gzip_level = 1;
     c->log_format = strdup("json");
     c->access_log = strdup("-");
     c->limits.header_bytes = 16384;
