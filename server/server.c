@@ -849,7 +849,8 @@ static int gz_job_out(job_t *j)
     iv_buf_free(&j->out);
     if (rc != 0) {
         iv_buf_free(&z);
-        return iv_fail(&j->err, rc, "out of memory compressing the answer");
+        return iv_fail(&j->err, rc, rc == IV_ENOMEM ? "out of memory compressing the answer"
+                                                     : "the compressor failed");
     }
     j->out = z;
     return 0;
