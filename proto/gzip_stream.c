@@ -24,6 +24,7 @@
 
 #include <zlib.h>
 #ifdef IV_HAVE_ISAL
+#include <isa-l/crc.h>
 #include <isa-l/igzip_lib.h>
 #endif
 
@@ -54,8 +55,14 @@ void iv_gz_header(iv_buf_t *out)
     iv_buf_append(out, h, sizeof h);
 }
 
+/* The gzip CRC-32 of a piece.  ISA-L's (the same polynomial and
+ * conventions, so its values combine with zlib's) runs at about 30 GB/s
+ * against zlib's 1.8: a sixth of igzip level 1's time on a block. */
 static uint32_t crc_of(const void *in, size_t len)
 {
+#ifdef IV_HAVE_ISAL
+    return crc32_gzip_refl(0, (const unsigned char *)in, (uint64_t)len);
+#else
     const unsigned char *p = in;
     uLong crc = crc32(0L, Z_NULL, 0);
     while (len) {
@@ -65,6 +72,7 @@ static uint32_t crc_of(const void *in, size_t len)
         len -= n;
     }
     return (uint32_t)crc;
+#endif
 }
 
 #ifdef IV_HAVE_ISAL
