@@ -78,9 +78,9 @@ void iv_config_init(iv_config_t *c)
      * level 1, to 0.35-0.37 of the identity bytes (zlib 1: 0.31-0.38).
      * Level 3 gives 3-9% fewer bytes at 0.7-0.9x the speed; a binary
      * answer decodes at about 350 MB/s a thread when its chunks are
-     * cached, so the fastest level is the one that keeps gzip answers at
-     * half the identity throughput or more (benchmarks/bench_gzip_stream.c,
-     * bench_http_gzip.sh). */
+     * cached, so even the fastest level leaves binary gzip answers near
+     * half the identity throughput (0.47x on a 2-core VM; NDJSON 0.72x):
+     * benchmarks/bench_gzip_stream.c, bench_http_gzip.sh. */
     c->gzip_level = 1;
     c->log_format = strdup("json");
     c->access_log = strdup("-");

@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import socket
+import subprocess
 import time
 import zlib
 
@@ -21,7 +22,7 @@ import pytest
 import requests
 
 import ivref
-from test_http_server import FILES, FIX, Server, ds_id
+from test_http_server import BIN, FILES, FIX, Server, ds_id
 
 MEDIA = {"binary": "application/vnd.ivserve.csr", "ndjson": "application/x-ndjson",
          "json": "application/json"}
@@ -197,6 +198,11 @@ def test_level_setting(tmp_path):
     assert outs[0][0] is None
     assert outs[6][0] == "gzip"
     assert gunzip_both(outs[6][1]) == outs[0][1]
+    # Out of range: a start-up error that names the setting.
+    for args, env in ((["--gzip-level", "10"], {}), ([], {"IVSERVE_GZIP_LEVEL": "-1"})):
+        p = subprocess.run([BIN, *args, path], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **env))
+        assert p.returncode != 0 and "gzip" in (p.stderr + p.stdout).lower(), (args, env, p.stderr)
     s = Server(str(tmp_path), cfg_extra={"gzip_level": 3}, datasets=[{"id": "d", "path": path}])
     try:
         r, data = raw_query(s.url, "d", {"format": "binary"}, "gzip")
