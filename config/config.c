@@ -40,6 +40,7 @@ static const struct num_opt num_opts[] = {
     {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_max_age", "IVSERVE_CACHE_MAX_AGE", "--cache-max-age", OFF(cache_max_age), NK_U32, 0, 31536000},
+    {"gzip_level", "IVSERVE_GZIP_LEVEL", "--gzip-level", OFF(gzip_level), NK_INT, 0, 9},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
     {"limits.body_bytes", NULL, "--max-body-bytes", OFF(limits.body_bytes), NK_SIZE, 0, 1 << 30},
     {"limits.header_timeout_ms", NULL, "--header-timeout-ms", OFF(limits.header_timeout_ms), NK_U32, 1, 86400000},
@@ -72,6 +73,15 @@ void iv_config_init(iv_config_t *c)
     c->cache_share_percent = 50;
     c->transpose_bytes = (size_t)4 << 30;
     c->cache_max_age = 604800;  /* a week, as cellxgene caches */
+    /* Level 1, ISA-L's igzip level 1 where the build has it: on real 1%
+     * query blocks one thread compresses 340-430 MB/s, five times zlib
+     * level 1, to 0.35-0.37 of the identity bytes (zlib 1: 0.31-0.38).
+     * Level 3 gives 3-9% fewer bytes at 0.7-0.9x the speed; a binary
+     * answer decodes at about 350 MB/s a thread when its chunks are
+     * cached, so even the fastest level leaves binary gzip answers near
+     * half the identity throughput (0.47x on a 2-core VM; NDJSON 0.72x):
+     * benchmarks/bench_gzip_stream.c, bench_http_gzip.sh. */
+    c->gzip_level = 1;
     c->log_format = strdup("json");
     c->access_log = strdup("-");
     c->limits.header_bytes = 16384;
@@ -665,7 +675,7 @@ const char *iv_config_usage(void)
            "       ivserve token-hash NAME [SCOPE] < token   (prints a tokens-file line)\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
            "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
-           "  --cache-share-percent P  --cache-max-age S\n"
+           "  --cache-share-percent P  --cache-max-age S  --gzip-level L\n"
            "  --token-file FILE (lines 'NAME SHA256HEX [SCOPE]'; ivserve token-hash NAME makes one)\n"
            "  --token T (repeatable; deprecated: other users see it in ps until start-up\n"
            "    overwrites it; prefer --token-file or IVSERVE_TOKENS)\n"

@@ -78,6 +78,7 @@ typedef struct iv_config {
     unsigned cache_share_percent; /* that share (default 50) */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
+    int gzip_level;               /* gzip level of query answers (1..9, see gzip_stream.h); 0 = never compressed */
     iv_ds_conf_t *datasets;
     size_t n_datasets;
     char **tokens;                /* global bearer tokens (plain text); none and no READ token = open */

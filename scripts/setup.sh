@@ -9,7 +9,7 @@ set -euo pipefail
 BUILD_PKGS=(
   build-essential cmake pkg-config ca-certificates curl
   libuv1-dev libzstd-dev libhdf5-dev libcjson-dev libjemalloc-dev
-  check liblz4-dev zlib1g-dev libbrotli-dev node-llhttp
+  check liblz4-dev zlib1g-dev libbrotli-dev libisal-dev node-llhttp
 )
 PKGS=(
   "${BUILD_PKGS[@]}" git hdf5-tools

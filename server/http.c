@@ -303,3 +303,25 @@ const char *iv_http_reason(int status)
     default: return "Unknown";
     }
 }
+
+double iv_http_coding_q(const char *h, const char *coding)
+{
+    double star = -1, named = -1;
+    const char *p = h;  /* NULL (no header) names nothing */
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t n = strcspn(p, ";,");
+        while (n && p[n - 1] == ' ') n--;
+        const char *next = strchr(p, ',');
+        double q = 1;
+        const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
+        if (semi) {
+            const char *qq = strstr(semi, "q=");
+            if (qq && (!next || qq < next)) q = strtod(qq + 2, NULL);
+        }
+        if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
+        else if (n == 1 && *p == '*') star = q;
+        p = next;
+    }
+    return named >= 0 ? named : star;
+}

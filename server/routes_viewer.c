@@ -43,6 +43,7 @@
 #include "aggregate.h"
 #include "enc_viewer.h"
 #include "encode.h"
+#include "http.h"
 #include "obsm.h"
 #include "query.h"
 #include "request.h"
@@ -1011,29 +1012,6 @@ out:
 
 /* ---- caching and compression ---------------------------------------------- */
 
-/* The q value a header gives coding (or "*"); -1 when it names neither. */
-static double coding_q(const char *h, const char *coding)
-{
-    double star = -1, named = -1;
-    const char *p = h;
-    while (p && *p) {
-        while (*p == ' ' || *p == ',') p++;
-        size_t n = strcspn(p, ";,");
-        while (n && p[n - 1] == ' ') n--;
-        const char *next = strchr(p, ',');
-        double q = 1;
-        const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
-        if (semi) {
-            const char *qq = strstr(semi, "q=");
-            if (qq && (!next || qq < next)) q = strtod(qq + 2, NULL);
-        }
-        if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
-        else if (n == 1 && *p == '*') star = q;
-        p = next;
-    }
-    return named >= 0 ? named : star;
-}
-
 static int etag_listed(const char *inm, const char *etag)
 {
     const char *p = inm;
@@ -1123,8 +1101,8 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     /* The coding is chosen before the work so that the ETag (which names
      * it) is known before it, and a match costs nothing more.  br wins
      * over gzip at equal preference: smaller at a similar cost. */
-    double qg = r->accept_encoding ? coding_q(r->accept_encoding, "gzip") : -1;
-    double qb = r->accept_encoding ? coding_q(r->accept_encoding, "br") : -1;
+    double qg = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "gzip") : -1;
+    double qb = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "br") : -1;
     int coding = qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
     static const char *const suffix[] = {"", "-gz", "-br"};
     uint64_t h = 1469598103934665603ull;

@@ -70,6 +70,7 @@
 #include "dataset.h"
 #include "encode.h"
 #include "error.h"
+#include "gzip_stream.h"
 #include "http.h"
 #include "membudget.h"
 #include "meta.h"
@@ -147,6 +148,8 @@ typedef struct job {
     iv_err_t err;
     double secs;
     double total;         /* J_COUNT: sum of the selected values */
+    uint32_t crc;         /* J_BLOCK of a gzip stream: CRC-32 and length of the */
+    size_t raw_len;       /* identity bytes that out holds compressed */
     setup_t *setup;       /* J_SETUP */
     int cancelled;        /* skipped: cancelled before it ran */
     uint64_t gen;         /* J_LOAD: the reload that started it (0: start-up) */
@@ -171,6 +174,8 @@ struct qstream {
     int have_total;       /* J_COUNT: total already known from the metadata */
     double total;
     int dense;            /* gene rows as dense vectors */
+    int gz_level;         /* > 0: the answer is one gzip member (stream_gzip_level) */
+    iv_gz_sum_t gz_sum;   /* its identity bytes so far, in body order */
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
     int budget_wait;      /* waits for the write budget before submitting blocks */
     /* Set on the loop when the client left or the server stops; workers
@@ -830,6 +835,27 @@ static void meta_run(job_t *j)
     }
 }
 
+/* Compresses a job's output where it was encoded, on the worker: a block
+ * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
+ * JSON document a member of its own (its pieces on the free workers). */
+static int gz_job_out(job_t *j)
+{
+    iv_buf_t z;
+    iv_buf_init(&z);
+    int level = j->qs->gz_level;
+    j->raw_len = j->out.len;
+    int rc = j->kind == J_WHOLE ? iv_gz_member(&z, j->out.data, j->out.len, level, j->srv->pool)
+                                : iv_gz_block(&z, j->out.data, j->out.len, level, &j->crc);
+    iv_buf_free(&j->out);
+    if (rc != 0) {
+        iv_buf_free(&z);
+        return iv_fail(&j->err, rc, rc == IV_ENOMEM ? "out of memory compressing the answer"
+                                                     : "the compressor failed");
+    }
+    j->out = z;
+    return 0;
+}
+
 static void job_run(void *arg)
 {
     job_t *j = arg;
@@ -856,6 +882,7 @@ static void job_run(void *arg)
             j->rows = blk.n_rows;
             j->nnz = blk.nnz;
             if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
+            else if (qs->gz_level) j->rc = gz_job_out(j);
         }
         iv_block_free(&blk);
     } else if (j->kind == J_WHOLE || j->kind == J_COUNT) {
@@ -898,6 +925,7 @@ static void job_run(void *arg)
         if (j->rc == 0 && j->kind == J_WHOLE) {
             iv_jdoc_finish(&d, &h, &j->out);
             if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+            else if (qs->gz_level) j->rc = gz_job_out(j);
         }
         j->rows = iv_query_n_rows(qs->q);
         iv_jdoc_free(&d);
@@ -1495,14 +1523,55 @@ static int qs_submit(qstream_t *qs, int kind, int64_t b)
     return qs_submit_job(qs, kind, b, NULL);
 }
 
+/*
+ * gzip for a query answer (binary, NDJSON, JSON): when Accept-Encoding
+ * gives gzip a q above 0, or refuses identity without refusing gzip.  br
+ * is not offered for these answers: brotli output of separate encoders
+ * does not concatenate, and one encoder would compress a whole answer on
+ * one thread (README-server.md, "Compression of query answers").
+ */
+static int stream_gzip_level(const server_t *s, const iv_http_req_t *r)
+{
+    const char *h = r->hdr[IV_H_ACCEPT_ENCODING];
+    double qg = iv_http_coding_q(h, "gzip");
+    if (s->cfg->gzip_level <= 0 || qg == 0) return 0;
+    return qg > 0 || iv_http_coding_q(h, "identity") == 0 ? s->cfg->gzip_level : 0;
+}
+
+/* The headers of a query answer that vary with the coding. */
+static const char *stream_extra(const qstream_t *qs)
+{
+    return qs->gz_level ? "Cache-Control: no-store\r\nVary: Accept-Encoding\r\nContent-Encoding: gzip\r\n"
+                        : "Cache-Control: no-store\r\nVary: Accept-Encoding\r\n";
+}
+
+/* Turns a record the loop writes itself (the stream's header or trailer,
+ * tens of bytes) into its piece of the gzip member: stored, not
+ * compressed, so the loop never runs a compressor; the member's header
+ * before the first, its end after the last. */
+static void gz_wrap(qstream_t *qs, iv_buf_t *rec, int first, int last)
+{
+    iv_buf_t z;
+    iv_buf_init(&z);
+    uint32_t crc;
+    if (first) iv_gz_header(&z);
+    iv_gz_stored(&z, rec->data, rec->len, &crc);
+    iv_gz_sum_add(&qs->gz_sum, crc, rec->len);
+    if (last) iv_gz_finish(&z, &qs->gz_sum);
+    if (rec->oom) z.oom = 1;
+    iv_buf_free(rec);
+    *rec = z;
+}
+
 static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
 {
-    resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, "Cache-Control: no-store\r\n");
+    resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, stream_extra(qs));
     c->status = 200;
     iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
     iv_buf_t sh;
     iv_buf_init(&sh);
     iv_enc_header(&sh, qs->fmt, &h);
+    if (qs->gz_level) gz_wrap(qs, &sh, 1, 0);
     if (c->chunked) iv_buf_printf(b, "%zx\r\n", sh.len);
     iv_buf_append(b, sh.data, sh.len);
     if (c->chunked) iv_buf_puts(b, "\r\n");
@@ -1528,6 +1597,7 @@ static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)
         iv_enc_trailer(&t, qs->fmt, iv_error_status(rc), iv_error_code(rc), e->msg, qs->rows, qs->nnz);
         c->close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
+    if (qs->gz_level) gz_wrap(qs, &t, 0, 1);
     if (c->chunked) iv_buf_printf(&b, "%zx\r\n", t.len);
     iv_buf_append(&b, t.data, t.len);
     if (c->chunked) iv_buf_puts(&b, "\r\n0\r\n\r\n");
@@ -1601,6 +1671,7 @@ static void qs_pump(qstream_t *qs)
         }
         qs->rows += j->rows;
         qs->nnz += j->nnz;
+        if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, j->crc, j->raw_len);
         size_t plen;
         char *payload = iv_buf_steal(&j->out, &plen);
         job_free(j);
@@ -1662,8 +1733,7 @@ static void on_qs_job(job_t *j)
     c->rows = j->rows;
     c->nnz = j->nnz;
     if (j->kind == J_WHOLE) {
-        if (budget_admit(c, j->out.len) == 0)
-            send_owned(c, 200, "application/json", &j->out, "Cache-Control: no-store\r\n");
+        if (budget_admit(c, j->out.len) == 0) send_owned(c, 200, "application/json", &j->out, stream_extra(qs));
     } else {
         iv_buf_t body;
         iv_buf_init(&body);
@@ -2069,12 +2139,13 @@ static void route_query_finish(qstream_t *qs, job_t *j)
         send_owned(c, 200, "application/json", &body, NULL);
         return;
     }
+    if (!count) qs->gz_level = stream_gzip_level(s, c->req);
     if (!count && c->req->method == HTTP_HEAD) {
         iv_buf_t b;
         iv_buf_init(&b);
         /* The length of a JSON document is not known without building
          * it: the head says nothing rather than something false. */
-        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, NULL);
+        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
         c->status = 200;
         send_buf_done(c, &b);
         return;
@@ -3199,6 +3270,7 @@ static void note_restart_keys(server_t *s, const iv_config_t *nc)
         {c->cache_bytes != nc->cache_bytes, "cache_bytes"},
         {c->transpose_bytes != nc->transpose_bytes, "transpose_bytes"},
         {c->cache_max_age != nc->cache_max_age, "cache_max_age"},
+        {c->gzip_level != nc->gzip_level, "gzip_level"},
         {!strv_same(c->cors_origins, c->n_cors, nc->cors_origins, nc->n_cors), "cors_origins"},
         {strcmp(c->log_format, nc->log_format) || strcmp(c->access_log, nc->access_log),
          "log_format/access_log"},

@@ -440,10 +440,16 @@ class Query:
         r = self.ds._post("query", self.obs, self.var, stream=True,
                           headers={"Accept": wire.MEDIA_TYPE})
         try:
-            # The socket's bytes, read frame by frame; transfer encodings
-            # (chunked, gzip) are undone by urllib3.
-            r.raw.decode_content = True
-            reader = wire.StreamReader(r.raw)
+            # The socket's bytes, read frame by frame; chunking is undone by
+            # urllib3.  A gzip answer is read through requests' decoded
+            # chunks: urllib3 1.x's raw.read(n) returns b"" before the end
+            # whenever n compressed bytes decode to nothing yet, which would
+            # read as a cut stream.
+            if r.headers.get("Content-Encoding"):
+                reader = wire.StreamReader(_Chunks(r.iter_content(chunk_size=1 << 20)))
+            else:
+                r.raw.decode_content = True
+                reader = wire.StreamReader(r.raw)
             h = reader.read_header()
             yield h
             bar = progress_bar(h.rows, progress, self.ds.id)
@@ -509,6 +515,27 @@ class Query:
             # anndata before 0.9 casts X to float32 unless told the dtype.
             kw["dtype"] = X.dtype
         return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, **kw)
+
+
+class _Chunks:
+    """read(n) over an iterator of non-empty byte chunks; b"" only at the
+    end."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+        self.buf = b""
+        self.pos = 0
+
+    def read(self, n):
+        while self.pos >= len(self.buf):
+            self.buf = next(self.chunks, None)
+            self.pos = 0
+            if self.buf is None:
+                self.buf = b""
+                return b""
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
 
 
 def _is_all(key):
