@@ -596,17 +596,29 @@ static size_t varint_len(uint64_t v)
     return n;
 }
 
-/* Adds the time since the last phase ended to phase k. */
-#define PHASE(k)                    \
-    do {                            \
-        double now_ = now_s();      \
-        ph[(k)] += now_ - tp;       \
-        tp = now_;                  \
+/* CPU seconds of the whole process (every worker's included). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Adds the wall and CPU time since the last phase ended to phase k. */
+#define PHASE(k)                      \
+    do {                              \
+        double now_ = now_s();        \
+        double cpu_ = cpu_s();        \
+        ph[(k)] += now_ - tp;         \
+        pc[(k)] += cpu_ - tc;         \
+        tp = now_;                    \
+        tc = cpu_;                    \
     } while (0)
 
 int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
 {
     double t0 = now_s(), tp = t0, ph[IV_TRANSPOSE_PHASES] = {0};
+    double tc = cpu_s(), pc[IV_TRANSPOSE_PHASES] = {0};
     const iv_h5matrix_t *m = &ds->m;
     if (iv_dataset_other(ds) || ds->is_copy)
         return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
@@ -908,6 +920,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     pthread_mutex_destroy(&t.mu);
     PHASE(IV_TP_FINISH);
     if (opts->phase_seconds) memcpy(opts->phase_seconds, ph, sizeof ph);
+    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, pc, sizeof pc);
     if (took_global) {
         ds->other_budget = opts->global;
         ds->other_charged = charged;

@@ -42,6 +42,7 @@ typedef struct iv_transpose_opts {
     uint64_t tmp_bytes;       /* bound on the temporary; 0 = default */
     iv_pool_t *pool;          /* workers (NULL: the caller only) */
     double *phase_seconds;    /* NULL, or IV_TRANSPOSE_PHASES seconds filled in */
+    double *phase_cpu_seconds; /* NULL, or the same phases' CPU seconds (all threads) */
 } iv_transpose_opts_t;
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
