@@ -43,6 +43,11 @@ typedef struct iv_transpose_opts {
     iv_pool_t *pool;          /* workers (NULL: the caller only) */
     double *phase_seconds;    /* NULL, or IV_TRANSPOSE_PHASES seconds filled in */
     double *phase_cpu_seconds; /* NULL, or the same phases' CPU seconds (all threads) */
+    /* For tests, 0 for the defaults: entries a block aims at, most new
+     * slices a block, and 8-byte temporary entries even where 4 fit. */
+    uint64_t block_entries;
+    uint32_t block_slices;
+    int wide_entries;
 } iv_transpose_opts_t;
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
