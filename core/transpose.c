@@ -188,108 +188,200 @@ static int cmp_values(const void *pa, const void *pb)
 }
 
 /*
+ * A set of bit patterns (open addressing, power-of-two capacity), each
+ * with the id of its first addition; list[] holds them in that order.
+ */
+struct vset {
+    uint64_t *keys, *list;
+    uint32_t *ids;            /* UINT32_MAX: empty slot */
+    size_t cap, used;
+};
+
+static int vset_init(struct vset *h)
+{
+    h->cap = 1024;
+    h->used = 0;
+    h->keys = malloc(h->cap * sizeof *h->keys);
+    h->ids = malloc(h->cap * sizeof *h->ids);
+    h->list = malloc(h->cap / 2 * sizeof *h->list);
+    if (!h->keys || !h->ids || !h->list) return -1;
+    memset(h->ids, 0xff, h->cap * sizeof *h->ids);
+    return 0;
+}
+
+static void vset_free(struct vset *h)
+{
+    free(h->keys);
+    free(h->ids);
+    free(h->list);
+    memset(h, 0, sizeof *h);
+}
+
+static inline size_t vset_slot(const struct vset *h, uint64_t k)
+{
+    size_t s = (size_t)mix64(k) & (h->cap - 1);
+    while (h->ids[s] != UINT32_MAX && h->keys[s] != k) s = (s + 1) & (h->cap - 1);
+    return s;
+}
+
+/* The id of k, added if new: 0, -1 out of memory, -2 too many values. */
+static int vset_add(struct vset *h, uint64_t k, uint32_t *id)
+{
+    size_t s = vset_slot(h, k);
+    if (h->ids[s] != UINT32_MAX) {
+        *id = h->ids[s];
+        return 0;
+    }
+    if (h->used >= UINT32_MAX - 1) return -2;
+    if ((h->used + 1) * 2 >= h->cap) {
+        /* Grow first: rehash every key, then place k. */
+        size_t nc = h->cap * 2;
+        uint64_t *nk = malloc(nc * sizeof *nk);
+        uint32_t *ni = malloc(nc * sizeof *ni);
+        uint64_t *nl = realloc(h->list, nc / 2 * sizeof *nl);
+        if (nl) h->list = nl;
+        if (!nk || !ni || !nl) {
+            free(nk);
+            free(ni);
+            return -1;
+        }
+        memset(ni, 0xff, nc * sizeof *ni);
+        for (size_t x = 0; x < h->cap; x++) {
+            if (h->ids[x] == UINT32_MAX) continue;
+            size_t g = (size_t)mix64(h->keys[x]) & (nc - 1);
+            while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
+            nk[g] = h->keys[x];
+            ni[g] = h->ids[x];
+        }
+        free(h->keys);
+        free(h->ids);
+        h->keys = nk;
+        h->ids = ni;
+        h->cap = nc;
+        s = vset_slot(h, k);
+    }
+    h->keys[s] = k;
+    h->ids[s] = (uint32_t)h->used;
+    h->list[h->used++] = k;
+    *id = h->ids[s];
+    return 0;
+}
+
+/* Groups are numbered in parts, in parallel: each part first collects
+ * its distinct values, then (once all are ranked) maps its groups. */
+struct vparts {
+    const iv_h5matrix_t *m;
+    size_t esz;
+    int64_t n_parts;
+    struct vset *local;       /* per part */
+    const struct vset *all;   /* ids = ranks, after the merge */
+    uint32_t *vid;
+    atomic_int rc;
+};
+
+static void vpart_collect(void *arg, size_t p)
+{
+    struct vparts *v = arg;
+    int64_t n = v->m->n_unique, i0 = n * (int64_t)p / v->n_parts, i1 = n * (int64_t)(p + 1) / v->n_parts;
+    struct vset *h = &v->local[p];
+    if (vset_init(h) < 0) {
+        atomic_store(&v->rc, -1);
+        return;
+    }
+    uint64_t prev = 0;
+    int have = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        uint64_t k = value_bits(v->m->values, v->esz, i);
+        if (have && k == prev) continue;
+        uint32_t id;
+        int rc = vset_add(h, k, &id);
+        if (rc < 0) {
+            atomic_store(&v->rc, rc);
+            return;
+        }
+        prev = k;
+        have = 1;
+    }
+}
+
+static void vpart_map(void *arg, size_t p)
+{
+    struct vparts *v = arg;
+    int64_t n = v->m->n_unique, i0 = n * (int64_t)p / v->n_parts, i1 = n * (int64_t)(p + 1) / v->n_parts;
+    const struct vset *h = v->all;
+    for (int64_t i = i0; i < i1; i++) v->vid[i] = h->ids[vset_slot(h, value_bits(v->m->values, v->esz, i))];
+}
+
+/*
  * Gives every source group the rank of its value among the distinct
  * values (vid, n_unique entries); *n_distinct and the distinct bit
- * patterns in rank order (*distinct) are returned.  One hash table of
- * bit patterns; values of real matrices repeat (counts), so it stays
- * small and in cache.
+ * patterns in rank order (*distinct) are returned.  Parts of the groups
+ * collect their distinct values in parallel into small hash sets (values
+ * of real matrices repeat: counts), which are merged, ranked and then
+ * looked up in parallel.
  */
-static int value_ids(const iv_h5matrix_t *m, uint32_t **vid_out, uint64_t **distinct_out,
-                     uint64_t *n_distinct, iv_err_t *err)
+static int value_ids(const iv_h5matrix_t *m, iv_pool_t *pool, unsigned threads, uint32_t **vid_out,
+                     uint64_t **distinct_out, uint64_t *n_distinct, iv_err_t *err)
 {
-    size_t esz = iv_dtype_size(m->value_dtype);
     int64_t n = m->n_unique;
+    int64_t np = (int64_t)threads * 4;
+    if (np > n) np = n > 0 ? n : 1;
+    struct vparts v = {.m = m, .esz = iv_dtype_size(m->value_dtype), .n_parts = np};
+    atomic_init(&v.rc, 0);
+    struct vset all = {0};
+    uint64_t *sorted = NULL;
     uint32_t *vid = malloc((size_t)(n ? n : 1) * sizeof *vid);
-    size_t cap = 1024, used = 0;
-    uint64_t *keys = malloc(cap * sizeof *keys);
-    uint32_t *ids = malloc(cap * sizeof *ids);
-    uint64_t *list = malloc(cap / 2 * sizeof *list);
-    uint32_t *rank = NULL;
-    if (!vid || !keys || !ids || !list) goto oom;
-    memset(ids, 0xff, cap * sizeof *ids);
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t k = value_bits(m->values, esz, i);
-        size_t h = (size_t)mix64(k) & (cap - 1);
-        while (ids[h] != UINT32_MAX && keys[h] != k) h = (h + 1) & (cap - 1);
-        if (ids[h] == UINT32_MAX) {
-            if (used >= UINT32_MAX - 1) {
-                free(vid); free(keys); free(ids); free(list);
-                return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
-            }
-            keys[h] = k;
-            ids[h] = (uint32_t)used;
-            list[used++] = k;
-            if (used * 2 >= cap) {
-                /* Grow: rehash every key. */
-                size_t nc = cap * 2;
-                uint64_t *nk = malloc(nc * sizeof *nk);
-                uint32_t *ni = malloc(nc * sizeof *ni);
-                uint64_t *nl = realloc(list, nc / 2 * sizeof *nl);
-                if (nl) list = nl;
-                if (!nk || !ni || !nl) {
-                    free(nk);
-                    free(ni);
-                    goto oom;
-                }
-                memset(ni, 0xff, nc * sizeof *ni);
-                for (size_t x = 0; x < cap; x++) {
-                    if (ids[x] == UINT32_MAX) continue;
-                    size_t g = (size_t)mix64(keys[x]) & (nc - 1);
-                    while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
-                    nk[g] = keys[x];
-                    ni[g] = ids[x];
-                }
-                free(keys);
-                free(ids);
-                keys = nk;
-                ids = ni;
-                cap = nc;
-                h = (size_t)mix64(k) & (cap - 1);
-                while (keys[h] != k || ids[h] == UINT32_MAX) h = (h + 1) & (cap - 1);
-            }
+    v.local = calloc((size_t)np, sizeof *v.local);
+    v.vid = vid;
+    int rc = 0;
+    if (!vid || !v.local || vset_init(&all) < 0) goto oom;
+    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_collect, &v);
+    if ((rc = atomic_load(&v.rc)) < 0) goto bad;
+    for (int64_t p = 0; p < np; p++) {
+        for (size_t x = 0; x < v.local[p].used; x++) {
+            uint32_t id;
+            if ((rc = vset_add(&all, v.local[p].list[x], &id)) < 0) goto bad;
         }
-        vid[i] = ids[h];
+        vset_free(&v.local[p]);
     }
     /* Rank the distinct values; the comparator's dtype is a file-level
-     * static, so this runs under a lock (one build at a time here is the
-     * common case; the sort is over distinct values only). */
+     * static, so this runs under a lock (the sort is over distinct values
+     * only). */
+    size_t used = all.used;
+    sorted = malloc((used ? used : 1) * sizeof *sorted);
+    if (!sorted) goto oom;
+    memcpy(sorted, all.list, used * sizeof *sorted);
     {
         static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
-        uint64_t *sorted = malloc((used ? used : 1) * sizeof *sorted);
-        rank = malloc((used ? used : 1) * sizeof *rank);
-        if (!sorted || !rank) {
-            free(sorted);
-            goto oom;
-        }
-        memcpy(sorted, list, used * sizeof *sorted);
         pthread_mutex_lock(&sort_mu);
         cmp_dtype = m->value_dtype;
         qsort(sorted, used, sizeof *sorted, cmp_values);
         pthread_mutex_unlock(&sort_mu);
-        /* rank[provisional id] = position in value order. */
-        for (size_t r = 0; r < used; r++) {
-            uint64_t k = sorted[r];
-            size_t h = (size_t)mix64(k) & (cap - 1);
-            while (keys[h] != k) h = (h + 1) & (cap - 1);
-            rank[ids[h]] = (uint32_t)r;
-        }
-        for (int64_t i = 0; i < n; i++) vid[i] = rank[vid[i]];
-        free(list);
-        list = sorted;
     }
-    free(keys);
-    free(ids);
-    free(rank);
+    for (size_t r = 0; r < used; r++) all.ids[vset_slot(&all, sorted[r])] = (uint32_t)r;
+    v.all = &all;
+    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_map, &v);
+    for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
+    free(v.local);
+    vset_free(&all);
     *vid_out = vid;
-    *distinct_out = list;
+    *distinct_out = sorted;
     *n_distinct = used;
     return 0;
+bad:
+    if (rc == -2) {
+        for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
+        free(v.local);
+        vset_free(&all);
+        free(vid);
+        return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
+    }
 oom:
+    for (int64_t p = 0; v.local && p < np; p++) vset_free(&v.local[p]);
+    free(v.local);
+    vset_free(&all);
     free(vid);
-    free(keys);
-    free(ids);
-    free(list);
-    free(rank);
+    free(sorted);
     return iv_fail(err, IV_ENOMEM, "out of memory numbering the values");
 }
 
@@ -800,7 +892,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
     uint64_t n_vals = 0;
-    if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
+    if ((rc = value_ids(m, opts->pool, threads, &vid, &distinct, &n_vals, err)) < 0) goto fail;
     PHASE(IV_TP_VALUES);
     uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
                    (uint64_t)(G / stride + 1) * 8;
