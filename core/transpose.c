@@ -402,6 +402,7 @@ struct tb {
     unsigned vbits;
     uint64_t vmask;
     size_t esz;                /* 4 or 8 bytes a temporary entry */
+    size_t lsz;                /* 4 or 8 bytes an entry of the encode's local buffer */
     unsigned gbits;            /* bits of a new slice's place in its block */
     uint64_t n_vals;
     int64_t n_bands;
@@ -634,14 +635,15 @@ static int cmp_u32(const void *a, const void *b)
  * id, in source slice order) at r become groups in value order, each one
  * a run of delta varints written at dst.  0, or -1 with e set.
  */
-static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint64_t *r, uint64_t n,
+static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t *r, uint64_t n,
                         uint8_t *dst, uint32_t *cnt, uint32_t *touched, uint32_t *cells, iv_err_t *e)
 {
     size_t nt = 0;
     uint64_t prev = UINT64_MAX;
+    const size_t lsz = t->lsz;
     for (uint64_t x = 0; x < n; x++) {
-        uint64_t s = r[x] >> t->vbits;
-        uint32_t v = (uint32_t)(r[x] & t->vmask);
+        uint64_t en = get_entry(r, lsz, x), s = en >> t->vbits;
+        uint32_t v = (uint32_t)(en & t->vmask);
         if (prev != UINT64_MAX && s <= prev)
             return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
                            " twice", t->src->where, s, g);
@@ -656,7 +658,7 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint64_t
             return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
         uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
         for (uint64_t x = 0; x < n; x++) {
-            uint64_t s = r[x] >> t->vbits;
+            uint64_t s = get_entry(r, lsz, x) >> t->vbits;
             w += put_varint(dst + w, s - last - 1);
             last = s;
         }
@@ -677,7 +679,10 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint64_t
     }
     /* Stable: each group's slices stay ascending.  Source slices fit 32
      * bits (checked before the build). */
-    for (uint64_t x = 0; x < n; x++) cells[cnt[r[x] & t->vmask]++] = (uint32_t)(r[x] >> t->vbits);
+    for (uint64_t x = 0; x < n; x++) {
+        uint64_t en = get_entry(r, lsz, x);
+        cells[cnt[en & t->vmask]++] = (uint32_t)(en >> t->vbits);
+    }
     uint32_t from = 0;
     for (size_t k = 0; k < nt; k++) {
         uint32_t to = cnt[touched[k]];
@@ -723,7 +728,7 @@ static void encode_item(void *arg, size_t i)
     uint32_t *cnt = calloc(nv ? nv : 1, sizeof *cnt);
     uint32_t *touched = malloc((nv ? nv : 1) * sizeof *touched);
     uint32_t *cells = malloc((size_t)(big_slice ? big_slice : 1) * sizeof *cells);
-    uint64_t *loc = malloc((size_t)(big_blk ? big_blk : 1) * sizeof *loc);
+    uint8_t *loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
     uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
     if (!cnt || !touched || !cells || !loc || !lo) {
         iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
@@ -741,13 +746,14 @@ static void encode_item(void *arg, size_t i)
             for (uint64_t x = t->seg[at]; x < t->pos[at]; x++) {
                 uint64_t en = get_entry(t->tmp, t->esz, x);
                 uint64_t s = (en >> sv) + s0, v = (en >> t->gbits) & t->vmask;
-                loc[lo[en & gmask]++] = s << t->vbits | v;
+                put_entry(loc, t->lsz, lo[en & gmask]++, s << t->vbits | v);
             }
         }
         for (int64_t g = a; g < z; g++) {
             uint64_t n = t->start[g + 1] - t->start[g];
             uint8_t *dst = t->tmp + (size_t)(t->start[g] - t->base) * t->esz;
-            if (encode_slice(t, it, g, loc + (t->start[g] - first), n, dst, cnt, touched, cells, &e) < 0)
+            if (encode_slice(t, it, g, loc + (size_t)(t->start[g] - first) * t->lsz, n, dst, cnt, touched,
+                             cells, &e) < 0)
                 goto done;
         }
     }
@@ -965,6 +971,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         t.gbits = 64 - bbits - t.vbits;
     }
     if (t.gbits > BLOCK_MAX_BITS) t.gbits = BLOCK_MAX_BITS;
+    t.lsz = sbits + t.vbits <= 32 && !opts->wide_entries ? 4 : 8;
     while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
 
     /* 2. Count, then per-band fill offsets. */
