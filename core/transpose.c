@@ -413,7 +413,7 @@ struct tb {
     uint64_t base;             /* entry index of g0 */
     int64_t n_blk;
     int64_t *blk;              /* n_blk + 1 new slice boundaries */
-    uint32_t *blk_of;          /* per new slice of the window: its block */
+    uint64_t *blk_of;          /* per new slice of the window: block << 32 | place in it */
     uint64_t *seg;             /* n_bands x n_blk: where (band, block) begins in tmp */
     uint64_t *pos;             /* n_bands x n_blk: where the fill writes next */
     uint8_t *tmp;
@@ -424,7 +424,6 @@ struct tb {
     int64_t n_items;
     uint8_t *out;              /* the copy's stream */
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
-    int fill;
     atomic_int failed;
     pthread_mutex_t mu;
     iv_err_t err;
@@ -485,14 +484,13 @@ static inline void wc_flush(uint8_t *dst, const uint8_t *line, unsigned first, u
  * in its block: one word) to the next place of its block's stretch for
  * this band.
  */
-static void band_pass(void *arg, size_t b)
+static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int fill)
 {
-    struct tb *t = arg;
     const iv_dataset_t *ds = t->src;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (s0 >= s1 || atomic_load(&t->failed)) return;
     uint64_t *off = t->off + (size_t)b * (size_t)t->n_new_major;
-    uint64_t *pos = t->fill ? t->pos + (size_t)b * (size_t)t->n_blk : NULL;
+    uint64_t *pos = fill ? t->pos + (size_t)b * (size_t)t->n_blk : NULL;
     uint64_t n_minor = (uint64_t)t->n_new_major;
     iv_cursor_t cur;
     iv_err_t e = {0};
@@ -503,6 +501,12 @@ static void band_pass(void *arg, size_t b)
     if (rc == 0) rc = iv_cursor_skip(&cur, skip, &e);
     uint64_t g0 = (uint64_t)t->g0, g1 = (uint64_t)t->g1;
     unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
+    /* Locals: the stores below could alias the struct's fields. */
+    const uint64_t *blk_of = t->blk_of;
+    uint8_t *const tmp = t->tmp;
+    const size_t esz = t->esz;
+    const uint32_t *vid = t->vid;
+    const int64_t *mp = t->mp, *vp = t->vp;
     /* Write combining for the fill: each block owns one cache line of
      * buffer that mirrors the temporary's line its next entry goes to
      * (same slot), so a finished line goes out as one aligned 64-byte
@@ -514,8 +518,8 @@ static void band_pass(void *arg, size_t b)
      * rather than one scattered store per entry. */
     uint8_t *wc = NULL, *wfirst = NULL;
     const uint64_t lmask = WC_LINE / t->esz - 1;
-    int64_t nk = t->fill ? t->n_blk : 0;
-    if (t->fill && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES) {
+    int64_t nk = fill ? t->n_blk : 0;
+    if (fill && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES) {
         wc = aligned_alloc(WC_LINE, (size_t)(nk ? nk : 1) * WC_LINE);
         wfirst = malloc((size_t)(nk ? nk : 1));
         if (!wc || !wfirst) {
@@ -528,9 +532,9 @@ static void band_pass(void *arg, size_t b)
     }
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         uint64_t sl = (uint64_t)(s - s0) << sv;
-        for (int64_t k = t->mp[s]; rc == 0 && k < t->mp[s + 1]; k++) {
-            uint64_t left = (uint64_t)(t->vp[k + 1] - t->vp[k]), acc = 0, d;
-            uint64_t hi = t->fill ? sl | (uint64_t)t->vid[k] << gbits : 0;
+        for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
+            uint64_t left = (uint64_t)(vp[k + 1] - vp[k]), acc = 0, d;
+            uint64_t hi = fill ? sl | (uint64_t)vid[k] << gbits : 0;
             while (left > 0) {
                 /* One- and two-byte varints inline (most of a cell-major
                  * stream); the rest through the cursor. */
@@ -550,7 +554,7 @@ static void band_pass(void *arg, size_t b)
                     break;
                 }
                 uint64_t j = acc - 1;
-                if (!t->fill) {
+                if (!fill) {
                     off[j]++;
                 } else if (j >= g0) {
                     if (j >= g1) {
@@ -558,17 +562,18 @@ static void band_pass(void *arg, size_t b)
                         rc = iv_cursor_skip(&cur, left, &e);
                         break;
                     }
-                    uint32_t kb = t->blk_of[j - g0];
-                    uint64_t en = hi | (j - (uint64_t)t->blk[kb]);
+                    uint64_t code = blk_of[j - g0];
+                    size_t kb = (size_t)(code >> 32);
+                    uint64_t en = hi | (code & 0xffffffffu);
                     uint64_t p = pos[kb]++;
                     if (!wc) {
-                        put_entry(t->tmp, t->esz, p, en);
+                        put_entry(tmp, esz, p, en);
                         continue;
                     }
                     uint8_t *line = wc + (size_t)kb * WC_LINE;
-                    put_entry(line, t->esz, p & lmask, en);
+                    put_entry(line, esz, p & lmask, en);
                     if ((p & lmask) == lmask) {
-                        wc_flush(t->tmp + (p & ~lmask) * t->esz, line, wfirst[kb], lmask + 1, t->esz);
+                        wc_flush(tmp + (p & ~lmask) * esz, line, wfirst[kb], lmask + 1, esz);
                         wfirst[kb] = 0;
                     }
                 }
@@ -597,6 +602,9 @@ static void band_pass(void *arg, size_t b)
 #endif
     if (rc < 0) tb_fail(t, &e);
 }
+
+static void band_count(void *arg, size_t b) { band_walk(arg, b, 0); }
+static void band_fill(void *arg, size_t b) { band_walk(arg, b, 1); }
 
 /* Writes v as LEB128 at p (exactly its bytes); returns the length. */
 static inline size_t put_varint(uint8_t *p, uint64_t v)
@@ -795,7 +803,7 @@ static int plan_blocks(struct tb *t, uint64_t target)
         int64_t e = g + 1;
         while (e < g1 && e - g < cap && t->start[e + 1] - t->start[g] <= target) e++;
         t->blk[n++] = g;
-        for (int64_t x = g; x < e; x++) t->blk_of[x - g0] = (uint32_t)(n - 1);
+        for (int64_t x = g; x < e; x++) t->blk_of[x - g0] = (uint64_t)(n - 1) << 32 | (uint64_t)(x - g);
         g = e;
     }
     t->blk[n] = g1;
@@ -975,8 +983,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
 
     /* 2. Count, then per-band fill offsets. */
-    t.fill = 0;
-    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
     if (atomic_load(&t.failed)) goto failed_pass;
     PHASE(IV_TP_COUNT);
     /* The counts stay: the blocks of each window add them up by band. */
@@ -1028,7 +1035,6 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         t.g0 = g0;
         t.g1 = g1;
         t.base = start[g0];
-        t.fill = 1;
         uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
         if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
         if (opts->block_entries) target = opts->block_entries;
@@ -1038,7 +1044,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         }
         /* 3. Fill (skipped when the window holds nothing). */
         if (start[g1] > start[g0]) {
-            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
         PHASE(IV_TP_FILL);
