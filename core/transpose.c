@@ -9,26 +9,35 @@
  *  1. Value ids.  The source's distinct values (by bit pattern, so that
  *     -0.0, 0.0 and NaN payloads stay apart and every value round-trips
  *     exactly) are numbered in value order; each source group gets the id
- *     of its value.
+ *     of its value.  Parts of the groups collect their distinct values in
+ *     parallel; the merged set is ranked once.
  *  2. Count pass.  The source slices are cut into bands of about equal
  *     nnz; a band's worker decodes its slices and counts the entries of
  *     each new major slice (source minor index) in its own counters.
- *     Prefix sums give each (band, new slice) its place: since bands are
- *     in source order and each band walks its slices in order, the source
- *     slice numbers land ascending within every new slice.
- *  3. Windows.  New slices are taken in windows whose entries fit the
- *     temporary (4 or 8 bytes an entry: source slice and value id packed
- *     in one word; by default a count matrix fits in one window).  Per
- *     window, a fill pass decodes the source again and writes the
- *     window's entries in place, through line-sized write-combining
- *     buffers per new slice; a value group whose indices pass the
- *     window's end skips the rest of its varints.
- *  4. Encode, per new slice and in parallel: a counting sort by value id
- *     (stable, so slices stay ascending inside each group), a check that
- *     no source slice appears twice (a corrupt source), then the delta
- *     varints, written back over the slice's own temporary (never more
- *     bytes than the entries held), and moved to the copy's stream once
- *     the window's byte offsets are known.
+ *     Their sums place every new slice's entries in the temporary.
+ *  3. Windows and blocks.  New slices are taken in windows whose entries
+ *     fit the temporary (by default a count matrix fits in one window),
+ *     and a window's slices in blocks: runs of consecutive new slices
+ *     with a few thousand blocks a window.  Per window, a fill pass
+ *     decodes the source again and appends each entry to its block's
+ *     part for its band (the band's counts place the parts, bands in
+ *     source order), as one word: source slice less the band's first,
+ *     value id, place of the new slice in its block (4 bytes when these
+ *     fit, else 8).  Writing to a few thousand sequential streams through
+ *     line-aligned write-combining buffers, whole lines with streaming
+ *     stores, replaced a scattered store per entry into one stretch per
+ *     new slice (tens of thousands of targets, no cache or TLB held
+ *     them): on the 2-core machine that halved the fill's CPU time.  A
+ *     value group whose indices pass the window's end skips the rest of
+ *     its varints.
+ *  4. Encode, per block and in parallel: the block's stretch is sorted by
+ *     new slice into a local buffer (source slices stay ascending within
+ *     each new slice, since bands are in order), then per new slice a
+ *     counting sort by value id (stable), a check that no source slice
+ *     appears twice (a corrupt source), and the delta varints, written
+ *     over the block's own stretch (a slice's varints start where its
+ *     entries would have, never longer than they were) and moved to the
+ *     copy's stream once the window's byte offsets are known.
  *
  * The copy's stream is one allocation sized for the worst case and
  * shrunk at the end: pages never written are never committed, so memory
@@ -289,18 +298,20 @@ static void vpart_collect(void *arg, size_t p)
         return;
     }
     uint64_t prev = 0;
+    uint32_t id = 0;
     int have = 0;
     for (int64_t i = i0; i < i1; i++) {
         uint64_t k = value_bits(v->m->values, v->esz, i);
-        if (have && k == prev) continue;
-        uint32_t id;
-        int rc = vset_add(h, k, &id);
-        if (rc < 0) {
-            atomic_store(&v->rc, rc);
-            return;
+        if (!have || k != prev) {
+            int rc = vset_add(h, k, &id);
+            if (rc < 0) {
+                atomic_store(&v->rc, rc);
+                return;
+            }
+            prev = k;
+            have = 1;
         }
-        prev = k;
-        have = 1;
+        v->vid[i] = id;   /* the part's own id, ranked by vpart_map */
     }
 }
 
@@ -309,7 +320,12 @@ static void vpart_map(void *arg, size_t p)
     struct vparts *v = arg;
     int64_t n = v->m->n_unique, i0 = n * (int64_t)p / v->n_parts, i1 = n * (int64_t)(p + 1) / v->n_parts;
     const struct vset *h = v->all;
-    for (int64_t i = i0; i < i1; i++) v->vid[i] = h->ids[vset_slot(h, value_bits(v->m->values, v->esz, i))];
+    struct vset *l = &v->local[p];
+    /* The part's ids to ranks: each of its values looked up once.  Its
+     * own table is done with, so its id array (longer than its list)
+     * holds the ranks by part id. */
+    for (size_t x = 0; x < l->used; x++) l->ids[x] = h->ids[vset_slot(h, l->list[x])];
+    for (int64_t i = i0; i < i1; i++) v->vid[i] = l->ids[v->vid[i]];
 }
 
 /*
@@ -342,7 +358,6 @@ static int value_ids(const iv_h5matrix_t *m, iv_pool_t *pool, unsigned threads, 
             uint32_t id;
             if ((rc = vset_add(&all, v.local[p].list[x], &id)) < 0) goto bad;
         }
-        vset_free(&v.local[p]);
     }
     /* Rank the distinct values; the comparator's dtype is a file-level
      * static, so this runs under a lock (the sort is over distinct values

@@ -13,8 +13,9 @@
  * allocated and on the exact size at the end, and a copy over budget is
  * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of at most
  * `tmp_bytes` (default: three times the source stream's length, at
- * least 64 MiB)
- * besides per-band counters.
+ * least 64 MiB) besides per-band counters and, per encoding worker, a
+ * buffer of one block's entries (about 1/2048 of a window's, at least
+ * 65,536 entries, or one new slice's when that holds more).
  */
 #ifndef IV_TRANSPOSE_H
 #define IV_TRANSPOSE_H
