@@ -758,18 +758,30 @@ static void encode_item(void *arg, size_t i)
         goto done;
     }
     uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
-    unsigned sv = t->gbits + t->vbits;
+    const unsigned gbits = t->gbits;
     for (int64_t k = it->k0; k < it->k1 && !atomic_load(&t->failed); k++) {
         int64_t a = t->blk[k], z = t->blk[k + 1];
         uint64_t first = t->start[a];
         for (int64_t g = a; g < z; g++) lo[g - a] = t->start[g] - first;
         for (int64_t b = 0; b < t->n_bands; b++) {
             size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
-            uint64_t s0 = (uint64_t)t->band[b];
-            for (uint64_t x = t->seg[at]; x < t->pos[at]; x++) {
-                uint64_t en = get_entry(t->tmp, t->esz, x);
-                uint64_t s = (en >> sv) + s0, v = (en >> t->gbits) & t->vmask;
-                put_entry(loc, t->lsz, lo[en & gmask]++, s << t->vbits | v);
+            uint64_t x0 = t->seg[at], x1 = t->pos[at];
+            /* Entry >> gbits is (slice less the band's first) << vbits |
+             * value id: adding the band's first slice << vbits gives the
+             * local entry. */
+            uint64_t add = (uint64_t)t->band[b] << t->vbits;
+            if (t->esz == 4 && t->lsz == 4) {
+                const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+                uint32_t *dl = (uint32_t *)(void *)loc;
+                for (uint64_t x = x0; x < x1; x++) {
+                    uint32_t en = src[x];
+                    dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
+                }
+            } else {
+                for (uint64_t x = x0; x < x1; x++) {
+                    uint64_t en = get_entry(t->tmp, t->esz, x);
+                    put_entry(loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
+                }
             }
         }
         for (int64_t g = a; g < z; g++) {
