@@ -9,14 +9,19 @@
  *   bench_select FILE.h5ad [--threads T] [--reps R] [--cache-mb M] [--seed S]
  *                [--obs SEL | --obs-file F | --obs-random N]
  *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
- *                [--other] [--pick auto|cells|genes]
+ *                [--other [--checksum]] [--pick auto|cells|genes]
  *
  * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
  * a file holds whitespace-separated indices; --*-random N draws N indices
  * uniformly with replacement from a fixed seed.  --other builds the other
  * orientation in memory first (as the server does after a load; its build
  * time is printed on a line of its own) and --pick forces the orientation
- * that serves the query (default: the planner's).  Prints one line:
+ * that serves the query (default: the planner's); with --other, two more
+ * lines give the build's phases (value ids, count, fill, encode, move,
+ * finish) and their total, in wall seconds and in CPU seconds of all
+ * threads; --checksum (with --other) adds a hash of the copy's pointers,
+ * values and stream, equal for equal copies.  Prints one line per
+ * selection:
  *   select LABEL rows R nnz Z best_ms B median_ms M threads T served_by cells|genes
  */
 #include <errno.h>
@@ -27,6 +32,7 @@
 #include <time.h>
 
 #include "dataset.h"
+#include "dataset_impl.h"
 #include "pool.h"
 #include "query.h"
 #include "transpose.h"
@@ -132,6 +138,35 @@ static void decode_one(void *arg, size_t i)
     r->rcs[i] = iv_query_decode_block(r->q, (int64_t)i, &r->blocks[i], &err);
 }
 
+/* FNV-1a over n bytes, continuing from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* One hash of the built copy's pointers, values and packed stream, to
+ * show that two builds (two commits) made the same copy byte for byte. */
+static uint64_t copy_checksum(iv_dataset_t *ds)
+{
+    iv_dataset_t *c = iv_dataset_other(ds);
+    const iv_h5matrix_t *m = &c->m;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    h = fnv(h, m->major_ptr, (size_t)(m->n_major + 1) * sizeof *m->major_ptr);
+    h = fnv(h, m->value_ptr, (size_t)(m->n_unique + 1) * sizeof *m->value_ptr);
+    h = fnv(h, m->values, (size_t)m->n_unique * iv_dtype_size(m->value_dtype));
+    iv_err_t err;
+    for (uint64_t k = 0; k < iv_stream_n_chunks(c->stream); k++) {
+        const uint8_t *d;
+        size_t len;
+        if (iv_stream_acquire(c->stream, k, &d, &len, NULL, &err) < 0) die("reading the copy", err.msg);
+        h = fnv(h, d, len);
+        iv_stream_release(c->stream, k);
+    }
+    return h;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -148,12 +183,13 @@ int main(int argc, char **argv)
     int reps = 5;
     long cache_mb = -1;
     uint64_t seed = 1;
-    int other = 0;
+    int other = 0, checksum = 0;
     iv_pick_t pick = IV_PICK_AUTO;
     for (int i = 2; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--other") == 0) {
-            other = 1;
+        if (strcmp(a, "--other") == 0 || strcmp(a, "--checksum") == 0) {
+            if (strcmp(a, "--other") == 0) other = 1;
+            else checksum = 1;
             i--;
             continue;
         }
@@ -191,19 +227,32 @@ int main(int argc, char **argv)
     if (iv_dataset_open(path, &o, &ds, &err) < 0) die("cannot open", err.msg);
     const iv_dataset_info_t *info = iv_dataset_info(ds);
     if (other) {
-        double ph[IV_TRANSPOSE_PHASES];
-        iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool, .phase_seconds = ph};
+        double ph[IV_TRANSPOSE_PHASES], pc[IV_TRANSPOSE_PHASES];
+        iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool, .phase_seconds = ph,
+                                  .phase_cpu_seconds = pc};
         double t0 = now_s();
         if (iv_dataset_build_other(ds, &to, &err) < 0) die("cannot build the other orientation", err.msg);
+        double total = now_s() - t0;
         iv_orient_status_t os;
         iv_dataset_orientations(ds, &os);
         printf("other %s built in %.3f s, %.1f MB (the file's stream %.1f MB)\n",
-               info->orient == IV_IVCSR ? "gene-major" : "cell-major", now_s() - t0,
+               info->orient == IV_IVCSR ? "gene-major" : "cell-major", total,
                (double)os.bytes[info->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR] / 1e6,
                (double)info->stream_bytes / 1e6);
-        printf("other phases s: values %.3f count %.3f fill %.3f encode %.3f move %.3f finish %.3f\n",
-               ph[IV_TP_VALUES], ph[IV_TP_COUNT], ph[IV_TP_FILL], ph[IV_TP_ENCODE], ph[IV_TP_MOVE],
-               ph[IV_TP_FINISH]);
+        /* Wall seconds, then CPU seconds of every thread: on a shared
+         * machine the CPU line is the steadier measure of the work. */
+        static const char *names[IV_TRANSPOSE_PHASES] = {"values", "count", "fill", "encode",
+                                                         "move", "finish"};
+        double cpu = 0;
+        printf("other phases s:");
+        for (int k = 0; k < IV_TRANSPOSE_PHASES; k++) printf(" %s %.3f", names[k], ph[k]);
+        printf(" total %.3f\nother phases cpu_s:", total);
+        for (int k = 0; k < IV_TRANSPOSE_PHASES; k++) {
+            printf(" %s %.3f", names[k], pc[k]);
+            cpu += pc[k];
+        }
+        printf(" total %.3f\n", cpu);
+        if (checksum) printf("other checksum %016" PRIx64 "\n", copy_checksum(ds));
     }
 
     iv_sel_t obs = {.all = 1}, var = {.all = 1};

@@ -9,26 +9,35 @@
  *  1. Value ids.  The source's distinct values (by bit pattern, so that
  *     -0.0, 0.0 and NaN payloads stay apart and every value round-trips
  *     exactly) are numbered in value order; each source group gets the id
- *     of its value.
+ *     of its value.  Parts of the groups collect their distinct values in
+ *     parallel; the merged set is ranked once.
  *  2. Count pass.  The source slices are cut into bands of about equal
  *     nnz; a band's worker decodes its slices and counts the entries of
  *     each new major slice (source minor index) in its own counters.
- *     Prefix sums give each (band, new slice) its place: since bands are
- *     in source order and each band walks its slices in order, the source
- *     slice numbers land ascending within every new slice.
- *  3. Windows.  New slices are taken in windows whose entries fit the
- *     temporary (4 or 8 bytes an entry: source slice and value id packed
- *     in one word; by default a count matrix fits in one window).  Per
- *     window, a fill pass decodes the source again and writes the
- *     window's entries in place, through line-sized write-combining
- *     buffers per new slice; a value group whose indices pass the
- *     window's end skips the rest of its varints.
- *  4. Encode, per new slice and in parallel: a counting sort by value id
- *     (stable, so slices stay ascending inside each group), a check that
- *     no source slice appears twice (a corrupt source), then the delta
- *     varints, written back over the slice's own temporary (never more
- *     bytes than the entries held), and moved to the copy's stream once
- *     the window's byte offsets are known.
+ *     Their sums place every new slice's entries in the temporary.
+ *  3. Windows and blocks.  New slices are taken in windows whose entries
+ *     fit the temporary (by default a count matrix fits in one window),
+ *     and a window's slices in blocks: runs of consecutive new slices
+ *     with a few thousand blocks a window.  Per window, a fill pass
+ *     decodes the source again and appends each entry to its block's
+ *     part for its band (the band's counts place the parts, bands in
+ *     source order), as one word: source slice less the band's first,
+ *     value id, place of the new slice in its block (4 bytes when these
+ *     fit, else 8).  Writing to a few thousand sequential streams through
+ *     line-aligned write-combining buffers, whole lines with streaming
+ *     stores, replaced a scattered store per entry into one stretch per
+ *     new slice (tens of thousands of targets, no cache or TLB held
+ *     them): on the 2-core machine that halved the fill's CPU time.  A
+ *     value group whose indices pass the window's end skips the rest of
+ *     its varints.
+ *  4. Encode, per block and in parallel: the block's stretch is sorted by
+ *     new slice into a local buffer (source slices stay ascending within
+ *     each new slice, since bands are in order), then per new slice a
+ *     counting sort by value id (stable), a check that no source slice
+ *     appears twice (a corrupt source), and the delta varints, written
+ *     over the block's own stretch (a slice's varints start where its
+ *     entries would have, never longer than they were) and moved to the
+ *     copy's stream once the window's byte offsets are known.
  *
  * The copy's stream is one allocation sized for the worst case and
  * shrunk at the end: pages never written are never committed, so memory
@@ -50,9 +59,26 @@
 #include "cursor.h"
 #include "dataset_impl.h"
 
-/* Write-combining buffers of the fill: entries a line, bytes a band. */
-#define WC_SLOTS 16
+/* Write-combining buffers of the fill: a cache line a new slice, at most
+ * this many bytes a band (past that, entries go straight to the
+ * temporary). */
+#define WC_LINE 64
 #define WC_MAX_BYTES ((uint64_t)8 << 20)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define IV_TP_STREAM 1
+#else
+#define IV_TP_STREAM 0
+#endif
+
+/* Blocks of new slices (see encode_item): about this many a window, of at
+ * least this many entries, of at least 2^BLOCK_MIN_BITS slices when the
+ * temporary's entries are 4 bytes, of at most 2^BLOCK_MAX_BITS slices. */
+#define BLOCKS_A_WINDOW 2048
+#define BLOCK_MIN_ENTRIES ((uint64_t)1 << 16)
+#define BLOCK_MIN_BITS 3
+#define BLOCK_MAX_BITS 16
 
 /* Bound on the per-band counters, all bands together. */
 #define COUNTER_BYTES ((uint64_t)256 << 20)
@@ -171,115 +197,214 @@ static int cmp_values(const void *pa, const void *pb)
 }
 
 /*
+ * A set of bit patterns (open addressing, power-of-two capacity), each
+ * with the id of its first addition; list[] holds them in that order.
+ */
+struct vset {
+    uint64_t *keys, *list;
+    uint32_t *ids;            /* UINT32_MAX: empty slot */
+    size_t cap, used;
+};
+
+static int vset_init(struct vset *h)
+{
+    h->cap = 1024;
+    h->used = 0;
+    h->keys = malloc(h->cap * sizeof *h->keys);
+    h->ids = malloc(h->cap * sizeof *h->ids);
+    h->list = malloc(h->cap / 2 * sizeof *h->list);
+    if (!h->keys || !h->ids || !h->list) return -1;
+    memset(h->ids, 0xff, h->cap * sizeof *h->ids);
+    return 0;
+}
+
+static void vset_free(struct vset *h)
+{
+    free(h->keys);
+    free(h->ids);
+    free(h->list);
+    memset(h, 0, sizeof *h);
+}
+
+static inline size_t vset_slot(const struct vset *h, uint64_t k)
+{
+    size_t s = (size_t)mix64(k) & (h->cap - 1);
+    while (h->ids[s] != UINT32_MAX && h->keys[s] != k) s = (s + 1) & (h->cap - 1);
+    return s;
+}
+
+/* The id of k, added if new: 0, -1 out of memory, -2 too many values. */
+static int vset_add(struct vset *h, uint64_t k, uint32_t *id)
+{
+    size_t s = vset_slot(h, k);
+    if (h->ids[s] != UINT32_MAX) {
+        *id = h->ids[s];
+        return 0;
+    }
+    if (h->used >= UINT32_MAX - 1) return -2;
+    if ((h->used + 1) * 2 >= h->cap) {
+        /* Grow first: rehash every key, then place k. */
+        size_t nc = h->cap * 2;
+        uint64_t *nk = malloc(nc * sizeof *nk);
+        uint32_t *ni = malloc(nc * sizeof *ni);
+        uint64_t *nl = realloc(h->list, nc / 2 * sizeof *nl);
+        if (nl) h->list = nl;
+        if (!nk || !ni || !nl) {
+            free(nk);
+            free(ni);
+            return -1;
+        }
+        memset(ni, 0xff, nc * sizeof *ni);
+        for (size_t x = 0; x < h->cap; x++) {
+            if (h->ids[x] == UINT32_MAX) continue;
+            size_t g = (size_t)mix64(h->keys[x]) & (nc - 1);
+            while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
+            nk[g] = h->keys[x];
+            ni[g] = h->ids[x];
+        }
+        free(h->keys);
+        free(h->ids);
+        h->keys = nk;
+        h->ids = ni;
+        h->cap = nc;
+        s = vset_slot(h, k);
+    }
+    h->keys[s] = k;
+    h->ids[s] = (uint32_t)h->used;
+    h->list[h->used++] = k;
+    *id = h->ids[s];
+    return 0;
+}
+
+/* Groups are numbered in parts, in parallel: each part first collects
+ * its distinct values, then (once all are ranked) maps its groups. */
+struct vparts {
+    const iv_h5matrix_t *m;
+    size_t esz;
+    int64_t n_parts;
+    struct vset *local;       /* per part */
+    const struct vset *all;   /* ids = ranks, after the merge */
+    uint32_t *vid;
+    atomic_int rc;
+};
+
+static void vpart_collect(void *arg, size_t p)
+{
+    struct vparts *v = arg;
+    int64_t n = v->m->n_unique, i0 = n * (int64_t)p / v->n_parts, i1 = n * (int64_t)(p + 1) / v->n_parts;
+    struct vset *h = &v->local[p];
+    if (vset_init(h) < 0) {
+        atomic_store(&v->rc, -1);
+        return;
+    }
+    uint64_t prev = 0;
+    uint32_t id = 0;
+    int have = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        uint64_t k = value_bits(v->m->values, v->esz, i);
+        if (!have || k != prev) {
+            int rc = vset_add(h, k, &id);
+            if (rc < 0) {
+                atomic_store(&v->rc, rc);
+                return;
+            }
+            prev = k;
+            have = 1;
+        }
+        v->vid[i] = id;   /* the part's own id, ranked by vpart_map */
+    }
+}
+
+static void vpart_map(void *arg, size_t p)
+{
+    struct vparts *v = arg;
+    int64_t n = v->m->n_unique, i0 = n * (int64_t)p / v->n_parts, i1 = n * (int64_t)(p + 1) / v->n_parts;
+    const struct vset *h = v->all;
+    struct vset *l = &v->local[p];
+    /* The part's ids to ranks: each of its values looked up once.  Its
+     * own table is done with, so its id array (longer than its list)
+     * holds the ranks by part id. */
+    for (size_t x = 0; x < l->used; x++) l->ids[x] = h->ids[vset_slot(h, l->list[x])];
+    for (int64_t i = i0; i < i1; i++) v->vid[i] = l->ids[v->vid[i]];
+}
+
+/*
  * Gives every source group the rank of its value among the distinct
  * values (vid, n_unique entries); *n_distinct and the distinct bit
- * patterns in rank order (*distinct) are returned.  One hash table of
- * bit patterns; values of real matrices repeat (counts), so it stays
- * small and in cache.
+ * patterns in rank order (*distinct) are returned.  Parts of the groups
+ * collect their distinct values in parallel into small hash sets (values
+ * of real matrices repeat: counts), which are merged, ranked and then
+ * looked up in parallel.
  */
-static int value_ids(const iv_h5matrix_t *m, uint32_t **vid_out, uint64_t **distinct_out,
-                     uint64_t *n_distinct, iv_err_t *err)
+static int value_ids(const iv_h5matrix_t *m, iv_pool_t *pool, unsigned threads, uint32_t **vid_out,
+                     uint64_t **distinct_out, uint64_t *n_distinct, iv_err_t *err)
 {
-    size_t esz = iv_dtype_size(m->value_dtype);
     int64_t n = m->n_unique;
+    int64_t np = (int64_t)threads * 4;
+    if (np > n) np = n > 0 ? n : 1;
+    struct vparts v = {.m = m, .esz = iv_dtype_size(m->value_dtype), .n_parts = np};
+    atomic_init(&v.rc, 0);
+    struct vset all = {0};
+    uint64_t *sorted = NULL;
     uint32_t *vid = malloc((size_t)(n ? n : 1) * sizeof *vid);
-    size_t cap = 1024, used = 0;
-    uint64_t *keys = malloc(cap * sizeof *keys);
-    uint32_t *ids = malloc(cap * sizeof *ids);
-    uint64_t *list = malloc(cap / 2 * sizeof *list);
-    uint32_t *rank = NULL;
-    if (!vid || !keys || !ids || !list) goto oom;
-    memset(ids, 0xff, cap * sizeof *ids);
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t k = value_bits(m->values, esz, i);
-        size_t h = (size_t)mix64(k) & (cap - 1);
-        while (ids[h] != UINT32_MAX && keys[h] != k) h = (h + 1) & (cap - 1);
-        if (ids[h] == UINT32_MAX) {
-            if (used >= UINT32_MAX - 1) {
-                free(vid); free(keys); free(ids); free(list);
-                return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
-            }
-            keys[h] = k;
-            ids[h] = (uint32_t)used;
-            list[used++] = k;
-            if (used * 2 >= cap) {
-                /* Grow: rehash every key. */
-                size_t nc = cap * 2;
-                uint64_t *nk = malloc(nc * sizeof *nk);
-                uint32_t *ni = malloc(nc * sizeof *ni);
-                uint64_t *nl = realloc(list, nc / 2 * sizeof *nl);
-                if (nl) list = nl;
-                if (!nk || !ni || !nl) {
-                    free(nk);
-                    free(ni);
-                    goto oom;
-                }
-                memset(ni, 0xff, nc * sizeof *ni);
-                for (size_t x = 0; x < cap; x++) {
-                    if (ids[x] == UINT32_MAX) continue;
-                    size_t g = (size_t)mix64(keys[x]) & (nc - 1);
-                    while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
-                    nk[g] = keys[x];
-                    ni[g] = ids[x];
-                }
-                free(keys);
-                free(ids);
-                keys = nk;
-                ids = ni;
-                cap = nc;
-                h = (size_t)mix64(k) & (cap - 1);
-                while (keys[h] != k || ids[h] == UINT32_MAX) h = (h + 1) & (cap - 1);
-            }
+    v.local = calloc((size_t)np, sizeof *v.local);
+    v.vid = vid;
+    int rc = 0;
+    if (!vid || !v.local || vset_init(&all) < 0) goto oom;
+    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_collect, &v);
+    if ((rc = atomic_load(&v.rc)) < 0) goto bad;
+    for (int64_t p = 0; p < np; p++) {
+        for (size_t x = 0; x < v.local[p].used; x++) {
+            uint32_t id;
+            if ((rc = vset_add(&all, v.local[p].list[x], &id)) < 0) goto bad;
         }
-        vid[i] = ids[h];
     }
     /* Rank the distinct values; the comparator's dtype is a file-level
-     * static, so this runs under a lock (one build at a time here is the
-     * common case; the sort is over distinct values only). */
+     * static, so this runs under a lock (the sort is over distinct values
+     * only). */
+    size_t used = all.used;
+    sorted = malloc((used ? used : 1) * sizeof *sorted);
+    if (!sorted) goto oom;
+    memcpy(sorted, all.list, used * sizeof *sorted);
     {
         static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
-        uint64_t *sorted = malloc((used ? used : 1) * sizeof *sorted);
-        rank = malloc((used ? used : 1) * sizeof *rank);
-        if (!sorted || !rank) {
-            free(sorted);
-            goto oom;
-        }
-        memcpy(sorted, list, used * sizeof *sorted);
         pthread_mutex_lock(&sort_mu);
         cmp_dtype = m->value_dtype;
         qsort(sorted, used, sizeof *sorted, cmp_values);
         pthread_mutex_unlock(&sort_mu);
-        /* rank[provisional id] = position in value order. */
-        for (size_t r = 0; r < used; r++) {
-            uint64_t k = sorted[r];
-            size_t h = (size_t)mix64(k) & (cap - 1);
-            while (keys[h] != k) h = (h + 1) & (cap - 1);
-            rank[ids[h]] = (uint32_t)r;
-        }
-        for (int64_t i = 0; i < n; i++) vid[i] = rank[vid[i]];
-        free(list);
-        list = sorted;
     }
-    free(keys);
-    free(ids);
-    free(rank);
+    for (size_t r = 0; r < used; r++) all.ids[vset_slot(&all, sorted[r])] = (uint32_t)r;
+    v.all = &all;
+    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_map, &v);
+    for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
+    free(v.local);
+    vset_free(&all);
     *vid_out = vid;
-    *distinct_out = list;
+    *distinct_out = sorted;
     *n_distinct = used;
     return 0;
+bad:
+    if (rc == -2) {
+        for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
+        free(v.local);
+        vset_free(&all);
+        free(vid);
+        return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
+    }
 oom:
+    for (int64_t p = 0; v.local && p < np; p++) vset_free(&v.local[p]);
+    free(v.local);
+    vset_free(&all);
     free(vid);
-    free(keys);
-    free(ids);
-    free(list);
-    free(rank);
+    free(sorted);
     return iv_fail(err, IV_ENOMEM, "out of memory numbering the values");
 }
 
 /* ---- 2-4. passes ---- */
 
 struct item {
-    int64_t g0, g1;            /* new slices [g0, g1) */
+    int64_t k0, k1;            /* blocks [k0, k1) */
+    int64_t g0, g1;            /* their new slices [g0, g1) */
     uint32_t *grp;             /* (value id, size) per group, in slice order */
     size_t n_grp, cap_grp;
 };
@@ -292,13 +417,20 @@ struct tb {
     unsigned vbits;
     uint64_t vmask;
     size_t esz;                /* 4 or 8 bytes a temporary entry */
+    size_t lsz;                /* 4 or 8 bytes an entry of the encode's local buffer */
+    unsigned gbits;            /* bits of a new slice's place in its block */
     uint64_t n_vals;
     int64_t n_bands;
     int64_t *band;             /* n_bands + 1 source slice boundaries */
-    uint64_t *off;             /* n_bands x n_new_major: counts, then fill offsets */
-    /* The window being filled and encoded. */
+    uint64_t *off;             /* n_bands x n_new_major: counts */
+    /* The window being filled and encoded, cut in blocks of new slices. */
     int64_t g0, g1;
     uint64_t base;             /* entry index of g0 */
+    int64_t n_blk;
+    int64_t *blk;              /* n_blk + 1 new slice boundaries */
+    uint64_t *blk_of;          /* per new slice of the window: block << 32 | place in it */
+    uint64_t *seg;             /* n_bands x n_blk: where (band, block) begins in tmp */
+    uint64_t *pos;             /* n_bands x n_blk: where the fill writes next */
     uint8_t *tmp;
     const uint64_t *start;     /* n_new_major + 1 entry offsets */
     uint64_t *nbytes;          /* per new slice: encoded bytes */
@@ -307,7 +439,6 @@ struct tb {
     int64_t n_items;
     uint8_t *out;              /* the copy's stream */
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
-    int fill;
     atomic_int failed;
     pthread_mutex_t mu;
     iv_err_t err;
@@ -334,14 +465,47 @@ static inline uint64_t get_entry(const uint8_t *tmp, size_t esz, uint64_t at)
     return esz == 4 ? ((const uint32_t *)(const void *)tmp)[at] : ((const uint64_t *)(const void *)tmp)[at];
 }
 
-/* Count or fill pass over band b's source slices. */
-static void band_pass(void *arg, size_t b)
+/*
+ * Writes a write-combining line to its place dst (64-byte aligned) in the
+ * temporary.  A whole line (first == 0) goes out with streaming stores:
+ * the lines of the fill are written once and read back only by the
+ * encode, so reading each line into the cache before overwriting it (what
+ * an ordinary store does) would double the fill's memory traffic.  A line
+ * whose first slots belong to another band gets its own slots only.
+ */
+static inline void wc_flush(uint8_t *dst, const uint8_t *line, unsigned first, uint64_t slots,
+                            size_t esz)
 {
-    struct tb *t = arg;
+    if (first) {
+        memcpy(dst + first * esz, line + first * esz, (size_t)(slots - first) * esz);
+        return;
+    }
+#if IV_TP_STREAM
+    const __m128i *src = (const __m128i *)(const void *)line;
+    __m128i *d = (__m128i *)(void *)dst;
+    _mm_stream_si128(d, _mm_load_si128(src));
+    _mm_stream_si128(d + 1, _mm_load_si128(src + 1));
+    _mm_stream_si128(d + 2, _mm_load_si128(src + 2));
+    _mm_stream_si128(d + 3, _mm_load_si128(src + 3));
+#else
+    memcpy(dst, line, WC_LINE);
+#endif
+}
+
+/*
+ * Count or fill pass over band b's source slices.  The count adds up the
+ * entries of each new slice; the fill writes each entry of the window
+ * (source slice less the band's first, value id, place of the new slice
+ * in its block: one word) to the next place of its block's stretch for
+ * this band.
+ */
+static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int fill)
+{
     const iv_dataset_t *ds = t->src;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (s0 >= s1 || atomic_load(&t->failed)) return;
     uint64_t *off = t->off + (size_t)b * (size_t)t->n_new_major;
+    uint64_t *pos = fill ? t->pos + (size_t)b * (size_t)t->n_blk : NULL;
     uint64_t n_minor = (uint64_t)t->n_new_major;
     iv_cursor_t cur;
     iv_err_t e = {0};
@@ -351,25 +515,41 @@ static void band_pass(void *arg, size_t b)
     int rc = iv_cursor_seek(&cur, at, &e);
     if (rc == 0) rc = iv_cursor_skip(&cur, skip, &e);
     uint64_t g0 = (uint64_t)t->g0, g1 = (uint64_t)t->g1;
-    /* Write combining for the fill: entries of one new slice gather in a
-     * line-sized buffer and go to the temporary WC_SLOTS at a time, so that
-     * the scattered writes touch a fresh cache line once per line instead
-     * of once per entry (when the buffers stay small enough to be cached). */
-    uint8_t *wc = NULL, *wn = NULL;
-    size_t line = WC_SLOTS * t->esz;
-    if (t->fill && (g1 - g0) * line <= WC_MAX_BYTES) {
-        wc = malloc((size_t)(g1 - g0) * line);
-        wn = calloc((size_t)(g1 - g0), 1);
-        if (!wc || !wn) {
+    unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
+    /* Locals: the stores below could alias the struct's fields. */
+    const uint64_t *blk_of = t->blk_of;
+    uint8_t *const tmp = t->tmp;
+    const size_t esz = t->esz;
+    const uint32_t *vid = t->vid;
+    const int64_t *mp = t->mp, *vp = t->vp;
+    /* Write combining for the fill: each block owns one cache line of
+     * buffer that mirrors the temporary's line its next entry goes to
+     * (same slot), so a finished line goes out as one aligned 64-byte
+     * store (see wc_flush).  Only a block's first and last lines in a
+     * band, which a neighbouring band may share, go out with ordinary
+     * stores of their own slots.  Blocks are few (a few thousand lines,
+     * in the core's own cache) and each band writes each block's stretch
+     * in order, so the writes are a few thousand sequential streams
+     * rather than one scattered store per entry. */
+    uint8_t *wc = NULL, *wfirst = NULL;
+    const uint64_t lmask = WC_LINE / t->esz - 1;
+    int64_t nk = fill ? t->n_blk : 0;
+    if (fill && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES) {
+        wc = aligned_alloc(WC_LINE, (size_t)(nk ? nk : 1) * WC_LINE);
+        wfirst = malloc((size_t)(nk ? nk : 1));
+        if (!wc || !wfirst) {
             free(wc);
-            free(wn);
-            wc = wn = NULL;
+            free(wfirst);
+            wc = wfirst = NULL;
+        } else {
+            for (int64_t k = 0; k < nk; k++) wfirst[k] = (uint8_t)(pos[k] & lmask);
         }
     }
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
-        for (int64_t k = t->mp[s]; rc == 0 && k < t->mp[s + 1]; k++) {
-            uint64_t left = (uint64_t)(t->vp[k + 1] - t->vp[k]), acc = 0, d;
-            uint64_t hi = t->fill ? ((uint64_t)s << t->vbits) | t->vid[k] : 0;
+        uint64_t sl = (uint64_t)(s - s0) << sv;
+        for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
+            uint64_t left = (uint64_t)(vp[k + 1] - vp[k]), acc = 0, d;
+            uint64_t hi = fill ? sl | (uint64_t)vid[k] << gbits : 0;
             while (left > 0) {
                 /* One- and two-byte varints inline (most of a cell-major
                  * stream); the rest through the cursor. */
@@ -389,7 +569,7 @@ static void band_pass(void *arg, size_t b)
                     break;
                 }
                 uint64_t j = acc - 1;
-                if (!t->fill) {
+                if (!fill) {
                     off[j]++;
                 } else if (j >= g0) {
                     if (j >= g1) {
@@ -397,20 +577,19 @@ static void band_pass(void *arg, size_t b)
                         rc = iv_cursor_skip(&cur, left, &e);
                         break;
                     }
+                    uint64_t code = blk_of[j - g0];
+                    size_t kb = (size_t)(code >> 32);
+                    uint64_t en = hi | (code & 0xffffffffu);
+                    uint64_t p = pos[kb]++;
                     if (!wc) {
-                        put_entry(t->tmp, t->esz, off[j]++ - t->base, hi);
+                        put_entry(tmp, esz, p, en);
                         continue;
                     }
-                    size_t wk = (size_t)(j - g0);
-                    put_entry(wc, t->esz, wk * WC_SLOTS + wn[wk], hi);
-                    if (++wn[wk] == WC_SLOTS) {
-                        /* Sizes the compiler knows: a few vector moves, not
-                         * a call per line (a third of the fill's time). */
-                        uint8_t *dst = t->tmp + (size_t)(off[j] - t->base) * t->esz;
-                        if (t->esz == 4) memcpy(dst, wc + wk * line, WC_SLOTS * 4);
-                        else memcpy(dst, wc + wk * line, WC_SLOTS * 8);
-                        off[j] += WC_SLOTS;
-                        wn[wk] = 0;
+                    uint8_t *line = wc + (size_t)kb * WC_LINE;
+                    put_entry(line, esz, p & lmask, en);
+                    if ((p & lmask) == lmask) {
+                        wc_flush(tmp + (p & ~lmask) * esz, line, wfirst[kb], lmask + 1, esz);
+                        wfirst[kb] = 0;
                     }
                 }
             }
@@ -419,19 +598,28 @@ static void band_pass(void *arg, size_t b)
     }
     iv_cursor_done(&cur);
     if (wc) {
-        /* What is left in the buffers, in place after what went before. */
+        /* The lines begun and not finished: their own slots only. */
         if (rc == 0)
-            for (uint64_t j = g0; j < g1; j++) {
-                size_t k = (size_t)(j - g0);
-                memcpy(t->tmp + (size_t)(off[j] - t->base) * t->esz, wc + k * line,
-                       (size_t)wn[k] * t->esz);
-                off[j] += wn[k];
+            for (int64_t k = 0; k < nk; k++) {
+                uint64_t p = pos[k], end = p & lmask;
+                if (end > wfirst[k])
+                    memcpy(t->tmp + (p - end + wfirst[k]) * t->esz,
+                           wc + (size_t)k * WC_LINE + wfirst[k] * t->esz,
+                           (size_t)(end - wfirst[k]) * t->esz);
             }
         free(wc);
-        free(wn);
+        free(wfirst);
     }
+#if IV_TP_STREAM
+    /* Streaming stores are weakly ordered: make them visible before the
+     * pool reports the band done. */
+    _mm_sfence();
+#endif
     if (rc < 0) tb_fail(t, &e);
 }
+
+static void band_count(void *arg, size_t b) { band_walk(arg, b, 0); }
+static void band_fill(void *arg, size_t b) { band_walk(arg, b, 1); }
 
 /* Writes v as LEB128 at p (exactly its bytes); returns the length. */
 static inline size_t put_varint(uint8_t *p, uint64_t v)
@@ -465,94 +653,151 @@ static int cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Step 4 for the new slices of item i. */
+/*
+ * Step 4 for one new slice: its n entries (source slice << vbits | value
+ * id, in source slice order) at r become groups in value order, each one
+ * a run of delta varints written at dst.  0, or -1 with e set.
+ */
+static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t *r, uint64_t n,
+                        uint8_t *dst, uint32_t *cnt, uint32_t *touched, uint32_t *cells, iv_err_t *e)
+{
+    size_t nt = 0;
+    uint64_t prev = UINT64_MAX;
+    const size_t lsz = t->lsz;
+    for (uint64_t x = 0; x < n; x++) {
+        uint64_t en = get_entry(r, lsz, x), s = en >> t->vbits;
+        uint32_t v = (uint32_t)(en & t->vmask);
+        if (prev != UINT64_MAX && s <= prev)
+            return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
+                           " twice", t->src->where, s, g);
+        prev = s;
+        if (cnt[v]++ == 0) touched[nt++] = v;
+    }
+    size_t w = 0;
+    if (nt == 1) {
+        /* One value: the slices are in order already. */
+        cnt[touched[0]] = 0;
+        if (grp_push(it, touched[0], (uint32_t)n) < 0)
+            return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
+        uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
+        for (uint64_t x = 0; x < n; x++) {
+            uint64_t s = get_entry(r, lsz, x) >> t->vbits;
+            w += put_varint(dst + w, s - last - 1);
+            last = s;
+        }
+        t->nbytes[g] = w;
+        t->ngrp[g] = 1;
+        return 0;
+    }
+    if (nt > 1) qsort(touched, nt, sizeof *touched, cmp_u32);
+    uint32_t run = 0;
+    for (size_t k = 0; k < nt; k++) {
+        uint32_t c = cnt[touched[k]];
+        if (grp_push(it, touched[k], c) < 0) {
+            for (; k < nt; k++) cnt[touched[k]] = 0;
+            return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
+        }
+        cnt[touched[k]] = run;
+        run += c;
+    }
+    /* Stable: each group's slices stay ascending.  Source slices fit 32
+     * bits (checked before the build). */
+    for (uint64_t x = 0; x < n; x++) {
+        uint64_t en = get_entry(r, lsz, x);
+        cells[cnt[en & t->vmask]++] = (uint32_t)(en >> t->vbits);
+    }
+    uint32_t from = 0;
+    for (size_t k = 0; k < nt; k++) {
+        uint32_t to = cnt[touched[k]];
+        uint64_t last = UINT64_MAX;
+        for (uint32_t x = from; x < to; x++) {
+            w += put_varint(dst + w, cells[x] - last - 1);
+            last = cells[x];
+        }
+        from = to;
+        cnt[touched[k]] = 0;
+    }
+    t->nbytes[g] = w;
+    t->ngrp[g] = (uint32_t)nt;
+    return 0;
+}
+
+/*
+ * Step 4 for the blocks of item i.  A block's stretch of the temporary
+ * (its bands' parts in band order, so source slices ascend within every
+ * new slice) is first sorted by new slice into a local buffer; the block
+ * is small enough for that buffer to stay in cache.  The varints then go
+ * over the block's own stretch, which the buffer has emptied: a new
+ * slice's varints start where its entries would have (never more bytes
+ * than the entries took).
+ */
 static void encode_item(void *arg, size_t i)
 {
     struct tb *t = arg;
     struct item *it = &t->items[i];
     iv_err_t e = {0};
-    uint64_t biggest = 0;
+    uint64_t big_slice = 0, big_blk = 0;
+    int64_t big_genes = 0;
+    for (int64_t k = it->k0; k < it->k1; k++) {
+        uint64_t n = t->start[t->blk[k + 1]] - t->start[t->blk[k]];
+        if (n > big_blk) big_blk = n;
+        if (t->blk[k + 1] - t->blk[k] > big_genes) big_genes = t->blk[k + 1] - t->blk[k];
+    }
     for (int64_t g = it->g0; g < it->g1; g++) {
         uint64_t n = t->start[g + 1] - t->start[g];
-        if (n > biggest) biggest = n;
+        if (n > big_slice) big_slice = n;
     }
     size_t nv = (size_t)t->n_vals;
     uint32_t *cnt = calloc(nv ? nv : 1, sizeof *cnt);
     uint32_t *touched = malloc((nv ? nv : 1) * sizeof *touched);
-    uint64_t *cells = malloc((size_t)(biggest ? biggest : 1) * sizeof *cells);
-    if (!cnt || !touched || !cells) {
+    uint32_t *cells = malloc((size_t)(big_slice ? big_slice : 1) * sizeof *cells);
+    uint8_t *loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
+    uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
+    if (!cnt || !touched || !cells || !loc || !lo) {
         iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
         goto done;
     }
-    for (int64_t g = it->g0; g < it->g1 && !atomic_load(&t->failed); g++) {
-        uint64_t n = t->start[g + 1] - t->start[g];
-        uint8_t *r = t->tmp + (size_t)(t->start[g] - t->base) * t->esz;
-        size_t nt = 0;
-        uint64_t prev = UINT64_MAX;
-        for (uint64_t x = 0; x < n; x++) {
-            uint64_t en = get_entry(r, t->esz, x), s = en >> t->vbits;
-            uint32_t v = (uint32_t)(en & t->vmask);
-            if (prev != UINT64_MAX && s <= prev) {
-                iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
-                        " twice", t->src->where, s, g);
+    uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
+    const unsigned gbits = t->gbits;
+    for (int64_t k = it->k0; k < it->k1 && !atomic_load(&t->failed); k++) {
+        int64_t a = t->blk[k], z = t->blk[k + 1];
+        uint64_t first = t->start[a];
+        for (int64_t g = a; g < z; g++) lo[g - a] = t->start[g] - first;
+        for (int64_t b = 0; b < t->n_bands; b++) {
+            size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
+            uint64_t x0 = t->seg[at], x1 = t->pos[at];
+            /* Entry >> gbits is (slice less the band's first) << vbits |
+             * value id: adding the band's first slice << vbits gives the
+             * local entry. */
+            uint64_t add = (uint64_t)t->band[b] << t->vbits;
+            if (t->esz == 4 && t->lsz == 4) {
+                const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+                uint32_t *dl = (uint32_t *)(void *)loc;
+                for (uint64_t x = x0; x < x1; x++) {
+                    uint32_t en = src[x];
+                    dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
+                }
+            } else {
+                for (uint64_t x = x0; x < x1; x++) {
+                    uint64_t en = get_entry(t->tmp, t->esz, x);
+                    put_entry(loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
+                }
+            }
+        }
+        for (int64_t g = a; g < z; g++) {
+            uint64_t n = t->start[g + 1] - t->start[g];
+            uint8_t *dst = t->tmp + (size_t)(t->start[g] - t->base) * t->esz;
+            if (encode_slice(t, it, g, loc + (size_t)(t->start[g] - first) * t->lsz, n, dst, cnt, touched,
+                             cells, &e) < 0)
                 goto done;
-            }
-            prev = s;
-            if (cnt[v]++ == 0) touched[nt++] = v;
         }
-        if (nt == 1) {
-            /* One value: the slices are in order already. */
-            cnt[touched[0]] = 0;
-            if (grp_push(it, touched[0], (uint32_t)n) < 0) {
-                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-                goto done;
-            }
-            for (uint64_t x = 0; x < n; x++) cells[x] = get_entry(r, t->esz, x) >> t->vbits;
-            size_t w = 0;
-            uint64_t last = UINT64_MAX;
-            for (uint64_t x = 0; x < n; x++) {
-                w += put_varint(r + w, cells[x] - last - 1);
-                last = cells[x];
-            }
-            t->nbytes[g] = w;
-            t->ngrp[g] = 1;
-            continue;
-        }
-        if (nt > 1) qsort(touched, nt, sizeof *touched, cmp_u32);
-        uint32_t run = 0;
-        for (size_t k = 0; k < nt; k++) {
-            uint32_t c = cnt[touched[k]];
-            if (grp_push(it, touched[k], c) < 0) {
-                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-                goto done;
-            }
-            cnt[touched[k]] = run;
-            run += c;
-        }
-        for (uint64_t x = 0; x < n; x++) {
-            uint64_t en = get_entry(r, t->esz, x);
-            cells[cnt[en & t->vmask]++] = en >> t->vbits;
-        }
-        /* Every entry was read: write the varints over them. */
-        size_t w = 0;
-        uint32_t from = 0;
-        for (size_t k = 0; k < nt; k++) {
-            uint32_t to = cnt[touched[k]];
-            uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
-            for (uint32_t x = from; x < to; x++) {
-                w += put_varint(r + w, cells[x] - last - 1);
-                last = cells[x];
-            }
-            from = to;
-            cnt[touched[k]] = 0;
-        }
-        t->nbytes[g] = w;
-        t->ngrp[g] = (uint32_t)nt;
     }
 done:
     free(cnt);
     free(touched);
     free(cells);
+    free(loc);
+    free(lo);
     if (e.code) tb_fail(t, &e);
 }
 
@@ -566,22 +811,65 @@ static void move_item(void *arg, size_t i)
                (size_t)t->nbytes[g]);
 }
 
-/* Cuts [g0, g1) into about n_items items of equal entries. */
-static int64_t plan_items(struct tb *t, int64_t g0, int64_t g1, int64_t want)
+/*
+ * Cuts the window [g0, g1) into blocks of at most 2^gbits new slices and
+ * about `target` entries (a slice with more is a block of its own), and
+ * says where each (band, block) part begins in the temporary.  0, or -1
+ * when out of memory.
+ */
+static int plan_blocks(struct tb *t, uint64_t target)
 {
-    uint64_t total = t->start[g1] - t->start[g0];
-    int64_t n = 0;
-    int64_t g = g0;
-    for (int64_t k = 0; k < want && g < g1; k++) {
-        uint64_t stop = t->start[g0] + total * (uint64_t)(k + 1) / (uint64_t)want;
+    int64_t g0 = t->g0, g1 = t->g1, cap = (int64_t)1 << t->gbits, n = 0;
+    free(t->blk);
+    free(t->seg);
+    free(t->pos);
+    t->seg = t->pos = NULL;
+    t->blk = malloc((size_t)(g1 - g0 + 1) * sizeof *t->blk);
+    if (!t->blk) return -1;
+    for (int64_t g = g0; g < g1;) {
         int64_t e = g + 1;
-        while (e < g1 && t->start[e] < stop) e++;
-        if (k == want - 1) e = g1;
-        t->items[n].g0 = g;
-        t->items[n].g1 = e;
+        while (e < g1 && e - g < cap && t->start[e + 1] - t->start[g] <= target) e++;
+        t->blk[n++] = g;
+        for (int64_t x = g; x < e; x++) t->blk_of[x - g0] = (uint64_t)(n - 1) << 32 | (uint64_t)(x - g);
+        g = e;
+    }
+    t->blk[n] = g1;
+    t->n_blk = n;
+    size_t cells = (size_t)t->n_bands * (size_t)(n ? n : 1);
+    t->seg = malloc(cells * sizeof *t->seg);
+    t->pos = malloc(cells * sizeof *t->pos);
+    if (!t->seg || !t->pos) return -1;
+    size_t G = (size_t)t->n_new_major;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t at = t->start[t->blk[k]] - t->base;
+        for (int64_t b = 0; b < t->n_bands; b++) {
+            size_t c = (size_t)b * (size_t)n + (size_t)k;
+            t->seg[c] = t->pos[c] = at;
+            const uint64_t *cnt = t->off + (size_t)b * G;
+            for (int64_t g = t->blk[k]; g < t->blk[k + 1]; g++) at += cnt[g];
+        }
+    }
+    return 0;
+}
+
+/* Cuts the window's blocks into about `want` items of equal entries. */
+static int64_t plan_items(struct tb *t, int64_t want)
+{
+    const int64_t *blk = t->blk;
+    int64_t nk = t->n_blk, n = 0, k = 0;
+    uint64_t first = t->start[blk[0]], total = t->start[blk[nk]] - first;
+    for (int64_t x = 0; x < want && k < nk; x++) {
+        uint64_t stop = first + total * (uint64_t)(x + 1) / (uint64_t)want;
+        int64_t e = k + 1;
+        while (e < nk && t->start[blk[e]] < stop) e++;
+        if (x == want - 1) e = nk;
+        t->items[n].k0 = k;
+        t->items[n].k1 = e;
+        t->items[n].g0 = blk[k];
+        t->items[n].g1 = blk[e];
         t->items[n].n_grp = 0;
         n++;
-        g = e;
+        k = e;
     }
     return n;
 }
@@ -596,17 +884,29 @@ static size_t varint_len(uint64_t v)
     return n;
 }
 
-/* Adds the time since the last phase ended to phase k. */
-#define PHASE(k)                    \
-    do {                            \
-        double now_ = now_s();      \
-        ph[(k)] += now_ - tp;       \
-        tp = now_;                  \
+/* CPU seconds of the whole process (every worker's included). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Adds the wall and CPU time since the last phase ended to phase k. */
+#define PHASE(k)                      \
+    do {                              \
+        double now_ = now_s();        \
+        double cpu_ = cpu_s();        \
+        ph[(k)] += now_ - tp;         \
+        pc[(k)] += cpu_ - tc;         \
+        tp = now_;                    \
+        tc = cpu_;                    \
     } while (0)
 
 int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
 {
     double t0 = now_s(), tp = t0, ph[IV_TRANSPOSE_PHASES] = {0};
+    double tc = cpu_s(), pc[IV_TRANSPOSE_PHASES] = {0};
     const iv_h5matrix_t *m = &ds->m;
     if (iv_dataset_other(ds) || ds->is_copy)
         return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
@@ -633,7 +933,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
     uint64_t n_vals = 0;
-    if ((rc = value_ids(m, &vid, &distinct, &n_vals, err)) < 0) goto fail;
+    if ((rc = value_ids(m, opts->pool, threads, &vid, &distinct, &n_vals, err)) < 0) goto fail;
     PHASE(IV_TP_VALUES);
     uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
                    (uint64_t)(G / stride + 1) * 8;
@@ -661,8 +961,6 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
                      " slices do not pack in 64 bits", ds->where, n_vals, S);
         goto fail;
     }
-    t.esz = sbits + t.vbits <= 32 && maxlen <= 4 ? 4 : 8;
-
     /* Bands of about equal nnz, as many as the counters allow. */
     int64_t nb = (int64_t)threads * 4;
     if (nb > S) nb = S;
@@ -675,7 +973,8 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.nbytes = calloc((size_t)(G ? G : 1), sizeof *t.nbytes);
     t.ngrp = calloc((size_t)(G ? G : 1), sizeof *t.ngrp);
     t.byte_at = malloc((size_t)(G + 1) * sizeof *t.byte_at);
-    if (!t.band || !t.off || !start || !t.nbytes || !t.ngrp || !t.byte_at) {
+    t.blk_of = malloc((size_t)(G ? G : 1) * sizeof *t.blk_of);
+    if (!t.band || !t.off || !start || !t.nbytes || !t.ngrp || !t.byte_at || !t.blk_of) {
         rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose counters", ds->where);
         goto fail;
     }
@@ -692,22 +991,35 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     }
     t.band[nb] = S;
 
+    /* A temporary entry is (source slice less its band's first, value id,
+     * place of the new slice in its block): 4 bytes when that leaves the
+     * blocks a few bits (and a varint never outgrows its entry), else 8. */
+    int64_t widest = 0;
+    for (int64_t b = 0; b < nb; b++)
+        if (t.band[b + 1] - t.band[b] > widest) widest = t.band[b + 1] - t.band[b];
+    unsigned bbits = bits_for((uint64_t)widest);
+    if (bbits + t.vbits + BLOCK_MIN_BITS <= 32 && maxlen <= 4 && !opts->wide_entries) {
+        t.esz = 4;
+        t.gbits = 32 - bbits - t.vbits;
+    } else {
+        t.esz = 8;
+        t.gbits = 64 - bbits - t.vbits;
+    }
+    if (t.gbits > BLOCK_MAX_BITS) t.gbits = BLOCK_MAX_BITS;
+    t.lsz = sbits + t.vbits <= 32 && !opts->wide_entries ? 4 : 8;
+    while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
+
     /* 2. Count, then per-band fill offsets. */
-    t.fill = 0;
-    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
     if (atomic_load(&t.failed)) goto failed_pass;
     PHASE(IV_TP_COUNT);
-    start[0] = 0;
-    for (int64_t g = 0; g < G; g++) {
-        uint64_t at = start[g];
-        for (int64_t b = 0; b < nb; b++) {
-            uint64_t *o = &t.off[(size_t)b * (size_t)G + (size_t)g];
-            uint64_t cnt = *o;
-            *o = at;
-            at += cnt;
-        }
-        start[g + 1] = at;
+    /* The counts stay: the blocks of each window add them up by band. */
+    memset(start, 0, (size_t)(G + 1) * sizeof *start);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint64_t *cnt = t.off + (size_t)b * (size_t)G;
+        for (int64_t g = 0; g < G; g++) start[g + 1] += cnt[g];
     }
+    for (int64_t g = 0; g < G; g++) start[g + 1] += start[g];
     if (start[G] != nnz) {
         rc = iv_fail(err, IV_EINTERNAL, "%s: transpose counted %" PRIu64 " entries, nnz %" PRIu64,
                      ds->where, start[G], nnz);
@@ -750,15 +1062,21 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         t.g0 = g0;
         t.g1 = g1;
         t.base = start[g0];
-        t.fill = 1;
+        uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
+        if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
+        if (opts->block_entries) target = opts->block_entries;
+        if (plan_blocks(&t, target) < 0) {
+            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
+            goto fail;
+        }
         /* 3. Fill (skipped when the window holds nothing). */
         if (start[g1] > start[g0]) {
-            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_pass, &t);
+            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
         PHASE(IV_TP_FILL);
         /* 4. Encode, then place. */
-        t.n_items = plan_items(&t, g0, g1, want_items);
+        t.n_items = plan_items(&t, want_items);
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         PHASE(IV_TP_ENCODE);
@@ -903,11 +1221,16 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     free(t.nbytes);
     free(t.ngrp);
     free(t.byte_at);
+    free(t.blk_of);
+    free(t.blk);
+    free(t.seg);
+    free(t.pos);
     for (int64_t k = 0; t.items && k < want_items; k++) free(t.items[k].grp);
     free(t.items);
     pthread_mutex_destroy(&t.mu);
     PHASE(IV_TP_FINISH);
     if (opts->phase_seconds) memcpy(opts->phase_seconds, ph, sizeof ph);
+    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, pc, sizeof pc);
     if (took_global) {
         ds->other_budget = opts->global;
         ds->other_charged = charged;
@@ -940,6 +1263,10 @@ fail:
     free(t.nbytes);
     free(t.ngrp);
     free(t.byte_at);
+    free(t.blk_of);
+    free(t.blk);
+    free(t.seg);
+    free(t.pos);
     for (int64_t k = 0; t.items && k < (int64_t)threads * 8; k++) free(t.items[k].grp);
     free(t.items);
     pthread_mutex_destroy(&t.mu);

@@ -13,8 +13,9 @@
  * allocated and on the exact size at the end, and a copy over budget is
  * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of at most
  * `tmp_bytes` (default: three times the source stream's length, at
- * least 64 MiB)
- * besides per-band counters.
+ * least 64 MiB) besides per-band counters and, per encoding worker, a
+ * buffer of one block's entries (about 1/2048 of a window's, at least
+ * 65,536 entries, or one new slice's when that holds more).
  */
 #ifndef IV_TRANSPOSE_H
 #define IV_TRANSPOSE_H
@@ -42,6 +43,12 @@ typedef struct iv_transpose_opts {
     uint64_t tmp_bytes;       /* bound on the temporary; 0 = default */
     iv_pool_t *pool;          /* workers (NULL: the caller only) */
     double *phase_seconds;    /* NULL, or IV_TRANSPOSE_PHASES seconds filled in */
+    double *phase_cpu_seconds; /* NULL, or the same phases' CPU seconds (all threads) */
+    /* For tests, 0 for the defaults: entries a block aims at, most new
+     * slices a block, and 8-byte temporary entries even where 4 fit. */
+    uint64_t block_entries;
+    uint32_t block_slices;
+    int wide_entries;
 } iv_transpose_opts_t;
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
