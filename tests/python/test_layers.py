@@ -293,3 +293,69 @@ def test_memory_counts_every_matrix(env):
     line = [ln for ln in met.splitlines()
             if ln.startswith("ivserve_dataset_memory_bytes") and 'dataset="L"' in ln and 'part="pointers"' in ln]
     assert line and float(line[0].split()[-1]) == ptr, line
+
+
+# ---------------------------------------------------------------- ivserve pack --layers
+
+@pytest.mark.parametrize("layout", ["ivcsr", "ivcsc"])
+def test_pack_layers_keeps_them_servable(ivserve, tmp_path, layout):
+    """A lab's file (X, layers and raw/X as plain csr_matrix / dense) packed
+    with --layers: every layer and raw/X becomes a packed group at its own
+    path, served as a matrix equal to the input; raw/var and the other
+    members are kept."""
+    import h5py
+    d = make_data()
+    src = str(tmp_path / "lab.h5ad")
+    with h5py.File(src, "w") as f:
+        f.attrs["encoding-type"] = "anndata"
+        f.attrs["encoding-version"] = "0.1.0"
+        ivref.write_plain_sparse(f, "X", d["X"])
+        ivref.write_plain_sparse(f, "layers/counts", d["counts"], "csc")
+        ivref.write_plain_sparse(f, "layers/log", d["log"])
+        ivref.write_array(f, "layers/dense", np.asarray(d["dense"]))
+        ivref.write_plain_sparse(f, "raw/X", d["raw"])
+        write_elem(f, "obs", d["obs"])
+        write_elem(f, "var", d["var"])
+        write_elem(f, "raw/var", d["raw_var"])
+        f.create_group("uns").attrs["encoding-type"] = "dict"
+    out = str(tmp_path / "packed.h5ad")
+    proc = ivserve.run("pack", src, out, "--layers", "--layout", layout, "--threads", "2")
+    ivserve.assert_ok(proc)
+    assert "layers packed: layers/counts, layers/dense, layers/log, raw/X" in proc.stdout, proc.stdout
+    with h5py.File(out, "r") as f:
+        for g in ("X", "layers/counts", "layers/log", "layers/dense", "raw/X"):
+            assert f[g].attrs["encoding-type"] == layout, g
+        assert f["layers"].attrs["encoding-type"] == "dict"
+        assert f["raw/var"].attrs["_index"] == "_index"  # raw/var kept
+        assert "uns" in f
+    # Without --layers the layers stay as they were (copied, not servable).
+    plain_out = str(tmp_path / "plain.h5ad")
+    ivserve.assert_ok(ivserve.run("pack", src, plain_out, "--layout", layout, "--threads", "2"))
+    with h5py.File(plain_out, "r") as f:
+        assert f["layers/counts"].attrs["encoding-type"] == "csc_matrix"
+    # --layers goes with X only.
+    bad = ivserve.run("pack", src, str(tmp_path / "b.h5ad"), "--layers", "--matrix", "layers/log")
+    assert bad.returncode != 0 and "--layers" in bad.stderr, bad.stderr
+    s = Server(str(tmp_path), datasets=[{"id": "K", "path": out}, {"id": "Q", "path": plain_out}])
+    try:
+        doc = requests.get(s.url + "/v1/datasets/K").json()
+        assert all(m["servable"] for m in doc["matrices"]), doc["matrices"]
+        rng = np.random.default_rng(3)
+        obs_idx = rng.integers(0, N_OBS, 40)
+        for matrix, M in (("X", d["X"]), ("layers/counts", d["counts"]), ("layers/log", d["log"]),
+                          ("layers/dense", sp.csr_matrix(d["dense"])), ("raw/X", d["raw"])):
+            n_var = M.shape[1]
+            var_idx = rng.integers(0, n_var, 9)
+            m, _ = parse(post(s, "/v1/datasets/K/query", {"matrix": matrix}), "binary")
+            same(m, ivref.expected(M))
+            m, _ = parse(post(s, "/v1/datasets/K/query", {"matrix": matrix, "obs": {"index": obs_idx.tolist()},
+                                                          "var": {"index": var_idx.tolist()}}), "binary")
+            same(m, ivref.expected(M, obs_idx, var_idx))
+        m, _ = parse(post(s, "/v1/datasets/K/query", {"matrix": "raw/X", "var": {"names": ["rgene2"]}}),
+                     "binary")
+        same(m, ivref.expected(d["raw"], None, [list(d["raw_var"].index).index("rgene2")]))
+        mx = {m["name"]: m for m in requests.get(s.url + "/v1/datasets/Q").json()["matrices"]}
+        assert mx["layers/counts"]["servable"] is False and "csc_matrix" in mx["layers/counts"]["reason"]
+        assert mx["raw/X"]["servable"] is False
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
