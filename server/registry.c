@@ -88,6 +88,10 @@ static int mx_open(iv_rds_t *d, const iv_h5mx_entry_t *e, int raw_var,
     int is_raw = !strcmp(e->name, "raw/X");
     iv_dataset_opts_t o = *tmpl;
     o.group = e->name;
+    /* The dataset's cache cap applies to each matrix; its floor (what the
+     * shared budget must leave it) stays X's alone, so that layers do not
+     * multiply the reservation. */
+    o.cache_floor = 0;
     int rc = iv_dataset_open(path, &o, &x->ds, err);
     if (rc == IV_EUNSUPPORTED) {
         snprintf(x->reason, sizeof x->reason, "%s", err->msg);

@@ -359,3 +359,31 @@ def test_pack_layers_keeps_them_servable(ivserve, tmp_path, layout):
         assert mx["raw/X"]["servable"] is False
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_config_group_may_be_a_layer_path(env, tmp_path):
+    """A dataset's configured group may name a layer ("layers/counts"):
+    it is then that dataset's X.  Paths that climb or are absolute are
+    refused at load, naming the group."""
+    _, d, _ = env
+    path = os.path.join(os.path.dirname(env[0].log.name), "layered.h5ad")
+    s = Server(str(tmp_path), cfg_extra={"readyz": "any"}, datasets=[
+        {"id": "C", "path": path, "group": "layers/counts"},
+        {"id": "B1", "path": path, "group": "layers/../X"},
+        {"id": "B2", "path": path, "group": "/X"},
+        {"id": "B3", "path": path, "group": "layers/missing"}])
+    try:
+        m, _ = parse(post(s, "/v1/datasets/C/query", {"obs": {"range": [0, 50]}}), "binary")
+        same(m, ivref.expected(d["counts"], np.arange(50)))
+        for ds in ("B1", "B2", "B3"):
+            r = requests.get(s.url + "/v1/datasets/" + ds)
+            for _ in range(100):
+                if r.status_code != 503 or r.json()["error"]["code"] != "not_ready":
+                    break
+                import time
+                time.sleep(0.05)
+                r = requests.get(s.url + "/v1/datasets/" + ds)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "dataset_failed", r.text
+            assert "no group" in r.json()["error"]["message"], r.text
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
