@@ -118,7 +118,8 @@ static size_t col_bytes(const iv_meta_col_t *c)
     if (c->f64) b += n * 8;
     if (c->b) b += n;
     if (c->codes) b += n * 4;
-    if (c->str_off) b += n * 8 + (size_t)(c->str_off[n > 0 ? n - 1 : 0]) + (n ? 64 : 0);
+    /* An empty column's offsets array is a 1-byte placeholder: no read. */
+    if (c->str_off && n) b += n * 8 + (size_t)c->str_off[n - 1] + 64;
     if (c->cat_off) b += (size_t)c->n_cats * 24;
     return b;
 }
