@@ -269,6 +269,18 @@ void iv_rds_matrices_memory(const iv_rds_t *d, iv_dataset_memory_t *m, size_t *m
     }
 }
 
+void iv_rds_matrices_cache(const iv_rds_t *d, iv_cache_stats_t *cs)
+{
+    for (size_t i = 0; i < d->n_mx; i++) {
+        if (!d->mx[i].ds) continue;
+        iv_cache_stats_t m;
+        iv_dataset_cache_stats(d->mx[i].ds, &m);
+        cs->used += m.used;
+        cs->hits += m.hits;
+        cs->misses += m.misses;
+    }
+}
+
 void iv_path_id_read(const char *path, iv_path_id_t *out)
 {
     struct stat st;

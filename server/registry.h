@@ -133,6 +133,9 @@ void iv_rds_matrices_doc(iv_buf_t *b, const iv_rds_t *d);
 void iv_rds_matrices_memory(const iv_rds_t *d, iv_dataset_memory_t *m, size_t *meta_bytes,
                             uint64_t *evictions);
 
+/* Adds the other matrices' cache use, hits and misses to *cs. */
+void iv_rds_matrices_cache(const iv_rds_t *d, iv_cache_stats_t *cs);
+
 /* Reads path's identity (ok = 0 when it cannot be read). */
 void iv_path_id_read(const char *path, iv_path_id_t *out);
 int iv_path_id_same(const iv_path_id_t *a, const iv_path_id_t *b);

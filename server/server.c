@@ -2311,6 +2311,7 @@ static void route_metrics(conn_t *c)
             if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
             iv_cache_stats_t cs;
             iv_dataset_cache_stats(d->ds, &cs);
+            iv_rds_matrices_cache(d, &cs);
             g.cache_bytes += cs.used;
             g.cache_hits += cs.hits;
             g.cache_misses += cs.misses;

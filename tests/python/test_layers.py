@@ -293,6 +293,12 @@ def test_memory_counts_every_matrix(env):
     line = [ln for ln in met.splitlines()
             if ln.startswith("ivserve_dataset_memory_bytes") and 'dataset="L"' in ln and 'part="pointers"' in ln]
     assert line and float(line[0].split()[-1]) == ptr, line
+    # The process-wide cache gauge holds the layers' chunks too: it equals
+    # the sum of every dataset's cache part.
+    caches = [float(ln.split()[-1]) for ln in met.splitlines()
+              if ln.startswith("ivserve_dataset_memory_bytes") and 'part="cache"' in ln]
+    total = [float(ln.split()[-1]) for ln in met.splitlines() if ln.startswith("ivserve_cache_bytes ")]
+    assert total and total[0] == sum(caches) and total[0] > 0, (total, caches)
 
 
 # ---------------------------------------------------------------- ivserve pack --layers
