@@ -170,7 +170,7 @@ int iv_rds_matrix(const iv_rds_t *d, const char *name, iv_dataset_t **ds, iv_met
     const iv_rmx_t *x = mx_find(d, name);
     if (!x) {
         /* The names a client could have meant: every matrix, servable or not. */
-        char list[320];
+        char list[256];
         size_t at = (size_t)snprintf(list, sizeof list, "X");
         for (size_t i = 0; i < d->n_mx && at < sizeof list; i++)
             at += (size_t)snprintf(list + at, sizeof list - at, ", %s", d->mx[i].name);
