@@ -31,7 +31,8 @@ typedef enum iv_orient { IV_IVCSR = 0, IV_IVCSC = 1 } iv_orient_t;
 typedef struct iv_dataset iv_dataset_t;
 
 typedef struct iv_dataset_opts {
-    const char *group;        /* top-level group of the matrix; NULL = "X" */
+    const char *group;        /* group of the matrix: "X" (NULL), another top-level
+                               * name, or a path such as "layers/counts" or "raw/X" */
     uint32_t index_stride;    /* row-index checkpoint every K major slices; 0 = default */
     size_t cache_bytes;       /* decompressed-chunk cache budget; (size_t)-1 = default */
     iv_pool_t *pool;          /* workers for the start-up pass; NULL = caller only */

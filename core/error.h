@@ -51,7 +51,8 @@
     X(INVALID_ARG,    -25,  400, "invalid_argument",     "invalid argument")                   \
     X(NO_METADATA,    -26,  422, "unsupported",          "the dataset's metadata is not available") \
     X(NO_COLUMN,      -27,  404, "not_found",            "no such column")               \
-    X(FILE_CHANGED,   -28,  503, "file_changed",         "the dataset's file changed on disk; reload it")
+    X(FILE_CHANGED,   -28,  503, "file_changed",         "the dataset's file changed on disk; reload it") \
+    X(UNKNOWN_MATRIX, -29,  404, "unknown_matrix",       "no such matrix in the dataset")
 
 enum iv_error {
 #define IV__ENUM(name, val, status, code, msg) IV_E##name = (val),

@@ -405,6 +405,36 @@ static void stage(iv_h5iso_out_t *o, const char *group, const char *name)
     iv_h5iso_stage(o, buf);
 }
 
+/*
+ * Whether group, a top-level name or a path such as "layers/counts",
+ * names an object.  H5Lexists needs every link before the last to exist,
+ * so each prefix is checked in turn; empty components, "." and ".." and
+ * a leading '/' are refused (the path is relative to the root, and comes
+ * from a configuration or a file's layer names).
+ */
+static int group_path_exists(hid_t file, const char *group)
+{
+    char buf[1024];
+    size_t n = strlen(group);
+    if (n == 0 || n >= sizeof buf || group[0] == '/' || group[n - 1] == '/') return 0;
+    memcpy(buf, group, n + 1);
+    for (size_t i = 0; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        size_t start = i;
+        while (start > 0 && buf[start - 1] != '/') start--;
+        size_t clen = i - start;
+        if (clen == 0 || (clen == 1 && buf[start] == '.') ||
+            (clen == 2 && buf[start] == '.' && buf[start + 1] == '.'))
+            return 0;
+        char save = buf[i];
+        buf[i] = '\0';
+        htri_t e = H5Lexists(file, buf, H5P_DEFAULT);
+        buf[i] = save;
+        if (e <= 0) return 0;
+    }
+    return 1;
+}
+
 /* The HDF5 load itself; runs in the reader process (see h5iso.h). */
 static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn fn, void *ctx,
                      iv_h5iso_out_t *o, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
@@ -430,8 +460,8 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     if ((rc = open_file(path, m, id, err)) < 0) goto fail;
     stage(o, group, NULL);
 
-    if (strchr(group, '/') || H5Lexists(file, group, H5P_DEFAULT) <= 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s: no top-level group '%s'", path, group);
+    if (!group_path_exists(file, group)) {
+        rc = FAILF(IV_EBAD_FILE, "%s: no group '%s'", path, group);
         goto fail;
     }
     H5O_info_t oi;
@@ -834,4 +864,243 @@ void iv_h5matrix_free(iv_h5matrix_t *m)
     free((void *)m->stream.chunk_sum);
     iv_file_close(m->stream.file);
     memset(m, 0, sizeof *m);
+}
+
+/* ---- listing the other matrices of a file ------------------------------ */
+
+#define LIST_MAGIC 0x3154534c35485649ull   /* "IVH5LST1" */
+#define LIST_MAX 1024                       /* layers listed at most */
+
+typedef struct list_ctx {
+    const char *path;
+    hid_t file;
+    iv_h5iso_out_t *o;
+    iv_h5mx_entry_t *v;
+    size_t n, cap;
+    int rc;
+    iv_err_t *err;
+} list_ctx_t;
+
+/* Describes the element at name (relative to the root) into e: an IVCSR
+ * or IVCSC group is packed; anything else gets the reason it cannot be
+ * served as it is. */
+static void describe(hid_t file, const char *name, iv_h5mx_entry_t *e)
+{
+    e->shape[0] = e->shape[1] = -1;
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(file, name, &oi, H5P_DEFAULT) < 0) {
+        snprintf(e->reason, sizeof e->reason, "HDF5 cannot read the element");
+        return;
+    }
+    if (oi.type == H5O_TYPE_DATASET) {
+        hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+        hid_t sp = d >= 0 ? H5Dget_space(d) : -1;
+        int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+        hsize_t dims[2] = {0, 0};
+        if (nd == 2 && H5Sget_simple_extent_dims(sp, dims, NULL) == 2) {
+            e->shape[0] = (int64_t)dims[0];
+            e->shape[1] = (int64_t)dims[1];
+        }
+        if (d >= 0 && iv_h5_read_str_attr(d, "encoding-type", e->encoding, sizeof e->encoding) != 0)
+            snprintf(e->encoding, sizeof e->encoding, "array");
+        if (sp >= 0) H5Sclose(sp);
+        if (d >= 0) H5Dclose(d);
+        snprintf(e->reason, sizeof e->reason,
+                 nd == 2 ? "a dense array; pack it into an IVCSR/IVCSC group (ivserve pack --layers) "
+                           "to serve it"
+                         : "not a two-dimensional matrix");
+        return;
+    }
+    if (oi.type != H5O_TYPE_GROUP) {
+        snprintf(e->reason, sizeof e->reason, "not a group or a dataset");
+        return;
+    }
+    hid_t g = H5Gopen2(file, name, H5P_DEFAULT);
+    if (g < 0) {
+        snprintf(e->reason, sizeof e->reason, "HDF5 cannot open the group");
+        return;
+    }
+    if (iv_h5_read_str_attr(g, "encoding-type", e->encoding, sizeof e->encoding) != 0)
+        e->encoding[0] = '\0';
+    int64_t shape[2];
+    if (read_i64_attr(g, "shape", shape, 2) == 0) {
+        e->shape[0] = shape[0];
+        e->shape[1] = shape[1];
+    }
+    H5Gclose(g);
+    if (!strcmp(e->encoding, "ivcsr") || !strcmp(e->encoding, "ivcsc")) {
+        e->packed = 1;
+    } else if (!strcmp(e->encoding, "csr_matrix") || !strcmp(e->encoding, "csc_matrix")) {
+        snprintf(e->reason, sizeof e->reason,
+                 "a plain %s; pack it into an IVCSR/IVCSC group (ivserve pack --layers) to serve it",
+                 e->encoding);
+    } else if (e->encoding[0]) {
+        snprintf(e->reason, sizeof e->reason, "encoding-type '%.60s' is not a matrix", e->encoding);
+    } else {
+        snprintf(e->reason, sizeof e->reason, "a group without an encoding-type");
+    }
+}
+
+static int list_add(list_ctx_t *L, const char *name)
+{
+    if (L->n == L->cap) {
+        size_t cap = L->cap ? 2 * L->cap : 8;
+        iv_h5mx_entry_t *v = realloc(L->v, cap * sizeof *v);
+        if (!v) return L->rc = iv_fail(L->err, IV_ENOMEM, "%s: out of memory listing layers", L->path);
+        L->v = v;
+        L->cap = cap;
+    }
+    iv_h5mx_entry_t *e = &L->v[L->n++];
+    memset(e, 0, sizeof *e);
+    if (strlen(name) >= sizeof e->name) {
+        /* Listed by a shortened name that no request can name. */
+        snprintf(e->name, sizeof e->name, "%.200s...", name);
+        e->shape[0] = e->shape[1] = -1;
+        snprintf(e->reason, sizeof e->reason, "the name is longer than %zu bytes",
+                 sizeof e->name - 1);
+        return 0;
+    }
+    snprintf(e->name, sizeof e->name, "%s", name);
+    char stage_buf[IV_H5ISO_STAGE_MAX];
+    snprintf(stage_buf, sizeof stage_buf, "%s", name);
+    if (L->o) iv_h5iso_stage(L->o, stage_buf);
+    describe(L->file, name, e);
+    return 0;
+}
+
+static herr_t list_visit(hid_t g, const char *name, const H5L_info_t *info, void *arg)
+{
+    (void)g;
+    (void)info;
+    list_ctx_t *L = arg;
+    if (L->n >= LIST_MAX) return 1;
+    char full[600];
+    snprintf(full, sizeof full, "layers/%s", name);
+    if (strlen(name) > 400) snprintf(full, sizeof full, "layers/%.400s~", name);
+    return list_add(L, full) == 0 ? 0 : -1;
+}
+
+static int list_here(const char *path, iv_h5iso_out_t *o, iv_h5mx_list_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
+    list_ctx_t L = {path, file, o, NULL, 0, 0, 0, err};
+    H5E_BEGIN_TRY
+    {
+        if (H5Lexists(file, "layers", H5P_DEFAULT) > 0) {
+            H5O_info_t oi;
+            if (H5Oget_info_by_name(file, "layers", &oi, H5P_DEFAULT) >= 0 &&
+                oi.type == H5O_TYPE_GROUP) {
+                hid_t g = H5Gopen2(file, "layers", H5P_DEFAULT);
+                if (g >= 0) {
+                    hsize_t idx = 0;
+                    if (o) iv_h5iso_stage(o, "layers");
+                    H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, &idx, list_visit, &L);
+                    H5Gclose(g);
+                }
+            }
+        }
+        if (L.rc == 0 && group_path_exists(file, "raw/X")) {
+            list_add(&L, "raw/X");
+            out->raw_var = group_path_exists(file, "raw/var");
+        }
+    }
+    H5E_END_TRY;
+    H5Fclose(file);
+    if (L.rc != 0) {
+        free(L.v);
+        return L.rc;
+    }
+    out->v = L.v;
+    out->n = L.n;
+    return 0;
+}
+
+static int put_str(iv_h5iso_out_t *o, const char *s)
+{
+    return iv_h5iso_put_blob(o, s, strlen(s));
+}
+
+static int list_child(void *ctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    const char *path = ctx;
+    iv_h5mx_list_t l;
+    IV_TRY(list_here(path, o, &l, err));
+    int rc = iv_h5iso_put_u64(o, LIST_MAGIC);
+    if (rc == 0) rc = iv_h5iso_put_u64(o, (uint64_t)l.n);
+    if (rc == 0) rc = iv_h5iso_put_u64(o, (uint64_t)l.raw_var);
+    for (size_t i = 0; rc == 0 && i < l.n; i++) {
+        const iv_h5mx_entry_t *e = &l.v[i];
+        uint64_t w[] = {(uint64_t)e->shape[0], (uint64_t)e->shape[1], (uint64_t)e->packed};
+        rc = iv_h5iso_put(o, w, sizeof w);
+        if (rc == 0) rc = put_str(o, e->name);
+        if (rc == 0) rc = put_str(o, e->encoding);
+        if (rc == 0) rc = put_str(o, e->reason);
+    }
+    iv_h5mx_list_free(&l);
+    if (rc < 0) return iv_fail(err, rc, "%s: cannot pass the layer list to the server", path);
+    return 0;
+}
+
+/* A string of the reader's answer into a fixed buffer; bad when it does
+ * not fit or holds a NUL. */
+static void take_str(iv_h5iso_rd_t *r, char *dst, size_t cap)
+{
+    size_t n = 0;
+    const char *p = iv_h5iso_rd_blob(r, (size_t)-1, &n);
+    if (!p || n >= cap || memchr(p, '\0', n)) {
+        r->bad = 1;
+        dst[0] = '\0';
+        return;
+    }
+    memcpy(dst, p, n);
+    dst[n] = '\0';
+}
+
+int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    iv_h5iso_result_t res;
+    IV_TRY(iv_h5iso_run(path, list_child, (void *)path, NULL, NULL, &res, err));
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, &res);
+    int rc = 0;
+    uint64_t magic = iv_h5iso_rd_u64(&r), n = iv_h5iso_rd_u64(&r), raw_var = iv_h5iso_rd_u64(&r);
+    if (r.bad || magic != LIST_MAGIC || n > LIST_MAX + 1 || raw_var > 1) {
+        rc = FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's layer list is malformed", path);
+        goto done;
+    }
+    out->v = calloc(n ? n : 1, sizeof *out->v);
+    if (!out->v) {
+        rc = FAILF(IV_ENOMEM, "%s: out of memory listing layers", path);
+        goto done;
+    }
+    out->raw_var = (int)raw_var;
+    for (uint64_t i = 0; i < n && !r.bad; i++) {
+        iv_h5mx_entry_t *e = &out->v[i];
+        e->shape[0] = (int64_t)iv_h5iso_rd_u64(&r);
+        e->shape[1] = (int64_t)iv_h5iso_rd_u64(&r);
+        uint64_t packed = iv_h5iso_rd_u64(&r);
+        if (packed > 1 || e->shape[0] < -1 || e->shape[1] < -1) r.bad = 1;
+        e->packed = (int)packed;
+        take_str(&r, e->name, sizeof e->name);
+        take_str(&r, e->encoding, sizeof e->encoding);
+        take_str(&r, e->reason, sizeof e->reason);
+        out->n = (size_t)i + 1;
+    }
+    if (r.bad || r.pos != r.len)
+        rc = FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's layer list is malformed", path);
+done:
+    iv_h5iso_result_free(&res);
+    if (rc != 0) iv_h5mx_list_free(out);
+    return rc;
+}
+
+void iv_h5mx_list_free(iv_h5mx_list_t *l)
+{
+    free(l->v);
+    memset(l, 0, sizeof *l);
 }

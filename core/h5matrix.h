@@ -42,7 +42,8 @@ typedef struct iv_h5matrix {
     char codec[64];
 } iv_h5matrix_t;
 
-/* Opens path and loads group (NULL = "X").  Errors name the file, the
+/* Opens path and loads group (NULL = "X"; a path such as "layers/counts"
+ * is taken too).  Errors name the file, the
  * dataset or attribute and the failed check; a crash of the reader names
  * what it was reading (see iv_h5iso_run).  Blocks the calling thread for
  * the load; any thread may call it, concurrently. */
@@ -64,6 +65,33 @@ int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_str
 int iv_h5matrix_load_inproc(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err);
 
 void iv_h5matrix_free(iv_h5matrix_t *m);
+
+/*
+ * The matrices of a file besides X: every member of `layers` (in name
+ * order, at most 1024) and `raw/X`, each with its encoding-type, its shape
+ * (-1 when unknown) and whether it is a packed IVCSR/IVCSC group; the
+ * others carry the reason they cannot be served as they are (a plain
+ * csr_matrix, a dense array, ...).  raw_var: the file has raw/var.  Read
+ * in a reader process (h5iso.h); nothing is validated beyond that: the
+ * caller opens each packed one with iv_dataset_open (group = its name).
+ * An absent `layers` or `raw` lists nothing.  Any thread.
+ */
+typedef struct iv_h5mx_entry {
+    char name[256];           /* "layers/counts", "raw/X" */
+    char encoding[32];        /* its encoding-type ("ivcsr", "csr_matrix", "array", ...) or "" */
+    int64_t shape[2];
+    int packed;
+    char reason[192];         /* not packed: why it is not servable */
+} iv_h5mx_entry_t;
+
+typedef struct iv_h5mx_list {
+    iv_h5mx_entry_t *v;
+    size_t n;
+    int raw_var;
+} iv_h5mx_list_t;
+
+int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err);
+void iv_h5mx_list_free(iv_h5mx_list_t *l);
 
 /* Validates the pointer arrays against each other and the shape (no I/O). */
 int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err_t *err);

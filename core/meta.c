@@ -118,7 +118,8 @@ static size_t col_bytes(const iv_meta_col_t *c)
     if (c->f64) b += n * 8;
     if (c->b) b += n;
     if (c->codes) b += n * 4;
-    if (c->str_off) b += n * 8 + (size_t)(c->str_off[n > 0 ? n - 1 : 0]) + (n ? 64 : 0);
+    /* An empty column's offsets array is a 1-byte placeholder: no read. */
+    if (c->str_off && n) b += n * 8 + (size_t)c->str_off[n - 1] + 64;
     if (c->cat_off) b += (size_t)c->n_cats * 24;
     return b;
 }
@@ -1005,6 +1006,7 @@ static int put_frame(iv_h5iso_out_t *o, const struct frame *f)
 
 struct meta_ctx {
     const char *path, *x_group;
+    const char *frame[2];     /* the obs and var groups; NULL: an empty frame */
 };
 
 /* The HDF5 side of iv_meta_load; runs in the reader process. */
@@ -1039,8 +1041,9 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
      * that fails; messages go into err instead. */
     H5E_BEGIN_TRY
     {
-        rc = read_frame(&r, file, "obs", shape[0], &ax[IV_AXIS_OBS]);
-        if (rc == 0) rc = read_frame(&r, file, "var", shape[1], &ax[IV_AXIS_VAR]);
+        for (int a = 0; a < 2 && rc == 0; a++)
+            rc = mc->frame[a] ? read_frame(&r, file, mc->frame[a], shape[a], &ax[a])
+                              : range_index(&ax[a], 0, err);
     }
     H5E_END_TRY;
     h5close(file);
@@ -1235,12 +1238,18 @@ static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *
 
 int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
 {
+    return iv_meta_load_groups(path, x_group, "obs", "var", out, err);
+}
+
+int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_group,
+                        const char *var_group, iv_meta_t **out, iv_err_t *err)
+{
     double t0 = now_s();
     *out = NULL;
     iv_meta_t *m = calloc(1, sizeof(*m));
     IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
     pthread_mutex_init(&m->lock, NULL);
-    struct meta_ctx mc = {path, x_group && *x_group ? x_group : "X"};
+    struct meta_ctx mc = {path, x_group && *x_group ? x_group : "X", {obs_group, var_group}};
     iv_h5iso_result_t res;
     int rc = iv_h5iso_run(path, meta_child, &mc, NULL, NULL, &res, err);
     if (rc < 0) {

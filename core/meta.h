@@ -106,6 +106,12 @@ typedef struct iv_meta_stats {
  * On error *out is NULL and err names the file, the column and the check.
  */
 int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err);
+/* The same with the frames read from other groups: raw/X's genes are
+ * described by raw/var ("raw/X", NULL, "raw/var").  A NULL group gives an
+ * empty frame (0 rows) for that axis, for a matrix that shares the other
+ * one with X. */
+int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_group,
+                        const char *var_group, iv_meta_t **out, iv_err_t *err);
 void iv_meta_free(iv_meta_t *m);
 
 /* Builds a meta from the bytes iv_meta_load's reader process answers

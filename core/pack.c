@@ -1077,6 +1077,7 @@ typedef struct copy_ctx {
     size_t n_skip;
     const char *layer;        /* copy "layers" without this child */
     const char *replaced;     /* the matrix packed in place: not reported */
+    int members;              /* --layers: leave layers and raw to pack_members */
     char *dropped;
     size_t dropped_cap;
     int rc;
@@ -1121,6 +1122,8 @@ static herr_t copy_root_cb(hid_t src, const char *name, const H5L_info_t *info, 
             if (!c->replaced || strcmp(name, c->replaced) != 0) add_dropped(c, name);
             return 0;
         }
+    /* --layers: layers and raw are written member by member afterwards. */
+    if (c->members && (strcmp(name, "layers") == 0 || strcmp(name, "raw") == 0)) return 0;
     int rc;
     if (c->layer && strcmp(name, "layers") == 0) rc = copy_group_except(src, name, c->dst, c->layer);
     else rc = iv_h5w_copy_object(src, name, c->dst, name);
@@ -1231,6 +1234,81 @@ done:
     return rc;
 }
 
+/*
+ * --layers: the group `gname` of the input ("layers" or "raw") into the
+ * output member by member.  Each member that pack can read as a matrix
+ * (csr_matrix, csc_matrix, a dense 2-D array; raw's X only, raw/var and
+ * raw/varm are not matrices of cells) is packed into a group of the same
+ * path in the orientation of X; anything else, an IVCSR/IVCSC group
+ * already packed included, is copied as it is.  The group's own
+ * attributes are kept.  rep->packed lists the members packed.
+ */
+static int pack_members(hid_t in, const char *in_path, hid_t out, const char *out_path,
+                        const char *gname, const iv_pack_opts_t *o, iv_pack_report_t *rep,
+                        iv_err_t *err)
+{
+    H5O_info_t oi;
+    if (H5Lexists(in, gname, H5P_DEFAULT) <= 0) return 0;
+    if (H5Oget_info_by_name(in, gname, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_GROUP)
+        return iv_h5w_copy_object(in, gname, out, gname) < 0
+                   ? FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy", in_path, gname)
+                   : 0;
+    hid_t sg = H5Gopen2(in, gname, H5P_DEFAULT);
+    if (sg < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: cannot open the group", in_path, gname);
+    hid_t gcpl = H5Gget_create_plist(sg);
+    hid_t dg = H5Gcreate2(out, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    int rc = 0;
+    if (dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0)
+        rc = FAILF(IV_EIO, "%s:/%s: cannot create the group", out_path, gname);
+    H5G_info_t gi;
+    if (rc == 0 && H5Gget_info(sg, &gi) < 0)
+        rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot list the group", in_path, gname);
+    int is_raw = strcmp(gname, "raw") == 0;
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
+        char child[512], path[600];
+        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child,
+                               H5P_DEFAULT) < 0) {
+            rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot list the group", in_path, gname);
+            break;
+        }
+        snprintf(path, sizeof path, "%s/%s", gname, child);
+        int packable = !is_raw || strcmp(child, "X") == 0;
+        src_t s;
+        memset(&s, 0, sizeof s);
+        s.didx = s.ddata = s.ddense = -1;
+        iv_err_t e2;
+        iv_err_clear(&e2);
+        int orc = packable ? src_open(&s, in, in_path, path, &e2) : IV_EUNSUPPORTED;
+        if (orc == IV_EUNSUPPORTED) {
+            /* Not a matrix pack reads, or already packed: kept as it is. */
+            src_close(&s);
+            if (iv_h5w_copy_object(sg, child, dg, child) < 0)
+                rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element", in_path, path);
+            continue;
+        }
+        if (orc < 0) {
+            src_close(&s);
+            *err = e2;
+            rc = orc;
+            break;
+        }
+        iv_pack_opts_t mo = *o;
+        mo.group = path;
+        iv_pack_report_t mrep;
+        memset(&mrep, 0, sizeof mrep);
+        rc = write_packed(&s, out, out_path, &mo, &mrep, err);
+        src_close(&s);
+        if (rc == 0) {
+            size_t n = strlen(rep->packed);
+            snprintf(rep->packed + n, sizeof rep->packed - n, "%s%s", n ? ", " : "", path);
+        }
+    }
+    if (dg >= 0) H5Gclose(dg);
+    if (gcpl >= 0) H5Pclose(gcpl);
+    H5Gclose(sg);
+    return rc;
+}
+
 void iv_pack_temp_name(const char *out_path, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s.tmp%ld", out_path, (long)getpid());
@@ -1246,6 +1324,9 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     const char *gname = o->group && *o->group ? o->group : "X";
     if (strchr(gname, '/'))
         return FAILF(IV_EINVALID_ARG, "output group '%s' must be a top-level name", gname);
+    if (o->layers && (strcmp(matrix, "X") != 0 || strcmp(gname, "X") != 0))
+        return FAILF(IV_EINVALID_ARG, "--layers packs X with its layers and raw/X: it goes with "
+                     "matrix X into group X");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     iv_h5filters_register();
 
@@ -1300,6 +1381,7 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     c.dropped = rep->dropped;
     c.dropped_cap = sizeof rep->dropped;
     c.skip[c.n_skip++] = gname;
+    c.members = o->layers;
     int raw = strcmp(matrix, "raw/X") == 0;
     if (!strchr(matrix, '/')) c.skip[c.n_skip++] = matrix;
     if (strcmp(matrix, gname) == 0) c.replaced = gname;
@@ -1329,6 +1411,9 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
         }
     }
     if ((rc = write_packed(&s, out, out_path, o, rep, err)) < 0) goto fail;
+    if (o->layers && ((rc = pack_members(in, in_path, out, out_path, "layers", o, rep, err)) < 0 ||
+                      (rc = pack_members(in, in_path, out, out_path, "raw", o, rep, err)) < 0))
+        goto fail;
     H5Gclose(rin);
     H5Gclose(rout);
     rin = rout = -1;

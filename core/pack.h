@@ -9,7 +9,8 @@
  *
  * Output: OUT with the packed matrix in top-level group `group` (X by
  * default) written as FORMAT.md section 2 says, and every other element
- * of the input copied with H5Ocopy (never decoded).  The file is written
+ * of the input copied with H5Ocopy (never decoded); with `layers`, the
+ * sparse and dense layers and raw/X packed too, at their own paths.  The file is written
  * under a temporary name beside OUT and renamed over OUT at the end, so
  * OUT is either the old file or the complete new one.
  *
@@ -55,6 +56,11 @@ typedef struct iv_pack_opts {
     iv_pool_t *pool;          /* may be NULL */
     iv_pack_progress_fn progress;
     void *progress_ctx;
+    /* Also pack every csr_matrix, csc_matrix and dense member of `layers`
+     * and raw/X into IVCSR/IVCSC groups at the same paths (the orientation
+     * of X), so that the server serves them as matrices of the dataset;
+     * other members are copied as they are.  Only with matrix and group X. */
+    int layers;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */
@@ -69,6 +75,7 @@ typedef struct iv_pack_report {
     uint64_t input_bytes;     /* input bytes decoded, all passes */
     int n_passes;
     char dropped[512];        /* input elements not carried over, comma-separated */
+    char packed[1024];        /* with layers: the members packed ("layers/counts, raw/X") */
 } iv_pack_report_t;
 
 /* Zstd level 1, orientation IVCSR, defaults elsewhere. */

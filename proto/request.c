@@ -95,8 +95,46 @@ void iv_qreq_free(iv_qreq_t *q)
     if (!q) return;
     psel_clear(&q->obs);
     psel_clear(&q->var);
+    free(q->matrix);
+    q->matrix = NULL;
     q->format = IV_FMT_NONE;
     q->by_var = q->dense = 0;
+}
+
+/* ---- the matrix a request reads ------------------------------------------ */
+
+/* The longest matrix name a request may give ("layers/" and a layer name). */
+#define MATRIX_NAME_MAX 255
+
+/* Checks a requested matrix name and keeps a copy in out->matrix. */
+static int set_matrix(iv_qreq_t *out, const char *v, size_t len, iv_err_t *err)
+{
+    if (out->matrix) return iv_fail(err, IV_EBAD_REQUEST, "\"matrix\" is given more than once");
+    if (len == 0 || len > MATRIX_NAME_MAX || memchr(v, '\0', len))
+        return iv_fail(err, IV_EBAD_REQUEST, "\"matrix\" must name a matrix of the dataset "
+                       "(\"X\", \"layers/NAME\" or \"raw/X\", at most %d bytes)", MATRIX_NAME_MAX);
+    out->matrix = strndup(v, len);
+    return out->matrix ? 0 : iv_fail(err, IV_ENOMEM, "out of memory");
+}
+
+/* The axis lengths of the matrix the request names (NULL: X), from the
+ * caller's resolver, or the fixed lengths of a route that serves X only. */
+typedef struct shape_src {
+    iv_qreq_matrix_fn fn;
+    void *ctx;
+    int64_t n_obs, n_var;
+} shape_src_t;
+
+static int resolve_shape(const shape_src_t *src, const iv_qreq_t *q, int64_t *n_obs,
+                         int64_t *n_var, iv_err_t *err)
+{
+    if (src->fn) return src->fn(src->ctx, q->matrix, n_obs, n_var, err);
+    if (q->matrix && strcmp(q->matrix, "X") != 0)
+        return iv_fail(err, IV_EBAD_REQUEST, "\"matrix\": \"%.80s\": this route serves X only "
+                       "(other matrices are read by /query and /count)", q->matrix);
+    *n_obs = src->n_obs;
+    *n_var = src->n_var;
+    return 0;
 }
 
 iv_sel_t iv_psel_view(const iv_psel_t *p)
@@ -504,11 +542,30 @@ static int check_by(iv_qreq_t *out, iv_err_t *err)
     return 0;
 }
 
+static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_qreq_t *out,
+                      iv_err_t *err);
+
 int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_var,
                        iv_qreq_t *out, iv_err_t *err)
 {
+    shape_src_t src = {NULL, NULL, n_obs, n_var};
+    return parse_json(body, len, &src, out, err);
+}
+
+int iv_qreq_parse_json_m(const char *body, size_t len, iv_qreq_matrix_fn fn, void *ctx,
+                         iv_qreq_t *out, iv_err_t *err)
+{
+    shape_src_t src = {fn, ctx, 0, 0};
+    return parse_json(body, len, &src, out, err);
+}
+
+static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_qreq_t *out,
+                      iv_err_t *err)
+{
     memset(out, 0, sizeof *out);
-    if (len == 0) return 0;  /* an empty body selects the whole matrix */
+    int64_t n_obs = 0, n_var = 0;
+    /* An empty body selects the whole of X. */
+    if (len == 0) return resolve_shape(src, out, &n_obs, &n_var, err);
     /* No name, label or where string can hold a NUL, so one is an error
      * rather than a string cut short. */
     int64_t nul = json_nul_escape(body, len);
@@ -527,15 +584,16 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
         rc = iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
         goto done;
     }
-    static const char *const keys[] = {"obs", "var", "format", "by", "dense"};
+    static const char *const keys[] = {"obs", "var", "format", "by", "dense", "matrix"};
     unsigned dup = 0;
     const cJSON *kv;
     cJSON_ArrayForEach(kv, root)
     {
-        int ki = key_index(kv->string, keys, 5);
+        int ki = key_index(kv->string, keys, 6);
         if (ki < 0) {
             rc = iv_fail(err, IV_EBAD_SELECTION,
-                         "unknown key '%.60s' in the request (expected obs, var, format, by, dense)",
+                         "unknown key '%.60s' in the request (expected obs, var, format, by, "
+                         "dense, matrix)",
                          kv->string);
             goto done;
         }
@@ -566,6 +624,16 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
             goto done;
         }
     }
+    /* The matrix first: its axis lengths bound the selections. */
+    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(root, "matrix");
+    if (mx) {
+        if (!cJSON_IsString(mx)) {
+            rc = iv_fail(err, IV_EBAD_REQUEST, "\"matrix\" must be a string");
+            goto done;
+        }
+        if ((rc = set_matrix(out, mx->valuestring, strlen(mx->valuestring), err)) != 0) goto done;
+    }
+    if ((rc = resolve_shape(src, out, &n_obs, &n_var, err)) != 0) goto done;
     rc = sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs, err);
     if (rc == 0)
         rc = sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var,
@@ -656,6 +724,7 @@ static int sel_names_from_list(iv_psel_t *p, const char *axis, const char *s, iv
 static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
                     int64_t n_var, iv_err_t *err)
 {
+    if (!strcmp(key, "matrix")) return 0;  /* taken by the first pass (qs_matrix) */
     if (!strcmp(key, "by")) return set_by(out, val, err);
     if (!strcmp(key, "dense")) {
         if (!strcmp(val, "true") || !strcmp(val, "1")) out->dense = 1;
@@ -741,12 +810,23 @@ static int qs_param_owned(void *arg, const char *key, char *val, iv_err_t *err)
     return rc;
 }
 
-int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
-                        iv_qreq_t *out, iv_err_t *err)
+/* The first pass over a query string: only matrix=, whose axis lengths
+ * bound the selections read by the second pass. */
+static int qs_matrix(void *arg, const char *key, char *val, iv_err_t *err)
+{
+    int rc = !strcmp(key, "matrix") ? set_matrix(arg, val, strlen(val), err) : 0;
+    free(val);
+    return rc;
+}
+
+static int parse_query(const char *qs, size_t len, const shape_src_t *src, iv_qreq_t *out,
+                       iv_err_t *err)
 {
     memset(out, 0, sizeof *out);
-    struct qs_target t = {out, n_obs, n_var};
-    int rc = iv_qs_each(qs, len, where_key, qs_param_owned, &t, err);
+    struct qs_target t = {out, 0, 0};
+    int rc = iv_qs_each(qs, len, where_key, qs_matrix, out, err);
+    if (rc == 0) rc = resolve_shape(src, out, &t.n_obs, &t.n_var, err);
+    if (rc == 0) rc = iv_qs_each(qs, len, where_key, qs_param_owned, &t, err);
     for (int a = 0; a < 2 && rc == 0; a++) {
         const iv_psel_t *p = a ? &out->var : &out->obs;
         if ((p->by || p->missing_ignore) && p->kind != IV_PSEL_NAMES)
@@ -756,4 +836,18 @@ int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var
     if (rc == 0) rc = check_by(out, err);
     if (rc != 0) iv_qreq_free(out);
     return rc;
+}
+
+int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
+                        iv_qreq_t *out, iv_err_t *err)
+{
+    shape_src_t src = {NULL, NULL, n_obs, n_var};
+    return parse_query(qs, len, &src, out, err);
+}
+
+int iv_qreq_parse_query_m(const char *qs, size_t len, iv_qreq_matrix_fn fn, void *ctx,
+                          iv_qreq_t *out, iv_err_t *err)
+{
+    shape_src_t src = {fn, ctx, 0, 0};
+    return parse_query(qs, len, &src, out, err);
 }

@@ -4,7 +4,7 @@
  * selections the engine accepts.
  *
  * JSON body:  {"obs": SEL, "var": SEL, "format": "binary"|"ndjson"|"json",
- *              "by": "obs"|"var", "dense": true|false}
+ *              "by": "obs"|"var", "dense": true|false, "matrix": "X"|"layers/NAME"|"raw/X"}
  * SEL:        {"index":[i,...]} | {"range":[start,stop]} |
  *             {"mask":"<base64, bit i = element i, LSB first>"} |
  *             {"mask":[true,false,...]} | {"names":["a",...]} | absent (all)
@@ -67,6 +67,7 @@ typedef struct iv_qreq {
     iv_fmt_t format;    /* from the "format" field / parameter */
     int by_var;         /* "by": "var" / by=var: one block row per selected gene (CSC) */
     int dense;          /* "dense": true / dense=true: gene rows as dense vectors (implies by_var) */
+    char *matrix;       /* owned; "matrix" / matrix=: the matrix read ("layers/counts"), NULL = X */
 } iv_qreq_t;
 
 /* Parses a JSON body (need not be NUL terminated).  n_obs/n_var are the
@@ -78,6 +79,23 @@ int iv_qreq_parse_json(const char *body, size_t len, int64_t n_obs, int64_t n_va
 /* Parses a query string (the part after '?', without it). */
 int iv_qreq_parse_query(const char *qs, size_t len, int64_t n_obs, int64_t n_var,
                         iv_qreq_t *out, iv_err_t *err);
+
+/*
+ * The matrix a request reads: "matrix": "layers/counts" in a body,
+ * matrix=layers/counts in a query string (absent: X).  The two functions
+ * above serve routes that read X only: a matrix other than "X" is
+ * IV_EBAD_REQUEST saying so.  The _m forms ask fn for the axis lengths of
+ * the named matrix (name NULL when absent) before any selection is read,
+ * whatever the order of the keys, so that indices and masks are checked
+ * against that matrix (raw/X may have more genes than X); fn's error
+ * (IV_EUNKNOWN_MATRIX naming the available ones) is the parse's error.
+ */
+typedef int (*iv_qreq_matrix_fn)(void *ctx, const char *name, int64_t *n_obs, int64_t *n_var,
+                                 iv_err_t *err);
+int iv_qreq_parse_json_m(const char *body, size_t len, iv_qreq_matrix_fn fn, void *ctx,
+                         iv_qreq_t *out, iv_err_t *err);
+int iv_qreq_parse_query_m(const char *qs, size_t len, iv_qreq_matrix_fn fn, void *ctx,
+                          iv_qreq_t *out, iv_err_t *err);
 void iv_qreq_free(iv_qreq_t *q);
 
 /* The engine's view of a parsed index/range/mask/all selection (borrows

@@ -26,7 +26,9 @@ static int usage(void)
             "usage: ivserve pack IN.h5ad OUT.h5ad [--layout ivcsr|ivcsc|both]\n"
             "                    [--matrix X|layers/NAME|raw/X] [--group G]\n"
             "                    [--codec zstd[:LEVEL]|deflate[:LEVEL]|none] [--chunk-bytes N]\n"
-            "                    [--threads N] [--memory-mb N] [--quiet]\n");
+            "                    [--threads N] [--memory-mb N] [--layers] [--quiet]\n"
+            "  --layers  also pack every sparse or dense layer and raw/X (layers/NAME, raw/X\n"
+            "            stay where they are, packed), so that the server serves them\n");
     return 2;
 }
 
@@ -139,6 +141,7 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
            codec, rep.input_kind, rep.n_passes, rep.n_passes == 1 ? "" : "es", el,
            el > 0 ? (double)rep.input_bytes / 1e6 / el : 0.0);
     if (rep.dropped[0]) printf("%s: not carried over from the input: %s\n", out, rep.dropped);
+    if (o->layers) printf("%s: layers packed: %s\n", out, rep.packed[0] ? rep.packed : "none");
     return 0;
 }
 
@@ -176,7 +179,8 @@ int iv_cli_pack_main(int argc, char **argv)
             unsigned long long n = strtoull(v, &end, 10);
             if (end == v || *end || n == 0) return usage();
             o.memory_budget = (size_t)n << 20;
-        } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
+        } else if (strcmp(a, "--layers") == 0) o.layers = 1;
+        else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage();
             return 0;

@@ -13,7 +13,7 @@
  * ready, so that the old one serves until then.
  *
  * Loop thread only, except that a load job fills a LOADING entry's
- * ds/meta/vx/doc on a worker before handing it back to the loop (nothing
+ * ds/meta/vx/doc/mx on a worker before handing it back to the loop (nothing
  * else reads those fields of an entry that is still loading).
  */
 #ifndef IV_REGISTRY_H
@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "config.h"
 #include "dataset.h"
 #include "meta.h"
@@ -36,6 +37,24 @@ typedef struct iv_path_id {
     int64_t size, mtime_ns;
     int ok;               /* 0: stat failed (the file is missing) */
 } iv_path_id_t;
+
+/*
+ * One selectable matrix of a dataset besides X: a member of `layers` or
+ * raw/X.  A packed one (IVCSR/IVCSC) is opened as a dataset of its own,
+ * with its own row index and chunk cache (under the same shared budget);
+ * any other is listed with the reason it is not served.  Only X gets the
+ * gene-major copy or a companion file.  Layers share obs and var with X;
+ * raw/X shares obs and has its own var (raw/var: var_meta).
+ */
+typedef struct iv_rmx {
+    char name[256];       /* "layers/counts", "raw/X" */
+    char encoding[32];    /* the element's encoding-type */
+    int64_t shape[2];     /* -1: unknown */
+    iv_dataset_t *ds;     /* owned; NULL: not servable */
+    iv_meta_t *var_meta;  /* owned; raw/X's genes (raw/var), NULL: X's var */
+    int raw_var;          /* raw/X: the file has raw/var (else genes are named 0..n-1) */
+    char reason[512];     /* not servable: why */
+} iv_rmx_t;
 
 typedef struct iv_rds {
     const iv_ds_conf_t *conf;   /* points at conf_own */
@@ -54,6 +73,8 @@ typedef struct iv_rds {
     int retired;          /* out of the list: freed at its last reference */
     struct iv_rds *pending;   /* a replacement being loaded (one reference), or NULL */
     char reload_err[512]; /* the last replacement's failure, "" when none */
+    iv_rmx_t *mx;         /* the other matrices (layers, raw/X), filled with ds */
+    size_t n_mx;
 } iv_rds_t;
 
 typedef struct iv_registry {
@@ -72,6 +93,48 @@ void iv_rds_unref(iv_rds_t *d);
  * and drops the list's reference.  The caller has removed it from the
  * list. */
 void iv_rds_retire(iv_rds_t *d);
+
+/*
+ * Lists and opens the dataset's other matrices (iv_h5matrix_list), each
+ * packed one with tmpl's options and group = its name, after d->ds and
+ * d->meta loaded (on the load job's worker, like them).  A layer must
+ * have X's shape; raw/X X's rows, and its genes are raw/var's (read with
+ * iv_meta_load_groups; no raw/var: genes named 0..n-1).  What is not a
+ * packed matrix, or is packed in a form this build cannot read
+ * (IV_EUNSUPPORTED), is listed as not servable with the reason.  A
+ * damaged packed matrix, a shape that disagrees or a listing the reader
+ * could not finish is this load's error, as a damaged X or obs is: the
+ * file is left out whole.  On error nothing is kept.
+ */
+int iv_rds_load_matrices(iv_rds_t *d, const iv_dataset_opts_t *tmpl, iv_err_t *err);
+
+/*
+ * The matrix name (NULL or "X": X) of a ready entry: its dataset and the
+ * metadata its genes resolve against (NULL when the entry has none).
+ * IV_EUNKNOWN_MATRIX naming the available matrices when there is no such
+ * matrix; IV_EUNSUPPORTED with the reason when it is listed but not
+ * servable.  Any thread (the matrices are immutable once loaded).
+ */
+int iv_rds_matrix(const iv_rds_t *d, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
+                  iv_err_t *err);
+/* iv_rds_matrix's axis lengths, as request.h's iv_qreq_matrix_fn (ctx is
+ * the entry). */
+int iv_rds_matrix_shape(void *ctx, const char *name, int64_t *n_obs, int64_t *n_var,
+                        iv_err_t *err);
+
+/* Appends ,"matrices":[...] to the dataset document: X first, then each
+ * other matrix with name, shape, nnz, orientation, dtype, stream_bytes,
+ * index_bytes, servable (or the reason), and for raw/X "var": "raw/var". */
+void iv_rds_matrices_doc(iv_buf_t *b, const iv_rds_t *d);
+
+/* Adds the memory the other matrices hold now to *m, part by part, and
+ * raw/var's metadata bytes to *meta_bytes; their caches' budget
+ * evictions to *evictions (any may be NULL but m).  Any thread. */
+void iv_rds_matrices_memory(const iv_rds_t *d, iv_dataset_memory_t *m, size_t *meta_bytes,
+                            uint64_t *evictions);
+
+/* Adds the other matrices' cache use, hits and misses to *cs. */
+void iv_rds_matrices_cache(const iv_rds_t *d, iv_cache_stats_t *cs);
 
 /* Reads path's identity (ok = 0 when it cannot be read). */
 void iv_path_id_read(const char *path, iv_path_id_t *out);

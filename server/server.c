@@ -451,6 +451,10 @@ static void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
     m->id = d->conf->id;
     iv_dataset_memory_t dm;
     iv_dataset_memory(d->ds, &dm);
+    /* Layers and raw/X count in the same parts; raw/var as metadata. */
+    size_t mx_meta = 0;
+    iv_rds_matrices_memory(d, &dm, &mx_meta, &m->budget_evictions);
+    m->part[IV_MEM_METADATA] = mx_meta;
     m->part[IV_MEM_POINTERS] = dm.pointers;
     m->part[IV_MEM_VALUES] = dm.values;
     m->part[IV_MEM_INDEX] = dm.index;
@@ -461,12 +465,12 @@ static void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
     if (d->meta) {
         iv_meta_stats_t ms;
         iv_meta_stats(d->meta, &ms);
-        m->part[IV_MEM_METADATA] = ms.bytes;
+        m->part[IV_MEM_METADATA] += ms.bytes;
     }
     iv_vds_memory(d->vx, &m->part[IV_MEM_OBSM], &m->part[IV_MEM_SEARCH]);
     iv_cache_stats_t cs;
     iv_dataset_cache_stats(d->ds, &cs);
-    m->budget_evictions = cs.budget_evictions;
+    m->budget_evictions += cs.budget_evictions;
 }
 
 /* ,"memory":{...}: what the dataset holds now, by part, and its cache's
@@ -525,6 +529,7 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
     put_summary(&b, d, 1);
     put_orientations(&b, d->ds);
     put_file_state(&b, d->ds);
+    iv_rds_matrices_doc(&b, d);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {
@@ -603,6 +608,13 @@ static void job_load(void *arg)
                 iv_dataset_close(d->ds);
                 d->ds = NULL;
             }
+        }
+        /* Layers and raw/X: datasets of their own, X stays the primary. */
+        if (j->rc == 0 && (j->rc = iv_rds_load_matrices(d, &o, &j->err)) != 0) {
+            iv_meta_free(d->meta);
+            d->meta = NULL;
+            iv_dataset_close(d->ds);
+            d->ds = NULL;
         }
         if (j->rc == 0) {
             d->vx = iv_vds_load(d->conf->path, d->ds, d->meta);
@@ -691,16 +703,24 @@ static void setup_run(job_t *j)
         j->rc = job_cancel_rc(j);
         return;
     }
+    /* "matrix": X, a layer or raw/X; its axis lengths bound the selection,
+     * raw/X's genes are raw/var's (registry.h). */
     if (st->is_post)
-        rc = iv_qreq_parse_json(st->body ? st->body : "", st->body_len, st->n_rows, st->n_cols,
-                                &qr, &j->err);
+        rc = iv_qreq_parse_json_m(st->body ? st->body : "", st->body_len, iv_rds_matrix_shape, d,
+                                  &qr, &j->err);
     else
-        rc = iv_qreq_parse_query(st->query, strlen(st->query), st->n_rows, st->n_cols, &qr,
-                                 &j->err);
+        rc = iv_qreq_parse_query_m(st->query, strlen(st->query), iv_rds_matrix_shape, d, &qr,
+                                   &j->err);
+    iv_dataset_t *mds = NULL;
+    iv_meta_t *var_meta = NULL;
+    if (rc == 0 && (rc = iv_rds_matrix(d, qr.matrix, &mds, &var_meta, &j->err)) != 0)
+        iv_qreq_free(&qr);
     if (rc != 0) {
+        if (rc == IV_EUNSUPPORTED) st->status = 422;
         j->rc = rc;
         return;
     }
+    info = iv_dataset_info(mds);
     /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
      * four-term filter on 200,000 cells). */
     iv_buf_t drop_obs, drop_var, fold_obs, fold_var;
@@ -713,7 +733,7 @@ static void setup_run(job_t *j)
         (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &fold_obs,
                                   &j->err)) != 0 ||
         (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
-        (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_VAR, &qr.var, &drop_var, &fold_var,
+        (rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr.var, &drop_var, &fold_var,
                                   &j->err)) != 0 ||
         (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0) {
         iv_buf_free(&drop_obs);
@@ -776,7 +796,7 @@ static void setup_run(job_t *j)
     iv_buf_free(&fold_var);
     /* Total counts without decoding: the computed per-row sums of the axis
      * whose opposite axis is wholly selected. */
-    if (st->count && d->meta) {
+    if (st->count && d->meta && mds == d->ds) {
         iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
         const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
         const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
@@ -808,7 +828,7 @@ static void setup_run(job_t *j)
         qo.block_rows = cells > 0 ? ((int64_t)8 << 20) / (cells * 8) : 0;
         if (qo.block_rows < 1) qo.block_rows = 1;
     }
-    j->rc = iv_query_new(d->ds, &so, &sv, &qo, &st->q, &j->err);
+    j->rc = iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
     iv_qreq_free(&qr);
 }
 
@@ -2291,6 +2311,7 @@ static void route_metrics(conn_t *c)
             if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
             iv_cache_stats_t cs;
             iv_dataset_cache_stats(d->ds, &cs);
+            iv_rds_matrices_cache(d, &cs);
             g.cache_bytes += cs.used;
             g.cache_hits += cs.hits;
             g.cache_misses += cs.misses;

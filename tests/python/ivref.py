@@ -9,6 +9,8 @@ It provides
   * write_iv()   encode a scipy sparse matrix into an .h5ad file holding an
                  IVCSR/IVCSC group (uncompressed, gzip or zstd chunks), with
                  hooks ("lies") that produce deliberately broken files;
+  * write_with_layers()  X plus packed layers/NAME and raw/X, plain
+                 csr_matrix and dense layers, in one file;
   * read_iv()    a pure-Python decoder of the same layout, used to test the
                  writer, not the engine;
   * expected()   the numpy-semantics answer X[obs, :][:, var] as canonical CSR,
@@ -252,9 +254,14 @@ META_LIMIT = 100_000  # obs/var names are only generated up to this length
 
 def write_iv(path, X, orientation="ivcsr", compression=None, chunk_len=None, group="X",
              shuffle_groups=False, value_dtype=None, obs=None, var=None, rng=None,
-             ptr_dtype=np.int64, ptr_chunk_len=None, indices_dtype=None, level=1, **lies):
+             ptr_dtype=np.int64, ptr_chunk_len=None, indices_dtype=None, level=1, mode="w",
+             **lies):
     """Writes X (scipy sparse, rows = cells) as an .h5ad with an IVCSR/IVCSC
     group named `group` and returns the packed arrays (dict from pack()).
+
+    group may be a path ("layers/counts", "raw/X"): the groups above it are
+    created (tagged as anndata dicts when new).  mode "a" adds the group to
+    an existing file and writes nothing else (no obs, var or file attrs).
 
     obs / var: None = generated names ("cell0", "gene0", ...) when the axis is
     at most META_LIMIT long, else no dataframe; False = no dataframe; a
@@ -294,15 +301,20 @@ def write_iv(path, X, orientation="ivcsr", compression=None, chunk_len=None, gro
     for a in lies.get("del_attrs", ()):
         attrs.pop(a, None)
     skip = set(lies.get("skip", ()))
-    with h5py.File(path, "w") as f:
-        f.attrs["encoding-type"] = "anndata"
-        f.attrs["encoding-version"] = "0.1.0"
-        for axis, names, n, prefix in (("obs", obs, n_rows, "cell"), ("var", var, n_cols, "gene")):
-            if names is False or (names is None and n > META_LIMIT):
-                continue
-            if names is None:
-                names = np.char.add(prefix, np.arange(n).astype(str)).astype(object)
-            write_dataframe(f, axis, names)
+    if mode not in ("w", "a"):
+        raise ValueError("mode must be 'w' or 'a'")
+    with h5py.File(path, mode) as f:
+        if mode == "w":
+            f.attrs["encoding-type"] = "anndata"
+            f.attrs["encoding-version"] = "0.1.0"
+            for axis, names, n, prefix in (("obs", obs, n_rows, "cell"),
+                                           ("var", var, n_cols, "gene")):
+                if names is False or (names is None and n > META_LIMIT):
+                    continue
+                if names is None:
+                    names = np.char.add(prefix, np.arange(n).astype(str)).astype(object)
+                write_dataframe(f, axis, names)
+        _parent_groups(f, group)
         g = f.create_group(group)
         for k, v in attrs.items():
             g.attrs[k] = v
@@ -315,6 +327,63 @@ def write_iv(path, X, orientation="ivcsr", compression=None, chunk_len=None, gro
             else:
                 write_array(g, name, arr, compression, ptr_chunk_len, None, level)
     return enc
+
+
+def _parent_groups(f, path):
+    """Creates the groups above path that do not exist yet, as anndata
+    dict elements (what anndata writes for `layers` and `raw`)."""
+    parts = path.split("/")[:-1]
+    for k in range(len(parts)):
+        name = "/".join(parts[:k + 1])
+        if name not in f:
+            g = f.create_group(name)
+            g.attrs["encoding-type"] = "dict" if name != "raw" else "raw"
+            g.attrs["encoding-version"] = "0.1.0"
+
+
+def write_plain_sparse(f, path, X, fmt="csr"):
+    """Writes X as an anndata csr_matrix / csc_matrix group at path of the
+    open h5py file f (the unpacked form a lab's file often holds)."""
+    X = sp.csr_matrix(X) if fmt == "csr" else sp.csc_matrix(X)
+    _parent_groups(f, path)
+    g = f.create_group(path)
+    g.attrs["encoding-type"] = fmt + "_matrix"
+    g.attrs["encoding-version"] = "0.1.0"
+    g.attrs["shape"] = np.array(X.shape, dtype=np.int64)
+    write_array(g, "data", X.data)
+    write_array(g, "indices", X.indices)
+    write_array(g, "indptr", X.indptr)
+    return g
+
+
+def write_with_layers(path, X, orientation="ivcsr", layers=None, raw=None, plain=None,
+                      dense=None, **kw):
+    """One file holding X and other matrices, as anndata lays them out.
+
+    layers: {name: (matrix, orientation[, value_dtype])} packed into
+    layers/NAME; raw: (matrix, orientation[, value_dtype]) packed into
+    raw/X (its var frame, raw/var, is the caller's to write: it may have
+    more genes than var); plain: {name: matrix} written as csr_matrix
+    layers; dense: {name: 2-D array} written as dense layers.  kw goes to
+    write_iv for X.  Returns {matrix name: pack() dict} of the packed ones.
+    """
+    out = {"X": write_iv(path, X, orientation=orientation, **kw)}
+    for name, spec in (layers or {}).items():
+        m, o = spec[0], spec[1]
+        vd = spec[2] if len(spec) > 2 else None
+        out["layers/" + name] = write_iv(path, m, orientation=o, group="layers/" + name,
+                                         value_dtype=vd, mode="a")
+    if raw is not None:
+        vd = raw[2] if len(raw) > 2 else None
+        out["raw/X"] = write_iv(path, raw[0], orientation=raw[1], group="raw/X", value_dtype=vd,
+                                mode="a")
+    with h5py.File(path, "a") as f:
+        for name, m in (plain or {}).items():
+            write_plain_sparse(f, "layers/" + name, m)
+        for name, a in (dense or {}).items():
+            _parent_groups(f, "layers/" + name)
+            write_array(f, "layers/" + name, np.asarray(a))
+    return out
 
 
 # ---------------------------------------------------------------- decoding
