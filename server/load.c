@@ -1,0 +1,259 @@
+/*
+ * Datasets loading on the workers, and the documents that describe them.
+ *
+ * job_load opens a dataset's matrix, its metadata and its viewer arrays
+ * on a worker (HDF5 calls take turns when the library is not
+ * thread-safe) and renders the dataset document there too, so that the
+ * loop only installs a finished entry (reload.c, on_load_done).
+ * job_other then builds or attaches the other orientation and renders the
+ * document again.  Parts of the document (summary, orientations) also
+ * appear in the dataset list and the count answer; its memory member is
+ * rendered per request, since a cache's size changes with every query.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "encode.h"
+#include "routes_meta.h"
+
+/* Drops a reference to a dataset; the last one of a dataset a reload
+ * took out of service frees it, and the log says so (its memory is
+ * back). */
+void ds_unref(server_t *s, sds_t *d)
+{
+    if (d && d->retired && d->refs == 1 && d->ds)
+        iv_alog_event(&s->log, "info", "dataset %s released (%s)", d->conf->id, d->conf->path);
+    iv_rds_unref(d);
+}
+
+/* Takes d out of service (registry.h); freed now or by the last request. */
+void ds_retire(server_t *s, sds_t *d)
+{
+    if (d->pending) {
+        d->pending->retired = 1;
+        ds_unref(s, d->pending);
+        d->pending = NULL;
+    }
+    d->retired = 1;
+    ds_unref(s, d);
+}
+
+/* ---- dataset loading (worker) ------------------------------------------ */
+
+/* The members a ready dataset's list entry and its document share, from
+ * '{' up to "ready":true; the document also names the indices dtype. */
+void put_summary(iv_buf_t *b, const sds_t *d, int with_indices_dtype)
+{
+    const iv_dataset_info_t *in = iv_dataset_info(d->ds);
+    iv_buf_puts(b, "{\"id\":");
+    iv_buf_json_str(b, d->conf->id);
+    iv_buf_puts(b, ",\"title\":");
+    iv_buf_json_str(b, d->conf->title ? d->conf->title : d->conf->id);
+    iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
+                  ",\"dtype\":\"%s\"",
+                  in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->nnz,
+                  iv_wire_dtype_name(in->value_dtype));
+    if (with_indices_dtype)
+        iv_buf_printf(b, ",\"indices_dtype\":\"%s\"", iv_wire_dtype_name(in->indices_dtype));
+    iv_buf_puts(b, ",\"codec\":");
+    iv_buf_json_str(b, in->codec);
+    iv_buf_puts(b, ",\"ready\":true");
+}
+
+/* "orientations": which copies of the matrix serve queries, and the memory
+ * each takes now (see iv_dataset_orientations). */
+void put_orientations(iv_buf_t *b, iv_dataset_t *ds)
+{
+    static const char *const state[] = {"none", "building", "ready", "skipped", "failed"};
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    iv_buf_puts(b, ",\"orientations\":{");
+    for (int o = 0; o < 2; o++) {
+        int own = (iv_orient_t)o == st.file_orient;
+        iv_buf_printf(b, "%s\"%s\":{", o ? "," : "", o == IV_IVCSR ? "cells" : "genes");
+        if (own || st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, "\"state\":\"ready\",\"source\":\"%s\",\"bytes\":%zu,"
+                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source == IV_SRC_FILE
+                          ? "companion" : "memory", st.bytes[o], st.stream_bytes[o]);
+        else
+            iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
+        if (!own && st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
+        iv_buf_puts(b, "}");
+    }
+    iv_buf_puts(b, "}");
+}
+
+/* A ready dataset's memory now, by part. */
+void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->id = d->conf->id;
+    iv_dataset_memory_t dm;
+    iv_dataset_memory(d->ds, &dm);
+    m->part[IV_MEM_POINTERS] = dm.pointers;
+    m->part[IV_MEM_VALUES] = dm.values;
+    m->part[IV_MEM_INDEX] = dm.index;
+    m->part[IV_MEM_CACHE] = dm.cache;
+    m->part[IV_MEM_STREAM] = dm.stream;
+    m->part[IV_MEM_OTHER] = dm.other;
+    m->part[IV_MEM_SCRATCH] = dm.scratch;
+    if (d->meta) {
+        iv_meta_stats_t ms;
+        iv_meta_stats(d->meta, &ms);
+        m->part[IV_MEM_METADATA] = ms.bytes;
+    }
+    iv_vds_memory(d->vx, &m->part[IV_MEM_OBSM], &m->part[IV_MEM_SEARCH]);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    m->budget_evictions = cs.budget_evictions;
+}
+
+/* ,"memory":{...}: what the dataset holds now, by part, and its cache's
+ * limits (cap null: only the shared budget). */
+void put_memory(iv_buf_t *b, const sds_t *d)
+{
+    iv_metrics_ds_mem_t m;
+    ds_memory(d, &m);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    size_t total = 0;
+    iv_buf_puts(b, ",\"memory\":{");
+    for (int p = 0; p < IV_MEM_N; p++) {
+        iv_buf_printf(b, "\"%s\":%zu,", iv_mem_part_name((iv_mem_part_t)p), m.part[p]);
+        total += m.part[p];
+    }
+    iv_buf_printf(b, "\"total\":%zu,\"cache_floor\":%zu,\"cache_budget\":%zu,\"cache_cap\":", total,
+                  cs.floor, cs.shared_budget);
+    if (cs.budget == SIZE_MAX) iv_buf_puts(b, "null");
+    else iv_buf_printf(b, "%zu", cs.budget);
+    iv_buf_printf(b, ",\"cache_budget_evictions\":%" PRIu64 "}", m.budget_evictions);
+}
+
+/* "file": whether the path still names the file loaded, unchanged
+ * (filecheck.h; the watcher moves it, see on_file_change). */
+static void put_file_state(iv_buf_t *b, iv_dataset_t *ds)
+{
+    char msg[480];
+    iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
+    iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
+    if (st != IV_FILE_OK) {
+        iv_buf_puts(b, ",\"message\":");
+        iv_buf_json_str(b, msg);
+    }
+    iv_buf_puts(b, "}");
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b);
+
+void build_doc(sds_t *d)
+{
+    iv_buf_t b;
+    iv_buf_init(&b);
+    render_doc(d, &b);
+    if (b.oom) {
+        iv_buf_free(&b);
+        return;
+    }
+    snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
+    d->doc = iv_buf_steal(&b, &d->doc_len);
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b0)
+{
+    iv_buf_t b = *b0;
+    put_summary(&b, d, 1);
+    put_orientations(&b, d->ds);
+    put_file_state(&b, d->ds);
+    for (int ax = 0; ax < 2; ax++) {
+        iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
+        if (!d->meta) {
+            iv_buf_puts(&b, "null");
+            continue;
+        }
+        iv_rmeta_schema(&b, d->meta, ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR);
+    }
+    iv_vds_doc(&b, d->vx);
+    iv_buf_puts(&b, "}");
+    *b0 = b;
+}
+
+/* The other orientation of a ready dataset, on a worker: the companion
+ * file when configured, else a copy built in memory under the budgets
+ * (the dataset's transpose_bytes, or the global one, and what is left of
+ * the global).  The document is rendered again for the loop to install. */
+void job_other(void *arg)
+{
+    job_t *j = arg;
+    sds_t *d = j->ds;
+    const iv_config_t *cfg = j->srv->cfg;
+    double t0 = now_s();
+    if (d->conf->companion) {
+        iv_dataset_opts_t o;
+        iv_dataset_opts_init(&o);
+        o.group = d->conf->companion_group;
+        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+        o.membudget = j->srv->mb;
+        o.pool = j->srv->pool;
+        j->rc = iv_dataset_attach_other(d->ds, d->conf->companion, &o, &j->err);
+    } else {
+        iv_transpose_opts_t to = {
+            .budget = d->conf->transpose_bytes >= 0 ? (uint64_t)d->conf->transpose_bytes
+                                                    : (uint64_t)cfg->transpose_bytes,
+            .global = &j->srv->transpose_left,
+            .pool = j->srv->pool,
+        };
+        j->rc = iv_dataset_build_other(d->ds, &to, &j->err);
+    }
+    render_doc(d, &j->out);
+    j->secs = now_s() - t0;
+    job_finish(j);
+}
+
+void job_load(void *arg)
+{
+    job_t *j = arg;
+    sds_t *d = j->ds;
+    double t0 = now_s();
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.group = d->conf->group;
+    /* The process-wide budget, with this dataset's cap and floor. */
+    o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+    o.cache_floor = (size_t)d->conf->cache_floor_bytes;
+    o.membudget = j->srv->mb;
+    /* The row-index pass and the cache prefault take the workers that are
+     * free (nested: this job is one of them, and runs its share). */
+    o.pool = j->srv->pool;
+    if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
+    j->rc = iv_dataset_open(d->conf->path, &o, &d->ds, &j->err);
+    if (j->rc == 0) {
+        iv_err_t me;
+        iv_err_clear(&me);
+        if (iv_meta_load(d->conf->path, d->conf->group, &d->meta, &me) != 0 ||
+            iv_meta_add_computed(d->meta, d->ds, &me) != 0) {
+            /* The matrix serves without names; the reason is logged on the loop. */
+            iv_meta_free(d->meta);
+            d->meta = NULL;
+            snprintf(d->err, sizeof d->err, "%s", me.msg);
+            if (me.code != IV_EUNSUPPORTED) {
+                /* A damaged file is left out whole, as `ivserve check` fails it. */
+                j->rc = me.code ? me.code : IV_EBAD_FILE;
+                j->err = me;
+                iv_dataset_close(d->ds);
+                d->ds = NULL;
+            }
+        }
+        if (j->rc == 0) {
+            d->vx = iv_vds_load(d->conf->path, d->ds, d->meta);
+            build_doc(d);
+        }
+    }
+    if (j->srv->h5_serial) pthread_mutex_unlock(&j->srv->h5_mu);
+    j->secs = now_s() - t0;
+    job_finish(j);
+}

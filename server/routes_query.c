@@ -1,0 +1,312 @@
+/*
+ * The routes whose answers are computed on a worker: a query or count
+ * (route_query), a metadata table page or column (route_meta) and the
+ * viewer routes (route_viewer).  Each copies what the worker needs from
+ * the request into a setup_t and hands it to the first job of a new
+ * stream (submit_setup); the loop half (route_query_finish,
+ * route_meta_finish) checks the limits, sends the answers that need no
+ * decode, and starts the decode jobs of qstream.c.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "encode.h"
+
+/* The body of a count answer; nnz and total from the pointer arrays and the
+ * computed metadata columns, or from a decode when those do not suffice. */
+void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total)
+{
+    int64_t rows = iv_query_n_rows(q), cols = iv_query_n_cols(q), nb = iv_query_n_blocks(q);
+    int64_t out_rows = rows;
+    if (iv_query_by_var(q)) {
+        /* Gene rows: the result's shape is still cells x genes. */
+        rows = cols;
+        cols = out_rows;
+    }
+    const char *cells = "n_cells", *genes = "n_genes";
+    iv_buf_printf(b,
+                  "{\"shape\":[%" PRId64 ",%" PRId64 "],\"%s\":%" PRId64 ",\"%s\":%" PRId64
+                  ",\"nnz\":%" PRId64 ",\"total_counts\":%.17g,\"bytes\":{\"binary\":%" PRId64
+                  "},\"blocks\":%" PRId64 ",\"exact\":true",
+                  rows, cols, cells, rows, genes, cols, nnz, total,
+                  iv_enc_binary_size(out_rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
+    iv_buf_printf(b, ",\"orientation\":\"%s\"", iv_query_orient(q) == IV_IVCSR ? "cells" : "genes");
+    if (c->qs && c->qs->ds) put_orientations(b, c->qs->ds->ds);
+    if (c->dropped) {
+        iv_buf_puts(b, ",\"dropped\":");
+        iv_buf_puts(b, c->dropped);
+    }
+    iv_buf_puts(b, "}");
+}
+
+/* Hands st (owned from here on) to a worker as job jkind of a new stream
+ * of kind qkind for c.  The stream exists from now on, so that a client
+ * that goes away detaches it; failures are answered here. */
+static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
+{
+    qstream_t *qs = qs_new(c, d, qkind);
+    if (!qs) {
+        setup_free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    c->qs = qs;
+    if (qs_submit_job(qs, jkind, -1, st) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+    }
+}
+
+/* A dataset whose file was written in place can no longer read all of its
+ * matrix: its queries are refused, all alike, until it is reloaded
+ * (filecheck.h).  Answers under way finish from the chunks they find
+ * cached, or end with the same error at the first chunk they would read. */
+static int file_refused(conn_t *c, sds_t *d)
+{
+    char msg[480];
+    if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg,
+               "Retry-After: 10\r\n");
+    return 1;
+}
+
+void route_query(conn_t *c, sds_t *d, int count)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, 1) || file_refused(c, d)) return;
+    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
+    if (r->method == HTTP_POST) {
+        const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+        /* curl -d sends form-urlencoded by default; its body is still our JSON. */
+        if (ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
+            strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
+            strncasecmp(ct, "text/plain", 10) != 0) {
+            send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+            return;
+        }
+    }
+    /* The rest of the set-up runs on a worker (see setup_t). */
+    setup_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    st->is_post = r->method == HTTP_POST;
+    st->count = count;
+    st->n_rows = info->n_rows;
+    st->n_cols = info->n_cols;
+    if (st->is_post) st->body = iv_buf_steal(&r->body, &st->body_len);
+    else st->query = strdup(r->query ? r->query : "");
+    if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
+    if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
+        setup_free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    submit_setup(c, d, st, count ? J_COUNT : J_BLOCK, J_SETUP);
+}
+
+/* The loop half of a query's set-up, once the worker built the query: the
+ * limits, the answers that need no decode, then the decode jobs. */
+void route_query_finish(qstream_t *qs, job_t *j)
+{
+    conn_t *c = qs->c;
+    server_t *s = c->srv;
+    setup_t *st = j->setup;
+    if (j->rc != 0) {
+        iv_err_t e = j->err;
+        int rc = j->rc, status = st->status;
+        job_free(j);
+        if (status == 422) send_error(c, 422, "unsupported", e.msg, NULL);
+        else send_iv_error(c, rc, &e);
+        return;
+    }
+    c->dropped = st->dropped;
+    c->dropped_hdr = st->dropped_hdr;
+    st->dropped = st->dropped_hdr = NULL;
+    iv_query_t *q = qs->q = st->q;
+    st->q = NULL;
+    /* The access log's selection: cells x genes, whichever the rows are. */
+    c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
+    c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
+    int count = qs->kind == J_COUNT, have_total = st->have_total;
+    double total = st->total;
+    iv_fmt_t fmt = st->fmt;
+    int dense = st->dense;
+    job_free(j);
+    int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
+    const iv_limits_t *lim = &s->cfg->limits;
+    char msg[256];
+    if (!count && (rows > lim->max_rows || hint > lim->max_nnz)) {
+        snprintf(msg, sizeof msg,
+                 "the query selects %" PRId64 " rows and %" PRId64
+                 " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
+                 rows, hint, lim->max_rows, lim->max_nnz);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
+        /* Dense gene rows hold every (gene, cell) value. */
+        snprintf(msg, sizeof msg,
+                 "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
+                 iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (!count && fmt == IV_FMT_JSON && hint >= 0 &&
+        (uint64_t)hint * 4 + (uint64_t)rows * 4 > lim->json_bytes) {
+        /* Even at the shortest 4 bytes per number the document is too big. */
+        snprintf(msg, sizeof msg,
+                 "the result (%" PRId64 " values) exceeds the JSON limit of %zu bytes; ask for "
+                 "application/vnd.ivserve.csr or application/x-ndjson",
+                 hint, lim->json_bytes);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (count && hint >= 0 && have_total) {
+        /* Answered from the pointer arrays and computed columns, no decode. */
+        iv_buf_t body;
+        iv_buf_init(&body);
+        count_body(&body, c, q, hint, total);
+        c->rows = rows;
+        c->nnz = hint;
+        send_owned(c, 200, "application/json", &body, NULL);
+        return;
+    }
+    if (!count && c->req->method == HTTP_HEAD) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        /* The length of a JSON document is not known without building
+         * it: the head says nothing rather than something false. */
+        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, NULL);
+        c->status = 200;
+        send_buf_done(c, &b);
+        return;
+    }
+    int kind = count ? J_COUNT : fmt == IV_FMT_JSON ? J_WHOLE : J_BLOCK;
+    qs->fmt = fmt;
+    qs->dense = dense;
+    qs->kind = kind;
+    qs->have_total = have_total;
+    qs->total = total;
+    if (qs_submit(qs, kind == J_BLOCK ? J_PREP : kind, -1) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+    }
+}
+
+/* GET .../obs, .../var (tables) and .../obs/{column}, .../var/{column}.
+ * sub points past the dataset id ("/obs", "/var/cell_type"). */
+void route_meta(conn_t *c, sds_t *d, const char *sub)
+{
+    if (!method_ok(c, 0)) return;
+    if (!d->meta) {
+        send_error(c, 422, "unsupported", "the dataset's metadata could not be loaded", NULL);
+        return;
+    }
+    const char *col = sub[4] == '/' ? sub + 5 : NULL;
+    setup_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    iv_buf_init(&st->page);
+    st->axis = !strncmp(sub, "/obs", 4) ? IV_AXIS_OBS : IV_AXIS_VAR;
+    st->json_bytes = c->srv->cfg->limits.json_bytes;
+    st->query = strdup(c->req->query ? c->req->query : "");
+    if (c->req->hdr[IV_H_ACCEPT]) st->accept = strdup(c->req->hdr[IV_H_ACCEPT]);
+    int bad_name = 0;
+    if (col && !(st->col = iv_url_decode(col, strlen(col)))) bad_name = 1;
+    if (!st->query || (c->req->hdr[IV_H_ACCEPT] && !st->accept) || bad_name) {
+        setup_free(st);
+        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the column name", NULL);
+        else send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    submit_setup(c, d, st, J_META, J_META);
+}
+
+/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
+ * builds the whole answer; route_meta_finish sends it. */
+void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, iv_vroute_allows_post(vroute))) return;
+    const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+    if (r->method == HTTP_POST && ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
+        strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
+        strncasecmp(ct, "text/plain", 10) != 0) {
+        send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+        return;
+    }
+    int bad_name = 0;
+    size_t blen = 0;
+    char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;
+    iv_vreq_t *vr = iv_vreq_new(vroute, sub, r->method == HTTP_POST, r->query, body, blen,
+                                r->hdr[IV_H_ACCEPT], &bad_name);
+    setup_t *st = vr ? calloc(1, sizeof *st) : NULL;
+    if (!st) {
+        iv_vreq_free(vr);
+        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
+        else send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    iv_buf_init(&st->page);
+    vr->ds = d->ds;
+    vr->meta = d->meta;
+    vr->vx = d->vx;
+    vr->pool = c->srv->pool;
+    vr->json_bytes = c->srv->cfg->limits.json_bytes;
+    vr->max_age = c->srv->cfg->cache_max_age;
+    vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);
+    if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
+        (r->hdr[IV_H_ACCEPT_ENCODING] &&
+         !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
+        iv_vreq_free(vr);
+        free(st);
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    st->vr = vr;
+    submit_setup(c, d, st, J_META, J_META);
+}
+
+/* The loop half of a metadata page: send what the worker built. */
+void route_meta_finish(qstream_t *qs, job_t *j)
+{
+    conn_t *c = qs->c;
+    setup_t *st = j->setup;
+    if (st->vr && j->rc == 0) {
+        /* The header is bounded as the query route's is. */
+        if (st->vr->dropped && strlen(st->vr->dropped) <= DROPPED_HDR_MAX) {
+            c->dropped_hdr = st->vr->dropped;
+            st->vr->dropped = NULL;
+        } else if (st->vr->dropped) {
+            c->dropped_hdr = strdup("{\"truncated\":true}");
+        }
+        if (st->vr->status == 304)
+            send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
+        else if (budget_admit(c, st->vr->out.len) == 0)
+            send_owned(c, 200, st->vr->ctype, &st->vr->out, st->vr->extra);
+    } else if (st->vr) {
+        send_iv_error(c, j->rc, &j->err);
+    } else if (j->rc == 0) {
+        if (budget_admit(c, st->page.len) == 0)
+            send_owned(c, 200, st->ctype, &st->page, "Cache-Control: no-cache\r\n");
+    }
+    else if (st->status == 404)
+        send_error(c, 404, "not_found", j->err.msg, NULL);
+    else
+        send_iv_error(c, j->rc, &j->err);
+    job_free(j);
+}
