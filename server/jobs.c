@@ -21,7 +21,7 @@
 
 /* ---- worker → loop hand-off -------------------------------------------- */
 
-void job_finish(job_t *j)
+static void job_finish(job_t *j)
 {
     server_t *s = j->srv;
     pthread_mutex_lock(&s->done_mu);
@@ -37,8 +37,6 @@ void setup_free(setup_t *st)
     free(st->body);
     free(st->query);
     free(st->accept);
-    free(st->col);
-    iv_buf_free(&st->page);
     iv_query_free(st->q);
     free(st->dropped);
     iv_vreq_free(st->vr);
@@ -118,7 +116,7 @@ static void dropped_hdr_axis(iv_buf_t *b, const char *key, const iv_buf_t *arr, 
 }
 
 /* The worker half of a query's set-up (see setup_t). */
-static void setup_run(job_t *j)
+void setup_run(job_t *j)
 {
     setup_t *st = j->setup;
     sds_t *d = j->qs->ds;
@@ -250,101 +248,115 @@ static void setup_run(job_t *j)
     iv_qreq_free(&qr);
 }
 
-/* A metadata table page or column document, built on a worker: its cost
- * grows with the page (a 100,000-row CSV page takes about 90 ms). */
-static void meta_run(job_t *j)
+/* A viewer route's answer (routes_viewer.h), built whole on a worker: its
+ * cost grows with the page (a 100,000-row CSV page takes about 90 ms). */
+void viewer_run(job_t *j)
 {
-    setup_t *st = j->setup;
-    sds_t *d = j->qs->ds;
-    const char *q = st->query;
-    st->ctype = "application/json";
-    if (st->vr) {
-        j->rc = iv_vreq_run(st->vr, &j->err);
-        return;
-    }
-    if (st->col) {
-        j->rc = iv_rmeta_column(&st->page, d->meta, st->axis, st->col, q, strlen(q), st->json_bytes,
-                                &j->err);
-        /* An unknown column in the path is a missing resource. */
-        if (j->rc == IV_EBAD_SELECTION) st->status = 404;
-    } else {
-        j->rc = iv_rmeta_table(&st->page, d->meta, st->axis, q, strlen(q), st->accept, &st->ctype,
-                               &j->err);
-    }
+    j->rc = iv_vreq_run(j->setup->vr, &j->err);
 }
 
-void job_run(void *arg)
+/* A streamed query's prepare step (see iv_query_prepare). */
+void prep_run(job_t *j)
 {
-    job_t *j = arg;
+    j->rc = iv_query_prepare(j->qs->q, j->srv->pool, &j->err);
+}
+
+/* One block of a streamed query, decoded and encoded. */
+void block_run(job_t *j)
+{
     qstream_t *qs = j->qs;
-    double t0 = now_s();
+    iv_block_t blk;
+    memset(&blk, 0, sizeof blk);
+    j->rc = iv_query_decode_block(qs->q, j->b, &blk, &j->err);
+    if (j->rc == 0) {
+        iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+        iv_enc_block_h(&j->out, qs->fmt, &h, &blk);
+        j->rows = blk.n_rows;
+        j->nnz = blk.nnz;
+        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
+    }
+    iv_block_free(&blk);
+}
+
+/* Every block of a query in one job: the whole JSON document, or (count)
+ * the stored values and their sum, unless the metadata already knows. */
+static void decode_all(job_t *j, int count)
+{
+    qstream_t *qs = j->qs;
     const iv_limits_t *lim = &j->srv->cfg->limits;
-    if (job_cancelled(j)) {
-        /* The client left while the job waited in the queue. */
-        j->rc = job_cancel_rc(j);
-        j->cancelled = 1;
-    } else if (j->kind == J_SETUP) {
-        setup_run(j);
-    } else if (j->kind == J_META) {
-        meta_run(j);
-    } else if (j->kind == J_PREP) {
-        j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
-    } else if (j->kind == J_BLOCK) {
+    j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
+    int64_t hint = iv_query_nnz_hint(qs->q);
+    iv_jdoc_t d;
+    iv_jdoc_init(&d);
+    iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+    int64_t nb = iv_query_n_blocks(qs->q);
+    if (count && hint >= 0 && qs->have_total) {
+        j->nnz = hint;
+        nb = 0;
+    }
+    for (int64_t b = 0; j->rc == 0 && b < nb; b++) {
+        if (job_cancelled(j)) {
+            j->rc = job_cancel_rc(j);
+            break;
+        }
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
-        j->rc = iv_query_decode_block(qs->q, j->b, &blk, &j->err);
+        j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
         if (j->rc == 0) {
-            iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
-            iv_enc_block_h(&j->out, qs->fmt, &h, &blk);
-            j->rows = blk.n_rows;
-            j->nnz = blk.nnz;
-            if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
+            j->nnz += blk.nnz;
+            if (count && !qs->have_total)
+                for (int64_t k = 0; k < blk.nnz; k++)
+                    j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
+            if (!count) {
+                iv_jdoc_add_h(&d, &h, &blk);
+                if (iv_jdoc_oom(&d))
+                    j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+                else if (iv_jdoc_bytes(&d) > lim->json_bytes)
+                    j->rc = iv_fail(&j->err, IV_ETOO_LARGE,
+                                    "the result exceeds the JSON limit of %zu bytes; ask for "
+                                    "application/vnd.ivserve.csr or application/x-ndjson",
+                                    lim->json_bytes);
+            }
         }
         iv_block_free(&blk);
-    } else if (j->kind == J_WHOLE || j->kind == J_COUNT) {
-        j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
-        int64_t hint = iv_query_nnz_hint(qs->q);
-        iv_jdoc_t d;
-        iv_jdoc_init(&d);
-        iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
-        int64_t nb = iv_query_n_blocks(qs->q);
-        if (j->kind == J_COUNT && hint >= 0 && qs->have_total) {
-            j->nnz = hint;
-            nb = 0;
-        }
-        for (int64_t b = 0; j->rc == 0 && b < nb; b++) {
-            if (job_cancelled(j)) {
-                j->rc = job_cancel_rc(j);
-                break;
-            }
-            iv_block_t blk;
-            memset(&blk, 0, sizeof blk);
-            j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
-            if (j->rc == 0) {
-                j->nnz += blk.nnz;
-                if (j->kind == J_COUNT && !qs->have_total)
-                    for (int64_t k = 0; k < blk.nnz; k++)
-                        j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
-                if (j->kind == J_WHOLE) {
-                    iv_jdoc_add_h(&d, &h, &blk);
-                    if (iv_jdoc_oom(&d))
-                        j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
-                    else if (iv_jdoc_bytes(&d) > lim->json_bytes)
-                        j->rc = iv_fail(&j->err, IV_ETOO_LARGE,
-                                        "the result exceeds the JSON limit of %zu bytes; ask for "
-                                        "application/vnd.ivserve.csr or application/x-ndjson",
-                                        lim->json_bytes);
-                }
-            }
-            iv_block_free(&blk);
-        }
-        if (j->rc == 0 && j->kind == J_WHOLE) {
-            iv_jdoc_finish(&d, &h, &j->out);
-            if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
-        }
-        j->rows = iv_query_n_rows(qs->q);
-        iv_jdoc_free(&d);
+    }
+    if (j->rc == 0 && !count) {
+        iv_jdoc_finish(&d, &h, &j->out);
+        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+    }
+    j->rows = iv_query_n_rows(qs->q);
+    iv_jdoc_free(&d);
+}
+
+void whole_run(job_t *j)
+{
+    decode_all(j, 0);
+}
+
+void count_run(job_t *j)
+{
+    decode_all(j, 1);
+}
+
+/* ---- running a job ------------------------------------------------------- */
+
+/* The pool's entry for every job: its type's run half, unless the client
+ * left while the job waited in the queue, then the hand-off. */
+static void job_exec(void *arg)
+{
+    job_t *j = arg;
+    double t0 = now_s();
+    if (job_cancelled(j)) {
+        j->rc = job_cancel_rc(j);
+        j->cancelled = 1;
+    } else {
+        j->type->run(j);
     }
     j->secs = now_s() - t0;
     job_finish(j);
+}
+
+int job_submit(job_t *j)
+{
+    return iv_pool_try_submit(j->srv->pool, job_exec, j);
 }

@@ -1,11 +1,11 @@
 /*
  * Datasets loading on the workers, and the documents that describe them.
  *
- * job_load opens a dataset's matrix, its metadata and its viewer arrays
+ * load_run opens a dataset's matrix, its metadata and its viewer arrays
  * on a worker (HDF5 calls take turns when the library is not
  * thread-safe) and renders the dataset document there too, so that the
  * loop only installs a finished entry (reload.c, on_load_done).
- * job_other then builds or attaches the other orientation and renders the
+ * other_run then builds or attaches the other orientation and renders the
  * document again.  Parts of the document (summary, orientations) also
  * appear in the dataset list and the count answer; its memory member is
  * rendered per request, since a cache's size changes with every query.
@@ -186,12 +186,10 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
  * file when configured, else a copy built in memory under the budgets
  * (the dataset's transpose_bytes, or the global one, and what is left of
  * the global).  The document is rendered again for the loop to install. */
-void job_other(void *arg)
+void other_run(job_t *j)
 {
-    job_t *j = arg;
     sds_t *d = j->ds;
     const iv_config_t *cfg = j->srv->cfg;
-    double t0 = now_s();
     if (d->conf->companion) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
@@ -210,15 +208,11 @@ void job_other(void *arg)
         j->rc = iv_dataset_build_other(d->ds, &to, &j->err);
     }
     render_doc(d, &j->out);
-    j->secs = now_s() - t0;
-    job_finish(j);
 }
 
-void job_load(void *arg)
+void load_run(job_t *j)
 {
-    job_t *j = arg;
     sds_t *d = j->ds;
-    double t0 = now_s();
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
     o.group = d->conf->group;
@@ -254,6 +248,4 @@ void job_load(void *arg)
         }
     }
     if (j->srv->h5_serial) pthread_mutex_unlock(&j->srv->h5_mu);
-    j->secs = now_s() - t0;
-    job_finish(j);
 }

@@ -30,7 +30,7 @@ void qs_cancel(qstream_t *qs)
 }
 
 /* A stream without its query yet: the set-up job builds it. */
-qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
+qstream_t *qs_new(conn_t *c, sds_t *d, int count)
 {
     server_t *s = c->srv;
     qstream_t *qs = calloc(1, sizeof *qs);
@@ -48,7 +48,7 @@ qstream_t *qs_new(conn_t *c, sds_t *d, int kind)
     qs->ds = d;
     iv_rds_ref(d);  /* a reload may drop d from the list: the stream keeps it */
     qs->fmt = IV_FMT_NONE;
-    qs->kind = kind;
+    qs->count = count;
     qs->next_live = s->streams;
     if (s->streams) s->streams->prev_live = qs;
     s->streams = qs;
@@ -72,9 +72,9 @@ void qs_free(qstream_t *qs)
     free(qs);
 }
 
-/* Queues a job of the stream (kind, block b; st for J_SETUP, owned by the
- * job from here on, freed with it on failure). */
-int qs_submit_job(qstream_t *qs, int kind, int64_t b, setup_t *st)
+/* Queues a job of the stream (its type, block b; st for setup_job and
+ * viewer_job, owned by the job from here on, freed with it on failure). */
+int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
 {
     job_t *j = calloc(1, sizeof *j);
     if (!j) {
@@ -82,11 +82,11 @@ int qs_submit_job(qstream_t *qs, int kind, int64_t b, setup_t *st)
         return IV_ENOMEM;
     }
     j->srv = qs->srv;
-    j->kind = kind;
+    j->type = type;
     j->qs = qs;
     j->b = b;
     j->setup = st;
-    int rc = iv_pool_try_submit(qs->srv->pool, job_run, j);
+    int rc = job_submit(j);
     if (rc != 0) {
         job_free(j);
         qs->srv->metrics.overloaded++;
@@ -96,9 +96,9 @@ int qs_submit_job(qstream_t *qs, int kind, int64_t b, setup_t *st)
     return 0;
 }
 
-int qs_submit(qstream_t *qs, int kind, int64_t b)
+int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b)
 {
-    return qs_submit_job(qs, kind, b, NULL);
+    return qs_submit_job(qs, type, b, NULL);
 }
 
 static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
@@ -180,7 +180,7 @@ void qs_pump(qstream_t *qs)
     }
     while (!qs->budget_wait && qs->next_submit < qs->n_blocks &&
            (uint64_t)(qs->next_submit - qs->writes_done) < win) {
-        int rc = qs_submit(qs, J_BLOCK, qs->next_submit);
+        int rc = qs_submit(qs, &block_job, qs->next_submit);
         if (rc != 0) {
             if (qs->inflight > 0 || qs->next_write > qs->writes_done) break;  /* retried on the next completion */
             iv_err_t e;
@@ -217,61 +217,96 @@ void qs_pump(qstream_t *qs)
     if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
 }
 
-void on_qs_job(job_t *j)
+/* ---- the stream's jobs, back on the loop ---------------------------------- */
+
+/*
+ * What every job of a stream does first when it comes back: 1 when the
+ * caller goes on with j; 0 when the stream is detached (the client left)
+ * or already answered, and j was dropped.
+ */
+int qs_job_back(job_t *j)
 {
     qstream_t *qs = j->qs;
     server_t *s = j->srv;
     qs->inflight--;
-    if (j->kind != J_SETUP && j->kind != J_META) s->metrics.decode_seconds += j->secs;
     if (j->cancelled || j->rc == IV_ECANCELLED) s->metrics.jobs_cancelled++;
     if (!qs->c || qs->done) {
         /* Detached (client gone) or already answered: drop the result. */
         job_free(j);
         if (!qs->c && qs->inflight == 0 && qs->wq == 0) qs_free(qs);
         else if (qs->c && qs->inflight == 0) qs_pump(qs);
-        return;
+        return 0;
     }
+    return 1;
+}
+
+/* The same for a decode job (prepare, block, whole, count), which also
+ * counts as progress on the answer; a failed one ends the stream. */
+static int decode_back(job_t *j)
+{
+    j->srv->metrics.decode_seconds += j->secs;
+    if (!qs_job_back(j)) return 0;
+    qstream_t *qs = j->qs;
     conn_t *c = qs->c;
-    if (j->kind == J_SETUP) {
-        route_query_finish(qs, j);
-        return;
-    }
-    if (j->kind == J_META) {
-        route_meta_finish(qs, j);
-        return;
-    }
     if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
     if (j->rc != 0) {
         iv_err_t e = j->err;
         int rc = j->rc;
         job_free(j);
         qs_fail(qs, rc, &e);
-        return;
+        return 0;
     }
-    if (j->kind == J_PREP) {
-        qs->prepared = 1;
-        qs->n_blocks = iv_query_n_blocks(qs->q);
-        job_free(j);
-        qs_pump(qs);
-        return;
-    }
-    if (j->kind == J_BLOCK) {
-        s->metrics.blocks_decoded++;
-        qs->slots[j->b % qs->ahead] = j;
-        qs_pump(qs);
-        return;
-    }
+    return 1;
+}
+
+static void prep_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    qs->prepared = 1;
+    qs->n_blocks = iv_query_n_blocks(qs->q);
+    job_free(j);
+    qs_pump(qs);
+}
+
+static void block_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    j->srv->metrics.blocks_decoded++;
+    qs->slots[j->b % qs->ahead] = j;
+    qs_pump(qs);
+}
+
+static void whole_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
     qs->done = 1;
     c->rows = j->rows;
     c->nnz = j->nnz;
-    if (j->kind == J_WHOLE) {
-        if (budget_admit(c, j->out.len) == 0)
-            send_owned(c, 200, "application/json", &j->out, "Cache-Control: no-store\r\n");
-    } else {
-        iv_buf_t body;
-        iv_buf_init(&body);
-        count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
-        send_owned(c, 200, "application/json", &body, NULL);
-    }
+    if (budget_admit(c, j->out.len) == 0)
+        send_owned(c, 200, "application/json", &j->out, "Cache-Control: no-store\r\n");
     job_free(j);
 }
+
+static void count_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    qs->done = 1;
+    c->rows = j->rows;
+    c->nnz = j->nnz;
+    iv_buf_t body;
+    iv_buf_init(&body);
+    count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
+    send_owned(c, 200, "application/json", &body, NULL);
+    job_free(j);
+}
+
+const job_type_t prep_job = {prep_run, prep_done};
+const job_type_t block_job = {block_run, block_done};
+const job_type_t whole_job = {whole_run, whole_done};
+const job_type_t count_job = {count_run, count_done};

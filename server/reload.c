@@ -82,7 +82,12 @@ static void reload_step(server_t *s)
     if (s->reload && --s->reload->waiting == 0) reload_finish(s);
 }
 
-void on_load_done(job_t *j)
+static void on_other_done(job_t *j);
+
+/* A dataset's other orientation, built or attached after it is ready. */
+static const job_type_t other_job = {other_run, on_other_done};
+
+static void on_load_done(job_t *j)
 {
     server_t *s = j->srv;
     sds_t *d = j->ds;
@@ -148,16 +153,18 @@ void on_load_done(job_t *j)
     uint64_t gen = j->gen;
     if (d->state == DS_READY && !d->retired && !s->draining && (dc->companion || tb > 0)) {
         /* Cell queries are served meanwhile; the other orientation joins
-         * when it is ready (see job_other).  The job keeps its reference. */
-        j->kind = J_OTHER;
+         * when it is ready (see other_run).  The job keeps its reference. */
+        j->type = &other_job;
         j->rc = 0;
         iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-        if (iv_pool_try_submit(s->pool, job_other, j) == 0) j = NULL;
+        if (job_submit(j) == 0) j = NULL;
         else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
     }
     if (j) job_free(j);
     if (s->reload && gen == s->reload->gen) reload_step(s);
 }
+
+static const job_type_t load_job = {load_run, on_load_done};
 
 /* Loads d on a worker; gen, replace and reloaded as in job_t.  A full
  * queue fails the load at once (on_load_done reports it). */
@@ -171,7 +178,7 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
         return;
     }
     j->srv = s;
-    j->kind = J_LOAD;
+    j->type = &load_job;
     j->ds = d;
     iv_rds_ref(d);
     j->gen = gen;
@@ -180,7 +187,7 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
     s->n_loading++;
     if (s->reload && gen == s->reload->gen) s->reload->waiting++;
     iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
-    if (iv_pool_try_submit(s->pool, job_load, j) != 0) {
+    if (job_submit(j) != 0) {
         j->rc = iv_fail(&j->err, IV_EOVERLOADED, "the worker queue is full; reload to retry");
         on_load_done(j);
     }
@@ -392,7 +399,7 @@ void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)
     iv_alog_event(&s->log, "error", "dataset %s (%s) failed: %s", d->conf->id, d->conf->path, why);
 }
 
-void on_other_done(job_t *j)
+static void on_other_done(job_t *j)
 {
     server_t *s = j->srv;
     sds_t *d = j->ds;

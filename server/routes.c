@@ -410,8 +410,8 @@ void dispatch(conn_t *c)
             if (c->route != IV_R_OTHER && idn > 0) {
                 sds_t *d = ready_ds(c, id, idn);
                 if (!d) return;
-                if (meta) route_meta(c, d, sub);
-                else if (c->route == IV_R_DATASET) route_doc(c, d);
+                /* obs and var paths (meta) went to route_viewer above. */
+                if (c->route == IV_R_DATASET) route_doc(c, d);
                 else route_query(c, d, c->route == IV_R_COUNT);
                 return;
             }

@@ -1,10 +1,10 @@
 /*
  * The routes whose answers are computed on a worker: a query or count
- * (route_query), a metadata table page or column (route_meta) and the
- * viewer routes (route_viewer).  Each copies what the worker needs from
+ * (route_query) and the viewer routes (route_viewer), which include the
+ * obs and var tables and columns.  Each copies what the worker needs from
  * the request into a setup_t and hands it to the first job of a new
  * stream (submit_setup); the loop half (route_query_finish,
- * route_meta_finish) checks the limits, sends the answers that need no
+ * route_viewer_finish) checks the limits, sends the answers that need no
  * decode, and starts the decode jobs of qstream.c.
  */
 #include "server_impl.h"
@@ -44,19 +44,20 @@ void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, 
     iv_buf_puts(b, "}");
 }
 
-/* Hands st (owned from here on) to a worker as job jkind of a new stream
- * of kind qkind for c.  The stream exists from now on, so that a client
- * that goes away detaches it; failures are answered here. */
-static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int qkind, int jkind)
+/* Hands st (owned from here on) to a worker as the first job (of type
+ * type) of a new stream for c, a count answer when count is set.  The
+ * stream exists from now on, so that a client that goes away detaches it;
+ * failures are answered here. */
+static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int count, const job_type_t *type)
 {
-    qstream_t *qs = qs_new(c, d, qkind);
+    qstream_t *qs = qs_new(c, d, count);
     if (!qs) {
         setup_free(st);
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
     c->qs = qs;
-    if (qs_submit_job(qs, jkind, -1, st) != 0) {
+    if (qs_submit_job(qs, type, -1, st) != 0) {
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
@@ -111,13 +112,15 @@ void route_query(conn_t *c, sds_t *d, int count)
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    submit_setup(c, d, st, count ? J_COUNT : J_BLOCK, J_SETUP);
+    submit_setup(c, d, st, count, &setup_job);
 }
 
 /* The loop half of a query's set-up, once the worker built the query: the
  * limits, the answers that need no decode, then the decode jobs. */
-void route_query_finish(qstream_t *qs, job_t *j)
+static void route_query_finish(job_t *j)
 {
+    if (!qs_job_back(j)) return;
+    qstream_t *qs = j->qs;
     conn_t *c = qs->c;
     server_t *s = c->srv;
     setup_t *st = j->setup;
@@ -137,7 +140,7 @@ void route_query_finish(qstream_t *qs, job_t *j)
     /* The access log's selection: cells x genes, whichever the rows are. */
     c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
     c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
-    int count = qs->kind == J_COUNT, have_total = st->have_total;
+    int count = qs->count, have_total = st->have_total;
     double total = st->total;
     iv_fmt_t fmt = st->fmt;
     int dense = st->dense;
@@ -191,13 +194,14 @@ void route_query_finish(qstream_t *qs, job_t *j)
         send_buf_done(c, &b);
         return;
     }
-    int kind = count ? J_COUNT : fmt == IV_FMT_JSON ? J_WHOLE : J_BLOCK;
+    /* A count or a whole JSON document is one job; a stream is prepared,
+     * then decoded block by block (qs_pump). */
+    const job_type_t *next = count ? &count_job : fmt == IV_FMT_JSON ? &whole_job : &prep_job;
     qs->fmt = fmt;
     qs->dense = dense;
-    qs->kind = kind;
     qs->have_total = have_total;
     qs->total = total;
-    if (qs_submit(qs, kind == J_BLOCK ? J_PREP : kind, -1) != 0) {
+    if (qs_submit(qs, next, -1) != 0) {
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
@@ -205,39 +209,8 @@ void route_query_finish(qstream_t *qs, job_t *j)
     }
 }
 
-/* GET .../obs, .../var (tables) and .../obs/{column}, .../var/{column}.
- * sub points past the dataset id ("/obs", "/var/cell_type"). */
-void route_meta(conn_t *c, sds_t *d, const char *sub)
-{
-    if (!method_ok(c, 0)) return;
-    if (!d->meta) {
-        send_error(c, 422, "unsupported", "the dataset's metadata could not be loaded", NULL);
-        return;
-    }
-    const char *col = sub[4] == '/' ? sub + 5 : NULL;
-    setup_t *st = calloc(1, sizeof *st);
-    if (!st) {
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
-        return;
-    }
-    iv_buf_init(&st->page);
-    st->axis = !strncmp(sub, "/obs", 4) ? IV_AXIS_OBS : IV_AXIS_VAR;
-    st->json_bytes = c->srv->cfg->limits.json_bytes;
-    st->query = strdup(c->req->query ? c->req->query : "");
-    if (c->req->hdr[IV_H_ACCEPT]) st->accept = strdup(c->req->hdr[IV_H_ACCEPT]);
-    int bad_name = 0;
-    if (col && !(st->col = iv_url_decode(col, strlen(col)))) bad_name = 1;
-    if (!st->query || (c->req->hdr[IV_H_ACCEPT] && !st->accept) || bad_name) {
-        setup_free(st);
-        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the column name", NULL);
-        else send_error(c, 503, "out_of_memory", "out of memory", NULL);
-        return;
-    }
-    submit_setup(c, d, st, J_META, J_META);
-}
-
 /* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
- * builds the whole answer; route_meta_finish sends it. */
+ * builds the whole answer; route_viewer_finish sends it. */
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
 {
     iv_http_req_t *r = c->req;
@@ -261,7 +234,6 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
         else send_error(c, 503, "out_of_memory", "out of memory", NULL);
         return;
     }
-    iv_buf_init(&st->page);
     vr->ds = d->ds;
     vr->meta = d->meta;
     vr->vx = d->vx;
@@ -278,15 +250,16 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
         return;
     }
     st->vr = vr;
-    submit_setup(c, d, st, J_META, J_META);
+    submit_setup(c, d, st, 0, &viewer_job);
 }
 
-/* The loop half of a metadata page: send what the worker built. */
-void route_meta_finish(qstream_t *qs, job_t *j)
+/* The loop half of a viewer route: send what the worker built. */
+static void route_viewer_finish(job_t *j)
 {
-    conn_t *c = qs->c;
+    if (!qs_job_back(j)) return;
+    conn_t *c = j->qs->c;
     setup_t *st = j->setup;
-    if (st->vr && j->rc == 0) {
+    if (j->rc == 0) {
         /* The header is bounded as the query route's is. */
         if (st->vr->dropped && strlen(st->vr->dropped) <= DROPPED_HDR_MAX) {
             c->dropped_hdr = st->vr->dropped;
@@ -298,15 +271,11 @@ void route_meta_finish(qstream_t *qs, job_t *j)
             send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
         else if (budget_admit(c, st->vr->out.len) == 0)
             send_owned(c, 200, st->vr->ctype, &st->vr->out, st->vr->extra);
-    } else if (st->vr) {
+    } else {
         send_iv_error(c, j->rc, &j->err);
-    } else if (j->rc == 0) {
-        if (budget_admit(c, st->page.len) == 0)
-            send_owned(c, 200, st->ctype, &st->page, "Cache-Control: no-cache\r\n");
     }
-    else if (st->status == 404)
-        send_error(c, 404, "not_found", j->err.msg, NULL);
-    else
-        send_iv_error(c, j->rc, &j->err);
     job_free(j);
 }
+
+const job_type_t setup_job = {setup_run, route_query_finish};
+const job_type_t viewer_job = {viewer_run, route_viewer_finish};

@@ -56,9 +56,7 @@ static void on_async(uv_async_t *a)
     job_t *j = take_done(s);
     while (j) {
         job_t *n = j->next;
-        if (j->kind == J_LOAD) on_load_done(j);
-        else if (j->kind == J_OTHER) on_other_done(j);
-        else on_qs_job(j);
+        j->type->done(j);
         j = n;
     }
 }
@@ -224,23 +222,17 @@ static int start_cache_budget(server_t *s)
     return 0;
 }
 
-/* Frees what the workers handed back after the loop stopped. */
+/* Frees what the workers handed back after the loop stopped: nothing is
+ * answered or installed any more, so no job's done half runs. */
 static void drain_after_stop(server_t *s)
 {
     job_t *j = take_done(s);
     while (j) {
         job_t *n = j->next;
-        if (j->kind == J_LOAD || j->kind == J_OTHER) {
-            if (j->kind == J_LOAD) s->n_loading--;
-        } else {
-            qstream_t *qs = j->qs;
-            qs->inflight--;
-            job_free(j);
-            if (qs->inflight == 0 && !qs->c) qs_free(qs);
-            j = n;
-            continue;
-        }
+        qstream_t *qs = j->qs;
+        if (qs) qs->inflight--;
         job_free(j);
+        if (qs && qs->inflight == 0 && !qs->c) qs_free(qs);
         j = n;
     }
     while (s->streams) qs_free(s->streams);

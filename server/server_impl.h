@@ -61,14 +61,13 @@ typedef iv_rds_t sds_t;
 #define DS_READY IV_RDS_READY
 #define DS_FAILED IV_RDS_FAILED
 
-enum job_kind { J_LOAD, J_SETUP, J_META, J_PREP, J_BLOCK, J_WHOLE, J_COUNT, J_OTHER };
-
 /*
  * A query's set-up, run on a worker: parsing the JSON body or query string,
  * resolving names and filters, building the engine query.  Each is O(the
  * request), and a request of a million indices would otherwise hold the
  * loop for tens of milliseconds.  Inputs are copies (the connection may go
- * away meanwhile); outputs go back to the loop with the job.
+ * away meanwhile); outputs go back to the loop with the job.  A viewer
+ * route's request travels the same way, as vr.
  */
 typedef struct setup {
     /* in */
@@ -78,13 +77,8 @@ typedef struct setup {
     char *accept;         /* Accept header (copied), or NULL */
     int is_post, count;
     int64_t n_rows, n_cols;
-    iv_axis_t axis;       /* J_META: the table's axis */
-    char *col;            /* J_META: the column asked for (decoded), or NULL */
-    size_t json_bytes;    /* J_META: limit of a column document */
     /* out */
-    int status;           /* 0: rc/err decide the status; 422: "unsupported"; 404 */
-    iv_buf_t page;        /* J_META: the document */
-    const char *ctype;    /* J_META: its media type (static) */
+    int status;           /* 0: rc/err decide the status; 422: "unsupported" */
     iv_query_t *q;
     char *dropped;        /* the names dropped by missing=ignore, JSON, or NULL */
     char *dropped_hdr;    /* the same, bounded for the X-Ivserve-Dropped-Names header */
@@ -92,28 +86,40 @@ typedef struct setup {
     double total;
     iv_fmt_t fmt;
     int dense;            /* "dense": true */
-    iv_vreq_t *vr;        /* J_META: a viewer route (routes_viewer.h), or NULL */
+    iv_vreq_t *vr;        /* viewer_job: a viewer route (routes_viewer.h) */
 } setup_t;
 
-typedef struct job {
+/*
+ * A job is work for the pool in two halves, named by its type: run on a
+ * worker, then done on the loop thread (server.c, on_async), which owns
+ * the job from then on and frees it (job_free) or keeps it (a decoded
+ * block waits in its stream's window).  job_submit queues it.
+ */
+typedef struct job job_t;
+typedef struct job_type {
+    void (*run)(job_t *j);    /* worker: fills rc/err and the results */
+    void (*done)(job_t *j);   /* loop thread */
+} job_type_t;
+
+struct job {
     struct job *next;
     server_t *srv;
-    int kind;
-    sds_t *ds;
-    qstream_t *qs;
-    int64_t b;
+    const job_type_t *type;
+    sds_t *ds;            /* load_job, other_job: the dataset (a reference) */
+    qstream_t *qs;        /* the stream's jobs: their stream */
+    int64_t b;            /* block_job: the block */
     iv_buf_t out;
     int64_t rows, nnz;
     int rc;
     iv_err_t err;
     double secs;
-    double total;         /* J_COUNT: sum of the selected values */
-    setup_t *setup;       /* J_SETUP */
+    double total;         /* count_job: sum of the selected values */
+    setup_t *setup;       /* setup_job, viewer_job */
     int cancelled;        /* skipped: cancelled before it ran */
-    uint64_t gen;         /* J_LOAD: the reload that started it (0: start-up) */
-    int replace;          /* J_LOAD: a served entry's pending replacement */
-    int reloaded;         /* J_LOAD: of a dataset served before (the reload's summary) */
-} job_t;
+    uint64_t gen;         /* load_job: the reload that started it (0: start-up) */
+    int replace;          /* load_job: a served entry's pending replacement */
+    int reloaded;         /* load_job: of a dataset served before (the reload's summary) */
+};
 
 struct qstream {
     server_t *srv;
@@ -121,7 +127,7 @@ struct qstream {
     sds_t *ds;
     iv_query_t *q;
     iv_fmt_t fmt;
-    int kind;             /* J_BLOCK (stream), J_WHOLE, J_COUNT */
+    int count;            /* a count answer (else the matrix, streamed or whole) */
     int64_t n_blocks, next_submit, next_write, writes_done;
     job_t **slots;
     unsigned ahead;       /* slots: blocks_ahead, or the pool's workers if more */
@@ -129,7 +135,7 @@ struct qstream {
     int inflight;
     int prepared, headers_sent, done;
     int64_t rows, nnz;
-    int have_total;       /* J_COUNT: total already known from the metadata */
+    int have_total;       /* count: total already known from the metadata */
     double total;
     int dense;            /* gene rows as dense vectors */
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
@@ -310,14 +316,21 @@ static inline uint64_t fnv1a(const char *p, size_t n)
     return h;
 }
 
-/* Jobs (jobs.c).  job_run runs on a worker and ends with job_finish (any
- * thread); the others are for the loop thread, or after the loop stopped. */
-void job_finish(job_t *j);
+/* Jobs (jobs.c).  The *_run functions run on a worker (a job type's run
+ * half); the others are for the loop thread, or after the loop stopped. */
 void setup_free(setup_t *st);
 void job_free(job_t *j);
-void job_run(void *arg);
+/* Queues j (its type, srv and inputs set) on the pool; 0, or a negative
+ * error (the queue is full) and j is still the caller's. */
+int job_submit(job_t *j);
+void setup_run(job_t *j);
+void viewer_run(job_t *j);
+void prep_run(job_t *j);
+void block_run(job_t *j);
+void whole_run(job_t *j);
+void count_run(job_t *j);
 
-/* Datasets loading (load.c).  job_load and job_other run on a worker; the
+/* Datasets loading (load.c).  load_run and other_run run on a worker; the
  * document parts are called wherever the dataset is not changing under
  * them; ds_unref and ds_retire are for the loop thread. */
 void ds_unref(server_t *s, sds_t *d);
@@ -327,8 +340,8 @@ void put_orientations(iv_buf_t *b, iv_dataset_t *ds);
 void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m);
 void put_memory(iv_buf_t *b, const sds_t *d);
 void build_doc(sds_t *d);
-void job_other(void *arg);
-void job_load(void *arg);
+void other_run(job_t *j);
+void load_run(job_t *j);
 
 /* Answers, the end of a request, the write budget (respond.c).  Loop thread. */
 int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
@@ -361,13 +374,16 @@ void on_connection(uv_stream_t *ls, int status);
 /* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
  * that the workers read. */
 void qs_cancel(qstream_t *qs);
-qstream_t *qs_new(conn_t *c, sds_t *d, int kind);
+qstream_t *qs_new(conn_t *c, sds_t *d, int count);
 void qs_free(qstream_t *qs);
-int qs_submit_job(qstream_t *qs, int kind, int64_t b, setup_t *st);
-int qs_submit(qstream_t *qs, int kind, int64_t b);
+int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st);
+int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
 void qs_pump(qstream_t *qs);
-void on_qs_job(job_t *j);
+int qs_job_back(job_t *j);
+/* The stream's decode jobs: prepare, then blocks; or one job for a whole
+ * JSON document or a count. */
+extern const job_type_t prep_job, block_job, whole_job, count_job;
 
 /* Routes (routes.c).  Loop thread. */
 sds_t *find_ds(server_t *s, const char *id, size_t n);
@@ -378,16 +394,13 @@ int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f);
 /* Routes computed on a worker (routes_query.c).  Loop thread. */
 void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
 void route_query(conn_t *c, sds_t *d, int count);
-void route_query_finish(qstream_t *qs, job_t *j);
-void route_meta(conn_t *c, sds_t *d, const char *sub);
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub);
-void route_meta_finish(qstream_t *qs, job_t *j);
+/* A query's set-up, and a viewer route's answer. */
+extern const job_type_t setup_job, viewer_job;
 
 /* Loads coming back, reloads (reload.c).  Loop thread. */
 void reload_free(reload_t *op);
-void on_load_done(job_t *j);
 void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
 void reload_start(server_t *s, const char *why, conn_t *waiter);
-void on_other_done(job_t *j);
 
 #endif
