@@ -150,8 +150,7 @@ void qs_fail(qstream_t *qs, int rc, const iv_err_t *e)
     if (!qs->headers_sent) {
         qs->done = 1;
         c->rows = qs->rows;
-        if (rc == IV_EOVERLOADED) send_error(c, 503, iv_error_code(rc), e->msg, "Retry-After: 1\r\n");
-        else send_iv_error(c, rc, e);
+        send_iv_error(c, rc, e);
         return;
     }
     qs_end(qs, rc, e);

@@ -256,11 +256,15 @@ void send_error(conn_t *c, int status, const char *code, const char *msg, const 
     send_owned(c, status, "application/json", &b, extra);
 }
 
+/*
+ * The answer to an engine error: its status and code come from the one
+ * table of core/error.h (iv_error_status, iv_error_code), never from a
+ * special case here; an error that needs another status needs its own row
+ * there.  The message is e's, or the table's when e has none.
+ */
 void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
 {
     int status = iv_error_status(rc);
-    if (rc == IV_EUNSUPPORTED || rc == IV_EBAD_FILE || rc == IV_ECORRUPT || rc == IV_EIO)
-        status = 500;
     const char *msg = e && e->msg[0] ? e->msg : iv_error_message(rc);
     if (status >= 500) {
         /* The log keeps the whole message; the client is not shown where

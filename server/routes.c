@@ -224,7 +224,7 @@ static void route_doc(conn_t *c, sds_t *d)
     iv_buf_puts(&b, "}");
     if (b.oom) {
         iv_buf_free(&b);
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     char etag[24];

@@ -53,7 +53,7 @@ static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int count, const job_
     qstream_t *qs = qs_new(c, d, count);
     if (!qs) {
         setup_free(st);
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     c->qs = qs;
@@ -97,7 +97,7 @@ void route_query(conn_t *c, sds_t *d, int count)
     /* The rest of the set-up runs on a worker (see setup_t). */
     setup_t *st = calloc(1, sizeof *st);
     if (!st) {
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     st->is_post = r->method == HTTP_POST;
@@ -109,7 +109,7 @@ void route_query(conn_t *c, sds_t *d, int count)
     if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
     if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
         setup_free(st);
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     submit_setup(c, d, st, count, &setup_job);
@@ -126,10 +126,9 @@ static void route_query_finish(job_t *j)
     setup_t *st = j->setup;
     if (j->rc != 0) {
         iv_err_t e = j->err;
-        int rc = j->rc, status = st->status;
+        int rc = j->rc;
         job_free(j);
-        if (status == 422) send_error(c, 422, "unsupported", e.msg, NULL);
-        else send_iv_error(c, rc, &e);
+        send_iv_error(c, rc, &e);
         return;
     }
     c->dropped = st->dropped;
@@ -231,7 +230,7 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     if (!st) {
         iv_vreq_free(vr);
         if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
-        else send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        else send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     vr->ds = d->ds;
@@ -246,7 +245,7 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
          !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
         iv_vreq_free(vr);
         free(st);
-        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     st->vr = vr;

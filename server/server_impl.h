@@ -77,8 +77,7 @@ typedef struct setup {
     char *accept;         /* Accept header (copied), or NULL */
     int is_post, count;
     int64_t n_rows, n_cols;
-    /* out */
-    int status;           /* 0: rc/err decide the status; 422: "unsupported" */
+    /* out (an error: j->rc and j->err, answered by send_iv_error) */
     iv_query_t *q;
     char *dropped;        /* the names dropped by missing=ignore, JSON, or NULL */
     char *dropped_hdr;    /* the same, bounded for the X-Ivserve-Dropped-Names header */
