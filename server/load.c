@@ -6,9 +6,10 @@
  * thread-safe) and renders the dataset document there too, so that the
  * loop only installs a finished entry (reload.c, on_load_done).
  * other_run then builds or attaches the other orientation and renders the
- * document again.  Parts of the document (summary, orientations) also
- * appear in the dataset list and the count answer; its memory member is
- * rendered per request, since a cache's size changes with every query.
+ * document again.  The document's matrix members are proto/'s
+ * (enc_dataset.h), which the dataset list and the count answer share; its
+ * memory member is rendered per request, since a cache's size changes
+ * with every query.
  */
 #include "server_impl.h"
 
@@ -17,7 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "encode.h"
+#include "enc_dataset.h"
 #include "routes_meta.h"
 
 /* Drops a reference to a dataset; the last one of a dataset a reload
@@ -43,50 +44,6 @@ void ds_retire(server_t *s, sds_t *d)
 }
 
 /* ---- dataset loading (worker) ------------------------------------------ */
-
-/* The members a ready dataset's list entry and its document share, from
- * '{' up to "ready":true; the document also names the indices dtype. */
-void put_summary(iv_buf_t *b, const sds_t *d, int with_indices_dtype)
-{
-    const iv_dataset_info_t *in = iv_dataset_info(d->ds);
-    iv_buf_puts(b, "{\"id\":");
-    iv_buf_json_str(b, d->conf->id);
-    iv_buf_puts(b, ",\"title\":");
-    iv_buf_json_str(b, d->conf->title ? d->conf->title : d->conf->id);
-    iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
-                  ",\"dtype\":\"%s\"",
-                  in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->nnz,
-                  iv_wire_dtype_name(in->value_dtype));
-    if (with_indices_dtype)
-        iv_buf_printf(b, ",\"indices_dtype\":\"%s\"", iv_wire_dtype_name(in->indices_dtype));
-    iv_buf_puts(b, ",\"codec\":");
-    iv_buf_json_str(b, in->codec);
-    iv_buf_puts(b, ",\"ready\":true");
-}
-
-/* "orientations": which copies of the matrix serve queries, and the memory
- * each takes now (see iv_dataset_orientations). */
-void put_orientations(iv_buf_t *b, iv_dataset_t *ds)
-{
-    static const char *const state[] = {"none", "building", "ready", "skipped", "failed"};
-    iv_orient_status_t st;
-    iv_dataset_orientations(ds, &st);
-    iv_buf_puts(b, ",\"orientations\":{");
-    for (int o = 0; o < 2; o++) {
-        int own = (iv_orient_t)o == st.file_orient;
-        iv_buf_printf(b, "%s\"%s\":{", o ? "," : "", o == IV_IVCSR ? "cells" : "genes");
-        if (own || st.other_state == IV_OTHER_READY)
-            iv_buf_printf(b, "\"state\":\"ready\",\"source\":\"%s\",\"bytes\":%zu,"
-                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source == IV_SRC_FILE
-                          ? "companion" : "memory", st.bytes[o], st.stream_bytes[o]);
-        else
-            iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
-        if (!own && st.other_state == IV_OTHER_READY)
-            iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
-        iv_buf_puts(b, "}");
-    }
-    iv_buf_puts(b, "}");
-}
 
 /* A ready dataset's memory now, by part. */
 void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
@@ -134,20 +91,6 @@ void put_memory(iv_buf_t *b, const sds_t *d)
     iv_buf_printf(b, ",\"cache_budget_evictions\":%" PRIu64 "}", m.budget_evictions);
 }
 
-/* "file": whether the path still names the file loaded, unchanged
- * (filecheck.h; the watcher moves it, see on_file_change). */
-static void put_file_state(iv_buf_t *b, iv_dataset_t *ds)
-{
-    char msg[480];
-    iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
-    iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
-    if (st != IV_FILE_OK) {
-        iv_buf_puts(b, ",\"message\":");
-        iv_buf_json_str(b, msg);
-    }
-    iv_buf_puts(b, "}");
-}
-
 static void render_doc(sds_t *d, iv_buf_t *b);
 
 void build_doc(sds_t *d)
@@ -166,9 +109,9 @@ void build_doc(sds_t *d)
 static void render_doc(sds_t *d, iv_buf_t *b0)
 {
     iv_buf_t b = *b0;
-    put_summary(&b, d, 1);
-    put_orientations(&b, d->ds);
-    put_file_state(&b, d->ds);
+    iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 1);
+    iv_enc_orientations(&b, d->ds);
+    iv_enc_file_state(&b, d->ds);
     for (int ax = 0; ax < 2; ax++) {
         iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
         if (!d->meta) {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "enc_dataset.h"
 #include "openapi.h"
 #include "routes_static.h"
 
@@ -148,7 +149,7 @@ static void route_list(conn_t *c)
         first = 0;
         if (d->state == DS_READY && d->doc) {
             /* The dataset document minus the column lists keeps this short. */
-            put_summary(&b, d, 0);
+            iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 0);
             iv_buf_puts(&b, ",\"state\":\"ready\"");
         } else {
             iv_buf_puts(&b, "{\"id\":");

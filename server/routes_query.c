@@ -15,33 +15,14 @@
 #include <string.h>
 #include <strings.h>
 
+#include "enc_dataset.h"
 #include "encode.h"
 
 /* The body of a count answer; nnz and total from the pointer arrays and the
  * computed metadata columns, or from a decode when those do not suffice. */
 void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total)
 {
-    int64_t rows = iv_query_n_rows(q), cols = iv_query_n_cols(q), nb = iv_query_n_blocks(q);
-    int64_t out_rows = rows;
-    if (iv_query_by_var(q)) {
-        /* Gene rows: the result's shape is still cells x genes. */
-        rows = cols;
-        cols = out_rows;
-    }
-    const char *cells = "n_cells", *genes = "n_genes";
-    iv_buf_printf(b,
-                  "{\"shape\":[%" PRId64 ",%" PRId64 "],\"%s\":%" PRId64 ",\"%s\":%" PRId64
-                  ",\"nnz\":%" PRId64 ",\"total_counts\":%.17g,\"bytes\":{\"binary\":%" PRId64
-                  "},\"blocks\":%" PRId64 ",\"exact\":true",
-                  rows, cols, cells, rows, genes, cols, nnz, total,
-                  iv_enc_binary_size(out_rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
-    iv_buf_printf(b, ",\"orientation\":\"%s\"", iv_query_orient(q) == IV_IVCSR ? "cells" : "genes");
-    if (c->qs && c->qs->ds) put_orientations(b, c->qs->ds->ds);
-    if (c->dropped) {
-        iv_buf_puts(b, ",\"dropped\":");
-        iv_buf_puts(b, c->dropped);
-    }
-    iv_buf_puts(b, "}");
+    iv_enc_count(b, q, nnz, total, c->qs && c->qs->ds ? c->qs->ds->ds : NULL, c->dropped);
 }
 
 /* Hands st (owned from here on) to a worker as the first job (of type

@@ -334,8 +334,6 @@ void count_run(job_t *j);
  * them; ds_unref and ds_retire are for the loop thread. */
 void ds_unref(server_t *s, sds_t *d);
 void ds_retire(server_t *s, sds_t *d);
-void put_summary(iv_buf_t *b, const sds_t *d, int with_indices_dtype);
-void put_orientations(iv_buf_t *b, iv_dataset_t *ds);
 void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m);
 void put_memory(iv_buf_t *b, const sds_t *d);
 void build_doc(sds_t *d);
