@@ -52,7 +52,8 @@
     X(NO_METADATA,    -26,  422, "unsupported",          "the dataset's metadata is not available") \
     X(NO_COLUMN,      -27,  404, "not_found",            "no such column")               \
     X(FILE_CHANGED,   -28,  503, "file_changed",         "the dataset's file changed on disk; reload it") \
-    X(UNKNOWN_MATRIX, -29,  404, "unknown_matrix",       "no such matrix in the dataset")
+    X(UNKNOWN_MATRIX, -29,  404, "unknown_matrix",       "no such matrix in the dataset")   \
+    X(UNSERVABLE,     -30,  422, "unsupported",          "the matrix is listed but cannot be served")
 
 enum iv_error {
 #define IV__ENUM(name, val, status, code, msg) IV_E##name = (val),

@@ -179,7 +179,7 @@ int iv_rds_matrix(const iv_rds_t *d, const char *name, iv_dataset_t **ds, iv_met
                        name, d->conf->id, list);
     }
     if (!x->ds)
-        return iv_fail(err, IV_EUNSUPPORTED, "matrix '%s' is not servable: %.300s", x->name,
+        return iv_fail(err, IV_EUNSERVABLE, "matrix '%s' is not servable: %.300s", x->name,
                        x->reason);
     *ds = x->ds;
     *var_meta = x->var_meta ? x->var_meta : !strcmp(x->name, "raw/X") ? NULL : d->meta;

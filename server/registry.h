@@ -112,7 +112,7 @@ int iv_rds_load_matrices(iv_rds_t *d, const iv_dataset_opts_t *tmpl, iv_err_t *e
  * The matrix name (NULL or "X": X) of a ready entry: its dataset and the
  * metadata its genes resolve against (NULL when the entry has none).
  * IV_EUNKNOWN_MATRIX naming the available matrices when there is no such
- * matrix; IV_EUNSUPPORTED with the reason when it is listed but not
+ * matrix; IV_EUNSERVABLE with the reason when it is listed but not
  * servable.  Any thread (the matrices are immutable once loaded).
  */
 int iv_rds_matrix(const iv_rds_t *d, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,

@@ -5,8 +5,8 @@
  * "/viewer/NAME" its scripts and style sheet.
  *
  * Socket-free like routes_meta.c: iv_static_route() decides the whole
- * answer (status, media type, body, headers) and server.c sends it, so
- * the route is tested without a loop and server.c keeps one call.
+ * answer (status, media type, body, headers) and routes.c sends it, so
+ * the route is tested without a loop and routes.c keeps one call.
  *
  * Every answer carries a strong ETag (a SHA-256 prefix of the file, with
  * "-gz" for the gzip copy) and "Cache-Control: no-cache": browsers keep

@@ -1,7 +1,7 @@
 /* Tests of server/registry.c's matrix lookup (iv_rds_matrix): X by default
  * or by name, an unknown name is IV_EUNKNOWN_MATRIX listing every matrix
  * (cut short when there are many), one listed but not servable is
- * IV_EUNSUPPORTED with its reason, and the entry frees its matrices
+ * IV_EUNSERVABLE with its reason, and the entry frees its matrices
  * (the sanitizer builds see a leak).  No file is opened: the entries are
  * filled by hand as a load would leave them. */
 #include <check.h>
@@ -48,7 +48,7 @@ START_TEST(test_x_unknown_and_unservable)
     ck_assert_ptr_nonnull(strstr(e.msg, "no matrix 'layers/nope' in dataset 'ds1'"));
     ck_assert_ptr_nonnull(strstr(e.msg, "available: X, layers/layer_number_000, layers/layer_number_001"));
     iv_err_clear(&e);
-    ck_assert_int_eq(iv_rds_matrix(d, "layers/layer_number_001", &ds, &vm, &e), IV_EUNSUPPORTED);
+    ck_assert_int_eq(iv_rds_matrix(d, "layers/layer_number_001", &ds, &vm, &e), IV_EUNSERVABLE);
     ck_assert_ptr_nonnull(strstr(e.msg, "not servable: a plain csr_matrix"));
     /* Case matters: "x" is not X. */
     iv_err_clear(&e);

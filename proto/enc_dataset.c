@@ -1,0 +1,88 @@
+/*
+ * Dataset and count documents (see enc_dataset.h), written with iv_buf as
+ * the other encoders here are: the members keep one order, so that a
+ * document's ETag changes only when its data does.
+ */
+#include "enc_dataset.h"
+
+#include <inttypes.h>
+
+#include "encode.h"
+
+void iv_enc_ds_summary(iv_buf_t *b, const char *id, const char *title,
+                       const iv_dataset_info_t *in, int with_indices_dtype)
+{
+    iv_buf_puts(b, "{\"id\":");
+    iv_buf_json_str(b, id);
+    iv_buf_puts(b, ",\"title\":");
+    iv_buf_json_str(b, title ? title : id);
+    iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"orientation\":\"%s\",\"nnz\":%" PRId64
+                  ",\"dtype\":\"%s\"",
+                  in->n_rows, in->n_cols, in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->nnz,
+                  iv_wire_dtype_name(in->value_dtype));
+    if (with_indices_dtype)
+        iv_buf_printf(b, ",\"indices_dtype\":\"%s\"", iv_wire_dtype_name(in->indices_dtype));
+    iv_buf_puts(b, ",\"codec\":");
+    iv_buf_json_str(b, in->codec);
+    iv_buf_puts(b, ",\"ready\":true");
+}
+
+void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds)
+{
+    static const char *const state[] = {"none", "building", "ready", "skipped", "failed"};
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    iv_buf_puts(b, ",\"orientations\":{");
+    for (int o = 0; o < 2; o++) {
+        int own = (iv_orient_t)o == st.file_orient;
+        iv_buf_printf(b, "%s\"%s\":{", o ? "," : "", o == IV_IVCSR ? "cells" : "genes");
+        if (own || st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, "\"state\":\"ready\",\"source\":\"%s\",\"bytes\":%zu,"
+                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source == IV_SRC_FILE
+                          ? "companion" : "memory", st.bytes[o], st.stream_bytes[o]);
+        else
+            iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
+        if (!own && st.other_state == IV_OTHER_READY)
+            iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
+        iv_buf_puts(b, "}");
+    }
+    iv_buf_puts(b, "}");
+}
+
+void iv_enc_file_state(iv_buf_t *b, iv_dataset_t *ds)
+{
+    char msg[480];
+    iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
+    iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
+    if (st != IV_FILE_OK) {
+        iv_buf_puts(b, ",\"message\":");
+        iv_buf_json_str(b, msg);
+    }
+    iv_buf_puts(b, "}");
+}
+
+void iv_enc_count(iv_buf_t *b, const iv_query_t *q, int64_t nnz, double total, iv_dataset_t *ds,
+                  const char *dropped)
+{
+    int64_t rows = iv_query_n_rows(q), cols = iv_query_n_cols(q), nb = iv_query_n_blocks(q);
+    int64_t out_rows = rows;
+    if (iv_query_by_var(q)) {
+        /* Gene rows: the result's shape is still cells x genes. */
+        rows = cols;
+        cols = out_rows;
+    }
+    const char *cells = "n_cells", *genes = "n_genes";
+    iv_buf_printf(b,
+                  "{\"shape\":[%" PRId64 ",%" PRId64 "],\"%s\":%" PRId64 ",\"%s\":%" PRId64
+                  ",\"nnz\":%" PRId64 ",\"total_counts\":%.17g,\"bytes\":{\"binary\":%" PRId64
+                  "},\"blocks\":%" PRId64 ",\"exact\":true",
+                  rows, cols, cells, rows, genes, cols, nnz, total,
+                  iv_enc_binary_size(out_rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
+    iv_buf_printf(b, ",\"orientation\":\"%s\"", iv_query_orient(q) == IV_IVCSR ? "cells" : "genes");
+    if (ds) iv_enc_orientations(b, ds);
+    if (dropped) {
+        iv_buf_puts(b, ",\"dropped\":");
+        iv_buf_puts(b, dropped);
+    }
+    iv_buf_puts(b, "}");
+}

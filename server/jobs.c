@@ -1,0 +1,395 @@
+/*
+ * Jobs: the work the loop hands to the worker pool, and the way back.
+ *
+ * A job runs on a worker and ends with job_finish, which pushes it on the
+ * server's locked list of finished jobs and wakes the loop
+ * (uv_async_send); the loop takes the whole list in one swap (server.c,
+ * on_async) and hands each job to the completion of its kind.  Workers
+ * never touch loop objects: a job's inputs are copies (setup_t), and its
+ * results travel back in the job.  The query jobs here (a query's set-up,
+ * a metadata page, prepare, one block, a whole JSON document or a count)
+ * look at their stream's cancel flag between phases, so that work for a
+ * client that left stops early.
+ */
+#include "server_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "encode.h"
+#include "routes_meta.h"
+
+/* ---- worker → loop hand-off -------------------------------------------- */
+
+static void job_finish(job_t *j)
+{
+    server_t *s = j->srv;
+    pthread_mutex_lock(&s->done_mu);
+    j->next = s->done_head;
+    s->done_head = j;
+    pthread_mutex_unlock(&s->done_mu);
+    uv_async_send(&s->async);
+}
+
+void setup_free(setup_t *st)
+{
+    if (!st) return;
+    free(st->body);
+    free(st->query);
+    free(st->accept);
+    iv_query_free(st->q);
+    free(st->dropped);
+    iv_vreq_free(st->vr);
+    free(st->dropped_hdr);
+    free(st);
+}
+
+/* Loop thread (or after the loop stopped): a load job's reference on its
+ * dataset is dropped here. */
+void job_free(job_t *j)
+{
+    iv_buf_free(&j->out);
+    setup_free(j->setup);
+    ds_unref(j->srv, j->ds);
+    free(j);
+}
+
+/* ---- query jobs (worker) ------------------------------------------------ */
+
+/* True when the stream's client left or the server stops: a worker drops
+ * the rest of the job.  Checked between the phases of a job. */
+static int job_cancelled(job_t *j)
+{
+    return j->qs && atomic_load_explicit(&j->qs->cancelled, memory_order_relaxed);
+}
+
+static int job_cancel_rc(job_t *j)
+{
+    return iv_fail(&j->err, IV_ECANCELLED, "the client went away");
+}
+
+/* Length of the longest prefix of the JSON string array arr (of len
+ * bytes) that ends at an element and fits in max bytes with its closing
+ * ']'; *total and *kept count the elements. */
+static size_t json_array_cut(const char *arr, size_t len, size_t max, size_t *total, size_t *kept)
+{
+    size_t cut = 1, n = 0, k = 0;
+    int in_str = 0, esc = 0;
+    for (size_t i = 1; i < len; i++) {
+        char ch = arr[i];
+        if (in_str) {
+            if (esc) esc = 0;
+            else if (ch == '\\') esc = 1;
+            else if (ch == '"') {
+                in_str = 0;
+                n++;
+                if (i + 2 <= max) {
+                    cut = i + 1;
+                    k = n;
+                }
+            }
+        } else if (ch == '"') {
+            in_str = 1;
+        }
+    }
+    *total = n;
+    *kept = k;
+    return cut;
+}
+
+/* Appends one axis of the bounded header form: the names that fit, and
+ * when some did not, the count of all of them. */
+static void dropped_hdr_axis(iv_buf_t *b, const char *key, const iv_buf_t *arr, size_t budget)
+{
+    iv_buf_printf(b, "\"%s\":", key);
+    if (!arr->len) {
+        iv_buf_puts(b, "[]");
+        return;
+    }
+    size_t total, kept, cut = json_array_cut(arr->data, arr->len, budget, &total, &kept);
+    if (kept == total) {
+        iv_buf_append(b, arr->data, arr->len);
+        return;
+    }
+    iv_buf_append(b, arr->data, cut);
+    iv_buf_printf(b, "],\"%s_count\":%zu,\"%s_truncated\":true", key, total, key);
+}
+
+/* The worker half of a query's set-up (see setup_t). */
+void setup_run(job_t *j)
+{
+    setup_t *st = j->setup;
+    sds_t *d = j->qs->ds;
+    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
+    iv_qreq_t qr;
+    int rc;
+    if (job_cancelled(j)) {
+        j->rc = job_cancel_rc(j);
+        return;
+    }
+    /* "matrix": X, a layer or raw/X; its axis lengths bound the selection,
+     * raw/X's genes are raw/var's (registry.h). */
+    if (st->is_post)
+        rc = iv_qreq_parse_json_m(st->body ? st->body : "", st->body_len, iv_rds_matrix_shape, d,
+                                  &qr, &j->err);
+    else
+        rc = iv_qreq_parse_query_m(st->query, strlen(st->query), iv_rds_matrix_shape, d, &qr,
+                                   &j->err);
+    iv_dataset_t *mds = NULL;
+    iv_meta_t *var_meta = NULL;
+    if (rc == 0 && (rc = iv_rds_matrix(d, qr.matrix, &mds, &var_meta, &j->err)) != 0)
+        iv_qreq_free(&qr);
+    if (rc != 0) {
+        j->rc = rc;
+        return;
+    }
+    info = iv_dataset_info(mds);
+    /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
+     * four-term filter on 200,000 cells). */
+    iv_buf_t drop_obs, drop_var, fold_obs, fold_var;
+    iv_buf_init(&drop_obs);
+    iv_buf_init(&drop_var);
+    iv_buf_init(&fold_obs);
+    iv_buf_init(&fold_var);
+    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
+    if ((rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
+        (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &fold_obs,
+                                  &j->err)) != 0 ||
+        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
+        (rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr.var, &drop_var, &fold_var,
+                                  &j->err)) != 0 ||
+        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0) {
+        iv_buf_free(&drop_obs);
+        iv_buf_free(&drop_var);
+        iv_buf_free(&fold_obs);
+        iv_buf_free(&fold_var);
+        iv_qreq_free(&qr);
+        /* iv_rmeta_resolve_ex says UNSUPPORTED when the axis has no
+         * metadata; the table's row for that is NO_METADATA (422). */
+        if (rc == IV_EUNSUPPORTED) rc = IV_ENO_METADATA;
+        j->rc = rc;
+        return;
+    }
+    int folded = fold_obs.len || fold_var.len;
+    if (show_obs || show_var || folded) {
+        /* The count body's form is whole; names matched only by ignoring
+         * case are reported beside the dropped ones, under "folded". */
+        iv_buf_t dj;
+        iv_buf_init(&dj);
+        iv_buf_puts(&dj, "{\"obs\":");
+        /* Buffers are not NUL-terminated: copy by length. */
+        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
+        else iv_buf_puts(&dj, "[]");
+        iv_buf_puts(&dj, ",\"var\":");
+        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
+        else iv_buf_puts(&dj, "[]");
+        if (folded) {
+            iv_buf_puts(&dj, ",\"folded\":{\"obs\":");
+            if (fold_obs.len) iv_buf_append(&dj, fold_obs.data, fold_obs.len);
+            else iv_buf_puts(&dj, "[]");
+            iv_buf_puts(&dj, ",\"var\":");
+            if (fold_var.len) iv_buf_append(&dj, fold_var.data, fold_var.len);
+            else iv_buf_puts(&dj, "[]");
+            iv_buf_puts(&dj, "}");
+        }
+        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
+        if (!dj.oom) st->dropped = iv_buf_steal(&dj, NULL);
+        iv_buf_free(&dj);
+        /* The header form is bounded: a request of a million unknown names
+         * would otherwise send a header of megabytes. */
+        size_t share = folded ? DROPPED_HDR_MAX / 4 : DROPPED_HDR_MAX / 2;
+        iv_buf_t dh;
+        iv_buf_init(&dh);
+        iv_buf_puts(&dh, "{");
+        dropped_hdr_axis(&dh, "obs", &drop_obs, share);
+        iv_buf_puts(&dh, ",");
+        dropped_hdr_axis(&dh, "var", &drop_var, share);
+        if (folded) {
+            iv_buf_puts(&dh, ",\"folded\":{");
+            dropped_hdr_axis(&dh, "obs", &fold_obs, share);
+            iv_buf_puts(&dh, ",");
+            dropped_hdr_axis(&dh, "var", &fold_var, share);
+            iv_buf_puts(&dh, "}");
+        }
+        iv_buf_append(&dh, "}", 2);
+        if (!dh.oom) st->dropped_hdr = iv_buf_steal(&dh, NULL);
+        iv_buf_free(&dh);
+    }
+    iv_buf_free(&drop_obs);
+    iv_buf_free(&drop_var);
+    iv_buf_free(&fold_obs);
+    iv_buf_free(&fold_var);
+    /* Total counts without decoding: the computed per-row sums of the axis
+     * whose opposite axis is wholly selected. */
+    if (st->count && d->meta && mds == d->ds) {
+        iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
+        const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
+        const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
+        if (po->kind == IV_PSEL_ALL)
+            st->have_total = iv_rmeta_total_counts(d->meta, maj,
+                                                   pm->kind == IV_PSEL_ALL ? NULL : pm->idx, pm->n,
+                                                   &st->total) == 0;
+    }
+    st->fmt = qr.format ? qr.format : iv_fmt_from_accept(st->accept);
+    if (!st->count && st->fmt == IV_FMT_NONE) {
+        iv_qreq_free(&qr);
+        j->rc = iv_fail(&j->err, IV_ENOT_ACCEPTABLE,
+                        "acceptable encodings: application/vnd.ivserve.csr, "
+                        "application/x-ndjson, application/json");
+        return;
+    }
+    if (job_cancelled(j)) {
+        iv_qreq_free(&qr);
+        j->rc = job_cancel_rc(j);
+        return;
+    }
+    iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
+    iv_query_opts_t qo = {qr.by_var ? IV_OUT_VARS : IV_OUT_ROWS, 0, 0, IV_PICK_AUTO};
+    st->dense = qr.dense;
+    if (qr.dense) {
+        /* A dense gene row holds one value per selected cell: about 8 MiB
+         * of them a block. */
+        int64_t cells = so.all ? st->n_rows : so.n;
+        qo.block_rows = cells > 0 ? ((int64_t)8 << 20) / (cells * 8) : 0;
+        if (qo.block_rows < 1) qo.block_rows = 1;
+    }
+    j->rc = iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
+    iv_qreq_free(&qr);
+}
+
+/* A viewer route's answer (routes_viewer.h), built whole on a worker: its
+ * cost grows with the page (a 100,000-row CSV page takes about 90 ms). */
+void viewer_run(job_t *j)
+{
+    j->rc = iv_vreq_run(j->setup->vr, &j->err);
+}
+
+/* A streamed query's prepare step (see iv_query_prepare). */
+void prep_run(job_t *j)
+{
+    j->rc = iv_query_prepare(j->qs->q, j->srv->pool, &j->err);
+}
+
+/* Compresses a job's output where it was encoded, on the worker: a block
+ * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
+ * JSON document (whole) a member of its own (its pieces on the free
+ * workers). */
+static int gz_job_out(job_t *j, int whole)
+{
+    iv_buf_t z;
+    iv_buf_init(&z);
+    int level = j->qs->gz_level;
+    j->raw_len = j->out.len;
+    int rc = whole ? iv_gz_member(&z, j->out.data, j->out.len, level, j->srv->pool)
+                   : iv_gz_block(&z, j->out.data, j->out.len, level, &j->crc);
+    iv_buf_free(&j->out);
+    if (rc != 0) {
+        iv_buf_free(&z);
+        return iv_fail(&j->err, rc, rc == IV_ENOMEM ? "out of memory compressing the answer"
+                                                     : "the compressor failed");
+    }
+    j->out = z;
+    return 0;
+}
+
+/* One block of a streamed query, decoded and encoded. */
+void block_run(job_t *j)
+{
+    qstream_t *qs = j->qs;
+    iv_block_t blk;
+    memset(&blk, 0, sizeof blk);
+    j->rc = iv_query_decode_block(qs->q, j->b, &blk, &j->err);
+    if (j->rc == 0) {
+        iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+        iv_enc_block_h(&j->out, qs->fmt, &h, &blk);
+        j->rows = blk.n_rows;
+        j->nnz = blk.nnz;
+        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
+        else if (qs->gz_level) j->rc = gz_job_out(j, 0);
+    }
+    iv_block_free(&blk);
+}
+
+/* Every block of a query in one job: the whole JSON document, or (count)
+ * the stored values and their sum, unless the metadata already knows. */
+static void decode_all(job_t *j, int count)
+{
+    qstream_t *qs = j->qs;
+    const iv_limits_t *lim = &j->srv->cfg->limits;
+    j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
+    int64_t hint = iv_query_nnz_hint(qs->q);
+    iv_jdoc_t d;
+    iv_jdoc_init(&d);
+    iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+    int64_t nb = iv_query_n_blocks(qs->q);
+    if (count && hint >= 0 && qs->have_total) {
+        j->nnz = hint;
+        nb = 0;
+    }
+    for (int64_t b = 0; j->rc == 0 && b < nb; b++) {
+        if (job_cancelled(j)) {
+            j->rc = job_cancel_rc(j);
+            break;
+        }
+        iv_block_t blk;
+        memset(&blk, 0, sizeof blk);
+        j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
+        if (j->rc == 0) {
+            j->nnz += blk.nnz;
+            if (count && !qs->have_total)
+                for (int64_t k = 0; k < blk.nnz; k++)
+                    j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
+            if (!count) {
+                iv_jdoc_add_h(&d, &h, &blk);
+                if (iv_jdoc_oom(&d))
+                    j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+                else if (iv_jdoc_bytes(&d) > lim->json_bytes)
+                    j->rc = iv_fail(&j->err, IV_ETOO_LARGE,
+                                    "the result exceeds the JSON limit of %zu bytes; ask for "
+                                    "application/vnd.ivserve.csr or application/x-ndjson",
+                                    lim->json_bytes);
+            }
+        }
+        iv_block_free(&blk);
+    }
+    if (j->rc == 0 && !count) {
+        iv_jdoc_finish(&d, &h, &j->out);
+        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+        else if (qs->gz_level) j->rc = gz_job_out(j, 1);
+    }
+    j->rows = iv_query_n_rows(qs->q);
+    iv_jdoc_free(&d);
+}
+
+void whole_run(job_t *j)
+{
+    decode_all(j, 0);
+}
+
+void count_run(job_t *j)
+{
+    decode_all(j, 1);
+}
+
+/* ---- running a job ------------------------------------------------------- */
+
+/* The pool's entry for every job: its type's run half, unless the client
+ * left while the job waited in the queue, then the hand-off. */
+static void job_exec(void *arg)
+{
+    job_t *j = arg;
+    double t0 = now_s();
+    if (job_cancelled(j)) {
+        j->rc = job_cancel_rc(j);
+        j->cancelled = 1;
+    } else {
+        j->type->run(j);
+    }
+    j->secs = now_s() - t0;
+    job_finish(j);
+}
+
+int job_submit(job_t *j)
+{
+    return iv_pool_try_submit(j->srv->pool, job_exec, j);
+}

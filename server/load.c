@@ -1,0 +1,206 @@
+/*
+ * Datasets loading on the workers, and the documents that describe them.
+ *
+ * load_run opens a dataset's matrix, its metadata and its viewer arrays
+ * on a worker (HDF5 calls take turns when the library is not
+ * thread-safe) and renders the dataset document there too, so that the
+ * loop only installs a finished entry (reload.c, on_load_done).
+ * other_run then builds or attaches the other orientation and renders the
+ * document again.  The document's matrix members are proto/'s
+ * (enc_dataset.h), which the dataset list and the count answer share; its
+ * memory member is rendered per request, since a cache's size changes
+ * with every query.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "enc_dataset.h"
+#include "routes_meta.h"
+
+/* Drops a reference to a dataset; the last one of a dataset a reload
+ * took out of service frees it, and the log says so (its memory is
+ * back). */
+void ds_unref(server_t *s, sds_t *d)
+{
+    if (d && d->retired && d->refs == 1 && d->ds)
+        iv_alog_event(&s->log, "info", "dataset %s released (%s)", d->conf->id, d->conf->path);
+    iv_rds_unref(d);
+}
+
+/* Takes d out of service (registry.h); freed now or by the last request. */
+void ds_retire(server_t *s, sds_t *d)
+{
+    if (d->pending) {
+        d->pending->retired = 1;
+        ds_unref(s, d->pending);
+        d->pending = NULL;
+    }
+    d->retired = 1;
+    ds_unref(s, d);
+}
+
+/* ---- dataset loading (worker) ------------------------------------------ */
+
+/* A ready dataset's memory now, by part. */
+void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->id = d->conf->id;
+    iv_dataset_memory_t dm;
+    iv_dataset_memory(d->ds, &dm);
+    /* Layers and raw/X count in the same parts; raw/var as metadata. */
+    size_t mx_meta = 0;
+    iv_rds_matrices_memory(d, &dm, &mx_meta, &m->budget_evictions);
+    m->part[IV_MEM_METADATA] = mx_meta;
+    m->part[IV_MEM_POINTERS] = dm.pointers;
+    m->part[IV_MEM_VALUES] = dm.values;
+    m->part[IV_MEM_INDEX] = dm.index;
+    m->part[IV_MEM_CACHE] = dm.cache;
+    m->part[IV_MEM_STREAM] = dm.stream;
+    m->part[IV_MEM_OTHER] = dm.other;
+    m->part[IV_MEM_SCRATCH] = dm.scratch;
+    if (d->meta) {
+        iv_meta_stats_t ms;
+        iv_meta_stats(d->meta, &ms);
+        m->part[IV_MEM_METADATA] += ms.bytes;
+    }
+    iv_vds_memory(d->vx, &m->part[IV_MEM_OBSM], &m->part[IV_MEM_SEARCH]);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    m->budget_evictions += cs.budget_evictions;
+}
+
+/* ,"memory":{...}: what the dataset holds now, by part, and its cache's
+ * limits (cap null: only the shared budget). */
+void put_memory(iv_buf_t *b, const sds_t *d)
+{
+    iv_metrics_ds_mem_t m;
+    ds_memory(d, &m);
+    iv_cache_stats_t cs;
+    iv_dataset_cache_stats(d->ds, &cs);
+    size_t total = 0;
+    iv_buf_puts(b, ",\"memory\":{");
+    for (int p = 0; p < IV_MEM_N; p++) {
+        iv_buf_printf(b, "\"%s\":%zu,", iv_mem_part_name((iv_mem_part_t)p), m.part[p]);
+        total += m.part[p];
+    }
+    iv_buf_printf(b, "\"total\":%zu,\"cache_floor\":%zu,\"cache_budget\":%zu,\"cache_cap\":", total,
+                  cs.floor, cs.shared_budget);
+    if (cs.budget == SIZE_MAX) iv_buf_puts(b, "null");
+    else iv_buf_printf(b, "%zu", cs.budget);
+    iv_buf_printf(b, ",\"cache_budget_evictions\":%" PRIu64 "}", m.budget_evictions);
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b);
+
+void build_doc(sds_t *d)
+{
+    iv_buf_t b;
+    iv_buf_init(&b);
+    render_doc(d, &b);
+    if (b.oom) {
+        iv_buf_free(&b);
+        return;
+    }
+    snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
+    d->doc = iv_buf_steal(&b, &d->doc_len);
+}
+
+static void render_doc(sds_t *d, iv_buf_t *b0)
+{
+    iv_buf_t b = *b0;
+    iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 1);
+    iv_enc_orientations(&b, d->ds);
+    iv_enc_file_state(&b, d->ds);
+    iv_rds_matrices_doc(&b, d);
+    for (int ax = 0; ax < 2; ax++) {
+        iv_buf_puts(&b, ax == 0 ? ",\"obs\":" : ",\"var\":");
+        if (!d->meta) {
+            iv_buf_puts(&b, "null");
+            continue;
+        }
+        iv_rmeta_schema(&b, d->meta, ax == 0 ? IV_AXIS_OBS : IV_AXIS_VAR);
+    }
+    iv_vds_doc(&b, d->vx);
+    iv_buf_puts(&b, "}");
+    *b0 = b;
+}
+
+/* The other orientation of a ready dataset, on a worker: the companion
+ * file when configured, else a copy built in memory under the budgets
+ * (the dataset's transpose_bytes, or the global one, and what is left of
+ * the global).  The document is rendered again for the loop to install. */
+void other_run(job_t *j)
+{
+    sds_t *d = j->ds;
+    const iv_config_t *cfg = j->srv->cfg;
+    if (d->conf->companion) {
+        iv_dataset_opts_t o;
+        iv_dataset_opts_init(&o);
+        o.group = d->conf->companion_group;
+        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+        o.membudget = j->srv->mb;
+        o.pool = j->srv->pool;
+        j->rc = iv_dataset_attach_other(d->ds, d->conf->companion, &o, &j->err);
+    } else {
+        iv_transpose_opts_t to = {
+            .budget = d->conf->transpose_bytes >= 0 ? (uint64_t)d->conf->transpose_bytes
+                                                    : (uint64_t)cfg->transpose_bytes,
+            .global = &j->srv->transpose_left,
+            .pool = j->srv->pool,
+        };
+        j->rc = iv_dataset_build_other(d->ds, &to, &j->err);
+    }
+    render_doc(d, &j->out);
+}
+
+void load_run(job_t *j)
+{
+    sds_t *d = j->ds;
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.group = d->conf->group;
+    /* The process-wide budget, with this dataset's cap and floor. */
+    o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+    o.cache_floor = (size_t)d->conf->cache_floor_bytes;
+    o.membudget = j->srv->mb;
+    /* The row-index pass and the cache prefault take the workers that are
+     * free (nested: this job is one of them, and runs its share). */
+    o.pool = j->srv->pool;
+    if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
+    j->rc = iv_dataset_open(d->conf->path, &o, &d->ds, &j->err);
+    if (j->rc == 0) {
+        iv_err_t me;
+        iv_err_clear(&me);
+        if (iv_meta_load(d->conf->path, d->conf->group, &d->meta, &me) != 0 ||
+            iv_meta_add_computed(d->meta, d->ds, &me) != 0) {
+            /* The matrix serves without names; the reason is logged on the loop. */
+            iv_meta_free(d->meta);
+            d->meta = NULL;
+            snprintf(d->err, sizeof d->err, "%s", me.msg);
+            if (me.code != IV_EUNSUPPORTED) {
+                /* A damaged file is left out whole, as `ivserve check` fails it. */
+                j->rc = me.code ? me.code : IV_EBAD_FILE;
+                j->err = me;
+                iv_dataset_close(d->ds);
+                d->ds = NULL;
+            }
+        }
+        /* Layers and raw/X: datasets of their own, X stays the primary. */
+        if (j->rc == 0 && (j->rc = iv_rds_load_matrices(d, &o, &j->err)) != 0) {
+            iv_meta_free(d->meta);
+            d->meta = NULL;
+            iv_dataset_close(d->ds);
+            d->ds = NULL;
+        }
+        if (j->rc == 0) {
+            d->vx = iv_vds_load(d->conf->path, d->ds, d->meta);
+            build_doc(d);
+        }
+    }
+    if (j->srv->h5_serial) pthread_mutex_unlock(&j->srv->h5_mu);
+}

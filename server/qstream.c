@@ -1,0 +1,353 @@
+/*
+ * Query streams: the answer to a query or count, from its set-up job to
+ * its last block.
+ *
+ * Streaming is pull-based.  A response may have at most `blocks_ahead`
+ * blocks between "submitted for decode" and "write completed on the
+ * socket" (more, up to one a worker, while workers are free; see
+ * qs_pump); the next block is submitted only when a write completes.  A
+ * slow reader therefore holds at most that many encoded blocks, and
+ * because each response keeps only a few jobs in the pool's FIFO, the
+ * blocks of concurrent queries interleave: a whole-matrix download does
+ * not hold up a one-cell query.  HTTP headers go out with the first
+ * block, so an error in the prepare step or the first block still gets a
+ * proper status; a later error is reported in the stream's trailer.
+ */
+#include "server_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "encode.h"
+
+/* ---- query streams ------------------------------------------------------ */
+
+/* Stops a stream's work: its jobs see the flag between phases and blocks. */
+void qs_cancel(qstream_t *qs)
+{
+    atomic_store_explicit(&qs->cancelled, 1, memory_order_relaxed);
+    if (qs->q) iv_query_cancel(qs->q);
+}
+
+/* A stream without its query yet: the set-up job builds it. */
+qstream_t *qs_new(conn_t *c, sds_t *d, int count)
+{
+    server_t *s = c->srv;
+    qstream_t *qs = calloc(1, sizeof *qs);
+    if (!qs) return NULL;
+    qs->base_ahead = s->cfg->limits.blocks_ahead ? s->cfg->limits.blocks_ahead : 1;
+    qs->ahead = qs->base_ahead;
+    if (qs->ahead < iv_pool_threads(s->pool)) qs->ahead = iv_pool_threads(s->pool);
+    qs->slots = calloc(qs->ahead, sizeof *qs->slots);
+    if (!qs->slots) {
+        free(qs);
+        return NULL;
+    }
+    qs->srv = s;
+    qs->c = c;
+    qs->ds = d;
+    iv_rds_ref(d);  /* a reload may drop d from the list: the stream keeps it */
+    qs->fmt = IV_FMT_NONE;
+    qs->count = count;
+    qs->next_live = s->streams;
+    if (s->streams) s->streams->prev_live = qs;
+    s->streams = qs;
+    s->n_streams++;
+    return qs;
+}
+
+void qs_free(qstream_t *qs)
+{
+    server_t *s = qs->srv;
+    if (qs->budget_wait) s->n_budget_wait--;
+    for (unsigned i = 0; i < qs->ahead; i++)
+        if (qs->slots[i]) job_free(qs->slots[i]);
+    free(qs->slots);
+    iv_query_free(qs->q);
+    if (qs->prev_live) qs->prev_live->next_live = qs->next_live;
+    else s->streams = qs->next_live;
+    if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
+    s->n_streams--;
+    ds_unref(s, qs->ds);
+    free(qs);
+}
+
+/* Queues a job of the stream (its type, block b; st for setup_job and
+ * viewer_job, owned by the job from here on, freed with it on failure). */
+int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        setup_free(st);
+        return IV_ENOMEM;
+    }
+    j->srv = qs->srv;
+    j->type = type;
+    j->qs = qs;
+    j->b = b;
+    j->setup = st;
+    int rc = job_submit(j);
+    if (rc != 0) {
+        job_free(j);
+        qs->srv->metrics.overloaded++;
+        return rc;
+    }
+    qs->inflight++;
+    return 0;
+}
+
+int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b)
+{
+    return qs_submit_job(qs, type, b, NULL);
+}
+
+/*
+ * gzip for a query answer (binary, NDJSON, JSON): when Accept-Encoding
+ * gives gzip a q above 0, or refuses identity without refusing gzip.  br
+ * is not offered for these answers: brotli output of separate encoders
+ * does not concatenate, and one encoder would compress a whole answer on
+ * one thread (README-server.md, "Compression of query answers").
+ */
+int stream_gzip_level(const server_t *s, const iv_http_req_t *r)
+{
+    const char *h = r->hdr[IV_H_ACCEPT_ENCODING];
+    double qg = iv_http_coding_q(h, "gzip");
+    if (s->cfg->gzip_level <= 0 || qg == 0) return 0;
+    return qg > 0 || iv_http_coding_q(h, "identity") == 0 ? s->cfg->gzip_level : 0;
+}
+
+/* The headers of a query answer that vary with the coding. */
+const char *stream_extra(const qstream_t *qs)
+{
+    return qs->gz_level ? "Cache-Control: no-store\r\nVary: Accept-Encoding\r\nContent-Encoding: gzip\r\n"
+                        : "Cache-Control: no-store\r\nVary: Accept-Encoding\r\n";
+}
+
+/* Turns a record the loop writes itself (the stream's header or trailer,
+ * tens of bytes) into its piece of the gzip member: stored, not
+ * compressed, so the loop never runs a compressor; the member's header
+ * before the first, its end after the last. */
+static void gz_wrap(qstream_t *qs, iv_buf_t *rec, int first, int last)
+{
+    iv_buf_t z;
+    iv_buf_init(&z);
+    uint32_t crc;
+    if (first) iv_gz_header(&z);
+    iv_gz_stored(&z, rec->data, rec->len, &crc);
+    iv_gz_sum_add(&qs->gz_sum, crc, rec->len);
+    if (last) iv_gz_finish(&z, &qs->gz_sum);
+    if (rec->oom) z.oom = 1;
+    iv_buf_free(rec);
+    *rec = z;
+}
+
+static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
+{
+    resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, stream_extra(qs));
+    c->status = 200;
+    iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
+    iv_buf_t sh;
+    iv_buf_init(&sh);
+    iv_enc_header(&sh, qs->fmt, &h);
+    if (qs->gz_level) gz_wrap(qs, &sh, 1, 0);
+    if (c->chunked) iv_buf_printf(b, "%zx\r\n", sh.len);
+    iv_buf_append(b, sh.data, sh.len);
+    if (c->chunked) iv_buf_puts(b, "\r\n");
+    if (sh.oom) b->oom = 1;
+    iv_buf_free(&sh);
+    qs->headers_sent = 1;
+}
+
+/* Ends a stream with its trailer (ok or the error) and the last chunk. */
+static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)
+{
+    conn_t *c = qs->c;
+    qs->done = 1;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    if (!qs->headers_sent) stream_headers(c, qs, &b);
+    iv_buf_t t;
+    iv_buf_init(&t);
+    if (rc == 0) {
+        iv_enc_trailer(&t, qs->fmt, 0, NULL, NULL, qs->rows, qs->nnz);
+    } else {
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", e->msg);
+        iv_enc_trailer(&t, qs->fmt, iv_error_status(rc), iv_error_code(rc), e->msg, qs->rows, qs->nnz);
+        c->close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
+    }
+    if (qs->gz_level) gz_wrap(qs, &t, 0, 1);
+    if (c->chunked) iv_buf_printf(&b, "%zx\r\n", t.len);
+    iv_buf_append(&b, t.data, t.len);
+    if (c->chunked) iv_buf_puts(&b, "\r\n0\r\n\r\n");
+    iv_buf_free(&t);
+    c->rows = qs->rows;
+    c->nnz = qs->nnz;
+    send_buf_done(c, &b);
+}
+
+void qs_fail(qstream_t *qs, int rc, const iv_err_t *e)
+{
+    conn_t *c = qs->c;
+    if (qs->q) iv_query_cancel(qs->q);
+    if (!qs->headers_sent) {
+        qs->done = 1;
+        c->rows = qs->rows;
+        send_iv_error(c, rc, e);
+        return;
+    }
+    qs_end(qs, rc, e);
+}
+
+void qs_pump(qstream_t *qs)
+{
+    conn_t *c = qs->c;
+    if (!c || qs->done || !qs->prepared) return;
+    /* Past the write budget, a stream with blocks still unsent waits (its
+     * unsent bytes are part of the overflow); budget_wake resumes it. */
+    if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
+        if (!qs->budget_wait) {
+            qs->budget_wait = 1;
+            qs->srv->n_budget_wait++;
+        }
+    }
+    /* The window is blocks_ahead, widened by the workers that have nothing
+     * else to do: alone on the server, one response decodes on all of them
+     * (3 blocks at a time made a 10,000-cell answer three times the
+     * engine's time on 16 cores); under load each keeps blocks_ahead. */
+    unsigned win = qs->base_ahead;
+    if (qs->ahead > win && qs->next_submit < qs->n_blocks) {
+        win += iv_pool_free_workers(qs->srv->pool);
+        if (win > qs->ahead) win = qs->ahead;
+    }
+    while (!qs->budget_wait && qs->next_submit < qs->n_blocks &&
+           (uint64_t)(qs->next_submit - qs->writes_done) < win) {
+        int rc = qs_submit(qs, &block_job, qs->next_submit);
+        if (rc != 0) {
+            if (qs->inflight > 0 || qs->next_write > qs->writes_done) break;  /* retried on the next completion */
+            iv_err_t e;
+            iv_err_clear(&e);
+            iv_fail(&e, rc, "the server is overloaded; retry later");
+            qs_fail(qs, rc, &e);
+            return;
+        }
+        qs->next_submit++;
+    }
+    /* Write finished blocks in order. */
+    while (qs->next_write < qs->n_blocks) {
+        job_t **slot = &qs->slots[qs->next_write % qs->ahead];
+        job_t *j = *slot;
+        if (!j || j->b != qs->next_write) break;
+        *slot = NULL;
+        char *head = NULL;
+        size_t hlen = 0;
+        if (!qs->headers_sent) {
+            iv_buf_t b;
+            iv_buf_init(&b);
+            stream_headers(c, qs, &b);
+            head = iv_buf_steal(&b, &hlen);
+        }
+        qs->rows += j->rows;
+        qs->nnz += j->nnz;
+        if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, j->crc, j->raw_len);
+        size_t plen;
+        char *payload = iv_buf_steal(&j->out, &plen);
+        job_free(j);
+        qs->next_write++;
+        if (conn_write(c, head, hlen, payload, plen, 1, c->chunked, qs, 0) != 0 || qs->c == NULL)
+            return;
+    }
+    if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
+}
+
+/* ---- the stream's jobs, back on the loop ---------------------------------- */
+
+/*
+ * What every job of a stream does first when it comes back: 1 when the
+ * caller goes on with j; 0 when the stream is detached (the client left)
+ * or already answered, and j was dropped.
+ */
+int qs_job_back(job_t *j)
+{
+    qstream_t *qs = j->qs;
+    server_t *s = j->srv;
+    qs->inflight--;
+    if (j->cancelled || j->rc == IV_ECANCELLED) s->metrics.jobs_cancelled++;
+    if (!qs->c || qs->done) {
+        /* Detached (client gone) or already answered: drop the result. */
+        job_free(j);
+        if (!qs->c && qs->inflight == 0 && qs->wq == 0) qs_free(qs);
+        else if (qs->c && qs->inflight == 0) qs_pump(qs);
+        return 0;
+    }
+    return 1;
+}
+
+/* The same for a decode job (prepare, block, whole, count), which also
+ * counts as progress on the answer; a failed one ends the stream. */
+static int decode_back(job_t *j)
+{
+    j->srv->metrics.decode_seconds += j->secs;
+    if (!qs_job_back(j)) return 0;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
+    if (j->rc != 0) {
+        iv_err_t e = j->err;
+        int rc = j->rc;
+        job_free(j);
+        qs_fail(qs, rc, &e);
+        return 0;
+    }
+    return 1;
+}
+
+static void prep_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    qs->prepared = 1;
+    qs->n_blocks = iv_query_n_blocks(qs->q);
+    job_free(j);
+    qs_pump(qs);
+}
+
+static void block_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    j->srv->metrics.blocks_decoded++;
+    qs->slots[j->b % qs->ahead] = j;
+    qs_pump(qs);
+}
+
+static void whole_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    qs->done = 1;
+    c->rows = j->rows;
+    c->nnz = j->nnz;
+    if (budget_admit(c, j->out.len) == 0) send_owned(c, 200, "application/json", &j->out, stream_extra(qs));
+    job_free(j);
+}
+
+static void count_done(job_t *j)
+{
+    if (!decode_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    qs->done = 1;
+    c->rows = j->rows;
+    c->nnz = j->nnz;
+    iv_buf_t body;
+    iv_buf_init(&body);
+    count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
+    send_owned(c, 200, "application/json", &body, NULL);
+    job_free(j);
+}
+
+const job_type_t prep_job = {prep_run, prep_done};
+const job_type_t block_job = {block_run, block_done};
+const job_type_t whole_job = {whole_run, whole_done};
+const job_type_t count_job = {count_run, count_done};

@@ -1,0 +1,423 @@
+/*
+ * Datasets on the loop: loads that come back from the workers, and
+ * reloads.
+ *
+ * Datasets are registry entries (registry.h) that each stream and load job
+ * holds by reference, so that a reload (reload_start) can change the list
+ * under running requests: an entry it drops lives until the last of them
+ * ends, and a replacement loads beside the entry it replaces and is
+ * swapped in, on the loop, only once it is ready.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * A reload (SIGHUP, POST /v1/admin/reload, iv_server_request_reload).
+ *
+ * The settings are read afresh on the loop (a small file); a bad file is
+ * refused whole and the datasets served stay as they are.  Then each
+ * dataset of the new list is compared with the one served under its id:
+ * the same settings and the same file identity (registry.h) keep the
+ * entry; anything else loads a new entry on the workers.  A new entry for
+ * a ready dataset waits beside it (the old one's `pending`) and is swapped
+ * in by on_load_done when it is ready, so queries never see a half-loaded
+ * dataset; one for a dataset that was not serving anyway (loading, failed)
+ * takes its place at once.  Datasets no longer configured leave the list
+ * at once and are freed when their last stream ends.  Connections are not
+ * touched.  The reload is over when every load it started has come back;
+ * then its summary is logged and sent to the admin request that asked.
+ */
+
+static void json_member(iv_buf_t *b, const char *id)
+{
+    if (b->len) iv_buf_puts(b, ",");
+    iv_buf_json_str(b, id);
+}
+
+void reload_free(reload_t *op)
+{
+    iv_buf_free(&op->added);
+    iv_buf_free(&op->removed);
+    iv_buf_free(&op->reloaded);
+    iv_buf_free(&op->failed);
+    free(op);
+}
+
+static void reload_finish(server_t *s)
+{
+    reload_t *op = s->reload;
+    s->reload = NULL;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, "{\"added\":[");
+    iv_buf_append(&b, op->added.data, op->added.len);
+    iv_buf_puts(&b, "],\"removed\":[");
+    iv_buf_append(&b, op->removed.data, op->removed.len);
+    iv_buf_puts(&b, "],\"reloaded\":[");
+    iv_buf_append(&b, op->reloaded.data, op->reloaded.len);
+    iv_buf_puts(&b, "],\"failed\":[");
+    iv_buf_append(&b, op->failed.data, op->failed.len);
+    iv_buf_printf(&b, "],\"unchanged\":%zu,\"seconds\":%.3f}", op->unchanged, now_s() - op->t0);
+    if (b.oom) op->waiter = NULL;  /* send_error below */
+    iv_alog_event(&s->log, op->failed.len ? "warn" : "info", "reload (%s) done: %.*s", op->why,
+                  b.oom ? 2 : (int)(b.len > 900 ? 900 : b.len), b.oom ? "{}" : b.data);
+    conn_t *c = op->waiter;
+    op->waiter = NULL;
+    if (c) send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+    iv_buf_free(&b);
+    reload_free(op);
+    if (s->reload_again && !s->draining) {
+        s->reload_again = 0;
+        reload_start(s, "asked for during the last one", NULL);
+    }
+}
+
+/* One of the reload's loads came back (or the set-up ended). */
+static void reload_step(server_t *s)
+{
+    if (s->reload && --s->reload->waiting == 0) reload_finish(s);
+}
+
+static void on_other_done(job_t *j);
+
+/* A dataset's other orientation, built or attached after it is ready. */
+static const job_type_t other_job = {other_run, on_other_done};
+
+static void on_load_done(job_t *j)
+{
+    server_t *s = j->srv;
+    sds_t *d = j->ds;
+    s->n_loading--;
+    if (j->rc != 0) {
+        d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "%s", j->err.msg);
+        iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
+                      j->replace ? "not reloaded, the one loaded before keeps serving" : "left out",
+                      j->err.msg);
+    } else if (!d->doc) {
+        d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "out of memory");
+        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
+    } else {
+        d->state = DS_READY;
+        const iv_dataset_info_t *in = iv_dataset_info(d->ds);
+        if (!d->meta)
+            iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
+                      d->conf->id, d->err);
+        iv_alog_event(&s->log, "info",
+                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
+                  d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
+                  in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
+    }
+    if (j->replace && !d->retired) {
+        /* A replacement: it takes its old entry's place when ready; when
+         * it failed, the old one keeps serving and says why. */
+        sds_t *old = NULL;
+        size_t at = 0;
+        for (size_t i = 0; i < s->reg.n && !old; i++)
+            if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
+        if (old) {
+            old->pending = NULL;  /* its reference passes to the list, or is dropped */
+            if (d->state == DS_READY) {
+                s->reg.v[at] = d;
+                ds_retire(s, old);
+            } else {
+                snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
+                d->retired = 1;
+                iv_rds_unref(d);
+            }
+        } else {
+            d->retired = 1;
+        }
+    }
+    if (s->reload && j->gen == s->reload->gen) {
+        reload_t *op = s->reload;
+        if (d->state == DS_READY) {
+            json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
+        } else {
+            if (op->failed.len) iv_buf_puts(&op->failed, ",");
+            iv_buf_puts(&op->failed, "{\"id\":");
+            iv_buf_json_str(&op->failed, d->conf->id);
+            iv_buf_puts(&op->failed, ",\"error\":");
+            iv_buf_json_str(&op->failed, d->err);
+            iv_buf_puts(&op->failed, "}");
+        }
+    }
+    if (s->n_loading == 0 && j->gen == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
+    const iv_ds_conf_t *dc = d->conf;
+    int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
+    uint64_t gen = j->gen;
+    if (d->state == DS_READY && !d->retired && !s->draining && (dc->companion || tb > 0)) {
+        /* Cell queries are served meanwhile; the other orientation joins
+         * when it is ready (see other_run).  The job keeps its reference. */
+        j->type = &other_job;
+        j->rc = 0;
+        iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
+        if (job_submit(j) == 0) j = NULL;
+        else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+    }
+    if (j) job_free(j);
+    if (s->reload && gen == s->reload->gen) reload_step(s);
+}
+
+static const job_type_t load_job = {load_run, on_load_done};
+
+/* Loads d on a worker; gen, replace and reloaded as in job_t.  A full
+ * queue fails the load at once (on_load_done reports it). */
+void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        /* Nothing can report it but the entry itself. */
+        d->state = DS_FAILED;
+        snprintf(d->err, sizeof d->err, "out of memory");
+        return;
+    }
+    j->srv = s;
+    j->type = &load_job;
+    j->ds = d;
+    iv_rds_ref(d);
+    j->gen = gen;
+    j->replace = replace;
+    j->reloaded = reloaded;
+    s->n_loading++;
+    if (s->reload && gen == s->reload->gen) s->reload->waiting++;
+    iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
+    if (job_submit(j) != 0) {
+        j->rc = iv_fail(&j->err, IV_EOVERLOADED, "the worker queue is full; reload to retry");
+        on_load_done(j);
+    }
+}
+
+/* Refuses a reload: the log line, and the admin request's answer. */
+static void reload_refuse(server_t *s, conn_t *waiter, int status, const char *code, const char *why,
+                          const char *msg)
+{
+    iv_alog_event(&s->log, "error", "reload (%s) refused: %s; the %zu datasets served are kept", why,
+                  msg, s->reg.n);
+    if (waiter) send_error(waiter, status, code, msg, status == 409 ? "Retry-After: 1\r\n" : NULL);
+}
+
+static int strv_same(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb) return 0;
+    for (size_t i = 0; i < na; i++)
+        if (strcmp(a[i], b[i])) return 0;
+    return 1;
+}
+
+/* A reload applies the datasets and the readyz policy; the log names the
+ * other settings that changed, which wait for the next start. */
+static void note_restart_keys(server_t *s, const iv_config_t *nc)
+{
+    const iv_config_t *c = s->cfg;
+    char keys[256] = "";
+    struct {
+        int changed;
+        const char *key;
+    } k[] = {
+        {strcmp(c->listen, nc->listen) != 0, "listen"},
+        {c->port != nc->port, "port"},
+        {c->threads != nc->threads || c->queue != nc->queue, "threads/queue"},
+        {c->cache_bytes != nc->cache_bytes, "cache_bytes"},
+        {c->transpose_bytes != nc->transpose_bytes, "transpose_bytes"},
+        {c->cache_max_age != nc->cache_max_age, "cache_max_age"},
+        {c->gzip_level != nc->gzip_level, "gzip_level"},
+        {!strv_same(c->cors_origins, c->n_cors, nc->cors_origins, nc->n_cors), "cors_origins"},
+        {strcmp(c->log_format, nc->log_format) || strcmp(c->access_log, nc->access_log),
+         "log_format/access_log"},
+        {memcmp(&c->limits, &nc->limits, sizeof c->limits) != 0, "limits"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].changed)
+            snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", keys[0] ? ", " : "",
+                     k[i].key);
+    if (keys[0])
+        iv_alog_event(&s->log, "warn", "reload: changed settings that take effect at the next "
+                      "start: %s (a reload applies datasets and readyz)", keys);
+}
+
+void reload_start(server_t *s, const char *why, conn_t *waiter)
+{
+    if (s->draining) {
+        if (waiter) send_error(waiter, 503, "shutting_down", "the server is shutting down", NULL);
+        return;
+    }
+    if (s->reload) {
+        if (waiter) {
+            send_error(waiter, 409, "reload_in_progress", "a reload is running; retry when it ends",
+                       "Retry-After: 1\r\n");
+            return;
+        }
+        s->reload_again = 1;
+        iv_alog_event(&s->log, "info", "reload (%s): one is running; another follows it", why);
+        return;
+    }
+    if (!s->reader) {
+        reload_refuse(s, waiter, 409, "no_config_source", why,
+                      "this server has no configuration source to read again");
+        return;
+    }
+    iv_config_t nc;
+    iv_config_init(&nc);
+    iv_err_t err;
+    iv_err_clear(&err);
+    int rc = s->reader(s->reader_arg, &nc, &err);
+    if (rc != 0) {
+        reload_refuse(s, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
+        iv_config_free(&nc);
+        return;
+    }
+    /* Everything that can fail is allocated before anything changes. */
+    size_t n = nc.n_datasets;
+    reload_t *op = calloc(1, sizeof *op);
+    sds_t **nv = calloc(n ? n : 1, sizeof *nv);
+    struct plan {
+        sds_t *fresh;     /* a new entry to load, or NULL: the served one is kept */
+        int replace;      /* it waits beside a ready entry */
+        int reloaded;     /* the id was served before */
+    } *pl = calloc(n ? n : 1, sizeof *pl);
+    /* The tokens as the new configuration has them (its tokens file, its
+     * datasets' tokens), swapped in with the new list. */
+    iv_auth_t na;
+    memset(&na, 0, sizeof na);
+    int ok = op && nv && pl && iv_auth_build(&na, &nc) == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const iv_ds_conf_t *dc = &nc.datasets[i];
+        sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
+        iv_path_id_t fid, cfid;
+        iv_path_id_read(dc->path, &fid);
+        memset(&cfid, 0, sizeof cfid);
+        if (dc->companion) iv_path_id_read(dc->companion, &cfid);
+        if (cur) {
+            /* A failed dataset is tried again whatever changed. */
+            const sds_t *latest = cur->pending ? cur->pending : cur;
+            if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
+                iv_path_id_same(&latest->fid, &fid) && iv_path_id_same(&latest->cfid, &cfid)) {
+                nv[i] = cur;
+                continue;
+            }
+        }
+        if (!(pl[i].fresh = iv_rds_new(dc))) {
+            ok = 0;
+            break;
+        }
+        pl[i].fresh->fid = fid;
+        pl[i].fresh->cfid = cfid;
+        pl[i].replace = cur && cur->state == DS_READY;
+        pl[i].reloaded = cur != NULL;
+    }
+    if (!ok) {
+        for (size_t i = 0; pl && i < n; i++)
+            if (pl[i].fresh) iv_rds_unref(pl[i].fresh);
+        free(pl);
+        free(nv);
+        free(op);
+        iv_auth_free(&na);
+        reload_refuse(s, waiter, 503, "out_of_memory", why, "out of memory");
+        iv_config_free(&nc);
+        return;
+    }
+    op->gen = ++s->reload_gen;
+    op->waiting = 1;
+    op->waiter = waiter;
+    op->t0 = now_s();
+    snprintf(op->why, sizeof op->why, "%s", why);
+    iv_buf_init(&op->added);
+    iv_buf_init(&op->removed);
+    iv_buf_init(&op->reloaded);
+    iv_buf_init(&op->failed);
+    s->reload = op;
+    s->readyz_any = nc.readyz_any;
+    iv_auth_free(&s->auth);
+    s->auth = na;
+    iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
+    note_restart_keys(s, &nc);
+    for (size_t i = 0; i < n; i++) {
+        if (!pl[i].fresh) {
+            op->unchanged++;
+            continue;
+        }
+        if (!pl[i].replace) {
+            nv[i] = pl[i].fresh;
+            continue;
+        }
+        sds_t *cur = find_ds(s, nc.datasets[i].id, strlen(nc.datasets[i].id));
+        if (cur->pending) {
+            /* A replacement still loading is superseded: its load comes
+             * back to nothing. */
+            cur->pending->retired = 1;
+            iv_rds_unref(cur->pending);
+        }
+        cur->pending = pl[i].fresh;  /* the entry holds the new one's reference */
+        nv[i] = cur;
+    }
+    /* The new list in place; what left it is retired (freed when its last
+     * request ends). */
+    sds_t **old = s->reg.v;
+    size_t n_old = s->reg.n;
+    s->reg.v = nv;
+    s->reg.n = n;
+    for (size_t k = 0; k < n_old; k++) {
+        int kept = 0;
+        for (size_t i = 0; i < n && !kept; i++) kept = nv[i] == old[k];
+        if (kept) continue;
+        if (!find_ds(s, old[k]->conf->id, strlen(old[k]->conf->id))) {
+            json_member(&op->removed, old[k]->conf->id);
+            iv_alog_event(&s->log, "info", "dataset %s removed; freed when its last request ends",
+                          old[k]->conf->id);
+        }
+        ds_retire(s, old[k]);
+    }
+    free(old);
+    for (size_t i = 0; i < n; i++)
+        if (pl[i].fresh) load_submit(s, pl[i].fresh, op->gen, pl[i].replace, pl[i].reloaded);
+    free(pl);
+    iv_config_free(&nc);
+    reload_step(s);
+}
+
+void iv_server_request_reload(struct server *s, const char *why)
+{
+    reload_start(s, why, NULL);
+}
+
+void iv_server_request_reload_async(struct server *s)
+{
+    atomic_store(&s->reload_asked, 1);
+    uv_async_send(&s->async);
+}
+
+void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)
+{
+    if (d->state != DS_READY) return;
+    d->state = DS_FAILED;
+    snprintf(d->err, sizeof d->err, "%s", why);
+    iv_alog_event(&s->log, "error", "dataset %s (%s) failed: %s", d->conf->id, d->conf->path, why);
+}
+
+static void on_other_done(job_t *j)
+{
+    server_t *s = j->srv;
+    sds_t *d = j->ds;
+    iv_orient_status_t st;
+    iv_dataset_orientations(d->ds, &st);
+    const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
+    if (j->rc == 0)
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (%s, %zu bytes, %.2f s)",
+                  d->conf->id, other, st.other_source == IV_SRC_FILE ? "companion" : "in memory",
+                  st.bytes[!st.file_orient], j->secs);
+    else
+        iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
+                  d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
+    if (!j->out.oom && j->out.len) {
+        free(d->doc);
+        snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(j->out.data, j->out.len));
+        d->doc = iv_buf_steal(&j->out, &d->doc_len);
+    }
+    job_free(j);
+}

@@ -1,0 +1,463 @@
+/*
+ * Writing answers: the status line and headers (keep-alive, chunked
+ * framing, CORS), the uv_write calls, the end of an answer (its metrics
+ * and its access-log line), and the write budget.
+ *
+ * Each write carries the sequence number of the answer it belongs to and,
+ * for a stream's block, the stream, which its completion credits
+ * (on_write): a stream hears "written" from its own blocks, never from
+ * whatever else the connection writes.  A write's buffers live until its
+ * callback.  When an answer's last write completes, the connection goes
+ * back to its state machine (conn.c, resp_finished).  The write budget
+ * bounds the bytes queued for slow readers across all connections: past
+ * it, large answers get 503, streams wait, and the connections stalled
+ * longest are cut first.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "encode.h"
+#include "version.h"
+
+/* ---- connection output -------------------------------------------------- */
+
+/* One uv_write: up to 2 + 2 * WREQ_PIECES buffers (head, chunk size,
+ * payload pieces of at most UINT_MAX bytes, chunk end). */
+#define WREQ_PIECES 4
+#define PIECE_MAX ((size_t)UINT_MAX)
+
+typedef struct wreq {
+    uv_write_t req;
+    conn_t *c;
+    char *head;           /* owned */
+    char *payload;        /* owned, or NULL when borrowed */
+    qstream_t *qs;        /* the stream whose block this is, credited on completion */
+    uint64_t seq;         /* the answer it belongs to */
+    int last;             /* the answer's last write */
+    size_t bytes;
+    char chunk[24];
+} wreq_t;
+
+static void on_write(uv_write_t *w, int status)
+{
+    wreq_t *r = (wreq_t *)w;
+    conn_t *c = r->c;
+    server_t *s = c->srv;
+    if (c->state == CS_CLOSING) s->doomed_bytes -= r->bytes;
+    c->wpending -= r->bytes;
+    s->queued_bytes -= r->bytes;
+    c->last_progress = uv_now(&s->loop);
+    free(r->head);
+    free(r->payload);
+    qstream_t *qs = r->qs;
+    int last = r->last && r->seq == c->seq;
+    free(r);
+    if (qs) {
+        /* The block's own stream is told, whatever the connection does now. */
+        qs->wq--;
+        qs->writes_done++;
+        if (!qs->c) {
+            if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
+        } else if (status == 0 && c->state != CS_CLOSING) {
+            qs_pump(qs);
+        }
+    }
+    if (s->n_budget_wait) budget_wake(s);
+    if (c->state == CS_CLOSING) return;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    if (last) resp_finished(c);
+    else if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
+}
+
+/* Queues head (owned, may be NULL) then payload (owned when own, else it
+ * must outlive the write; may be NULL), the payload framed as one chunk
+ * when chunk is set.  A block of stream qs is credited to it when written;
+ * last marks the answer's final bytes.  Returns 0, or -1 when the
+ * connection was closed instead. */
+int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
+               int chunk, qstream_t *qs, int last)
+{
+    char *owned = own ? (char *)payload : NULL;
+    if (c->state == CS_CLOSING) {
+        free(head);
+        free(owned);
+        return -1;
+    }
+    wreq_t *r = calloc(1, sizeof *r);
+    if (!r || plen > PIECE_MAX * WREQ_PIECES) {
+        free(r);
+        free(head);
+        free(owned);
+        conn_close(c);
+        return -1;
+    }
+    r->c = c;
+    r->head = head;
+    r->payload = owned;
+    r->qs = qs;
+    r->seq = c->seq;
+    r->last = last;
+    uv_buf_t bufs[3 + WREQ_PIECES];
+    unsigned n = 0;
+    if (head && hlen) bufs[n++] = uv_buf_init(head, (unsigned)hlen);
+    if (payload && plen) {
+        if (chunk) {
+            int cl = snprintf(r->chunk, sizeof r->chunk, "%zx\r\n", plen);
+            bufs[n++] = uv_buf_init(r->chunk, (unsigned)cl);
+        }
+        /* uv_buf_t lengths are unsigned int: a body past 4 GiB goes in pieces. */
+        for (size_t off = 0; off < plen; off += PIECE_MAX) {
+            size_t k = plen - off < PIECE_MAX ? plen - off : PIECE_MAX;
+            bufs[n++] = uv_buf_init((char *)payload + off, (unsigned)k);
+        }
+        if (chunk) bufs[n++] = uv_buf_init((char *)"\r\n", 2);
+    }
+    for (unsigned i = 0; i < n; i++) r->bytes += bufs[i].len;
+    if (n == 0) bufs[n++] = uv_buf_init((char *)"", 0);
+    if (qs) qs->wq++;
+    if (!c->wpending) c->last_progress = uv_now(&c->srv->loop);
+    c->wpending += r->bytes;
+    c->srv->queued_bytes += r->bytes;
+    c->bytes += r->bytes;
+    if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
+    if (uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, n, on_write) != 0) {
+        c->wpending -= r->bytes;
+        c->srv->queued_bytes -= r->bytes;
+        if (qs) qs->wq--;
+        free(head);
+        free(owned);
+        free(r);
+        conn_close(c);
+        return -1;
+    }
+    if (c->state == CS_RESPONDING && n && r->bytes) conn_set_state(c, CS_RESPONDING);
+    return 0;
+}
+
+int origin_allowed(const server_t *s, const char *origin)
+{
+    if (!origin) return 0;
+    for (size_t i = 0; i < s->cfg->n_cors; i++)
+        if (!strcmp(s->cfg->cors_origins[i], "*") || !strcmp(s->cfg->cors_origins[i], origin))
+            return 1;
+    return 0;
+}
+
+/* Status line and headers.  content_length < 0 means a streamed body (or,
+ * for HEAD, a length not known without computing the body). */
+void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
+               const char *extra)
+{
+    iv_http_req_t *r = c->req;
+    int keep = r && r->keep_alive && !c->close_after && !c->srv->draining;
+    iv_buf_printf(b, "HTTP/1.1 %d %s\r\nServer: ivserve/%s\r\n", status, iv_http_reason(status),
+                  iv_version());
+    if (ctype) iv_buf_printf(b, "Content-Type: %s\r\n", ctype);
+    if (content_length >= 0) {
+        iv_buf_printf(b, "Content-Length: %" PRId64 "\r\n", content_length);
+    } else if (r && r->http_minor >= 1) {
+        iv_buf_puts(b, "Transfer-Encoding: chunked\r\n");
+        c->chunked = 1;
+    } else {
+        keep = 0;  /* HTTP/1.0 has no chunking: the end of the body is the close */
+    }
+    if (!keep) c->close_after = 1;
+    iv_buf_puts(b, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
+    const char *origin = r ? r->hdr[IV_H_ORIGIN] : NULL;
+    if (origin_allowed(c->srv, origin)) {
+        iv_buf_puts(b, "Access-Control-Allow-Origin: ");
+        iv_buf_puts(b, origin);
+        iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
+                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
+    }
+    if (extra) iv_buf_puts(b, extra);
+    if (c->dropped_hdr && status < 300) {
+        /* JSON keeps the names unambiguous; control characters are escaped
+         * by it; the setup bounded its length. */
+        iv_buf_puts(b, "X-Ivserve-Dropped-Names: ");
+        iv_buf_puts(b, c->dropped_hdr);
+        iv_buf_puts(b, "\r\n");
+    }
+    iv_buf_puts(b, "\r\n");
+}
+
+/* Sends a complete answer, head (consumed) and body, in one uv_write, and
+ * ends the request; a head that ran out of memory closes the connection
+ * instead.  body_own: body is heap memory handed over; otherwise it must
+ * outlive the write (static text, a dataset's document). */
+static void send_resp(conn_t *c, iv_buf_t *head, const char *body, size_t len, int body_own)
+{
+    if (head->oom) {
+        iv_buf_free(head);
+        if (body_own) free((char *)body);
+        conn_close(c);
+        return;
+    }
+    size_t n;
+    char *p = iv_buf_steal(head, &n);
+    if (conn_write(c, p, n, body, len, body_own, 0, NULL, 1) == 0) req_done(c);
+}
+
+void send_buf_done(conn_t *c, iv_buf_t *b)
+{
+    send_resp(c, b, NULL, 0, 0);
+}
+
+/* body must outlive the write (static text or a dataset's document). */
+void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
+                 const char *extra)
+{
+    iv_buf_t b;
+    iv_buf_init(&b);
+    resp_head(c, &b, status, ctype, (int64_t)len, extra);
+    int head_only = c->req && c->req->method == HTTP_HEAD;
+    c->status = status;
+    send_resp(c, &b, head_only ? NULL : body, head_only ? 0 : len, 0);
+}
+
+/* The body is taken from body (left empty); its memory is written as is. */
+void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra)
+{
+    if (body->oom) {
+        iv_buf_free(body);
+        conn_close(c);
+        return;
+    }
+    iv_buf_t b;
+    iv_buf_init(&b);
+    resp_head(c, &b, status, ctype, (int64_t)body->len, extra);
+    int head_only = c->req && c->req->method == HTTP_HEAD;
+    c->status = status;
+    size_t n;
+    char *p = iv_buf_steal(body, &n);
+    if (head_only) {
+        free(p);
+        p = NULL;
+        n = 0;
+    }
+    send_resp(c, &b, p, n, 1);
+}
+
+void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra)
+{
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_enc_error(&b, code, msg);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    if (status == 503 && !extra) extra = "Retry-After: 1\r\n";
+    send_owned(c, status, "application/json", &b, extra);
+}
+
+/*
+ * The answer to an engine error: its status and code come from the one
+ * table of core/error.h (iv_error_status, iv_error_code), never from a
+ * special case here; an error that needs another status needs its own row
+ * there.  The message is e's, or the table's when e has none.
+ */
+void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
+{
+    int status = iv_error_status(rc);
+    const char *msg = e && e->msg[0] ? e->msg : iv_error_message(rc);
+    if (status >= 500) {
+        /* The log keeps the whole message; the client is not shown where
+         * the server's files are. */
+        char red[sizeof e->msg];
+        iv_http_redact_paths(red, sizeof red, msg);
+        send_error(c, status, iv_error_code(rc), red, NULL);
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+        return;
+    }
+    send_error(c, status, iv_error_code(rc), msg, NULL);
+}
+
+/* ---- request completion, access log ------------------------------------ */
+
+/* One line for the answer; bytes is what was written (or, for a closing
+ * connection's last answer, what the client acknowledged). */
+void access_log(conn_t *c, uint64_t bytes)
+{
+    const iv_config_t *cfg = c->srv->cfg;
+    char client[48];
+    iv_alog_client(client, sizeof client, c->peer, c->peer_ok ? c->peer_ip : NULL,
+                   c->req ? c->req->hdr[IV_H_X_FORWARDED_FOR] : NULL, cfg->trusted_proxies,
+                   cfg->n_trusted_proxies);
+    iv_alog_entry_t e = {
+        .method = c->req ? method_name(c->req->method) : "-",
+        .path = c->req && c->req->path ? c->req->path : "",
+        .client = client,
+        .peer = c->peer,
+        .token = c->tokname,
+        .cells = c->cells,
+        .genes = c->genes,
+        .dataset = c->dsid,
+        .error = c->errmsg,
+        .status = c->status,
+        .rows = c->rows,
+        .nnz = c->nnz,
+        .bytes = bytes,
+        .ms = (double)((c->t_end ? c->t_end : uv_hrtime()) - c->t0) / 1e6,
+    };
+    iv_alog_access(&c->srv->log, &e);
+}
+
+/* Forgets the answered request (after its log line). */
+void req_reset(conn_t *c)
+{
+    iv_http_req_free(c->req);
+    free(c->req);
+    c->req = NULL;
+    c->log_pending = 0;
+    c->dsid[0] = c->errmsg[0] = c->tokname[0] = '\0';
+    c->cells = c->genes = -1;
+    c->rows = c->nnz = 0;
+    c->bytes = 0;
+    c->chunked = 0;
+    c->status = 0;
+    c->t_end = 0;
+}
+
+/* Starts answering: a new sequence number, the compute deadline. */
+void resp_begin(conn_t *c, iv_http_req_t *req)
+{
+    c->active = 1;
+    c->seq++;
+    c->req = req;
+    c->t0 = uv_hrtime();
+    c->bytes = 0;
+    c->resp_ended = 0;
+    c->expect_checked = 0;
+    if (c->srv->draining) c->close_after = 1;
+    conn_set_state(c, CS_DISPATCHED);
+}
+
+/* An answer that is not to a complete request (bad input, a timeout while
+ * reading, a refused connection): the connection closes after it. */
+void resp_begin_error(conn_t *c)
+{
+    c->close_after = 1;
+    resp_begin(c, NULL);
+}
+
+/* The answer's last bytes are queued: log, count, detach the stream.  The
+ * connection moves on when that last write completes (resp_finished). */
+void req_done(conn_t *c)
+{
+    if (!c->active) return;
+    server_t *s = c->srv;
+    c->active = 0;
+    /* An admin reload answered otherwise (a timeout, the client left):
+     * the reload goes on, and its summary is only logged. */
+    if (s->reload && s->reload->waiter == c) s->reload->waiter = NULL;
+    c->resp_ended = 1;
+    c->t_end = uv_hrtime();
+    free(c->dropped);
+    free(c->dropped_hdr);
+    c->dropped = c->dropped_hdr = NULL;
+    iv_metrics_request(&s->metrics, c->route, c->status, (double)(c->t_end - c->t0) / 1e9,
+                       c->bytes);
+    if (c->qs) {
+        qstream_t *qs = c->qs;
+        c->qs = NULL;
+        qs->c = NULL;
+        if (qs->budget_wait) {
+            qs->budget_wait = 0;
+            s->n_budget_wait--;
+        }
+        if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
+        else qs_cancel(qs);
+    }
+    if (c->req && !c->req->keep_alive) c->close_after = 1;
+    if (s->draining) c->close_after = 1;
+    if (c->close_after && c->state != CS_CLOSING) {
+        /* The log line of a connection's last answer waits for the close,
+         * to say how many bytes the client really acknowledged. */
+        c->log_pending = 1;
+        return;
+    }
+    access_log(c, c->bytes);
+    req_reset(c);
+}
+
+/* ---- the write budget -------------------------------------------------- */
+
+/* An answer at most this large is always sent: the budget is about the
+ * large ones. */
+#define BUDGET_SMALL ((size_t)64 << 10)
+/* A connection whose writes made no progress for this long may be cut to
+ * make room for others. */
+#define BUDGET_SLOW_MS 1000
+
+static size_t budget_used(const server_t *s)
+{
+    return s->queued_bytes - s->doomed_bytes;
+}
+
+/*
+ * True when the bytes waiting to be written across every connection are
+ * under the budget, so that a new large answer (or a stream's next block)
+ * may start.  When they are not, the connections whose writes have
+ * stalled longest (at least BUDGET_SLOW_MS) are cut first, one at a time,
+ * until they are; c itself is spared.  An answer that starts under the
+ * budget may take it past by its own size: one answer is never refused
+ * for being large alone (the JSON and row limits bound it).
+ */
+int budget_room(conn_t *c)
+{
+    server_t *s = c->srv;
+    size_t limit = s->cfg->limits.write_budget_bytes;
+    uint64_t now = uv_now(&s->loop);
+    while (budget_used(s) >= limit) {
+        conn_t *worst = NULL;
+        for (conn_t *o = s->conns; o; o = o->next)
+            if (o != c && o->wpending && o->state != CS_CLOSING &&
+                now - o->last_progress >= BUDGET_SLOW_MS &&
+                (!worst || o->last_progress < worst->last_progress))
+                worst = o;
+        if (!worst) return 0;
+        snprintf(worst->errmsg, sizeof worst->errmsg,
+                 "cut: the write budget of %zu bytes is spent and this client read nothing for "
+                 "%" PRIu64 " ms",
+                 limit, now - worst->last_progress);
+        s->metrics.budget_cuts++;
+        conn_close(worst);
+    }
+    return 1;
+}
+
+/* 0 when an answer of len bytes may go out now; otherwise a 503 was sent. */
+int budget_admit(conn_t *c, size_t len)
+{
+    if (len <= BUDGET_SMALL || budget_room(c)) return 0;
+    c->srv->metrics.overloaded++;
+    send_error(c, 503, "overloaded",
+               "the server holds too many unsent answers for slow clients; retry later",
+               "Retry-After: 1\r\n");
+    return -1;
+}
+
+/* Some bytes were written or dropped: streams waiting for the budget go on. */
+void budget_wake(server_t *s)
+{
+    if (budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
+    /* A pump may end streams or cut connections (freeing their streams),
+     * so the list is scanned again from its head after each one. */
+    for (qstream_t *qs = s->streams; qs;) {
+        if (qs->budget_wait != 1) {
+            qs = qs->next_live;
+            continue;
+        }
+        qs->budget_wait = 0;
+        s->n_budget_wait--;
+        if (qs->c) qs_pump(qs);
+        if (!s->n_budget_wait || budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
+        qs = s->streams;
+    }
+}

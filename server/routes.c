@@ -1,0 +1,526 @@
+/*
+ * The routes: dispatch() maps a request's method and path to its handler,
+ * and route_precheck() makes the same decisions on the headers alone (for
+ * Expect: 100-continue).  The bearer-token checks (auth.h) are answered
+ * here.  The handlers that answer at once, on the loop, live here too
+ * (health, readiness, metrics, OpenAPI, the dataset list and document,
+ * the admin reload); those whose answer is computed on a worker are in
+ * routes_query.c.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "enc_dataset.h"
+#include "openapi.h"
+#include "routes_static.h"
+
+/* ---- routes ------------------------------------------------------------- */
+
+sds_t *find_ds(server_t *s, const char *id, size_t n)
+{
+    return iv_registry_find(&s->reg, id, n);
+}
+
+/* The answer to a query on a dataset that failed: 503, naming the failure
+ * (paths shortened: the client is not shown where the files are), without
+ * Retry-After, since only a reload changes it. */
+static void failed_msg(const sds_t *d, char *out, size_t cap)
+{
+    char red[sizeof d->err];
+    iv_http_redact_paths(red, sizeof red, d->err[0] ? d->err : "unknown error");
+    snprintf(out, cap, "dataset '%.128s' failed to load: %.300s", d->conf->id, red);
+}
+
+/* The answer to a refusal of auth.h.  The message depends on the verdict
+ * alone, never on the dataset, so that an unknown id and a protected one
+ * answer the same bytes. */
+static int auth_refuse(iv_auth_verdict_t v, rfail_t *f)
+{
+    f->extra = NULL;
+    switch (v) {
+    case IV_AUTH_OK:
+        return 0;
+    case IV_AUTH_MISSING:
+        f->status = 401;
+        f->code = "unauthorized";
+        snprintf(f->msg, sizeof f->msg, "this resource needs an Authorization: Bearer token");
+        f->extra = "WWW-Authenticate: Bearer realm=\"ivserve\"\r\n";
+        break;
+    case IV_AUTH_BAD_TOKEN:
+        f->status = 401;
+        f->code = "invalid_token";
+        snprintf(f->msg, sizeof f->msg, "the bearer token is not valid");
+        f->extra = "WWW-Authenticate: Bearer realm=\"ivserve\", error=\"invalid_token\"\r\n";
+        break;
+    case IV_AUTH_DENIED:
+        f->status = 403;
+        f->code = "forbidden";
+        snprintf(f->msg, sizeof f->msg, "the token does not open this resource");
+        break;
+    }
+    return -1;
+}
+
+static void note_token(char *out, const iv_auth_token_t *tok)
+{
+    if (out) snprintf(out, TOKNAME_BYTES, "%s", tok ? tok->name : "");
+}
+
+/* A dataset route's bearer check (d NULL or failed: the id names no
+ * dataset that answers), in one place for dispatch and route_precheck. */
+static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f, char *tokname)
+{
+    const iv_auth_token_t *tok;
+    iv_auth_verdict_t v = iv_auth_dataset(&s->auth, r->hdr[IV_H_AUTHORIZATION], d ? d->conf->id : NULL, &tok);
+    note_token(tokname, tok);
+    return auth_refuse(v, f);
+}
+
+/* The dataset list's check: a bad token is refused; no token is refused
+ * only when no dataset is public (the client needs one to see anything).
+ * *tok: whose list it is. */
+static int list_ok(server_t *s, const iv_http_req_t *r, rfail_t *f, const iv_auth_token_t **tok)
+{
+    *tok = NULL;
+    if (s->auth.n == 0) return 0;
+    iv_auth_verdict_t v = iv_auth_identify(&s->auth, r->hdr[IV_H_AUTHORIZATION], tok);
+    if (v == IV_AUTH_MISSING) {
+        for (size_t i = 0; i < s->reg.n; i++)
+            if (!iv_auth_protected(&s->auth, s->reg.v[i]->conf->id)) v = IV_AUTH_OK;
+    }
+    return auth_refuse(v, f);
+}
+
+/* A route that needs a scope: /metrics (IV_SCOPE_METRICS, when
+ * metrics_auth is on) and the admin routes (IV_SCOPE_ADMIN: POST
+ * /v1/admin/reload answers through `if (scope_check(c, IV_SCOPE_ADMIN))
+ * return;`).  0 when the request may proceed; otherwise an answer was
+ * sent. */
+static int scope_check(conn_t *c, unsigned scope)
+{
+    const iv_auth_token_t *tok;
+    rfail_t f;
+    memset(&f, 0, sizeof f);
+    iv_auth_verdict_t v = iv_auth_scope(&c->srv->auth, c->req->hdr[IV_H_AUTHORIZATION], scope, &tok);
+    note_token(c->tokname, tok);
+    if (auth_refuse(v, &f) == 0) return 0;
+    send_error(c, f.status, f.code, f.msg, f.extra);
+    return -1;
+}
+
+int method_ok(conn_t *c, int allow_post)
+{
+    int m = c->req->method;
+    if (m == HTTP_GET || m == HTTP_HEAD || (allow_post && m == HTTP_POST)) return 1;
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s is not allowed here", method_name(m));
+    send_error(c, 405, "method_not_allowed", msg,
+               allow_post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
+    return 0;
+}
+
+static void route_list(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (!method_ok(c, 0)) return;
+    const iv_auth_token_t *tok;
+    rfail_t f;
+    memset(&f, 0, sizeof f);
+    int refused = list_ok(s, c->req, &f, &tok);
+    note_token(c->tokname, tok);
+    if (refused) {
+        send_error(c, f.status, f.code, f.msg, f.extra);
+        return;
+    }
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, "{\"datasets\":[");
+    int first = 1;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
+        /* Each client sees only what it may read: a protected dataset's
+         * id, title and shape are not shown to others. */
+        if (!iv_auth_may_read(&s->auth, tok, d->conf->id)) continue;
+        if (!first) iv_buf_puts(&b, ",");
+        first = 0;
+        if (d->state == DS_READY && d->doc) {
+            /* The dataset document minus the column lists keeps this short. */
+            iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 0);
+            iv_buf_puts(&b, ",\"state\":\"ready\"");
+        } else {
+            iv_buf_puts(&b, "{\"id\":");
+            iv_buf_json_str(&b, d->conf->id);
+            iv_buf_puts(&b, ",\"title\":");
+            iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
+            iv_buf_printf(&b, ",\"ready\":false,\"state\":\"%s\"",
+                          d->state == DS_FAILED ? "failed" : "loading");
+            if (d->state == DS_FAILED) {
+                char msg[480];
+                failed_msg(d, msg, sizeof msg);
+                iv_buf_puts(&b, ",\"error\":");
+                iv_buf_json_str(&b, msg);
+            }
+        }
+        /* A reload's replacement: loading beside this one, or failed
+         * while this one kept serving. */
+        if (d->pending) iv_buf_puts(&b, ",\"reload\":\"loading\"");
+        else if (d->reload_err[0]) {
+            char red[sizeof d->reload_err];
+            iv_http_redact_paths(red, sizeof red, d->reload_err);
+            iv_buf_puts(&b, ",\"reload_error\":");
+            iv_buf_json_str(&b, red);
+        }
+        iv_buf_puts(&b, "}");
+    }
+    iv_buf_puts(&b, "]}");
+    /* Each client has its own list: no shared cache may hand it to another. */
+    send_owned(c, 200, "application/json", &b,
+               s->auth.n ? "Cache-Control: private, no-cache\r\nVary: Authorization\r\n" : NULL);
+}
+
+static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
+{
+    sds_t *d = find_ds(c->srv, id, n);
+    snprintf(c->dsid, sizeof c->dsid, "%.*s", (int)(n > 128 ? 128 : n), id);
+    /* The token first: an unknown id answers as a dataset the client may
+     * not read would (auth.h), so ids cannot be probed. */
+    rfail_t f;
+    memset(&f, 0, sizeof f);
+    if (token_ok(c->srv, c->req, d, &f, c->tokname)) {
+        send_error(c, f.status, f.code, f.msg, f.extra);
+        return NULL;
+    }
+    if (!d) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "no dataset '%.*s'", (int)(n > 128 ? 128 : n), id);
+        send_error(c, 404, "not_found", msg, NULL);
+        return NULL;
+    }
+    if (d->state == DS_FAILED) {
+        char msg[480];
+        failed_msg(d, msg, sizeof msg);
+        send_error(c, 503, "dataset_failed", msg, "Cache-Control: no-store\r\n");
+        return NULL;
+    }
+    if (d->state == DS_LOADING) {
+        send_error(c, 503, "not_ready", "the dataset is still loading", "Retry-After: 1\r\n");
+        return NULL;
+    }
+    return d;
+}
+
+static void route_doc(conn_t *c, sds_t *d)
+{
+    if (!method_ok(c, 0)) return;
+    /* The document as built at load, with its memory member rendered now
+     * (a cache's size changes with every query); the ETag covers both. */
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_append(&b, d->doc, d->doc_len - 1);
+    put_memory(&b, d);
+    iv_buf_puts(&b, "}");
+    if (b.oom) {
+        iv_buf_free(&b);
+        send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    char etag[24];
+    snprintf(etag, sizeof etag, "\"%016" PRIx64 "\"", fnv1a(b.data, b.len));
+    const char *inm = c->req->hdr[IV_H_IF_NONE_MATCH];
+    char extra[96];
+    snprintf(extra, sizeof extra, "ETag: %s\r\nCache-Control: no-cache\r\n", etag);
+    if (inm && (strstr(inm, etag) || !strcmp(inm, "*"))) {
+        iv_buf_free(&b);
+        send_simple(c, 304, NULL, NULL, 0, extra);
+        return;
+    }
+    send_owned(c, 200, "application/json", &b, extra);
+}
+
+static void route_metrics(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (!method_ok(c, 0) || scope_check(c, IV_SCOPE_METRICS)) return;
+    iv_metrics_gauges_t g;
+    memset(&g, 0, sizeof g);
+    g.queue_depth = iv_pool_queued(s->pool);
+    g.open_connections = s->n_conns;
+    g.active_streams = s->n_streams;
+    g.queued_write_bytes = s->queued_bytes;
+    g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
+    iv_mem_process(&g.process_rss, &g.process_anon);
+    iv_metrics_ds_mem_t *mem = calloc(s->reg.n ? s->reg.n : 1, sizeof *mem);
+    g.ds_mem = mem;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
+        if (d->state == DS_READY) {
+            g.datasets_ready++;
+            if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
+            iv_cache_stats_t cs;
+            iv_dataset_cache_stats(d->ds, &cs);
+            iv_rds_matrices_cache(d, &cs);
+            g.cache_bytes += cs.used;
+            g.cache_hits += cs.hits;
+            g.cache_misses += cs.misses;
+        } else if (d->state == DS_FAILED) {
+            g.datasets_failed++;
+        } else {
+            g.datasets_loading++;
+        }
+    }
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_metrics_render(&s->metrics, &g, &b);
+    free(mem);
+    send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
+}
+
+/*
+ * /readyz: "all" (default) is ready when every configured dataset is
+ * loaded, so a failed one keeps the replica out of a load balancer's
+ * rotation and someone notices; "any" when at least one is, for a server
+ * whose other datasets should stay reachable whatever one file does.
+ */
+static void route_readyz(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (!method_ok(c, 0)) return;
+    iv_registry_counts_t n;
+    iv_registry_count(&s->reg, &n);
+    const char *policy = s->readyz_any ? "any" : "all";
+    if (iv_registry_ready(&s->reg, s->readyz_any)) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        iv_buf_printf(&b, "{\"status\":\"ready\",\"policy\":\"%s\",\"ready\":%zu,\"loading\":%zu,"
+                      "\"failed\":%zu}", policy, n.ready, n.loading, n.failed);
+        send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+        return;
+    }
+    /* Name the datasets that are not ready (bounded: the message is a line). */
+    iv_buf_t m;
+    iv_buf_init(&m);
+    iv_buf_printf(&m, "%zu of %zu datasets ready (readyz policy \"%s\")", n.ready, s->reg.n, policy);
+    for (int failed = 1; failed >= 0; failed--) {
+        int first = 1;
+        for (size_t i = 0; i < s->reg.n && m.len < 400; i++) {
+            const sds_t *d = s->reg.v[i];
+            if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
+            iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
+                          d->conf->id);
+            first = 0;
+        }
+    }
+    iv_buf_append(&m, "", 1);
+    send_error(c, 503, "not_ready", m.oom ? "datasets are not ready" : m.data, "Retry-After: 1\r\n");
+    iv_buf_free(&m);
+}
+
+/* POST /v1/admin/reload: the same as SIGHUP, answered with the summary
+ * once the new and changed datasets are loaded (or failed).  It needs an
+ * admin token when the server has any token (scope_check). */
+static void route_admin_reload(conn_t *c)
+{
+    if (c->req->method != HTTP_POST) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here", method_name(c->req->method));
+        send_error(c, 405, "method_not_allowed", msg, "Allow: POST, OPTIONS\r\n");
+        return;
+    }
+    if (scope_check(c, IV_SCOPE_ADMIN)) return;
+    reload_start(c->srv, "POST /v1/admin/reload", c);
+}
+
+void dispatch(conn_t *c)
+{
+    server_t *s = c->srv;
+    iv_http_req_t *r = c->req;
+    const char *p = r->path;
+    c->route = IV_R_OTHER;
+    if (r->method == HTTP_OPTIONS) {
+        const char *origin = r->hdr[IV_H_ORIGIN];
+        if (origin_allowed(s, origin))
+            send_simple(c, 204, NULL, NULL, 0,
+                        "Allow: GET, HEAD, POST, OPTIONS\r\n"
+                        "Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS\r\n"
+                        "Access-Control-Allow-Headers: Authorization, Content-Type, Accept\r\n"
+                        "Access-Control-Max-Age: 600\r\n");
+        else
+            send_simple(c, 204, NULL, NULL, 0, "Allow: GET, HEAD, POST, OPTIONS\r\n");
+        return;
+    }
+    if (!strcmp(p, "/healthz")) {
+        c->route = IV_R_HEALTHZ;
+        if (method_ok(c, 0)) send_simple(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+        return;
+    }
+    if (!strcmp(p, "/readyz")) {
+        c->route = IV_R_READYZ;
+        if (!method_ok(c, 0)) return;
+        route_readyz(c);
+        return;
+    }
+    if (!strcmp(p, "/openapi.json")) {
+        if (method_ok(c, 0))
+            send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
+                        "Cache-Control: no-cache\r\n");
+        return;
+    }
+    if (!strcmp(p, "/metrics")) {
+        c->route = IV_R_METRICS;
+        route_metrics(c);
+        return;
+    }
+    if (!strcmp(p, "/v1/admin/reload")) {
+        c->route = IV_R_OTHER;
+        route_admin_reload(c);
+        return;
+    }
+    iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
+    if (iv_static_route(p, r->method, r->hdr[IV_H_IF_NONE_MATCH], r->hdr[IV_H_ACCEPT_ENCODING], &sr)) {
+        send_simple(c, sr.status, sr.ctype, sr.body, sr.len, sr.extra);
+        return;
+    }
+    static const char pre[] = "/v1/datasets";
+    if (!strncmp(p, pre, sizeof pre - 1)) {
+        const char *rest = p + sizeof pre - 1;
+        if (*rest == '\0' || !strcmp(rest, "/")) {
+            c->route = IV_R_DATASETS;
+            route_list(c);
+            return;
+        }
+        if (*rest == '/') {
+            const char *id = rest + 1;
+            const char *slash = strchr(id, '/');
+            size_t idn = slash ? (size_t)(slash - id) : strlen(id);
+            const char *sub = slash ? slash : "";
+            int vroute = iv_vroute_match(sub);
+            if (vroute != IV_VR_NONE && idn > 0) {
+                c->route = IV_R_DATASET;
+                sds_t *d = ready_ds(c, id, idn);
+                if (d) route_viewer(c, d, vroute, sub);
+                return;
+            }
+            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
+                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
+            if (!*sub || meta) c->route = IV_R_DATASET;
+            else if (!strcmp(sub, "/query")) c->route = IV_R_QUERY;
+            else if (!strcmp(sub, "/count")) c->route = IV_R_COUNT;
+            if (c->route != IV_R_OTHER && idn > 0) {
+                sds_t *d = ready_ds(c, id, idn);
+                if (!d) return;
+                /* obs and var paths (meta) went to route_viewer above. */
+                if (c->route == IV_R_DATASET) route_doc(c, d);
+                else route_query(c, d, c->route == IV_R_COUNT);
+                return;
+            }
+        }
+    }
+    if (r->method != HTTP_GET && r->method != HTTP_HEAD && r->method != HTTP_POST) {
+        /* TRACE, CONNECT and the like exist nowhere on this server. */
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here", method_name(r->method));
+        send_error(c, 405, "method_not_allowed", msg, "Allow: GET, HEAD, POST, OPTIONS\r\n");
+        return;
+    }
+    send_error(c, 404, "not_found", "no such path", NULL);
+}
+
+/*
+ * The checks dispatch() makes before any work, made on the headers alone:
+ * whether a request that expects "100 Continue" would be refused anyway
+ * (unknown path or dataset, wrong method, missing or wrong token, dataset
+ * still loading).  It follows dispatch's path rules; a route added there
+ * belongs here too.  0: the request may go on; otherwise *f says the
+ * answer.
+ */
+int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
+{
+    server_t *s = c->srv;
+    const char *p = r->path ? r->path : "";
+    memset(f, 0, sizeof *f);
+    f->route = IV_R_OTHER;
+    int m = r->method, allow_post = 0;
+    if (m == HTTP_OPTIONS) return 0;
+    static const char pre[] = "/v1/datasets";
+    const sds_t *d = NULL;
+    if (!strcmp(p, "/v1/admin/reload")) {
+        if (m != HTTP_POST) {
+            f->status = 405;
+            f->code = "method_not_allowed";
+            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+            f->extra = "Allow: POST, OPTIONS\r\n";
+            return -1;
+        }
+        const iv_auth_token_t *tok;
+        return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_ADMIN, &tok), f);
+    }
+    if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
+        f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
+                                                                                  : IV_R_METRICS;
+        const iv_auth_token_t *tok;
+        if (f->route == IV_R_METRICS &&
+            auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f))
+            return -1;
+    } else if (!strncmp(p, pre, sizeof pre - 1)) {
+        const char *rest = p + sizeof pre - 1;
+        if (*rest == '\0' || !strcmp(rest, "/")) {
+            f->route = IV_R_DATASETS;
+            const iv_auth_token_t *tok;
+            if (list_ok(s, r, f, &tok)) return -1;
+        } else if (*rest == '/') {
+            const char *id = rest + 1;
+            const char *slash = strchr(id, '/');
+            size_t idn = slash ? (size_t)(slash - id) : strlen(id);
+            const char *sub = slash ? slash : "";
+            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
+                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
+            if (!*sub || meta) f->route = IV_R_DATASET;
+            else if (!strcmp(sub, "/query")) f->route = IV_R_QUERY;
+            else if (!strcmp(sub, "/count")) f->route = IV_R_COUNT;
+            if (f->route != IV_R_OTHER && idn > 0) {
+                d = find_ds(s, id, idn);
+                if (token_ok(s, r, d, f, NULL)) return -1;
+                if (!d) {
+                    f->status = 404;
+                    f->code = "not_found";
+                    snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
+                    return -1;
+                }
+                if (d->state == DS_FAILED) {
+                    f->status = 503;
+                    f->code = "dataset_failed";
+                    snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load",
+                             (int)(idn > 128 ? 128 : idn), id);
+                    f->extra = "Cache-Control: no-store\r\n";
+                    return -1;
+                }
+                if (d->state == DS_LOADING) {
+                    f->status = 503;
+                    f->code = "not_ready";
+                    snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
+                    f->extra = "Retry-After: 1\r\n";
+                    return -1;
+                }
+                allow_post = f->route == IV_R_QUERY || f->route == IV_R_COUNT;
+            } else {
+                f->route = IV_R_OTHER;
+            }
+        }
+    }
+    if (f->route == IV_R_OTHER) {
+        f->status = 404;
+        f->code = "not_found";
+        snprintf(f->msg, sizeof f->msg, "no such path");
+        return -1;
+    }
+    if (m == HTTP_GET || m == HTTP_HEAD || (allow_post && m == HTTP_POST)) return 0;
+    f->status = 405;
+    f->code = "method_not_allowed";
+    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+    f->extra = allow_post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n";
+    return -1;
+}

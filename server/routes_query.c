@@ -1,0 +1,262 @@
+/*
+ * The routes whose answers are computed on a worker: a query or count
+ * (route_query) and the viewer routes (route_viewer), which include the
+ * obs and var tables and columns.  Each copies what the worker needs from
+ * the request into a setup_t and hands it to the first job of a new
+ * stream (submit_setup); the loop half (route_query_finish,
+ * route_viewer_finish) checks the limits, sends the answers that need no
+ * decode, and starts the decode jobs of qstream.c.
+ */
+#include "server_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "enc_dataset.h"
+#include "encode.h"
+
+/* The body of a count answer; nnz and total from the pointer arrays and the
+ * computed metadata columns, or from a decode when those do not suffice. */
+void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total)
+{
+    iv_enc_count(b, q, nnz, total, c->qs && c->qs->ds ? c->qs->ds->ds : NULL, c->dropped);
+}
+
+/* Hands st (owned from here on) to a worker as the first job (of type
+ * type) of a new stream for c, a count answer when count is set.  The
+ * stream exists from now on, so that a client that goes away detaches it;
+ * failures are answered here. */
+static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int count, const job_type_t *type)
+{
+    qstream_t *qs = qs_new(c, d, count);
+    if (!qs) {
+        setup_free(st);
+        send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    c->qs = qs;
+    if (qs_submit_job(qs, type, -1, st) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+    }
+}
+
+/* A dataset whose file was written in place can no longer read all of its
+ * matrix: its queries are refused, all alike, until it is reloaded
+ * (filecheck.h).  Answers under way finish from the chunks they find
+ * cached, or end with the same error at the first chunk they would read. */
+static int file_refused(conn_t *c, sds_t *d)
+{
+    char msg[480];
+    if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg,
+               "Retry-After: 10\r\n");
+    return 1;
+}
+
+void route_query(conn_t *c, sds_t *d, int count)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, 1) || file_refused(c, d)) return;
+    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
+    if (r->method == HTTP_POST) {
+        const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+        /* curl -d sends form-urlencoded by default; its body is still our JSON. */
+        if (ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
+            strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
+            strncasecmp(ct, "text/plain", 10) != 0) {
+            send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+            return;
+        }
+    }
+    /* The rest of the set-up runs on a worker (see setup_t). */
+    setup_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    st->is_post = r->method == HTTP_POST;
+    st->count = count;
+    st->n_rows = info->n_rows;
+    st->n_cols = info->n_cols;
+    if (st->is_post) st->body = iv_buf_steal(&r->body, &st->body_len);
+    else st->query = strdup(r->query ? r->query : "");
+    if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
+    if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
+        setup_free(st);
+        send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    submit_setup(c, d, st, count, &setup_job);
+}
+
+/* The loop half of a query's set-up, once the worker built the query: the
+ * limits, the answers that need no decode, then the decode jobs. */
+static void route_query_finish(job_t *j)
+{
+    if (!qs_job_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    server_t *s = c->srv;
+    setup_t *st = j->setup;
+    if (j->rc != 0) {
+        iv_err_t e = j->err;
+        int rc = j->rc;
+        job_free(j);
+        send_iv_error(c, rc, &e);
+        return;
+    }
+    c->dropped = st->dropped;
+    c->dropped_hdr = st->dropped_hdr;
+    st->dropped = st->dropped_hdr = NULL;
+    iv_query_t *q = qs->q = st->q;
+    st->q = NULL;
+    /* The access log's selection: cells x genes, whichever the rows are. */
+    c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
+    c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
+    int count = qs->count, have_total = st->have_total;
+    double total = st->total;
+    iv_fmt_t fmt = st->fmt;
+    int dense = st->dense;
+    job_free(j);
+    int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
+    const iv_limits_t *lim = &s->cfg->limits;
+    char msg[256];
+    if (!count && (rows > lim->max_rows || hint > lim->max_nnz)) {
+        snprintf(msg, sizeof msg,
+                 "the query selects %" PRId64 " rows and %" PRId64
+                 " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
+                 rows, hint, lim->max_rows, lim->max_nnz);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
+        /* Dense gene rows hold every (gene, cell) value. */
+        snprintf(msg, sizeof msg,
+                 "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
+                 iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (!count && fmt == IV_FMT_JSON && hint >= 0 &&
+        (uint64_t)hint * 4 + (uint64_t)rows * 4 > lim->json_bytes) {
+        /* Even at the shortest 4 bytes per number the document is too big. */
+        snprintf(msg, sizeof msg,
+                 "the result (%" PRId64 " values) exceeds the JSON limit of %zu bytes; ask for "
+                 "application/vnd.ivserve.csr or application/x-ndjson",
+                 hint, lim->json_bytes);
+        send_error(c, 413, "too_large", msg, NULL);
+        return;
+    }
+    if (count && hint >= 0 && have_total) {
+        /* Answered from the pointer arrays and computed columns, no decode. */
+        iv_buf_t body;
+        iv_buf_init(&body);
+        count_body(&body, c, q, hint, total);
+        c->rows = rows;
+        c->nnz = hint;
+        send_owned(c, 200, "application/json", &body, NULL);
+        return;
+    }
+    if (!count) qs->gz_level = stream_gzip_level(s, c->req);
+    if (!count && c->req->method == HTTP_HEAD) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        /* The length of a JSON document is not known without building
+         * it: the head says nothing rather than something false. */
+        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
+        c->status = 200;
+        send_buf_done(c, &b);
+        return;
+    }
+    /* A count or a whole JSON document is one job; a stream is prepared,
+     * then decoded block by block (qs_pump). */
+    const job_type_t *next = count ? &count_job : fmt == IV_FMT_JSON ? &whole_job : &prep_job;
+    qs->fmt = fmt;
+    qs->dense = dense;
+    qs->have_total = have_total;
+    qs->total = total;
+    if (qs_submit(qs, next, -1) != 0) {
+        c->qs = NULL;
+        qs->c = NULL;
+        qs_free(qs);
+        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+    }
+}
+
+/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
+ * builds the whole answer; route_viewer_finish sends it. */
+void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, iv_vroute_allows_post(vroute))) return;
+    const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+    if (r->method == HTTP_POST && ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
+        strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
+        strncasecmp(ct, "text/plain", 10) != 0) {
+        send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+        return;
+    }
+    int bad_name = 0;
+    size_t blen = 0;
+    char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;
+    iv_vreq_t *vr = iv_vreq_new(vroute, sub, r->method == HTTP_POST, r->query, body, blen,
+                                r->hdr[IV_H_ACCEPT], &bad_name);
+    setup_t *st = vr ? calloc(1, sizeof *st) : NULL;
+    if (!st) {
+        iv_vreq_free(vr);
+        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
+        else send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    vr->ds = d->ds;
+    vr->meta = d->meta;
+    vr->vx = d->vx;
+    vr->pool = c->srv->pool;
+    vr->json_bytes = c->srv->cfg->limits.json_bytes;
+    vr->max_age = c->srv->cfg->cache_max_age;
+    vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);
+    if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
+        (r->hdr[IV_H_ACCEPT_ENCODING] &&
+         !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
+        iv_vreq_free(vr);
+        free(st);
+        send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    st->vr = vr;
+    submit_setup(c, d, st, 0, &viewer_job);
+}
+
+/* The loop half of a viewer route: send what the worker built. */
+static void route_viewer_finish(job_t *j)
+{
+    if (!qs_job_back(j)) return;
+    conn_t *c = j->qs->c;
+    setup_t *st = j->setup;
+    if (j->rc == 0) {
+        /* The header is bounded as the query route's is. */
+        if (st->vr->dropped && strlen(st->vr->dropped) <= DROPPED_HDR_MAX) {
+            c->dropped_hdr = st->vr->dropped;
+            st->vr->dropped = NULL;
+        } else if (st->vr->dropped) {
+            c->dropped_hdr = strdup("{\"truncated\":true}");
+        }
+        if (st->vr->status == 304)
+            send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
+        else if (budget_admit(c, st->vr->out.len) == 0)
+            send_owned(c, 200, st->vr->ctype, &st->vr->out, st->vr->extra);
+    } else {
+        send_iv_error(c, j->rc, &j->err);
+    }
+    job_free(j);
+}
+
+const job_type_t setup_job = {setup_run, route_query_finish};
+const job_type_t viewer_job = {viewer_run, route_viewer_finish};

@@ -1,0 +1,412 @@
+/*
+ * The server's private header: the types its files share (struct server,
+ * struct conn, a query stream, a job) and the functions that one of them
+ * calls in another.  Only server/ includes it; server.h is the public face.
+ *
+ * The files, one concern each:
+ *   server.c        start and stop, signals, the loop's side of the worker
+ *                   hand-off, the served files' watcher
+ *   conn.c          connection input and the connection state machine
+ *   respond.c       status line and headers, writes, the end of an answer
+ *                   and its access-log line, the write budget
+ *   qstream.c       query streams: the blocks-ahead window, blocks
+ *                   written in order, the trailer
+ *   routes.c        the routes (dispatch, the 100-continue precheck), auth,
+ *                   the routes answered on the loop
+ *   routes_query.c  the routes answered by worker jobs: query, count,
+ *                   metadata pages, viewer routes
+ *   jobs.c          the worker → loop hand-off and the query jobs
+ *   load.c          datasets loading on the workers, their documents
+ *   reload.c        loads coming back, and reloads
+ */
+#ifndef IV_SERVER_IMPL_H
+#define IV_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <uv.h>
+
+#include "access_log.h"
+#include "auth.h"
+#include "buf.h"
+#include "dataset.h"
+#include "error.h"
+#include "gzip_stream.h"
+#include "http.h"
+#include "membudget.h"
+#include "meta.h"
+#include "metrics.h"
+#include "pool.h"
+#include "query.h"
+#include "registry.h"
+#include "request.h"
+#include "routes_viewer.h"
+#include "server.h"
+#include "transpose.h"
+#include "watch.h"
+
+#define TOKNAME_BYTES 72  /* token names are at most 64 bytes (tokens_file.h) */
+
+typedef struct server server_t;
+typedef struct conn conn_t;
+typedef struct qstream qstream_t;
+
+/* A dataset as the routes see it: a registry entry (registry.h), held by
+ * reference by each stream and load job that uses it. */
+typedef iv_rds_t sds_t;
+#define DS_LOADING IV_RDS_LOADING
+#define DS_READY IV_RDS_READY
+#define DS_FAILED IV_RDS_FAILED
+
+/*
+ * A query's set-up, run on a worker: parsing the JSON body or query string,
+ * resolving names and filters, building the engine query.  Each is O(the
+ * request), and a request of a million indices would otherwise hold the
+ * loop for tens of milliseconds.  Inputs are copies (the connection may go
+ * away meanwhile); outputs go back to the loop with the job.  A viewer
+ * route's request travels the same way, as vr.
+ */
+typedef struct setup {
+    /* in */
+    char *body;           /* POST body (taken from the request), or NULL */
+    size_t body_len;
+    char *query;          /* GET query string (copied) */
+    char *accept;         /* Accept header (copied), or NULL */
+    int is_post, count;
+    int64_t n_rows, n_cols;
+    /* out (an error: j->rc and j->err, answered by send_iv_error) */
+    iv_query_t *q;
+    char *dropped;        /* the names dropped by missing=ignore, JSON, or NULL */
+    char *dropped_hdr;    /* the same, bounded for the X-Ivserve-Dropped-Names header */
+    int have_total;
+    double total;
+    iv_fmt_t fmt;
+    int dense;            /* "dense": true */
+    iv_vreq_t *vr;        /* viewer_job: a viewer route (routes_viewer.h) */
+} setup_t;
+
+/*
+ * A job is work for the pool in two halves, named by its type: run on a
+ * worker, then done on the loop thread (server.c, on_async), which owns
+ * the job from then on and frees it (job_free) or keeps it (a decoded
+ * block waits in its stream's window).  job_submit queues it.
+ */
+typedef struct job job_t;
+typedef struct job_type {
+    void (*run)(job_t *j);    /* worker: fills rc/err and the results */
+    void (*done)(job_t *j);   /* loop thread */
+} job_type_t;
+
+struct job {
+    struct job *next;
+    server_t *srv;
+    const job_type_t *type;
+    sds_t *ds;            /* load_job, other_job: the dataset (a reference) */
+    qstream_t *qs;        /* the stream's jobs: their stream */
+    int64_t b;            /* block_job: the block */
+    iv_buf_t out;
+    int64_t rows, nnz;
+    int rc;
+    iv_err_t err;
+    double secs;
+    double total;         /* count_job: sum of the selected values */
+    uint32_t crc;         /* block_job of a gzip stream: CRC-32 and length of the */
+    size_t raw_len;       /* identity bytes that out holds compressed */
+    setup_t *setup;       /* setup_job, viewer_job */
+    int cancelled;        /* skipped: cancelled before it ran */
+    uint64_t gen;         /* load_job: the reload that started it (0: start-up) */
+    int replace;          /* load_job: a served entry's pending replacement */
+    int reloaded;         /* load_job: of a dataset served before (the reload's summary) */
+};
+
+struct qstream {
+    server_t *srv;
+    conn_t *c;            /* NULL once detached */
+    sds_t *ds;
+    iv_query_t *q;
+    iv_fmt_t fmt;
+    int count;            /* a count answer (else the matrix, streamed or whole) */
+    int64_t n_blocks, next_submit, next_write, writes_done;
+    job_t **slots;
+    unsigned ahead;       /* slots: blocks_ahead, or the pool's workers if more */
+    unsigned base_ahead;  /* blocks_ahead: the window when no worker is free */
+    int inflight;
+    int prepared, headers_sent, done;
+    int64_t rows, nnz;
+    int have_total;       /* count: total already known from the metadata */
+    double total;
+    int dense;            /* gene rows as dense vectors */
+    int gz_level;         /* > 0: the answer is one gzip member (stream_gzip_level) */
+    iv_gz_sum_t gz_sum;   /* its identity bytes so far, in body order */
+    unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
+    int budget_wait;      /* waits for the write budget before submitting blocks */
+    /* Set on the loop when the client left or the server stops; workers
+     * read it between the phases of a job and drop the work. */
+    atomic_int cancelled;
+    qstream_t *next_live; /* server list of every stream, for shutdown and metrics */
+    qstream_t *prev_live;
+};
+
+/*
+ * A connection is always in exactly one of these states, and the state
+ * alone decides which timer runs (see conn_set_state):
+ *
+ *   IDLE        keep-alive: no byte of the next request yet (keepalive_ms)
+ *   READ_HEAD   request line and headers arriving; a new connection starts
+ *               here (header_timeout_ms)
+ *   READ_BODY   the body arriving (body_timeout_ms)
+ *   DISPATCHED  a complete request is being worked on and nothing of its
+ *               answer is written yet (compute_timeout_ms)
+ *   RESPONDING  the answer is being written (write_timeout_ms while bytes
+ *               wait for the socket, compute_timeout_ms while a stream
+ *               waits for its next block); ends when the answer's last
+ *               write completes, and only then is the next pipelined
+ *               request parsed
+ *   DRAINING    the last answer is out and the write side shut: input is
+ *               read and dropped, for a bounded time and size, until the
+ *               client has acknowledged every byte (polled)
+ *   CLOSING     uv_close called; freed in the close callbacks
+ */
+typedef enum conn_state {
+    CS_IDLE, CS_READ_HEAD, CS_READ_BODY, CS_DISPATCHED, CS_RESPONDING, CS_DRAINING, CS_CLOSING
+} conn_state_t;
+
+struct conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    server_t *srv;
+    conn_t *prev, *next;
+    conn_state_t state;
+    iv_http_in_t in;
+    char *rbuf;
+    size_t rlen, rcap;
+    int reading, handles_open, in_pump;
+    int active;           /* between resp_begin and req_done */
+    int shutting;         /* uv_shutdown called */
+    int close_after;      /* the connection ends after the current answer */
+    int peer_eof;         /* the client half-closed */
+    size_t wpending;      /* bytes in uv_write calls whose callbacks have not run */
+    uint64_t last_progress; /* uv_now of the last completed write, for the write budget */
+    /* The answer being written: its sequence number and whether its last
+     * bytes are queued (req_done ran). */
+    uint64_t seq;
+    int resp_ended;
+    int expect_checked;   /* Expect of the request being read was answered */
+    /* Requests parsed ahead while an answer is in flight, oldest first
+     * (at most limits.max_pipeline of them, AHEAD_MAX_BYTES in all), and
+     * whether the parser failed after them. */
+    iv_http_req_t **ahead;
+    unsigned n_ahead, ahead_first, ahead_cap;
+    size_t ahead_bytes;
+    int ahead_err;
+    /* DRAINING bookkeeping. */
+    uint64_t drain_t0, drain_last_in, outq_t;
+    size_t drain_bytes, outq_last;
+    /* The request being answered. */
+    iv_http_req_t *req;
+    iv_route_t route;
+    uint64_t t0, t_end;
+    int status;
+    char dsid[136];
+    char tokname[TOKNAME_BYTES]; /* the answer's token name (never the token), or "" */
+    int64_t cells, genes; /* the query's selection, -1 unknown */
+    char peer[48];        /* the socket's peer address, as text */
+    unsigned char peer_ip[16]; /* the same, IPv4-mapped (cidr.h); peer_ok: known */
+    int peer_ok;
+    int64_t rows, nnz;
+    uint64_t bytes;
+    char errmsg[520];
+    int log_pending;      /* the last answer's log line waits for the close (delivered bytes) */
+    qstream_t *qs;
+    int chunked;
+    char *dropped;        /* JSON {"obs":[...],"var":[...]} of names dropped by missing=ignore */
+    char *dropped_hdr;    /* the same, bounded, for the header */
+};
+
+struct server {
+    uv_loop_t loop;
+    const iv_config_t *cfg;
+    iv_pool_t *pool;
+    uv_tcp_t listener;
+    uv_async_t async;
+    uv_signal_t sigterm, sigint, sighup, sigusr1;
+    uv_timer_t grace;
+    pthread_mutex_t done_mu;
+    job_t *done_head;
+    iv_registry_t reg;    /* the datasets served now */
+    size_t n_loading;     /* load jobs in flight */
+    int readyz_any;       /* /readyz policy (config "readyz") */
+    /* Reloads (SIGHUP, POST /v1/admin/reload): one at a time; another
+     * asked for meanwhile runs when it ends. */
+    iv_config_reader_fn reader;
+    void *reader_arg;
+    struct reload *reload;
+    int reload_again;
+    atomic_int reload_asked;  /* iv_server_request_reload_async */
+    uint64_t reload_gen;
+    conn_t *conns;
+    size_t n_conns;
+    qstream_t *streams;
+    size_t n_streams;
+    int draining, stopped;
+    size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
+    size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
+    size_t n_budget_wait; /* streams waiting for the write budget */
+    /* Every token, with its name and scope (auth.h); a reload builds a
+     * new table and frees this one between requests. */
+    iv_auth_t auth;
+    /* Serializes HDF5 calls when the library was built without thread
+     * safety (H5is_library_threadsafe); unused otherwise. */
+    pthread_mutex_t h5_mu;
+    int h5_serial;
+    iv_metrics_t metrics;
+    iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
+    iv_membudget_t *mb;           /* the cache budget all datasets share */
+    iv_alog_t log;
+    iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
+};
+
+/* A reload in progress (see reload_start). */
+typedef struct reload {
+    uint64_t gen;
+    unsigned waiting;     /* its load jobs not back yet, plus one while it is being set up */
+    iv_buf_t added, removed, reloaded, failed;   /* JSON array members */
+    size_t unchanged;
+    conn_t *waiter;       /* the admin request to answer, or NULL */
+    double t0;
+    char why[64];
+} reload_t;
+
+/* A refusal decided before any work: the answer to send. */
+typedef struct rfail {
+    int status;
+    const char *code;
+    char msg[200];
+    const char *extra;
+    iv_route_t route;
+} rfail_t;
+
+/* The largest X-Ivserve-Dropped-Names header; past it the names are cut
+ * at an element and the header says how many there were. */
+#define DROPPED_HDR_MAX 4096
+
+/* ---- small helpers ------------------------------------------------------ */
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline const char *method_name(int m)
+{
+    return llhttp_method_name((llhttp_method_t)m);
+}
+
+static inline uint64_t fnv1a(const char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Jobs (jobs.c).  The *_run functions run on a worker (a job type's run
+ * half); the others are for the loop thread, or after the loop stopped. */
+void setup_free(setup_t *st);
+void job_free(job_t *j);
+/* Queues j (its type, srv and inputs set) on the pool; 0, or a negative
+ * error (the queue is full) and j is still the caller's. */
+int job_submit(job_t *j);
+void setup_run(job_t *j);
+void viewer_run(job_t *j);
+void prep_run(job_t *j);
+void block_run(job_t *j);
+void whole_run(job_t *j);
+void count_run(job_t *j);
+
+/* Datasets loading (load.c).  load_run and other_run run on a worker; the
+ * document parts are called wherever the dataset is not changing under
+ * them; ds_unref and ds_retire are for the loop thread. */
+void ds_unref(server_t *s, sds_t *d);
+void ds_retire(server_t *s, sds_t *d);
+void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m);
+void put_memory(iv_buf_t *b, const sds_t *d);
+void build_doc(sds_t *d);
+void other_run(job_t *j);
+void load_run(job_t *j);
+
+/* Answers, the end of a request, the write budget (respond.c).  Loop thread. */
+int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
+               int chunk, qstream_t *qs, int last);
+int origin_allowed(const server_t *s, const char *origin);
+void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
+               const char *extra);
+void send_buf_done(conn_t *c, iv_buf_t *b);
+void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
+                 const char *extra);
+void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra);
+void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra);
+void send_iv_error(conn_t *c, int rc, const iv_err_t *e);
+void access_log(conn_t *c, uint64_t bytes);
+void req_reset(conn_t *c);
+void resp_begin(conn_t *c, iv_http_req_t *req);
+void resp_begin_error(conn_t *c);
+void req_done(conn_t *c);
+int budget_room(conn_t *c);
+int budget_admit(conn_t *c, size_t len);
+void budget_wake(server_t *s);
+
+/* Connections (conn.c).  Loop thread. */
+void conn_set_state(conn_t *c, conn_state_t st);
+int is_reading_state(const conn_t *c);
+void resp_finished(conn_t *c);
+void conn_close(conn_t *c);
+void on_connection(uv_stream_t *ls, int status);
+
+/* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
+ * that the workers read. */
+void qs_cancel(qstream_t *qs);
+qstream_t *qs_new(conn_t *c, sds_t *d, int count);
+void qs_free(qstream_t *qs);
+int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st);
+int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
+/* gzip level of a query answer by Accept-Encoding (0: identity), and
+ * the headers that vary with it. */
+int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
+const char *stream_extra(const qstream_t *qs);
+void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
+void qs_pump(qstream_t *qs);
+int qs_job_back(job_t *j);
+/* The stream's decode jobs: prepare, then blocks; or one job for a whole
+ * JSON document or a count. */
+extern const job_type_t prep_job, block_job, whole_job, count_job;
+
+/* Routes (routes.c).  Loop thread. */
+sds_t *find_ds(server_t *s, const char *id, size_t n);
+int method_ok(conn_t *c, int allow_post);
+void dispatch(conn_t *c);
+int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f);
+
+/* Routes computed on a worker (routes_query.c).  Loop thread. */
+void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
+void route_query(conn_t *c, sds_t *d, int count);
+void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub);
+/* A query's set-up, and a viewer route's answer. */
+extern const job_type_t setup_job, viewer_job;
+
+/* Loads coming back, reloads (reload.c).  Loop thread. */
+void reload_free(reload_t *op);
+void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
+void reload_start(server_t *s, const char *why, conn_t *waiter);
+
+#endif
