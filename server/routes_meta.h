@@ -2,7 +2,7 @@
  * The metadata side of the HTTP API: resolving names and filters of a
  * query selection, and rendering the obs/var column listing, tables and
  * single columns.  Socket-free: every function fills an iv_buf_t that the
- * caller (server.c) sends, so the routes stay small and these parts can
+ * caller (routes_viewer.c) sends, so the routes stay small and these parts can
  * be reasoned about without the event loop.
  *
  * Threads: a meta is immutable after loading, so every function here may
