@@ -120,14 +120,7 @@ static void on_handle_closed(uv_handle_t *h)
     free(c);
     if (s->draining && s->n_conns == 0 && !s->stopped) {
         s->stopped = 1;
-        iv_watch_stop(s->watch);
-        s->watch = NULL;
-        uv_close((uv_handle_t *)&s->async, NULL);
-        uv_close((uv_handle_t *)&s->sigterm, NULL);
-        uv_close((uv_handle_t *)&s->sigint, NULL);
-        uv_close((uv_handle_t *)&s->sighup, NULL);
-        uv_close((uv_handle_t *)&s->sigusr1, NULL);
-        uv_close((uv_handle_t *)&s->grace, NULL);
+        server_close_handles(s);
     }
 }
 

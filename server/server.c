@@ -68,6 +68,20 @@ static void on_grace(uv_timer_t *t)
     while (s->conns) conn_close(s->conns);
 }
 
+/* The loop's own handles (wake-up, signals, grace timer) and the file
+ * watcher: closed once the last connection is gone, so the loop ends. */
+void server_close_handles(server_t *s)
+{
+    iv_watch_stop(s->watch);
+    s->watch = NULL;
+    uv_close((uv_handle_t *)&s->async, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sighup, NULL);
+    uv_close((uv_handle_t *)&s->sigusr1, NULL);
+    uv_close((uv_handle_t *)&s->grace, NULL);
+}
+
 /*
  * SIGHUP: what logrotate and `systemctl reload` send.  The access log file
  * is opened again (a rotated file's new lines go to the new one) and the
@@ -104,14 +118,7 @@ static void on_signal(uv_signal_t *sig, int signum)
         if (!qs->c) qs_cancel(qs);
     if (s->n_conns == 0) {
         s->stopped = 1;
-        iv_watch_stop(s->watch);
-        s->watch = NULL;
-        uv_close((uv_handle_t *)&s->async, NULL);
-        uv_close((uv_handle_t *)&s->sigterm, NULL);
-        uv_close((uv_handle_t *)&s->sigint, NULL);
-        uv_close((uv_handle_t *)&s->sighup, NULL);
-        uv_close((uv_handle_t *)&s->sigusr1, NULL);
-        uv_close((uv_handle_t *)&s->grace, NULL);
+        server_close_handles(s);
         return;
     }
     uv_timer_start(&s->grace, on_grace, s->cfg->limits.shutdown_grace_ms, 0);

@@ -382,6 +382,8 @@ int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
 int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 /* gzip level of a query answer by Accept-Encoding (0: identity), and
  * the headers that vary with it. */
+/* Closes the loop's handles once no connection is left (server.c). */
+void server_close_handles(server_t *s);
 int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
 const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
