@@ -4,6 +4,7 @@ Server class says what to start (config, arguments) and adds what it needs
 to ask; the starting and stopping live here once."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,26 +33,41 @@ def write_config(tmp, cfg):
     return path
 
 
+LISTENING = re.compile(r"listening on \S+:(\d+) ")
+
+
 class ServerProcess:
-    """Starts `ivserve ARGS --port P` with stdout and stderr in tmp/logP.txt
-    and returns once /readyz answers 200 and ready() (if given) is true.
-    A server that exits or stays unready for ready_timeout seconds is
-    stopped and reported with its log."""
+    """Starts `ivserve ARGS --port 0` with stdout and stderr in a log file of
+    tmp, reads the port the kernel gave from the server's "listening on"
+    line (a port picked here and handed over could be taken by a test
+    running beside this one before the server binds it), and returns once
+    /readyz answers 200 and ready() (if given) is true.  A server that
+    exits or stays unready for ready_timeout seconds is stopped and
+    reported with its log."""
 
     def __init__(self, tmp, args, ready_timeout=30, stop_timeout=20, ready=None, binary=None):
         binary = binary or BIN
         if not binary or not os.access(binary, os.X_OK):
             raise RuntimeError("IVSERVE_BIN is not set to an executable ivserve binary")
-        self.port = free_port()
+        self.port = 0
         self.stop_timeout = stop_timeout
-        self.log = open(os.path.join(tmp, "log%d.txt" % self.port), "w+")
-        self.proc = subprocess.Popen([binary, *[str(a) for a in args], "--port", str(self.port)],
+        fd, path = tempfile.mkstemp(prefix="log", suffix=".txt", dir=tmp)
+        os.close(fd)
+        # Appending: the server's writes land at the end whatever offset
+        # log_text()'s reads leave in the file description both share.
+        self.log = open(path, "a+")
+        self.proc = subprocess.Popen([binary, *[str(a) for a in args], "--port", "0"],
                                      stdout=self.log, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % self.port
+        self.url = None
         deadline = time.time() + ready_timeout
         while time.time() < deadline:
+            if not self.port:
+                m = LISTENING.search(self.log_text())
+                if m:
+                    self.port = int(m.group(1))
+                    self.url = "http://127.0.0.1:%d" % self.port
             try:
-                if requests.get(self.url + "/readyz", timeout=2).status_code == 200 and \
+                if self.url and requests.get(self.url + "/readyz", timeout=2).status_code == 200 and \
                         (ready is None or ready(self)):
                     return
             except requests.ConnectionError:
