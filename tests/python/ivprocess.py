@@ -36,6 +36,22 @@ def write_config(tmp, cfg):
 LISTENING = re.compile(r"listening on \S+:(\d+) ")
 
 
+def listening_port(log_path, proc, timeout=30):
+    """The port a server started with --port 0 logged in its "listening on"
+    line (of the file at log_path); fails if it exits or never says."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(log_path) as f:
+            m = LISTENING.search(f.read())
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    with open(log_path) as f:
+        raise RuntimeError("server never said where it listens:\n" + f.read()[-3000:])
+
+
 class ServerProcess:
     """Starts `ivserve ARGS --port 0` with stdout and stderr in a log file of
     tmp, reads the port the kernel gave from the server's "listening on"

@@ -19,7 +19,7 @@ import h5py
 import pytest
 
 from conftest import fixtures_path
-from ivprocess import free_port  # noqa: E402
+from ivprocess import listening_port  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 FILE = "tiny.ivcsr.raw.h5ad"
@@ -33,10 +33,10 @@ def server(tmp_path_factory):
     if not fix:
         pytest.skip("shared fixtures folder not found")
     tmp = tmp_path_factory.mktemp("srv")
-    port = free_port()
-    log = open(tmp / "log.txt", "w+")
-    proc = subprocess.Popen([BIN, "--port", str(port), "--threads", "2",
+    log = open(tmp / "log.txt", "a+")
+    proc = subprocess.Popen([BIN, "--port", "0", "--threads", "2",
                              os.path.join(fix, FILE)], stdout=log, stderr=log)
+    port = listening_port(tmp / "log.txt", proc)
     url = "http://127.0.0.1:%d" % port
     deadline = time.time() + 30
     while True:

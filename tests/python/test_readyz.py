@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from test_reload import Srv, free_port  # noqa: F401  (Srv starts the real binary)
+from test_reload import Srv  # noqa: E402  (Srv starts the real binary)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import h5py
@@ -28,7 +29,7 @@ import scipy.sparse as sp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 import ivclient  # noqa: E402
-from ivprocess import free_port  # noqa: E402
+from ivprocess import listening_port  # noqa: E402
 
 
 class Srv:
@@ -39,14 +40,15 @@ class Srv:
         self.tmp = tmp
         self.cfg_path = os.path.join(tmp, "cfg.json")
         self.write_cfg(cfg)
-        self.port = free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        self.log_path = os.path.join(tmp, "server%d.log" % self.port)
-        self.log = open(self.log_path, "w+")
+        fd, self.log_path = tempfile.mkstemp(prefix="server", suffix=".log", dir=tmp)
+        os.close(fd)
+        self.log = open(self.log_path, "a+")
         self.proc = subprocess.Popen(
-            [binary, "--config", self.cfg_path, "--port", str(self.port), "--threads", "2",
+            [binary, "--config", self.cfg_path, "--port", "0", "--threads", "2",
              *extra_args], stdout=self.log, stderr=self.log,
             env=dict(os.environ, **(env or {})))
+        self.port = listening_port(self.log_path, self.proc)
+        self.url = "http://127.0.0.1:%d" % self.port
         self.wait(wait)
 
     def write_cfg(self, cfg):
