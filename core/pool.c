@@ -28,7 +28,8 @@ struct iv_pool {
     pthread_cond_t nonempty;
     pthread_cond_t idle;
     struct iv_job *ring;
-    size_t cap, head, count;
+    size_t cap, head, count;   /* ring size, first job, jobs queued */
+    size_t limit;              /* queued jobs iv_pool_try_submit allows */
     unsigned n_threads;
     unsigned running;   /* jobs being executed */
     int stopping;
@@ -69,7 +70,7 @@ iv_pool_t *iv_pool_create(unsigned n_threads, size_t queue_cap)
     p->ring = calloc(queue_cap, sizeof *p->ring);
     p->threads = calloc(n_threads, sizeof *p->threads);
     if (!p->ring || !p->threads) goto fail_alloc;
-    p->cap = queue_cap;
+    p->cap = p->limit = queue_cap;
     if (pthread_mutex_init(&p->mu, NULL) != 0) goto fail_alloc;
     if (pthread_cond_init(&p->nonempty, NULL) != 0) goto fail_mutex;
     if (pthread_cond_init(&p->idle, NULL) != 0) goto fail_cond;
@@ -115,16 +116,46 @@ unsigned iv_pool_threads(const iv_pool_t *p)
     return p ? p->n_threads : 0;
 }
 
-int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
+static void queue_job(iv_pool_t *p, iv_job_fn fn, void *arg)
 {
-    pthread_mutex_lock(&p->mu);
-    if (p->count == p->cap || p->stopping) {
-        pthread_mutex_unlock(&p->mu);
-        return IV_EOVERLOADED;
-    }
     p->ring[(p->head + p->count) % p->cap] = (struct iv_job){fn, arg};
     p->count++;
     pthread_cond_signal(&p->nonempty);
+}
+
+int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->count >= p->limit || p->stopping) {
+        pthread_mutex_unlock(&p->mu);
+        return IV_EOVERLOADED;
+    }
+    queue_job(p, fn, arg);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int iv_pool_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->stopping) {
+        pthread_mutex_unlock(&p->mu);
+        return IV_EOVERLOADED;
+    }
+    if (p->count == p->cap) {
+        /* A full ring doubles, its jobs moved to the front in order. */
+        struct iv_job *r = malloc(2 * p->cap * sizeof *r);
+        if (!r) {
+            pthread_mutex_unlock(&p->mu);
+            return IV_ENOMEM;
+        }
+        for (size_t i = 0; i < p->count; i++) r[i] = p->ring[(p->head + i) % p->cap];
+        free(p->ring);
+        p->ring = r;
+        p->head = 0;
+        p->cap *= 2;
+    }
+    queue_job(p, fn, arg);
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

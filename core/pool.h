@@ -33,6 +33,12 @@ unsigned iv_pool_threads(const iv_pool_t *p);
 /* Queues fn(arg).  0, or IV_EOVERLOADED when the queue is full. */
 int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg);
 
+/* Queues fn(arg) whatever the queue holds, growing it: for work the
+ * server itself starts, bounded by its own count (dataset loads), which
+ * must not fail because clients filled the queue.  0, IV_ENOMEM, or
+ * IV_EOVERLOADED when the pool is being destroyed. */
+int iv_pool_submit(iv_pool_t *p, iv_job_fn fn, void *arg);
+
 /* Jobs waiting (not yet running); for metrics. */
 size_t iv_pool_queued(iv_pool_t *p);
 

@@ -393,3 +393,8 @@ int job_submit(job_t *j)
 {
     return iv_pool_try_submit(j->srv->pool, job_exec, j);
 }
+
+int job_submit_server(job_t *j)
+{
+    return iv_pool_submit(j->srv->pool, job_exec, j);
+}

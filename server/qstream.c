@@ -232,7 +232,8 @@ void qs_pump(qstream_t *qs)
             if (qs->inflight > 0 || qs->next_write > qs->writes_done) break;  /* retried on the next completion */
             iv_err_t e;
             iv_err_clear(&e);
-            iv_fail(&e, rc, "the server is overloaded; retry later");
+            iv_fail(&e, rc, "%s", rc == IV_EOVERLOADED ? "the server is overloaded; retry later"
+                                                         : iv_error_message(rc));
             qs_fail(qs, rc, &e);
             return;
         }

@@ -157,7 +157,7 @@ static void on_load_done(job_t *j)
         j->type = &other_job;
         j->rc = 0;
         iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-        if (job_submit(j) == 0) j = NULL;
+        if (job_submit_server(j) == 0) j = NULL;
         else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
     }
     if (j) job_free(j);
@@ -166,8 +166,9 @@ static void on_load_done(job_t *j)
 
 static const job_type_t load_job = {load_run, on_load_done};
 
-/* Loads d on a worker; gen, replace and reloaded as in job_t.  A full
- * queue fails the load at once (on_load_done reports it). */
+/* Loads d on a worker; gen, replace and reloaded as in job_t.  The load
+ * waits its turn however many client jobs are queued; only running out of
+ * memory (or a stopping pool) fails it at once (on_load_done reports it). */
 void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
 {
     job_t *j = calloc(1, sizeof *j);
@@ -187,8 +188,9 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
     s->n_loading++;
     if (s->reload && gen == s->reload->gen) s->reload->waiting++;
     iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
-    if (job_submit(j) != 0) {
-        j->rc = iv_fail(&j->err, IV_EOVERLOADED, "the worker queue is full; reload to retry");
+    int rc = job_submit_server(j);
+    if (rc != 0) {
+        j->rc = iv_fail(&j->err, rc, "cannot queue the load (%s); reload to retry", iv_error_message(rc));
         on_load_done(j);
     }
 }

@@ -271,7 +271,8 @@ void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
          * the server's files are. */
         char red[sizeof e->msg];
         iv_http_redact_paths(red, sizeof red, msg);
-        send_error(c, status, iv_error_code(rc), red, NULL);
+        send_error(c, status, iv_error_code(rc), red,
+                   rc == IV_EOVERLOADED ? "Retry-After: 1\r\n" : NULL);
         snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
         return;
     }

@@ -38,11 +38,13 @@ static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int count, const job_
         return;
     }
     c->qs = qs;
-    if (qs_submit_job(qs, type, -1, st) != 0) {
+    int rc = qs_submit_job(qs, type, -1, st);
+    if (rc != 0) {
+        /* A full queue is 503 with Retry-After; out of memory is its own error. */
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
-        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+        send_iv_error(c, rc, NULL);
     }
 }
 
@@ -182,11 +184,12 @@ static void route_query_finish(job_t *j)
     qs->dense = dense;
     qs->have_total = have_total;
     qs->total = total;
-    if (qs_submit(qs, next, -1) != 0) {
+    int rc = qs_submit(qs, next, -1);
+    if (rc != 0) {
         c->qs = NULL;
         qs->c = NULL;
         qs_free(qs);
-        send_error(c, 503, "overloaded", "the server is overloaded; retry later", "Retry-After: 1\r\n");
+        send_iv_error(c, rc, NULL);
     }
 }
 

@@ -325,8 +325,12 @@ static inline uint64_t fnv1a(const char *p, size_t n)
 void setup_free(setup_t *st);
 void job_free(job_t *j);
 /* Queues j (its type, srv and inputs set) on the pool; 0, or a negative
- * error (the queue is full) and j is still the caller's. */
+ * error (the queue is full) and j is still the caller's.  job_submit is
+ * for clients' work, refused when the queue is full; job_submit_server
+ * for the server's own (dataset loads and orientation builds, one a
+ * dataset), which waits in the queue however full it is. */
 int job_submit(job_t *j);
+int job_submit_server(job_t *j);
 void setup_run(job_t *j);
 void viewer_run(job_t *j);
 void prep_run(job_t *j);

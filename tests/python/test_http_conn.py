@@ -616,3 +616,62 @@ def test_many_pipelined_requests_behind_a_stream(tmp_path, depth):
         assert got[n + 1].status == 400
     finally:
         assert s.stop() == 0
+
+
+def test_full_queue_is_503_with_retry_after(tmp_path):
+    """With one worker and a queue of one job, twenty whole-matrix queries
+    sent at once cannot all be taken: those refused get 503 "overloaded"
+    with Retry-After (the code of the error, not a fixed text), the others
+    their matrix, and the server counts the refusals."""
+    # One dataset, its other orientation not built: no job of the server's
+    # own is queued when the queries come.
+    s = Server(str(tmp_path), extra_args=["--threads", "1", "--queue", "1",
+                                          "--max-json-bytes", "4000000"],
+               datasets=[{"id": ds_id(BIG), "path": os.path.join(FIX, BIG["file"]),
+                          "transpose_bytes": 16}])
+    try:
+        req = ("GET /v1/datasets/%s/query?format=json HTTP/1.1\r\nHost: x\r\n"
+               "Connection: close\r\n\r\n" % ds_id(BIG)).encode()
+        socks = [socket.create_connection(("127.0.0.1", s.port), timeout=15) for _ in range(20)]
+        for c in socks:
+            c.sendall(req)
+        got = []
+        for c in socks:
+            got += read_responses(c, ["GET"])
+            c.close()
+        assert len(got) == 20
+        refused = [r for r in got if r.status == 503]
+        served = [r for r in got if r.status == 200]
+        assert len(refused) + len(served) == 20, [r.status for r in got]
+        assert refused and served, [r.status for r in got]
+        for r in refused:
+            assert r.headers.get("retry-after") == "1", r.headers
+            assert json.loads(r.body)["error"]["code"] == "overloaded", r.body
+        assert metric(s.url, "ivserve_overloaded_total") >= len(refused)
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_loads_wait_in_a_small_queue(tmp_path):
+    """Eleven datasets load (and build their other orientation) through a
+    queue of one job: the server's own jobs wait their turn instead of
+    failing as a client's query would (they all failed with "the worker
+    queue is full" before)."""
+    s = Server(str(tmp_path), extra_args=["--threads", "1", "--queue", "1"])
+    try:
+        doc = requests.get(s.url + "/v1/datasets", timeout=5).json()["datasets"]
+        assert len(doc) == len(FILES) and all(d["state"] == "ready" for d in doc), doc
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            docs = [requests.get(f"{s.url}/v1/datasets/{ds_id(m)}", timeout=5).json() for m in FILES]
+            states = [d["orientations"]["genes" if d["orientation"] == "ivcsr" else "cells"]["state"]
+                      for d in docs]
+            if all(st == "ready" for st in states):
+                break
+            assert "failed" not in states, states
+            time.sleep(0.1)
+        assert all(st == "ready" for st in states), states
+        same(ivclient.Client(s.url).query(ds_id(BIG), var=[0], by="var").matrix.tocsr(),
+             expected(BIG)[:, [0]])
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]

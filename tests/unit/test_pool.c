@@ -5,6 +5,7 @@
 
 #include "check_main.h"
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -88,6 +89,36 @@ START_TEST(full_queue_is_overload)
 }
 END_TEST
 
+/* The server's own jobs (iv_pool_submit) are queued past the limit that
+ * refuses clients' (the ring grows, wrapped or not), and run in the order
+ * they were queued; the limit still holds for try_submit afterwards. */
+static atomic_int seq_next;
+static int seq_seen[64];
+static void record(void *arg)
+{
+    seq_seen[atomic_fetch_add(&seq_next, 1)] = (int)(intptr_t)arg;
+}
+
+START_TEST(server_jobs_queue_past_the_limit_in_order)
+{
+    atomic_store(&gate, 0);
+    atomic_store(&seq_next, 0);
+    iv_pool_t *p = iv_pool_create(1, 3);
+    ck_assert_int_eq(iv_pool_try_submit(p, wait_gate, NULL), 0);
+    for (int i = 0; i < 200 && iv_pool_queued(p) != 0; i++) usleep(1000);  /* the worker holds it */
+    ck_assert_int_eq(iv_pool_try_submit(p, record, (void *)(intptr_t)0), 0);
+    ck_assert_int_eq(iv_pool_try_submit(p, record, (void *)(intptr_t)1), 0);
+    for (int i = 2; i < 40; i++) ck_assert_int_eq(iv_pool_submit(p, record, (void *)(intptr_t)i), 0);
+    ck_assert_uint_eq(iv_pool_queued(p), 40);
+    ck_assert_int_eq(iv_pool_try_submit(p, record, NULL), IV_EOVERLOADED);
+    atomic_store(&gate, 1);
+    for (int i = 0; i < 2000 && atomic_load(&seq_next) < 40; i++) usleep(1000);
+    ck_assert_int_eq(atomic_load(&seq_next), 40);
+    for (int i = 0; i < 40; i++) ck_assert_int_eq(seq_seen[i], i);
+    iv_pool_destroy(p);
+}
+END_TEST
+
 /* Free workers: all of them when idle, one less a running or queued job,
  * none while jobs wait, all again once they finished. */
 START_TEST(free_workers_counts_running_and_queued)
@@ -134,6 +165,7 @@ int main(void)
     tcase_add_test(tc, parallel_for_runs_each_item_once);
     tcase_add_test(tc, nested_parallel_for_completes);
     tcase_add_test(tc, full_queue_is_overload);
+    tcase_add_test(tc, server_jobs_queue_past_the_limit_in_order);
     tcase_add_test(tc, for_start_finish_runs_each_item_once);
     tcase_add_test(tc, free_workers_counts_running_and_queued);
     suite_add_tcase(s, tc);
