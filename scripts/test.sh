@@ -4,15 +4,21 @@
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
 #      but for the deployment tests and the R client's (they check nginx,
 #      systemd, manifests and R code; the C they run is the same as in the
-#      HTTP tests);
+#      HTTP tests) and the memory test (it measures the server's resident
+#      memory, which ASan's allocator and shadow change; the streams it
+#      runs are the HTTP tests');
 #   3. the suite built with ThreadSanitizer, any race an error, over the
 #      tests that have threads of their own to race: every unit test (the
 #      engine's pool, query, transpose, registry) and the server's HTTP,
-#      reload, replace, memory and auth tests.  Left out there are the tests
-#      of file parsing, codecs, metadata, export and clients, whose threads
-#      are the same pool paths the unit tests already run, and which take
-#      minutes each under TSan;
+#      connection, orientation, reload, replace and auth tests.  Left out
+#      there are the tests of file parsing, codecs, metadata, export,
+#      clients and memory, and the engine-level orientation test, whose
+#      threads are the same pool and transpose paths the unit tests and
+#      the HTTP orientation test already run, and which take minutes each
+#      under TSan;
 #   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
+# The unit query test runs a third of its random selections in the
+# sanitizer builds (all of them in the release build).
 # Fixtures are read from ../shared/fixtures when present (tests that need
 # them say so and skip otherwise).
 set -euo pipefail
@@ -31,14 +37,14 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DIV_SANITIZE=ON -DIV_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r'
+  ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory'
 
 echo "== ThreadSanitizer build and tests"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
 cmake --build build-tsan -j"$JOBS"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
-  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta'
+  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory'
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \

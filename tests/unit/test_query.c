@@ -171,6 +171,15 @@ static const char *fixtures[][2] = {
     {"real/pbmc_small.ivcsr.h5ad", "real/expected/pbmc_small.csr.h5"},
 };
 
+/* Random selections per fixture and setting.  The sanitizer builds run a
+ * third of them: the same paths (every fourth kind of selection, blocks
+ * big and small) at a fraction of the time, the release build all. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define RANDOM_ROUNDS 4
+#else
+#define RANDOM_ROUNDS 12
+#endif
+
 START_TEST(fixtures_under_all_settings)
 {
     char path[4096], exp[4096];
@@ -200,7 +209,7 @@ START_TEST(fixtures_under_all_settings)
             iv_sel_t all = {.all = 1};
             check_query(ds, pool, &m, &all, &all, 0, "all");
             check_query(ds, pool, &m, &all, &all, 50, "all, tiny blocks");
-            for (int it = 0; it < 12; it++) {
+            for (int it = 0; it < RANDOM_ROUNDS; it++) {
                 int64_t no = (int64_t)(rnd() % (uint64_t)(2 * m.n_rows + 1));
                 int64_t nv = (int64_t)(rnd() % (uint64_t)(m.n_cols + 3));
                 int64_t *oi = malloc((size_t)(no + 1) * sizeof(int64_t));
