@@ -120,7 +120,7 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
     return 0;
 }
 
-int iv_rmeta_resolve_query(iv_meta_t *m, iv_qreq_t *qr, char **dropped, iv_err_t *err)
+int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, char **dropped, iv_err_t *err)
 {
     iv_buf_t drop[2], fold[2];
     for (int a = 0; a < 2; a++) {
@@ -129,7 +129,7 @@ int iv_rmeta_resolve_query(iv_meta_t *m, iv_qreq_t *qr, char **dropped, iv_err_t
     }
     int show = qr->obs.missing_ignore || qr->var.missing_ignore;
     int rc = iv_rmeta_resolve_ex(m, IV_AXIS_OBS, &qr->obs, &drop[0], &fold[0], err);
-    if (rc == 0) rc = iv_rmeta_resolve_ex(m, IV_AXIS_VAR, &qr->var, &drop[1], &fold[1], err);
+    if (rc == 0) rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr->var, &drop[1], &fold[1], err);
     if (rc == 0 && (show || fold[0].len || fold[1].len)) {
         iv_buf_t dj;
         iv_buf_init(&dj);

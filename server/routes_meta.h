@@ -40,14 +40,14 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
                         iv_buf_t *folded, iv_err_t *err);
 
 /*
- * Both selections of a query request (iv_rmeta_resolve_ex on obs, then
- * var).  When either selection ignores missing names, or any name was
+ * Both selections of a query request (iv_rmeta_resolve_ex on obs with m,
+ * then var with var_meta: m's, or raw/var for raw/X).  When either selection ignores missing names, or any name was
  * matched only ASCII-case-insensitively, *dropped receives the
  * X-Ivserve-Dropped-Names document {"obs":[...],"var":[...]} (names
  * dropped), with "folded":{"obs":[...],"var":[...]} added when names were
  * matched by ignoring case; otherwise it is left NULL.  Caller frees it.
  */
-int iv_rmeta_resolve_query(iv_meta_t *m, iv_qreq_t *qr, char **dropped, iv_err_t *err);
+int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, char **dropped, iv_err_t *err);
 
 /* Appends the {"index":..., "columns":[...]} object of one axis for the
  * dataset document: name, type, encoding, computed, null_count and, for

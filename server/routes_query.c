@@ -193,6 +193,13 @@ static void route_query_finish(job_t *j)
     }
 }
 
+/* routes_viewer.h's matrix_open over the registry entry (ctx). */
+static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
+                         iv_err_t *err)
+{
+    return iv_rds_matrix(ctx, name, ds, var_meta, err);
+}
+
 /* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
  * builds the whole answer; route_viewer_finish sends it. */
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
@@ -222,6 +229,9 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->meta = d->meta;
     vr->vx = d->vx;
     vr->pool = c->srv->pool;
+    vr->matrix_shape = iv_rds_matrix_shape;
+    vr->matrix_open = viewer_matrix;
+    vr->matrix_ctx = d;
     vr->json_bytes = c->srv->cfg->limits.json_bytes;
     vr->max_age = c->srv->cfg->cache_max_age;
     vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);

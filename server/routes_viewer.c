@@ -307,6 +307,7 @@ typedef struct params {
     cJSON *items[8];
     iv_qreq_t qr;
     int have_qr;
+    int with_matrix;   /* the route reads any selectable matrix ("matrix"), not X alone */
 } params_t;
 
 static void params_free(params_t *p)
@@ -372,7 +373,11 @@ static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t 
         }
         if (rc == 0 && rest.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
         if (rc == 0) {
-            rc = iv_qreq_parse_query(rest.data ? rest.data : "", rest.len, n_obs, n_var, &p->qr, err);
+            if (p->with_matrix && r->matrix_shape)
+                rc = iv_qreq_parse_query_m(rest.data ? rest.data : "", rest.len, r->matrix_shape,
+                                           r->matrix_ctx, &p->qr, err);
+            else
+                rc = iv_qreq_parse_query(rest.data ? rest.data : "", rest.len, n_obs, n_var, &p->qr, err);
             p->have_qr = rc == 0;
         }
         iv_buf_free(&rest);
@@ -389,7 +394,9 @@ static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t 
     char *restj = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!restj) return iv_fail(err, IV_ENOMEM, "out of memory");
-    int rc = iv_qreq_parse_json(restj, strlen(restj), n_obs, n_var, &p->qr, err);
+    int rc = p->with_matrix && r->matrix_shape
+                 ? iv_qreq_parse_json_m(restj, strlen(restj), r->matrix_shape, r->matrix_ctx, &p->qr, err)
+                 : iv_qreq_parse_json(restj, strlen(restj), n_obs, n_var, &p->qr, err);
     free(restj);
     p->have_qr = rc == 0;
     return rc;
@@ -560,7 +567,7 @@ static int run_marray(iv_vreq_t *r, iv_err_t *err)
         rc = iv_fail(err, IV_EBAD_SELECTION, "%sm/%.100s takes a %s selection only", axn, r->name, axn);
         goto out;
     }
-    if ((rc = iv_rmeta_resolve_query(r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
+    if ((rc = iv_rmeta_resolve_query(r->meta, r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
     if ((rc = pick_format(r, p.qr.format, MEDIA_ARRAY, IV_FMT_BINARY, &fmt, err)) != 0) goto out;
     int all = sel->kind == IV_PSEL_ALL;
     int64_t n = all ? a->n_rows : sel->n;
@@ -755,7 +762,10 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     memset(&p, 0, sizeof p);
     p.keys = keys;
     p.n = 3;
+    p.with_matrix = 1;
     const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    iv_dataset_t *mds = r->ds;       /* the matrix aggregated: X, a layer or raw/X */
+    iv_meta_t *var_meta = r->meta;   /* its genes: var, or raw/var for raw/X */
     const char **gb = NULL, **st = NULL;
     size_t n_gb = 0, n_st = 0;
     int64_t ddof = 1;
@@ -773,6 +783,10 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     if ((rc = param_list(&p, 0, &gb, &n_gb, err)) != 0 || (rc = param_list(&p, 1, &st, &n_st, err)) != 0 ||
         (rc = param_int(&p, 2, 0, 1, &ddof, err)) != 0)
         goto out;
+    if (p.qr.matrix && r->matrix_open) {
+        if ((rc = r->matrix_open(r->matrix_ctx, p.qr.matrix, &mds, &var_meta, err)) != 0) goto out;
+        in = iv_dataset_info(mds);
+    }
     if (n_gb == 0 || n_gb > AGG_MAX_GROUP_BY) {
         rc = iv_fail(err, IV_EBAD_REQUEST, "group_by must name 1 to %d categorical obs columns",
                      AGG_MAX_GROUP_BY);
@@ -817,7 +831,7 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
             goto out;
         }
     }
-    if ((rc = iv_rmeta_resolve_query(r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
+    if ((rc = iv_rmeta_resolve_query(r->meta, var_meta, &p.qr, &r->dropped, err)) != 0) goto out;
     if ((rc = pick_format(r, p.qr.format, MEDIA_AGG, IV_FMT_JSON, &fmt, err)) != 0) goto out;
     if (fmt == IV_FMT_NDJSON) {
         rc = iv_fail(err, IV_ENOT_ACCEPTABLE, "aggregate answers application/json or " MEDIA_AGG);
@@ -888,10 +902,10 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
      * The pick is explicit: IV_OUT_MAJOR left to the query keeps the file's
      * orientation (50 genes over 1.26 M cells scanned every cell: 328 ms
      * where the gene-major copy takes a few). */
-    iv_orient_t served = iv_plan_orient(r->ds, &so, &sv, IV_OUT_MAJOR, NULL);
+    iv_orient_t served = iv_plan_orient(mds, &so, &sv, IV_OUT_MAJOR, NULL);
     iv_query_opts_t qo = {.axis = IV_OUT_MAJOR,
                           .pick = served == IV_IVCSR ? IV_PICK_CELLS : IV_PICK_GENES};
-    if ((rc = iv_query_new(r->ds, &so, &sv, &qo, &q, err)) != 0) goto out;
+    if ((rc = iv_query_new(mds, &so, &sv, &qo, &q, err)) != 0) goto out;
     int64_t nb = iv_query_n_blocks(q);
     unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
     if ((int64_t)n_parts > nb) n_parts = nb > 0 ? (unsigned)nb : 1;
@@ -933,7 +947,9 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     }
     iv_buf_puts(&doc, "],\"stats\":[");
     for (size_t s = 0; s < n_st; s++) iv_buf_printf(&doc, s ? ",\"%s\"" : "\"%s\"", iv_stat_name(stat_bits[s]));
-    iv_buf_printf(&doc, "],\"ddof\":%d,\"served_by\":\"%s\",\"n_cells\":%" PRId64 ",\"groups\":[",
+    iv_buf_puts(&doc, "],\"matrix\":");
+    iv_buf_json_str(&doc, p.qr.matrix ? p.qr.matrix : "X");
+    iv_buf_printf(&doc, ",\"ddof\":%d,\"served_by\":\"%s\",\"n_cells\":%" PRId64 ",\"groups\":[",
                   (int)ddof, iv_query_orient(q) == IV_IVCSR ? "cells" : "genes", n_obs);
     for (int64_t g = 0; g < n_groups; g++) {
         iv_buf_puts(&doc, g ? ",{\"key\":[" : "{\"key\":[");
@@ -951,7 +967,7 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
         iv_buf_printf(&doc, "],\"n_cells\":%" PRId64 "}", n_cells[g]);
     }
     iv_buf_puts(&doc, "],\"genes\":[");
-    const iv_meta_col_t *vix = iv_meta_index(r->meta, IV_AXIS_VAR);
+    const iv_meta_col_t *vix = var_meta ? iv_meta_index(var_meta, IV_AXIS_VAR) : NULL;
     for (int64_t j = 0; j < n_var && !doc.oom; j++) {
         int64_t gi = sv.all ? j : sv.idx[j];
         iv_buf_printf(&doc, j ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);

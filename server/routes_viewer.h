@@ -31,6 +31,7 @@
 #include "error.h"
 #include "meta.h"
 #include "pool.h"
+#include "request.h"
 
 typedef struct iv_vds iv_vds_t;
 
@@ -84,6 +85,13 @@ typedef struct iv_vreq {
     iv_meta_t *meta;
     iv_vds_t *vx;
     iv_pool_t *pool;
+    /* The dataset's selectable matrices (layers, raw/X) for the routes
+     * that read one ("matrix"): their axis lengths, and the matrix with
+     * its genes' metadata (raw/var for raw/X).  NULL: X only. */
+    iv_qreq_matrix_fn matrix_shape;
+    int (*matrix_open)(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
+                       iv_err_t *err);
+    void *matrix_ctx;
     size_t json_bytes;        /* JSON response limit */
     uint32_t max_age;         /* Cache-Control max-age; 0 = no-cache */
     int private_cache;        /* the dataset needs a token: "private", not "public" */
