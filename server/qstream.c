@@ -171,14 +171,11 @@ static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)
     if (rc == 0) {
         iv_enc_trailer(&t, qs->fmt, 0, NULL, NULL, qs->rows, qs->nnz);
     } else {
+        /* As send_iv_error: the log keeps the whole message. */
         snprintf(c->errmsg, sizeof c->errmsg, "%s", e->msg);
-        /* As send_iv_error: the log keeps the whole message, a 5xx in the
-         * trailer does not show where the server's files are. */
-        int status = iv_error_status(rc);
         char red[sizeof e->msg];
-        iv_http_redact_paths(red, sizeof red, e->msg);
-        iv_enc_trailer(&t, qs->fmt, status, iv_error_code(rc), status >= 500 ? red : e->msg,
-                       qs->rows, qs->nnz);
+        iv_enc_trailer(&t, qs->fmt, iv_error_status(rc), iv_error_code(rc),
+                       error_for_client(rc, e->msg, red, sizeof red), qs->rows, qs->nnz);
         c->close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
     if (qs->gz_level) gz_wrap(qs, &t, 0, 1);

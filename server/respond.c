@@ -264,19 +264,18 @@ void send_error(conn_t *c, int status, const char *code, const char *msg, const 
  */
 void send_iv_error(conn_t *c, int rc, const iv_err_t *e)
 {
-    int status = iv_error_status(rc);
     const char *msg = e && e->msg[0] ? e->msg : iv_error_message(rc);
-    if (status >= 500) {
-        /* The log keeps the whole message; the client is not shown where
-         * the server's files are. */
-        char red[sizeof e->msg];
-        iv_http_redact_paths(red, sizeof red, msg);
-        send_error(c, status, iv_error_code(rc), red,
-                   rc == IV_EOVERLOADED ? "Retry-After: 1\r\n" : NULL);
-        snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
-        return;
-    }
-    send_error(c, status, iv_error_code(rc), msg, NULL);
+    char red[sizeof e->msg];
+    send_error(c, iv_error_status(rc), iv_error_code(rc), error_for_client(rc, msg, red, sizeof red),
+               NULL);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);  /* the log keeps the whole message */
+}
+
+const char *error_for_client(int rc, const char *msg, char *red, size_t cap)
+{
+    if (iv_error_status(rc) < 500) return msg;
+    iv_http_redact_paths(red, cap, msg);
+    return red;
 }
 
 /* ---- request completion, access log ------------------------------------ */

@@ -361,6 +361,10 @@ void send_simple(conn_t *c, int status, const char *ctype, const char *body, siz
 void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra);
 void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra);
 void send_iv_error(conn_t *c, int rc, const iv_err_t *e);
+/* The message a client is shown for engine error rc: msg, or for a 5xx
+ * msg with the server's paths taken out (written to red, of cap bytes).
+ * The access log keeps msg whole (callers put it in c->errmsg). */
+const char *error_for_client(int rc, const char *msg, char *red, size_t cap);
 void access_log(conn_t *c, uint64_t bytes);
 void req_reset(conn_t *c);
 void resp_begin(conn_t *c, iv_http_req_t *req);
