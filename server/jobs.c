@@ -164,9 +164,6 @@ void setup_run(job_t *j)
         iv_buf_free(&fold_obs);
         iv_buf_free(&fold_var);
         iv_qreq_free(&qr);
-        /* iv_rmeta_resolve_ex says UNSUPPORTED when the axis has no
-         * metadata; the table's row for that is NO_METADATA (422). */
-        if (rc == IV_EUNSUPPORTED) rc = IV_ENO_METADATA;
         j->rc = rc;
         return;
     }

@@ -90,7 +90,7 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
 {
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     if (!m)
-        return iv_fail(err, IV_EUNSUPPORTED,
+        return iv_fail(err, IV_ENO_METADATA,
                        "names and filters need the dataset's %s metadata, which could not be loaded",
                        axis_name(axis));
     if (p->kind == IV_PSEL_NAMES) IV_TRY(resolve_names(m, axis, p, dropped, folded, err));
