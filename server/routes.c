@@ -1,7 +1,7 @@
 /*
- * The routes: dispatch() maps a request's method and path to its handler,
- * and route_precheck() makes the same decisions on the headers alone (for
- * Expect: 100-continue).  The bearer-token checks (auth.h) are answered
+ * The routes: match_path() reads a request's path once, for dispatch(),
+ * which calls the route's handler, and for route_precheck(), which makes
+ * the same decisions on the headers alone (for Expect: 100-continue).  The bearer-token checks (auth.h) are answered
  * here.  The handlers that answer at once, on the loop, live here too
  * (health, readiness, metrics, OpenAPI, the dataset list and document,
  * the admin reload); those whose answer is computed on a worker are in
@@ -334,6 +334,87 @@ static void route_admin_reload(conn_t *c)
     reload_start(c->srv, "POST /v1/admin/reload", c);
 }
 
+/*
+ * What a request path names: the one reading of paths that dispatch() and
+ * route_precheck() share, so that the answer to "Expect: 100-continue"
+ * cannot disagree with the answer to the request.  Static files ("/",
+ * "/viewer/...") are P_NONE here; dispatch asks routes_static.c for them.
+ */
+typedef enum {
+    P_NONE,        /* no route (or a static file) */
+    P_HEALTHZ, P_READYZ, P_OPENAPI, P_METRICS, P_RELOAD,
+    P_LIST,        /* /v1/datasets */
+    P_DOC,         /* /v1/datasets/ID */
+    P_QUERY,       /* /v1/datasets/ID/query */
+    P_COUNT,       /* /v1/datasets/ID/count */
+    P_VIEWER,      /* /v1/datasets/ID/SUB of routes_viewer.h (obs, var, obsm, search, aggregate) */
+} path_kind_t;
+
+typedef struct {
+    path_kind_t kind;
+    int metric;           /* the metrics' route label (IV_R_*) */
+    const char *id;       /* dataset routes: the id, idn bytes of the path */
+    size_t idn;
+    const char *sub;      /* the path after the id ("" for the document) */
+    int vroute;           /* P_VIEWER: routes_viewer.h's route */
+} path_match_t;
+
+static void match_path(const char *p, path_match_t *m)
+{
+    static const struct {
+        const char *path;
+        path_kind_t kind;
+        int metric;
+    } fixed[] = {
+        {"/healthz", P_HEALTHZ, IV_R_HEALTHZ},     {"/readyz", P_READYZ, IV_R_READYZ},
+        {"/openapi.json", P_OPENAPI, IV_R_OTHER}, {"/metrics", P_METRICS, IV_R_METRICS},
+        {"/v1/admin/reload", P_RELOAD, IV_R_OTHER},
+    };
+    static const char pre[] = "/v1/datasets";
+    memset(m, 0, sizeof *m);
+    m->kind = P_NONE;
+    m->metric = IV_R_OTHER;
+    m->sub = "";
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(p, fixed[i].path)) {
+            m->kind = fixed[i].kind;
+            m->metric = fixed[i].metric;
+            return;
+        }
+    if (strncmp(p, pre, sizeof pre - 1)) return;
+    const char *rest = p + sizeof pre - 1;
+    if (*rest == '\0' || !strcmp(rest, "/")) {
+        m->kind = P_LIST;
+        m->metric = IV_R_DATASETS;
+        return;
+    }
+    if (*rest != '/') return;
+    const char *id = rest + 1, *slash = strchr(id, '/');
+    size_t idn = slash ? (size_t)(slash - id) : strlen(id);
+    const char *sub = slash ? slash : "";
+    if (idn == 0) return;
+    int vroute = iv_vroute_match(sub);
+    path_kind_t kind = vroute != IV_VR_NONE ? P_VIEWER
+                       : !*sub                ? P_DOC
+                       : !strcmp(sub, "/query") ? P_QUERY
+                       : !strcmp(sub, "/count") ? P_COUNT
+                                                : P_NONE;
+    if (kind == P_NONE) return;
+    m->kind = kind;
+    m->metric = kind == P_QUERY ? IV_R_QUERY : kind == P_COUNT ? IV_R_COUNT : IV_R_DATASET;
+    m->id = id;
+    m->idn = idn;
+    m->sub = sub;
+    m->vroute = vroute;
+}
+
+/* Whether the matched route takes POST (GET and HEAD all take). */
+static int match_allows_post(const path_match_t *m)
+{
+    return m->kind == P_QUERY || m->kind == P_COUNT || m->kind == P_RELOAD ||
+           (m->kind == P_VIEWER && iv_vroute_allows_post(m->vroute));
+}
+
 void dispatch(conn_t *c)
 {
     server_t *s = c->srv;
@@ -352,72 +433,47 @@ void dispatch(conn_t *c)
             send_simple(c, 204, NULL, NULL, 0, "Allow: GET, HEAD, POST, OPTIONS\r\n");
         return;
     }
-    if (!strcmp(p, "/healthz")) {
-        c->route = IV_R_HEALTHZ;
+    path_match_t m;
+    match_path(p, &m);
+    c->route = m.metric;
+    sds_t *d;
+    switch (m.kind) {
+    case P_HEALTHZ:
         if (method_ok(c, 0)) send_simple(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
         return;
-    }
-    if (!strcmp(p, "/readyz")) {
-        c->route = IV_R_READYZ;
-        if (!method_ok(c, 0)) return;
-        route_readyz(c);
+    case P_READYZ:
+        if (method_ok(c, 0)) route_readyz(c);
         return;
-    }
-    if (!strcmp(p, "/openapi.json")) {
+    case P_OPENAPI:
         if (method_ok(c, 0))
             send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
                         "Cache-Control: no-cache\r\n");
         return;
-    }
-    if (!strcmp(p, "/metrics")) {
-        c->route = IV_R_METRICS;
+    case P_METRICS:
         route_metrics(c);
         return;
-    }
-    if (!strcmp(p, "/v1/admin/reload")) {
-        c->route = IV_R_OTHER;
+    case P_RELOAD:
         route_admin_reload(c);
         return;
+    case P_LIST:
+        route_list(c);
+        return;
+    case P_DOC:
+    case P_QUERY:
+    case P_COUNT:
+    case P_VIEWER:
+        if (!(d = ready_ds(c, m.id, m.idn))) return;
+        if (m.kind == P_VIEWER) route_viewer(c, d, m.vroute, m.sub);
+        else if (m.kind == P_DOC) route_doc(c, d);
+        else route_query(c, d, m.kind == P_COUNT);
+        return;
+    case P_NONE:
+        break;
     }
     iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
     if (iv_static_route(p, r->method, r->hdr[IV_H_IF_NONE_MATCH], r->hdr[IV_H_ACCEPT_ENCODING], &sr)) {
         send_simple(c, sr.status, sr.ctype, sr.body, sr.len, sr.extra);
         return;
-    }
-    static const char pre[] = "/v1/datasets";
-    if (!strncmp(p, pre, sizeof pre - 1)) {
-        const char *rest = p + sizeof pre - 1;
-        if (*rest == '\0' || !strcmp(rest, "/")) {
-            c->route = IV_R_DATASETS;
-            route_list(c);
-            return;
-        }
-        if (*rest == '/') {
-            const char *id = rest + 1;
-            const char *slash = strchr(id, '/');
-            size_t idn = slash ? (size_t)(slash - id) : strlen(id);
-            const char *sub = slash ? slash : "";
-            int vroute = iv_vroute_match(sub);
-            if (vroute != IV_VR_NONE && idn > 0) {
-                c->route = IV_R_DATASET;
-                sds_t *d = ready_ds(c, id, idn);
-                if (d) route_viewer(c, d, vroute, sub);
-                return;
-            }
-            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
-                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
-            if (!*sub || meta) c->route = IV_R_DATASET;
-            else if (!strcmp(sub, "/query")) c->route = IV_R_QUERY;
-            else if (!strcmp(sub, "/count")) c->route = IV_R_COUNT;
-            if (c->route != IV_R_OTHER && idn > 0) {
-                sds_t *d = ready_ds(c, id, idn);
-                if (!d) return;
-                /* obs and var paths (meta) went to route_viewer above. */
-                if (c->route == IV_R_DATASET) route_doc(c, d);
-                else route_query(c, d, c->route == IV_R_COUNT);
-                return;
-            }
-        }
     }
     if (r->method != HTTP_GET && r->method != HTTP_HEAD && r->method != HTTP_POST) {
         /* TRACE, CONNECT and the like exist nowhere on this server. */
@@ -433,9 +489,9 @@ void dispatch(conn_t *c)
  * The checks dispatch() makes before any work, made on the headers alone:
  * whether a request that expects "100 Continue" would be refused anyway
  * (unknown path or dataset, wrong method, missing or wrong token, dataset
- * still loading).  It follows dispatch's path rules; a route added there
- * belongs here too.  0: the request may go on; otherwise *f says the
- * answer.
+ * still loading).  Paths are read by match_path, as in dispatch: a route
+ * added there is known to both.  0: the request may go on; otherwise *f
+ * says the answer.
  */
 int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
 {
@@ -443,84 +499,76 @@ int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
     const char *p = r->path ? r->path : "";
     memset(f, 0, sizeof *f);
     f->route = IV_R_OTHER;
-    int m = r->method, allow_post = 0;
-    if (m == HTTP_OPTIONS) return 0;
-    static const char pre[] = "/v1/datasets";
-    const sds_t *d = NULL;
-    if (!strcmp(p, "/v1/admin/reload")) {
-        if (m != HTTP_POST) {
+    int meth = r->method;
+    if (meth == HTTP_OPTIONS) return 0;
+    path_match_t m;
+    match_path(p, &m);
+    f->route = m.metric;
+    const iv_auth_token_t *tok;
+    switch (m.kind) {
+    case P_RELOAD:
+        if (meth != HTTP_POST) {
             f->status = 405;
             f->code = "method_not_allowed";
-            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
+            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(meth));
             f->extra = "Allow: POST, OPTIONS\r\n";
             return -1;
         }
-        const iv_auth_token_t *tok;
         return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_ADMIN, &tok), f);
-    }
-    if (!strcmp(p, "/healthz") || !strcmp(p, "/readyz") || !strcmp(p, "/metrics")) {
-        f->route = !strcmp(p, "/healthz") ? IV_R_HEALTHZ : !strcmp(p, "/readyz") ? IV_R_READYZ
-                                                                                  : IV_R_METRICS;
-        const iv_auth_token_t *tok;
-        if (f->route == IV_R_METRICS &&
-            auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f))
+    case P_METRICS:
+        if (auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f))
             return -1;
-    } else if (!strncmp(p, pre, sizeof pre - 1)) {
-        const char *rest = p + sizeof pre - 1;
-        if (*rest == '\0' || !strcmp(rest, "/")) {
-            f->route = IV_R_DATASETS;
-            const iv_auth_token_t *tok;
-            if (list_ok(s, r, f, &tok)) return -1;
-        } else if (*rest == '/') {
-            const char *id = rest + 1;
-            const char *slash = strchr(id, '/');
-            size_t idn = slash ? (size_t)(slash - id) : strlen(id);
-            const char *sub = slash ? slash : "";
-            int meta = (!strncmp(sub, "/obs", 4) || !strncmp(sub, "/var", 4)) &&
-                       (sub[4] == '\0' || (sub[4] == '/' && sub[5] && !strchr(sub + 5, '/')));
-            if (!*sub || meta) f->route = IV_R_DATASET;
-            else if (!strcmp(sub, "/query")) f->route = IV_R_QUERY;
-            else if (!strcmp(sub, "/count")) f->route = IV_R_COUNT;
-            if (f->route != IV_R_OTHER && idn > 0) {
-                d = find_ds(s, id, idn);
-                if (token_ok(s, r, d, f, NULL)) return -1;
-                if (!d) {
-                    f->status = 404;
-                    f->code = "not_found";
-                    snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", (int)(idn > 128 ? 128 : idn), id);
-                    return -1;
-                }
-                if (d->state == DS_FAILED) {
-                    f->status = 503;
-                    f->code = "dataset_failed";
-                    snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load",
-                             (int)(idn > 128 ? 128 : idn), id);
-                    f->extra = "Cache-Control: no-store\r\n";
-                    return -1;
-                }
-                if (d->state == DS_LOADING) {
-                    f->status = 503;
-                    f->code = "not_ready";
-                    snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
-                    f->extra = "Retry-After: 1\r\n";
-                    return -1;
-                }
-                allow_post = f->route == IV_R_QUERY || f->route == IV_R_COUNT;
-            } else {
-                f->route = IV_R_OTHER;
-            }
+        break;
+    case P_LIST:
+        if (list_ok(s, r, f, &tok)) return -1;
+        break;
+    case P_DOC:
+    case P_QUERY:
+    case P_COUNT:
+    case P_VIEWER: {
+        const sds_t *d = find_ds(s, m.id, m.idn);
+        int idn = (int)(m.idn > 128 ? 128 : m.idn);
+        if (token_ok(s, r, d, f, NULL)) return -1;
+        if (!d) {
+            f->status = 404;
+            f->code = "not_found";
+            snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", idn, m.id);
+            return -1;
         }
+        if (d->state == DS_FAILED) {
+            f->status = 503;
+            f->code = "dataset_failed";
+            snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load", idn, m.id);
+            f->extra = "Cache-Control: no-store\r\n";
+            return -1;
+        }
+        if (d->state == DS_LOADING) {
+            f->status = 503;
+            f->code = "not_ready";
+            snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
+            f->extra = "Retry-After: 1\r\n";
+            return -1;
+        }
+        break;
     }
-    if (f->route == IV_R_OTHER) {
+    case P_HEALTHZ:
+    case P_READYZ:
+    case P_OPENAPI:
+        break;
+    case P_NONE:
+        /* A static file of the viewer (GET or HEAD) is dispatch's to find;
+         * any other method has no route here. */
+        if (meth == HTTP_GET || meth == HTTP_HEAD) return 0;
         f->status = 404;
         f->code = "not_found";
         snprintf(f->msg, sizeof f->msg, "no such path");
         return -1;
     }
-    if (m == HTTP_GET || m == HTTP_HEAD || (allow_post && m == HTTP_POST)) return 0;
+    int post = match_allows_post(&m);
+    if (meth == HTTP_GET || meth == HTTP_HEAD || (post && meth == HTTP_POST)) return 0;
     f->status = 405;
     f->code = "method_not_allowed";
-    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(m));
-    f->extra = allow_post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n";
+    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(meth));
+    f->extra = post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n";
     return -1;
 }

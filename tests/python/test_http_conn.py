@@ -675,3 +675,54 @@ def test_loads_wait_in_a_small_queue(tmp_path):
              expected(BIG)[:, [0]])
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_expect_100_on_every_post_route(tmp_path):
+    """Every route that takes a body says 100 Continue to Expect and then
+    gives the answer it gives without Expect: the header-only checks read
+    paths as dispatch does (they once knew only /query and /count, so
+    /aggregate with Expect was 404 "no such path"), and /openapi.json is
+    found by both."""
+    real = os.path.join(FIX, "real", "pbmc_small.ivcsr.h5ad")
+    if not os.path.exists(real):
+        pytest.skip("real fixtures not found")
+    s = Server(str(tmp_path), datasets=[{"id": "pb", "path": real}])
+    try:
+        bodies = {
+            "/v1/datasets/pb/query": {"obs": {"index": [3, 1]}, "format": "json"},
+            "/v1/datasets/pb/count": {"obs": {"range": [0, 10]}},
+            "/v1/datasets/pb/aggregate": {"group_by": ["groups"], "stats": ["sum"], "var": {"index": [0, 5]}},
+        }
+        for path, body in bodies.items():
+            data = json.dumps(body).encode()
+            want = requests.post(s.url + path, data=data,
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+            assert want.status_code == 200, (path, want.text)
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+            c.sendall(("\r\n".join([f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(data)}",
+                                    "Content-Type: application/json", "Accept: application/json",
+                                    "Expect: 100-continue"]) + "\r\n\r\n").encode())
+            c.settimeout(5)
+            first = c.recv(25)
+            assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), (path, first)
+            c.sendall(data)
+            got = read_responses(c, ["POST"])
+            c.close()
+            assert got and got[0].status == 200, (path, got and got[0].body[:200])
+            assert json.loads(got[0].body) == want.json(), path
+        # GET with Expect (no body): the route is dispatch's to find.
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n")
+        got = read_responses(c, ["GET"])
+        c.close()
+        assert got and got[-1].status == 200 and json.loads(got[-1].body)["openapi"], got[-1].status
+        # A body for a GET-only route: 405 before the body, Allow listing GET.
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(b"POST /v1/datasets/pb/obs HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        c.settimeout(5)
+        first = c.recv(4096)
+        c.close()
+        assert first.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD, OPTIONS" in first, first[:200]
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
