@@ -238,6 +238,8 @@ int iv_vroute_match(const char *sub)
     if (!strcmp(sub, "/aggregate")) return IV_VR_AGGREGATE;
     if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
     if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
+    if (!strcmp(sub, "/raw/var")) return IV_VR_RAW_VAR_TABLE;
+    if (!strncmp(sub, "/raw/var/", 9) && sub[9] && !strchr(sub + 9, '/')) return IV_VR_RAW_VAR_COLUMN;
     int obsm = !strncmp(sub, "/obsm/", 6), varm = !strncmp(sub, "/varm/", 6);
     if ((obsm || varm) && sub[6] && !strchr(sub + 6, '/')) return obsm ? IV_VR_OBSM : IV_VR_VARM;
     int obs = !strncmp(sub, "/obs", 4), var = !strncmp(sub, "/var", 4);
@@ -269,8 +271,10 @@ iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *quer
     r->query = strdup(query ? query : "");
     if (accept) r->accept = strdup(accept);
     if (route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_OBS_COLUMN ||
-        route == IV_VR_VAR_COLUMN) {
-        const char *nm = sub + (route == IV_VR_OBSM || route == IV_VR_VARM ? 6 : 5);
+        route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN) {
+        const char *nm = sub + (route == IV_VR_RAW_VAR_COLUMN               ? 9
+                                : route == IV_VR_OBSM || route == IV_VR_VARM ? 6
+                                                                             : 5);
         r->name = iv_url_decode(nm, strlen(nm));
         if (!r->name) *bad_name = 1;
     }
@@ -691,13 +695,22 @@ out:
 static int run_meta(iv_vreq_t *r, iv_err_t *err)
 {
     if (r->is_post) return iv_fail(err, IV_EMETHOD, "metadata pages take GET");
-    if (!r->meta) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    iv_meta_t *m = r->meta;
+    int raw = r->route == IV_VR_RAW_VAR_TABLE || r->route == IV_VR_RAW_VAR_COLUMN;
+    if (raw) {
+        /* raw/X's genes: 404 (unknown_matrix) when the file has no raw. */
+        iv_dataset_t *rds;
+        if (!r->matrix_open) return iv_fail(err, IV_ENOT_FOUND, "the dataset has no raw/X");
+        IV_TRY(r->matrix_open(r->matrix_ctx, "raw/X", &rds, &m, err));
+        if (!m) return iv_fail(err, IV_ENOT_FOUND, "the file has no raw/var (raw/X's genes are 0..n-1)");
+    }
+    if (!m) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
     iv_axis_t axis = r->route == IV_VR_OBS_TABLE || r->route == IV_VR_OBS_COLUMN ? IV_AXIS_OBS : IV_AXIS_VAR;
     const char *q = r->query;
     r->ctype = "application/json";
-    if (r->route == IV_VR_OBS_TABLE || r->route == IV_VR_VAR_TABLE)
-        return iv_rmeta_table(&r->out, r->meta, axis, q, strlen(q), r->accept, &r->ctype, err);
-    int rc = iv_rmeta_column(&r->out, r->meta, axis, r->name, q, strlen(q), r->json_bytes, err);
+    if (r->route == IV_VR_OBS_TABLE || r->route == IV_VR_VAR_TABLE || r->route == IV_VR_RAW_VAR_TABLE)
+        return iv_rmeta_table(&r->out, m, axis, q, strlen(q), r->accept, &r->ctype, err);
+    int rc = iv_rmeta_column(&r->out, m, axis, r->name, q, strlen(q), r->json_bytes, err);
     /* An unknown column in the path is a missing resource. */
     if (rc == IV_EBAD_SELECTION) {
         char msg[sizeof err->msg];
@@ -1161,7 +1174,9 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     case IV_VR_OBS_TABLE:
     case IV_VR_VAR_TABLE:
     case IV_VR_OBS_COLUMN:
-    case IV_VR_VAR_COLUMN: rc = run_meta(r, err); break;
+    case IV_VR_VAR_COLUMN:
+    case IV_VR_RAW_VAR_TABLE:
+    case IV_VR_RAW_VAR_COLUMN: rc = run_meta(r, err); break;
     default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
     }
     if (rc != 0) return rc;

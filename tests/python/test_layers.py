@@ -291,6 +291,30 @@ def test_aggregate_matrix_errors(env):
     assert r.status_code == 404, r.text
 
 
+def test_raw_var_table_and_columns(env):
+    """raw/X's genes are served as the var pages are: /raw/var (the table,
+    with where filters and paging) and /raw/var/COLUMN; a dataset without
+    raw answers 404, and so does an unknown column."""
+    s, d, _ = env
+    rv = d["raw_var"]
+    doc = requests.get(s.url + "/v1/datasets/L/raw/var", params={"limit": 1000}).json()
+    assert doc["total"] == N_RAW
+    assert [x["_index"] for x in doc["rows"]] == list(rv.index)
+    assert [x["mt"] for x in doc["rows"]] == [bool(v) for v in rv.mt]
+    page = requests.get(s.url + "/v1/datasets/L/raw/var",
+                        params={"where": "mt", "offset": 2, "limit": 3}).json()
+    want = list(rv.index[rv.mt.values])
+    assert page["total"] == len(want) and [x["_index"] for x in page["rows"]] == want[2:5]
+    col = requests.get(s.url + "/v1/datasets/L/raw/var/mt").json()
+    assert col["values"] == [bool(v) for v in rv.mt], col
+    # X's var pages are unchanged, and differ.
+    x = requests.get(s.url + "/v1/datasets/L/var", params={"limit": 1000}).json()
+    assert [r["_index"] for r in x["rows"]] == list(d["var"].index)
+    for path in ("/v1/datasets/P/raw/var", "/v1/datasets/L/raw/var/nope", "/v1/datasets/P/raw/var/mt"):
+        r = requests.get(s.url + path)
+        assert r.status_code == 404, (path, r.text)
+
+
 def test_document_lists_matrices(env):
     s, d, packs = env
     doc = requests.get(s.url + "/v1/datasets/L").json()

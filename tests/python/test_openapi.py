@@ -41,8 +41,20 @@ def srv(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("openapi"))
     path = os.path.join(tmp, "pbmc.h5ad")
     import numpy as np
+    import pandas as pd
+    import scipy.sparse as sp
+    from anndata.experimental import write_elem
+    import h5py
+    import ivref
     d = make_data(3, "int32")
     write_dataset(path, *d, orientation="ivcsr", value_dtype=np.dtype("int32"))
+    # raw/X and raw/var, for the raw/var routes' examples.
+    n_obs, n_raw = d[0].shape[0], d[0].shape[1] + 5
+    ivref.write_iv(path, sp.random(n_obs, n_raw, density=0.05, format="csr", dtype=np.float32,
+                                   random_state=1), "ivcsc", group="raw/X", mode="a")
+    with h5py.File(path, "a") as f:
+        write_elem(f, "raw/var", pd.DataFrame({"mt": np.arange(n_raw) % 4 == 0},
+                                              index=["rg%d" % i for i in range(n_raw)]))
     s = Server(tmp, datasets=[{"id": "pbmc", "path": path}])
     yield s
     assert s.stop() == 0, s.log_text()[-3000:]
