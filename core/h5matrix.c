@@ -43,26 +43,6 @@ done:
     return rc;
 }
 
-/* Maps an HDF5 numeric type to ours. */
-static int dtype_of(hid_t t, iv_dtype_t *out)
-{
-    H5T_class_t cls = H5Tget_class(t);
-    size_t sz = H5Tget_size(t);
-    if (cls == H5T_INTEGER) {
-        int sgn = H5Tget_sign(t) == H5T_SGN_2;
-        switch (sz) {
-        case 1: *out = sgn ? IV_DT_INT8 : IV_DT_UINT8; return 0;
-        case 2: *out = sgn ? IV_DT_INT16 : IV_DT_UINT16; return 0;
-        case 4: *out = sgn ? IV_DT_INT32 : IV_DT_UINT32; return 0;
-        case 8: *out = sgn ? IV_DT_INT64 : IV_DT_UINT64; return 0;
-        }
-    } else if (cls == H5T_FLOAT) {
-        if (sz == 4) { *out = IV_DT_FLOAT32; return 0; }
-        if (sz == 8) { *out = IV_DT_FLOAT64; return 0; }
-    }
-    return -1;
-}
-
 /* Opens a 1-D dataset of the group, giving its length and element type. */
 static int open_1d(hid_t g, const char *where, const char *name, hid_t *d_out, int64_t *len,
                    iv_dtype_t *dt, iv_err_t *err)
@@ -80,7 +60,7 @@ static int open_1d(hid_t g, const char *where, const char *name, hid_t *d_out, i
         rc = FAILF(IV_EBAD_FILE, "%s/%s: expected a 1-D array, found rank %d", where, name, rank);
     } else {
         H5Sget_simple_extent_dims(sp, dims, NULL);
-        if (dtype_of(t, dt) != 0)
+        if (iv_h5_dtype_of(t, dt) != 0)
             rc = FAILF(IV_EBAD_FILE, "%s/%s: element type is not an integer or float of 1-8 bytes",
                        where, name);
     }

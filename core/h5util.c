@@ -7,6 +7,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+int iv_h5_dtype_of(hid_t t, iv_dtype_t *out)
+{
+    H5T_class_t cls = H5Tget_class(t);
+    size_t sz = H5Tget_size(t);
+    if (cls == H5T_INTEGER) {
+        int sgn = H5Tget_sign(t) == H5T_SGN_2;
+        switch (sz) {
+        case 1: *out = sgn ? IV_DT_INT8 : IV_DT_UINT8; return 0;
+        case 2: *out = sgn ? IV_DT_INT16 : IV_DT_UINT16; return 0;
+        case 4: *out = sgn ? IV_DT_INT32 : IV_DT_UINT32; return 0;
+        case 8: *out = sgn ? IV_DT_INT64 : IV_DT_UINT64; return 0;
+        }
+    } else if (cls == H5T_FLOAT) {
+        /* Only IEEE binary32/64 map exactly onto float/double. */
+        if (sz == 4 && H5Tget_precision(t) == 32) { *out = IV_DT_FLOAT32; return 0; }
+        if (sz == 8 && H5Tget_precision(t) == 64) { *out = IV_DT_FLOAT64; return 0; }
+    }
+    return -1;
+}
+
 hid_t iv_h5_native(iv_dtype_t t)
 {
     switch (t) {

@@ -10,6 +10,10 @@
 
 #include "dtype.h"
 
+/* Our dtype of an HDF5 integer or IEEE binary32/64 float type (the file
+ * types a matrix's values may have); -1 for anything else. */
+int iv_h5_dtype_of(hid_t t, iv_dtype_t *out);
+
 /* The native memory type of a dtype (H5T_NATIVE_*), or -1 for none. */
 hid_t iv_h5_native(iv_dtype_t t);
 

@@ -73,8 +73,6 @@ uint64_t iv_h5w_array_length(const iv_h5w_array_t *a);
 /* Bytes written to the file so far (compressed chunks). */
 uint64_t iv_h5w_array_stored(const iv_h5w_array_t *a);
 
-/* Our dtype of an HDF5 integer or float type; -1 for anything else. */
-int iv_h5w_dtype_of(hid_t t, iv_dtype_t *out);
 
 /* Scalar variable-length UTF-8 string attribute, as h5py writes str. */
 int iv_h5w_attr_str(hid_t obj, const char *name, const char *value);

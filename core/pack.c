@@ -232,7 +232,7 @@ static int open_sparse(src_t *s, hid_t g, int csc, iv_err_t *err)
     H5Tclose(t);
     if (!idx_int) return FAILF(IV_EBAD_FILE, "%s/indices: not an integer array", s->where);
     t = H5Dget_type(s->ddata);
-    int ok = iv_h5w_dtype_of(t, &s->vdt) == 0;
+    int ok = iv_h5_dtype_of(t, &s->vdt) == 0;
     H5Tclose(t);
     if (!ok)
         return FAILF(IV_EUNSUPPORTED, "%s/data: element type is not an integer or float32/64 "
@@ -261,7 +261,7 @@ static int open_dense(src_t *s, hid_t file, const char *path, iv_err_t *err)
     int rank = H5Sget_simple_extent_ndims(sp);
     hsize_t dims[2] = {0, 0};
     if (rank == 2) H5Sget_simple_extent_dims(sp, dims, NULL);
-    int ok = iv_h5w_dtype_of(t, &s->vdt) == 0;
+    int ok = iv_h5_dtype_of(t, &s->vdt) == 0;
     H5Sclose(sp);
     H5Tclose(t);
     if (cls == H5T_STRING)

@@ -324,26 +324,32 @@ static void block_done(job_t *j)
     qs_pump(qs);
 }
 
-static void whole_done(job_t *j)
+/* A one-job answer (a whole JSON document, a count) is back: its stream
+ * is done and the access log gets its size.  NULL when decode_back took
+ * the job (the client left, or the job's error was answered). */
+static conn_t *whole_back(job_t *j)
 {
-    if (!decode_back(j)) return;
-    qstream_t *qs = j->qs;
-    conn_t *c = qs->c;
-    qs->done = 1;
+    if (!decode_back(j)) return NULL;
+    conn_t *c = j->qs->c;
+    j->qs->done = 1;
     c->rows = j->rows;
     c->nnz = j->nnz;
-    if (budget_admit(c, j->out.len) == 0) send_owned(c, 200, "application/json", &j->out, stream_extra(qs));
+    return c;
+}
+
+static void whole_done(job_t *j)
+{
+    conn_t *c = whole_back(j);
+    if (!c) return;
+    if (budget_admit(c, j->out.len) == 0) send_owned(c, 200, "application/json", &j->out, stream_extra(j->qs));
     job_free(j);
 }
 
 static void count_done(job_t *j)
 {
-    if (!decode_back(j)) return;
+    conn_t *c = whole_back(j);
+    if (!c) return;
     qstream_t *qs = j->qs;
-    conn_t *c = qs->c;
-    qs->done = 1;
-    c->rows = j->rows;
-    c->nnz = j->nnz;
     iv_buf_t body;
     iv_buf_init(&body);
     count_body(&body, c, qs->q, j->nnz, qs->have_total ? qs->total : j->total);
