@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 import ivref
-from ivprocess import free_port  # noqa: E402
+from ivprocess import listening_port  # noqa: E402
 
 N_ROWS, N_COLS = 400, 600
 
@@ -233,11 +233,10 @@ def test_server_serves_good_file_and_leaves_damaged_ones_out(ivserve, workdir):
     cfg = os.path.join(workdir, "cfg.json")
     with open(cfg, "w") as fh:
         json.dump({"datasets": datasets}, fh)
-    port = free_port()
-    log = open(os.path.join(workdir, "server.log"), "w+")
-    proc = subprocess.Popen([ivserve.path, "--config", cfg, "--port", str(port),
+    log = open(os.path.join(workdir, "server.log"), "a+")
+    proc = subprocess.Popen([ivserve.path, "--config", cfg, "--port", "0",
                              "--threads", "2"], stdout=log, stderr=log)
-    base = "http://127.0.0.1:%d" % port
+    base = "http://127.0.0.1:%d" % listening_port(log.name, proc)
     try:
         deadline = time.time() + 180
         while time.time() < deadline:

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import fixtures_path
-from ivprocess import free_port  # noqa: E402
+from ivprocess import listening_port  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 
@@ -46,12 +46,11 @@ def test_ids_keep_dots_before_h5ad(tmp_path):
         p = tmp_path / name
         os.symlink(os.path.join(fix, src), p)
         paths.append(str(p))
-    port = free_port()
-    log = open(tmp_path / "log.txt", "w+")
-    proc = subprocess.Popen([BIN, "--port", str(port), "--threads", "2", *paths],
+    log = open(tmp_path / "log.txt", "a+")
+    proc = subprocess.Popen([BIN, "--port", "0", "--threads", "2", *paths],
                             stdout=log, stderr=log)
     try:
-        url = "http://127.0.0.1:%d" % port
+        url = "http://127.0.0.1:%d" % listening_port(tmp_path / "log.txt", proc)
         deadline = time.time() + 30
         while True:
             assert proc.poll() is None, "server exited: " + open(tmp_path / "log.txt").read()
@@ -90,7 +89,7 @@ def test_duplicate_id_names_both_files_without_usage(tmp_path):
     b = tmp_path / "two" / "lupus.v2.h5ad"
     os.symlink(os.path.join(fix, "tiny.ivcsr.raw.h5ad"), a)
     os.symlink(os.path.join(fix, "tiny.ivcsr.raw.h5ad"), b)
-    p = subprocess.run([BIN, "--port", str(free_port()), str(a), str(b)], capture_output=True,
+    p = subprocess.run([BIN, "--port", "0", str(a), str(b)], capture_output=True,
                        text=True, timeout=30)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert str(a) in p.stderr and str(b) in p.stderr, p.stderr
