@@ -672,3 +672,75 @@ def test_pip_install_offline(tmp_path, srv):
                           capture_output=True, text=True, timeout=60, env=env, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str(ref(IDS[0])[0].shape)
+
+
+# ---------------------------------------------------------------- layers and raw
+
+@pytest.fixture(scope="module")
+def layered(tmp_path_factory):
+    """test_layers.py's file: X, layers counts (IVCSC int32) and log, raw/X
+    with raw/var (more genes than var, X's in reverse order first)."""
+    import test_layers
+    tmp = str(tmp_path_factory.mktemp("client_layers"))
+    d = test_layers.make_data()
+    path = os.path.join(tmp, "layered.h5ad")
+    import ivref
+    from anndata.experimental import write_elem
+    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
+                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
+                            raw=(d["raw"], "ivcsc"))
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", d["obs"])
+        write_elem(f, "var", d["var"])
+        write_elem(f, "raw/var", d["raw_var"])
+    s = Server(tmp, datasets=[{"id": "L", "path": path}])
+    yield s, d
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def _dense(m):
+    return np.asarray(sp.csr_matrix(m).toarray(), dtype=np.float64)
+
+
+def test_matrix_argument_selects_layers_and_raw(layered):
+    """matrix= reads a layer or raw/X: keys of every form index that
+    matrix (raw/X's var keys, names and masks are raw/var's), composed
+    queries keep it, count and aggregate take it, and to_anndata gives
+    raw/X's genes their raw/var names."""
+    s, d = layered
+    ds = ivserve.connect(s.url)["L"]
+    assert list(ds.matrices)[:1] == ["X"] and {"layers/counts", "layers/log", "raw/X"} <= set(ds.matrices)
+    counts, raw = d["counts"], d["raw"]
+    raw_names = list(d["raw_var"].index)
+    obs = [7, 3, 3, 100]
+    # A layer: same genes as X.
+    got = ds.query(obs, slice(2, 9), matrix="layers/counts").to_scipy()
+    assert got.dtype == np.int32
+    assert np.array_equal(_dense(got), _dense(counts)[obs][:, 2:9])
+    q = ds.query(matrix="layers/counts")[obs, ["gene4", "gene1"]]
+    assert q.matrix == "layers/counts"
+    assert np.array_equal(_dense(q.to_scipy()), _dense(counts)[obs][:, [4, 1]])
+    # raw/X: more genes, its own names; a mask over raw's genes.
+    mask = np.zeros(raw.shape[1], bool)
+    mask[[0, 40, 44]] = True
+    got = ds.query(obs, mask, matrix="raw/X").to_scipy()
+    assert got.shape == (4, 3) and np.array_equal(_dense(got), _dense(raw)[obs][:, [0, 40, 44]])
+    want_names = [raw_names[-1], "gene0"]
+    got = ds.query(obs, want_names, matrix="raw/X").to_scipy()
+    assert np.array_equal(_dense(got), _dense(raw)[obs][:, [raw_names.index(n) for n in want_names]])
+    ad = ds.query(obs, want_names, matrix="raw/X").to_anndata(obsm=False)
+    assert list(ad.var_names) == want_names and list(ad.obs_names) == ["cell%d" % i for i in obs]
+    # Composed: a second key over the first's raw genes.
+    sub = ds.query(obs, slice(30, 45), matrix="raw/X")[:, [raw_names[44], raw_names[31]]]
+    assert np.array_equal(_dense(sub.to_scipy()), _dense(raw)[obs][:, [44, 31]])
+    c = ds.count(obs, None, matrix="raw/X")
+    assert c["n_genes"] == raw.shape[1] and c["nnz"] == sp.csr_matrix(raw)[obs].nnz
+    agg = ds.aggregate("cell_type", ["sum"], var=["gene2", raw_names[-1]], matrix="raw/X")
+    cols = [raw_names.index("gene2"), raw.shape[1] - 1]
+    dense = _dense(raw)[:, cols]
+    for g, row in agg["sum"].iterrows():
+        sel = (d["obs"]["cell_type"] == g).values
+        np.testing.assert_allclose(row.values, dense[sel].sum(axis=0), rtol=1e-12)
+    with pytest.raises(IvserveError) as e:
+        ds.query(obs, matrix="layers/nope")
+    assert e.value.code == "unknown_matrix"

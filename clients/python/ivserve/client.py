@@ -126,8 +126,33 @@ class Dataset:
     def dtype(self):
         return np.dtype(self.info["dtype"])
 
-    def _axis_len(self, axis):
-        return self.shape[0] if axis == "obs" else self.shape[1]
+    def _axis_len(self, axis, matrix=None):
+        shape = self._matrix_shape(matrix)
+        return shape[0] if axis == "obs" else shape[1]
+
+    # -- matrices ---------------------------------------------------------
+
+    @property
+    def matrices(self):
+        """The matrices this dataset serves, by name ("X", "layers/NAME",
+        "raw/X"): each its entry of the dataset document (shape, nnz,
+        dtype, orientation, servable)."""
+        listed = self.info.get("matrices") or [{"name": "X", "shape": list(self.shape), "servable": True}]
+        return {m["name"]: m for m in listed}
+
+    def _matrix_shape(self, matrix):
+        if matrix in (None, "X"):
+            return self.shape
+        m = self.matrices.get(matrix)
+        if m is None:
+            raise IvserveError(404, "unknown_matrix",
+                               f"dataset {self.id!r} has no matrix {matrix!r}; it has {list(self.matrices)}")
+        return tuple(int(x) for x in m["shape"])
+
+    @staticmethod
+    def _var_axis(matrix):
+        """The table of a matrix's genes: raw/X's are raw/var's, every other's var's."""
+        return "raw/var" if matrix == "raw/X" else "var"
 
     def _schema(self, axis):
         doc = self.info.get(axis)
@@ -142,9 +167,9 @@ class Dataset:
         return [c["name"] for c in self._schema(axis)["columns"] if computed or not c.get("computed")]
 
     def names(self, axis="obs"):
-        """The obs or var names (the DataFrame index), fetched once."""
+        """The obs, var or raw/var names (the DataFrame index), fetched once."""
         if axis not in self._names:
-            schema = self._schema(axis)
+            schema = {} if axis == "raw/var" else self._schema(axis)
             out, offset, total = [], 0, None
             while total is None or offset < total:
                 page = self.client.get_json(f"{self.path}/{axis}", columns="", offset=offset,
@@ -219,6 +244,9 @@ class Dataset:
         the server has no metadata for the dataset (it lists no columns)."""
         import pandas as pd
 
+        if axis == "raw/var":
+            # raw/var's columns are not in the dataset document: its names only.
+            return pd.DataFrame(index=self.names(axis).copy())
         if not self.info.get(axis):
             n = self._axis_len(axis)
             return pd.DataFrame(index=pd.Index([str(i) for i in range(n)], dtype=object))
@@ -235,34 +263,37 @@ class Dataset:
 
     # -- selections -------------------------------------------------------
 
-    def _wire(self, key, axis):
-        return selection.to_wire(key, self._axis_len(axis), axis)
+    def _wire(self, key, axis, matrix=None):
+        return selection.to_wire(key, self._axis_len(axis, matrix), axis)
 
-    def query(self, obs=None, var=None):
-        """A Query of obs and var keys (any form ds[obs, var] takes)."""
-        return Query(self, self._wire(obs, "obs"), self._wire(var, "var"))
+    def query(self, obs=None, var=None, matrix=None):
+        """A Query of obs and var keys (any form ds[obs, var] takes) of
+        matrix: X (None), "layers/NAME" or "raw/X" (whose genes, names
+        and var keys are raw/var's)."""
+        return Query(self, self._wire(obs, "obs", matrix), self._wire(var, "var", matrix), matrix)
 
     def __getitem__(self, key):
         obs, var = _split_key(key)
         return self.query(obs, var)
 
-    def where(self, obs=None, var=None):
+    def where(self, obs=None, var=None, matrix=None):
         """A Query of the cells (obs) and genes (var) matching where
         expressions in the server's grammar, e.g.
         ds.where("cell_type == 'B cell' and n_genes > 200", var="highly_variable")."""
         return Query(self, None if obs is None else {"where": obs},
-                     None if var is None else {"where": var})
+                     None if var is None else {"where": var}, matrix)
 
-    def count(self, obs=None, var=None):
+    def count(self, obs=None, var=None, matrix=None):
         """The server's count of a selection: shape, n_cells, n_genes, nnz,
         total_counts and the binary size, without fetching values."""
-        return self.query(obs, var).count()
+        return self.query(obs, var, matrix).count()
 
-    def iter_blocks(self, obs=None, var=None, progress=None):
+    def iter_blocks(self, obs=None, var=None, progress=None, matrix=None):
         """Blocks of a selection as they arrive (see Query.iter_blocks)."""
-        return self.query(obs, var).iter_blocks(progress=progress)
+        return self.query(obs, var, matrix).iter_blocks(progress=progress)
 
-    def aggregate(self, group_by, stats=("mean", "frac_nonzero"), obs=None, var=None, ddof=1):
+    def aggregate(self, group_by, stats=("mean", "frac_nonzero"), obs=None, var=None, ddof=1,
+                  matrix=None):
         """Grouped statistics of the selected genes over groups of cells, on
         servers with the aggregate route: group_by names one or more
         categorical obs columns; stats are among sum, mean, var, nnz,
@@ -273,7 +304,9 @@ class Dataset:
 
         group_by = [group_by] if isinstance(group_by, str) else list(group_by)
         body = {"group_by": group_by, "stats": list(stats), "ddof": ddof}
-        o, v = self._wire(obs, "obs"), self._wire(var, "var")
+        if matrix not in (None, "X"):
+            body["matrix"] = matrix
+        o, v = self._wire(obs, "obs", matrix), self._wire(var, "var", matrix)
         if o is not None:
             body["obs"] = o
         if v is not None:
@@ -302,30 +335,32 @@ class Dataset:
         parts = [b.obs for b in q.iter_blocks(progress=False)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
-    def _lookup(self, names, by):
-        """Row numbers of names in the index (by None) or in column by; the
-        first row of a name listed twice, as the server picks it."""
+    def _lookup(self, names, by, axis="var"):
+        """Row numbers of names in the index (by None) or in column by of
+        the genes' table (var or raw/var); the first row of a name listed
+        twice, as the server picks it."""
         if by is None:
-            keys = list(self.names("var"))
+            keys = list(self.names(axis))
         else:
-            keys = self._column_values("var", by)
+            keys = self._column_values(axis, by)
         first = {}
         for i, k in enumerate(keys):
             first.setdefault(str(k), i)
         return [first.get(str(n), -1) for n in names]
 
-    def _var_positions(self, wire_sel):
-        """Column numbers of a var selection, in the result's order.  The
-        server returns none for a result's columns, so names are looked up
-        here as the server does; a filter is resolved through the var table
-        (by name), which needs the var names to be unique."""
-        n = self.shape[1]
+    def _var_positions(self, wire_sel, matrix=None):
+        """Column numbers of a var selection of matrix, in the result's
+        order.  The server returns none for a result's columns, so names
+        are looked up here as the server does; a filter is resolved through
+        the genes' table (by name), which needs their names to be unique."""
+        n = self._axis_len("var", matrix)
+        axis = self._var_axis(matrix)
         pos = selection.positions(wire_sel, n)
         if pos is not None:
             return pos
         base = {k: v for k, v in wire_sel.items() if k not in ("where", "filter")}
         if "names" in base:
-            found = self._lookup(base["names"], base.get("by"))
+            found = self._lookup(base["names"], base.get("by"), axis)
             unknown = [nm for nm, i in zip(base["names"], found) if i < 0]
             if unknown and base.get("missing") != "ignore":
                 raise IvserveError(422, "unknown_name", f"var names not found: {unknown[:10]}")
@@ -335,25 +370,26 @@ class Dataset:
             if pos is None:
                 raise IvserveError(None, "bad_selection", f"cannot resolve the var selection {wire_sel}")
         if "where" in wire_sel or "filter" in wire_sel:
-            keep = self._var_filter(wire_sel)
+            keep = self._var_filter(wire_sel, axis)
             pos = pos[keep[pos]]
         return pos
 
-    def _var_filter(self, wire_sel):
-        """A boolean mask over var of a selection's filter part."""
+    def _var_filter(self, wire_sel, axis="var"):
+        """A boolean mask over the genes' table (var or raw/var) of a
+        selection's filter part."""
         params = {}
         if "filter" in wire_sel:
             raise IvserveError(None, "unsupported",
                                "to_anndata() of a var JSON filter is not supported; use a where string")
         params["where"] = wire_sel["where"]
-        names = self.names("var")
+        names = self.names(axis)
         if not names.is_unique:
             raise IvserveError(None, "ambiguous",
                                "var names are not unique, so the genes a var where selects cannot be "
                                "placed; select genes by index, mask or range instead")
         matched, offset, total = [], 0, None
         while total is None or offset < total:
-            page = self.client.get_json(f"{self.path}/var", columns="", offset=offset,
+            page = self.client.get_json(f"{self.path}/{axis}", columns="", offset=offset,
                                         limit=_TABLE_PAGE, **params)
             total = int(page["total"])
             if not page["rows"] and offset < total:
@@ -364,8 +400,10 @@ class Dataset:
         mask[names.get_indexer(matched)] = True
         return mask
 
-    def _post(self, route, obs, var, stream=False, headers=None):
+    def _post(self, route, obs, var, stream=False, headers=None, matrix=None):
         body = {}
+        if matrix not in (None, "X"):
+            body["matrix"] = matrix
         if obs is not None:
             body["obs"] = obs
         if var is not None:
@@ -392,13 +430,16 @@ class Query:
     """A selection of cells and genes of a Dataset; fetches nothing until a
     result is asked for."""
 
-    def __init__(self, ds, obs, var):
+    def __init__(self, ds, obs, var, matrix=None):
         self.ds = ds
         self.obs = obs
         self.var = var
+        self.matrix = None if matrix == "X" else matrix
+        ds._matrix_shape(self.matrix)   # an unknown matrix fails here, not at the first fetch
 
     def __repr__(self):
-        return f"<ivserve.Query {self.ds.id!r} obs={_short(self.obs)} var={_short(self.var)}>"
+        m = f" matrix={self.matrix!r}" if self.matrix else ""
+        return f"<ivserve.Query {self.ds.id!r}{m} obs={_short(self.obs)} var={_short(self.var)}>"
 
     # -- composing --------------------------------------------------------
 
@@ -408,29 +449,29 @@ class Query:
         obs, var = self.obs, self.var
         if not _is_all(okey):
             if obs is None:
-                obs = ds._wire(okey, "obs")
+                obs = ds._wire(okey, "obs", self.matrix)
             else:
                 pos = ds._obs_positions(obs)
                 names = ds.names("obs")[pos] if _has_names(okey) else None
                 obs = {"index": selection.subselect(pos, okey, names, "obs").tolist()}
         if not _is_all(vkey):
             if var is None:
-                var = ds._wire(vkey, "var")
+                var = ds._wire(vkey, "var", self.matrix)
             else:
-                pos = ds._var_positions(var)
-                names = ds.names("var")[pos] if _has_names(vkey) else None
+                pos = ds._var_positions(var, self.matrix)
+                names = ds.names(ds._var_axis(self.matrix))[pos] if _has_names(vkey) else None
                 var = {"index": selection.subselect(pos, vkey, names, "var").tolist()}
-        return Query(ds, obs, var)
+        return Query(ds, obs, var, self.matrix)
 
     def where(self, obs=None, var=None):
         """This selection further restricted by where expressions."""
-        return Query(self.ds, _and_where(self.obs, obs), _and_where(self.var, var))
+        return Query(self.ds, _and_where(self.obs, obs), _and_where(self.var, var), self.matrix)
 
     # -- answers ----------------------------------------------------------
 
     def count(self):
         """The server's count of this selection (a dict)."""
-        return self.ds._post("count", self.obs, self.var).json()
+        return self.ds._post("count", self.obs, self.var, matrix=self.matrix).json()
 
     @property
     def shape(self):
@@ -440,7 +481,7 @@ class Query:
     def _stream(self, progress):
         """Reads this selection's result stream: yields its header, then
         each block as it arrives."""
-        r = self.ds._post("query", self.obs, self.var, stream=True,
+        r = self.ds._post("query", self.obs, self.var, stream=True, matrix=self.matrix,
                           headers={"Accept": wire.MEDIA_TYPE,
                                    "Accept-Encoding": "gzip" if self.ds.client.compress
                                    else "identity"})
@@ -505,12 +546,12 @@ class Query:
         import anndata
 
         X, obs_pos = self.fetch(progress)
-        var_pos = self.ds._var_positions(self.var)
+        var_pos = self.ds._var_positions(self.var, self.matrix)
         if len(var_pos) != X.shape[1]:
             raise IvserveError(None, "bad_answer",
                                f"the result has {X.shape[1]} genes; the var selection resolves to {len(var_pos)}")
         obs = self.ds._frame_or_bare("obs", computed).iloc[obs_pos]
-        var = self.ds._frame_or_bare("var", computed).iloc[var_pos]
+        var = self.ds._frame_or_bare(self.ds._var_axis(self.matrix), computed).iloc[var_pos]
         arrays = {}
         names = list(self.ds.obsm.keys()) if obsm is True else list(obsm or [])
         for name in names:
