@@ -239,6 +239,7 @@ int iv_vroute_match(const char *sub)
     if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
     if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
     if (!strcmp(sub, "/raw/var")) return IV_VR_RAW_VAR_TABLE;
+    if (!strcmp(sub, "/raw/var/search")) return IV_VR_RAW_VAR_SEARCH;
     if (!strncmp(sub, "/raw/var/", 9) && sub[9] && !strchr(sub + 9, '/')) return IV_VR_RAW_VAR_COLUMN;
     int obsm = !strncmp(sub, "/obsm/", 6), varm = !strncmp(sub, "/varm/", 6);
     if ((obsm || varm) && sub[6] && !strchr(sub + 6, '/')) return obsm ? IV_VR_OBSM : IV_VR_VARM;
@@ -609,12 +610,27 @@ out:
 
 /* ---- search ------------------------------------------------------------- */
 
+/* raw/X's genes (raw/var) for the raw/var routes: 404 (unknown_matrix)
+ * when the dataset has no servable raw/X, 404 when its file has no
+ * raw/var. */
+static int raw_var_meta(iv_vreq_t *r, iv_meta_t **m, iv_err_t *err)
+{
+    iv_dataset_t *rds;
+    if (!r->matrix_open) return iv_fail(err, IV_ENOT_FOUND, "the dataset has no raw/X");
+    IV_TRY(r->matrix_open(r->matrix_ctx, "raw/X", &rds, m, err));
+    if (!*m) return iv_fail(err, IV_ENOT_FOUND, "the file has no raw/var (raw/X's genes are 0..n-1)");
+    return 0;
+}
+
 static int run_search(iv_vreq_t *r, iv_err_t *err)
 {
     iv_axis_t axis = r->route == IV_VR_OBS_SEARCH ? IV_AXIS_OBS : IV_AXIS_VAR;
-    const char *axn = axis == IV_AXIS_OBS ? "obs" : "var";
+    int raw = r->route == IV_VR_RAW_VAR_SEARCH;
+    const char *axn = axis == IV_AXIS_OBS ? "obs" : raw ? "raw/var" : "var";
     if (r->is_post) return iv_fail(err, IV_EMETHOD, "search takes GET");
-    if (!r->meta || !r->vx)
+    iv_meta_t *m = r->meta;   /* the names searched: obs, var or raw/var */
+    if (raw) IV_TRY(raw_var_meta(r, &m, err));
+    if (!m || !r->vx)
         return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
     static const char *const keys[] = {"q", "limit", "by"};
     params_t p;
@@ -639,8 +655,8 @@ static int run_search(iv_vreq_t *r, iv_err_t *err)
         rc = iv_fail(err, IV_EBAD_REQUEST, "q (the text to search for) is required");
         goto out;
     }
-    const iv_meta_col_t *ix = iv_meta_index(r->meta, axis);
-    const iv_meta_col_t *col = by ? iv_meta_find_col(r->meta, axis, by) : ix;
+    const iv_meta_col_t *ix = iv_meta_index(m, axis);
+    const iv_meta_col_t *col = by ? iv_meta_find_col(m, axis, by) : ix;
     if (!col) {
         rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axn, by);
         goto out;
@@ -697,13 +713,7 @@ static int run_meta(iv_vreq_t *r, iv_err_t *err)
     if (r->is_post) return iv_fail(err, IV_EMETHOD, "metadata pages take GET");
     iv_meta_t *m = r->meta;
     int raw = r->route == IV_VR_RAW_VAR_TABLE || r->route == IV_VR_RAW_VAR_COLUMN;
-    if (raw) {
-        /* raw/X's genes: 404 (unknown_matrix) when the file has no raw. */
-        iv_dataset_t *rds;
-        if (!r->matrix_open) return iv_fail(err, IV_ENOT_FOUND, "the dataset has no raw/X");
-        IV_TRY(r->matrix_open(r->matrix_ctx, "raw/X", &rds, &m, err));
-        if (!m) return iv_fail(err, IV_ENOT_FOUND, "the file has no raw/var (raw/X's genes are 0..n-1)");
-    }
+    if (raw) IV_TRY(raw_var_meta(r, &m, err));
     if (!m) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
     iv_axis_t axis = r->route == IV_VR_OBS_TABLE || r->route == IV_VR_OBS_COLUMN ? IV_AXIS_OBS : IV_AXIS_VAR;
     const char *q = r->query;
@@ -1169,7 +1179,8 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     case IV_VR_OBSM:
     case IV_VR_VARM: rc = run_marray(r, err); break;
     case IV_VR_OBS_SEARCH:
-    case IV_VR_VAR_SEARCH: rc = run_search(r, err); break;
+    case IV_VR_VAR_SEARCH:
+    case IV_VR_RAW_VAR_SEARCH: rc = run_search(r, err); break;
     case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
     case IV_VR_OBS_TABLE:
     case IV_VR_VAR_TABLE:

@@ -63,8 +63,9 @@ enum iv_vroute {
     IV_VR_VAR_TABLE,          /* served here for their ETag and encoding */
     IV_VR_OBS_COLUMN,
     IV_VR_VAR_COLUMN,
-    IV_VR_RAW_VAR_TABLE,      /* .../raw/var and .../raw/var/COLUMN: raw/X's genes */
-    IV_VR_RAW_VAR_COLUMN,
+    IV_VR_RAW_VAR_TABLE,      /* .../raw/var, .../raw/var/COLUMN, .../raw/var/search: */
+    IV_VR_RAW_VAR_COLUMN,     /* raw/X's genes */
+    IV_VR_RAW_VAR_SEARCH,
 };
 
 /* The viewer route of sub (the path after the dataset id, e.g.

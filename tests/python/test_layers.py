@@ -293,8 +293,8 @@ def test_aggregate_matrix_errors(env):
 
 def test_raw_var_table_and_columns(env):
     """raw/X's genes are served as the var pages are: /raw/var (the table,
-    with where filters and paging) and /raw/var/COLUMN; a dataset without
-    raw answers 404, and so does an unknown column."""
+    with where filters and paging), /raw/var/COLUMN and /raw/var/search; a
+    dataset without raw answers 404, and so does an unknown column."""
     s, d, _ = env
     rv = d["raw_var"]
     doc = requests.get(s.url + "/v1/datasets/L/raw/var", params={"limit": 1000}).json()
@@ -310,7 +310,17 @@ def test_raw_var_table_and_columns(env):
     # X's var pages are unchanged, and differ.
     x = requests.get(s.url + "/v1/datasets/L/var", params={"limit": 1000}).json()
     assert [r["_index"] for r in x["rows"]] == list(d["var"].index)
-    for path in ("/v1/datasets/P/raw/var", "/v1/datasets/L/raw/var/nope", "/v1/datasets/P/raw/var/mt"):
+    # Search over raw/var's names: rgene* exist only there.
+    r = requests.get(s.url + "/v1/datasets/L/raw/var/search", params={"q": "rgene1", "limit": 50}).json()
+    assert r["axis"] == "raw/var" and r["total"] == sum(n.startswith("rgene1") for n in rv.index)
+    assert r["results"][0] == {"index": list(rv.index).index("rgene1"), "name": "rgene1", "match": "exact"}
+    assert all(rv.index[h["index"]] == h["name"] for h in r["results"])
+    x = requests.get(s.url + "/v1/datasets/L/var/search", params={"q": "rgene1"}).json()
+    assert x["total"] == 0, x
+    g = requests.get(s.url + "/v1/datasets/L/raw/var/search", params={"q": "gene3"}).json()
+    assert g["results"][0]["index"] == list(rv.index).index("gene3"), g
+    for path in ("/v1/datasets/P/raw/var", "/v1/datasets/L/raw/var/nope", "/v1/datasets/P/raw/var/mt",
+                 "/v1/datasets/P/raw/var/search?q=a"):
         r = requests.get(s.url + path)
         assert r.status_code == 404, (path, r.text)
 
