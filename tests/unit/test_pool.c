@@ -112,10 +112,9 @@ START_TEST(server_jobs_queue_past_the_limit_in_order)
     ck_assert_uint_eq(iv_pool_queued(p), 40);
     ck_assert_int_eq(iv_pool_try_submit(p, record, NULL), IV_EOVERLOADED);
     atomic_store(&gate, 1);
-    for (int i = 0; i < 2000 && atomic_load(&seq_next) < 40; i++) usleep(1000);
+    iv_pool_destroy(p);   /* runs what is queued and joins the worker: its writes are seen */
     ck_assert_int_eq(atomic_load(&seq_next), 40);
     for (int i = 0; i < 40; i++) ck_assert_int_eq(seq_seen[i], i);
-    iv_pool_destroy(p);
 }
 END_TEST
 
