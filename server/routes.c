@@ -1,11 +1,11 @@
 /*
  * The routes: match_path() reads a request's path once, for dispatch(),
  * which calls the route's handler, and for route_precheck(), which makes
- * the same decisions on the headers alone (for Expect: 100-continue).  The bearer-token checks (auth.h) are answered
- * here.  The handlers that answer at once, on the loop, live here too
- * (health, readiness, metrics, OpenAPI, the dataset list and document,
- * the admin reload); those whose answer is computed on a worker are in
- * routes_query.c.
+ * the same decisions on the headers alone (for Expect: 100-continue).
+ * The bearer-token checks (auth.h) are answered here.  The handlers that
+ * answer at once, on the loop, live here too (health, readiness, metrics,
+ * OpenAPI, the dataset list and document, the admin reload); those whose
+ * answer is computed on a worker are in routes_query.c.
  */
 #include "server_impl.h"
 
