@@ -184,6 +184,54 @@ def gene_names(model):
     return names.astype(str)
 
 
+_SLAB = {}  # the model and settings the slab workers read (inherited by fork)
+
+
+def _make_slab(job):
+    """One slab, generated and encoded (in a worker process when --jobs > 1):
+    the arrays the writer needs and the slab's per-cell statistics."""
+    k, c0 = job
+    model, args = _SLAB["model"], _SLAB["args"]
+    c1 = min(args.cells, c0 + args.slab)
+    cl, gene, count = model.slab(k, c0, c1)
+    gpc, vals, gstart, packed = encode_slab(cl, gene, count, c1 - c0, args.genes)
+    is_mito = _SLAB["is_mito"]
+    slab_stats = {
+        "n_genes": np.bincount(cl, minlength=c1 - c0),
+        "total": np.bincount(cl, weights=count, minlength=c1 - c0),
+        "mito": np.bincount(cl[is_mito[gene]], weights=count[is_mito[gene]], minlength=c1 - c0),
+    }
+    csr_gene = gene.astype(np.int32) if args.csr_h5ad else None
+    csr_count = count.astype(np.dtype(args.dtype)) if args.csr_h5ad else None
+    return gpc, vals, gstart, packed, csr_gene, csr_count, slab_stats
+
+
+class _Serial:
+    """The pool's imap in this process, for --jobs 1."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def imap(self, fn, it):
+        return map(fn, it)
+
+
+def _slab_pool(jobs, model, args):
+    """Slabs come back in order whatever the worker count, and each slab's
+    random numbers depend only on its number, so the file is the same for
+    any --jobs."""
+    is_mito = np.zeros(args.genes, bool)
+    is_mito[model.mito] = True
+    _SLAB.update(model=model, args=args, is_mito=is_mito)
+    if jobs <= 1:
+        return _Serial()
+    import multiprocessing
+    return multiprocessing.get_context("fork").Pool(jobs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", type=int, default=200_000)
@@ -192,6 +240,8 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--slab", type=int, default=10_000, help="cells generated at once")
+    ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 16),
+                    help="processes generating slabs (the file is the same for any count)")
     ap.add_argument("--dtype", default="float32", help="value dtype (anndata's usual float32)")
     ap.add_argument("-o", "--out", default=None)
     ap.add_argument("--csr-h5ad", default=None, help="also write a standard CSR .h5ad here")
@@ -208,30 +258,27 @@ def main(argv=None):
     tmp_packed = out + ".packed.tmp"
     tmp_idx = args.csr_h5ad + ".indices.tmp" if args.csr_h5ad else None
     tmp_dat = args.csr_h5ad + ".data.tmp" if args.csr_h5ad else None
-    is_mito = np.zeros(args.genes, bool)
-    is_mito[model.mito] = True
     try:
         with open(tmp_packed, "wb") as fp, \
                 (open(tmp_idx, "wb") if tmp_idx else open(os.devnull, "wb")) as fi, \
                 (open(tmp_dat, "wb") if tmp_dat else open(os.devnull, "wb")) as fd:
-            for k, c0 in enumerate(range(0, args.cells, args.slab)):
-                c1 = min(args.cells, c0 + args.slab)
-                cl, gene, count = model.slab(k, c0, c1)
-                gpc, vals, gstart, packed = encode_slab(cl, gene, count, c1 - c0, args.genes)
-                np.cumsum(gpc, out=major_ptr[c0 + 1:c1 + 1])
-                major_ptr[c0 + 1:c1 + 1] += n_groups
-                values.append(vals.astype(dtype))
-                value_ptr.append(gstart + nnz)
-                packed.tofile(fp)
-                if tmp_idx:
-                    gene.astype(np.int32).tofile(fi)
-                    count.astype(dtype).tofile(fd)
-                stats["n_genes"][c0:c1] = np.bincount(cl, minlength=c1 - c0)
-                stats["total"][c0:c1] = np.bincount(cl, weights=count, minlength=c1 - c0)
-                stats["mito"][c0:c1] = np.bincount(cl[is_mito[gene]], weights=count[is_mito[gene]],
-                                                   minlength=c1 - c0)
-                n_groups += vals.shape[0]
-                nnz += cl.shape[0]
+            starts = list(range(0, args.cells, args.slab))
+            with _slab_pool(args.jobs, model, args) as pool:
+                for c0, res in zip(starts, pool.imap(_make_slab, enumerate(starts))):
+                    c1 = min(args.cells, c0 + args.slab)
+                    gpc, vals, gstart, packed, csr_gene, csr_count, slab_stats = res
+                    np.cumsum(gpc, out=major_ptr[c0 + 1:c1 + 1])
+                    major_ptr[c0 + 1:c1 + 1] += n_groups
+                    values.append(vals.astype(dtype))
+                    value_ptr.append(gstart + nnz)
+                    packed.tofile(fp)
+                    if tmp_idx:
+                        csr_gene.tofile(fi)
+                        csr_count.tofile(fd)
+                    for name, v in slab_stats.items():
+                        stats[name][c0:c1] = v
+                    n_groups += vals.shape[0]
+                    nnz += int(slab_stats["n_genes"].sum())
         t_gen = time.time()
         values = np.concatenate(values) if values else np.zeros(0, dtype)
         value_ptr = np.append(np.concatenate(value_ptr) if value_ptr else
