@@ -83,6 +83,7 @@ typedef struct src {
     int have_cursor;
     int64_t next;             /* next slice of the pass */
     int64_t band0, band1;
+    int skip_values;          /* sparse sources: read indices only (a count pass) */
     uint64_t bytes_read;
 } src_t;
 
@@ -400,7 +401,8 @@ static int next_sparse(src_t *s, slab_t *sl, iv_err_t *err)
         H5Sclose(fs);
         fs = H5Dget_space(s->ddata);
         H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL);
-        herr_t r2 = r1 < 0 ? -1 : H5Dread(s->ddata, iv_h5_native(s->vdt), ms, fs, H5P_DEFAULT, sl->val);
+        herr_t r2 = r1 < 0 ? -1 : s->skip_values ? 0 :
+                    H5Dread(s->ddata, iv_h5_native(s->vdt), ms, fs, H5P_DEFAULT, sl->val);
         H5Sclose(fs);
         H5Sclose(ms);
         if (r1 < 0 || r2 < 0)
@@ -416,7 +418,7 @@ static int next_sparse(src_t *s, slab_t *sl, iv_err_t *err)
                              s->n_minor - 1, s->kind == SRC_CSR ? "row" : "column", sl_i);
             }
     }
-    s->bytes_read += (uint64_t)n * (8 + s->esz);
+    s->bytes_read += (uint64_t)n * (8 + (s->skip_values ? 0 : s->esz));
     if (s->band0 > 0 || s->band1 < s->n_minor) slab_band(sl, s->esz, s->band0, s->band1);
     s->next = e;
     return 0;
@@ -962,16 +964,134 @@ static int run_direct(src_t *s, encoder_t *en, const iv_pack_opts_t *o, iv_err_t
     return rc;
 }
 
-/* Moves a slab's entries to their output slices' next free positions.
- * The value copy has a constant size in each case, so that it compiles
- * to one load and one store instead of a call. */
-static void scatter(const slab_t *sl, slab_t *band, int64_t *fill, size_t esz)
+/*
+ * The transpose's count and scatter, on the pool.  A slab is cut into
+ * parts of consecutive input slices with about equal entries.  Part p
+ * counts its entries per output slice into its own row of counters; for
+ * the scatter, the rows then become each part's first free position in
+ * every output slice, parts in input order, so that an output slice still
+ * lists its entries by ascending input slice, exactly as one thread
+ * walking the slab would; each part then moves its entries to positions
+ * no other part touches.  The counters take parts x output slices; when
+ * that passes SPREAD_MAX_COUNTERS (matrices of billions of columns) fewer
+ * parts are used, down to one thread.
+ */
+#define SPREAD_MAX_COUNTERS ((int64_t)1 << 24)
+/* Entries a part gets at least: below, the pool's hand-off costs more
+ * than the part's work. */
+#define SPREAD_MIN_PART ((int64_t)4096)
+
+typedef struct spread {
+    const slab_t *sl;
+    slab_t *band;
+    int64_t *fill;            /* next free position per output slice (absolute slice) */
+    int64_t t0, nb;           /* output slices [t0, t0 + nb): the band */
+    size_t esz;
+    unsigned np, max_parts;
+    int64_t cut[65];          /* np + 1 input-slice bounds of the parts */
+    int64_t *cnt;             /* max_parts rows of nb counters */
+} spread_t;
+
+static void spread_init(spread_t *sp, iv_pool_t *pool, int64_t nb, size_t esz)
+{
+    memset(sp, 0, sizeof *sp);
+    unsigned parts = pool ? iv_pool_threads(pool) + 1 : 1;
+    if (parts > 64) parts = 64;
+    while (parts > 1 && (int64_t)parts * nb > SPREAD_MAX_COUNTERS) parts--;
+    sp->max_parts = parts;
+    sp->nb = nb;
+    sp->esz = esz;
+    if (parts < 2) return;
+    sp->cnt = calloc((size_t)parts * (size_t)nb, sizeof *sp->cnt);
+    if (!sp->cnt) sp->max_parts = 1; /* the serial walk needs no counters */
+}
+
+/* Cuts the slab into parts of about equal entries (one part for a small
+ * slab or without counters). */
+static void spread_cut(spread_t *sp, const slab_t *sl)
+{
+    int64_t total = sl->ptr[sl->n];
+    unsigned np = sp->max_parts;
+    if (total < SPREAD_MIN_PART * (int64_t)np) np = (unsigned)(total / SPREAD_MIN_PART);
+    if (np < 1) np = 1;
+    if ((int64_t)np > sl->n) np = (unsigned)(sl->n ? sl->n : 1);
+    int64_t s = 0;
+    sp->cut[0] = 0;
+    for (unsigned k = 0; k < np; k++) {
+        if (k + 1 == np) {
+            s = sl->n;
+        } else {
+            int64_t want = total / (int64_t)np * (int64_t)(k + 1);
+            while (s < sl->n && sl->ptr[s + 1] <= want) s++;
+        }
+        sp->cut[k + 1] = s;
+    }
+    sp->np = np;
+    sp->sl = sl;
+}
+
+static void count_part(void *arg, size_t p)
+{
+    spread_t *sp = arg;
+    const slab_t *sl = sp->sl;
+    int64_t *c = sp->cnt + p * (size_t)sp->nb, t0 = sp->t0;
+    for (int64_t e = sl->ptr[sp->cut[p]]; e < sl->ptr[sp->cut[p + 1]]; e++) c[sl->idx[e] - t0]++;
+}
+
+/* Pass 1: adds the slab's entries to the parts' counters (summed at the end by spread_sum). */
+static void spread_count(spread_t *sp, iv_pool_t *pool, const slab_t *sl, int64_t *counts)
+{
+    if (sp->max_parts < 2) {
+        for (int64_t e = 0; e < sl->ptr[sl->n]; e++) counts[sl->idx[e]]++;
+        return;
+    }
+    spread_cut(sp, sl);
+    iv_pool_parallel_for(pool, sp->np, 0, count_part, sp);
+}
+
+static void spread_sum(spread_t *sp, int64_t *counts)
+{
+    for (unsigned p = 0; p < sp->max_parts && sp->cnt; p++)
+        for (int64_t t = 0; t < sp->nb; t++) counts[t] += sp->cnt[p * (size_t)sp->nb + t];
+}
+
+static void zero_count_part(void *arg, size_t p)
+{
+    spread_t *sp = arg;
+    memset(sp->cnt + p * (size_t)sp->nb, 0, (size_t)sp->nb * sizeof *sp->cnt);
+    count_part(arg, p);
+}
+
+/* Counters to first positions, for output slices [t * step, ...) of the band. */
+static void place_range(void *arg, size_t r)
+{
+    spread_t *sp = arg;
+    int64_t step = (sp->nb + 63) / 64, a = (int64_t)r * step, b = a + step;
+    if (b > sp->nb) b = sp->nb;
+    for (int64_t t = a; t < b; t++) {
+        int64_t pos = sp->fill[sp->t0 + t];
+        for (unsigned p = 0; p < sp->np; p++) {
+            int64_t *c = sp->cnt + p * (size_t)sp->nb + t;
+            int64_t n = *c;
+            *c = pos;
+            pos += n;
+        }
+        sp->fill[sp->t0 + t] = pos;
+    }
+}
+
+/* Moves the entries of input slices [i0, i1) of the slab to their output
+ * slices' next free positions (next[slice - t0]).  The value copy has a
+ * constant size in each case, so that it compiles to one load and one
+ * store instead of a call. */
+static void scatter_rows(const slab_t *sl, slab_t *band, int64_t *next, int64_t t0, size_t esz,
+                         int64_t i0, int64_t i1)
 {
 #define SCATTER(T)                                                           \
-    for (int64_t i = 0; i < sl->n; i++) {                                    \
+    for (int64_t i = i0; i < i1; i++) {                                      \
         int64_t major = sl->first + i;                                       \
         for (int64_t e = sl->ptr[i]; e < sl->ptr[i + 1]; e++) {              \
-            int64_t pos = fill[sl->idx[e]]++;                                \
+            int64_t pos = next[sl->idx[e] - t0]++;                           \
             band->idx[pos] = major;                                          \
             memcpy(band->val + (size_t)pos * sizeof(T), sl->val + (size_t)e * sizeof(T), \
                    sizeof(T));                                               \
@@ -984,6 +1104,30 @@ static void scatter(const slab_t *sl, slab_t *band, int64_t *fill, size_t esz)
     default: SCATTER(uint64_t); break;
     }
 #undef SCATTER
+}
+
+static void scatter_part(void *arg, size_t p)
+{
+    spread_t *sp = arg;
+    scatter_rows(sp->sl, sp->band, sp->cnt + p * (size_t)sp->nb, sp->t0, sp->esz, sp->cut[p],
+                 sp->cut[p + 1]);
+}
+
+/* Pass 2: moves the slab's entries into the band ([t0, t0 + nb) of `fill`). */
+static void spread_scatter(spread_t *sp, iv_pool_t *pool, const slab_t *sl, slab_t *band,
+                           int64_t *fill, int64_t t0)
+{
+    sp->band = band;
+    sp->fill = fill;
+    sp->t0 = t0;
+    if (sp->max_parts < 2) {
+        scatter_rows(sl, band, fill, 0, sp->esz, 0, sl->n);
+        return;
+    }
+    spread_cut(sp, sl);
+    iv_pool_parallel_for(pool, sp->np, 0, zero_count_part, sp);
+    iv_pool_parallel_for(pool, 64, 0, place_range, sp);
+    iv_pool_parallel_for(pool, sp->np, 0, scatter_part, sp);
 }
 
 /* Output orientation differs: count, then fill bands under the budget. */
@@ -1004,19 +1148,25 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
     int64_t *counts = calloc((size_t)(nt ? nt : 1), sizeof *counts);
     int64_t *fill = NULL;
     slab_t sl = {0}, band = {0};
+    spread_t sp = {0};
     int rc = 0;
     if (!counts) return FAILF(IV_ENOMEM, "out of memory for %" PRId64 " counters", nt);
-    /* Pass 1: entries per output slice. */
+    /* Pass 1: entries per output slice (the values are not read). */
     progress_t pr = {o, s, en, 1, 2, 0};
+    spread_init(&sp, o->pool, nt, en->esz);
     if ((rc = src_begin(s, 0, s->n_minor, err)) < 0) goto done;
+    s->skip_values = 1;
     for (;;) {
         int got = src_next(s, &sl, err);
         if (got < 0) { rc = got; goto done; }
         if (!got) break;
-        int64_t n = sl.ptr[sl.n];
-        for (int64_t e = 0; e < n; e++) counts[sl.idx[e]]++;
+        spread_count(&sp, o->pool, &sl, counts);
         report(&pr);
     }
+    s->skip_values = 0;
+    spread_sum(&sp, counts);
+    free(sp.cnt);
+    sp.cnt = NULL;
     /* The bands: as many output slices as fit the budget (at least one). */
     int n_bands = 0;
     for (int64_t t = 0; t < nt;) {
@@ -1044,12 +1194,14 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
             band.ptr[t - t0 + 1] = band.ptr[t - t0] + counts[t];
         }
         pr.pass++;
+        free(sp.cnt);
+        spread_init(&sp, o->pool, t1 - t0, en->esz);
         if ((rc = src_begin(s, t0, t1, err)) < 0) goto done;
         for (;;) {
             int got = src_next(s, &sl, err);
             if (got < 0) { rc = got; goto done; }
             if (!got) break;
-            scatter(&sl, &band, fill, en->esz);
+            spread_scatter(&sp, o->pool, &sl, &band, fill, t0);
             report(&pr);
         }
         for (int64_t t = t0; t < t1; t++)
@@ -1062,8 +1214,10 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
         t0 = t1;
     }
 done:
+    s->skip_values = 0;
     slab_free(&sl);
     slab_free(&band);
+    free(sp.cnt);
     free(counts);
     free(fill);
     return rc;
