@@ -161,6 +161,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->value_dtype = ds->m.value_dtype;
     in->indices_dtype = ds->m.indices_dtype;
     snprintf(in->codec, sizeof in->codec, "%s", ds->m.codec);
+    snprintf(in->chunk_index, sizeof in->chunk_index, "%s", ds->m.chunk_index);
     in->chunked = desc.chunked && !desc.file_contig;
     in->stream_bytes = iv_stream_length(ds->stream);
     in->stored_bytes = ds->m.stored_bytes;

@@ -59,6 +59,7 @@ typedef struct iv_dataset_info {
     iv_dtype_t value_dtype;
     iv_dtype_t indices_dtype; /* the file's indices_dtype attribute */
     char codec[64];           /* pipeline description of packed_indices */
+    char chunk_index[32];     /* how its chunk table was read ("" when not chunked) */
     int chunked;              /* 0 = contiguous packed stream */
     uint64_t stream_bytes;    /* decompressed packed_indices length */
     uint64_t stored_bytes;    /* compressed bytes of packed_indices in the file */

@@ -7,9 +7,11 @@
  * end of each function.
  */
 #include "h5matrix.h"
+
 #include "h5util.h"
 
 #include "filecheck.h"
+#include "h5chunks.h"
 #include "h5iso.h"
 
 #include <errno.h>
@@ -255,7 +257,17 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
             rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
             goto done;
         }
-        for (uint64_t c = 0; c < s->n_chunks; c++) {
+        /* One walk of the chunk index; HDF5's per-chunk lookup (the
+         * fallback, for layouts h5chunks.c does not read) walks the index
+         * from its start each time. */
+        char pw[1200];
+        snprintf(pw, sizeof pw, "%s/packed_indices", where);
+        rc = iv_h5_chunk_table(d, s->file, m->file_len, (uint64_t)userblock, cdims[0], 1,
+                               s->n_chunks, s->chunk_addr, s->chunk_size, s->chunk_mask, pw, err);
+        if (rc < 0) goto done;
+        snprintf(m->chunk_index, sizeof m->chunk_index, "%s",
+                 rc ? "B-tree, read in one walk" : "HDF5 lookups, one a chunk");
+        for (uint64_t c = 0; rc == 0 && c < s->n_chunks; c++) {
             hsize_t off[1] = {c * cdims[0]}, size = 0;
             haddr_t addr = HADDR_UNDEF;
             unsigned mask = 0;
@@ -264,13 +276,15 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
                            where, c);
                 goto done;
             }
-            if (addr == HADDR_UNDEF || size == 0) {
-                s->chunk_addr[c] = UINT64_MAX;
-                s->chunk_size[c] = 0;
-                s->chunk_mask[c] = 0;
-                continue;
-            }
-            uint64_t a = (uint64_t)addr + userblock;
+            int absent = addr == HADDR_UNDEF || size == 0;
+            s->chunk_addr[c] = absent ? UINT64_MAX : (uint64_t)addr + userblock;
+            s->chunk_size[c] = absent ? 0 : size;
+            s->chunk_mask[c] = absent ? 0 : mask;
+        }
+        rc = 0;
+        for (uint64_t c = 0; c < s->n_chunks; c++) {
+            uint64_t a = s->chunk_addr[c], size = s->chunk_size[c];
+            if (a == UINT64_MAX) continue;
             if (a > m->file_len || size > m->file_len - a) {
                 rc = FAILF(IV_EBAD_FILE,
                            "%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %llu bytes) "
@@ -278,9 +292,6 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
                            where, c, a, (unsigned long long)size, m->file_len);
                 goto done;
             }
-            s->chunk_addr[c] = a;
-            s->chunk_size[c] = size;
-            s->chunk_mask[c] = mask;
             m->stored_bytes += size;
         }
         if ((rc = table_finish(s, where, err)) < 0) goto done;
@@ -575,7 +586,8 @@ fail:
 
 /*
  * The child puts, in this order: a magic word; the shape, counts, dtypes
- * and stored size (u64 each); the codec text (64 bytes); the identity of
+ * and stored size (u64 each); the codec text (64 bytes); how the chunk
+ * table was read (32 bytes of text); the identity of
  * the file it read (size, device, inode, modification time); the pointer
  * and value arrays as blobs; packed_indices' extent, layout (0: its bytes
  * follow, compact layout; 1: stored chunks; 2: a contiguous range as
@@ -610,6 +622,7 @@ static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct st
                        (uint64_t)id->st_mtim.tv_sec, (uint64_t)id->st_mtim.tv_nsec};
     IV_TRY(iv_h5iso_put(o, head, sizeof head));
     IV_TRY(iv_h5iso_put(o, m->codec, sizeof m->codec));
+    IV_TRY(iv_h5iso_put(o, m->chunk_index, sizeof m->chunk_index));
     IV_TRY(iv_h5iso_put_blob(o, m->major_ptr, (uint64_t)(m->n_major + 1) * 8));
     IV_TRY(iv_h5iso_put_blob(o, m->value_ptr, (uint64_t)(m->n_unique + 1) * 8));
     IV_TRY(iv_h5iso_put_blob(o, m->values,
@@ -713,6 +726,10 @@ static int take_matrix(const char *path, const char *where, const iv_h5iso_resul
     if (!codec) BAD("%s: the HDF5 reader's answer is truncated", where);
     memcpy(m->codec, codec, sizeof m->codec);
     m->codec[sizeof m->codec - 1] = '\0';
+    const char *ci = iv_h5iso_rd_raw(&r, sizeof m->chunk_index);
+    if (!ci) BAD("%s: the HDF5 reader's answer is truncated", where);
+    memcpy(m->chunk_index, ci, sizeof m->chunk_index);
+    m->chunk_index[sizeof m->chunk_index - 1] = '\0';
 
     /* The file the parent reads must be the one the child read. */
     struct stat id;

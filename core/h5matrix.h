@@ -40,6 +40,7 @@ typedef struct iv_h5matrix {
     iv_stream_desc_t stream;  /* packed_indices; arrays and file handed to iv_stream_create */
     uint64_t stored_bytes;
     char codec[64];
+    char chunk_index[32];     /* how the chunk table was read ("" when not chunked) */
 } iv_h5matrix_t;
 
 /* Opens path and loads group (NULL = "X"; a path such as "layers/counts"

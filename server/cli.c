@@ -280,6 +280,7 @@ static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
     printf("codec: %s\n", in->codec);
     printf("layout: %s, %" PRIu64 " chunks of %" PRIu64 " bytes\n",
            in->chunked ? "chunked" : "contiguous", in->n_chunks, in->chunk_len);
+    if (in->chunk_index[0]) printf("chunk index: %s\n", in->chunk_index);
     printf("stream size: %" PRIu64 " bytes (%" PRIu64 " stored)\n", in->stream_bytes,
            in->stored_bytes);
     printf("row index: every %u slices, %zu bytes\n", in->index_stride, in->index_bytes);
