@@ -32,15 +32,7 @@ import ivref  # noqa: E402
 
 def write_csr(path, X):
     with h5py.File(path, "w") as f:
-        f.attrs["encoding-type"] = "anndata"
-        f.attrs["encoding-version"] = "0.1.0"
-        g = f.create_group("X")
-        g.attrs["encoding-type"] = "csr_matrix"
-        g.attrs["encoding-version"] = "0.1.0"
-        g.attrs["shape"] = np.array(X.shape, np.int64)
-        g["indptr"] = X.indptr.astype(np.int64)
-        g["indices"] = X.indices.astype(np.int32)
-        g["data"] = X.data
+        ivref.write_plain_sparse(f, "X", X)
 
 
 def main():
