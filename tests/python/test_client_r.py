@@ -118,6 +118,42 @@ def write_expected(folder, ds_id, m, obs, var):
         json.dump({"obs": o, "var": v}, f)
 
 
+def write_layered(path, folder):
+    """test_layers.py's data (X, layers counts and log, raw/X with raw/var
+    of more genes) as a served file, and what the R test compares with:
+    layers/counts and raw/X as Matrix Market, the obs, var and raw/var
+    names, the raw genes the filter `mt` keeps and the stored entries of a
+    few rows of raw/X (explicit zeros included)."""
+    import test_layers
+    import ivref
+    from anndata.experimental import write_elem
+    d = test_layers.make_data()
+    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
+                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
+                            raw=(d["raw"], "ivcsc"))
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", d["obs"])
+        write_elem(f, "var", d["var"])
+        write_elem(f, "raw/var", d["raw_var"])
+    os.makedirs(folder)
+    def coo(m):  # float64 and 17 digits: every stored value read back exactly
+        m = sp.csr_matrix(m)
+        r = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
+        return sp.coo_matrix((m.data.astype(np.float64), (r, m.indices.astype(np.int64))),
+                             shape=m.shape)
+
+    scipy.io.mmwrite(os.path.join(folder, "counts.mtx"), coo(d["counts"]), precision=17)
+    scipy.io.mmwrite(os.path.join(folder, "raw.mtx"), coo(d["raw"]), precision=17)
+    rows = [7, 3, 3, 100]
+    raw = sp.csr_matrix(d["raw"])
+    with open(os.path.join(folder, "names.json"), "w") as f:
+        json.dump({"obs": list(d["obs"].index), "var": list(d["var"].index),
+                   "raw_var": list(d["raw_var"].index),
+                   "raw_mt": (np.flatnonzero(d["raw_var"]["mt"].to_numpy()) + 1).tolist(),
+                   "rows": [r + 1 for r in rows],
+                   "raw_rows_nnz": int(sum(raw.indptr[r + 1] - raw.indptr[r] for r in rows))}, f)
+
+
 def test_r_client(ivserve, tmp_path):
     rscript = shutil.which("Rscript")
     r = shutil.which("R")
@@ -139,10 +175,14 @@ def test_r_client(ivserve, tmp_path):
     path = str(tmp_path / "types.h5ad")
     write_expected(str(exp_dir / "types"), "types", *make_types_dataset(path))
     served.append({"id": "types", "path": path})
-    srv = Server(str(tmp_path), datasets=served)
+    # Layers and raw/X (matrix =): test_layers.py's file, checked by its own R test.
+    path = str(tmp_path / "layered.h5ad")
+    write_layered(path, str(exp_dir / "layered"))
+    srv = Server(str(tmp_path), datasets=served + [{"id": "layered", "path": path}])
     try:
         env = dict(os.environ, IVS_URL=srv.url, IVS_EXPECTED=str(exp_dir),
-                   IVS_DATASETS=",".join(d["id"] for d in served), R_LIBS=str(lib))
+                   IVS_DATASETS=",".join(d["id"] for d in served), IVS_LAYERED="layered",
+                   R_LIBS=str(lib))
         code = ("library(testthat); library(ivserve); "
                 "res <- as.data.frame(test_dir(commandArgs(TRUE)[1], reporter = 'summary', "
                 "stop_on_failure = TRUE, load_package = 'none', env = new.env(parent = asNamespace('ivserve')))); "

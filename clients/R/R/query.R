@@ -57,15 +57,38 @@ with_where <- function(sel, where) {
   sel
 }
 
-# 1-based var positions of a selection, in the result's order.
-ivs_var_positions <- function(client, dataset, var, var_where, n) {
+# The matrix a query reads ("X" when NULL, "layers/NAME", "raw/X"): its
+# name for the request (NULL for X), its shape from the dataset document,
+# and the table that names its genes (raw/X's are raw/var's).
+ivs_matrix <- function(client, dataset, matrix) {
+  info <- ivs_info(client, dataset)
+  if (is.null(matrix) || identical(matrix, "X")) {
+    return(list(name = NULL, shape = as.numeric(unlist(info$shape)), var_axis = "var"))
+  }
+  for (m in info$matrices) {
+    if (!identical(m$name, matrix)) next
+    if (isFALSE(m$servable) || is.null(m$shape)) {
+      ivs_stop(422L, "unservable", sprintf("%s: %s cannot be served: %s", dataset, matrix,
+                                           if (is.null(m$reason)) "no reason given" else m$reason))
+    }
+    return(list(name = matrix, shape = as.numeric(unlist(m$shape)),
+                var_axis = if (identical(matrix, "raw/X")) "raw/var" else "var"))
+  }
+  known <- vapply(info$matrices, function(m) as.character(m$name), "")
+  ivs_stop(404L, "unknown_matrix", sprintf("dataset %s has no matrix %s; it lists %s",
+                                           dataset, matrix, paste(known, collapse = ", ")))
+}
+
+# 1-based var positions of a selection, in the result's order; axis is
+# the table naming the genes ("var", or "raw/var" for raw/X).
+ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") {
   vn <- NULL
   pos <- if (is.null(var)) {
     seq_len(n)
   } else if (is.logical(var)) {
     which(var)
   } else if (is.character(var) || is.factor(var)) {
-    vn <- ivs_names(client, dataset, "var")
+    vn <- ivs_names(client, dataset, axis)
     p <- match(as.character(var), vn)
     if (anyNA(p)) {
       ivs_stop(422L, "unknown_name",
@@ -77,7 +100,7 @@ ivs_var_positions <- function(client, dataset, var, var_where, n) {
     if (length(v) && all(v <= 0)) setdiff(seq_len(n), -v) else v[v != 0]
   }
   if (!is.null(var_where)) {
-    vn <- ivs_names(client, dataset, "var")
+    vn <- ivs_names(client, dataset, axis)
     if (anyDuplicated(vn)) {
       ivs_stop(NA_integer_, "ambiguous",
                "var names are not unique, so the genes a var_where selects cannot be placed")
@@ -85,7 +108,7 @@ ivs_var_positions <- function(client, dataset, var, var_where, n) {
     matched <- character(0)
     offset <- 0
     repeat {
-      page <- ivs_get_json(client, ivs_path(dataset, "var"),
+      page <- ivs_get_json(client, ivs_path(dataset, axis),
                            list(columns = "", where = var_where, offset = offset, limit = 100000))
       matched <- c(matched, vapply(page$rows, function(r) r[["_index"]], ""))
       offset <- offset + length(page$rows)
@@ -213,11 +236,12 @@ ivs_read_stream <- function(body) {
   list(X = X, obs = as.numeric(unlist(obs_parts)))
 }
 
-ivs_body <- function(client, dataset, obs, var, where, var_where) {
-  info <- ivs_info(client, dataset)
-  n_obs <- as.numeric(info$shape[[1]])
-  n_var <- as.numeric(info$shape[[2]])
+ivs_body <- function(client, dataset, obs, var, where, var_where, matrix = NULL) {
+  mat <- ivs_matrix(client, dataset, matrix)
+  n_obs <- mat$shape[1]
+  n_var <- mat$shape[2]
   body <- list()
+  if (!is.null(mat$name)) body$matrix <- mat$name
   o <- with_where(ivs_selection(obs, n_obs, "obs"), where)
   v <- with_where(ivs_selection(var, n_var, "var"), var_where)
   if (!is.null(o)) body$obs <- o
@@ -235,21 +259,24 @@ ivs_body <- function(client, dataset, obs, var, where, var_where) {
 #' @param var genes, in the same forms.
 #' @param where a filter on obs in the server's grammar, e.g. "cell_type == 'B cell'".
 #' @param var_where a filter on var.
+#' @param matrix NULL (X), "layers/NAME" or "raw/X", as the dataset document lists them; raw/X's
+#'   genes (names, masks, positions, var_where) are raw/var's.
 #' @return a dgCMatrix, cells x genes, rows in the selection's order, dimnames the obs and var names.
-ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL) {
-  body <- ivs_body(client, dataset, obs, var, where, var_where)
+ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL,
+                      matrix = NULL) {
+  mat <- ivs_matrix(client, dataset, matrix)
+  body <- ivs_body(client, dataset, obs, var, where, var_where, matrix)
   resp <- ivs_request(client, ivs_path(dataset, "query"), body = body,
                       accept = "application/vnd.ivserve.csr")
   res <- ivs_read_stream(httr2::resp_body_raw(resp))
   X <- res$X
-  n_var <- as.numeric(ivs_info(client, dataset)$shape[[2]])
-  var_pos <- ivs_var_positions(client, dataset, var, var_where, n_var)
+  var_pos <- ivs_var_positions(client, dataset, var, var_where, mat$shape[2], mat$var_axis)
   if (length(var_pos) != ncol(X)) {
     ivs_stop(NA_integer_, "bad_answer", sprintf("%d genes in the result, %d selected",
                                                 ncol(X), length(var_pos)))
   }
   obs_names <- ivs_names(client, dataset, "obs")
-  var_names <- ivs_names(client, dataset, "var")
+  var_names <- ivs_names(client, dataset, mat$var_axis)
   dimnames(X) <- list(obs_names[res$obs + 1], var_names[var_pos])
   X
 }
@@ -258,8 +285,9 @@ ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var
 #'
 #' @inheritParams ivs_query
 #' @return a list: shape, n_cells, n_genes, nnz, total_counts, bytes.
-ivs_count <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL) {
-  body <- ivs_body(client, dataset, obs, var, where, var_where)
+ivs_count <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL,
+                      matrix = NULL) {
+  body <- ivs_body(client, dataset, obs, var, where, var_where, matrix)
   resp <- ivs_request(client, ivs_path(dataset, "count"), body = body)
   jsonlite::fromJSON(httr2::resp_body_string(resp), simplifyVector = FALSE)
 }

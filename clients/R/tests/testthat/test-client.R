@@ -13,6 +13,8 @@ datasets <- strsplit(Sys.getenv("IVS_DATASETS"), ",")[[1]]
 if (!nzchar(url) || !nzchar(expected_dir) || !length(datasets)) {
   stop("IVS_URL, IVS_EXPECTED and IVS_DATASETS must be set (tests/python/test_client_r.py sets them)")
 }
+layered <- Sys.getenv("IVS_LAYERED")
+if (!nzchar(layered)) stop("IVS_LAYERED must be set (tests/python/test_client_r.py sets it)")
 client <- ivs_connect(url)
 
 expected <- function(id) {
@@ -36,7 +38,7 @@ same_matrix <- function(X, want) {
 
 test_that("ivs_datasets lists every dataset with its shape", {
   d <- ivs_datasets(client)
-  expect_setequal(d$id, datasets)
+  expect_setequal(d$id, c(datasets, layered))
   for (id in datasets) {
     E <- expected(id)$E
     expect_equal(c(d$n_obs[d$id == id], d$n_var[d$id == id]), dim(E))
@@ -177,4 +179,40 @@ test_that("a stream cut before its trailer or ending in an error trailer is an e
   e <- tryCatch(ivs_read_stream(bad), ivserve_error = function(e) e)
   expect_identical(e$status, 503L)
   expect_identical(e$code, "overloaded")
+})
+
+test_that("matrix = reads a layer or raw/X, raw/X's genes named and selected by raw/var", {
+  d <- file.path(expected_dir, layered)
+  nm <- jsonlite::fromJSON(file.path(d, "names.json"))
+  read <- function(f, cols) {
+    M <- as(Matrix::readMM(file.path(d, f)), "CsparseMatrix")
+    dimnames(M) <- list(nm$obs, cols)
+    M
+  }
+  counts <- read("counts.mtx", nm$var)
+  raw <- read("raw.mtx", nm$raw_var)
+  rows <- nm$rows
+  same_matrix(ivs_query(client, layered, obs = rows, var = 3:9, matrix = "layers/counts"),
+              counts[rows, 3:9, drop = FALSE])
+  same_matrix(ivs_query(client, layered, obs = rows, var = c("gene4", "gene1"),
+                        matrix = "layers/counts"),
+              counts[rows, c("gene4", "gene1"), drop = FALSE])
+  mask <- seq_len(ncol(raw)) %in% c(1, 41, 45)
+  same_matrix(ivs_query(client, layered, obs = rows, var = mask, matrix = "raw/X"),
+              raw[rows, mask, drop = FALSE])
+  picked <- c(nm$raw_var[length(nm$raw_var)], "gene0")
+  same_matrix(ivs_query(client, layered, obs = rows, var = picked, matrix = "raw/X"),
+              raw[rows, picked, drop = FALSE])
+  same_matrix(ivs_query(client, layered, obs = rows, var_where = "mt", matrix = "raw/X"),
+              raw[rows, nm$raw_mt, drop = FALSE])
+  # X itself is unchanged by the argument's absence and by "X".
+  expect_identical(ivs_query(client, layered, obs = rows, var = 1:3),
+                   ivs_query(client, layered, obs = rows, var = 1:3, matrix = "X"))
+  cnt <- ivs_count(client, layered, obs = rows, matrix = "raw/X")
+  expect_equal(cnt$n_genes, ncol(raw))
+  expect_equal(cnt$nnz, nm$raw_rows_nnz)
+  err <- tryCatch(ivs_query(client, layered, obs = rows, matrix = "layers/nope"),
+                  ivserve_error = function(e) e)
+  expect_s3_class(err, "ivserve_error")
+  expect_identical(err$code, "unknown_matrix")
 })
