@@ -9,8 +9,8 @@ over 5 minutes to open).
   earliest (version 1 object headers, what h5py and our writer make by
   default), 1.8 (version 2 object headers, "OHDR", with the same B-tree)
   and the latest (a chunk index of another kind, read through HDF5's
-  lookups): `check` names the way the table was read, and every version
-  exports the same matrix.
+  lookups), the first two also after a user block: `check` names the way
+  the table was read, and every one exports the same matrix.
 - A damaged leaf (a chunk listed twice, a chunk off its boundary) is a
   clean error naming the chunk index, never a wrong matrix.
 """
@@ -66,10 +66,12 @@ def assert_same(got, want):
     assert np.array_equal(got.data.view(np.uint32), want.data.view(np.uint32))
 
 
-def rewrite(src, dst, libver):
+def rewrite(src, dst, libver, userblock=0):
     """src's X again, chunk for chunk (the stored bytes copied as they are),
-    in a file of format version libver."""
-    with h5py.File(src, "r") as f, h5py.File(dst, "w", libver=libver) as o:
+    in a file of format version libver, after a user block of that many
+    bytes (HDF5's addresses then count from its end)."""
+    with h5py.File(src, "r") as f, \
+            h5py.File(dst, "w", libver=libver, userblock_size=userblock) as o:
         for k, v in f.attrs.items():
             o.attrs[k] = v
         g, h = f["X"], o.create_group("X")
@@ -106,16 +108,18 @@ def test_many_chunks_load_through_one_walk(ivserve, tmp_path):
 def test_every_header_version_gives_the_same_matrix(ivserve, tmp_path):
     X = matrix()
     src = packed(ivserve, tmp_path, X, chunk_bytes=256)
-    ways = {"earliest": "B-tree, read in one walk", "v108": "B-tree, read in one walk",
-            "latest": "HDF5 lookups, one a chunk"}
-    for libver, way in ways.items():
-        path = str(tmp_path / ("v_%s.h5ad" % libver))
-        rewrite(src, path, libver)
+    ways = [("earliest", 0, "B-tree, read in one walk"), ("earliest", 1024, "B-tree, read in one walk"),
+            ("v108", 0, "B-tree, read in one walk"), ("v108", 512, "B-tree, read in one walk"),
+            ("latest", 0, "HDF5 lookups, one a chunk")]
+    for libver, userblock, way in ways:
+        name = "v_%s_%d" % (libver, userblock)
+        path = str(tmp_path / (name + ".h5ad"))
+        rewrite(src, path, libver, userblock)
         head = open(path, "rb").read()
         if libver != "earliest":
             assert b"OHDR" in head  # version 2 object headers are what the walk must read
-        assert check_lines(ivserve, path)["chunk index"] == way, libver
-        assert_same(exported(ivserve, path, tmp_path, libver), X)
+        assert check_lines(ivserve, path)["chunk index"] == way, name
+        assert_same(exported(ivserve, path, tmp_path, name), X)
 
 
 def leaf_of(blob, chunk_addr):
