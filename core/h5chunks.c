@@ -35,7 +35,8 @@ static uint64_t le(const uint8_t *p, int n)
 }
 
 typedef struct reader {
-    iv_file_t *f;
+    iv_h5_read_fn read;
+    void *ctx;
     uint64_t file_len, base;
     const char *where;
 } reader_t;
@@ -49,7 +50,7 @@ static int fetch(const reader_t *r, uint64_t a, size_t len, uint8_t **out, iv_er
                      " lie past the end of the file", r->where, len, a);
     uint8_t *b = malloc(len ? len : 1);
     if (!b) return FAILF(IV_ENOMEM, "%s: out of memory for the chunk index", r->where);
-    int rc = iv_file_read(r->f, r->base + a, b, len, "the chunk index", err);
+    int rc = r->read(r->ctx, r->base + a, b, len, err);
     if (rc < 0) {
         free(b);
         return rc;
@@ -214,6 +215,9 @@ static int walk_node(walk_t *w, uint64_t a, int level, iv_err_t *err)
             if (w->addr[c] != UINT64_MAX)
                 rc = FAILF(IV_EBAD_FILE, "%s: chunk index lists chunk %" PRIu64 " twice",
                            r->where, c);
+            else if (le(k, 4) > 0 && child >= r->file_len)
+                rc = FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is stored at %"
+                           PRIu64 ", past the end of the file", r->where, c, child);
             else if (le(k, 4) > 0) {
                 w->addr[c] = child + r->base;
                 w->size[c] = le(k, 4);
@@ -225,21 +229,15 @@ static int walk_node(walk_t *w, uint64_t a, int level, iv_err_t *err)
     return rc;
 }
 
-int iv_h5_chunk_table(hid_t d, iv_file_t *f, uint64_t file_len, uint64_t base,
-                      uint64_t chunk_len, size_t elem_size, uint64_t n_chunks, uint64_t *addr,
-                      uint64_t *size, uint32_t *mask, const char *where, iv_err_t *err)
+int iv_h5_chunk_walk(iv_h5_read_fn read, void *ctx, uint64_t file_len, uint64_t base,
+                     uint64_t header, uint64_t chunk_len, size_t elem_size, uint64_t n_chunks,
+                     uint64_t *addr, uint64_t *size, uint32_t *mask, const char *where,
+                     iv_err_t *err)
 {
-    reader_t r = {f, file_len, base, where};
-    H5O_info_t oi;
-    hid_t file = H5Iget_file_id(d), fcpl = file >= 0 ? H5Fget_create_plist(file) : -1;
-    size_t so = 0, sl = 0;
-    if (fcpl >= 0) H5Pget_sizes(fcpl, &so, &sl);
-    if (fcpl >= 0) H5Pclose(fcpl);
-    if (file >= 0) H5Fclose(file);
-    if (so != 8 || sl != 8 || chunk_len == 0) return 0;
-    if (H5Oget_info2(d, &oi, H5O_INFO_BASIC) < 0 || oi.addr == HADDR_UNDEF) return 0;
+    reader_t r = {read, ctx, file_len, base, where};
+    if (chunk_len == 0) return 0;
     layout_t lo = {0};
-    IV_TRY(find_layout(&r, (uint64_t)oi.addr, &lo, err));
+    IV_TRY(find_layout(&r, header, &lo, err));
     if (!lo.usable || lo.chunk_dims[0] != chunk_len || lo.chunk_dims[1] != elem_size) return 0;
     for (uint64_t c = 0; c < n_chunks; c++) {
         addr[c] = UINT64_MAX;
@@ -249,6 +247,29 @@ int iv_h5_chunk_table(hid_t d, iv_file_t *f, uint64_t file_len, uint64_t base,
     if (lo.btree == UINT64_MAX) return 1; /* nothing written yet */
     walk_t w = {&r, chunk_len, n_chunks, addr, size, mask, 0, 2 * n_chunks + MAX_LEVELS};
     IV_TRY(walk_node(&w, lo.btree, -1, err));
+    return 1;
+}
+
+static int file_read(void *ctx, uint64_t off, void *buf, size_t len, iv_err_t *err)
+{
+    return iv_file_read(ctx, off, buf, len, "the chunk index", err);
+}
+
+int iv_h5_chunk_table(hid_t d, iv_file_t *f, uint64_t file_len, uint64_t base,
+                      uint64_t chunk_len, size_t elem_size, uint64_t n_chunks, uint64_t *addr,
+                      uint64_t *size, uint32_t *mask, const char *where, iv_err_t *err)
+{
+    H5O_info_t oi;
+    hid_t file = H5Iget_file_id(d), fcpl = file >= 0 ? H5Fget_create_plist(file) : -1;
+    size_t so = 0, sl = 0;
+    if (fcpl >= 0) H5Pget_sizes(fcpl, &so, &sl);
+    if (fcpl >= 0) H5Pclose(fcpl);
+    if (file >= 0) H5Fclose(file);
+    if (so != 8 || sl != 8) return 0;
+    if (H5Oget_info2(d, &oi, H5O_INFO_BASIC) < 0 || oi.addr == HADDR_UNDEF) return 0;
+    int rc = iv_h5_chunk_walk(file_read, f, file_len, base, (uint64_t)oi.addr, chunk_len,
+                              elem_size, n_chunks, addr, size, mask, where, err);
+    if (rc <= 0) return rc;
     /* Held against HDF5's own answer for the first and the last chunk. */
     uint64_t probe[2] = {0, n_chunks ? n_chunks - 1 : 0};
     for (int i = 0; i < (n_chunks > 1 ? 2 : (int)n_chunks); i++) {

@@ -21,6 +21,23 @@
 #include "error.h"
 #include "filecheck.h"
 
+/* Reads exactly len bytes at the absolute offset off into buf, or fails
+ * with err set. */
+typedef int (*iv_h5_read_fn)(void *ctx, uint64_t off, void *buf, size_t len, iv_err_t *err);
+
+/*
+ * The walk itself, on bytes only (no HDF5 call; what the fuzz target
+ * drives): the object header at relative address `header`, its layout
+ * message, then the B-tree, every byte through read(ctx, ...) at base +
+ * a relative address, file_len bounding them all.  Same results and
+ * arrays as iv_h5_chunk_table below, which adds the header's address
+ * and HDF5's check of the first and last chunk.
+ */
+int iv_h5_chunk_walk(iv_h5_read_fn read, void *ctx, uint64_t file_len, uint64_t base,
+                     uint64_t header, uint64_t chunk_len, size_t elem_size, uint64_t n_chunks,
+                     uint64_t *addr, uint64_t *size, uint32_t *mask, const char *where,
+                     iv_err_t *err);
+
 /*
  * Fills addr/size/mask[0 .. n_chunks) of dataset d (1-D, chunks of
  * chunk_len elements of elem_size bytes) from its B-tree; a chunk the
