@@ -15,7 +15,6 @@ The package is imported from the source tree (clients/python on sys.path),
 so the suite needs no install step.
 """
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -682,17 +681,8 @@ def layered(tmp_path_factory):
     with raw/var (more genes than var, X's in reverse order first)."""
     import test_layers
     tmp = str(tmp_path_factory.mktemp("client_layers"))
-    d = test_layers.make_data()
     path = os.path.join(tmp, "layered.h5ad")
-    import ivref
-    from anndata.experimental import write_elem
-    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
-                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
-                            raw=(d["raw"], "ivcsc"))
-    with h5py.File(path, "a") as f:
-        write_elem(f, "obs", d["obs"])
-        write_elem(f, "var", d["var"])
-        write_elem(f, "raw/var", d["raw_var"])
+    d = test_layers.write_client_file(path)
     s = Server(tmp, datasets=[{"id": "L", "path": path}])
     yield s, d
     assert s.stop() == 0, s.log_text()[-3000:]

@@ -125,16 +125,7 @@ def write_layered(path, folder):
     names, the raw genes the filter `mt` keeps and the stored entries of a
     few rows of raw/X (explicit zeros included)."""
     import test_layers
-    import ivref
-    from anndata.experimental import write_elem
-    d = test_layers.make_data()
-    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
-                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
-                            raw=(d["raw"], "ivcsc"))
-    with h5py.File(path, "a") as f:
-        write_elem(f, "obs", d["obs"])
-        write_elem(f, "var", d["var"])
-        write_elem(f, "raw/var", d["raw_var"])
+    d = test_layers.write_client_file(path)
     os.makedirs(folder)
     def coo(m):  # float64 and 17 digits: every stored value read back exactly
         m = sp.csr_matrix(m)

@@ -56,6 +56,21 @@ def make_data():
                 raw_var=raw_var, dense=rng.standard_normal((N_OBS, N_VAR)))
 
 
+def write_client_file(path):
+    """make_data()'s X, layers counts (IVCSC int32) and log, and raw/X with
+    raw/var, written as the client tests serve them; returns the data."""
+    import h5py
+    d = make_data()
+    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
+                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
+                            raw=(d["raw"], "ivcsc"))
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", d["obs"])
+        write_elem(f, "var", d["var"])
+        write_elem(f, "raw/var", d["raw_var"])
+    return d
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("layers"))
