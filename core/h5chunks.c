@@ -207,22 +207,21 @@ static int walk_node(walk_t *w, uint64_t a, int level, iv_err_t *err)
             rc = walk_node(w, child, lv - 1, err);
             continue;
         }
-        uint64_t off = le(k + 8, 8), c = off / w->chunk_len;
+        uint64_t stored = le(k, 4), off = le(k + 8, 8), c = off / w->chunk_len;
         if (off % w->chunk_len != 0 || le(k + 16, 8) != 0) {
             rc = FAILF(IV_EBAD_FILE, "%s: chunk index: a chunk at element %" PRIu64
                        " is not on a chunk boundary", r->where, off);
-        } else if (c < w->n_chunks) { /* chunks past the extent are never read */
-            if (w->addr[c] != UINT64_MAX)
-                rc = FAILF(IV_EBAD_FILE, "%s: chunk index lists chunk %" PRIu64 " twice",
-                           r->where, c);
-            else if (le(k, 4) > 0 && child >= r->file_len)
-                rc = FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is stored at %"
-                           PRIu64 ", past the end of the file", r->where, c, child);
-            else if (le(k, 4) > 0) {
-                w->addr[c] = child + r->base;
-                w->size[c] = le(k, 4);
-                w->mask[c] = (uint32_t)le(k + 4, 4);
-            }
+        } else if (c >= w->n_chunks || stored == 0) {
+            /* past the extent (never read), or no bytes: not written */
+        } else if (w->addr[c] != UINT64_MAX) {
+            rc = FAILF(IV_EBAD_FILE, "%s: chunk index lists chunk %" PRIu64 " twice", r->where, c);
+        } else if (child >= r->file_len) {
+            rc = FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is stored at %" PRIu64
+                       ", past the end of the file", r->where, c, child);
+        } else {
+            w->addr[c] = child + r->base;
+            w->size[c] = stored;
+            w->mask[c] = (uint32_t)le(k + 4, 4);
         }
     }
     free(b);

@@ -262,12 +262,16 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
          * from its start each time. */
         char pw[1200];
         snprintf(pw, sizeof pw, "%s/packed_indices", where);
-        rc = iv_h5_chunk_table(d, s->file, m->file_len, (uint64_t)userblock, cdims[0], 1,
-                               s->n_chunks, s->chunk_addr, s->chunk_size, s->chunk_mask, pw, err);
-        if (rc < 0) goto done;
+        int walked = iv_h5_chunk_table(d, s->file, m->file_len, (uint64_t)userblock, cdims[0], 1,
+                                       s->n_chunks, s->chunk_addr, s->chunk_size, s->chunk_mask,
+                                       pw, err);
+        if (walked < 0) {
+            rc = walked;
+            goto done;
+        }
         snprintf(m->chunk_index, sizeof m->chunk_index, "%s",
-                 rc ? "B-tree, read in one walk" : "HDF5 lookups, one a chunk");
-        for (uint64_t c = 0; rc == 0 && c < s->n_chunks; c++) {
+                 walked ? "B-tree, read in one walk" : "HDF5 lookups, one a chunk");
+        for (uint64_t c = 0; !walked && c < s->n_chunks; c++) {
             hsize_t off[1] = {c * cdims[0]}, size = 0;
             haddr_t addr = HADDR_UNDEF;
             unsigned mask = 0;
@@ -281,7 +285,6 @@ static int locate_packed(hid_t file, hid_t d, const char *path, const char *wher
             s->chunk_size[c] = absent ? 0 : size;
             s->chunk_mask[c] = absent ? 0 : mask;
         }
-        rc = 0;
         for (uint64_t c = 0; c < s->n_chunks; c++) {
             uint64_t a = s->chunk_addr[c], size = s->chunk_size[c];
             if (a == UINT64_MAX) continue;

@@ -879,26 +879,30 @@ static void encode_part(void *arg, size_t k)
     }
 }
 
+/* Where part k of np ends (part k + 1 begins) when slices [0, n) with
+ * entry offsets ptr are cut into parts of about equal entries, part k
+ * beginning at slice s; the last part ends at n. */
+static int64_t part_end(const int64_t *ptr, int64_t n, int64_t s, unsigned k, unsigned np)
+{
+    if (k + 1 == np) return n;
+    int64_t want = ptr[n] / (int64_t)np * (int64_t)(k + 1);
+    while (s < n && ptr[s + 1] <= want) s++;
+    return s;
+}
+
 /* Encodes output slices [slab_first, slab_first + sl->n) from sl. */
 static int encode_slab(encoder_t *en, iv_pool_t *pool, const slab_t *sl, iv_err_t *err)
 {
     en->sl = sl;
     en->slab_first = en->done;
     /* Split the slab into parts of about equal entries. */
-    int64_t total = sl->ptr[sl->n];
     unsigned np = en->n_parts;
     if ((int64_t)np > sl->n) np = (unsigned)(sl->n ? sl->n : 1);
     int64_t s = 0;
     for (unsigned k = 0; k < np; k++) {
         part_t *p = &en->parts[k];
         p->s0 = s;
-        if (k + 1 == np) {
-            s = sl->n;
-        } else {
-            int64_t want = total / (int64_t)np * (int64_t)(k + 1);
-            while (s < sl->n && sl->ptr[s + 1] <= want) s++;
-        }
-        p->s1 = s;
+        p->s1 = s = part_end(sl->ptr, sl->n, s, k, np);
     }
     iv_pool_parallel_for(pool, np, 0, encode_part, en);
     for (unsigned k = 0; k < np; k++)
@@ -1015,17 +1019,8 @@ static void spread_cut(spread_t *sp, const slab_t *sl)
     if (total < SPREAD_MIN_PART * (int64_t)np) np = (unsigned)(total / SPREAD_MIN_PART);
     if (np < 1) np = 1;
     if ((int64_t)np > sl->n) np = (unsigned)(sl->n ? sl->n : 1);
-    int64_t s = 0;
     sp->cut[0] = 0;
-    for (unsigned k = 0; k < np; k++) {
-        if (k + 1 == np) {
-            s = sl->n;
-        } else {
-            int64_t want = total / (int64_t)np * (int64_t)(k + 1);
-            while (s < sl->n && sl->ptr[s + 1] <= want) s++;
-        }
-        sp->cut[k + 1] = s;
-    }
+    for (unsigned k = 0; k < np; k++) sp->cut[k + 1] = part_end(sl->ptr, sl->n, sp->cut[k], k, np);
     sp->np = np;
     sp->sl = sl;
 }
