@@ -35,6 +35,7 @@ struct num_opt {
 static const struct num_opt num_opts[] = {
     {"port", "IVSERVE_PORT", "--port", OFF(port), NK_INT, 0, 65535},
     {"threads", "IVSERVE_THREADS", "--threads", OFF(threads), NK_UINT, 0, 1024},
+    {"loops", "IVSERVE_LOOPS", "--loops", OFF(loops), NK_UINT, 0, 64},
     {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
@@ -674,7 +675,7 @@ const char *iv_config_usage(void)
            "       ivserve check FILE | export FILE ... -o OUT.npz\n"
            "       ivserve token-hash NAME [SCOPE] < token   (prints a tokens-file line)\n"
            "options (each overrides the config file and IVSERVE_* variables):\n"
-           "  --listen ADDR  --port N  --threads N  --queue N  --cache-bytes N  --transpose-bytes N\n"
+           "  --listen ADDR  --port N  --threads N  --loops N  --queue N  --cache-bytes N  --transpose-bytes N\n"
            "  --cache-share-percent P  --cache-max-age S  --gzip-level L\n"
            "  --token-file FILE (lines 'NAME SHA256HEX [SCOPE]'; ivserve token-hash NAME makes one)\n"
            "  --token T (repeatable; deprecated: other users see it in ps until start-up\n"

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #ifdef __linux__
 #include <linux/sockios.h>
@@ -31,6 +32,7 @@
 #define READ_BUF_BYTES 65536
 
 static void on_timer(uv_timer_t *t);
+static void on_shutdown(uv_shutdown_t *req, int status);
 static void conn_pump(conn_t *c);
 static void conn_shutdown(conn_t *c);
 
@@ -85,7 +87,7 @@ int is_reading_state(const conn_t *c)
 void resp_finished(conn_t *c)
 {
     c->resp_ended = 0;
-    if (c->close_after || c->srv->draining) {
+    if (c->close_after || c->lp->draining) {
         conn_shutdown(c);
         return;
     }
@@ -102,7 +104,8 @@ static void on_handle_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
     if (--c->handles_open > 0) return;
-    server_t *s = c->srv;
+    loop_t *lp = c->lp;
+    loop_enter(lp);
     iv_http_in_free(&c->in);
     if (c->req) {
         iv_http_req_free(c->req);
@@ -118,10 +121,8 @@ static void on_handle_closed(uv_handle_t *h)
     free(c->ahead);
     free(c->rbuf);
     free(c);
-    if (s->draining && s->n_conns == 0 && !s->stopped) {
-        s->stopped = 1;
-        server_close_handles(s);
-    }
+    loop_stopped_check(lp);
+    loop_leave(lp);
 }
 
 /* Bytes the kernel still holds for the client: unsent or unacknowledged.
@@ -187,12 +188,14 @@ void conn_close(conn_t *c)
         access_log(c, got);
         req_reset(c);
     }
-    s->doomed_bytes += c->wpending;
+    loop_t *lp = c->lp;
+    lp->doomed_bytes += c->wpending;
     c->state = CS_CLOSING;
     if (c->prev) c->prev->next = c->next;
-    else s->conns = c->next;
+    else lp->conns = c->next;
     if (c->next) c->next->prev = c->prev;
-    s->n_conns--;
+    lp->n_conns--;
+    s->n_conns_all--;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
@@ -218,7 +221,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
 
 static void drain_check(conn_t *c)
 {
-    uint64_t now = uv_now(&c->srv->loop);
+    uint64_t now = uv_now(&c->lp->loop);
     size_t outq = sock_outq(c);
     if (outq != c->outq_last) {
         c->outq_last = outq;
@@ -241,7 +244,7 @@ static void drain_check(conn_t *c)
     }
 }
 
-static void on_shutdown(uv_shutdown_t *req, int status)
+static void shutdown_done(uv_shutdown_t *req, int status)
 {
     conn_t *c = req->data;
     free(req);
@@ -250,7 +253,7 @@ static void on_shutdown(uv_shutdown_t *req, int status)
         conn_close(c);
         return;
     }
-    uint64_t now = uv_now(&c->srv->loop);
+    uint64_t now = uv_now(&c->lp->loop);
     c->drain_t0 = c->drain_last_in = c->outq_t = now;
     c->drain_bytes = 0;
     c->outq_last = (size_t)-1;
@@ -279,7 +282,7 @@ static void conn_shutdown(conn_t *c)
     }
 }
 
-static void on_timer(uv_timer_t *t)
+static void timer_fired(uv_timer_t *t)
 {
     conn_t *c = t->data;
     switch (c->state) {
@@ -303,7 +306,7 @@ static void on_timer(uv_timer_t *t)
         /* The computation ran out of time before any byte of the answer:
          * it is cancelled (req_done) and the client told so. */
         if (c->qs) qs_cancel(c->qs);
-        c->srv->metrics.compute_timeouts++;
+        LP_METRIC(c->lp, m_->compute_timeouts++);
         send_error(c, 503, "compute_timeout",
                    "the computation took longer than limits.compute_timeout_ms; retry later or ask "
                    "for less",
@@ -315,7 +318,7 @@ static void on_timer(uv_timer_t *t)
             iv_err_t e;
             iv_err_clear(&e);
             iv_fail(&e, IV_ECANCELLED, "a block took longer than limits.compute_timeout_ms");
-            c->srv->metrics.compute_timeouts++;
+            LP_METRIC(c->lp, m_->compute_timeouts++);
             qs_fail(c->qs, IV_ECANCELLED, &e);
             return;
         }
@@ -344,7 +347,7 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
 
-static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+static void read_done(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
     conn_t *c = st->data;
@@ -353,7 +356,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         c->rlen = 0;  /* dropped */
         if (n > 0) {
             c->drain_bytes += (size_t)n;
-            c->drain_last_in = uv_now(&c->srv->loop);
+            c->drain_last_in = uv_now(&c->lp->loop);
         } else if (n == UV_EOF) {
             c->peer_eof = 1;
             uv_read_stop(st);
@@ -540,41 +543,83 @@ static void conn_pump(conn_t *c)
     }
 }
 
-void on_connection(uv_stream_t *ls, int status)
+
+/* ---- the loop's callbacks (each holds the shared lock: LOOP_ENTER) ------- */
+
+static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    server_t *s = ls->data;
-    if (status < 0) return;
+    loop_t *lp = ((conn_t *)req->data)->lp;
+    loop_enter(lp);
+    shutdown_done(req, status);
+    loop_leave(lp);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    loop_t *lp = ((conn_t *)t->data)->lp;
+    loop_enter(lp);
+    timer_fired(t);
+    loop_leave(lp);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    loop_t *lp = ((conn_t *)st->data)->lp;
+    loop_enter(lp);
+    read_done(st, n, buf);
+    loop_leave(lp);
+}
+
+conn_t *conn_by_id(loop_t *lp, uint64_t id)
+{
+    for (conn_t *c = lp->conns; c; c = c->next)
+        if (c->id == id) return c;
+    return NULL;
+}
+
+void conn_adopt(loop_t *lp, int fd)
+{
+    server_t *s = lp->srv;
     conn_t *c = calloc(1, sizeof *c);
-    if (!c) return;
+    if (!c) {
+        close(fd);
+        return;
+    }
     c->srv = s;
+    c->lp = lp;
+    c->id = atomic_fetch_add(&s->next_conn_id, 1);
     c->rcap = s->cfg->limits.header_bytes + 4096 > READ_BUF_BYTES ? s->cfg->limits.header_bytes + 4096
                                                                    : READ_BUF_BYTES;
     c->rbuf = malloc(c->rcap);
     c->ahead_cap = s->cfg->limits.max_pipeline ? s->cfg->limits.max_pipeline : 1;
     c->ahead = calloc(c->ahead_cap, sizeof *c->ahead);
-    if (uv_tcp_init(&s->loop, &c->tcp) != 0) {
+    if (uv_tcp_init(&lp->loop, &c->tcp) != 0) {
         free(c->ahead);
         free(c->rbuf);
         free(c);
+        close(fd);
         return;
     }
     c->tcp.data = c;
     c->handles_open = 1;
-    if (uv_timer_init(&s->loop, &c->timer) != 0) {
+    if (uv_timer_init(&lp->loop, &c->timer) != 0) {
         c->state = CS_CLOSING;
+        close(fd);
         uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
         return;
     }
     c->timer.data = c;
     c->handles_open = 2;
     iv_http_in_init(&c->in, s->cfg->limits.header_bytes, s->cfg->limits.body_bytes);
-    c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
-    s->conns = c;
-    s->n_conns++;
-    s->metrics.connections_total++;
-    c->last_progress = uv_now(&s->loop);
-    if (!c->rbuf || !c->ahead || uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+    c->next = lp->conns;
+    if (lp->conns) lp->conns->prev = c;
+    lp->conns = c;
+    lp->n_conns++;
+    size_t all = ++s->n_conns_all;
+    LP_METRIC(lp, m_->connections_total++);
+    c->last_progress = uv_now(&lp->loop);
+    if (!c->rbuf || !c->ahead || uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
         conn_close(c);
         return;
     }
@@ -586,7 +631,7 @@ void on_connection(uv_stream_t *ls, int status)
     /* A new connection owes its first request within the header timeout,
      * not the keep-alive time. */
     conn_set_state(c, CS_READ_HEAD);
-    if (s->n_conns > s->cfg->limits.max_connections || s->draining) {
+    if (all > s->cfg->limits.max_connections || lp->draining) {
         resp_begin_error(c);
         send_error(c, 503, "overloaded", "too many connections", "Retry-After: 1\r\n");
         return;

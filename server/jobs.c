@@ -23,12 +23,12 @@
 
 static void job_finish(job_t *j)
 {
-    server_t *s = j->srv;
-    pthread_mutex_lock(&s->done_mu);
-    j->next = s->done_head;
-    s->done_head = j;
-    pthread_mutex_unlock(&s->done_mu);
-    uv_async_send(&s->async);
+    loop_t *lp = j->lp;
+    pthread_mutex_lock(&lp->done_mu);
+    j->next = lp->done_head;
+    lp->done_head = j;
+    pthread_mutex_unlock(&lp->done_mu);
+    uv_async_send(&lp->async);
 }
 
 void setup_free(setup_t *st)
@@ -388,10 +388,12 @@ static void job_exec(void *arg)
 
 int job_submit(job_t *j)
 {
+    if (!j->lp) j->lp = &j->srv->loops[0];
     return iv_pool_try_submit(j->srv->pool, job_exec, j);
 }
 
 int job_submit_server(job_t *j)
 {
+    if (!j->lp) j->lp = &j->srv->loops[0];
     return iv_pool_submit(j->srv->pool, job_exec, j);
 }

@@ -26,9 +26,10 @@
  * back). */
 void ds_unref(server_t *s, sds_t *d)
 {
-    if (d && d->retired && d->refs == 1 && d->ds)
-        iv_alog_event(&s->log, "info", "dataset %s released (%s)", d->conf->id, d->conf->path);
-    iv_rds_unref(d);
+    if (!d) return;
+    char what[400] = "";
+    if (d->retired && d->ds) snprintf(what, sizeof what, "%s released (%s)", d->conf->id, d->conf->path);
+    if (iv_rds_unref(d) && what[0]) iv_alog_event(&s->log, "info", "dataset %s", what);
 }
 
 /* Takes d out of service (registry.h); freed now or by the last request. */

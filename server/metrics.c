@@ -50,6 +50,24 @@ void iv_metrics_request(iv_metrics_t *m, iv_route_t r, int status, double second
     m->bytes_sent += bytes;
 }
 
+void iv_metrics_add(iv_metrics_t *dst, const iv_metrics_t *src)
+{
+    for (int r = 0; r < IV_R_COUNT_; r++)
+        for (int k = 0; k < 6; k++) dst->requests[r][k] += src->requests[r][k];
+    for (int k = 0; k < 600; k++) dst->by_status[k] += src->by_status[k];
+    for (int k = 0; k <= IV_LAT_BUCKETS; k++) dst->lat_bucket[k] += src->lat_bucket[k];
+    dst->lat_sum += src->lat_sum;
+    dst->lat_count += src->lat_count;
+    dst->bytes_sent += src->bytes_sent;
+    dst->decode_seconds += src->decode_seconds;
+    dst->blocks_decoded += src->blocks_decoded;
+    dst->overloaded += src->overloaded;
+    dst->connections_total += src->connections_total;
+    dst->jobs_cancelled += src->jobs_cancelled;
+    dst->compute_timeouts += src->compute_timeouts;
+    dst->budget_cuts += src->budget_cuts;
+}
+
 void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *o)
 {
     iv_buf_puts(o, "# HELP ivserve_requests_total Requests answered, by route and status class.\n"

@@ -70,6 +70,8 @@ typedef struct iv_metrics_gauges {
 
 void iv_metrics_init(iv_metrics_t *m);
 void iv_metrics_request(iv_metrics_t *m, iv_route_t r, int status, double seconds, uint64_t bytes);
+/* dst += src, counter by counter (the loops' metrics summed). */
+void iv_metrics_add(iv_metrics_t *dst, const iv_metrics_t *src);
 void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *out);
 
 #endif

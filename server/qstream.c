@@ -44,30 +44,33 @@ qstream_t *qs_new(conn_t *c, sds_t *d, int count)
         return NULL;
     }
     qs->srv = s;
+    qs->lp = c->lp;
     qs->c = c;
     qs->ds = d;
     iv_rds_ref(d);  /* a reload may drop d from the list: the stream keeps it */
     qs->fmt = IV_FMT_NONE;
     qs->count = count;
-    qs->next_live = s->streams;
-    if (s->streams) s->streams->prev_live = qs;
-    s->streams = qs;
-    s->n_streams++;
+    loop_t *lp = qs->lp;
+    qs->next_live = lp->streams;
+    if (lp->streams) lp->streams->prev_live = qs;
+    lp->streams = qs;
+    lp->n_streams++;
     return qs;
 }
 
 void qs_free(qstream_t *qs)
 {
     server_t *s = qs->srv;
-    if (qs->budget_wait) s->n_budget_wait--;
+    loop_t *lp = qs->lp;
+    if (qs->budget_wait) lp->n_budget_wait--;
     for (unsigned i = 0; i < qs->ahead; i++)
         if (qs->slots[i]) job_free(qs->slots[i]);
     free(qs->slots);
     iv_query_free(qs->q);
     if (qs->prev_live) qs->prev_live->next_live = qs->next_live;
-    else s->streams = qs->next_live;
+    else lp->streams = qs->next_live;
     if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
-    s->n_streams--;
+    lp->n_streams--;
     ds_unref(s, qs->ds);
     free(qs);
 }
@@ -82,6 +85,7 @@ int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
         return IV_ENOMEM;
     }
     j->srv = qs->srv;
+    j->lp = qs->lp;
     j->type = type;
     j->qs = qs;
     j->b = b;
@@ -89,7 +93,7 @@ int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
     int rc = job_submit(j);
     if (rc != 0) {
         job_free(j);
-        qs->srv->metrics.overloaded++;
+        LP_METRIC(qs->lp, m_->overloaded++);
         return rc;
     }
     qs->inflight++;
@@ -210,7 +214,7 @@ void qs_pump(qstream_t *qs)
     if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
         if (!qs->budget_wait) {
             qs->budget_wait = 1;
-            qs->srv->n_budget_wait++;
+            qs->lp->n_budget_wait++;
         }
     }
     /* The window is blocks_ahead, widened by the workers that have nothing
@@ -273,9 +277,8 @@ void qs_pump(qstream_t *qs)
 int qs_job_back(job_t *j)
 {
     qstream_t *qs = j->qs;
-    server_t *s = j->srv;
     qs->inflight--;
-    if (j->cancelled || j->rc == IV_ECANCELLED) s->metrics.jobs_cancelled++;
+    if (j->cancelled || j->rc == IV_ECANCELLED) LP_METRIC(qs->lp, m_->jobs_cancelled++);
     if (!qs->c || qs->done) {
         /* Detached (client gone) or already answered: drop the result. */
         job_free(j);
@@ -290,7 +293,7 @@ int qs_job_back(job_t *j)
  * counts as progress on the answer; a failed one ends the stream. */
 static int decode_back(job_t *j)
 {
-    j->srv->metrics.decode_seconds += j->secs;
+    LP_METRIC(j->lp, m_->decode_seconds += j->secs);
     if (!qs_job_back(j)) return 0;
     qstream_t *qs = j->qs;
     conn_t *c = qs->c;
@@ -319,7 +322,7 @@ static void block_done(job_t *j)
 {
     if (!decode_back(j)) return;
     qstream_t *qs = j->qs;
-    j->srv->metrics.blocks_decoded++;
+    LP_METRIC(j->lp, m_->blocks_decoded++);
     qs->slots[j->b % qs->ahead] = j;
     qs_pump(qs);
 }

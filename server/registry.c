@@ -4,9 +4,9 @@
  * Reference counts rather than a "quiesce, then swap" step: a reload must
  * not wait for the slowest stream (a whole-matrix download can take
  * minutes) and must not touch other connections, so an entry simply lives
- * as long as the last request or job that holds it.  Counts are plain
- * integers because only the loop thread takes and drops references; the
- * workers use an entry only inside a job that holds one.
+ * as long as the last request or job that holds it.  Counts are atomic:
+ * every event loop takes and drops references; the workers use an entry
+ * only inside a job that holds one.
  */
 #include "registry.h"
 
@@ -38,18 +38,18 @@ iv_rds_t *iv_rds_new(const iv_ds_conf_t *conf)
     }
     d->conf = &d->conf_own;
     d->state = IV_RDS_LOADING;
-    d->refs = 1;
+    atomic_init(&d->refs, 1);
     return d;
 }
 
 void iv_rds_ref(iv_rds_t *d)
 {
-    d->refs++;
+    atomic_fetch_add_explicit(&d->refs, 1, memory_order_relaxed);
 }
 
-void iv_rds_unref(iv_rds_t *d)
+int iv_rds_unref(iv_rds_t *d)
 {
-    if (!d || --d->refs > 0) return;
+    if (!d || atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) > 1) return 0;
     if (d->pending) {
         /* A retired entry drops its replacement with it. */
         d->pending->retired = 1;
@@ -62,6 +62,7 @@ void iv_rds_unref(iv_rds_t *d)
     free(d->doc);
     iv_ds_conf_free(&d->conf_own);
     free(d);
+    return 1;
 }
 
 void iv_rds_retire(iv_rds_t *d)

@@ -19,6 +19,7 @@
 #ifndef IV_REGISTRY_H
 #define IV_REGISTRY_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,7 +70,7 @@ typedef struct iv_rds {
     char etag[24];
     iv_path_id_t fid;     /* the file as it was when the load began */
     iv_path_id_t cfid;    /* its companion file's, when it has one */
-    unsigned refs;
+    atomic_uint refs;     /* taken and dropped by every loop (atomic) */
     int retired;          /* out of the list: freed at its last reference */
     struct iv_rds *pending;   /* a replacement being loaded (one reference), or NULL */
     char reload_err[512]; /* the last replacement's failure, "" when none */
@@ -88,7 +89,8 @@ typedef struct iv_registry {
 iv_rds_t *iv_rds_new(const iv_ds_conf_t *conf);
 void iv_rds_ref(iv_rds_t *d);
 /* Drops a reference; the last one frees the entry and what it loaded. */
-void iv_rds_unref(iv_rds_t *d);
+/* Drops a reference; 1 when it was the last and d is freed. */
+int iv_rds_unref(iv_rds_t *d);
 /* Takes d out of service: marks it (and its pending replacement) retired
  * and drops the list's reference.  The caller has removed it from the
  * list. */

@@ -62,17 +62,17 @@ static void reload_finish(server_t *s)
     iv_buf_puts(&b, "],\"failed\":[");
     iv_buf_append(&b, op->failed.data, op->failed.len);
     iv_buf_printf(&b, "],\"unchanged\":%zu,\"seconds\":%.3f}", op->unchanged, now_s() - op->t0);
-    if (b.oom) op->waiter = NULL;  /* send_error below */
     iv_alog_event(&s->log, op->failed.len ? "warn" : "info", "reload (%s) done: %.*s", op->why,
                   b.oom ? 2 : (int)(b.len > 900 ? 900 : b.len), b.oom ? "{}" : b.data);
-    conn_t *c = op->waiter;
-    op->waiter = NULL;
-    if (c) send_owned(c, 200, "application/json", &b, "Cache-Control: no-store\r\n");
+    if (op->waiter) {
+        if (b.oom) reload_reply(s, op->waiter_lp, op->waiter, 503, "out_of_memory", "out of memory", NULL, NULL);
+        else reload_reply(s, op->waiter_lp, op->waiter, 200, NULL, NULL, &b, "Cache-Control: no-store\r\n");
+    }
     iv_buf_free(&b);
     reload_free(op);
     if (s->reload_again && !s->draining) {
         s->reload_again = 0;
-        reload_start(s, "asked for during the last one", NULL);
+        reload_start(s, "asked for during the last one", NULL, 0);
     }
 }
 
@@ -196,12 +196,60 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
 }
 
 /* Refuses a reload: the log line, and the admin request's answer. */
-static void reload_refuse(server_t *s, conn_t *waiter, int status, const char *code, const char *why,
-                          const char *msg)
+static void reload_refuse(server_t *s, loop_t *wlp, uint64_t waiter, int status, const char *code,
+                          const char *why, const char *msg)
 {
     iv_alog_event(&s->log, "error", "reload (%s) refused: %s; the %zu datasets served are kept", why,
                   msg, s->reg.n);
-    if (waiter) send_error(waiter, status, code, msg, status == 409 ? "Retry-After: 1\r\n" : NULL);
+    if (waiter)
+        reload_reply(s, wlp, waiter, status, code, msg, NULL, status == 409 ? "Retry-After: 1\r\n" : NULL);
+}
+
+/* ---- the admin request's answer, on its own loop ------------------------ */
+
+typedef struct reply {
+    loop_t *lp;
+    uint64_t id;
+    int status;
+    const char *code, *extra;   /* string constants */
+    char msg[400];
+    iv_buf_t body;              /* a 200's body */
+} reply_t;
+
+static void reply_deliver(server_t *s, void *arg)
+{
+    reply_t *r = arg;
+    (void)s;
+    conn_t *c = conn_by_id(r->lp, r->id);
+    if (c && c->reload_wait && c->active) {
+        c->reload_wait = 0;
+        if (r->status == 200) send_owned(c, 200, "application/json", &r->body, r->extra);
+        else send_error(c, r->status, r->code, r->msg, r->extra);
+    }
+    iv_buf_free(&r->body);
+    free(r);
+}
+
+void reload_reply(server_t *s, loop_t *lp, uint64_t id, int status, const char *code,
+                  const char *msg, iv_buf_t *body, const char *extra)
+{
+    reply_t *r = calloc(1, sizeof *r);
+    if (!r) return;  /* the request times out; the reload is logged */
+    r->lp = lp;
+    r->id = id;
+    r->status = status;
+    r->code = code;
+    r->extra = extra;
+    snprintf(r->msg, sizeof r->msg, "%s", msg ? msg : "");
+    iv_buf_init(&r->body);
+    if (body) {
+        r->body = *body;
+        iv_buf_init(body);
+    }
+    if (loop_call(lp, s, reply_deliver, r) != 0) {
+        iv_buf_free(&r->body);
+        free(r);
+    }
 }
 
 static int strv_same(char *const *a, size_t na, char *const *b, size_t nb)
@@ -243,16 +291,17 @@ static void note_restart_keys(server_t *s, const iv_config_t *nc)
                       "start: %s (a reload applies datasets and readyz)", keys);
 }
 
-void reload_start(server_t *s, const char *why, conn_t *waiter)
+void reload_start(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
 {
     if (s->draining) {
-        if (waiter) send_error(waiter, 503, "shutting_down", "the server is shutting down", NULL);
+        if (waiter)
+            reload_reply(s, wlp, waiter, 503, "shutting_down", "the server is shutting down", NULL, NULL);
         return;
     }
     if (s->reload) {
         if (waiter) {
-            send_error(waiter, 409, "reload_in_progress", "a reload is running; retry when it ends",
-                       "Retry-After: 1\r\n");
+            reload_reply(s, wlp, waiter, 409, "reload_in_progress",
+                         "a reload is running; retry when it ends", NULL, "Retry-After: 1\r\n");
             return;
         }
         s->reload_again = 1;
@@ -260,7 +309,7 @@ void reload_start(server_t *s, const char *why, conn_t *waiter)
         return;
     }
     if (!s->reader) {
-        reload_refuse(s, waiter, 409, "no_config_source", why,
+        reload_refuse(s, wlp, waiter, 409, "no_config_source", why,
                       "this server has no configuration source to read again");
         return;
     }
@@ -270,7 +319,7 @@ void reload_start(server_t *s, const char *why, conn_t *waiter)
     iv_err_clear(&err);
     int rc = s->reader(s->reader_arg, &nc, &err);
     if (rc != 0) {
-        reload_refuse(s, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
+        reload_refuse(s, wlp, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
         iv_config_free(&nc);
         return;
     }
@@ -320,12 +369,13 @@ void reload_start(server_t *s, const char *why, conn_t *waiter)
         free(nv);
         free(op);
         iv_auth_free(&na);
-        reload_refuse(s, waiter, 503, "out_of_memory", why, "out of memory");
+        reload_refuse(s, wlp, waiter, 503, "out_of_memory", why, "out of memory");
         iv_config_free(&nc);
         return;
     }
     op->gen = ++s->reload_gen;
     op->waiting = 1;
+    op->waiter_lp = wlp;
     op->waiter = waiter;
     op->t0 = now_s();
     snprintf(op->why, sizeof op->why, "%s", why);
@@ -385,13 +435,13 @@ void reload_start(server_t *s, const char *why, conn_t *waiter)
 
 void iv_server_request_reload(struct server *s, const char *why)
 {
-    reload_start(s, why, NULL);
+    reload_start(s, why, NULL, 0);
 }
 
 void iv_server_request_reload_async(struct server *s)
 {
     atomic_store(&s->reload_asked, 1);
-    uv_async_send(&s->async);
+    uv_async_send(&s->loops[0].async);
 }
 
 void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)

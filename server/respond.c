@@ -43,15 +43,15 @@ typedef struct wreq {
     char chunk[24];
 } wreq_t;
 
-static void on_write(uv_write_t *w, int status)
+static void write_done(uv_write_t *w, int status)
 {
     wreq_t *r = (wreq_t *)w;
     conn_t *c = r->c;
-    server_t *s = c->srv;
-    if (c->state == CS_CLOSING) s->doomed_bytes -= r->bytes;
+    loop_t *lp = c->lp;
+    if (c->state == CS_CLOSING) lp->doomed_bytes -= r->bytes;
     c->wpending -= r->bytes;
-    s->queued_bytes -= r->bytes;
-    c->last_progress = uv_now(&s->loop);
+    lp->queued_bytes -= r->bytes;
+    c->last_progress = uv_now(&lp->loop);
     free(r->head);
     free(r->payload);
     qstream_t *qs = r->qs;
@@ -67,7 +67,7 @@ static void on_write(uv_write_t *w, int status)
             qs_pump(qs);
         }
     }
-    if (s->n_budget_wait) budget_wake(s);
+    if (lp->n_budget_wait) budget_wake(lp);
     if (c->state == CS_CLOSING) return;
     if (status < 0) {
         conn_close(c);
@@ -75,6 +75,14 @@ static void on_write(uv_write_t *w, int status)
     }
     if (last) resp_finished(c);
     else if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
+}
+
+static void on_write(uv_write_t *w, int status)
+{
+    loop_t *lp = ((wreq_t *)w)->c->lp;
+    loop_enter(lp);
+    write_done(w, status);
+    loop_leave(lp);
 }
 
 /* Queues head (owned, may be NULL) then payload (owned when own, else it
@@ -123,14 +131,14 @@ int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t p
     for (unsigned i = 0; i < n; i++) r->bytes += bufs[i].len;
     if (n == 0) bufs[n++] = uv_buf_init((char *)"", 0);
     if (qs) qs->wq++;
-    if (!c->wpending) c->last_progress = uv_now(&c->srv->loop);
+    if (!c->wpending) c->last_progress = uv_now(&c->lp->loop);
     c->wpending += r->bytes;
-    c->srv->queued_bytes += r->bytes;
+    c->lp->queued_bytes += r->bytes;
     c->bytes += r->bytes;
     if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
     if (uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, n, on_write) != 0) {
         c->wpending -= r->bytes;
-        c->srv->queued_bytes -= r->bytes;
+        c->lp->queued_bytes -= r->bytes;
         if (qs) qs->wq--;
         free(head);
         free(owned);
@@ -157,7 +165,7 @@ void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t co
                const char *extra)
 {
     iv_http_req_t *r = c->req;
-    int keep = r && r->keep_alive && !c->close_after && !c->srv->draining;
+    int keep = r && r->keep_alive && !c->close_after && !c->lp->draining;
     iv_buf_printf(b, "HTTP/1.1 %d %s\r\nServer: ivserve/%s\r\n", status, iv_http_reason(status),
                   iv_version());
     if (ctype) iv_buf_printf(b, "Content-Type: %s\r\n", ctype);
@@ -334,7 +342,7 @@ void resp_begin(conn_t *c, iv_http_req_t *req)
     c->bytes = 0;
     c->resp_ended = 0;
     c->expect_checked = 0;
-    if (c->srv->draining) c->close_after = 1;
+    if (c->lp->draining) c->close_after = 1;
     conn_set_state(c, CS_DISPATCHED);
 }
 
@@ -351,31 +359,31 @@ void resp_begin_error(conn_t *c)
 void req_done(conn_t *c)
 {
     if (!c->active) return;
-    server_t *s = c->srv;
+    loop_t *lp = c->lp;
     c->active = 0;
     /* An admin reload answered otherwise (a timeout, the client left):
      * the reload goes on, and its summary is only logged. */
-    if (s->reload && s->reload->waiter == c) s->reload->waiter = NULL;
+    c->reload_wait = 0;
     c->resp_ended = 1;
     c->t_end = uv_hrtime();
     free(c->dropped);
     free(c->dropped_hdr);
     c->dropped = c->dropped_hdr = NULL;
-    iv_metrics_request(&s->metrics, c->route, c->status, (double)(c->t_end - c->t0) / 1e9,
-                       c->bytes);
+    LP_METRIC(lp, iv_metrics_request(m_, c->route, c->status, (double)(c->t_end - c->t0) / 1e9,
+                                     c->bytes));
     if (c->qs) {
         qstream_t *qs = c->qs;
         c->qs = NULL;
         qs->c = NULL;
         if (qs->budget_wait) {
             qs->budget_wait = 0;
-            s->n_budget_wait--;
+            lp->n_budget_wait--;
         }
         if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
         else qs_cancel(qs);
     }
     if (c->req && !c->req->keep_alive) c->close_after = 1;
-    if (s->draining) c->close_after = 1;
+    if (lp->draining) c->close_after = 1;
     if (c->close_after && c->state != CS_CLOSING) {
         /* The log line of a connection's last answer waits for the close,
          * to say how many bytes the client really acknowledged. */
@@ -395,28 +403,29 @@ void req_done(conn_t *c)
  * make room for others. */
 #define BUDGET_SLOW_MS 1000
 
-static size_t budget_used(const server_t *s)
+static size_t budget_used(const loop_t *lp)
 {
-    return s->queued_bytes - s->doomed_bytes;
+    return lp->queued_bytes - lp->doomed_bytes;
 }
 
 /*
- * True when the bytes waiting to be written across every connection are
- * under the budget, so that a new large answer (or a stream's next block)
- * may start.  When they are not, the connections whose writes have
- * stalled longest (at least BUDGET_SLOW_MS) are cut first, one at a time,
- * until they are; c itself is spared.  An answer that starts under the
- * budget may take it past by its own size: one answer is never refused
- * for being large alone (the JSON and row limits bound it).
+ * True when the bytes waiting to be written across the loop's connections
+ * are under its share of the budget, so that a new large answer (or a
+ * stream's next block) may start.  When they are not, the connections
+ * whose writes have stalled longest (at least BUDGET_SLOW_MS) are cut
+ * first, one at a time, until they are; c itself is spared.  An answer
+ * that starts under the budget may take it past by its own size: one
+ * answer is never refused for being large alone (the JSON and row limits
+ * bound it).
  */
 int budget_room(conn_t *c)
 {
-    server_t *s = c->srv;
-    size_t limit = s->cfg->limits.write_budget_bytes;
-    uint64_t now = uv_now(&s->loop);
-    while (budget_used(s) >= limit) {
+    loop_t *lp = c->lp;
+    size_t limit = lp->budget_limit;
+    uint64_t now = uv_now(&lp->loop);
+    while (budget_used(lp) >= limit) {
         conn_t *worst = NULL;
-        for (conn_t *o = s->conns; o; o = o->next)
+        for (conn_t *o = lp->conns; o; o = o->next)
             if (o != c && o->wpending && o->state != CS_CLOSING &&
                 now - o->last_progress >= BUDGET_SLOW_MS &&
                 (!worst || o->last_progress < worst->last_progress))
@@ -425,8 +434,8 @@ int budget_room(conn_t *c)
         snprintf(worst->errmsg, sizeof worst->errmsg,
                  "cut: the write budget of %zu bytes is spent and this client read nothing for "
                  "%" PRIu64 " ms",
-                 limit, now - worst->last_progress);
-        s->metrics.budget_cuts++;
+                 c->srv->cfg->limits.write_budget_bytes, now - worst->last_progress);
+        LP_METRIC(lp, m_->budget_cuts++);
         conn_close(worst);
     }
     return 1;
@@ -436,7 +445,7 @@ int budget_room(conn_t *c)
 int budget_admit(conn_t *c, size_t len)
 {
     if (len <= BUDGET_SMALL || budget_room(c)) return 0;
-    c->srv->metrics.overloaded++;
+    LP_METRIC(c->lp, m_->overloaded++);
     send_error(c, 503, "overloaded",
                "the server holds too many unsent answers for slow clients; retry later",
                "Retry-After: 1\r\n");
@@ -444,20 +453,20 @@ int budget_admit(conn_t *c, size_t len)
 }
 
 /* Some bytes were written or dropped: streams waiting for the budget go on. */
-void budget_wake(server_t *s)
+void budget_wake(loop_t *lp)
 {
-    if (budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
+    if (budget_used(lp) >= lp->budget_limit) return;
     /* A pump may end streams or cut connections (freeing their streams),
      * so the list is scanned again from its head after each one. */
-    for (qstream_t *qs = s->streams; qs;) {
+    for (qstream_t *qs = lp->streams; qs;) {
         if (qs->budget_wait != 1) {
             qs = qs->next_live;
             continue;
         }
         qs->budget_wait = 0;
-        s->n_budget_wait--;
+        lp->n_budget_wait--;
         if (qs->c) qs_pump(qs);
-        if (!s->n_budget_wait || budget_used(s) >= s->cfg->limits.write_budget_bytes) return;
-        qs = s->streams;
+        if (!lp->n_budget_wait || budget_used(lp) >= lp->budget_limit) return;
+        qs = lp->streams;
     }
 }

@@ -248,9 +248,21 @@ static void route_metrics(conn_t *c)
     iv_metrics_gauges_t g;
     memset(&g, 0, sizeof g);
     g.queue_depth = iv_pool_queued(s->pool);
-    g.open_connections = s->n_conns;
-    g.active_streams = s->n_streams;
-    g.queued_write_bytes = s->queued_bytes;
+    iv_metrics_t *sum = malloc(sizeof *sum);
+    if (!sum) {
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    iv_metrics_init(sum);
+    for (unsigned i = 0; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        g.open_connections += lp->n_conns;
+        g.active_streams += lp->n_streams;
+        g.queued_write_bytes += lp->queued_bytes;
+        pthread_mutex_lock(&lp->mmu);
+        iv_metrics_add(sum, &lp->metrics);
+        pthread_mutex_unlock(&lp->mmu);
+    }
     g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
     iv_mem_process(&g.process_rss, &g.process_anon);
     iv_metrics_ds_mem_t *mem = calloc(s->reg.n ? s->reg.n : 1, sizeof *mem);
@@ -274,7 +286,8 @@ static void route_metrics(conn_t *c)
     }
     iv_buf_t b;
     iv_buf_init(&b);
-    iv_metrics_render(&s->metrics, &g, &b);
+    iv_metrics_render(sum, &g, &b);
+    free(sum);
     free(mem);
     send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
 }
@@ -319,6 +332,19 @@ static void route_readyz(conn_t *c)
     iv_buf_free(&m);
 }
 
+typedef struct reload_ask {
+    loop_t *lp;
+    uint64_t id;
+} reload_ask_t;
+
+/* Loop 0. */
+static void reload_asked(server_t *s, void *arg)
+{
+    reload_ask_t a = *(reload_ask_t *)arg;
+    free(arg);
+    reload_start(s, "POST /v1/admin/reload", a.lp, a.id);
+}
+
 /* POST /v1/admin/reload: the same as SIGHUP, answered with the summary
  * once the new and changed datasets are loaded (or failed).  It needs an
  * admin token when the server has any token (scope_check). */
@@ -331,7 +357,21 @@ static void route_admin_reload(conn_t *c)
         return;
     }
     if (scope_check(c, IV_SCOPE_ADMIN)) return;
-    reload_start(c->srv, "POST /v1/admin/reload", c);
+    /* Reloads run on loop 0; the answer comes back to this connection's
+     * loop (reload_reply), found by its id. */
+    reload_ask_t *a = malloc(sizeof *a);
+    if (!a) {
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+        return;
+    }
+    a->lp = c->lp;
+    a->id = c->id;
+    c->reload_wait = 1;
+    if (loop_call(&c->srv->loops[0], c->srv, reload_asked, a) != 0) {
+        free(a);
+        c->reload_wait = 0;
+        send_error(c, 503, "out_of_memory", "out of memory", NULL);
+    }
 }
 
 /*

@@ -18,8 +18,11 @@
 #include "server.h"
 #include "server_impl.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,14 +33,49 @@
 #include "codec.h"
 #include "version.h"
 
-/* ---- loop-side completions, signals ------------------------------------ */
+/* ---- the shared lock ---------------------------------------------------- */
 
-static job_t *take_done(server_t *s)
+/*
+ * With one loop there is nothing to lock.  With several, loop 0 is the
+ * control loop: it accepts and hands connections out, loads datasets,
+ * reloads, watches the files and takes signals, and serves no connection
+ * itself.  Its callbacks hold the shared lock for writing, the other
+ * loops' callbacks for reading; so a connection's loop sees the registry,
+ * the datasets' states and documents and the tokens only between loop 0's
+ * changes, and never needs a finer lock.  Loop 0's callbacks are rare and
+ * short (a load or reload step, a file check).
+ */
+void loop_enter(loop_t *lp)
 {
-    pthread_mutex_lock(&s->done_mu);
-    job_t *list = s->done_head;
-    s->done_head = NULL;
-    pthread_mutex_unlock(&s->done_mu);
+    server_t *s = lp->srv;
+    if (s->n_loops == 1) return;
+    if (lp->idx) pthread_rwlock_rdlock(&s->shared);
+    else pthread_rwlock_wrlock(&s->shared);
+}
+
+void loop_leave(loop_t *lp)
+{
+    if (lp->srv->n_loops > 1) pthread_rwlock_unlock(&lp->srv->shared);
+}
+
+void shared_write_lock(server_t *s)
+{
+    if (s->n_loops > 1) pthread_rwlock_wrlock(&s->shared);
+}
+
+void shared_write_unlock(server_t *s)
+{
+    if (s->n_loops > 1) pthread_rwlock_unlock(&s->shared);
+}
+
+/* ---- loop-side completions, hand-offs, stopping ------------------------- */
+
+static job_t *take_done(loop_t *lp)
+{
+    pthread_mutex_lock(&lp->done_mu);
+    job_t *list = lp->done_head;
+    lp->done_head = NULL;
+    pthread_mutex_unlock(&lp->done_mu);
     /* The list is newest first; reverse it to handle completions in order. */
     job_t *rev = NULL;
     while (list) {
@@ -49,37 +87,152 @@ static job_t *take_done(server_t *s)
     return rev;
 }
 
-static void on_async(uv_async_t *a)
+static void call_done(job_t *j)
 {
-    server_t *s = a->data;
-    if (atomic_exchange(&s->reload_asked, 0)) reload_start(s, "asked for by a worker", NULL);
-    job_t *j = take_done(s);
-    while (j) {
-        job_t *n = j->next;
-        j->type->done(j);
-        j = n;
+    j->call(j->srv, j->arg);
+    job_free(j);
+}
+
+static const job_type_t call_job = {NULL, call_done};
+
+int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) return -1;
+    j->srv = s;
+    j->lp = lp;
+    j->type = &call_job;
+    j->call = fn;
+    j->arg = arg;
+    pthread_mutex_lock(&lp->done_mu);
+    j->next = lp->done_head;
+    lp->done_head = j;
+    pthread_mutex_unlock(&lp->done_mu);
+    uv_async_send(&lp->async);
+    return 0;
+}
+
+static void loop_close_handles(loop_t *lp)
+{
+    server_t *s = lp->srv;
+    uv_close((uv_handle_t *)&lp->async, NULL);
+    uv_close((uv_handle_t *)&lp->grace, NULL);
+    if (lp->idx) return;
+    /* Loop 0 also holds the signals and the file watcher. */
+    iv_watch_stop(s->watch);
+    s->watch = NULL;
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sighup, NULL);
+    uv_close((uv_handle_t *)&s->sigusr1, NULL);
+}
+
+/* A stopping loop whose last connection is gone closes its handles, so
+ * that its uv_run ends. */
+void loop_stopped_check(loop_t *lp)
+{
+    if (lp->draining && lp->n_conns == 0 && !lp->stopped) {
+        lp->stopped = 1;
+        loop_close_handles(lp);
     }
 }
 
 static void on_grace(uv_timer_t *t)
 {
-    server_t *s = t->data;
-    iv_alog_event(&s->log, "warn", "shutdown grace period over; closing %zu connections", s->n_conns);
-    while (s->conns) conn_close(s->conns);
+    loop_t *lp = t->data;
+    loop_enter(lp);
+    iv_alog_event(&lp->srv->log, "warn", "shutdown grace period over; closing %zu connections",
+                  (size_t)lp->n_conns);
+    while (lp->conns) conn_close(lp->conns);
+    loop_leave(lp);
 }
 
-/* The loop's own handles (wake-up, signals, grace timer) and the file
- * watcher: closed once the last connection is gone, so the loop ends. */
-void server_close_handles(server_t *s)
+/* SIGTERM reached this loop: connections waiting for a request close, the
+ * others after their answer; the loop ends with its last connection or
+ * the grace period. */
+static void loop_stop(loop_t *lp)
 {
-    iv_watch_stop(s->watch);
-    s->watch = NULL;
-    uv_close((uv_handle_t *)&s->async, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_close((uv_handle_t *)&s->sigint, NULL);
-    uv_close((uv_handle_t *)&s->sighup, NULL);
-    uv_close((uv_handle_t *)&s->sigusr1, NULL);
-    uv_close((uv_handle_t *)&s->grace, NULL);
+    if (lp->draining) return;
+    lp->draining = 1;
+    for (conn_t *c = lp->conns, *n; c; c = n) {
+        n = c->next;
+        if (is_reading_state(c)) conn_close(c);
+        else c->close_after = 1;
+    }
+    /* Work for clients that already left is not waited for. */
+    for (qstream_t *qs = lp->streams; qs; qs = qs->next_live)
+        if (!qs->c) qs_cancel(qs);
+    if (lp->n_conns == 0) {
+        loop_stopped_check(lp);
+        return;
+    }
+    uv_timer_start(&lp->grace, on_grace, lp->srv->cfg->limits.shutdown_grace_ms, 0);
+}
+
+static void on_async(uv_async_t *a)
+{
+    loop_t *lp = a->data;
+    server_t *s = lp->srv;
+    loop_enter(lp);
+    if (lp->idx == 0 && atomic_exchange(&s->reload_asked, 0))
+        reload_start(s, "asked for by a worker", NULL, 0);
+    /* Connections handed over by loop 0. */
+    for (;;) {
+        pthread_mutex_lock(&lp->done_mu);
+        int fd = lp->n_new_fds ? lp->new_fds[--lp->n_new_fds] : -1;
+        pthread_mutex_unlock(&lp->done_mu);
+        if (fd < 0) break;
+        conn_adopt(lp, fd);
+    }
+    job_t *j = take_done(lp);
+    while (j) {
+        job_t *n = j->next;
+        j->type->done(j);
+        j = n;
+    }
+    if (atomic_load(&lp->stop_asked) && !lp->draining) loop_stop(lp);
+    loop_leave(lp);
+}
+
+/* Loop 0: a new connection on the listening socket, given to the loops in
+ * turn. */
+static void on_accept(uv_poll_t *p, int status, int events)
+{
+    server_t *s = p->data;
+    (void)events;
+    if (status < 0) return;
+    for (int k = 0; k < 64; k++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;  /* EAGAIN, or a connection reset before it was taken */
+        loop_t *lp = s->n_loops == 1 ? &s->loops[0] : &s->loops[1 + s->next_loop++ % (s->n_loops - 1)];
+        if (lp->idx == 0) {
+            conn_adopt(lp, fd);
+            continue;
+        }
+        pthread_mutex_lock(&lp->done_mu);
+        int ok = 1;
+        if (lp->n_new_fds == lp->cap_new_fds) {
+            size_t cap = lp->cap_new_fds ? 2 * lp->cap_new_fds : 16;
+            int *v = realloc(lp->new_fds, cap * sizeof *v);
+            if (v) {
+                lp->new_fds = v;
+                lp->cap_new_fds = cap;
+            } else {
+                ok = 0;
+            }
+        }
+        if (ok) lp->new_fds[lp->n_new_fds++] = fd;
+        pthread_mutex_unlock(&lp->done_mu);
+        if (!ok) close(fd);
+        else uv_async_send(&lp->async);
+    }
+}
+
+static void on_accept_closed(uv_handle_t *h)
+{
+    server_t *s = h->data;
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
 }
 
 /*
@@ -92,10 +245,12 @@ static void on_hup(uv_signal_t *sig, int signum)
 {
     server_t *s = sig->data;
     if (signum == SIGHUP) {
+        loop_enter(&s->loops[0]);
         if (iv_alog_reopen(&s->log, s->cfg->access_log) != 0)
             iv_alog_event(&s->log, "error", "SIGHUP: cannot open the access log %s again; "
                           "still writing to the one open", s->cfg->access_log);
-        reload_start(s, "SIGHUP", NULL);
+        reload_start(s, "SIGHUP", NULL, 0);
+        loop_leave(&s->loops[0]);
         return;
     }
     iv_alog_event(&s->log, "info", "signal %d ignored (SIGHUP reloads, SIGTERM stops)", signum);
@@ -105,23 +260,17 @@ static void on_signal(uv_signal_t *sig, int signum)
 {
     server_t *s = sig->data;
     if (s->draining) return;
+    loop_enter(&s->loops[0]);
     s->draining = 1;
-    iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum, s->n_conns);
-    uv_close((uv_handle_t *)&s->listener, NULL);
-    for (conn_t *c = s->conns, *n; c; c = n) {
-        n = c->next;
-        if (is_reading_state(c)) conn_close(c);
-        else c->close_after = 1;
+    iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum,
+                  (size_t)s->n_conns_all);
+    if (s->listen_fd >= 0) uv_close((uv_handle_t *)&s->accept_poll, on_accept_closed);
+    for (unsigned i = 1; i < s->n_loops; i++) {
+        atomic_store(&s->loops[i].stop_asked, 1);
+        uv_async_send(&s->loops[i].async);
     }
-    /* Work for clients that already left is not waited for. */
-    for (qstream_t *qs = s->streams; qs; qs = qs->next_live)
-        if (!qs->c) qs_cancel(qs);
-    if (s->n_conns == 0) {
-        s->stopped = 1;
-        server_close_handles(s);
-        return;
-    }
-    uv_timer_start(&s->grace, on_grace, s->cfg->limits.shutdown_grace_ms, 0);
+    loop_stop(&s->loops[0]);
+    loop_leave(&s->loops[0]);
 }
 
 /* ---- the served files' watcher (watch.h) -------------------------------- */
@@ -158,6 +307,7 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
     size_t old_len = d->doc_len;
     char old_etag[sizeof d->etag];
     memcpy(old_etag, d->etag, sizeof old_etag);
+    shared_write_lock(s);
     d->doc = NULL;
     build_doc(d);
     if (d->doc) {
@@ -168,36 +318,57 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
         d->doc_len = old_len;
         memcpy(d->etag, old_etag, sizeof old_etag);
     }
+    shared_write_unlock(s);
 }
 
 /* ---- start and stop ----------------------------------------------------- */
 
+/* The listening socket, opened by hand so that loop 0 can accept and hand
+ * each connection to a loop (on_accept). */
 static int bind_listener(server_t *s)
 {
     const iv_config_t *cfg = s->cfg;
     struct sockaddr_storage addr;
-    int rc = strchr(cfg->listen, ':') ? uv_ip6_addr(cfg->listen, cfg->port, (struct sockaddr_in6 *)&addr)
-                                      : uv_ip4_addr(cfg->listen, cfg->port, (struct sockaddr_in *)&addr);
+    int v6 = strchr(cfg->listen, ':') != NULL;
+    int rc = v6 ? uv_ip6_addr(cfg->listen, cfg->port, (struct sockaddr_in6 *)&addr)
+                : uv_ip4_addr(cfg->listen, cfg->port, (struct sockaddr_in *)&addr);
     if (rc != 0) {
         fprintf(stderr, "ivserve: listen address '%s' is not an IP address\n", cfg->listen);
         return -1;
     }
-    if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0)) != 0 ||
-        (rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection)) != 0) {
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int on = 1;
+    socklen_t alen = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+        bind(fd, (struct sockaddr *)&addr, alen) != 0 || listen(fd, 511) != 0) {
         fprintf(stderr, "ivserve: cannot listen on %s:%d: %s\n", cfg->listen, cfg->port,
-                uv_strerror(rc));
+                strerror(errno));
+        if (fd >= 0) close(fd);
         return -1;
     }
     struct sockaddr_storage got;
-    int len = sizeof got;
-    if ((rc = uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len)) != 0) {
-        fprintf(stderr, "ivserve: cannot read the listening address: %s\n", uv_strerror(rc));
+    socklen_t len = sizeof got;
+    if (getsockname(fd, (struct sockaddr *)&got, &len) != 0) {
+        fprintf(stderr, "ivserve: cannot read the listening address: %s\n", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if ((rc = uv_poll_init(&s->loops[0].loop, &s->accept_poll, fd)) != 0) {
+        fprintf(stderr, "ivserve: cannot watch the listening socket: %s\n", uv_strerror(rc));
+        close(fd);
+        return -1;
+    }
+    s->listen_fd = fd;
+    s->accept_poll.data = s;
+    if ((rc = uv_poll_start(&s->accept_poll, UV_READABLE, on_accept)) != 0) {
+        fprintf(stderr, "ivserve: cannot watch the listening socket: %s\n", uv_strerror(rc));
         return -1;
     }
     int port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
                                                : ((struct sockaddr_in *)&got)->sin_port);
-    iv_alog_event(&s->log, "info", "ivserve %s listening on %s:%d with %u workers", iv_version(), cfg->listen,
-              port, iv_pool_threads(s->pool));
+    iv_alog_event(&s->log, "info", "ivserve %s listening on %s:%d with %u workers and %u event loops",
+                  iv_version(), cfg->listen, port, iv_pool_threads(s->pool),
+                  s->n_loops > 1 ? s->n_loops - 1 : 1);
     return 0;
 }
 
@@ -229,11 +400,11 @@ static int start_cache_budget(server_t *s)
     return 0;
 }
 
-/* Frees what the workers handed back after the loop stopped: nothing is
+/* Frees what the workers handed back after the loops stopped: nothing is
  * answered or installed any more, so no job's done half runs. */
-static void drain_after_stop(server_t *s)
+static void drain_after_stop(loop_t *lp)
 {
-    job_t *j = take_done(s);
+    job_t *j = take_done(lp);
     while (j) {
         job_t *n = j->next;
         qstream_t *qs = j->qs;
@@ -242,7 +413,85 @@ static void drain_after_stop(server_t *s)
         if (qs && qs->inflight == 0 && !qs->c) qs_free(qs);
         j = n;
     }
-    while (s->streams) qs_free(s->streams);
+    while (lp->streams) qs_free(lp->streams);
+    for (size_t i = 0; i < lp->n_new_fds; i++) close(lp->new_fds[i]);
+    lp->n_new_fds = 0;
+}
+
+static void *loop_thread(void *arg)
+{
+    loop_t *lp = arg;
+    uv_run(&lp->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* How many event loops: the config's, or one for every four cores. */
+static unsigned loops_wanted(const iv_config_t *cfg)
+{
+    unsigned n = cfg->loops;
+    if (!n) {
+        unsigned cores = (unsigned)uv_available_parallelism();
+        n = cores >= 8 ? (cores + 3) / 4 : 1;
+    }
+    /* Several connection loops come with a control loop (loop_enter). */
+    return n > 1 ? n + 1 : 1;
+}
+
+/* Sets up loop lp (not yet running): its libuv loop and its own handles.
+ * On failure what was set up is closed by close_loops. */
+static int loop_init(server_t *s, loop_t *lp, unsigned idx)
+{
+    lp->idx = idx;
+    atomic_init(&lp->stop_asked, 0);
+    atomic_init(&lp->n_conns, 0);
+    atomic_init(&lp->n_streams, 0);
+    atomic_init(&lp->queued_bytes, 0);
+    iv_metrics_init(&lp->metrics);
+    /* The write budget is shared out between the loops: each cuts its own
+     * slowest readers. */
+    lp->budget_limit = s->cfg->limits.write_budget_bytes / (s->n_loops > 1 ? s->n_loops - 1 : 1);
+    if (pthread_mutex_init(&lp->done_mu, NULL) != 0) return -1;
+    if (pthread_mutex_init(&lp->mmu, NULL) != 0) {
+        pthread_mutex_destroy(&lp->done_mu);
+        return -1;
+    }
+    int rc;
+    if ((rc = uv_loop_init(&lp->loop)) != 0) {
+        fprintf(stderr, "ivserve: cannot start an event loop: %s\n", uv_strerror(rc));
+        pthread_mutex_destroy(&lp->done_mu);
+        pthread_mutex_destroy(&lp->mmu);
+        return -1;
+    }
+    /* From here on the loop is closed and freed with the server's. */
+    lp->srv = s;
+    if ((rc = uv_async_init(&lp->loop, &lp->async, on_async)) != 0 ||
+        (rc = uv_timer_init(&lp->loop, &lp->grace)) != 0) {
+        fprintf(stderr, "ivserve: cannot set up an event loop: %s\n", uv_strerror(rc));
+        return -1;
+    }
+    lp->async.data = lp;
+    lp->grace.data = lp;
+    return 0;
+}
+
+/* Start-up failed: closes every handle that was set up on each loop and
+ * runs the loops until they are gone. */
+static void close_loops(server_t *s)
+{
+    s->draining = 1;
+    for (unsigned i = 0; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        if (lp->srv != s) continue;
+        uv_handle_t *hs[] = {(uv_handle_t *)&lp->async, (uv_handle_t *)&lp->grace,
+                             (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
+                             (uv_handle_t *)&s->sigint, (uv_handle_t *)&s->sighup,
+                             (uv_handle_t *)&s->sigusr1};
+        size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 2;
+        for (size_t k = 0; k < n; k++)
+            if (hs[k]->loop == &lp->loop && !uv_is_closing(hs[k]))
+                uv_close(hs[k], hs[k] == (uv_handle_t *)&s->accept_poll ? on_accept_closed : NULL);
+        uv_run(&lp->loop, UV_RUN_DEFAULT);
+    }
 }
 
 int iv_server_run(const iv_config_t *cfg)
@@ -258,8 +507,10 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     s->reader = reader;
     s->reader_arg = reader_arg;
     s->readyz_any = cfg->readyz_any;
+    s->listen_fd = -1;
     atomic_init(&s->reload_asked, 0);
-    iv_metrics_init(&s->metrics);
+    atomic_init(&s->next_conn_id, 1);
+    atomic_init(&s->n_conns_all, 0);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
         return 1;
@@ -267,6 +518,12 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     signal(SIGPIPE, SIG_IGN);
     iv_h5filters_register();
     int exit_code = 1;
+    s->n_loops = loops_wanted(cfg);
+    s->loops = calloc(s->n_loops, sizeof *s->loops);
+    if (!s->loops) {
+        fprintf(stderr, "ivserve: out of memory\n");
+        goto fail_loops;
+    }
     s->pool = iv_pool_create(cfg->threads, cfg->queue);
     if (!s->pool) {
         fprintf(stderr, "ivserve: cannot start the worker pool\n");
@@ -306,31 +563,28 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     hbool_t h5ts = 0;
     if (H5is_library_threadsafe(&h5ts) < 0) h5ts = 0;
     s->h5_serial = !h5ts;
-    if (pthread_mutex_init(&s->h5_mu, NULL) != 0 || pthread_mutex_init(&s->done_mu, NULL) != 0) {
-        fprintf(stderr, "ivserve: cannot create a mutex\n");
+    pthread_rwlockattr_t ra;
+    int lock_ok = pthread_rwlockattr_init(&ra) == 0;
+    /* A reload must not wait behind a steady stream of readers. */
+    if (lock_ok)
+        pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    lock_ok = lock_ok && pthread_rwlock_init(&s->shared, &ra) == 0;
+    if (!lock_ok || pthread_mutex_init(&s->h5_mu, NULL) != 0) {
+        fprintf(stderr, "ivserve: cannot create a lock\n");
         goto fail_mem;
     }
     int rc;
-    if ((rc = uv_loop_init(&s->loop)) != 0) {
-        fprintf(stderr, "ivserve: cannot start the event loop: %s\n", uv_strerror(rc));
-        goto fail_mutex;
-    }
-    /* Each handle is closed on failure by fail_loop, which closes the ones
-     * that were initialised (a zeroed handle has no loop). */
-    if ((rc = uv_async_init(&s->loop, &s->async, on_async)) != 0 ||
-        (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0 ||
-        (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
-        (rc = uv_signal_init(&s->loop, &s->sighup)) != 0 ||
-        (rc = uv_signal_init(&s->loop, &s->sigusr1)) != 0 ||
-        (rc = uv_timer_init(&s->loop, &s->grace)) != 0 ||
-        (rc = uv_tcp_init(&s->loop, &s->listener)) != 0) {
+    for (unsigned i = 0; i < s->n_loops; i++)
+        if (loop_init(s, &s->loops[i], i) != 0) goto fail_loop;
+    /* Each handle is closed on failure by close_loops, which closes the
+     * ones that were initialised (a zeroed handle has no loop). */
+    uv_loop_t *l0 = &s->loops[0].loop;
+    if ((rc = uv_signal_init(l0, &s->sigterm)) != 0 || (rc = uv_signal_init(l0, &s->sigint)) != 0 ||
+        (rc = uv_signal_init(l0, &s->sighup)) != 0 || (rc = uv_signal_init(l0, &s->sigusr1)) != 0) {
         fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
-    s->async.data = s;
     s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
-    s->grace.data = s;
-    s->listener.data = s;
     if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
         (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
         (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
@@ -342,41 +596,57 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
         iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
 
     if (bind_listener(s) != 0) goto fail_loop;
+    for (unsigned i = 1; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        if ((rc = pthread_create(&lp->thread, NULL, loop_thread, lp)) != 0) {
+            fprintf(stderr, "ivserve: cannot start an event loop's thread: %s\n", strerror(rc));
+            /* The loops already running stop as at SIGTERM. */
+            for (unsigned k = 1; k < i; k++) {
+                atomic_store(&s->loops[k].stop_asked, 1);
+                uv_async_send(&s->loops[k].async);
+            }
+            for (unsigned k = 1; k < i; k++) pthread_join(s->loops[k].thread, NULL);
+            for (unsigned k = 1; k < i; k++) s->loops[k].thread_started = 0;
+            goto fail_loop;
+        }
+        lp->thread_started = 1;
+    }
     for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
-    if ((rc = iv_watch_start(&s->loop, IV_WATCH_DEFAULT_MS, watch_list, on_file_change, s,
+    if ((rc = iv_watch_start(l0, IV_WATCH_DEFAULT_MS, watch_list, on_file_change, s,
                              &s->watch)) != 0)
         iv_alog_event(&s->log, "warn", "files replaced under the server will not be noticed: %s",
                       uv_strerror(rc));
-    uv_run(&s->loop, UV_RUN_DEFAULT);
+    uv_run(l0, UV_RUN_DEFAULT);
+    for (unsigned i = 1; i < s->n_loops; i++)
+        if (s->loops[i].thread_started) pthread_join(s->loops[i].thread, NULL);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
     goto cleanup;
 
 fail_loop:
-    /* Start-up failed: close every handle that was set up and run the loop
-     * until they are gone. */
-    s->draining = 1;
-    {
-        uv_handle_t *hs[] = {(uv_handle_t *)&s->listener, (uv_handle_t *)&s->async,
-                             (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
-                             (uv_handle_t *)&s->sighup, (uv_handle_t *)&s->sigusr1,
-                             (uv_handle_t *)&s->grace};
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
-            if (hs[i]->loop == &s->loop && !uv_is_closing(hs[i])) uv_close(hs[i], NULL);
-    }
-    uv_run(&s->loop, UV_RUN_DEFAULT);
+    close_loops(s);
 cleanup:
     iv_pool_destroy(s->pool);
     s->pool = NULL;
-    drain_after_stop(s);
+    for (unsigned i = 0; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        if (lp->srv != s) continue;
+        drain_after_stop(lp);
+    }
     if (s->reload) {
         /* Stopped during a reload: its waiter's connection is gone. */
         reload_free(s->reload);
         s->reload = NULL;
     }
-    uv_loop_close(&s->loop);
-fail_mutex:
-    pthread_mutex_destroy(&s->done_mu);
+    for (unsigned i = 0; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        if (lp->srv != s) continue;
+        uv_loop_close(&lp->loop);
+        pthread_mutex_destroy(&lp->done_mu);
+        pthread_mutex_destroy(&lp->mmu);
+        free(lp->new_fds);
+    }
+    pthread_rwlock_destroy(&s->shared);
     pthread_mutex_destroy(&s->h5_mu);
 fail_mem:
     iv_pool_destroy(s->pool);
@@ -385,6 +655,8 @@ fail_mem:
     iv_membudget_free(s->mb);
     iv_auth_free(&s->auth);
 fail_pool:
+    free(s->loops);
+fail_loops:
     iv_alog_close(&s->log);
     free(s);
     return exit_code;

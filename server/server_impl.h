@@ -52,6 +52,7 @@
 #define TOKNAME_BYTES 72  /* token names are at most 64 bytes (tokens_file.h) */
 
 typedef struct server server_t;
+typedef struct loop loop_t;
 typedef struct conn conn_t;
 typedef struct qstream qstream_t;
 
@@ -104,6 +105,7 @@ typedef struct job_type {
 struct job {
     struct job *next;
     server_t *srv;
+    loop_t *lp;           /* the loop its done half runs on (NULL at submit: loop 0) */
     const job_type_t *type;
     sds_t *ds;            /* load_job, other_job: the dataset (a reference) */
     qstream_t *qs;        /* the stream's jobs: their stream */
@@ -118,6 +120,8 @@ struct job {
     size_t raw_len;       /* identity bytes that out holds compressed */
     setup_t *setup;       /* setup_job, viewer_job */
     int cancelled;        /* skipped: cancelled before it ran */
+    void (*call)(server_t *s, void *arg);  /* call_job (loop_call) */
+    void *arg;
     uint64_t gen;         /* load_job: the reload that started it (0: start-up) */
     int replace;          /* load_job: a served entry's pending replacement */
     int reloaded;         /* load_job: of a dataset served before (the reload's summary) */
@@ -125,6 +129,7 @@ struct job {
 
 struct qstream {
     server_t *srv;
+    loop_t *lp;           /* its connection's loop */
     conn_t *c;            /* NULL once detached */
     sds_t *ds;
     iv_query_t *q;
@@ -179,6 +184,9 @@ struct conn {
     uv_tcp_t tcp;
     uv_timer_t timer;
     server_t *srv;
+    loop_t *lp;           /* the loop that owns its socket and timer */
+    uint64_t id;          /* unique in the server's life (a reload's answer finds it by id) */
+    int reload_wait;      /* an admin reload's answer is awaited */
     conn_t *prev, *next;
     conn_state_t state;
     iv_http_in_t in;
@@ -227,16 +235,76 @@ struct conn {
     char *dropped_hdr;    /* the same, bounded, for the header */
 };
 
-struct server {
+/*
+ * An event loop and what it owns.  Loop 0 runs on the thread that called
+ * iv_server_run; the others (config "loops") each on a thread of their
+ * own.  Loop 0 accepts every connection and hands each to a loop, round
+ * robin (conn_adopt); from then on a connection, its streams and its
+ * timers belong to that loop alone, and its jobs come back to it.
+ *
+ * What the loops share lives in struct server: the registry, the tokens
+ * and reloads are changed on loop 0 only, under the shared lock held for
+ * writing; every other loop holds it for reading while it runs a callback
+ * (LOOP_ENTER / LOOP_LEAVE), so that it sees them whole.  Metrics are
+ * counted per loop, under the loop's own mutex, and summed for /metrics.
+ */
+struct loop {
+    server_t *srv;
+    unsigned idx;
     uv_loop_t loop;
+    uv_async_t async;     /* finished jobs, handed-off connections, stop */
+    uv_timer_t grace;     /* shutdown grace period */
+    pthread_t thread;     /* loops 1..: the thread that runs it */
+    int thread_started;
+    pthread_mutex_t done_mu;
+    job_t *done_head;     /* finished jobs, newest first */
+    int *new_fds;         /* accepted sockets handed to this loop (under done_mu) */
+    size_t n_new_fds, cap_new_fds;
+    atomic_int stop_asked;
+    conn_t *conns;
+    atomic_size_t n_conns;
+    qstream_t *streams;
+    atomic_size_t n_streams;
+    atomic_size_t queued_bytes;  /* bytes waiting in its connections' uv_write queues */
+    size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
+    size_t n_budget_wait; /* streams waiting for the write budget */
+    size_t budget_limit;  /* its share of limits.write_budget_bytes */
+    int draining, stopped;
+    pthread_mutex_t mmu;  /* metrics */
+    iv_metrics_t metrics;
+};
+
+/* Counting in a loop's metrics (any thread of that loop's callbacks). */
+#define LP_METRIC(lp, stmt)                 \
+    do {                                    \
+        pthread_mutex_lock(&(lp)->mmu);     \
+        iv_metrics_t *m_ = &(lp)->metrics;  \
+        stmt;                               \
+        pthread_mutex_unlock(&(lp)->mmu);   \
+    } while (0)
+
+/* A loop other than loop 0 reads the shared state only while it holds
+ * the shared lock for reading: taken at the entry of each of its
+ * callbacks.  Loop 0, the only writer, needs no read lock. */
+void loop_enter(loop_t *lp);
+void loop_leave(loop_t *lp);
+/* Loop 0 changing the registry, a dataset's state or document, or the
+ * tokens. */
+void shared_write_lock(server_t *s);
+void shared_write_unlock(server_t *s);
+
+struct server {
+    loop_t *loops;        /* n_loops of them; loops[0] is the main loop */
+    unsigned n_loops;
+    unsigned next_loop;   /* round robin for new connections */
+    pthread_rwlock_t shared;
+    atomic_uint_fast64_t next_conn_id;
+    atomic_size_t n_conns_all;  /* open connections, all loops */
     const iv_config_t *cfg;
     iv_pool_t *pool;
-    uv_tcp_t listener;
-    uv_async_t async;
+    uv_poll_t accept_poll;  /* loop 0: the listening socket, accepted by hand */
+    int listen_fd;
     uv_signal_t sigterm, sigint, sighup, sigusr1;
-    uv_timer_t grace;
-    pthread_mutex_t done_mu;
-    job_t *done_head;
     iv_registry_t reg;    /* the datasets served now */
     size_t n_loading;     /* load jobs in flight */
     int readyz_any;       /* /readyz policy (config "readyz") */
@@ -248,14 +316,7 @@ struct server {
     int reload_again;
     atomic_int reload_asked;  /* iv_server_request_reload_async */
     uint64_t reload_gen;
-    conn_t *conns;
-    size_t n_conns;
-    qstream_t *streams;
-    size_t n_streams;
-    int draining, stopped;
-    size_t queued_bytes;  /* bytes waiting in every connection's uv_write queue */
-    size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
-    size_t n_budget_wait; /* streams waiting for the write budget */
+    int draining;         /* loop 0: SIGTERM seen */
     /* Every token, with its name and scope (auth.h); a reload builds a
      * new table and frees this one between requests. */
     iv_auth_t auth;
@@ -263,7 +324,6 @@ struct server {
      * safety (H5is_library_threadsafe); unused otherwise. */
     pthread_mutex_t h5_mu;
     int h5_serial;
-    iv_metrics_t metrics;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     iv_membudget_t *mb;           /* the cache budget all datasets share */
     iv_alog_t log;
@@ -276,7 +336,8 @@ typedef struct reload {
     unsigned waiting;     /* its load jobs not back yet, plus one while it is being set up */
     iv_buf_t added, removed, reloaded, failed;   /* JSON array members */
     size_t unchanged;
-    conn_t *waiter;       /* the admin request to answer, or NULL */
+    loop_t *waiter_lp;    /* the admin request to answer: its loop and */
+    uint64_t waiter;      /* connection id, or 0 */
     double t0;
     char why[64];
 } reload_t;
@@ -372,14 +433,16 @@ void resp_begin_error(conn_t *c);
 void req_done(conn_t *c);
 int budget_room(conn_t *c);
 int budget_admit(conn_t *c, size_t len);
-void budget_wake(server_t *s);
+void budget_wake(loop_t *lp);
 
 /* Connections (conn.c).  Loop thread. */
 void conn_set_state(conn_t *c, conn_state_t st);
 int is_reading_state(const conn_t *c);
 void resp_finished(conn_t *c);
 void conn_close(conn_t *c);
-void on_connection(uv_stream_t *ls, int status);
+/* Loop lp takes the accepted socket fd (closes it on failure). */
+void conn_adopt(loop_t *lp, int fd);
+conn_t *conn_by_id(loop_t *lp, uint64_t id);
 
 /* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
  * that the workers read. */
@@ -391,7 +454,9 @@ int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 /* gzip level of a query answer by Accept-Encoding (0: identity), and
  * the headers that vary with it. */
 /* Closes the loop's handles once no connection is left (server.c). */
-void server_close_handles(server_t *s);
+void loop_stopped_check(loop_t *lp);
+/* Runs fn(arg) on loop lp's thread, soon (a job with only a done half). */
+int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg);
 int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
 const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
@@ -417,6 +482,9 @@ extern const job_type_t setup_job, viewer_job;
 /* Loads coming back, reloads (reload.c).  Loop thread. */
 void reload_free(reload_t *op);
 void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
-void reload_start(server_t *s, const char *why, conn_t *waiter);
+void reload_start(server_t *s, const char *why, loop_t *waiter_lp, uint64_t waiter);
+/* The answer to an admin reload, sent on the waiter's loop if it is still there. */
+void reload_reply(server_t *s, loop_t *lp, uint64_t id, int status, const char *code,
+                  const char *msg, iv_buf_t *body, const char *extra);
 
 #endif
