@@ -190,6 +190,7 @@ void conn_close(conn_t *c)
     }
     loop_t *lp = c->lp;
     lp->doomed_bytes += c->wpending;
+    s->budget_used -= c->wpending;
     c->state = CS_CLOSING;
     if (c->prev) c->prev->next = c->next;
     else lp->conns = c->next;

@@ -62,7 +62,7 @@ void qs_free(qstream_t *qs)
 {
     server_t *s = qs->srv;
     loop_t *lp = qs->lp;
-    if (qs->budget_wait) lp->n_budget_wait--;
+    if (qs->budget_wait) budget_wait_count(lp, -1);
     for (unsigned i = 0; i < qs->ahead; i++)
         if (qs->slots[i]) job_free(qs->slots[i]);
     free(qs->slots);
@@ -214,7 +214,7 @@ void qs_pump(qstream_t *qs)
     if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
         if (!qs->budget_wait) {
             qs->budget_wait = 1;
-            qs->lp->n_budget_wait++;
+            budget_wait_count(qs->lp, 1);
         }
     }
     /* The window is blocks_ahead, widened by the workers that have nothing

@@ -43,12 +43,15 @@ typedef struct wreq {
     char chunk[24];
 } wreq_t;
 
+static void budget_freed(loop_t *lp);
+
 static void write_done(uv_write_t *w, int status)
 {
     wreq_t *r = (wreq_t *)w;
     conn_t *c = r->c;
     loop_t *lp = c->lp;
     if (c->state == CS_CLOSING) lp->doomed_bytes -= r->bytes;
+    else lp->srv->budget_used -= r->bytes;
     c->wpending -= r->bytes;
     lp->queued_bytes -= r->bytes;
     c->last_progress = uv_now(&lp->loop);
@@ -67,7 +70,7 @@ static void write_done(uv_write_t *w, int status)
             qs_pump(qs);
         }
     }
-    if (lp->n_budget_wait) budget_wake(lp);
+    budget_freed(lp);
     if (c->state == CS_CLOSING) return;
     if (status < 0) {
         conn_close(c);
@@ -134,11 +137,13 @@ int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t p
     if (!c->wpending) c->last_progress = uv_now(&c->lp->loop);
     c->wpending += r->bytes;
     c->lp->queued_bytes += r->bytes;
+    c->srv->budget_used += r->bytes;
     c->bytes += r->bytes;
     if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
     if (uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, n, on_write) != 0) {
         c->wpending -= r->bytes;
         c->lp->queued_bytes -= r->bytes;
+        c->srv->budget_used -= r->bytes;
         if (qs) qs->wq--;
         free(head);
         free(owned);
@@ -377,7 +382,7 @@ void req_done(conn_t *c)
         qs->c = NULL;
         if (qs->budget_wait) {
             qs->budget_wait = 0;
-            lp->n_budget_wait--;
+            budget_wait_count(lp, -1);
         }
         if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
         else qs_cancel(qs);
@@ -405,23 +410,46 @@ void req_done(conn_t *c)
 
 static size_t budget_used(const loop_t *lp)
 {
-    return lp->queued_bytes - lp->doomed_bytes;
+    return lp->srv->budget_used;
+}
+
+void budget_wait_count(loop_t *lp, int d)
+{
+    if (d > 0) {
+        lp->n_budget_wait++;
+        lp->srv->n_wait_all++;
+    } else {
+        lp->n_budget_wait--;
+        lp->srv->n_wait_all--;
+    }
+}
+
+/* Bytes of lp's were written or dropped: its waiting streams go on, and
+ * another loop's are woken (on_async calls budget_wake) when they wait. */
+static void budget_freed(loop_t *lp)
+{
+    server_t *s = lp->srv;
+    if (lp->n_budget_wait) budget_wake(lp);
+    if (s->n_wait_all <= lp->n_budget_wait || budget_used(lp) >= s->cfg->limits.write_budget_bytes)
+        return;
+    for (unsigned i = 0; i < s->n_loops; i++)
+        if (&s->loops[i] != lp && s->loops[i].n_budget_wait) uv_async_send(&s->loops[i].async);
 }
 
 /*
- * True when the bytes waiting to be written across the loop's connections
- * are under its share of the budget, so that a new large answer (or a
- * stream's next block) may start.  When they are not, the connections
- * whose writes have stalled longest (at least BUDGET_SLOW_MS) are cut
- * first, one at a time, until they are; c itself is spared.  An answer
+ * True when the bytes waiting to be written to every open connection, on
+ * every loop, are under the budget, so that a new large answer (or a
+ * stream's next block) may start.  When they are not, the connections of
+ * c's loop whose writes have stalled longest (at least BUDGET_SLOW_MS)
+ * are cut first, one at a time, until they are; c itself is spared (a
+ * loop cuts only its own connections: another loop's are its to cut).  An answer
  * that starts under the budget may take it past by its own size: one
  * answer is never refused for being large alone (the JSON and row limits
  * bound it).
  */
-int budget_room(conn_t *c)
+static int budget_cut(loop_t *lp, conn_t *c)
 {
-    loop_t *lp = c->lp;
-    size_t limit = lp->budget_limit;
+    size_t limit = lp->srv->cfg->limits.write_budget_bytes;
     uint64_t now = uv_now(&lp->loop);
     while (budget_used(lp) >= limit) {
         conn_t *worst = NULL;
@@ -434,11 +462,30 @@ int budget_room(conn_t *c)
         snprintf(worst->errmsg, sizeof worst->errmsg,
                  "cut: the write budget of %zu bytes is spent and this client read nothing for "
                  "%" PRIu64 " ms",
-                 c->srv->cfg->limits.write_budget_bytes, now - worst->last_progress);
+                 limit, now - worst->last_progress);
         LP_METRIC(lp, m_->budget_cuts++);
         conn_close(worst);
     }
     return 1;
+}
+
+int budget_room(conn_t *c)
+{
+    return budget_cut(c->lp, c);
+}
+
+/* Several loops: each cuts its own stalled readers while the budget is
+ * spent, every BUDGET_TICK_MS, since the answer that wants the room may
+ * be on another loop (which cannot touch this one's connections). */
+void budget_tick(uv_timer_t *t)
+{
+    loop_t *lp = t->data;
+    loop_enter(lp);
+    if (lp->conns && budget_used(lp) >= lp->srv->cfg->limits.write_budget_bytes) {
+        budget_cut(lp, NULL);
+        budget_freed(lp);
+    }
+    loop_leave(lp);
 }
 
 /* 0 when an answer of len bytes may go out now; otherwise a 503 was sent. */
@@ -455,7 +502,8 @@ int budget_admit(conn_t *c, size_t len)
 /* Some bytes were written or dropped: streams waiting for the budget go on. */
 void budget_wake(loop_t *lp)
 {
-    if (budget_used(lp) >= lp->budget_limit) return;
+    size_t limit = lp->srv->cfg->limits.write_budget_bytes;
+    if (budget_used(lp) >= limit) return;
     /* A pump may end streams or cut connections (freeing their streams),
      * so the list is scanned again from its head after each one. */
     for (qstream_t *qs = lp->streams; qs;) {
@@ -464,9 +512,9 @@ void budget_wake(loop_t *lp)
             continue;
         }
         qs->budget_wait = 0;
-        lp->n_budget_wait--;
+        budget_wait_count(lp, -1);
         if (qs->c) qs_pump(qs);
-        if (!lp->n_budget_wait || budget_used(lp) >= lp->budget_limit) return;
+        if (!lp->n_budget_wait || budget_used(lp) >= limit) return;
         qs = lp->streams;
     }
 }

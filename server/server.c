@@ -117,6 +117,7 @@ static void loop_close_handles(loop_t *lp)
     server_t *s = lp->srv;
     uv_close((uv_handle_t *)&lp->async, NULL);
     uv_close((uv_handle_t *)&lp->grace, NULL);
+    if (lp->budget.loop) uv_close((uv_handle_t *)&lp->budget, NULL);
     if (lp->idx) return;
     /* Loop 0 also holds the signals and the file watcher. */
     iv_watch_stop(s->watch);
@@ -190,6 +191,7 @@ static void on_async(uv_async_t *a)
         j->type->done(j);
         j = n;
     }
+    if (lp->n_budget_wait) budget_wake(lp);
     if (atomic_load(&lp->stop_asked) && !lp->draining) loop_stop(lp);
     loop_leave(lp);
 }
@@ -446,10 +448,8 @@ static int loop_init(server_t *s, loop_t *lp, unsigned idx)
     atomic_init(&lp->n_conns, 0);
     atomic_init(&lp->n_streams, 0);
     atomic_init(&lp->queued_bytes, 0);
+    atomic_init(&lp->n_budget_wait, 0);
     iv_metrics_init(&lp->metrics);
-    /* The write budget is shared out between the loops: each cuts its own
-     * slowest readers. */
-    lp->budget_limit = s->cfg->limits.write_budget_bytes / (s->n_loops > 1 ? s->n_loops - 1 : 1);
     if (pthread_mutex_init(&lp->done_mu, NULL) != 0) return -1;
     if (pthread_mutex_init(&lp->mmu, NULL) != 0) {
         pthread_mutex_destroy(&lp->done_mu);
@@ -471,6 +471,15 @@ static int loop_init(server_t *s, loop_t *lp, unsigned idx)
     }
     lp->async.data = lp;
     lp->grace.data = lp;
+    if (idx > 0) {
+        if ((rc = uv_timer_init(&lp->loop, &lp->budget)) != 0 ||
+            (rc = uv_timer_start(&lp->budget, budget_tick, BUDGET_TICK_MS, BUDGET_TICK_MS)) != 0) {
+            fprintf(stderr, "ivserve: cannot set up an event loop: %s\n", uv_strerror(rc));
+            return -1;
+        }
+        lp->budget.data = lp;
+        uv_unref((uv_handle_t *)&lp->budget);
+    }
     return 0;
 }
 
@@ -483,10 +492,10 @@ static void close_loops(server_t *s)
         loop_t *lp = &s->loops[i];
         if (lp->srv != s) continue;
         uv_handle_t *hs[] = {(uv_handle_t *)&lp->async, (uv_handle_t *)&lp->grace,
-                             (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
+                             (uv_handle_t *)&lp->budget, (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
                              (uv_handle_t *)&s->sigint, (uv_handle_t *)&s->sighup,
                              (uv_handle_t *)&s->sigusr1};
-        size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 2;
+        size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 3;
         for (size_t k = 0; k < n; k++)
             if (hs[k]->loop == &lp->loop && !uv_is_closing(hs[k]))
                 uv_close(hs[k], hs[k] == (uv_handle_t *)&s->accept_poll ? on_accept_closed : NULL);
@@ -511,6 +520,8 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     atomic_init(&s->reload_asked, 0);
     atomic_init(&s->next_conn_id, 1);
     atomic_init(&s->n_conns_all, 0);
+    atomic_init(&s->budget_used, 0);
+    atomic_init(&s->n_wait_all, 0);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
         return 1;

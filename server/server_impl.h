@@ -254,6 +254,7 @@ struct loop {
     uv_loop_t loop;
     uv_async_t async;     /* finished jobs, handed-off connections, stop */
     uv_timer_t grace;     /* shutdown grace period */
+    uv_timer_t budget;    /* several loops: budget_tick */
     pthread_t thread;     /* loops 1..: the thread that runs it */
     int thread_started;
     pthread_mutex_t done_mu;
@@ -267,8 +268,7 @@ struct loop {
     atomic_size_t n_streams;
     atomic_size_t queued_bytes;  /* bytes waiting in its connections' uv_write queues */
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
-    size_t n_budget_wait; /* streams waiting for the write budget */
-    size_t budget_limit;  /* its share of limits.write_budget_bytes */
+    atomic_size_t n_budget_wait; /* its streams waiting for the write budget */
     int draining, stopped;
     pthread_mutex_t mmu;  /* metrics */
     iv_metrics_t metrics;
@@ -300,6 +300,11 @@ struct server {
     pthread_rwlock_t shared;
     atomic_uint_fast64_t next_conn_id;
     atomic_size_t n_conns_all;  /* open connections, all loops */
+    /* The write budget (limits.write_budget_bytes) is one for all loops:
+     * the bytes waiting to be written to open connections, and the
+     * streams waiting for room, on every loop. */
+    atomic_size_t budget_used;
+    atomic_size_t n_wait_all;
     const iv_config_t *cfg;
     iv_pool_t *pool;
     uv_poll_t accept_poll;  /* loop 0: the listening socket, accepted by hand */
@@ -434,6 +439,10 @@ void req_done(conn_t *c);
 int budget_room(conn_t *c);
 int budget_admit(conn_t *c, size_t len);
 void budget_wake(loop_t *lp);
+#define BUDGET_TICK_MS 100
+void budget_tick(uv_timer_t *t);
+/* A stream of lp starts (+1) or stops (-1) waiting for the budget. */
+void budget_wait_count(loop_t *lp, int d);
 
 /* Connections (conn.c).  Loop thread. */
 void conn_set_state(conn_t *c, conn_state_t st);
