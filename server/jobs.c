@@ -116,6 +116,8 @@ static void dropped_hdr_axis(iv_buf_t *b, const char *key, const iv_buf_t *arr, 
 }
 
 /* The worker half of a query's set-up (see setup_t). */
+static void setup_fuse(job_t *j);
+
 void setup_run(job_t *j)
 {
     setup_t *st = j->setup;
@@ -252,6 +254,7 @@ void setup_run(job_t *j)
     }
     j->rc = iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
     iv_qreq_free(&qr);
+    if (j->rc == 0) setup_fuse(j);
 }
 
 /* A viewer route's answer (routes_viewer.h), built whole on a worker: its
@@ -271,11 +274,10 @@ void prep_run(job_t *j)
  * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
  * JSON document (whole) a member of its own (its pieces on the free
  * workers). */
-static int gz_job_out(job_t *j, int whole)
+static int gz_job_out(job_t *j, int whole, int level)
 {
     iv_buf_t z;
     iv_buf_init(&z);
-    int level = j->qs->gz_level;
     j->raw_len = j->out.len;
     int rc = whole ? iv_gz_member(&z, j->out.data, j->out.len, level, j->srv->pool)
                    : iv_gz_block(&z, j->out.data, j->out.len, level, &j->crc);
@@ -289,22 +291,64 @@ static int gz_job_out(job_t *j, int whole)
     return 0;
 }
 
+/* Block b of query q, decoded and encoded into j's out (rows, nnz, and
+ * for gzip its CRC). */
+static void encode_block(job_t *j, iv_query_t *q, int64_t b, iv_fmt_t fmt, int dense, int gz_level)
+{
+    iv_block_t blk;
+    memset(&blk, 0, sizeof blk);
+    j->rc = iv_query_decode_block(q, b, &blk, &j->err);
+    if (j->rc == 0) {
+        iv_stream_hdr_t h = iv_stream_hdr_of(q, dense);
+        iv_enc_block_h(&j->out, fmt, &h, &blk);
+        j->rows = blk.n_rows;
+        j->nnz = blk.nnz;
+        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
+        else if (gz_level) j->rc = gz_job_out(j, 0, gz_level);
+    }
+    iv_block_free(&blk);
+}
+
 /* One block of a streamed query, decoded and encoded. */
 void block_run(job_t *j)
 {
     qstream_t *qs = j->qs;
-    iv_block_t blk;
-    memset(&blk, 0, sizeof blk);
-    j->rc = iv_query_decode_block(qs->q, j->b, &blk, &j->err);
-    if (j->rc == 0) {
-        iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
-        iv_enc_block_h(&j->out, qs->fmt, &h, &blk);
-        j->rows = blk.n_rows;
-        j->nnz = blk.nnz;
-        if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
-        else if (qs->gz_level) j->rc = gz_job_out(j, 0);
+    encode_block(j, qs->q, j->b, qs->fmt, qs->dense, qs->gz_level);
+}
+
+/* The most a query may select to be answered by its set-up job alone. */
+#define FUSE_MAX_ROWS 4096
+#define FUSE_MAX_NNZ ((int64_t)1 << 16)
+
+/*
+ * A small streamed query (a cell, a few genes of a few cells: the bulk of
+ * a viewer's requests) goes on in its set-up job: prepare, and when it is
+ * one block, that block decoded and encoded.  Three hand-offs between the
+ * loop and the workers become one.  Only queries within every limit are
+ * taken on (the loop still checks them and answers 413 for the others),
+ * and the answer is the same bytes the prepare and block jobs write.
+ */
+static void setup_fuse(job_t *j)
+{
+    setup_t *st = j->setup;
+    iv_query_t *q = st->q;
+    const iv_limits_t *lim = &j->srv->cfg->limits;
+    int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
+    if (!st->fuse || st->count || (st->fmt != IV_FMT_BINARY && st->fmt != IV_FMT_NDJSON) ||
+        hint < 0 || rows > FUSE_MAX_ROWS || hint > FUSE_MAX_NNZ || rows > lim->max_rows ||
+        hint > lim->max_nnz || (st->dense && rows * iv_query_n_cols(q) > lim->max_nnz))
+        return;
+    if ((j->rc = iv_query_prepare(q, j->srv->pool, &j->err)) != 0) return;
+    st->prepared = 1;
+    if (iv_query_n_blocks(q) != 1 || job_cancelled(j)) return;
+    encode_block(j, q, 0, st->fmt, st->dense, st->gz_level);
+    if (j->rc != 0) {
+        /* Failed here as it would have in its block job: the stream ends
+         * with the error, as there. */
+        iv_buf_free(&j->out);
+        return;
     }
-    iv_block_free(&blk);
+    st->block0 = 1;
 }
 
 /* Every block of a query in one job: the whole JSON document, or (count)
@@ -352,7 +396,7 @@ static void decode_all(job_t *j, int count)
     if (j->rc == 0 && !count) {
         iv_jdoc_finish(&d, &h, &j->out);
         if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
-        else if (qs->gz_level) j->rc = gz_job_out(j, 1);
+        else if (qs->gz_level) j->rc = gz_job_out(j, 1, qs->gz_level);
     }
     j->rows = iv_query_n_rows(qs->q);
     iv_jdoc_free(&d);

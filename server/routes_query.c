@@ -90,6 +90,8 @@ void route_query(conn_t *c, sds_t *d, int count)
     if (st->is_post) st->body = iv_buf_steal(&r->body, &st->body_len);
     else st->query = strdup(r->query ? r->query : "");
     if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
+    st->fuse = !count && r->method != HTTP_HEAD;
+    st->gz_level = count ? 0 : stream_gzip_level(c->srv, r);
     if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
         setup_free(st);
         send_iv_error(c, IV_ENOMEM, NULL);
@@ -126,7 +128,19 @@ static void route_query_finish(job_t *j)
     double total = st->total;
     iv_fmt_t fmt = st->fmt;
     int dense = st->dense;
-    job_free(j);
+    int prepared = st->prepared;
+    /* A fused query's block 0 (setup_fuse): the job itself waits in the
+     * stream's first slot. */
+    job_t *b0 = NULL;
+    if (st->block0) {
+        b0 = j;
+        setup_free(st);
+        j->setup = NULL;
+        j->b = 0;
+        j->type = &block_job;
+    } else {
+        job_free(j);
+    }
     int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
     const iv_limits_t *lim = &s->cfg->limits;
     char msg[256];
@@ -136,6 +150,7 @@ static void route_query_finish(job_t *j)
                  " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
                  rows, hint, lim->max_rows, lim->max_nnz);
         send_error(c, 413, "too_large", msg, NULL);
+        if (b0) job_free(b0);
         return;
     }
     if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
@@ -144,6 +159,7 @@ static void route_query_finish(job_t *j)
                  "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
                  iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
         send_error(c, 413, "too_large", msg, NULL);
+        if (b0) job_free(b0);
         return;
     }
     if (!count && fmt == IV_FMT_JSON && hint >= 0 &&
@@ -154,6 +170,7 @@ static void route_query_finish(job_t *j)
                  "application/vnd.ivserve.csr or application/x-ndjson",
                  hint, lim->json_bytes);
         send_error(c, 413, "too_large", msg, NULL);
+        if (b0) job_free(b0);
         return;
     }
     if (count && hint >= 0 && have_total) {
@@ -164,6 +181,7 @@ static void route_query_finish(job_t *j)
         c->rows = rows;
         c->nnz = hint;
         send_owned(c, 200, "application/json", &body, NULL);
+        if (b0) job_free(b0);
         return;
     }
     if (!count) qs->gz_level = stream_gzip_level(s, c->req);
@@ -175,6 +193,7 @@ static void route_query_finish(job_t *j)
         resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
         c->status = 200;
         send_buf_done(c, &b);
+        if (b0) job_free(b0);
         return;
     }
     /* A count or a whole JSON document is one job; a stream is prepared,
@@ -184,6 +203,19 @@ static void route_query_finish(job_t *j)
     qs->dense = dense;
     qs->have_total = have_total;
     qs->total = total;
+    if (prepared && next == &prep_job) {
+        /* Prepared on the set-up job: the blocks go on from here. */
+        if (b0) LP_METRIC(qs->lp, m_->blocks_decoded++);
+        qs->prepared = 1;
+        qs->n_blocks = iv_query_n_blocks(q);
+        if (b0) {
+            qs->slots[0] = b0;
+            qs->next_submit = 1;
+        }
+        qs_pump(qs);
+        return;
+    }
+    if (b0) job_free(b0);
     int rc = qs_submit(qs, next, -1);
     if (rc != 0) {
         c->qs = NULL;

@@ -88,6 +88,13 @@ typedef struct setup {
     iv_fmt_t fmt;
     int dense;            /* "dense": true */
     iv_vreq_t *vr;        /* viewer_job: a viewer route (routes_viewer.h) */
+    /* A small streamed query is prepared, and its one block decoded and
+     * encoded (in the job's out), in the set-up job itself: one hand-off
+     * instead of three (setup_fuse). */
+    int fuse;             /* in: may be fused (a streamed GET/POST), with */
+    int gz_level;         /* in: the answer's gzip level */
+    int prepared;         /* out: the query is prepared */
+    int block0;           /* out: its block 0 is in the job's out, rows, nnz */
 } setup_t;
 
 /*
