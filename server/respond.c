@@ -458,7 +458,12 @@ static int budget_cut(loop_t *lp, conn_t *c)
                 now - o->last_progress >= BUDGET_SLOW_MS &&
                 (!worst || o->last_progress < worst->last_progress))
                 worst = o;
-        if (!worst) return 0;
+        if (!worst) {
+            /* Another loop's stalled readers may be cut for this answer
+             * (budget_tick). */
+            if (c && lp->srv->n_loops > 1) lp->srv->room_wanted_ms = uv_hrtime() / 1000000;
+            return 0;
+        }
         snprintf(worst->errmsg, sizeof worst->errmsg,
                  "cut: the write budget of %zu bytes is spent and this client read nothing for "
                  "%" PRIu64 " ms",
@@ -474,14 +479,20 @@ int budget_room(conn_t *c)
     return budget_cut(c->lp, c);
 }
 
-/* Several loops: each cuts its own stalled readers while the budget is
- * spent, every BUDGET_TICK_MS, since the answer that wants the room may
- * be on another loop (which cannot touch this one's connections). */
+/* Several loops: an answer that wants room may be on another loop, which
+ * cannot touch this one's connections.  So each loop looks every
+ * BUDGET_TICK_MS, and while the budget is spent and some loop found
+ * nothing to cut in the last BUDGET_WANTED_MS, cuts its own stalled
+ * readers as that loop would have. */
+#define BUDGET_WANTED_MS 2000
 void budget_tick(uv_timer_t *t)
 {
     loop_t *lp = t->data;
+    server_t *s = lp->srv;
+    uint64_t wanted = s->room_wanted_ms;
+    if (!lp->conns || !wanted || uv_hrtime() / 1000000 - wanted > BUDGET_WANTED_MS) return;
     loop_enter(lp);
-    if (lp->conns && budget_used(lp) >= lp->srv->cfg->limits.write_budget_bytes) {
+    if (budget_used(lp) >= s->cfg->limits.write_budget_bytes) {
         budget_cut(lp, NULL);
         budget_freed(lp);
     }

@@ -522,6 +522,7 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     atomic_init(&s->n_conns_all, 0);
     atomic_init(&s->budget_used, 0);
     atomic_init(&s->n_wait_all, 0);
+    atomic_init(&s->room_wanted_ms, 0);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
         return 1;

@@ -312,6 +312,7 @@ struct server {
      * streams waiting for room, on every loop. */
     atomic_size_t budget_used;
     atomic_size_t n_wait_all;
+    atomic_uint_fast64_t room_wanted_ms;  /* when a loop last found no reader of its own to cut */
     const iv_config_t *cfg;
     iv_pool_t *pool;
     uv_poll_t accept_poll;  /* loop 0: the listening socket, accepted by hand */
