@@ -32,6 +32,7 @@ struct iv_pool {
     size_t limit;              /* queued jobs iv_pool_try_submit allows */
     unsigned n_threads;
     unsigned running;   /* jobs being executed */
+    unsigned waiting;   /* workers asleep on nonempty */
     int stopping;
     pthread_t *threads;
 };
@@ -41,8 +42,11 @@ static void *worker_main(void *arg)
     iv_pool_t *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (p->count == 0 && !p->stopping)
+        while (p->count == 0 && !p->stopping) {
+            p->waiting++;
             pthread_cond_wait(&p->nonempty, &p->mu);
+            p->waiting--;
+        }
         if (p->count == 0 && p->stopping) break;
         struct iv_job job = p->ring[p->head];
         p->head = (p->head + 1) % p->cap;
@@ -116,11 +120,16 @@ unsigned iv_pool_threads(const iv_pool_t *p)
     return p ? p->n_threads : 0;
 }
 
-static void queue_job(iv_pool_t *p, iv_job_fn fn, void *arg)
+/* Queues a job (p->mu held) and unlocks; a sleeping worker is woken
+ * after the unlock, so that it does not wake only to wait for the mutex
+ * its waker still holds. */
+static void queue_job_unlock(iv_pool_t *p, iv_job_fn fn, void *arg)
 {
     p->ring[(p->head + p->count) % p->cap] = (struct iv_job){fn, arg};
     p->count++;
-    pthread_cond_signal(&p->nonempty);
+    int wake = p->waiting > 0;
+    pthread_mutex_unlock(&p->mu);
+    if (wake) pthread_cond_signal(&p->nonempty);
 }
 
 int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
@@ -130,8 +139,7 @@ int iv_pool_try_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
         pthread_mutex_unlock(&p->mu);
         return IV_EOVERLOADED;
     }
-    queue_job(p, fn, arg);
-    pthread_mutex_unlock(&p->mu);
+    queue_job_unlock(p, fn, arg);
     return 0;
 }
 
@@ -155,8 +163,7 @@ int iv_pool_submit(iv_pool_t *p, iv_job_fn fn, void *arg)
         p->head = 0;
         p->cap *= 2;
     }
-    queue_job(p, fn, arg);
-    pthread_mutex_unlock(&p->mu);
+    queue_job_unlock(p, fn, arg);
     return 0;
 }
 

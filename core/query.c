@@ -470,6 +470,18 @@ int64_t iv_query_n_blocks(const iv_query_t *q) { return q->n_blocks; }
 int64_t iv_query_n_rows(const iv_query_t *q) { return q->n_out_rows; }
 int64_t iv_query_n_cols(const iv_query_t *q) { return q->n_out_cols; }
 int64_t iv_query_nnz_hint(const iv_query_t *q) { return q->nnz_hint; }
+
+int64_t iv_query_stored_bound(const iv_query_t *q, int64_t cap)
+{
+    if (q->nnz_hint >= 0) return q->nnz_hint;
+    /* The stored entries of every selected major slice: the output rows
+     * of a plain query, its columns of a transpose. */
+    const int64_t *ids = q->mode == MODE_MAJOR ? q->row_ids : q->col_ids;
+    int64_t n = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_out_cols;
+    int64_t z = 0;
+    for (int64_t i = 0; i < n && z <= cap; i++) z += slice_nnz(q->ds, ids ? ids[i] : i);
+    return z;
+}
 int iv_query_index_size(const iv_query_t *q) { return q->index_size; }
 iv_dtype_t iv_query_dtype(const iv_query_t *q) { return q->dtype; }
 iv_orient_t iv_query_orient(const iv_query_t *q) { return q->ds->m.orient; }

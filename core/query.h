@@ -106,6 +106,10 @@ int64_t iv_query_n_cols(const iv_query_t *q);   /* output columns */
 /* Exact output nnz when known without decoding (all genes selected, or
  * after prepare); -1 otherwise. */
 int64_t iv_query_nnz_hint(const iv_query_t *q);
+/* An upper bound of the output nnz without decoding: the hint when known,
+ * else the stored entries the decode visits, counted until past cap (a
+ * result above cap says only that). */
+int64_t iv_query_stored_bound(const iv_query_t *q, int64_t cap);
 int iv_query_index_size(const iv_query_t *q);
 iv_dtype_t iv_query_dtype(const iv_query_t *q);
 /* The orientation serving q, and whether its rows are genes (IV_OUT_VARS). */

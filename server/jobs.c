@@ -333,11 +333,14 @@ static void setup_fuse(job_t *j)
     setup_t *st = j->setup;
     iv_query_t *q = st->q;
     const iv_limits_t *lim = &j->srv->cfg->limits;
-    int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
+    int64_t rows = iv_query_n_rows(q);
     if (!st->fuse || st->count || (st->fmt != IV_FMT_BINARY && st->fmt != IV_FMT_NDJSON) ||
-        hint < 0 || rows > FUSE_MAX_ROWS || hint > FUSE_MAX_NNZ || rows > lim->max_rows ||
-        hint > lim->max_nnz || (st->dense && rows * iv_query_n_cols(q) > lim->max_nnz))
+        rows > FUSE_MAX_ROWS || rows > lim->max_rows ||
+        (st->dense && rows * iv_query_n_cols(q) > lim->max_nnz))
         return;
+    /* The stored values the decode visits bound the answer's. */
+    int64_t bound = iv_query_stored_bound(q, FUSE_MAX_NNZ);
+    if (bound > FUSE_MAX_NNZ || bound > lim->max_nnz) return;
     if ((j->rc = iv_query_prepare(q, j->srv->pool, &j->err)) != 0) return;
     st->prepared = 1;
     if (iv_query_n_blocks(q) != 1 || job_cancelled(j)) return;
