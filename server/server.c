@@ -2,14 +2,18 @@
  * The query server (see server.h): start and stop, signals, the loop's
  * side of the worker hand-off, and the served files' watcher.
  *
- * Design.  One libuv loop owns every socket, timer and connection; it
- * parses HTTP, routes requests and writes bytes, and nothing else.  All
- * work that grows with a request or touches a file or a decoder (dataset
- * loading, a query's set-up from its JSON body, names and filters, query
- * prepare, block decode and encoding, metadata pages) runs as jobs on the
- * worker pool.  A worker
- * finishes a job by pushing it on a locked list and calling
- * uv_async_send(); the loop drains the whole list in one swap, so
+ * Design.  Event loops own the sockets, timers and connections; they
+ * parse HTTP, route requests and write bytes, and nothing else.  With one
+ * loop it does all of that; with several (config "loops"), loop 0 is a
+ * control loop that accepts and hands each connection to a connection
+ * loop in turn, and keeps the server's own work (loads, reloads, signals,
+ * the file watcher) to itself (see struct loop and loop_enter in
+ * server_impl.h for what they share and how).  All work that grows with a
+ * request or touches a file or a decoder (dataset loading, a query's
+ * set-up from its JSON body, names and filters, query prepare, block
+ * decode and encoding, metadata pages) runs as jobs on the worker pool.
+ * A worker finishes a job by pushing it on its loop's locked list and
+ * calling uv_async_send(); the loop drains the whole list in one swap, so
  * coalesced wake-ups lose nothing.
  *
  * Each of the server's other concerns has a file of its own; the private

@@ -4,8 +4,9 @@
  * calls in another.  Only server/ includes it; server.h is the public face.
  *
  * The files, one concern each:
- *   server.c        start and stop, signals, the loop's side of the worker
- *                   hand-off, the served files' watcher
+ *   server.c        start and stop, the event loops and the hand-off of
+ *                   connections to them, signals, the loops' side of the
+ *                   worker hand-off, the served files' watcher
  *   conn.c          connection input and the connection state machine
  *   respond.c       status line and headers, writes, the end of an answer
  *                   and its access-log line, the write budget
@@ -367,8 +368,6 @@ typedef struct rfail {
 /* The largest X-Ivserve-Dropped-Names header; past it the names are cut
  * at an element and the header says how many there were. */
 #define DROPPED_HDR_MAX 4096
-
-/* ---- small helpers ------------------------------------------------------ */
 
 /* ---- small helpers ------------------------------------------------------ */
 
