@@ -9,7 +9,7 @@
  *
  * Not built by CMake.  Build from the repository root:
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icore -Itests/support benchmarks/bench_codecs.c \
- *      core/blosc2.c core/blosclz.c core/codec.c core/shuffle.c core/error.c \
+ *      core/codec/blosc2.c core/codec/blosclz.c core/codec/codec.c core/codec/shuffle.c core/base/error.c \
  *      tests/support/blosc2_enc.c -llz4 -lzstd -lz -lpthread -o bench_codecs
  */
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /*
  * How one cache budget is best split among datasets: the shared budget
- * (core/membudget.c, the LRU of every dataset merged by last use) against
+ * (core/base/membudget.c, the LRU of every dataset merged by last use) against
  * the baseline of fixed equal shares (each dataset's own LRU capped at
  * budget / N, what per-dataset caches give), on the same access traces,
  * in the same run.

@@ -3,7 +3,7 @@
  *
  * The JSON form and the where string share one tree type and one
  * compiler, so the two front ends can only differ in syntax; everything
- * about columns and types is decided in core/filter.c.  Errors name the
+ * about columns and types is decided in core/meta/filter.c.  Errors name the
  * JSON path of the offending member so a client can find it in a large
  * generated filter.
  */

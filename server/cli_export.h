@@ -22,7 +22,7 @@
 int iv_cli_select(const char *path, const char *group, iv_axis_t axis, const char *sel,
                   const char *where, iv_sel_t *out, int64_t **buf);
 
-/* Writes the decoded result as a standard AnnData file (core/anndata_write.h)
+/* Writes the decoded result as a standard AnnData file (core/matrix/anndata_write.h)
  * and notes elements left out on stderr.  0, or -1 with err set. */
 int iv_cli_write_h5ad(const char *src_path, const char *out_path, int64_t n_rows, int64_t n_cols,
                       int64_t src_rows, int64_t src_cols, const int64_t *indptr, int64_t nnz,

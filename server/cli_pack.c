@@ -1,5 +1,5 @@
 /*
- * `ivserve pack` on the command line (see cli_pack.h and core/pack.h).
+ * `ivserve pack` on the command line (see cli_pack.h and core/matrix/pack.h).
  *
  * Progress goes to stderr: on a terminal a bar redrawn at most five times
  * a second (percent, output rows done, input MB/s, time left), otherwise

@@ -1,6 +1,6 @@
 /*
  * `ivserve pack IN.h5ad OUT.h5ad ...`: argument parsing, progress display
- * and the summary line around core/pack.c.
+ * and the summary line around core/matrix/pack.c.
  */
 #ifndef IV_CLI_PACK_H
 #define IV_CLI_PACK_H

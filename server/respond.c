@@ -271,7 +271,7 @@ void send_error(conn_t *c, int status, const char *code, const char *msg, const 
 
 /*
  * The answer to an engine error: its status and code come from the one
- * table of core/error.h (iv_error_status, iv_error_code), never from a
+ * table of core/base/error.h (iv_error_status, iv_error_code), never from a
  * special case here; an error that needs another status needs its own row
  * there.  The message is e's, or the table's when e has none.
  */

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the chunk-index walk (core/h5chunks.c) on arbitrary
+ * libFuzzer target: the chunk-index walk (core/h5/h5chunks.c) on arbitrary
  * bytes.  The input is a 16-byte head, then "the file": the relative
  * address of the dataset's object header (u64), the chunk length in
  * elements (u16, 1-65535) and the chunk count (u16) the caller would

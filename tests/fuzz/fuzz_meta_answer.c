@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for the metadata answer of the reader process (the
- * bytes a forked HDF5 reader hands to the server, see core/meta.c): any
+ * bytes a forked HDF5 reader hands to the server, see core/meta/meta.c): any
  * bytes must build a meta or fail cleanly, and a meta built must be safe
  * to read in full (every string of every column, every category) and to
  * look names up in.

@@ -1,5 +1,5 @@
 """The chunk table of packed_indices, read from the file's B-tree in one
-walk (core/h5chunks.c) instead of one HDF5 lookup a chunk, which HDF5 1.10
+walk (core/h5/h5chunks.c) instead of one HDF5 lookup a chunk, which HDF5 1.10
 answers by walking the index from its start (a 191,000-chunk file took
 over 5 minutes to open).
 

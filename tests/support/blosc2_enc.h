@@ -1,6 +1,6 @@
 /*
  * TEST-ONLY Blosc2 encoder: writes chunks and contiguous frames in the
- * layout the decoders in core/blosc2.c read, so that the tests can make
+ * layout the decoders in core/codec/blosc2.c read, so that the tests can make
  * every feature on demand (memcpyed chunks, split and unsplit streams,
  * zero, run and raw streams, each codec, shuffle, bitshuffle, delta,
  * special chunks and special offsets, several chunks per frame).

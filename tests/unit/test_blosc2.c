@@ -1,5 +1,5 @@
 /*
- * Tests of core/blosc2.c and core/blosclz.c: round trips through the
+ * Tests of core/codec/blosc2.c and core/codec/blosclz.c: round trips through the
  * test-only encoder over every feature, hand-made BloscLZ streams, and
  * bad input (truncation at every length, seeded bit flips, lying sizes,
  * unsupported features), which must fail cleanly (run under ASan too).

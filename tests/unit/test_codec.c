@@ -1,5 +1,5 @@
 /*
- * Tests of core/codec.c: the zstd, deflate and lz4 wrappers, and the HDF5
+ * Tests of core/codec/codec.c: the zstd, deflate and lz4 wrappers, and the HDF5
  * pipeline undo checked against chunks that libhdf5 itself wrote (deflate,
  * shuffle and fletcher32 in both orders, odd lengths) into an in-memory
  * file, read back raw with H5Dread_chunk.

@@ -1,6 +1,6 @@
 /*
- * The served file's checks (core/filecheck.c) and the stream's use of them
- * (core/stream.c): the checksum sees every changed bit, the identity tells
+ * The served file's checks (core/base/filecheck.c) and the stream's use of them
+ * (core/matrix/stream.c): the checksum sees every changed bit, the identity tells
  * a file written in place from one renamed over or deleted, a short read
  * is an error and not a fault, and a stored chunk whose bytes changed
  * after the row-index pass fails its check even when the file's size and

@@ -1,5 +1,5 @@
 /*
- * Tests of core/h5filters.c against the shared fixtures (written by the
+ * Tests of core/codec/h5filters.c against the shared fixtures (written by the
  * real HDF5 Blosc2 and Zstandard plugins):
  *   - every obs/var dataset read through H5Dread with our registered
  *     filters equals the uncompressed copy in expected/<base>.meta.h5ad;

@@ -1,5 +1,5 @@
 /*
- * The reader process of core/h5iso.c: results cross intact (small puts,
+ * The reader process of core/h5/h5iso.c: results cross intact (small puts,
  * arrays larger than the child's buffer, notes in order); a child's
  * error, crash, silent exit and hang each become one clear error; the
  * child holds no descriptor of the parent's but its own; a child that

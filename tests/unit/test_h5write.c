@@ -1,4 +1,4 @@
-/* core/h5write.c: codec names, compressed chunks that the decoders read
+/* core/h5/h5write.c: codec names, compressed chunks that the decoders read
  * back, and growing arrays written across many chunks (with and without a
  * pool, every codec) that HDF5 reads back through the registered filters
  * exactly, with the chunk shape and filter asked for. */

@@ -1,5 +1,5 @@
-/* The process-wide cache budget (core/membudget.c) and streams sharing it
- * (core/stream.c): LRU order across streams, floors, caps, a budget cut
+/* The process-wide cache budget (core/base/membudget.c) and streams sharing it
+ * (core/matrix/stream.c): LRU order across streams, floors, caps, a budget cut
  * at run time, reservations, accounting under threads, the bytes served,
  * and resident memory that follows the budget rather than the streams'
  * sizes. */

@@ -1,5 +1,5 @@
 /*
- * Tests of core/meta.c: obs/var of every fixture, compressed and plain,
+ * Tests of core/meta/meta.c: obs/var of every fixture, compressed and plain,
  * names lookups, computed columns against the expected CSR matrices.
  *
  * The executable has a second mode used by tests/python/test_meta.py:

@@ -1,4 +1,4 @@
-/* Tests of core/sha256.c against FIPS 180-4's examples (the one-block
+/* Tests of core/base/sha256.c against FIPS 180-4's examples (the one-block
  * "abc", the two-block 448-bit message, one million 'a') and messages
  * whose lengths sit on the padding's edges (55, 56, 63, 64 bytes...). */
 #include <check.h>

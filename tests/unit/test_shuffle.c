@@ -1,5 +1,5 @@
 /*
- * Tests of core/shuffle.c: the fast byte unshuffle equals the scalar
+ * Tests of core/codec/shuffle.c: the fast byte unshuffle equals the scalar
  * reference bit for bit for every element size and length; both invert
  * the forward shuffle; bit unshuffle matches hand-derived planes and
  * inverts the documented bitshuffle layout, leftovers included.

@@ -1,6 +1,6 @@
 /*
- * Both orientations (core/transpose.c, the planner in core/query.c, the
- * companion check in core/dataset.c) on random matrices written here as
+ * Both orientations (core/matrix/transpose.c, the planner in core/matrix/query.c, the
+ * companion check in core/matrix/dataset.c) on random matrices written here as
  * IVCSR and IVCSC files: every selection form (indices in any order with
  * duplicates, ranges, masks, empty, all) asked by obs and by var must give
  * byte-identical answers through the cell-major and the gene-major copy,
