@@ -390,7 +390,10 @@ typedef enum {
     P_VIEWER,      /* /v1/datasets/ID/SUB of routes_viewer.h (obs, var, obsm, search, aggregate) */
 } path_kind_t;
 
+typedef struct route route_t;
+
 typedef struct {
+    const route_t *route; /* NULL: no route (or a static file) */
     path_kind_t kind;
     int metric;           /* the metrics' route label (IV_R_*) */
     const char *id;       /* dataset routes: the id, idn bytes of the path */
@@ -399,49 +402,132 @@ typedef struct {
     int vroute;           /* P_VIEWER: routes_viewer.h's route */
 } path_match_t;
 
+/* A route's handler: d is the dataset of a dataset route (ready, and the
+ * token checked), NULL for the others. */
+typedef void (*route_fn)(conn_t *c, const path_match_t *m, sds_t *d);
+
+static void h_healthz(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    if (method_ok(c, 0)) send_simple(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+}
+
+static void h_readyz(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    if (method_ok(c, 0)) route_readyz(c);
+}
+
+static void h_openapi(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    if (method_ok(c, 0))
+        send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
+                    "Cache-Control: no-cache\r\n");
+}
+
+static void h_metrics(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    route_metrics(c);
+}
+
+static void h_reload(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    route_admin_reload(c);
+}
+
+static void h_list(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m, (void)d;
+    route_list(c);
+}
+
+static void h_doc(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m;
+    route_doc(c, d);
+}
+
+static void h_query(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m;
+    route_query(c, d, 0);
+}
+
+static void h_count(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m;
+    route_query(c, d, 1);
+}
+
+static void h_viewer(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    route_viewer(c, d, m->vroute, m->sub);
+}
+
+/*
+ * The routes.  A fixed path, or (dataset) the part of the path after
+ * /v1/datasets/ID; the viewer's dataset routes are routes_viewer.h's to
+ * match (iv_vroute_match) and share one entry.  Methods and tokens are
+ * each handler's to check (method_ok, scope_check; a dataset's token by
+ * ready_ds before the handler), and route_precheck's for Expect.
+ */
+struct route {
+    const char *path;
+    int dataset;
+    path_kind_t kind;
+    iv_route_t metric;
+    route_fn run;
+};
+
+static const route_t ROUTES[] = {
+    {"/healthz", 0, P_HEALTHZ, IV_R_HEALTHZ, h_healthz},
+    {"/readyz", 0, P_READYZ, IV_R_READYZ, h_readyz},
+    {"/openapi.json", 0, P_OPENAPI, IV_R_OTHER, h_openapi},
+    {"/metrics", 0, P_METRICS, IV_R_METRICS, h_metrics},
+    {"/v1/admin/reload", 0, P_RELOAD, IV_R_OTHER, h_reload},
+    {"/v1/datasets", 0, P_LIST, IV_R_DATASETS, h_list},
+    {"/v1/datasets/", 0, P_LIST, IV_R_DATASETS, h_list},
+    {NULL, 1, P_VIEWER, IV_R_DATASET, h_viewer},  /* iv_vroute_match, first */
+    {"", 1, P_DOC, IV_R_DATASET, h_doc},
+    {"/query", 1, P_QUERY, IV_R_QUERY, h_query},
+    {"/count", 1, P_COUNT, IV_R_COUNT, h_count},
+};
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+
+static void match_set(path_match_t *m, const route_t *r)
+{
+    m->route = r;
+    m->kind = r->kind;
+    m->metric = r->metric;
+}
+
 static void match_path(const char *p, path_match_t *m)
 {
-    static const struct {
-        const char *path;
-        path_kind_t kind;
-        int metric;
-    } fixed[] = {
-        {"/healthz", P_HEALTHZ, IV_R_HEALTHZ},     {"/readyz", P_READYZ, IV_R_READYZ},
-        {"/openapi.json", P_OPENAPI, IV_R_OTHER}, {"/metrics", P_METRICS, IV_R_METRICS},
-        {"/v1/admin/reload", P_RELOAD, IV_R_OTHER},
-    };
-    static const char pre[] = "/v1/datasets";
+    static const char pre[] = "/v1/datasets/";
     memset(m, 0, sizeof *m);
     m->kind = P_NONE;
     m->metric = IV_R_OTHER;
     m->sub = "";
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        if (!strcmp(p, fixed[i].path)) {
-            m->kind = fixed[i].kind;
-            m->metric = fixed[i].metric;
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (!ROUTES[i].dataset && !strcmp(p, ROUTES[i].path)) {
+            match_set(m, &ROUTES[i]);
             return;
         }
     if (strncmp(p, pre, sizeof pre - 1)) return;
-    const char *rest = p + sizeof pre - 1;
-    if (*rest == '\0' || !strcmp(rest, "/")) {
-        m->kind = P_LIST;
-        m->metric = IV_R_DATASETS;
-        return;
-    }
-    if (*rest != '/') return;
-    const char *id = rest + 1, *slash = strchr(id, '/');
+    const char *id = p + sizeof pre - 1, *slash = strchr(id, '/');
     size_t idn = slash ? (size_t)(slash - id) : strlen(id);
     const char *sub = slash ? slash : "";
     if (idn == 0) return;
     int vroute = iv_vroute_match(sub);
-    path_kind_t kind = vroute != IV_VR_NONE ? P_VIEWER
-                       : !*sub                ? P_DOC
-                       : !strcmp(sub, "/query") ? P_QUERY
-                       : !strcmp(sub, "/count") ? P_COUNT
-                                                : P_NONE;
-    if (kind == P_NONE) return;
-    m->kind = kind;
-    m->metric = kind == P_QUERY ? IV_R_QUERY : kind == P_COUNT ? IV_R_COUNT : IV_R_DATASET;
+    for (size_t i = 0; i < N_ROUTES && !m->route; i++) {
+        const route_t *r = &ROUTES[i];
+        if (!r->dataset) continue;
+        if (r->path ? !strcmp(sub, r->path) : vroute != IV_VR_NONE) match_set(m, r);
+    }
+    if (!m->route) return;
     m->id = id;
     m->idn = idn;
     m->sub = sub;
@@ -476,39 +562,11 @@ void dispatch(conn_t *c)
     path_match_t m;
     match_path(p, &m);
     c->route = m.metric;
-    sds_t *d;
-    switch (m.kind) {
-    case P_HEALTHZ:
-        if (method_ok(c, 0)) send_simple(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+    if (m.route) {
+        sds_t *d = NULL;
+        if (m.route->dataset && !(d = ready_ds(c, m.id, m.idn))) return;
+        m.route->run(c, &m, d);
         return;
-    case P_READYZ:
-        if (method_ok(c, 0)) route_readyz(c);
-        return;
-    case P_OPENAPI:
-        if (method_ok(c, 0))
-            send_simple(c, 200, "application/json", (const char *)iv_openapi_json, iv_openapi_json_len,
-                        "Cache-Control: no-cache\r\n");
-        return;
-    case P_METRICS:
-        route_metrics(c);
-        return;
-    case P_RELOAD:
-        route_admin_reload(c);
-        return;
-    case P_LIST:
-        route_list(c);
-        return;
-    case P_DOC:
-    case P_QUERY:
-    case P_COUNT:
-    case P_VIEWER:
-        if (!(d = ready_ds(c, m.id, m.idn))) return;
-        if (m.kind == P_VIEWER) route_viewer(c, d, m.vroute, m.sub);
-        else if (m.kind == P_DOC) route_doc(c, d);
-        else route_query(c, d, m.kind == P_COUNT);
-        return;
-    case P_NONE:
-        break;
     }
     iv_static_resp_t sr;  /* the viewer: "/", "/index.html", "/viewer/..." (routes_static.c) */
     if (iv_static_route(p, r->method, r->hdr[IV_H_IF_NONE_MATCH], r->hdr[IV_H_ACCEPT_ENCODING], &sr)) {
