@@ -130,6 +130,7 @@ static void loop_close_handles(loop_t *lp)
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sighup, NULL);
     uv_close((uv_handle_t *)&s->sigusr1, NULL);
+    uv_close((uv_handle_t *)&s->accept_pause, NULL);
 }
 
 /* A stopping loop whose last connection is gone closes its handles, so
@@ -200,6 +201,16 @@ static void on_async(uv_async_t *a)
     loop_leave(lp);
 }
 
+#define ACCEPT_PAUSE_MS 100
+
+static void on_accept(uv_poll_t *p, int status, int events);
+
+static void on_accept_resume(uv_timer_t *t)
+{
+    server_t *s = t->data;
+    if (s->listen_fd >= 0 && !s->draining) uv_poll_start(&s->accept_poll, UV_READABLE, on_accept);
+}
+
 /* Loop 0: a new connection on the listening socket, given to the loops in
  * turn. */
 static void on_accept(uv_poll_t *p, int status, int events)
@@ -209,7 +220,17 @@ static void on_accept(uv_poll_t *p, int status, int events)
     if (status < 0) return;
     for (int k = 0; k < 64; k++) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;  /* EAGAIN, or a connection reset before it was taken */
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* Out of descriptors: the waiting connection would wake
+                 * this poll again at once.  Listen again in a while. */
+                uv_poll_stop(&s->accept_poll);
+                uv_timer_start(&s->accept_pause, on_accept_resume, ACCEPT_PAUSE_MS, 0);
+                iv_alog_event(&s->log, "error", "cannot accept a connection: %s; pausing %d ms",
+                              strerror(errno), ACCEPT_PAUSE_MS);
+            }
+            return;  /* EAGAIN, or a connection reset before it was taken */
+        }
         loop_t *lp = s->n_loops == 1 ? &s->loops[0] : &s->loops[1 + s->next_loop++ % (s->n_loops - 1)];
         if (lp->idx == 0) {
             conn_adopt(lp, fd);
@@ -271,6 +292,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum,
                   (size_t)s->n_conns_all);
     if (s->listen_fd >= 0) uv_close((uv_handle_t *)&s->accept_poll, on_accept_closed);
+    uv_timer_stop(&s->accept_pause);
     for (unsigned i = 1; i < s->n_loops; i++) {
         atomic_store(&s->loops[i].stop_asked, 1);
         uv_async_send(&s->loops[i].async);
@@ -408,11 +430,20 @@ static int start_cache_budget(server_t *s)
 
 /* Frees what the workers handed back after the loops stopped: nothing is
  * answered or installed any more, so no job's done half runs. */
-static void drain_after_stop(loop_t *lp)
+static int drain_after_stop(loop_t *lp)
 {
     job_t *j = take_done(lp);
+    int any = j != NULL;
     while (j) {
         job_t *n = j->next;
+        if (j->type == &call_job) {
+            /* A call posted to a loop that had stopped (an admin reload
+             * asked for at the end, its answer): run, it finds no
+             * connection and frees what it holds. */
+            call_done(j);
+            j = n;
+            continue;
+        }
         qstream_t *qs = j->qs;
         if (qs) qs->inflight--;
         job_free(j);
@@ -422,6 +453,7 @@ static void drain_after_stop(loop_t *lp)
     while (lp->streams) qs_free(lp->streams);
     for (size_t i = 0; i < lp->n_new_fds; i++) close(lp->new_fds[i]);
     lp->n_new_fds = 0;
+    return any;
 }
 
 static void *loop_thread(void *arg)
@@ -498,7 +530,7 @@ static void close_loops(server_t *s)
         uv_handle_t *hs[] = {(uv_handle_t *)&lp->async, (uv_handle_t *)&lp->grace,
                              (uv_handle_t *)&lp->budget, (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
                              (uv_handle_t *)&s->sigint, (uv_handle_t *)&s->sighup,
-                             (uv_handle_t *)&s->sigusr1};
+                             (uv_handle_t *)&s->sigusr1, (uv_handle_t *)&s->accept_pause};
         size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 3;
         for (size_t k = 0; k < n; k++)
             if (hs[k]->loop == &lp->loop && !uv_is_closing(hs[k]))
@@ -596,11 +628,13 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
      * ones that were initialised (a zeroed handle has no loop). */
     uv_loop_t *l0 = &s->loops[0].loop;
     if ((rc = uv_signal_init(l0, &s->sigterm)) != 0 || (rc = uv_signal_init(l0, &s->sigint)) != 0 ||
-        (rc = uv_signal_init(l0, &s->sighup)) != 0 || (rc = uv_signal_init(l0, &s->sigusr1)) != 0) {
+        (rc = uv_signal_init(l0, &s->sighup)) != 0 || (rc = uv_signal_init(l0, &s->sigusr1)) != 0 ||
+        (rc = uv_timer_init(l0, &s->accept_pause)) != 0) {
         fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
     s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
+    s->accept_pause.data = s;
     if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
         (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
         (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
@@ -644,10 +678,12 @@ fail_loop:
 cleanup:
     iv_pool_destroy(s->pool);
     s->pool = NULL;
-    for (unsigned i = 0; i < s->n_loops; i++) {
-        loop_t *lp = &s->loops[i];
-        if (lp->srv != s) continue;
-        drain_after_stop(lp);
+    /* A call drained on one loop may post another to a loop drained
+     * before it: again until every list stays empty. */
+    for (int again = 1; again;) {
+        again = 0;
+        for (unsigned i = 0; i < s->n_loops; i++)
+            if (s->loops[i].srv == s && drain_after_stop(&s->loops[i])) again = 1;
     }
     if (s->reload) {
         /* Stopped during a reload: its waiter's connection is gone. */

@@ -317,6 +317,7 @@ struct server {
     const iv_config_t *cfg;
     iv_pool_t *pool;
     uv_poll_t accept_poll;  /* loop 0: the listening socket, accepted by hand */
+    uv_timer_t accept_pause;  /* loop 0: listening again after running out of descriptors */
     int listen_fd;
     uv_signal_t sigterm, sigint, sighup, sigusr1;
     iv_registry_t reg;    /* the datasets served now */

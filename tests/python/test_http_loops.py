@@ -217,3 +217,48 @@ def test_small_queries_equal_the_regular_path(tmp_path):
         same(mat, expected(m)[[1, 2]])
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_pauses_accepting(tmp_path):
+    """A server out of file descriptors does not spin on the connection it
+    cannot take (the listening socket stays readable): it logs, pauses
+    accepting, and serves again once descriptors are free."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    try:
+        s = loops_server(tmp_path, datasets=[{"id": "a", "path": os.path.join(FIX, FILES[0]["file"])}])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        clients = []
+        for _ in range(80):
+            c = socket.socket()
+            c.settimeout(5)
+            c.connect(("127.0.0.1", s.port))  # the kernel's backlog takes it
+            clients.append(c)
+        deadline = time.time() + 10
+        while "cannot accept a connection" not in s.log_text() and time.time() < deadline:
+            time.sleep(0.05)
+        assert "cannot accept a connection" in s.log_text()
+        t0 = cpu_seconds(s.proc.pid)
+        time.sleep(1.0)
+        assert cpu_seconds(s.proc.pid) - t0 < 0.5  # not spinning
+        for c in clients:
+            c.close()
+        deadline = time.time() + 10
+        ok = False
+        while time.time() < deadline and not ok:
+            try:
+                ok = requests.get(s.url + "/healthz", timeout=2).status_code == 200
+            except requests.RequestException:
+                time.sleep(0.1)
+        assert ok
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
