@@ -3,7 +3,7 @@
  * (obs or var), compiled against a meta and evaluated to a row bitmap.
  *
  * Two front ends build the same tree: proto/filter_json.c (the JSON
- * "filter" object) and core/meta/where.c (the "where" string in TileDB-SOMA's
+ * "filter" object) and proto/where.c (the "where" string in TileDB-SOMA's
  * value-filter grammar).  iv_filter_compile() resolves every column and
  * literal once (unknown columns and categories, type mismatches are
  * IV_EBAD_FILTER naming them, with the closest existing names suggested),

@@ -1,5 +1,5 @@
 /*
- * Tests of core/meta/filter.c, core/meta/where.c, core/base/bitmap.c and
+ * Tests of core/meta/filter.c, proto/where.c, core/base/bitmap.c and
  * proto/filter_json.c.
  *
  * Second mode, used by tests/python/test_meta_filter.py for the
