@@ -72,6 +72,7 @@ class ServerProcess:
         # Appending: the server's writes land at the end whatever offset
         # log_text()'s reads leave in the file description both share.
         self.log = open(path, "a+")
+        self.log_path = path
         self.proc = subprocess.Popen([binary, *[str(a) for a in args], "--port", "0"],
                                      stdout=self.log, stderr=self.log)
         self.url = None
@@ -95,9 +96,11 @@ class ServerProcess:
         raise RuntimeError("server did not become ready:\n" + self.log_text())
 
     def log_text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        # Read through a file of its own: the handle the server's output
+        # goes to keeps a position and a text decoder whose state once
+        # gave an empty read under load.
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
 
     def status_kb(self, key):
         """A /proc/PID/status figure in kB (VmRSS, VmHWM, ...)."""
