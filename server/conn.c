@@ -545,7 +545,7 @@ static void conn_pump(conn_t *c)
 }
 
 
-/* ---- the loop's callbacks (each holds the shared lock: LOOP_ENTER) ------- */
+/* ---- the loop's callbacks (each within loop_enter / loop_leave) ---------- */
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {

@@ -1,10 +1,10 @@
 /*
  * Jobs: the work the loop hands to the worker pool, and the way back.
  *
- * A job runs on a worker and ends with job_finish, which pushes it on the
- * server's locked list of finished jobs and wakes the loop
- * (uv_async_send); the loop takes the whole list in one swap (server.c,
- * on_async) and hands each job to the completion of its kind.  Workers
+ * A job runs on a worker and ends with loop_post (server.c), which pushes
+ * it on its loop's locked list of finished jobs and wakes that loop
+ * (uv_async_send); the loop takes the whole list in one swap (on_async)
+ * and hands each job to the completion of its kind.  Workers
  * never touch loop objects: a job's inputs are copies (setup_t), and its
  * results travel back in the job.  The query jobs here (a query's set-up,
  * a metadata page, prepare, one block, a whole JSON document or a count)
@@ -18,18 +18,6 @@
 
 #include "encode.h"
 #include "routes_meta.h"
-
-/* ---- worker → loop hand-off -------------------------------------------- */
-
-static void job_finish(job_t *j)
-{
-    loop_t *lp = j->lp;
-    pthread_mutex_lock(&lp->done_mu);
-    j->next = lp->done_head;
-    lp->done_head = j;
-    pthread_mutex_unlock(&lp->done_mu);
-    uv_async_send(&lp->async);
-}
 
 void setup_free(setup_t *st)
 {
@@ -430,7 +418,7 @@ static void job_exec(void *arg)
         j->type->run(j);
     }
     j->secs = now_s() - t0;
-    job_finish(j);
+    loop_post(j->lp, j);
 }
 
 int job_submit(job_t *j)

@@ -162,8 +162,19 @@ static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
     qs->headers_sent = 1;
 }
 
+/* Block j is about to be written: its rows, values and (gzip) CRC join
+ * the stream's.  After the headers: a gzip member's CRC adds up in body
+ * order. */
+static void qs_count_block(qstream_t *qs, const job_t *j)
+{
+    qs->rows += j->rows;
+    qs->nnz += j->nnz;
+    if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, j->crc, j->raw_len);
+}
+
 /* Ends a stream with its trailer (ok or the error) and the last chunk,
- * after last (its last block, plen bytes, or NULL) in the same write. */
+ * after last (the job holding its last block, or NULL) in the same
+ * write. */
 static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *last)
 {
     conn_t *c = qs->c;
@@ -172,10 +183,7 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
     iv_buf_init(&b);
     if (!qs->headers_sent) stream_headers(c, qs, &b);
     if (last) {
-        /* After the headers: a gzip member's CRC adds up in body order. */
-        qs->rows += last->rows;
-        qs->nnz += last->nnz;
-        if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, last->crc, last->raw_len);
+        qs_count_block(qs, last);
         if (c->chunked) iv_buf_printf(&b, "%zx\r\n", last->out.len);
         iv_buf_append(&b, last->out.data, last->out.len);
         if (c->chunked) iv_buf_puts(&b, "\r\n");
@@ -281,9 +289,7 @@ void qs_pump(qstream_t *qs)
             stream_headers(c, qs, &b);
             head = iv_buf_steal(&b, &hlen);
         }
-        qs->rows += j->rows;
-        qs->nnz += j->nnz;
-        if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, j->crc, j->raw_len);
+        qs_count_block(qs, j);
         size_t plen;
         char *payload = iv_buf_steal(&j->out, &plen);
         job_free(j);

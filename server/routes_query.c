@@ -128,16 +128,16 @@ static void route_query_finish(job_t *j)
     double total = st->total;
     iv_fmt_t fmt = st->fmt;
     int dense = st->dense;
-    int prepared = st->prepared;
-    /* A fused query's block 0 (setup_fuse): the job itself waits in the
-     * stream's first slot. */
-    job_t *b0 = NULL;
+    int prepared = st->prepared, gz_level = st->gz_level;
     if (st->block0) {
-        b0 = j;
+        /* A fused query's block 0 (setup_fuse): the job itself waits in
+         * the stream's first slot (freed with the stream if the answer is
+         * another). */
         setup_free(st);
         j->setup = NULL;
         j->b = 0;
         j->type = &block_job;
+        qs->slots[0] = j;
     } else {
         job_free(j);
     }
@@ -150,7 +150,6 @@ static void route_query_finish(job_t *j)
                  " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
                  rows, hint, lim->max_rows, lim->max_nnz);
         send_error(c, 413, "too_large", msg, NULL);
-        if (b0) job_free(b0);
         return;
     }
     if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
@@ -159,7 +158,6 @@ static void route_query_finish(job_t *j)
                  "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
                  iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
         send_error(c, 413, "too_large", msg, NULL);
-        if (b0) job_free(b0);
         return;
     }
     if (!count && fmt == IV_FMT_JSON && hint >= 0 &&
@@ -170,7 +168,6 @@ static void route_query_finish(job_t *j)
                  "application/vnd.ivserve.csr or application/x-ndjson",
                  hint, lim->json_bytes);
         send_error(c, 413, "too_large", msg, NULL);
-        if (b0) job_free(b0);
         return;
     }
     if (count && hint >= 0 && have_total) {
@@ -181,10 +178,9 @@ static void route_query_finish(job_t *j)
         c->rows = rows;
         c->nnz = hint;
         send_owned(c, 200, "application/json", &body, NULL);
-        if (b0) job_free(b0);
         return;
     }
-    if (!count) qs->gz_level = stream_gzip_level(s, c->req);
+    if (!count) qs->gz_level = gz_level;
     if (!count && c->req->method == HTTP_HEAD) {
         iv_buf_t b;
         iv_buf_init(&b);
@@ -193,7 +189,6 @@ static void route_query_finish(job_t *j)
         resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
         c->status = 200;
         send_buf_done(c, &b);
-        if (b0) job_free(b0);
         return;
     }
     /* A count or a whole JSON document is one job; a stream is prepared,
@@ -203,19 +198,18 @@ static void route_query_finish(job_t *j)
     qs->dense = dense;
     qs->have_total = have_total;
     qs->total = total;
-    if (prepared && next == &prep_job) {
-        /* Prepared on the set-up job: the blocks go on from here. */
-        if (b0) LP_METRIC(qs->lp, m_->blocks_decoded++);
-        qs->prepared = 1;
-        qs->n_blocks = iv_query_n_blocks(q);
-        if (b0) {
-            qs->slots[0] = b0;
+    if (prepared) {
+        /* Prepared on the set-up job (a stream: setup_fuse takes no
+         * other): the blocks go on from here. */
+        if (qs->slots[0]) {
+            LP_METRIC(qs->lp, m_->blocks_decoded++);
             qs->next_submit = 1;
         }
+        qs->prepared = 1;
+        qs->n_blocks = iv_query_n_blocks(q);
         qs_pump(qs);
         return;
     }
-    if (b0) job_free(b0);
     int rc = qs_submit(qs, next, -1);
     if (rc != 0) {
         c->qs = NULL;

@@ -62,16 +62,6 @@ void loop_leave(loop_t *lp)
     if (lp->srv->n_loops > 1) pthread_rwlock_unlock(&lp->srv->shared);
 }
 
-void shared_write_lock(server_t *s)
-{
-    if (s->n_loops > 1) pthread_rwlock_wrlock(&s->shared);
-}
-
-void shared_write_unlock(server_t *s)
-{
-    if (s->n_loops > 1) pthread_rwlock_unlock(&s->shared);
-}
-
 /* ---- loop-side completions, hand-offs, stopping ------------------------- */
 
 static job_t *take_done(loop_t *lp)
@@ -99,6 +89,15 @@ static void call_done(job_t *j)
 
 static const job_type_t call_job = {NULL, call_done};
 
+void loop_post(loop_t *lp, job_t *j)
+{
+    pthread_mutex_lock(&lp->done_mu);
+    j->next = lp->done_head;
+    lp->done_head = j;
+    pthread_mutex_unlock(&lp->done_mu);
+    uv_async_send(&lp->async);
+}
+
 int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg)
 {
     job_t *j = calloc(1, sizeof *j);
@@ -108,12 +107,15 @@ int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void 
     j->type = &call_job;
     j->call = fn;
     j->arg = arg;
-    pthread_mutex_lock(&lp->done_mu);
-    j->next = lp->done_head;
-    lp->done_head = j;
-    pthread_mutex_unlock(&lp->done_mu);
-    uv_async_send(&lp->async);
+    loop_post(lp, j);
     return 0;
+}
+
+/* Tells a connection loop to stop as at SIGTERM (loop_stop, on its thread). */
+static void loop_ask_stop(loop_t *lp)
+{
+    atomic_store(&lp->stop_asked, 1);
+    uv_async_send(&lp->async);
 }
 
 static void loop_close_handles(loop_t *lp)
@@ -293,10 +295,7 @@ static void on_signal(uv_signal_t *sig, int signum)
                   (size_t)s->n_conns_all);
     if (s->listen_fd >= 0) uv_close((uv_handle_t *)&s->accept_poll, on_accept_closed);
     uv_timer_stop(&s->accept_pause);
-    for (unsigned i = 1; i < s->n_loops; i++) {
-        atomic_store(&s->loops[i].stop_asked, 1);
-        uv_async_send(&s->loops[i].async);
-    }
+    for (unsigned i = 1; i < s->n_loops; i++) loop_ask_stop(&s->loops[i]);
     loop_stop(&s->loops[0]);
     loop_leave(&s->loops[0]);
 }
@@ -335,7 +334,7 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
     size_t old_len = d->doc_len;
     char old_etag[sizeof d->etag];
     memcpy(old_etag, d->etag, sizeof old_etag);
-    shared_write_lock(s);
+    loop_enter(&s->loops[0]);  /* loop 0's write lock: the document changes */
     d->doc = NULL;
     build_doc(d);
     if (d->doc) {
@@ -346,7 +345,7 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
         d->doc_len = old_len;
         memcpy(d->etag, old_etag, sizeof old_etag);
     }
-    shared_write_unlock(s);
+    loop_leave(&s->loops[0]);
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -651,15 +650,10 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
         if ((rc = pthread_create(&lp->thread, NULL, loop_thread, lp)) != 0) {
             fprintf(stderr, "ivserve: cannot start an event loop's thread: %s\n", strerror(rc));
             /* The loops already running stop as at SIGTERM. */
-            for (unsigned k = 1; k < i; k++) {
-                atomic_store(&s->loops[k].stop_asked, 1);
-                uv_async_send(&s->loops[k].async);
-            }
+            for (unsigned k = 1; k < i; k++) loop_ask_stop(&s->loops[k]);
             for (unsigned k = 1; k < i; k++) pthread_join(s->loops[k].thread, NULL);
-            for (unsigned k = 1; k < i; k++) s->loops[k].thread_started = 0;
             goto fail_loop;
         }
-        lp->thread_started = 1;
     }
     for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
     if ((rc = iv_watch_start(l0, IV_WATCH_DEFAULT_MS, watch_list, on_file_change, s,
@@ -667,8 +661,7 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
         iv_alog_event(&s->log, "warn", "files replaced under the server will not be noticed: %s",
                       uv_strerror(rc));
     uv_run(l0, UV_RUN_DEFAULT);
-    for (unsigned i = 1; i < s->n_loops; i++)
-        if (s->loops[i].thread_started) pthread_join(s->loops[i].thread, NULL);
+    for (unsigned i = 1; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
     exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
     goto cleanup;

@@ -253,7 +253,7 @@ struct conn {
  * What the loops share lives in struct server: the registry, the tokens
  * and reloads are changed on loop 0 only, under the shared lock held for
  * writing; every other loop holds it for reading while it runs a callback
- * (LOOP_ENTER / LOOP_LEAVE), so that it sees them whole.  Metrics are
+ * (loop_enter / loop_leave), so that it sees them whole.  Metrics are
  * counted per loop, under the loop's own mutex, and summed for /metrics.
  */
 struct loop {
@@ -264,7 +264,6 @@ struct loop {
     uv_timer_t grace;     /* shutdown grace period */
     uv_timer_t budget;    /* several loops: budget_tick */
     pthread_t thread;     /* loops 1..: the thread that runs it */
-    int thread_started;
     pthread_mutex_t done_mu;
     job_t *done_head;     /* finished jobs, newest first */
     int *new_fds;         /* accepted sockets handed to this loop (under done_mu) */
@@ -291,15 +290,12 @@ struct loop {
         pthread_mutex_unlock(&(lp)->mmu);   \
     } while (0)
 
-/* A loop other than loop 0 reads the shared state only while it holds
- * the shared lock for reading: taken at the entry of each of its
- * callbacks.  Loop 0, the only writer, needs no read lock. */
+/* Taken at the entry of each of a loop's callbacks, left at its end: with
+ * several loops, the shared lock for reading on a connection loop, for
+ * writing on loop 0 (the only one that changes the registry, a dataset's
+ * state or document, or the tokens); nothing with one loop. */
 void loop_enter(loop_t *lp);
 void loop_leave(loop_t *lp);
-/* Loop 0 changing the registry, a dataset's state or document, or the
- * tokens. */
-void shared_write_lock(server_t *s);
-void shared_write_unlock(server_t *s);
 
 struct server {
     loop_t *loops;        /* n_loops of them; loops[0] is the main loop */
@@ -474,6 +470,8 @@ int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 void loop_stopped_check(loop_t *lp);
 /* Runs fn(arg) on loop lp's thread, soon (a job with only a done half). */
 int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg);
+/* Hands job j to loop lp: its done half runs there (any thread). */
+void loop_post(loop_t *lp, job_t *j);
 int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
 const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
