@@ -699,7 +699,13 @@ def test_expect_100_on_every_post_route(tmp_path):
     real = os.path.join(FIX, "real", "pbmc_small.ivcsr.h5ad")
     if not os.path.exists(real):
         pytest.skip("real fixtures not found")
-    s = Server(str(tmp_path), datasets=[{"id": "pb", "path": real}])
+    # The count document reports the gene-major copy's state: wait until it
+    # is built, so that the answers with and without Expect are compared
+    # in one state (under TSan it was "building" for the first and "ready"
+    # for the second).
+    s = Server(str(tmp_path), datasets=[{"id": "pb", "path": real}],
+               ready=lambda p: requests.get(p.url + "/v1/datasets/pb", timeout=5)
+               .json()["orientations"]["genes"]["state"] != "building")
     try:
         bodies = {
             "/v1/datasets/pb/query": {"obs": {"index": [3, 1]}, "format": "json"},

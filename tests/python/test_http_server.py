@@ -46,13 +46,13 @@ def ds_id(m):
 class Server(ServerProcess):
     """The server over the fixtures (or `datasets`), 2 workers."""
 
-    def __init__(self, tmp, extra_args=(), cfg_extra=None, datasets=None):
+    def __init__(self, tmp, extra_args=(), cfg_extra=None, datasets=None, ready=None):
         cfg = {"datasets": datasets if datasets is not None else
                [{"id": ds_id(m), "path": os.path.join(FIX, m["file"])} for m in FILES]}
         cfg.update(cfg_extra or {})
         self.cfg_path = write_config(tmp, cfg)
         super().__init__(tmp, ["--config", self.cfg_path, "--threads", "2", *extra_args],
-                         binary=BIN)
+                         binary=BIN, ready=ready)
 
 
 @pytest.fixture(scope="module")
