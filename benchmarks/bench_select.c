@@ -9,7 +9,7 @@
  *   bench_select FILE.h5ad [--threads T] [--reps R] [--cache-mb M] [--seed S]
  *                [--obs SEL | --obs-file F | --obs-random N]
  *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
- *                [--other [--checksum]] [--pick auto|cells|genes]
+ *                [--other [--checksum] [--tp-chunk N]] [--pick auto|cells|genes]
  *
  * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
  * a file holds whitespace-separated indices; --*-random N draws N indices
@@ -20,7 +20,8 @@
  * lines give the build's phases (value ids, count, fill, encode, move,
  * finish) and their total, in wall seconds and in CPU seconds of all
  * threads; --checksum (with --other) adds a hash of the copy's pointers,
- * values and stream, equal for equal copies.  Prints one line per
+ * values and stream, equal for equal copies; --tp-chunk sets the entries
+ * a chunk of the build's fill (transpose.h's chunk_entries).  Prints one line per
  * selection:
  *   select LABEL rows R nnz Z best_ms B median_ms M threads T served_by cells|genes
  */
@@ -184,6 +185,7 @@ int main(int argc, char **argv)
     long cache_mb = -1;
     uint64_t seed = 1;
     int other = 0, checksum = 0;
+    uint32_t tp_chunk = 0;
     iv_pick_t pick = IV_PICK_AUTO;
     for (int i = 2; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -205,6 +207,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--var-file") == 0) var_f = v;
         else if (strcmp(a, "--var-random") == 0) var_r = atoll(v);
         else if (strcmp(a, "--label") == 0) label = v;
+        else if (strcmp(a, "--tp-chunk") == 0) tp_chunk = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--pick") == 0) {
             if (strcmp(v, "auto") == 0) pick = IV_PICK_AUTO;
             else if (strcmp(v, "cells") == 0) pick = IV_PICK_CELLS;
@@ -229,7 +232,7 @@ int main(int argc, char **argv)
     if (other) {
         double ph[IV_TRANSPOSE_PHASES], pc[IV_TRANSPOSE_PHASES];
         iv_transpose_opts_t to = {.budget = UINT64_MAX / 2, .pool = pool, .phase_seconds = ph,
-                                  .phase_cpu_seconds = pc};
+                                  .phase_cpu_seconds = pc, .chunk_entries = tp_chunk};
         double t0 = now_s();
         if (iv_dataset_build_other(ds, &to, &err) < 0) die("cannot build the other orientation", err.msg);
         double total = now_s() - t0;

@@ -153,6 +153,7 @@ void other_run(job_t *j)
                                                     : (uint64_t)cfg->transpose_bytes,
             .global = &j->srv->transpose_left,
             .pool = j->srv->pool,
+            .phase_seconds = j->phase,
         };
         j->rc = iv_dataset_build_other(d->ds, &to, &j->err);
     }

@@ -459,10 +459,15 @@ static void on_other_done(job_t *j)
     iv_orient_status_t st;
     iv_dataset_orientations(d->ds, &st);
     const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
-    if (j->rc == 0)
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (%s, %zu bytes, %.2f s)",
-                  d->conf->id, other, st.other_source == IV_SRC_FILE ? "companion" : "in memory",
-                  st.bytes[!st.file_orient], j->secs);
+    if (j->rc == 0 && st.other_source == IV_SRC_FILE)
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
+                      d->conf->id, other, st.bytes[!st.file_orient], j->secs);
+    else if (j->rc == 0)
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (in memory, %zu bytes, %.2f s: "
+                      "values %.2f, count %.2f, fill %.2f, encode %.2f, move %.2f, finish %.2f)",
+                      d->conf->id, other, st.bytes[!st.file_orient], j->secs, j->phase[IV_TP_VALUES],
+                      j->phase[IV_TP_COUNT], j->phase[IV_TP_FILL], j->phase[IV_TP_ENCODE],
+                      j->phase[IV_TP_MOVE], j->phase[IV_TP_FINISH]);
     else
         iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
                   d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);

@@ -123,6 +123,7 @@ struct job {
     int rc;
     iv_err_t err;
     double secs;
+    double phase[IV_TRANSPOSE_PHASES];  /* other_job, a copy built: seconds by phase */
     double total;         /* count_job: sum of the selected values */
     uint32_t crc;         /* block_job of a gzip stream: CRC-32 and length of the */
     size_t raw_len;       /* identity bytes that out holds compressed */

@@ -11,33 +11,36 @@
  *     exactly) are numbered in value order; each source group gets the id
  *     of its value.  Parts of the groups collect their distinct values in
  *     parallel; the merged set is ranked once.
- *  2. Count pass.  The source slices are cut into bands of about equal
- *     nnz; a band's worker decodes its slices and counts the entries of
- *     each new major slice (source minor index) in its own counters.
- *     Their sums place every new slice's entries in the temporary.
- *  3. Windows and blocks.  New slices are taken in windows whose entries
- *     fit the temporary (by default a count matrix fits in one window),
- *     and a window's slices in blocks: runs of consecutive new slices
- *     with a few thousand blocks a window.  Per window, a fill pass
- *     decodes the source again and appends each entry to its block's
- *     part for its band (the band's counts place the parts, bands in
- *     source order), as one word: source slice less the band's first,
- *     value id, place of the new slice in its block (4 bytes when these
- *     fit, else 8).  Writing to a few thousand sequential streams through
- *     line-aligned write-combining buffers, whole lines with streaming
- *     stores, replaced a scattered store per entry into one stretch per
- *     new slice (tens of thousands of targets, no cache or TLB held
- *     them): on the 2-core machine that halved the fill's CPU time.  A
- *     value group whose indices pass the window's end skips the rest of
- *     its varints.
- *  4. Encode, per block and in parallel: the block's stretch is sorted by
- *     new slice into a local buffer (source slices stay ascending within
- *     each new slice, since bands are in order), then per new slice a
- *     counting sort by value id (stable), a check that no source slice
- *     appears twice (a corrupt source), and the delta varints, written
- *     over the block's own stretch (a slice's varints start where its
- *     entries would have, never longer than they were) and moved to the
- *     copy's stream once the window's byte offsets are known.
+ *  2. Counts and blocks.  The source slices are cut into bands of about
+ *     equal nnz.  New slices are taken in blocks: runs of consecutive new
+ *     slices, a few thousand of them.  When every entry fits the
+ *     temporary at once (the default for a count matrix), the blocks are
+ *     cut by counts estimated from the first 1/64 of each band's slices,
+ *     and the fill below counts each new slice's entries exactly as it
+ *     goes: the source is decoded once.  Otherwise a count pass decodes
+ *     the bands first, and the new slices go in windows whose entries fit
+ *     the temporary, each cut in blocks by the exact counts.
+ *  3. Fill.  A band's worker decodes its slices and appends each entry of
+ *     the window to its (band, block) part, as one word: source slice
+ *     less the band's first, value id, place of the new slice in its
+ *     block (4 bytes when these fit, else 8).  A part is a chain of
+ *     chunks taken from its band's share of the temporary, so no count is
+ *     needed before the fill.  Writing to a few thousand sequential
+ *     streams through line-aligned write-combining buffers, whole lines
+ *     with streaming stores, replaced a scattered store per entry into
+ *     one stretch per new slice (tens of thousands of targets, no cache
+ *     or TLB held them): on the 2-core machine that halved the fill's
+ *     CPU time.  A value group whose indices pass the window's end skips
+ *     the rest of its varints.
+ *  4. Encode, per block and in parallel: the block's parts, bands in
+ *     order, are sorted by new slice into a local buffer (source slices
+ *     stay ascending within each new slice, since bands are in order),
+ *     then per new slice a counting sort by value id (stable), a check
+ *     that no source slice appears twice (a corrupt source), and the
+ *     delta varints, written to a local buffer and then over the block's
+ *     own chunks (a varint is never longer than an entry).  Once the
+ *     window's byte offsets are known they are moved to the copy's
+ *     stream.
  *
  * The copy's stream is one allocation sized for the worst case and
  * shrunk at the end: pages never written are never committed, so memory
@@ -82,6 +85,11 @@
 
 /* Bound on the per-band counters, all bands together. */
 #define COUNTER_BYTES ((uint64_t)256 << 20)
+
+/* Most entries a chunk of the fill's chains (see plan_shares), and the
+ * share of each band's slices whose counts estimate the blocks' sizes. */
+#define CHUNK_MAX_ENTRIES 1024
+#define SAMPLE_SHARE 64
 
 void iv_budget_init(iv_budget_t *b, uint64_t bytes) { atomic_init(&b->left, bytes); }
 
@@ -418,19 +426,28 @@ struct tb {
     uint64_t vmask;
     size_t esz;                /* 4 or 8 bytes a temporary entry */
     size_t lsz;                /* 4 or 8 bytes an entry of the encode's local buffer */
+    size_t maxlen;             /* bytes of the longest varint of a source slice */
     unsigned gbits;            /* bits of a new slice's place in its block */
     uint64_t n_vals;
     int64_t n_bands;
     int64_t *band;             /* n_bands + 1 source slice boundaries */
     uint64_t *off;             /* n_bands x n_new_major: counts */
+    int counting;              /* no count pass was made: the fill counts */
+    int plain_stores;          /* the fill writes without write combining */
     /* The window being filled and encoded, cut in blocks of new slices. */
     int64_t g0, g1;
     uint64_t base;             /* entry index of g0 */
     int64_t n_blk;
     int64_t *blk;              /* n_blk + 1 new slice boundaries */
     uint64_t *blk_of;          /* per new slice of the window: block << 32 | place in it */
-    uint64_t *seg;             /* n_bands x n_blk: where (band, block) begins in tmp */
-    uint64_t *pos;             /* n_bands x n_blk: where the fill writes next */
+    /* The fill's parts, one a (band, block), each a chain of chunks of
+     * the temporary taken from its band's share. */
+    uint64_t chunk;            /* entries a chunk (see plan_shares) */
+    uint64_t chunk_asked;      /* the options' chunk_entries */
+    uint64_t *cfirst;          /* n_bands + 1: each band's share, in chunks */
+    uint32_t *next;            /* per chunk: the next one of its chain */
+    uint32_t *head, *tail;     /* n_bands x n_blk: first and last chunk of each part */
+    uint64_t *fill_n;          /* n_bands x n_blk: entries of each part */
     uint8_t *tmp;
     const uint64_t *start;     /* n_new_major + 1 entry offsets */
     uint64_t *nbytes;          /* per new slice: encoded bytes */
@@ -466,20 +483,14 @@ static inline uint64_t get_entry(const uint8_t *tmp, size_t esz, uint64_t at)
 }
 
 /*
- * Writes a write-combining line to its place dst (64-byte aligned) in the
- * temporary.  A whole line (first == 0) goes out with streaming stores:
- * the lines of the fill are written once and read back only by the
- * encode, so reading each line into the cache before overwriting it (what
- * an ordinary store does) would double the fill's memory traffic.  A line
- * whose first slots belong to another band gets its own slots only.
+ * Writes a whole write-combining line to its place dst (64-byte aligned)
+ * in the temporary with streaming stores: the lines of the fill are
+ * written once and read back only by the encode, so reading each line
+ * into the cache before overwriting it (what an ordinary store does)
+ * would double the fill's memory traffic.
  */
-static inline void wc_flush(uint8_t *dst, const uint8_t *line, unsigned first, uint64_t slots,
-                            size_t esz)
+static inline void wc_flush(uint8_t *dst, const uint8_t *line)
 {
-    if (first) {
-        memcpy(dst + first * esz, line + first * esz, (size_t)(slots - first) * esz);
-        return;
-    }
 #if IV_TP_STREAM
     const __m128i *src = (const __m128i *)(const void *)line;
     __m128i *d = (__m128i *)(void *)dst;
@@ -492,20 +503,26 @@ static inline void wc_flush(uint8_t *dst, const uint8_t *line, unsigned first, u
 #endif
 }
 
+/* What a pass over a band does (see band_walk). */
+enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL, WALK_FILL_COUNT };
+
 /*
- * Count or fill pass over band b's source slices.  The count adds up the
- * entries of each new slice; the fill writes each entry of the window
- * (source slice less the band's first, value id, place of the new slice
- * in its block: one word) to the next place of its block's stretch for
- * this band.
+ * A pass over band b's source slices.  WALK_COUNT adds up the entries of
+ * each new slice; WALK_SAMPLE does that for the band's first
+ * 1/SAMPLE_SHARE of slices only; WALK_FILL writes each entry of the
+ * window (source slice less the band's first, value id, place of the new
+ * slice in its block: one word) to the end of its (band, block) part;
+ * WALK_FILL_COUNT does both (the window is then every new slice).
  */
-static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int fill)
+static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int mode)
 {
+    const int fill = mode == WALK_FILL || mode == WALK_FILL_COUNT;
+    const int count = mode != WALK_FILL;
     const iv_dataset_t *ds = t->src;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
+    if (mode == WALK_SAMPLE) s1 = s0 + (s1 - s0 + SAMPLE_SHARE - 1) / SAMPLE_SHARE;
     if (s0 >= s1 || atomic_load(&t->failed)) return;
     uint64_t *off = t->off + (size_t)b * (size_t)t->n_new_major;
-    uint64_t *pos = fill ? t->pos + (size_t)b * (size_t)t->n_blk : NULL;
     uint64_t n_minor = (uint64_t)t->n_new_major;
     iv_cursor_t cur;
     iv_err_t e = {0};
@@ -522,29 +539,25 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
     const size_t esz = t->esz;
     const uint32_t *vid = t->vid;
     const int64_t *mp = t->mp, *vp = t->vp;
+    int64_t nk = fill ? t->n_blk : 0;
+    size_t at_band = (size_t)b * (size_t)(nk ? nk : 1);
+    uint64_t *fill_n = fill ? t->fill_n + at_band : NULL;
+    uint32_t *head = fill ? t->head + at_band : NULL, *tail = fill ? t->tail + at_band : NULL;
+    uint32_t *next = t->next;
+    uint64_t chunk = t->chunk, cmask = chunk - 1;
+    uint64_t c_next = fill ? t->cfirst[b] : 0, c_end = fill ? t->cfirst[b + 1] : 0;
     /* Write combining for the fill: each block owns one cache line of
      * buffer that mirrors the temporary's line its next entry goes to
      * (same slot), so a finished line goes out as one aligned 64-byte
-     * store (see wc_flush).  Only a block's first and last lines in a
-     * band, which a neighbouring band may share, go out with ordinary
-     * stores of their own slots.  Blocks are few (a few thousand lines,
-     * in the core's own cache) and each band writes each block's stretch
-     * in order, so the writes are a few thousand sequential streams
-     * rather than one scattered store per entry. */
-    uint8_t *wc = NULL, *wfirst = NULL;
+     * store (see wc_flush).  A chunk is whole lines, so no line is
+     * shared with another part.  Blocks are few (a few thousand lines,
+     * in the core's own cache) and each part is written in order, so the
+     * writes are a few thousand sequential streams rather than one
+     * scattered store per entry. */
+    uint8_t *wc = NULL;
     const uint64_t lmask = WC_LINE / t->esz - 1;
-    int64_t nk = fill ? t->n_blk : 0;
-    if (fill && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES) {
+    if (fill && !t->plain_stores && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES)
         wc = aligned_alloc(WC_LINE, (size_t)(nk ? nk : 1) * WC_LINE);
-        wfirst = malloc((size_t)(nk ? nk : 1));
-        if (!wc || !wfirst) {
-            free(wc);
-            free(wfirst);
-            wc = wfirst = NULL;
-        } else {
-            for (int64_t k = 0; k < nk; k++) wfirst[k] = (uint8_t)(pos[k] & lmask);
-        }
-    }
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         uint64_t sl = (uint64_t)(s - s0) << sv;
         for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
@@ -569,46 +582,52 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
                     break;
                 }
                 uint64_t j = acc - 1;
-                if (!fill) {
-                    off[j]++;
-                } else if (j >= g0) {
-                    if (j >= g1) {
-                        /* The group's indices rise: the rest lie past the window. */
-                        rc = iv_cursor_skip(&cur, left, &e);
+                if (count) off[j]++;
+                if (!fill) continue;
+                if (mode == WALK_FILL && j < g0) continue;
+                if (mode == WALK_FILL && j >= g1) {
+                    /* The group's indices rise: the rest lie past the window. */
+                    rc = iv_cursor_skip(&cur, left, &e);
+                    break;
+                }
+                uint64_t code = blk_of[j - g0];
+                size_t kb = (size_t)(code >> 32);
+                uint64_t en = hi | (code & 0xffffffffu);
+                uint64_t n = fill_n[kb]++, in = n & cmask;
+                if (in == 0) {
+                    /* The part's next chunk, from the band's share. */
+                    if (c_next >= c_end) {
+                        rc = iv_fail(&e, IV_EINTERNAL, "%s: the transpose's band %zu outgrew its share",
+                                     ds->where, b);
                         break;
                     }
-                    uint64_t code = blk_of[j - g0];
-                    size_t kb = (size_t)(code >> 32);
-                    uint64_t en = hi | (code & 0xffffffffu);
-                    uint64_t p = pos[kb]++;
-                    if (!wc) {
-                        put_entry(tmp, esz, p, en);
-                        continue;
-                    }
-                    uint8_t *line = wc + (size_t)kb * WC_LINE;
-                    put_entry(line, esz, p & lmask, en);
-                    if ((p & lmask) == lmask) {
-                        wc_flush(tmp + (p & ~lmask) * esz, line, wfirst[kb], lmask + 1, esz);
-                        wfirst[kb] = 0;
-                    }
+                    if (n == 0) head[kb] = (uint32_t)c_next;
+                    else next[tail[kb]] = (uint32_t)c_next;
+                    tail[kb] = (uint32_t)c_next++;
                 }
+                uint64_t p = (uint64_t)tail[kb] * chunk + in;
+                if (!wc) {
+                    put_entry(tmp, esz, p, en);
+                    continue;
+                }
+                uint8_t *line = wc + kb * WC_LINE;
+                put_entry(line, esz, in & lmask, en);
+                if ((in & lmask) == lmask) wc_flush(tmp + (p - lmask) * esz, line);
             }
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
     iv_cursor_done(&cur);
     if (wc) {
-        /* The lines begun and not finished: their own slots only. */
+        /* The lines begun and not finished. */
         if (rc == 0)
             for (int64_t k = 0; k < nk; k++) {
-                uint64_t p = pos[k], end = p & lmask;
-                if (end > wfirst[k])
-                    memcpy(t->tmp + (p - end + wfirst[k]) * t->esz,
-                           wc + (size_t)k * WC_LINE + wfirst[k] * t->esz,
-                           (size_t)(end - wfirst[k]) * t->esz);
+                uint64_t n = fill_n[k], r = n & lmask;
+                if (r)
+                    memcpy(tmp + ((uint64_t)tail[k] * chunk + ((n - 1) & cmask & ~lmask)) * esz,
+                           wc + (size_t)k * WC_LINE, (size_t)r * esz);
             }
         free(wc);
-        free(wfirst);
     }
 #if IV_TP_STREAM
     /* Streaming stores are weakly ordered: make them visible before the
@@ -618,8 +637,10 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
     if (rc < 0) tb_fail(t, &e);
 }
 
-static void band_count(void *arg, size_t b) { band_walk(arg, b, 0); }
-static void band_fill(void *arg, size_t b) { band_walk(arg, b, 1); }
+static void band_count(void *arg, size_t b) { band_walk(arg, b, WALK_COUNT); }
+static void band_sample(void *arg, size_t b) { band_walk(arg, b, WALK_SAMPLE); }
+static void band_fill(void *arg, size_t b) { band_walk(arg, b, WALK_FILL); }
+static void band_fill_count(void *arg, size_t b) { band_walk(arg, b, WALK_FILL_COUNT); }
 
 /* Writes v as LEB128 at p (exactly its bytes); returns the length. */
 static inline size_t put_varint(uint8_t *p, uint64_t v)
@@ -723,13 +744,38 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t 
 }
 
 /*
- * Step 4 for the blocks of item i.  A block's stretch of the temporary
- * (its bands' parts in band order, so source slices ascend within every
- * new slice) is first sorted by new slice into a local buffer; the block
- * is small enough for that buffer to stay in cache.  The varints then go
- * over the block's own stretch, which the buffer has emptied: a new
- * slice's varints start where its entries would have (never more bytes
- * than the entries took).
+ * Copies n bytes between buf and block k's chunks, taken in the order
+ * the encode read them (bands in order, each part's chain): into the
+ * chunks when `in`, else out of them.  The encode puts a block's varints
+ * there once it has read its entries: a chunk holds chunk * esz bytes,
+ * and a varint is never longer than an entry (see maxlen), so they fit.
+ */
+static void block_chunks(const struct tb *t, int64_t k, uint8_t *buf, uint64_t n, int in)
+{
+    const uint64_t cap = t->chunk * t->esz;
+    for (int64_t b = 0; b < t->n_bands && n > 0; b++) {
+        size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
+        uint64_t left = t->fill_n[at];
+        uint32_t c = left ? t->head[at] : 0;
+        while (left > 0 && n > 0) {
+            uint64_t m = n < cap ? n : cap;
+            uint8_t *ch = t->tmp + (size_t)c * cap;
+            if (in) memcpy(ch, buf, (size_t)m);
+            else memcpy(buf, ch, (size_t)m);
+            buf += m;
+            n -= m;
+            left -= left < t->chunk ? left : t->chunk;
+            if (left) c = t->next[c];
+        }
+    }
+}
+
+/*
+ * Step 4 for the blocks of item i.  A block's parts (in band order, so
+ * source slices ascend within every new slice) are first sorted by new
+ * slice into a local buffer; the block is small enough for that buffer
+ * to stay in cache.  The varints of the item's slices then go, one
+ * slice after the other, to the item's stretch of enc.
  */
 static void encode_item(void *arg, size_t i)
 {
@@ -753,44 +799,54 @@ static void encode_item(void *arg, size_t i)
     uint32_t *cells = malloc((size_t)(big_slice ? big_slice : 1) * sizeof *cells);
     uint8_t *loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
     uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
-    if (!cnt || !touched || !cells || !loc || !lo) {
+    uint8_t *eb = malloc((size_t)(big_blk ? big_blk : 1) * t->maxlen);
+    if (!cnt || !touched || !cells || !loc || !lo || !eb) {
         iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
         goto done;
     }
     uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
     const unsigned gbits = t->gbits;
+    const uint64_t chunk = t->chunk;
     for (int64_t k = it->k0; k < it->k1 && !atomic_load(&t->failed); k++) {
         int64_t a = t->blk[k], z = t->blk[k + 1];
         uint64_t first = t->start[a];
         for (int64_t g = a; g < z; g++) lo[g - a] = t->start[g] - first;
         for (int64_t b = 0; b < t->n_bands; b++) {
             size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
-            uint64_t x0 = t->seg[at], x1 = t->pos[at];
             /* Entry >> gbits is (slice less the band's first) << vbits |
              * value id: adding the band's first slice << vbits gives the
              * local entry. */
             uint64_t add = (uint64_t)t->band[b] << t->vbits;
-            if (t->esz == 4 && t->lsz == 4) {
-                const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
-                uint32_t *dl = (uint32_t *)(void *)loc;
-                for (uint64_t x = x0; x < x1; x++) {
-                    uint32_t en = src[x];
-                    dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
+            uint64_t left = t->fill_n[at];
+            uint32_t c = left ? t->head[at] : 0;
+            while (left > 0) {
+                uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
+                left -= x1 - x0;
+                if (t->esz == 4 && t->lsz == 4) {
+                    const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+                    uint32_t *dl = (uint32_t *)(void *)loc;
+                    for (uint64_t x = x0; x < x1; x++) {
+                        uint32_t en = src[x];
+                        dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
+                    }
+                } else {
+                    for (uint64_t x = x0; x < x1; x++) {
+                        uint64_t en = get_entry(t->tmp, t->esz, x);
+                        put_entry(loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
+                    }
                 }
-            } else {
-                for (uint64_t x = x0; x < x1; x++) {
-                    uint64_t en = get_entry(t->tmp, t->esz, x);
-                    put_entry(loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
-                }
+                if (left) c = t->next[c];
             }
         }
+        uint64_t w = 0;
         for (int64_t g = a; g < z; g++) {
             uint64_t n = t->start[g + 1] - t->start[g];
-            uint8_t *dst = t->tmp + (size_t)(t->start[g] - t->base) * t->esz;
-            if (encode_slice(t, it, g, loc + (size_t)(t->start[g] - first) * t->lsz, n, dst, cnt, touched,
-                             cells, &e) < 0)
+            if (encode_slice(t, it, g, loc + (size_t)(t->start[g] - first) * t->lsz, n, eb + w, cnt,
+                             touched, cells, &e) < 0)
                 goto done;
+            w += t->nbytes[g];
         }
+        block_chunks(t, k, eb, w, 1);
     }
 done:
     free(cnt);
@@ -798,32 +854,37 @@ done:
     free(cells);
     free(loc);
     free(lo);
+    free(eb);
     if (e.code) tb_fail(t, &e);
 }
 
-/* Moves item i's encoded slices to their place in the copy's stream. */
+/* Moves item i's encoded slices from their blocks' chunks to their place
+ * in the copy's stream. */
 static void move_item(void *arg, size_t i)
 {
     struct tb *t = arg;
     const struct item *it = &t->items[i];
-    for (int64_t g = it->g0; g < it->g1; g++)
-        memcpy(t->out + t->byte_at[g], t->tmp + (size_t)(t->start[g] - t->base) * t->esz,
-               (size_t)t->nbytes[g]);
+    for (int64_t k = it->k0; k < it->k1; k++) {
+        uint64_t at = t->byte_at[t->blk[k]];
+        block_chunks(t, k, t->out + at, t->byte_at[t->blk[k + 1]] - at, 0);
+    }
 }
 
 /*
  * Cuts the window [g0, g1) into blocks of at most 2^gbits new slices and
- * about `target` entries (a slice with more is a block of its own), and
- * says where each (band, block) part begins in the temporary.  0, or -1
- * when out of memory.
+ * about `target` entries by t->start (a slice with more is a block of
+ * its own), and makes the parts' empty chains.  0, or -1 when out of
+ * memory.
  */
 static int plan_blocks(struct tb *t, uint64_t target)
 {
     int64_t g0 = t->g0, g1 = t->g1, cap = (int64_t)1 << t->gbits, n = 0;
     free(t->blk);
-    free(t->seg);
-    free(t->pos);
-    t->seg = t->pos = NULL;
+    free(t->head);
+    free(t->tail);
+    free(t->fill_n);
+    t->head = t->tail = NULL;
+    t->fill_n = NULL;
     t->blk = malloc((size_t)(g1 - g0 + 1) * sizeof *t->blk);
     if (!t->blk) return -1;
     for (int64_t g = g0; g < g1;) {
@@ -835,21 +896,50 @@ static int plan_blocks(struct tb *t, uint64_t target)
     }
     t->blk[n] = g1;
     t->n_blk = n;
-    size_t cells = (size_t)t->n_bands * (size_t)(n ? n : 1);
-    t->seg = malloc(cells * sizeof *t->seg);
-    t->pos = malloc(cells * sizeof *t->pos);
-    if (!t->seg || !t->pos) return -1;
-    size_t G = (size_t)t->n_new_major;
-    for (int64_t k = 0; k < n; k++) {
-        uint64_t at = t->start[t->blk[k]] - t->base;
-        for (int64_t b = 0; b < t->n_bands; b++) {
-            size_t c = (size_t)b * (size_t)n + (size_t)k;
-            t->seg[c] = t->pos[c] = at;
-            const uint64_t *cnt = t->off + (size_t)b * G;
-            for (int64_t g = t->blk[k]; g < t->blk[k + 1]; g++) at += cnt[g];
-        }
-    }
+    size_t parts = (size_t)t->n_bands * (size_t)(n ? n : 1);
+    t->head = malloc(parts * sizeof *t->head);
+    t->tail = malloc(parts * sizeof *t->tail);
+    t->fill_n = calloc(parts, sizeof *t->fill_n);
+    if (!t->head || !t->tail || !t->fill_n) return -1;
     return 0;
+}
+
+/*
+ * The chunk size and each band's share of the temporary for the window,
+ * in chunks, from its entries there (band_entries, n_bands of them).
+ * Longer chunks read faster in the encode (a part is read chunk by
+ * chunk); a part's last chunk is partly empty, so a chunk is at most a
+ * quarter of the entries a part has on average (a power of two of whole
+ * cache lines, at most CHUNK_MAX_ENTRIES).  A part of n entries takes
+ * ceil(n / chunk) chunks, so a band with E entries in at most n_blk parts
+ * takes at most floor(E / chunk) + min(n_blk, E).  The temporary and the
+ * chains' links are (re)mapped for that many.  0, or -1 when out of
+ * memory or past 2^32 chunks.
+ */
+static int plan_shares(struct tb *t, const uint64_t *band_entries, size_t *tmp_cap)
+{
+    uint64_t all = 0, parts_all = (uint64_t)t->n_bands * (uint64_t)(t->n_blk ? t->n_blk : 1);
+    for (int64_t b = 0; b < t->n_bands; b++) all += band_entries[b];
+    uint64_t line = WC_LINE / t->esz;
+    t->chunk = t->chunk_asked ? t->chunk_asked : all / parts_all / 4;
+    if (t->chunk > CHUNK_MAX_ENTRIES) t->chunk = CHUNK_MAX_ENTRIES;
+    while (t->chunk & (t->chunk - 1)) t->chunk &= t->chunk - 1;
+    if (t->chunk == 0) t->chunk = 1;
+    if (!t->plain_stores && t->chunk < line) t->chunk = line;
+    uint64_t total = 0;
+    t->cfirst[0] = 0;
+    for (int64_t b = 0; b < t->n_bands; b++) {
+        uint64_t e = band_entries[b], parts = (uint64_t)t->n_blk < e ? (uint64_t)t->n_blk : e;
+        total += e / t->chunk + parts;
+        t->cfirst[b + 1] = total;
+    }
+    if (total > UINT32_MAX) return -1;
+    big_unmap(t->tmp, *tmp_cap);
+    free(t->next);
+    *tmp_cap = (size_t)(total ? total : 1) * (size_t)t->chunk * t->esz;
+    t->tmp = big_map(*tmp_cap);
+    t->next = malloc((size_t)(total ? total : 1) * sizeof *t->next);
+    return t->tmp && t->next ? 0 : -1;
 }
 
 /* Cuts the window's blocks into about `want` items of equal entries. */
@@ -872,6 +962,23 @@ static int64_t plan_items(struct tb *t, int64_t want)
         k = e;
     }
     return n;
+}
+
+/* start[] (n_new_major + 1 entry offsets) from the bands' counts.  0, or
+ * -1 with err set when they do not add up to nnz. */
+static int sum_counts(const struct tb *t, uint64_t *start, uint64_t nnz, iv_err_t *err)
+{
+    int64_t G = t->n_new_major;
+    memset(start, 0, (size_t)(G + 1) * sizeof *start);
+    for (int64_t b = 0; b < t->n_bands; b++) {
+        const uint64_t *cnt = t->off + (size_t)b * (size_t)G;
+        for (int64_t g = 0; g < G; g++) start[g + 1] += cnt[g];
+    }
+    for (int64_t g = 0; g < G; g++) start[g + 1] += start[g];
+    if (start[G] != nnz)
+        return iv_fail(err, IV_EINTERNAL, "%s: transpose counted %" PRIu64 " entries, nnz %" PRIu64,
+                       t->src->where, start[G], nnz);
+    return 0;
 }
 
 static size_t varint_len(uint64_t v)
@@ -929,6 +1036,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     iv_dataset_t *c = NULL;
     uint8_t *out = NULL;
     size_t out_cap = 0, tmp_cap = 0;
+    uint64_t *band_entries = NULL, *est_start = NULL;
 
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
@@ -956,6 +1064,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.vmask = t.vbits ? (((uint64_t)1 << t.vbits) - 1) : 0;
     unsigned sbits = bits_for((uint64_t)S);
     size_t maxlen = varint_len(S > 0 ? (uint64_t)S - 1 : 0);
+    t.maxlen = maxlen;
     if (sbits + t.vbits > 64 || (uint64_t)S > UINT32_MAX) {
         rc = iv_fail(err, IV_EUNSUPPORTED, "%s: %" PRIu64 " distinct values and %" PRId64
                      " slices do not pack in 64 bits", ds->where, n_vals, S);
@@ -1009,68 +1118,107 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.lsz = sbits + t.vbits <= 32 && !opts->wide_entries ? 4 : 8;
     while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
 
-    /* 2. Count, then per-band fill offsets. */
-    iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
-    if (atomic_load(&t.failed)) goto failed_pass;
-    PHASE(IV_TP_COUNT);
-    /* The counts stay: the blocks of each window add them up by band. */
-    memset(start, 0, (size_t)(G + 1) * sizeof *start);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint64_t *cnt = t.off + (size_t)b * (size_t)G;
-        for (int64_t g = 0; g < G; g++) start[g + 1] += cnt[g];
-    }
-    for (int64_t g = 0; g < G; g++) start[g + 1] += start[g];
-    if (start[G] != nnz) {
-        rc = iv_fail(err, IV_EINTERNAL, "%s: transpose counted %" PRIu64 " entries, nnz %" PRIu64,
-                     ds->where, start[G], nnz);
-        goto fail;
-    }
-    t.start = start;
-
-    /* The copy's stream, sized for the worst case (committed as written). */
+    /* 2. The counts, and the blocks they cut.  When every entry fits the
+     * temporary at once, one fill pass also counts: the blocks are cut
+     * by counts estimated from a sample of each band (their sizes only
+     * balance the work; the copy does not depend on them).  Otherwise a
+     * count pass comes first and the new slices go in windows. */
     out_cap = (size_t)(nnz * maxlen + 1);
     out = big_map(out_cap);
     uint64_t tmp_bytes = opts->tmp_bytes;
     if (tmp_bytes == 0) {
-        /* Three times the stream holds every entry of a count matrix (1 to
-         * 2 bytes a varint, 4 an entry) in one window: no second pass. */
-        tmp_bytes = 3 * iv_stream_length(ds->stream);
+        /* Four times the stream holds every entry of a count matrix (1 to
+         * 2 bytes a varint, 4 an entry) in one window. */
+        tmp_bytes = 4 * iv_stream_length(ds->stream);
         if (tmp_bytes < ((uint64_t)64 << 20)) tmp_bytes = (uint64_t)64 << 20;
     }
-    uint64_t biggest = 0;
-    for (int64_t g = 0; g < G; g++)
-        if (start[g + 1] - start[g] > biggest) biggest = start[g + 1] - start[g];
-    uint64_t win_entries = tmp_bytes / t.esz;
-    if (win_entries < biggest) win_entries = biggest;
-    if (win_entries > nnz) win_entries = nnz;
-    tmp_cap = (size_t)(win_entries ? win_entries : 1) * t.esz;
-    t.tmp = big_map(tmp_cap);
     int64_t want_items = (int64_t)threads * 8;
     t.items = calloc((size_t)want_items, sizeof *t.items);
-    if (!out || !t.tmp || !t.items) {
+    t.cfirst = malloc((size_t)(nb + 1) * sizeof *t.cfirst);
+    band_entries = malloc((size_t)nb * sizeof *band_entries);
+    est_start = malloc((size_t)(G + 1) * sizeof *est_start);
+    if (!out || !t.items || !t.cfirst || !band_entries || !est_start) {
         rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", ds->where);
         goto fail;
     }
     t.out = out;
+    t.chunk_asked = opts->chunk_entries;
+    t.plain_stores = opts->plain_stores;
+    uint64_t block_target = nnz / BLOCKS_A_WINDOW;
+    if (block_target < BLOCK_MIN_ENTRIES) block_target = BLOCK_MIN_ENTRIES;
+    if (opts->block_entries) block_target = opts->block_entries;
+    for (int64_t b = 0; b < nb; b++)
+        band_entries[b] = (uint64_t)(t.vp[t.mp[t.band[b + 1]]] - t.vp[t.mp[t.band[b]]]);
+    if (nnz * t.esz <= tmp_bytes) {
+        iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_sample, &t);
+        if (atomic_load(&t.failed)) goto failed_pass;
+        uint64_t sampled = 0;
+        est_start[0] = 0;
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t b = 0; b < nb; b++) sampled += t.off[(size_t)b * (size_t)G + (size_t)g];
+            est_start[g + 1] = sampled;
+        }
+        for (int64_t g = 1; g <= G; g++)
+            est_start[g] = sampled ? (uint64_t)((double)est_start[g] / (double)sampled * (double)nnz)
+                             : (uint64_t)((double)g / (double)G * (double)nnz);
+        t.g0 = 0;
+        t.g1 = G;
+        t.base = 0;
+        t.start = est_start;
+        if (plan_blocks(&t, block_target) < 0 || plan_shares(&t, band_entries, &tmp_cap) < 0) {
+            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
+            goto fail;
+        }
+        t.counting = tmp_cap <= tmp_bytes;
+        memset(t.off, 0, (size_t)nb * (size_t)(G ? G : 1) * sizeof *t.off);
+    }
+    uint64_t win_entries = 0;
+    if (!t.counting) {
+        iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
+        if (atomic_load(&t.failed)) goto failed_pass;
+        if ((rc = sum_counts(&t, start, nnz, err)) < 0) goto fail;
+        uint64_t biggest = 0;
+        for (int64_t g = 0; g < G; g++)
+            if (start[g + 1] - start[g] > biggest) biggest = start[g + 1] - start[g];
+        win_entries = tmp_bytes / t.esz;
+        if (win_entries < biggest) win_entries = biggest;
+        if (win_entries > nnz) win_entries = nnz;
+    }
+    PHASE(IV_TP_COUNT);
     /* Groups of the copy, gathered window by window. */
     size_t n_groups = 0, cap_groups = 0;
 
     t.byte_at[0] = 0;
     for (int64_t g0 = 0; g0 < G;) {
-        int64_t g1 = g0 + 1;
-        while (g1 < G && start[g1 + 1] - start[g0] <= win_entries) g1++;
-        t.g0 = g0;
-        t.g1 = g1;
-        t.base = start[g0];
-        uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
-        if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
-        if (opts->block_entries) target = opts->block_entries;
-        if (plan_blocks(&t, target) < 0) {
-            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
-            goto fail;
+        int64_t g1 = G;
+        if (!t.counting) {
+            /* The window's slices and blocks, by the counts. */
+            g1 = g0 + 1;
+            while (g1 < G && start[g1 + 1] - start[g0] <= win_entries) g1++;
+            t.g0 = g0;
+            t.g1 = g1;
+            t.base = start[g0];
+            t.start = start;
+            uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
+            if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
+            if (opts->block_entries) target = opts->block_entries;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint64_t *cnt = t.off + (size_t)b * (size_t)G;
+                band_entries[b] = 0;
+                for (int64_t g = g0; g < g1; g++) band_entries[b] += cnt[g];
+            }
+            if (plan_blocks(&t, target) < 0 || plan_shares(&t, band_entries, &tmp_cap) < 0) {
+                rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
+                goto fail;
+            }
         }
         /* 3. Fill (skipped when the window holds nothing). */
-        if (start[g1] > start[g0]) {
+        if (t.counting) {
+            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill_count, &t);
+            if (atomic_load(&t.failed)) goto failed_pass;
+            if ((rc = sum_counts(&t, start, nnz, err)) < 0) goto fail;
+            t.start = start;
+        } else if (start[g1] > start[g0]) {
             iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
@@ -1223,8 +1371,13 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     free(t.byte_at);
     free(t.blk_of);
     free(t.blk);
-    free(t.seg);
-    free(t.pos);
+    free(t.head);
+    free(t.tail);
+    free(t.fill_n);
+    free(t.next);
+    free(t.cfirst);
+    free(band_entries);
+    free(est_start);
     for (int64_t k = 0; t.items && k < want_items; k++) free(t.items[k].grp);
     free(t.items);
     pthread_mutex_destroy(&t.mu);
@@ -1265,8 +1418,13 @@ fail:
     free(t.byte_at);
     free(t.blk_of);
     free(t.blk);
-    free(t.seg);
-    free(t.pos);
+    free(t.head);
+    free(t.tail);
+    free(t.fill_n);
+    free(t.next);
+    free(t.cfirst);
+    free(band_entries);
+    free(est_start);
     for (int64_t k = 0; t.items && k < (int64_t)threads * 8; k++) free(t.items[k].grp);
     free(t.items);
     pthread_mutex_destroy(&t.mu);

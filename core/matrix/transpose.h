@@ -11,11 +11,13 @@
  * Memory: the copy must fit `budget` (and what is left of `global`, when
  * given); the check is made on an estimate before anything large is
  * allocated and on the exact size at the end, and a copy over budget is
- * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of at most
- * `tmp_bytes` (default: three times the source stream's length, at
- * least 64 MiB) besides per-band counters and, per encoding worker, a
- * buffer of one block's entries (about 1/2048 of a window's, at least
- * 65,536 entries, or one new slice's when that holds more).
+ * IV_ETOO_LARGE with nothing kept.  Building needs a temporary of about
+ * `tmp_bytes` at most (default: four times the source stream's length,
+ * at least 64 MiB; when the matrix's entries do not fit it at once, each
+ * window's also takes the partly filled last chunks of its chains, at
+ * most a quarter more) besides per-band counters and, per encoding
+ * worker, buffers of one block's entries (about 1/2048 of a window's, at
+ * least 65,536 entries, or one new slice's when that holds more).
  */
 #ifndef IV_TRANSPOSE_H
 #define IV_TRANSPOSE_H
@@ -45,10 +47,15 @@ typedef struct iv_transpose_opts {
     double *phase_seconds;    /* NULL, or IV_TRANSPOSE_PHASES seconds filled in */
     double *phase_cpu_seconds; /* NULL, or the same phases' CPU seconds (all threads) */
     /* For tests, 0 for the defaults: entries a block aims at, most new
-     * slices a block, and 8-byte temporary entries even where 4 fit. */
+     * slices a block, 8-byte temporary entries even where 4 fit, entries
+     * a chunk of the fill's chains (rounded down to a power of two, and
+     * up to whole cache lines unless plain_stores), and the fill's plain
+     * stores instead of its write combining. */
     uint64_t block_entries;
     uint32_t block_slices;
     int wide_entries;
+    uint32_t chunk_entries;
+    int plain_stores;
 } iv_transpose_opts_t;
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,

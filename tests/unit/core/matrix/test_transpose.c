@@ -511,7 +511,7 @@ static void snap_free(struct snap *o)
  * Every way the build can cut its work gives the same copy, byte for
  * byte, and that copy answers as the dense matrix does: blocks of one
  * slice, of two, of many; 8-byte temporary entries; windows of a few
- * entries; no pool.  Awkward shapes: no rows, no columns, one column,
+ * entries; chunks of one cache line; plain stores; no pool.  Awkward shapes: no rows, no columns, one column,
  * one row, empty rows and columns, a single value everywhere (one group
  * a slice, explicit zeros), many distinct values (wide value ids), dense.
  */
@@ -536,6 +536,13 @@ START_TEST(every_cut_same_copy)
         {.wide_entries = 1, .block_slices = 1},
         {.tmp_bytes = 64, .block_entries = 3},
         {.tmp_bytes = 200, .block_slices = 3, .wide_entries = 1},
+        /* Chains of short chunks (one cache line with write combining,
+         * one or two entries with plain stores), in one window and in
+         * several. */
+        {.chunk_entries = 1, .block_slices = 4},
+        {.chunk_entries = 1, .plain_stores = 1, .block_entries = 7},
+        {.chunk_entries = 1, .tmp_bytes = 64, .wide_entries = 1},
+        {.chunk_entries = 2, .plain_stores = 1, .wide_entries = 1, .block_slices = 2},
     };
     size_t n_shapes = sizeof shapes / sizeof shapes[0], n_cuts = sizeof cuts / sizeof cuts[0];
     for (size_t sh = 0; sh < n_shapes; sh++) {
