@@ -91,6 +91,9 @@
 #define CHUNK_MAX_ENTRIES 1024
 #define SAMPLE_SHARE 64
 
+/* Most (new slice, value id) counters of the encode's joint sort. */
+#define HIST_MAX ((uint64_t)1 << 16)
+
 void iv_budget_init(iv_budget_t *b, uint64_t bytes) { atomic_init(&b->left, bytes); }
 
 int iv_budget_take(iv_budget_t *b, uint64_t n)
@@ -432,13 +435,13 @@ struct tb {
     int64_t n_bands;
     int64_t *band;             /* n_bands + 1 source slice boundaries */
     uint64_t *off;             /* n_bands x n_new_major: counts */
-    int counting;              /* no count pass was made: the fill counts */
+    int one_pass;              /* no count pass: one window, blocks cut by a sample */
     int plain_stores;          /* the fill writes without write combining */
     /* The window being filled and encoded, cut in blocks of new slices. */
     int64_t g0, g1;
-    uint64_t base;             /* entry index of g0 */
     int64_t n_blk;
     int64_t *blk;              /* n_blk + 1 new slice boundaries */
+    uint64_t *blk_at;          /* n_blk + 1: entries before each block (after the fill) */
     uint64_t *blk_of;          /* per new slice of the window: block << 32 | place in it */
     /* The fill's parts, one a (band, block), each a chain of chunks of
      * the temporary taken from its band's share. */
@@ -504,20 +507,18 @@ static inline void wc_flush(uint8_t *dst, const uint8_t *line)
 }
 
 /* What a pass over a band does (see band_walk). */
-enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL, WALK_FILL_COUNT };
+enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL };
 
 /*
  * A pass over band b's source slices.  WALK_COUNT adds up the entries of
  * each new slice; WALK_SAMPLE does that for the band's first
  * 1/SAMPLE_SHARE of slices only; WALK_FILL writes each entry of the
  * window (source slice less the band's first, value id, place of the new
- * slice in its block: one word) to the end of its (band, block) part;
- * WALK_FILL_COUNT does both (the window is then every new slice).
+ * slice in its block: one word) to the end of its (band, block) part.
  */
 static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int mode)
 {
-    const int fill = mode == WALK_FILL || mode == WALK_FILL_COUNT;
-    const int count = mode != WALK_FILL;
+    const int fill = mode == WALK_FILL;
     const iv_dataset_t *ds = t->src;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (mode == WALK_SAMPLE) s1 = s0 + (s1 - s0 + SAMPLE_SHARE - 1) / SAMPLE_SHARE;
@@ -582,10 +583,12 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
                     break;
                 }
                 uint64_t j = acc - 1;
-                if (count) off[j]++;
-                if (!fill) continue;
-                if (mode == WALK_FILL && j < g0) continue;
-                if (mode == WALK_FILL && j >= g1) {
+                if (!fill) {
+                    off[j]++;
+                    continue;
+                }
+                if (j < g0) continue;
+                if (j >= g1) {
                     /* The group's indices rise: the rest lie past the window. */
                     rc = iv_cursor_skip(&cur, left, &e);
                     break;
@@ -640,7 +643,6 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
 static void band_count(void *arg, size_t b) { band_walk(arg, b, WALK_COUNT); }
 static void band_sample(void *arg, size_t b) { band_walk(arg, b, WALK_SAMPLE); }
 static void band_fill(void *arg, size_t b) { band_walk(arg, b, WALK_FILL); }
-static void band_fill_count(void *arg, size_t b) { band_walk(arg, b, WALK_FILL_COUNT); }
 
 /* Writes v as LEB128 at p (exactly its bytes); returns the length. */
 static inline size_t put_varint(uint8_t *p, uint64_t v)
@@ -771,58 +773,127 @@ static void block_chunks(const struct tb *t, int64_t k, uint8_t *buf, uint64_t n
 }
 
 /*
- * Step 4 for the blocks of item i.  A block's parts (in band order, so
- * source slices ascend within every new slice) are first sorted by new
- * slice into a local buffer; the block is small enough for that buffer
- * to stay in cache.  The varints of the item's slices then go, one
- * slice after the other, to the item's stretch of enc.
+ * Step 4 for the blocks of item i.  A block's parts are read in band
+ * order, so each new slice's source slices come ascending; a first read
+ * counts each new slice's entries and checks that no source slice comes
+ * twice (a corrupt source).  Then:
+ *  - when the block's new slices times the value ids are few (at most
+ *    HIST_MAX, and at most the block's entries), one counting sort by
+ *    (new slice, value id), stable, puts every group's source slices in
+ *    order at once;
+ *  - otherwise the entries are sorted by new slice into a local buffer
+ *    (stable), then each new slice by value id (encode_slice).
+ * A block's varints go to a local buffer and then over its own chunks.
  */
 static void encode_item(void *arg, size_t i)
 {
     struct tb *t = arg;
     struct item *it = &t->items[i];
     iv_err_t e = {0};
-    uint64_t big_slice = 0, big_blk = 0;
+    uint64_t big_blk = 0;
     int64_t big_genes = 0;
     for (int64_t k = it->k0; k < it->k1; k++) {
-        uint64_t n = t->start[t->blk[k + 1]] - t->start[t->blk[k]];
+        uint64_t n = t->blk_at[k + 1] - t->blk_at[k];
         if (n > big_blk) big_blk = n;
         if (t->blk[k + 1] - t->blk[k] > big_genes) big_genes = t->blk[k + 1] - t->blk[k];
     }
-    for (int64_t g = it->g0; g < it->g1; g++) {
-        uint64_t n = t->start[g + 1] - t->start[g];
-        if (n > big_slice) big_slice = n;
-    }
     size_t nv = (size_t)t->n_vals;
-    uint32_t *cnt = calloc(nv ? nv : 1, sizeof *cnt);
-    uint32_t *touched = malloc((nv ? nv : 1) * sizeof *touched);
-    uint32_t *cells = malloc((size_t)(big_slice ? big_slice : 1) * sizeof *cells);
-    uint8_t *loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
+    uint64_t vspan = (uint64_t)1 << t->vbits;
+    uint32_t *cnt = NULL, *touched = NULL, *hist = NULL;
+    uint8_t *loc = NULL;
+    uint32_t *cells = malloc((size_t)(big_blk ? big_blk : 1) * sizeof *cells);
     uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
+    uint64_t *nmin = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *nmin);
     uint8_t *eb = malloc((size_t)(big_blk ? big_blk : 1) * t->maxlen);
-    if (!cnt || !touched || !cells || !loc || !lo || !eb) {
+    if (!cells || !lo || !nmin || !eb) {
         iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
         goto done;
     }
-    uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
-    const unsigned gbits = t->gbits;
-    const uint64_t chunk = t->chunk;
+    const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
+    const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
+    const uint64_t vmask = t->vmask, chunk = t->chunk;
     for (int64_t k = it->k0; k < it->k1 && !atomic_load(&t->failed); k++) {
         int64_t a = t->blk[k], z = t->blk[k + 1];
-        uint64_t first = t->start[a];
-        for (int64_t g = a; g < z; g++) lo[g - a] = t->start[g] - first;
+        uint64_t n_blk = t->blk_at[k + 1] - t->blk_at[k];
+        size_t genes = (size_t)(z - a);
+        int joint = (uint64_t)genes * vspan <= HIST_MAX && (uint64_t)genes * vspan <= n_blk;
+        if (joint && !hist && !(hist = malloc(HIST_MAX * sizeof *hist))) {
+            iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+            goto done;
+        }
+        if (!joint && !loc) {
+            cnt = calloc(nv ? nv : 1, sizeof *cnt);
+            touched = malloc((nv ? nv : 1) * sizeof *touched);
+            loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
+            if (!cnt || !touched || !loc) {
+                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+                goto done;
+            }
+        }
+        memset(lo, 0, genes * sizeof *lo);
+        memset(nmin, 0, genes * sizeof *nmin);
+        if (joint) memset(hist, 0, (size_t)(genes * vspan) * sizeof *hist);
+        /* Read 1: counts, the order check, and the joint counts. */
         for (int64_t b = 0; b < t->n_bands; b++) {
             size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
-            /* Entry >> gbits is (slice less the band's first) << vbits |
-             * value id: adding the band's first slice << vbits gives the
-             * local entry. */
-            uint64_t add = (uint64_t)t->band[b] << t->vbits;
-            uint64_t left = t->fill_n[at];
+            uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
             uint32_t c = left ? t->head[at] : 0;
             while (left > 0) {
                 uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
                 left -= x1 - x0;
-                if (t->esz == 4 && t->lsz == 4) {
+                for (uint64_t x = x0; x < x1; x++) {
+                    uint64_t en = get_entry(t->tmp, t->esz, x), p = en & gmask;
+                    uint64_t s = first + (en >> sv);
+                    if (s < nmin[p]) {
+                        iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
+                                " twice", t->src->where, s, a + (int64_t)p);
+                        goto done;
+                    }
+                    nmin[p] = s + 1;
+                    lo[p]++;
+                    if (joint) hist[p << vbits | ((en >> gbits) & vmask)]++;
+                }
+                if (left) c = t->next[c];
+            }
+        }
+        /* Where each new slice's (or each (slice, value)'s) entries go. */
+        uint64_t run = 0;
+        if (joint) {
+            for (size_t x = 0; x < genes * vspan; x++) {
+                uint32_t h = hist[x];
+                hist[x] = (uint32_t)run;
+                run += h;
+            }
+        } else {
+            for (size_t p = 0; p < genes; p++) {
+                uint64_t h = lo[p];
+                lo[p] = run;
+                run += h;
+            }
+        }
+        /* Read 2: the sort. */
+        for (int64_t b = 0; b < t->n_bands; b++) {
+            size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
+            uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
+            uint64_t add = first << vbits;
+            uint32_t c = left ? t->head[at] : 0;
+            while (left > 0) {
+                uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
+                left -= x1 - x0;
+                if (joint && t->esz == 4) {
+                    const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+                    for (uint64_t x = x0; x < x1; x++) {
+                        uint32_t en = src[x];
+                        cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] =
+                            (uint32_t)(first + (en >> sv));
+                    }
+                } else if (joint) {
+                    for (uint64_t x = x0; x < x1; x++) {
+                        uint64_t en = get_entry(t->tmp, t->esz, x);
+                        cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] =
+                            (uint32_t)(first + (en >> sv));
+                    }
+                } else if (t->esz == 4 && t->lsz == 4) {
                     const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
                     uint32_t *dl = (uint32_t *)(void *)loc;
                     for (uint64_t x = x0; x < x1; x++) {
@@ -838,22 +909,54 @@ static void encode_item(void *arg, size_t i)
                 if (left) c = t->next[c];
             }
         }
+        /* The varints. */
         uint64_t w = 0;
-        for (int64_t g = a; g < z; g++) {
-            uint64_t n = t->start[g + 1] - t->start[g];
-            if (encode_slice(t, it, g, loc + (size_t)(t->start[g] - first) * t->lsz, n, eb + w, cnt,
-                             touched, cells, &e) < 0)
-                goto done;
-            w += t->nbytes[g];
+        if (joint) {
+            uint64_t from = 0;
+            for (size_t p = 0; p < genes; p++) {
+                int64_t g = a + (int64_t)p;
+                uint64_t w0 = w;
+                uint32_t ng = 0;
+                for (uint64_t v = 0; v < vspan; v++) {
+                    uint64_t to = hist[p << vbits | v];
+                    if (to == from) continue;
+                    if (grp_push(it, (uint32_t)v, (uint32_t)(to - from)) < 0) {
+                        iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
+                        goto done;
+                    }
+                    ng++;
+                    uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
+                    for (uint64_t x = from; x < to; x++) {
+                        w += put_varint(eb + w, cells[x] - last - 1);
+                        last = cells[x];
+                    }
+                    from = to;
+                }
+                t->nbytes[g] = w - w0;
+                t->ngrp[g] = ng;
+            }
+        } else {
+            uint64_t from = 0;
+            for (size_t p = 0; p < genes; p++) {
+                int64_t g = a + (int64_t)p;
+                uint64_t n = lo[p] - from;
+                if (encode_slice(t, it, g, loc + (size_t)from * t->lsz, n, eb + w, cnt, touched, cells,
+                                 &e) < 0)
+                    goto done;
+                w += t->nbytes[g];
+                from = lo[p];
+            }
         }
         block_chunks(t, k, eb, w, 1);
     }
 done:
     free(cnt);
     free(touched);
+    free(hist);
     free(cells);
     free(loc);
     free(lo);
+    free(nmin);
     free(eb);
     if (e.code) tb_fail(t, &e);
 }
@@ -880,6 +983,8 @@ static int plan_blocks(struct tb *t, uint64_t target)
 {
     int64_t g0 = t->g0, g1 = t->g1, cap = (int64_t)1 << t->gbits, n = 0;
     free(t->blk);
+    free(t->blk_at);
+    t->blk_at = NULL;
     free(t->head);
     free(t->tail);
     free(t->fill_n);
@@ -896,6 +1001,8 @@ static int plan_blocks(struct tb *t, uint64_t target)
     }
     t->blk[n] = g1;
     t->n_blk = n;
+    t->blk_at = malloc((size_t)(n + 1) * sizeof *t->blk_at);
+    if (!t->blk_at) return -1;
     size_t parts = (size_t)t->n_bands * (size_t)(n ? n : 1);
     t->head = malloc(parts * sizeof *t->head);
     t->tail = malloc(parts * sizeof *t->tail);
@@ -942,16 +1049,23 @@ static int plan_shares(struct tb *t, const uint64_t *band_entries, size_t *tmp_c
     return t->tmp && t->next ? 0 : -1;
 }
 
-/* Cuts the window's blocks into about `want` items of equal entries. */
+/* Counts the entries the fill gave each block (blk_at), and cuts the
+ * window's blocks into about `want` items of equal entries. */
 static int64_t plan_items(struct tb *t, int64_t want)
 {
     const int64_t *blk = t->blk;
     int64_t nk = t->n_blk, n = 0, k = 0;
-    uint64_t first = t->start[blk[0]], total = t->start[blk[nk]] - first;
+    t->blk_at[0] = 0;
+    for (int64_t x = 0; x < nk; x++) {
+        uint64_t sum = 0;
+        for (int64_t b = 0; b < t->n_bands; b++) sum += t->fill_n[(size_t)b * (size_t)nk + (size_t)x];
+        t->blk_at[x + 1] = t->blk_at[x] + sum;
+    }
+    uint64_t total = t->blk_at[nk];
     for (int64_t x = 0; x < want && k < nk; x++) {
-        uint64_t stop = first + total * (uint64_t)(x + 1) / (uint64_t)want;
+        uint64_t stop = total * (uint64_t)(x + 1) / (uint64_t)want;
         int64_t e = k + 1;
-        while (e < nk && t->start[blk[e]] < stop) e++;
+        while (e < nk && t->blk_at[e] < stop) e++;
         if (x == want - 1) e = nk;
         t->items[n].k0 = k;
         t->items[n].k1 = e;
@@ -1163,17 +1277,16 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
                              : (uint64_t)((double)g / (double)G * (double)nnz);
         t.g0 = 0;
         t.g1 = G;
-        t.base = 0;
         t.start = est_start;
         if (plan_blocks(&t, block_target) < 0 || plan_shares(&t, band_entries, &tmp_cap) < 0) {
             rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
             goto fail;
         }
-        t.counting = tmp_cap <= tmp_bytes;
+        t.one_pass = tmp_cap <= tmp_bytes;
         memset(t.off, 0, (size_t)nb * (size_t)(G ? G : 1) * sizeof *t.off);
     }
     uint64_t win_entries = 0;
-    if (!t.counting) {
+    if (!t.one_pass) {
         iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         if ((rc = sum_counts(&t, start, nnz, err)) < 0) goto fail;
@@ -1191,13 +1304,12 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.byte_at[0] = 0;
     for (int64_t g0 = 0; g0 < G;) {
         int64_t g1 = G;
-        if (!t.counting) {
+        if (!t.one_pass) {
             /* The window's slices and blocks, by the counts. */
             g1 = g0 + 1;
             while (g1 < G && start[g1 + 1] - start[g0] <= win_entries) g1++;
             t.g0 = g0;
             t.g1 = g1;
-            t.base = start[g0];
             t.start = start;
             uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
             if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
@@ -1213,18 +1325,19 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
             }
         }
         /* 3. Fill (skipped when the window holds nothing). */
-        if (t.counting) {
-            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill_count, &t);
-            if (atomic_load(&t.failed)) goto failed_pass;
-            if ((rc = sum_counts(&t, start, nnz, err)) < 0) goto fail;
-            t.start = start;
-        } else if (start[g1] > start[g0]) {
+        uint64_t wanted = t.one_pass ? nnz : start[g1] - start[g0];
+        if (wanted > 0) {
             iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill, &t);
             if (atomic_load(&t.failed)) goto failed_pass;
         }
         PHASE(IV_TP_FILL);
         /* 4. Encode, then place. */
         t.n_items = plan_items(&t, want_items);
+        if (t.blk_at[t.n_blk] != wanted) {
+            rc = iv_fail(err, IV_EINTERNAL, "%s: transpose filled %" PRIu64 " entries, not %" PRIu64,
+                         ds->where, t.blk_at[t.n_blk], wanted);
+            goto fail;
+        }
         iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         PHASE(IV_TP_ENCODE);
@@ -1371,6 +1484,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     free(t.byte_at);
     free(t.blk_of);
     free(t.blk);
+    free(t.blk_at);
     free(t.head);
     free(t.tail);
     free(t.fill_n);
@@ -1418,6 +1532,7 @@ fail:
     free(t.byte_at);
     free(t.blk_of);
     free(t.blk);
+    free(t.blk_at);
     free(t.head);
     free(t.tail);
     free(t.fill_n);
