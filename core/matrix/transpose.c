@@ -15,9 +15,9 @@
  *     equal nnz.  New slices are taken in blocks: runs of consecutive new
  *     slices, a few thousand of them.  When every entry fits the
  *     temporary at once (the default for a count matrix), the blocks are
- *     cut by counts estimated from the first 1/64 of each band's slices,
- *     and the fill below counts each new slice's entries exactly as it
- *     goes: the source is decoded once.  Otherwise a count pass decodes
+ *     cut by counts estimated from the first 1/64 of each band's slices
+ *     and the source is decoded once, by the fill below; the encode
+ *     counts each block's new slices.  Otherwise a count pass decodes
  *     the bands first, and the new slices go in windows whose entries fit
  *     the temporary, each cut in blocks by the exact counts.
  *  3. Fill.  A band's worker decodes its slices and appends each entry of
@@ -32,15 +32,16 @@
  *     or TLB held them): on the 2-core machine that halved the fill's
  *     CPU time.  A value group whose indices pass the window's end skips
  *     the rest of its varints.
- *  4. Encode, per block and in parallel: the block's parts, bands in
- *     order, are sorted by new slice into a local buffer (source slices
- *     stay ascending within each new slice, since bands are in order),
- *     then per new slice a counting sort by value id (stable), a check
- *     that no source slice appears twice (a corrupt source), and the
- *     delta varints, written to a local buffer and then over the block's
- *     own chunks (a varint is never longer than an entry).  Once the
- *     window's byte offsets are known they are moved to the copy's
- *     stream.
+ *  4. Encode, per block and in parallel: a first read of the block's
+ *     parts, bands in order (so source slices come ascending within each
+ *     new slice), counts each new slice's entries and checks that no
+ *     source slice appears twice (a corrupt source); a stable counting
+ *     sort by (new slice, value id), or by new slice and then per new
+ *     slice by value id when value ids are many, orders each group's
+ *     source slices; the delta varints go to a local buffer and then
+ *     over the block's own chunks (a varint is never longer than an
+ *     entry).  Once the window's byte offsets are known they are moved
+ *     to the copy's stream.
  *
  * The copy's stream is one allocation sized for the worst case and
  * shrunk at the end: pages never written are never committed, so memory
@@ -1232,11 +1233,11 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     t.lsz = sbits + t.vbits <= 32 && !opts->wide_entries ? 4 : 8;
     while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
 
-    /* 2. The counts, and the blocks they cut.  When every entry fits the
-     * temporary at once, one fill pass also counts: the blocks are cut
-     * by counts estimated from a sample of each band (their sizes only
-     * balance the work; the copy does not depend on them).  Otherwise a
-     * count pass comes first and the new slices go in windows. */
+    /* 2. The blocks.  When every entry fits the temporary at once, they
+     * are cut by counts estimated from a sample of each band (their
+     * sizes only balance the work; the copy does not depend on them),
+     * and the source is decoded once, by the fill.  Otherwise a count
+     * pass comes first and the new slices go in windows. */
     out_cap = (size_t)(nnz * maxlen + 1);
     out = big_map(out_cap);
     uint64_t tmp_bytes = opts->tmp_bytes;
