@@ -3,10 +3,9 @@
  *
  * Design.  Everything here reads the immutable in-memory metadata and
  * writes into a caller-owned buffer, so the server can call it from the
- * loop or a worker alike.  Filters are evaluated to a bitmap over the
- * whole axis (O(rows) word operations) and then either turned into the
- * row list or used to sieve a client's index list, which keeps the
- * client's order and duplicates as the query API promises.  Tables are
+ * loop or a worker alike.  Names and filters are resolved to positions
+ * by the engine (core/meta/select.h); this file renders what the request
+ * asked for and what it dropped.  Tables are
  * bounded by offset/limit rather than streamed: a page of at most
  * IV_TABLE_LIMIT_MAX rows is a few megabytes, which is cheaper to build
  * at once than to schedule block by block.
@@ -18,8 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bitmap.h"
-#include "filter.h"
+#include "select.h"
 #include "where.h"
 
 static const char *axis_name(iv_axis_t axis)
@@ -39,47 +37,6 @@ static void put_name_list(iv_buf_t *b, const iv_psel_t *p, const int64_t *pos, i
     iv_buf_puts(b, "]");
 }
 
-static int resolve_names(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
-                         iv_buf_t *folded, iv_err_t *err)
-{
-    int64_t *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
-    if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
-    iv_names_report_t rep;
-    memset(&rep, 0, sizeof rep);
-    int rc = iv_meta_find_names(m, axis, p->by, (const char *const *)p->names, p->n,
-                                p->missing_ignore, idx, &rep, err);
-    if (rc != 0) {
-        iv_names_report_free(&rep);
-        free(idx);
-        return rc;
-    }
-    if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
-    if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
-    iv_names_report_free(&rep);
-    /* Unknown names (only possible with missing_ignore) are dropped here. */
-    int64_t k = 0;
-    for (int64_t i = 0; i < p->n; i++)
-        if (idx[i] >= 0) idx[k++] = idx[i];
-    iv_psel_set_indices(p, idx, k);
-    return 0;
-}
-
-static int compile_filter(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e, iv_bitmap_t *bits,
-                          iv_err_t *err)
-{
-    iv_fprog_t *prog = NULL;
-    IV_TRY(iv_filter_compile(m, axis, e, &prog, err));
-    int rc = iv_bitmap_init(bits, iv_filter_n_rows(prog));
-    if (rc != 0) {
-        iv_filter_free(prog);
-        return iv_fail(err, IV_ENOMEM, "out of memory for the %s filter", axis_name(axis));
-    }
-    rc = iv_filter_eval(prog, bits, err);
-    iv_filter_free(prog);
-    if (rc != 0) iv_bitmap_free(bits);
-    return rc;
-}
-
 int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err)
 {
     return iv_rmeta_resolve_ex(m, axis, p, dropped, NULL, err);
@@ -89,33 +46,24 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
                         iv_buf_t *folded, iv_err_t *err)
 {
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
-    if (!m)
-        return iv_fail(err, IV_ENO_METADATA,
-                       "names and filters need the dataset's %s metadata, which could not be loaded",
-                       axis_name(axis));
-    if (p->kind == IV_PSEL_NAMES) IV_TRY(resolve_names(m, axis, p, dropped, folded, err));
-    if (!p->filter) return 0;
-    iv_bitmap_t bits;
-    IV_TRY(compile_filter(m, axis, p->filter, &bits, err));
+    /* The engine resolves (select.h); here the request's form goes in and
+     * the names it dropped or folded come out as JSON lists. */
+    iv_axis_sel_t s = {
+        .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
+        .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
+        .n = p->kind == IV_PSEL_ALL ? 0 : p->n,
+        .by = p->by,
+        .missing_ignore = p->missing_ignore,
+        .filter = p->filter,
+    };
     int64_t *idx = NULL, n = 0;
-    int rc = 0;
-    if (p->kind == IV_PSEL_ALL) {
-        rc = iv_bitmap_to_index(&bits, &idx, &n);
-    } else {
-        idx = malloc((size_t)(p->n ? p->n : 1) * sizeof *idx);
-        if (!idx) rc = IV_ENOMEM;
-        else n = iv_bitmap_filter_index(&bits, p->idx, p->n, idx);
+    iv_names_report_t rep;
+    IV_TRY(iv_meta_resolve(m, axis, &s, &idx, &n, &rep, err));
+    if (p->kind == IV_PSEL_NAMES) {
+        if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
+        if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
     }
-    iv_bitmap_free(&bits);
-    if (rc != 0) {
-        free(idx);
-        return iv_fail(err, IV_ENOMEM, "out of memory applying the %s filter", axis_name(axis));
-    }
-    if (!idx) {
-        /* An empty result may come back without an array; the engine wants one. */
-        idx = malloc(sizeof *idx);
-        if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
-    }
+    iv_names_report_free(&rep);
     iv_psel_set_indices(p, idx, n);
     return 0;
 }
@@ -365,29 +313,19 @@ static int tparams_parse(tparams_t *t, const char *qs, size_t len, int table, iv
 static int select_rows(const iv_meta_t *m, iv_axis_t axis, const char *where, int64_t **idx,
                        int64_t *n, iv_err_t *err)
 {
-    *idx = NULL;
-    *n = 0;
-    if (!where) {
-        int64_t nr = iv_meta_n_rows(m, axis);
-        *idx = malloc((size_t)(nr ? nr : 1) * sizeof **idx);
-        if (!*idx) return iv_fail(err, IV_ENOMEM, "out of memory");
-        for (int64_t i = 0; i < nr; i++) (*idx)[i] = i;
-        *n = nr;
-        return 0;
-    }
     iv_expr_t *e = NULL;
-    iv_err_t we;
-    iv_err_clear(&we);
-    int rc = iv_where_parse(where, strlen(where), &e, &we);
-    if (rc != 0) return iv_fail(err, rc, "%s", we.msg);
-    iv_bitmap_t bits;
-    rc = compile_filter(m, axis, e, &bits, err);
+    if (where) {
+        iv_err_t we;
+        iv_err_clear(&we);
+        int rc = iv_where_parse(where, strlen(where), &e, &we);
+        if (rc != 0) return iv_fail(err, rc, "%s", we.msg);
+    }
+    iv_axis_sel_t s = {.filter = e};
+    /* Not const only for name lookups, which build their tables lazily:
+     * a filter alone changes nothing. */
+    int rc = iv_meta_resolve((iv_meta_t *)m, axis, &s, idx, n, NULL, err);
     iv_expr_free(e);
-    if (rc != 0) return rc;
-    rc = iv_bitmap_to_index(&bits, idx, n);
-    iv_bitmap_free(&bits);
-    if (rc != 0) return iv_fail(err, IV_ENOMEM, "out of memory");
-    return 0;
+    return rc;
 }
 
 /* ---- tables -------------------------------------------------------------- */

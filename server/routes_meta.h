@@ -24,8 +24,9 @@
 #define IV_TABLE_LIMIT_MAX 100000
 
 /*
- * Turns p into an index selection the engine accepts: names are looked up
- * (by p->by or the index; with p->missing_ignore unknown names are dropped
+ * Turns p into an index selection the engine accepts, through the
+ * engine's iv_meta_resolve (core/meta/select.h): names are looked up (by
+ * p->by or the index; with p->missing_ignore unknown names are dropped
  * and, when dropped is not NULL, appended to it as a JSON array of
  * strings, "[]" if none), then p->filter is compiled and intersected
  * (file order, or the index list's order when one was given).  An ALL

@@ -45,7 +45,8 @@ int iv_bitmap_to_index(const iv_bitmap_t *b, int64_t **out, int64_t *n_out);
 
 /* Keeps the entries of idx[0..n) whose bit is set, in idx's order (an
  * index list gives the order; duplicates stay).  Entries outside [0, b->n)
- * are dropped.  Writes to out (capacity n); returns how many were kept. */
+ * are dropped.  Writes to out (capacity n; it may be idx itself); returns
+ * how many were kept. */
 int64_t iv_bitmap_filter_index(const iv_bitmap_t *b, const int64_t *idx, int64_t n,
                                int64_t *out);
 

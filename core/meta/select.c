@@ -1,0 +1,106 @@
+/*
+ * Selections resolved to positions (see select.h).
+ *
+ * Names are looked up first (iv_meta_find_names); unknown names, where
+ * allowed, are dropped from the list.  A filter is compiled and evaluated
+ * to a bitmap over the whole axis (O(rows) word operations), then either
+ * turned into the position list (every element selected) or used to
+ * sieve the list, which keeps its order and duplicates.
+ */
+#include "select.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitmap.h"
+
+static const char *axis_name(iv_axis_t axis)
+{
+    return axis == IV_AXIS_OBS ? "obs" : "var";
+}
+
+static int eval_filter(const iv_meta_t *m, iv_axis_t axis, const iv_expr_t *e, iv_bitmap_t *bits,
+                       iv_err_t *err)
+{
+    iv_fprog_t *prog = NULL;
+    IV_TRY(iv_filter_compile(m, axis, e, &prog, err));
+    if (iv_bitmap_init(bits, iv_filter_n_rows(prog)) != 0) {
+        iv_filter_free(prog);
+        return iv_fail(err, IV_ENOMEM, "out of memory for the %s filter", axis_name(axis));
+    }
+    int rc = iv_filter_eval(prog, bits, err);
+    iv_filter_free(prog);
+    if (rc != 0) iv_bitmap_free(bits);
+    return rc;
+}
+
+int iv_meta_resolve(iv_meta_t *m, iv_axis_t axis, const iv_axis_sel_t *s, int64_t **idx_out,
+                    int64_t *n_out, iv_names_report_t *rep, iv_err_t *err)
+{
+    *idx_out = NULL;
+    *n_out = 0;
+    if (rep) memset(rep, 0, sizeof *rep);
+    if (!m)
+        return iv_fail(err, IV_ENO_METADATA,
+                       "names and filters need the dataset's %s metadata, which could not be loaded",
+                       axis_name(axis));
+    int64_t *idx = NULL, n = 0;
+    int listed = s->names || s->idx;
+    if (s->names) {
+        idx = malloc((size_t)(s->n ? s->n : 1) * sizeof *idx);
+        if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+        iv_names_report_t r;
+        memset(&r, 0, sizeof r);
+        int rc = iv_meta_find_names(m, axis, s->by, s->names, s->n, s->missing_ignore, idx, &r, err);
+        if (rc != 0) {
+            iv_names_report_free(&r);
+            free(idx);
+            return rc;
+        }
+        if (rep) *rep = r;
+        else iv_names_report_free(&r);
+        /* Unknown names (only possible with missing_ignore) are dropped. */
+        for (int64_t i = 0; i < s->n; i++)
+            if (idx[i] >= 0) idx[n++] = idx[i];
+    } else if (s->idx) {
+        idx = malloc((size_t)(s->n ? s->n : 1) * sizeof *idx);
+        if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+        memcpy(idx, s->idx, (size_t)s->n * sizeof *idx);
+        n = s->n;
+    }
+    if (s->filter) {
+        iv_bitmap_t bits;
+        int rc = eval_filter(m, axis, s->filter, &bits, err);
+        if (rc != 0) {
+            free(idx);
+            if (rep) iv_names_report_free(rep);
+            return rc;
+        }
+        if (listed) {
+            n = iv_bitmap_filter_index(&bits, idx, n, idx);
+        } else {
+            rc = iv_bitmap_to_index(&bits, &idx, &n);
+        }
+        iv_bitmap_free(&bits);
+        if (rc != 0) {
+            free(idx);
+            if (rep) iv_names_report_free(rep);
+            return iv_fail(err, IV_ENOMEM, "out of memory applying the %s filter", axis_name(axis));
+        }
+    } else if (!listed) {
+        /* Every element, in file order. */
+        int64_t rows = iv_meta_n_rows(m, axis);
+        idx = malloc((size_t)(rows ? rows : 1) * sizeof *idx);
+        if (!idx) return iv_fail(err, IV_ENOMEM, "out of memory");
+        for (int64_t i = 0; i < rows; i++) idx[i] = i;
+        n = rows;
+    }
+    if (!idx && !(idx = malloc(sizeof *idx))) {
+        /* An empty result may come back without an array; callers want one. */
+        if (rep) iv_names_report_free(rep);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    *idx_out = idx;
+    *n_out = n;
+    return 0;
+}
