@@ -460,10 +460,38 @@ struct tb {
     int64_t n_items;
     uint8_t *out;              /* the copy's stream */
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
+    uint64_t *band_entries;    /* n_bands: each band's entries in the window */
+    uint64_t *est_start;       /* n_new_major + 1: estimated entry offsets (one pass) */
+    size_t tmp_cap;            /* bytes mapped at tmp */
+    int64_t items_cap;         /* items allocated */
     atomic_int failed;
     pthread_mutex_t mu;
     iv_err_t err;
 };
+
+/* Frees what t holds (the build's temporaries), on success or failure. */
+static void tb_free(struct tb *t)
+{
+    free(t->band);
+    free(t->off);
+    big_unmap(t->tmp, t->tmp_cap);
+    free(t->nbytes);
+    free(t->ngrp);
+    free(t->byte_at);
+    free(t->blk_of);
+    free(t->blk);
+    free(t->blk_at);
+    free(t->head);
+    free(t->tail);
+    free(t->fill_n);
+    free(t->next);
+    free(t->cfirst);
+    free(t->band_entries);
+    free(t->est_start);
+    for (int64_t k = 0; t->items && k < t->items_cap; k++) free(t->items[k].grp);
+    free(t->items);
+    pthread_mutex_destroy(&t->mu);
+}
 
 static void tb_fail(struct tb *t, const iv_err_t *e)
 {
@@ -1014,7 +1042,7 @@ static int plan_blocks(struct tb *t, uint64_t target)
 
 /*
  * The chunk size and each band's share of the temporary for the window,
- * in chunks, from its entries there (band_entries, n_bands of them).
+ * in chunks, from its entries there (t->band_entries).
  * Longer chunks read faster in the encode (a part is read chunk by
  * chunk); a part's last chunk is partly empty, so a chunk is at most a
  * quarter of the entries a part has on average (a power of two of whole
@@ -1024,10 +1052,10 @@ static int plan_blocks(struct tb *t, uint64_t target)
  * chains' links are (re)mapped for that many.  0, or -1 when out of
  * memory or past 2^32 chunks.
  */
-static int plan_shares(struct tb *t, const uint64_t *band_entries, size_t *tmp_cap)
+static int plan_shares(struct tb *t)
 {
     uint64_t all = 0, parts_all = (uint64_t)t->n_bands * (uint64_t)(t->n_blk ? t->n_blk : 1);
-    for (int64_t b = 0; b < t->n_bands; b++) all += band_entries[b];
+    for (int64_t b = 0; b < t->n_bands; b++) all += t->band_entries[b];
     uint64_t line = WC_LINE / t->esz;
     t->chunk = t->chunk_asked ? t->chunk_asked : all / parts_all / 4;
     if (t->chunk > CHUNK_MAX_ENTRIES) t->chunk = CHUNK_MAX_ENTRIES;
@@ -1037,15 +1065,15 @@ static int plan_shares(struct tb *t, const uint64_t *band_entries, size_t *tmp_c
     uint64_t total = 0;
     t->cfirst[0] = 0;
     for (int64_t b = 0; b < t->n_bands; b++) {
-        uint64_t e = band_entries[b], parts = (uint64_t)t->n_blk < e ? (uint64_t)t->n_blk : e;
+        uint64_t e = t->band_entries[b], parts = (uint64_t)t->n_blk < e ? (uint64_t)t->n_blk : e;
         total += e / t->chunk + parts;
         t->cfirst[b + 1] = total;
     }
     if (total > UINT32_MAX) return -1;
-    big_unmap(t->tmp, *tmp_cap);
+    big_unmap(t->tmp, t->tmp_cap);
     free(t->next);
-    *tmp_cap = (size_t)(total ? total : 1) * (size_t)t->chunk * t->esz;
-    t->tmp = big_map(*tmp_cap);
+    t->tmp_cap = (size_t)(total ? total : 1) * (size_t)t->chunk * t->esz;
+    t->tmp = big_map(t->tmp_cap);
     t->next = malloc((size_t)(total ? total : 1) * sizeof *t->next);
     return t->tmp && t->next ? 0 : -1;
 }
@@ -1150,8 +1178,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     uint64_t *vsize = NULL;
     iv_dataset_t *c = NULL;
     uint8_t *out = NULL;
-    size_t out_cap = 0, tmp_cap = 0;
-    uint64_t *band_entries = NULL, *est_start = NULL;
+    size_t out_cap = 0;
 
     /* The estimate before anything large: a stream as long as the
      * source's, the pointers, one group per distinct value at least. */
@@ -1249,10 +1276,11 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     }
     int64_t want_items = (int64_t)threads * 8;
     t.items = calloc((size_t)want_items, sizeof *t.items);
+    t.items_cap = t.items ? want_items : 0;
     t.cfirst = malloc((size_t)(nb + 1) * sizeof *t.cfirst);
-    band_entries = malloc((size_t)nb * sizeof *band_entries);
-    est_start = malloc((size_t)(G + 1) * sizeof *est_start);
-    if (!out || !t.items || !t.cfirst || !band_entries || !est_start) {
+    t.band_entries = malloc((size_t)nb * sizeof *t.band_entries);
+    t.est_start = malloc((size_t)(G + 1) * sizeof *t.est_start);
+    if (!out || !t.items || !t.cfirst || !t.band_entries || !t.est_start) {
         rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", ds->where);
         goto fail;
     }
@@ -1263,27 +1291,27 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     if (block_target < BLOCK_MIN_ENTRIES) block_target = BLOCK_MIN_ENTRIES;
     if (opts->block_entries) block_target = opts->block_entries;
     for (int64_t b = 0; b < nb; b++)
-        band_entries[b] = (uint64_t)(t.vp[t.mp[t.band[b + 1]]] - t.vp[t.mp[t.band[b]]]);
+        t.band_entries[b] = (uint64_t)(t.vp[t.mp[t.band[b + 1]]] - t.vp[t.mp[t.band[b]]]);
     if (nnz * t.esz <= tmp_bytes) {
         iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_sample, &t);
         if (atomic_load(&t.failed)) goto failed_pass;
         uint64_t sampled = 0;
-        est_start[0] = 0;
+        t.est_start[0] = 0;
         for (int64_t g = 0; g < G; g++) {
             for (int64_t b = 0; b < nb; b++) sampled += t.off[(size_t)b * (size_t)G + (size_t)g];
-            est_start[g + 1] = sampled;
+            t.est_start[g + 1] = sampled;
         }
         for (int64_t g = 1; g <= G; g++)
-            est_start[g] = sampled ? (uint64_t)((double)est_start[g] / (double)sampled * (double)nnz)
+            t.est_start[g] = sampled ? (uint64_t)((double)t.est_start[g] / (double)sampled * (double)nnz)
                              : (uint64_t)((double)g / (double)G * (double)nnz);
         t.g0 = 0;
         t.g1 = G;
-        t.start = est_start;
-        if (plan_blocks(&t, block_target) < 0 || plan_shares(&t, band_entries, &tmp_cap) < 0) {
+        t.start = t.est_start;
+        if (plan_blocks(&t, block_target) < 0 || plan_shares(&t) < 0) {
             rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
             goto fail;
         }
-        t.one_pass = tmp_cap <= tmp_bytes;
+        t.one_pass = t.tmp_cap <= tmp_bytes;
         memset(t.off, 0, (size_t)nb * (size_t)(G ? G : 1) * sizeof *t.off);
     }
     uint64_t win_entries = 0;
@@ -1317,10 +1345,10 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
             if (opts->block_entries) target = opts->block_entries;
             for (int64_t b = 0; b < nb; b++) {
                 const uint64_t *cnt = t.off + (size_t)b * (size_t)G;
-                band_entries[b] = 0;
-                for (int64_t g = g0; g < g1; g++) band_entries[b] += cnt[g];
+                t.band_entries[b] = 0;
+                for (int64_t g = g0; g < g1; g++) t.band_entries[b] += cnt[g];
             }
-            if (plan_blocks(&t, target) < 0 || plan_shares(&t, band_entries, &tmp_cap) < 0) {
+            if (plan_blocks(&t, target) < 0 || plan_shares(&t) < 0) {
                 rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
                 goto fail;
             }
@@ -1369,7 +1397,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         }
         g0 = g1;
     }
-    big_unmap(t.tmp, tmp_cap);
+    big_unmap(t.tmp, t.tmp_cap);
     t.tmp = NULL;
     free(t.off);
     t.off = NULL;
@@ -1479,23 +1507,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     free(vlist);
     free(vsize);
     free(start);
-    free(t.band);
-    free(t.nbytes);
-    free(t.ngrp);
-    free(t.byte_at);
-    free(t.blk_of);
-    free(t.blk);
-    free(t.blk_at);
-    free(t.head);
-    free(t.tail);
-    free(t.fill_n);
-    free(t.next);
-    free(t.cfirst);
-    free(band_entries);
-    free(est_start);
-    for (int64_t k = 0; t.items && k < want_items; k++) free(t.items[k].grp);
-    free(t.items);
-    pthread_mutex_destroy(&t.mu);
+    tb_free(&t);
     PHASE(IV_TP_FINISH);
     if (opts->phase_seconds) memcpy(opts->phase_seconds, ph, sizeof ph);
     if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, pc, sizeof pc);
@@ -1525,25 +1537,7 @@ fail:
     free(vlist);
     free(vsize);
     free(start);
-    free(t.band);
-    free(t.off);
-    big_unmap(t.tmp, tmp_cap);
-    free(t.nbytes);
-    free(t.ngrp);
-    free(t.byte_at);
-    free(t.blk_of);
-    free(t.blk);
-    free(t.blk_at);
-    free(t.head);
-    free(t.tail);
-    free(t.fill_n);
-    free(t.next);
-    free(t.cfirst);
-    free(band_entries);
-    free(est_start);
-    for (int64_t k = 0; t.items && k < (int64_t)threads * 8; k++) free(t.items[k].grp);
-    free(t.items);
-    pthread_mutex_destroy(&t.mu);
+    tb_free(&t);
     iv_dataset_set_other_state(ds, rc == IV_ETOO_LARGE ? IV_OTHER_SKIPPED : IV_OTHER_FAILED);
     return rc;
 }

@@ -17,34 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "bitmap.h"
 #include "filter.h"
 #include "filter_json.h"
+#include "fixtures.h"
 #include "meta.h"
 #include "where.h"
 
-static const char *fixture(const char *name)
-{
-    static char p[1200];
-    const char *env = getenv("IV_FIXTURES");
-    snprintf(p, sizeof p, "%s/%s", env ? env : IV_FIXTURES, name);
-    return p;
-}
-
-static iv_meta_t *tiny(void)
-{
-    struct stat st;
-    if (stat(fixture("tiny.ivcsr.raw.h5ad"), &st) != 0) {
-        printf("test_filter: fixtures absent, skipping fixture-based checks\n");
-        return NULL;
-    }
-    iv_err_t e = {0};
-    iv_meta_t *m = NULL;
-    ck_assert_msg(iv_meta_load(fixture("tiny.ivcsr.raw.h5ad"), NULL, &m, &e) == 0, "%s", e.msg);
-    return m;
-}
+static iv_meta_t *tiny(void) { return iv_test_meta("tiny.ivcsr.raw.h5ad"); }
 
 /* Parses and evaluates a where string; returns the rc, fills *b. */
 static int run_where(iv_meta_t *m, const char *w, iv_bitmap_t *b, iv_err_t *e)
@@ -293,9 +274,9 @@ START_TEST(test_in_many_labels)
 {
     iv_meta_t *m = NULL;
     iv_err_t e = {0};
-    struct stat st;
-    if (stat(fixture("wide.ivcsr.zstd.h5ad"), &st) != 0) return;
-    ck_assert_int_eq(iv_meta_load(fixture("wide.ivcsr.zstd.h5ad"), NULL, &m, &e), 0);
+    const char *path = iv_test_fixture("wide.ivcsr.zstd.h5ad");
+    if (!path) return;
+    ck_assert_int_eq(iv_meta_load(path, NULL, &m, &e), 0);
     const iv_meta_col_t *note = iv_meta_find_col(m, IV_AXIS_OBS, "note");
     ck_assert_int_gt(note->n_cats, 16);
     iv_expr_t *x = iv_expr_new(IV_EXPR_IN, "note");

@@ -11,34 +11,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "bitmap.h"
+#include "check_main.h"
 #include "filter.h"
+#include "fixtures.h"
 #include "meta.h"
 #include "select.h"
 #include "where.h"
 
-static const char *fixture(const char *name)
-{
-    static char p[1200];
-    const char *env = getenv("IV_FIXTURES");
-    snprintf(p, sizeof p, "%s/%s", env ? env : IV_FIXTURES, name);
-    return p;
-}
-
-static iv_meta_t *tiny(void)
-{
-    struct stat st;
-    if (stat(fixture("tiny.ivcsr.raw.h5ad"), &st) != 0) {
-        printf("test_select: fixtures absent, skipping fixture-based checks\n");
-        return NULL;
-    }
-    iv_err_t e = {0};
-    iv_meta_t *m = NULL;
-    ck_assert_msg(iv_meta_load(fixture("tiny.ivcsr.raw.h5ad"), NULL, &m, &e) == 0, "%s", e.msg);
-    return m;
-}
+static iv_meta_t *tiny(void) { return iv_test_meta("tiny.ivcsr.raw.h5ad"); }
 
 static iv_expr_t *where(const char *w)
 {
@@ -202,9 +184,5 @@ int main(void)
     tcase_add_test(tc, test_filters);
     tcase_add_test(tc, test_no_metadata);
     suite_add_tcase(s, tc);
-    SRunner *r = srunner_create(s);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return iv_check_run(s);
 }
