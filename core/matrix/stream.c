@@ -2,9 +2,12 @@
  * Chunk access and the decompressed-chunk cache (see stream.h).
  *
  * Each chunk has a slot: its buffer (NULL when not resident), a pin count
- * and links in an LRU list that holds resident, unpinned chunks.  A miss
- * decompresses outside the lock into a fresh buffer; if another thread
- * installed the same chunk meanwhile, the later copy is dropped.  Scratch
+ * and links in an LRU list that holds every resident chunk.  A hit takes
+ * no lock (see struct slot): with one mutex for the stream, every row of
+ * a random-cell query took it twice, and a 10,000-cell query on 16 threads
+ * took twice the time it takes without.  A miss decompresses outside the
+ * lock into a fresh buffer; if another thread installed the same chunk
+ * meanwhile, the later copy is dropped.  Scratch
  * buffers for multi-stage pipelines come from a small free list so that
  * the hot path does not allocate them per call.
  *
@@ -40,11 +43,26 @@
 
 #define NIL UINT64_MAX
 
+/* A slot's pins while the evictor takes its chunk (see try_evict). */
+#define PIN_DEAD 0x80000000u
+
+/*
+ * A chunk's slot.  A hit takes no lock: it pins the chunk with an atomic
+ * add (refused while PIN_DEAD is set), reads buf and marks the chunk
+ * used (ref).  Everything else happens under the stream's mutex: buf is
+ * set by a miss and cleared by an eviction, which first swaps pins from
+ * 0 to PIN_DEAD, so a chunk is never freed while pinned.  A cached
+ * chunk stays in the LRU list while pinned; the list is put in order
+ * lazily, by the evictors (a clock: a chunk used or pinned since it was
+ * listed goes back to the head with a fresh tick instead of going).
+ */
 struct slot {
-    uint8_t *buf;
-    uint32_t pins;
-    uint64_t prev, next;   /* LRU links, NIL when not listed */
-    uint64_t tick;         /* last use (shared budget's clock), while listed */
+    _Atomic(uint8_t *) buf;
+    atomic_uint pins;
+    atomic_uchar ref;      /* used since it was (re)listed */
+    atomic_uint_fast64_t hits;
+    uint64_t prev, next;   /* LRU links, NIL when not listed (mu) */
+    uint64_t tick;         /* when it was (re)listed (shared budget's clock; mu) */
 };
 
 struct scratch {
@@ -57,10 +75,14 @@ struct iv_stream {
     char label[256];
     pthread_mutex_t mu;
     struct slot *slots;
-    uint64_t lru_head, lru_tail;  /* head = most recently used */
-    size_t budget, used;
+    uint64_t lru_head, lru_tail;  /* head = most recently (re)listed */
+    uint64_t n_listed;            /* cached chunks, all listed (mu) */
+    uint64_t moved;               /* chunks sent back to the head since the last eviction (mu) */
+    size_t budget;                /* fixed at creation */
+    atomic_size_t used;           /* changed under mu, read by releases without it */
+    atomic_int republish;         /* the shared budget was told nothing is evictable */
     struct scratch *free_scratch;
-    uint64_t hits, misses, evictions, bytes_decompressed;
+    uint64_t misses, evictions, bytes_decompressed;
     /* Buffer arena (NULL: none) and its use (mu): never-used slots from
      * arena_next on, freed ones on the arena's stack of slot numbers. */
     iv_stream_arena_t *arena;
@@ -257,6 +279,8 @@ int iv_stream_create_in(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_a
     snprintf(s->label, sizeof s->label, "%s", desc->label ? desc->label : "packed_indices");
     s->d.label = s->label;
     s->budget = cache_budget;
+    atomic_init(&s->used, 0);
+    atomic_init(&s->republish, 0);
     s->lru_head = s->lru_tail = NIL;
     if (s->d.chunked) {
         s->slots = calloc(s->d.n_chunks ? s->d.n_chunks : 1, sizeof *s->slots);
@@ -267,7 +291,14 @@ int iv_stream_create_in(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_a
             return iv_fail(err, IV_ENOMEM, "out of memory for %llu chunk slots",
                            (unsigned long long)desc->n_chunks);
         }
-        for (uint64_t c = 0; c < s->d.n_chunks; c++) s->slots[c].prev = s->slots[c].next = NIL;
+        for (uint64_t c = 0; c < s->d.n_chunks; c++) {
+            struct slot *e = &s->slots[c];
+            atomic_init(&e->buf, NULL);
+            atomic_init(&e->pins, 0);
+            atomic_init(&e->ref, 0);
+            atomic_init(&e->hits, 0);
+            e->prev = e->next = NIL;
+        }
         arena_adopt(s, arena);
     } else {
         iv_stream_arena_free(arena);
@@ -287,10 +318,10 @@ void iv_stream_destroy(iv_stream_t *s)
     /* Out of the shared budget first: no eviction can reach s after this. */
     if (s->mb) {
         iv_membudget_leave(&s->mbc);
-        iv_membudget_uncharge(&s->mbc, s->used);
+        iv_membudget_uncharge(&s->mbc, atomic_load(&s->used));
     }
     if (s->slots) {
-        for (uint64_t c = 0; c < s->d.n_chunks; c++) buf_free(s, s->slots[c].buf);
+        for (uint64_t c = 0; c < s->d.n_chunks; c++) buf_free(s, atomic_load(&s->slots[c].buf));
         free(s->slots);
     }
     iv_stream_arena_free(s->arena);
@@ -315,15 +346,19 @@ static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
     return (size_t)(left < s->d.chunk_len ? left : s->d.chunk_len);
 }
 
-/* Tells the shared budget the tick of the LRU tail; the caller holds mu. */
-static void publish(iv_stream_t *s)
+/* Tells the shared budget the tick of the LRU tail (UINT64_MAX: nothing
+ * listed, or every listed chunk pinned when `none`); the caller holds mu. */
+static void publish_as(iv_stream_t *s, int none)
 {
     if (!s->mb) return;
-    if (s->lru_tail != NIL)
+    if (s->lru_tail != NIL && !none)
         iv_membudget_publish(&s->mbc, s->slots[s->lru_tail].tick, chunk_bytes(s, s->lru_tail));
     else
         iv_membudget_publish(&s->mbc, UINT64_MAX, 0);
+    if (!none) atomic_store(&s->republish, 0);
 }
+
+static void publish(iv_stream_t *s) { publish_as(s, 0); }
 
 /* LRU list operations; the caller holds mu. */
 static void lru_unlink(iv_stream_t *s, uint64_t c)
@@ -340,6 +375,7 @@ static void lru_push_head(iv_stream_t *s, uint64_t c)
 {
     struct slot *e = &s->slots[c];
     e->tick = s->mb ? iv_membudget_tick(s->mb) : 0;
+    atomic_store_explicit(&e->ref, 0, memory_order_relaxed);
     e->prev = NIL;
     e->next = s->lru_head;
     if (s->lru_head != NIL) s->slots[s->lru_head].prev = c;
@@ -347,34 +383,93 @@ static void lru_push_head(iv_stream_t *s, uint64_t c)
     if (s->lru_tail == NIL) s->lru_tail = c;
 }
 
-/* Frees the cached, unpinned chunk c (the caller holds mu). */
-static size_t evict_chunk(iv_stream_t *s, uint64_t c)
+/* Sends listed chunk c back to the head (a second chance); mu held. */
+static void lru_again(iv_stream_t *s, uint64_t c)
 {
+    lru_unlink(s, c);
+    lru_push_head(s, c);
+    s->moved++;
+}
+
+/* Whether listed chunk c must not go now: pinned, or (unless a whole
+ * round of second chances has passed without an eviction) used since it
+ * was listed.  mu held. */
+static int keep_chunk(iv_stream_t *s, uint64_t c)
+{
+    struct slot *e = &s->slots[c];
+    if (atomic_load_explicit(&e->pins, memory_order_acquire) != 0) return 1;
+    return s->moved < s->n_listed && atomic_load_explicit(&e->ref, memory_order_relaxed);
+}
+
+/* Frees the cached chunk c unless a reader holds it (mu held): its
+ * bytes, or 0 when pinned.  No hit can pin it once pins is PIN_DEAD. */
+static size_t try_evict(iv_stream_t *s, uint64_t c)
+{
+    struct slot *e = &s->slots[c];
+    unsigned none = 0;
+    if (!atomic_compare_exchange_strong_explicit(&e->pins, &none, PIN_DEAD, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return 0;
     size_t n = chunk_bytes(s, c);
     lru_unlink(s, c);
-    s->used -= n;
+    s->n_listed--;
+    s->moved = 0;
+    atomic_fetch_sub_explicit(&s->used, n, memory_order_relaxed);
     if (s->mb) iv_membudget_uncharge(&s->mbc, n);
-    buf_free(s, s->slots[c].buf);
-    s->slots[c].buf = NULL;
+    uint8_t *b = atomic_load_explicit(&e->buf, memory_order_relaxed);
+    atomic_store_explicit(&e->buf, NULL, memory_order_relaxed);
+    buf_free(s, b);
     s->evictions++;
+    atomic_store_explicit(&e->pins, 0, memory_order_release);
     return n;
 }
 
-/* Frees unpinned chunks, least recently used first, until `need` more
- * bytes fit in the budget or nothing evictable is left. */
+/* Frees chunks from the LRU tail, giving a used or pinned one a second
+ * chance, until `need` more bytes fit in the budget or every chunk left
+ * is pinned.  mu held. */
 static void evict_for(iv_stream_t *s, size_t need)
 {
-    while (s->used + need > s->budget && s->lru_tail != NIL) evict_chunk(s, s->lru_tail);
+    uint64_t steps = 2 * s->n_listed + 2;
+    while (atomic_load_explicit(&s->used, memory_order_relaxed) + need > s->budget &&
+           s->lru_tail != NIL && steps-- > 0) {
+        uint64_t c = s->lru_tail;
+        if (keep_chunk(s, c) || try_evict(s, c) == 0) lru_again(s, c);
+    }
     publish(s);
 }
 
-/* The shared budget's evict callback: the LRU tail goes. */
+/* The shared budget's evict callback.  A tail used or pinned since it was
+ * listed goes back to the head first, and the callback answers 0 with the
+ * new tail published, so that the budget compares it with the other
+ * streams' again; when every chunk is pinned it publishes none. */
 static size_t evict_oldest(void *ctx)
 {
     iv_stream_t *s = ctx;
+    size_t n = 0;
     pthread_mutex_lock(&s->mu);
-    size_t n = s->lru_tail != NIL ? evict_chunk(s, s->lru_tail) : 0;
-    publish(s);
+    uint64_t c = s->lru_tail, steps = s->n_listed;
+    if (c != NIL && !keep_chunk(s, c) && (n = try_evict(s, c)) > 0) {
+        publish(s);
+    } else if (c != NIL) {
+        int all_pinned = 1;
+        while (steps-- > 0 && s->lru_tail != NIL && keep_chunk(s, s->lru_tail)) {
+            uint64_t t = s->lru_tail;
+            if (atomic_load_explicit(&s->slots[t].pins, memory_order_relaxed) == 0) all_pinned = 0;
+            lru_again(s, t);
+        }
+        if (s->lru_tail != NIL && !keep_chunk(s, s->lru_tail)) all_pinned = 0;
+        if (all_pinned) {
+            /* Say so before looking once more: a release that unpins a
+             * chunk after this look sees the flag and publishes again
+             * (both sequentially consistent, so one sees the other). */
+            atomic_store(&s->republish, 1);
+            for (uint64_t t = s->lru_tail; t != NIL && all_pinned; t = s->slots[t].prev)
+                if (atomic_load(&s->slots[t].pins) == 0) all_pinned = 0;
+        }
+        publish_as(s, all_pinned);
+    } else {
+        publish(s);
+    }
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -388,7 +483,7 @@ void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor)
     iv_membudget_join(mb, &s->mbc);
     pthread_mutex_lock(&s->mu);
     s->mb = mb;
-    iv_membudget_charge(&s->mbc, s->used);
+    iv_membudget_charge(&s->mbc, atomic_load(&s->used));
     for (uint64_t c = s->lru_head; c != NIL; c = s->slots[c].next)
         s->slots[c].tick = iv_membudget_tick(mb);
     publish(s);
@@ -577,14 +672,33 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
         return 0;
     }
     struct slot *e = &s->slots[c];
-    pthread_mutex_lock(&s->mu);
-    if (e->buf) {
-        if (e->pins++ == 0) {
-            lru_unlink(s, c);
-            publish(s);
+    /* A hit: pin without the lock.  The pin holds only if buf is still
+     * set once it is taken (an eviction may have come between). */
+    if (atomic_load_explicit(&e->buf, memory_order_acquire)) {
+        unsigned p = atomic_load_explicit(&e->pins, memory_order_relaxed);
+        while (!(p & PIN_DEAD)) {
+            if (!atomic_compare_exchange_weak_explicit(&e->pins, &p, p + 1, memory_order_acq_rel,
+                                                       memory_order_relaxed))
+                continue;
+            uint8_t *b = atomic_load_explicit(&e->buf, memory_order_acquire);
+            if (b) {
+                if (!atomic_load_explicit(&e->ref, memory_order_relaxed))
+                    atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
+                *data = b;
+                return 0;
+            }
+            atomic_fetch_sub_explicit(&e->pins, 1, memory_order_release);
+            break;
         }
-        s->hits++;
-        *data = e->buf;
+    }
+    pthread_mutex_lock(&s->mu);
+    uint8_t *have = atomic_load_explicit(&e->buf, memory_order_relaxed);
+    if (have) {
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
+        *data = have;
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
@@ -599,21 +713,24 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
 
     pthread_mutex_lock(&s->mu);
     s->bytes_decompressed += *len;
-    if (e->buf) {
+    have = atomic_load_explicit(&e->buf, memory_order_relaxed);
+    if (have) {
         /* Another thread installed it first; keep theirs. */
         buf_free(s, buf);
-        if (e->pins++ == 0) {
-            lru_unlink(s, c);
-            publish(s);
-        }
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
     } else {
         evict_for(s, *len);
-        e->buf = buf;
-        e->pins = 1;
-        s->used += *len;
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->buf, buf, memory_order_release);
+        lru_push_head(s, c);
+        s->n_listed++;
+        atomic_fetch_add_explicit(&s->used, *len, memory_order_relaxed);
         if (s->mb) iv_membudget_charge(&s->mbc, *len);
+        publish(s);
+        have = buf;
     }
-    *data = e->buf;
+    *data = have;
     pthread_mutex_unlock(&s->mu);
     if (decompressed) *decompressed = *len;
     return 0;
@@ -623,14 +740,16 @@ void iv_stream_release(iv_stream_t *s, uint64_t c)
 {
     if (!s->d.chunked) return;
     struct slot *e = &s->slots[c];
-    pthread_mutex_lock(&s->mu);
-    if (--e->pins == 0) {
-        lru_push_head(s, c);
-        /* Over budget (everything else was pinned when it came in). */
-        if (s->used > s->budget) evict_chunk(s, c);
-        publish(s);
+    unsigned left = atomic_fetch_sub(&e->pins, 1) - 1;
+    /* Over budget (everything else was pinned when it came in), or the
+     * shared budget was told that nothing here could go (evict_oldest):
+     * the lock, now that this chunk can. */
+    if (left == 0 && (atomic_load_explicit(&s->used, memory_order_relaxed) > s->budget ||
+                      atomic_load(&s->republish))) {
+        pthread_mutex_lock(&s->mu);
+        evict_for(s, 0);
+        pthread_mutex_unlock(&s->mu);
     }
-    pthread_mutex_unlock(&s->mu);
     /* Over the shared budget for the same reason: the process's oldest
      * chunk goes, which may be this one or another dataset's. */
     if (s->mb && iv_membudget_used(s->mb) > iv_membudget_bytes(s->mb))
@@ -644,15 +763,18 @@ void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
     out->shared_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
     out->floor = s->mb ? s->mbc.floor : 0;
     out->budget_evictions = s->mb ? (uint64_t)atomic_load(&s->mbc.evicted) : 0;
-    out->used = s->used;
+    out->used = atomic_load(&s->used);
     out->owned_bytes = s->d.owned_buf ? (size_t)s->d.length : 0;
     if (s->d.owned_map) out->owned_bytes += s->d.owned_map_len;
     out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + 20) : 0;
     out->scratch_bytes = 0;
     for (struct scratch *sc = s->free_scratch; sc; sc = sc->next)
         out->scratch_bytes += sizeof *sc + (size_t)s->d.chunk_len + 64;
-    out->pinned_over_budget = s->used > s->budget ? s->used - s->budget : 0;
-    out->hits = s->hits;
+    size_t used = atomic_load(&s->used);
+    out->pinned_over_budget = used > s->budget ? used - s->budget : 0;
+    out->hits = 0;
+    for (uint64_t c = 0; s->d.chunked && c < s->d.n_chunks; c++)
+        out->hits += atomic_load_explicit(&s->slots[c].hits, memory_order_relaxed);
     out->misses = s->misses;
     out->evictions = s->evictions;
     out->bytes_decompressed = s->bytes_decompressed;
@@ -663,10 +785,12 @@ void iv_stream_drop_cache(iv_stream_t *s)
 {
     if (!s->d.chunked) return;
     pthread_mutex_lock(&s->mu);
-    size_t keep = s->budget;
-    s->budget = 0;
-    evict_for(s, 0);
-    s->budget = keep;
+    for (uint64_t c = s->lru_tail; c != NIL;) {
+        uint64_t up = s->slots[c].prev;
+        (void)try_evict(s, c);   /* a pinned chunk stays */
+        c = up;
+    }
+    publish(s);
     if (s->arena && s->arena_out == 0) {
         /* No slot is cached, pinned or being filled: hand the arena's pages
          * back to the OS and start it afresh, so that dropping the cache
