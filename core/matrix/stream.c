@@ -77,7 +77,7 @@ struct iv_stream {
     struct slot *slots;
     uint64_t lru_head, lru_tail;  /* head = most recently (re)listed */
     uint64_t n_listed;            /* cached chunks, all listed (mu) */
-    uint64_t moved;               /* chunks sent back to the head since the last eviction (mu) */
+    int recompared;               /* evict_oldest last answered 0 to be compared again (mu) */
     size_t budget;                /* fixed at creation */
     atomic_size_t used;           /* changed under mu, read by releases without it */
     atomic_int republish;         /* the shared budget was told nothing is evictable */
@@ -388,17 +388,21 @@ static void lru_again(iv_stream_t *s, uint64_t c)
 {
     lru_unlink(s, c);
     lru_push_head(s, c);
-    s->moved++;
 }
 
-/* Whether listed chunk c must not go now: pinned, or (unless a whole
- * round of second chances has passed without an eviction) used since it
- * was listed.  mu held. */
-static int keep_chunk(iv_stream_t *s, uint64_t c)
+/* Second chances one eviction gives (used chunks sent back to the head)
+ * before used chunks may go too: it bounds the work under the lock when
+ * every chunk is in use. */
+#define SECOND_CHANCES 32
+
+/* Whether listed chunk c must not go now: pinned, or used since it was
+ * listed when honor_ref.  mu held.  Sequentially consistent against the
+ * release's unpin (see iv_stream_release). */
+static int keep_chunk(iv_stream_t *s, uint64_t c, int honor_ref)
 {
     struct slot *e = &s->slots[c];
-    if (atomic_load_explicit(&e->pins, memory_order_acquire) != 0) return 1;
-    return s->moved < s->n_listed && atomic_load_explicit(&e->ref, memory_order_relaxed);
+    if (atomic_load(&e->pins) != 0) return 1;
+    return honor_ref && atomic_load_explicit(&e->ref, memory_order_relaxed);
 }
 
 /* Frees the cached chunk c unless a reader holds it (mu held): its
@@ -407,14 +411,12 @@ static size_t try_evict(iv_stream_t *s, uint64_t c)
 {
     struct slot *e = &s->slots[c];
     unsigned none = 0;
-    if (!atomic_compare_exchange_strong_explicit(&e->pins, &none, PIN_DEAD, memory_order_acq_rel,
-                                                 memory_order_relaxed))
-        return 0;
+    if (!atomic_compare_exchange_strong(&e->pins, &none, PIN_DEAD)) return 0;
     size_t n = chunk_bytes(s, c);
     lru_unlink(s, c);
     s->n_listed--;
-    s->moved = 0;
-    atomic_fetch_sub_explicit(&s->used, n, memory_order_relaxed);
+    s->recompared = 0;
+    atomic_fetch_sub(&s->used, n);
     if (s->mb) iv_membudget_uncharge(&s->mbc, n);
     uint8_t *b = atomic_load_explicit(&e->buf, memory_order_relaxed);
     atomic_store_explicit(&e->buf, NULL, memory_order_relaxed);
@@ -425,51 +427,62 @@ static size_t try_evict(iv_stream_t *s, uint64_t c)
 }
 
 /* Frees chunks from the LRU tail, giving a used or pinned one a second
- * chance, until `need` more bytes fit in the budget or every chunk left
- * is pinned.  mu held. */
-static void evict_for(iv_stream_t *s, size_t need)
+ * chance, until the stream is within its budget or every chunk left is
+ * pinned.  mu held. */
+static void evict_over(iv_stream_t *s)
 {
+    unsigned chances = 0;
     uint64_t steps = 2 * s->n_listed + 2;
-    while (atomic_load_explicit(&s->used, memory_order_relaxed) + need > s->budget &&
-           s->lru_tail != NIL && steps-- > 0) {
+    while (atomic_load(&s->used) > s->budget && s->lru_tail != NIL && steps-- > 0) {
         uint64_t c = s->lru_tail;
-        if (keep_chunk(s, c) || try_evict(s, c) == 0) lru_again(s, c);
+        if (keep_chunk(s, c, chances < SECOND_CHANCES) || try_evict(s, c) == 0) {
+            lru_again(s, c);
+            chances++;
+        }
     }
     publish(s);
 }
 
-/* The shared budget's evict callback.  A tail used or pinned since it was
- * listed goes back to the head first, and the callback answers 0 with the
- * new tail published, so that the budget compares it with the other
- * streams' again; when every chunk is pinned it publishes none. */
+/*
+ * The shared budget's evict callback.  The tail goes when it is neither
+ * pinned nor used since it was listed.  Otherwise such tails go back to
+ * the head and the callback answers 0 with the new tail published, so
+ * that the budget compares it with the other streams' again; the next
+ * call then takes the first unpinned tail even if used (at most one such
+ * round an eviction).  When every chunk is pinned it publishes none.
+ */
 static size_t evict_oldest(void *ctx)
 {
     iv_stream_t *s = ctx;
     size_t n = 0;
     pthread_mutex_lock(&s->mu);
-    uint64_t c = s->lru_tail, steps = s->n_listed;
-    if (c != NIL && !keep_chunk(s, c) && (n = try_evict(s, c)) > 0) {
-        publish(s);
-    } else if (c != NIL) {
-        int all_pinned = 1;
-        while (steps-- > 0 && s->lru_tail != NIL && keep_chunk(s, s->lru_tail)) {
-            uint64_t t = s->lru_tail;
-            if (atomic_load_explicit(&s->slots[t].pins, memory_order_relaxed) == 0) all_pinned = 0;
-            lru_again(s, t);
+    int honor = !s->recompared, moved = 0, all_pinned = 1;
+    unsigned chances = 0;
+    for (uint64_t steps = s->n_listed; s->lru_tail != NIL && steps > 0; steps--) {
+        uint64_t t = s->lru_tail;
+        int keep = keep_chunk(s, t, honor && chances < SECOND_CHANCES);
+        if (!keep && moved) {
+            all_pinned = 0;
+            break;
         }
-        if (s->lru_tail != NIL && !keep_chunk(s, s->lru_tail)) all_pinned = 0;
-        if (all_pinned) {
-            /* Say so before looking once more: a release that unpins a
-             * chunk after this look sees the flag and publishes again
-             * (both sequentially consistent, so one sees the other). */
-            atomic_store(&s->republish, 1);
-            for (uint64_t t = s->lru_tail; t != NIL && all_pinned; t = s->slots[t].prev)
-                if (atomic_load(&s->slots[t].pins) == 0) all_pinned = 0;
-        }
-        publish_as(s, all_pinned);
-    } else {
-        publish(s);
+        if (!keep && (n = try_evict(s, t)) > 0) break;
+        /* Used, pinned, or pinned just now: a second chance. */
+        if (atomic_load(&s->slots[t].pins) == 0) all_pinned = 0;
+        lru_again(s, t);
+        moved = 1;
+        chances++;
     }
+    int none = n == 0 && moved && all_pinned;
+    if (none) {
+        /* Say so before looking once more: a release that unpins a chunk
+         * after this look sees the flag and publishes again (both
+         * sequentially consistent, so one sees the other). */
+        atomic_store(&s->republish, 1);
+        for (uint64_t t = s->lru_tail; t != NIL && none; t = s->slots[t].prev)
+            if (atomic_load(&s->slots[t].pins) == 0) none = 0;
+    }
+    if (n == 0 && moved && !none) s->recompared = 1;
+    publish_as(s, none);
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -720,13 +733,16 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
         atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
         atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
     } else {
-        evict_for(s, *len);
+        /* Counted first: a release that unpins a chunk after evict_over
+         * looked at it sees the stream over budget and evicts (both
+         * sequentially consistent, so one sees the other). */
+        atomic_fetch_add(&s->used, *len);
+        if (s->mb) iv_membudget_charge(&s->mbc, *len);
+        evict_over(s);
         atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
         atomic_store_explicit(&e->buf, buf, memory_order_release);
         lru_push_head(s, c);
         s->n_listed++;
-        atomic_fetch_add_explicit(&s->used, *len, memory_order_relaxed);
-        if (s->mb) iv_membudget_charge(&s->mbc, *len);
         publish(s);
         have = buf;
     }
@@ -744,10 +760,9 @@ void iv_stream_release(iv_stream_t *s, uint64_t c)
     /* Over budget (everything else was pinned when it came in), or the
      * shared budget was told that nothing here could go (evict_oldest):
      * the lock, now that this chunk can. */
-    if (left == 0 && (atomic_load_explicit(&s->used, memory_order_relaxed) > s->budget ||
-                      atomic_load(&s->republish))) {
+    if (left == 0 && (atomic_load(&s->used) > s->budget || atomic_load(&s->republish))) {
         pthread_mutex_lock(&s->mu);
-        evict_for(s, 0);
+        evict_over(s);
         pthread_mutex_unlock(&s->mu);
     }
     /* Over the shared budget for the same reason: the process's oldest

@@ -10,13 +10,15 @@
  * pass first reads them and sealed after it, and the file's identity; a
  * chunk that fails is IV_EFILE_CHANGED, never other bytes.  iv_stream_acquire() returns a pinned, read-only view of chunk
  * c's decompressed bytes; iv_stream_release() unpins it.  Any thread may
- * acquire any chunk; the cache is guarded by one mutex held only for
- * bookkeeping, never while decompressing.
+ * acquire any chunk.  A hit and a release take no lock; misses and
+ * evictions take the stream's mutex, held only for bookkeeping, never
+ * while decompressing.
  *
  * Memory: cached bytes stay within the budget, plus the chunks pinned at
- * the moment (a few per decoding thread).  An unpinned chunk beyond the
- * budget is freed on release; LRU order decides which cached chunk goes
- * when a new one needs room.  A stream that joined a shared budget
+ * the moment (a few per decoding thread).  When the last pin of a chunk
+ * goes while the stream is over its budget, the release evicts; the
+ * least recently listed chunk not used since goes first when a new one
+ * needs room (a clock over the LRU list).  A stream that joined a shared budget
  * (iv_stream_join_budget) also stays within that, together with the
  * other streams that joined it.
  */
