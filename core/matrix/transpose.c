@@ -714,15 +714,11 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t 
                         uint8_t *dst, uint32_t *cnt, uint32_t *touched, uint32_t *cells, iv_err_t *e)
 {
     size_t nt = 0;
-    uint64_t prev = UINT64_MAX;
     const size_t lsz = t->lsz;
+    /* The order of the source slices was checked by the block's first
+     * read (encode_item). */
     for (uint64_t x = 0; x < n; x++) {
-        uint64_t en = get_entry(r, lsz, x), s = en >> t->vbits;
-        uint32_t v = (uint32_t)(en & t->vmask);
-        if (prev != UINT64_MAX && s <= prev)
-            return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
-                           " twice", t->src->where, s, g);
-        prev = s;
+        uint32_t v = (uint32_t)(get_entry(r, lsz, x) & t->vmask);
         if (cnt[v]++ == 0) touched[nt++] = v;
     }
     size_t w = 0;
