@@ -239,6 +239,11 @@ def wait_metric(url, name, pred, timeout=10):
     return v
 
 
+# A dense JSON answer of the largest fixture (12 MB): more than a client
+# that reads nothing lets the kernel take.
+STALL_PATH = "/v1/datasets/d/query?format=json&by=var&dense=true"
+
+
 def small_rcvbuf_conn(port):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -414,12 +419,16 @@ def test_write_budget_refuses_then_cuts_the_slowest(tmp_path):
         url = f"{s.url}/v1/datasets/d/query?format=json"
         full = len(requests.get(url).content)
         assert full > 2 << 20, full  # larger than the budget
-        # Two clients that pipeline two large answers each and read nothing:
-        # what the kernel does not take waits in the server.
+        # Two clients that pipeline two answers each, larger than the kernel
+        # can ever take (its send buffer grows to 4 MiB), and read nothing:
+        # the rest waits in the server.  (An answer the kernel swallowed
+        # whole, however slowly, would free the budget without a cut.)
+        stall = len(requests.get(s.url + STALL_PATH).content)
+        assert stall > 8 << 20, stall
         slows = []
         for _ in range(2):
             c = small_rcvbuf_conn(s.port)
-            c.sendall(request("GET", "/v1/datasets/d/query?format=json") * 2)
+            c.sendall(request("GET", STALL_PATH) * 2)
             slows.append(c)
         assert wait_metric(s.url, "ivserve_queued_write_bytes", lambda v: v >= 1 << 20) >= 1 << 20
         # A new large answer does not fit while the slow readers are recent:
@@ -433,9 +442,16 @@ def test_write_budget_refuses_then_cuts_the_slowest(tmp_path):
             assert r.status_code == 503 and "Retry-After" in r.headers, r.status_code
         # Small answers still go out.
         assert requests.get(f"{s.url}/healthz").status_code == 200
-        # Once the slow reader stalled long enough, it is cut for the next one.
-        time.sleep(1.2)
-        r = requests.get(url, timeout=30)
+        # Once the slow readers stalled long enough, they are cut for the
+        # next one.  (A slow reader's second answer may have been admitted
+        # late, by cutting the other, and be recent still: ask again.)
+        deadline = time.time() + 20
+        while True:
+            time.sleep(1.2)
+            r = requests.get(url, timeout=30)
+            if r.status_code == 200 or time.time() > deadline:
+                break
+            assert r.status_code == 503 and "Retry-After" in r.headers, r.status_code
         assert r.status_code == 200 and len(r.content) == full
         assert metric(s.url, "ivserve_write_budget_cuts_total") >= 1
         # The stalled readers were cut: they get less than their two answers.
@@ -451,7 +467,7 @@ def test_write_budget_refuses_then_cuts_the_slowest(tmp_path):
             except (ConnectionResetError, socket.timeout):
                 pass
             slow.close()
-            assert got < 2 * full
+            assert got < 2 * stall
     finally:
         assert s.stop() == 0
 
@@ -465,14 +481,20 @@ def test_abandoned_setup_jobs_are_cancelled(tmp_path):
         idx = rng.integers(0, BIG["shape"][0], 300_000).tolist()
         body = json.dumps({"obs": {"index": idx}}).encode()
         req = request("POST", "/v1/datasets/d/count", ["Content-Type: application/json"], body)
-        # Clients that send a heavy set-up and leave at once: the jobs still
-        # queued behind the single worker (or between their phases) when the
-        # server sees them go are dropped.  A round where every job finished
-        # before its client's EOF was read cancels nothing: try again.
+        # Clients that send a heavy set-up and leave while their jobs wait in
+        # the queue behind the single worker: those jobs are dropped.  The
+        # clients leave only once the server reports jobs waiting, so that
+        # the test does not depend on how fast the worker is against the
+        # loop (a round where every job finished before its client's EOF
+        # was read would cancel nothing).
         for _ in range(4):
+            conns = []
             for _ in range(16):
                 c = socket.create_connection(("127.0.0.1", s.port))
                 c.sendall(req)
+                conns.append(c)
+            wait_metric(s.url, "ivserve_queue_depth", lambda v: v >= 4, timeout=5)
+            for c in conns:
                 c.close()
             assert wait_metric(s.url, "ivserve_active_streams", lambda v: v == 0, timeout=60) == 0
             if (metric(s.url, "ivserve_jobs_cancelled_total") or 0) >= 1:

@@ -18,7 +18,7 @@ import numpy as np
 import requests
 
 from test_http_server import FILES, FIX, Server, ds_id, expected, same  # noqa: F401
-from test_http_conn import BIG, metric, read_responses, request, wait_metric
+from test_http_conn import BIG, STALL_PATH, metric, read_responses, request, wait_metric
 
 import ivclient  # noqa: E402  (test_http_server put proto/python on the path)
 
@@ -155,12 +155,15 @@ def test_write_budget_spans_the_loops(tmp_path):
     try:
         url = f"{s.url}/v1/datasets/d/query?format=json"
         full = len(requests.get(url).content)
+        # The slow readers ask for answers larger than the kernel can ever
+        # take, so that only a cut frees their part of the budget.
+        assert len(requests.get(s.url + STALL_PATH).content) > 8 << 20
         slows = []
         for _ in range(3):  # one on each loop
             c = socket.socket()
             c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             c.connect(("127.0.0.1", s.port))
-            c.sendall(request("GET", "/v1/datasets/d/query?format=json") * 2)
+            c.sendall(request("GET", STALL_PATH) * 2)
             slows.append(c)
         assert wait_metric(s.url, "ivserve_queued_write_bytes", lambda v: v >= 1 << 20) >= 1 << 20
         deadline = time.time() + 20
