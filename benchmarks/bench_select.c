@@ -219,8 +219,10 @@ int main(int argc, char **argv)
     if (threads < 1) threads = 1;
     if (reps < 1) reps = 1;
 
-    iv_pool_t *pool = iv_pool_create(threads - 1, 0);
-    if (!pool) die("cannot create the pool", NULL);
+    /* T threads: the caller and T - 1 workers; one thread runs without a
+     * pool (iv_pool_create(0) would start one worker per core). */
+    iv_pool_t *pool = threads > 1 ? iv_pool_create(threads - 1, 0) : NULL;
+    if (threads > 1 && !pool) die("cannot create the pool", NULL);
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
     o.pool = pool;
