@@ -26,13 +26,14 @@ struct iv_job {
 struct iv_pool {
     pthread_mutex_t mu;
     pthread_cond_t nonempty;
-    pthread_cond_t idle;
+    pthread_cond_t idle;       /* a worker started, or the pool went idle */
     struct iv_job *ring;
     size_t cap, head, count;   /* ring size, first job, jobs queued */
     size_t limit;              /* queued jobs iv_pool_try_submit allows */
     unsigned n_threads;
     unsigned running;   /* jobs being executed */
     unsigned waiting;   /* workers asleep on nonempty */
+    unsigned started;   /* workers that reached their loop */
     int stopping;
     pthread_t *threads;
 };
@@ -41,6 +42,8 @@ static void *worker_main(void *arg)
 {
     iv_pool_t *p = arg;
     pthread_mutex_lock(&p->mu);
+    p->started++;
+    pthread_cond_broadcast(&p->idle);
     for (;;) {
         while (p->count == 0 && !p->stopping) {
             p->waiting++;
@@ -86,6 +89,14 @@ iv_pool_t *iv_pool_create(unsigned n_threads, size_t queue_cap)
         }
         p->n_threads = i + 1;
     }
+    /* The pool is ready when it is returned: every worker has started and
+     * waits for work.  A thread still starting may hold a lock of the C
+     * library or of a sanitizer's runtime, and a process forked just then
+     * (an HDF5 reader, core/h5/h5iso.c) would inherit it held: such a
+     * child of an AddressSanitizer build once spun for minutes. */
+    pthread_mutex_lock(&p->mu);
+    while (p->started < p->n_threads) pthread_cond_wait(&p->idle, &p->mu);
+    pthread_mutex_unlock(&p->mu);
     return p;
 
 fail_cond:
