@@ -12,8 +12,8 @@
  * faulted in and zeroed again by the kernel on every query: a 10,000-cell
  * query on one thread took 190 ms instead of 42 ms, 9,000 page faults
  * each (benchmarks/README.md, "Seventh run").  The cost: the resident
- * size counts those pages (as LazyFree in /proc/PID/smaps_rollup) until
- * the kernel takes them back.
+ * size counts those pages until the kernel takes them back; /metrics
+ * reports them (ivserve_process_resident_bytes{kind="lazy_free"}).
  */
 extern const char *malloc_conf;
 const char *malloc_conf = "muzzy_decay_ms:-1";

@@ -125,11 +125,13 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
                      "# TYPE ivserve_cache_budget_bytes gauge\nivserve_cache_budget_bytes %zu\n",
                   g->cache_budget);
     if (g->process_rss)
-        iv_buf_printf(o, "# HELP ivserve_process_resident_bytes Resident memory of the process, all and anonymous.\n"
+        iv_buf_printf(o, "# HELP ivserve_process_resident_bytes Resident memory of the process: all, anonymous, "
+                         "and freed lazily (the kernel takes those back when it needs them).\n"
                          "# TYPE ivserve_process_resident_bytes gauge\n"
                          "ivserve_process_resident_bytes{kind=\"all\"} %" PRIu64 "\n"
-                         "ivserve_process_resident_bytes{kind=\"anonymous\"} %" PRIu64 "\n",
-                      g->process_rss, g->process_anon);
+                         "ivserve_process_resident_bytes{kind=\"anonymous\"} %" PRIu64 "\n"
+                         "ivserve_process_resident_bytes{kind=\"lazy_free\"} %" PRIu64 "\n",
+                      g->process_rss, g->process_anon, g->process_lazyfree);
     iv_buf_puts(o, "# HELP ivserve_dataset_memory_bytes Memory a ready dataset holds, by part.\n"
                    "# TYPE ivserve_dataset_memory_bytes gauge\n");
     /* Dataset ids are [A-Za-z0-9._-]+ (config.h): nothing to escape in a label. */

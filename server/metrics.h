@@ -64,6 +64,7 @@ typedef struct iv_metrics_gauges {
     size_t datasets_ready, datasets_failed, datasets_loading;
     size_t cache_budget;          /* the process-wide cache budget */
     uint64_t process_rss, process_anon;   /* 0 = unknown */
+    uint64_t process_lazyfree;            /* of those, freed lazily (MADV_FREE) */
     const iv_metrics_ds_mem_t *ds_mem;    /* per ready dataset */
     size_t n_ds_mem;
 } iv_metrics_gauges_t;

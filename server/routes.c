@@ -265,6 +265,7 @@ static void route_metrics(conn_t *c)
     }
     g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
     iv_mem_process(&g.process_rss, &g.process_anon);
+    g.process_lazyfree = iv_mem_process_lazyfree();
     iv_metrics_ds_mem_t *mem = calloc(s->reg.n ? s->reg.n : 1, sizeof *mem);
     g.ds_mem = mem;
     for (size_t i = 0; i < s->reg.n; i++) {

@@ -315,3 +315,9 @@ void iv_mem_process(uint64_t *rss, uint64_t *anon)
     *rss = read_key("/proc/self/status", "VmRSS", &ok) * 1024;
     *anon = read_key("/proc/self/status", "RssAnon", &ok) * 1024;
 }
+
+uint64_t iv_mem_process_lazyfree(void)
+{
+    int ok;
+    return read_key("/proc/self/smaps_rollup", "LazyFree", &ok) * 1024;
+}

@@ -117,5 +117,10 @@ size_t iv_membudget_default(unsigned percent, size_t fallback, const char **sour
 /* The process's resident and anonymous resident bytes (/proc/self/status);
  * 0 when unknown. */
 void iv_mem_process(uint64_t *rss, uint64_t *anon);
+/* Of the resident bytes, those freed with MADV_FREE that the kernel has
+ * not taken back yet (LazyFree in /proc/self/smaps_rollup): the allocator
+ * keeps freed pages so (server/alloc_conf.c), and the kernel reclaims them
+ * before it runs short.  0 when unknown. */
+uint64_t iv_mem_process_lazyfree(void);
 
 #endif

@@ -268,6 +268,8 @@ def test_parts_are_present_and_plausible(tmp_path):
         rss = srv.metric("ivserve_process_resident_bytes", 'kind="all"')
         anon = srv.metric("ivserve_process_resident_bytes", 'kind="anonymous"')
         assert 0 < anon <= rss
+        lazy = srv.metric("ivserve_process_resident_bytes", 'kind="lazy_free"')
+        assert lazy is not None and 0 <= lazy <= rss
         # Everything reported is memory the process holds.
         assert total <= anon or sanitized()
     finally:

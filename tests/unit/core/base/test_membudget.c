@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "membudget.h"
 #include "stream.h"
@@ -229,6 +230,28 @@ START_TEST(default_is_a_share_of_available_memory)
 }
 END_TEST
 
+/* Pages freed with MADV_FREE stay resident, and are counted as lazily
+ * freed, until the kernel takes them. */
+START_TEST(lazily_freed_pages_are_counted)
+{
+#ifdef MADV_FREE
+    const size_t len = (size_t)32 << 20;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    memset(p, 1, len);
+    uint64_t before = iv_mem_process_lazyfree();
+    ck_assert_int_eq(madvise(p, len, MADV_FREE), 0);
+    uint64_t after = iv_mem_process_lazyfree();
+    /* Nearly all of it (the kernel may take some back at once). */
+    ck_assert_uint_ge(after, before + len / 2);
+    memset(p, 2, len);   /* written again: no longer free */
+    uint64_t again = iv_mem_process_lazyfree();
+    ck_assert_uint_lt(again, after - len / 2);
+    munmap(p, len);
+#endif
+}
+END_TEST
+
 struct stress {
     iv_stream_t **s;
     int n_streams;
@@ -352,6 +375,7 @@ int main(void)
     tcase_add_test(tc, cutting_the_budget_shrinks_the_caches);
     tcase_add_test(tc, reserve_takes_only_free_room);
     tcase_add_test(tc, default_is_a_share_of_available_memory);
+    tcase_add_test(tc, lazily_freed_pages_are_counted);
     tcase_add_test(tc, threads_keep_the_accounting_exact);
     tcase_add_test(tc, resident_memory_follows_the_budget);
     suite_add_tcase(s, tc);
