@@ -293,46 +293,84 @@ static int take_msgs(struct wait_state *ws, iv_h5iso_note_fn note, void *note_ct
     return 0;
 }
 
-/*
- * Whether the child sleeps on a futex.  It has one thread, so no futex
- * of its own can ever be released: it inherited a lock that another
- * thread of the parent held at the fork.  glibc's malloc and jemalloc
- * take their locks around fork, but an allocator without fork handlers
- * (AddressSanitizer's, before LLVM 16) can leave one held, and the child
- * then sleeps forever in its first malloc of that size.
- */
-static int child_in_futex(pid_t pid)
+/* The system call the child is blocked in, or -1 when it is running
+ * (or cannot be seen). */
+static long child_syscall(pid_t pid)
 {
     char path[64], buf[64];
     snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) return -1;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0 || buf[0] < '0' || buf[0] > '9') return -1;
     buf[n] = '\0';
-    return strtol(buf, NULL, 10) == SYS_futex;
+    return strtol(buf, NULL, 10);
 }
 
-/* Seconds a child may sleep on a futex before it counts as deadlocked. */
-#define FUTEX_STUCK_CHECKS 3
+/* The child's read and write system calls so far (/proc/PID/io), or
+ * UINT64_MAX when they cannot be seen. */
+static uint64_t child_io_calls(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/io", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return UINT64_MAX;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return UINT64_MAX;
+    buf[n] = '\0';
+    const char *r = strstr(buf, "syscr:"), *w = strstr(buf, "syscw:");
+    if (!r || !w) return UINT64_MAX;
+    return strtoull(r + 6, NULL, 10) + strtoull(w + 6, NULL, 10);
+}
+
+/*
+ * A deadlocked child.  It has one thread, so no lock of its own can ever
+ * be released: it inherited one that another thread of the parent held at
+ * the fork.  glibc's malloc and jemalloc take their locks around fork,
+ * but an allocator without fork handlers (AddressSanitizer's, before LLVM
+ * 16) can leave one held, and the child then waits forever in its first
+ * malloc of that size: asleep on a futex (seen at once), or spinning on a
+ * lock that yields the processor between tries, which looks like running.
+ * A spinning child makes no read or write call; a reader makes one for
+ * every chunk it reads or block it writes, and one blocked in any other
+ * call (a slow disk) is waiting, not stuck.
+ */
+#define FUTEX_STUCK_CHECKS 3   /* seconds asleep on a futex */
+#define SPIN_STUCK_CHECKS 8    /* seconds running without a read or write */
+
+struct stuck {
+    int futex, spin;
+    uint64_t io;
+};
+
+/* Called once a second without a message: 1 when the child counts as
+ * deadlocked. */
+static int child_stuck(pid_t pid, struct stuck *st)
+{
+    long nr = child_syscall(pid);
+    uint64_t io = child_io_calls(pid);
+    st->futex = nr == SYS_futex ? st->futex + 1 : 0;
+    int idle = io != UINT64_MAX && io == st->io && (nr < 0 || nr == SYS_sched_yield);
+    st->spin = idle ? st->spin + 1 : 0;
+    st->io = io;
+    return st->futex >= FUTEX_STUCK_CHECKS || st->spin >= SPIN_STUCK_CHECKS;
+}
 
 /* Reads the child's messages until its answer or its end (0), the
  * deadline (1), a malformed message (-1) or a deadlock of the child (2). */
 static int read_msgs(int rfd, pid_t pid, double deadline, struct wait_state *ws,
                      iv_h5iso_note_fn note, void *note_ctx)
 {
-    int stuck = 0;
+    struct stuck st = {0, 0, UINT64_MAX};
     for (;;) {
         double left = deadline - now_ms();
         if (left <= 0) return 1;
         struct pollfd pfd = {.fd = rfd, .events = POLLIN};
         int pr = poll(&pfd, 1, left > 1000 ? 1000 : (int)left + 1);
         if (pr < 0 && errno != EINTR) return -1;
-        if (pr == 0) {
-            stuck = child_in_futex(pid) ? stuck + 1 : 0;
-            if (stuck >= FUTEX_STUCK_CHECKS) return 2;
-        }
+        if (pr == 0 && child_stuck(pid, &st)) return 2;
         if (pr <= 0) continue;
         ssize_t r = read(rfd, ws->in + ws->in_len, sizeof ws->in - ws->in_len);
         if (r < 0) {
