@@ -14,7 +14,10 @@
 #     16 and 64 clients (wrk): req/s, p50, p99, GB/s in all;
 #   - 1 random cell x 50 genes, 64 clients (wrk): req/s, p50, p99;
 #   - gene queries: 1 gene x all cells, 50 genes x all cells, 50 genes x
-#     B cells (a where filter), 1 cell x all genes: curl best of R.
+#     B cells (a where filter), 1 cell x all genes: curl best of R; the
+#     three gene queries again by gene ("by": "var");
+#   - the transport floor: the 10,000-cell answer's bytes sent from memory
+#     by a server that does no work, read by the same curl.
 # The engine column is bench_select on the same selection with the same
 # thread count (the where filter's cells passed as an index list).
 set -euo pipefail
@@ -167,6 +170,44 @@ read -r h_g1 b_g1 < <(curl_best "$q?var=$gene1")
 read -r h_g50 b_g50 < <(curl_best "$q?var=$genes50")
 read -r h_g50b b_g50b < <(curl_best "$q?obs_where=cell_type+%3D%3D+%27B%27&var=$genes50")
 read -r h_c1 b_c1 < <(curl_best "$q?obs=$cell1")
+# The same gene queries answered by gene ("by": "var": the CSC of the
+# result, without an obs id and indptr entry for every cell).
+read -r v_g1 vb_g1 < <(curl_best "$q?var=$gene1&by=var")
+read -r v_g50 vb_g50 < <(curl_best "$q?var=$genes50&by=var")
+read -r v_g50b vb_g50b < <(curl_best "$q?obs_where=cell_type+%3D%3D+%27B%27&var=$genes50&by=var")
+
+# The transport floor: the 10,000-cell answer's bytes sent from memory by a
+# server that does nothing else (one sendall per request), read by the same
+# curl.  No server can hand one client these bytes faster on this machine.
+curl -s -o "$tmp/r10k.bin" -X POST -H "$binary" -H 'Content-Type: application/json' \
+    --data-binary @"$tmp/cells10k.json" "$q"
+floor_port=$((port + 1))
+"$py" - "$tmp/r10k.bin" "$floor_port" >"$tmp/floor.log" 2>&1 <<'EOF' &
+import socket, sys
+body = open(sys.argv[1], "rb").read()
+head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.ivserve.csr\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+msg = memoryview(head + body)
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[2])))
+ls.listen(16)
+print("listening", flush=True)
+while True:
+    c, _ = ls.accept()
+    got = b""
+    while b"\r\n\r\n" not in got:
+        d = c.recv(65536)
+        if not d:
+            break
+        got += d
+    c.sendall(msg)
+    c.close()
+EOF
+floor_pid=$!
+for _ in $(seq 100); do grep -q listening "$tmp/floor.log" 2>/dev/null && break; sleep 0.05; done
+read -r h_floor b_floor < <(curl_best "http://127.0.0.1:$floor_port/")
+kill "$floor_pid" 2>/dev/null || true
 
 # ------------------------------------------------------------- many clients
 cat >"$tmp/post.lua" <<'EOF'
@@ -239,6 +280,12 @@ row "1 gene x all cells" "$h_g1" "$e_g1" "$b_g1" "$c_g1"
 row "50 genes x all cells" "$h_g50" "$e_g50" "$b_g50" "$c_g50"
 row "50 genes x B cells (where)" "$h_g50b" "$e_g50b" "$b_g50b" "$c_g50b"
 row "1 cell x all genes" "$h_c1" "$e_c1" "$b_c1"
+row "1 gene x all cells, by var" "$v_g1" "$e_g1" "$vb_g1"
+row "50 genes x all cells, by var" "$v_g50" "$e_g50" "$vb_g50"
+row "50 genes x B cells (where), by var" "$v_g50b" "$e_g50b" "$vb_g50b"
+awk -v h="$h_r10k" -v f="$h_floor" -v b="$b_floor" -v e="$e_r10k" \
+    'BEGIN{printf "%-44s %10.2f %10s %8s %12d\n", "transport floor: the 10,000-cell bytes, no work", f, "-", "-", b;
+           printf "  10,000 cells: HTTP / floor %.2f; floor / engine %.2f; 1.3 x engine = %.2f ms\n", h / f, f / e, 1.3 * e}'
 echo "  (engine: bench_select, plan + prepare + decode every block on $threads threads, warm, best of $reps,"
 echo "   orientation chosen by the planner; cell-major ms: the same selection forced onto the cell-major file;"
 echo "   the B-cell engine run takes the filter's cells as an index list, so it leaves out the filter)"
