@@ -22,17 +22,11 @@
 #include <strings.h>
 #include <unistd.h>
 
-#ifdef __linux__
-#include <linux/sockios.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/ioctl.h>
-#endif
+#include "transport.h"
 
 #define READ_BUF_BYTES 65536
 
 static void on_timer(uv_timer_t *t);
-static void on_shutdown(uv_shutdown_t *req, int status);
 static void conn_pump(conn_t *c);
 static void conn_shutdown(conn_t *c);
 
@@ -100,9 +94,10 @@ void resp_finished(conn_t *c)
 
 /* ---- connection input --------------------------------------------------- */
 
-static void on_handle_closed(uv_handle_t *h)
+/* One of the connection's two handles (its timer, its transport) closed;
+ * the second frees it. */
+static void handle_closed(conn_t *c)
 {
-    conn_t *c = h->data;
     if (--c->handles_open > 0) return;
     loop_t *lp = c->lp;
     loop_enter(lp);
@@ -125,38 +120,14 @@ static void on_handle_closed(uv_handle_t *h)
     loop_leave(lp);
 }
 
-/* Bytes the kernel still holds for the client: unsent or unacknowledged.
- * Linux says (SIOCOUTQ); elsewhere 0, and closing relies on the client's
- * EOF or the drain time. */
-static size_t sock_outq(conn_t *c)
+static void on_timer_closed(uv_handle_t *h)
 {
-#ifdef __linux__
-    uv_os_fd_t fd;
-    int n = 0;
-    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &n) == 0 && n > 0)
-        return (size_t)n;
-#else
-    (void)c;
-#endif
-    return 0;
+    handle_closed(h->data);
 }
 
-/*
- * A request arrived in part.  Clients that write the headers and the body
- * in two calls with Nagle on (Python's http.client does) hold the second
- * part until the first is acknowledged, and a delayed ACK makes that wait
- * tens of milliseconds: acknowledge now.  Linux only; a hint elsewhere.
- */
-static void sock_quickack(conn_t *c)
+void conn_transport_closed(conn_t *c)
 {
-#if defined(__linux__) && defined(TCP_QUICKACK)
-    uv_os_fd_t fd;
-    int one = 1;
-    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
-#else
-    (void)c;
-#endif
+    handle_closed(c);
 }
 
 void conn_close(conn_t *c)
@@ -179,7 +150,7 @@ void conn_close(conn_t *c)
     if (c->log_pending) {
         /* What the client really got: the answer less what never left
          * this process and what the kernel still holds unacknowledged. */
-        size_t held = c->wpending + sock_outq(c);
+        size_t held = c->wpending + c->tp->unacked(c);
         uint64_t got = c->bytes > held ? c->bytes - held : 0;
         if (got < c->bytes && !c->errmsg[0])
             snprintf(c->errmsg, sizeof c->errmsg,
@@ -197,14 +168,10 @@ void conn_close(conn_t *c)
     if (c->next) c->next->prev = c->prev;
     lp->n_conns--;
     s->n_conns_all--;
-    uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
-    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+    if (c->tp_open) c->tp->close(c);
 }
-
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
 
 /*
  * The polite close.  After the last answer the write side is shut and the
@@ -223,7 +190,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
 static void drain_check(conn_t *c)
 {
     uint64_t now = uv_now(&c->lp->loop);
-    size_t outq = sock_outq(c);
+    size_t outq = c->tp->unacked(c);
     if (outq != c->outq_last) {
         c->outq_last = outq;
         c->outq_t = now;
@@ -240,15 +207,13 @@ static void drain_check(conn_t *c)
     }
     if (input_over && c->reading) {
         /* Enough dropped: stop reading, still wait for the acknowledgements. */
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->tp->read_stop(c);
         c->reading = 0;
     }
 }
 
-static void shutdown_done(uv_shutdown_t *req, int status)
+void conn_shut(conn_t *c, int status)
 {
-    conn_t *c = req->data;
-    free(req);
     if (c->state == CS_CLOSING) return;
     if (status < 0) {
         conn_close(c);
@@ -260,9 +225,7 @@ static void shutdown_done(uv_shutdown_t *req, int status)
     c->outq_last = (size_t)-1;
     c->rlen = 0;
     conn_set_state(c, CS_DRAINING);
-    if (!c->reading && !c->peer_eof &&
-        uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0)
-        c->reading = 1;
+    if (!c->reading && !c->peer_eof && c->tp->read_start(c) == 0) c->reading = 1;
     drain_check(c);
 }
 
@@ -271,16 +234,7 @@ static void conn_shutdown(conn_t *c)
 {
     if (c->state == CS_CLOSING || c->shutting) return;
     c->shutting = 1;
-    uv_shutdown_t *sr = malloc(sizeof *sr);
-    if (!sr) {
-        conn_close(c);
-        return;
-    }
-    sr->data = c;
-    if (uv_shutdown(sr, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
-        free(sr);
-        conn_close(c);
-    }
+    if (c->tp->shutdown(c) != 0) conn_close(c);
 }
 
 static void timer_fired(uv_timer_t *t)
@@ -337,21 +291,10 @@ static void timer_fired(uv_timer_t *t)
     }
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* n bytes arrived at c->rbuf + c->rlen, or the input ended (UV_EOF) or
+ * failed. */
+void conn_input(conn_t *c, ssize_t n)
 {
-    (void)suggested;
-    conn_t *c = h->data;
-    if (c->rlen >= c->rcap) {
-        *buf = uv_buf_init(NULL, 0);
-        return;
-    }
-    *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
-}
-
-static void read_done(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
-{
-    (void)buf;
-    conn_t *c = st->data;
     if (c->state == CS_CLOSING) return;
     if (c->state == CS_DRAINING) {
         c->rlen = 0;  /* dropped */
@@ -360,7 +303,7 @@ static void read_done(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             c->drain_last_in = uv_now(&c->lp->loop);
         } else if (n == UV_EOF) {
             c->peer_eof = 1;
-            uv_read_stop(st);
+            c->tp->read_stop(c);
             c->reading = 0;
             drain_check(c);
         } else if (n < 0) {
@@ -369,13 +312,13 @@ static void read_done(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n < 0) {
-        /* EOF: a request being answered still gets its answer (the client
-         * may have half-closed after sending it); otherwise the
-         * conversation is over. */
-        if (n == UV_EOF && c->active && c->state == CS_RESPONDING) {
+        /* EOF: an answer being written is still written whole (the client
+         * may have half-closed after sending its request), also when its
+         * last bytes are only queued; otherwise the conversation is over. */
+        if (n == UV_EOF && c->state == CS_RESPONDING) {
             c->peer_eof = 1;
             c->close_after = 1;
-            uv_read_stop(st);
+            c->tp->read_stop(c);
             c->reading = 0;
             return;
         }
@@ -528,7 +471,7 @@ static void conn_pump(conn_t *c)
             } else if (iv_http_in_active(&c->in)) {
                 conn_enter(c, CS_READ_HEAD);
             }
-            if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) sock_quickack(c);
+            if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) c->tp->quickack(c);
         }
     }
     if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->close_after)
@@ -537,9 +480,9 @@ static void conn_pump(conn_t *c)
     if (c->state == CS_CLOSING) return;
     int want = c->rlen < c->rcap && !c->peer_eof && !c->close_after && c->state != CS_DRAINING;
     if (want && !c->reading) {
-        if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0) c->reading = 1;
+        if (c->tp->read_start(c) == 0) c->reading = 1;
     } else if (!want && c->reading && c->state != CS_DRAINING) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->tp->read_stop(c);
         c->reading = 0;
     }
 }
@@ -547,27 +490,11 @@ static void conn_pump(conn_t *c)
 
 /* ---- the loop's callbacks (each within loop_enter / loop_leave) ---------- */
 
-static void on_shutdown(uv_shutdown_t *req, int status)
-{
-    loop_t *lp = ((conn_t *)req->data)->lp;
-    loop_enter(lp);
-    shutdown_done(req, status);
-    loop_leave(lp);
-}
-
 static void on_timer(uv_timer_t *t)
 {
     loop_t *lp = ((conn_t *)t->data)->lp;
     loop_enter(lp);
     timer_fired(t);
-    loop_leave(lp);
-}
-
-static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
-{
-    loop_t *lp = ((conn_t *)st->data)->lp;
-    loop_enter(lp);
-    read_done(st, n, buf);
     loop_leave(lp);
 }
 
@@ -578,64 +505,72 @@ conn_t *conn_by_id(loop_t *lp, uint64_t id)
     return NULL;
 }
 
-void conn_adopt(loop_t *lp, int fd)
+conn_t *conn_create(loop_t *lp, const iv_transport_t *tp)
 {
     server_t *s = lp->srv;
     conn_t *c = calloc(1, sizeof *c);
-    if (!c) {
-        close(fd);
-        return;
-    }
+    if (!c) return NULL;
     c->srv = s;
     c->lp = lp;
+    c->tp = tp;
     c->id = atomic_fetch_add(&s->next_conn_id, 1);
     c->rcap = s->cfg->limits.header_bytes + 4096 > READ_BUF_BYTES ? s->cfg->limits.header_bytes + 4096
                                                                    : READ_BUF_BYTES;
     c->rbuf = malloc(c->rcap);
     c->ahead_cap = s->cfg->limits.max_pipeline ? s->cfg->limits.max_pipeline : 1;
     c->ahead = calloc(c->ahead_cap, sizeof *c->ahead);
-    if (uv_tcp_init(&lp->loop, &c->tcp) != 0) {
+    if (!c->rbuf || !c->ahead || uv_timer_init(&lp->loop, &c->timer) != 0) {
         free(c->ahead);
         free(c->rbuf);
         free(c);
-        close(fd);
-        return;
-    }
-    c->tcp.data = c;
-    c->handles_open = 1;
-    if (uv_timer_init(&lp->loop, &c->timer) != 0) {
-        c->state = CS_CLOSING;
-        close(fd);
-        uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
-        return;
+        return NULL;
     }
     c->timer.data = c;
-    c->handles_open = 2;
+    c->handles_open = 1;
+    c->cells = c->genes = -1;
     iv_http_in_init(&c->in, s->cfg->limits.header_bytes, s->cfg->limits.body_bytes);
     c->next = lp->conns;
     if (lp->conns) lp->conns->prev = c;
     lp->conns = c;
     lp->n_conns++;
-    size_t all = ++s->n_conns_all;
+    s->n_conns_all++;
     LP_METRIC(lp, m_->connections_total++);
     c->last_progress = uv_now(&lp->loop);
-    if (!c->rbuf || !c->ahead || uv_tcp_open(&c->tcp, fd) != 0) {
-        close(fd);
-        conn_close(c);
-        return;
-    }
-    /* Answers go out as soon as they are written: with Nagle on, the last
-     * small write of an answer waits for the client's delayed ACK. */
-    uv_tcp_nodelay(&c->tcp, 1);
-    c->peer_ok = iv_alog_peer(&c->tcp, c->peer, sizeof c->peer, c->peer_ip) == 0;
-    c->cells = c->genes = -1;
+    return c;
+}
+
+void conn_attached(conn_t *c)
+{
+    c->tp_open = 1;
+    c->handles_open++;
+}
+
+void conn_start(conn_t *c)
+{
+    server_t *s = c->srv;
     /* A new connection owes its first request within the header timeout,
      * not the keep-alive time. */
     conn_set_state(c, CS_READ_HEAD);
-    if (all > s->cfg->limits.max_connections || lp->draining) {
+    if (s->n_conns_all > s->cfg->limits.max_connections || c->lp->draining) {
         resp_begin_error(c);
         send_error(c, 503, "overloaded", "too many connections", "Retry-After: 1\r\n");
         return;
     }
     conn_pump(c);
+}
+
+void conn_adopt(loop_t *lp, int fd)
+{
+    conn_t *c = conn_create(lp, &iv_tcp_transport);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    int rc = iv_tcp_open(c, fd);
+    if (rc != -1) conn_attached(c);
+    if (rc != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_start(c);
 }

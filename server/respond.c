@@ -5,7 +5,7 @@
  *
  * Each write carries the sequence number of the answer it belongs to and,
  * for a stream's block, the stream, which its completion credits
- * (on_write): a stream hears "written" from its own blocks, never from
+ * (conn_wrote): a stream hears "written" from its own blocks, never from
  * whatever else the connection writes.  A write's buffers live until its
  * callback.  When an answer's last write completes, the connection goes
  * back to its state machine (conn.c, resp_finished).  The write budget
@@ -45,7 +45,7 @@ typedef struct wreq {
 
 static void budget_freed(loop_t *lp);
 
-static void write_done(uv_write_t *w, int status)
+void conn_wrote(uv_write_t *w, int status)
 {
     wreq_t *r = (wreq_t *)w;
     conn_t *c = r->c;
@@ -78,14 +78,6 @@ static void write_done(uv_write_t *w, int status)
     }
     if (last) resp_finished(c);
     else if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
-}
-
-static void on_write(uv_write_t *w, int status)
-{
-    loop_t *lp = ((wreq_t *)w)->c->lp;
-    loop_enter(lp);
-    write_done(w, status);
-    loop_leave(lp);
 }
 
 /* Queues head (owned, may be NULL) then payload (owned when own, else it
@@ -140,7 +132,7 @@ int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t p
     c->srv->budget_used += r->bytes;
     c->bytes += r->bytes;
     if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
-    if (uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, n, on_write) != 0) {
+    if (c->tp->write(c, &r->req, bufs, n) != 0) {
         c->wpending -= r->bytes;
         c->lp->queued_bytes -= r->bytes;
         c->srv->budget_used -= r->bytes;

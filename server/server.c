@@ -543,10 +543,10 @@ int iv_server_run(const iv_config_t *cfg)
     return iv_server_run_with(cfg, NULL, NULL);
 }
 
-int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
 {
     server_t *s = calloc(1, sizeof *s);
-    if (!s) return 1;
+    if (!s) return NULL;
     s->cfg = cfg;
     s->reader = reader;
     s->reader_arg = reader_arg;
@@ -560,21 +560,22 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     atomic_init(&s->room_wanted_ms, 0);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
-        return 1;
+        return NULL;
     }
     signal(SIGPIPE, SIG_IGN);
     iv_h5filters_register();
-    int exit_code = 1;
     s->n_loops = loops_wanted(cfg);
     s->loops = calloc(s->n_loops, sizeof *s->loops);
     if (!s->loops) {
         fprintf(stderr, "ivserve: out of memory\n");
-        goto fail_loops;
+        server_free(s, SRV_ALLOCATED);
+        return NULL;
     }
     s->pool = iv_pool_create(cfg->threads, cfg->queue);
     if (!s->pool) {
         fprintf(stderr, "ivserve: cannot start the worker pool\n");
-        goto fail_pool;
+        server_free(s, SRV_ALLOCATED);
+        return NULL;
     }
     iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
     if (start_cache_budget(s) != 0) goto fail_mem;
@@ -643,8 +644,26 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
     }
     if (s->h5_serial)
         iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
+    return s;
 
-    if (bind_listener(s) != 0) goto fail_loop;
+fail_loop:
+    server_free(s, SRV_LOOPS);
+    return NULL;
+fail_mem:
+    server_free(s, SRV_POOL);
+    return NULL;
+}
+
+int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+{
+    server_t *s = server_open(cfg, reader, reader_arg);
+    if (!s) return 1;
+    int rc;
+    uv_loop_t *l0 = &s->loops[0].loop;
+    if (bind_listener(s) != 0) {
+        server_free(s, SRV_LOOPS);
+        return 1;
+    }
     for (unsigned i = 1; i < s->n_loops; i++) {
         loop_t *lp = &s->loops[i];
         if ((rc = pthread_create(&lp->thread, NULL, loop_thread, lp)) != 0) {
@@ -652,7 +671,8 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
             /* The loops already running stop as at SIGTERM. */
             for (unsigned k = 1; k < i; k++) loop_ask_stop(&s->loops[k]);
             for (unsigned k = 1; k < i; k++) pthread_join(s->loops[k].thread, NULL);
-            goto fail_loop;
+            server_free(s, SRV_LOOPS);
+            return 1;
         }
     }
     for (size_t i = 0; i < s->reg.n; i++) load_submit(s, s->reg.v[i], 0, 0, 0);
@@ -662,13 +682,22 @@ int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void 
                       uv_strerror(rc));
     uv_run(l0, UV_RUN_DEFAULT);
     for (unsigned i = 1; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
-    exit_code = 0;
     iv_alog_event(&s->log, "info", "stopped");
-    goto cleanup;
+    server_free(s, SRV_RAN);
+    return 0;
+}
 
-fail_loop:
-    close_loops(s);
-cleanup:
+/*
+ * Frees server s, set up as far as stage says: SRV_ALLOCATED (the
+ * structure, its log and loop array), SRV_POOL (and the pool, budgets,
+ * registry, tokens), SRV_LOOPS (and the loops and their handles, not
+ * run), SRV_RAN (its loops ran to their end and closed their handles).
+ */
+void server_free(server_t *s, int stage)
+{
+    if (stage < SRV_POOL) goto allocated;
+    if (stage < SRV_LOOPS) goto pool_up;
+    if (stage == SRV_LOOPS) close_loops(s);
     iv_pool_destroy(s->pool);
     s->pool = NULL;
     /* A call drained on one loop may post another to a loop drained
@@ -693,16 +722,14 @@ cleanup:
     }
     pthread_rwlock_destroy(&s->shared);
     pthread_mutex_destroy(&s->h5_mu);
-fail_mem:
+pool_up:
     iv_pool_destroy(s->pool);
     iv_registry_free(&s->reg);
     /* After every dataset closed (each stream leaves the budget). */
     iv_membudget_free(s->mb);
     iv_auth_free(&s->auth);
-fail_pool:
+allocated:
     free(s->loops);
-fail_loops:
     iv_alog_close(&s->log);
     free(s);
-    return exit_code;
 }

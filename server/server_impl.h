@@ -8,6 +8,7 @@
  *                   connections to them, signals, the loops' side of the
  *                   worker hand-off, the served files' watcher
  *   conn.c          connection input and the connection state machine
+ *   transport_tcp.c the connections' TCP sockets (transport.h)
  *   respond.c       status line and headers, writes, the end of an answer
  *                   and its access-log line, the write budget
  *   qstream.c       query streams: the blocks-ahead window, blocks
@@ -47,6 +48,7 @@
 #include "request.h"
 #include "routes_viewer.h"
 #include "server.h"
+#include "transport.h"
 #include "transpose.h"
 #include "watch.h"
 
@@ -190,8 +192,11 @@ typedef enum conn_state {
 } conn_state_t;
 
 struct conn {
-    uv_tcp_t tcp;
+    uv_tcp_t tcp;         /* the TCP transport's handle (transport_tcp.c) */
     uv_timer_t timer;
+    const iv_transport_t *tp;  /* its transport (transport.h) */
+    void *tp_ctx;         /* the transport's own state, if any */
+    int tp_open;          /* the transport is open: closed with the connection */
     server_t *srv;
     loop_t *lp;           /* the loop that owns its socket and timer */
     uint64_t id;          /* unique in the server's life (a reload's answer finds it by id) */
@@ -456,6 +461,13 @@ void resp_finished(conn_t *c);
 void conn_close(conn_t *c);
 /* Loop lp takes the accepted socket fd (closes it on failure). */
 void conn_adopt(loop_t *lp, int fd);
+/* The steps of conn_adopt, for any transport: a connection on loop lp
+ * (NULL when out of memory), counted and listed, its transport not yet
+ * open; conn_attached once the transport is open (it is closed with the
+ * connection); conn_start to read the first request. */
+conn_t *conn_create(loop_t *lp, const iv_transport_t *tp);
+void conn_attached(conn_t *c);
+void conn_start(conn_t *c);
 conn_t *conn_by_id(loop_t *lp, uint64_t id);
 
 /* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
@@ -467,6 +479,14 @@ int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
 int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 /* gzip level of a query answer by Accept-Encoding (0: identity), and
  * the headers that vary with it. */
+/* The server's state without a listening socket or running loops: what
+ * iv_server_run sets up before it listens (server.c).  Unit tests build
+ * a server this way and drive its loop and connections by hand.
+ * server_open says on stderr why it returns NULL; server_free frees a
+ * server set up as far as its stage. */
+enum { SRV_ALLOCATED, SRV_POOL, SRV_LOOPS, SRV_RAN };
+server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg);
+void server_free(server_t *s, int stage);
 /* Closes the loop's handles once no connection is left (server.c). */
 void loop_stopped_check(loop_t *lp);
 /* Runs fn(arg) on loop lp's thread, soon (a job with only a done half). */
