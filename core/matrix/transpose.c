@@ -594,16 +594,18 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
             uint64_t left = (uint64_t)(vp[k + 1] - vp[k]), acc = 0, d;
             uint64_t hi = fill ? sl | (uint64_t)vid[k] << gbits : 0;
             while (left > 0) {
-                /* One- and two-byte varints inline (most of a cell-major
-                 * stream); the rest through the cursor. */
-                if (cur.end - cur.p >= 2 && cur.p[0] < 0x80) {
-                    d = *cur.p++;
-                } else if (cur.end - cur.p >= 2 && cur.p[1] < 0x80) {
-                    d = (uint64_t)(cur.p[0] & 0x7f) | (uint64_t)cur.p[1] << 7;
-                    cur.p += 2;
-                } else if ((rc = iv_cursor_read(&cur, &d, &e)) < 0) {
-                    break;
+                /* One- and two-byte varints inline and without a branch
+                 * on which (most of a cell-major stream, mixed about
+                 * evenly, so that a branch would often be mispredicted);
+                 * the rest through the cursor. */
+                int fast = 0;
+                if (cur.end - cur.p >= 2) {
+                    uint64_t b0 = cur.p[0], b1 = cur.p[1], two = b0 >> 7;
+                    d = (b0 & 0x7f) | ((b1 << 7) & (0 - two));
+                    fast = !(two & (b1 >> 7));
+                    cur.p += fast ? 1 + two : 0;
                 }
+                if (!fast && (rc = iv_cursor_read(&cur, &d, &e)) < 0) break;
                 left--;
                 acc += d + 1;
                 if (d >= n_minor || acc > n_minor) {
@@ -685,6 +687,22 @@ static inline size_t put_varint(uint8_t *p, uint64_t v)
     return n;
 }
 
+/*
+ * put_varint for the encode's buffers, which have a byte of slack past
+ * their last varint (see encode_item): the one- and two-byte varints
+ * (most of a gene-major stream, mixed) without a branch on which.
+ */
+static inline size_t put_varint_s(uint8_t *p, uint64_t v)
+{
+    if (v < ((uint64_t)1 << 14)) {
+        uint64_t two = v >= 0x80;
+        p[0] = (uint8_t)(v | two << 7);
+        p[1] = (uint8_t)(v >> 7);
+        return (size_t)(1 + two);
+    }
+    return put_varint(p, v);
+}
+
 static int grp_push(struct item *it, uint32_t v, uint32_t size)
 {
     if (it->n_grp + 2 > it->cap_grp) {
@@ -730,7 +748,7 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t 
         uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
         for (uint64_t x = 0; x < n; x++) {
             uint64_t s = get_entry(r, lsz, x) >> t->vbits;
-            w += put_varint(dst + w, s - last - 1);
+            w += put_varint_s(dst + w, s - last - 1);
             last = s;
         }
         t->nbytes[g] = w;
@@ -759,7 +777,7 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t 
         uint32_t to = cnt[touched[k]];
         uint64_t last = UINT64_MAX;
         for (uint32_t x = from; x < to; x++) {
-            w += put_varint(dst + w, cells[x] - last - 1);
+            w += put_varint_s(dst + w, cells[x] - last - 1);
             last = cells[x];
         }
         from = to;
@@ -829,7 +847,7 @@ static void encode_item(void *arg, size_t i)
     uint32_t *cells = malloc((size_t)(big_blk ? big_blk : 1) * sizeof *cells);
     uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
     uint64_t *nmin = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *nmin);
-    uint8_t *eb = malloc((size_t)(big_blk ? big_blk : 1) * t->maxlen);
+    uint8_t *eb = malloc((size_t)(big_blk ? big_blk : 1) * t->maxlen + 1);  /* + put_varint_s's slack */
     if (!cells || !lo || !nmin || !eb) {
         iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
         goto done;
@@ -952,7 +970,7 @@ static void encode_item(void *arg, size_t i)
                     ng++;
                     uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
                     for (uint64_t x = from; x < to; x++) {
-                        w += put_varint(eb + w, cells[x] - last - 1);
+                        w += put_varint_s(eb + w, cells[x] - last - 1);
                         last = cells[x];
                     }
                     from = to;

@@ -451,6 +451,60 @@ START_TEST(differential_random)
 }
 END_TEST
 
+/* Long slices, sparse: deltas of one, two and three varint bytes, in
+ * both the source's stream (read by the fill) and the copy's (written by
+ * the encode), every selection checked against the matrix itself. */
+START_TEST(long_slices_all_varint_lengths)
+{
+    iv_pool_t *pool = iv_pool_create(2, 0);
+    char path[256];
+    tmp_path(path, sizeof path, "long");
+    static const int64_t shapes[][2] = {{3, 40000}, {40000, 3}, {40, 20000}, {20000, 40}};
+    static const double dens[] = {0.0002, 0.003, 0.05};
+    int iter = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (size_t dn = 0; dn < sizeof dens / sizeof dens[0]; dn++, iter++) {
+            struct mat m;
+            int64_t nr = shapes[sh][0], nc = shapes[sh][1];
+            mat_random(&m, nr, nc, dtypes[iter % 4], dens[dn]);
+            int csc = iter % 2;
+            write_packed(path, &m, csc, -1, 0);
+            iv_dataset_t *ds = open_ds(path, pool);
+            iv_err_t err = {0};
+            iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = pool};
+            ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "iter %d: %s", iter, err.msg);
+            for (int ko = 0; ko < 3; ko += 2) {
+                for (int kv = 0; kv < 3; kv += 2) {
+                    struct sel so, sv;
+                    make_sel(&so, ko, nr);
+                    make_sel(&sv, kv, nc);
+                    for (int ax = 0; ax < 2; ax++) {
+                        iv_out_axis_t axis = ax ? IV_OUT_VARS : IV_OUT_ROWS;
+                        struct res a, b;
+                        char label[96];
+                        snprintf(label, sizeof label, "%ld x %ld density %g obs kind %d var kind %d axis %d",
+                                 (long)nr, (long)nc, dens[dn], ko, kv, ax);
+                        ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_CELLS, 0, &a, &err) == 0,
+                                      "%s: %s", label, err.msg);
+                        ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_GENES, 0, &b, &err) == 0,
+                                      "%s: %s", label, err.msg);
+                        check_ref(&m, &so.s, &sv.s, ax, &a, label);
+                        check_ref(&m, &so.s, &sv.s, ax, &b, label);
+                        res_free(&a);
+                        res_free(&b);
+                    }
+                    free(so.idx);
+                    free(sv.idx);
+                }
+            }
+            iv_dataset_close(ds);
+            mat_free(&m);
+        }
+    unlink(path);
+    iv_pool_destroy(pool);
+}
+END_TEST
+
 /* The copy's parts, byte for byte: pointers, values, the packed stream. */
 struct snap {
     int64_t n_major, n_unique;
@@ -763,6 +817,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, differential_random);
+    tcase_add_test(tc, long_slices_all_varint_lengths);
     tcase_add_test(tc, every_cut_same_copy);
     tcase_add_test(tc, planner_picks_fewer_bytes);
     tcase_add_test(tc, budget_skips);
