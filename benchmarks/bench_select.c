@@ -10,6 +10,7 @@
  *                [--obs SEL | --obs-file F | --obs-random N]
  *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
  *                [--other [--checksum] [--tp-chunk N]] [--pick auto|cells|genes]
+ *                [--by obs|var]
  *
  * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
  * a file holds whitespace-separated indices; --*-random N draws N indices
@@ -21,7 +22,8 @@
  * finish) and their total, in wall seconds and in CPU seconds of all
  * threads; --checksum (with --other) adds a hash of the copy's pointers,
  * values and stream, equal for equal copies; --tp-chunk sets the entries
- * a chunk of the build's fill (transpose.h's chunk_entries).  Prints one line per
+ * a chunk of the build's fill (transpose.h's chunk_entries); --by var
+ * decodes the result by gene (a query's "by": "var").  Prints one line per
  * selection:
  *   select LABEL rows R nnz Z best_ms B median_ms M threads T served_by cells|genes
  */
@@ -187,6 +189,7 @@ int main(int argc, char **argv)
     int other = 0, checksum = 0;
     uint32_t tp_chunk = 0;
     iv_pick_t pick = IV_PICK_AUTO;
+    iv_out_axis_t axis = IV_OUT_ROWS;
     for (int i = 2; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--other") == 0 || strcmp(a, "--checksum") == 0) {
@@ -213,6 +216,11 @@ int main(int argc, char **argv)
             else if (strcmp(v, "cells") == 0) pick = IV_PICK_CELLS;
             else if (strcmp(v, "genes") == 0) pick = IV_PICK_GENES;
             else die("--pick takes auto, cells or genes", v);
+        }
+        else if (strcmp(a, "--by") == 0) {
+            if (strcmp(v, "obs") == 0) axis = IV_OUT_ROWS;
+            else if (strcmp(v, "var") == 0) axis = IV_OUT_VARS;
+            else die("--by takes obs or var", v);
         }
         else die("unknown option", a);
     }
@@ -275,7 +283,7 @@ int main(int argc, char **argv)
     for (int rep = 0; rep < reps; rep++) {
         struct run r = {0};
         double t0 = now_s();
-        iv_query_opts_t qo = {.axis = IV_OUT_ROWS, .pick = pick};
+        iv_query_opts_t qo = {.axis = axis, .pick = pick};
         if (iv_query_new(ds, &obs, &var, &qo, &r.q, &err) < 0 ||
             iv_query_prepare(r.q, pool, &err) < 0)
             die("query failed", err.msg);

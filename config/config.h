@@ -73,7 +73,7 @@ typedef struct iv_config {
     char *listen;                 /* address, default 127.0.0.1 */
     int port;                     /* default 8080; 0 = any free port (printed at start) */
     unsigned threads;             /* 0 = number of cores */
-    unsigned loops;               /* event loops; 0 = one for every four cores (one below eight) */
+    unsigned loops;               /* event loops; 0 = one for every two cores (one below eight) */
     size_t queue;                 /* worker job queue length; full = 503 */
     size_t cache_bytes;           /* decompressed-chunk cache of the whole process; IV_CACHE_AUTO = a share of the memory available at start */
     unsigned cache_share_percent; /* that share (default 50) */
