@@ -263,6 +263,17 @@ static void shut_done(fake_t *f, int status)
     conn_shut(f->c, status);
 }
 
+/* The last answer's last write completes: only then is the write side
+ * shut, and the connection goes on to drain its input. */
+static void last_write_then_shut(fake_t *f)
+{
+    ck_assert(!f->shut_asked);
+    complete1(f, 0);
+    ck_assert(f->shut_asked);
+    ck_assert(!f->close_asked);
+    shut_done(f, 0);
+}
+
 /* The transport's side of a close, as libuv does it: pending writes and
  * a pending shutdown are cancelled, then the handle's close callback. */
 static void finish_close(fake_t *f)
@@ -322,6 +333,7 @@ static int status_of(const fake_t *f, size_t nth)
 }
 
 #define GET(path) "GET " path " HTTP/1.1\r\nHost: t\r\n\r\n"
+#define GET_CLOSE(path) "GET " path " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
 
 /* ---- tests -------------------------------------------------------------- */
 
@@ -406,11 +418,7 @@ START_TEST(test_partial_headers_get_408_and_a_polite_close)
     ck_assert_int_eq(status_of(f, 0), 408);
     ck_assert_uint_eq(count_of(f, "headers did not arrive"), 1);
     ck_assert_uint_eq(count_of(f, "Connection: close"), 1);
-    ck_assert(!f->shut_asked);  /* only after the answer's last write */
-    complete1(f, 0);
-    ck_assert(f->shut_asked);
-    ck_assert(!f->close_asked);
-    shut_done(f, 0);
+    last_write_then_shut(f);
     ck_assert_int_eq(f->c->state, CS_DRAINING);
     ck_assert(f->reading);     /* input is drained, not left to cause a reset */
     feed_str(f, "st: t\r\n\r\nmore bytes the client still sends");
@@ -494,9 +502,8 @@ START_TEST(test_close_waits_until_the_client_acknowledged_everything)
     cfg_base();
     srv_start();
     fake_t *f = connect_fake();
-    feed_str(f, "GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    complete1(f, 0);
-    shut_done(f, 0);
+    feed_str(f, GET_CLOSE("/healthz"));
+    last_write_then_shut(f);
     ck_assert_int_eq(f->c->state, CS_DRAINING);
     f->unacked = 5000;  /* the tail still in the kernel, unacknowledged */
     feed_eof(f);
@@ -516,9 +523,8 @@ START_TEST(test_unacknowledged_tail_is_cut_at_the_write_timeout)
     cfg.limits.write_timeout_ms = 100;
     srv_start();
     fake_t *f = connect_fake();
-    feed_str(f, "GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    complete1(f, 0);
-    shut_done(f, 0);
+    feed_str(f, GET_CLOSE("/healthz"));
+    last_write_then_shut(f);
     f->unacked = 5000;
     feed_eof(f);
     double t0 = now_ms();
@@ -539,9 +545,7 @@ START_TEST(test_eof_after_the_request_still_gets_the_answer)
     ck_assert(!f->close_asked);
     ck_assert_int_eq(f->c->state, CS_RESPONDING);
     ck_assert(!f->reading);
-    complete1(f, 0);
-    ck_assert(f->shut_asked);
-    shut_done(f, 0);
+    last_write_then_shut(f);
     /* The client's input is over and it acknowledged everything. */
     ck_assert(f->close_asked);
     ck_assert_int_eq(status_of(f, 0), 200);
@@ -560,9 +564,7 @@ START_TEST(test_a_bad_request_is_answered_then_closed)
     complete1(f, 0);
     ck_assert_int_eq(status_of(f, 1), 400);
     ck_assert_uint_eq(count_of(f, "HTTP/1.1 "), 2);
-    complete1(f, 0);
-    ck_assert(f->shut_asked);
-    shut_done(f, 0);
+    last_write_then_shut(f);
     feed_eof(f);
     ck_assert(f->close_asked);
     ck_assert_uint_eq(count_of(f, "HTTP/1.1 "), 2);  /* nothing after the error */

@@ -387,6 +387,28 @@ static const iv_dtype_t dtypes[4] = {IV_DT_FLOAT32, IV_DT_UINT16, IV_DT_FLOAT64,
 
 /* Random matrices, both file orientations, built copies, every selection
  * form by obs and by var through both orientations. */
+/* The selection (obs, var) by axis ax (by var when 1), served by each
+ * orientation with blocks of bn entries and by the planner's pick: the
+ * first equals the matrix itself, the others equal the first. */
+static void check_orientations(iv_dataset_t *ds, iv_pool_t *pool, const struct mat *m, const iv_sel_t *obs,
+                               const iv_sel_t *var, int ax, int64_t bn, const char *label)
+{
+    iv_out_axis_t axis = ax ? IV_OUT_VARS : IV_OUT_ROWS;
+    struct res a, b, c;
+    iv_err_t err = {0};
+    ck_assert_msg(run(ds, pool, obs, var, axis, IV_PICK_CELLS, bn, &a, &err) == 0, "%s: %s", label, err.msg);
+    ck_assert_msg(run(ds, pool, obs, var, axis, IV_PICK_GENES, bn, &b, &err) == 0, "%s: %s", label, err.msg);
+    ck_assert_msg(run(ds, pool, obs, var, axis, IV_PICK_AUTO, 0, &c, &err) == 0, "%s: %s", label, err.msg);
+    ck_assert_int_eq(a.orient, IV_IVCSR);
+    ck_assert_int_eq(b.orient, IV_IVCSC);
+    check_ref(m, obs, var, ax, &a, label);
+    EXPECT(res_equal(&a, &b), "%s: the orientations differ", label);
+    EXPECT(res_equal(&a, &c), "%s: the planner's answer differs", label);
+    res_free(&a);
+    res_free(&b);
+    res_free(&c);
+}
+
 START_TEST(differential_random)
 {
     iv_pool_t *pool = iv_pool_create(2, 0);
@@ -418,26 +440,10 @@ START_TEST(differential_random)
                 make_sel(&so, ko, nr);
                 make_sel(&sv, kv, nc);
                 for (int ax = 0; ax < 2; ax++) {
-                    iv_out_axis_t axis = ax ? IV_OUT_VARS : IV_OUT_ROWS;
-                    struct res a, b, c;
                     char label[96];
                     snprintf(label, sizeof label, "iter %d obs kind %d var kind %d axis %d", iter,
                              ko, kv, ax);
-                    int64_t bn = 1 + (int64_t)(rnd() % 64);
-                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_CELLS, bn, &a, &err) == 0,
-                                  "%s: %s", label, err.msg);
-                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_GENES, bn, &b, &err) == 0,
-                                  "%s: %s", label, err.msg);
-                    ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_AUTO, 0, &c, &err) == 0,
-                                  "%s: %s", label, err.msg);
-                    ck_assert_int_eq(a.orient, IV_IVCSR);
-                    ck_assert_int_eq(b.orient, IV_IVCSC);
-                    check_ref(&m, &so.s, &sv.s, ax, &a, label);
-                    EXPECT(res_equal(&a, &b), "%s: the orientations differ", label);
-                    EXPECT(res_equal(&a, &c), "%s: the planner's answer differs", label);
-                    res_free(&a);
-                    res_free(&b);
-                    res_free(&c);
+                    check_orientations(ds, pool, &m, &so.s, &sv.s, ax, 1 + (int64_t)(rnd() % 64), label);
                 }
                 free(so.idx);
                 free(sv.idx);
@@ -479,19 +485,10 @@ START_TEST(long_slices_all_varint_lengths)
                     make_sel(&so, ko, nr);
                     make_sel(&sv, kv, nc);
                     for (int ax = 0; ax < 2; ax++) {
-                        iv_out_axis_t axis = ax ? IV_OUT_VARS : IV_OUT_ROWS;
-                        struct res a, b;
                         char label[96];
                         snprintf(label, sizeof label, "%ld x %ld density %g obs kind %d var kind %d axis %d",
                                  (long)nr, (long)nc, dens[dn], ko, kv, ax);
-                        ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_CELLS, 0, &a, &err) == 0,
-                                      "%s: %s", label, err.msg);
-                        ck_assert_msg(run(ds, pool, &so.s, &sv.s, axis, IV_PICK_GENES, 0, &b, &err) == 0,
-                                      "%s: %s", label, err.msg);
-                        check_ref(&m, &so.s, &sv.s, ax, &a, label);
-                        check_ref(&m, &so.s, &sv.s, ax, &b, label);
-                        res_free(&a);
-                        res_free(&b);
+                        check_orientations(ds, pool, &m, &so.s, &sv.s, ax, 0, label);
                     }
                     free(so.idx);
                     free(sv.idx);
