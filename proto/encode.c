@@ -165,13 +165,7 @@ void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_
         return;
     }
     if (f == IV_FMT_BINARY && !h->dense) {
-        size_t before = b->len;
-        iv_enc_block(b, f, blk);
-        /* The same layout, told apart by its kind. */
-        if (b->len >= before + 4 && !b->oom) {
-            uint32_t k = IV_WIRE_VAR_BLOCK;
-            memcpy(b->data + before, &k, 4);
-        }
+        iv_enc_block_head(b, h, blk, 1);
     } else if (f == IV_FMT_BINARY) {
         iv_buf_u32le(b, IV_WIRE_DENSE_BLOCK);
         iv_buf_u32le(b, 0);
@@ -236,21 +230,38 @@ void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
     }
 }
 
+/* A binary block frame: its kind (cell or gene rows), sizes, ids and
+ * indptr, then (with arrays) its indices and values. */
+static void enc_binary_block(iv_buf_t *b, uint32_t kind, const iv_block_t *blk, int arrays)
+{
+    size_t need = IV_WIRE_FRAME_BYTES + (size_t)blk->n_rows * 16 + 8 +
+                  (arrays ? iv_block_array_bytes(blk, 0) + iv_block_array_bytes(blk, 1) : 0);
+    if (iv_buf_reserve(b, need) != 0) return;
+    iv_buf_u32le(b, kind);
+    iv_buf_u32le(b, 0);
+    iv_buf_i64le(b, blk->n_rows);
+    iv_buf_i64le(b, blk->nnz);
+    iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
+    iv_buf_append(b, blk->indptr, (size_t)(blk->n_rows + 1) * 8);
+    if (!arrays) return;
+    iv_buf_append(b, blk->indices, iv_block_array_bytes(blk, 0));
+    iv_buf_append(b, blk->data, iv_block_array_bytes(blk, 1));
+}
+
+size_t iv_block_array_bytes(const iv_block_t *blk, int values)
+{
+    return (size_t)blk->nnz * (values ? value_size(blk->dtype) : (size_t)blk->index_size);
+}
+
+void iv_enc_block_head(iv_buf_t *b, const iv_stream_hdr_t *h, const iv_block_t *blk, int arrays)
+{
+    enc_binary_block(b, h->by_var ? IV_WIRE_VAR_BLOCK : IV_WIRE_BLOCK, blk, arrays);
+}
+
 void iv_enc_block(iv_buf_t *b, iv_fmt_t f, const iv_block_t *blk)
 {
     if (f == IV_FMT_BINARY) {
-        size_t vs = value_size(blk->dtype), is = (size_t)blk->index_size;
-        size_t need = IV_WIRE_FRAME_BYTES + (size_t)blk->n_rows * 16 + 8 +
-                      (size_t)blk->nnz * (vs + is);
-        if (iv_buf_reserve(b, need) != 0) return;
-        iv_buf_u32le(b, IV_WIRE_BLOCK);
-        iv_buf_u32le(b, 0);
-        iv_buf_i64le(b, blk->n_rows);
-        iv_buf_i64le(b, blk->nnz);
-        iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
-        iv_buf_append(b, blk->indptr, (size_t)(blk->n_rows + 1) * 8);
-        iv_buf_append(b, blk->indices, (size_t)blk->nnz * is);
-        iv_buf_append(b, blk->data, (size_t)blk->nnz * vs);
+        enc_binary_block(b, IV_WIRE_BLOCK, blk, 1);
     } else if (f == IV_FMT_NDJSON) {
         iv_buf_printf(b,
                       "{\"type\":\"block\",\"row0\":%" PRId64 ",\"n_rows\":%" PRId64

@@ -81,6 +81,13 @@ iv_stream_hdr_t iv_stream_hdr_of(const iv_query_t *q, int dense);
  * n_rows values (the result's cells), zero where nothing is stored. */
 void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_block_t *blk);
 
+/* The binary frame of blk (not dense gene rows) as iv_enc_block_h writes
+ * it, with arrays; without, only its fixed part, ids and indptr, so that
+ * a sender can write blk's indices and then its values straight after,
+ * from the block itself: iv_block_array_bytes(blk, 0) and (blk, 1) bytes. */
+void iv_enc_block_head(iv_buf_t *b, const iv_stream_hdr_t *h, const iv_block_t *blk, int arrays);
+size_t iv_block_array_bytes(const iv_block_t *blk, int values);
+
 /* numpy descr of a dtype on the wire ("<f4"); "" for an unknown one. */
 const char *iv_wire_descr(iv_dtype_t t);
 const char *iv_wire_dtype_name(iv_dtype_t t);

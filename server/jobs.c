@@ -37,6 +37,8 @@ void setup_free(setup_t *st)
 void job_free(job_t *j)
 {
     iv_buf_free(&j->out);
+    free(j->tail[0]);
+    free(j->tail[1]);
     setup_free(j->setup);
     ds_unref(j->srv, j->ds);
     free(j);
@@ -281,14 +283,35 @@ static int gz_job_out(job_t *j, int whole, int level)
 
 /* Block b of query q, decoded and encoded into j's out (rows, nnz, and
  * for gzip its CRC). */
-static void encode_block(job_t *j, iv_query_t *q, int64_t b, iv_fmt_t fmt, int dense, int gz_level)
+/* A binary block's indices and values of at least this many bytes are
+ * sent from the engine's arrays rather than copied into the frame. */
+#define TAIL_MIN_BYTES ((size_t)64 << 10)
+
+/*
+ * Decodes block b of q and encodes it in j->out.  With tails, a large
+ * binary block's indices and values stay in the engine's arrays, taken
+ * into j->tail, and j->out holds only the rest of the frame: the answer's
+ * bytes are the same and one copy of them is saved.
+ */
+static void encode_block(job_t *j, iv_query_t *q, int64_t b, iv_fmt_t fmt, int dense, int gz_level,
+                         int tails)
 {
     iv_block_t blk;
     memset(&blk, 0, sizeof blk);
     j->rc = iv_query_decode_block(q, b, &blk, &j->err);
     if (j->rc == 0) {
         iv_stream_hdr_t h = iv_stream_hdr_of(q, dense);
-        iv_enc_block_h(&j->out, fmt, &h, &blk);
+        size_t ib = iv_block_array_bytes(&blk, 0), vb = iv_block_array_bytes(&blk, 1);
+        if (tails && fmt == IV_FMT_BINARY && !h.dense && !gz_level && ib + vb >= TAIL_MIN_BYTES) {
+            iv_enc_block_head(&j->out, &h, &blk, 0);
+            j->tail[0] = blk.indices;
+            j->tail[1] = blk.data;
+            j->tail_len[0] = ib;
+            j->tail_len[1] = vb;
+            blk.indices = blk.data = NULL;
+        } else {
+            iv_enc_block_h(&j->out, fmt, &h, &blk);
+        }
         j->rows = blk.n_rows;
         j->nnz = blk.nnz;
         if (j->out.oom) j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory encoding a block");
@@ -301,7 +324,7 @@ static void encode_block(job_t *j, iv_query_t *q, int64_t b, iv_fmt_t fmt, int d
 void block_run(job_t *j)
 {
     qstream_t *qs = j->qs;
-    encode_block(j, qs->q, j->b, qs->fmt, qs->dense, qs->gz_level);
+    encode_block(j, qs->q, j->b, qs->fmt, qs->dense, qs->gz_level, 1);
 }
 
 /* The most a query may select to be answered by its set-up job alone. */
@@ -332,7 +355,7 @@ static void setup_fuse(job_t *j)
     if ((j->rc = iv_query_prepare(q, j->srv->pool, &j->err)) != 0) return;
     st->prepared = 1;
     if (iv_query_n_blocks(q) != 1 || job_cancelled(j)) return;
-    encode_block(j, q, 0, st->fmt, st->dense, st->gz_level);
+    encode_block(j, q, 0, st->fmt, st->dense, st->gz_level, 0);
     if (j->rc != 0) {
         /* Failed here as it would have in its block job: the stream ends
          * with the error, as there. */

@@ -272,7 +272,7 @@ void qs_pump(qstream_t *qs)
         job_t *j = *slot;
         if (!j || j->b != qs->next_write) break;
         *slot = NULL;
-        if (qs->next_write + 1 == qs->n_blocks && j->out.len <= QS_JOIN_BYTES) {
+        if (qs->next_write + 1 == qs->n_blocks && j->out.len <= QS_JOIN_BYTES && !j->tail[0]) {
             /* A small last block goes out with the headers (when not sent
              * yet) and the trailer in one write: a one-block answer is
              * one write, not three. */
@@ -290,12 +290,14 @@ void qs_pump(qstream_t *qs)
             head = iv_buf_steal(&b, &hlen);
         }
         qs_count_block(qs, j);
-        size_t plen;
-        char *payload = iv_buf_steal(&j->out, &plen);
+        /* The frame, then (a large binary block) its indices and values
+         * as the engine left them. */
+        wpiece_t p[3] = {{NULL, 0, 1}, {j->tail[0], j->tail_len[0], 1}, {j->tail[1], j->tail_len[1], 1}};
+        p[0].p = iv_buf_steal(&j->out, &p[0].len);
+        j->tail[0] = j->tail[1] = NULL;
         job_free(j);
         qs->next_write++;
-        if (conn_write(c, head, hlen, payload, plen, 1, c->chunked, qs, 0) != 0 || qs->c == NULL)
-            return;
+        if (conn_writev(c, head, hlen, p, 3, c->chunked, qs, 0) != 0 || qs->c == NULL) return;
     }
     if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
 }

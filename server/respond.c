@@ -26,16 +26,18 @@
 
 /* ---- connection output -------------------------------------------------- */
 
-/* One uv_write: up to 2 + 2 * WREQ_PIECES buffers (head, chunk size,
- * payload pieces of at most UINT_MAX bytes, chunk end). */
-#define WREQ_PIECES 4
+/* One uv_write: at most WREQ_BUFS buffers (head, chunk size, the
+ * payload's pieces cut at UINT_MAX bytes, chunk end), of which at most
+ * WREQ_OWNED payload pieces are the write's to free. */
+#define WREQ_BUFS 12
+#define WREQ_OWNED 3
 #define PIECE_MAX ((size_t)UINT_MAX)
 
 typedef struct wreq {
     uv_write_t req;
     conn_t *c;
     char *head;           /* owned */
-    char *payload;        /* owned, or NULL when borrowed */
+    char *owned[WREQ_OWNED]; /* payload pieces freed with the write */
     qstream_t *qs;        /* the stream whose block this is, credited on completion */
     uint64_t seq;         /* the answer it belongs to */
     int last;             /* the answer's last write */
@@ -56,7 +58,7 @@ void conn_wrote(uv_write_t *w, int status)
     lp->queued_bytes -= r->bytes;
     c->last_progress = uv_now(&lp->loop);
     free(r->head);
-    free(r->payload);
+    for (unsigned i = 0; i < WREQ_OWNED; i++) free(r->owned[i]);
     qstream_t *qs = r->qs;
     int last = r->last && r->seq == c->seq;
     free(r);
@@ -80,49 +82,54 @@ void conn_wrote(uv_write_t *w, int status)
     else if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
 }
 
-/* Queues head (owned, may be NULL) then payload (owned when own, else it
- * must outlive the write; may be NULL), the payload framed as one chunk
- * when chunk is set.  A block of stream qs is credited to it when written;
- * last marks the answer's final bytes.  Returns 0, or -1 when the
- * connection was closed instead. */
-int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
-               int chunk, qstream_t *qs, int last)
+static void pieces_free(char *head, const wpiece_t *pieces, unsigned n)
 {
-    char *owned = own ? (char *)payload : NULL;
+    free(head);
+    for (unsigned i = 0; i < n; i++)
+        if (pieces[i].own) free((char *)pieces[i].p);
+}
+
+int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsigned n_pieces,
+                int chunk, qstream_t *qs, int last)
+{
     if (c->state == CS_CLOSING) {
-        free(head);
-        free(owned);
+        pieces_free(head, pieces, n_pieces);
         return -1;
     }
+    uv_buf_t bufs[WREQ_BUFS];
+    unsigned n = 0, n_own = 0;
+    size_t plen = 0, slices = 0;
+    for (unsigned i = 0; i < n_pieces; i++) {
+        plen += pieces[i].len;
+        slices += pieces[i].len ? (pieces[i].len - 1) / PIECE_MAX + 1 : 0;
+        n_own += pieces[i].own != 0;
+    }
     wreq_t *r = calloc(1, sizeof *r);
-    if (!r || plen > PIECE_MAX * WREQ_PIECES) {
+    if (!r || slices + 3 > WREQ_BUFS || n_own > WREQ_OWNED) {
         free(r);
-        free(head);
-        free(owned);
+        pieces_free(head, pieces, n_pieces);
         conn_close(c);
         return -1;
     }
     r->c = c;
     r->head = head;
-    r->payload = owned;
     r->qs = qs;
     r->seq = c->seq;
     r->last = last;
-    uv_buf_t bufs[3 + WREQ_PIECES];
-    unsigned n = 0;
     if (head && hlen) bufs[n++] = uv_buf_init(head, (unsigned)hlen);
-    if (payload && plen) {
-        if (chunk) {
-            int cl = snprintf(r->chunk, sizeof r->chunk, "%zx\r\n", plen);
-            bufs[n++] = uv_buf_init(r->chunk, (unsigned)cl);
-        }
-        /* uv_buf_t lengths are unsigned int: a body past 4 GiB goes in pieces. */
-        for (size_t off = 0; off < plen; off += PIECE_MAX) {
-            size_t k = plen - off < PIECE_MAX ? plen - off : PIECE_MAX;
-            bufs[n++] = uv_buf_init((char *)payload + off, (unsigned)k);
-        }
-        if (chunk) bufs[n++] = uv_buf_init((char *)"\r\n", 2);
+    if (plen && chunk) {
+        int cl = snprintf(r->chunk, sizeof r->chunk, "%zx\r\n", plen);
+        bufs[n++] = uv_buf_init(r->chunk, (unsigned)cl);
     }
+    for (unsigned i = 0, k = 0; i < n_pieces; i++) {
+        if (pieces[i].own) r->owned[k++] = (char *)pieces[i].p;
+        /* uv_buf_t lengths are unsigned int: a piece past 4 GiB goes in slices. */
+        for (size_t off = 0; off < pieces[i].len; off += PIECE_MAX) {
+            size_t m = pieces[i].len - off < PIECE_MAX ? pieces[i].len - off : PIECE_MAX;
+            bufs[n++] = uv_buf_init((char *)pieces[i].p + off, (unsigned)m);
+        }
+    }
+    if (plen && chunk) bufs[n++] = uv_buf_init((char *)"\r\n", 2);
     for (unsigned i = 0; i < n; i++) r->bytes += bufs[i].len;
     if (n == 0) bufs[n++] = uv_buf_init((char *)"", 0);
     if (qs) qs->wq++;
@@ -137,14 +144,20 @@ int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t p
         c->lp->queued_bytes -= r->bytes;
         c->srv->budget_used -= r->bytes;
         if (qs) qs->wq--;
-        free(head);
-        free(owned);
+        pieces_free(head, pieces, n_pieces);
         free(r);
         conn_close(c);
         return -1;
     }
-    if (c->state == CS_RESPONDING && n && r->bytes) conn_set_state(c, CS_RESPONDING);
+    if (c->state == CS_RESPONDING && r->bytes) conn_set_state(c, CS_RESPONDING);
     return 0;
+}
+
+int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
+               int chunk, qstream_t *qs, int last)
+{
+    wpiece_t p = {payload, payload ? plen : 0, own && payload};
+    return conn_writev(c, head, hlen, &p, 1, chunk, qs, last);
 }
 
 int origin_allowed(const server_t *s, const char *origin)

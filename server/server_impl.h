@@ -121,6 +121,10 @@ struct job {
     qstream_t *qs;        /* the stream's jobs: their stream */
     int64_t b;            /* block_job: the block */
     iv_buf_t out;
+    /* block_job of a large binary block: its indices and values, the
+     * engine's own arrays, sent after out without a copy (owned). */
+    char *tail[2];
+    size_t tail_len[2];
     int64_t rows, nnz;
     int rc;
     iv_err_t err;
@@ -425,7 +429,22 @@ void build_doc(sds_t *d);
 void other_run(job_t *j);
 void load_run(job_t *j);
 
-/* Answers, the end of a request, the write budget (respond.c).  Loop thread. */
+/* Answers, the end of a request, the write budget (respond.c).  Loop thread.
+ *
+ * conn_writev queues head (owned, may be NULL) then the pieces in order
+ * (at most three of them owned, freed when written; the others must
+ * outlive the write), the pieces framed as one chunk when chunk is set.
+ * A block of stream qs is credited to it when written; last marks the
+ * answer's final bytes.  Returns 0, or -1 when the connection was closed
+ * instead (what was owned is freed).  conn_write is the same for one
+ * payload (owned when own). */
+typedef struct wpiece {
+    const char *p;
+    size_t len;
+    int own;
+} wpiece_t;
+int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsigned n_pieces,
+                int chunk, qstream_t *qs, int last);
 int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
                int chunk, qstream_t *qs, int last);
 int origin_allowed(const server_t *s, const char *origin);
