@@ -566,9 +566,7 @@ void conn_adopt(loop_t *lp, int fd)
         close(fd);
         return;
     }
-    int rc = iv_tcp_open(c, fd);
-    if (rc != -1) conn_attached(c);
-    if (rc != 0) {
+    if (iv_tcp_open(c, fd) != 0) {
         conn_close(c);
         return;
     }

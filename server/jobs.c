@@ -281,14 +281,13 @@ static int gz_job_out(job_t *j, int whole, int level)
     return 0;
 }
 
-/* Block b of query q, decoded and encoded into j's out (rows, nnz, and
- * for gzip its CRC). */
 /* A binary block's indices and values of at least this many bytes are
  * sent from the engine's arrays rather than copied into the frame. */
 #define TAIL_MIN_BYTES ((size_t)64 << 10)
 
 /*
- * Decodes block b of q and encodes it in j->out.  With tails, a large
+ * Block b of query q, decoded and encoded into j's out (rows, nnz, and
+ * for gzip its CRC).  With tails, a large
  * binary block's indices and values stay in the engine's arrays, taken
  * into j->tail, and j->out holds only the rest of the frame: the answer's
  * bytes are the same and one copy of them is saved.

@@ -498,20 +498,6 @@ int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st)
 int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
 /* gzip level of a query answer by Accept-Encoding (0: identity), and
  * the headers that vary with it. */
-/* The server's state without a listening socket or running loops: what
- * iv_server_run sets up before it listens (server.c).  Unit tests build
- * a server this way and drive its loop and connections by hand.
- * server_open says on stderr why it returns NULL; server_free frees a
- * server set up as far as its stage. */
-enum { SRV_ALLOCATED, SRV_POOL, SRV_LOOPS, SRV_RAN };
-server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg);
-void server_free(server_t *s, int stage);
-/* Closes the loop's handles once no connection is left (server.c). */
-void loop_stopped_check(loop_t *lp);
-/* Runs fn(arg) on loop lp's thread, soon (a job with only a done half). */
-int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg);
-/* Hands job j to loop lp: its done half runs there (any thread). */
-void loop_post(loop_t *lp, job_t *j);
 int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
 const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
@@ -520,6 +506,23 @@ int qs_job_back(job_t *j);
 /* The stream's decode jobs: prepare, then blocks; or one job for a whole
  * JSON document or a count. */
 extern const job_type_t prep_job, block_job, whole_job, count_job;
+
+/* The server and its loops (server.c).
+ *
+ * server_open builds the server's state without a listening socket or
+ * running loops: what iv_server_run sets up before it listens.  Unit
+ * tests build a server this way and drive its loop and connections by
+ * hand.  It says on stderr why it returns NULL; server_free frees a
+ * server set up as far as its stage. */
+enum { SRV_ALLOCATED, SRV_POOL, SRV_LOOPS, SRV_RAN };
+server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg);
+void server_free(server_t *s, int stage);
+/* Closes the loop's handles once no connection is left. */
+void loop_stopped_check(loop_t *lp);
+/* Runs fn(arg) on loop lp's thread, soon (a job with only a done half). */
+int loop_call(loop_t *lp, server_t *s, void (*fn)(server_t *s, void *arg), void *arg);
+/* Hands job j to loop lp: its done half runs there (any thread). */
+void loop_post(loop_t *lp, job_t *j);
 
 /* Routes (routes.c).  Loop thread. */
 sds_t *find_ds(server_t *s, const char *id, size_t n);

@@ -135,10 +135,9 @@ const iv_transport_t iv_tcp_transport = {
 };
 
 /*
- * Opens the accepted socket fd as c's TCP handle (c->tcp, on c's loop).
- * Returns 0; or -1 with fd closed and nothing of the handle left open
- * (uv_tcp_init failed), or -2 with the handle set up and to be closed
- * with the connection (fd is closed).
+ * Opens the accepted socket fd as c's TCP handle (c->tcp, on c's loop),
+ * attached to c (conn_attached) as soon as the handle exists, so that the
+ * connection's close closes it.  Returns 0, or -1 with fd closed.
  */
 int iv_tcp_open(conn_t *c, int fd)
 {
@@ -147,9 +146,10 @@ int iv_tcp_open(conn_t *c, int fd)
         return -1;
     }
     c->tcp.data = c;
+    conn_attached(c);
     if (uv_tcp_open(&c->tcp, fd) != 0) {
         close(fd);
-        return -2;
+        return -1;
     }
     /* Answers go out as soon as they are written: with Nagle on, the last
      * small write of an answer waits for the client's delayed ACK. */
