@@ -55,6 +55,7 @@ static const struct num_opt num_opts[] = {
     {"limits.max_rows", NULL, "--max-rows", OFF(limits.max_rows), NK_I64, 1, INT64_MAX},
     {"limits.max_nnz", NULL, "--max-nnz", OFF(limits.max_nnz), NK_I64, 1, INT64_MAX},
     {"limits.json_bytes", NULL, "--max-json-bytes", OFF(limits.json_bytes), NK_SIZE, 1024, INT64_MAX},
+    {"limits.max_answer_bytes", NULL, "--max-answer-bytes", OFF(limits.max_answer_bytes), NK_SIZE, 1 << 16, INT64_MAX},
     {"limits.blocks_ahead", NULL, "--blocks-ahead", OFF(limits.blocks_ahead), NK_U32, 1, 64},
     {"limits.max_pipeline", NULL, "--max-pipeline", OFF(limits.max_pipeline), NK_U32, 1, 1024},
 };
@@ -98,6 +99,13 @@ void iv_config_init(iv_config_t *c)
     c->limits.max_rows = (int64_t)1 << 31;
     c->limits.max_nnz = (int64_t)1 << 36;
     c->limits.json_bytes = (size_t)64 << 20;
+    /* Answers streamed block by block are bounded by the blocks and the
+     * write budget; this bounds the rest, whose whole answer or working
+     * set exists before the first byte goes out.  256 MiB holds a 2-D
+     * embedding of 30 M cells, or 50 genes of 1.26 M cells turned into
+     * cell rows, and keeps a 1 MB body that lists one gene 500,000 times
+     * from holding gigabytes (README "Limits"). */
+    c->limits.max_answer_bytes = (size_t)256 << 20;
     c->limits.blocks_ahead = 3;
     c->limits.max_pipeline = 32;
 }

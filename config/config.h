@@ -63,6 +63,8 @@ typedef struct iv_limits {
     int64_t max_rows;             /* rows a query may return */
     int64_t max_nnz;              /* stored entries a query may return (when known up front) */
     size_t json_bytes;            /* largest application/json result */
+    size_t max_answer_bytes;      /* memory one request may fill before its first byte goes out
+                                   * (a whole body, a transpose, an aggregate's accumulators) */
     uint32_t blocks_ahead;        /* decoded-but-unsent blocks per response */
     uint32_t max_pipeline;        /* requests parsed ahead of their responses */
 } iv_limits_t;

@@ -233,7 +233,9 @@ void setup_run(job_t *j)
         return;
     }
     iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
-    iv_query_opts_t qo = {qr.by_var ? IV_OUT_VARS : IV_OUT_ROWS, 0, 0, IV_PICK_AUTO};
+    iv_query_opts_t qo = {.axis = qr.by_var ? IV_OUT_VARS : IV_OUT_ROWS,
+                          .pick = IV_PICK_AUTO,
+                          .max_work_bytes = (int64_t)j->srv->cfg->limits.max_answer_bytes};
     st->dense = qr.dense;
     if (qr.dense) {
         /* A dense gene row holds one value per selected cell: about 8 MiB

@@ -259,6 +259,7 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->matrix_open = viewer_matrix;
     vr->matrix_ctx = d;
     vr->json_bytes = c->srv->cfg->limits.json_bytes;
+    vr->answer_bytes = c->srv->cfg->limits.max_answer_bytes;
     vr->max_age = c->srv->cfg->cache_max_age;
     vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);
     if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||

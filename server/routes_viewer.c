@@ -49,6 +49,7 @@
 #include "request.h"
 #include "routes_meta.h"
 #include "search.h"
+#include "select.h"
 
 #define SEARCH_LIMIT_DEFAULT 20
 #define SEARCH_LIMIT_MAX 1000
@@ -584,6 +585,17 @@ static int run_marray(iv_vreq_t *r, iv_err_t *err)
                      n, axn, r->name, r->json_bytes);
         goto out;
     }
+    /* Never more than the whole array or max_answer_bytes, whichever is
+     * larger: a body that lists rows again cannot multiply the answer. */
+    uint64_t body = (uint64_t)n * (uint64_t)a->n_cols * iv_dtype_size(to);
+    uint64_t whole = (uint64_t)a->n_rows * (uint64_t)a->n_cols * iv_dtype_size(to);
+    if (r->answer_bytes && body > r->answer_bytes && body > whole) {
+        rc = iv_fail(err, IV_ETOO_LARGE,
+                     "%" PRId64 " rows of %sm/%.100s take %" PRIu64 " bytes, more than the %zu an "
+                     "answer may hold (max_answer_bytes); select fewer %s",
+                     n, axn, r->name, body, r->answer_bytes, axn);
+        goto out;
+    }
     void *vals = NULL;
     const void *src = a->data;
     if (!all || to != a->dtype) {
@@ -794,7 +806,8 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     int64_t ddof = 1;
     int32_t *cell_group = NULL;
     int64_t *combo_dense = NULL, *n_cells = NULL, *combo_of_group = NULL;
-    double *vals = NULL;
+    double *vals = NULL, *dvals = NULL;
+    int64_t *ugenes = NULL, *gene_at = NULL, n_ug = 0;
     iv_query_t *q = NULL;
     iv_agg_t *acc = NULL;
     const iv_meta_col_t *gcols[AGG_MAX_GROUP_BY];
@@ -912,7 +925,26 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
                      n_groups, n_var, n_st, r->json_bytes);
         goto out;
     }
-    size_t part = iv_agg_part_bytes(n_groups, n_var, mask);
+    /* As for an embedding: never past what every gene once would take,
+     * or max_answer_bytes, whichever is larger. */
+    uint64_t every = (uint64_t)n_groups * (uint64_t)in->n_cols * n_st;
+    if (r->answer_bytes && cells * sizeof(double) > r->answer_bytes && cells > every) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats take %"
+                     PRIu64 " bytes, more than the %zu an answer may hold (max_answer_bytes); "
+                     "select fewer genes or groups",
+                     n_groups, n_var, n_st, cells * (uint64_t)sizeof(double), r->answer_bytes);
+        goto out;
+    }
+    /* Each distinct gene is decoded and accumulated once; a gene listed
+     * again repeats its results (a body naming one gene a million times
+     * costs one gene's work). */
+    if (!sv.all && (rc = iv_sel_distinct(sv.idx, sv.n, &ugenes, &gene_at, &n_ug, err)) != 0) goto out;
+    if (ugenes) {
+        sv.n = n_ug;
+        sv.idx = ugenes;
+    }
+    int64_t n_dv = sv.all ? in->n_cols : sv.n;
+    size_t part = iv_agg_part_bytes(n_groups, n_dv, mask);
     if (part > AGG_PART_BUDGET) {
         rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes need %zu bytes of "
                      "accumulators, more than the %zu allowed",
@@ -933,7 +965,7 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
     if ((int64_t)n_parts > nb) n_parts = nb > 0 ? (unsigned)nb : 1;
     while (n_parts > 1 && part * n_parts > AGG_PART_BUDGET) n_parts--;
-    if ((rc = iv_agg_new(n_groups, n_var, mask, n_parts, &acc, err)) != 0) goto out;
+    if ((rc = iv_agg_new(n_groups, n_dv, mask, n_parts, &acc, err)) != 0) goto out;
     aggrun_t ar;
     memset(&ar, 0, sizeof ar);
     ar.q = q;
@@ -952,13 +984,23 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
         rc = ar.rc;
         goto out;
     }
-    size_t per = (size_t)n_groups * (size_t)n_var;
+    size_t per = (size_t)n_groups * (size_t)n_var, dper = (size_t)n_groups * (size_t)n_dv;
     vals = malloc((per ? per : 1) * n_st * sizeof *vals);
-    if (!vals) {
+    dvals = ugenes ? malloc((dper ? dper : 1) * sizeof *dvals) : NULL;
+    if (!vals || (ugenes && !dvals)) {
         rc = iv_fail(err, IV_ENOMEM, "out of memory for the result");
         goto out;
     }
-    for (size_t s = 0; s < n_st; s++) iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, vals + s * per);
+    for (size_t s = 0; s < n_st; s++) {
+        if (!ugenes) {
+            iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, vals + s * per);
+            continue;
+        }
+        iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, dvals);
+        for (int64_t g = 0; g < n_groups; g++)
+            for (int64_t j = 0; j < n_var; j++)
+                vals[s * per + (size_t)(g * n_var + j)] = dvals[(size_t)(g * n_dv + gene_at[j])];
+    }
 
     /* The document: groups, genes, then the values (JSON) or the binary. */
     iv_buf_t doc;
@@ -992,7 +1034,7 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     iv_buf_puts(&doc, "],\"genes\":[");
     const iv_meta_col_t *vix = var_meta ? iv_meta_index(var_meta, IV_AXIS_VAR) : NULL;
     for (int64_t j = 0; j < n_var && !doc.oom; j++) {
-        int64_t gi = sv.all ? j : sv.idx[j];
+        int64_t gi = sv.all ? j : ugenes ? ugenes[gene_at[j]] : sv.idx[j];
         iv_buf_printf(&doc, j ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);
         const char *nm = vix ? col_get(vix, gi) : NULL;
         if (nm) iv_buf_json_str(&doc, nm);
@@ -1039,6 +1081,9 @@ out:
     iv_agg_free(acc);
     iv_query_free(q);
     free(vals);
+    free(dvals);
+    free(ugenes);
+    free(gene_at);
     free(cell_group);
     free(combo_dense);
     free(combo_of_group);

@@ -96,6 +96,7 @@ typedef struct iv_vreq {
                        iv_err_t *err);
     void *matrix_ctx;
     size_t json_bytes;        /* JSON response limit */
+    size_t answer_bytes;      /* limits.max_answer_bytes: a whole answer's bound; 0 = none */
     uint32_t max_age;         /* Cache-Control max-age; 0 = no-cache */
     int private_cache;        /* the dataset needs a token: "private", not "public" */
     char *if_none_match;      /* If-None-Match header or NULL (owned) */

@@ -104,9 +104,30 @@ struct iv_query {
      * many small blocks does not allocate bitmaps and pair arrays each time. */
     pthread_mutex_t work_mu;
     struct work *free_work;
-    /* MODE_TRANSPOSE result */
+    /* Minor selections with duplicates (MODE_MAJOR): the most times one
+     * minor element is listed, which bounds an output row at its slice's
+     * entries times that, so that blocks stay near block_nnz however a
+     * small body repeats a gene. */
+    int64_t max_mult;
+    int64_t work_bytes;       /* the most memory prepare may hold; 0 = no bound */
+    /*
+     * MODE_TRANSPOSE.  The transpose is built once over the distinct
+     * elements of each axis, never over the duplicates a request lists:
+     * its rows are "slots", one per distinct output row (row_slot[r] for
+     * output row r; NULL when the rows are distinct, slot = r), its
+     * columns the distinct major slices in the order they are first
+     * listed (t_cols; col_kptr/col_k the output columns each one fills,
+     * ascending; NULL when the columns are distinct, column = position).
+     * Duplicates are expanded as each block is copied out.
+     */
+    int64_t n_slots;
+    int64_t *row_slot;
+    int64_t n_t_cols;
+    int64_t *t_cols;          /* owned when col_kptr, else col_ids */
+    int64_t *col_kptr, *col_k;
+    int64_t *t_exp;           /* n_slots + 1 prefix of expanded row sizes (col_kptr only) */
     int prepared;
-    int64_t *t_indptr;
+    int64_t *t_indptr;        /* n_slots + 1 */
     void *t_indices;
     void *t_data;
 };
@@ -147,6 +168,74 @@ static int ascending(const int64_t *v, int64_t n, int strict)
     for (int64_t k = 1; k < n; k++)
         if (strict ? v[k - 1] >= v[k] : v[k - 1] > v[k]) return 0;
     return 1;
+}
+
+/*
+ * Duplicates of a selection, from its (id, position) pairs sorted once.
+ * *max_mult: the most times one id is listed.  When rank_of is not NULL
+ * and some id repeats: *uniq the distinct ids ascending (n_uniq of them)
+ * and rank_of[k] the rank of ids[k] among them.  When first is not NULL
+ * and some id repeats: first[k] the position where ids[k] is first listed.
+ * Arrays it returns are owned by the caller; none when nothing repeats.
+ */
+static int sel_dups(const int64_t *ids, int64_t n, int64_t *max_mult, int64_t **uniq,
+                    int64_t *n_uniq, int64_t **rank_of, int64_t **first, iv_err_t *err)
+{
+    *max_mult = n > 0 ? 1 : 0;
+    if (uniq) *uniq = NULL;
+    if (rank_of) *rank_of = NULL;
+    if (first) *first = NULL;
+    if (n_uniq) *n_uniq = n;
+    if (!ids || n < 2 || ascending(ids, n, 1)) return 0;
+    int64_t *pairs = malloc((size_t)n * 2 * sizeof(int64_t));
+    if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    for (int64_t k = 0; k < n; k++) {
+        pairs[2 * k] = ids[k];
+        pairs[2 * k + 1] = k;
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
+    int64_t nu = 0, run = 0, most = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * (i - 1)]) {
+            nu++;
+            run = 0;
+        }
+        if (++run > most) most = run;
+    }
+    *max_mult = most;
+    if (n_uniq) *n_uniq = nu;
+    if (most == 1 || (!rank_of && !first)) {
+        free(pairs);
+        return 0;
+    }
+    int64_t *u = rank_of ? malloc((size_t)nu * sizeof *u) : NULL;
+    int64_t *rk = rank_of ? malloc((size_t)n * sizeof *rk) : NULL;
+    int64_t *fi = first ? malloc((size_t)n * sizeof *fi) : NULL;
+    if ((rank_of && (!u || !rk)) || (first && !fi)) {
+        free(u);
+        free(rk);
+        free(fi);
+        free(pairs);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    int64_t r = -1, at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = pairs[2 * i], k = pairs[2 * i + 1];
+        if (i == 0 || id != pairs[2 * (i - 1)]) {
+            r++;
+            at = k;   /* pairs of one id are in ascending position */
+            if (u) u[r] = id;
+        }
+        if (rk) rk[k] = r;
+        if (fi) fi[k] = at;
+    }
+    free(pairs);
+    if (rank_of) {
+        *uniq = u;
+        *rank_of = rk;
+    }
+    if (first) *first = fi;
+    return 0;
 }
 
 /*
@@ -252,8 +341,24 @@ static void ensure_nnz_at(iv_dataset_t *ds)
         free(at);
 }
 
+/* The output entries of row r: exact once a transpose is prepared; for a
+ * direct decode a bound, its slice's entries (times the most times a
+ * listed minor element repeats, never past the output's columns). */
+static int64_t out_row_size(const struct iv_query *q, int64_t r)
+{
+    if (q->mode == MODE_TRANSPOSE) {
+        int64_t s = q->row_slot ? q->row_slot[r] : r;
+        return q->t_exp ? q->t_exp[s + 1] - q->t_exp[s] : q->t_indptr[s + 1] - q->t_indptr[s];
+    }
+    int64_t z = slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
+    if (q->max_mult > 1) {
+        z = z > q->n_out_cols / q->max_mult ? q->n_out_cols : z * q->max_mult;
+    }
+    return z;
+}
+
 /* Splits output rows into blocks of bounded (estimated) nnz and rows. */
-static int plan_blocks(struct iv_query *q, const int64_t *row_nnz_or_null, iv_err_t *err)
+static int plan_blocks(struct iv_query *q, iv_err_t *err)
 {
     int64_t cap = 16, n = 0;
     int64_t *bs = malloc((size_t)cap * sizeof *bs);
@@ -261,9 +366,7 @@ static int plan_blocks(struct iv_query *q, const int64_t *row_nnz_or_null, iv_er
     bs[n++] = 0;
     int64_t rows = 0, nnz = 0;
     for (int64_t r = 0; r < q->n_out_rows; r++) {
-        int64_t z;
-        if (row_nnz_or_null) z = row_nnz_or_null[r + 1] - row_nnz_or_null[r];
-        else z = slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
+        int64_t z = out_row_size(q, r);
         if (rows > 0 && (rows >= q->block_rows || nnz + z > q->block_nnz)) {
             if (n == cap) {
                 int64_t *nb = realloc(bs, (size_t)(cap *= 2) * sizeof *bs);
@@ -344,6 +447,41 @@ iv_orient_t iv_plan_orient(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t
     return o && alt < own ? o->m.orient : ds->m.orient;
 }
 
+/* A transpose's distinct columns (see struct iv_query), from where each
+ * output column's slice is first listed. */
+static int distinct_cols(struct iv_query *q, const int64_t *first, iv_err_t *err)
+{
+    int64_t n = q->n_out_cols, nu = 0;
+    int64_t *u_of = malloc((size_t)n * sizeof *u_of);
+    if (!u_of) return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    for (int64_t k = 0; k < n; k++) u_of[k] = first[k] == k ? nu++ : u_of[first[k]];
+    q->t_cols = malloc((size_t)nu * sizeof *q->t_cols);
+    q->col_kptr = calloc((size_t)nu + 1, sizeof *q->col_kptr);
+    q->col_k = malloc((size_t)n * sizeof *q->col_k);
+    if (!q->t_cols || !q->col_kptr || !q->col_k) {
+        free(u_of);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (first[k] == k) q->t_cols[u_of[k]] = q->col_ids[k];
+        q->col_kptr[u_of[k] + 1]++;
+    }
+    for (int64_t u = 0; u < nu; u++) q->col_kptr[u + 1] += q->col_kptr[u];
+    /* Positions in ascending k: each column's list comes out sorted.  The
+     * fill cursors reuse nothing: one more array of nu. */
+    int64_t *fill = malloc((size_t)(nu ? nu : 1) * sizeof *fill);
+    if (!fill) {
+        free(u_of);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    memcpy(fill, q->col_kptr, (size_t)nu * sizeof *fill);
+    for (int64_t k = 0; k < n; k++) q->col_k[fill[u_of[k]]++] = k;
+    free(fill);
+    free(u_of);
+    q->n_t_cols = nu;
+    return 0;
+}
+
 int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
                  const iv_query_opts_t *opts, iv_query_t **out, iv_err_t *err)
 {
@@ -408,12 +546,35 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
     obs_ids = var_ids = NULL;
     q->index_size = q->n_out_cols > INT32_MAX ? 8 : 4;
     q->minor_all = !minor_sel || minor_sel->all;
+    q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
+    q->n_slots = q->n_out_rows;
+    q->t_cols = q->col_ids;
+    q->n_t_cols = q->n_out_cols;
     int64_t *minor_ids = q->mode == MODE_MAJOR ? q->col_ids : q->row_ids;
     int64_t n_minor_sel = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
+    int64_t *uniq = NULL;
+    if (q->mode == MODE_MAJOR) {
+        rc = sel_dups(q->col_ids, q->n_out_cols, &q->max_mult, NULL, NULL, NULL, NULL, err);
+    } else {
+        /* Distinct rows are the lookup's positions (slots); distinct
+         * columns are the slices decoded. */
+        int64_t most, *first = NULL;
+        rc = sel_dups(q->row_ids, q->n_out_rows, &q->max_mult, &uniq, &q->n_slots, &q->row_slot,
+                      NULL, err);
+        if (q->max_mult < 1) q->max_mult = 1;
+        if (rc == 0 && q->row_slot) {
+            minor_ids = uniq;
+            n_minor_sel = q->n_slots;
+        }
+        if (rc == 0) rc = sel_dups(q->col_ids, q->n_out_cols, &most, NULL, NULL, NULL, &first, err);
+        if (rc == 0 && first) rc = distinct_cols(q, first, err);
+        free(first);
+    }
+    if (rc < 0) goto fail_uniq;
     if (!q->minor_all) {
         /* Entries the decode will visit: those of every selected major slice. */
-        const int64_t *major_ids = q->mode == MODE_MAJOR ? q->row_ids : q->col_ids;
-        int64_t n_major_sel = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_out_cols;
+        const int64_t *major_ids = q->mode == MODE_MAJOR ? q->row_ids : q->t_cols;
+        int64_t n_major_sel = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_t_cols;
         int64_t decoded = 0;
         if (!major_ids) {
             decoded = ds->m.nnz;
@@ -421,11 +582,14 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
             for (int64_t r = 0; r < n_major_sel && decoded < ds->m.n_minor; r++)
                 decoded += slice_nnz(ds, major_ids[r]);
         }
-        if ((rc = build_lut(q, minor_ids, n_minor_sel, ds->m.n_minor, decoded, err)) < 0) goto fail;
+        if ((rc = build_lut(q, minor_ids, n_minor_sel, ds->m.n_minor, decoded, err)) < 0)
+            goto fail_uniq;
     }
+    free(uniq);
+    uniq = NULL;
 
     if (q->mode == MODE_MAJOR) {
-        if ((rc = plan_blocks(q, NULL, err)) < 0) goto fail;
+        if ((rc = plan_blocks(q, err)) < 0) goto fail;
         if (q->minor_all) {
             int64_t z = 0;
             for (int64_t r = 0; r < q->n_out_rows; r++)
@@ -436,6 +600,8 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
     }
     *out = q;
     return 0;
+fail_uniq:
+    free(uniq);
 fail:
     free(obs_ids);
     free(var_ids);
@@ -454,6 +620,11 @@ void iv_query_free(iv_query_t *q)
     free(q->lut_rank);
     free(q->sel_bits);
     free(q->block_start);
+    free(q->row_slot);
+    if (q->col_kptr) free(q->t_cols);
+    free(q->col_kptr);
+    free(q->col_k);
+    free(q->t_exp);
     free(q->t_indptr);
     free(q->t_indices);
     free(q->t_data);
@@ -476,10 +647,18 @@ int64_t iv_query_stored_bound(const iv_query_t *q, int64_t cap)
     if (q->nnz_hint >= 0) return q->nnz_hint;
     /* The stored entries of every selected major slice: the output rows
      * of a plain query, its columns of a transpose. */
-    const int64_t *ids = q->mode == MODE_MAJOR ? q->row_ids : q->col_ids;
-    int64_t n = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_out_cols;
     int64_t z = 0;
-    for (int64_t i = 0; i < n && z <= cap; i++) z += slice_nnz(q->ds, ids ? ids[i] : i);
+    if (q->mode == MODE_MAJOR) {
+        for (int64_t r = 0; r < q->n_out_rows && z <= cap; r++) z += out_row_size(q, r);
+        return z;
+    }
+    /* A transpose's output column holds its slice's entries, each as
+     * many times as its cell is listed (at most max_mult), at most one
+     * per output row. */
+    for (int64_t k = 0; k < q->n_out_cols && z <= cap; k++) {
+        int64_t e = slice_nnz(q->ds, q->col_ids ? q->col_ids[k] : k);
+        z += e > q->n_out_rows / q->max_mult ? q->n_out_rows : e * q->max_mult;
+    }
     return z;
 }
 int iv_query_index_size(const iv_query_t *q) { return q->index_size; }
@@ -724,7 +903,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
 
     /* Positions index the minor selection: output columns, or output rows
      * when transposing. */
-    int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
+    int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_slots;
     if (n * 64 >= n_cols / 16 && n_cols > 0 && n_cols <= ((int64_t)1 << 26)) {
         /* Dense enough: scatter into a bitmap and read it back in order. */
         /* Each array on its own: the dense path allocates bits without
@@ -1170,8 +1349,8 @@ static void tpass_part(void *arg, size_t part)
     struct tpass *t = arg;
     iv_query_t *q = t->q;
     const iv_dataset_t *ds = q->ds;
-    int64_t k0 = q->n_out_cols * (int64_t)part / t->n_parts;
-    int64_t k1 = q->n_out_cols * (int64_t)(part + 1) / t->n_parts;
+    int64_t k0 = q->n_t_cols * (int64_t)part / t->n_parts;
+    int64_t k1 = q->n_t_cols * (int64_t)(part + 1) / t->n_parts;
     struct work *w = work_get(q);
     iv_err_t e = {0};
     if (!w) {
@@ -1184,7 +1363,7 @@ static void tpass_part(void *arg, size_t part)
             iv_fail(&e, IV_ECANCELLED, "query cancelled");
             break;
         }
-        int64_t s = q->col_ids ? q->col_ids[k] : k;
+        int64_t s = q->t_cols ? q->t_cols[k] : k;
         int64_t n = decode_slice(q, w, s, &e);
         if (n < 0) break;
         if (!t->fill) {
@@ -1243,14 +1422,50 @@ static void tsum_range(void *arg, size_t i)
     }
 }
 
+/* A transpose over the request's bound: IV_ETOO_LARGE naming it. */
+static int too_big(const iv_query_t *q, uint64_t need, iv_err_t *err)
+{
+    return iv_fail(err, IV_ETOO_LARGE,
+                   "turning %" PRId64 " %s into %" PRId64 " %s rows needs %" PRIu64
+                   " bytes in memory before the first byte is sent, more than the %" PRId64
+                   " a request may hold (max_answer_bytes); ask for %s rows (by=%s), or select less",
+                   q->n_t_cols, q->by_var ? "cells" : "genes", q->n_slots,
+                   q->by_var ? "gene" : "cell", need, q->work_bytes, q->by_var ? "cell" : "gene",
+                   q->by_var ? "obs" : "var");
+}
+
+/* The expanded size of every slot's row when columns repeat: each entry
+ * counts as many times as its slice is listed. */
+static int expand_sizes(iv_query_t *q, iv_err_t *err)
+{
+    q->t_exp = malloc((size_t)(q->n_slots + 1) * sizeof *q->t_exp);
+    if (!q->t_exp) return iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+    q->t_exp[0] = 0;
+    for (int64_t s = 0; s < q->n_slots; s++) {
+        int64_t z = 0;
+        for (int64_t i = q->t_indptr[s]; i < q->t_indptr[s + 1]; i++) {
+            int64_t u = q->index_size == 4 ? ((const int32_t *)q->t_indices)[i]
+                                           : ((const int64_t *)q->t_indices)[i];
+            z += q->col_kptr[u + 1] - q->col_kptr[u];
+        }
+        q->t_exp[s + 1] = q->t_exp[s] + z;
+    }
+    return 0;
+}
+
 int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
 {
     if (q->prepared) return 0;
-    int64_t nr = q->n_out_rows;
+    int64_t nr = q->n_slots;
     int64_t parts = (int64_t)iv_pool_threads(pool) + 1;
-    /* Bound the per-part counters to about 512 MiB in all. */
-    while (parts > 1 && (uint64_t)parts * (uint64_t)nr * 12 > ((uint64_t)512 << 20)) parts--;
-    if (parts > q->n_out_cols) parts = q->n_out_cols;
+    /* Bound the per-part counters to about 512 MiB in all, and to the
+     * request's bound; one part's and the row pointers must fit it. */
+    uint64_t cap = (uint64_t)512 << 20;
+    if (q->work_bytes > 0 && (uint64_t)q->work_bytes < cap) cap = (uint64_t)q->work_bytes;
+    while (parts > 1 && (uint64_t)parts * (uint64_t)nr * 12 + (uint64_t)nr * 8 > cap) parts--;
+    if (parts > q->n_t_cols) parts = q->n_t_cols;
+    if (q->work_bytes > 0 && (uint64_t)nr * 20 > (uint64_t)q->work_bytes)
+        return too_big(q, (uint64_t)nr * 20, err);
     /* Each part has a counter and an offset per output row, which it
      * zeroes, sums and faults in whatever its slices hold: p parts cost
      * about p * rows on top of the decode, which p divides.  For a few
@@ -1258,8 +1473,8 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
      * 17 parts spent most of 50 genes' time on 260 MB of counters); the
      * count is the largest p with p^2 * rows <= 4 * entries decoded. */
     double work = 0;
-    for (int64_t k = 0; k < q->n_out_cols; k++)
-        work += (double)slice_nnz(q->ds, q->col_ids ? q->col_ids[k] : k);
+    for (int64_t k = 0; k < q->n_t_cols; k++)
+        work += (double)slice_nnz(q->ds, q->t_cols ? q->t_cols[k] : k);
     while (parts > 1 && (double)parts * (double)parts * (double)nr > 4.0 * work) parts--;
     if (parts < 1) parts = 1;
     struct tpass t = {.q = q, .n_parts = parts};
@@ -1298,6 +1513,16 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
     for (int64_t i = 0; i < ts.n_ranges; i++) ts.range_tot[i + 1] += ts.range_tot[i];
     int64_t nnz = ts.range_tot[ts.n_ranges];
     size_t esz = iv_dtype_size(q->dtype);
+    if (q->work_bytes > 0) {
+        /* What the fill holds at once: the entries, the row pointers, each
+         * part's offsets, and the expanded sizes when columns repeat. */
+        uint64_t need = (uint64_t)nnz * ((uint64_t)q->index_size + esz) +
+                        (uint64_t)(nr + 1) * 8 * (q->col_kptr ? 2 : 1) + (uint64_t)parts * nr * 8;
+        if (need > (uint64_t)q->work_bytes) {
+            rc = too_big(q, need, err);
+            goto done;
+        }
+    }
     q->t_indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
     q->t_data = malloc((size_t)(nnz ? nnz : 1) * esz);
     if (!q->t_indices || !q->t_data) {
@@ -1323,8 +1548,13 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
         rc = iv_fail(err, t.err.code, "%s", t.err.msg);
         goto done;
     }
-    q->nnz_hint = nnz;
-    if ((rc = plan_blocks(q, q->t_indptr, err)) < 0) goto done;
+    if (q->col_kptr && (rc = expand_sizes(q, err)) < 0) goto done;
+    {
+        int64_t out = 0;
+        for (int64_t r = 0; r < q->n_out_rows; r++) out += out_row_size(q, r);
+        q->nnz_hint = out;
+    }
+    if ((rc = plan_blocks(q, err)) < 0) goto done;
     q->prepared = 1;
 done:
     if (t.cnt)
@@ -1337,28 +1567,64 @@ done:
     return rc;
 }
 
+/*
+ * Output rows [r0, r1) from the prepared transpose: each row is its
+ * slot's, copied as it is when columns are distinct, else every entry
+ * once per output column its slice fills, put in column order.
+ */
 static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
                                  iv_err_t *err)
 {
-    int64_t nr = r1 - r0, a = q->t_indptr[r0], b = q->t_indptr[r1], nnz = b - a;
-    size_t esz = iv_dtype_size(q->dtype);
+    int64_t nr = r1 - r0, nnz = 0, widest = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t z = out_row_size(q, r);
+        nnz += z;
+        if (z > widest) widest = z;
+    }
+    size_t esz = iv_dtype_size(q->dtype), isz = (size_t)q->index_size;
     out->ids = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
     out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
-    out->indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
+    out->indices = malloc((size_t)(nnz ? nnz : 1) * isz);
     out->data = malloc((size_t)(nnz ? nnz : 1) * esz);
-    if (!out->ids || !out->indptr || !out->indices || !out->data) {
+    int64_t *pairs = q->col_kptr && widest ? malloc((size_t)widest * 2 * sizeof *pairs) : NULL;
+    if (!out->ids || !out->indptr || !out->indices || !out->data || (q->col_kptr && widest && !pairs)) {
+        free(pairs);
         iv_block_free(out);
         return iv_fail(err, IV_ENOMEM, "out of memory for a block");
     }
+    int64_t at = 0;
     for (int64_t r = r0; r < r1; r++) {
+        int64_t s = q->row_slot ? q->row_slot[r] : r, a = q->t_indptr[s], b = q->t_indptr[s + 1];
         out->ids[r - r0] = q->row_ids ? q->row_ids[r] : r;
-        out->indptr[r - r0] = q->t_indptr[r] - a;
+        out->indptr[r - r0] = at;
+        if (!q->col_kptr) {
+            memcpy((char *)out->indices + (size_t)at * isz, (char *)q->t_indices + (size_t)a * isz,
+                   (size_t)(b - a) * isz);
+            memcpy((char *)out->data + (size_t)at * esz, (char *)q->t_data + (size_t)a * esz,
+                   (size_t)(b - a) * esz);
+            at += b - a;
+            continue;
+        }
+        int64_t m = 0;
+        for (int64_t i = a; i < b; i++) {
+            int64_t u = isz == 4 ? ((const int32_t *)q->t_indices)[i] : ((const int64_t *)q->t_indices)[i];
+            for (int64_t t = q->col_kptr[u]; t < q->col_kptr[u + 1]; t++) {
+                pairs[2 * m] = q->col_k[t];
+                pairs[2 * m + 1] = i;
+                m++;
+            }
+        }
+        qsort(pairs, (size_t)m, 2 * sizeof *pairs, pair_cmp);
+        for (int64_t x = 0; x < m; x++, at++) {
+            if (isz == 4) ((int32_t *)out->indices)[at] = (int32_t)pairs[2 * x];
+            else ((int64_t *)out->indices)[at] = pairs[2 * x];
+            memcpy((char *)out->data + (size_t)at * esz,
+                   (const char *)q->t_data + (size_t)pairs[2 * x + 1] * esz, esz);
+        }
     }
-    out->indptr[nr] = nnz;
-    memcpy(out->indices, (char *)q->t_indices + (size_t)a * (size_t)q->index_size,
-           (size_t)nnz * (size_t)q->index_size);
-    memcpy(out->data, (char *)q->t_data + (size_t)a * esz, (size_t)nnz * esz);
-    out->nnz = nnz;
+    out->indptr[nr] = at;
+    out->nnz = at;
+    free(pairs);
     return 0;
 }
 

@@ -17,8 +17,13 @@
  * of a cell-major copy asked by obs, genes of a gene-major copy asked by
  * var, or IV_OUT_MAJOR) they are decoded directly.  Otherwise
  * iv_query_new plans a transpose; iv_query_prepare() decodes the selected
- * major slices once and builds the output rows (memory bounded by the
- * output).
+ * major slices once and builds the output rows over the distinct elements
+ * of each selection (a cell or gene listed many times is held once and
+ * repeated as blocks are copied out), so its memory is bounded by the
+ * distinct sub-matrix, and by max_work_bytes when set.  Blocks of a
+ * direct decode are planned from each slice's entries times the most
+ * times a minor element is listed, so a block stays near block_nnz
+ * whatever the duplicates.
  */
 #ifndef IV_QUERY_H
 #define IV_QUERY_H
@@ -54,6 +59,8 @@ typedef struct iv_query_opts {
     int64_t block_nnz;    /* target stored entries per block; 0 = default (262144) */
     int64_t block_rows;   /* max rows per block; 0 = default (65536) */
     iv_pick_t pick;       /* orientation; AUTO = the planner's (the file's with IV_OUT_MAJOR) */
+    int64_t max_work_bytes; /* the most a transpose may hold before its first block (prepare
+                             * fails with IV_ETOO_LARGE past it); 0 = no bound */
 } iv_query_opts_t;
 
 typedef struct iv_query iv_query_t;

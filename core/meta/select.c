@@ -104,3 +104,66 @@ int iv_meta_resolve(iv_meta_t *m, iv_axis_t axis, const iv_axis_sel_t *s, int64_
     *n_out = n;
     return 0;
 }
+
+static int pos_cmp(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int iv_sel_distinct(const int64_t *idx, int64_t n, int64_t **uniq, int64_t **where,
+                    int64_t *n_uniq, iv_err_t *err)
+{
+    *uniq = *where = NULL;
+    *n_uniq = n;
+    int rising = 1;
+    for (int64_t k = 1; k < n && rising; k++) rising = idx[k - 1] < idx[k];
+    if (n < 2 || rising) return 0;
+    /* (id, position) sorted: each id's first position leads its run. */
+    int64_t *pairs = malloc((size_t)n * 2 * sizeof *pairs);
+    int64_t *first = malloc((size_t)n * sizeof *first);
+    if (!pairs || !first) {
+        free(pairs);
+        free(first);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    for (int64_t k = 0; k < n; k++) {
+        pairs[2 * k] = idx[k];
+        pairs[2 * k + 1] = k;
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof *pairs, pos_cmp);
+    int64_t lead = 0, nu = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * (i - 1)]) {
+            lead = pairs[2 * i + 1];
+            nu++;
+        }
+        first[pairs[2 * i + 1]] = lead;
+    }
+    free(pairs);
+    if (nu == n) {
+        free(first);
+        return 0;
+    }
+    int64_t *u = malloc((size_t)nu * sizeof *u);
+    if (!u) {
+        free(first);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    /* first[] becomes where[]: a first listing takes the next distinct
+     * position, a repeat the one its first listing took. */
+    int64_t m = 0;
+    for (int64_t k = 0; k < n; k++) {
+        if (first[k] == k) {
+            u[m] = idx[k];
+            first[k] = m++;
+        } else {
+            first[k] = first[first[k]];
+        }
+    }
+    *uniq = u;
+    *where = first;
+    *n_uniq = nu;
+    return 0;
+}

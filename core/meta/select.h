@@ -40,4 +40,15 @@ typedef struct iv_axis_sel {
 int iv_meta_resolve(iv_meta_t *m, iv_axis_t axis, const iv_axis_sel_t *s, int64_t **idx_out,
                     int64_t *n_out, iv_names_report_t *rep, iv_err_t *err);
 
+/*
+ * The distinct elements of idx[0..n) in the order each is first listed:
+ * *uniq (n_uniq of them) and where[k], the position in *uniq of idx[k].
+ * Both NULL (and *n_uniq = n) when no element repeats.  Owned by the
+ * caller.  A route that computes per element (an aggregate's genes)
+ * computes once per distinct one and repeats the results, so that a body
+ * listing one gene a million times costs one gene's work.
+ */
+int iv_sel_distinct(const int64_t *idx, int64_t n, int64_t **uniq, int64_t **where,
+                    int64_t *n_uniq, iv_err_t *err);
+
 #endif /* IV_SELECT_H */

@@ -39,7 +39,7 @@ static int64_t *pointers(const uint8_t **p, const uint8_t *end, int64_t n, int r
 
 static void decode_all(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var, int64_t bnnz)
 {
-    iv_query_opts_t qo = {IV_OUT_ROWS, bnnz, 0, IV_PICK_AUTO};
+    iv_query_opts_t qo = {.axis = IV_OUT_ROWS, .block_nnz = bnnz, .pick = IV_PICK_AUTO};
     iv_query_t *q = NULL;
     iv_err_t e = {0};
     if (iv_query_new(ds, obs, var, &qo, &q, &e) != 0) return;

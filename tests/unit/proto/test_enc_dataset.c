@@ -104,7 +104,7 @@ START_TEST(test_count_document)
     int64_t genes[] = {0, 2, 4};
     iv_sel_t obs = {.n = 2, .idx = cells}, var = {.n = 3, .idx = genes};
     for (int by_var = 0; by_var < 2; by_var++) {
-        iv_query_opts_t qo = {by_var ? IV_OUT_VARS : IV_OUT_ROWS, 0, 0, IV_PICK_AUTO};
+        iv_query_opts_t qo = {.axis = by_var ? IV_OUT_VARS : IV_OUT_ROWS, .pick = IV_PICK_AUTO};
         iv_query_t *q;
         iv_err_t err = {0};
         ck_assert_msg(iv_query_new(ds, &obs, &var, &qo, &q, &err) == 0, "%s", err.msg);
