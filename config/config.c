@@ -101,11 +101,12 @@ void iv_config_init(iv_config_t *c)
     c->limits.json_bytes = (size_t)64 << 20;
     /* Answers streamed block by block are bounded by the blocks and the
      * write budget; this bounds the rest, whose whole answer or working
-     * set exists before the first byte goes out.  256 MiB holds a 2-D
-     * embedding of 30 M cells, or 50 genes of 1.26 M cells turned into
-     * cell rows, and keeps a 1 MB body that lists one gene 500,000 times
-     * from holding gigabytes (README "Limits"). */
-    c->limits.max_answer_bytes = (size_t)256 << 20;
+     * set exists before the first byte goes out, where duplicates in the
+     * request could make it larger than the dataset's own arrays: a 1 MB
+     * body listing one gene 500,000 times must not hold gigabytes.  An
+     * answer no larger than its whole-array form (an embedding, every
+     * gene's aggregate) is not refused by it (README "Limits"). */
+    c->limits.max_answer_bytes = (size_t)64 << 20;
     c->limits.blocks_ahead = 3;
     c->limits.max_pipeline = 32;
 }

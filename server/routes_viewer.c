@@ -589,10 +589,11 @@ static int run_marray(iv_vreq_t *r, iv_err_t *err)
      * larger: a body that lists rows again cannot multiply the answer. */
     uint64_t body = (uint64_t)n * (uint64_t)a->n_cols * iv_dtype_size(to);
     uint64_t whole = (uint64_t)a->n_rows * (uint64_t)a->n_cols * iv_dtype_size(to);
-    if (r->answer_bytes && body > r->answer_bytes && body > whole) {
+    if (r->answer_bytes && 2 * body > r->answer_bytes && body > whole) {
         rc = iv_fail(err, IV_ETOO_LARGE,
-                     "%" PRId64 " rows of %sm/%.100s take %" PRIu64 " bytes, more than the %zu an "
-                     "answer may hold (max_answer_bytes); select fewer %s",
+                     "%" PRId64 " rows of %sm/%.100s take %" PRIu64 " bytes, gathered and then "
+                     "encoded: more than the %zu an answer may hold (max_answer_bytes) and more "
+                     "than the whole array; select fewer %s",
                      n, axn, r->name, body, r->answer_bytes, axn);
         goto out;
     }
@@ -927,12 +928,15 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     }
     /* As for an embedding: never past what every gene once would take,
      * or max_answer_bytes, whichever is larger. */
+    /* The values, each gene's entry of the document (about 40 bytes),
+     * and the body they are copied into. */
     uint64_t every = (uint64_t)n_groups * (uint64_t)in->n_cols * n_st;
-    if (r->answer_bytes && cells * sizeof(double) > r->answer_bytes && cells > every) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats take %"
-                     PRIu64 " bytes, more than the %zu an answer may hold (max_answer_bytes); "
-                     "select fewer genes or groups",
-                     n_groups, n_var, n_st, cells * (uint64_t)sizeof(double), r->answer_bytes);
+    uint64_t holds = 2 * (cells * sizeof(double) + (uint64_t)n_var * 40);
+    if (r->answer_bytes && holds > r->answer_bytes && cells > every) {
+        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats need %"
+                     PRIu64 " bytes, more than the %zu an answer may hold (max_answer_bytes) and "
+                     "more than every gene once; select fewer genes or groups",
+                     n_groups, n_var, n_st, holds, r->answer_bytes);
         goto out;
     }
     /* Each distinct gene is decoded and accumulated once; a gene listed

@@ -500,6 +500,19 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
         if (pick == IV_PICK_AUTO)
             want = axis == IV_OUT_MAJOR ? ds->m.orient : iv_plan_orient(ds, obs, var, axis, NULL);
         else want = pick == IV_PICK_CELLS ? IV_IVCSR : IV_IVCSC;
+        /* A transpose that could pass the request's bound is left for the
+         * direct decode of the other orientation when there is one. */
+        if (pick == IV_PICK_AUTO && axis != IV_OUT_MAJOR && other && opts && opts->max_work_bytes > 0 &&
+            (axis == IV_OUT_ROWS) != (want == IV_IVCSR)) {
+            iv_dataset_t *w = want == ds->m.orient ? ds : other;
+            int out_obs = axis == IV_OUT_ROWS;
+            const iv_sel_t *rows = out_obs ? obs : var;
+            double n_rows = !rows || rows->all ? (double)(out_obs ? w->m.n_rows : w->m.n_cols)
+                                               : (double)rows->n;
+            double entries = major_entries(w, w->m.orient == IV_IVCSR ? obs : var);
+            double need = entries * (4.0 + (double)iv_dtype_size(w->m.value_dtype)) + 20.0 * n_rows;
+            if (need > (double)opts->max_work_bytes) want = want == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
+        }
         if (want != ds->m.orient) {
             if (!other)
                 return iv_fail(err, IV_EINVALID_ARG, "%s: no %s orientation (neither built nor "

@@ -808,6 +808,74 @@ START_TEST(companion_file)
 }
 END_TEST
 
+/*
+ * One element listed many times, on either axis, through either
+ * orientation: the answer equals the matrix, every block stays near the
+ * block size (a direct decode's rows are planned from the repeats), and a
+ * transpose holds the distinct sub-matrix once, so a bound of a few
+ * hundred kilobytes serves 20,000 repeats of one gene by cell.  A bound
+ * below the distinct sub-matrix is IV_ETOO_LARGE before any block.
+ */
+START_TEST(duplicates_held_once)
+{
+    iv_pool_t *pool = iv_pool_create(2, 0);
+    char path[256];
+    tmp_path(path, sizeof path, "dups");
+    struct mat m;
+    mat_random(&m, 300, 80, IV_DT_FLOAT32, 0.3);
+    write_packed(path, &m, 0, -1, 0);
+    iv_dataset_t *ds = open_ds(path, pool);
+    iv_err_t err = {0};
+    iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = pool};
+    ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "%s", err.msg);
+    enum { REP = 20000 };
+    int64_t *rep = malloc(REP * sizeof *rep);
+    for (int64_t k = 0; k < REP; k++) rep[k] = k % 97 == 0 ? 5 : 3;   /* two ids, interleaved */
+    iv_sel_t all = {.all = 1}, many = {.n = REP, .idx = rep};
+    for (int ax = 0; ax < 2; ax++)
+        for (int side = 0; side < 2; side++) {
+            const iv_sel_t *obs = side ? &many : &all, *var = side ? &all : &many;
+            char label[64];
+            snprintf(label, sizeof label, "repeats on %s, axis %d", side ? "obs" : "var", ax);
+            check_orientations(ds, pool, &m, obs, var, ax, 512, label);
+            /* Blocks of both orientations: none far past the block size. */
+            for (int pk = IV_PICK_CELLS; pk <= IV_PICK_GENES; pk++) {
+                iv_query_t *q;
+                iv_query_opts_t qo = {.axis = ax ? IV_OUT_VARS : IV_OUT_ROWS, .pick = (iv_pick_t)pk,
+                                      .block_nnz = 4096, .max_work_bytes = 256 << 10};
+                ck_assert_msg(iv_query_new(ds, obs, var, &qo, &q, &err) == 0, "%s", err.msg);
+                ck_assert_msg(iv_query_prepare(q, pool, &err) == 0, "%s: %s", label, err.msg);
+                int64_t widest = iv_query_n_cols(q), total = 0;
+                for (int64_t b = 0; b < iv_query_n_blocks(q); b++) {
+                    iv_block_t blk;
+                    ck_assert_msg(iv_query_decode_block(q, b, &blk, &err) == 0, "%s", err.msg);
+                    EXPECT(blk.nnz <= 4096 + widest, "%s, pick %d: block %ld holds %ld entries", label,
+                           pk, (long)b, (long)blk.nnz);
+                    total += blk.nnz;
+                    iv_block_free(&blk);
+                }
+                EXPECT(total == iv_query_nnz_hint(q) || iv_query_nnz_hint(q) < 0,
+                       "%s, pick %d: %ld entries, hint %ld", label, pk, (long)total,
+                       (long)iv_query_nnz_hint(q));
+                iv_query_free(q);
+            }
+        }
+    /* Every distinct gene by cell through the gene-major copy needs more
+     * than 16 KB: refused, naming the bound. */
+    iv_query_t *q;
+    iv_query_opts_t tight = {.axis = IV_OUT_ROWS, .pick = IV_PICK_GENES, .max_work_bytes = 16 << 10};
+    ck_assert_msg(iv_query_new(ds, &all, &all, &tight, &q, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(iv_query_prepare(q, pool, &err), IV_ETOO_LARGE);
+    ck_assert_msg(strstr(err.msg, "max_answer_bytes") != NULL, "%s", err.msg);
+    iv_query_free(q);
+    free(rep);
+    iv_dataset_close(ds);
+    mat_free(&m);
+    unlink(path);
+    iv_pool_destroy(pool);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("transpose");
@@ -820,6 +888,7 @@ int main(void)
     tcase_add_test(tc, budget_skips);
     tcase_add_test(tc, duplicate_index_is_corrupt);
     tcase_add_test(tc, companion_file);
+    tcase_add_test(tc, duplicates_held_once);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -1,0 +1,192 @@
+"""Hardening: no request of at most 8 MB, on any route, makes the server
+hold more than a bounded amount of memory, however its index lists
+repeat an element.
+
+Each request below names a result that duplicates make huge from a small
+body (one gene listed 500,000 times, one cell 4,000,000 times).  The
+answer is either exact (streamed in bounded blocks, or computed over the
+distinct elements and repeated) or a 413 naming max_answer_bytes, and the
+server's peak resident memory while it runs (VmHWM, reset before each
+request through /proc/PID/clear_refs) grows by at most GROWTH plus the
+write budget the test sets, plus PER_INDEX bytes for each index the body
+lists: the parsed JSON holds 64 bytes a number (cJSON's node) and the
+selection itself a few copies of 8 bytes an index, whatever the answer.  Under a sanitizer the resident figures say
+nothing (shadow memory, quarantine), so there only the answers are
+checked.
+"""
+import json
+import os
+import socket
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import viewerdata  # noqa: E402
+from ivprocess import ServerProcess, write_config  # noqa: E402
+
+BIN = os.environ.get("IVSERVE_BIN")
+MIB = 1 << 20
+N_CELLS = 2000
+N_GENES = 60
+WRITE_BUDGET = 16 * MIB
+GROWTH = 64 * MIB
+PER_INDEX = 96
+
+
+def sanitized():
+    with open(BIN, "rb") as f:
+        data = f.read()
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("hard"))
+    path = os.path.join(tmp, "hard.h5ad")
+    X, obs, _ = viewerdata.make_dataset(path, n_cells=N_CELLS, n_genes=N_GENES)
+    pca = np.random.default_rng(3).standard_normal((N_CELLS, 50)).astype(np.float32)
+    with h5py.File(path, "a") as f:
+        d = f["obsm"].create_dataset("X_pca", data=pca)
+        d.attrs["encoding-type"] = "array"
+        d.attrs["encoding-version"] = "0.2.0"
+    cfg = {"datasets": [{"id": "hard", "path": path}],
+           "limits": {"write_budget_bytes": WRITE_BUDGET}}
+    srv = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"],
+                        ready_timeout=60, stop_timeout=30)
+    # The gene-major copy: the transposed paths need it.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        doc = requests.get(srv.url + "/v1/datasets/hard", timeout=10).json()
+        if doc["orientations"]["genes"]["state"] == "ready":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("gene-major copy never ready: %s" % doc)
+    yield srv, X, obs, pca
+    srv.stop()
+
+
+def reset_peak(srv):
+    with open("/proc/%d/clear_refs" % srv.proc.pid, "w") as f:
+        f.write("5")
+    return srv.status_kb("VmRSS") * 1024
+
+
+def growth(srv, base):
+    return srv.status_kb("VmHWM") * 1024 - base
+
+
+def check_growth(srv, base, what, n_indices):
+    if sanitized():
+        return
+    g = growth(srv, base)
+    bound = GROWTH + WRITE_BUDGET + PER_INDEX * n_indices
+    assert g <= bound, "%s: peak resident memory grew %.1f MB (bound %.1f MB)" % (
+        what, g / MIB, bound / MIB)
+
+
+def post(srv, route, body, **kw):
+    data = json.dumps(body, separators=(",", ":"))
+    assert len(data) <= 8 * MIB, len(data)
+    return requests.post("%s/v1/datasets/hard/%s" % (srv.url, route), data=data,
+                         headers={"Content-Type": "application/json"}, timeout=300, **kw)
+
+
+def test_count_of_a_gene_listed_500000_times(env):
+    srv, X, _, _ = env
+    n = 500_000
+    base = reset_peak(srv)
+    r = post(srv, "count", {"var": {"index": [0] * n}})
+    assert r.status_code == 200, r.text
+    assert r.json()["nnz"] == X[:, 0].nnz * n
+    check_growth(srv, base, "count", n)
+
+
+def test_count_by_cell_through_the_gene_major_copy(env):
+    # A cell repeated as rows, with few genes: the planner turns the
+    # gene-major copy around, over the distinct cells only.
+    srv, X, _, _ = env
+    n = 1_000_000
+    base = reset_peak(srv)
+    r = post(srv, "count", {"obs": {"index": [7] * n}, "var": {"index": [0, 1]}})
+    assert r.status_code == 200, r.text
+    assert r.json()["nnz"] == X[7, :2].nnz * n
+    check_growth(srv, base, "count by cell", n)
+
+
+def test_streamed_query_of_one_gene_listed_500000_times(env):
+    # The answer is ~1 GB; read and count it as it streams.
+    srv, X, _, _ = env
+    n = 500_000
+    base = reset_peak(srv)
+    r = post(srv, "query", {"var": {"index": [0] * n}, "format": "binary"}, stream=True)
+    assert r.status_code == 200, r.text
+    got = 0
+    for chunk in r.iter_content(1 << 20):
+        got += len(chunk)
+    # Every stored value of gene 0, n times: an int32 index and an int32 value each.
+    assert got >= X[:, 0].nnz * n * 8
+    check_growth(srv, base, "query", n)
+
+
+def test_unread_queries_hold_no_more_than_the_write_budget(env):
+    # Two clients ask for the ~1 GB answer and never read it.
+    srv, _, _, _ = env
+    body = json.dumps({"var": {"index": [0] * 500_000}, "format": "binary"}, separators=(",", ":")).encode()
+    base = reset_peak(srv)
+    socks = []
+    for _ in range(2):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"POST /v1/datasets/hard/query HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    time.sleep(3)
+    check_growth(srv, base, "unread queries", 2 * 500_000)
+    for s in socks:
+        s.close()
+    # The server is still answering.
+    assert requests.get(srv.url + "/v1/datasets/hard/query?obs=0:5&var=0:3&format=json",
+                        timeout=30).status_code == 200
+
+
+def test_embedding_of_a_cell_listed_4000000_times_is_refused(env):
+    srv, _, _, pca = env
+    base = reset_peak(srv)
+    r = post(srv, "obsm/X_pca", {"obs": {"index": [0] * 4_000_000}, "format": "binary"})
+    assert r.status_code == 413, r.text[:300]
+    assert "max_answer_bytes" in r.text
+    check_growth(srv, base, "obsm", 4_000_000)
+    # A selection no larger than the array is served, duplicates kept.
+    sel = [5, 5, 1999, 0] * 500
+    r = post(srv, "obsm/X_pca", {"obs": {"index": sel}, "format": "json"})
+    assert r.status_code == 200, r.text[:300]
+    assert np.array_equal(np.array(r.json()["values"], dtype=np.float32), pca[sel])
+
+
+def test_aggregate_of_a_gene_listed_1000000_times(env):
+    srv, X, obs, _ = env
+    base = reset_peak(srv)
+    r = post(srv, "aggregate", {"var": {"index": [0] * 1_000_000}, "group_by": "cell_type",
+                                "stats": ["mean"], "format": "binary"})
+    assert r.status_code == 413, r.text[:300]
+    assert "max_answer_bytes" in r.text
+    check_growth(srv, base, "aggregate", 1_000_000)
+    # A few repeats are answered, each repeat the gene's own figures.
+    genes = [3, 0, 3, 3, 59]
+    r = post(srv, "aggregate", {"var": {"index": genes}, "group_by": "cell_type", "stats": ["sum"]})
+    assert r.status_code == 200, r.text[:300]
+    doc = r.json()
+    assert [g["index"] for g in doc["genes"]] == genes
+    codes = obs["cell_type"].cat.codes.to_numpy()
+    dense = X.toarray()
+    for gi, g in enumerate(doc["groups"]):
+        k = list(obs["cell_type"].cat.categories).index(g["key"][0])
+        want = dense[codes == k][:, genes].sum(axis=0)
+        assert np.array_equal(np.array(doc["values"]["sum"][gi]), want)
