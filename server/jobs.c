@@ -253,6 +253,7 @@ void setup_run(job_t *j)
  * cost grows with the page (a 100,000-row CSV page takes about 90 ms). */
 void viewer_run(job_t *j)
 {
+    j->setup->vr->cancel = &j->qs->cancelled;
     j->rc = iv_vreq_run(j->setup->vr, &j->err);
 }
 

@@ -752,6 +752,7 @@ typedef struct aggrun {
     int cell_major;              /* blocks are cell rows (IVCSR) */
     int64_t n_blocks;
     unsigned n_parts;
+    const atomic_int *cancel;    /* the request's (iv_vreq_t.cancel), or NULL */
     atomic_int failed;
     pthread_mutex_t mu;
     int rc;
@@ -768,7 +769,9 @@ static void agg_part(void *arg, size_t part)
         memset(&blk, 0, sizeof blk);
         iv_err_t e;
         iv_err_clear(&e);
-        int rc = iv_query_decode_block(ar->q, b, &blk, &e);
+        int rc = ar->cancel && atomic_load_explicit(ar->cancel, memory_order_relaxed)
+                     ? iv_fail(&e, IV_ECANCELLED, "aggregate cancelled")
+                     : iv_query_decode_block(ar->q, b, &blk, &e);
         if (rc != 0) {
             pthread_mutex_lock(&ar->mu);
             if (ar->rc == 0) {
@@ -788,6 +791,14 @@ static void agg_part(void *arg, size_t part)
                             blk.indices, blk.index_size, blk.data, blk.dtype);
         iv_block_free(&blk);
     }
+}
+
+/* IV_ECANCELLED once the request's cancel flag is set, between phases. */
+static int vreq_cancelled(const iv_vreq_t *r, iv_err_t *err)
+{
+    if (r->cancel && atomic_load_explicit(r->cancel, memory_order_relaxed))
+        return iv_fail(err, IV_ECANCELLED, "request cancelled");
+    return 0;
 }
 
 static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
@@ -868,7 +879,9 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
             goto out;
         }
     }
+    if ((rc = vreq_cancelled(r, err)) != 0) goto out;
     if ((rc = iv_rmeta_resolve_query(r->meta, var_meta, &p.qr, &r->dropped, err)) != 0) goto out;
+    if ((rc = vreq_cancelled(r, err)) != 0) goto out;
     if ((rc = pick_format(r, p.qr.format, MEDIA_AGG, IV_FMT_JSON, &fmt, err)) != 0) goto out;
     if (fmt == IV_FMT_NDJSON) {
         rc = iv_fail(err, IV_ENOT_ACCEPTABLE, "aggregate answers application/json or " MEDIA_AGG);
@@ -978,6 +991,7 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     ar.cell_major = iv_query_orient(q) == IV_IVCSR;
     ar.n_blocks = nb;
     ar.n_parts = n_parts;
+    ar.cancel = r->cancel;
     atomic_init(&ar.failed, 0);
     pthread_mutex_init(&ar.mu, NULL);
     iv_err_clear(&ar.err);

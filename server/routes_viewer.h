@@ -23,6 +23,7 @@
 #ifndef IV_ROUTES_VIEWER_H
 #define IV_ROUTES_VIEWER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -98,6 +99,10 @@ typedef struct iv_vreq {
     size_t json_bytes;        /* JSON response limit */
     size_t answer_bytes;      /* limits.max_answer_bytes: a whole answer's bound; 0 = none */
     uint32_t max_age;         /* Cache-Control max-age; 0 = no-cache */
+    /* Set (by the loop) when the client left, the computation timed out
+     * or the server is stopping: long routes stop at their next block
+     * with IV_ECANCELLED.  NULL: never. */
+    const atomic_int *cancel;
     int private_cache;        /* the dataset needs a token: "private", not "public" */
     char *if_none_match;      /* If-None-Match header or NULL (owned) */
     char *accept_encoding;    /* Accept-Encoding header or NULL (owned) */

@@ -190,3 +190,71 @@ def test_aggregate_of_a_gene_listed_1000000_times(env):
         k = list(obs["cell_type"].cat.categories).index(g["key"][0])
         want = dense[codes == k][:, genes].sum(axis=0)
         assert np.array_equal(np.array(doc["values"]["sum"][gi]), want)
+
+
+# ---------------------------------------------------------------- cancellation
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory):
+    """A larger dataset whose aggregates over a long cell list take
+    seconds, served with a short shutdown grace."""
+    tmp = str(tmp_path_factory.mktemp("heavy"))
+    path = os.path.join(tmp, "heavy.h5ad")
+    X, obs, _ = viewerdata.make_dataset(path, n_cells=100_000, n_genes=200, seed=5)
+    cfg = {"datasets": [{"id": "heavy", "path": path}],
+           "limits": {"shutdown_grace_ms": 2000}}
+    srv = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"],
+                        ready_timeout=120, stop_timeout=30)
+    yield srv, X
+    srv.stop()
+
+
+def heavy_body(seed):
+    cells = np.random.default_rng(seed).integers(0, 100_000, 1_200_000).tolist()
+    return json.dumps({"obs": {"index": cells}, "group_by": "cell_type",
+                       "stats": ["mean", "var", "max"], "format": "binary"},
+                      separators=(",", ":")).encode()
+
+
+def send_and_leave(port, path, body):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+    return s
+
+
+def test_abandoned_aggregates_stop_and_shutdown_keeps_its_grace(heavy):
+    srv, X = heavy
+    url = srv.url + "/v1/datasets/heavy/aggregate"
+    body = heavy_body(1)
+    # One aggregate answered whole, for its duration.
+    t0 = time.time()
+    r = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=300)
+    full = time.time() - t0
+    assert r.status_code == 200, r.text[:300]
+    assert full >= 0.3, "the aggregate took %.2f s: too light to show anything" % full
+    # Three clients send it and leave at once.
+    socks = [send_and_leave(srv.port, "/v1/datasets/heavy/aggregate", heavy_body(s)) for s in (2, 3, 4)]
+    time.sleep(0.3)
+    for s in socks:
+        s.close()
+    time.sleep(0.3)
+    t0 = time.time()
+    r = requests.get(srv.url + "/v1/datasets/heavy/query?obs=0:5&var=0:20&format=json", timeout=60)
+    took = time.time() - t0
+    assert r.status_code == 200
+    assert np.array_equal(np.array(r.json()["indptr"]), X[0:5, 0:20].indptr)
+    assert took <= 0.1 + 0.02 * full, "a 5-cell query behind abandoned aggregates took %.3f s" % took
+    # Work cancelled shows in the metrics.
+    m = requests.get(srv.url + "/metrics", timeout=10).text
+    assert "ivserve_jobs_cancelled_total" in m
+    # Aggregates in flight at SIGTERM: the server exits within its grace.
+    socks = [send_and_leave(srv.port, "/v1/datasets/heavy/aggregate", heavy_body(s)) for s in (5, 6, 7)]
+    time.sleep(0.3)
+    t0 = time.time()
+    rc = srv.stop()
+    took = time.time() - t0
+    for s in socks:
+        s.close()
+    assert rc == 0, srv.log_text()[-2000:]
+    assert took <= 2.0 + 1.0, "SIGTERM took %.1f s against a 2 s grace" % took
