@@ -241,6 +241,18 @@ static void route_doc(conn_t *c, sds_t *d)
     send_owned(c, 200, "application/json", &b, extra);
 }
 
+/* Whether the request's client may see dataset d's id in a server-wide
+ * answer (/metrics, /readyz): d is public, or the request's token reads
+ * it, or holds the metrics or admin scope. */
+static int may_name(conn_t *c, const sds_t *d)
+{
+    const iv_auth_t *a = &c->srv->auth;
+    if (!iv_auth_protected(a, d->conf->id)) return 1;
+    const iv_auth_token_t *tok = NULL;
+    if (iv_auth_identify(a, c->req->hdr[IV_H_AUTHORIZATION], &tok) != IV_AUTH_OK || !tok) return 0;
+    return iv_auth_may_read(a, tok, d->conf->id) || (tok->scope & (IV_SCOPE_METRICS | IV_SCOPE_ADMIN));
+}
+
 static void route_metrics(conn_t *c)
 {
     server_t *s = c->srv;
@@ -272,7 +284,9 @@ static void route_metrics(conn_t *c)
         sds_t *d = s->reg.v[i];
         if (d->state == DS_READY) {
             g.datasets_ready++;
-            if (mem) ds_memory(d, &mem[g.n_ds_mem++]);
+            /* Series labelled by a protected dataset's id only for a client
+             * that may know it: its name is not public. */
+            if (mem && may_name(c, d)) ds_memory(d, &mem[g.n_ds_mem++]);
             iv_cache_stats_t cs;
             iv_dataset_cache_stats(d->ds, &cs);
             iv_rds_matrices_cache(d, &cs);
@@ -318,16 +332,22 @@ static void route_readyz(conn_t *c)
     iv_buf_t m;
     iv_buf_init(&m);
     iv_buf_printf(&m, "%zu of %zu datasets ready (readyz policy \"%s\")", n.ready, s->reg.n, policy);
+    size_t unnamed = 0;
     for (int failed = 1; failed >= 0; failed--) {
         int first = 1;
         for (size_t i = 0; i < s->reg.n && m.len < 400; i++) {
             const sds_t *d = s->reg.v[i];
             if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
+            if (!may_name(c, d)) {
+                unnamed++;
+                continue;
+            }
             iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
                           d->conf->id);
             first = 0;
         }
     }
+    if (unnamed) iv_buf_printf(&m, "; %zu protected not named", unnamed);
     iv_buf_append(&m, "", 1);
     send_error(c, 503, "not_ready", m.oom ? "datasets are not ready" : m.data, "Retry-After: 1\r\n");
     iv_buf_free(&m);

@@ -17,6 +17,7 @@ checked.
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -28,7 +29,7 @@ import requests
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import viewerdata  # noqa: E402
-from ivprocess import ServerProcess, write_config  # noqa: E402
+from ivprocess import ServerProcess, listening_port, write_config  # noqa: E402
 
 BIN = os.environ.get("IVSERVE_BIN")
 MIB = 1 << 20
@@ -258,3 +259,66 @@ def test_abandoned_aggregates_stop_and_shutdown_keeps_its_grace(heavy):
         s.close()
     assert rc == 0, srv.log_text()[-2000:]
     assert took <= 2.0 + 1.0, "SIGTERM took %.1f s against a 2 s grace" % took
+
+
+# ---------------------------------------------------------------- names of protected datasets
+
+def protected_setup(tmp, readyz):
+    path = os.path.join(tmp, "small.h5ad")
+    viewerdata.make_dataset(path, n_cells=300, n_genes=20)
+    broken = os.path.join(tmp, "broken.h5ad")
+    with open(broken, "wb") as f:
+        f.write(b"not an hdf5 file" * 64)
+    return {"readyz": readyz,
+            "datasets": [{"id": "openatlas", "path": path},
+                         {"id": "secretatlas", "path": path, "tokens": ["s3cret"]},
+                         {"id": "hiddenbroken", "path": broken, "tokens": ["s3cret"]},
+                         {"id": "openbroken", "path": broken}]}
+
+
+def test_protected_ids_stay_out_of_metrics(tmp_path):
+    tmp = str(tmp_path)
+    cfg = protected_setup(tmp, "any")
+    srv = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"], ready_timeout=60)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and \
+                'ivserve_datasets{state="failed"} 2' not in requests.get(srv.url + "/metrics").text:
+            time.sleep(0.05)
+        anon = requests.get(srv.url + "/metrics", timeout=10)
+        assert anon.status_code == 200
+        assert 'dataset="openatlas"' in anon.text
+        assert "secretatlas" not in anon.text and "hiddenbroken" not in anon.text
+        # The server-wide gauges still count every dataset.
+        assert 'ivserve_datasets{state="ready"} 2' in anon.text
+        assert 'ivserve_datasets{state="failed"} 2' in anon.text
+        tok = requests.get(srv.url + "/metrics", headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert 'dataset="secretatlas"' in tok.text
+    finally:
+        srv.stop()
+
+
+def test_protected_ids_stay_out_of_readyz(tmp_path):
+    # Under "all" the server stays unready and /readyz names what is not
+    # ready: only the datasets the client may know.
+    tmp = str(tmp_path)
+    cfg = protected_setup(tmp, "all")
+    log = open(os.path.join(tmp, "log.txt"), "a+")
+    proc = subprocess.Popen([BIN, "--config", write_config(tmp, cfg), "--threads", "2", "--port", "0"],
+                            stdout=log, stderr=log)
+    try:
+        url = "http://127.0.0.1:%d/readyz" % listening_port(log.name, proc)
+        deadline = time.time() + 30
+        r = requests.get(url, timeout=10)
+        while time.time() < deadline and "failed: " not in r.text:
+            time.sleep(0.05)
+            r = requests.get(url, timeout=10)
+        assert r.status_code == 503
+        assert "openbroken" in r.text and "hiddenbroken" not in r.text, r.text
+        assert "1 protected not named" in r.text, r.text
+        r = requests.get(url, headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert "hiddenbroken" in r.text, r.text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
