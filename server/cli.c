@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "dataset.h"
+#include "filecheck.h"
 #include "meta.h"
 #include "npz.h"
 #include "pool.h"
@@ -429,6 +430,17 @@ report:
     return rc;
 }
 
+/* 1 (message printed) when out names the input or its companion. */
+static int out_is_input(const struct cli_opts *o, const char *out)
+{
+    const char *in = iv_file_same(out, o->file) ? o->file
+                     : iv_file_same(out, o->companion) ? o->companion : NULL;
+    if (!in) return 0;
+    fprintf(stderr, "ivserve: error: %s: the output is the input %s; writing it would replace what "
+            "is read (choose another -o)\n", out, in);
+    return 1;
+}
+
 static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
 {
     if (!o->out) {
@@ -461,6 +473,7 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
             return 1;
         }
     }
+    if (!o->batch && out_is_input(o, o->out)) return 1;
     iv_dataset_t *ds;
     if (open_dataset(o, pool, &ds) < 0) return 1;
     iv_pick_t pick;
@@ -503,7 +516,9 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
             snprintf(path, sizeof path, "%s/q%ld.npz", o->out, k);
             iv_sel_t obs, var;
             int64_t *ob = NULL, *vb = NULL;
-            if (parse_sel(line, "obs", &obs, &ob) < 0 || parse_sel(tab + 1, "var", &var, &vb) < 0) rc = 1;
+            if (out_is_input(o, path) || parse_sel(line, "obs", &obs, &ob) < 0 ||
+                parse_sel(tab + 1, "var", &var, &vb) < 0)
+                rc = 1;
             else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->index_bits,
                                  path, 0);
             free(ob);

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "filecheck.h"
 #include "pack.h"
 #include "pool.h"
 
@@ -111,6 +112,11 @@ static void both_name(const char *out, const char *tag, char *buf, size_t cap)
 
 static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quiet)
 {
+    if (iv_file_same(in, out)) {
+        fprintf(stderr, "ivserve: error: %s: the output is the input %s; writing it would replace "
+                "what is read (choose another OUT)\n", out, in);
+        return 1;
+    }
     bar_t b = {isatty(2), quiet, now(), 0, 0, o->orient == IV_IVCSR ? "rows" : "columns", out};
     o->progress = on_progress;
     o->progress_ctx = &b;

@@ -319,3 +319,10 @@ uint64_t iv_file_sum(const void *vp, size_t n)
     return iv_file_sum_portable(vp, n);
 #endif
 }
+
+int iv_file_same(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}

@@ -75,6 +75,12 @@ iv_file_state_t iv_file_compare(const iv_file_id_t *loaded, const struct stat *n
 /* One line for a log or a document, e.g. "size 1000 -> 0 bytes". */
 void iv_file_describe(const iv_file_id_t *loaded, const struct stat *now, char *out, size_t n);
 
+/* 1 when both paths name one file (symbolic links followed, hard links
+ * seen), 0 otherwise, and when either names nothing.  The writers refuse
+ * an output that is one of their inputs: writing it would replace what
+ * they read. */
+int iv_file_same(const char *a, const char *b);
+
 typedef struct iv_file iv_file_t;
 
 /* Opens path read-only (close-on-exec) and records its identity. */

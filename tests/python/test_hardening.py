@@ -322,3 +322,39 @@ def test_protected_ids_stay_out_of_readyz(tmp_path):
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+# ---------------------------------------------------------------- writers never replace their input
+
+def test_export_and_pack_refuse_to_write_over_their_input(tmp_path):
+    import hashlib
+    tmp = str(tmp_path)
+    path = os.path.join(tmp, "in.h5ad")
+    viewerdata.make_dataset(path, n_cells=200, n_genes=20)
+    link = os.path.join(tmp, "link.h5ad")
+    os.symlink(path, link)
+    hard = os.path.join(tmp, "hard.h5ad")
+    os.link(path, hard)
+
+    def digest():
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    before = digest()
+    for cmd in ([BIN, "export", path, "--obs", "0:5", "-o", path],
+                [BIN, "export", path, "--obs", "0:5", "-o", link],
+                [BIN, "export", link, "--obs", "0:5", "-o", hard],
+                [BIN, "pack", path, path, "--quiet"],
+                [BIN, "pack", link, hard, "--quiet"]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1, (cmd, p.returncode, p.stderr)
+        assert "the output is the input" in p.stderr, p.stderr
+        assert digest() == before, cmd
+    assert sorted(os.listdir(tmp)) == ["hard.h5ad", "in.h5ad", "link.h5ad"]
+    # Another output is written as before.
+    out = os.path.join(tmp, "out.h5ad")
+    p = subprocess.run([BIN, "export", link, "--obs", "0:5", "-o", out], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out, "r") as f:
+        assert f["X"].attrs["shape"][0] == 5
