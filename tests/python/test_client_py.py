@@ -8,8 +8,12 @@ X[rows][:, cols] of the expected matrix, as scipy CSR and as numpy, with
 the file's value dtype; obs / var DataFrames and to_anndata() equal
 anndata's own reading of the metadata twin, column by column, dtypes and
 categories included, rows in the selection's order; count; streamed blocks
-read incrementally; errors as IvserveError; the progress bar; tokens; and
-that `pip install --no-build-isolation` of the package works offline.
+read incrementally; errors as IvserveError; the progress bar; tokens;
+hostile binary frames (sizes past their bounds, frames cut after
+declaring a gigabyte, read directly and from a fake HTTP server) refused
+with the client's own error and tracemalloc's peak bounded by what
+arrived; and that `pip install --no-build-isolation` of the package
+works offline.
 
 The package is imported from the source tree (clients/python on sys.path),
 so the suite needs no install step.
@@ -516,6 +520,159 @@ def test_stream_reader_checks():
     with pytest.raises(IvserveError) as e:
         list(wire.StreamReader(io.BytesIO(huge)).blocks())
     assert e.value.code == "bad_stream"
+
+
+def _hostile(rows, cols, n, nnz, follow=b"", indptr=None):
+    """A stream header and one block frame declaring n rows and nnz values
+    of int32, its ids and pointers (indptr, default [0, ..., 0, nnz]), then
+    follow and nothing else."""
+    import struct
+    ptr = indptr if indptr is not None else [0] * n + [nnz]
+    return (struct.pack("<4sIqq8s8s", b"IVQS", 1, rows, cols, b"<i4", b"<i4") +
+            struct.pack("<IIqq", 1, 0, n, nnz) + struct.pack("<%dq" % n, *range(n)) +
+            struct.pack("<%dq" % (n + 1), *ptr) + follow)
+
+
+def _read_peak(data):
+    """(the IvserveError reading data raised, tracemalloc's peak bytes)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(IvserveError) as e:
+            list(wire.StreamReader(io.BytesIO(data)).blocks())
+        return e.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_stream_reader_refuses_lying_sizes():
+    # nnz 2**61 with matching pointers: the frame's size overflowed
+    # bytearray (OverflowError) before; now its bytes pass no bound.
+    for cols, why in ((4, "columns announced"), (1 << 40, "columns announced"),
+                      (1 << 62, "max_frame_bytes")):
+        err, peak = _read_peak(_hostile(1, cols, 1, 1 << 61))
+        assert err.code == "bad_stream", err
+        assert why in err.message, err.message
+        assert peak < 1 << 20
+    # More values than the block's rows times the columns.
+    err, _ = _read_peak(_hostile(3, 4, 2, 9))
+    assert err.code == "bad_stream" and "9 values" in err.message
+    # One row holding more values than there are columns.
+    err, _ = _read_peak(_hostile(2, 4, 2, 6, b"\0" * 48, indptr=[0, 5, 6]))
+    assert err.code == "bad_stream" and "columns" in err.message
+    # The cap is the reader's to set.
+    m = sp.random(300, 50, density=0.3, format="csr", random_state=1, dtype=np.float64)
+    m.data = np.round(m.data * 100)
+    data = _stream([(list(range(300)), m.astype(np.int32))], cols=50)
+    with pytest.raises(IvserveError) as e:
+        list(wire.StreamReader(io.BytesIO(data), max_frame_bytes=4096).blocks())
+    assert e.value.code == "bad_stream" and "4096" in e.value.message
+
+
+def test_stream_reader_cut_frame_allocates_what_arrived():
+    # A frame declaring 1 GiB of indices and values within every bound
+    # (2**40 columns announced), then cut: the reader fails having held
+    # what arrived plus a piece, not the declared gigabyte.
+    nnz = 1 << 27
+    for arrived in (0, 100_000, 3 * wire.READ_PIECE + 12345):
+        err, peak = _read_peak(_hostile(1, 1 << 40, 1, nnz, b"\7" * arrived))
+        assert err.code == "truncated", err
+        assert "%d of %d bytes" % (arrived, 4 * nnz) in err.message
+        assert peak <= arrived + 2 * wire.READ_PIECE, (arrived, peak)
+    # A block of 2**24 rows (as many as the header announced) cut inside
+    # its row ids.
+    import struct
+    rows = 1 << 24
+    data = _hostile(rows, 1, 0, 0)[:40] + struct.pack("<IIqq", 1, 0, rows, 0) + b"\0" * 1000
+    err, peak = _read_peak(data)
+    assert err.code == "truncated" and "1000 of %d bytes" % (8 * rows) in err.message
+    assert peak <= 2 * wire.READ_PIECE
+
+
+def test_stream_reader_reads_large_blocks_in_pieces():
+    # A true block larger than a piece reads back exactly.
+    rng = np.random.default_rng(2)
+    m = sp.random(2000, 400, density=0.5, format="csr", random_state=3)
+    m.data = rng.integers(-9, 9, m.nnz).astype(np.float64)
+    m = m.astype(np.int32)
+    obs = rng.permutation(2000).tolist()
+    data = _stream([(obs[:1500], m[:1500]), (obs[1500:], m[1500:])], cols=400)
+    assert len(data) > 3 * wire.READ_PIECE
+    r = wire.StreamReader(io.BytesIO(data))
+    X, got_obs = wire.assemble(r.read_header(), list(r.blocks()))
+    assert_same(X, m.toarray()) and list(got_obs) == obs
+
+
+class _FakeServer:
+    """An HTTP server in a thread with one dataset, "fake", whose query
+    answer is body, sent as close-delimited, with a Content-Length past
+    its end, or as one chunk longer than what is sent (mode)."""
+
+    def __init__(self, body, shape):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                doc = json.dumps({"shape": list(shape), "nnz": 1, "dtype": "int32"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(doc)))
+                self.end_headers()
+                self.wfile.write(doc)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", wire.MEDIA_TYPE)
+                if fake.mode == "length":
+                    self.send_header("Content-Length", str(len(body) + 1000))
+                elif fake.mode == "chunked":
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write((b"%x\r\n" % (len(body) + 1000) if fake.mode == "chunked" else b"") + body)
+                self.close_connection = True
+
+        self.mode = "close"
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["close", "length", "chunked"])
+def test_client_against_a_lying_server(mode):
+    import tracemalloc
+    nnz = 1 << 27
+    arrived = 2 * wire.READ_PIECE
+    cases = [(_hostile(1, 1 << 40, 1, nnz, b"\1" * arrived), "truncated"),
+             (_hostile(1, 1 << 40, 1, 1 << 61), "bad_stream")]
+    for body, code in cases:
+        fake = _FakeServer(body, (1, 1 << 40))
+        fake.mode = mode
+        try:
+            ds = ivserve.connect(fake.url, timeout=30)["fake"]
+            tracemalloc.start()
+            try:
+                with pytest.raises(IvserveError) as e:
+                    ds[:].to_scipy()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        finally:
+            fake.close()
+        assert e.value.code == code, e.value
+        assert peak <= arrived + 4 * wire.READ_PIECE, (mode, code, peak)
 
 
 def test_obsm_binary_parser():

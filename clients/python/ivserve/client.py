@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import numpy as np
 import requests
+import urllib3
 
 from . import frames, selection, wire
 from .progress import bar as progress_bar
@@ -505,7 +506,11 @@ class Query:
                     yield b
             finally:
                 bar.close()
-        except (requests.RequestException, OSError) as e:
+        except urllib3.exceptions.ProtocolError as e:
+            # A chunked answer cut inside a chunk: urllib3 says so itself
+            # rather than return b"" as it does at a cut between frames.
+            raise IvserveError(None, "truncated", f"the result stream was cut: {e}") from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             raise IvserveError(None, "connection", f"reading the result stream: {e}") from None
         finally:
             r.close()

@@ -4,9 +4,17 @@ The stream is read from the HTTP response as it arrives, one frame at a
 time, so that a caller iterating over blocks holds one block (at most
 64 Ki rows / 256 Ki stored values on the server's side) plus the socket's
 buffers, whatever the size of the whole result.  Every length read from
-the stream is checked against what the header announced before any
-buffer is allocated: a damaged or hostile stream is an IvserveError,
-never a huge allocation or an array that reads past its bytes.
+the stream is checked before any buffer is allocated for it: a block's
+rows against the rows the header announced, its values against its rows
+times the header's columns, and its bytes against max_frame_bytes (the
+server's blocks are a few MB; a block of one row, the largest it sends
+past 256 Ki values, holds one value per selected gene, tens of MB for the
+few million genes an 8 MiB request can list).  What passes is still read in pieces of
+READ_PIECE bytes, so that a frame that lies about its size within those
+bounds, then stops, costs no more memory than the bytes that did arrive
+plus one piece.  A damaged or hostile stream is an IvserveError
+("bad_stream", or "truncated" for a cut one), never a huge allocation,
+an OverflowError or an array that reads past its bytes.
 
     header  40 B: "IVQS" | u32 version | i64 rows | i64 cols | char[8] value dtype | char[8] index dtype
     block:  u32 1 | u32 0 | i64 n_rows | i64 nnz | i64 obs[n_rows] | i64 indptr[n_rows+1] | indices[nnz] | values[nnz]
@@ -30,6 +38,10 @@ _INDEX_DTYPES = {"<i4", "<i8"}
 
 # A trailer's message is a short JSON object; anything longer is damage.
 _MAX_MESSAGE = 1 << 20
+# The most one block frame may hold (ids, pointers, indices and values).
+MAX_FRAME_BYTES = 1 << 31
+# Reads longer than this go in pieces of this size (see the module's comment).
+READ_PIECE = 1 << 20
 
 Header = namedtuple("Header", "rows cols dtype index_dtype")
 
@@ -69,13 +81,32 @@ class _Source:
         return n
 
     def read(self, n, what):
-        buf = bytearray(n)
-        got = self.read_into(memoryview(buf))
-        if got != n:
-            raise IvserveError(None, "truncated",
-                               f"the result stream was cut inside the {what} "
-                               f"({got} of {n} bytes; no trailer)")
-        return buf
+        """Exactly n bytes (a bytearray), or IvserveError "truncated".
+        Past READ_PIECE the bytes are read into pieces of that size and
+        joined once all arrived, so a stream cut early has cost only what
+        it sent plus one piece."""
+        if n <= READ_PIECE:
+            buf = bytearray(n)
+            got = self.read_into(memoryview(buf))
+            if got != n:
+                self._cut(what, got, n)
+            return buf
+        pieces, got = [], 0
+        while got < n:
+            piece = bytearray(min(READ_PIECE, n - got))
+            k = self.read_into(memoryview(piece))
+            got += k
+            if k != len(piece):
+                del pieces, piece
+                self._cut(what, got, n)
+            pieces.append(piece)
+        return bytearray().join(pieces)
+
+    @staticmethod
+    def _cut(what, got, n):
+        raise IvserveError(None, "truncated",
+                           f"the result stream was cut inside the {what} "
+                           f"({got} of {n} bytes; no trailer)")
 
     def array(self, dtype, count, what):
         buf = self.read(int(count) * dtype.itemsize, what)
@@ -93,8 +124,9 @@ class StreamReader:
     """Reads one binary result stream: header(), then blocks() until the
     trailer, which raises IvserveError when it reports a failure."""
 
-    def __init__(self, raw):
+    def __init__(self, raw, max_frame_bytes=MAX_FRAME_BYTES):
         self.src = _Source(raw)
+        self.max_frame_bytes = max_frame_bytes
         self.header = None
         self.rows_seen = 0
         self.nnz_seen = 0
@@ -127,12 +159,19 @@ class StreamReader:
             if n < 0 or nnz < 0 or n > h.rows - self.rows_seen:
                 raise _bad(f"a block of {n} rows and {nnz} values does not fit the "
                            f"{h.rows} rows announced ({self.rows_seen} seen)")
-            if h.cols == 0 and nnz:
-                raise _bad("a block has values but the result has no columns")
+            if nnz > n * h.cols:
+                raise _bad(f"a block of {n} rows declares {nnz} values, more than its rows "
+                           f"times the {h.cols} columns announced")
+            size = 16 * n + 8 + nnz * (h.index_dtype.itemsize + h.dtype.itemsize)
+            if size > self.max_frame_bytes:
+                raise _bad(f"a block of {n} rows and {nnz} values takes {size} bytes, more "
+                           f"than the {self.max_frame_bytes} a frame may hold (max_frame_bytes)")
             obs = self.src.array(np.dtype("<i8"), n, "block")
             indptr = self.src.array(np.dtype("<i8"), n + 1, "block")
             if indptr[0] != 0 or indptr[-1] != nnz or (n and np.any(np.diff(indptr) < 0)):
                 raise _bad("a block's row pointers are not monotone from 0 to its nnz")
+            if n and int(np.diff(indptr).max()) > h.cols:
+                raise _bad("a block's row holds more values than the result has columns")
             indices = self.src.array(h.index_dtype, nnz, "block")
             values = self.src.array(h.dtype, nnz, "block")
             if nnz and (int(indices.min()) < 0 or int(indices.max()) >= h.cols):
