@@ -1,12 +1,14 @@
 /*
  * token-hash (see cli_token.h).
  *
- * The token is the first line of stdin, without its line end; it is
- * checked the way the server will see it (an Authorization header value
- * cannot hold control characters, and the server trims blanks around
- * it), so a line that could never match is refused here rather than
- * silently never opening anything.  The name and scope are checked by
- * the tokens file's own parser functions.
+ * The token is the whole of stdin: one line, with or without its line
+ * end ("\n" or "\r\n").  It is checked the way the server will see it
+ * (an Authorization header value cannot hold NUL, control characters or
+ * line breaks, and the server trims blanks around it), so input that
+ * could never match, or that would be hashed only in part (a NUL byte, a
+ * second line), is refused here rather than silently never opening
+ * anything.  The name and scope are checked by the tokens file's own
+ * parser functions.
  */
 #include "cli_token.h"
 
@@ -20,7 +22,7 @@
 static int usage(void)
 {
     fputs("usage: ivserve token-hash NAME [SCOPE] < token-file\n"
-          "  prints 'NAME SHA256HEX [SCOPE]' for the token on stdin's first line, a line for\n"
+          "  prints 'NAME SHA256HEX [SCOPE]' for the token on stdin (one line), a line for\n"
           "  the tokens file (--token-file).  SCOPE: read (default), dataset:ID, metrics,\n"
           "  admin, comma-separated (read,admin).\n",
           stderr);
@@ -48,25 +50,49 @@ int iv_cli_token_main(int argc, char **argv)
             return 1;
         }
     }
+    /* One byte more than the longest token and its "\r\n" tells a longer
+     * input apart. */
     char buf[4096];
-    if (!fgets(buf, sizeof buf, stdin)) {
-        fprintf(stderr, "ivserve: error: no token on stdin\n");
+    size_t n = 0, got;
+    while (n < sizeof buf && (got = fread(buf + n, 1, sizeof buf - n, stdin)) > 0) n += got;
+    const char *why = NULL;
+    char why_buf[96];
+    if (ferror(stdin)) {
+        why = "cannot read stdin";
+    } else if (n == sizeof buf) {
+        snprintf(why_buf, sizeof why_buf, "the token is longer than %zu bytes", sizeof buf - 3);
+        why = why_buf;
+    } else if (n == 0) {
+        why = "no token on stdin";
+    } else if (memchr(buf, '\0', n)) {
+        snprintf(why_buf, sizeof why_buf, "the token holds a NUL byte (at byte %zu)",
+                 (size_t)((const char *)memchr(buf, '\0', n) - buf));
+        why = why_buf;
+    }
+    if (!why) {
+        if (buf[n - 1] == '\n') n--;
+        if (n > 0 && buf[n - 1] == '\r' && buf[n] == '\n') n--;
+        if (memchr(buf, '\n', n)) why = "stdin holds more than one line: give the token alone, on one line";
+        else if (n == 0) why = "the token is empty";
+    }
+    for (size_t i = 0; !why && i < n; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f) {
+            snprintf(why_buf, sizeof why_buf, "the token holds a control character (byte 0x%02x at "
+                     "%zu)", c, i);
+            why = why_buf;
+        }
+    }
+    if (!why && (buf[0] == ' ' || buf[0] == '\t' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        why = "the token has blanks at its ends (the server trims them from the header)";
+    if (why) {
+        memset(buf, 0, sizeof buf);
+        fprintf(stderr, "ivserve: error: %s\n", why);
         return 1;
     }
-    size_t n = strlen(buf);
-    if (n == sizeof buf - 1 && buf[n - 1] != '\n') {
-        fprintf(stderr, "ivserve: error: the token is longer than %zu bytes\n", sizeof buf - 2);
-        return 1;
-    }
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
-    int bad = n == 0 || buf[0] == ' ' || buf[0] == '\t' || buf[n - 1] == ' ' || buf[n - 1] == '\t';
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)buf[i] < 0x20 && buf[i] != '\t') bad = 1;
-    if (bad) {
-        fprintf(stderr, "ivserve: error: the token must be one non-empty line without control "
-                        "characters or blanks at its ends\n");
-        return 1;
-    }
+    if (n < 16)
+        fprintf(stderr, "ivserve: warning: a token of %zu bytes is easy to guess; 32 random bytes "
+                        "(openssl rand -hex 32) are not\n", n);
     unsigned char d[IV_SHA256_BYTES];
     char hex[2 * IV_SHA256_BYTES + 1];
     iv_sha256(buf, n, d);

@@ -253,6 +253,39 @@ def test_token_hash_helper(tmp_path):
     assert subprocess.run([BIN, "token-hash"], capture_output=True).returncode == 2
 
 
+@pytest.mark.parametrize("stdin, why", [
+    (b"abc\0def\n", "NUL"),                 # was hashed as "abc"
+    (b"abc\0", "NUL"),
+    (b"first\nsecond\n", "one line"),       # was the hash of "first"
+    (b"tok\n\n", "one line"),
+    (b"tok\r\nmore", "one line"),
+    (b"", "no token"),
+    (b"\n", "empty"),
+    (b"\r\n", "empty"),
+    (b"   \n", "blank"),
+    (b"to\x7fk\n", "control"),
+    (b"to\x1bk\n", "control"),
+    (b"a\rb\n", "control"),
+    (b" tok\n", "blank"),
+    (b"x" * 5000 + b"\n", "longer"),
+])
+def test_token_hash_refuses_what_could_never_match(stdin, why):
+    """token-hash reads all of stdin: one line (one trailing line end
+    allowed), no NUL or control byte, not empty; anything else is refused
+    with a message rather than hashed in part."""
+    p = subprocess.run([BIN, "token-hash", "ok"], input=stdin, capture_output=True)
+    assert p.returncode == 1, (stdin, p.stdout)
+    assert p.stdout == b""
+    assert b"ivserve: error:" in p.stderr and why.encode() in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("stdin", [b"s3cret\n", b"s3cret", b"s3cret\r\n"])
+def test_token_hash_takes_one_line_with_or_without_its_end(stdin):
+    p = subprocess.run([BIN, "token-hash", "ok"], input=stdin, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.decode() == "ok %s\n" % sha("s3cret")
+
+
 def log_lines(path, want, timeout=5):
     deadline = time.time() + timeout
     while True:
