@@ -131,6 +131,23 @@ static int on_header_value_complete(llhttp_t *p)
     return 0;
 }
 
+/*
+ * Where the path of a request target starts: 0 for the usual origin form
+ * ("/v1/datasets?x"); past "http://authority" for the absolute form that
+ * RFC 9112 3.2.2 has servers accept ("http://host:8080/v1/datasets?x").
+ * Routing reads only the path and the query; the authority would stand
+ * for Host, which no route reads.
+ */
+static size_t origin_start(const char *u, size_t n)
+{
+    size_t s = n >= 7 && !strncasecmp(u, "http://", 7)    ? 7
+               : n >= 8 && !strncasecmp(u, "https://", 8) ? 8
+                                                          : 0;
+    if (!s) return 0;
+    while (s < n && u[s] != '/' && u[s] != '?') s++;
+    return s;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     iv_http_in_t *in = in_of(p);
@@ -144,11 +161,21 @@ static int on_headers_complete(llhttp_t *p)
      * two to disagree on what the request is. */
     if (p->http_minor >= 1 && in->n_host != 1)
         return fail(in, 400, in->n_host ? "more than one Host header" : "HTTP/1.1 request without Host");
-    char *q = in->url.len ? memchr(in->url.data, '?', in->url.len) : NULL;
-    size_t plen = q ? (size_t)(q - in->url.data) : in->url.len;
+    /* RFC 9112 6.1: an HTTP/1.0 recipient does not know Transfer-Encoding
+     * and would find the body's end elsewhere than this parser does; such
+     * framing is faulty, and the connection closes after the 400. */
+    if (p->http_minor == 0 && (p->flags & F_TRANSFER_ENCODING))
+        return fail(in, 400, "Transfer-Encoding in an HTTP/1.0 request");
+    const char *u = in->url.data ? in->url.data : "";
+    size_t ulen = in->url.len, skip = origin_start(u, ulen);
+    u += skip;
+    ulen -= skip;
+    char *q = ulen ? memchr(u, '?', ulen) : NULL;
+    size_t plen = q ? (size_t)(q - u) : ulen;
     r->target = strndup(in->url.data ? in->url.data : "", in->url.len);
-    r->path = strndup(in->url.data ? in->url.data : "", plen);
-    r->query = q ? strndup(q + 1, in->url.len - plen - 1) : strdup("");
+    /* An absolute form without a path ("http://host?x") asks for "/". */
+    r->path = skip && plen == 0 ? strdup("/") : strndup(u, plen);
+    r->query = q ? strndup(q + 1, ulen - plen - 1) : strdup("");
     if (!r->target || !r->path || !r->query) return fail(in, 503, "out of memory");
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > in->max_body)
         return fail(in, 413, "request body exceeds the configured limit");

@@ -30,7 +30,7 @@ typedef struct iv_http_req {
     int http_major, http_minor;
     int keep_alive;
     char *target;               /* request target as sent (owned) */
-    char *path;                 /* target up to '?' (owned) */
+    char *path;                 /* target up to '?', less an absolute form's "http://host" (owned) */
     char *query;                /* after '?', or "" (owned) */
     char *hdr[IV_H_COUNT];      /* owned, NULL when absent; repeated headers joined by ", " */
     iv_buf_t body;

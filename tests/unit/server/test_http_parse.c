@@ -209,6 +209,62 @@ START_TEST(test_header_limit_counts_lines)
 }
 END_TEST
 
+/* RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message is faulty
+ * framing (a 1.0 recipient would read the body another way), so the
+ * request is refused and the connection closed (issue 30). */
+START_TEST(test_http10_transfer_encoding_is_400)
+{
+    int st;
+    ck_assert_int_eq(feed_all("POST /q HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              "3\r\nabc\r\n0\r\n\r\n", 4096, &st), -1);
+    ck_assert_int_eq(st, 400);
+    ck_assert_int_eq(feed_all("POST /q HTTP/1.0\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                              "3\r\nabc\r\n0\r\n\r\n", 4096, &st), -1);
+    ck_assert_int_eq(st, 400);
+    ck_assert_int_eq(feed_all("GET /q HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                              4096, &st), -1);
+    ck_assert_int_eq(st, 400);
+    /* HTTP/1.0 with a Content-Length, and HTTP/1.1 chunked, still pass. */
+    ck_assert_int_eq(feed_all("POST /q HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc", 4096, &st), 1);
+    ck_assert_int_eq(feed_all("POST /q HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              "3\r\nabc\r\n0\r\n\r\n", 4096, &st), 1);
+}
+END_TEST
+
+/* Parses one complete request (all at once) and returns it. */
+static iv_http_req_t *parse_one(iv_http_in_t *in, const char *s)
+{
+    size_t c;
+    iv_http_req_t *r = NULL;
+    iv_http_in_init(in, 4096, 1024);
+    ck_assert_int_eq(iv_http_in_feed(in, s, strlen(s), &c, &r), 1);
+    return r;
+}
+
+/* RFC 9112 3.2.2: a server accepts the absolute form of a request target
+ * and routes by its path and query (issue 30). */
+START_TEST(test_absolute_form_target)
+{
+    static const struct { const char *req, *path, *query; } cases[] = {
+        {"GET http://h:8080/v1/datasets HTTP/1.1\r\nHost: h:8080\r\n\r\n", "/v1/datasets", ""},
+        {"GET HTTPS://h/v1/datasets/a/query?obs=1,2&x=a/b HTTP/1.1\r\nHost: h\r\n\r\n",
+         "/v1/datasets/a/query", "obs=1,2&x=a/b"},
+        {"GET http://h?x=1 HTTP/1.1\r\nHost: h\r\n\r\n", "/", "x=1"},
+        {"GET http://user@h:1 HTTP/1.0\r\n\r\n", "/", ""},
+        {"GET /plain?q HTTP/1.1\r\nHost: h\r\n\r\n", "/plain", "q"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        iv_http_in_t in;
+        iv_http_req_t *r = parse_one(&in, cases[i].req);
+        ck_assert_msg(!strcmp(r->path, cases[i].path), "%s: path %s", cases[i].req, r->path);
+        ck_assert_msg(!strcmp(r->query, cases[i].query), "%s: query %s", cases[i].req, r->query);
+        iv_http_req_free(r);
+        free(r);
+        iv_http_in_free(&in);
+    }
+}
+END_TEST
+
 START_TEST(test_http2_is_505)
 {
     int st;
@@ -269,6 +325,8 @@ int main(void)
     tcase_add_test(tc, test_host_required);
     tcase_add_test(tc, test_header_limit_counts_lines);
     tcase_add_test(tc, test_http2_is_505);
+    tcase_add_test(tc, test_http10_transfer_encoding_is_400);
+    tcase_add_test(tc, test_absolute_form_target);
     tcase_add_test(tc, test_redact_paths);
     tcase_add_test(tc, test_coding_q);
     suite_add_tcase(s, tc);
