@@ -23,7 +23,8 @@
 #include "filter_json.h"
 #include "where.h"
 
-/* Largest integer a double holds exactly; JSON numbers beyond it are rejected. */
+/* Largest integer a double holds exactly: a JSON index or range bound past
+ * it is past every axis (out of range). */
 #define IV_MAX_EXACT 9007199254740992.0
 
 /* Frees the primary selection (index, range, mask or names) only. */
@@ -275,11 +276,18 @@ char *iv_url_decode_form(const char *src, size_t n)
 
 /* ---- selections from JSON ---------------------------------------------- */
 
-static int json_int(const cJSON *v, int64_t *out)
+/* A JSON number as an integer: 0; -1 when it is not an integer; -2 when
+ * it is one too large for a double to hold exactly (past 2^53, so past
+ * any axis: 18446744073709551615 is read as 2^64), *big its value. */
+static int json_int(const cJSON *v, int64_t *out, double *big)
 {
     if (!cJSON_IsNumber(v)) return -1;
     double d = v->valuedouble;
-    if (!isfinite(d) || d != floor(d) || fabs(d) > IV_MAX_EXACT) return -1;
+    if (!isfinite(d) || d != floor(d)) return -1;
+    if (fabs(d) > IV_MAX_EXACT) {
+        if (big) *big = d;
+        return -2;
+    }
     *out = (int64_t)d;
     return 0;
 }
@@ -291,6 +299,14 @@ static int check_index(const char *axis, const char *what, int64_t pos, int64_t 
         return iv_fail(err, IV_EOUT_OF_RANGE, "%s.%s[%lld] = %lld is out of range [0, %lld)",
                        axis, what, (long long)pos, (long long)v, (long long)n);
     return 0;
+}
+
+/* The same message for an index past what an int64 holds; the value is
+ * the one the JSON number was read as (its text is not kept). */
+static int huge_index(const char *axis, int64_t pos, double v, int64_t n, iv_err_t *err)
+{
+    return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.17g is out of range [0, %lld)", axis,
+                   (long long)pos, v, (long long)n);
 }
 
 static int sel_from_range(iv_psel_t *p, const char *axis, int64_t start, int64_t stop, int64_t n,
@@ -435,7 +451,10 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
         cJSON_ArrayForEach(e, v)
         {
             int64_t x;
-            if (json_int(e, &x) != 0)
+            double big;
+            int jrc = json_int(e, &x, &big);
+            if (jrc == -2) return huge_index(axis, i, big, n, err);
+            if (jrc != 0)
                 return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer", axis,
                                (long long)i);
             IV_TRY(check_index(axis, "index", i, x, n, err));
@@ -445,10 +464,19 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
         return 0;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "range"))) {
-        int64_t a, b;
-        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2 ||
-            json_int(cJSON_GetArrayItem(v, 0), &a) || json_int(cJSON_GetArrayItem(v, 1), &b))
+        int64_t a = 0, b = 0;
+        double ba = 0, bb = 0;
+        int ra = -1, rb = -1;
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2) {
+            ra = json_int(cJSON_GetArrayItem(v, 0), &a, &ba);
+            rb = json_int(cJSON_GetArrayItem(v, 1), &b, &bb);
+        }
+        if (ra == -1 || rb == -1)
             return iv_fail(err, IV_EBAD_SELECTION, "%s.range must be [start, stop] integers", axis);
+        if (ra || rb)
+            return iv_fail(err, IV_EOUT_OF_RANGE,
+                           "%s.range [%.17g, %.17g) is not within [0, %lld) with start <= stop",
+                           axis, ra ? ba : (double)a, rb ? bb : (double)b, (long long)n);
         return sel_from_range(p, axis, a, b, n, err);
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "mask"))) {

@@ -58,7 +58,24 @@ START_TEST(test_out_of_range_names_value)
     ck_assert_int_eq(parse_json("{\"var\":{\"range\":[3,51]}}", &q, &e), IV_EOUT_OF_RANGE);
     ck_assert_int_eq(parse_json("{\"var\":{\"range\":[4,3]}}", &q, &e), IV_EOUT_OF_RANGE);
     ck_assert_int_eq(parse_json("{\"var\":{\"range\":[4]}}", &q, &e), IV_EBAD_SELECTION);
-    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[1e300]}}", &q, &e), IV_EBAD_SELECTION);
+    /* An integer too large for any axis is out of range like 60 is, not
+     * "not an integer" (issue 30): 2^64-1, 2^63, 1e300, -(2^64-1), and
+     * 2^53+1 (read as 2^53, the last integer a double holds exactly). */
+    const char *huge[] = {"18446744073709551615", "9223372036854775808", "1e300",
+                          "-18446744073709551615", "9007199254740993"};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"obs\":{\"index\":[1,%s]}}", huge[i]);
+        ck_assert_msg(parse_json(body, &q, &e) == IV_EOUT_OF_RANGE, "%s: %s", huge[i], e.msg);
+        ck_assert_msg(!strncmp(e.msg, "obs.index[1] = ", 15), "%s: %s", huge[i], e.msg);
+        const char *tail = strstr(e.msg, " is out of range [0, 60)");
+        ck_assert_msg(tail && tail[24] == '\0', "%s: %s", huge[i], e.msg);
+        snprintf(body, sizeof body, "{\"var\":{\"range\":[0,%s]}}", huge[i]);
+        ck_assert_msg(parse_json(body, &q, &e) == IV_EOUT_OF_RANGE, "%s: %s", huge[i], e.msg);
+        ck_assert_msg(strstr(e.msg, "is not within [0, 50)"), "%s: %s", huge[i], e.msg);
+    }
+    ck_assert_int_eq(parse_json("{\"obs\":{\"index\":[\"1\"]}}", &q, &e), IV_EBAD_SELECTION);
+    ck_assert_int_eq(parse_json("{\"obs\":{\"range\":[0.5,2]}}", &q, &e), IV_EBAD_SELECTION);
 }
 END_TEST
 
@@ -192,6 +209,7 @@ START_TEST(test_query_string_huge_integers)
         "obs=0:9999999999999999999",
         "obs=9999999999999999999:9999999999999999999",
         "var=18446744073709551617",            /* 2^64 + 1, wraps to 1 in uint64 */
+        "obs=18446744073709551615",            /* 2^64 - 1, -1 as an int64 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         iv_err_clear(&e);
