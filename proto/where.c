@@ -418,14 +418,30 @@ static int parse_list(parser_t *p, iv_expr_t *e)
 
 static int parse_unary(parser_t *p, iv_expr_t **out);
 
+/*
+ * Nesting: each parenthesis and each `not` is one level, counted once
+ * where it opens, and at most MAX_DEPTH are open at once, the limit the
+ * API documents.  They are the parser's only unbounded recursions, so the
+ * count also bounds its stack (a few frames a level); the compiled tree's
+ * depth is checked again by filter.c.
+ */
+static int too_deep(parser_t *p)
+{
+    return iv_fail(p->err, IV_EBAD_REQUEST, "where: expression nested deeper than %d at position %zu",
+                   MAX_DEPTH, p->t.pos);
+}
+
 static int parse_primary(parser_t *p, iv_expr_t **out)
 {
     *out = NULL;
     tok_t *t = &p->t;
     size_t pos = t->pos;
     if (t->kind == T_LP) {
-        IV_TRY(next(p));
-        IV_TRY(parse_or(p, out));
+        if (++p->depth > MAX_DEPTH) return too_deep(p);
+        int prc = next(p);
+        if (prc == 0) prc = parse_or(p, out);
+        p->depth--;
+        IV_TRY(prc);
         if (p->t.kind != T_RP) {
             iv_expr_free(*out);
             *out = NULL;
@@ -564,17 +580,14 @@ fail:
 static int parse_unary(parser_t *p, iv_expr_t **out)
 {
     *out = NULL;
-    if (++p->depth > MAX_DEPTH) {
-        return iv_fail(p->err, IV_EBAD_REQUEST,
-                       "where: expression nested deeper than %d at position %zu", MAX_DEPTH,
-                       p->t.pos);
-    }
     int rc;
     if (is_kw(&p->t, "not") || p->t.kind == T_BANG) {
         size_t pos = p->t.pos;
+        if (++p->depth > MAX_DEPTH) return too_deep(p);
         rc = next(p);
         if (rc == 0) rc = parse_unary(p, out);
         if (rc == 0) rc = wrap_not(p, out, pos);
+        p->depth--;
     } else if ((p->t.kind == T_IDENT && !is_reserved(&p->t) && !is_kw(&p->t, "inf") &&
                 !is_kw(&p->t, "nan")) ||
                p->t.kind == T_BQ) {
@@ -582,7 +595,6 @@ static int parse_unary(parser_t *p, iv_expr_t **out)
     } else {
         rc = parse_primary(p, out);
     }
-    p->depth--;
     return rc;
 }
 
@@ -629,15 +641,7 @@ static int parse_chain(parser_t *p, iv_expr_t **out, int is_or)
 
 static int parse_or(parser_t *p, iv_expr_t **out)
 {
-    if (++p->depth > MAX_DEPTH) {
-        *out = NULL;
-        return iv_fail(p->err, IV_EBAD_REQUEST,
-                       "where: expression nested deeper than %d at position %zu", MAX_DEPTH,
-                       p->t.pos);
-    }
-    int rc = parse_chain(p, out, 1);
-    p->depth--;
-    return rc;
+    return parse_chain(p, out, 1);
 }
 
 int iv_where_parse(const char *s, size_t len, iv_expr_t **out, iv_err_t *err)

@@ -192,6 +192,52 @@ START_TEST(test_filter_errors)
 }
 END_TEST
 
+/* A where string of `levels` nested groups: "((...(age >= 0)...))" (kind
+ * 0), "age >= 0 and (age >= 0 and (...))" (kind 1), "not not ... age < 0"
+ * (kind 2).  Owned by the caller. */
+static char *nested(int levels, int kind)
+{
+    static const char *const open[] = {"(", "age >= 0 and (", "not "};
+    static const char *const leaf[] = {"age >= 0", "age >= 0", "age < 0"};
+    size_t ol = strlen(open[kind]);
+    char *s = malloc((size_t)levels * (ol + 1) + 16);
+    size_t k = 0;
+    for (int i = 0; i < levels; i++, k += ol) memcpy(s + k, open[kind], ol);
+    k += (size_t)sprintf(s + k, "%s", leaf[kind]);
+    for (int i = 0; kind < 2 && i < levels; i++) s[k++] = ')';
+    s[k] = '\0';
+    return s;
+}
+
+/* Each level of nesting counts once against IV_FILTER_MAX_DEPTH (issue
+ * 30: a parenthesis counted twice, so 128 were "deeper than 256"). */
+START_TEST(test_where_nesting_levels)
+{
+    iv_meta_t *m = tiny();
+    if (!m) return;
+    for (int kind = 0; kind < 3; kind++) {
+        int ok[] = {128, 200, IV_FILTER_MAX_DEPTH};
+        for (int i = 0; i < 3; i++) {
+            char *w = nested(ok[i], kind);
+            iv_bitmap_t b = {0};
+            iv_err_t e = {0};
+            int rc = run_where(m, w, &b, &e);
+            ck_assert_msg(rc == 0, "kind %d, %d levels: %s", kind, ok[i], e.msg);
+            /* age >= 0 holds for every row with an age; an even number of
+             * nots leaves age < 0, which none has. */
+            ck_assert_int_gt(b.n, 0);
+            if (kind == 2) ck_assert_int_eq(iv_bitmap_count(&b), 0);
+            iv_bitmap_free(&b);
+            free(w);
+        }
+        char *w = nested(IV_FILTER_MAX_DEPTH + 1, kind);
+        expect_err(m, w, IV_EBAD_REQUEST, "nested deeper than 256", NULL);
+        free(w);
+    }
+    iv_meta_free(m);
+}
+END_TEST
+
 START_TEST(test_where_parse_and_format)
 {
     const char *cases[][2] = {
@@ -470,6 +516,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_filter_matches_loops);
     tcase_add_test(tc, test_filter_errors);
     tcase_add_test(tc, test_where_parse_and_format);
+    tcase_add_test(tc, test_where_nesting_levels);
     tcase_add_test(tc, test_json_errors);
     tcase_add_test(tc, test_in_many_labels);
     tcase_add_test(tc, test_limits_and_growth);
