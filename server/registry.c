@@ -291,13 +291,14 @@ void iv_path_id_read(const char *path, iv_path_id_t *out)
     out->ino = (uint64_t)st.st_ino;
     out->size = (int64_t)st.st_size;
     out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + (int64_t)st.st_mtim.tv_nsec;
+    out->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + (int64_t)st.st_ctim.tv_nsec;
     out->ok = 1;
 }
 
 int iv_path_id_same(const iv_path_id_t *a, const iv_path_id_t *b)
 {
     return a->ok == b->ok && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-           a->mtime_ns == b->mtime_ns;
+           a->mtime_ns == b->mtime_ns && a->ctime_ns == b->ctime_ns;
 }
 
 iv_rds_t *iv_registry_find(const iv_registry_t *r, const char *id, size_t n)

@@ -32,10 +32,14 @@
 typedef enum iv_rds_state { IV_RDS_LOADING, IV_RDS_READY, IV_RDS_FAILED } iv_rds_state_t;
 
 /* What identifies the bytes of a file: a file renamed over it has another
- * inode, one written in place another size or modification time. */
+ * inode, one written in place another size, modification time or inode
+ * change time.  The change time is there because the modification time
+ * can be set back (touch -r, os.utime) after an edit, and it cannot: the
+ * kernel sets it to now at every write, and at a chmod too (a reload that
+ * follows one loads the file again, which costs a load, nothing else). */
 typedef struct iv_path_id {
     uint64_t dev, ino;
-    int64_t size, mtime_ns;
+    int64_t size, mtime_ns, ctime_ns;
     int ok;               /* 0: stat failed (the file is missing) */
 } iv_path_id_t;
 

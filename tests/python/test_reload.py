@@ -524,3 +524,36 @@ def test_changed_companion_file_is_reloaded(ivserve, fixtures_dir, tmp_path, ser
         assert time.time() < deadline, o
         time.sleep(0.05)
     assert o["source"] == "companion", o
+
+
+def test_in_place_edit_with_its_mtime_put_back_is_reloaded(ivserve, fixtures_dir, tmp_path,
+                                                           servers):
+    """An edit in place whose modification time is set back (touch -r,
+    os.utime) still changes the inode's change time, which no user can set
+    back: the reload sees it and loads the new metadata."""
+    tmp = str(tmp_path)
+    p = os.path.join(tmp, "a.h5ad")
+    shutil.copy(os.path.join(fixtures_dir, "tiny.ivcsr.raw.h5ad"), p)
+    srv = Srv(ivserve.path, tmp, {"datasets": [{"id": "a", "path": p}]})
+    servers.append(srv)
+
+    def ages():
+        r = requests.get(srv.url + "/v1/datasets/a/obs/age", timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["values"]
+
+    before = ages()
+    st = os.stat(p)
+    time.sleep(0.05)   # the change time moves past the load's
+    with h5py.File(p, "r+") as f:
+        f["obs/age"][...] = f["obs/age"][...] + 1000
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(p)
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert now.st_ctime_ns != st.st_ctime_ns
+    r = srv.reload()
+    assert r.status_code == 200 and r.json()["reloaded"] == ["a"], r.text
+    assert ages() == [a + 1000 for a in before]
+    # Nothing changed since: kept.
+    r = srv.reload()
+    assert r.json()["unchanged"] == 1 and r.json()["reloaded"] == [], r.text
