@@ -12,7 +12,9 @@ write budget the test sets, plus PER_INDEX bytes for each index the body
 lists: the parsed JSON holds 64 bytes a number (cJSON's node) and the
 selection itself a few copies of 8 bytes an index, whatever the answer.  Under a sanitizer the resident figures say
 nothing (shadow memory, quarantine), so there only the answers are
-checked.
+checked.  Dense gene rows cost their size in CPU whatever is stored, so
+a dense answer past max_answer_bytes and larger than the whole matrix
+dense must be refused within seconds, and one within either is exact.
 """
 import json
 import os
@@ -191,6 +193,111 @@ def test_aggregate_of_a_gene_listed_1000000_times(env):
         k = list(obs["cell_type"].cat.categories).index(g["key"][0])
         want = dense[codes == k][:, genes].sum(axis=0)
         assert np.array_equal(np.array(doc["values"]["sum"][gi]), want)
+
+
+# ---------------------------------------------------------------- dense answers
+
+def dense_rows(r):
+    """(var ids, genes x cells int array) of a dense by-var answer, NDJSON
+    or binary (int32 values), checked to end well."""
+    if r.headers["Content-Type"].startswith("application/x-ndjson"):
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert lines[0]["dense"] is True and lines[-1]["status"] == "ok", lines[-1]
+        var = [v for b in lines[1:-1] for v in b["var"]]
+        data = [row for b in lines[1:-1] for row in b["data"]]
+        return var, np.array(data, dtype=np.int64).reshape(len(var), lines[0]["shape"][0])
+    body = r.content
+    assert body[:4] == b"IVQS"
+    cells = int(np.frombuffer(body, "<i8", 1, 8)[0])
+    pos, var, rows = 40, [], []
+    while True:
+        kind = int(np.frombuffer(body, "<u4", 1, pos)[0])
+        n, m = np.frombuffer(body, "<i8", 2, pos + 8).tolist()
+        pos += 24
+        if kind == 2:
+            break
+        assert kind == 4 and m == cells
+        var += np.frombuffer(body, "<i8", n, pos).tolist()
+        pos += 8 * n
+        rows.append(np.frombuffer(body, "<i4", n * cells, pos).reshape(n, cells))
+        pos += 4 * n * cells
+    assert np.frombuffer(body, "<u4", 1, pos - 20)[0] == 0, "error trailer"
+    return var, np.concatenate(rows).astype(np.int64)
+
+
+def test_dense_answer_of_a_gene_listed_200000_times_is_refused_at_once(env):
+    # 0.4 MB of body, 800 MB of NDJSON zeros and numbers: refused before
+    # any decode or encode, in every encoding.
+    srv, X, _, _ = env
+    n = 200_000
+    for fmt in ("ndjson", "binary", "json"):
+        base = reset_peak(srv)
+        t0 = time.time()
+        r = post(srv, "query", {"var": {"index": [0] * n}, "dense": True, "format": fmt})
+        took = time.time() - t0
+        assert r.status_code == 413, r.text[:300]
+        assert r.json()["error"]["code"] == "too_large"
+        assert "max_answer_bytes" in r.text and str(64 * MIB) in r.text, r.text
+        assert took < 3, "%s: refused after %.2f s" % (fmt, took)
+        check_growth(srv, base, "dense " + fmt, n)
+    # Under the limit, duplicates kept: exact.
+    genes = [0, 5, 0, 59, 7] * 80
+    for fmt in ("ndjson", "binary"):
+        r = post(srv, "query", {"var": {"index": genes}, "obs": {"range": [100, 1900]},
+                                "dense": True, "format": fmt})
+        assert r.status_code == 200, r.text[:300]
+        var, got = dense_rows(r)
+        assert var == genes
+        assert np.array_equal(got, X[100:1900][:, genes].toarray().T)
+
+
+@pytest.fixture(scope="module")
+def small_limit(tmp_path_factory):
+    """A 1,000 x 40 int32 dataset served with max_answer_bytes at its
+    least (64 KiB): its whole matrix dense takes 80,000 bytes of NDJSON at
+    two bytes a value, 160,000 in binary."""
+    tmp = str(tmp_path_factory.mktemp("dense"))
+    path = os.path.join(tmp, "dense.h5ad")
+    X, _, _ = viewerdata.make_dataset(path, n_cells=1000, n_genes=40, seed=9)
+    cfg = {"datasets": [{"id": "hard", "path": path}], "limits": {"max_answer_bytes": 65536}}
+    srv = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"],
+                        ready_timeout=60, stop_timeout=30)
+    deadline = time.time() + 60
+    while requests.get(srv.url + "/v1/datasets/hard", timeout=10).json()[
+            "orientations"]["genes"]["state"] != "ready":
+        assert time.time() < deadline, "gene-major copy never ready"
+        time.sleep(0.1)
+    yield srv, X
+    srv.stop()
+
+
+def test_dense_answer_past_the_limit_but_within_the_whole_matrix_is_served(small_limit):
+    srv, X = small_limit
+    every = list(range(40))
+    for fmt, per in (("ndjson", 2), ("binary", 4)):
+        # Every gene once: past 64 KiB, but the whole matrix's own size.
+        assert 40 * 1000 * per > 65536
+        r = post(srv, "query", {"var": {"index": every[::-1]}, "dense": True, "format": fmt})
+        assert r.status_code == 200, r.text[:300]
+        var, got = dense_rows(r)
+        assert var == every[::-1] and np.array_equal(got, X[:, every[::-1]].toarray().T)
+        # One gene more than the matrix has: refused, the figures named.
+        r = post(srv, "query", {"var": {"index": every + [3]}, "dense": True, "format": fmt})
+        assert r.status_code == 413, r.text[:300]
+        assert "41 genes x 1000 cells" in r.text and str(41 * 1000 * per) in r.text
+        assert "65536" in r.text and "max_answer_bytes" in r.text
+        # The same selection as sparse gene rows streams as before.
+        r = post(srv, "query", {"var": {"index": every + [3]}, "by": "var", "format": fmt})
+        assert r.status_code == 200, r.text[:300]
+    # Duplicates under the limit: 30 genes x 1,000 cells x 2 bytes.
+    genes = [3, 3, 0, 39] * 7 + [1, 1]
+    r = post(srv, "query", {"var": {"index": genes}, "dense": True, "format": "ndjson"})
+    assert r.status_code == 200, r.text[:300]
+    var, got = dense_rows(r)
+    assert var == genes and np.array_equal(got, X[:, genes].toarray().T)
+    # A count is no dense answer.
+    r = post(srv, "count", {"var": {"index": [0] * 100_000}, "dense": True})
+    assert r.status_code == 200, r.text[:300]
 
 
 # ---------------------------------------------------------------- cancellation
