@@ -22,7 +22,7 @@
 
 static const char *const hdr_names[IV_H_COUNT] = {
     "accept", "content-type", "authorization", "origin", "if-none-match", "expect",
-    "access-control-request-method", "accept-encoding", "x-forwarded-for",
+    "access-control-request-method", "accept-encoding", "x-forwarded-for", "content-encoding",
 };
 
 void iv_http_req_free(iv_http_req_t *r)

@@ -3,13 +3,18 @@
 The answers a client gets for: integers past INT64_MAX in a query string,
 `not_in` on a column with missing values, a key given twice, `\\u0000` in a
 string, request bytes that are not UTF-8 echoed in an error, and a filter
-too costly or too large to run.  Every error body must be valid JSON (a
-strict UTF-8 decode, then json.loads).
+too costly or too large to run; and (issue 30) Transfer-Encoding in an
+HTTP/1.0 request, an absolute-form target, a content-encoded body, an
+index of 2^64-1 and deeply nested where strings.  Every error body must be
+valid JSON (a strict UTF-8 decode, then json.loads).
 """
 
+import gzip
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -144,3 +149,147 @@ def test_filter_limits_are_413(server):
     ok = {"or": [{"column": "age", "eq": i} for i in range(1000)]}
     status, doc = call(server + "/count", json.dumps({"obs": {"filter": ok}}))
     assert status == 200, doc
+
+
+# ---- issue 30: low-severity findings of the adversarial review ------------
+
+def raw_exchange(url, request, timeout=10):
+    """Sends request bytes on a new connection; returns (status, headers
+    as a dict of lower-case names, body, closed) where closed says the
+    server ended the connection after its answer."""
+    hostport = url.split("/")[2]
+    host, port = hostport.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        s.sendall(request)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            b = s.recv(65536)
+            assert b, "connection closed before an answer: %r" % buf
+            buf += b
+        head, _, body = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        n = int(headers.get("content-length", "0"))
+        while len(body) < n:
+            b = s.recv(65536)
+            assert b, "answer cut short"
+            body += b
+        closed = False
+        try:
+            closed = s.recv(1) == b""
+        except socket.timeout:
+            pass
+        return status, headers, body[:n], closed
+    finally:
+        s.close()
+
+
+def host_of(url):
+    return url.split("/")[2]
+
+
+def test_transfer_encoding_in_http10_is_400_and_closes(server):
+    """RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 request is faulty
+    framing: 400 with the JSON error, and the connection closes."""
+    path = "/" + server.split("/", 3)[3] + "/count"
+    req = ("POST %s HTTP/1.0\r\nContent-Type: application/json\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" % path).encode()
+    status, headers, body, closed = raw_exchange(server, req)
+    assert status == 400, (status, body)
+    doc = json.loads(body)
+    assert doc["error"]["code"] == "bad_request", doc
+    assert "Transfer-Encoding" in doc["error"]["message"], doc
+    assert headers.get("connection") == "close" and closed, headers
+    # HTTP/1.1 chunked is still read.
+    req = ("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" % (path, host_of(server))).encode()
+    status, _, body, _ = raw_exchange(server, req)
+    assert status == 200, (status, body)
+
+
+def test_absolute_form_target_is_routed_by_its_path(server):
+    """RFC 9112 3.2.2: GET http://host:port/v1/datasets answers as
+    GET /v1/datasets."""
+    host = host_of(server)
+    dspath = "/" + server.split("/", 3)[3]
+    for target, check in [("http://%s/v1/datasets" % host, lambda d: d["datasets"]),
+                          ("http://%s%s/count?obs=1,2,3" % (host, dspath),
+                           lambda d: d["n_cells"] == 3)]:
+        req = ("GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (target, host)).encode()
+        status, _, body, _ = raw_exchange(server, req)
+        assert status == 200, (target, status, body)
+        assert check(json.loads(body)), (target, body)
+
+
+def test_content_encoded_body_is_415(server):
+    """A body in a content coding the server does not decode is 415
+    Unsupported Media Type naming the coding, not a 400 about its JSON."""
+    body = gzip.compress(b'{"obs":{"index":[1]}}')
+    path = "/" + server.split("/", 3)[3] + "/count"
+    for coding in ("gzip", "br", "GZIP, identity"):
+        req = ("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+               "Content-Encoding: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+               % (path, host_of(server), coding, len(body))).encode() + body
+        status, headers, out, _ = raw_exchange(server, req)
+        assert status == 415, (coding, status, out)
+        doc = json.loads(out)
+        assert doc["error"]["code"] == "unsupported_media", doc
+        assert "Content-Encoding" in doc["error"]["message"], doc
+        assert headers.get("accept-encoding") == "identity", headers
+    # Asked before the body (Expect: 100-continue): refused at once, no 100.
+    req = ("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+           "Content-Encoding: gzip\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+           % (path, host_of(server), len(body))).encode()
+    status, headers, out, _ = raw_exchange(server, req)
+    assert status == 415 and json.loads(out)["error"]["code"] == "unsupported_media", (status, out)
+    # identity is no coding at all: the body is read.
+    plain = b'{"obs":{"index":[1]}}'
+    req = ("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+           "Content-Encoding: identity\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+           % (path, host_of(server), len(plain))).encode() + plain
+    status, _, out, _ = raw_exchange(server, req)
+    assert status == 200 and json.loads(out)["n_cells"] == 1, (status, out)
+
+
+def test_index_of_uint64_max_is_out_of_range(server):
+    """2^64-1 as an index is out of range for the axis, with the message
+    any index >= n gets, in a body and in a query string."""
+    status, doc = call(server)
+    n = doc["shape"][0]
+    status, want = call(server + "/count", json.dumps({"obs": {"index": [n]}}))
+    assert status == 422 and want["error"]["code"] == "out_of_range", want
+    shape = re.escape("is out of range [0, %d)" % n)
+    assert re.fullmatch(r"obs\.index\[0\] = %d " % n + shape, want["error"]["message"]), want
+    for body in ('{"obs":{"index":[18446744073709551615]}}',
+                 '{"obs":{"index":[0,18446744073709551615]}}'):
+        status, doc = call(server + "/count", body)
+        assert status == 422 and doc["error"]["code"] == "out_of_range", (body, doc)
+        assert re.fullmatch(r"obs\.index\[\d\] = \S+ " + shape, doc["error"]["message"]), doc
+        assert "-" not in doc["error"]["message"].split("=")[1].split()[0], doc
+    status, doc = call(server + "/count", '{"obs":{"range":[0,18446744073709551615]}}')
+    assert status == 422 and doc["error"]["code"] == "out_of_range", doc
+    status, doc = call(server + "/count?obs=18446744073709551615")
+    assert status == 422 and doc["error"]["code"] == "out_of_range", doc
+    assert doc["error"]["message"] == "obs.index[0] = 18446744073709551615 " + \
+        "is out of range [0, %d)" % n, doc
+
+
+def test_where_nesting_counts_each_level_once(server):
+    """256 levels of parentheses are allowed (the documented limit), 257
+    are refused naming it; 200 levels of nested 'and' run."""
+    for levels in (128, 200, 256):
+        w = "(" * levels + "age >= 0" + ")" * levels
+        status, doc = call(server + "/count", json.dumps({"obs": {"where": w}}))
+        assert status == 200, (levels, doc)
+        chain = "age >= 0 and (" * levels + "age >= 0" + ")" * levels
+        status, doc = call(server + "/count", json.dumps({"obs": {"where": chain}}))
+        assert status == 200, (levels, doc)
+        nots = "not " * levels + "age < 0"
+        status, doc = call(server + "/count", json.dumps({"obs": {"where": nots}}))
+        assert status == 200, (levels, doc)
+    w = "(" * 257 + "age >= 0" + ")" * 257
+    status, doc = call(server + "/count", json.dumps({"obs": {"where": w}}))
+    assert status == 400, doc
+    assert "deeper than 256" in doc["error"]["message"], doc
