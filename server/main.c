@@ -48,9 +48,32 @@ static int reread_config(void *arg, iv_config_t *out, iv_err_t *err)
     return rc == 1 ? iv_fail(err, IV_EINVALID_ARG, "--help or --version on the command line") : rc;
 }
 
+/*
+ * The signals are held back from the program's first instruction: an ELF
+ * .preinit_array entry of the executable runs once the dynamic loader has
+ * relocated everything, before any library's constructors (about 5 ms
+ * here, with libhdf5's dependencies) and main.  The loader's own time
+ * before it cannot be covered from inside the process; a supervisor that
+ * must not lose a signal sent at exec starts the server with them blocked,
+ * and a blocked signal is honoured too.  Commands (check, export, pack,
+ * token-hash) keep the default dispositions.
+ */
+static void block_early(int argc, char **argv, char **envp)
+{
+    (void)envp;
+    if (!(argc >= 2 && argv && iv_cli_is_command(argv[1]))) iv_server_block_signals();
+}
+__attribute__((section(".preinit_array"), used))
+static void (*const iv_preinit)(int, char **, char **) = block_early;
+
 int main(int argc, char **argv_in)
 {
     if (argc >= 2 && iv_cli_is_command(argv_in[1])) return iv_cli_main(argc, argv_in);
+    /* Until the server's handlers are in place, SIGTERM or SIGHUP would
+     * kill the process by their default action; held back, they are
+     * honoured once the server runs (see iv_server_block_signals).  Done
+     * again here for a build where .preinit_array is not run. */
+    iv_server_block_signals();
     /* Settings are read from a copy of the command line, which a reload
      * can read again: the original is what ps shows, and its --token
      * values are wiped below. */

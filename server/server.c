@@ -285,6 +285,23 @@ static void on_hup(uv_signal_t *sig, int signum)
     iv_alog_event(&s->log, "info", "signal %d ignored (SIGHUP reloads, SIGTERM stops)", signum);
 }
 
+/* The signals the server handles (see iv_server_block_signals). */
+static void handled_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGUSR1);
+}
+
+void iv_server_block_signals(void)
+{
+    sigset_t set;
+    handled_signals(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
 static void on_signal(uv_signal_t *sig, int signum)
 {
     server_t *s = sig->data;
@@ -644,6 +661,14 @@ server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *
         fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT/SIGHUP/SIGUSR1: %s\n", uv_strerror(rc));
         goto fail_loop;
     }
+    /* The handlers are in place: a signal held back since main (or blocked
+     * by whoever started the process) is taken now, and runs its handler
+     * when loop 0 runs, as one that comes later would.  The threads
+     * started before this point keep them blocked, so they reach this
+     * thread. */
+    sigset_t handled;
+    handled_signals(&handled);
+    pthread_sigmask(SIG_UNBLOCK, &handled, NULL);
     if (s->h5_serial)
         iv_alog_event(&s->log, "warn", "the HDF5 library is not thread-safe: datasets load one at a time");
     return s;

@@ -34,6 +34,18 @@ typedef int (*iv_config_reader_fn)(void *arg, iv_config_t *out, iv_err_t *err);
 int iv_server_run_with(const iv_config_t *cfg, iv_config_reader_fn reader, void *arg);
 
 /*
+ * Blocks SIGTERM, SIGINT, SIGHUP and SIGUSR1 in the calling thread.  Call
+ * it first thing in main, before any thread starts (threads inherit the
+ * mask): one of them sent while the settings are read and the server is
+ * set up then waits, pending, instead of killing the process by its
+ * default action, and iv_server_run unblocks them once its handlers are
+ * in place, so that a SIGTERM that came early is a graceful stop and a
+ * SIGHUP a reload.  Signals already blocked when the process started
+ * (a mask inherited across exec) are honoured the same way.
+ */
+void iv_server_block_signals(void);
+
+/*
  * For code that finds a served dataset broken while running (a file
  * changed on disk under it).  struct server and struct iv_rds are the
  * server's and the registry's (registry.h).

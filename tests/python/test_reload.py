@@ -557,3 +557,65 @@ def test_in_place_edit_with_its_mtime_put_back_is_reloaded(ivserve, fixtures_dir
     # Nothing changed since: kept.
     r = srv.reload()
     assert r.json()["unchanged"] == 1 and r.json()["reloaded"] == [], r.text
+
+
+def spawn_with_pending(binary, tmp, cfg, sig):
+    """Starts the server with sig already sent: the child blocks it before
+    exec (a blocked signal stays pending across exec), so it is waiting
+    when the server's first instruction runs, the earliest a signal can
+    arrive, whatever the machine's timing.  A server that never takes it
+    ignores it; one that takes it before its handlers are in place dies of
+    the default action."""
+    cfg_path = os.path.join(tmp, "cfg.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    log_path = os.path.join(tmp, "server.log")
+    log = open(log_path, "w")
+
+    def block_then_send():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+        os.kill(os.getpid(), sig)
+
+    proc = subprocess.Popen([binary, "--config", cfg_path, "--port", "0", "--threads", "2"],
+                            stdout=log, stderr=log, preexec_fn=block_then_send)
+    log.close()
+    return proc, log_path
+
+
+def test_sigterm_at_start_is_a_graceful_stop(ivserve, fixtures_dir, tmp_path):
+    a = os.path.join(fixtures_dir, "tiny.ivcsr.raw.h5ad")
+    proc, log_path = spawn_with_pending(ivserve.path, str(tmp_path),
+                                        {"datasets": [{"id": "a", "path": a}]}, signal.SIGTERM)
+    try:
+        rc = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = "still running 30 s after SIGTERM"
+    log = open(log_path).read()
+    assert rc == 0, (rc, log[-3000:])
+    assert "signal %d: no new connections" % signal.SIGTERM in log and "stopped" in log, log[-3000:]
+
+
+def test_sighup_at_start_reloads_and_does_not_kill(ivserve, fixtures_dir, tmp_path):
+    a = os.path.join(fixtures_dir, "tiny.ivcsr.raw.h5ad")
+    proc, log_path = spawn_with_pending(ivserve.path, str(tmp_path),
+                                        {"datasets": [{"id": "a", "path": a}]}, signal.SIGHUP)
+    try:
+        port = listening_port(log_path, proc)
+        deadline = time.time() + 30
+        while "reload (SIGHUP) done" not in open(log_path).read():
+            assert proc.poll() is None, open(log_path).read()[-3000:]
+            assert time.time() < deadline, open(log_path).read()[-3000:]
+            time.sleep(0.05)
+        deadline = time.time() + 30
+        while requests.get("http://127.0.0.1:%d/readyz" % port, timeout=5).status_code != 200:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        r = requests.get("http://127.0.0.1:%d/v1/datasets/a" % port, timeout=5)
+        assert r.status_code == 200, r.text
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    assert rc == 0, (rc, open(log_path).read()[-3000:])
