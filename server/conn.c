@@ -85,6 +85,11 @@ void resp_finished(conn_t *c)
         conn_shutdown(c);
         return;
     }
+    if (c->log_pending) {
+        /* Every byte of a keep-alive answer was written (req_done). */
+        access_log(c, c->bytes);
+        req_reset(c);
+    }
     conn_set_state(c, iv_http_in_headers_done(&c->in) ? CS_READ_BODY
                       : iv_http_in_active(&c->in) || c->rlen || c->n_ahead || c->ahead_err
                           ? CS_READ_HEAD

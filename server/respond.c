@@ -364,8 +364,9 @@ void resp_begin_error(conn_t *c)
     resp_begin(c, NULL);
 }
 
-/* The answer's last bytes are queued: log, count, detach the stream.  The
- * connection moves on when that last write completes (resp_finished). */
+/* The answer's last bytes are queued: count, detach the stream, and log
+ * (now, or when the bytes are out: log_pending).  The connection moves on
+ * when that last write completes (resp_finished). */
 void req_done(conn_t *c)
 {
     if (!c->active) return;
@@ -394,9 +395,13 @@ void req_done(conn_t *c)
     }
     if (c->req && !c->req->keep_alive) c->close_after = 1;
     if (lp->draining) c->close_after = 1;
-    if (c->close_after && c->state != CS_CLOSING) {
-        /* The log line of a connection's last answer waits for the close,
-         * to say how many bytes the client really acknowledged. */
+    if (c->state != CS_CLOSING && (c->close_after || c->wpending)) {
+        /* The log line waits until the answer is out: a connection's last
+         * answer until the close, to say how many bytes the client really
+         * acknowledged; any other until its last write completed
+         * (resp_finished), or until the connection is cut first (the write
+         * timeout, the write budget), which logs it as cut, as the close
+         * does. */
         c->log_pending = 1;
         return;
     }

@@ -246,7 +246,7 @@ struct conn {
     int64_t rows, nnz;
     uint64_t bytes;
     char errmsg[520];
-    int log_pending;      /* the last answer's log line waits for the close (delivered bytes) */
+    int log_pending;      /* the log line waits for the last write, or the close (bytes delivered) */
     qstream_t *qs;
     int chunked;
     char *dropped;        /* JSON {"obs":[...],"var":[...]} of names dropped by missing=ignore */

@@ -410,6 +410,56 @@ def test_close_stream_log_says_what_was_delivered(srv):
     assert line["bytes"] < full // 2 and "acknowledged" in line["error"], line
 
 
+def access_lines(srv, path):
+    """The JSON access-log lines of requests for path (without its query)."""
+    out = []
+    for ln in srv.log_text().splitlines():
+        if ln.startswith("{") and '"path":"' + path.split("?")[0] + '"' in ln:
+            j = json.loads(ln)
+            if "status" in j:
+                out.append(j)
+    return out
+
+
+def test_keepalive_answer_cut_by_write_timeout_is_logged_as_cut(tmp_path):
+    """Issue 30: a keep-alive answer whose client stops reading is cut by
+    the write timeout, and its log line says so (the bytes the client
+    acknowledged, and an error), not a whole 200 of every byte queued."""
+    s = one_ds_server(tmp_path, "--write-timeout-ms", "1000", "--max-json-bytes", "100000000")
+    try:
+        whole = requests.get(s.url + STALL_PATH, headers={"Accept-Encoding": "identity"}, timeout=60)
+        assert whole.status_code == 200 and len(whole.content) > 8 << 20
+        before = access_lines(s, STALL_PATH)
+        assert len(before) == 1 and before[0]["status"] == 200 and "error" not in before[0]
+        full = before[0]["bytes"]
+        c = small_rcvbuf_conn(s.port)
+        c.sendall(request("GET", STALL_PATH))   # keep-alive: no Connection: close
+        # Nothing read for longer than the write timeout; then what came.
+        time.sleep(2.5)
+        c.settimeout(20)
+        got = 0
+        try:
+            while True:
+                b = c.recv(1 << 16)
+                if not b:
+                    break
+                got += len(b)
+        except (ConnectionResetError, socket.timeout):
+            pass
+        c.close()
+        assert got < full, (got, full)
+        deadline = time.time() + 10
+        while len(access_lines(s, STALL_PATH)) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        lines = access_lines(s, STALL_PATH)
+        assert len(lines) == 2, lines
+        cut = lines[1]
+        assert cut["bytes"] < full // 2, (cut, full)
+        assert "error" in cut and "1000 ms" in cut["error"], cut
+    finally:
+        assert s.stop() == 0
+
+
 # ---- 12: one budget for bytes waiting to be written -----------------------
 
 def test_write_budget_refuses_then_cuts_the_slowest(tmp_path):
