@@ -6,6 +6,7 @@
 #include "enc_dataset.h"
 
 #include <inttypes.h>
+#include <string.h>
 
 #include "encode.h"
 
@@ -49,14 +50,48 @@ void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds)
     iv_buf_puts(b, "}");
 }
 
+/* Messages about a file hold at most this much of its path ("%.160s"). */
+#define PATH_IN_MSG 160
+
+char *iv_enc_file_msg(iv_dataset_t *ds, const char *msg, char *out, size_t cap)
+{
+    const char *paths[2] = {NULL, NULL};
+    iv_file_t *f = iv_dataset_file(ds);
+    iv_dataset_t *o = iv_dataset_other(ds);
+    iv_file_t *fo = o ? iv_dataset_file(o) : NULL;
+    if (f) paths[0] = iv_file_path(f);
+    if (fo) paths[1] = iv_file_path(fo);
+    size_t w = 0;
+    if (!cap) return out;
+    for (const char *p = msg; *p;) {
+        int hit = 0;
+        for (int i = 0; i < 2 && !hit; i++) {
+            if (!paths[i] || !paths[i][0]) continue;
+            size_t n = strlen(paths[i]);
+            if (n > PATH_IN_MSG) n = PATH_IN_MSG;
+            if (strncmp(p, paths[i], n) != 0) continue;
+            const char *base = strrchr(paths[i], '/');
+            for (base = base ? base + 1 : paths[i]; *base && w + 1 < cap; base++) out[w++] = *base;
+            p += n;
+            hit = 1;
+        }
+        if (!hit) {
+            if (w + 1 < cap) out[w++] = *p;
+            p++;
+        }
+    }
+    out[w] = '\0';
+    return out;
+}
+
 void iv_enc_file_state(iv_buf_t *b, iv_dataset_t *ds)
 {
-    char msg[480];
+    char msg[480], shown[480];
     iv_file_state_t st = iv_dataset_file_state(ds, msg, sizeof msg);
     iv_buf_printf(b, ",\"file\":{\"state\":\"%s\"", iv_file_state_name(st));
     if (st != IV_FILE_OK) {
         iv_buf_puts(b, ",\"message\":");
-        iv_buf_json_str(b, msg);
+        iv_buf_json_str(b, iv_enc_file_msg(ds, msg, shown, sizeof shown));
     }
     iv_buf_puts(b, "}");
 }

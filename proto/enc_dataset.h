@@ -30,8 +30,18 @@ void iv_enc_ds_summary(iv_buf_t *b, const char *id, const char *title,
 void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds);
 
 /* ,"file":{"state":...}: whether the path still names the file loaded,
- * unchanged (filecheck.h), with the message when it does not. */
+ * unchanged (filecheck.h), with the message when it does not (its paths
+ * shortened by iv_enc_file_msg). */
 void iv_enc_file_state(iv_buf_t *b, iv_dataset_t *ds);
+
+/* Copies msg, a message about ds's files (a file state's, or a failed
+ * read's: filecheck.c, stream.c and watch.c begin theirs with the path),
+ * into out (cap bytes, NUL-terminated) with the path of ds's file and of
+ * its companion's each shortened to the file's base name, for answers
+ * that must not show clients where the server keeps its files; the log
+ * keeps msg.  Found by the whole path, so folders with spaces go too.
+ * Returns out. */
+char *iv_enc_file_msg(iv_dataset_t *ds, const char *msg, char *out, size_t cap);
 
 /* A count answer's whole body for query q: shape (cells x genes, whatever
  * the rows are), nnz and total (from the caller), the exact binary size,

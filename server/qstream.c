@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "enc_dataset.h"
 #include "encode.h"
 
 /* ---- query streams ------------------------------------------------------ */
@@ -195,9 +196,13 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
     } else {
         /* As send_iv_error: the log keeps the whole message. */
         snprintf(c->errmsg, sizeof c->errmsg, "%s", e->msg);
-        char red[sizeof e->msg];
+        char red[sizeof e->msg], named[sizeof e->msg];
+        /* A changed file is named by its base name, whatever its folder. */
+        const char *msg = rc == IV_EFILE_CHANGED && qs->ds
+                              ? iv_enc_file_msg(qs->ds->ds, e->msg, named, sizeof named)
+                              : e->msg;
         iv_enc_trailer(&t, qs->fmt, iv_error_status(rc), iv_error_code(rc),
-                       error_for_client(rc, e->msg, red, sizeof red), qs->rows, qs->nnz);
+                       error_for_client(rc, msg, red, sizeof red), qs->rows, qs->nnz);
         c->close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
     if (qs->gz_level) gz_wrap(qs, &t, 0, 1);

@@ -54,11 +54,13 @@ static void submit_setup(conn_t *c, sds_t *d, setup_t *st, int count, const job_
  * cached, or end with the same error at the first chunk they would read. */
 static int file_refused(conn_t *c, sds_t *d)
 {
-    char msg[480];
+    char msg[480], shown[480];
     if (iv_dataset_file_state(d->ds, msg, sizeof msg) != IV_FILE_CHANGED) return 0;
+    /* The client is told the file's name, not the folder it is served
+     * from; the log keeps the whole message. */
+    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED),
+               iv_enc_file_msg(d->ds, msg, shown, sizeof shown), "Retry-After: 10\r\n");
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
-    send_error(c, iv_error_status(IV_EFILE_CHANGED), iv_error_code(IV_EFILE_CHANGED), msg,
-               "Retry-After: 10\r\n");
     return 1;
 }
 

@@ -245,6 +245,8 @@ def test_change_between_queries(tmp_path, files, case):
                 m, err = query(srv, "victim", obs=obs)
                 assert m is None and err[0] == 503 and err[1] == "file_changed", err
                 assert "reload" in err[2]
+                # The file by its name, not where the server keeps it.
+                assert os.path.dirname(victim) not in err[2] and "victim.h5ad" in err[2], err
             r = requests.post(srv.url + "/v1/datasets/victim/count", json={}, timeout=5)
             assert r.status_code == 503 and r.json()["error"]["code"] == "file_changed"
         others_fine(srv, files)
@@ -252,6 +254,41 @@ def test_change_between_queries(tmp_path, files, case):
         srv.stop()
         raise
     finish(srv, state)
+
+
+def test_changed_file_is_named_without_its_folder(tmp_path, files):
+    """A 503 file_changed and the dataset document name the file by its
+    base name, never the folder it is served from (a folder name with
+    spaces, which the generic path shortening would cut at the first
+    one); the log keeps the whole path."""
+    folder = tmp_path / "served data" / "lab one"
+    folder.mkdir(parents=True)
+    victim = str(folder / "victim.h5ad")
+    shutil.copyfile(files["A.zstd"], victim)
+    srv = Server(str(tmp_path), {"victim": victim, "other": files["O.zstd"]})
+    try:
+        assert old_or_clear_error(srv, files["A"], [0], must_answer=True) == "ok"
+        cp_over(files["D.zstd"], victim)
+        f = wait_state(srv, "changed")
+        shown = [f["message"]]
+        m, err = query(srv, "victim", obs=[0])
+        assert m is None and err[:2] == (503, "file_changed"), err
+        shown.append(err[2])
+        r = requests.post(srv.url + "/v1/datasets/victim/count", json={}, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "file_changed", r.text
+        shown.append(r.json()["error"]["message"])
+        for msg in shown:
+            assert "victim.h5ad" in msg and "reload" in msg, msg
+            for part in ("served data", "lab one", str(tmp_path)):
+                assert part not in msg, (part, msg)
+        assert any(victim in ln for ln in log_lines(srv, "changed")), srv.log_text()[-3000:]
+        refused = [json.loads(ln) for ln in srv.log_text().splitlines()
+                   if ln.startswith("{") and '"status":503' in ln and '"dataset":"victim"' in ln]
+        assert refused and all(victim in j["error"] for j in refused), refused
+    except BaseException:
+        srv.stop()
+        raise
+    finish(srv, "changed")
 
 
 # ---- during a stream ---------------------------------------------------------
