@@ -54,6 +54,10 @@ typedef struct rd {
     const char *path;
     iv_err_t *err;
     iv_h5iso_out_t *o;     /* the reader process's channel (stages) */
+    /* The first element in an encoding this reader does not read: the
+     * load goes on past it, so that a damaged element after it is still
+     * found (and reported instead: damage is what anndata cannot read). */
+    iv_err_t unsupported;
 } rd_t;
 
 static double now_s(void)
@@ -169,6 +173,116 @@ static void sarena_drop(sarena_t *a)
     free(a->data);
     free(a->off);
     memset(a, 0, sizeof(*a));
+}
+
+/* ------------------------------------------------------------ validation */
+
+/*
+ * What anndata (and pandas) cannot read is refused here, naming the
+ * element: strings that are not UTF-8 (h5py decodes every name, category
+ * and value as UTF-8, and the server's JSON needs them so), categories
+ * that repeat (a pandas Categorical's categories are unique), codes past
+ * the categories (read_codes).  Each check is one pass over bytes already
+ * in memory.
+ */
+
+/* Length of the well-formed UTF-8 sequence at p[0, n) (overlongs,
+ * surrogates and code points past U+10FFFF are not), 0 if none. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    if (c < 0x80) return 1;
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+/* Offset of the first byte of s[0, n) that is not well-formed UTF-8, or
+ * n when all are. */
+static size_t utf8_bad_at(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_seq(p + i, n - i);
+        if (k == 0) return i;
+        i += k;
+    }
+    return n;
+}
+
+/* Checks the n strings of an arena; kind names one ("row", "category",
+ * "column name"). */
+static int check_utf8(rd_t *r, const char *what, const char *kind, const char *data,
+                      const int64_t *off, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const char *str = data + off[i];
+        size_t len = strlen(str), at = utf8_bad_at(str, len);
+        if (at < len)
+            return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s %lld is not valid UTF-8 (byte 0x%02x "
+                           "at offset %zu); anndata cannot read it", r->path, what, kind,
+                           (long long)i, (unsigned)(unsigned char)str[at], at);
+    }
+    return 0;
+}
+
+/* s cut to at most 60 bytes on a character boundary, for a message. */
+static void label_for_msg(const char *str, char *out, size_t cap)
+{
+    size_t n = strlen(str), keep = n < 60 ? n : 60;
+    while (keep > 0 && keep < n && ((unsigned char)str[keep] & 0xC0) == 0x80) keep--;
+    snprintf(out, cap, "%.*s%s", (int)keep, str, keep < n ? "..." : "");
+}
+
+static const char *cat_label(const void *ctx, int64_t k)
+{
+    return iv_meta_col_cat(ctx, k);
+}
+
+/* Categories are unique: a hash of them finds each at its own place. */
+static int check_unique_categories(rd_t *r, const char *what, const iv_meta_col_t *c)
+{
+    if (c->n_cats < 2) return 0;
+    iv_names_t *h = NULL;
+    IV_TRY(iv_names_build(c->n_cats, cat_label, c, &h, r->err));
+    int rc = 0;
+    for (int64_t k = 0; k < c->n_cats; k++) {
+        const char *lab = iv_meta_col_cat(c, k);
+        int64_t first = iv_names_find(h, lab, strlen(lab));
+        if (first != k) {
+            char shown[80];
+            label_for_msg(lab, shown, sizeof shown);
+            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: category '%s' appears twice (at %lld and "
+                         "%lld); anndata cannot read it", r->path, what, shown, (long long)first,
+                         (long long)k);
+            break;
+        }
+    }
+    iv_names_free(h);
+    return rc;
+}
+
+/* An unsupported element is set aside (the first one kept) and the load
+ * goes on; any other error stops it.  Returns 0 or that error. */
+static int set_aside_unsupported(rd_t *r, int rc)
+{
+    if (rc != IV_EUNSUPPORTED) return rc;
+    if (!r->unsupported.code) r->unsupported = *r->err;
+    iv_err_clear(r->err);
+    return 0;
 }
 
 /* ------------------------------------------------------------ HDF5 helpers */
@@ -435,7 +549,7 @@ static int read_string_col(rd_t *r, hid_t ds, const char *what, int64_t n, iv_me
     c->type = IV_COL_STRING;
     c->str_data = s.data;
     c->str_off = s.off;
-    return 0;
+    return check_utf8(r, what, "row", s.data, s.off, got);
 }
 
 /* Formats a number the way pandas prints category labels: integers
@@ -473,7 +587,8 @@ static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *
         c->cat_data = s.data;
         c->cat_off = s.off;
         c->n_cats = k;
-        return 0;
+        IV_TRY(check_utf8(r, what, "category", s.data, s.off, k));
+        return check_unique_categories(r, what, c);
     }
     IV_RETURN_IF(cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_ENUM, r->err,
                  IV_EUNSUPPORTED, "%s: %s: categories of this type are not supported",
@@ -511,7 +626,8 @@ static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *
     c->cat_num = num;
     c->cats_numeric = 1;
     c->n_cats = k;
-    return 0;
+    /* Numbers repeat when their labels do (1 and 1.0 of one dtype, True). */
+    return check_unique_categories(r, what, c);
 }
 
 /* Codes (any signed int; -1 missing) validated against n_cats, with
@@ -844,6 +960,12 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
     }
     rc = read_attr_str(r, g, "_index", idx_name, sizeof idx_name);
     if (rc < 0) goto done;
+    {
+        int64_t zero = 0;
+        char w[300];
+        snprintf(w, sizeof w, "%s.attrs['_index']", gname);
+        if ((rc = check_utf8(r, w, "name", idx_name, &zero, 1)) < 0) goto done;
+    }
     int64_t n = element_len(g, idx_name);
     if (n < 0) {
         rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: index '%s' is missing", r->path, gname,
@@ -876,8 +998,11 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
         hid_t t = a >= 0 ? H5Aget_type(a) : -1;
         int is_str = t >= 0 && H5Tget_class(t) == H5T_STRING;
         h5close(t);
-        if (is_str) rc = read_strings(r, a, 1, "column-order", -1, &order, &n_order);
+        char w[300];
+        snprintf(w, sizeof w, "%s.attrs['column-order']", gname);
+        if (is_str) rc = read_strings(r, a, 1, w, -1, &order, &n_order);
         h5close(a);
+        if (rc == 0) rc = check_utf8(r, w, "column name", order.data, order.off, n_order);
         if (rc < 0) goto done;
     }
     for (int64_t i = 0; i < n_order; i++) {
@@ -888,7 +1013,7 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
             rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
             goto done;
         }
-        rc = read_element(r, g, gname, name, n, &mc->c);
+        rc = set_aside_unsupported(r, read_element(r, g, gname, name, n, &mc->c));
         if (rc < 0) goto done;
     }
 done:
@@ -1014,7 +1139,7 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
 {
     const struct meta_ctx *mc = vctx;
     const char *path = mc->path;
-    rd_t r = {path, err, o};
+    rd_t r = {path, err, o, {0}};
     /* No HDF5 error stack on stderr: messages go into err, and stdio is
      * best left alone in a forked child. */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -1042,11 +1167,12 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     H5E_BEGIN_TRY
     {
         for (int a = 0; a < 2 && rc == 0; a++)
-            rc = mc->frame[a] ? read_frame(&r, file, mc->frame[a], shape[a], &ax[a])
-                              : range_index(&ax[a], 0, err);
+            rc = set_aside_unsupported(&r, mc->frame[a] ? read_frame(&r, file, mc->frame[a], shape[a], &ax[a])
+                                                        : range_index(&ax[a], 0, err));
     }
     H5E_END_TRY;
     h5close(file);
+    if (rc == 0 && r.unsupported.code) rc = iv_fail(err, r.unsupported.code, "%s", r.unsupported.msg);
     iv_h5iso_stage(o, "the metadata's results");
     if (rc == 0 && (iv_h5iso_put_u64(o, META_MAGIC) < 0 || put_frame(o, &ax[0]) < 0 || put_frame(o, &ax[1]) < 0))
         rc = iv_fail(err, IV_EIO, "%s: cannot pass the metadata to the server", path);
@@ -1265,6 +1391,21 @@ int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_g
     m->stats.load_seconds = now_s() - t0;
     *out = m;
     return 0;
+}
+
+int iv_meta_validate_file(const char *path, const char *x_group, iv_err_t *err)
+{
+    iv_meta_t *m = NULL;
+    /* The load reports a damaged element before an unsupported one, and
+     * reads on past the latter: unsupported alone means nothing it reads
+     * is damaged. */
+    int rc = iv_meta_load(path, x_group, &m, err);
+    iv_meta_free(m);
+    if (rc == IV_EUNSUPPORTED) {
+        iv_err_clear(err);
+        rc = 0;
+    }
+    return rc;
 }
 
 int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_meta_t **out,

@@ -114,6 +114,20 @@ int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_g
                         const char *var_group, iv_meta_t **out, iv_err_t *err);
 void iv_meta_free(iv_meta_t *m);
 
+/*
+ * Validates obs and var of the .h5ad file at path as iv_meta_load reads
+ * them, with every check of the load (row counts against x_group's shape,
+ * NULL = "X"; codes within their categories; categories unique; index,
+ * column names, categories and strings well-formed UTF-8), for writers
+ * that copy them (pack, export) and must not write what anndata cannot
+ * read.  Elements in an encoding this reader does not read are passed
+ * over, not failed: a writer copies them as they are.  Returns 0, or a
+ * negative error whose message names the file and the element
+ * ("FILE: obs/cell_type/categories: category 'B' appears twice ...").
+ * Forks a reader process like iv_meta_load; any thread.
+ */
+int iv_meta_validate_file(const char *path, const char *x_group, iv_err_t *err);
+
 /* Builds a meta from the bytes iv_meta_load's reader process answers
  * (its own format, see meta.c), checking every length, offset and code;
  * path names the file in errors.  What iv_meta_load does after the read;

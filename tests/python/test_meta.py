@@ -279,3 +279,93 @@ def test_bad_files_are_refused(tmp_path, case):
     want = {"code_range": "code 1", "missing_col": "obs/c", "length": "5 elements",
             "bad_encoding": "awkward-array", "shape": "4"}[case]
     assert want in err, err
+
+
+def write_invalid(path, case):
+    """A valid packed file (ivref) whose obs or var then gets one thing
+    anndata cannot read."""
+    import scipy.sparse as sp
+    import ivref
+    X = sp.csr_matrix(np.arange(12, dtype=np.int32).reshape(4, 3))
+    ivref.write_iv(str(path), X)
+    bad = b"c\xff"   # not UTF-8
+    with h5py.File(path, "r+") as f:
+        obs = f["obs"]
+        cols = ["ct"]
+        if case == "unsupported_then_dup":
+            g = obs.create_group("awk")
+            enc(g, "awkward-array")
+            cols = ["awk", "ct"]
+        g = obs.create_group("ct")
+        enc(g, "categorical")
+        g.attrs["ordered"] = False
+        cats = {"dup_category": ["T", "B", "T"], "unsupported_then_dup": ["B", "B"],
+                "utf8_category": [b"T", bad]}.get(case, ["T", "B"])
+        if case == "dup_numeric_category":
+            g.create_dataset("categories", data=np.array([1.0, 2.5, 1.0]))
+        else:
+            g.create_dataset("categories", data=np.array(cats, dtype=object), dtype=str_dtype())
+        codes = {"code_past_end": [0, 1, 2, 0], "code_below_missing": [0, -2, 1, -1]}
+        g.create_dataset("codes", data=np.array(codes.get(case, [0, 1, 1, -1]), np.int8))
+        if case == "utf8_value":
+            obs.create_dataset("note", data=np.array([b"a", b"b", bad, b"d"], dtype=object),
+                               dtype=str_dtype())
+            cols.append("note")
+        if case == "utf8_column_name":
+            obs.create_dataset(bad, data=np.arange(4))
+            cols.append(bad)
+        obs.attrs.create("column-order", np.array([c.encode() if isinstance(c, str) else c
+                                                   for c in cols], dtype=object),
+                         dtype=str_dtype())
+        if case in ("utf8_obs_name", "utf8_var_name"):
+            ax = f["obs" if case == "utf8_obs_name" else "var"]
+            names = [x for x in ax["_index"][...]]
+            names[1] = bad
+            del ax["_index"]
+            ax.create_dataset("_index", data=np.array(names, dtype=object), dtype=str_dtype())
+            enc(ax["_index"], "string-array")
+
+
+INVALID = {
+    "dup_category": "obs/ct/categories: category 'T' appears twice (at 0 and 2)",
+    "dup_numeric_category": "obs/ct/categories: category '1.0' appears twice",
+    "unsupported_then_dup": "obs/ct/categories: category 'B' appears twice",
+    "utf8_category": "obs/ct/categories: category 1 is not valid UTF-8 (byte 0xff",
+    "utf8_value": "obs/note: row 2 is not valid UTF-8",
+    "utf8_column_name": "column name 1 is not valid UTF-8",
+    "utf8_obs_name": "obs/_index: row 1 is not valid UTF-8",
+    "utf8_var_name": "var/_index: row 1 is not valid UTF-8",
+    "code_past_end": "code 2 at row 2 is outside the 2 categories",
+    "code_below_missing": "code -2 at row 1 is outside the 2 categories",
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_metadata_anndata_cannot_read_is_refused(ivserve, tmp_path, case):
+    """Duplicate categories, strings that are not UTF-8 (names, column
+    names, categories, values) and codes past the categories: the loader
+    refuses the file naming the element, so check fails it (and the server
+    leaves it out, test_damaged), even when an element in an encoding the
+    reader does not read comes first."""
+    p = tmp_path / ("%s.h5ad" % case)
+    write_invalid(p, case)
+    cols, err = dump(p)
+    assert len(cols) == 1 and "error" in cols[0], cols
+    assert INVALID[case] in err, err
+    proc = ivserve.check(p)
+    ivserve.assert_error(proc, str(p), INVALID[case])
+    # What pack and export call on their input.
+    v = subprocess.run([dump_exe(), "--validate", str(p)], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.strip() != "ok" and INVALID[case] in v.stderr, v
+
+
+def test_valid_metadata_with_an_unsupported_column_still_passes(ivserve, tmp_path):
+    p = tmp_path / "awk.h5ad"
+    write_invalid(p, "unsupported_then_dup")
+    with h5py.File(p, "r+") as f:
+        f["obs/ct/categories"][...] = np.array(["B", "T"], dtype=object)
+    proc = ivserve.check(p)
+    ivserve.assert_ok(proc)
+    assert "metadata: not loaded" in proc.stdout and "awkward-array" in proc.stdout, proc.stdout
+    v = subprocess.run([dump_exe(), "--validate", str(p)], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout == "ok\n", v

@@ -5,7 +5,9 @@
  * The executable has a second mode used by tests/python/test_meta.py:
  * `test_meta --dump FILE [XGROUP]` prints every column of FILE as JSON
  * (one object per line), which the Python side compares with what
- * anndata reads, column by column, nulls included.
+ * anndata reads, column by column, nulls included; `test_meta --validate
+ * FILE [XGROUP]` prints iv_meta_validate_file's verdict ("ok" or the
+ * error code, the message on stderr).
  */
 #include <check.h>
 
@@ -470,9 +472,22 @@ static int dump(const char *path, const char *xg)
     return 0;
 }
 
+/* --validate mode: iv_meta_validate_file's verdict, "ok" or the error on
+ * stderr; exit status 0 either way (1 only for a usage error). */
+static int validate(const char *path, const char *xg)
+{
+    iv_err_t e = {0};
+    int rc = iv_meta_validate_file(path, xg, &e);
+    printf("%s\n", rc == 0 ? "ok" : iv_error_code(rc));
+    if (rc < 0) fprintf(stderr, "%s\n", e.msg);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--dump") == 0) return dump(argv[2], argc > 3 ? argv[3] : NULL);
+    if (argc >= 3 && strcmp(argv[1], "--validate") == 0)
+        return validate(argv[2], argc > 3 ? argv[3] : NULL);
     Suite *s = suite_create("meta");
     TCase *tc = tcase_create("meta");
     tcase_set_timeout(tc, 120);
