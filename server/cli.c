@@ -16,11 +16,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dataset.h"
 #include "filecheck.h"
+#include "h5guard.h"
 #include "meta.h"
 #include "npz.h"
+#include "pack.h"
 #include "pool.h"
 #include "query.h"
 #include "transpose.h"
@@ -302,6 +305,7 @@ struct decode_job {
 
 static void decode_one(void *arg, size_t i)
 {
+    iv_h5guard_beat();
     struct decode_job *j = arg;
     j->rcs[i] = iv_query_decode_block(j->q, (int64_t)i, &j->blocks[i], &j->errs[i]);
 }
@@ -381,7 +385,12 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
             rc = 0;
             goto report;
         }
-        FILE *f = fopen(out_path, "wb");
+        /* Written under a temporary name and renamed, as the .h5ad is:
+         * OUT is the old file or the whole new one, never a part. */
+        char tmp[4200];
+        iv_pack_temp_name(out_path, tmp, sizeof tmp);
+        iv_h5guard_temp(tmp);
+        FILE *f = fopen(tmp, "wb");
         int werr = !f;
         if (f) {
             iv_npz_t *z = iv_npz_begin(f);
@@ -416,8 +425,15 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
             werr |= fclose(f) != 0;
         }
         free(indptr); free(ip); free(dp); free(il); free(dl);
+        int e = errno;
+        if (!werr && rename(tmp, out_path) != 0) {
+            werr = 1;
+            e = errno;
+        }
+        if (werr) unlink(tmp);
+        iv_h5guard_temp(NULL);
         if (werr) {
-            iv_fail(&err, IV_EIO, "%s: cannot write: %s", out_path, strerror(errno));
+            iv_fail(&err, IV_EIO, "%s: cannot write: %s", out_path, strerror(e));
             goto report;
         }
     }
@@ -532,15 +548,18 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
     return rc;
 }
 
-int iv_cli_main(int argc, char **argv)
+/* check and export, in the guarded child (see h5guard.h). */
+struct guarded {
+    int argc;
+    char **argv;
+    struct cli_opts *o;
+};
+
+static int run_check_export(void *arg)
 {
-    struct cli_opts o;
-    if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
-    if (strcmp(argv[1], "pack") == 0) return iv_cli_pack_main(argc, argv);
-    if (strcmp(argv[1], "token-hash") == 0) return iv_cli_token_main(argc, argv);
-    if (parse_opts(argc, argv, &o) < 0) return usage();
+    struct guarded *g = arg;
     iv_pool_t *pool = NULL;
-    unsigned threads = o.threads;
+    unsigned threads = g->o->threads;
     if (threads != 1) {
         pool = iv_pool_create(threads ? threads - 1 : 0, 0);
         if (!pool) {
@@ -548,7 +567,40 @@ int iv_cli_main(int argc, char **argv)
             return 1;
         }
     }
-    int rc = strcmp(argv[1], "check") == 0 ? cmd_check(&o, pool) : cmd_export(&o, pool);
+    int rc = strcmp(g->argv[1], "check") == 0 ? cmd_check(g->o, pool) : cmd_export(g->o, pool);
     iv_pool_destroy(pool);
     return rc;
+}
+
+static int run_pack(void *arg)
+{
+    struct guarded *g = arg;
+    return iv_cli_pack_main(g->argc, g->argv);
+}
+
+/* pack's input (its first operand), for the guard's message. */
+static const char *pack_input(int argc, char **argv)
+{
+    static const char *const valued[] = {"--layout", "--matrix", "--group", "--codec",
+                                         "--chunk-bytes", "--threads", "--memory-mb"};
+    for (int i = 2; i < argc; i++) {
+        int takes = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) takes |= !strcmp(argv[i], valued[k]);
+        if (takes) i++;
+        else if (argv[i][0] != '-') return argv[i];
+    }
+    return "the input";
+}
+
+int iv_cli_main(int argc, char **argv)
+{
+    struct cli_opts o;
+    if (argc < 2 || !iv_cli_is_command(argv[1])) return usage();
+    struct guarded g = {argc, argv, &o};
+    /* The commands that read HDF5 in this process run in a child, so that
+     * a damaged input is an error message, never a signal (h5guard.h). */
+    if (strcmp(argv[1], "pack") == 0) return iv_h5guard_run(pack_input(argc, argv), run_pack, &g);
+    if (strcmp(argv[1], "token-hash") == 0) return iv_cli_token_main(argc, argv);
+    if (parse_opts(argc, argv, &o) < 0) return usage();
+    return iv_h5guard_run(o.file ? o.file : "the input", run_check_export, &g);
 }

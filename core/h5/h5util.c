@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
+
 int iv_h5_dtype_of(hid_t t, iv_dtype_t *out)
 {
     H5T_class_t cls = H5Tget_class(t);
@@ -81,5 +83,76 @@ done:
     if (mt >= 0) H5Tclose(mt);
     if (t >= 0) H5Tclose(t);
     if (a >= 0) H5Aclose(a);
+    return rc;
+}
+
+/* No codec the writers of .h5ad files use reaches this ratio: deflate
+ * stops near 1,032:1, zstd's run-length blocks near 32,768:1, LZ4 and
+ * Blosc's at a few hundred. */
+#define MAX_PLAUSIBLE_RATIO 65536.0
+
+int iv_h5_check_stored(hid_t d, const char *where, iv_err_t *err)
+{
+    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d), dcpl = H5Dget_create_plist(d);
+    int rc = 0;
+    if (sp < 0 || ft < 0 || dcpl < 0) {
+        rc = FAILF(IV_EBAD_FILE, "%s: dataset header unreadable", where);
+        goto done;
+    }
+    int rank = H5Sget_simple_extent_ndims(sp);
+    hsize_t dims[H5S_MAX_RANK];
+    if (rank < 0 || rank > H5S_MAX_RANK || (rank > 0 && H5Sget_simple_extent_dims(sp, dims, NULL) < 0)) {
+        rc = FAILF(IV_EBAD_FILE, "%s: dataspace unreadable", where);
+        goto done;
+    }
+    double n = 1, expected_chunks = 1;
+    for (int i = 0; i < rank; i++) n *= (double)dims[i];
+    if (n == 0) goto done;
+    size_t esz = H5Tget_size(ft);
+    int vlen = H5Tdetect_class(ft, H5T_VLEN) > 0 || H5Tis_variable_str(ft) > 0;
+    double declared = n * (double)esz;
+    char shape[160];
+    int len = 0;
+    for (int i = 0; i < rank && len < (int)sizeof shape - 24; i++)
+        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%llu", i ? " x " : "",
+                        (unsigned long long)dims[i]);
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    haddr_t stored = H5Dget_storage_size(d);
+    if (layout == H5D_CONTIGUOUS) {
+        if (!vlen && (double)stored < declared)
+            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) but stores %llu bytes; "
+                       "the shape is not what the file holds", where, shape, declared,
+                       (unsigned long long)stored);
+    } else if (layout == H5D_CHUNKED) {
+        hsize_t cdims[H5S_MAX_RANK];
+        if (H5Pget_chunk(dcpl, rank, cdims) != rank) {
+            rc = FAILF(IV_EBAD_FILE, "%s: chunk shape unreadable", where);
+            goto done;
+        }
+        for (int i = 0; i < rank; i++) {
+            if (cdims[i] == 0) {
+                rc = FAILF(IV_EBAD_FILE, "%s: a chunk dimension of 0", where);
+                goto done;
+            }
+            expected_chunks *= (double)((dims[i] + cdims[i] - 1) / cdims[i]);
+        }
+        hsize_t have = 0;
+        if (H5Dget_num_chunks(d, sp, &have) < 0) {
+            rc = FAILF(IV_EBAD_FILE, "%s: chunk index unreadable", where);
+            goto done;
+        }
+        if ((double)have < expected_chunks)
+            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values but stores %llu of its %.0f chunks; "
+                       "the shape is not what the file holds", where, shape,
+                       (unsigned long long)have, expected_chunks);
+        else if (!vlen && declared > MAX_PLAUSIBLE_RATIO * (double)(stored ? stored : 1))
+            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) in %llu stored bytes, "
+                       "a compression ratio past any codec's; the shape is not what the file "
+                       "holds", where, shape, declared, (unsigned long long)stored);
+    }
+done:
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (ft >= 0) H5Tclose(ft);
+    if (sp >= 0) H5Sclose(sp);
     return rc;
 }

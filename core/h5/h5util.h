@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "dtype.h"
+#include "error.h"
 
 /* Our dtype of an HDF5 integer or IEEE binary32/64 float type (the file
  * types a matrix's values may have); -1 for anything else. */
@@ -21,5 +22,17 @@ hid_t iv_h5_native(iv_dtype_t t);
  * (cut to cap - 1 bytes).  0, or -1 when absent, not a scalar string or
  * unreadable (buf is then ""). */
 int iv_h5_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap);
+
+/*
+ * Checks that dataset d holds what its shape declares before a reader
+ * allocates or decodes by that shape: every chunk of a chunked dataset
+ * stored (a missing chunk reads as the fill value, so a few kilobytes
+ * could declare terabytes), a contiguous one's bytes all allocated, and
+ * no compression ratio past what any codec reaches.  0, or IV_EBAD_FILE
+ * with err naming `where`, the shape and what is stored.  Reads the chunk
+ * index (one walk): call it where HDF5 may be called and a damaged file
+ * cannot take the server down (the writers' guarded child).
+ */
+int iv_h5_check_stored(hid_t d, const char *where, iv_err_t *err);
 
 #endif /* IV_H5UTIL_H */

@@ -22,6 +22,7 @@
 #include <zstd.h>
 
 #include "codec.h"
+#include "h5guard.h"
 
 /* ---- codecs --------------------------------------------------------------- */
 
@@ -455,6 +456,10 @@ int iv_h5w_copy_attrs(hid_t src, hid_t dst)
 
 int iv_h5w_copy_object(hid_t src_loc, const char *name, hid_t dst_loc, const char *dst_name)
 {
+    char loc[512] = "";
+    ssize_t n = H5Iget_name(src_loc, loc, sizeof loc);
+    if (n < 0 || (size_t)n >= sizeof loc || strcmp(loc, "/") == 0) loc[0] = '\0';
+    iv_h5guard_stage("copying %s/%s", loc, name);
     hid_t ocp = H5Pcreate(H5P_OBJECT_COPY);
     if (ocp < 0) return -1;
     /* References inside the copied tree (anndata 0.7 categoricals) are

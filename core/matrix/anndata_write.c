@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "h5guard.h"
 #include "h5util.h"
 #include "h5write.h"
 
@@ -67,8 +68,22 @@ static int subset_dataset(hid_t src, const char *name, hid_t dst, const subset_t
         rc = FAILF(IV_EUNSUPPORTED, "%s:/%s: element type unreadable", s->src_path, path);
         goto done;
     }
+    char what[2400];
+    snprintf(what, sizeof what, "%s:/%s", s->src_path, path);
+    iv_h5guard_stage("reading %s", path);
+    if ((rc = iv_h5_check_stored(d, what, err)) < 0) goto done;
+    /* The row's bytes and the whole array's, without overflow: a shape
+     * past what memory can hold is refused, not attempted. */
     size_t row = H5Tget_size(mt);
-    for (int i = 1; i < rank; i++) row *= (size_t)dims[i];
+    double whole = (double)row * (double)(dims[0] ? dims[0] : 1);
+    for (int i = 1; i < rank; i++) {
+        whole *= (double)dims[i];
+        row *= (size_t)dims[i];
+    }
+    if (whole + (double)row * (double)s->n > (double)((size_t)1 << 46)) {
+        rc = FAILF(IV_ETOO_LARGE, "%s: %.0f bytes is past what export can hold", what, whole);
+        goto done;
+    }
     buf = malloc(row * (size_t)(dims[0] ? dims[0] : 1) + 1);
     out = malloc(row * (size_t)(s->n ? s->n : 1) + 1);
     if (!buf || !out) {
@@ -276,6 +291,7 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
     hid_t in = H5Fopen(src_path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", src_path);
+    iv_h5guard_temp(tmp);
     hid_t out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     int rc = 0;
     if (out < 0) {
@@ -305,6 +321,7 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
         (rc = write_axism(in, out, "obsm", &so, err)) < 0 ||
         (rc = write_axism(in, out, "varm", &sv, err)) < 0)
         goto done;
+    iv_h5guard_stage("copying uns");
     if (H5Lexists(in, "uns", H5P_DEFAULT) > 0 && iv_h5w_copy_object(in, "uns", out, "uns") < 0) {
         rc = FAILF(IV_EIO, "%s:/uns: cannot copy", src_path);
         goto done;
@@ -322,12 +339,14 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
         }
     }
 done:
+    iv_h5guard_stage("closing %s and %s", src_path, out_path);
     if (out >= 0 && H5Fclose(out) < 0 && rc == 0)
         rc = FAILF(IV_EIO, "%s: closing the file failed (disk full?)", out_path);
     H5Fclose(in);
-    if (rc == 0 && rename(tmp, out_path) != 0)
+    if (rc == 0 && iv_h5guard_commit(tmp, out_path) != 0)
         rc = FAILF(IV_EIO, "%s: cannot rename the finished file into place: %s", out_path,
                    strerror(errno));
     if (rc < 0) unlink(tmp);
+    iv_h5guard_temp(NULL);
     return rc;
 }

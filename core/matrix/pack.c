@@ -31,6 +31,7 @@
 
 #include "codec.h"
 #include "cursor.h"
+#include "h5guard.h"
 #include "h5matrix.h"
 #include "h5util.h"
 #include "membudget.h"
@@ -219,6 +220,10 @@ static int open_sparse(src_t *s, hid_t g, int csc, iv_err_t *err)
         rc = FAILF(IV_EBAD_FILE, "%s/indptr has %" PRId64 " entries, expected %" PRId64, s->where,
                    n_ptr, s->n_major + 1);
     H5Tclose(t);
+    char what[1200];
+    snprintf(what, sizeof what, "%s/indptr", s->where);
+    iv_h5guard_stage("reading %s", what);
+    if (rc == 0) rc = iv_h5_check_stored(dptr, what, err);
     if (rc == 0 && !(s->indptr = malloc((size_t)n_ptr * sizeof(int64_t))))
         rc = FAILF(IV_ENOMEM, "%s/indptr: out of memory", s->where);
     if (rc == 0 && H5Dread(dptr, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->indptr) < 0)
@@ -228,6 +233,10 @@ static int open_sparse(src_t *s, hid_t g, int csc, iv_err_t *err)
     IV_TRY(rc);
     IV_TRY(open_1d(g, s->where, "indices", &s->didx, &n_idx, err));
     IV_TRY(open_1d(g, s->where, "data", &s->ddata, &n_dat, err));
+    snprintf(what, sizeof what, "%s/indices", s->where);
+    IV_TRY(iv_h5_check_stored(s->didx, what, err));
+    snprintf(what, sizeof what, "%s/data", s->where);
+    IV_TRY(iv_h5_check_stored(s->ddata, what, err));
     t = H5Dget_type(s->didx);
     int idx_int = H5Tget_class(t) == H5T_INTEGER;
     H5Tclose(t);
@@ -274,6 +283,7 @@ static int open_dense(src_t *s, hid_t file, const char *path, iv_err_t *err)
     if (rank != 2)
         return FAILF(IV_EUNSUPPORTED, "%s: a dense matrix must be 2-D, found rank %d", s->where, rank);
     IV_TRY(check_shape(s->where, (int64_t)dims[0], (int64_t)dims[1], err));
+    IV_TRY(iv_h5_check_stored(s->ddense, s->where, err));
     s->kind = SRC_DENSE;
     s->esz = iv_dtype_size(s->vdt);
     s->n_rows = s->n_major = (int64_t)dims[0];
@@ -309,6 +319,7 @@ static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
                     iv_err_t *err)
 {
     snprintf(s->where, sizeof s->where, "%s:/%s", in_path, path);
+    iv_h5guard_stage("reading %s", path);
     if (H5Lexists(file, path, H5P_DEFAULT) <= 0)
         return FAILF(IV_EBAD_FILE, "%s: no such element in the input", s->where);
     H5O_info_t oi;
@@ -937,6 +948,7 @@ typedef struct progress {
 
 static void report(progress_t *pr)
 {
+    iv_h5guard_beat();
     if (!pr->o->progress) return;
     iv_pack_progress_t p;
     double in_pass = pr->src->n_major ? (double)pr->src->next / (double)pr->src->n_major : 1.0;
@@ -1126,20 +1138,43 @@ static void spread_scatter(spread_t *sp, iv_pool_t *pool, const slab_t *sl, slab
 }
 
 /* Output orientation differs: count, then fill bands under the budget. */
-static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
-                         iv_err_t *err)
+/* The memory budget of a pack: --memory-mb, or by default half of the
+ * memory available (cgroup limits included), at least 2 GiB: each band is
+ * one more read of the whole input, and a fixed 2 GiB made a 914 M-value
+ * matrix take 7 passes on a machine with 128 GB (78 s where 2 take about
+ * a third of that). */
+static size_t pack_budget(const iv_pack_opts_t *o)
 {
-    int64_t nt = en->n_major; /* output slices = the input's minor axis */
-    size_t entry = sizeof(int64_t) + en->esz;
-    /* By default half of the memory available (cgroup limits included),
-     * at least 2 GiB: each band is one more read of the whole input, and a
-     * fixed 2 GiB made a 914 M-value matrix take 7 passes on a machine
-     * with 128 GB (78 s where 2 take about a third of that). */
     size_t budget = o->memory_budget;
     if (!budget) {
         budget = iv_membudget_default(50, (size_t)2 << 30, NULL, NULL);
         if (budget < ((size_t)2 << 30)) budget = (size_t)2 << 30;
     }
+    return budget;
+}
+
+/* The arrays a pack keeps for every output slice, whatever the data: the
+ * output's major_ptr and the input's indptr, and when the orientation
+ * changes the entry counts and fill positions of run_transpose and the
+ * spread's counters.  A declared shape is checked against the budget
+ * with this before any of them is allocated. */
+static double slice_arrays_bytes(int64_t n_major, int same)
+{
+    double per = same ? 16.0 : 24.0, spread = 65.0 * ((double)n_major + 1);
+    if (spread > (double)SPREAD_MAX_COUNTERS) spread = (double)SPREAD_MAX_COUNTERS;
+    return per * ((double)n_major + 1) + (same ? 0.0 : 8.0 * spread);
+}
+
+static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
+                         iv_err_t *err)
+{
+    int64_t nt = en->n_major; /* output slices = the input's minor axis */
+    size_t entry = sizeof(int64_t) + en->esz;
+    size_t budget = pack_budget(o);
+    /* What write_packed charged for the per-slice arrays is not there for
+     * the bands. */
+    size_t fixed = (size_t)slice_arrays_bytes(en->n_major, 0);
+    budget = budget > fixed ? budget - fixed : 0;
     int64_t *counts = calloc((size_t)(nt ? nt : 1), sizeof *counts);
     int64_t *fill = NULL;
     slab_t sl = {0}, band = {0};
@@ -1312,6 +1347,16 @@ static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack
     int rc = 0, n_passes = 1;
     hid_t g = -1;
     iv_h5w_array_t *mp = NULL;
+    iv_h5guard_stage("packing %s", s->where);
+    int same = (s->kind == SRC_CSR || s->kind == SRC_DENSE || (s->kind == SRC_IV && s->m.orient == IV_IVCSR))
+                   ? o->orient == IV_IVCSR
+                   : o->orient == IV_IVCSC;
+    double need = slice_arrays_bytes(en.n_major, same), budget = (double)pack_budget(o);
+    if (need > budget)
+        return FAILF(IV_ETOO_LARGE, "%s: the output's %" PRId64 " %s need %.0f MiB of per-%s "
+                     "arrays, more than the memory budget of %.0f MiB (--memory-mb)", s->where,
+                     en.n_major, o->orient == IV_IVCSR ? "rows" : "columns", need / 1048576.0,
+                     o->orient == IV_IVCSR ? "row" : "column", budget / 1048576.0);
     en.parts = calloc(en.n_parts, sizeof *en.parts);
     en.major_ptr = calloc((size_t)en.n_major + 1, sizeof *en.major_ptr);
     if (!en.parts || !en.major_ptr) { rc = FAILF(IV_ENOMEM, "out of memory"); goto done; }
@@ -1342,9 +1387,6 @@ static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack
         goto done;
     int64_t zero = 0;
     if ((rc = iv_h5w_array_append(en.vptr, &zero, 1, err)) < 0) goto done;
-    int same = (s->kind == SRC_CSR || s->kind == SRC_DENSE || (s->kind == SRC_IV && s->m.orient == IV_IVCSR))
-                   ? o->orient == IV_IVCSR
-                   : o->orient == IV_IVCSC;
     rc = same ? run_direct(s, &en, o, err) : run_transpose(s, &en, o, &n_passes, err);
     if (rc < 0) goto done;
     if (en.done != en.n_major) {
@@ -1512,6 +1554,7 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     if (rc < 0) goto fail;
     snprintf(rep->input_kind, sizeof rep->input_kind, "%s", src_kind_name(&s));
 
+    iv_h5guard_temp(tmp);
     if ((out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
         rc = FAILF(IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
         goto fail;
@@ -1572,20 +1615,24 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
         goto fail;
     }
     out = -1;
+    iv_h5guard_stage("closing %s", in_path);
     src_close(&s);
     H5Fclose(in);
-    if (rename(tmp, out_path) != 0) {
+    if (iv_h5guard_commit(tmp, out_path) != 0) {
         int e = errno;
         unlink(tmp);
+        iv_h5guard_temp(NULL);
         return FAILF(IV_EIO, "%s: cannot rename the finished file into place: %s", out_path,
                      strerror(e));
     }
+    iv_h5guard_temp(NULL);
     return 0;
 fail:
     if (rin >= 0) H5Gclose(rin);
     if (rout >= 0) H5Gclose(rout);
     if (out >= 0) H5Fclose(out);
     unlink(tmp);
+    iv_h5guard_temp(NULL);
     src_close(&s);
     H5Fclose(in);
     return rc < 0 ? rc : IV_EINTERNAL;
