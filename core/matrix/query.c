@@ -1627,7 +1627,9 @@ static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block
                 m++;
             }
         }
-        qsort(pairs, (size_t)m, 2 * sizeof *pairs, pair_cmp);
+        /* pairs is NULL when every row of the block is empty (widest 0),
+         * and qsort's pointer may not be, even for no elements. */
+        if (m > 1) qsort(pairs, (size_t)m, 2 * sizeof *pairs, pair_cmp);
         for (int64_t x = 0; x < m; x++, at++) {
             if (isz == 4) ((int32_t *)out->indices)[at] = (int32_t)pairs[2 * x];
             else ((int64_t *)out->indices)[at] = pairs[2 * x];
