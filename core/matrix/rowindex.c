@@ -14,6 +14,7 @@
  *     with the carried bytes), walks the value groups those ranks belong
  *     to, checks every group's running index against n_minor and records
  *     checkpoint offsets, while the chunk is still in the core's cache.
+ *  4. checks that no slice lists a minor index twice (see dup_check).
  * After a window, group sums that span chunk boundaries are joined and
  * checked, in order.  Decoding in step 3 is what makes the "no index >=
  * n_minor" check exact.  Only each group's sum of d + 1 is needed (its
@@ -35,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cursor.h"
 #include "varint.h"
 
 /* Chunks per window: bounds the state below (about 100 bytes a chunk). */
@@ -65,6 +67,22 @@ struct build {
     pthread_mutex_t mu;
     atomic_uint_fast64_t fail_at;   /* lowest chunk with an error; UINT64_MAX: none */
     iv_err_t err;
+    struct seen *spare;    /* step 4's bitmaps not in use (under mu) */
+};
+
+/*
+ * Step 4's bitmap of the minor indices one slice has listed so far, one
+ * per task at a time, kept between tasks: all bits are clear between
+ * slices.  The bits a slice set are cleared one by one from `set` (only
+ * while they are fewer than the bitmap's words; past that, the whole
+ * bitmap), so a slice costs what it lists, not n_minor.
+ */
+struct seen {
+    struct seen *next;
+    uint64_t n_words;
+    uint64_t *set;         /* up to n_words indices set by the current slice */
+    uint64_t n_set;
+    uint64_t bits[];
 };
 
 static void set_error(struct build *b, uint64_t c, int code, const char *fmt, ...)
@@ -282,6 +300,140 @@ static void decode_chunk(struct build *b, struct chunk_state *st, uint64_t c, co
     }
 }
 
+static struct seen *seen_take(struct build *b)
+{
+    pthread_mutex_lock(&b->mu);
+    struct seen *m = b->spare;
+    if (m) b->spare = m->next;
+    pthread_mutex_unlock(&b->mu);
+    if (m) return m;
+    uint64_t words = ((uint64_t)b->src->n_minor + 63) / 64;
+    if (words == 0) words = 1;
+    if (words > (SIZE_MAX - sizeof *m) / 16) return NULL;
+    m = calloc(1, sizeof *m + (size_t)words * sizeof(uint64_t));
+    if (m && !(m->set = malloc((size_t)words * sizeof(uint64_t)))) {
+        free(m);
+        m = NULL;
+    }
+    if (m) m->n_words = words;
+    return m;
+}
+
+static void seen_give(struct build *b, struct seen *m)
+{
+    pthread_mutex_lock(&b->mu);
+    m->next = b->spare;
+    b->spare = m;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void seen_clear(struct seen *m)
+{
+    if (m->n_set <= m->n_words) {
+        for (uint64_t i = 0; i < m->n_set; i++) m->bits[m->set[i] >> 6] = 0;
+    } else {
+        memset(m->bits, 0, (size_t)m->n_words * sizeof(uint64_t));
+    }
+    m->n_set = 0;
+}
+
+/*
+ * Step 4 for chunk c: the slices whose first varint ends in the chunk
+ * (ranks [rank, stop)), read on through later chunks with a cursor when a
+ * slice goes on past the chunk's end.  Within a group indices rise by
+ * construction (each is the last one + 1 + d), so a minor index listed
+ * twice is in two groups of the slice: each index of a slice of two
+ * groups or more is set in a bitmap, and one already set is the error.
+ * A slice of one group is skipped.  Whatever else is wrong (a varint
+ * that is malformed, or past n_minor, in a later chunk) is left to the
+ * task of the chunk it is in, which reports it: this step just stops.
+ */
+static void dup_check(struct build *b, uint64_t c, uint64_t rank, uint64_t stop, size_t pend_len)
+{
+    const iv_rowindex_src_t *src = b->src;
+    const int64_t *mp = src->major_ptr, *vp = src->value_ptr;
+    uint64_t n_minor = (uint64_t)src->n_minor;
+    /* First slice that starts at rank >= `rank`. */
+    int64_t lo = 0, hi = src->n_major;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mp[mid]] < rank) lo = mid + 1;
+        else hi = mid;
+    }
+    int64_t sl = lo;
+    if (sl >= src->n_major || (uint64_t)vp[mp[sl]] >= stop) return;
+    struct seen *m = seen_take(b);
+    if (!m) {
+        set_error(b, c, IV_ENOMEM, "%s: out of memory for the row index", src->where);
+        return;
+    }
+    iv_cursor_t cur;
+    iv_cursor_init(&cur, src->s);
+    iv_err_t e = {0};
+    uint64_t at = rank;   /* the cursor's rank */
+    int ok = iv_cursor_seek(&cur, c * iv_stream_chunk_len(src->s) - pend_len, &e) == 0;
+    for (; ok && sl < src->n_major && (uint64_t)vp[mp[sl]] < stop; sl++) {
+        int64_t g0 = mp[sl], g1 = mp[sl + 1];
+        /* Groups that hold something; a slice of fewer than two is skipped. */
+        int groups = 0;
+        for (int64_t g = g0; g < g1 && groups < 2; g++) groups += vp[g + 1] > vp[g];
+        if (groups < 2) continue;
+        uint64_t first = (uint64_t)vp[g0];
+        ok = iv_cursor_skip(&cur, first - at, &e) == 0;
+        at = first;
+        /* Varints of one or two bytes straight from the pinned chunk, with
+         * the cursor's position in a register; the longer ones and the
+         * chunk's end through the cursor. */
+        uint64_t *bits = m->bits, n_set = m->n_set;
+        const uint8_t *p = cur.p;
+        const uint8_t *lim = cur.end - cur.p < IV_VARINT_MAX ? cur.p : cur.end - IV_VARINT_MAX;
+        for (int64_t g = g0; ok && g < g1; g++) {
+            uint64_t idx = UINT64_MAX;   /* + 1 + d wraps to d for the first */
+            for (int64_t k = vp[g], k_end = vp[g + 1]; k < k_end; k++) {
+                uint64_t d;
+                if (p < lim && p[0] < 0x80) {
+                    d = p[0];
+                    p++;
+                } else if (p < lim && p[1] < 0x80) {
+                    d = (uint64_t)(p[0] & 0x7f) | (uint64_t)p[1] << 7;
+                    p += 2;
+                } else {
+                    cur.p = p;
+                    if (iv_cursor_read(&cur, &d, &e) < 0) {
+                        ok = 0;
+                        break;
+                    }
+                    p = cur.p;
+                    lim = cur.end - cur.p < IV_VARINT_MAX ? cur.p : cur.end - IV_VARINT_MAX;
+                }
+                idx += 1 + d;
+                if (d >= n_minor || idx >= n_minor) {
+                    ok = 0;
+                    break;
+                }
+                uint64_t *w = &bits[idx >> 6], bit = (uint64_t)1 << (idx & 63);
+                if (*w & bit) {
+                    set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: slice %" PRId64 " stores "
+                              "minor index %" PRIu64 " twice (in two value groups)", src->where,
+                              sl, idx);
+                    ok = 0;
+                    break;
+                }
+                *w |= bit;
+                if (n_set < m->n_words) m->set[n_set] = idx;
+                n_set++;
+            }
+            at = (uint64_t)vp[g + 1];
+        }
+        cur.p = p;
+        m->n_set = n_set;
+        seen_clear(m);
+    }
+    iv_cursor_done(&cur);
+    seen_clear(m);
+    seen_give(b, m);
+}
+
 /* One chunk: steps 1 to 3 of the pass. */
 static void step_chunk(void *arg, size_t i)
 {
@@ -344,6 +496,7 @@ static void step_chunk(void *arg, size_t i)
 
     if (have && count > 0 && !skip_chunk(b, c))
         decode_chunk(b, st, c, data, len, rank, st->rank_after, pend, pend_len);
+    if (have && count > 0 && !skip_chunk(b, c)) dup_check(b, c, rank, st->rank_after, pend_len);
     if (have) iv_stream_release(src->s, c);
 }
 
@@ -400,6 +553,12 @@ int iv_rowindex_build(const iv_rowindex_src_t *src, uint32_t stride, iv_pool_t *
         b.rank0 = cs[n - 1].rank_after;
         b.carry0_len = cs[n - 1].carry_len;
         memcpy(b.carry0, cs[n - 1].carry, b.carry0_len);
+    }
+    while (b.spare) {
+        struct seen *m = b.spare;
+        b.spare = m->next;
+        free(m->set);
+        free(m);
     }
     pthread_mutex_destroy(&b.mu);
     if (atomic_load(&b.fail_at) != UINT64_MAX) {

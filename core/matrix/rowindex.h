@@ -4,9 +4,10 @@
  * iv_rowindex_build() makes one parallel pass over the whole packed
  * stream, one task per chunk (memory bounded by the chunks in flight): it
  * counts varint terminators per chunk, checks that the stream holds
- * exactly nnz varints, that each is well formed and that no decoded index
- * reaches n_minor, and records the byte offset where every stride-th
- * major slice starts.  The
+ * exactly nnz varints, that each is well formed, that no decoded index
+ * reaches n_minor and that no slice lists a minor index twice (in two of
+ * its value groups: the queries could only refuse it), and records the
+ * byte offset where every stride-th major slice starts.  The
  * index costs 8 bytes per `stride` slices.  To reach slice r, a reader
  * seeks to checkpoint r / stride and skips the varints of the slices in
  * between, which it finds from the pointer arrays.

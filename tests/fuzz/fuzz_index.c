@@ -65,6 +65,7 @@ static int reference_index(const uint8_t *s, size_t len, const iv_h5matrix_t *m,
                            uint64_t *off)
 {
     size_t *start = malloc((size_t)(m->nnz + 1) * sizeof *start);
+    uint64_t *idx = malloc((size_t)(m->nnz + 1) * sizeof *idx);
     size_t pos = 0;
     int ok = 1;
     for (int64_t g = 0; ok && g < m->n_unique; g++) {
@@ -76,10 +77,20 @@ static int reference_index(const uint8_t *s, size_t len, const iv_h5matrix_t *m,
             if (u == 0 || d >= (uint64_t)m->n_minor) ok = 0;
             acc += d + 1;
             if (acc > (uint64_t)m->n_minor) ok = 0;
+            idx[k] = acc - 1;
             pos += u;
         }
     }
     if (ok && pos != len) ok = 0;
+    /* No slice lists a minor index twice (across its groups). */
+    uint8_t *seen = calloc((size_t)m->n_minor, 1);
+    for (int64_t r = 0; ok && r < m->n_major; r++) {
+        int64_t a = m->value_ptr[m->major_ptr[r]], b = m->value_ptr[m->major_ptr[r + 1]];
+        for (int64_t k = a; k < b; k++) ok &= !seen[idx[k]]++;
+        for (int64_t k = a; k < b; k++) seen[idx[k]] = 0;
+    }
+    free(seen);
+    free(idx);
     if (ok) {
         start[m->nnz] = pos;
         uint64_t n_ckpt = m->n_major == 0 ? 0 : (uint64_t)(m->n_major - 1) / stride + 1;

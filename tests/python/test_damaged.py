@@ -290,3 +290,116 @@ def test_server_serves_good_file_and_leaves_damaged_ones_out(ivserve, workdir):
             rc = proc.wait()
         log.close()
     assert rc == 0, open(log.name).read()[-3000:]
+
+
+# ------------------------------------- a minor index listed twice in a slice
+
+def with_duplicate(X, orientation, start):
+    """X packed, then one slice (the first from `start` on with two value
+    groups that allow it) changed so that its second group lists an index
+    of its first: every pointer and length stays right, each group still
+    rises, and the slice holds that index twice.  Returns (packed, slice,
+    index)."""
+    enc = ivref.pack(X, orientation)
+    d = ivref.decode_varints(enc["packed"]).astype(np.int64)
+    vp, mp = enc["value_ptr"], enc["major_ptr"]
+    idx = d.copy()
+    for g in range(len(vp) - 1):
+        idx[vp[g]:vp[g + 1]] = np.cumsum(d[vp[g]:vp[g + 1]] + 1) - 1
+    n_major = len(mp) - 1
+    for s in list(range(start, n_major)) + list(range(start)):
+        if mp[s + 1] - mp[s] < 2:
+            continue
+        g1, g2 = mp[s], mp[s] + 1
+        first, second = idx[vp[g1]:vp[g1 + 1]], idx[vp[g2]:vp[g2 + 1]]
+        limit = second[1] if len(second) > 1 else enc["n_minor"]
+        cand = [j for j in first if j < limit]
+        if not cand:
+            continue
+        idx[vp[g2]] = cand[-1]
+        for g in range(len(vp) - 1):
+            a, b = vp[g], vp[g + 1]
+            d[a:b] = np.diff(np.concatenate(([-1], idx[a:b]))) - 1
+        return ivref.encode_varints(d.astype(np.uint64)), s, int(cand[-1])
+    raise AssertionError("no slice with two groups")
+
+
+DUP_CASES = {
+    # name: (orientation, compression, chunk_len, first slice tried)
+    "ivcsr_contiguous": ("ivcsr", None, None, 200),
+    "ivcsr_small_chunks": ("ivcsr", "zstd", 16, 37),
+    "ivcsr_last_slices": ("ivcsr", "zstd", 256, N_ROWS - 3),
+    "ivcsc_small_chunks": ("ivcsc", "zstd", 24, 311),
+}
+
+
+def write_duplicate(workdir, name):
+    orientation, compression, chunk_len, start = DUP_CASES[name]
+    X = matrix()
+    packed, s, j = with_duplicate(X, orientation, start)
+    path = os.path.join(workdir, "dupidx_%s.h5ad" % name)
+    ivref.write_iv(path, X, orientation=orientation, compression=compression,
+                   chunk_len=chunk_len, packed=packed)
+    return path, s, j
+
+
+def test_minor_index_listed_twice_is_refused_by_check(ivserve, workdir):
+    """A slice that lists one minor index twice (in two value groups) made
+    the server answer 500 to every query that touched it; the load (and so
+    check) now finds it and names the slice."""
+    for name in DUP_CASES:
+        path, s, j = write_duplicate(workdir, name)
+        proc = ivserve.check(path, timeout=120)
+        ivserve.assert_error(proc, path, "slice %d " % s, "index %d twice" % j)
+    # The same matrix without the change passes.
+    good = os.path.join(workdir, "good.h5ad")
+    ivref.write_iv(good, matrix(), compression="zstd", chunk_len=16)
+    ivserve.assert_ok(ivserve.check(good))
+
+
+def test_server_leaves_out_a_slice_listing_an_index_twice_and_bad_metadata(ivserve, workdir):
+    """The server loads as check checks: a file with a minor index listed
+    twice in a slice, or with categories that repeat, is left out (failed,
+    503 by id, the reason logged) rather than served with 500s or with
+    metadata anndata cannot read; a good file beside them serves."""
+    good = os.path.join(workdir, "good.h5ad")
+    write_good(good)
+    dup_idx, s, j = write_duplicate(workdir, "ivcsr_small_chunks")
+    dup_cat = os.path.join(workdir, "dupcat.h5ad")
+    write_good(dup_cat)
+    with h5py.File(dup_cat, "r+") as f:
+        g = f["obs"].create_group("ct")
+        g.attrs["encoding-type"] = "categorical"
+        g.attrs["encoding-version"] = "0.2.0"
+        g.attrs["ordered"] = False
+        g.create_dataset("categories", data=np.array(["T", "B", "T"], dtype=object),
+                         dtype=h5py.string_dtype("utf-8"))
+        g.create_dataset("codes", data=np.zeros(N_ROWS, np.int8))
+        f["obs"].attrs["column-order"] = np.array(["ct"], dtype=object)
+    datasets = [{"id": "good", "path": good}, {"id": "dupidx", "path": dup_idx},
+                {"id": "dupcat", "path": dup_cat}]
+    cfg = os.path.join(workdir, "cfg.json")
+    with open(cfg, "w") as fh:
+        json.dump({"datasets": datasets}, fh)
+    log = open(os.path.join(workdir, "server.log"), "a+")
+    proc = subprocess.Popen([ivserve.path, "--config", cfg, "--port", "0", "--threads", "2"],
+                            stdout=log, stderr=log)
+    base = "http://127.0.0.1:%d" % listening_port(log.name, proc)
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None and time.time() < deadline, open(log.name).read()[-3000:]
+            status, body = get(base + "/v1/datasets")
+            states = [(d["id"], d["state"]) for d in json.loads(body)["datasets"]]
+            if all(st != "loading" for _, st in states):
+                break
+            time.sleep(0.05)
+        assert states == [("good", "ready"), ("dupidx", "failed"), ("dupcat", "failed")], states
+        assert get(base + "/v1/datasets/dupidx")[0] == 503
+        assert get(base + "/v1/datasets/good/query?obs=%d&format=json" % s)[0] == 200
+        text = open(log.name).read()
+        assert "slice %d stores minor index %d twice" % (s, j) in text, text[-3000:]
+        assert "category 'T' appears twice" in text, text[-3000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
