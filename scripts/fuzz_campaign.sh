@@ -9,6 +9,7 @@
 #   FUZZ_JOBS     fork jobs per target (default: nproc)
 #   FUZZ_TARGETS  names to run (default: every tests/fuzz/fuzz_*.c)
 #   FUZZ_OUT      logs and findings (default: build-fuzz/campaign)
+#   FUZZ_NO_BUILD 1: run the targets already built (see below)
 #
 # The targets are built as scripts/test.sh builds them (clang, ASan +
 # UBSan + libFuzzer, -DIV_FUZZ=ON, in build-fuzz).  The corpus of each
@@ -31,9 +32,14 @@ OUT=${FUZZ_OUT:-build-fuzz/campaign}
 # (0 would be libFuzzer's "no time limit".)
 case "$SECS" in '' | *[!0-9]* | 0) echo "usage: $0 [SECONDS_PER_TARGET >= 1]" >&2; exit 2 ;; esac
 
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
-  >/dev/null
-cmake --build build-fuzz -j"$JOBS" >/dev/null
+# FUZZ_NO_BUILD=1 runs the targets already in build-fuzz (a machine with
+# no clang or no build dependencies, given the binaries and their
+# libraries on LD_LIBRARY_PATH).
+if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
+    >/dev/null
+  cmake --build build-fuzz -j"$JOBS" >/dev/null
+fi
 
 if [ -n "${FUZZ_TARGETS:-}" ]; then
   names=$FUZZ_TARGETS

@@ -490,6 +490,14 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
         }
     }
     if (!o->batch && out_is_input(o, o->out)) return 1;
+    if (h5ad) {
+        /* The output copies obs and var: refuse what anndata cannot read. */
+        iv_err_t verr = {0};
+        if (iv_meta_validate_file(o->file, o->group, &verr) < 0) {
+            fprintf(stderr, "ivserve: error: %s\n", verr.msg);
+            return 1;
+        }
+    }
     iv_dataset_t *ds;
     if (open_dataset(o, pool, &ds) < 0) return 1;
     iv_pick_t pick;

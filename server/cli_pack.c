@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "filecheck.h"
+#include "meta.h"
 #include "pack.h"
 #include "pool.h"
 
@@ -115,6 +116,14 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
     if (iv_file_same(in, out)) {
         fprintf(stderr, "ivserve: error: %s: the output is the input %s; writing it would replace "
                 "what is read (choose another OUT)\n", out, in);
+        return 1;
+    }
+    /* obs and var are copied as they are: what anndata could not read
+     * (repeated categories, codes past them, names that are not UTF-8)
+     * is refused here rather than written. */
+    iv_err_t verr = {0};
+    if (iv_meta_validate_file(in, NULL, &verr) < 0) {
+        fprintf(stderr, "ivserve: error: %s\n", verr.msg);
         return 1;
     }
     bar_t b = {isatty(2), quiet, now(), 0, 0, o->orient == IV_IVCSR ? "rows" : "columns", out};

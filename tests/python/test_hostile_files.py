@@ -55,6 +55,13 @@ KNOWN = {
     ("pack", "dense_square"): ("not what the file holds",),
     ("pack_layers", "dense_huge"): ("not what the file holds",),
     ("pack", "giant_csr_rows"): ("not what the file holds",),
+    ("pack", "categories_duplicate"): ("appears twice",),
+    ("pack", "codes_range"): ("outside the 4 categories",),
+    ("pack", "names_bytes"): ("utf-8",),
+    ("pack_layers", "packed_names_bytes"): ("utf-8",),
+    ("export_h5ad", "packed_names_bytes"): ("utf-8",),
+    ("export_h5ad", "packed_categories_duplicate"): ("appears twice",),
+    ("check", "packed_categories_duplicate"): ("appears twice",),
 }
 # A writer that stops making progress (libhdf5 loops on some damaged
 # structures) is stopped after this long; the campaign's runs must end.
