@@ -1,0 +1,323 @@
+/*
+ * The cache folder (see cachedir.h).
+ *
+ * Why a note beside each derived file rather than a database: the folder
+ * is shared by processes that come and go (the server, a second server on
+ * the same folder, `ivserve pack` run by hand), and a note written once
+ * and renamed into place needs no lock.  The producer writes the note
+ * before its derived file is renamed into place, so a derived file always
+ * has one; a note whose derived file never came (the producer died) is
+ * removed by the next sweep once no live producer's temporary file is
+ * there.
+ */
+#include "cachedir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sha256.h"
+
+#define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
+#define HASHED_BYTES ((size_t)1 << 20)
+#define NOTE_SUFFIX ".src"
+
+int iv_cachedir_prepare(const char *dir, iv_err_t *err)
+{
+    char path[4096];
+    if (!dir || !*dir) return FAILF(IV_EINVALID_ARG, "cache folder: no path given");
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return FAILF(IV_EINVALID_ARG, "cache folder %s: path too long", dir);
+    /* Each missing parent in turn, as mkdir -p does. */
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return FAILF(IV_EIO, "cache folder %s: cannot create %s: %s", dir, path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0700) != 0 && errno != EEXIST)
+        return FAILF(IV_EIO, "cache folder %s: cannot create it: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return FAILF(IV_EIO, "cache folder %s: not a folder", dir);
+    if (access(path, W_OK | X_OK) != 0)
+        return FAILF(IV_EIO, "cache folder %s: cannot write there: %s", dir, strerror(errno));
+    return 0;
+}
+
+static int hash_range(int fd, off_t off, size_t len, iv_sha256_t *h)
+{
+    unsigned char buf[65536];
+    while (len > 0) {
+        size_t want = len < sizeof buf ? len : sizeof buf;
+        ssize_t got = pread(fd, buf, want, off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        iv_sha256_update(h, buf, (size_t)got);
+        off += got;
+        len -= (size_t)got;
+    }
+    return 0;
+}
+
+int iv_cachedir_key(const char *src, char key[IV_CACHEDIR_KEY_LEN], iv_err_t *err)
+{
+    int fd = open(src, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return FAILF(IV_EIO, "%s: cannot open: %s", src, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return FAILF(IV_EIO, "%s: cannot stat: %s", src, strerror(e));
+    }
+    iv_sha256_t h;
+    iv_sha256_init(&h);
+    uint64_t id[5] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                      (uint64_t)st.st_mtim.tv_sec, (uint64_t)st.st_mtim.tv_nsec};
+    iv_sha256_update(&h, id, sizeof id);
+    size_t size = (size_t)st.st_size, head = size < HASHED_BYTES ? size : HASHED_BYTES;
+    int rc = hash_range(fd, 0, head, &h);
+    if (rc == 0 && size > HASHED_BYTES) {
+        size_t tail = size - HASHED_BYTES < HASHED_BYTES ? size - HASHED_BYTES : HASHED_BYTES;
+        rc = hash_range(fd, (off_t)(size - tail), tail, &h);
+    }
+    close(fd);
+    if (rc != 0) return FAILF(IV_EIO, "%s: cannot read it (changed while read?)", src);
+    unsigned char d[IV_SHA256_BYTES];
+    iv_sha256_final(&h, d);
+    char hex[2 * IV_SHA256_BYTES + 1];
+    iv_sha256_hex(d, hex);
+    memcpy(key, hex, IV_CACHEDIR_KEY_LEN - 1);
+    key[IV_CACHEDIR_KEY_LEN - 1] = '\0';
+    return 0;
+}
+
+int iv_cachedir_path(const char *dir, const char *src, const char *key, const char *kind,
+                     char *buf, size_t cap, iv_err_t *err)
+{
+    const char *base = strrchr(src, '/');
+    base = base ? base + 1 : src;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".h5ad") == 0) n -= 5;
+    if (n > 80) n = 80;
+    char stem[81];
+    /* Only the characters a file name anywhere takes; the key keeps two
+     * sources with the same stem apart. */
+    for (size_t i = 0; i < n; i++) {
+        char c = base[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        stem[i] = ok ? c : '_';
+    }
+    stem[n] = '\0';
+    int w = snprintf(buf, cap, "%s/%s-%s.%s", dir, n ? stem : "data", key, kind);
+    if (w < 0 || (size_t)w >= cap) return FAILF(IV_EINVALID_ARG, "cache folder %s: path too long", dir);
+    return 0;
+}
+
+int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err)
+{
+    char note[4200], tmp[4300];
+    if (snprintf(note, sizeof note, "%s" NOTE_SUFFIX, derived) >= (int)sizeof note ||
+        snprintf(tmp, sizeof tmp, "%s.tmp%ld", note, (long)getpid()) >= (int)sizeof tmp)
+        return FAILF(IV_EINVALID_ARG, "%s: path too long", derived);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return FAILF(IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    int bad = fprintf(f, "%s\n%s", key, src) < 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, note) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return FAILF(IV_EIO, "%s: cannot write: %s", note, strerror(e));
+    }
+    return 0;
+}
+
+void iv_cachedir_touch(const char *derived)
+{
+    utimensat(AT_FDCWD, derived, NULL, 0);
+}
+
+/* ---- the sweep ------------------------------------------------------------ */
+
+typedef struct entry {
+    char name[512];
+    uint64_t bytes;
+    struct timespec used;
+} entry_t;
+
+/* NAME.tmpPID: the PID, or 0 when name is not of that form. */
+static long temp_pid(const char *name)
+{
+    const char *t = strstr(name, ".tmp");
+    if (!t) return 0;
+    const char *last;
+    while ((last = strstr(t + 1, ".tmp"))) t = last;
+    const char *p = t + 4;
+    if (!*p) return 0;
+    long pid = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || pid > 1 << 24) return 0;
+        pid = pid * 10 + (*p - '0');
+    }
+    return pid;
+}
+
+static int alive(long pid)
+{
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* Ours: STEM-KEY.KIND with 32 hex digits after the last '-' before a '.'. */
+static int derived_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n > strlen(NOTE_SUFFIX) && !strcmp(name + n - strlen(NOTE_SUFFIX), NOTE_SUFFIX)) return 0;
+    if (temp_pid(name)) return 0;
+    for (const char *dash = strchr(name, '-'); dash; dash = strchr(dash + 1, '-')) {
+        int hex = 1;
+        for (int i = 1; i <= 32 && hex; i++) {
+            char c = dash[i];
+            hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        }
+        if (hex && dash[33] == '.') return 1;
+    }
+    return 0;
+}
+
+/* 1 when the note beside derived names a source that still has its key. */
+static int source_unchanged(const char *dir, const char *name)
+{
+    char note[4700], buf[4200];
+    snprintf(note, sizeof note, "%s/%s" NOTE_SUFFIX, dir, name);
+    FILE *f = fopen(note, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (!nl || nl - buf != IV_CACHEDIR_KEY_LEN - 1) return 0;
+    *nl = '\0';
+    char key[IV_CACHEDIR_KEY_LEN];
+    iv_err_t e;
+    iv_err_clear(&e);
+    return iv_cachedir_key(nl + 1, key, &e) == 0 && strcmp(key, buf) == 0;
+}
+
+static int kept(const char *name, const char *const *keep, size_t n_keep)
+{
+    for (size_t i = 0; i < n_keep; i++) {
+        const char *b = strrchr(keep[i], '/');
+        if (!strcmp(b ? b + 1 : keep[i], name)) return 1;
+    }
+    return 0;
+}
+
+static void remove_derived(const char *dir, const char *name)
+{
+    char p[4700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s" NOTE_SUFFIX, dir, name);
+    unlink(p);
+}
+
+static int older_first(const void *a, const void *b)
+{
+    const entry_t *x = a, *y = b;
+    if (x->used.tv_sec != y->used.tv_sec) return x->used.tv_sec < y->used.tv_sec ? -1 : 1;
+    if (x->used.tv_nsec != y->used.tv_nsec) return x->used.tv_nsec < y->used.tv_nsec ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int iv_cachedir_sweep(const char *dir, uint64_t max_bytes, const char *const *keep, size_t n_keep,
+                      iv_cachedir_sweep_t *out, iv_err_t *err)
+{
+    iv_cachedir_sweep_t rep = {0};
+    DIR *d = opendir(dir);
+    if (!d) return FAILF(IV_EIO, "cache folder %s: cannot list: %s", dir, strerror(errno));
+    entry_t *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0, live_temps = 0;
+    struct dirent *de;
+    /* First pass: dead temporary files go, derived files are listed. */
+    while ((de = readdir(d))) {
+        const char *name = de->d_name;
+        if (name[0] == '.' || strlen(name) >= sizeof v->name) continue;
+        char p[4700];
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        long pid = temp_pid(name);
+        if (pid) {
+            if (alive(pid)) live_temps++;
+            else if (unlink(p) == 0) rep.temps++;
+            continue;
+        }
+        if (!derived_name(name)) continue;
+        struct stat st;
+        if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (n == cap) {
+            entry_t *nv = realloc(v, (cap = cap ? cap * 2 : 64) * sizeof *v);
+            if (!nv) {
+                rc = FAILF(IV_ENOMEM, "cache folder %s: out of memory", dir);
+                goto done;
+            }
+            v = nv;
+        }
+        snprintf(v[n].name, sizeof v[n].name, "%s", name);
+        v[n].bytes = (uint64_t)st.st_size;
+        v[n].used = st.st_mtim;
+        n++;
+    }
+    /* Stale: the source changed or went away. */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!kept(v[i].name, keep, n_keep) && !source_unchanged(dir, v[i].name)) {
+            remove_derived(dir, v[i].name);
+            rep.stale++;
+        } else {
+            v[m++] = v[i];
+        }
+    }
+    n = m;
+    /* Notes whose derived file never came, once no producer is at work. */
+    if (!live_temps) {
+        rewinddir(d);
+        while ((de = readdir(d))) {
+            size_t l = strlen(de->d_name), sl = strlen(NOTE_SUFFIX);
+            if (l <= sl || strcmp(de->d_name + l - sl, NOTE_SUFFIX) || l - sl >= sizeof v->name) continue;
+            char derived[4700];
+            snprintf(derived, sizeof derived, "%s/%.*s", dir, (int)(l - sl), de->d_name);
+            struct stat st;
+            if (stat(derived, &st) != 0 && errno == ENOENT) {
+                char p[4700];
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                unlink(p);
+            }
+        }
+    }
+    /* Least recently used first, to the bound. */
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += v[i].bytes;
+    if (max_bytes && total > max_bytes) {
+        qsort(v, n, sizeof *v, older_first);
+        for (size_t i = 0; i < n && total > max_bytes; i++) {
+            if (kept(v[i].name, keep, n_keep)) continue;
+            remove_derived(dir, v[i].name);
+            total -= v[i].bytes;
+            rep.evicted++;
+        }
+    }
+    rep.bytes_left = total;
+done:
+    closedir(d);
+    free(v);
+    if (out) *out = rep;
+    return rc;
+}
