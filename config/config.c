@@ -40,6 +40,7 @@ static const struct num_opt num_opts[] = {
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
+    {"cache_dir_bytes", "IVSERVE_CACHE_DIR_BYTES", "--cache-dir-bytes", OFF(cache_dir_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_max_age", "IVSERVE_CACHE_MAX_AGE", "--cache-max-age", OFF(cache_max_age), NK_U32, 0, 31536000},
     {"gzip_level", "IVSERVE_GZIP_LEVEL", "--gzip-level", OFF(gzip_level), NK_INT, 0, 9},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
@@ -86,6 +87,7 @@ void iv_config_init(iv_config_t *c)
     c->gzip_level = 1;
     c->log_format = strdup("json");
     c->access_log = strdup("-");
+    c->autopack = 1;
     c->limits.header_bytes = 16384;
     c->limits.body_bytes = (size_t)8 << 20;
     c->limits.header_timeout_ms = 10000;
@@ -190,6 +192,8 @@ void iv_config_free(iv_config_t *c)
     free_strv(c->cors_origins, c->n_cors);
     free(c->log_format);
     free(c->access_log);
+    free(c->cache_dir);
+    free(c->config_dir);
     memset(c, 0, sizeof *c);
 }
 
@@ -285,6 +289,25 @@ static int set_cidrs(iv_config_t *c, const char *s, const char *key, iv_err_t *e
 
 /* "all": /readyz answers 200 once every configured dataset is loaded (a
  * failed one keeps it 503); "any": once at least one is. */
+static int set_autopack(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (!strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "true")) c->autopack = 1;
+    else if (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "false")) c->autopack = 0;
+    else return iv_fail(err, IV_EINVALID_ARG, "%s: must be on or off, not '%s'", key, v);
+    return 0;
+}
+
+const char *iv_config_cache_dir(const iv_config_t *c, char *buf, size_t cap)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (c->cache_dir) snprintf(buf, cap, "%s", c->cache_dir);
+    else if (c->config_dir) snprintf(buf, cap, "%s/ivserve-cache", c->config_dir);
+    else if (xdg && xdg[0] == '/') snprintf(buf, cap, "%s/ivserve", xdg);
+    else if (home && home[0] == '/') snprintf(buf, cap, "%s/.cache/ivserve", home);
+    else snprintf(buf, cap, "ivserve-cache");
+    return buf;
+}
+
 static int set_readyz(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
 {
     if (strcmp(v, "all") && strcmp(v, "any"))
@@ -514,6 +537,19 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
         } else if (!strcmp(k, "log_format")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
             else rc = set_log_format(c, kv->valuestring, k, err);
+        } else if (!strcmp(k, "cache_dir")) {
+            if (!cJSON_IsString(kv) || !kv->valuestring[0]) {
+                rc = iv_fail(err, IV_EINVALID_ARG, "cache_dir: must be a folder name");
+            } else {
+                /* Relative to the config file, as dataset paths are. */
+                char *pth = join_path(base_dir, kv->valuestring);
+                if (!pth) rc = iv_fail(err, IV_ENOMEM, "cache_dir: out of memory");
+                free(c->cache_dir);
+                c->cache_dir = pth;
+            }
+        } else if (!strcmp(k, "autopack")) {
+            if (!cJSON_IsBool(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "autopack: must be true or false");
+            else c->autopack = cJSON_IsTrue(kv);
         } else if (!strcmp(k, "readyz")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "readyz: must be a string");
             else rc = set_readyz(c, kv->valuestring, k, err);
@@ -620,6 +656,8 @@ int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err)
         *slash = '\0';
         base = dir[0] ? dir : "/";
     }
+    free(c->config_dir);
+    c->config_dir = strdup(base ? base : ".");
     iv_err_t sub;
     iv_err_clear(&sub);
     int rc = iv_config_load_json(c, text, len, base, &sub);
@@ -646,6 +684,8 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
         else if (!strcmp(name, "IVSERVE_READYZ")) IV_TRY(set_readyz(c, v, name, err));
+        else if (!strcmp(name, "IVSERVE_CACHE_DIR")) IV_TRY(set_str(&c->cache_dir, v, name, err));
+        else if (!strcmp(name, "IVSERVE_AUTOPACK")) IV_TRY(set_autopack(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKEN_FILE")) IV_TRY(set_str(&c->tokens_file, v, name, err));
         else if (!strcmp(name, "IVSERVE_METRICS_AUTH")) IV_TRY(set_metrics_auth(c, v, name, err));
@@ -696,6 +736,8 @@ const char *iv_config_usage(void)
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
            "  --compute-timeout-ms N  --write-budget-bytes N\n"
+           "  --cache-dir DIR  --cache-dir-bytes N  --no-autopack (or --autopack on|off):\n"
+           "    an ordinary .h5ad (csr/csc/dense X) is packed once into DIR and served\n"
            "  --help  --version\n";
 }
 
@@ -718,6 +760,10 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
             IV_TRY(iv_config_add_path(c, a, err));
             continue;
         }
+        if (!strcmp(a, "--no-autopack")) {
+            c->autopack = 0;
+            continue;
+        }
         if (i + 1 >= argc)
             return iv_fail(err, IV_EINVALID_ARG, "%s: needs a value (see ivserve --help)", a);
         const char *v = argv[++i];
@@ -726,6 +772,8 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
         else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
         else if (!strcmp(a, "--readyz")) IV_TRY(set_readyz(c, v, a, err));
+        else if (!strcmp(a, "--cache-dir")) IV_TRY(set_str(&c->cache_dir, v, a, err));
+        else if (!strcmp(a, "--autopack")) IV_TRY(set_autopack(c, v, a, err));
         else if (!strcmp(a, "--token-file")) IV_TRY(set_str(&c->tokens_file, v, a, err));
         else if (!strcmp(a, "--metrics-auth")) IV_TRY(set_metrics_auth(c, v, a, err));
         else if (!strcmp(a, "--trusted-proxy")) {

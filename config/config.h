@@ -97,8 +97,17 @@ typedef struct iv_config {
     char *log_format;             /* "json" (default) or "text" */
     char *access_log;             /* file path, "-" = stderr (default), "off" */
     int readyz_any;               /* /readyz: 0 = every dataset loaded ("all"), 1 = at least one ("any") */
+    char *cache_dir;              /* derived files (packed copies of ordinary .h5ad); NULL = the default (iv_config_cache_dir) */
+    size_t cache_dir_bytes;       /* bound of the cache folder, least recently used out first; 0 = none */
+    int autopack;                 /* 1 (default): an ordinary .h5ad is packed into the cache folder and served */
+    char *config_dir;             /* the folder of the --config file, or NULL */
     iv_limits_t limits;
 } iv_config_t;
+
+/* The cache folder: cache_dir; else "ivserve-cache" beside the config
+ * file; else $XDG_CACHE_HOME/ivserve, or ~/.cache/ivserve; else
+ * ./ivserve-cache.  Written into buf (cap bytes). */
+const char *iv_config_cache_dir(const iv_config_t *c, char *buf, size_t cap);
 
 /* Fills defaults. */
 void iv_config_init(iv_config_t *c);

@@ -590,7 +590,7 @@ static int run_pack(void *arg)
 static const char *pack_input(int argc, char **argv)
 {
     static const char *const valued[] = {"--layout", "--matrix", "--group", "--codec",
-                                         "--chunk-bytes", "--threads", "--memory-mb"};
+                                         "--chunk-bytes", "--threads", "--memory-mb", "--progress-fd"};
     for (int i = 2; i < argc; i++) {
         int takes = 0;
         for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) takes |= !strcmp(argv[i], valued[k]);

@@ -28,9 +28,11 @@ static int usage(void)
             "usage: ivserve pack IN.h5ad OUT.h5ad [--layout ivcsr|ivcsc|both]\n"
             "                    [--matrix X|layers/NAME|raw/X] [--group G]\n"
             "                    [--codec zstd[:LEVEL]|deflate[:LEVEL]|none] [--chunk-bytes N]\n"
-            "                    [--threads N] [--memory-mb N] [--layers] [--quiet]\n"
+            "                    [--threads N] [--memory-mb N] [--layers] [--quiet] [--progress-fd FD]\n"
             "  --layers  also pack every sparse or dense layer and raw/X (layers/NAME, raw/X\n"
-            "            stay where they are, packed), so that the server serves them\n");
+            "            stay where they are, packed), so that the server serves them\n"
+            "  --progress-fd FD  also write 'progress FRACTION DONE TOTAL BYTES PASS PASSES'\n"
+            "            lines to descriptor FD, at most five a second\n");
     return 2;
 }
 
@@ -43,6 +45,8 @@ static double now(void)
 
 typedef struct bar {
     int tty, quiet;
+    int progress_fd;          /* --progress-fd: machine lines, or -1 */
+    double last_fd;
     double t0, last;
     int last_decile;
     const char *unit;         /* "rows" or "columns" */
@@ -63,8 +67,18 @@ static void fmt_time(double s, char *buf, size_t cap)
 static void on_progress(void *ctx, const iv_pack_progress_t *p)
 {
     bar_t *b = ctx;
-    if (b->quiet) return;
     double t = now(), el = t - b->t0;
+    if (b->progress_fd >= 0 && (t - b->last_fd >= 0.2 || p->fraction >= 1)) {
+        /* One line a report, at most five a second, for the server's
+         * packing of ordinary files (server/autopack.c reads them). */
+        b->last_fd = t;
+        char line[160];
+        int n = snprintf(line, sizeof line, "progress %.6f %" PRId64 " %" PRId64 " %" PRIu64 " %d %d\n",
+                         p->fraction, p->slices_done, p->n_slices, p->bytes_read, p->pass,
+                         p->n_passes);
+        if (n > 0 && write(b->progress_fd, line, (size_t)n) < 0) b->progress_fd = -1;
+    }
+    if (b->quiet) return;
     double mbs = el > 0 ? (double)p->bytes_read / 1e6 / el : 0;
     double left = p->fraction > 0 ? el * (1 - p->fraction) / p->fraction : -1;
     char eta[32];
@@ -111,7 +125,7 @@ static void both_name(const char *out, const char *tag, char *buf, size_t cap)
     else snprintf(buf, cap, "%.*s.%s%s", (int)(dot - out), out, tag, dot);
 }
 
-static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quiet)
+static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quiet, int progress_fd)
 {
     if (iv_file_same(in, out)) {
         fprintf(stderr, "ivserve: error: %s: the output is the input %s; writing it would replace "
@@ -126,7 +140,8 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
         fprintf(stderr, "ivserve: error: %s\n", verr.msg);
         return 1;
     }
-    bar_t b = {isatty(2), quiet, now(), 0, 0, o->orient == IV_IVCSR ? "rows" : "columns", out};
+    bar_t b = {isatty(2), quiet, progress_fd, 0, now(), 0, 0,
+               o->orient == IV_IVCSR ? "rows" : "columns", out};
     o->progress = on_progress;
     o->progress_ctx = &b;
     iv_pack_report_t rep;
@@ -166,7 +181,7 @@ int iv_cli_pack_main(int argc, char **argv)
     iv_pack_opts_t o;
     iv_pack_opts_init(&o);
     unsigned threads = 0;
-    int quiet = 0;
+    int quiet = 0, progress_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(flag) (strcmp(a, flag) == 0 && v && (i++, 1))
@@ -194,6 +209,10 @@ int iv_cli_pack_main(int argc, char **argv)
             unsigned long long n = strtoull(v, &end, 10);
             if (end == v || *end || n == 0) return usage();
             o.memory_budget = (size_t)n << 20;
+        } else if (OPT("--progress-fd")) {
+            long fd = strtol(v, &end, 10);
+            if (end == v || *end || fd < 0 || fd > 1023) return usage();
+            progress_fd = (int)fd;
         } else if (strcmp(a, "--layers") == 0) o.layers = 1;
         else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -229,12 +248,12 @@ int iv_cli_pack_main(int argc, char **argv)
     if (want_r) {
         o.orient = IV_IVCSR;
         if (want_c) both_name(out, "ivcsr", name, sizeof name);
-        rc = pack_one(in, want_c ? name : out, &o, quiet);
+        rc = pack_one(in, want_c ? name : out, &o, quiet, progress_fd);
     }
     if (rc == 0 && want_c) {
         o.orient = IV_IVCSC;
         if (want_r) both_name(out, "ivcsc", name, sizeof name);
-        rc = pack_one(in, want_r ? name : out, &o, quiet);
+        rc = pack_one(in, want_r ? name : out, &o, quiet, progress_fd);
     }
     iv_pool_destroy(pool);
     return rc;

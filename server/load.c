@@ -173,12 +173,23 @@ void load_run(job_t *j)
     /* The row-index pass and the cache prefault take the workers that are
      * free (nested: this job is one of them, and runs its share). */
     o.pool = j->srv->pool;
+    /* An ordinary .h5ad is served from its packed copy (autopack.h),
+     * packed here first when the cache folder has none. */
+    j->rc = iv_autopack_resolve(j->srv->cfg, &j->srv->log, d->conf->id, d->conf->path,
+                                d->conf->group, &d->pack, &j->srv->stopping, d->served,
+                                sizeof d->served, &j->err);
+    if (j->rc != 0) return;
+    if (strcmp(d->served, d->conf->path) != 0) {
+        iv_autopack_pin(d->served);
+        d->pinned = 1;
+    }
+    const char *path = iv_rds_path(d);
     if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
-    j->rc = iv_dataset_open(d->conf->path, &o, &d->ds, &j->err);
+    j->rc = iv_dataset_open(path, &o, &d->ds, &j->err);
     if (j->rc == 0) {
         iv_err_t me;
         iv_err_clear(&me);
-        if (iv_meta_load(d->conf->path, d->conf->group, &d->meta, &me) != 0 ||
+        if (iv_meta_load(path, d->conf->group, &d->meta, &me) != 0 ||
             iv_meta_add_computed(d->meta, d->ds, &me) != 0) {
             /* The matrix serves without names; the reason is logged on the loop. */
             iv_meta_free(d->meta);
@@ -200,7 +211,7 @@ void load_run(job_t *j)
             d->ds = NULL;
         }
         if (j->rc == 0) {
-            d->vx = iv_vds_load(d->conf->path, d->ds, d->meta);
+            d->vx = iv_vds_load(path, d->ds, d->meta);
             build_doc(d);
         }
     }

@@ -42,6 +42,11 @@ iv_rds_t *iv_rds_new(const iv_ds_conf_t *conf)
     return d;
 }
 
+const char *iv_rds_path(const iv_rds_t *d)
+{
+    return d->served[0] ? d->served : d->conf->path;
+}
+
 void iv_rds_ref(iv_rds_t *d)
 {
     atomic_fetch_add_explicit(&d->refs, 1, memory_order_relaxed);
@@ -60,6 +65,7 @@ int iv_rds_unref(iv_rds_t *d)
     iv_vds_free(d->vx);
     if (d->ds) iv_dataset_close(d->ds);
     free(d->doc);
+    if (d->pinned) iv_autopack_unpin(d->served);
     iv_ds_conf_free(&d->conf_own);
     free(d);
     return 1;
@@ -85,7 +91,7 @@ static int mx_open(iv_rds_t *d, const iv_h5mx_entry_t *e, int raw_var,
                    const iv_dataset_opts_t *tmpl, iv_rmx_t *x, iv_err_t *err)
 {
     const iv_dataset_info_t *xi = iv_dataset_info(d->ds);
-    const char *path = d->conf->path;
+    const char *path = iv_rds_path(d);
     int is_raw = !strcmp(e->name, "raw/X");
     iv_dataset_opts_t o = *tmpl;
     o.group = e->name;
@@ -125,11 +131,11 @@ static int mx_open(iv_rds_t *d, const iv_h5mx_entry_t *e, int raw_var,
 int iv_rds_load_matrices(iv_rds_t *d, const iv_dataset_opts_t *tmpl, iv_err_t *err)
 {
     iv_h5mx_list_t l;
-    IV_TRY(iv_h5matrix_list(d->conf->path, &l, err));
+    IV_TRY(iv_h5matrix_list(iv_rds_path(d), &l, err));
     iv_rmx_t *v = calloc(l.n ? l.n : 1, sizeof *v);
     if (!v) {
         iv_h5mx_list_free(&l);
-        return iv_fail(err, IV_ENOMEM, "%s: out of memory", d->conf->path);
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory", iv_rds_path(d));
     }
     int rc = 0;
     size_t n = 0;

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "autopack.h"
 #include "buf.h"
 #include "config.h"
 #include "dataset.h"
@@ -80,7 +81,16 @@ typedef struct iv_rds {
     char reload_err[512]; /* the last replacement's failure, "" when none */
     iv_rmx_t *mx;         /* the other matrices (layers, raw/X), filled with ds */
     size_t n_mx;
+    /* The file loaded: conf->path, or the packed copy of an ordinary
+     * .h5ad in the cache folder (autopack.h; pinned while the entry
+     * lives).  Set by the load job before anything is read. */
+    char served[4096];
+    int pinned;
+    iv_autopack_progress_t pack;  /* packing now: the load job's progress */
 } iv_rds_t;
+
+/* The file an entry reads: its packed copy, or its configured path. */
+const char *iv_rds_path(const iv_rds_t *d);
 
 typedef struct iv_registry {
     iv_rds_t **v;         /* in configuration order; one reference each */

@@ -186,8 +186,10 @@ static void route_list(conn_t *c)
             iv_buf_json_str(&b, d->conf->id);
             iv_buf_puts(&b, ",\"title\":");
             iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
+            int packing = d->state == DS_LOADING && atomic_load(&d->pack.active);
             iv_buf_printf(&b, ",\"ready\":false,\"state\":\"%s\"",
-                          d->state == DS_FAILED ? "failed" : "loading");
+                          d->state == DS_FAILED ? "failed" : packing ? "packing" : "loading");
+            if (packing) iv_autopack_progress_json(&b, &d->pack);
             if (d->state == DS_FAILED) {
                 char msg[480];
                 failed_msg(d, msg, sizeof msg);
@@ -237,6 +239,14 @@ static sds_t *ready_ds(conn_t *c, const char *id, size_t n)
         return NULL;
     }
     if (d->state == DS_LOADING) {
+        if (atomic_load(&d->pack.active)) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the dataset is being packed from its ordinary .h5ad (%.0f%% "
+                     "done; GET /v1/datasets shows its progress)",
+                     atomic_load(&d->pack.permille) / 10.0);
+            send_error(c, 503, "not_ready", msg, "Retry-After: 5\r\n");
+            return NULL;
+        }
         send_error(c, 503, "not_ready", "the dataset is still loading", "Retry-After: 1\r\n");
         return NULL;
     }
@@ -374,6 +384,8 @@ static void route_readyz(conn_t *c)
             }
             iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
                           d->conf->id);
+            if (!failed && atomic_load(&d->pack.active))
+                iv_buf_printf(&m, " (packing, %.0f%%)", atomic_load(&d->pack.permille) / 10.0);
             first = 0;
         }
     }

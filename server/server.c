@@ -308,6 +308,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     if (s->draining) return;
     loop_enter(&s->loops[0]);
     s->draining = 1;
+    atomic_store(&s->stopping, 1);
     iv_alog_event(&s->log, "info", "signal %d: no new connections; finishing %zu open ones", signum,
                   (size_t)s->n_conns_all);
     if (s->listen_fd >= 0) uv_close((uv_handle_t *)&s->accept_poll, on_accept_closed);

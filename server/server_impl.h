@@ -338,6 +338,7 @@ struct server {
     atomic_int reload_asked;  /* iv_server_request_reload_async */
     uint64_t reload_gen;
     int draining;         /* loop 0: SIGTERM seen */
+    atomic_int stopping;  /* the same, for workers: a pack in a load job ends (autopack.h) */
     /* Every token, with its name and scope (auth.h); a reload builds a
      * new table and frees this one between requests. */
     iv_auth_t auth;

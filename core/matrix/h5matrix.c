@@ -157,7 +157,7 @@ static int read_pipeline(hid_t dcpl, const char *where, iv_pipeline_t *p, iv_err
         f->n_cd = ncd < IV_FILTER_MAX_CD ? ncd : IV_FILTER_MAX_CD;
         switch (f->id) {
         case IV_FILTER_DEFLATE: case IV_FILTER_SHUFFLE: case IV_FILTER_FLETCHER32:
-        case IV_FILTER_ZSTD: case IV_FILTER_BLOSC2:
+        case IV_FILTER_ZSTD: case IV_FILTER_BLOSC2: case IV_FILTER_LZF:
             break;
         default:
             return FAILF(IV_EUNSUPPORTED, "%s: HDF5 filter %d ('%s') is not supported", where,
@@ -452,6 +452,10 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
         return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
     if ((rc = open_file(path, m, id, err)) < 0) goto fail;
+    /* Every dataset's filters, before any read: a file the server could
+     * only partly decode is left out whole, naming the element. */
+    stage(o, "the filter pipelines", NULL);
+    if ((rc = iv_h5_check_filters(file, path, err)) < 0) goto fail;
     stage(o, group, NULL);
 
     if (!group_path_exists(file, group)) {
@@ -694,7 +698,7 @@ static void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz)
 static int filter_known(int id)
 {
     return id == IV_FILTER_DEFLATE || id == IV_FILTER_SHUFFLE || id == IV_FILTER_FLETCHER32 ||
-           id == IV_FILTER_ZSTD || id == IV_FILTER_BLOSC2;
+           id == IV_FILTER_ZSTD || id == IV_FILTER_BLOSC2 || id == IV_FILTER_LZF;
 }
 
 static int take_matrix(const char *path, const char *where, const iv_h5iso_result_t *res,
@@ -1096,6 +1100,61 @@ int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err)
 done:
     iv_h5iso_result_free(&res);
     if (rc != 0) iv_h5mx_list_free(out);
+    return rc;
+}
+
+/* iv_h5matrix_describe: one element described in the reader child. */
+typedef struct describe_ctx {
+    const char *path, *name;
+} describe_ctx_t;
+
+#define DESCRIBE_MAGIC 0x3153454435485649ull   /* "IVH5DES1" */
+
+static int describe_child(void *ctx, iv_h5iso_out_t *o, iv_err_t *err)
+{
+    const describe_ctx_t *c = ctx;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+    hid_t file = H5Fopen(c->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", c->path);
+    iv_h5mx_entry_t e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.name, sizeof e.name, "%s", c->name);
+    int present = group_path_exists(file, c->name) || H5Lexists(file, c->name, H5P_DEFAULT) > 0;
+    iv_h5iso_stage(o, c->name);
+    if (present) describe(file, c->name, &e);
+    H5Fclose(file);
+    uint64_t w[] = {DESCRIBE_MAGIC, (uint64_t)present, (uint64_t)e.shape[0], (uint64_t)e.shape[1],
+                    (uint64_t)e.packed};
+    int rc = iv_h5iso_put(o, w, sizeof w);
+    if (rc == 0) rc = put_str(o, e.encoding);
+    if (rc == 0) rc = put_str(o, e.reason);
+    if (rc < 0) return iv_fail(err, rc, "%s: cannot pass the description to the server", c->path);
+    return 0;
+}
+
+int iv_h5matrix_describe(const char *path, const char *name, iv_h5mx_entry_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    describe_ctx_t c = {path, name};
+    iv_h5iso_result_t res;
+    IV_TRY(iv_h5iso_run(path, describe_child, &c, NULL, NULL, &res, err));
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, &res);
+    uint64_t magic = iv_h5iso_rd_u64(&r), present = iv_h5iso_rd_u64(&r);
+    out->shape[0] = (int64_t)iv_h5iso_rd_u64(&r);
+    out->shape[1] = (int64_t)iv_h5iso_rd_u64(&r);
+    uint64_t packed = iv_h5iso_rd_u64(&r);
+    take_str(&r, out->encoding, sizeof out->encoding);
+    take_str(&r, out->reason, sizeof out->reason);
+    int rc = 0;
+    if (r.bad || r.pos != r.len || magic != DESCRIBE_MAGIC || present > 1 || packed > 1)
+        rc = FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's description of %s is malformed", path, name);
+    else if (!present)
+        rc = FAILF(IV_EBAD_FILE, "%s: no element %s in the file", path, name);
+    out->packed = (int)packed;
+    iv_h5iso_result_free(&res);
     return rc;
 }
 

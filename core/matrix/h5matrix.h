@@ -94,6 +94,12 @@ typedef struct iv_h5mx_list {
 int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err);
 void iv_h5mx_list_free(iv_h5mx_list_t *l);
 
+/* One element (name: "X", "layers/counts") described as the list
+ * describes each: its encoding ("array" for a dataset), shape, whether it
+ * is packed.  IV_EBAD_FILE when the file has no such element.  Forks a
+ * reader process; any thread. */
+int iv_h5matrix_describe(const char *path, const char *name, iv_h5mx_entry_t *out, iv_err_t *err);
+
 /* Validates the pointer arrays against each other and the shape (no I/O). */
 int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err_t *err);
 
