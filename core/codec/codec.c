@@ -287,6 +287,16 @@ int iv_pipeline_decode(const iv_pipeline_t *p, unsigned filter_mask, const uint8
         case IV_FILTER_BLOSC2:
             IV_TRY(iv_blosc2_frame_decode(cur, cur_len, out, cap, &got, err));
             break;
+        case IV_FILTER_LZF:
+            /* h5py records the chunk's byte size in cd_values[2]; without
+             * it (h5py leaves it out for variable-length strings) the
+             * stream is measured first. */
+            if (f->n_cd >= 3 && f->cd[2] > 0) got = f->cd[2];
+            else IV_TRY(iv_lzf_decoded_size(cur, cur_len, cap, &got, err));
+            IV_RETURN_IF(got > cap, err, IV_ECORRUPT,
+                         "lzf: chunk of %zu bytes exceeds capacity %zu", got, cap);
+            IV_TRY(iv_lzf_decode(cur, cur_len, out, got, err));
+            break;
         case IV_FILTER_SHUFFLE: {
             size_t es = f->n_cd > 0 ? f->cd[0] : p->elem_size;
             IV_RETURN_IF(cur_len > cap, err, IV_ECORRUPT,
@@ -343,6 +353,7 @@ void iv_pipeline_describe(const iv_pipeline_t *p, char *buf, size_t cap)
         switch (f->id) {
         case IV_FILTER_DEFLATE: snprintf(tmp, sizeof tmp, "deflate"); break;
         case IV_FILTER_ZSTD: snprintf(tmp, sizeof tmp, "zstd"); break;
+        case IV_FILTER_LZF: snprintf(tmp, sizeof tmp, "lzf"); break;
         case IV_FILTER_BLOSC2:
             if (f->n_cd >= 7) {
                 const char *sh = f->cd[5] == 1 ? "+shuffle" : f->cd[5] == 2 ? "+bitshuffle" : "";
@@ -363,6 +374,7 @@ void iv_pipeline_describe(const iv_pipeline_t *p, char *buf, size_t cap)
         switch (f->id) {
         case IV_FILTER_DEFLATE:
         case IV_FILTER_ZSTD:
+        case IV_FILTER_LZF:
         case IV_FILTER_BLOSC2: continue;
         case IV_FILTER_SHUFFLE: snprintf(tmp, sizeof tmp, "shuffle"); break;
         case IV_FILTER_FLETCHER32: snprintf(tmp, sizeof tmp, "fletcher32"); break;

@@ -26,6 +26,7 @@ enum {
     IV_FILTER_DEFLATE = 1,
     IV_FILTER_SHUFFLE = 2,
     IV_FILTER_FLETCHER32 = 3,
+    IV_FILTER_LZF = 32000,
     IV_FILTER_ZSTD = 32015,
     IV_FILTER_BLOSC2 = 32026,
 };
@@ -64,6 +65,24 @@ int iv_deflate_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t d
  */
 int iv_lz4_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
                   iv_err_t *err);
+
+/*
+ * LZF stream (HDF5 filter 32000, as h5py writes each chunk: the bare
+ * stream, no header) into exactly dst_len bytes.  Fails with IV_ECORRUPT
+ * on a truncated run, a back-reference before the start of the output, or
+ * an output that does not end exactly at dst_len.
+ */
+int iv_lzf_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
+                  iv_err_t *err);
+
+/*
+ * The size an LZF stream decodes to, found by walking it without writing
+ * (every check of iv_lzf_decode but the final size); IV_ECORRUPT when it
+ * is damaged or decodes to more than max_len bytes.  For chunks whose
+ * writer did not record the size.
+ */
+int iv_lzf_decoded_size(const uint8_t *src, size_t src_len, size_t max_len, size_t *out_len,
+                        iv_err_t *err);
 
 /* BloscLZ block into exactly dst_len bytes. */
 int iv_blosclz_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
@@ -119,7 +138,7 @@ int iv_pipeline_decode(const iv_pipeline_t *p, unsigned filter_mask, const uint8
 void iv_pipeline_describe(const iv_pipeline_t *p, char *buf, size_t cap);
 
 /*
- * Registers the zstd (32015) and Blosc2 (32026) decoders with HDF5 through
+ * Registers the zstd (32015), Blosc2 (32026) and LZF (32000) decoders with HDF5 through
  * H5Zregister so that H5Dread reads small compressed datasets.  Idempotent
  * and thread-safe; returns 0 or IV_EINTERNAL.  Declared here, defined in
  * h5filters.c (the only codec file that includes hdf5.h).

@@ -1,6 +1,6 @@
 /*
- * HDF5 filter registration for the Zstandard (32015) and Blosc2 (32026)
- * decoders.
+ * HDF5 filter registration for the Zstandard (32015), Blosc2 (32026) and
+ * LZF (32000) decoders.
  *
  * Design: bulk reads take raw chunk bytes and decode them in the worker
  * pool, but small datasets (pointers, metadata columns) are simplest to
@@ -9,7 +9,13 @@
  * encodes, as the HDF5 plugin does (one frame with its content size per
  * chunk, level cd_values[0]): HDF5 refuses to create a dataset whose
  * filter cannot encode, and `ivserve pack` creates zstd datasets (it
- * writes their chunks itself, compressed on its worker pool).
+ * writes their chunks itself, compressed on its worker pool).  LZF
+ * decodes only, but declares an encoder that always declines: HDF5's
+ * H5Ocopy of a variable-length string dataset decodes each chunk, moves
+ * its strings to the new file's heap and encodes the chunk again, and a
+ * filter that declines is skipped for that chunk (h5py adds LZF as an
+ * optional filter, and stores a chunk LZF does not shrink the same way),
+ * so `pack` and `export` copy such columns with their chunks stored raw.
  *
  * HDF5 hands the filter a buffer it owns and expects a replacement
  * allocated with the library's allocator: the new buffer comes from
@@ -102,6 +108,27 @@ static size_t blosc2_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_
     return hand_back(buf, buf_size, out, cap, got);
 }
 
+static size_t lzf_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[],
+                         size_t nbytes, size_t *buf_size, void **buf)
+{
+    if (!(flags & H5Z_FLAG_REVERSE)) return 0; /* declines: see the top of the file */
+    size_t n = 0;
+    iv_err_t e = {0};
+    /* The stream is measured before anything is allocated by it, so a
+     * few damaged bytes cannot ask for gigabytes.  h5py records the
+     * chunk's byte size in cd_values[2] (it leaves it out for
+     * variable-length strings): when given, the stream must match it. */
+    if (iv_lzf_decoded_size(*buf, nbytes, H5F_MAX_CHUNK, &n, &e) < 0) return 0;
+    if (cd_nelmts >= 3 && cd_values[2] > 0 && n != cd_values[2]) return 0;
+    void *out = H5allocate_memory(n ? n : 1, 0);
+    if (!out) return 0;
+    if (iv_lzf_decode(*buf, nbytes, out, n, &e) < 0) {
+        H5free_memory(out);
+        return 0;
+    }
+    return hand_back(buf, buf_size, out, n ? n : 1, n);
+}
+
 static const H5Z_class2_t zstd_class = {
     H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_ZSTD, 1, 1, "zstd (ivserve)",
     NULL, NULL, zstd_filter,
@@ -112,12 +139,19 @@ static const H5Z_class2_t blosc2_class = {
     NULL, NULL, blosc2_filter,
 };
 
+static const H5Z_class2_t lzf_class = {
+    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_LZF, 1, 1, "lzf (ivserve decoder)",
+    NULL, NULL, lzf_filter,
+};
+
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 static int reg_rc;
 
 static void do_register(void)
 {
-    if (H5Zregister(&zstd_class) < 0 || H5Zregister(&blosc2_class) < 0) reg_rc = IV_EINTERNAL;
+    if (H5Zregister(&zstd_class) < 0 || H5Zregister(&blosc2_class) < 0 ||
+        H5Zregister(&lzf_class) < 0)
+        reg_rc = IV_EINTERNAL;
 }
 
 int iv_h5filters_register(void)
