@@ -156,3 +156,103 @@ done:
     if (sp >= 0) H5Sclose(sp);
     return rc;
 }
+
+/* ---- filter pipelines ----------------------------------------------------- */
+
+/* Names of the registered HDF5 filter ids a .h5ad file may carry (the
+ * HDF Group's registry); the name a file stores is used for the rest. */
+static const char *filter_name(int id)
+{
+    switch (id) {
+    case 1: return "deflate";
+    case 2: return "shuffle";
+    case 3: return "fletcher32";
+    case 4: return "szip";
+    case 5: return "nbit";
+    case 6: return "scaleoffset";
+    case 307: return "bzip2";
+    case 32000: return "lzf";
+    case 32001: return "blosc";
+    case 32004: return "lz4";
+    case 32008: return "bitshuffle";
+    case 32013: return "zfp";
+    case 32015: return "zstd";
+    case 32017: return "sz";
+    case 32026: return "blosc2";
+    default: return NULL;
+    }
+}
+
+typedef struct filter_walk {
+    const char *path;
+    char base[512];  /* loc's own name in the file, ending in '/' */
+    iv_err_t *err;
+    int rc;
+} filter_walk_t;
+
+/* The file's own name of a filter, cut to printable ASCII. */
+static void clean_name(const char *in, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (; *in && n + 1 < cap; in++)
+        out[n++] = (*in >= 0x20 && *in < 0x7f) ? *in : '?';
+    out[n] = '\0';
+}
+
+static int check_dataset_filters(hid_t d, const char *name, filter_walk_t *w)
+{
+    iv_err_t *err = w->err;
+    hid_t dcpl = H5Dget_create_plist(d);
+    if (dcpl < 0) return 0;
+    int rc = 0;
+    int n = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < n && rc == 0; i++) {
+        unsigned flags = 0, cd[16], conf = 0;
+        size_t ncd = sizeof cd / sizeof *cd;
+        char stored[64] = "";
+        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof stored,
+                                         stored, &conf);
+        if (id < 0) continue;
+        stored[sizeof stored - 1] = '\0';
+        if (H5Zfilter_avail(id) > 0 && H5Zget_filter_info(id, &conf) >= 0 &&
+            (conf & H5Z_FILTER_CONFIG_DECODE_ENABLED))
+            continue;
+        char shown[64];
+        const char *known = filter_name((int)id);
+        clean_name(known ? known : stored[0] ? stored : "unknown", shown, sizeof shown);
+        rc = FAILF(IV_EUNSUPPORTED,
+                   "%s:%s%s: HDF5 filter %d (%s) is not available; ivserve reads deflate "
+                   "(gzip), shuffle, fletcher32, lzf, zstd (32015), Blosc2 (32026) and filters "
+                   "installed as HDF5 plugins: write the element with one of them",
+                   w->path, w->base, name, (int)id, shown);
+    }
+    H5Pclose(dcpl);
+    return rc;
+}
+
+static herr_t filter_visit(hid_t loc, const char *name, const H5O_info_t *info, void *arg)
+{
+    filter_walk_t *w = arg;
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+    if (d < 0) return 0;  /* the readers name a header they cannot read */
+    w->rc = check_dataset_filters(d, name, w);
+    H5Dclose(d);
+    return w->rc < 0 ? 1 : 0;
+}
+
+int iv_h5_check_filters(hid_t loc, const char *path, iv_err_t *err)
+{
+    filter_walk_t w = {path ? path : "", "", err, 0};
+    H5E_BEGIN_TRY
+    {
+        /* Names the walk gives are relative to loc: messages put loc's
+         * own name ("/" for the file, "/obs") before them. */
+        ssize_t n = H5Iget_name(loc, w.base, sizeof w.base - 1);
+        if (n <= 0 || (size_t)n >= sizeof w.base - 1) snprintf(w.base, sizeof w.base, "/");
+        else if (w.base[n - 1] != '/') snprintf(w.base + n, sizeof w.base - (size_t)n, "/");
+        H5Ovisit2(loc, H5_INDEX_NAME, H5_ITER_INC, filter_visit, &w, H5O_INFO_BASIC);
+    }
+    H5E_END_TRY;
+    return w.rc;
+}

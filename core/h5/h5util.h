@@ -35,4 +35,21 @@ int iv_h5_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap);
  */
 int iv_h5_check_stored(hid_t d, const char *where, iv_err_t *err);
 
+/*
+ * Refuses a file that holds a dataset this process cannot decode, before
+ * anything reads or copies it (libhdf5 fails a read through a missing
+ * filter, and can crash copying one with H5Ocopy).  Walks every object
+ * reachable from loc (a file or a group) by hard links, and checks each
+ * filter of each dataset's pipeline with H5Zfilter_avail and
+ * H5Zget_filter_info (decoding enabled): HDF5's built-in filters, the
+ * ones iv_h5filters_register() adds (call it first) and any plugin HDF5
+ * finds.  path names the file in messages, followed by the element's
+ * full name ("FILE:/obsm/X_pca: HDF5 filter 32001 (blosc) is not
+ * available; ...").  0, or IV_EUNSUPPORTED naming the first such
+ * element and its filter (id and name).  A structure the walk
+ * cannot read is left to the readers, which name it.  Call it where HDF5
+ * may be called and a damaged file cannot take the server down.
+ */
+int iv_h5_check_filters(hid_t loc, const char *path, iv_err_t *err);
+
 #endif /* IV_H5UTIL_H */

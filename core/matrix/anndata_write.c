@@ -291,6 +291,11 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
     hid_t in = H5Fopen(src_path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", src_path);
+    iv_h5guard_stage("checking the filter pipelines");
+    if (iv_h5_check_filters(in, src_path, err) < 0) {
+        H5Fclose(in);
+        return err->code;
+    }
     iv_h5guard_temp(tmp);
     hid_t out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     int rc = 0;

@@ -1543,6 +1543,11 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     }
     hid_t in = H5Fopen(in_path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file (truncated?)", in_path);
+    iv_h5guard_stage("checking the filter pipelines");
+    if (iv_h5_check_filters(in, in_path, err) < 0) {
+        H5Fclose(in);
+        return err->code;
+    }
 
     src_t s;
     memset(&s, 0, sizeof s);
