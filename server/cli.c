@@ -13,9 +13,11 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "dataset.h"
@@ -607,7 +609,16 @@ int iv_cli_main(int argc, char **argv)
     struct guarded g = {argc, argv, &o};
     /* The commands that read HDF5 in this process run in a child, so that
      * a damaged input is an error message, never a signal (h5guard.h). */
-    if (strcmp(argv[1], "pack") == 0) return iv_h5guard_run(pack_input(argc, argv), run_pack, &g);
+    if (strcmp(argv[1], "pack") == 0) {
+        /* Started by the server (autopack.h): end with the thread that
+         * started it, so that a server killed outright leaves no pack. */
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--progress-fd")) {
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
+                if (getppid() == 1) return 128 + SIGTERM;
+            }
+        return iv_h5guard_run(pack_input(argc, argv), run_pack, &g);
+    }
     if (strcmp(argv[1], "token-hash") == 0) return iv_cli_token_main(argc, argv);
     if (parse_opts(argc, argv, &o) < 0) return usage();
     return iv_h5guard_run(o.file ? o.file : "the input", run_check_export, &g);
