@@ -87,6 +87,9 @@ typedef struct iv_rds {
     char served[4096];
     int pinned;
     iv_autopack_progress_t pack;  /* packing now: the load job's progress */
+    /* A packed copy's source as the watcher last saw it, and the identity
+     * a reload was last asked for (loop 0 only). */
+    iv_path_id_t src_seen, src_asked;
 } iv_rds_t;
 
 /* The file an entry reads: its packed copy, or its configured path. */

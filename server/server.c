@@ -320,6 +320,28 @@ static void on_signal(uv_signal_t *sig, int signum)
 
 /* ---- the served files' watcher (watch.h) -------------------------------- */
 
+/*
+ * A dataset served from the packed copy of an ordinary file (autopack.h)
+ * watches its source: once the source has a new identity, the same at two
+ * ticks in a row (a copy still being written changes between them), a
+ * reload is asked for, which packs the new file beside the served copy
+ * and swaps them when it is ready.  Asked once for each new identity, so
+ * a source that fails to pack is not packed again until it changes.
+ */
+static void source_look(server_t *s, sds_t *d)
+{
+    iv_path_id_t now;
+    iv_path_id_read(d->conf->path, &now);
+    if (!now.ok || iv_path_id_same(&now, &d->fid) || d->pending) return;
+    if (iv_path_id_same(&now, &d->src_seen) && !iv_path_id_same(&now, &d->src_asked)) {
+        d->src_asked = now;
+        iv_alog_event(&s->log, "info", "dataset %s: its source %s changed; packing it again",
+                      d->conf->id, d->conf->path);
+        iv_server_request_reload_async(s);
+    }
+    d->src_seen = now;
+}
+
 /* Slot i: dataset i / 2's own file (even) or its companion's (odd). */
 static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
 {
@@ -329,6 +351,7 @@ static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
     *key = d;
     *f = NULL;
     if (d->state != DS_READY || !d->ds) return 1;
+    if (i % 2 == 0 && d->pinned) source_look(s, d);
     if (i % 2 == 0) {
         *f = iv_dataset_file(d->ds);
     } else {

@@ -294,3 +294,25 @@ def test_no_autopack_refuses_with_the_exact_command(tmp_path):
     finally:
         assert s.stop() == 0
     assert not os.path.exists(cache)
+
+
+def test_replaced_source_is_noticed_without_a_reload(tmp_path):
+    """The watcher sees the source of a packed copy change (every 2 s) and
+    packs it again by itself; queries answer the old matrix until then."""
+    src = str(tmp_path / "auto.h5ad")
+    X1 = make(src, seed=1)
+    cache = str(tmp_path / "cache")
+    s = Server(str(tmp_path), [src, "--cache-dir", cache])
+    try:
+        s.settled()
+        assert np.array_equal(s.matrix("auto", 300), X1)
+        new = str(tmp_path / "new.h5ad")
+        X2 = make(new, seed=2)
+        os.rename(new, src)
+        s.wait(lambda: np.array_equal(s.matrix("auto", 300), X2), 60, "the new copy served")
+        assert "its source %s changed" % src in s.text()
+        # Asked once: no second pack of the same file.
+        time.sleep(5)
+        assert s.text().count("packing it into") == 2, s.text()[-3000:]
+    finally:
+        assert s.stop() == 0
