@@ -17,6 +17,15 @@
  * optional filter, and stores a chunk LZF does not shrink the same way),
  * so `pack` and `export` copy such columns with their chunks stored raw.
  *
+ * The classes have no name (NULL).  A pipeline message stores a filter's
+ * name only when its writer had the filter registered; HDF5 1.10.8 fills
+ * in the registered class's name when it encodes a message, and H5Ocopy
+ * of a variable-length dataset re-encodes the copy's pipeline message
+ * into the space the stored one took.  A stored message without a name
+ * (h5py's allow_unknown_filter writes them) then overflowed into the
+ * rest of the object header, and `pack` wrote a file whose string column
+ * could not be opened.  Without class names the two sizes agree.
+ *
  * HDF5 hands the filter a buffer it owns and expects a replacement
  * allocated with the library's allocator: the new buffer comes from
  * H5allocate_memory and the old one goes back through H5free_memory, as
@@ -130,17 +139,17 @@ static size_t lzf_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_val
 }
 
 static const H5Z_class2_t zstd_class = {
-    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_ZSTD, 1, 1, "zstd (ivserve)",
+    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_ZSTD, 1, 1, NULL,
     NULL, NULL, zstd_filter,
 };
 
 static const H5Z_class2_t blosc2_class = {
-    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_BLOSC2, 0, 1, "blosc2 (ivserve decoder)",
+    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_BLOSC2, 0, 1, NULL,
     NULL, NULL, blosc2_filter,
 };
 
 static const H5Z_class2_t lzf_class = {
-    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_LZF, 1, 1, "lzf (ivserve decoder)",
+    H5Z_CLASS_T_VERS, (H5Z_filter_t)IV_FILTER_LZF, 1, 1, NULL,
     NULL, NULL, lzf_filter,
 };
 
