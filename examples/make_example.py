@@ -9,6 +9,16 @@ anndata reader understands them; the X group is then added in the IVCSR
 layout by the project's Python reference writer (tests/python/ivref.py),
 with zstd chunks (filter 32015) so that no Blosc2 plugin is needed.
 
+So that the viewer opens on a picture, the file also holds an embedding,
+obsm/X_umap, and a clustering, obs/cluster, computed here from the counts
+alone (embed()): log-normalised counts, the genes that co-vary with another
+gene, PCA by numpy's SVD, k-means on the components (clusters named after
+the cell type whose markers they express, when one stands out) and a
+force-directed layout of the components' nearest-neighbour graph.  It is
+not UMAP (no umap package is used); it is stored under the name that
+scanpy, cellxgene and the viewer look for.  obs/cell_type is the simulated
+truth, which the clusters recover almost exactly.
+
 Deterministic: the same seed gives the same bytes of every array.
 
 Usage: /usr/bin/python3 examples/make_example.py [OUT.h5ad]
@@ -42,6 +52,12 @@ CELL_TYPES = {
 HOUSEKEEPING = ["ACTB", "B2M", "MALAT1", "TMSB4X", "EEF1A1", "RPL13", "RPS27", "FTL", "FTH1",
                 "GAPDH"]
 MITO = ["MT-CO1", "MT-CO2", "MT-CO3", "MT-ND1", "MT-ND4", "MT-ATP6", "MT-CYB"]
+# The embedding (embed()): its own random generators, so the counts and obs
+# columns above do not change with it.
+N_PCS = 20
+N_CLUSTERS = 8
+N_NEIGHBOURS = 15
+LAYOUT_STEPS = 100
 SAMPLES = [("S1", "healthy"), ("S2", "healthy"), ("S3", "healthy"),
            ("S4", "SLE"), ("S5", "SLE"), ("S6", "SLE")]
 
@@ -92,6 +108,132 @@ def simulate(rng, genes):
     return X, cell_type, sample
 
 
+# ---- the embedding and clusters, from the counts alone -----------------------
+# Each stage is a function; embed() calls them in order.
+
+def log_normalise(X):
+    """Counts per 10,000 of each cell's total, log1p, dense float64."""
+    dense = np.zeros(X.shape)
+    dense[np.repeat(np.arange(X.shape[0]), np.diff(X.indptr)), X.indices] = X.data
+    return np.log1p(dense / np.maximum(dense.sum(1, keepdims=True), 1) * 1e4)
+
+
+def covarying_genes(Y, min_r=0.2):
+    """Genes seen in at least 1% of the cells whose values correlate
+    (Pearson r >= min_r) with another gene's.  With ~130 counts a cell, a
+    marker is one or two counts, so variance alone (scanpy's highly
+    variable genes) ranks the sampling noise of common genes with them;
+    markers of one cell type co-occur, noise does not (|r| ~ 0.05 here)."""
+    seen = np.flatnonzero((Y > 0).mean(0) >= 0.01)
+    Z = Y[:, seen] - Y[:, seen].mean(0)
+    Z /= np.maximum(np.sqrt((Z ** 2).sum(0)), 1e-12)
+    R = Z.T @ Z
+    np.fill_diagonal(R, 0)
+    return seen[R.max(0) >= min_r]
+
+
+def pca(Y, k):
+    """The first k principal components of Y's genes scaled to unit variance."""
+    Z = (Y - Y.mean(0)) / np.maximum(Y.std(0), 1e-12)
+    U, S, Vt = np.linalg.svd(Z, full_matrices=False)
+    k = min(k, S.shape[0])
+    # A component's sign is arbitrary; make each one's largest loading
+    # positive so that the result does not depend on the LAPACK build.
+    flip = np.sign(Vt[np.arange(k), np.abs(Vt[:k]).argmax(1)])
+    return U[:, :k] * S[:k] * flip
+
+
+def kmeans(P, k, rng, restarts=10, steps=100):
+    """Lloyd's k-means from k-means++ starts; the best of the restarts."""
+    best = None
+    for _ in range(restarts):
+        C = [P[rng.integers(P.shape[0])]]
+        d = ((P - C[0]) ** 2).sum(1)
+        for _ in range(1, k):
+            C.append(P[rng.choice(P.shape[0], p=d / d.sum())])
+            d = np.minimum(d, ((P - C[-1]) ** 2).sum(1))
+        C = np.array(C)
+        labels = None
+        for _ in range(steps):
+            new = ((P[:, None, :] - C[None]) ** 2).sum(2).argmin(1)
+            if labels is not None and np.array_equal(new, labels):
+                break
+            labels = new
+            C = np.array([P[labels == j].mean(0) if (labels == j).any() else C[j]
+                          for j in range(k)])
+        inertia = ((P - C[labels]) ** 2).sum()
+        if best is None or inertia < best[0]:
+            best = (inertia, labels)
+    return best[1]
+
+
+def name_clusters(Y, labels, genes):
+    """A name a cluster: the cell type whose markers its cells express most
+    often, when that share is at least 0.3 and 1.5x the next type's and no
+    other cluster takes the name; else cluster_N."""
+    index = {g: i for i, g in enumerate(genes)}
+    names = []
+    for j in range(labels.max() + 1):
+        cells = Y[labels == j]
+        share = {t: (cells[:, [index[g] for g in markers]] > 0).mean()
+                 for t, (_, markers) in CELL_TYPES.items()}
+        top = sorted(share, key=share.get, reverse=True)
+        ok = share[top[0]] >= 0.3 and share[top[0]] >= 1.5 * share[top[1]]
+        names.append(top[0] if ok else "cluster_%d" % j)
+    for j, n in enumerate(names):
+        if names.count(n) > 1:
+            names[j] = "cluster_%d" % j
+    return names
+
+
+def nearest_neighbours(P, k):
+    sq = (P ** 2).sum(1)
+    d = sq[:, None] + sq[None] - 2 * P @ P.T
+    np.fill_diagonal(d, np.inf)
+    return np.argsort(d, axis=1, kind="stable")[:, :k]
+
+
+def force_layout(P, nbr, steps, rng):
+    """Springs along the neighbour graph's edges, every pair of cells
+    pushing apart as 1/distance, steps that shrink as it cools.  Starts at
+    the first two components plus a little noise: cells with the same
+    counts pattern have the same components, and would never part."""
+    n = P.shape[0]
+    xy = (P[:, :2] / np.abs(P[:, :2]).max() * 10.0).astype(np.float32)
+    xy += rng.normal(0, 0.5, xy.shape).astype(np.float32)
+    i = np.repeat(np.arange(n), nbr.shape[1])
+    j = nbr.ravel()
+    for s in range(steps):
+        diff = xy[:, None, :] - xy[None]
+        d2 = (diff ** 2).sum(2) + np.float32(0.05)
+        push = (diff / d2[:, :, None]).sum(1) * np.float32(20.0 / n)
+        e = xy[j] - xy[i]
+        pull = np.zeros_like(xy)
+        np.add.at(pull, i, e)
+        np.add.at(pull, j, -e)
+        step = push + np.float32(0.02) * pull
+        norm = np.sqrt((step ** 2).sum(1, keepdims=True))
+        xy += step / np.maximum(norm, 1e-9) * np.minimum(norm, 0.3 * (1.0 - s / steps) + 0.005)
+    return xy
+
+
+def embed(X, genes):
+    """(n x 2 float32 layout, cluster categorical) from the counts X."""
+    Y = log_normalise(X)
+    P = pca(Y[:, covarying_genes(Y)], N_PCS)
+    labels = kmeans(P, N_CLUSTERS, np.random.default_rng(SEED + 1))
+    names = name_clusters(Y, labels, genes)
+    # Clusters listed in the order of the cell types they are named after.
+    order = sorted(range(len(names)), key=lambda j: (list(CELL_TYPES).index(names[j])
+                                                     if names[j] in CELL_TYPES else 99, j))
+    recode = np.empty(len(order), np.int64)
+    recode[order] = np.arange(len(order))
+    cluster = pd.Categorical.from_codes(recode[labels], [names[j] for j in order])
+    xy = force_layout(P, nearest_neighbours(P, N_NEIGHBOURS), LAYOUT_STEPS,
+                      np.random.default_rng(SEED + 2))
+    return xy.astype(np.float32), cluster
+
+
 def main(argv):
     out = argv[1] if len(argv) > 1 else os.path.join(HERE, "pbmc_example.h5ad")
     rng = np.random.default_rng(SEED)
@@ -115,6 +257,8 @@ def main(argv):
         "is_doublet": rng.random(N_CELLS) < 0.03,
     }, index=["%s_%s-1" % (SAMPLES[s][0], "".join(rng.choice(list("ACGT"), 12)))
               for s in sample])
+    xy, cluster = embed(X, genes)
+    obs["cluster"] = cluster
     var = pd.DataFrame({
         "gene_ids": ["ENSG%011d" % (100000 + 37 * i) for i in range(N_GENES)],
         "feature_types": pd.Categorical(["Gene Expression"] * N_GENES),
@@ -127,11 +271,15 @@ def main(argv):
     with h5py.File(out, "a") as f:
         write_elem(f, "obs", obs)
         write_elem(f, "var", var)
-        for name in ("layers", "obsm", "obsp", "varm", "varp", "uns"):
+        write_elem(f, "obsm", {"X_umap": xy})
+        for name in ("layers", "obsp", "varm", "varp", "uns"):
             write_elem(f, name, {})
     size = os.path.getsize(out)
     print("%s: %d cells x %d genes, nnz %d (%.1f per cell), %d bytes"
           % (out, N_CELLS, N_GENES, X.nnz, X.nnz / N_CELLS, size))
+    agree = (np.asarray(obs["cluster"]) == np.asarray(obs["cell_type"])).mean()
+    print("clusters: %s; %.1f%% of cells in the cluster named after their cell type"
+          % (", ".join(cluster.categories), 100 * agree))
 
 
 if __name__ == "__main__":

@@ -455,8 +455,9 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
             int jrc = json_int(e, &x, &big);
             if (jrc == -2) return huge_index(axis, i, big, n, err);
             if (jrc != 0)
-                return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer", axis,
-                               (long long)i);
+                return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer%s", axis,
+                               (long long)i,
+                               cJSON_IsString(e) ? "; names go in {\"names\": [...]}" : "");
             IV_TRY(check_index(axis, "index", i, x, n, err));
             p->idx[i++] = x;
             p->n = i;
@@ -619,10 +620,11 @@ static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_q
     {
         int ki = key_index(kv->string, keys, 6);
         if (ki < 0) {
+            int w = !strcmp(kv->string, "where") || !strcmp(kv->string, "filter");
             rc = iv_fail(err, IV_EBAD_SELECTION,
                          "unknown key '%.60s' in the request (expected obs, var, format, by, "
-                         "dense, matrix)",
-                         kv->string);
+                         "dense, matrix)%s",
+                         kv->string, w ? "; a filter goes in \"obs\": {\"where\": \"...\"}" : "");
             goto done;
         }
         if (dup & (1u << ki)) {
@@ -722,8 +724,12 @@ static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t 
             return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.*s is out of range [0, %lld)",
                            axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, (long long)n);
         if (prc)
-            return iv_fail(err, IV_EBAD_SELECTION, "%s: item %lld ('%.*s') is not an integer", axis,
-                           (long long)i, (int)(e - c > 40 ? 40 : e - c), c);
+            return iv_fail(err, IV_EBAD_SELECTION,
+                           "%s: item %lld ('%.*s') is not an integer; %s= takes positions, "
+                           "%s_names= takes %s names (%s_names=%.*s)",
+                           axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, axis, axis,
+                           axis[0] == 'o' ? "cell" : "gene", axis, (int)(e - c > 40 ? 40 : e - c),
+                           c);
         IV_TRY(check_index(axis, "index", i, x, n, err));
         p->idx[i] = x;
         p->n = i + 1;
@@ -749,6 +755,31 @@ static int sel_names_from_list(iv_psel_t *p, const char *axis, const char *s, iv
     return 0;
 }
 
+/* The parameter a newcomer most likely meant by an unknown key, as text to
+ * append to the error ("" when none comes to mind). */
+static const char *qs_hint(const char *key)
+{
+    static const struct {
+        const char *key, *hint;
+    } hints[] = {
+        {"where", "; use obs_where= to filter cells (var_where= for genes)"},
+        {"filter", "; use obs_where= to filter cells (var_where= for genes)"},
+        {"obs_filter", "; use obs_where="},
+        {"var_filter", "; use var_where="},
+        {"genes", "; use var_names= for gene names, var= for positions"},
+        {"gene", "; use var_names= for gene names, var= for positions"},
+        {"cells", "; use obs_names= for cell names, obs= for positions"},
+        {"names", "; use obs_names= (cells) or var_names= (genes)"},
+        {"obs_name", "; use obs_names="},
+        {"var_name", "; use var_names="},
+        {"obs_index", "; use obs= (positions: 1,5,2 or 10:20)"},
+        {"var_index", "; use var= (positions: 1,5,2 or 10:20)"},
+    };
+    for (size_t i = 0; i < sizeof hints / sizeof hints[0]; i++)
+        if (!strcmp(key, hints[i].key)) return hints[i].hint;
+    return "";
+}
+
 static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
                     int64_t n_var, iv_err_t *err)
 {
@@ -768,7 +799,7 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
     }
     int is_obs = !strncmp(key, "obs", 3), is_var = !strncmp(key, "var", 3);
     if (!is_obs && !is_var)
-        return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'", key);
+        return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'%s", key, qs_hint(key));
     iv_psel_t *p = is_obs ? &out->obs : &out->var;
     int64_t n = is_obs ? n_obs : n_var;
     const char *axis = is_obs ? "obs" : "var";
@@ -785,7 +816,7 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
     if (!strcmp(suffix, "")) return sel_from_list(p, axis, val, n, err);
     if (!strcmp(suffix, "_mask")) return sel_from_b64(p, axis, val, strlen(val), n, err);
     if (!strcmp(suffix, "_names")) return sel_names_from_list(p, axis, val, err);
-    return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'", key);
+    return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'%s", key, qs_hint(key));
 }
 
 int iv_qs_each(const char *qs, size_t len, int (*plus_is_space)(const char *key),

@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --build
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)" --target ivserve
+echo "run_example: the viewer is at http://127.0.0.1:${PORT:-8080}/ (the example's embedding, obsm/X_umap)"
 exec build/ivserve --port "${PORT:-8080}" examples/pbmc_example.h5ad "$@"

@@ -4,6 +4,8 @@
 #   scripts/setup.sh           everything (build, tests, benchmarks)
 #   scripts/setup.sh --build   what building the server needs, no more
 #                              (the example server and the Docker image)
+#   scripts/setup.sh --client  what the Python client's install needs
+#                              (README, "Clients": python3 -m venv, pip)
 set -euo pipefail
 
 BUILD_PKGS=(
@@ -11,12 +13,16 @@ BUILD_PKGS=(
   libuv1-dev libzstd-dev libhdf5-dev libcjson-dev libjemalloc-dev
   check liblz4-dev zlib1g-dev libbrotli-dev libisal-dev node-llhttp
 )
+# python3-venv: `python3 -m venv`, the README's client install route, is
+# not in Debian's python3.
+CLIENT_PKGS=(
+  python3 python3-venv python3-pip python3-setuptools python3-wheel
+  python3-numpy python3-scipy python3-pandas python3-requests python3-anndata
+)
 PKGS=(
-  "${BUILD_PKGS[@]}" git hdf5-tools
+  "${BUILD_PKGS[@]}" "${CLIENT_PKGS[@]}" git hdf5-tools
   clang libclang-rt-14-dev llvm
-  python3 python3-h5py python3-numpy python3-scipy python3-anndata
-  python3-zstandard python3-requests python3-pytest python3-pandas
-  python3-pip python3-setuptools python3-wheel
+  python3-h5py python3-zstandard python3-pytest
   r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   wrk nginx-light
   systemd strace openssl python3-yaml
@@ -26,8 +32,9 @@ PKGS=(
 
 case "${1:-}" in
   --build) PKGS=("${BUILD_PKGS[@]}") ;;
+  --client) PKGS=("${CLIENT_PKGS[@]}") ;;
   "") ;;
-  *) echo "setup.sh: unknown argument $1 (expected --build or nothing)" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown argument $1 (expected --build, --client or nothing)" >&2; exit 2 ;;
 esac
 
 missing=()

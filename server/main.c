@@ -1,7 +1,9 @@
 /*
- * ivserve entry point.  `ivserve check ...` and `ivserve export ...` are
- * command-line tools (server/cli.c); anything else starts the server with
- * settings from --config, IVSERVE_* variables and flags (config/config.h).
+ * ivserve entry point.  `ivserve check ...`, `export`, `pack` and
+ * `token-hash` are command-line tools (server/cli.c); `ivserve serve ...`,
+ * or anything else, starts the server with settings from --config,
+ * IVSERVE_* variables and flags (config/config.h).  `ivserve help`, -h
+ * and --help list the commands, then the server's options.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,17 @@
 #include "version.h"
 
 extern char **environ;
+
+/* One line a command; the server's options follow (iv_config_usage). */
+static const char commands_help[] =
+    "ivserve serves .h5ad count matrices over HTTP.  Commands:\n"
+    "  serve [options] FILE.h5ad ...    serve the files (the default: 'serve' may be left out)\n"
+    "  check FILE [--group G]           validate a file as the server loads it; print shape, codec, times\n"
+    "  pack IN.h5ad OUT.h5ad [options]  write the packed layout the server reads (ivserve pack --help)\n"
+    "  export FILE [selection] -o OUT   write a selection as .npz or .h5ad\n"
+    "  token-hash NAME [SCOPE] < token  print a tokens-file line for a bearer token\n"
+    "  help                             this text\n"
+    "\n";
 
 /* A heap copy of the command line (NULL out of memory). */
 static char **argv_dup(int argc, char *const *argv)
@@ -69,6 +82,19 @@ static void (*const iv_preinit)(int, char **, char **) = block_early;
 int main(int argc, char **argv_in)
 {
     if (argc >= 2 && iv_cli_is_command(argv_in[1])) return iv_cli_main(argc, argv_in);
+    if (argc >= 2 && !strcmp(argv_in[1], "serve")) {
+        /* `ivserve serve ARGS` is `ivserve ARGS`: the program name moves
+         * into the command's slot and argv starts one later (still ending
+         * with NULL; what ps shows is not changed). */
+        argv_in[1] = argv_in[0];
+        argv_in++;
+        argc--;
+    }
+    if (argc >= 2 && !strcmp(argv_in[1], "help")) {
+        fputs(commands_help, stdout);
+        fputs(iv_config_usage(), stdout);
+        return 0;
+    }
     /* Until the server's handlers are in place, SIGTERM or SIGHUP would
      * kill the process by their default action; held back, they are
      * honoured once the server runs (see iv_server_block_signals).  Done
@@ -95,8 +121,12 @@ int main(int argc, char **argv_in)
     if (rc == 1) {
         int version = 0;
         for (int i = 1; i < argc; i++) version |= !strcmp(argv[i], "--version");
-        if (version) printf("ivserve %s\n", iv_version());
-        else fputs(iv_config_usage(), stdout);
+        if (version) {
+            printf("ivserve %s\n", iv_version());
+        } else {  /* --help or -h */
+            fputs(commands_help, stdout);
+            fputs(iv_config_usage(), stdout);
+        }
         code = 0;
     } else if (rc != 0) {
         /* The message says what to change; the usage text would bury it.

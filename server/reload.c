@@ -87,6 +87,31 @@ static void on_other_done(job_t *j);
 /* A dataset's other orientation, built or attached after it is ready. */
 static const job_type_t other_job = {other_run, on_other_done};
 
+/* The start-up loads are over: how many datasets serve and how many were
+ * left out, so that a failure is not read as "all loaded". */
+static void log_start_loads(server_t *s)
+{
+    size_t ready = 0, failed = 0;
+    char names[256] = "";
+    size_t nl = 0;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        const sds_t *d = s->reg.v[i];
+        if (d->state == DS_READY) {
+            ready++;
+        } else if (d->state == DS_FAILED) {
+            failed++;
+            if (nl < sizeof names)
+                nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", failed > 1 ? ", " : "",
+                                       d->conf->id);
+        }
+    }
+    if (failed == 0)
+        iv_alog_event(&s->log, "info", "all datasets loaded: %zu of %zu", ready, ready);
+    else
+        iv_alog_event(&s->log, "warn", "%zu of %zu datasets loaded, %zu failed (%s%s)", ready,
+                      ready + failed, failed, names, nl >= sizeof names ? "..." : "");
+}
+
 static void on_load_done(job_t *j)
 {
     server_t *s = j->srv;
@@ -147,7 +172,7 @@ static void on_load_done(job_t *j)
             iv_buf_puts(&op->failed, "}");
         }
     }
-    if (s->n_loading == 0 && j->gen == 0) iv_alog_event(&s->log, "info", "all datasets loaded");
+    if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
     const iv_ds_conf_t *dc = d->conf;
     int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
     uint64_t gen = j->gen;

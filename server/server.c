@@ -409,8 +409,13 @@ static int bind_listener(server_t *s)
     socklen_t alen = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
         bind(fd, (struct sockaddr *)&addr, alen) != 0 || listen(fd, 511) != 0) {
-        fprintf(stderr, "ivserve: cannot listen on %s:%d: %s\n", cfg->listen, cfg->port,
-                strerror(errno));
+        int e = errno;
+        fprintf(stderr, "ivserve: cannot listen on %s:%d: %s%s\n", cfg->listen, cfg->port,
+                strerror(e),
+                e == EADDRINUSE ? " (another program, or another ivserve, has that port; "
+                                  "choose another with --port N or IVSERVE_PORT=N, or "
+                                  "PORT=N scripts/run_example.sh)"
+                                : "");
         if (fd >= 0) close(fd);
         return -1;
     }

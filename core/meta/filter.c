@@ -325,6 +325,11 @@ static void suggest(char *buf, size_t cap, const char *want, int64_t n, name_at_
         }
     }
     if (best[0] < 0) return;
+    /* A name that differs only in case is what was meant: the others,
+     * however near, would only hide it. */
+    if (bd[0] == 0)
+        for (int k = 1; k < 3; k++)
+            if (bd[k] > 0) best[k] = -1;
     size_t len = (size_t)snprintf(buf, cap, "; did you mean ");
     for (int k = 0; k < 3 && best[k] >= 0 && len < cap; k++)
         len += (size_t)snprintf(buf + len, cap - len, "%s'%.60s'", k ? ", " : "",
@@ -348,6 +353,18 @@ static const char *col_name_at(const void *ctx, int64_t i)
 static const char *cat_at(const void *ctx, int64_t i)
 {
     return iv_meta_col_cat(ctx, i);
+}
+
+/* Writes "; its categories are 'a', 'b'" when a column has few enough
+ * categories to read in one line and none was near the unknown one. */
+static void list_categories(char *buf, size_t cap, const iv_meta_col_t *col)
+{
+    buf[0] = '\0';
+    if (col->n_cats < 1 || col->n_cats > 12) return;
+    size_t len = (size_t)snprintf(buf, cap, "; its categories are ");
+    for (int64_t k = 0; k < col->n_cats && len < cap; k++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s'%.40s'", k ? ", " : "",
+                                iv_meta_col_cat(col, k));
 }
 
 /* ----------------------------------------------------------------- program */
@@ -583,6 +600,7 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
                     suggest(sug, sizeof sug, e->lits[i].str, col->n_cats, cat_at, col);
                 else
                     sug[0] = '\0';
+                if (!sug[0]) list_categories(sug, sizeof sug, col);
                 rc = iv_fail(c->err, IV_EBAD_FILTER, "unknown category %s of %s column '%s'%s%s",
                              lit, ax, col->name, sug, pos);
                 break;

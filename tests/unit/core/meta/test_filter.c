@@ -167,6 +167,12 @@ START_TEST(test_filter_errors)
                "did you mean 'B cell'");
     expect_err(m, "cell_type in ['B cell', 'nk cell']", IV_EBAD_FILTER, "'nk cell'",
                "'NK cell'");
+    /* A name equal but for case is offered alone; with nothing near, a
+     * short list of categories is given whole. */
+    expect_err(m, "cell_type == 'b CELL'", IV_EBAD_FILTER, "unknown category 'b CELL'",
+               "did you mean 'B cell'?");
+    expect_err(m, "cell_type == 'macrophage'", IV_EBAD_FILTER, "its categories are ",
+               "'NK cell'");
     expect_err(m, "age == 'old'", IV_EBAD_FILTER, "'age' holds int values", "string");
     expect_err(m, "note > 3", IV_EBAD_FILTER, "'note' holds string", "number");
     expect_err(m, "cell_type < 'B cell'", IV_EBAD_FILTER, "unordered categorical", "'<'");
