@@ -36,7 +36,7 @@ ctest --test-dir build --output-on-failure -j"$JOBS"
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DIV_SANITIZE=ON -DIV_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:suppressions=$(pwd)/tests/asan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory'
 
 echo "== ThreadSanitizer build and tests"
