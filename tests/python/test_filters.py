@@ -47,6 +47,8 @@ N_OBS, N_VAR = 200, 60
 ELEMENTS = ["X/data", "obs/barcode", "obs/cell_type/categories", "obsm/X_pca"]
 DECODED = ["gzip", "lzf", "shuffle", "zstd"]
 # name -> (filter id, cd_values) of the filters ivserve does not decode.
+# A sanitizer build's reports (ASan exits 1 too, as a refusal does).
+REPORTS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 MISSING = {"blosc": (32001, (2, 2, 4, 0, 5, 1, 1)), "bitshuffle": (32008, (0, 2, 4, 0, 2)),
            "unknown": (40000, (1,))}
 
@@ -173,6 +175,14 @@ def zstd_copied(out, element):
     return element if 32015 in ids else None
 
 
+def run(ivserve, *args):
+    """One command; no sanitizer report on its stderr."""
+    proc = ivserve.run(*args, timeout=120)
+    for r in REPORTS:
+        assert r not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
 def no_temporaries(folder):
     left = [n for n in os.listdir(folder) if ".tmp" in n]
     assert not left, left
@@ -184,10 +194,10 @@ def test_decoded_filter_is_packed_and_served_exactly(ivserve, workdir, base, fil
     src, packed_plain, a = base
     path = copy_with(src, workdir, "in_" + filt, element, filt)
     packed = os.path.join(workdir, "packed.h5ad")
-    ivserve.assert_ok(ivserve.run("pack", path, packed, "--quiet", "--threads", "2"))
-    ivserve.assert_ok(ivserve.check(packed))
+    ivserve.assert_ok(run(ivserve, "pack", path, packed, "--quiet", "--threads", "2"))
+    ivserve.assert_ok(run(ivserve, "check", packed))
     out = os.path.join(workdir, "out.h5ad")
-    ivserve.assert_ok(ivserve.export(packed, out))
+    ivserve.assert_ok(run(ivserve, "export", packed, "-o", out))
     assert_exact(out, a, zstd_copied(out, element) if element != "X/data" else None)
     # The filter on the packed file's own arrays: check and export read
     # them chunk by chunk (X) or through HDF5 (the rest).
@@ -195,10 +205,9 @@ def test_decoded_filter_is_packed_and_served_exactly(ivserve, workdir, base, fil
     shutil.copy(packed_plain, p2)
     for name in packed_element(element):
         set_filter(p2, name, filt)
-    proc = ivserve.check(p2)
-    ivserve.assert_ok(proc)
+    ivserve.assert_ok(run(ivserve, "check", p2))
     out2 = os.path.join(workdir, "out2.h5ad")
-    ivserve.assert_ok(ivserve.export(p2, out2))
+    ivserve.assert_ok(run(ivserve, "export", p2, "-o", out2))
     assert_exact(out2, a, zstd_copied(out2, element) if element != "X/data" else None)
     no_temporaries(workdir)
 
@@ -220,7 +229,7 @@ def test_missing_filter_is_refused_cleanly(ivserve, workdir, base, filt, element
     # The ordinary file: every command refuses it, naming element and filter.
     path = copy_with(src, workdir, "in_" + filt, element, filt)
     for what, args in commands(path, workdir).items():
-        proc = ivserve.run(*args, timeout=120)
+        proc = run(ivserve, *args)
         text = ivserve.assert_error(proc, path, element, "filter " + fid)
         if filt != "unknown":
             assert "(%s)" % filt in text, (what, text)
@@ -233,7 +242,7 @@ def test_missing_filter_is_refused_cleanly(ivserve, workdir, base, filt, element
     name = packed_element(element)[0]
     set_filter(p2, name, filt)
     for what, args in commands(p2, workdir).items():
-        proc = ivserve.run(*args, timeout=120)
+        proc = run(ivserve, *args)
         ivserve.assert_error(proc, p2, name, "filter " + fid)
         no_temporaries(workdir)
 
@@ -251,12 +260,12 @@ def test_blosc2_fixture_is_packed_and_checked(ivserve, workdir):
     with h5py.File(src, "r") as f:
         plist = f["obs/nCount_RNA"].id.get_create_plist()
         assert plist.get_filter(0)[0] == 32026
-    ivserve.assert_ok(ivserve.check(src))
+    ivserve.assert_ok(run(ivserve, "check", src))
     packed = os.path.join(workdir, "packed.h5ad")
-    ivserve.assert_ok(ivserve.run("pack", src, packed, "--quiet", "--threads", "2"))
-    ivserve.assert_ok(ivserve.check(packed))
+    ivserve.assert_ok(run(ivserve, "pack", src, packed, "--quiet", "--threads", "2"))
+    ivserve.assert_ok(run(ivserve, "check", packed))
     out = os.path.join(workdir, "out.h5ad")
-    ivserve.assert_ok(ivserve.export(src, out))
+    ivserve.assert_ok(run(ivserve, "export", src, "-o", out))
     got = sp.csr_matrix(ad.read_h5ad(out).X)
     assert (got != want).nnz == 0 and got.shape == want.shape
 
@@ -353,4 +362,7 @@ def test_server_leaves_out_what_it_cannot_decode_and_serves_the_rest(ivserve, wo
             proc.kill()
             rc = proc.wait()
         log.close()
-    assert rc == 0, open(log_path).read()[-3000:]
+    text = open(log_path, errors="replace").read()
+    assert rc == 0, text[-3000:]
+    for r in REPORTS:
+        assert r not in text, text[-3000:]
