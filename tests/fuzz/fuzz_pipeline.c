@@ -1,7 +1,8 @@
 /*
  * libFuzzer target: HDF5 pipeline undo with the filters chosen by the
- * first bytes (up to four of deflate, shuffle, fletcher32, zstd, Blosc2 or
- * an unknown id, each maybe masked out), the element size and the
+ * first bytes (up to four of deflate, shuffle, fletcher32, zstd, Blosc2,
+ * LZF or an unknown id, each maybe masked out; LZF with or without the
+ * chunk size h5py records, true or not), the element size and the
  * expected length from the next ones, and the rest as stored chunk bytes.
  */
 #include <stdint.h>
@@ -15,16 +16,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const int ids[] = {IV_FILTER_DEFLATE, IV_FILTER_SHUFFLE, IV_FILTER_FLETCHER32,
-                              IV_FILTER_ZSTD,    IV_FILTER_BLOSC2,  999};
+                              IV_FILTER_ZSTD,    IV_FILTER_BLOSC2,  IV_FILTER_LZF,
+                              999};
     if (size < 4) return 0;
     iv_pipeline_t p;
     memset(&p, 0, sizeof p);
     p.n = (size_t)(data[0] % 5);
     for (size_t i = 0; i < p.n; i++) {
-        p.f[i].id = ids[(data[0] >> 3 ^ (uint8_t)(i * 7)) % 6];
+        p.f[i].id = ids[(data[0] >> 3 ^ (uint8_t)(i * 7)) % 7];
         if (p.f[i].id == IV_FILTER_SHUFFLE && (data[1] & 0x80)) {
             p.f[i].n_cd = 1;
             p.f[i].cd[0] = data[1] & 0x0f;
+        }
+        if (p.f[i].id == IV_FILTER_LZF && (data[1] & 0x40)) {
+            p.f[i].n_cd = 3;
+            p.f[i].cd[2] = (unsigned)data[3] * 97 + (data[1] & 0x20 ? 1u : 0u);
         }
     }
     p.elem_size = (size_t)(data[1] & 0x0f) + 1;
