@@ -300,28 +300,39 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
     IV_TRY(iv_cachedir_path(dir, src, key, "ivcsr.h5ad", copy, sizeof copy, err));
     if ((size_t)snprintf(out, cap, "%s", copy) >= cap)
         return FAILF(IV_EINVALID_ARG, "%s: path too long", copy);
+    /* Pinned before it exists: another dataset's pack sweeps the folder
+     * when it ends, and must not take this copy the moment it appears. */
+    iv_autopack_pin(copy);
     struct stat st;
     if (stat(copy, &st) == 0 && S_ISREG(st.st_mode)) {
         iv_cachedir_touch(copy);
         iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s; serving its packed copy %s",
                       id, src, e.encoding, copy);
+        sweep(cfg, log, dir, copy);
         return 0;
     }
-    IV_TRY(iv_cachedir_note(copy, src, key, err));
-    iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s (%lld x %lld); packing it into "
-                  "%s", id, src, e.encoding, (long long)e.shape[0], (long long)e.shape[1], copy);
-    atomic_store(&prog->permille, 0);
-    atomic_store(&prog->done, 0);
-    atomic_store(&prog->total, e.shape[0] > 0 ? e.shape[0] : 0);
-    atomic_store(&prog->bytes, 0);
-    atomic_store(&prog->t0_ms, now_ms());
-    atomic_store(&prog->active, 1);
-    long long t0 = now_ms();
-    int rc = run_pack(cfg, log, id, src, copy, prog, stop, err);
-    atomic_store(&prog->active, 0);
-    if (rc != 0) return rc;
-    iv_alog_event(log, "info", "dataset %s: packed in %.2f s into %s", id,
-                  (double)(now_ms() - t0) / 1000.0, copy);
+    int rc = iv_cachedir_note(copy, src, key, err);
+    if (rc == 0) {
+        iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s (%lld x %lld); packing it "
+                      "into %s", id, src, e.encoding, (long long)e.shape[0], (long long)e.shape[1],
+                      copy);
+        atomic_store(&prog->permille, 0);
+        atomic_store(&prog->done, 0);
+        atomic_store(&prog->total, e.shape[0] > 0 ? e.shape[0] : 0);
+        atomic_store(&prog->bytes, 0);
+        atomic_store(&prog->t0_ms, now_ms());
+        atomic_store(&prog->active, 1);
+        long long t0 = now_ms();
+        rc = run_pack(cfg, log, id, src, copy, prog, stop, err);
+        atomic_store(&prog->active, 0);
+        if (rc == 0)
+            iv_alog_event(log, "info", "dataset %s: packed in %.2f s into %s", id,
+                          (double)(now_ms() - t0) / 1000.0, copy);
+    }
+    if (rc != 0) {
+        iv_autopack_unpin(copy);
+        return rc;
+    }
     sweep(cfg, log, dir, copy);
     return 0;
 }

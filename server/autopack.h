@@ -50,8 +50,9 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
                         const char *src, const char *group, iv_autopack_progress_t *prog,
                         const atomic_int *stop, char *out, size_t cap, iv_err_t *err);
 
-/* The packed copies in use (never evicted by a sweep): a load pins its
- * copy, the entry's release unpins it. */
+/* The packed copies in use (never evicted by a sweep): iv_autopack_resolve
+ * pins the copy it returns (when out is not src) before any other pack's
+ * sweep can see it; the entry's release unpins it. */
 void iv_autopack_pin(const char *path);
 void iv_autopack_unpin(const char *path);
 

@@ -179,10 +179,7 @@ void load_run(job_t *j)
                                 d->conf->group, &d->pack, &j->srv->stopping, d->served,
                                 sizeof d->served, &j->err);
     if (j->rc != 0) return;
-    if (strcmp(d->served, d->conf->path) != 0) {
-        iv_autopack_pin(d->served);
-        d->pinned = 1;
-    }
+    d->pinned = strcmp(d->served, d->conf->path) != 0;  /* pinned by the resolve */
     const char *path = iv_rds_path(d);
     if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
     j->rc = iv_dataset_open(path, &o, &d->ds, &j->err);
