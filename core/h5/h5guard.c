@@ -36,6 +36,7 @@
 
 typedef struct shared_page {
     volatile uint64_t beats;
+    volatile int returned;    /* the command returned (else it ended inside: exit from a library) */
     char stage[STAGE_MAX];
     char temp[PATH_MAX_];
     volatile int n_commits;
@@ -225,6 +226,7 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
         child_setup(parent);
         sigprocmask(SIG_SETMASK, &old, NULL);
         int rc = fn(ctx);
+        sp->returned = 1;
         fflush(stdout);
         fflush(stderr);
         /* exit, not _exit: the sanitizers' leak check runs at exit. */
@@ -242,7 +244,8 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
     int stalled = wait_child(pid, sp, &status);
     for (size_t i = 0; i < N_FORWARDED; i++) sigaction(forwarded[i], &saved[i], NULL);
     child_pid = 0;
-    int clean = stalled == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    int returned = sp->returned;
+    int clean = stalled == 0 && returned && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     int rc = settle_commits(sp, clean);
     char stage[STAGE_MAX], temp[PATH_MAX_];
     copy_bounded(stage, sp->stage, sizeof stage);
@@ -261,6 +264,14 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
         fprintf(stderr, "ivserve: error: %s: the writer made no progress for %u s%s%s and was "
                 "stopped (libhdf5 loops on some damaged files; IVSERVE_STALL_TIMEOUT_S sets the "
                 "limit); %s\n", input, stall_seconds(), stage[0] ? " while " : "", stage, left);
+        return 1;
+    }
+    if (WIFEXITED(status) && !returned) {
+        /* Ended inside the command, not by its return: a library called
+         * exit, or a sanitizer stopped it on a fault inside libhdf5. */
+        fprintf(stderr, "ivserve: error: %s: the writer stopped (exit status %d)%s%s before it "
+                "finished; the file is damaged; %s\n", input, WEXITSTATUS(status),
+                stage[0] ? " while " : "", stage, left);
         return 1;
     }
     if (WIFEXITED(status)) return rc ? rc : WEXITSTATUS(status);

@@ -3,7 +3,9 @@
  * back as it is; a crash is status 1, its stage named and its temporary
  * file removed; the finished files are renamed into place only after a
  * clean exit (a child that finished its file and then died leaves the old
- * one); a child that stops beating is stopped after the stall timeout.
+ * one); a child that ends inside the command (exit called by a library)
+ * is an error; a child that stops beating is stopped after the stall
+ * timeout.
  */
 #include <check.h>
 
@@ -146,6 +148,30 @@ START_TEST(crash_message_names_the_stage)
 }
 END_TEST
 
+/* Ends inside the command, as a library calling exit() or a sanitizer
+ * stopping on a fault in libhdf5 does: status 3, but never returned. */
+static int exit_inside(void *ctx)
+{
+    (void)ctx;
+    char tmp[128];
+    path_in(tmp, sizeof tmp, "out.tmp2");
+    iv_h5guard_temp(tmp);
+    write_file(tmp, "half");
+    iv_h5guard_stage("copying /uns");
+    exit(3);
+}
+
+START_TEST(an_exit_inside_the_command_is_an_error)
+{
+    make_dir();
+    char tmp[128];
+    path_in(tmp, sizeof tmp, "out.tmp2");
+    ck_assert_int_eq(iv_h5guard_run("in.h5ad", exit_inside, NULL), 1);
+    ck_assert(!exists(tmp));
+    rmdir(dir);
+}
+END_TEST
+
 static int spin(void *ctx)
 {
     int beats = *(int *)ctx;
@@ -182,6 +208,7 @@ static Suite *suite(void)
     tcase_add_test(tc, commit_renames_after_a_clean_exit_only);
     tcase_add_test(tc, crash_message_names_the_stage);
     tcase_add_test(tc, a_stalled_child_is_stopped);
+    tcase_add_test(tc, an_exit_inside_the_command_is_an_error);
     suite_add_tcase(s, tc);
     return s;
 }
