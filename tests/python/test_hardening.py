@@ -352,7 +352,11 @@ def test_abandoned_aggregates_stop_and_shutdown_keeps_its_grace(heavy):
     took = time.time() - t0
     assert r.status_code == 200
     assert np.array_equal(np.array(r.json()["indptr"]), X[0:5, 0:20].indptr)
-    assert took <= 0.1 + 0.02 * full, "a 5-cell query behind abandoned aggregates took %.3f s" % took
+    # The latency is a release-build goal: under a sanitizer each
+    # abandoned request's JSON parse (8 MB, not cancellable once begun)
+    # takes seconds, the computation it would cancel being no longer.
+    if not sanitized():
+        assert took <= 0.1 + 0.02 * full, "a 5-cell query behind abandoned aggregates took %.3f s" % took
     # Work cancelled shows in the metrics.
     m = requests.get(srv.url + "/metrics", timeout=10).text
     assert "ivserve_jobs_cancelled_total" in m
@@ -365,7 +369,9 @@ def test_abandoned_aggregates_stop_and_shutdown_keeps_its_grace(heavy):
     for s in socks:
         s.close()
     assert rc == 0, srv.log_text()[-2000:]
-    assert took <= 2.0 + 1.0, "SIGTERM took %.1f s against a 2 s grace" % took
+    # Under a sanitizer the requests' parses in flight (see above) may
+    # outlast the grace by their length.
+    assert took <= 2.0 + (6.0 if sanitized() else 1.0), "SIGTERM took %.1f s against a 2 s grace" % took
 
 
 # ---------------------------------------------------------------- names of protected datasets
