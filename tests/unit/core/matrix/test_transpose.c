@@ -309,9 +309,13 @@ static int run(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_
             return -1;
         }
         size_t esz = iv_dtype_size(blk.dtype);
-        while (r->nnz + blk.nnz > cap) cap *= 2;
-        r->indices = realloc(r->indices, (size_t)cap * sizeof *r->indices);
-        r->vals = realloc(r->vals, (size_t)cap * sizeof *r->vals);
+        /* Grown only when full: ASan's realloc copies even to the same
+         * size, and thousands of blocks made that quadratic. */
+        if (r->nnz + blk.nnz > cap) {
+            while (r->nnz + blk.nnz > cap) cap *= 2;
+            r->indices = realloc(r->indices, (size_t)cap * sizeof *r->indices);
+            r->vals = realloc(r->vals, (size_t)cap * sizeof *r->vals);
+        }
         for (int64_t x = 0; x < blk.n_rows; x++) {
             r->ids[blk.row0 + x] = blk.ids[x];
             r->indptr[blk.row0 + x + 1] = r->nnz + blk.indptr[x + 1];
