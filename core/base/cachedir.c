@@ -286,14 +286,19 @@ int iv_cachedir_sweep(const char *dir, uint64_t max_bytes, const char *const *ke
         }
     }
     n = m;
-    /* Notes whose derived file never came, once no producer is at work. */
+    /* Notes whose derived file never came, once no producer is at work,
+     * unless kept. */
     if (!live_temps) {
         rewinddir(d);
         while ((de = readdir(d))) {
             size_t l = strlen(de->d_name), sl = strlen(NOTE_SUFFIX);
             if (l <= sl || strcmp(de->d_name + l - sl, NOTE_SUFFIX) || l - sl >= sizeof v->name) continue;
-            char derived[4700];
-            snprintf(derived, sizeof derived, "%s/%.*s", dir, (int)(l - sl), de->d_name);
+            char derived[4700], base[sizeof v->name];
+            snprintf(base, sizeof base, "%.*s", (int)(l - sl), de->d_name);
+            /* A kept name's note stays: its producer wrote it first and
+             * may not have begun its temporary file yet. */
+            if (kept(base, keep, n_keep)) continue;
+            snprintf(derived, sizeof derived, "%s/%s", dir, base);
             struct stat st;
             if (stat(derived, &st) != 0 && errno == ENOENT) {
                 char p[4700];

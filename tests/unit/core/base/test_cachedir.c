@@ -182,6 +182,24 @@ START_TEST(sweep_removes_stale_dead_and_least_recent)
     ck_assert_int_eq(rep.evicted, 1);
     ck_assert(!exists(d1) && exists(d3) && exists(d4));
     ck_assert_uint_eq(rep.bytes_left, 4100);
+    /* A note written before its copy (the producer has not begun its
+     * temporary file): kept while its name is kept, removed after. */
+    char d5[300], note5[320];
+    iv_err_t e5;
+    iv_err_clear(&e5);
+    char k5[IV_CACHEDIR_KEY_LEN];
+    ck_assert_int_eq(iv_cachedir_key(s3, k5, &e5), 0);
+    char named5[260];
+    snprintf(named5, sizeof named5, "%s/five.h5ad", dir);
+    ck_assert_int_eq(iv_cachedir_path(dir, named5, k5, "ivcsr.h5ad", d5, sizeof d5, &e5), 0);
+    ck_assert_int_eq(iv_cachedir_note(d5, s3, k5, &e5), 0);
+    snprintf(note5, sizeof note5, "%s.src", d5);
+    unlink(live);
+    const char *keep5[] = {d4, d5};
+    ck_assert_int_eq(iv_cachedir_sweep(dir, 0, keep5, 2, &rep, &err), 0);
+    ck_assert(exists(note5));
+    ck_assert_int_eq(iv_cachedir_sweep(dir, 0, keep, 1, &rep, &err), 0);
+    ck_assert(!exists(note5));
     /* A touched file is recent: with d3 kept, nothing else can go. */
     iv_cachedir_touch(d3);
     const char *keep2[] = {d3, d4};
