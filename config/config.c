@@ -514,6 +514,20 @@ static int json_has_nul(const char *text, size_t len)
     return 0;
 }
 
+/* A path setting of the config file: a non-empty string, relative to the
+ * config file's folder as dataset paths are; replaces *dst. */
+static int set_json_path(char **dst, const cJSON *kv, const char *base_dir, const char *key,
+                         const char *what, iv_err_t *err)
+{
+    if (!cJSON_IsString(kv) || !kv->valuestring[0])
+        return iv_fail(err, IV_EINVALID_ARG, "%s: must be %s", key, what);
+    char *pth = join_path(base_dir, kv->valuestring);
+    if (!pth) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    free(*dst);
+    *dst = pth;
+    return 0;
+}
+
 int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
                         iv_err_t *err)
 {
@@ -538,15 +552,7 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
             else rc = set_log_format(c, kv->valuestring, k, err);
         } else if (!strcmp(k, "cache_dir")) {
-            if (!cJSON_IsString(kv) || !kv->valuestring[0]) {
-                rc = iv_fail(err, IV_EINVALID_ARG, "cache_dir: must be a folder name");
-            } else {
-                /* Relative to the config file, as dataset paths are. */
-                char *pth = join_path(base_dir, kv->valuestring);
-                if (!pth) rc = iv_fail(err, IV_ENOMEM, "cache_dir: out of memory");
-                free(c->cache_dir);
-                c->cache_dir = pth;
-            }
+            rc = set_json_path(&c->cache_dir, kv, base_dir, k, "a folder name", err);
         } else if (!strcmp(k, "autopack")) {
             if (!cJSON_IsBool(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "autopack: must be true or false");
             else c->autopack = cJSON_IsTrue(kv);
@@ -559,15 +565,7 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
         } else if (!strcmp(k, "tokens")) {
             rc = json_str_list(kv, &c->tokens, &c->n_tokens, k, err);
         } else if (!strcmp(k, "tokens_file")) {
-            if (!cJSON_IsString(kv) || !kv->valuestring[0]) {
-                rc = iv_fail(err, IV_EINVALID_ARG, "tokens_file: must be a file name");
-            } else {
-                /* Relative to the config file, as dataset paths are. */
-                char *pth = join_path(base_dir, kv->valuestring);
-                if (!pth) rc = iv_fail(err, IV_ENOMEM, "tokens_file: out of memory");
-                free(c->tokens_file);
-                c->tokens_file = pth;
-            }
+            rc = set_json_path(&c->tokens_file, kv, base_dir, k, "a file name", err);
         } else if (!strcmp(k, "metrics_auth")) {
             if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "metrics_auth: must be a string");
             else rc = set_metrics_auth(c, kv->valuestring, k, err);
