@@ -25,12 +25,16 @@ PKGS=(
   python3-h5py python3-zstandard python3-pytest
   r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   r-bioc-singlecellexperiment r-cran-seurat
-  python3-zarr python3-fsspec python3-numcodecs npm
+  python3-zarr python3-fsspec python3-numcodecs
   wrk nginx-light
   systemd strace openssl python3-yaml
   podman runc debootstrap
   chromium chromium-driver python3-selenium
 )
+
+# npm (browser tests' npm packages): Debian's, unless a Node.js that brings
+# its own npm is installed already (Debian's npm conflicts with that one).
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
 case "${1:-}" in
   --build) PKGS=("${BUILD_PKGS[@]}") ;;
