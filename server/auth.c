@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "request.h"
 #include "sha256.h"
 
 static void token_free(iv_auth_token_t *t)
@@ -174,4 +175,19 @@ iv_auth_verdict_t iv_auth_scope(const iv_auth_t *a, const char *authorization, u
     unsigned have = (*tok)->scope;
     if (have & IV_SCOPE_ADMIN) have |= IV_SCOPE_METRICS;
     return (have & scope) == scope ? IV_AUTH_OK : IV_AUTH_DENIED;
+}
+
+const char *iv_auth_query_bearer(const char *query, char *buf, size_t cap)
+{
+    for (const char *p = query; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
+        if (strncmp(p, "token=", 6) != 0) continue;
+        const char *v = p + 6;
+        size_t n = strcspn(v, "&");
+        char *tok = iv_url_decode_form(v, n);
+        if (!tok) return NULL;
+        int w = snprintf(buf, cap, "Bearer %s", tok);
+        free(tok);
+        return w > 7 && (size_t)w < cap ? buf : NULL;
+    }
+    return NULL;
 }

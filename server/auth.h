@@ -64,6 +64,15 @@ int iv_auth_protected(const iv_auth_t *a, const char *dsid);
 int iv_auth_may_read(const iv_auth_t *a, const iv_auth_token_t *tok, const char *dsid);
 
 /*
+ * The token of a query string's "token=" parameter (percent-decoded) as
+ * an Authorization value ("Bearer TOKEN") in buf, or NULL when there is
+ * none or it does not fit.  For the Zarr store's routes only: zarrita
+ * copies a store URL's query string onto every request it makes and
+ * cannot set headers (the access log records paths without queries).
+ */
+const char *iv_auth_query_bearer(const char *query, char *buf, size_t cap);
+
+/*
  * A dataset route.  dsid is the dataset, or NULL when the id names no
  * dataset: that case is answered as a dataset the client may not read
  * would be (401 without a valid token, 403 with one), unless the client

@@ -76,7 +76,11 @@ static void note_token(char *out, const iv_auth_token_t *tok)
 static int token_ok(server_t *s, const iv_http_req_t *r, const sds_t *d, rfail_t *f, char *tokname)
 {
     const iv_auth_token_t *tok;
-    iv_auth_verdict_t v = iv_auth_dataset(&s->auth, r->hdr[IV_H_AUTHORIZATION], d ? d->conf->id : NULL, &tok);
+    const char *authz = r->hdr[IV_H_AUTHORIZATION];
+    char qbuf[512];
+    /* The Zarr store also takes ?token= (iv_auth_query_bearer). */
+    if (!authz && r->path && strstr(r->path, "/zarr/")) authz = iv_auth_query_bearer(r->query, qbuf, sizeof qbuf);
+    iv_auth_verdict_t v = iv_auth_dataset(&s->auth, authz, d ? d->conf->id : NULL, &tok);
     note_token(tokname, tok);
     return auth_refuse(v, f);
 }

@@ -50,6 +50,7 @@
 #include "routes_meta.h"
 #include "search.h"
 #include "select.h"
+#include "zarr.h"
 
 #define SEARCH_LIMIT_DEFAULT 20
 #define SEARCH_LIMIT_MAX 1000
@@ -65,6 +66,8 @@
 
 #define MEDIA_ARRAY "application/vnd.ivserve.array"
 #define MEDIA_AGG "application/vnd.ivserve.aggregate"
+static const char MEDIA_ZARR_CHUNK[] = "application/octet-stream";
+static const char MEDIA_ZARR_META[] = "application/json";
 
 /* ---- per-dataset state -------------------------------------------------- */
 
@@ -237,6 +240,7 @@ void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search)
 int iv_vroute_match(const char *sub)
 {
     if (!strcmp(sub, "/aggregate")) return IV_VR_AGGREGATE;
+    if (!strncmp(sub, "/zarr/", 6)) return IV_VR_ZARR;  /* the key may hold slashes */
     if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
     if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
     if (!strcmp(sub, "/raw/var")) return IV_VR_RAW_VAR_TABLE;
@@ -273,8 +277,9 @@ iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *quer
     r->query = strdup(query ? query : "");
     if (accept) r->accept = strdup(accept);
     if (route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_OBS_COLUMN ||
-        route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN) {
+        route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN || route == IV_VR_ZARR) {
         const char *nm = sub + (route == IV_VR_RAW_VAR_COLUMN               ? 9
+                                : route == IV_VR_ZARR                       ? 6
                                 : route == IV_VR_OBSM || route == IV_VR_VARM ? 6
                                                                              : 5);
         r->name = iv_url_decode(nm, strlen(nm));
@@ -1112,6 +1117,17 @@ out:
     return rc;
 }
 
+/* ---- zarr store (api/zarr.h) ---------------------------------------------- */
+
+static int run_zarr(iv_vreq_t *r, iv_err_t *err)
+{
+    iv_zarr_src_t src = {.ds = r->ds, .meta = r->meta, .arrays = r->vx ? r->vx->arrays : NULL};
+    iv_zarr_kind_t kind;
+    IV_TRY(iv_zarr_get(&src, r->name, &r->out, &kind, err));
+    r->ctype = kind == IV_ZARR_CHUNK ? MEDIA_ZARR_CHUNK : MEDIA_ZARR_META;
+    return 0;
+}
+
 /* ---- caching and compression ---------------------------------------------- */
 
 static int etag_listed(const char *inm, const char *etag)
@@ -1251,13 +1267,16 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     case IV_VR_VAR_COLUMN:
     case IV_VR_RAW_VAR_TABLE:
     case IV_VR_RAW_VAR_COLUMN: rc = run_meta(r, err); break;
+    case IV_VR_ZARR: rc = run_zarr(r, err); break;
     default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
     }
     if (rc != 0) return rc;
     /* Float arrays (embeddings) shrink by under 10% at a cost of 10 to 300
      * MB/s a thread: they go out as they are, compressible bodies (JSON,
-     * NDJSON, the aggregate's binary with its JSON prelude) are encoded. */
-    int worth = strcmp(r->ctype, MEDIA_ARRAY) != 0;
+     * NDJSON, the aggregate's binary with its JSON prelude) are encoded.
+     * Zarr chunks go as they are too (docs/zarr.md): their metadata is
+     * encoded. */
+    int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
     int encoded = coding && worth && r->out.len >= 1024 &&
                   (coding == CODING_BR ? brotli_out(r) : gzip_out(r));
     snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n%s%s%s",

@@ -67,6 +67,7 @@ enum iv_vroute {
     IV_VR_RAW_VAR_TABLE,      /* .../raw/var, .../raw/var/COLUMN, .../raw/var/search: */
     IV_VR_RAW_VAR_COLUMN,     /* raw/X's genes */
     IV_VR_RAW_VAR_SEARCH,
+    IV_VR_ZARR,               /* .../zarr/KEY: the dataset as a Zarr store (api/zarr.h) */
 };
 
 /* The viewer route of sub (the path after the dataset id, e.g.
@@ -78,7 +79,7 @@ int iv_vroute_allows_post(int route);
 typedef struct iv_vreq {
     /* in: the request (owned copies) */
     int route;
-    char *name;               /* obsm/varm element or column, percent-decoded */
+    char *name;               /* obsm/varm element, column or zarr key, percent-decoded */
     char *query;              /* raw query string ("" when none) */
     char *body;               /* POST body or NULL */
     size_t body_len;

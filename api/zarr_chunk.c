@@ -1,0 +1,283 @@
+/*
+ * The Zarr store's chunks (see zarr.h): the bytes zarr-python writes for
+ * the same array, chunking and compressor (none).
+ *
+ * Design.  A chunk is built whole into the response buffer: its size is
+ * bounded by the chunking (IV_ZARR_X_CHUNK entries of X,
+ * IV_ZARR_COL_CHUNK_BYTES of a column or embedding; strings are one chunk
+ * a column, as clients read them whole).  Edge chunks are padded with the
+ * fill value 0 to the whole chunk shape, as zarr-python stores them, so a
+ * client comparing bytes or decoding by the chunk shape sees the same.
+ *
+ * X.  Entry e of X/indices and X/data is the e-th stored entry of the
+ * orientation's order (gene-major for csc_matrix, cell-major for
+ * csr_matrix), which is also what the pointer array X/indptr counts.
+ * Chunk k covers [k*C, (k+1)*C): the major slices that hold it are found
+ * by binary search on the pointers and decoded through the query engine
+ * (query.h: every minor element selected, rows the major slices, indices
+ * sorted within a slice, stored zeros kept), and the entries of the range
+ * are copied out.  A chunk costs the decode of at most C entries plus the
+ * two slices it cuts, whatever the matrix size.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "query.h"
+#include "zarr_impl.h"
+
+/* Appends n zero bytes to out and returns where they start (NULL: oom). */
+static uint8_t *grow_zero(iv_buf_t *out, size_t n)
+{
+    if (iv_buf_reserve(out, n) != 0) return NULL;
+    uint8_t *p = (uint8_t *)out->data + out->len;
+    memset(p, 0, n);
+    out->len += n;
+    return p;
+}
+
+/* Stores v (an integer or a double, per is_float) at dst as type t. */
+static void put_num(uint8_t *dst, iv_dtype_t t, int64_t iv, double dv, int is_float)
+{
+    if (t == IV_DT_FLOAT32) {
+        float f = is_float ? (float)dv : (float)iv;
+        memcpy(dst, &f, 4);
+        return;
+    }
+    if (t == IV_DT_FLOAT64) {
+        double d = is_float ? dv : (double)iv;
+        memcpy(dst, &d, 8);
+        return;
+    }
+    int64_t x = is_float ? (int64_t)dv : iv;
+    switch (iv_dtype_size(t)) {
+    case 1: { int8_t v = (int8_t)x; memcpy(dst, &v, 1); break; }
+    case 2: { int16_t v = (int16_t)x; memcpy(dst, &v, 2); break; }
+    case 4: { int32_t v = (int32_t)x; memcpy(dst, &v, 4); break; }
+    default: memcpy(dst, &x, 8); break;
+    }
+}
+
+/* ---- X ------------------------------------------------------------------------ */
+
+/* The orientation an X array is read from, or why there is none. */
+static int x_orient(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t **md, iv_err_t *err)
+{
+    iv_orient_t want = a->csr ? IV_IVCSR : IV_IVCSC;
+    const char *what = a->csr ? "cell-major" : "gene-major";
+    iv_dataset_t *ds = src->ds;
+    *md = iv_dataset_info(ds)->orient == want ? ds : iv_dataset_other(ds);
+    if (*md) return 0;
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    if (st.other_state == IV_OTHER_NONE || st.other_state == IV_OTHER_BUILDING)
+        return iv_fail(err, IV_ENOT_READY, "X's %s orientation is being built; retry later", what);
+    return iv_fail(err, IV_EUNKNOWN_MATRIX, "X has no %s orientation (%s)%s", what,
+                   st.other_state == IV_OTHER_SKIPPED ? "over its memory budget" : "its build failed",
+                   a->csr ? "" : "; the csr/ store serves X from the other one");
+}
+
+/* The CSR/CSC pointers of an orientation are composed: slice j owns the
+ * (slice, value) groups major_ptr[j].. and group g the entries
+ * value_ptr[g].. (FORMAT.md), so slice j starts at entry
+ * value_ptr[major_ptr[j]]. */
+typedef struct ptrs {
+    const int64_t *major, *value;
+} ptrs_t;
+
+static inline int64_t entry_at(const ptrs_t *p, int64_t j)
+{
+    return p->value[p->major[j]];
+}
+
+/* First j in [0, n) with entry_at(j) > v (n when none). */
+static int64_t upper_bound(const ptrs_t *p, int64_t n, int64_t v)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (entry_at(p, mid) <= v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* First j in [0, n) with entry_at(j) >= v (n when none). */
+static int64_t lower_bound(const ptrs_t *p, int64_t n, int64_t v)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (entry_at(p, mid) < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Copies the entries of one decoded block that fall in [lo, hi) into the
+ * chunk at dst (entry lo at dst[0]). */
+static int copy_block(const zarr_arr_t *a, const iv_block_t *blk, const ptrs_t *p, int64_t lo,
+                      int64_t hi, uint8_t *dst, iv_err_t *err)
+{
+    size_t isz = iv_dtype_size(a->vt);
+    if (a->src == ZS_X_DATA && blk->dtype != a->vt)
+        return iv_fail(err, IV_ECORRUPT, "X: decoded values are %s, not %s", iv_dtype_name(blk->dtype),
+                       iv_dtype_name(a->vt));
+    for (int64_t r = 0; r < blk->n_rows; r++) {
+        int64_t j = blk->ids[r];
+        int64_t n = blk->indptr[r + 1] - blk->indptr[r];
+        int64_t start = entry_at(p, j), end = entry_at(p, j + 1);
+        if (n != end - start)
+            return iv_fail(err, IV_ECORRUPT, "X: slice %lld decoded %lld entries, its pointers say %lld",
+                           (long long)j, (long long)n, (long long)(end - start));
+        int64_t s = start > lo ? start : lo, e = end < hi ? end : hi;
+        for (int64_t pos = s; pos < e; pos++) {
+            int64_t t = blk->indptr[r] + pos - start;
+            uint8_t *d = dst + (size_t)(pos - lo) * isz;
+            if (a->src == ZS_X_DATA) {
+                memcpy(d, (const uint8_t *)blk->data + (size_t)t * isz, isz);
+            } else {
+                int64_t ix = blk->index_size == 4 ? ((const int32_t *)blk->indices)[t]
+                                                  : ((const int64_t *)blk->indices)[t];
+                put_num(d, a->vt, ix, 0, 0);
+            }
+        }
+    }
+    return 0;
+}
+
+static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
+                     iv_buf_t *out, iv_err_t *err)
+{
+    /* The shape from the dataset's own info: both orientations share it. */
+    const iv_dataset_info_t *in = iv_dataset_info(src->ds);
+    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
+    int64_t n_major = a->csr ? in->n_rows : in->n_cols;
+    int64_t C = a->chunks[0];
+    int64_t lo = k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
+    uint8_t *dst = grow_zero(out, (size_t)C * iv_dtype_size(a->vt));
+    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    /* The slices holding [lo, hi): the last one starting at or before lo,
+     * up to the first one starting at or after hi. */
+    if (entry_at(&p, 0) != 0 || entry_at(&p, n_major) != in->nnz)
+        return iv_fail(err, IV_ECORRUPT, "X: the pointers do not span the %lld entries", (long long)in->nnz);
+    int64_t j0 = upper_bound(&p, n_major + 1, lo) - 1;
+    int64_t j1 = lower_bound(&p, n_major + 1, hi);
+    if (j0 < 0 || j1 > n_major || j1 <= j0)
+        return iv_fail(err, IV_ECORRUPT, "X: no slices hold entries %lld..%lld (%lld..%lld of %lld)",
+                       (long long)lo, (long long)hi, (long long)j0, (long long)j1, (long long)n_major);
+    int64_t n = j1 - j0;
+    int64_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    for (int64_t i = 0; i < n; i++) ids[i] = j0 + i;
+    iv_sel_t all = {.all = 1}, major = {.n = n, .idx = ids};
+    iv_query_opts_t o = {
+        .axis = a->csr ? IV_OUT_ROWS : IV_OUT_VARS,
+        .pick = a->csr ? IV_PICK_CELLS : IV_PICK_GENES,
+    };
+    iv_query_t *q = NULL;
+    int rc = iv_query_new(src->ds, a->csr ? &major : &all, a->csr ? &all : &major, &o, &q, err);
+    free(ids);
+    if (rc == 0) rc = iv_query_prepare(q, NULL, err);
+    for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
+        iv_block_t blk;
+        memset(&blk, 0, sizeof blk);
+        rc = iv_query_decode_block(q, b, &blk, err);
+        if (rc == 0) rc = copy_block(a, &blk, &p, lo, hi, dst, err);
+        iv_block_free(&blk);
+    }
+    iv_query_free(q);
+    return rc;
+}
+
+static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_buf_t *out,
+                   iv_err_t *err)
+{
+    iv_dataset_t *md;
+    IV_TRY(x_orient(src, a, &md, err));
+    if (a->src == ZS_X_INDPTR) {
+        /* One chunk: the whole pointer array. */
+        ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
+        if (iv_buf_reserve(out, (size_t)a->shape[0] * sizeof(int64_t)) != 0)
+            return iv_fail(err, IV_ENOMEM, "out of memory for X/indptr");
+        int64_t *d = (int64_t *)(void *)(out->data + out->len);
+        for (int64_t j = 0; j < a->shape[0]; j++) d[j] = entry_at(&p, j);
+        out->len += (size_t)a->shape[0] * sizeof(int64_t);
+        return 0;
+    }
+    return x_entries(src, a, md, k, out, err);
+}
+
+/* ---- columns and arrays -------------------------------------------------------- */
+
+static int col_chunk(const zarr_arr_t *a, int64_t k, iv_buf_t *out, iv_err_t *err)
+{
+    const iv_meta_col_t *c = a->col;
+    int64_t C = a->chunks[0], lo = k * C, hi = lo + C < a->shape[0] ? lo + C : a->shape[0];
+    size_t isz = a->is_bool ? 1 : iv_dtype_size(a->vt);
+    uint8_t *dst = grow_zero(out, (size_t)C * isz);
+    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    for (int64_t i = lo; i < hi; i++) {
+        uint8_t *d = dst + (size_t)(i - lo) * isz;
+        if (a->src == ZS_COL_MASK) *d = c->mask && c->mask[i] ? 1 : 0;
+        else if (a->src == ZS_CATS_NUM) put_num(d, a->vt, 0, c->cat_num[i], 1);
+        else if (c->type == IV_COL_CATEGORICAL) put_num(d, a->vt, c->codes[i], 0, 0);
+        else if (c->type == IV_COL_BOOL) *d = c->b[i] ? 1 : 0;
+        else if (c->type == IV_COL_INT) put_num(d, a->vt, c->mask && c->mask[i] ? 0 : c->i64[i], 0, 0);
+        else put_num(d, a->vt, 0, c->f64[i], 1);
+    }
+    return 0;
+}
+
+static void put_u32(iv_buf_t *out, size_t v)
+{
+    iv_buf_u32le(out, (uint32_t)v);
+}
+
+/* numcodecs' vlen-utf8: the item count, then each item's byte length and
+ * bytes (little-endian 32-bit lengths).  A missing string is "". */
+static int str_chunk(const zarr_arr_t *a, iv_buf_t *out, iv_err_t *err)
+{
+    const iv_meta_col_t *c = a->col;
+    int64_t n = a->shape[0];
+    for (int64_t i = 0; i < n; i++) {
+        const char *s = a->src == ZS_CATS_STR ? iv_meta_col_cat(c, i) : iv_meta_col_str(c, i);
+        if (strlen(s) > UINT32_MAX) return iv_fail(err, IV_ETOO_LARGE, "a string over 4 GiB");
+    }
+    put_u32(out, (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        const char *s = a->src == ZS_CATS_STR ? iv_meta_col_cat(c, i) : iv_meta_col_str(c, i);
+        if (a->src == ZS_COL_STR && c->mask && c->mask[i]) s = "";
+        size_t l = strlen(s);
+        put_u32(out, l);
+        iv_buf_append(out, s, l);
+    }
+    return 0;
+}
+
+static int marray_chunk(const zarr_arr_t *a, int64_t k, iv_buf_t *out, iv_err_t *err)
+{
+    const iv_marray_t *m = a->ma;
+    size_t row = iv_dtype_size(m->dtype) * (size_t)m->n_cols;
+    int64_t R = a->chunks[0], lo = k * R, hi = lo + R < m->n_rows ? lo + R : m->n_rows;
+    uint8_t *dst = grow_zero(out, (size_t)R * row);
+    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    memcpy(dst, (const uint8_t *)m->data + (size_t)lo * row, (size_t)(hi - lo) * row);
+    return 0;
+}
+
+int zarr_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, const int64_t idx[2], iv_buf_t *out,
+               iv_err_t *err)
+{
+    switch (a->src) {
+    case ZS_X_INDPTR:
+    case ZS_X_INDICES:
+    case ZS_X_DATA: return x_chunk(src, a, idx[0], out, err);
+    case ZS_COL:
+    case ZS_COL_MASK:
+    case ZS_CATS_NUM: return col_chunk(a, idx[0], out, err);
+    case ZS_COL_STR:
+    case ZS_CATS_STR: return str_chunk(a, out, err);
+    case ZS_MARRAY: return marray_chunk(a, idx[0], out, err);
+    }
+    return iv_fail(err, IV_ENOT_FOUND, "no such chunk");
+}

@@ -1,0 +1,57 @@
+/*
+ * Internals shared by zarr_store.c (the layout and the metadata nodes)
+ * and zarr_chunk.c (the chunks' bytes); see zarr.h.
+ */
+#ifndef IV_ZARR_IMPL_H
+#define IV_ZARR_IMPL_H
+
+#include <stdint.h>
+
+#include "zarr.h"
+
+/* Where an array's values come from. */
+typedef enum zarr_src {
+    ZS_X_INDPTR = 0,          /* X's major-slice pointers (int64) */
+    ZS_X_INDICES,             /* X's minor indices, entries in major order */
+    ZS_X_DATA,                /* X's values, likewise */
+    ZS_COL,                   /* a column's numbers, bools or category codes */
+    ZS_COL_MASK,              /* a nullable column's mask (bool, 1 = missing) */
+    ZS_COL_STR,               /* a string column or index (vlen-utf8) */
+    ZS_CATS_STR,              /* a categorical column's categories, strings */
+    ZS_CATS_NUM,              /* ... numbers (float64) */
+    ZS_MARRAY,                /* an obsm/varm array */
+} zarr_src_t;
+
+typedef struct zarr_arr {
+    zarr_src_t src;
+    int csr;                  /* X from the cell-major orientation (else gene-major) */
+    char dtype[8];            /* Zarr dtype: "<i8", "|b1", "|O" (vlen-utf8) */
+    iv_dtype_t vt;            /* element type of numeric arrays */
+    int is_bool;
+    int is_str;
+    int ndim;                 /* 1 or 2 */
+    int64_t shape[2], chunks[2];
+    const iv_meta_col_t *col; /* ZS_COL*, ZS_CATS_* */
+    const iv_marray_t *ma;    /* ZS_MARRAY */
+} zarr_arr_t;
+
+typedef struct zarr_node {
+    const char *path;         /* "obs/cell_type/codes"; "" for the root; no "csr/" */
+    int is_group;
+    const char *attrs;        /* the .zattrs JSON object */
+    zarr_arr_t a;             /* arrays */
+} zarr_node_t;
+
+/* Entries per X chunk of a source. */
+static inline int64_t zarr_x_chunk(const iv_zarr_src_t *src)
+{
+    return src->x_chunk > 0 ? src->x_chunk : IV_ZARR_X_CHUNK;
+}
+
+/* Appends chunk idx (idx[1] is 0 for 1-D arrays) of array a to out, the
+ * bytes zarr-python writes for it; the caller checked that idx is a chunk
+ * of the array.  Errors as iv_zarr_get's. */
+int zarr_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, const int64_t idx[2], iv_buf_t *out,
+               iv_err_t *err);
+
+#endif
