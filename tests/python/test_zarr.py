@@ -1,0 +1,282 @@
+"""The Zarr store (GET|HEAD /v1/datasets/{id}/zarr/{key}) read by the real
+Python clients: zarr-python 2 through fsspec's HTTP filesystem and
+anndata's read_zarr, compared with the file read by h5py/anndata; chunks
+compared byte for byte with what zarr-python writes for the same arrays
+and chunking; 404s, HEAD, ETag/304 and tokens.
+
+The datasets have more entries than one X chunk (IV_ZARR_X_CHUNK, 65,536)
+so that chunk boundaries fall inside genes and cells.
+"""
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+import scipy.sparse as sp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import zarrdata  # noqa: E402
+
+# The real clients are the point of these tests: their absence fails.
+try:
+    import aiohttp  # noqa: F401  (fsspec's HTTP filesystem)
+    import fsspec
+    import zarr
+except ImportError as e:
+    raise ImportError("the Zarr store tests need Debian's python3-zarr, python3-fsspec and "
+                      "python3-aiohttp: %s" % e)
+import anndata  # noqa: E402
+from anndata.experimental import read_elem  # noqa: E402
+from numcodecs import VLenUTF8  # noqa: E402
+
+N_OBS, N_VAR = 3000, 250     # ~112,000 entries: two X chunks, boundaries inside slices
+CASES = {"r_int": ("ivcsr", "int32", 1), "c_f32": ("ivcsc", "float32", 2)}
+TOKEN = "zarr-secret-token"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("zarr"))
+    data, ds = {}, []
+    for name, (orient, dt, seed) in CASES.items():
+        d = zarrdata.make_data(seed, N_OBS, N_VAR, dt)
+        path = os.path.join(tmp, name + ".h5ad")
+        zarrdata.write_dataset(path, *d, orientation=orient)
+        data[name] = (path, d)
+        ds.append({"id": name, "path": path})
+    ds.append({"id": "locked", "path": data["r_int"][0], "tokens": [TOKEN]})
+    s = zarrdata.Server(tmp, ds, cfg_extra={"cors_origins": ["https://vitessce.example"]})
+    zarrdata.wait_both(s.url, list(CASES), )
+    yield s, data
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def store_url(s, name, csr=False):
+    return "%s/v1/datasets/%s/zarr%s" % (s.url, name, "/csr" if csr else "")
+
+
+def open_group(s, name, csr=False):
+    return zarr.open_consolidated(fsspec.get_mapper(store_url(s, name, csr)), mode="r")
+
+
+class FileFrames:
+    """obs and var of the file as anndata reads them (its X is packed)."""
+
+    def __init__(self, path):
+        import h5py
+        with h5py.File(path, "r") as f:
+            self.obs = read_elem(f["obs"])
+            self.var = read_elem(f["var"])
+
+
+def file_adata(path):
+    return FileFrames(path)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("csr", [False, True], ids=["csc", "csr"])
+def test_x_equals_the_file(env, name, csr):
+    s, data = env
+    X = data[name][1][0]
+    g = open_group(s, name, csr)
+    x = g["X"]
+    assert x.attrs["encoding-type"] == ("csr_matrix" if csr else "csc_matrix")
+    assert list(x.attrs["shape"]) == [N_OBS, N_VAR]
+    want = sp.csr_matrix(X) if csr else sp.csc_matrix(X)
+    want.sort_indices()
+    assert x["indptr"].dtype == np.int64 and x["indices"].dtype == np.int32
+    assert x["data"].dtype == X.dtype
+    assert x["indices"].chunks[0] < want.nnz  # several chunks
+    assert np.array_equal(x["indptr"][:], want.indptr)
+    assert np.array_equal(x["indices"][:], want.indices)
+    assert np.array_equal(x["data"][:], want.data)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_gene_column_reads_only_its_range(env, name):
+    s, data = env
+    X = sp.csc_matrix(data[name][1][0])
+    x = open_group(s, name)["X"]
+    indptr = x["indptr"][:]
+    for j in (0, 7, N_VAR // 2, N_VAR - 1):
+        a, b = indptr[j], indptr[j + 1]
+        col = np.zeros(N_OBS, X.dtype)
+        col[x["indices"][a:b]] = x["data"][a:b]
+        assert np.array_equal(col, X[:, j].toarray().ravel()), j
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_obs_var_obsm_equal_the_file(env, name):
+    s, data = env
+    path, (X, obs, var, obsm, varm) = data[name]
+    g = open_group(s, name)
+    f = file_adata(path)
+    for frame, want in (("obs", f.obs), ("var", f.var)):
+        got = read_elem(g[frame])
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+        assert list(got.columns) == list(want.columns)
+    assert g["obs"]["cell_type"]["codes"].dtype == np.int8  # pandas' width, as anndata writes
+    for k, v in obsm.items():
+        assert g["obsm"][k].dtype == v.dtype
+        assert np.array_equal(g["obsm"][k][:], v)
+    assert np.array_equal(g["varm"]["PCs"][:], varm["PCs"])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_anndata_read_zarr_over_http(env, name):
+    s, data = env
+    path, (X, obs, var, obsm, varm) = data[name]
+    # anndata 0.8's read_zarr lists groups through the store (zarr.open, not
+    # open_consolidated): given the mapper alone, obsm would come back
+    # empty; the consolidated store answers the listings from .zmetadata.
+    a = anndata.read_zarr(consolidated(s, name))
+    f = file_adata(path)
+    assert a.shape == (N_OBS, N_VAR)
+    assert isinstance(a.X, sp.csc_matrix)
+    assert (a.X != sp.csc_matrix(X)).nnz == 0 and a.X.dtype == X.dtype
+    pd.testing.assert_frame_equal(a.obs, f.obs, check_exact=True)
+    pd.testing.assert_frame_equal(a.var, f.var, check_exact=True)
+    assert sorted(a.obsm.keys()) == sorted(obsm)
+    for k, v in obsm.items():
+        assert np.array_equal(a.obsm[k], v)
+    assert np.array_equal(a.varm["PCs"], varm["PCs"])
+    csr = anndata.read_zarr(consolidated(s, name, csr=True))
+    assert isinstance(csr.X, sp.csr_matrix) and (csr.X != sp.csr_matrix(X)).nnz == 0
+
+
+class Consolidated(zarr.storage.ConsolidatedMetadataStore):
+    """What zarr.open_consolidated builds, as one store for zarr.open (which
+    anndata 0.8's read_zarr calls): metadata and listings from .zmetadata,
+    chunks from the HTTP mapper."""
+
+    def __init__(self, mapper):
+        super().__init__(mapper)
+        self.chunks = mapper
+
+    def __getitem__(self, key):
+        return self.meta_store[key] if key in self.meta_store else self.chunks[key]
+
+
+def consolidated(s, name, csr=False):
+    return Consolidated(fsspec.get_mapper(store_url(s, name, csr)))
+
+
+def arrays_of(group, prefix=""):
+    for k, v in group.items():
+        if isinstance(v, zarr.Array):
+            yield prefix + k, v
+        else:
+            yield from arrays_of(v, prefix + k + "/")
+
+
+@pytest.mark.parametrize("csr", [False, True], ids=["csc", "csr"])
+def test_chunks_are_what_zarr_python_writes(env, tmp_path, csr):
+    """Every array of the store, written by zarr-python with the same
+    dtype, shape, chunks, compressor and fill value into a local store:
+    every chunk it writes is byte-identical to the one served."""
+    s, data = env
+    name = "r_int"
+    g = open_group(s, name, csr)
+    local = zarr.open_group(str(tmp_path / "local.zarr"), mode="w")
+    base = store_url(s, name, csr)
+    sess = requests.Session()
+    n_chunks = 0
+    for key, arr in arrays_of(g):
+        vals = arr[:]
+        kw = {"object_codec": VLenUTF8()} if arr.dtype == object else {}
+        out = local.create_dataset(key, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype,
+                                   compressor=None, fill_value=arr.fill_value, **kw)
+        out[...] = vals
+        for dirpath, _, files in os.walk(str(tmp_path / "local.zarr" / key)):
+            for fn in files:
+                if fn.startswith("."):
+                    continue
+                want = open(os.path.join(dirpath, fn), "rb").read()
+                r = sess.get("%s/%s/%s" % (base, key, fn))
+                assert r.status_code == 200, (key, fn, r.text)
+                assert r.content == want, (key, fn, len(r.content), len(want))
+                n_chunks += 1
+    assert n_chunks >= 20
+
+
+def test_absent_keys_are_404(env):
+    s, _ = env
+    base = store_url(s, "r_int")
+    for key in ["nope", "X/nope/.zarray", "X/.zarray", "X/indices/.zgroup", "X/indices/2",
+                "X/indices/-1", "X/indices/0.0", "X/indptr/1", "obsm/X_umap/0", "obsm/X_umap/0.1",
+                "obsm/X_umap/1.0", "obs/.zarray", "obs/cell_type/codes/00x", ".zmetadata/x",
+                "csr/csr/.zgroup", "obs/_index/.zgroup", "X/indices/99999999999999999999999"]:
+        r = requests.get("%s/%s" % (base, key))
+        assert r.status_code == 404, (key, r.status_code, r.text[:200])
+        assert r.json()["error"]["code"] in ("not_found",), r.text
+    # An unknown id answers as a protected one would (a dataset here has a token).
+    assert requests.get(s.url + "/v1/datasets/nope/zarr/.zgroup").status_code in (401, 404)
+    # The index and groups are there.
+    assert requests.get(base + "/obsm/X_umap/0.0").status_code == 200
+    assert requests.get(base + "/obs/.zgroup").json() == {"zarr_format": 2}
+
+
+def test_head_etag_cache_and_cors(env):
+    s, _ = env
+    url = store_url(s, "r_int") + "/X/indices/1"
+    h = {"Origin": "https://vitessce.example"}
+    g = requests.get(url, headers=h)
+    assert g.status_code == 200 and g.headers["Content-Type"] == "application/octet-stream"
+    assert "max-age=" in g.headers["Cache-Control"]
+    assert g.headers["Access-Control-Allow-Origin"] == "https://vitessce.example"
+    hd = requests.head(url, headers=h)
+    assert hd.status_code == 200 and hd.content == b""
+    assert hd.headers["Content-Length"] == str(len(g.content))
+    assert hd.headers["ETag"] == g.headers["ETag"]
+    nm = requests.get(url, headers={"If-None-Match": g.headers["ETag"]})
+    assert nm.status_code == 304 and nm.content == b""
+    other = requests.get(store_url(s, "r_int") + "/X/indices/0")
+    assert other.headers["ETag"] != g.headers["ETag"]
+    # Chunks go uncoded even when gzip is offered; metadata is encoded.
+    gz = requests.get(url, headers={"Accept-Encoding": "gzip"})
+    assert "Content-Encoding" not in gz.headers and gz.content == g.content
+    zm = requests.get(store_url(s, "r_int") + "/.zmetadata", headers={"Accept-Encoding": "gzip"})
+    assert zm.headers.get("Content-Encoding") == "gzip" and "obs/_index/.zarray" in zm.json()["metadata"]
+
+
+def test_tokens_in_header_or_query(env):
+    s, _ = env
+    base = s.url + "/v1/datasets/locked/zarr"
+    assert requests.get(base + "/.zgroup").status_code == 401
+    assert requests.get(base + "/.zgroup?token=wrong").status_code == 401
+    assert requests.get(base + "/.zgroup", headers={"Authorization": "Bearer " + TOKEN}).status_code == 200
+    assert requests.get(base + "/.zgroup?token=" + TOKEN).status_code == 200
+    r = requests.get(base + "/X/indices/0?token=" + TOKEN)
+    assert r.status_code == 200 and "private" in r.headers["Cache-Control"]
+    # The query form is the store's only: other routes want the header.
+    assert requests.get(s.url + "/v1/datasets/locked?token=" + TOKEN).status_code == 401
+    # zarr-python with the token in a header.
+    g = zarr.open_consolidated(fsspec.get_mapper(
+        base, client_kwargs={"headers": {"Authorization": "Bearer " + TOKEN}}), mode="r")
+    assert g["X"]["indptr"][-1] == g["X"]["indices"].shape[0]
+
+
+def test_x_chunks_wait_for_the_other_orientation(tmp_path):
+    """Without the gene-major orientation (other_orientation budget 0: never
+    built), X's csc chunks are refused with a clear error, metadata and the
+    csr/ store are served."""
+    d = zarrdata.make_data(3, 200, 30, "int32")
+    path = str(tmp_path / "a.h5ad")
+    zarrdata.write_dataset(path, *d, orientation="ivcsr")
+    s = zarrdata.Server(str(tmp_path), [{"id": "a", "path": path, "transpose_bytes": 0}])
+    try:
+        base = store_url(s, "a")
+        assert requests.get(base + "/X/indices/.zarray").status_code == 200
+        r = requests.get(base + "/X/indices/0")
+        assert r.status_code in (404, 503), r.text
+        assert "gene-major" in r.json()["error"]["message"]
+        if r.status_code == 503:
+            assert "Retry-After" in r.headers
+        g = zarr.open_consolidated(fsspec.get_mapper(store_url(s, "a", csr=True)), mode="r")
+        assert np.array_equal(g["X"]["indices"][:], sp.csr_matrix(d[0]).indices)
+    finally:
+        assert s.stop() == 0
