@@ -69,6 +69,10 @@ RAMP = [(0.00, 48, 18, 90), (0.25, 44, 90, 160), (0.50, 32, 150, 140), (0.75, 14
         (1.00, 250, 230, 40)]
 
 
+# A gene's non-expressing cells (web/viewer/expression.js ZERO), restated.
+ZERO = [215, 215, 215]
+
+
 def ramp_color(t):
     t = 0.0 if not t >= 0 else min(t, 1.0)
     i = 1
@@ -432,7 +436,9 @@ def test_colour_by_gene_matches_query_values(browser, srv, data, outdir):
                     | set(np.flatnonzero(vals == hi)[:3].tolist()) | set(np.flatnonzero(vals == lo)[:3].tolist()))
     colors = browser.execute_script("return __ivTest.colors(arguments[0])", sample)
     for i, c in zip(sample, colors):
-        want = ramp_color((vals[i] - lo) / (hi - lo))
+        # Cells that do not express the gene get the light neutral colour
+        # (web/viewer/expression.js ZERO), the others the ramp.
+        want = ZERO if vals[i] == 0 else ramp_color((vals[i] - lo) / (hi - lo))
         assert max(abs(a - b) for a, b in zip(c[:3], want)) <= 1, (i, vals[i], c, want)
     # Cells with different values get different colours (the ramp is not flat).
     assert ramp_color(0) != ramp_color(1)

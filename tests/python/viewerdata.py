@@ -55,12 +55,18 @@ def add_umap(path, column="cell_type", seed=7):
     write_umap(path, blob_coords(codes, np.random.default_rng(seed), len(obs[column].cat.categories)))
 
 
-def make_dataset(path, n_cells=3000, n_genes=60, seed=11):
+def ensembl_ids(n_genes):
+    return ["ENSG%011d" % (1000 + i) for i in range(n_genes)]
+
+
+def make_dataset(path, n_cells=3000, n_genes=60, seed=11, symbols=None):
     """Writes the test dataset and returns (X csr int32, obs DataFrame, umap float32).
 
     Expression depends on the cell type (each type raises two of the named
     genes), so the dot plot has something to show; about 8 % of entries are
-    stored."""
+    stored.  With symbols="feature_name" (or another column name) the var
+    index holds Ensembl-style ids (ensembl_ids) and that column the gene
+    symbols (gene_names), as CELLxGENE's files do."""
     from anndata.experimental import write_elem
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, len(CELL_TYPES), n_cells)
@@ -87,6 +93,10 @@ def make_dataset(path, n_cells=3000, n_genes=60, seed=11):
     with h5py.File(path, "a") as f:
         del f["obs"]
         write_elem(f, "obs", obs)
+        if symbols:
+            del f["var"]
+            write_elem(f, "var", pd.DataFrame({symbols: pd.Categorical(gene_names(n_genes))},
+                                              index=pd.Index(ensembl_ids(n_genes), name="_index")))
     umap = blob_coords(codes, rng, len(CELL_TYPES))
     write_umap(path, umap)
     return X, obs, umap

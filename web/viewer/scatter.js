@@ -16,6 +16,16 @@
 // movement.  A software renderer (no GPU) then still follows the mouse
 // with 1.26 million cells; a GPU never needed it, and still gets it only
 // while moving.
+//
+// Draw order and visibility: setOrder() gives the cells to draw, in the
+// order to draw them (later on top): a gene's expressing cells after its
+// zeros, hidden categories and filtered cells left out.  WebGL draws it
+// with one drawElements over a 32-bit index buffer (OES_element_index_uint,
+// which every WebGL 1 implementation we know has); the sample drawn while
+// moving keeps the same order and leaves out the same cells.
+//
+// The overlay also carries the hovered and the pinned cell's rings, drawn
+// again whenever the view changes.
 
 const VS = `
 attribute vec2 a_pos;
@@ -58,6 +68,10 @@ export class Scatter {
     this.xy = null;
     this.rgba = null;
     this.view = { cx: 0, cy: 0, scale: 1 };
+    this.order = null;         // Uint32Array of the cells drawn, in order; null = all in file order
+    this.rings = [];           // [{i, color}] drawn on the overlay
+    this.onClick = null;
+    this.onView = null;
     this.mode = 'pan';
     this.onSelect = null;
     this.onHover = null;
@@ -96,6 +110,9 @@ export class Scatter {
     this.colBuf = gl.createBuffer();
     this.lodPosBuf = gl.createBuffer();
     this.lodColBuf = gl.createBuffer();
+    this.idxBuf = gl.createBuffer();
+    this.lodIdxBuf = gl.createBuffer();
+    this.uintExt = gl.getExtension('OES_element_index_uint');
     const range = gl.getParameter(gl.ALIASED_POINT_SIZE_RANGE);
     this.maxPoint = range ? range[1] : 16;
   }
@@ -104,6 +121,8 @@ export class Scatter {
   setPoints(xy, n) {
     this.xy = xy;
     this.n = n;
+    this.order = null;
+    this.rings = [];
     if (this.gl) {
       const gl = this.gl;
       gl.bindBuffer(gl.ARRAY_BUFFER, this.posBuf);
@@ -132,7 +151,10 @@ export class Scatter {
     }
     const xy = new Float32Array(2 * LOD_CELLS);
     for (let k = 0; k < LOD_CELLS; k++) { xy[2 * k] = this.xy[2 * idx[k]]; xy[2 * k + 1] = this.xy[2 * idx[k] + 1]; }
-    this.lod = { idx, xy, rgba: null };
+    // Where each cell sits in the sample (-1: not in it), for the sample's order.
+    const pos = new Int32Array(n).fill(-1);
+    for (let k = 0; k < LOD_CELLS; k++) pos[idx[k]] = k;
+    this.lod = { idx, xy, rgba: null, pos, order: null };
     if (this.gl) {
       const gl = this.gl;
       gl.bindBuffer(gl.ARRAY_BUFFER, this.lodPosBuf);
@@ -152,6 +174,62 @@ export class Scatter {
       gl.bindBuffer(gl.ARRAY_BUFFER, this.lodColBuf);
       gl.bufferData(gl.ARRAY_BUFFER, out, gl.DYNAMIC_DRAW);
     }
+  }
+
+  // The cells to draw, in order (later on top), or null for every cell in
+  // file order.
+  setOrder(order) {
+    this.order = order;
+    if (this.gl && order) {
+      const gl = this.gl;
+      gl.bindBuffer(gl.ELEMENT_ARRAY_BUFFER, this.idxBuf);
+      gl.bufferData(gl.ELEMENT_ARRAY_BUFFER, order, gl.DYNAMIC_DRAW);
+    }
+    if (this.lod) {
+      const l = this.lod;
+      l.order = null;
+      if (order) {
+        const out = new Uint32Array(order.length);
+        let m = 0;
+        for (let k = 0; k < order.length; k++) { const p = l.pos[order[k]]; if (p >= 0) out[m++] = p; }
+        l.order = out.slice(0, m);
+        if (this.gl) {
+          const gl = this.gl;
+          gl.bindBuffer(gl.ELEMENT_ARRAY_BUFFER, this.lodIdxBuf);
+          gl.bufferData(gl.ELEMENT_ARRAY_BUFFER, l.order, gl.DYNAMIC_DRAW);
+        }
+      }
+    }
+    this.requestDraw();
+  }
+
+  // Rings around cells on the overlay: [{i, color}].
+  setRings(rings) {
+    this.rings = rings;
+    if (!this.dragging) this.drawRings();
+  }
+
+  drawRings() {
+    this.clearOverlay();
+    if (!this.xy) return;
+    const ctx = this.octx, dpr = window.devicePixelRatio || 1, r = this.pointSize() / 2 + 3;
+    ctx.save();
+    ctx.scale(dpr, dpr);
+    for (const ring of this.rings) {
+      const [x, y] = this.dataToScreen(this.xy[2 * ring.i], this.xy[2 * ring.i + 1]);
+      ctx.strokeStyle = ring.color;
+      ctx.lineWidth = 2;
+      ctx.beginPath();
+      ctx.arc(x, y, r, 0, 2 * Math.PI);
+      ctx.stroke();
+    }
+    ctx.restore();
+  }
+
+  // The overlay's RGBA at CSS pixel (px, py) (the tests read the rings).
+  readOverlayPixel(px, py) {
+    const dpr = window.devicePixelRatio || 1;
+    return Array.from(this.octx.getImageData(Math.floor(px * dpr), Math.floor(py * dpr), 1, 1).data);
   }
 
   // Called on every movement: frames use the sample until it settles.
@@ -220,14 +298,17 @@ export class Scatter {
   draw() {
     const all = this.xy && this.rgba ? this.n : 0;
     const sample = all && this.lod && this.lod.rgba && performance.now() < (this.moveUntil || 0);
-    const n = sample ? this.lod.idx.length : all;
-    if (this.gl) this.drawGl(n, sample); else this.draw2d(n, sample);
+    const order = !all ? null : sample ? this.lod.order : this.order;
+    const n = !all ? 0 : order ? order.length : sample ? this.lod.idx.length : all;
+    if (this.gl) this.drawGl(n, sample, order); else this.draw2d(n, sample, order);
     this.drawnPoints = n;
     this.frames++;
+    if (!this.dragging) this.drawRings();
     if (this.onFrame) this.onFrame(n);
+    if (this.onView) this.onView();
   }
 
-  drawGl(n, sample) {
+  drawGl(n, sample, order) {
     const gl = this.gl, w = this.canvas.width, h = this.canvas.height, dpr = window.devicePixelRatio || 1;
     gl.viewport(0, 0, w, h);
     gl.clearColor(1, 1, 1, 1);
@@ -244,10 +325,15 @@ export class Scatter {
     gl.uniform2f(this.loc.center, v.cx, v.cy);
     gl.uniform2f(this.loc.scale, (2 * v.scale * dpr) / w, (2 * v.scale * dpr) / h);
     gl.uniform1f(this.loc.size, Math.min(this.pointSize() * dpr, this.maxPoint));
-    gl.drawArrays(gl.POINTS, 0, n);
+    if (order && this.uintExt) {
+      gl.bindBuffer(gl.ELEMENT_ARRAY_BUFFER, sample ? this.lodIdxBuf : this.idxBuf);
+      gl.drawElements(gl.POINTS, n, gl.UNSIGNED_INT, 0);
+    } else {
+      gl.drawArrays(gl.POINTS, 0, n);
+    }
   }
 
-  draw2d(n, sample) {
+  draw2d(n, sample, order) {
     const ctx = this.ctx, w = this.canvas.width, h = this.canvas.height, dpr = window.devicePixelRatio || 1;
     const img = ctx.createImageData(w, h);
     const px = new Uint32Array(img.data.buffer);
@@ -256,7 +342,8 @@ export class Scatter {
     const r = Math.max(1, Math.round(this.pointSize() * dpr / 2));
     const xy = sample ? this.lod.xy : this.xy, c = sample ? this.lod.rgba : this.rgba;
     // Little-endian RGBA bytes read as one 32-bit word: A B G R from the top.
-    for (let i = 0; i < n; i++) {
+    for (let j = 0; j < n; j++) {
+      const i = order ? order[j] : j;
       const x = Math.round(xy[2 * i] * k + ox), y = Math.round(oy - xy[2 * i + 1] * k);
       if (x < -r || y < -r || x >= w + r || y >= h + r) continue;
       const word = (255 << 24 | c[4 * i + 2] << 16 | c[4 * i + 1] << 8 | c[4 * i]) >>> 0;
@@ -294,16 +381,19 @@ export class Scatter {
       if (e.button !== 0) return;
       ov.setPointerCapture(e.pointerId);
       const p = pos(e);
-      drag = { start: p, last: p, path: [p], view: { ...this.view } };
+      drag = { start: p, last: p, path: [p], view: { ...this.view }, moved: false };
+      this.dragging = this.mode !== 'pan';
     });
     ov.addEventListener('pointermove', (e) => {
       const p = pos(e);
       if (!drag) {
-        if (this.onHover && this.xy) this.onHover(this.screenToData(p[0], p[1]));
+        if (this.onHover && this.xy) this.onHover(this.screenToData(p[0], p[1]), p);
         return;
       }
       drag.last = p;
+      if (Math.abs(p[0] - drag.start[0]) + Math.abs(p[1] - drag.start[1]) > 3) drag.moved = true;
       if (this.mode === 'pan') {
+        if (!drag.moved) return;
         this.view.cx = drag.view.cx - (p[0] - drag.start[0]) / this.view.scale;
         this.view.cy = drag.view.cy + (p[1] - drag.start[1]) / this.view.scale;
         this.userMoved = true;
@@ -319,7 +409,12 @@ export class Scatter {
       const d = drag;
       drag = null;
       if (e.type === 'pointerup') d.last = pos(e);
-      this.clearOverlay();
+      this.dragging = false;
+      this.drawRings();
+      if (e.type === 'pointerup' && !d.moved && this.onClick) {
+        this.onClick(this.screenToData(d.last[0], d.last[1]), d.last);
+        return;
+      }
       if (this.mode === 'box' && this.onSelect) {
         const [x0, y0] = this.screenToData(d.start[0], d.start[1]);
         const [x1, y1] = this.screenToData(d.last[0], d.last[1]);
@@ -329,6 +424,7 @@ export class Scatter {
         this.onSelect({ kind: 'lasso', points: d.path.map((p) => this.screenToData(p[0], p[1])) });
       }
     };
+    ov.addEventListener('pointerleave', () => { if (!drag && this.onHover) this.onHover(null, null); });
     ov.addEventListener('pointerup', finish);
     ov.addEventListener('pointercancel', finish);
     ov.addEventListener('wheel', (e) => {
