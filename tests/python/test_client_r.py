@@ -121,10 +121,12 @@ def write_expected(folder, ds_id, m, obs, var):
 def write_layered(path, folder):
     """test_layers.py's data (X, layers counts and log, raw/X with raw/var
     of more genes) as a served file, and what the R test compares with:
-    layers/counts and raw/X as Matrix Market, the obs, var and raw/var
+    X, layers/counts and raw/X as Matrix Market, obsm arrays X_umap and
+    X_pca (added to the file here), the obs, var and raw/var
     names, the raw genes the filter `mt` keeps and the stored entries of a
-    few rows of raw/X (explicit zeros included)."""
+    few rows of raw/X (explicit zeros included), and the obs / var columns."""
     import test_layers
+    from anndata.experimental import write_elem
     d = test_layers.write_client_file(path)
     os.makedirs(folder)
     def coo(m):  # float64 and 17 digits: every stored value read back exactly
@@ -133,8 +135,18 @@ def write_layered(path, folder):
         return sp.coo_matrix((m.data.astype(np.float64), (r, m.indices.astype(np.int64))),
                              shape=m.shape)
 
+    scipy.io.mmwrite(os.path.join(folder, "X.mtx"), coo(d["X"]), precision=17)
     scipy.io.mmwrite(os.path.join(folder, "counts.mtx"), coo(d["counts"]), precision=17)
     scipy.io.mmwrite(os.path.join(folder, "raw.mtx"), coo(d["raw"]), precision=17)
+    # obsm arrays for ivs_obsm(), as_sce() and as_seurat(): float32 and float64.
+    rng = np.random.default_rng(29)
+    obsm = {"X_umap": rng.standard_normal((len(d["obs"]), 2)).astype(np.float32),
+            "X_pca": rng.standard_normal((len(d["obs"]), 5))}
+    with h5py.File(path, "a") as f:
+        for k, v in obsm.items():
+            write_elem(f, "obsm/" + k, v)
+    with open(os.path.join(folder, "obsm.json"), "w") as f:
+        json.dump({k: v.astype(np.float64).tolist() for k, v in obsm.items()}, f)
     rows = [7, 3, 3, 100]
     raw = sp.csr_matrix(d["raw"])
     with open(os.path.join(folder, "names.json"), "w") as f:
@@ -142,7 +154,10 @@ def write_layered(path, folder):
                    "raw_var": list(d["raw_var"].index),
                    "raw_mt": (np.flatnonzero(d["raw_var"]["mt"].to_numpy()) + 1).tolist(),
                    "rows": [r + 1 for r in rows],
-                   "raw_rows_nnz": int(sum(raw.indptr[r + 1] - raw.indptr[r] for r in rows))}, f)
+                   "raw_rows_nnz": int(sum(raw.indptr[r + 1] - raw.indptr[r] for r in rows)),
+                   "cell_type": [str(x) for x in d["obs"]["cell_type"]],
+                   "cell_types": [str(x) for x in d["obs"]["cell_type"].cat.categories],
+                   "age": d["obs"]["age"].tolist(), "hv": d["var"]["hv"].tolist()}, f)
 
 
 def test_r_client(ivserve, tmp_path):

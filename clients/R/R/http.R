@@ -40,8 +40,9 @@ ivs_path <- function(dataset, ...) {
 }
 
 # One request; returns the httr2 response or signals an ivserve_error.
-ivs_request <- function(client, path, query = NULL, body = NULL, accept = NULL) {
+ivs_request <- function(client, path, query = NULL, body = NULL, accept = NULL, progress = FALSE) {
   req <- httr2::request(paste0(client$url, path))
+  if (isTRUE(progress) && interactive()) req <- with_progress(req, environment())
   req <- httr2::req_timeout(req, client$timeout)
   req <- httr2::req_error(req, is_error = function(resp) FALSE)
   if (!is.null(client$token)) req <- httr2::req_auth_bearer_token(req, client$token)
@@ -72,4 +73,21 @@ ivs_request <- function(client, path, query = NULL, body = NULL, accept = NULL) 
 ivs_get_json <- function(client, path, query = NULL) {
   resp <- ivs_request(client, path, query = query)
   jsonlite::fromJSON(httr2::resp_body_string(resp), simplifyVector = FALSE)
+}
+
+# A cli progress bar of the bytes received, through curl's transfer
+# callback, owned by the caller's frame (env), so that cli closes it when
+# that frame returns.  The answer is streamed (chunked), so its size is not
+# known in advance: the bar counts bytes; cli draws it only past its
+# show_after delay, so quick answers show none.
+with_progress <- function(req, env) {
+  if (!requireNamespace("cli", quietly = TRUE)) return(req)
+  bar <- NULL
+  httr2::req_options(req, noprogress = FALSE, xferinfofunction = function(down, up) {
+    if (is.null(bar)) {
+      bar <<- cli::cli_progress_bar("Receiving", total = NA, type = "download", .envir = env)
+    }
+    cli::cli_progress_update(id = bar, set = down[2], .envir = env)
+    0L
+  })
 }

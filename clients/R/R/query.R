@@ -1,53 +1,89 @@
 # Selections and results.
 #
-# Selections follow R's indexing rules, since R users write them: positive
-# numbers are 1-based positions (any order, duplicates kept), all-negative
-# ones drop those positions, a logical vector of the axis length is a mask,
-# a character vector lists names, NULL is everything; `where` / `var_where`
-# are filters in the server's grammar.  They are checked here against the
-# axis length and sent as the server's 0-based selection objects (a
-# contiguous run as a range, so the request stays small).
+# Selections follow R's own `[` on a matrix, since R users write them:
+# positive numbers are 1-based positions (any order, duplicates kept,
+# fractions truncated), zeros are dropped (so obs = 0 selects nothing), a
+# vector of negatives (zeros allowed among them) drops those positions
+# (out-of-range ones ignored, as `[` does), a logical vector no longer
+# than the axis is recycled over it, a factor selects by its integer
+# codes (as `[` does), a character vector lists names, NULL is
+# everything; `where` / `var_where` are filters in the server's grammar.
+# Two departures, for a remote matrix: NA in a subscript is an error (R
+# would return a row of NA), and names are matched as the server matches
+# them, exactly first, else by a unique ASCII-case-insensitive match.
+# They are checked here against the axis length and sent as the server's
+# 0-based selection objects (a contiguous run as a range, so the request
+# stays small).
 #
 # The result is read from the binary stream (application/vnd.ivserve.csr)
-# with readBin and returned as a dgCMatrix of cells x genes, the rows in
-# the selection's order, with the obs and var names as dimnames.
+# by a C routine (src/decode.c) and returned as a dgCMatrix of cells x
+# genes, the rows in the selection's order, with the obs and var names as
+# dimnames.
 
-ivs_selection <- function(sel, n, axis, names_fn) {
-  if (is.null(sel)) return(NULL)
+bad_selection <- function(axis, fmt, ...) {
+  ivs_stop(NA_integer_, "bad_selection", paste0(axis, ": ", sprintf(fmt, ...)))
+}
+
+# A subscript as R's `[` reads it: list(all = TRUE), list(pos = 1-based
+# positions) or list(names = character).
+ivs_subscript <- function(sel, n, axis) {
+  if (is.null(sel)) return(list(all = TRUE))
+  if (is.factor(sel)) sel <- as.integer(sel)
+  if (anyNA(sel)) bad_selection(axis, "NA in a subscript")
   if (is.logical(sel)) {
-    if (length(sel) != n) {
-      ivs_stop(NA_integer_, "bad_selection",
-               sprintf("%s: a logical mask of length %d does not match the axis length %d",
-                       axis, length(sel), n))
+    if (length(sel) > n) {
+      bad_selection(axis, "(subscript) logical subscript too long (%.0f for an axis of length %.0f)",
+                    length(sel), n)
     }
-    if (anyNA(sel)) ivs_stop(NA_integer_, "bad_selection", paste0(axis, ": NA in a logical mask"))
-    return(list(index = I(which(sel) - 1)))
+    return(list(pos = if (length(sel)) which(rep_len(sel, n)) else integer(0)))
   }
-  if (is.character(sel) || is.factor(sel)) return(list(names = I(as.character(sel))))
+  if (is.character(sel)) return(list(names = sel))
   if (is.numeric(sel)) {
-    if (anyNA(sel)) ivs_stop(NA_integer_, "bad_selection", paste0(axis, ": NA in an index vector"))
     sel <- trunc(sel)
-    if (length(sel) && all(sel <= 0)) {
-      if (any(-sel > n)) {
-        ivs_stop(NA_integer_, "bad_selection", sprintf("%s: index out of bounds (%d)", axis, n))
-      }
-      sel <- setdiff(seq_len(n), -sel)
-    } else if (any(sel < 0)) {
-      ivs_stop(NA_integer_, "bad_selection",
-               paste0(axis, ": positive and negative indices cannot be mixed"))
-    } else {
-      sel <- sel[sel != 0]
+    sel <- sel[sel != 0]
+    if (any(sel < 0)) {
+      if (any(sel > 0)) bad_selection(axis, "only 0's may be mixed with negative subscripts")
+      drop <- -sel[-sel <= n]
+      return(list(pos = if (length(drop)) seq_len(n)[-drop] else seq_len(n)))
     }
-    if (any(sel > n)) {
-      ivs_stop(NA_integer_, "bad_selection",
-               sprintf("%s: index %d is out of bounds for an axis of length %d", axis,
-                       as.integer(max(sel)), n))
+    if (length(sel) && max(sel) > n) {
+      bad_selection(axis, "subscript out of bounds (%.0f for an axis of length %.0f)", max(sel), n)
     }
-    k <- length(sel)
-    if (k > 1 && all(diff(sel) == 1)) return(list(range = c(sel[1] - 1, sel[k])))
-    return(list(index = I(sel - 1)))
+    return(list(pos = sel))
   }
-  ivs_stop(NA_integer_, "bad_selection", paste0(axis, ": cannot select with a ", class(sel)[1]))
+  bad_selection(axis, "cannot select with a %s", class(sel)[1])
+}
+
+# The server's selection object for a subscript (NULL: everything).
+ivs_wire <- function(sub) {
+  if (isTRUE(sub$all)) return(NULL)
+  if (!is.null(sub$names)) return(list(names = I(as.character(sub$names))))
+  sel <- sub$pos
+  k <- length(sel)
+  if (k > 1 && sel[k] - sel[1] == k - 1 && all(diff(sel) == 1)) return(list(range = c(sel[1] - 1, sel[k])))
+  list(index = I(sel - 1))
+}
+
+ivs_selection <- function(sel, n, axis) ivs_wire(ivs_subscript(sel, n, axis))
+
+ascii_lower <- function(s) chartr("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", s)
+
+# Positions of names in table as the server finds them: the first row
+# with exactly that name, else the row of the one name that equals it up
+# to ASCII case (NA when none does, or several distinct names do).
+ivs_match_names <- function(x, table) {
+  p <- match(x, table)
+  miss <- which(is.na(p))
+  if (length(miss)) {
+    folded <- ascii_lower(table)
+    distinct <- folded[!duplicated(table)]
+    ambiguous <- unique(distinct[duplicated(distinct)])
+    want <- ascii_lower(x[miss])
+    q <- match(want, folded)
+    q[want %in% ambiguous] <- NA
+    p[miss] <- q
+  }
+  p
 }
 
 with_where <- function(sel, where) {
@@ -82,22 +118,18 @@ ivs_matrix <- function(client, dataset, matrix) {
 # 1-based var positions of a selection, in the result's order; axis is
 # the table naming the genes ("var", or "raw/var" for raw/X).
 ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") {
-  vn <- NULL
-  pos <- if (is.null(var)) {
+  sub <- ivs_subscript(var, n, "var")
+  pos <- if (isTRUE(sub$all)) {
     seq_len(n)
-  } else if (is.logical(var)) {
-    which(var)
-  } else if (is.character(var) || is.factor(var)) {
-    vn <- ivs_names(client, dataset, axis)
-    p <- match(as.character(var), vn)
+  } else if (!is.null(sub$names)) {
+    p <- ivs_match_names(sub$names, ivs_names(client, dataset, axis))
     if (anyNA(p)) {
       ivs_stop(422L, "unknown_name",
-               paste("var names not found:", paste(utils::head(var[is.na(p)], 10), collapse = ", ")))
+               paste("var names not found:", paste(utils::head(sub$names[is.na(p)], 10), collapse = ", ")))
     }
     p
   } else {
-    v <- trunc(var)
-    if (length(v) && all(v <= 0)) setdiff(seq_len(n), -v) else v[v != 0]
+    sub$pos
   }
   if (!is.null(var_where)) {
     vn <- ivs_names(client, dataset, axis)
@@ -119,121 +151,27 @@ ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") 
   pos
 }
 
-# Reads n little-endian 8-byte integers as doubles (exact below 2^53):
-# readBin reads at most 32-bit integers into R's integer type.
-read_i64 <- function(con, n, signed = TRUE) {
-  if (n == 0) return(numeric(0))
-  w <- readBin(con, "integer", n = 2 * n, size = 4, endian = "little")
-  if (length(w) != 2 * n) ivs_stop(NA_integer_, "truncated", "the result stream was cut")
-  lo <- w[c(TRUE, FALSE)]
-  hi <- w[c(FALSE, TRUE)]
-  lo <- ifelse(lo < 0, lo + 4294967296, lo)
-  if (!signed) hi <- ifelse(hi < 0, hi + 4294967296, hi)
-  hi * 4294967296 + lo
-}
-
-read_values <- function(con, dtype, n) {
-  if (n == 0) return(numeric(0))
-  v <- switch(dtype,
-    "<f4" = readBin(con, "double", n = n, size = 4, endian = "little"),
-    "<f8" = readBin(con, "double", n = n, size = 8, endian = "little"),
-    "|i1" = readBin(con, "integer", n = n, size = 1, signed = TRUE),
-    "|u1" = readBin(con, "integer", n = n, size = 1, signed = FALSE),
-    "<i2" = readBin(con, "integer", n = n, size = 2, signed = TRUE, endian = "little"),
-    "<u2" = readBin(con, "integer", n = n, size = 2, signed = FALSE, endian = "little"),
-    "<i4" = readBin(con, "integer", n = n, size = 4, endian = "little"),
-    "<u4" = {
-      x <- readBin(con, "integer", n = n, size = 4, endian = "little")
-      ifelse(x < 0, x + 4294967296, x)
-    },
-    "<i8" = read_i64(con, n, TRUE),
-    "<u8" = read_i64(con, n, FALSE),
-    ivs_stop(NA_integer_, "bad_stream", paste("unknown value dtype", dtype)))
-  if (length(v) != n) ivs_stop(NA_integer_, "truncated", "the result stream was cut")
-  as.numeric(v)
-}
-
-read_header_str <- function(con) {
-  b <- readBin(con, "raw", n = 8)
-  if (length(b) != 8) ivs_stop(NA_integer_, "truncated", "the result stream was cut")
-  rawToChar(b[b != as.raw(0)])
-}
-
 #' Parse a binary result stream (application/vnd.ivserve.csr).
+#'
+#' Decoded by the package's C routine (src/decode.c) straight into the
+#' slots of a dgCMatrix: no per-value R code and no triplet sort.
 #'
 #' @param body a raw vector holding the whole stream.
 #' @return list(X = dgCMatrix without dimnames, obs = 0-based dataset rows of X's rows).
 ivs_read_stream <- function(body) {
-  con <- rawConnection(body, "rb")
-  on.exit(close(con))
-  cut <- function() ivs_stop(NA_integer_, "truncated", "the result stream was cut (no trailer)")
-  magic <- readBin(con, "raw", n = 4)
-  if (length(magic) != 4 || rawToChar(magic) != "IVQS") {
-    ivs_stop(NA_integer_, "bad_stream", "not an ivserve binary stream")
+  res <- .Call(C_ivs_decode_csr, body)
+  if (!is.null(res$error)) {
+    if (is.raw(res$message)) {
+      # An error trailer: the server's JSON error document.
+      msg <- rawToChar(res$message)
+      err <- tryCatch(jsonlite::fromJSON(msg)$error, error = function(e) NULL)
+      ivs_stop(res$status, if (is.null(err$code)) "stream_error" else err$code,
+               if (is.null(err$message)) msg else err$message)
+    }
+    ivs_stop(res$status, res$error, res$message)
   }
-  version <- readBin(con, "integer", n = 1, size = 4, endian = "little")
-  if (!length(version) || version != 1) ivs_stop(NA_integer_, "bad_stream", "unsupported stream version")
-  shape <- read_i64(con, 2)
-  vdt <- read_header_str(con)
-  idt <- read_header_str(con)
-  rows <- shape[1]
-  cols <- shape[2]
-  i_parts <- list()
-  j_parts <- list()
-  x_parts <- list()
-  obs_parts <- list()
-  seen <- 0
-  nnz_seen <- 0
-  repeat {
-    kind <- readBin(con, "integer", n = 2, size = 4, endian = "little")
-    if (length(kind) != 2) cut()
-    nn <- read_i64(con, 2)
-    n <- nn[1]
-    nnz <- nn[2]
-    if (kind[1] == 2) {
-      len <- readBin(con, "integer", n = 1, size = 4, endian = "little")
-      if (!length(len)) cut()
-      msg <- if (len > 0) rawToChar(readBin(con, "raw", n = len)) else ""
-      if (kind[2] != 0) {
-        err <- tryCatch(jsonlite::fromJSON(msg)$error, error = function(e) NULL)
-        ivs_stop(kind[2], if (is.null(err$code)) "stream_error" else err$code,
-                 if (is.null(err$message)) msg else err$message)
-      }
-      if (n != seen || nnz != nnz_seen || seen != rows) {
-        ivs_stop(NA_integer_, "bad_stream", "the trailer's counts differ from the stream's")
-      }
-      break
-    }
-    if (kind[1] != 1) ivs_stop(NA_integer_, "bad_stream", paste("unknown frame kind", kind[1]))
-    if (n < 0 || nnz < 0 || n > rows - seen) {
-      ivs_stop(NA_integer_, "bad_stream", "a block does not fit the announced rows")
-    }
-    obs <- read_i64(con, n)
-    indptr <- read_i64(con, n + 1)
-    if (indptr[1] != 0 || indptr[n + 1] != nnz || any(diff(indptr) < 0)) {
-      ivs_stop(NA_integer_, "bad_stream", "a block's row pointers are not monotone from 0 to its nnz")
-    }
-    j <- if (idt == "<i8") read_i64(con, nnz) else {
-      v <- readBin(con, "integer", n = nnz, size = 4, endian = "little")
-      if (length(v) != nnz) cut()
-      v
-    }
-    x <- read_values(con, vdt, nnz)
-    if (nnz && (min(j) < 0 || max(j) >= cols)) {
-      ivs_stop(NA_integer_, "bad_stream", "a column index is outside the result")
-    }
-    k <- length(obs_parts) + 1
-    obs_parts[[k]] <- obs
-    i_parts[[k]] <- seen + rep.int(seq_len(n) - 1, diff(indptr))
-    j_parts[[k]] <- j
-    x_parts[[k]] <- x
-    seen <- seen + n
-    nnz_seen <- nnz_seen + nnz
-  }
-  X <- Matrix::sparseMatrix(i = unlist(i_parts) + 1, j = unlist(j_parts) + 1,
-                            x = as.numeric(unlist(x_parts)), dims = c(rows, cols))
-  X <- as(X, "CsparseMatrix")
-  list(X = X, obs = as.numeric(unlist(obs_parts)))
+  X <- methods::new("dgCMatrix", i = res$i, p = res$p, x = res$x, Dim = res$dim)
+  list(X = X, obs = res$obs)
 }
 
 ivs_body <- function(client, dataset, obs, var, where, var_where, matrix = NULL) {
@@ -251,23 +189,14 @@ ivs_body <- function(client, dataset, obs, var, where, var_where, matrix = NULL)
   body
 }
 
-#' Fetch a selection of a dataset as a sparse matrix.
-#'
-#' @param client from ivs_connect().
-#' @param dataset the dataset id.
-#' @param obs cells: NULL (all), 1-based positions (negative ones drop), a logical mask, or names.
-#' @param var genes, in the same forms.
-#' @param where a filter on obs in the server's grammar, e.g. "cell_type == 'B cell'".
-#' @param var_where a filter on var.
-#' @param matrix NULL (X), "layers/NAME" or "raw/X", as the dataset document lists them; raw/X's
-#'   genes (names, masks, positions, var_where) are raw/var's.
-#' @return a dgCMatrix, cells x genes, rows in the selection's order, dimnames the obs and var names.
-ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL,
-                      matrix = NULL) {
+# The selection's result: list(X = dgCMatrix with dimnames, obs = 0-based
+# dataset rows of X's rows, var = 1-based positions of X's columns in the
+# genes' table, var_axis = that table).
+ivs_fetch <- function(client, dataset, obs, var, where, var_where, matrix, progress) {
   mat <- ivs_matrix(client, dataset, matrix)
   body <- ivs_body(client, dataset, obs, var, where, var_where, matrix)
   resp <- ivs_request(client, ivs_path(dataset, "query"), body = body,
-                      accept = "application/vnd.ivserve.csr")
+                      accept = "application/vnd.ivserve.csr", progress = progress)
   res <- ivs_read_stream(httr2::resp_body_raw(resp))
   X <- res$X
   var_pos <- ivs_var_positions(client, dataset, var, var_where, mat$shape[2], mat$var_axis)
@@ -278,7 +207,31 @@ ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var
   obs_names <- ivs_names(client, dataset, "obs")
   var_names <- ivs_names(client, dataset, mat$var_axis)
   dimnames(X) <- list(obs_names[res$obs + 1], var_names[var_pos])
-  X
+  list(X = X, obs = res$obs, var = var_pos, var_axis = mat$var_axis)
+}
+
+#' Fetch a selection of a dataset as a sparse matrix.
+#'
+#' Subscripts read as R's `[` reads them (see the package README): positive
+#' numbers are positions, zeros are dropped, negatives drop positions, a
+#' logical vector is recycled over the axis, a factor selects by its codes,
+#' names are matched as the server matches them (exactly, else by a unique
+#' case-insensitive match), NULL is everything.
+#'
+#' @param client from ivs_connect().
+#' @param dataset the dataset id.
+#' @param obs cells: NULL (all), positions, negative positions, a logical vector, or names.
+#' @param var genes, in the same forms.
+#' @param where a filter on obs in the server's grammar, e.g. "cell_type == 'B cell'".
+#' @param var_where a filter on var.
+#' @param matrix NULL (X), "layers/NAME" or "raw/X", as the dataset document lists them; raw/X's
+#'   genes (names, masks, positions, var_where) are raw/var's.
+#' @param progress show a progress bar (cli) while the result arrives; only in an interactive
+#'   session.
+#' @return a dgCMatrix, cells x genes, rows in the selection's order, dimnames the obs and var names.
+ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL,
+                      matrix = NULL, progress = interactive()) {
+  ivs_fetch(client, dataset, obs, var, where, var_where, matrix, progress)$X
 }
 
 #' The server's count of a selection (no values fetched).

@@ -64,17 +64,38 @@ for (id in datasets) {
       list(seq(n, 1, by = -3), seq(2, g, by = 5)), list(rev(seq_len(n)), NULL),
       list(-1, NULL), list(-(1:5), -g), list(ints, gints), list(integer(0), NULL), list(NULL, integer(0)),
       list(mask, gmask), list(onames, vnames), list(rownames(E)[2], colnames(E)[3]),
-      list(c(2, 2, 2), c(1, 1))
+      list(c(2, 2, 2), c(1, 1)),
+      # R's own rules: zeros dropped, 0 alone selects nothing, zeros among
+      # negatives, out-of-range negatives ignored, fractions truncated,
+      # short logicals recycled, factors by their codes, logical(0).
+      list(0, NULL), list(c(0, 3, 0, 1), c(0, 2)), list(c(-1, 0, -3), 0), list(-(n + 5), -(g + 1)),
+      list(c(2.9, 1.2), 1.99), list(c(TRUE, FALSE), c(FALSE, TRUE, TRUE)), list(TRUE, FALSE),
+      list(factor(c("b", "a", "b")), factor(c("z", "y"), levels = c("y", "z"))),
+      list(logical(0), NULL), list(NULL, logical(0))
     )
+    dense <- as.matrix(E)
     for (cs in cases) {
       o <- cs[[1]]
       v <- cs[[2]]
-      want <- E[if (is.null(o)) seq_len(n) else o, if (is.null(v)) seq_len(g) else v, drop = FALSE]
+      # R's `[` on a dense copy decides what each form means.
+      want_dense <- dense[if (is.null(o)) TRUE else o, if (is.null(v)) TRUE else v, drop = FALSE]
+      # Positions by base R's vector `[` (Matrix's own refuses factors).
+      at <- function(s, names) if (is.null(s)) seq_along(names) else unname(stats::setNames(seq_along(names), names)[s])
+      want <- E[at(o, rownames(E)), at(v, colnames(E)), drop = FALSE]
+      expect_identical(as.matrix(want), want_dense)
       X <- ivs_query(client, id, obs = o, var = v)
       same_matrix(X, want)
       cnt <- ivs_count(client, id, obs = o, var = v)
       expect_equal(c(cnt$n_cells, cnt$n_genes), dim(want))
       expect_equal(cnt$nnz, length(want@x))
+    }
+    # Names match as the server matches them: exactly, else by a unique
+    # case-insensitive match (R's `[` is case-sensitive; the server is not).
+    up_o <- toupper(rownames(E)[c(4, 1)])
+    up_v <- toupper(colnames(E)[c(g, 2)])
+    if (!anyDuplicated(toupper(rownames(E))) && !anyDuplicated(toupper(colnames(E)))) {
+      X <- ivs_query(client, id, obs = up_o, var = up_v)
+      same_matrix(X, E[c(4, 1), c(g, 2), drop = FALSE])
     }
   })
 
@@ -150,8 +171,14 @@ test_that("errors are ivserve_error conditions with status, code and message", {
   expect_identical(e$code, "unknown_name")
   e <- tryCatch(ivs_query(client, id, obs = nrow(E) + 1), ivserve_error = function(e) e)
   expect_identical(e$code, "bad_selection")
-  e <- tryCatch(ivs_query(client, id, obs = c(TRUE, FALSE)), ivserve_error = function(e) e)
+  e <- tryCatch(ivs_query(client, id, obs = rep(TRUE, nrow(E) + 1)), ivserve_error = function(e) e)
   expect_identical(e$code, "bad_selection")
+  e <- tryCatch(ivs_query(client, id, var = c(-1, 2)), ivserve_error = function(e) e)
+  expect_identical(e$code, "bad_selection")
+  e <- tryCatch(ivs_query(client, id, obs = c(1, NA)), ivserve_error = function(e) e)
+  expect_identical(e$code, "bad_selection")
+  e <- tryCatch(ivs_query(client, id, var = "NOPE_GENE"), ivserve_error = function(e) e)
+  expect_identical(e$code, "unknown_name")
   e <- tryCatch(ivs_datasets(ivs_connect("http://127.0.0.1:1", timeout = 2)),
                 ivserve_error = function(e) e)
   expect_identical(e$code, "connection")
