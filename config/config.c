@@ -297,6 +297,15 @@ static int set_autopack(iv_config_t *c, const char *v, const char *key, iv_err_t
     return 0;
 }
 
+static int set_other_orientation(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (!strcmp(v, "auto")) c->other_orientation = IV_OTHER_AUTO;
+    else if (!strcmp(v, "memory")) c->other_orientation = IV_OTHER_MEMORY;
+    else if (!strcmp(v, "disk")) c->other_orientation = IV_OTHER_DISK;
+    else return iv_fail(err, IV_EINVALID_ARG, "%s: must be auto, memory or disk, not '%s'", key, v);
+    return 0;
+}
+
 const char *iv_config_cache_dir(const iv_config_t *c, char *buf, size_t cap)
 {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -553,6 +562,10 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
             else rc = set_log_format(c, kv->valuestring, k, err);
         } else if (!strcmp(k, "cache_dir")) {
             rc = set_json_path(&c->cache_dir, kv, base_dir, k, "a folder name", err);
+        } else if (!strcmp(k, "other_orientation")) {
+            if (!cJSON_IsString(kv))
+                rc = iv_fail(err, IV_EINVALID_ARG, "other_orientation: must be a string");
+            else rc = set_other_orientation(c, kv->valuestring, k, err);
         } else if (!strcmp(k, "autopack")) {
             if (!cJSON_IsBool(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "autopack: must be true or false");
             else c->autopack = cJSON_IsTrue(kv);
@@ -684,6 +697,7 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         else if (!strcmp(name, "IVSERVE_READYZ")) IV_TRY(set_readyz(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_CACHE_DIR")) IV_TRY(set_str(&c->cache_dir, v, name, err));
         else if (!strcmp(name, "IVSERVE_AUTOPACK")) IV_TRY(set_autopack(c, v, name, err));
+        else if (!strcmp(name, "IVSERVE_OTHER_ORIENTATION")) IV_TRY(set_other_orientation(c, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
         else if (!strcmp(name, "IVSERVE_TOKEN_FILE")) IV_TRY(set_str(&c->tokens_file, v, name, err));
         else if (!strcmp(name, "IVSERVE_METRICS_AUTH")) IV_TRY(set_metrics_auth(c, v, name, err));
@@ -736,6 +750,8 @@ const char *iv_config_usage(void)
            "  --compute-timeout-ms N  --write-budget-bytes N\n"
            "  --cache-dir DIR  --cache-dir-bytes N  --no-autopack (or --autopack on|off):\n"
            "    an ordinary .h5ad (csr/csc/dense X) is packed once into DIR and served\n"
+           "  --other-orientation auto|memory|disk: the gene-major copy built in memory at each\n"
+           "    start, or packed once into the cache folder (auto: memory up to 64 MiB)\n"
            "  --help  --version\n";
 }
 
@@ -772,6 +788,7 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
         else if (!strcmp(a, "--readyz")) IV_TRY(set_readyz(c, v, a, err));
         else if (!strcmp(a, "--cache-dir")) IV_TRY(set_str(&c->cache_dir, v, a, err));
         else if (!strcmp(a, "--autopack")) IV_TRY(set_autopack(c, v, a, err));
+        else if (!strcmp(a, "--other-orientation")) IV_TRY(set_other_orientation(c, v, a, err));
         else if (!strcmp(a, "--token-file")) IV_TRY(set_str(&c->tokens_file, v, a, err));
         else if (!strcmp(a, "--metrics-auth")) IV_TRY(set_metrics_auth(c, v, a, err));
         else if (!strcmp(a, "--trusted-proxy")) {

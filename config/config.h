@@ -71,6 +71,19 @@ typedef struct iv_limits {
 
 #define IV_CACHE_AUTO SIZE_MAX
 
+/*
+ * Where a dataset's other orientation (the gene-major copy of a
+ * cell-major file, and the reverse) lives when no companion file is
+ * configured.  DISK: packed once into the cache folder (autopack.h) and
+ * served from there like the file itself, so a restart finds it; MEMORY:
+ * built in memory at every start within transpose_bytes; AUTO (the
+ * default): in memory when the packed stream is at most
+ * IV_OTHER_MEMORY_MAX bytes (it builds in well under a second and costs
+ * no more than that), on disk above.
+ */
+enum { IV_OTHER_AUTO = 0, IV_OTHER_MEMORY, IV_OTHER_DISK };
+#define IV_OTHER_MEMORY_MAX ((uint64_t)64 << 20)
+
 typedef struct iv_config {
     char *listen;                 /* address, default 127.0.0.1 */
     int port;                     /* default 8080; 0 = any free port (printed at start) */
@@ -80,6 +93,7 @@ typedef struct iv_config {
     size_t cache_bytes;           /* decompressed-chunk cache of the whole process; IV_CACHE_AUTO = a share of the memory available at start */
     unsigned cache_share_percent; /* that share (default 50) */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
+    int other_orientation;        /* where the other orientation lives (IV_OTHER_AUTO, ...) */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     int gzip_level;               /* gzip level of query answers (1..9, see gzip_stream.h); 0 = never compressed */
     iv_ds_conf_t *datasets;

@@ -28,7 +28,7 @@ void iv_enc_ds_summary(iv_buf_t *b, const char *id, const char *title,
     iv_buf_puts(b, ",\"ready\":true");
 }
 
-void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds)
+void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds, int other_cached)
 {
     static const char *const state[] = {"none", "building", "ready", "skipped", "failed"};
     iv_orient_status_t st;
@@ -39,8 +39,8 @@ void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds)
         iv_buf_printf(b, "%s\"%s\":{", o ? "," : "", o == IV_IVCSR ? "cells" : "genes");
         if (own || st.other_state == IV_OTHER_READY)
             iv_buf_printf(b, "\"state\":\"ready\",\"source\":\"%s\",\"bytes\":%zu,"
-                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source == IV_SRC_FILE
-                          ? "companion" : "memory", st.bytes[o], st.stream_bytes[o]);
+                          "\"stream_bytes\":%" PRIu64, own ? "file" : st.other_source != IV_SRC_FILE ? "memory"
+                          : other_cached ? "cache" : "companion", st.bytes[o], st.stream_bytes[o]);
         else
             iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
         if (!own && st.other_state == IV_OTHER_READY)
@@ -114,7 +114,7 @@ void iv_enc_count(iv_buf_t *b, const iv_query_t *q, int64_t nnz, double total, i
                   rows, cols, cells, rows, genes, cols, nnz, total,
                   iv_enc_binary_size(out_rows, nb, nnz, iv_query_index_size(q), iv_query_dtype(q)), nb);
     iv_buf_printf(b, ",\"orientation\":\"%s\"", iv_query_orient(q) == IV_IVCSR ? "cells" : "genes");
-    if (ds) iv_enc_orientations(b, ds);
+    if (ds) iv_enc_orientations(b, ds, 0);
     if (dropped) {
         iv_buf_puts(b, ",\"dropped\":");
         iv_buf_puts(b, dropped);

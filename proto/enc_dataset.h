@@ -26,8 +26,10 @@ void iv_enc_ds_summary(iv_buf_t *b, const char *id, const char *title,
                        const iv_dataset_info_t *in, int with_indices_dtype);
 
 /* ,"orientations":{"cells":{...},"genes":{...}}: which copies of the
- * matrix serve queries, and the memory each takes now. */
-void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds);
+ * matrix serve queries ("source": "file", "memory", "companion", or
+ * "cache" when other_cached: the copy in the cache folder), and the
+ * memory each takes now. */
+void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds, int other_cached);
 
 /* ,"file":{"state":...}: whether the path still names the file loaded,
  * unchanged (filecheck.h), with the message when it does not (its paths

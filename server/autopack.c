@@ -149,8 +149,8 @@ static void take_line(const char *line, iv_autopack_progress_t *p, int *decile,
  * reading its progress and keeping the tail of its stderr for the error.
  */
 static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id, const char *src,
-                    const char *out, iv_autopack_progress_t *p, const atomic_int *stop,
-                    iv_err_t *err)
+                    const char *out, const char *const *more, iv_autopack_progress_t *p,
+                    const atomic_int *stop, iv_err_t *err)
 {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -171,8 +171,12 @@ static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id
     snprintf(mem_mb, sizeof mem_mb, "%zu", mem >> 20);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(threads, sizeof threads, "%u", cfg->threads ? cfg->threads : (unsigned)(cores > 0 ? cores : 1));
-    char *argv[] = {exe, "pack", (char *)src, (char *)out, "--quiet", "--progress-fd", "3",
-                    "--memory-mb", mem_mb, "--threads", threads, NULL};
+    char *argv[20] = {exe, "pack", (char *)src, (char *)out, "--quiet", "--progress-fd", "3",
+                      "--memory-mb", mem_mb, "--threads", threads};
+    size_t argc = 11;
+    for (size_t i = 0; more && more[i] && argc < sizeof argv / sizeof *argv - 1; i++)
+        argv[argc++] = (char *)more[i];
+    argv[argc] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     posix_spawn_file_actions_init(&fa);
@@ -323,11 +327,63 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
         atomic_store(&prog->t0_ms, now_ms());
         atomic_store(&prog->active, 1);
         long long t0 = now_ms();
-        rc = run_pack(cfg, log, id, src, copy, prog, stop, err);
+        rc = run_pack(cfg, log, id, src, copy, NULL, prog, stop, err);
         atomic_store(&prog->active, 0);
         if (rc == 0)
             iv_alog_event(log, "info", "dataset %s: packed in %.2f s into %s", id,
                           (double)(now_ms() - t0) / 1000.0, copy);
+    }
+    if (rc != 0) {
+        iv_autopack_unpin(copy);
+        return rc;
+    }
+    sweep(cfg, log, dir, copy);
+    return 0;
+}
+
+/* ---- the other orientation ------------------------------------------------ */
+
+int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *id,
+                      const char *served, const char *group, int to_ivcsc,
+                      iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
+                      int *built, iv_err_t *err)
+{
+    char dir[4096], key[IV_CACHEDIR_KEY_LEN], copy[4400];
+    const char *kind = to_ivcsc ? "ivcsc.h5ad" : "ivcsr.h5ad";
+    *built = 0;
+    iv_config_cache_dir(cfg, dir, sizeof dir);
+    IV_TRY(iv_cachedir_prepare(dir, err));
+    IV_TRY(iv_cachedir_key(served, key, err));
+    IV_TRY(iv_cachedir_path(dir, served, key, kind, copy, sizeof copy, err));
+    if ((size_t)snprintf(out, cap, "%s", copy) >= cap)
+        return FAILF(IV_EINVALID_ARG, "%s: path too long", copy);
+    iv_autopack_pin(copy);
+    struct stat st;
+    if (stat(copy, &st) == 0 && S_ISREG(st.st_mode)) {
+        iv_cachedir_touch(copy);
+        return 0;
+    }
+    int rc = iv_cachedir_note(copy, served, key, err);
+    if (rc == 0) {
+        iv_h5mx_entry_t e;
+        iv_err_t probe;
+        iv_err_clear(&probe);
+        long long major = 0;
+        if (iv_h5matrix_describe(served, group && *group ? group : "X", &e, &probe) == 0)
+            major = to_ivcsc ? e.shape[1] : e.shape[0];
+        iv_alog_event(log, "info", "dataset %s: writing its %s orientation into %s", id,
+                      to_ivcsc ? "gene-major" : "cell-major", copy);
+        atomic_store(&prog->permille, 0);
+        atomic_store(&prog->done, 0);
+        atomic_store(&prog->total, major > 0 ? major : 0);
+        atomic_store(&prog->bytes, 0);
+        atomic_store(&prog->t0_ms, now_ms());
+        atomic_store(&prog->active, 1);
+        const char *more[] = {"--layout", to_ivcsc ? "ivcsc" : "ivcsr", "--matrix-only",
+                              "--matrix", group && *group ? group : "X", NULL};
+        rc = run_pack(cfg, log, id, served, copy, more, prog, stop, err);
+        atomic_store(&prog->active, 0);
+        if (rc == 0) *built = 1;
     }
     if (rc != 0) {
         iv_autopack_unpin(copy);

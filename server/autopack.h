@@ -50,6 +50,19 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
                         const char *src, const char *group, iv_autopack_progress_t *prog,
                         const atomic_int *stop, char *out, size_t cap, iv_err_t *err);
 
+/*
+ * The other orientation of a served packed file, on disk: the copy
+ * `ivserve pack SERVED --layout ivcsc|ivcsr --matrix-only` writes into
+ * the cache folder under the served file's key (kind ivcsc.h5ad or
+ * ivcsr.h5ad), written now when there is none (*built set), in bands
+ * within the pack's memory budget.  Its path goes to out, pinned.  Runs
+ * on a worker; blocks for the whole pack; stop as above.
+ */
+int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *id,
+                      const char *served, const char *group, int to_ivcsc,
+                      iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
+                      int *built, iv_err_t *err);
+
 /* The packed copies in use (never evicted by a sweep): iv_autopack_resolve
  * pins the copy it returns (when out is not src) before any other pack's
  * sweep can see it; the entry's release unpins it. */

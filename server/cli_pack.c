@@ -28,9 +28,11 @@ static int usage(void)
             "usage: ivserve pack IN.h5ad OUT.h5ad [--layout ivcsr|ivcsc|both]\n"
             "                    [--matrix X|layers/NAME|raw/X] [--group G]\n"
             "                    [--codec zstd[:LEVEL]|deflate[:LEVEL]|none] [--chunk-bytes N]\n"
-            "                    [--threads N] [--memory-mb N] [--layers] [--quiet] [--progress-fd FD]\n"
+            "                    [--threads N] [--memory-mb N] [--layers] [--matrix-only]\n"
+            "                    [--quiet] [--progress-fd FD]\n"
             "  --layers  also pack every sparse or dense layer and raw/X (layers/NAME, raw/X\n"
             "            stay where they are, packed), so that the server serves them\n"
+            "  --matrix-only  write the packed matrix alone, copying no other element\n"
             "  --progress-fd FD  also write 'progress FRACTION DONE TOTAL BYTES PASS PASSES'\n"
             "            lines to descriptor FD, at most five a second\n");
     return 2;
@@ -214,6 +216,7 @@ int iv_cli_pack_main(int argc, char **argv)
             if (end == v || *end || fd < 0 || fd > 1023) return usage();
             progress_fd = (int)fd;
         } else if (strcmp(a, "--layers") == 0) o.layers = 1;
+        else if (strcmp(a, "--matrix-only") == 0) o.matrix_only = 1;
         else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage();

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cachedir.h"
 #include "enc_dataset.h"
 #include "routes_meta.h"
 
@@ -115,7 +116,7 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
 {
     iv_buf_t b = *b0;
     iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 1);
-    iv_enc_orientations(&b, d->ds);
+    iv_enc_orientations(&b, d->ds, d->other_path[0] != 0);
     iv_enc_file_state(&b, d->ds);
     iv_rds_matrices_doc(&b, d);
     for (int ax = 0; ax < 2; ax++) {
@@ -135,13 +136,60 @@ static void render_doc(sds_t *d, iv_buf_t *b0)
  * file when configured, else a copy built in memory under the budgets
  * (the dataset's transpose_bytes, or the global one, and what is left of
  * the global).  The document is rendered again for the loop to install. */
+int other_plan(const server_t *s, const sds_t *d)
+{
+    const iv_config_t *cfg = s->cfg;
+    if (d->conf->companion) return OTHER_COMPANION;
+    int64_t tb = d->conf->transpose_bytes >= 0 ? d->conf->transpose_bytes
+                                                : (int64_t)cfg->transpose_bytes;
+    if (cfg->other_orientation == IV_OTHER_DISK) return OTHER_DISK;
+    if (cfg->other_orientation == IV_OTHER_AUTO && d->ds &&
+        iv_dataset_info(d->ds)->stream_bytes > IV_OTHER_MEMORY_MAX)
+        return OTHER_DISK;
+    return tb > 0 ? OTHER_MEMORY : OTHER_NONE;
+}
+
+/* The other orientation from the cache folder: packed there now when it
+ * is not there yet (autopack.h), then attached as a companion is. */
+static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
+{
+    sds_t *d = j->ds;
+    server_t *s = j->srv;
+    int to_ivcsc = iv_dataset_info(d->ds)->orient == IV_IVCSR, built = 0;
+    char path[sizeof d->other_path];
+    int rc = iv_autopack_other(s->cfg, &s->log, d->conf->id, iv_rds_path(d), d->conf->group,
+                               to_ivcsc, &d->other_pack, &s->stopping, path, sizeof path, &built,
+                               &j->err);
+    if (rc != 0) return rc;
+    /* Pinned by iv_autopack_other; unpinned with the entry. */
+    snprintf(d->other_path, sizeof d->other_path, "%s", path);
+    iv_dataset_opts_t oo = *o;
+    oo.group = "X";
+    return iv_dataset_attach_other(d->ds, path, &oo, &j->err);
+}
+
 void other_run(job_t *j)
 {
     sds_t *d = j->ds;
     const iv_config_t *cfg = j->srv->cfg;
-    if (d->conf->companion) {
+    int plan = other_plan(j->srv, d);
+    char dir[4096];
+    iv_err_t derr;
+    iv_err_clear(&derr);
+    iv_config_cache_dir(cfg, dir, sizeof dir);
+    int have_dir = iv_cachedir_prepare(dir, &derr) == 0;
+    if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
+        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+        o.membudget = j->srv->mb;
+        o.pool = j->srv->pool;
+        o.index_dir = have_dir ? dir : NULL;
+        j->rc = other_from_disk(j, &o);
+    } else if (plan == OTHER_COMPANION) {
+        iv_dataset_opts_t o;
+        iv_dataset_opts_init(&o);
+        o.index_dir = have_dir ? dir : NULL;
         o.group = d->conf->companion_group;
         o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
         o.membudget = j->srv->mb;
@@ -175,6 +223,13 @@ void load_run(job_t *j)
     o.pool = j->srv->pool;
     /* An ordinary .h5ad is served from its packed copy (autopack.h),
      * packed here first when the cache folder has none. */
+    /* Row indexes are kept in the cache folder for the next start
+     * (indexfile.h); a folder that cannot be made costs the pass. */
+    char dir[4096];
+    iv_err_t derr;
+    iv_err_clear(&derr);
+    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
+    if (iv_cachedir_prepare(dir, &derr) == 0) o.index_dir = dir;
     j->rc = iv_autopack_resolve(j->srv->cfg, &j->srv->log, d->conf->id, d->conf->path,
                                 d->conf->group, &d->pack, &j->srv->stopping, d->served,
                                 sizeof d->served, &j->err);

@@ -66,6 +66,7 @@ int iv_rds_unref(iv_rds_t *d)
     if (d->ds) iv_dataset_close(d->ds);
     free(d->doc);
     if (d->pinned) iv_autopack_unpin(d->served);
+    if (d->other_path[0]) iv_autopack_unpin(d->other_path);
     iv_ds_conf_free(&d->conf_own);
     free(d);
     return 1;

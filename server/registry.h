@@ -87,6 +87,10 @@ typedef struct iv_rds {
     char served[4096];
     int pinned;
     iv_autopack_progress_t pack;  /* packing now: the load job's progress */
+    /* The other orientation on disk (autopack.h), pinned while the entry
+     * lives ("" when none), and its pack's progress. */
+    char other_path[4096];
+    iv_autopack_progress_t other_pack;
     /* A packed copy's source as the watcher last saw it, and the identity
      * a reload was last asked for (loop 0 only). */
     iv_path_id_t src_seen, src_asked;

@@ -134,9 +134,11 @@ static void on_load_done(job_t *j)
             iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
                       d->conf->id, d->err);
         iv_alog_event(&s->log, "info",
-                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s",
+                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
+                  "(open %.2f s, row index %s %.2f s)",
                   d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
-                  in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs);
+                  in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
+                  in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds);
     }
     if (j->replace && !d->retired) {
         /* A replacement: it takes its old entry's place when ready; when
@@ -173,10 +175,8 @@ static void on_load_done(job_t *j)
         }
     }
     if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
-    const iv_ds_conf_t *dc = d->conf;
-    int64_t tb = dc->transpose_bytes >= 0 ? dc->transpose_bytes : (int64_t)s->cfg->transpose_bytes;
     uint64_t gen = j->gen;
-    if (d->state == DS_READY && !d->retired && !s->draining && (dc->companion || tb > 0)) {
+    if (d->state == DS_READY && !d->retired && !s->draining && other_plan(s, d) != OTHER_NONE) {
         /* Cell queries are served meanwhile; the other orientation joins
          * when it is ready (see other_run).  The job keeps its reference. */
         j->type = &other_job;
@@ -484,7 +484,12 @@ static void on_other_done(job_t *j)
     iv_orient_status_t st;
     iv_dataset_orientations(d->ds, &st);
     const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
-    if (j->rc == 0 && st.other_source == IV_SRC_FILE)
+    if (j->rc == 0 && st.other_source == IV_SRC_FILE && d->other_path[0])
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (on disk, %s, %zu bytes, "
+                      "%.2f s; row index %s)", d->conf->id, other, d->other_path,
+                      st.bytes[!st.file_orient], j->secs,
+                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made");
+    else if (j->rc == 0 && st.other_source == IV_SRC_FILE)
         iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
                       d->conf->id, other, st.bytes[!st.file_orient], j->secs);
     else if (j->rc == 0)

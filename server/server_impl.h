@@ -427,6 +427,11 @@ void ds_retire(server_t *s, sds_t *d);
 void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m);
 void put_memory(iv_buf_t *b, const sds_t *d);
 void build_doc(sds_t *d);
+/* Where a ready dataset's other orientation comes from (config.h's
+ * other_orientation, the dataset's companion and transpose budget, the
+ * stream's size); OTHER_NONE: it gets none. */
+enum { OTHER_NONE = 0, OTHER_MEMORY, OTHER_DISK, OTHER_COMPANION };
+int other_plan(const server_t *s, const sds_t *d);
 void other_run(job_t *j);
 void load_run(job_t *j);
 

@@ -140,9 +140,15 @@ int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_e
     return 0;
 }
 
+/* The note's time, not the derived file's: a derived file's own time is
+ * part of its identity key (a packed copy is itself the source of its
+ * kept row index and of its other orientation), so a use must not move
+ * it. */
 void iv_cachedir_touch(const char *derived)
 {
-    utimensat(AT_FDCWD, derived, NULL, 0);
+    char note[4400];
+    if ((size_t)snprintf(note, sizeof note, "%s.src", derived) < sizeof note)
+        utimensat(AT_FDCWD, note, NULL, 0);
 }
 
 /* ---- the sweep ------------------------------------------------------------ */
@@ -273,6 +279,10 @@ int iv_cachedir_sweep(const char *dir, uint64_t max_bytes, const char *const *ke
         snprintf(v[n].name, sizeof v[n].name, "%s", name);
         v[n].bytes = (uint64_t)st.st_size;
         v[n].used = st.st_mtim;
+        char note[4400];
+        struct stat nst;
+        if ((size_t)snprintf(note, sizeof note, "%s.src", p) < sizeof note && stat(note, &nst) == 0)
+            v[n].used = nst.st_mtim;
         n++;
     }
     /* Stale: the source changed or went away. */

@@ -17,8 +17,8 @@
  * such temporary files whose process is gone.
  *
  * Bounded: after removing stale files the sweep removes the least
- * recently used derived files (the modification time, set to now by
- * iv_cachedir_touch at every use) until the folder holds at most
+ * recently used derived files (their notes' modification time, set to
+ * now by iv_cachedir_touch at every use) until the folder holds at most
  * max_bytes, never one named in keep (the files in use).
  *
  * Thread rules: every function may be called from any thread; two sweeps
@@ -51,7 +51,8 @@ int iv_cachedir_path(const char *dir, const char *src, const char *key, const ch
 /* Writes derived + ".src" (source path and key), replacing an old one. */
 int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err);
 
-/* Marks derived used now (its modification time), for the LRU order. */
+/* Marks derived used now (its note's modification time, which the sweep
+ * reads as the derived file's last use), for the LRU order. */
 void iv_cachedir_touch(const char *derived);
 
 typedef struct iv_cachedir_sweep {

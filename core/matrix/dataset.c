@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "cachedir.h"
 #include "dataset_impl.h"
+#include "indexfile.h"
 #include "transpose.h"
 
 void iv_dataset_opts_init(iv_dataset_opts_t *o)
@@ -31,6 +34,7 @@ void iv_dataset_opts_init(iv_dataset_opts_t *o)
 #define PREFAULT_STEP ((size_t)2 << 20)
 
 struct prefault {
+    int skip;              /* a kept index will spare the pass: nothing to fault in */
     iv_pool_t *pool;
     size_t budget;
     iv_membudget_t *mb;
@@ -50,7 +54,7 @@ static void prefault_step(void *arg, size_t i)
 static void prefault_start(void *ctx, uint64_t length, uint64_t chunk_len)
 {
     struct prefault *pf = ctx;
-    if (!pf->pool || pf->arena) return;
+    if (pf->skip || !pf->pool || pf->arena) return;
     pf->arena = iv_stream_arena_new(length, chunk_len, pf->budget);
     size_t bytes = iv_stream_arena_bytes(pf->arena);
     if (pf->mb) {
@@ -82,6 +86,33 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* dir/STEM-KEY.GROUP.index (GROUP with '/' as '_'): where the index of
+ * path's matrix group is kept.  -1 when the key cannot be taken. */
+static int kept_index_path(const char *dir, const char *path, const char *group,
+                           char key[IV_CACHEDIR_KEY_LEN], char *out, size_t cap)
+{
+    char kind[300];
+    iv_err_t e;
+    iv_err_clear(&e);
+    snprintf(kind, sizeof kind, "%s.index", group);
+    for (char *p = kind; *p; p++)
+        if (*p == '/') *p = '_';
+    if (iv_cachedir_key(path, key, &e) != 0 ||
+        iv_cachedir_path(dir, path, key, kind, out, cap, &e) != 0) {
+        out[0] = '\0';
+        return -1;
+    }
+    return 0;
+}
+
+static void keep_index(const char *at, const char *path, const char *key,
+                       const iv_indexfile_for_t *kf, const iv_stream_t *s, const iv_rowindex_t *ri)
+{
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (iv_cachedir_note(at, path, key, &e) == 0) iv_indexfile_save(at, kf, s, ri, &e);
+}
+
 int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
                     iv_err_t *err)
 {
@@ -106,6 +137,14 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     size_t arena_budget = budget;
     if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
     struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb};
+    /* A kept index (loaded below) makes no pass: the cache then fills as
+     * queries come, and faulting its arena in now would only cost time
+     * and resident memory. */
+    char kept_at[4400] = "", kept_key[IV_CACHEDIR_KEY_LEN];
+    struct stat kst;
+    if (opts->index_dir &&
+        kept_index_path(opts->index_dir, path, ds->group, kept_key, kept_at, sizeof kept_at) == 0)
+        pf.skip = stat(kept_at, &kst) == 0;
     atomic_init(&pf.stop, 0);
     int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
     /* The pass then starts on memory that is there.  When the prefault
@@ -135,17 +174,35 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     if (mb) iv_stream_join_budget(ds->stream, mb, opts->cache_floor);
     double t1 = now_s();
 
-    iv_rowindex_src_t src = {
-        .s = ds->stream, .major_ptr = ds->m.major_ptr, .value_ptr = ds->m.value_ptr,
-        .n_major = ds->m.n_major, .n_unique = ds->m.n_unique, .nnz = ds->m.nnz,
-        .n_minor = ds->m.n_minor, .where = ds->where,
-    };
-    rc = iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err);
-    if (rc < 0) goto fail_stream;
-    /* The pass read every stored chunk and took its checksum; from here
-     * on every read is checked against them (stream.h). */
-    rc = iv_stream_seal(ds->stream, err);
-    if (rc < 0) goto fail_index;
+    iv_indexfile_for_t kf;
+    int kept = 0;
+    if (kept_at[0] && iv_stream_file(ds->stream)) {
+        const iv_file_id_t *fid = iv_file_loaded_id(iv_stream_file(ds->stream));
+        kf = (iv_indexfile_for_t){.file = *fid, .group = ds->group, .n_major = (uint64_t)ds->m.n_major,
+                                  .n_unique = (uint64_t)ds->m.n_unique, .nnz = (uint64_t)ds->m.nnz,
+                                  .stride = opts->index_stride};
+        if ((kept = iv_indexfile_load(kept_at, &kf, ds->stream, &ds->ri, NULL, err)) < 0)
+            goto fail_stream;
+    }
+    if (!kept) {
+        iv_rowindex_src_t src = {
+            .s = ds->stream, .major_ptr = ds->m.major_ptr, .value_ptr = ds->m.value_ptr,
+            .n_major = ds->m.n_major, .n_unique = ds->m.n_unique, .nnz = ds->m.nnz,
+            .n_minor = ds->m.n_minor, .where = ds->where,
+        };
+        rc = iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err);
+        if (rc < 0) goto fail_stream;
+        /* The pass read every stored chunk and took its checksum; from here
+         * on every read is checked against them (stream.h). */
+        rc = iv_stream_seal(ds->stream, err);
+        if (rc < 0) goto fail_index;
+        /* Kept for the next open; one that cannot be written costs that
+         * open the pass again, nothing else. */
+        if (kept_at[0] && iv_stream_file(ds->stream))
+            keep_index(kept_at, path, kept_key, &kf, ds->stream, &ds->ri);
+    } else {
+        iv_cachedir_touch(kept_at);
+    }
     double t2 = now_s();
 
     iv_dataset_info_t *in = &ds->info;
@@ -171,6 +228,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->index_bytes = iv_rowindex_bytes(&ds->ri);
     in->open_seconds = t1 - t0;
     in->index_seconds = t2 - t1;
+    in->index_kept = kept;
     atomic_init(&ds->other, NULL);
     atomic_init(&ds->nnz_at, NULL);
     atomic_init(&ds->other_state, IV_OTHER_NONE);

@@ -43,6 +43,10 @@ typedef struct iv_dataset_opts {
      * pass is only what the shared budget has free at the time. */
     iv_membudget_t *membudget;
     size_t cache_floor;
+    /* A cache folder (cachedir.h) where the row index and chunk checksums
+     * are kept (indexfile.h): a later open of the same file reads them
+     * instead of making the row-index pass.  NULL: always the pass. */
+    const char *index_dir;
 } iv_dataset_opts_t;
 
 /* Sets defaults (group X, stride 0, cache 1 GiB, no shared budget). */
@@ -68,7 +72,8 @@ typedef struct iv_dataset_info {
     uint32_t index_stride;
     size_t index_bytes;       /* memory of the row index */
     double open_seconds;      /* validation + loading */
-    double index_seconds;     /* row-index build pass */
+    double index_seconds;     /* row-index build pass, or reading the kept index */
+    int index_kept;           /* 1: the row index was read from index_dir, no pass made */
 } iv_dataset_info_t;
 
 int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,

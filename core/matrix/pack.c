@@ -1518,6 +1518,8 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     if (o->layers && (strcmp(matrix, "X") != 0 || strcmp(gname, "X") != 0))
         return FAILF(IV_EINVALID_ARG, "--layers packs X with its layers and raw/X: it goes with "
                      "matrix X into group X");
+    if (o->layers && o->matrix_only)
+        return FAILF(IV_EINVALID_ARG, "--layers and --matrix-only exclude each other");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     iv_h5filters_register();
 
@@ -1590,12 +1592,13 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
         for (size_t i = 0; i < sizeof other / sizeof *other; i++) c.skip[c.n_skip++] = other[i];
     }
     hsize_t idx = 0;
-    if (H5Literate(in, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_root_cb, &c) < 0 || c.rc < 0) {
+    if (!o->matrix_only &&
+        (H5Literate(in, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_root_cb, &c) < 0 || c.rc < 0)) {
         rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element (truncated file?)", in_path,
                    c.what[0] ? c.what : "?");
         goto fail;
     }
-    if (raw) {
+    if (raw && !o->matrix_only) {
         if (H5Lexists(in, "raw/var", H5P_DEFAULT) > 0 &&
             iv_h5w_copy_object(in, "raw/var", out, "var") < 0) {
             rc = FAILF(IV_EBAD_FILE, "%s:/raw/var: cannot copy", in_path);

@@ -61,6 +61,10 @@ typedef struct iv_pack_opts {
      * of X), so that the server serves them as matrices of the dataset;
      * other members are copied as they are.  Only with matrix and group X. */
     int layers;
+    /* Write the packed matrix only: no other element of the input is
+     * copied (the server's other orientation in its cache folder needs
+     * nothing else; the source file keeps obs, var and the rest). */
+    int matrix_only;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */

@@ -670,6 +670,26 @@ int iv_stream_seal(iv_stream_t *s, iv_err_t *err)
     return rc;
 }
 
+uint64_t iv_stream_sums(const iv_stream_t *s, uint64_t *out)
+{
+    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || !s->d.sums_sealed) return 0;
+    for (uint64_t c = 0; c < s->d.n_chunks; c++) out[c] = atomic_load(&s->d.chunk_sum[c]);
+    return s->d.n_chunks;
+}
+
+int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err_t *err)
+{
+    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed || n != s->d.n_chunks)
+        return iv_fail(err, IV_EINTERNAL, "%s: checksums kept for another stream", s->label);
+    for (uint64_t c = 0; c < n; c++)
+        if (s->d.chunk_addr[c] != UINT64_MAX && sums[c] == 0)
+            return iv_fail(err, IV_ECORRUPT, "%s: kept checksum of chunk %llu missing", s->label,
+                           (unsigned long long)c);
+    for (uint64_t c = 0; c < n; c++) atomic_store(&s->d.chunk_sum[c], sums[c]);
+    s->d.sums_sealed = 1;
+    return 0;
+}
+
 iv_file_t *iv_stream_file(const iv_stream_t *s) { return s->d.file; }
 
 int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *len,

@@ -111,6 +111,17 @@ void iv_stream_join_budget(iv_stream_t *s, iv_membudget_t *mb, size_t floor);
  * every read against them instead of learning.  Before the stream is
  * shared with other threads. */
 int iv_stream_seal(iv_stream_t *s, iv_err_t *err);
+/*
+ * The checksums of a sealed stream read from a file, for keeping them
+ * with the row index (indexfile.h): copies n_chunks sums into out (0 for
+ * a chunk not allocated) and returns n_chunks; 0 when the stream has
+ * none (memory, or not sealed).  iv_stream_seal_with seals a stream with
+ * sums kept from an earlier pass over the same file instead of a pass:
+ * n must be n_chunks and every allocated chunk's sum non-zero
+ * (IV_ECORRUPT otherwise).  Before the stream is shared.
+ */
+uint64_t iv_stream_sums(const iv_stream_t *s, uint64_t *out);
+int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err_t *err);
 /* The file chunks are read from, or NULL (memory); owned by the stream. */
 iv_file_t *iv_stream_file(const iv_stream_t *s);
 

@@ -1,0 +1,65 @@
+/*
+ * The start-up index of a packed matrix, kept on disk so that a restart
+ * reads it instead of making the row-index pass again.
+ *
+ * What the pass computes and a restart can reuse is the row index's
+ * checkpoints (rowindex.h) and the checksum of every stored chunk
+ * (filecheck.h, stream.h).  Both depend only on the file's bytes, so
+ * they are kept in the cache folder (cachedir.h) under the name of the
+ * file's identity key, and a kept index is taken only when everything it
+ * was made for is the same: the file's device, inode, size and
+ * modification time as the dataset opened it (besides the key, which
+ * also hashes its first and last MiB), the matrix group, the shape of
+ * the stream (length, chunks, chunk length), the pointer arrays' sizes
+ * and the checkpoint stride.  Its own bytes carry a checksum.  Anything
+ * else is "no kept index" and the pass runs as before.
+ *
+ * A loaded index skips the pass's checks of the stream (well-formed
+ * varints, indices below n_minor, no duplicate in a slice): they held
+ * when the same bytes were indexed, and every chunk read is still
+ * checked against its kept checksum, so a file changed since fails its
+ * reads as it would have after a pass.
+ *
+ * Format (native byte order; the magic tells another): the header below,
+ * then n_ckpt uint64 offsets, then n_chunks uint64 sums, then one uint64
+ * iv_file_sum of everything before it.
+ *
+ * Thread rules: plain functions of their arguments; the caller owns the
+ * stream and index until the dataset is published.
+ */
+#ifndef IV_INDEXFILE_H
+#define IV_INDEXFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "filecheck.h"
+#include "rowindex.h"
+#include "stream.h"
+
+/* What a kept index must have been made for. */
+typedef struct iv_indexfile_for {
+    iv_file_id_t file;        /* the packed file as opened */
+    const char *group;        /* the matrix group ("X", "layers/counts") */
+    uint64_t n_major, n_unique, nnz;
+    uint32_t stride;          /* the wanted checkpoint stride */
+} iv_indexfile_for_t;
+
+/*
+ * Loads the index kept at path into ri (allocated; free with
+ * iv_rowindex_free) and seals s with its checksums.  Returns 1 when
+ * loaded, 0 when there is none or it was made for something else (*why,
+ * when not NULL, says which; nothing changed), or an error (out of
+ * memory) with nothing changed.
+ */
+int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t *s,
+                      iv_rowindex_t *ri, const char **why, iv_err_t *err);
+
+/* Writes ri and the sealed stream's checksums to path (under a temporary
+ * name, renamed into place).  IV_EIO when it cannot be written; a stream
+ * with no checksums (in memory) is IV_EUNSUPPORTED. */
+int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_stream_t *s,
+                      const iv_rowindex_t *ri, iv_err_t *err);
+
+#endif /* IV_INDEXFILE_H */
