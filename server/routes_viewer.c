@@ -41,6 +41,7 @@
 #include <zlib.h>
 
 #include "aggregate.h"
+#include "../api/diffexp.h"
 #include "enc_viewer.h"
 #include "encode.h"
 #include "http.h"
@@ -240,6 +241,7 @@ void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search)
 int iv_vroute_match(const char *sub)
 {
     if (!strcmp(sub, "/aggregate")) return IV_VR_AGGREGATE;
+    if (!strcmp(sub, "/diffexp")) return IV_VR_DIFFEXP;
     if (!strncmp(sub, "/zarr/", 6)) return IV_VR_ZARR;  /* the key may hold slashes */
     if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
     if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
@@ -257,7 +259,7 @@ int iv_vroute_match(const char *sub)
 
 int iv_vroute_allows_post(int route)
 {
-    return route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_AGGREGATE;
+    return route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_AGGREGATE || route == IV_VR_DIFFEXP;
 }
 
 iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *query, char *body,
@@ -1128,6 +1130,18 @@ static int run_zarr(iv_vreq_t *r, iv_err_t *err)
     return 0;
 }
 
+/* ---- diffexp (api/diffexp.c) ---------------------------------------------- */
+
+static int run_diffexp(iv_vreq_t *r, iv_err_t *err)
+{
+    if (!r->is_post) return iv_fail(err, IV_EMETHOD, "diffexp takes POST with a JSON body");
+    iv_api_diffexp_in_t in = {.body = r->body, .body_len = r->body_len, .ds = r->ds, .meta = r->meta,
+                              .pool = r->pool, .cancel = r->cancel, .json_bytes = r->json_bytes};
+    IV_TRY(iv_api_diffexp(&in, &r->out, err));
+    r->ctype = "application/json";
+    return 0;
+}
+
 /* ---- caching and compression ---------------------------------------------- */
 
 static int etag_listed(const char *inm, const char *etag)
@@ -1261,6 +1275,7 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     case IV_VR_VAR_SEARCH:
     case IV_VR_RAW_VAR_SEARCH: rc = run_search(r, err); break;
     case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
+    case IV_VR_DIFFEXP: rc = run_diffexp(r, err); break;
     case IV_VR_OBS_TABLE:
     case IV_VR_VAR_TABLE:
     case IV_VR_OBS_COLUMN:

@@ -1,0 +1,725 @@
+/*
+ * Differential expression requests (see diffexp.h).
+ *
+ * Design.  The request becomes one labelling of cells and one pass over
+ * gene rows.  Each group's selection is parsed by the query route's
+ * parser (proto/request.h) and resolved against the metadata by the
+ * engine's resolver (core/meta/select.h), exactly as /query does; the
+ * cells of the comparison (the "universe") are labelled, and the matrix
+ * is read as gene rows restricted to them: the gene-major copy directly
+ * when there is one, else the cell-major file transposed in chunks of
+ * genes whose transposed entries fit a fixed budget.  Gene rows go to
+ * core/meta/diffexp.c, one worker per part, parts claiming blocks in
+ * turn; a gene's result does not depend on which thread computed it, so
+ * the answer is the same on any number of threads.
+ *
+ * Memory.  The engine's sort scratch is 12 bytes per stored entry of a
+ * gene; the parts share a budget of 12 bytes per universe cell plus
+ * SCRATCH_SLACK, taken and given back under a lock, so a gene stored in
+ * every cell runs alone while sparse genes run side by side.  With the
+ * labels (4 bytes a cell) that is 16 bytes per selected cell, plus the
+ * results (64 bytes per group and gene) and the blocks being decoded.
+ */
+#include "diffexp.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/meta/diffexp.h"
+#include "query.h"
+#include "request.h"
+#include "select.h"
+
+#define SCRATCH_SLACK ((size_t)8 << 20)
+/* What a transposed chunk of genes may hold (cell-major files only). */
+#define CHUNK_WORK_BYTES ((int64_t)48 << 20)
+#define MAX_GROUPS 4096
+
+/* ---- selections ----------------------------------------------------- */
+
+/* Resolves the SEL object sel on axis into positions: *all set (and no
+ * array) when it selects every element in order. */
+static int resolve_sel(const iv_api_diffexp_in_t *in, iv_axis_t axis, const char *key, const cJSON *sel,
+                       int64_t **idx, int64_t *n, int *all, iv_err_t *err)
+{
+    *idx = NULL;
+    *n = 0;
+    *all = 0;
+    if (!cJSON_IsObject(sel))
+        return iv_fail(err, IV_EBAD_REQUEST, "%s must be a selection object ({\"where\": ...}, "
+                       "{\"names\": [...]}, {\"index\": [...]}, ...)", key);
+    const iv_dataset_info_t *info = iv_dataset_info(in->ds);
+    char *sj = cJSON_PrintUnformatted(sel);
+    if (!sj) return iv_fail(err, IV_ENOMEM, "out of memory");
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, axis == IV_AXIS_OBS ? "{\"obs\":" : "{\"var\":");
+    iv_buf_puts(&b, sj);
+    iv_buf_puts(&b, "}");
+    free(sj);
+    if (b.oom) {
+        iv_buf_free(&b);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    iv_qreq_t qr;
+    int rc = iv_qreq_parse_json(b.data, b.len, info->n_rows, info->n_cols, &qr, err);
+    iv_buf_free(&b);
+    if (rc != 0) goto prefix;
+    iv_psel_t *p = axis == IV_AXIS_OBS ? &qr.obs : &qr.var;
+    if (p->kind == IV_PSEL_NAMES || p->filter) {
+        iv_axis_sel_t s = {
+            .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
+            .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
+            .n = p->kind == IV_PSEL_ALL ? 0 : p->n,
+            .by = p->by,
+            .missing_ignore = p->missing_ignore,
+            .filter = p->filter,
+        };
+        rc = iv_meta_resolve(in->meta, axis, &s, idx, n, NULL, err);
+    } else if (p->kind == IV_PSEL_ALL) {
+        *all = 1;
+    } else {
+        *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof **idx);
+        if (!*idx) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        else {
+            memcpy(*idx, p->idx, (size_t)p->n * sizeof **idx);
+            *n = p->n;
+        }
+    }
+    iv_qreq_free(&qr);
+    if (rc == 0) return 0;
+prefix:;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    return iv_fail(err, rc, "%s: %s", key, msg);
+}
+
+/* ---- the request ---------------------------------------------------- */
+
+typedef struct req {
+    iv_de_method_t method;
+    int log1p;                /* -1 auto */
+    int64_t top_n;
+    double min_frac;
+    int dry_run;
+    /* two groups */
+    const cJSON *group1, *group2;   /* group2 NULL: the rest */
+    /* one versus rest */
+    const iv_meta_col_t *col;
+    int64_t ref_cat;                /* -1: the rest */
+    const cJSON *groups;
+    const cJSON *var;
+} req_t;
+
+static int parse_req(const iv_api_diffexp_in_t *in, const cJSON *root, req_t *q, iv_err_t *err)
+{
+    static const char *const known[] = {"group1", "group2", "method", "top_n", "log1p", "var",
+                                        "min_frac", "group_by", "reference", "groups", "dry_run"};
+    memset(q, 0, sizeof *q);
+    q->method = IV_DE_TTEST;
+    q->log1p = -1;
+    q->ref_cat = -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root)
+    {
+        size_t k = 0;
+        while (k < sizeof known / sizeof *known && strcmp(it->string, known[k])) k++;
+        if (k == sizeof known / sizeof *known)
+            return iv_fail(err, IV_EBAD_REQUEST, "unknown key '%.60s' (expected group1, group2, group_by, "
+                           "reference, groups, method, top_n, log1p, var, min_frac, dry_run)", it->string);
+    }
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "method");
+    if (m) {
+        if (cJSON_IsString(m) && !strcmp(m->valuestring, "t-test")) q->method = IV_DE_TTEST;
+        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "wilcoxon")) q->method = IV_DE_WILCOXON;
+        else return iv_fail(err, IV_EBAD_REQUEST, "method must be \"t-test\" or \"wilcoxon\"");
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "top_n");
+    if (t) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble > 1e12)
+            return iv_fail(err, IV_EBAD_REQUEST, "top_n must be a non-negative integer");
+        q->top_n = (int64_t)t->valuedouble;
+    }
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "log1p");
+    if (l) {
+        if (cJSON_IsBool(l)) q->log1p = cJSON_IsTrue(l);
+        else if (!cJSON_IsString(l) || strcmp(l->valuestring, "auto"))
+            return iv_fail(err, IV_EBAD_REQUEST, "log1p must be \"auto\", true or false");
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "min_frac");
+    if (f) {
+        if (!cJSON_IsNumber(f) || !(f->valuedouble >= 0 && f->valuedouble <= 1))
+            return iv_fail(err, IV_EBAD_REQUEST, "min_frac must be a number in [0, 1]");
+        q->min_frac = f->valuedouble;
+    }
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "dry_run");
+    if (d) {
+        if (!cJSON_IsBool(d)) return iv_fail(err, IV_EBAD_REQUEST, "dry_run must be true or false");
+        q->dry_run = cJSON_IsTrue(d);
+    }
+    q->var = cJSON_GetObjectItemCaseSensitive(root, "var");
+    const cJSON *gb = cJSON_GetObjectItemCaseSensitive(root, "group_by");
+    q->group1 = cJSON_GetObjectItemCaseSensitive(root, "group1");
+    q->group2 = cJSON_GetObjectItemCaseSensitive(root, "group2");
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(root, "reference");
+    q->groups = cJSON_GetObjectItemCaseSensitive(root, "groups");
+    if (gb && (q->group1 || q->group2))
+        return iv_fail(err, IV_EBAD_REQUEST, "give either group1 (and group2) or group_by, not both");
+    if (!gb) {
+        if (!q->group1) return iv_fail(err, IV_EBAD_REQUEST, "group1 (a selection) or group_by is required");
+        if (ref || q->groups) return iv_fail(err, IV_EBAD_REQUEST, "reference and groups go with group_by");
+        if (q->group2 && cJSON_IsString(q->group2)) {
+            if (strcmp(q->group2->valuestring, "rest"))
+                return iv_fail(err, IV_EBAD_REQUEST, "group2 must be a selection or \"rest\"");
+            q->group2 = NULL;
+        }
+        return 0;
+    }
+    if (!cJSON_IsString(gb)) return iv_fail(err, IV_EBAD_REQUEST, "group_by must be an obs column name");
+    if (!in->meta) return iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
+    q->col = iv_meta_find_col(in->meta, IV_AXIS_OBS, gb->valuestring);
+    if (!q->col) return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", gb->valuestring);
+    if (q->col->type != IV_COL_CATEGORICAL)
+        return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is not categorical",
+                       gb->valuestring);
+    if (ref && !cJSON_IsString(ref))
+        return iv_fail(err, IV_EBAD_REQUEST, "reference must be \"rest\" or a category");
+    if (ref && strcmp(ref->valuestring, "rest")) {
+        for (int64_t k = 0; k < q->col->n_cats && q->ref_cat < 0; k++)
+            if (!strcmp(iv_meta_col_cat(q->col, k), ref->valuestring)) q->ref_cat = k;
+        if (q->ref_cat < 0)
+            return iv_fail(err, IV_EBAD_SELECTION, "reference: '%.80s' is not a category of %s",
+                           ref->valuestring, q->col->name);
+    }
+    if (q->groups && !cJSON_IsArray(q->groups))
+        return iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
+    return 0;
+}
+
+/* ---- labels --------------------------------------------------------- */
+
+typedef struct labels {
+    int32_t n_labels, n_tested, reference;
+    int64_t *n_cells;          /* n_labels */
+    int64_t *cat_of;           /* tested label -> category (one-vs-rest) */
+    int32_t *label;            /* universe position -> label */
+    int64_t *uidx;             /* universe rows (NULL: every row) */
+    int64_t n_universe;
+} labels_t;
+
+static void labels_free(labels_t *lb)
+{
+    free(lb->n_cells);
+    free(lb->cat_of);
+    free(lb->label);
+    free(lb->uidx);
+}
+
+/* From a row labelling (-1: outside) to the universe's positions. */
+static int labels_compact(labels_t *lb, int32_t *row_label, int64_t n_rows, iv_err_t *err)
+{
+    int64_t nu = 0;
+    for (int64_t i = 0; i < n_rows; i++) nu += row_label[i] >= 0;
+    lb->n_universe = nu;
+    if (nu == n_rows) {
+        lb->label = row_label;
+        return 0;
+    }
+    lb->uidx = malloc((size_t)(nu ? nu : 1) * sizeof *lb->uidx);
+    if (!lb->uidx) {
+        free(row_label);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n_rows; i++)
+        if (row_label[i] >= 0) {
+            lb->uidx[k] = i;
+            row_label[k++] = row_label[i];
+        }
+    int32_t *shrunk = realloc(row_label, (size_t)(nu ? nu : 1) * sizeof *shrunk);
+    lb->label = shrunk ? shrunk : row_label;
+    return 0;
+}
+
+static int labels_two(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb, iv_err_t *err)
+{
+    int64_t n_rows = iv_dataset_info(in->ds)->n_rows;
+    int64_t *i1 = NULL, *i2 = NULL, n1 = 0, n2 = 0;
+    int all1 = 0, all2 = 0, rc;
+    if ((rc = resolve_sel(in, IV_AXIS_OBS, "group1", q->group1, &i1, &n1, &all1, err)) != 0) return rc;
+    if (q->group2 && (rc = resolve_sel(in, IV_AXIS_OBS, "group2", q->group2, &i2, &n2, &all2, err)) != 0) {
+        free(i1);
+        return rc;
+    }
+    int32_t *row = malloc((size_t)(n_rows ? n_rows : 1) * sizeof *row);
+    lb->n_cells = calloc(2, sizeof *lb->n_cells);
+    if (!row || !lb->n_cells) {
+        free(i1);
+        free(i2);
+        free(row);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n_rows; i++) row[i] = all1 ? 0 : -1;
+    for (int64_t k = 0; k < n1; k++) row[i1[k]] = 0;
+    rc = 0;
+    if (!q->group2) {
+        for (int64_t i = 0; i < n_rows; i++)
+            if (row[i] < 0) row[i] = 1;
+    } else {
+        for (int64_t k = 0; k < (all2 ? n_rows : n2) && rc == 0; k++) {
+            int64_t i = all2 ? k : i2[k];
+            if (row[i] == 0) rc = iv_fail(err, IV_EBAD_SELECTION, "group1 and group2 share cells "
+                                          "(row %" PRId64 ")", i);
+            row[i] = 1;
+        }
+    }
+    free(i1);
+    free(i2);
+    if (rc != 0) {
+        free(row);
+        return rc;
+    }
+    for (int64_t i = 0; i < n_rows; i++)
+        if (row[i] >= 0) lb->n_cells[row[i]]++;
+    if (lb->n_cells[0] == 0 || lb->n_cells[1] == 0) {
+        free(row);
+        return iv_fail(err, IV_EBAD_SELECTION, "%s selects no cells",
+                       lb->n_cells[0] == 0 ? "group1" : q->group2 ? "group2" : "the rest (group2)");
+    }
+    lb->n_labels = 2;
+    lb->n_tested = 1;
+    lb->reference = -1;
+    return labels_compact(lb, row, n_rows, err);
+}
+
+static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb, iv_err_t *err)
+{
+    const iv_meta_col_t *c = q->col;
+    int64_t n_rows = iv_dataset_info(in->ds)->n_rows, nc = c->n_cats;
+    if (c->n != n_rows) return iv_fail(err, IV_EBAD_SELECTION, "group_by: the column has %" PRId64 " rows, "
+                                       "the matrix %" PRId64, c->n, n_rows);
+    int64_t *count = calloc((size_t)(nc ? nc : 1), sizeof *count);
+    int32_t *tested = malloc((size_t)(nc ? nc : 1) * sizeof *tested);
+    int32_t *row = malloc((size_t)(n_rows ? n_rows : 1) * sizeof *row);
+    if (!count || !tested || !row) {
+        free(count);
+        free(tested);
+        free(row);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n_rows; i++) {
+        int32_t k = c->codes[i];
+        if (k >= 0 && k < nc && !(c->mask && c->mask[i])) count[k]++;
+    }
+    for (int64_t k = 0; k < nc; k++) tested[k] = -1;
+    int rc = 0;
+    int32_t nt = 0;
+    if (q->groups) {
+        const cJSON *g;
+        cJSON_ArrayForEach(g, q->groups)
+        {
+            if (!cJSON_IsString(g)) {
+                rc = iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
+                break;
+            }
+            int64_t k = 0;
+            while (k < nc && strcmp(iv_meta_col_cat(c, k), g->valuestring)) k++;
+            if (k == nc) {
+                rc = iv_fail(err, IV_EBAD_SELECTION, "groups: '%.80s' is not a category of %s", g->valuestring,
+                             c->name);
+                break;
+            }
+            if (count[k] == 0) {
+                rc = iv_fail(err, IV_EBAD_SELECTION, "groups: category '%.80s' has no cells", g->valuestring);
+                break;
+            }
+            if (k != q->ref_cat) tested[k] = 0;
+        }
+    } else {
+        for (int64_t k = 0; k < nc; k++)
+            if (count[k] > 0 && k != q->ref_cat) tested[k] = 0;
+    }
+    if (rc == 0 && q->ref_cat >= 0 && count[q->ref_cat] == 0)
+        rc = iv_fail(err, IV_EBAD_SELECTION, "reference: category '%.80s' has no cells",
+                     iv_meta_col_cat(c, q->ref_cat));
+    if (rc == 0) {
+        for (int64_t k = 0; k < nc; k++)
+            if (tested[k] == 0) tested[k] = nt++;
+        if (nt == 0) rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: no group to test");
+        else if (nt > MAX_GROUPS) rc = iv_fail(err, IV_ETOO_LARGE, "group_by: more than %d groups", MAX_GROUPS);
+    }
+    if (rc == 0) {
+        lb->n_tested = nt;
+        lb->n_labels = nt + 1;  /* the reference, or every other cell */
+        lb->reference = q->ref_cat >= 0 ? nt : -1;
+        lb->n_cells = calloc((size_t)lb->n_labels, sizeof *lb->n_cells);
+        lb->cat_of = malloc((size_t)nt * sizeof *lb->cat_of);
+        if (!lb->n_cells || !lb->cat_of) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    if (rc != 0) {
+        free(count);
+        free(tested);
+        free(row);
+        return rc;
+    }
+    for (int64_t k = 0; k < nc; k++)
+        if (tested[k] >= 0) lb->cat_of[tested[k]] = k;
+    for (int64_t i = 0; i < n_rows; i++) {
+        int32_t k = c->codes[i];
+        int ok = k >= 0 && k < nc && !(c->mask && c->mask[i]);
+        int32_t l;
+        if (ok && tested[k] >= 0) l = tested[k];
+        else if (q->ref_cat >= 0) l = ok && k == q->ref_cat ? nt : -1;
+        else l = nt;  /* the rest: every other cell, a missing category included (as scanpy) */
+        row[i] = l;
+        if (l >= 0) lb->n_cells[l]++;
+    }
+    free(count);
+    free(tested);
+    return labels_compact(lb, row, n_rows, err);
+}
+
+/* ---- the pass ------------------------------------------------------- */
+
+typedef struct pass {
+    iv_query_t *q;
+    iv_de_t *de;
+    int64_t gene0;            /* the chunk's first gene (position in the var selection) */
+    int64_t n_blocks;
+    atomic_llong next;
+    const atomic_int *cancel;
+    atomic_int failed;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t budget, used;      /* the scratch gate */
+    int rc;
+    iv_err_t err;
+} pass_t;
+
+static void pass_fail(pass_t *ps, int rc, const iv_err_t *e)
+{
+    pthread_mutex_lock(&ps->mu);
+    if (ps->rc == 0) {
+        ps->rc = rc;
+        ps->err = *e;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    atomic_store(&ps->failed, 1);
+}
+
+/* Grows w's scratch to hold nnz entries within the shared budget: the
+ * scratch held is given back first, so a thread that waits holds none
+ * and the gate cannot deadlock. */
+static int gate_grow(pass_t *ps, iv_de_work_t *w, int64_t nnz)
+{
+    size_t held = iv_de_work_held(w), need = iv_de_scratch_bytes(ps->de, nnz);
+    pthread_mutex_lock(&ps->mu);
+    ps->used -= held;
+    iv_de_work_drop(w);
+    pthread_cond_broadcast(&ps->cv);
+    while (ps->used > 0 && ps->used + need > ps->budget) pthread_cond_wait(&ps->cv, &ps->mu);
+    ps->used += need;
+    pthread_mutex_unlock(&ps->mu);
+    if (iv_de_work_reserve(w, nnz) != 0) {
+        pthread_mutex_lock(&ps->mu);
+        ps->used -= need;
+        pthread_cond_broadcast(&ps->cv);
+        pthread_mutex_unlock(&ps->mu);
+        return IV_ENOMEM;
+    }
+    return 0;
+}
+
+static void pass_part(void *arg, size_t part)
+{
+    (void)part;
+    pass_t *ps = arg;
+    iv_err_t e;
+    iv_err_clear(&e);
+    iv_de_work_t *w = iv_de_work_new(ps->de);
+    if (!w) {
+        iv_fail(&e, IV_ENOMEM, "out of memory");
+        pass_fail(ps, IV_ENOMEM, &e);
+        return;
+    }
+    for (;;) {
+        int64_t b = atomic_fetch_add(&ps->next, 1);
+        if (b >= ps->n_blocks || atomic_load(&ps->failed)) break;
+        if (ps->cancel && atomic_load_explicit(ps->cancel, memory_order_relaxed)) {
+            iv_fail(&e, IV_ECANCELLED, "diffexp cancelled");
+            pass_fail(ps, IV_ECANCELLED, &e);
+            break;
+        }
+        iv_block_t blk;
+        memset(&blk, 0, sizeof blk);
+        int rc = iv_query_decode_block(ps->q, b, &blk, &e);
+        for (int64_t r = 0; rc == 0 && r < blk.n_rows; r++) {
+            int64_t lo = blk.indptr[r], nnz = blk.indptr[r + 1] - lo;
+            if ((size_t)nnz > (size_t)0 && iv_de_scratch_bytes(ps->de, nnz) > iv_de_work_held(w) &&
+                gate_grow(ps, w, nnz) != 0)
+                rc = iv_fail(&e, IV_ENOMEM, "out of memory for a gene of %" PRId64 " entries", nnz);
+            const char *ind = (const char *)blk.indices + (size_t)lo * (size_t)blk.index_size;
+            const char *dat = (const char *)blk.data + (size_t)lo * iv_dtype_size(blk.dtype);
+            if (rc == 0 &&
+                iv_de_gene(ps->de, w, ps->gene0 + blk.row0 + r, nnz, ind, blk.index_size, dat, blk.dtype) != 0)
+                rc = iv_fail(&e, IV_ENOMEM, "out of memory");
+        }
+        iv_block_free(&blk);
+        if (rc != 0) {
+            pass_fail(ps, rc, &e);
+            break;
+        }
+    }
+    pthread_mutex_lock(&ps->mu);
+    ps->used -= iv_de_work_held(w);
+    pthread_cond_broadcast(&ps->cv);
+    pthread_mutex_unlock(&ps->mu);
+    iv_de_work_free(w);
+}
+
+/* Whether log1p applies under "auto": integer storage, or float storage
+ * whose first block holds only non-negative whole numbers (raw counts
+ * written as float32, as most .h5ad files do). */
+static int auto_log1p(iv_query_t *q, iv_err_t *err, int *out)
+{
+    iv_dtype_t dt = iv_query_dtype(q);
+    if (dt != IV_DT_FLOAT32 && dt != IV_DT_FLOAT64) {
+        *out = 1;
+        return 0;
+    }
+    *out = 0;
+    if (iv_query_n_blocks(q) == 0) return 0;
+    iv_block_t blk;
+    memset(&blk, 0, sizeof blk);
+    IV_TRY(iv_query_decode_block(q, 0, &blk, err));
+    int whole = 1;
+    for (int64_t k = 0; k < blk.nnz && whole; k++) {
+        double v = iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
+        whole = v >= 0 && v == floor(v) && v < 9007199254740992.0;
+    }
+    iv_block_free(&blk);
+    *out = whole;
+    return 0;
+}
+
+/* Runs the pass over genes [g0, g0 + n) of the var selection. */
+static int run_chunk(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t *so, const int64_t *vidx,
+                     int64_t g0, int64_t n, int transposed, int *log1p, iv_err_t *err)
+{
+    iv_sel_t sv = {.all = vidx == NULL && g0 == 0 && n == iv_dataset_info(in->ds)->n_cols, .n = n,
+                   .idx = vidx ? vidx + g0 : NULL};
+    int64_t *range = NULL;
+    if (!vidx && !sv.all) {
+        range = malloc((size_t)n * sizeof *range);
+        if (!range) return iv_fail(err, IV_ENOMEM, "out of memory");
+        for (int64_t k = 0; k < n; k++) range[k] = g0 + k;
+        sv.idx = range;
+    }
+    iv_query_opts_t qo = {.axis = IV_OUT_VARS, .max_work_bytes = transposed ? 4 * CHUNK_WORK_BYTES : 0};
+    iv_query_t *q = NULL;
+    int rc = iv_query_new(in->ds, so, &sv, &qo, &q, err);
+    free(range);
+    if (rc == 0) rc = iv_query_prepare(q, in->pool, err);
+    if (rc == 0 && *log1p < 0) rc = auto_log1p(q, err, log1p);
+    if (rc == 0) iv_de_set_log1p(de, *log1p);
+    if (rc != 0) {
+        iv_query_free(q);
+        return rc;
+    }
+    pass_t ps;
+    memset(&ps, 0, sizeof ps);
+    ps.q = q;
+    ps.de = de;
+    ps.gene0 = g0;
+    ps.n_blocks = iv_query_n_blocks(q);
+    ps.cancel = in->cancel;
+    atomic_init(&ps.next, 0);
+    atomic_init(&ps.failed, 0);
+    pthread_mutex_init(&ps.mu, NULL);
+    pthread_cond_init(&ps.cv, NULL);
+    ps.budget = iv_de_scratch_bytes(de, so->all ? iv_dataset_info(in->ds)->n_rows : so->n) + SCRATCH_SLACK;
+    iv_err_clear(&ps.err);
+    unsigned parts = in->pool ? iv_pool_threads(in->pool) + 1 : 1;
+    if ((int64_t)parts > ps.n_blocks) parts = ps.n_blocks > 0 ? (unsigned)ps.n_blocks : 1;
+    iv_pool_parallel_for(in->pool, parts, 0, pass_part, &ps);
+    pthread_cond_destroy(&ps.cv);
+    pthread_mutex_destroy(&ps.mu);
+    iv_query_free(q);
+    if (ps.rc != 0) {
+        *err = ps.err;
+        return ps.rc;
+    }
+    return 0;
+}
+
+/* ---- the answer ----------------------------------------------------- */
+
+typedef struct srt {
+    double score;
+    int64_t j;
+} srt_t;
+
+static int srt_cmp(const void *x, const void *y)
+{
+    const srt_t *a = x, *b = y;
+    if (a->score > b->score) return -1;
+    if (a->score < b->score) return 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+static void put_num(iv_buf_t *b, double v)
+{
+    if (isfinite(v)) iv_buf_printf(b, "%.17g", v);
+    else iv_buf_puts(b, "null");
+}
+
+/* The genes of tested group g: sorted by score, the top_n of each end
+ * or all, those under min_frac on both sides left out. */
+static int put_genes(iv_buf_t *b, const iv_de_t *de, int32_t g, int64_t n_genes, const int64_t *vidx,
+                     const iv_meta_col_t *names, const req_t *q)
+{
+    srt_t *v = malloc((size_t)(n_genes ? n_genes : 1) * sizeof *v);
+    if (!v) return IV_ENOMEM;
+    int64_t n = 0;
+    for (int64_t j = 0; j < n_genes; j++) {
+        const iv_de_row_t *r = iv_de_row(de, g, j);
+        if (q->min_frac > 0 && r->frac1 < q->min_frac && r->frac2 < q->min_frac) continue;
+        v[n++] = (srt_t){r->score, j};
+    }
+    qsort(v, (size_t)n, sizeof *v, srt_cmp);
+    iv_buf_puts(b, "[");
+    int first = 1;
+    for (int64_t k = 0; k < n; k++) {
+        if (q->top_n > 0 && 2 * q->top_n < n && k >= q->top_n && k < n - q->top_n) continue;
+        int64_t j = v[k].j, gi = vidx ? vidx[j] : j;
+        const iv_de_row_t *r = iv_de_row(de, g, j);
+        iv_buf_printf(b, first ? "{\"index\":%" PRId64 ",\"name\":" : ",{\"index\":%" PRId64 ",\"name\":", gi);
+        first = 0;
+        if (names && gi < names->n && !(names->mask && names->mask[gi])) {
+            if (names->type == IV_COL_CATEGORICAL) {
+                int32_t c = names->codes[gi];
+                if (c >= 0 && c < names->n_cats) iv_buf_json_str(b, iv_meta_col_cat(names, c));
+                else iv_buf_puts(b, "null");
+            } else if (names->type == IV_COL_STRING) {
+                iv_buf_json_str(b, iv_meta_col_str(names, gi));
+            } else {
+                iv_buf_puts(b, "null");
+            }
+        } else {
+            iv_buf_puts(b, "null");
+        }
+        const double f[8] = {r->score, r->lfc, r->pval, r->pval_adj, r->mean1, r->mean2, r->frac1, r->frac2};
+        static const char *const k8[8] = {"score", "logfoldchange", "pval", "pval_adj",
+                                          "mean1", "mean2", "frac1", "frac2"};
+        for (int i = 0; i < 8; i++) {
+            iv_buf_printf(b, ",\"%s\":", k8[i]);
+            put_num(b, f[i]);
+        }
+        iv_buf_puts(b, "}");
+    }
+    iv_buf_puts(b, "]");
+    free(v);
+    return 0;
+}
+
+int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, iv_err_t *err)
+{
+    cJSON *root = cJSON_ParseWithLength(in->body ? in->body : "", in->body_len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return iv_fail(err, IV_EBAD_JSON, "the request body must be a JSON object");
+    }
+    req_t q;
+    labels_t lb;
+    memset(&lb, 0, sizeof lb);
+    int64_t *vidx = NULL, n_var = 0;
+    int vall = 0;
+    iv_de_t *de = NULL;
+    const iv_dataset_info_t *info = iv_dataset_info(in->ds);
+    int rc = parse_req(in, root, &q, err);
+    if (rc == 0 && !in->meta && (q.group1 || q.var))
+        rc = iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
+    if (rc == 0) rc = q.col ? labels_by(in, &q, &lb, err) : labels_two(in, &q, &lb, err);
+    if (rc == 0 && q.var) rc = resolve_sel(in, IV_AXIS_VAR, "var", q.var, &vidx, &n_var, &vall, err);
+    else if (rc == 0) vall = 1;
+    if (rc != 0) goto out;
+    if (vall) n_var = info->n_cols;
+    iv_sel_t so = {.all = lb.uidx == NULL, .n = lb.n_universe, .idx = lb.uidx};
+    /* The orientation: gene rows straight from a gene-major copy, or a
+     * cell-major file turned around in chunks of genes. */
+    iv_sel_t sv_all = {.all = vall, .n = n_var, .idx = vidx};
+    int transposed = iv_plan_orient(in->ds, &so, &sv_all, IV_OUT_VARS, NULL) == IV_IVCSR;
+    if (q.dry_run) {
+        iv_buf_printf(out, "{\"dry_run\":true,\"method\":\"%s\",\"n_cells\":%" PRId64 ",\"n_genes\":%" PRId64
+                      ",\"n_groups\":%d,\"served_by\":\"%s\"}",
+                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", lb.n_universe, n_var, (int)lb.n_tested,
+                      transposed ? "cells" : "genes");
+        goto out;
+    }
+    iv_de_spec_t spec = {.method = q.method, .log1p = q.log1p > 0, .n_labels = lb.n_labels, .n_tested = lb.n_tested,
+                         .reference = lb.reference, .n_cells = lb.n_cells, .label = lb.label,
+                         .n_universe = lb.n_universe, .n_genes = n_var};
+    if ((rc = iv_de_new(&spec, &de, err)) != 0) goto out;
+    int log1p = q.log1p;
+    /* Chunks: one unless the file must be transposed, then as many as
+     * keep a chunk's transposed entries (about 12 bytes each) within
+     * CHUNK_WORK_BYTES, estimated from the cells' stored entries. */
+    int64_t chunk = n_var ? n_var : 1;
+    if (transposed && n_var > 0) {
+        int64_t nnz = 0;
+        for (int64_t i = 0; i < (so.all ? info->n_rows : so.n); i++)
+            nnz += iv_dataset_major_nnz(in->ds, so.all ? i : so.idx[i]);
+        double share = (double)n_var / (double)(info->n_cols ? info->n_cols : 1);
+        double bytes = 12.0 * (double)nnz * share;
+        int64_t n_chunks = (int64_t)ceil(bytes / (double)CHUNK_WORK_BYTES);
+        if (n_chunks > 1) chunk = (n_var + n_chunks - 1) / n_chunks;
+    }
+    for (int64_t g0 = 0; g0 < n_var && rc == 0; g0 += chunk) {
+        int64_t n = n_var - g0 < chunk ? n_var - g0 : chunk;
+        rc = run_chunk(in, de, &so, vidx, g0, n, transposed, &log1p, err);
+    }
+    if (log1p < 0) log1p = 0;  /* no gene selected: nothing was decided */
+    if (rc == 0) rc = iv_de_finish(de, err);
+    if (rc != 0) goto out;
+    if (q.col) {
+        iv_buf_printf(out, "{\"method\":\"%s\",\"log1p\":%s,\"group_by\":",
+                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false");
+        iv_buf_json_str(out, q.col->name);
+        iv_buf_puts(out, ",\"reference\":");
+        iv_buf_json_str(out, q.ref_cat >= 0 ? iv_meta_col_cat(q.col, q.ref_cat) : "rest");
+        iv_buf_puts(out, ",\"groups\":[");
+    } else {
+        iv_buf_printf(out, "{\"method\":\"%s\",\"log1p\":%s,\"n_group1\":%" PRId64 ",\"n_group2\":%" PRId64
+                      ",\"genes\":",
+                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false",
+                      lb.n_cells[0], lb.n_cells[1]);
+    }
+    const iv_meta_col_t *names = in->meta ? iv_meta_index(in->meta, IV_AXIS_VAR) : NULL;
+    for (int32_t g = 0; g < lb.n_tested && rc == 0; g++) {
+        if (q.col) {
+            iv_buf_puts(out, g ? ",{\"key\":[" : "{\"key\":[");
+            iv_buf_json_str(out, iv_meta_col_cat(q.col, lb.cat_of[g]));
+            iv_buf_printf(out, "],\"n_cells\":%" PRId64 ",\"genes\":", lb.n_cells[g]);
+        }
+        if (put_genes(out, de, g, n_var, vidx, names, &q) != 0) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+        if (q.col) iv_buf_puts(out, "}");
+        if (in->json_bytes && out->len > in->json_bytes)
+            rc = iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
+                         "fewer genes (top_n, var)", in->json_bytes);
+    }
+    iv_buf_puts(out, q.col ? "]}" : "}");
+    if (rc == 0 && out->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the answer");
+out:
+    iv_de_free(de);
+    labels_free(&lb);
+    free(vidx);
+    cJSON_Delete(root);
+    return rc;
+}

@@ -1,0 +1,721 @@
+/*
+ * Differential expression (see diffexp.h).
+ *
+ * Design.  One gene at a time, all groups at once.  A gene's stored
+ * entries are converted once into 64-bit keys that sort like the values
+ * (the IEEE bits with the sign folded) next to each entry's label, in
+ * the work's scratch: 12 bytes an entry, so a gene stored in every cell
+ * of the universe needs 12 bytes a cell and nothing else does.  Both
+ * tests read values back from the keys.
+ *
+ *  - The t-test needs per label the count of stored and of non-zero
+ *    entries, the mean and the sum of squared deviations; the implicit
+ *    zeros add (n - stored) * mean^2.  A "rest" is the other labels'
+ *    moments merged (Chan et al.), so every group of a one-versus-rest
+ *    request comes out of the same two passes over the gene.
+ *  - The rank-sum test sorts the keys (an in-place MSD radix sort,
+ *    American flag, on the bytes that vary: no second buffer) and walks
+ *    the tie blocks.  The zeros (implicit, and stored zeros) are one tie
+ *    block placed where 0 sorts among the stored values, added per label
+ *    as counts.  Ranks are over the whole universe, which is what every
+ *    group-versus-rest test needs, so one walk gives every group's rank
+ *    sum; against a reference group each pair walks the sorted entries
+ *    again, counting only the two labels.
+ *
+ * The special functions are written out here rather than taken from libm
+ * where libm has no equivalent (the incomplete beta) or where its lgamma
+ * writes the global signgam (a data race between workers).
+ */
+#include "diffexp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SORT_SMALL 32
+
+struct iv_de {
+    iv_de_spec_t s;
+    iv_de_row_t *rows;         /* n_tested * n_genes, group-major */
+};
+
+struct iv_de_work {
+    const iv_de_t *de;
+    int64_t *st, *nz;          /* per label: stored entries, non-zero entries */
+    double *s1, *mean, *m2, *rs;
+    double *mn, *mx;           /* per label: the least and greatest stored value */
+    uint64_t *key;
+    int32_t *lab;
+    int64_t cap;
+};
+
+/* ---- special functions ---------------------------------------------- */
+
+/* exp(-x*x) with the rounding error of x*x taken into account: the
+ * tail of the normal distribution is exp(-x^2) times a slowly varying
+ * factor, and an ulp of x^2 = 700 would cost 1e-13 relative. */
+static double exp_neg_sq(double x)
+{
+    double hi = x * x, lo = fma(x, x, -hi);
+    return exp(-hi) * (1.0 - lo);
+}
+
+double iv_de_erfc(double x)
+{
+    static const double two_over_sqrt_pi = 1.1283791670955125739;
+    static const double one_over_sqrt_pi = 0.56418958354775628695;
+    if (isnan(x)) return x;
+    if (x < 0) return 2.0 - iv_de_erfc(-x);
+    if (x < 0.5) {
+        /* erf by its Taylor series; alternating but |x| < 0.5. */
+        double sum = x, term = x, x2 = x * x;
+        for (int n = 1; n < 60; n++) {
+            term *= -x2 / n;
+            double t = term / (2 * n + 1);
+            sum += t;
+            if (fabs(t) < 1e-17 * fabs(sum)) break;
+        }
+        return 1.0 - two_over_sqrt_pi * sum;
+    }
+    if (x < 2.5) {
+        /* erf(x) = 2/sqrt(pi) exp(-x^2) sum 2^n x^(2n+1) / (1*3*...*(2n+1)):
+         * all terms positive, so no cancellation inside the sum. */
+        double sum = x, term = x, x2 = x * x;
+        for (int n = 1; n < 200; n++) {
+            term *= 2.0 * x2 / (2 * n + 1);
+            sum += term;
+            if (term < 1e-17 * sum) break;
+        }
+        return 1.0 - two_over_sqrt_pi * exp_neg_sq(x) * sum;
+    }
+    if (x > 27.5) return 0.0;  /* below the smallest subnormal */
+    /* Laplace's continued fraction erfc(x) = exp(-x^2)/sqrt(pi) /
+     * (x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), by modified Lentz. */
+    const double tiny = 1e-300;
+    double f = x, c = x, d = 0;
+    for (int i = 1; i < 5000; i++) {
+        double a = 0.5 * i;
+        d = x + a * d;
+        if (d == 0) d = tiny;
+        c = x + a / c;
+        if (c == 0) c = tiny;
+        d = 1.0 / d;
+        double delta = c * d;
+        f *= delta;
+        if (fabs(delta - 1.0) < 1e-16) break;
+    }
+    return one_over_sqrt_pi * exp_neg_sq(x) / f;
+}
+
+double iv_de_norm_p2(double z)
+{
+    if (isnan(z)) return z;
+    double p = iv_de_erfc(fabs(z) * 0.70710678118654752440);
+    return p > 1.0 ? 1.0 : p;
+}
+
+/* Stirling's series' correction term: lnGamma(x) - ((x - 1/2) ln x - x +
+ * ln(2 pi) / 2), for x >= 10 (next term under 1e-12 * 1/x^9). */
+static double stirling_corr(double x)
+{
+    double r = 1.0 / x, r2 = r * r;
+    return r * (1.0 / 12 - r2 * (1.0 / 360 - r2 * (1.0 / 1260 - r2 * (1.0 / 1680 - r2 / 1188))));
+}
+
+/* ln Gamma(x), x > 0: shifted up to 10 and Stirling there. */
+static double ln_gamma(double x)
+{
+    static const double half_ln_2pi = 0.91893853320467274178;
+    double shift = 0.0;
+    double prod = 1.0;
+    while (x < 10.0) {
+        prod *= x;
+        x += 1.0;
+        if (prod > 1e250) {
+            shift += log(prod);
+            prod = 1.0;
+        }
+    }
+    shift += log(prod);
+    return (x - 0.5) * log(x) - x + half_ln_2pi + stirling_corr(x) - shift;
+}
+
+/* ln B(a, b).  For a large a the difference lnGamma(a + b) - lnGamma(a)
+ * is taken from Stirling's series directly, since subtracting two values
+ * of order a ln a would lose log10(a ln a) digits (1e-9 relative at the
+ * t-test's df of a million cells). */
+static double ln_beta(double a, double b)
+{
+    double big = a > b ? a : b, small = a > b ? b : a;
+    if (big < 10.0) return ln_gamma(a) + ln_gamma(b) - ln_gamma(a + b);
+    if (small < 10.0) {
+        double diff = (big - 0.5) * log1p(small / big) + small * log(big + small) - small +
+                      stirling_corr(big + small) - stirling_corr(big);
+        return ln_gamma(small) - diff;
+    }
+    /* Both large: lnB = 1/2 ln 2pi + (a-1/2) ln a + (b-1/2) ln b - (a+b-1/2) ln(a+b) + corr. */
+    static const double half_ln_2pi = 0.91893853320467274178;
+    double s = a + b;
+    return half_ln_2pi + (a - 0.5) * log(a / s) + (b - 0.5) * log(b / s) - 0.5 * log(s) + stirling_corr(a) +
+           stirling_corr(b) - stirling_corr(s);
+}
+
+/* The continued fraction of I_x(a, b) (Abramowitz and Stegun 26.5.8) by
+ * modified Lentz; converges fast for x < (a + 1) / (a + b + 2). */
+static double beta_cf(double a, double b, double x)
+{
+    const double tiny = 1e-300;
+    double qab = a + b, qap = a + 1.0, qam = a - 1.0;
+    double c = 1.0, d = 1.0 - qab * x / qap;
+    if (fabs(d) < tiny) d = tiny;
+    d = 1.0 / d;
+    double h = d;
+    for (int m = 1; m < 200000; m++) {
+        double m2 = 2.0 * m;
+        double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+        d = 1.0 + aa * d;
+        if (fabs(d) < tiny) d = tiny;
+        c = 1.0 + aa / c;
+        if (fabs(c) < tiny) c = tiny;
+        d = 1.0 / d;
+        h *= d * c;
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        d = 1.0 + aa * d;
+        if (fabs(d) < tiny) d = tiny;
+        c = 1.0 + aa / c;
+        if (fabs(c) < tiny) c = tiny;
+        d = 1.0 / d;
+        double del = d * c;
+        h *= del;
+        if (fabs(del - 1.0) < 2e-16) break;
+    }
+    return h;
+}
+
+/* I_x(a, b) from ln x and ln(1 - x) (callers often know them more
+ * precisely than x itself). */
+static double betainc_ln(double a, double b, double x, double ln_x, double ln_1mx)
+{
+    if (x <= 0) return 0.0;
+    if (x >= 1) return 1.0;
+    double front = exp(a * ln_x + b * ln_1mx - ln_beta(a, b));
+    if (x < (a + 1.0) / (a + b + 2.0)) return front * beta_cf(a, b, x) / a;
+    return 1.0 - front * beta_cf(b, a, 1.0 - x) / b;
+}
+
+double iv_de_betainc(double a, double b, double x)
+{
+    if (isnan(a) || isnan(b) || isnan(x) || a <= 0 || b <= 0 || x < 0 || x > 1) return NAN;
+    return betainc_ln(a, b, x, log(x), log1p(-x));
+}
+
+double iv_de_t_p2(double t, double df)
+{
+    if (isnan(t) || isnan(df) || df <= 0) return NAN;
+    if (isinf(t)) return 0.0;
+    double r = t * t / df;
+    if (r == 0) return 1.0;
+    if (isinf(r)) return 0.0;
+    /* p = I_x(df/2, 1/2) with x = df / (df + t^2) = 1 / (1 + r). */
+    double a = 0.5 * df, b = 0.5, x = 1.0 / (1.0 + r);
+    double ln_x = -log1p(r), ln_1mx = log(r) - log1p(r);
+    double front = exp(a * ln_x + b * ln_1mx - ln_beta(a, b));
+    double p;
+    if (x < (a + 1.0) / (a + b + 2.0)) p = front * beta_cf(a, b, x) / a;
+    else p = 1.0 - front * beta_cf(b, a, r / (1.0 + r)) / b;
+    return p < 0 ? 0 : p > 1 ? 1 : p;
+}
+
+typedef struct pidx {
+    double p;
+    int64_t i;
+} pidx_t;
+
+static int pidx_cmp(const void *x, const void *y)
+{
+    const pidx_t *a = x, *b = y;
+    if (a->p < b->p) return -1;
+    if (a->p > b->p) return 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+int iv_de_bh(const double *p, int64_t n, double *adj)
+{
+    if (n <= 0) return 0;
+    pidx_t *v = malloc((size_t)n * sizeof *v);
+    if (!v) return IV_ENOMEM;
+    for (int64_t i = 0; i < n; i++) v[i] = (pidx_t){isnan(p[i]) ? 1.0 : p[i], i};
+    qsort(v, (size_t)n, sizeof *v, pidx_cmp);
+    double run = 1.0;
+    for (int64_t k = n - 1; k >= 0; k--) {
+        double q = v[k].p * (double)n / (double)(k + 1);
+        if (q < run) run = q;
+        v[k].p = run;
+    }
+    for (int64_t k = 0; k < n; k++) adj[v[k].i] = v[k].p;
+    free(v);
+    return 0;
+}
+
+/* ---- keys and sorting ----------------------------------------------- */
+
+/* The value's bits turned so that unsigned order is numeric order (-0
+ * was made +0 by the caller; NaN sorts above +inf). */
+static inline uint64_t okey(double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return (u >> 63) ? ~u : u | ((uint64_t)1 << 63);
+}
+
+static inline double kval(uint64_t k)
+{
+    uint64_t u = (k >> 63) ? k & ~((uint64_t)1 << 63) : ~k;
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+#define ZERO_KEY ((uint64_t)1 << 63)
+
+static void isort(uint64_t *k, int32_t *l, int64_t n)
+{
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t kv = k[i];
+        int32_t lv = l[i];
+        int64_t j = i;
+        while (j > 0 && k[j - 1] > kv) {
+            k[j] = k[j - 1];
+            l[j] = l[j - 1];
+            j--;
+        }
+        k[j] = kv;
+        l[j] = lv;
+    }
+}
+
+/* American flag sort of k (l follows) on bits shift+7 .. 0. */
+static void afsort(uint64_t *k, int32_t *l, int64_t n, int shift)
+{
+    for (;;) {
+        if (n <= SORT_SMALL) {
+            isort(k, l, n);
+            return;
+        }
+        int64_t count[256] = {0};
+        for (int64_t i = 0; i < n; i++) count[(k[i] >> shift) & 255]++;
+        int one = 0;
+        for (int b = 0; b < 256; b++)
+            if (count[b] == n) one = 1;
+        if (one) {
+            if (shift == 0) return;  /* all equal */
+            shift -= 8;
+            continue;
+        }
+        int64_t head[256], tail[256];
+        int64_t at = 0;
+        for (int b = 0; b < 256; b++) {
+            head[b] = at;
+            at += count[b];
+            tail[b] = at;
+        }
+        for (int b = 0; b < 256; b++) {
+            while (head[b] < tail[b]) {
+                uint64_t v = k[head[b]];
+                int32_t lv = l[head[b]];
+                int d = (int)((v >> shift) & 255);
+                while (d != b) {
+                    int64_t p = head[d]++;
+                    uint64_t tk = k[p];
+                    int32_t tl = l[p];
+                    k[p] = v;
+                    l[p] = lv;
+                    v = tk;
+                    lv = tl;
+                    d = (int)((v >> shift) & 255);
+                }
+                k[head[b]] = v;
+                l[head[b]] = lv;
+                head[b]++;
+            }
+        }
+        if (shift == 0) return;
+        at = 0;
+        for (int b = 0; b < 256; b++) {
+            if (count[b] > 1) afsort(k + at, l + at, count[b], shift - 8);
+            at += count[b];
+        }
+        return;
+    }
+}
+
+/* ---- the accumulator ------------------------------------------------ */
+
+size_t iv_de_result_bytes(const iv_de_spec_t *s)
+{
+    return (size_t)(s->n_tested > 0 ? s->n_tested : 0) * (size_t)(s->n_genes > 0 ? s->n_genes : 0) *
+           sizeof(iv_de_row_t);
+}
+
+int iv_de_new(const iv_de_spec_t *s, iv_de_t **out, iv_err_t *err)
+{
+    *out = NULL;
+    if (s->n_labels < 1 || s->n_tested < 1 || s->n_tested > s->n_labels || s->n_genes < 0 ||
+        (s->reference >= 0 && (s->reference < s->n_tested || s->reference >= s->n_labels)) ||
+        s->reference < -1 || (s->method != IV_DE_TTEST && s->method != IV_DE_WILCOXON))
+        return iv_fail(err, IV_EINVALID_ARG, "differential expression: inconsistent groups");
+    iv_de_t *de = calloc(1, sizeof *de);
+    if (!de) return iv_fail(err, IV_ENOMEM, "out of memory");
+    de->s = *s;
+    size_t n = (size_t)s->n_tested * (size_t)s->n_genes;
+    de->rows = calloc(n ? n : 1, sizeof *de->rows);
+    if (!de->rows) {
+        free(de);
+        return iv_fail(err, IV_ENOMEM, "out of memory for %zu results", n);
+    }
+    *out = de;
+    return 0;
+}
+
+void iv_de_set_log1p(iv_de_t *de, int on)
+{
+    de->s.log1p = on != 0;
+}
+
+void iv_de_free(iv_de_t *de)
+{
+    if (!de) return;
+    free(de->rows);
+    free(de);
+}
+
+iv_de_work_t *iv_de_work_new(const iv_de_t *de)
+{
+    iv_de_work_t *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    size_t nl = (size_t)de->s.n_labels;
+    w->de = de;
+    w->st = calloc(nl, sizeof *w->st);
+    w->nz = calloc(nl, sizeof *w->nz);
+    w->s1 = calloc(nl, sizeof *w->s1);
+    w->mean = calloc(nl, sizeof *w->mean);
+    w->m2 = calloc(nl, sizeof *w->m2);
+    w->rs = calloc(nl, sizeof *w->rs);
+    w->mn = calloc(nl, sizeof *w->mn);
+    w->mx = calloc(nl, sizeof *w->mx);
+    if (!w->st || !w->nz || !w->s1 || !w->mean || !w->m2 || !w->rs || !w->mn || !w->mx) {
+        iv_de_work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void iv_de_work_drop(iv_de_work_t *w)
+{
+    free(w->key);
+    free(w->lab);
+    w->key = NULL;
+    w->lab = NULL;
+    w->cap = 0;
+}
+
+void iv_de_work_free(iv_de_work_t *w)
+{
+    if (!w) return;
+    iv_de_work_drop(w);
+    free(w->st);
+    free(w->nz);
+    free(w->s1);
+    free(w->mean);
+    free(w->m2);
+    free(w->rs);
+    free(w->mn);
+    free(w->mx);
+    free(w);
+}
+
+size_t iv_de_scratch_bytes(const iv_de_t *de, int64_t nnz)
+{
+    (void)de;
+    return (size_t)(nnz > 0 ? nnz : 0) * (sizeof(uint64_t) + sizeof(int32_t));
+}
+
+size_t iv_de_work_held(const iv_de_work_t *w)
+{
+    return iv_de_scratch_bytes(w->de, w->cap);
+}
+
+int iv_de_work_reserve(iv_de_work_t *w, int64_t n)
+{
+    if (n <= w->cap) return 0;
+    iv_de_work_drop(w);
+    w->key = malloc((size_t)n * sizeof *w->key);
+    w->lab = malloc((size_t)n * sizeof *w->lab);
+    if (!w->key || !w->lab) {
+        iv_de_work_drop(w);
+        return IV_ENOMEM;
+    }
+    w->cap = n;
+    return 0;
+}
+
+/* Loads the gene's entries into keys and labels, with the per-label
+ * counts and sums; returns the entries kept. */
+#define LOAD_LOOP(T)                                                           \
+    do {                                                                       \
+        const T *dv = data;                                                    \
+        for (int64_t k = 0; k < nnz; k++) {                                    \
+            int64_t pos = index_size == 4 ? ((const int32_t *)indices)[k]      \
+                                          : ((const int64_t *)indices)[k];     \
+            if (pos < 0 || pos >= s->n_universe) continue;                     \
+            int32_t l = s->label[pos];                                         \
+            if (l < 0 || l >= s->n_labels) continue;                           \
+            double v = (double)dv[k];                                          \
+            if (s->log1p) v = log1p(v);                                        \
+            if (v == 0) v = 0; /* -0 is +0 */                                  \
+            w->key[n] = okey(v);                                               \
+            w->lab[n] = l;                                                     \
+            n++;                                                               \
+            if (w->st[l] == 0 || v < w->mn[l]) w->mn[l] = v;                   \
+            if (w->st[l] == 0 || v > w->mx[l]) w->mx[l] = v;                   \
+            w->st[l]++;                                                        \
+            if (v != 0) {                                                      \
+                w->nz[l]++;                                                    \
+                w->s1[l] += v;                                                 \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
+static int64_t load(iv_de_work_t *w, int64_t nnz, const void *indices, int index_size, const void *data,
+                    iv_dtype_t dtype)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    int64_t n = 0;
+    switch (dtype) {
+    case IV_DT_INT8: LOAD_LOOP(int8_t); break;
+    case IV_DT_INT16: LOAD_LOOP(int16_t); break;
+    case IV_DT_INT32: LOAD_LOOP(int32_t); break;
+    case IV_DT_INT64: LOAD_LOOP(int64_t); break;
+    case IV_DT_UINT8: LOAD_LOOP(uint8_t); break;
+    case IV_DT_UINT16: LOAD_LOOP(uint16_t); break;
+    case IV_DT_UINT32: LOAD_LOOP(uint32_t); break;
+    case IV_DT_UINT64: LOAD_LOOP(uint64_t); break;
+    case IV_DT_FLOAT32: LOAD_LOOP(float); break;
+    case IV_DT_FLOAT64: LOAD_LOOP(double); break;
+    default: break;
+    }
+    return n;
+}
+
+/* Ranks over the universe: every label's rank sum, and the tie term
+ * sum(t^3 - t). */
+static double walk_all(iv_de_work_t *w, int64_t n)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    double pos = 0, tie = 0;
+    int zero_done = 0;
+    int64_t i = 0;
+    for (;;) {
+        if (!zero_done && (i == n || w->key[i] >= ZERO_KEY)) {
+            while (i < n && w->key[i] == ZERO_KEY) i++;
+            double t0 = 0;
+            for (int32_t l = 0; l < s->n_labels; l++) t0 += (double)(s->n_cells[l] - w->nz[l]);
+            if (t0 > 0) {
+                double avg = pos + 0.5 * (t0 + 1);
+                for (int32_t l = 0; l < s->n_labels; l++) w->rs[l] += (double)(s->n_cells[l] - w->nz[l]) * avg;
+                tie += t0 * t0 * t0 - t0;
+                pos += t0;
+            }
+            zero_done = 1;
+        }
+        if (i >= n) break;
+        int64_t j = i + 1;
+        while (j < n && w->key[j] == w->key[i]) j++;
+        double t = (double)(j - i), avg = pos + 0.5 * (t + 1);
+        for (int64_t k = i; k < j; k++) w->rs[w->lab[k]] += avg;
+        if (j - i > 1) tie += t * t * t - t;
+        pos += t;
+        i = j;
+    }
+    return tie;
+}
+
+/* Ranks among labels a and b only: a's rank sum, and the tie term. */
+static double walk_pair(const iv_de_work_t *w, int64_t n, int32_t a, int32_t b, double *ra)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    double pos = 0, tie = 0, r = 0;
+    int zero_done = 0;
+    int64_t i = 0;
+    double za = (double)(s->n_cells[a] - w->nz[a]), zb = (double)(s->n_cells[b] - w->nz[b]);
+    for (;;) {
+        if (!zero_done && (i == n || w->key[i] >= ZERO_KEY)) {
+            while (i < n && w->key[i] == ZERO_KEY) i++;
+            double t0 = za + zb;
+            if (t0 > 0) {
+                r += za * (pos + 0.5 * (t0 + 1));
+                tie += t0 * t0 * t0 - t0;
+                pos += t0;
+            }
+            zero_done = 1;
+        }
+        if (i >= n) break;
+        int64_t j = i, ca = 0, cb = 0;
+        for (; j < n && w->key[j] == w->key[i]; j++) {
+            ca += w->lab[j] == a;
+            cb += w->lab[j] == b;
+        }
+        double t = (double)(ca + cb);
+        if (t > 0) {
+            r += (double)ca * (pos + 0.5 * (t + 1));
+            tie += t * t * t - t;
+            pos += t;
+        }
+        i = j;
+    }
+    *ra = r;
+    return tie;
+}
+
+static void welch(iv_de_row_t *o, double n1, double m1, double q1, double n2, double m2, double q2)
+{
+    double v1 = q1 / (n1 - 1), v2 = q2 / (n2 - 1);
+    double vn1 = v1 / n1, vn2 = v2 / n2, se2 = vn1 + vn2;
+    double df = se2 * se2 / (vn1 * vn1 / (n1 - 1) + vn2 * vn2 / (n2 - 1));
+    if (isnan(df)) df = 1;  /* scipy's choice where both variances are 0 */
+    double t = (m1 - m2) / sqrt(se2);
+    if (isnan(t)) {
+        o->score = 0;
+        o->pval = 1;
+        return;
+    }
+    o->score = t;
+    o->pval = isinf(t) ? 0.0 : iv_de_t_p2(t, df);
+}
+
+static void ranksum(iv_de_row_t *o, double n1, double n2, double r1, double tie)
+{
+    double n = n1 + n2;
+    double s2 = n1 * n2 / 12.0 * ((n + 1) - tie / (n * (n - 1)));
+    if (n1 < 1 || n2 < 1 || !(s2 > 0)) {
+        o->score = 0;
+        o->pval = 1;
+        return;
+    }
+    double u1 = r1 - n1 * (n1 + 1) / 2.0;
+    double z = (u1 - n1 * n2 / 2.0) / sqrt(s2);
+    o->score = z;
+    o->pval = iv_de_norm_p2(z);
+}
+
+int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void *indices, int index_size,
+               const void *data, iv_dtype_t dtype)
+{
+    const iv_de_spec_t *s = &de->s;
+    if (j < 0 || j >= s->n_genes) return IV_EINVALID_ARG;
+    if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
+    size_t nl = (size_t)s->n_labels;
+    memset(w->st, 0, nl * sizeof *w->st);
+    memset(w->nz, 0, nl * sizeof *w->nz);
+    memset(w->s1, 0, nl * sizeof *w->s1);
+    memset(w->m2, 0, nl * sizeof *w->m2);
+    memset(w->rs, 0, nl * sizeof *w->rs);
+    int64_t n = load(w, nnz, indices, index_size, data, dtype);
+    for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
+    /* Second pass: squared deviations, the implicit zeros as a count. */
+    for (int64_t k = 0; k < n; k++) {
+        double d = kval(w->key[k]) - w->mean[w->lab[k]];
+        w->m2[w->lab[k]] += d * d;
+    }
+    for (size_t l = 0; l < nl; l++) {
+        w->m2[l] += (double)(s->n_cells[l] - w->st[l]) * w->mean[l] * w->mean[l];
+        /* A group whose cells all hold one value has that mean and no
+         * variance exactly: a sum rounded to an ulp would otherwise give
+         * a variance of 1e-32 and a t of any size. */
+        if (w->st[l] < s->n_cells[l]) {
+            if (w->st[l] > 0 && w->mn[l] > 0) w->mn[l] = 0;
+            if (w->st[l] > 0 && w->mx[l] < 0) w->mx[l] = 0;
+            if (w->st[l] == 0) w->mn[l] = w->mx[l] = 0;
+        }
+        if (s->n_cells[l] > 0 && w->mn[l] == w->mx[l]) {
+            w->mean[l] = w->mn[l];
+            w->m2[l] = 0;
+        }
+    }
+    double tie_all = 0;
+    if (s->method == IV_DE_WILCOXON) {
+        afsort(w->key, w->lab, n, 56);
+        if (s->reference < 0) tie_all = walk_all(w, n);
+    }
+    for (int32_t g = 0; g < s->n_tested; g++) {
+        iv_de_row_t *o = &de->rows[(size_t)g * (size_t)s->n_genes + (size_t)j];
+        double n1 = (double)s->n_cells[g], m1 = w->mean[g], q1 = w->m2[g], nz1 = (double)w->nz[g];
+        double n2 = 0, m2 = 0, q2 = 0, nz2 = 0;
+        if (s->reference >= 0) {
+            int32_t r = s->reference;
+            n2 = (double)s->n_cells[r];
+            m2 = w->mean[r];
+            q2 = w->m2[r];
+            nz2 = (double)w->nz[r];
+        } else {
+            double sum = 0, lo = INFINITY, hi = -INFINITY;
+            for (int32_t l = 0; l < s->n_labels; l++)
+                if (l != g && s->n_cells[l] > 0) {
+                    n2 += (double)s->n_cells[l];
+                    sum += w->s1[l];
+                    nz2 += (double)w->nz[l];
+                    if (w->mn[l] < lo) lo = w->mn[l];
+                    if (w->mx[l] > hi) hi = w->mx[l];
+                }
+            m2 = n2 > 0 ? sum / n2 : 0;
+            for (int32_t l = 0; l < s->n_labels; l++)
+                if (l != g && s->n_cells[l] > 0) {
+                    double d = w->mean[l] - m2;
+                    q2 += w->m2[l] + (double)s->n_cells[l] * d * d;
+                }
+            if (n2 > 0 && lo == hi) {
+                m2 = lo;  /* the rest is constant (see above) */
+                q2 = 0;
+            }
+        }
+        o->mean1 = m1;
+        o->mean2 = m2;
+        o->frac1 = n1 > 0 ? nz1 / n1 : 0;
+        o->frac2 = n2 > 0 ? nz2 / n2 : 0;
+        o->lfc = log2((expm1(m1) + 1e-9) / (expm1(m2) + 1e-9));
+        if (s->method == IV_DE_TTEST) {
+            welch(o, n1, m1, q1, n2, m2, q2);
+        } else if (s->reference < 0) {
+            ranksum(o, n1, n2, w->rs[g], tie_all);
+        } else {
+            double r1 = 0;
+            double tie = walk_pair(w, n, g, s->reference, &r1);
+            ranksum(o, n1, n2, r1, tie);
+        }
+    }
+    return 0;
+}
+
+int iv_de_finish(iv_de_t *de, iv_err_t *err)
+{
+    const iv_de_spec_t *s = &de->s;
+    if (s->n_genes == 0) return 0;
+    double *p = malloc((size_t)s->n_genes * sizeof *p);
+    if (!p) return iv_fail(err, IV_ENOMEM, "out of memory");
+    for (int32_t g = 0; g < s->n_tested; g++) {
+        iv_de_row_t *rows = de->rows + (size_t)g * (size_t)s->n_genes;
+        for (int64_t j = 0; j < s->n_genes; j++) p[j] = rows[j].pval;
+        if (iv_de_bh(p, s->n_genes, p) != 0) {
+            free(p);
+            return iv_fail(err, IV_ENOMEM, "out of memory");
+        }
+        for (int64_t j = 0; j < s->n_genes; j++) rows[j].pval_adj = p[j];
+    }
+    free(p);
+    return 0;
+}
+
+const iv_de_row_t *iv_de_row(const iv_de_t *de, int32_t g, int64_t j)
+{
+    return &de->rows[(size_t)g * (size_t)de->s.n_genes + (size_t)j];
+}
