@@ -319,6 +319,16 @@ def test_obs_var_frames_equal_anndata(client, ds_id):
     assert list(ds.read_frame("obs", columns=[obs.columns[1]]).columns) == [obs.columns[1]]
 
 
+def as_anndata_subset(df):
+    """A subset table as anndata leaves it: categories no row uses dropped
+    (test_to_anndata_equals_anndata_subset checks this against anndata)."""
+    df = df.copy()
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].cat.remove_unused_categories()
+    return df
+
+
 @pytest.mark.parametrize("ds_id", IDS)
 def test_to_anndata_equals_anndata(client, ds_id):
     dense, obs, var = ref(ds_id)
@@ -347,8 +357,8 @@ def test_to_anndata_equals_anndata(client, ds_id):
         assert isinstance(ad, anndata.AnnData)
         assert isinstance(ad.X, sp.csr_matrix)
         assert_same(ad.X, dense[rows][:, cols])
-        frame_equal(ad.obs, obs.iloc[rows])
-        frame_equal(ad.var, var.iloc[cols])
+        frame_equal(ad.obs, as_anndata_subset(obs.iloc[rows]))
+        frame_equal(ad.var, as_anndata_subset(var.iloc[cols]))
         assert len(ad.obsm) == 0  # this server serves no obsm arrays
     ad = ds[:3].to_anndata(computed=True)
     assert "total_counts" in list(ad.obs.columns) + list(ad.var.columns)
@@ -433,6 +443,9 @@ def test_progress_bar(client, monkeypatch):
     ds[:].to_scipy()  # small result: no bar by default
     assert calls == []
     monkeypatch.setattr("ivserve.progress.AUTO_ROWS", 10)
+    ds[:].to_scipy()  # large enough, but stderr is not a terminal here: no bar
+    assert calls == []
+    monkeypatch.setattr("ivserve.progress._terminal", lambda: True)
     ds[:].to_scipy()
     assert calls and calls[0] == ("new", n)
     calls.clear()
@@ -785,8 +798,8 @@ def test_metadata_types_equal_anndata(srv, tmp_path):
         rows = [9, 0, 0, 77, 119, 50]
         ad = ds[rows, ::-1].to_anndata()
         assert_same(ad.X, X.toarray().astype(np.int32)[rows][:, ::-1])
-        frame_equal(ad.obs, obs.iloc[rows])
-        frame_equal(ad.var, var.iloc[::-1])
+        frame_equal(ad.obs, as_anndata_subset(obs.iloc[rows]))
+        frame_equal(ad.var, as_anndata_subset(var.iloc[::-1]))
         m = (obs.count32 >= 50).fillna(False).to_numpy(dtype=bool) & (obs.grade == "high").to_numpy()
         q = ds.where("count32 >= 50 and grade == 'high'")
         assert np.array_equal(q.fetch()[1], np.flatnonzero(m))
@@ -891,3 +904,154 @@ def test_matrix_argument_selects_layers_and_raw(layered):
     with pytest.raises(IvserveError) as e:
         ds.query(obs, matrix="layers/nope")
     assert e.value.code == "unknown_matrix"
+
+
+# -- issue 29: anndata's own subset, pandas query operators, var_by, Python exceptions --
+
+@pytest.fixture(scope="module")
+def full(ivserve, tmp_path_factory):
+    """test_layers.py's file (X, layers counts and log, raw/X with raw/var)
+    plus obsm arrays, a var categorical and an obs categorical with a
+    category no cell uses; and the same data as an in-memory AnnData, which
+    is what anndata.read_h5ad gives for a file in anndata's own layout."""
+    import ivref
+    import test_layers
+    from anndata.experimental import write_elem
+    tmp = str(tmp_path_factory.mktemp("client_full"))
+    path = os.path.join(tmp, "full.h5ad")
+    d = test_layers.make_data()
+    rng = np.random.default_rng(29)
+    n, g = d["X"].shape
+    d["obs"]["condition"] = pd.Categorical(rng.choice(["ctrl", "stim"], n), categories=["ctrl", "stim", "none"])
+    d["var"]["kind"] = pd.Categorical(rng.choice(["a", "b", "c"], g))
+    d["var"]["symbol"] = ["SYM%d" % i for i in range(g)]
+    obsm = {"X_umap": rng.standard_normal((n, 2)).astype(np.float32), "X_pca": rng.standard_normal((n, 4))}
+    ivref.write_with_layers(path, d["X"], "ivcsr", obs=False, var=False,
+                            layers={"counts": (d["counts"], "ivcsc"), "log": (d["log"], "ivcsr")},
+                            raw=(d["raw"], "ivcsc"))
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", d["obs"])
+        write_elem(f, "var", d["var"])
+        write_elem(f, "raw/var", d["raw_var"])
+        for k, v in obsm.items():
+            write_elem(f, "obsm/" + k, v)
+    def csr(m):  # int32 index arrays, as anndata writes and reads them (0.8 mis-slices int64 indptr)
+        return sp.csr_matrix((m.data, m.indices.astype(np.int32), m.indptr.astype(np.int32)), shape=m.shape)
+
+    want = anndata.AnnData(X=csr(d["X"]), obs=d["obs"], var=d["var"], obsm=obsm,
+                           layers={"counts": csr(d["counts"]), "log": csr(d["log"])}, dtype=d["X"].dtype)
+    want.raw = anndata.AnnData(X=csr(d["raw"]), var=d["raw_var"], dtype=d["raw"].dtype)
+    s = Server(tmp, datasets=[{"id": "F", "path": path}])
+    yield s, want
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_to_anndata_equals_anndata_subset(full):
+    """to_anndata(layers=True, raw=True) equals adata[obs, var].copy() of
+    the same data, element by element (anndata's assert_equal): X,
+    layers, raw (every raw gene, the selected cells), obsm, obs and var
+    with the categories no selected row uses dropped, as anndata drops them."""
+    from anndata.tests.helpers import assert_equal
+    s, want = full
+    ds = ivserve.connect(s.url)["F"]
+    n, g = want.shape
+    b_or_t = np.flatnonzero(want.obs["cell_type"].isin(["B", "T"]).to_numpy())
+    cases = [(b_or_t, slice(None)), ([7, 3, 3, 100], [4, 0, 29]), (slice(10, 60, 3), np.arange(g) % 2 == 0),
+             (np.flatnonzero(want.obs["condition"] == "ctrl"), np.arange(g)[::-1])]
+    for obs_sel, var_sel in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = ds[obs_sel, var_sel].to_anndata(layers=True, raw=True)
+            exp = want[obs_sel, var_sel].copy()
+        assert set(got.layers) == {"counts", "log"}
+        for col in ("cell_type", "condition"):
+            assert list(got.obs[col].cat.categories) == list(exp.obs[col].cat.categories)
+        assert "none" not in list(got.obs["condition"].cat.categories)
+        assert_equal(got.X, exp.X)
+        for k in exp.layers:
+            assert_equal(got.layers[k], exp.layers[k])
+        assert_equal(got.obs, exp.obs)
+        assert_equal(got.var, exp.var)
+        for k in exp.obsm:
+            assert_equal(got.obsm[k], exp.obsm[k])
+        assert_equal(got.raw.X, exp.raw.X)
+        assert_equal(got.raw.var, exp.raw.var)
+        assert_equal(got, exp)
+    # Layers by name; none by default; an unknown layer is a KeyError.
+    ad = ds[[1, 2], :].to_anndata(layers=["log"])
+    assert list(ad.layers) == ["log"] and ad.raw is None
+    assert len(ds[[1, 2], :].to_anndata().layers) == 0
+    with pytest.raises(KeyError):
+        ds[[1, 2], :].to_anndata(layers=["nope"])
+
+
+def test_where_accepts_pandas_operators(full):
+    """&, |, ~ and parentheses as pandas query reads them, next to and/or/not;
+    quoted strings keep their & | ~; the rows equal DataFrame.query's."""
+    s, want = full
+    ds = ivserve.connect(s.url)["F"]
+    obs = want.obs
+    exprs = ["cell_type == 'B' & age > 40", "(cell_type == 'NK') | (age < 30)",
+             "~(cell_type == 'T') & condition == 'stim'", "cell_type == 'B' and ~(age >= 50) | condition == 'ctrl'",
+             "age > 30 && cell_type != 'B'"]
+    for expr in exprs:
+        got = ds.where(expr).to_anndata(obsm=False).obs_names
+        assert list(got) == list(obs.query(expr.replace("&&", "&")).index), expr
+    # Inside quotes the characters are data, not operators.
+    assert ivserve.selection.where_text("name == 'a&b|~c' & x") == "name == 'a&b|~c'  and  x"
+    assert ivserve.selection.where_text("`odd|col` | y") == "`odd|col`  or  y"
+    q = ds.where("cell_type == 'B'").where("age > 40 | age < 25")
+    want_rows = obs.query("cell_type == 'B' & (age > 40 | age < 25)").index
+    assert list(q.to_anndata(obsm=False).obs_names) == list(want_rows)
+    got = ds[ivserve.Where("~(cell_type == 'B')"), :].to_anndata(obsm=False).obs_names
+    assert list(got) == list(obs.query("~(cell_type == 'B')").index)
+
+
+def test_var_by_column_and_case_insensitive_names(full):
+    """ds.var_by(col) selects genes by that column's values (exact, else a
+    unique case-insensitive match, as the server does); var_names stay
+    the var index; composed queries use the column too."""
+    s, want = full
+    ds = ivserve.connect(s.url)["F"]
+    X = want.X.toarray()
+    by = ds.var_by("symbol")
+    ad = by[[0, 5], ["SYM7", "sym2"]].to_anndata(obsm=False)
+    assert list(ad.var_names) == ["gene7", "gene2"]
+    assert np.array_equal(ad.X.toarray(), X[[0, 5]][:, [7, 2]])
+    sub = by[:, ["SYM9", "SYM3", "SYM1"]][[4], ["SYM1", "sym9"]]
+    assert np.array_equal(sub.to_scipy().toarray(), X[[4]][:, [1, 9]])
+    # The index, case-insensitively, in the Python client as in the server.
+    ad = ds[[1], ["GENE4", "Gene11"]].to_anndata(obsm=False)
+    assert list(ad.var_names) == ["gene4", "gene11"]
+    with pytest.raises(KeyError):
+        ds.var_by("no_such_column")
+    with pytest.raises(KeyError):
+        by[:, ["NOPE"]].to_anndata()
+
+
+def test_python_exceptions(full):
+    """Missing names are KeyErrors, positions out of range IndexErrors, and
+    both still IvserveErrors with their codes."""
+    s, want = full
+    ds = ivserve.connect(s.url)["F"]
+    n, g = want.shape
+    with pytest.raises(KeyError) as e:
+        ds.obsm["missing"]
+    assert isinstance(e.value, IvserveError) and "missing" in str(e.value)
+    with pytest.raises(KeyError) as e:
+        ds[["NOPE_CELL"], :].to_scipy()
+    assert e.value.code == "unknown_name"
+    with pytest.raises(KeyError):
+        ds[:, ["NOPE_GENE"]].to_anndata()
+    with pytest.raises(KeyError):
+        ds.read_frame("obs", ["nope"])
+    with pytest.raises(KeyError):
+        ds.query(matrix="layers/nope")
+    for key in (n, -n - 1, [0, n], np.zeros(n + 1, bool)):
+        with pytest.raises(IndexError) as e:
+            ds[key]
+        assert isinstance(e.value, IvserveError) and e.value.code == "bad_selection"
+    with pytest.raises(IndexError):
+        ds[:, g]
+    with pytest.raises(IndexError):
+        ds[[1, 2, 3]][5]

@@ -14,6 +14,7 @@ anndata does).  Rows come in the selection's order, duplicates kept; the
 obs and var rows of to_anndata() follow the same order.  Metadata tables
 and obsm arrays are fetched once per Dataset and reused.
 """
+import copy
 import inspect
 import json
 import struct
@@ -25,7 +26,7 @@ import urllib3
 
 from . import frames, selection, wire
 from .progress import bar as progress_bar
-from .errors import IvserveError
+from .errors import IvserveError, IvserveKeyError, make_error
 
 # Rows a page of a metadata column asks for; halved when the server says
 # the page is past its JSON limit (413).
@@ -73,7 +74,7 @@ class Client:
                 code, message = "http", r.text[:500]
             finally:
                 r.close()
-            raise IvserveError(r.status_code, code, message)
+            raise make_error(r.status_code, code, message)
         return r
 
     def get_json(self, path, **params):
@@ -114,6 +115,7 @@ class Dataset:
         self._names = {}
         self.obsm = Arrays(self, "obsm")
         self.varm = Arrays(self, "varm")
+        self._var_by = None
 
     def __repr__(self):
         return (f"<ivserve.Dataset {self.id!r}: {self.shape[0]} cells x {self.shape[1]} genes, "
@@ -146,7 +148,7 @@ class Dataset:
             return self.shape
         m = self.matrices.get(matrix)
         if m is None:
-            raise IvserveError(404, "unknown_matrix",
+            raise IvserveKeyError(404, "unknown_matrix",
                                f"dataset {self.id!r} has no matrix {matrix!r}; it has {list(self.matrices)}")
         return tuple(int(x) for x in m["shape"])
 
@@ -226,7 +228,7 @@ class Dataset:
             columns = [columns] if isinstance(columns, str) else list(columns)
             unknown = [c for c in columns if c not in specs]
             if unknown:
-                raise IvserveError(None, "unknown_column", f"{axis} has no column(s) {unknown}")
+                raise IvserveKeyError(None, "unknown_column", f"{axis} has no column(s) {unknown}")
         index = self.names(axis)
         cached = self._frames.setdefault(axis, {})
         series = {}
@@ -253,6 +255,27 @@ class Dataset:
             return pd.DataFrame(index=pd.Index([str(i) for i in range(n)], dtype=object))
         return self.read_frame(axis, computed=computed)
 
+    def _raw_var_frame(self):
+        """raw/var with its columns as the table route serves them (typed
+        by pandas from the JSON values), fetched once."""
+        import pandas as pd
+
+        if "raw/var:full" not in self._frames:
+            rows, offset, total = [], 0, None
+            while total is None or offset < total:
+                page = self.client.get_json(f"{self.path}/raw/var", offset=offset, limit=_TABLE_PAGE,
+                                            format="json")
+                total = int(page["total"])
+                if not page["rows"] and offset < total:
+                    raise IvserveError(None, "bad_answer", "raw/var table page is empty")
+                rows.extend(page["rows"])
+                offset += len(page["rows"])
+            df = pd.DataFrame(rows)
+            df = df.set_index("_index") if len(df.columns) else pd.DataFrame(index=pd.Index([], dtype=object))
+            df.index.name = None
+            self._frames["raw/var:full"] = df
+        return self._frames["raw/var:full"].copy()
+
     @property
     def obs(self):
         """The obs table (the file's columns; computed ones via read_frame)."""
@@ -265,7 +288,33 @@ class Dataset:
     # -- selections -------------------------------------------------------
 
     def _wire(self, key, axis, matrix=None):
-        return selection.to_wire(key, self._axis_len(axis, matrix), axis)
+        w = selection.to_wire(key, self._axis_len(axis, matrix), axis)
+        if axis == "var" and self._var_by and w is not None and "names" in w and "by" not in w:
+            w = dict(w, by=self._var_by)
+        return w
+
+    def var_by(self, column):
+        """This dataset with genes named by a var column instead of the
+        var index: ds.var_by("gene_symbols")[:, ["CD3E", "MS4A1"]] selects
+        the genes whose gene_symbols are CD3E and MS4A1 (the first row of a
+        value listed twice; exact match first, else a unique
+        case-insensitive one, as the server matches names).  Results keep
+        the var index as var_names, as scanpy's var_names do.  The column
+        must hold strings (or be categorical).  Caches are shared with ds."""
+        if column not in self.columns("var", computed=True):
+            raise IvserveKeyError(None, "unknown_column", f"var has no column {column!r}")
+        other = copy.copy(self)
+        other._var_by = column
+        return other
+
+    def _var_keys(self, matrix=None):
+        """The strings var names are matched against: the var_by column's
+        values, or the genes' index."""
+        import pandas as pd
+
+        if self._var_by and self._var_axis(matrix) == "var":
+            return pd.Index([str(v) for v in self._column_values("var", self._var_by)])
+        return self.names(self._var_axis(matrix))
 
     def query(self, obs=None, var=None, matrix=None):
         """A Query of obs and var keys (any form ds[obs, var] takes) of
@@ -281,8 +330,8 @@ class Dataset:
         """A Query of the cells (obs) and genes (var) matching where
         expressions in the server's grammar, e.g.
         ds.where("cell_type == 'B cell' and n_genes > 200", var="highly_variable")."""
-        return Query(self, None if obs is None else {"where": obs},
-                     None if var is None else {"where": var}, matrix)
+        return Query(self, None if obs is None else {"where": selection.where_text(obs)},
+                     None if var is None else {"where": selection.where_text(var)}, matrix)
 
     def count(self, obs=None, var=None, matrix=None):
         """The server's count of a selection: shape, n_cells, n_genes, nnz,
@@ -338,16 +387,13 @@ class Dataset:
 
     def _lookup(self, names, by, axis="var"):
         """Row numbers of names in the index (by None) or in column by of
-        the genes' table (var or raw/var); the first row of a name listed
-        twice, as the server picks it."""
+        the genes' table (var or raw/var), -1 where none, matched as the
+        server matches them (selection.match_names)."""
         if by is None:
             keys = list(self.names(axis))
         else:
             keys = self._column_values(axis, by)
-        first = {}
-        for i, k in enumerate(keys):
-            first.setdefault(str(k), i)
-        return [first.get(str(n), -1) for n in names]
+        return selection.match_names(names, keys)
 
     def _var_positions(self, wire_sel, matrix=None):
         """Column numbers of a var selection of matrix, in the result's
@@ -364,7 +410,7 @@ class Dataset:
             found = self._lookup(base["names"], base.get("by"), axis)
             unknown = [nm for nm, i in zip(base["names"], found) if i < 0]
             if unknown and base.get("missing") != "ignore":
-                raise IvserveError(422, "unknown_name", f"var names not found: {unknown[:10]}")
+                raise IvserveKeyError(422, "unknown_name", f"var names not found: {unknown[:10]}")
             pos = np.asarray([i for i in found if i >= 0], dtype=np.int64)
         else:
             pos = selection.positions(base or None, n)
@@ -460,7 +506,7 @@ class Query:
                 var = ds._wire(vkey, "var", self.matrix)
             else:
                 pos = ds._var_positions(var, self.matrix)
-                names = ds.names(ds._var_axis(self.matrix))[pos] if _has_names(vkey) else None
+                names = ds._var_keys(self.matrix)[pos] if _has_names(vkey) else None
                 var = {"index": selection.subselect(pos, vkey, names, "var").tolist()}
         return Query(ds, obs, var, self.matrix)
 
@@ -543,29 +589,68 @@ class Query:
         a = self.to_numpy()
         return a if dtype is None else a.astype(dtype)
 
-    def to_anndata(self, obsm=True, computed=False, progress=None):
-        """The result as an AnnData: X (csr), obs and var rows in the
-        selection's order (the file's columns, and the server's computed
-        ones when computed=True), and the obsm arrays the server serves
-        (obsm=True: all; a list: those; False: none)."""
+    def to_anndata(self, obsm=True, computed=False, progress=None, layers=(), raw=False):
+        """The result as an AnnData equal to anndata's own subset of the
+        file, adata[obs, var].copy(), for the elements asked for:
+
+        X (csr, the file's dtype); obs and var rows in the selection's
+        order, categoricals without the categories no selected row uses
+        (as anndata leaves them after subsetting); obsm arrays the server
+        serves (obsm=True: all; a list: those; False: none); layers
+        (True: every layer the server can serve; a list of names without
+        "layers/"), the same cells and genes of each; raw=True: raw/X of
+        the same cells and every raw gene, with raw/var (its columns as
+        the table route gives them: categoricals come as strings).
+        computed=True adds the server's computed obs / var columns.  uns
+        and obsp are not served."""
         import anndata
 
         X, obs_pos = self.fetch(progress)
-        var_pos = self.ds._var_positions(self.var, self.matrix)
+        ds = self.ds
+        var_pos = ds._var_positions(self.var, self.matrix)
         if len(var_pos) != X.shape[1]:
             raise IvserveError(None, "bad_answer",
                                f"the result has {X.shape[1]} genes; the var selection resolves to {len(var_pos)}")
-        obs = self.ds._frame_or_bare("obs", computed).iloc[obs_pos]
-        var = self.ds._frame_or_bare(self.ds._var_axis(self.matrix), computed).iloc[var_pos]
+        obs = _drop_unused(ds._frame_or_bare("obs", computed).iloc[obs_pos])
+        var = _drop_unused(ds._frame_or_bare(ds._var_axis(self.matrix), computed).iloc[var_pos])
         arrays = {}
-        names = list(self.ds.obsm.keys()) if obsm is True else list(obsm or [])
+        names = list(ds.obsm.keys()) if obsm is True else list(obsm or [])
         for name in names:
-            arrays[name] = self.ds.obsm[name][obs_pos]
+            arrays[name] = ds.obsm[name][obs_pos]
+        obs_wire = selection._index_wire(np.asarray(obs_pos, dtype=np.int64), ds.shape[0])
+        layer_names = ([m[len("layers/"):] for m, e in ds.matrices.items()
+                        if m.startswith("layers/") and e.get("servable", True)]
+                       if layers is True else list(layers or []))
+        mats = {}
+        for name in layer_names:
+            m = "layers/" + name
+            if m not in ds.matrices or not ds.matrices[m].get("servable", True):
+                raise IvserveKeyError(None, "unknown_matrix",
+                                      f"dataset {ds.id!r} serves no layer {name!r}; it serves "
+                                      f"{[k for k in ds.matrices if k.startswith('layers/')]}")
+            var_wire = selection._index_wire(np.asarray(var_pos, dtype=np.int64), ds._axis_len("var", m))
+            mats[name] = Query(ds, obs_wire, var_wire, m).to_scipy(progress=False)
         kw = {}
+        if raw:
+            if "raw/X" not in ds.matrices:
+                raise IvserveKeyError(None, "unknown_matrix", f"dataset {ds.id!r} has no raw/X")
+            kw["raw"] = {"X": Query(ds, obs_wire, None, "raw/X").to_scipy(progress=False),
+                         "var": ds._raw_var_frame()}
         if "dtype" in inspect.signature(anndata.AnnData.__init__).parameters:
             # anndata before 0.9 casts X to float32 unless told the dtype.
             kw["dtype"] = X.dtype
-        return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, **kw)
+        return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, layers=mats or None, **kw)
+
+
+def _drop_unused(df):
+    """df with the unused categories of its categorical columns removed,
+    as anndata's subsetting leaves them."""
+    import pandas as pd
+
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].cat.remove_unused_categories()
+    return df
 
 
 class _Chunks:
@@ -603,6 +688,7 @@ def _has_names(key):
 def _and_where(sel, expr):
     if expr is None:
         return sel
+    expr = selection.where_text(expr)
     if sel is None:
         return {"where": expr}
     sel = dict(sel)
@@ -652,6 +738,10 @@ class Arrays:
         return f"{self.kind}: {self.keys()}"
 
     def __getitem__(self, name):
+        if name not in self._cache and name not in self.keys():
+            raise IvserveKeyError(404, "not_found",
+                                  f"dataset {self.ds.id!r} serves no {self.kind} array {name!r}; "
+                                  f"it serves {self.keys()}")
         if name not in self._cache:
             self._cache[name] = self._fetch(name)
         return self._cache[name]

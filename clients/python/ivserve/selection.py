@@ -19,7 +19,7 @@ import numbers
 import numpy as np
 import pandas as pd
 
-from .errors import IvserveError
+from .errors import IvserveError, IvserveIndexError, IvserveKeyError
 
 
 class Where:
@@ -37,6 +37,44 @@ class Where:
 
 def _bad(axis, message):
     return IvserveError(None, "bad_selection", f"{axis}: {message}")
+
+
+def _out_of_range(axis, message):
+    return IvserveIndexError(None, "bad_selection", f"{axis}: {message}")
+
+
+def where_text(expr):
+    """A where expression with pandas query's `&`, `|` and `~` written as
+    the server's `and`, `or` and `not` (outside quoted strings and
+    backquoted names; `&&` and `||` pass as they are).  In pandas query
+    `&` and `|` bind as `and` and `or` do, so the meaning is kept."""
+    if not isinstance(expr, str):
+        raise TypeError("a where expression is a string")
+    out, i, n, quote = [], 0, len(expr), None
+    while i < n:
+        c = expr[i]
+        if quote:
+            out.append(c)
+            if c == "\\" and quote != "`" and i + 1 < n:
+                out.append(expr[i + 1])
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"`":
+            quote = c
+            out.append(c)
+        elif c in "&|" and i + 1 < n and expr[i + 1] == c:
+            out.append(c + c)
+            i += 1
+        elif c in "&|":
+            out.append(" and " if c == "&" else " or ")
+        elif c == "~":
+            out.append(" not ")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _is_names(arr):
@@ -64,13 +102,13 @@ def _ints(arr, n, axis):
     a = arr.astype(np.int64).ravel()
     bad = (a < -n) | (a >= n)
     if bad.any():
-        raise _bad(axis, f"index {int(a[bad][0])} is out of bounds for an axis of length {n}")
+        raise _out_of_range(axis, f"index {int(a[bad][0])} is out of bounds for an axis of length {n}")
     return np.where(a < 0, a + n, a)
 
 
 def _mask(arr, n, axis):
     if arr.shape != (n,):
-        raise _bad(axis, f"a boolean mask of length {arr.size} does not match the axis length {n}")
+        raise _out_of_range(axis, f"a boolean mask of length {arr.size} does not match the axis length {n}")
     return arr.astype(bool)
 
 
@@ -90,13 +128,43 @@ def _array(key):
     return None
 
 
+def _fold(s):
+    """ASCII lower case, as the server folds names (not str.lower's Unicode rules)."""
+    return s.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def match_names(names, keys):
+    """Row of each name among keys as the server finds it: the first row
+    with exactly that string, else the row of the one distinct string
+    equal to it up to ASCII case; -1 when none is (or several are)."""
+    first, folded = {}, {}
+    for i, k in enumerate(keys):
+        k = str(k)
+        if k not in first:
+            first[k] = i
+            f = _fold(k)
+            folded[f] = -2 if f in folded else i
+    out = []
+    for n in names:
+        n = str(n)
+        i = first.get(n)
+        if i is None:
+            i = folded.get(_fold(n), -1)
+            i = -1 if i < 0 else i
+        out.append(i)
+    return out
+
+
 def to_wire(key, n, axis):
     """The server's selection object for key on an axis of length n, or
     None for the whole axis."""
     if key is None or key is Ellipsis:
         return None
     if isinstance(key, Where):
-        return {"where": key.expr}
+        return {"where": where_text(key.expr)}
     if isinstance(key, dict):
         return key
     if isinstance(key, slice):
@@ -187,12 +255,10 @@ def subselect(pos, key, names, axis):
     if arr.dtype == bool:
         return pos[_mask(arr, len(pos), axis)]
     if _is_names(arr):
-        first = {}
-        for i, nm in enumerate(names):
-            first.setdefault(nm, i)
-        missing = [str(x) for x in arr if str(x) not in first]
+        found = match_names(arr, names)
+        missing = [str(x) for x, i in zip(arr, found) if i < 0]
         if missing:
-            raise IvserveError(None, "unknown_name",
-                               f"{axis}: names not in the selection: {missing[:10]}")
-        return pos[[first[str(x)] for x in arr]]
+            raise IvserveKeyError(None, "unknown_name",
+                                  f"{axis}: names not in the selection: {missing[:10]}")
+        return pos[found]
     return pos[_ints(arr, len(pos), axis)]
