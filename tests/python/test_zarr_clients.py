@@ -102,7 +102,7 @@ def zarrita(npm, url, gene, column):
 @pytest.mark.parametrize("gene", [0, 17, N_VAR - 1])
 def test_zarrita_reads_a_gene_and_an_obs_column(env, npm, gene):
     s, (X, obs, var, obsm, varm) = env
-    got = zarrita(npm, s.url + "/v1/datasets/v/zarr", gene, "cell_type")
+    got = zarrita(npm, "%s/v1/datasets/v/zarr" % s.url, gene, "cell_type")
     col = sp.csc_matrix(X)[:, gene]
     col.sort_indices()
     assert got["encoding"] == "csc_matrix" and got["shape"] == [N_OBS, N_VAR]
@@ -114,10 +114,10 @@ def test_zarrita_reads_a_gene_and_an_obs_column(env, npm, gene):
 
 def test_zarrita_repeats_the_token_of_the_store_url(env, npm):
     s, (X, obs, var, obsm, varm) = env
-    got = zarrita(npm, s.url + "/v1/datasets/lock/zarr?token=" + TOKEN, 3, "batch")
+    got = zarrita(npm, "%s/v1/datasets/lock/zarr?token=%s" % (s.url, TOKEN), 3, "batch")
     assert got["codes"] == obs["batch"].cat.codes.tolist()
     p = subprocess.run(["node", os.path.join(WEB, "zarrita_read.mjs"), npm,
-                        s.url + "/v1/datasets/lock/zarr", "3", "batch"], capture_output=True, text=True)
+                        "%s/v1/datasets/lock/zarr" % s.url, "3", "batch"], capture_output=True, text=True)
     assert p.returncode != 0  # without it: 401, which zarrita reports
 
 
@@ -185,7 +185,7 @@ def draw(drv, s, site, gene, timeout=60):
     gene's X chunks and the picture stopped changing; returns the pixels
     and the X requests the gene made."""
     before = len(x_requests(s))
-    url = "%s/index.html?store=%s&gene=%s" % (site, s.url + "/v1/datasets/v/zarr", gene)
+    url = "%s/index.html?store=%s&gene=%s" % (site, "%s/v1/datasets/v/zarr" % s.url, gene)
     drv.get(url)
     deadline = time.time() + timeout
     last, stable = None, 0
