@@ -21,7 +21,15 @@ as in the tests), then measures with the page's own clock
             answers that gene for every cell, the page makes the colours,
             the frame is drawn), each run a different gene;
   frame     one redraw of every cell after a small pan, waited for by
-            reading a pixel back (what panning and zooming cost).
+            reading a pixel back (what panning and zooming cost);
+  hover     one hover look-up: the cell under the cursor found among the
+            drawn cells, its ring drawn, its card filled (mean over 400
+            positions across the scatter; the obs row that follows is a
+            request, timed separately as "cell row");
+  after DCL the first full scatter counted from DOMContentLoaded (the
+            page's modules loaded) rather than from navigation start.
+
+--data PATH uses an .h5ad that already has obsm/X_umap instead.
 
 Baselines measured in the same run with Python's requests on the same
 server: the API requests the page makes for each, without the browser
@@ -84,9 +92,10 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--data", default=None, help="an .h5ad with obsm/X_umap (instead of the generated atlas)")
     ap.add_argument("server_args", nargs="*", help="after --: extra ivserve flags")
     a = ap.parse_args(argv)
-    path = ensure_data(a.cells)
+    path = a.data or ensure_data(a.cells)
     ds = os.path.splitext(os.path.basename(path))[0]
     port = a.port or free_port()
     url = "http://127.0.0.1:%d" % port
@@ -136,7 +145,8 @@ def main(argv=None):
                 "return window.__ivTest && __ivTest.messages()")))
 
         page = url + "/?dataset=" + ds
-        load, recolor, frame, renderer = [], [], [], None
+        load, recolor, frame, renderer, hover, after_dcl, row = [], [], [], None, [], [], []
+        parts = {}  # the re-colour's stages (app.js timings)
         drv.get(page)  # warm-up: the first start of the browser's caches
         wait("return window.__ivTest && __ivTest.timings().firstScatter")
         for r in range(a.runs):
@@ -146,15 +156,28 @@ def main(argv=None):
             assert drv.execute_script("return __ivTest.points()") == a.cells
             renderer = drv.execute_script("return __ivTest.renderer()")
             load.append(t)
+            after_dcl.append(t - drv.execute_script(
+                "return performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd"))
             wait("return __ivTest.busy() === 0")
             frame.append(drv.execute_script("return __ivTest.drawTime(10)")["ms"])
+            hover.append(drv.execute_script(
+                "const [w, h] = __ivTest.canvasSize(), p = [];"
+                "for (let k = 0; k < 400; k++) p.push([(k * 37) % w, (k * 53) % h]);"
+                "return __ivTest.hoverTime(p)"))
+            t0 = time.perf_counter()
+            s0 = requests.get(url + "/v1/datasets/%s/obs?offset=%d&limit=1" % (ds, 1000 + r), timeout=10)
+            row.append((time.perf_counter() - t0) * 1000)
+            assert s0.status_code == 200
             for g in (genes[2 * r], genes[2 * r + 1]):
                 box = drv.find_element("id", "gene")
                 box.clear()
                 box.send_keys(g + Keys.ENTER)
                 wait("const t = __ivTest.timings(); return t.recolorGene === %s && __ivTest.busy() === 0 "
                      "&& t.recolor" % json.dumps(g))
-                recolor.append(drv.execute_script("return __ivTest.timings().recolor"))
+                tm = drv.execute_script("return __ivTest.timings()")
+                recolor.append(tm["recolor"])
+                for k in ("geneFetch", "geneParse", "geneColors", "geneUpload", "geneFrame"):
+                    parts.setdefault(k, []).append(tm.get(k, float("nan")))
 
         # Baselines: the same API requests without the browser.
         s = requests.Session()
@@ -181,9 +204,13 @@ def main(argv=None):
         print("%-44s %10s %10s" % ("what", "best ms", "median ms"))
         rows = [("page load -> first full scatter", load), ("  baseline: its API requests (requests)", api_load),
                 ("re-colour by a new gene", recolor), ("  baseline: the gene's query (requests)", api_gene),
-                ("one frame while panning (drawn, read back)", frame)]
+                ("one frame while panning (drawn, read back)", frame),
+                ("first full scatter after DOMContentLoaded", after_dcl),
+                ("hover look-up (cell found, ring, card)", hover),
+                ("cell row: GET obs?offset=i&limit=1", row)]
         for name, xs in rows:
             print("%-44s %10.1f %10.1f" % (name, min(xs), median(xs)))
+        print("re-colour stages, median ms: " + ", ".join("%s %.1f" % (k, median(v)) for k, v in parts.items()))
     finally:
         if drv is not None:
             drv.quit()

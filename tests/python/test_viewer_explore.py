@@ -351,3 +351,87 @@ def test_link_reopens_the_view(browser, srv, data, outdir):
     pix_after = [pixel(browser, p) for p in spots]
     assert pix_after == pix_before
     tv.shot(browser, outdir, "explore_link_after")
+
+
+def test_marker_genes_of_a_selection_and_of_every_category(browser, srv, data, outdir):
+    from selenium.webdriver.support.ui import Select
+    r = tv.need_route(srv, "POST", "/diffexp", {"group1": {"index": [0, 1, 2]}, "group2": "rest", "top_n": 1})
+    assert r.status_code == 200, r.text
+    tv.open_page(browser, srv.url + "/")
+    Select(browser.find_element("id", "color-obs")).select_by_value("cell_type")
+    tv.wait_for(browser, "return __ivTest.colorInfo().kind === 'categorical' && __ivTest.busy() === 0")
+    labels = data["obs"].cell_type.astype(str).to_numpy()
+    # A = the NK cells (a legend click), B = the monocytes.
+    browser.find_element("css selector", "#legend .legend-item[data-category='NK cell'] .legend-label").click()
+    tv.wait_for(browser, "return __ivTest.selection() && __ivTest.selection().count === %d"
+                % (labels == "NK cell").sum())
+    a_idx = browser.execute_script("return __ivTest.selectionIndices()")
+    browser.find_element("id", "keep-a").click()
+    browser.find_element("css selector", "#legend .legend-item[data-category='NK cell'] .legend-label").click()
+    browser.find_element("css selector", "#legend .legend-item[data-category='Monocyte'] .legend-label").click()
+    tv.wait_for(browser, "return __ivTest.selection() && __ivTest.selection().count === %d"
+                % (labels == "Monocyte").sum())
+    b_idx = browser.execute_script("return __ivTest.selectionIndices()")
+    browser.find_element("id", "keep-b").click()
+    assert "kept, %s cells" % format(len(a_idx), ",") in browser.find_element("id", "group-a").text
+    browser.find_element("id", "de-run").click()
+    got = tv.wait_for(browser, "const m = __ivTest.markers(); return m.length ? m : null", what="the marker table")
+    api = requests.post(srv.url + "/v1/datasets/%s/diffexp" % DS, json={
+        "group1": {"index": a_idx}, "group2": {"index": b_idx}, "method": "t-test", "top_n": 25}, timeout=30).json()
+    assert api["n_group1"] == len(a_idx) and api["n_group2"] == len(b_idx)
+    assert [g["name"] for g in got[0]["genes"]] == [g["name"] for g in api["genes"]]
+    for g, w in zip(got[0]["genes"], api["genes"]):
+        assert (g["score"], g["logfoldchange"], g["pval_adj"]) == (w["score"], w["logfoldchange"], w["pval_adj"])
+    # Cell type k raises genes 2k and 2k + 1 (viewerdata): for NK cells
+    # MS4A1 and NKG7, which lead the table.
+    k = viewerdata.CELL_TYPES.index("NK cell")
+    assert {got[0]["genes"][0]["name"], got[0]["genes"][1]["name"]} == {NAMES[2 * k], NAMES[2 * k + 1]}
+    assert "NKG7" in browser.find_element("id", "markers").text
+    tv.shot(browser, outdir, "explore_markers")
+    # A click on a gene colours by it: the pixel of its top cell shows the ramp's end.
+    top = got[0]["genes"][0]["name"]
+    browser.find_element("id", "sel-clear").click()  # unselected cells are drawn faded
+    tv.wait_for(browser, "return __ivTest.selection() === null")
+    browser.find_element("css selector", "#markers tr.gene-row[data-name='%s']" % top).click()
+    tv.wait_for(browser, "return __ivTest.colorInfo().kind === 'gene' && __ivTest.busy() === 0")
+    assert browser.execute_script("return __ivTest.colorInfo().genes") == [top]
+    v = gene_values(data, SYMBOLS[NAMES.index(top)])
+    i = int(np.flatnonzero(v == v.max())[-1])
+    p = screen_of(browser, [i])[0]
+    assert max(abs(a - b) for a, b in zip(pixel(browser, p), tv.ramp_color(1.0))) <= 1
+
+    # Every category of the coloured column against the rest.
+    Select(browser.find_element("id", "color-obs")).select_by_value("cell_type")
+    tv.wait_for(browser, "return __ivTest.colorInfo().kind === 'categorical' && __ivTest.busy() === 0")
+    browser.find_element("id", "de-all").click()
+    got = tv.wait_for(browser, "const m = __ivTest.markers(); return m.length > 1 ? m : null", what="every category")
+    api = requests.post(srv.url + "/v1/datasets/%s/diffexp" % DS, json={
+        "group_by": "cell_type", "reference": "rest", "method": "t-test", "top_n": 10}, timeout=30).json()
+    assert [g["key"] for g in got] == [" / ".join(g["key"]) for g in api["groups"]]
+    for g, w in zip(got, api["groups"]):
+        assert [x["name"] for x in g["genes"]] == [x["name"] for x in w["genes"]]
+
+
+def test_cells_list_csv(browser, srv, data, outdir):
+    import pandas as pd
+    for f in os.listdir(browser.downloads):
+        os.remove(os.path.join(browser.downloads, f))
+    tv.open_page(browser, srv.url + "/")
+    browser.find_element("id", "tool-lasso").click()
+    tv.drag(browser, [(250, 120), (600, 140), (560, 420), (260, 380), (250, 125)])
+    sel = tv.wait_for(browser, "return __ivTest.selection()", what="a lasso selection")
+    idx = browser.execute_script("return __ivTest.selectionIndices()")
+    assert sel["count"] == len(idx) > 10
+    browser.find_element("id", "sel-csv").click()
+    deadline = time.time() + 30
+    files = []
+    while time.time() < deadline and not files:
+        files = [f for f in os.listdir(browser.downloads) if f.endswith(".csv")]
+        time.sleep(0.2)
+    assert files, browser.execute_script("return __ivTest.messages()")
+    got = pd.read_csv(os.path.join(browser.downloads, files[0]), keep_default_na=False)
+    obs = data["obs"]
+    assert got["position"].tolist() == idx
+    assert got["_index"].tolist() == obs.index[idx].tolist()
+    assert got["cell_type"].tolist() == obs.cell_type.astype(str).to_numpy()[idx].tolist()
+    np.testing.assert_array_equal(got["n_counts"].to_numpy(np.float64), obs.n_counts.to_numpy()[idx])

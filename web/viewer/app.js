@@ -21,6 +21,7 @@ import { drawDotPlot, readDotPlot } from './dotplot.js';
 import { CLIPS, ZERO, colourExpression, histogramsByCategory, meanOf } from './expression.js';
 import { csrNpz, denseColumn, parseIvar, parseIvqs } from './formats.js';
 import { readLink, writeLink } from './link.js';
+import { drawMarkers, readMarkers } from './markers.js';
 import { NearestIndex } from './nearest.js';
 import { Scatter } from './scatter.js';
 import { drawViolins } from './violin.js';
@@ -57,6 +58,7 @@ const state = {
   symbolCol: null, symbols: null,   // var column of gene symbols, its values by gene position
   violin: null,       // {column, geom, hist}
   restoring: false,
+  groups: { a: null, b: null },   // kept selections for markers: {obs, count}
 };
 const link = readLink(params);
 
@@ -166,10 +168,11 @@ async function openDataset(id) {
                          codes: null, categories: null, selection: null, values: null, order: null,
                          columns: new Map(), hidden: { column: null, names: new Set() }, ranges: [],
                          visible: null, nearest: null, hovered: -1, pinned: -1, symbolCol: null,
-                         symbols: null, violin: null });
+                         symbols: null, violin: null, groups: { a: null, b: null } });
   showPinned();
   drawFilters();
   $('violin-box').hidden = true;
+  $('markers-box').hidden = true;
   state.timings = { start: performance.now() };
   updateSelectionUi();
   $('legend').textContent = '';
@@ -328,6 +331,7 @@ function setBase(rgba, color, order = null) {
   updateOrder();
   drawLegend();
   drawViolin();
+  drawGroups();
   saveLink();
 }
 
@@ -1158,6 +1162,9 @@ function updateSelectionUi() {
   $('sel-download').disabled = !any;
   $('sel-copy').disabled = !any;
   $('sel-csv').disabled = !any;
+  $('keep-a').disabled = !any;
+  $('keep-b').disabled = !any;
+  drawGroups();
   $('sel-curl').value = any ? curlCommand() : '';
 }
 
@@ -1179,6 +1186,59 @@ async function downloadSelection() {
     setTimeout(() => URL.revokeObjectURL(a.href), 60000);
     state.downloads.push({ name, rows: parsed.rows, cols: parsed.cols, bytes: blob.size });
   });
+}
+
+// ---- marker genes ------------------------------------------------------------------
+// POST .../diffexp: group A (kept, or the selection now) against group B
+// (kept) or the rest; or every category of the coloured column against
+// the rest.  Groups travel as the query route's selections (selectionBody).
+
+function drawGroups() {
+  const g = state.groups, s = state.selection;
+  $('group-a').textContent = g.a ? 'kept, ' + fmtInt(g.a.count) + ' cells'
+    : s && s.count ? 'the selection, ' + fmtInt(s.count) + ' cells' : 'the selection (none yet)';
+  $('group-b').textContent = g.b ? 'kept, ' + fmtInt(g.b.count) + ' cells' : 'the rest';
+  $('de-run').disabled = !(g.a || (s && s.count));
+  $('de-all').disabled = state.color.kind !== 'categorical';
+  $('de-all').textContent = state.color.kind === 'categorical' ? 'Markers of every ' + state.color.name : 'Markers of every category';
+}
+
+function keepGroup(which) {
+  const s = state.selection;
+  if (!s || !s.count) return;
+  state.groups[which] = { obs: selectionBody().obs, count: s.count };
+  drawGroups();
+}
+
+async function runDiffexp(body, title) {
+  const id = state.id, gen = state.generation;
+  const res = await step('finding marker genes', async () => {
+    try {
+      return await postJson(dsPath(id, '/diffexp'), body);
+    } catch (e) {
+      if (isMissingRoute(e)) throw new Error('this ivserve has no diffexp route (POST v1/datasets/{id}/diffexp); upgrade the server');
+      throw e;
+    }
+  });
+  if (!res || gen !== state.generation) return;
+  $('markers-box').hidden = false;
+  drawMarkers($('markers'), res, title, symbolOf, (name) => { $('gene').value = name; colorByGene(name); });
+  state.markers = res;
+}
+
+function markersOfA() {
+  const g = state.groups, s = state.selection;
+  const a = g.a || (s && s.count ? { obs: selectionBody().obs, count: s.count } : null);
+  if (!a) return;
+  runDiffexp({ group1: a.obs, group2: g.b ? g.b.obs : 'rest', method: $('de-method').value, top_n: 25 },
+             'A (' + fmtInt(a.count) + ' cells) vs ' + (g.b ? 'B (' + fmtInt(g.b.count) + ' cells)' : 'the rest'));
+}
+
+function markersOfEvery() {
+  if (state.color.kind !== 'categorical') return;
+  const col = state.color.name;
+  runDiffexp({ group_by: col, reference: 'rest', method: $('de-method').value, top_n: 10 },
+             'every ' + col + ' vs the rest');
 }
 
 // ---- dot plot -------------------------------------------------------------------
@@ -1240,6 +1300,11 @@ $('reset-view').onclick = () => { scatter.userMoved = false; scatter.fit(); };
 $('sel-clear').onclick = clearSelection;
 $('sel-download').onclick = downloadSelection;
 $('sel-csv').onclick = downloadCsv;
+$('keep-a').onclick = () => keepGroup('a');
+$('keep-b').onclick = () => keepGroup('b');
+$('groups-clear').onclick = () => { state.groups = { a: null, b: null }; drawGroups(); };
+$('de-run').onclick = markersOfA;
+$('de-all').onclick = markersOfEvery;
 for (const c of CLIPS) $('clip').appendChild(new Option(c >= 100 ? 'max (no clip)' : c + 'th percentile', String(c)));
 $('clip').onchange = (e) => {
   state.clip = Number(e.target.value);
@@ -1315,6 +1380,7 @@ window.__ivTest = {
   hovered: () => state.hovered,
   pinned: () => state.pinned,
   link: () => currentLink(),
+  markers: () => readMarkers($('markers')),
   violin: () => (state.violin ? { column: state.violin.column, labels: state.violin.labels, lo: state.violin.hist.lo,
                                   hi: state.violin.hist.hi, counts: state.violin.hist.counts,
                                   cells: state.violin.hist.cells, expressing: state.violin.hist.expressing,

@@ -19,8 +19,12 @@ function el(name, attrs, text) {
 export function drawDotPlot(box, table) {
   box.textContent = '';
   const { genes, groups, mean, frac } = table;
-  const cell = 26, left = 12 + 7 * Math.max(4, ...groups.map((g) => String(g).length)), top = 70;
-  const w = left + cell * genes.length + 160, h = top + cell * groups.length + 20;
+  // Dots shrink (to 14 px) so that a dozen or more groups fit the panel's
+  // height without scrolling.
+  const top = 70, room = (box.clientHeight || 0) - top - 36;
+  const cell = Math.max(14, Math.min(26, room > 0 ? Math.floor(room / Math.max(groups.length, 1)) : 26));
+  const left = 12 + 7 * Math.max(4, ...groups.map((g) => String(g).length));
+  const w = left + cell * genes.length + 160, h = Math.max(top + cell * groups.length + 20, top + 146);
   const svg = el('svg', { width: w, height: h, viewBox: `0 0 ${w} ${h}`, id: 'dotplot-svg' });
   let lo = Infinity, hi = -Infinity;
   for (const row of mean) for (const v of row) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
