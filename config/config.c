@@ -38,6 +38,7 @@ static const struct num_opt num_opts[] = {
     {"loops", "IVSERVE_LOOPS", "--loops", OFF(loops), NK_UINT, 0, 64},
     {"queue", "IVSERVE_QUEUE", "--queue", OFF(queue), NK_SIZE, 1, 1 << 24},
     {"cache_bytes", "IVSERVE_CACHE_BYTES", "--cache-bytes", OFF(cache_bytes), NK_SIZE, 0, INT64_MAX},
+    {"memory_bytes", "IVSERVE_MEMORY_BYTES", "--memory-bytes", OFF(memory_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_dir_bytes", "IVSERVE_CACHE_DIR_BYTES", "--cache-dir-bytes", OFF(cache_dir_bytes), NK_SIZE, 0, INT64_MAX},
@@ -748,6 +749,8 @@ const char *iv_config_usage(void)
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
            "  --compute-timeout-ms N  --write-budget-bytes N\n"
+           "  --memory-bytes N: the process's memory budget (caches, in-memory copies, answers,\n"
+           "    writes, builds); default 90% of the memory available at start\n"
            "  --cache-dir DIR  --cache-dir-bytes N  --no-autopack (or --autopack on|off):\n"
            "    an ordinary .h5ad (csr/csc/dense X) is packed once into DIR and served\n"
            "  --other-orientation auto|memory|disk: the gene-major copy built in memory at each\n"

@@ -92,6 +92,8 @@ typedef struct iv_config {
     size_t queue;                 /* worker job queue length; full = 503 */
     size_t cache_bytes;           /* decompressed-chunk cache of the whole process; IV_CACHE_AUTO = a share of the memory available at start */
     unsigned cache_share_percent; /* that share (default 50) */
+    size_t memory_bytes;          /* the whole process's budget (parts: server.c start_memory);
+                                   * 0 = 90% of the memory available at start (machine or cgroup) */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
     int other_orientation;        /* where the other orientation lives (IV_OTHER_AUTO, ...) */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */

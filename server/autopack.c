@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +145,10 @@ static void take_line(const char *line, iv_autopack_progress_t *p, int *decile,
 
 /* ---- the pack process ----------------------------------------------------- */
 
+static atomic_size_t build_memory;
+
+void iv_autopack_set_memory(size_t bytes) { atomic_store(&build_memory, bytes); }
+
 /*
  * Runs `ivserve pack src out --quiet --progress-fd 3 ...` and waits,
  * reading its progress and keeping the tail of its stderr for the error.
@@ -163,9 +168,10 @@ static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id
         close(prog[1]);
         return FAILF(IV_EINTERNAL, "pipe: %s", strerror(errno));
     }
-    /* A quarter of the memory available (the server's caches hold their
-     * own share), at least 512 MiB; the pack works in bands within it. */
-    size_t mem = iv_membudget_default(25, (size_t)2 << 30, NULL, NULL);
+    /* The builds' part of the memory budget (or a quarter of the memory
+     * available), at least 512 MiB; the pack works in bands within it. */
+    size_t mem = atomic_load(&build_memory);
+    if (!mem) mem = iv_membudget_default(25, (size_t)2 << 30, NULL, NULL);
     if (mem < ((size_t)512 << 20)) mem = (size_t)512 << 20;
     char mem_mb[32], threads[16];
     snprintf(mem_mb, sizeof mem_mb, "%zu", mem >> 20);

@@ -63,6 +63,11 @@ int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *
                       iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
                       int *built, iv_err_t *err);
 
+/* The memory each pack may use (--memory-mb), the builds' part of the
+ * server's memory budget; 0 (the default) = a quarter of what is
+ * available when the pack starts.  At least 512 MiB either way. */
+void iv_autopack_set_memory(size_t bytes);
+
 /* The packed copies in use (never evicted by a sweep): iv_autopack_resolve
  * pins the copy it returns (when out is not src) before any other pack's
  * sweep can see it; the entry's release unpins it. */

@@ -174,22 +174,21 @@ void other_run(job_t *j)
     const iv_config_t *cfg = j->srv->cfg;
     int plan = other_plan(j->srv, d);
     char dir[4096];
-    iv_err_t derr;
-    iv_err_clear(&derr);
     iv_config_cache_dir(cfg, dir, sizeof dir);
-    int have_dir = iv_cachedir_prepare(dir, &derr) == 0;
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
         o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
         o.membudget = j->srv->mb;
         o.pool = j->srv->pool;
-        o.index_dir = have_dir ? dir : NULL;
+        o.index_dir = dir;
+        o.index_min_bytes = IV_OTHER_MEMORY_MAX;
         j->rc = other_from_disk(j, &o);
     } else if (plan == OTHER_COMPANION) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
-        o.index_dir = have_dir ? dir : NULL;
+        o.index_dir = dir;
+        o.index_min_bytes = IV_OTHER_MEMORY_MAX;
         o.group = d->conf->companion_group;
         o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
         o.membudget = j->srv->mb;
@@ -223,13 +222,12 @@ void load_run(job_t *j)
     o.pool = j->srv->pool;
     /* An ordinary .h5ad is served from its packed copy (autopack.h),
      * packed here first when the cache folder has none. */
-    /* Row indexes are kept in the cache folder for the next start
-     * (indexfile.h); a folder that cannot be made costs the pass. */
+    /* Row indexes of large matrices are kept in the cache folder for the
+     * next start (indexfile.h); a folder that cannot be made costs the
+     * pass. */
     char dir[4096];
-    iv_err_t derr;
-    iv_err_clear(&derr);
-    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    if (iv_cachedir_prepare(dir, &derr) == 0) o.index_dir = dir;
+    o.index_dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
+    o.index_min_bytes = IV_OTHER_MEMORY_MAX;
     j->rc = iv_autopack_resolve(j->srv->cfg, &j->srv->log, d->conf->id, d->conf->path,
                                 d->conf->group, &d->pack, &j->srv->stopping, d->served,
                                 sizeof d->served, &j->err);

@@ -124,6 +124,18 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
     iv_buf_printf(o, "# HELP ivserve_cache_budget_bytes The decompressed-chunk cache budget of the process.\n"
                      "# TYPE ivserve_cache_budget_bytes gauge\nivserve_cache_budget_bytes %zu\n",
                   g->cache_budget);
+    if (g->n_mem_parts) {
+        iv_buf_puts(o, "# HELP ivserve_memory_budget_bytes The process's memory budget (memory_bytes) "
+                       "and each part's share of it.\n# TYPE ivserve_memory_budget_bytes gauge\n");
+        for (size_t i = 0; i < g->n_mem_parts; i++)
+            iv_buf_printf(o, "ivserve_memory_budget_bytes{part=\"%s\"} %" PRIu64 "\n",
+                          g->mem_parts[i].name, g->mem_parts[i].budget);
+        iv_buf_puts(o, "# HELP ivserve_memory_used_bytes What each part of the memory budget holds "
+                       "now.\n# TYPE ivserve_memory_used_bytes gauge\n");
+        for (size_t i = 0; i < g->n_mem_parts; i++)
+            iv_buf_printf(o, "ivserve_memory_used_bytes{part=\"%s\"} %" PRIu64 "\n",
+                          g->mem_parts[i].name, g->mem_parts[i].used);
+    }
     if (g->process_rss)
         iv_buf_printf(o, "# HELP ivserve_process_resident_bytes Resident memory of the process: all, anonymous, "
                          "and freed lazily (the kernel takes those back when it needs them).\n"

@@ -54,6 +54,11 @@ typedef struct iv_metrics_ds_mem {
     uint64_t budget_evictions;    /* its chunks taken for other datasets or itself by the shared budget */
 } iv_metrics_ds_mem_t;
 
+typedef struct iv_metrics_mem_part {
+    const char *name;
+    uint64_t budget, used;
+} iv_metrics_mem_part_t;
+
 typedef struct iv_metrics_gauges {
     size_t queue_depth;
     size_t open_connections;
@@ -65,6 +70,9 @@ typedef struct iv_metrics_gauges {
     size_t cache_budget;          /* the process-wide cache budget */
     uint64_t process_rss, process_anon;   /* 0 = unknown */
     uint64_t process_lazyfree;            /* of those, freed lazily (MADV_FREE) */
+    /* The memory budget's parts (server.c start_memory): budget and use. */
+    iv_metrics_mem_part_t mem_parts[6];
+    size_t n_mem_parts;
     const iv_metrics_ds_mem_t *ds_mem;    /* per ready dataset */
     size_t n_ds_mem;
 } iv_metrics_gauges_t;

@@ -440,7 +440,7 @@ static void budget_freed(loop_t *lp)
 {
     server_t *s = lp->srv;
     if (lp->n_budget_wait) budget_wake(lp);
-    if (s->n_wait_all <= lp->n_budget_wait || budget_used(lp) >= s->cfg->limits.write_budget_bytes)
+    if (s->n_wait_all <= lp->n_budget_wait || budget_used(lp) >= s->write_budget)
         return;
     for (unsigned i = 0; i < s->n_loops; i++)
         if (&s->loops[i] != lp && s->loops[i].n_budget_wait) uv_async_send(&s->loops[i].async);
@@ -459,7 +459,7 @@ static void budget_freed(loop_t *lp)
  */
 static int budget_cut(loop_t *lp, conn_t *c)
 {
-    size_t limit = lp->srv->cfg->limits.write_budget_bytes;
+    size_t limit = lp->srv->write_budget;
     uint64_t now = uv_now(&lp->loop);
     while (budget_used(lp) >= limit) {
         conn_t *worst = NULL;
@@ -502,7 +502,7 @@ void budget_tick(uv_timer_t *t)
     uint64_t wanted = s->room_wanted_ms;
     if (!lp->conns || !wanted || uv_hrtime() / 1000000 - wanted > BUDGET_WANTED_MS) return;
     loop_enter(lp);
-    if (budget_used(lp) >= s->cfg->limits.write_budget_bytes) {
+    if (budget_used(lp) >= s->write_budget) {
         budget_cut(lp, NULL);
         budget_freed(lp);
     }
@@ -523,7 +523,7 @@ int budget_admit(conn_t *c, size_t len)
 /* Some bytes were written or dropped: streams waiting for the budget go on. */
 void budget_wake(loop_t *lp)
 {
-    size_t limit = lp->srv->cfg->limits.write_budget_bytes;
+    size_t limit = lp->srv->write_budget;
     if (budget_used(lp) >= limit) return;
     /* A pump may end streams or cut connections (freeing their streams),
      * so the list is scanned again from its head after each one. */

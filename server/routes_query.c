@@ -25,6 +25,33 @@ void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, 
     iv_enc_count(b, q, nnz, total, c->qs && c->qs->ds ? c->qs->ds->ds : NULL, c->dropped);
 }
 
+/*
+ * The memory an answer works in, reserved from the answers' share of the
+ * memory budget for the stream's life: a whole JSON document, or a
+ * stream's window of blocks (decoded and encoded), whichever is smaller
+ * for this many values.  When the share is spent the query is 503 with
+ * Retry-After, before any work; 0 when reserved.
+ */
+#define BLOCK_WORK_BYTES ((uint64_t)8 << 20)
+static int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, iv_fmt_t fmt, int64_t hint)
+{
+    server_t *s = c->srv;
+    uint64_t values = hint >= 0 ? (uint64_t)hint : UINT64_MAX / 64;
+    uint64_t need = values * 24 + (uint64_t)iv_query_n_rows(q) * 16 + 4096;
+    uint64_t cap = fmt == IV_FMT_JSON ? s->cfg->limits.json_bytes : qs->ahead * BLOCK_WORK_BYTES;
+    if (need > cap) need = cap;
+    if (iv_budget_take(&s->answers_left, need) == 0) {
+        qs->reserved = need;
+        return 0;
+    }
+    LP_METRIC(c->lp, m_->overloaded++);
+    char msg[256];
+    snprintf(msg, sizeof msg, "the memory the server gives answers being computed (%zu bytes of its "
+             "memory budget) is in use; retry shortly", s->mem.answers);
+    send_error(c, 503, "memory_budget", msg, "Retry-After: 1\r\n");
+    return -1;
+}
+
 /* Hands st (owned from here on) to a worker as the first job (of type
  * type) of a new stream for c, a count answer when count is set.  The
  * stream exists from now on, so that a client that goes away detaches it;
@@ -172,6 +199,7 @@ static void route_query_finish(job_t *j)
         send_error(c, 413, "too_large", msg, NULL);
         return;
     }
+    if (!count && answer_reserve(c, qs, q, fmt, hint) != 0) return;
     if (count && hint >= 0 && have_total) {
         /* Answered from the pointer arrays and computed columns, no decode. */
         iv_buf_t body;

@@ -22,6 +22,8 @@
 #include "server.h"
 #include "server_impl.h"
 
+#include "autopack.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -445,26 +447,71 @@ static int bind_listener(server_t *s)
     return 0;
 }
 
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/*
+ * The process's memory budget: memory_bytes, or 90% of the memory
+ * available now (the machine's, or the cgroup's when it sets a limit),
+ * split into parts each bounded by its own setting: the chunk caches up
+ * to 60%, in-memory copies of the other orientation, bytes waiting to be
+ * written, answers being computed and the packs the server runs up to
+ * 10% each.  Logged once.
+ */
+static void start_memory(server_t *s)
+{
+    const iv_config_t *cfg = s->cfg;
+    const char *src = "memory_bytes";
+    uint64_t avail = 0;
+    size_t total = cfg->memory_bytes;
+    if (!total) total = iv_membudget_default(90, (size_t)8 << 30, &src, &avail);
+    s->mem.total = total;
+    s->mem.copies = min_size(cfg->transpose_bytes, total / 10);
+    s->mem.writes = min_size(cfg->limits.write_budget_bytes, total / 10);
+    s->mem.answers = total / 10;
+    s->mem.builds = total / 10;
+    s->write_budget = s->mem.writes;
+    iv_budget_init(&s->transpose_left, s->mem.copies);
+    iv_budget_init(&s->answers_left, s->mem.answers);
+    iv_autopack_set_memory(s->mem.builds);
+    if (cfg->memory_bytes)
+        iv_alog_event(&s->log, "info", "memory budget %zu bytes (memory_bytes)", total);
+    else
+        iv_alog_event(&s->log, "info", "memory budget %zu bytes: 90%% of %" PRIu64 " bytes available "
+                      "(%s)", total, avail, src);
+}
+
 /* The cache budget all datasets share: cache_bytes, or a share of the
- * memory available now (before any dataset loads). */
+ * memory available now (before any dataset loads), within 60% of the
+ * memory budget. */
 static int start_cache_budget(server_t *s)
 {
     const iv_config_t *cfg = s->cfg;
     size_t bytes = cfg->cache_bytes;
     const char *src = "cache_bytes";
     uint64_t avail = 0;
-    if (bytes == IV_CACHE_AUTO)
+    if (bytes == IV_CACHE_AUTO) {
         bytes = iv_membudget_default(cfg->cache_share_percent, (size_t)1 << 30, &src, &avail);
+        if (bytes > s->mem.total / 10 * 6) bytes = s->mem.total / 10 * 6;
+    }
+    s->mem.cache = bytes;
     s->mb = iv_membudget_new(bytes);
     if (!s->mb) {
         fprintf(stderr, "ivserve: out of memory\n");
         return -1;
     }
-    if (cfg->cache_bytes == IV_CACHE_AUTO)
+    if (cfg->cache_bytes == IV_CACHE_AUTO && bytes == s->mem.total / 10 * 6)
+        iv_alog_event(&s->log, "info", "cache budget %zu bytes: 60%% of the memory budget", bytes);
+    else if (cfg->cache_bytes == IV_CACHE_AUTO)
         iv_alog_event(&s->log, "info", "cache budget %zu bytes: %u%% of %" PRIu64 " bytes available (%s)",
                       bytes, cfg->cache_share_percent, avail, src);
     else
         iv_alog_event(&s->log, "info", "cache budget %zu bytes (cache_bytes)", bytes);
+    if (bytes > s->mem.total)
+        iv_alog_event(&s->log, "warn", "cache_bytes (%zu) is more than the memory budget (%zu): "
+                      "the process may hold more than memory_bytes", bytes, s->mem.total);
+    iv_alog_event(&s->log, "info", "memory budget parts: caches %zu, in-memory copies %zu, writes %zu, "
+                  "answers %zu, builds %zu bytes", s->mem.cache, s->mem.copies, s->mem.writes,
+                  s->mem.answers, s->mem.builds);
     uint64_t floors = 0;
     for (size_t i = 0; i < cfg->n_datasets; i++) floors += (uint64_t)cfg->datasets[i].cache_floor_bytes;
     if (floors > bytes)
@@ -625,7 +672,7 @@ server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *
         server_free(s, SRV_ALLOCATED);
         return NULL;
     }
-    iv_budget_init(&s->transpose_left, cfg->transpose_bytes);
+    start_memory(s);
     if (start_cache_budget(s) != 0) goto fail_mem;
     s->reg.v = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *s->reg.v);
     int ok = s->reg.v && iv_auth_build(&s->auth, cfg) == 0;

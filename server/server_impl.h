@@ -164,6 +164,7 @@ struct qstream {
     iv_gz_sum_t gz_sum;   /* its identity bytes so far, in body order */
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
     int budget_wait;      /* waits for the write budget before submitting blocks */
+    uint64_t reserved;    /* bytes of the answers' memory budget it holds */
     /* Set on the loop when the client left or the server stops; workers
      * read it between the phases of a job and drop the work. */
     atomic_int cancelled;
@@ -348,6 +349,17 @@ struct server {
     int h5_serial;
     iv_budget_t transpose_left;   /* global transpose_bytes not yet taken */
     iv_membudget_t *mb;           /* the cache budget all datasets share */
+    /* The process's memory budget (memory_bytes) and its parts, set at
+     * start (start_memory): the chunk caches (mb), in-memory copies of
+     * the other orientation (transpose_left), bytes waiting to be written
+     * (write_budget), answers being computed (answers_left: each query
+     * stream reserves its working set, a 503 when it is spent) and the
+     * packs the server runs (builds: their --memory-mb). */
+    struct {
+        size_t total, cache, copies, writes, answers, builds;
+    } mem;
+    size_t write_budget;          /* limits.write_budget_bytes within mem.writes */
+    iv_budget_t answers_left;
     iv_alog_t log;
     iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
 };

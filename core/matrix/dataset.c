@@ -105,12 +105,13 @@ static int kept_index_path(const char *dir, const char *path, const char *group,
     return 0;
 }
 
-static void keep_index(const char *at, const char *path, const char *key,
+static void keep_index(const char *dir, const char *at, const char *path, const char *key,
                        const iv_indexfile_for_t *kf, const iv_stream_t *s, const iv_rowindex_t *ri)
 {
     iv_err_t e;
     iv_err_clear(&e);
-    if (iv_cachedir_note(at, path, key, &e) == 0) iv_indexfile_save(at, kf, s, ri, &e);
+    if (iv_cachedir_prepare(dir, &e) == 0 && iv_cachedir_note(at, path, key, &e) == 0)
+        iv_indexfile_save(at, kf, s, ri, &e);
 }
 
 int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
@@ -198,8 +199,9 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
         if (rc < 0) goto fail_index;
         /* Kept for the next open; one that cannot be written costs that
          * open the pass again, nothing else. */
-        if (kept_at[0] && iv_stream_file(ds->stream))
-            keep_index(kept_at, path, kept_key, &kf, ds->stream, &ds->ri);
+        if (kept_at[0] && iv_stream_file(ds->stream) &&
+            iv_stream_length(ds->stream) >= opts->index_min_bytes)
+            keep_index(opts->index_dir, kept_at, path, kept_key, &kf, ds->stream, &ds->ri);
     } else {
         iv_cachedir_touch(kept_at);
     }

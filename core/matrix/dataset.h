@@ -45,8 +45,11 @@ typedef struct iv_dataset_opts {
     size_t cache_floor;
     /* A cache folder (cachedir.h) where the row index and chunk checksums
      * are kept (indexfile.h): a later open of the same file reads them
-     * instead of making the row-index pass.  NULL: always the pass. */
+     * instead of making the row-index pass.  NULL: always the pass.  An
+     * index is written there (the folder made when absent) only for a
+     * stream of at least index_min_bytes: a smaller one's pass is quick. */
     const char *index_dir;
+    uint64_t index_min_bytes;
 } iv_dataset_opts_t;
 
 /* Sets defaults (group X, stride 0, cache 1 GiB, no shared budget). */

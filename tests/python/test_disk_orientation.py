@@ -1,0 +1,200 @@
+"""The other orientation on disk and the memory budget (issue "ten million
+cells"):
+
+- with other_orientation "disk" the gene-major copy is packed once into
+  the cache folder (STEM-KEY.ivcsc.h5ad with its note), served from there
+  ("source": "cache"), and every gene-row answer is byte-identical to the
+  one the in-memory copy gives; a second start finds the copy and packs
+  nothing; a changed source gets a new copy;
+- "auto" keeps a small dataset's copy in memory, as before;
+- memory_bytes splits into parts that /metrics shows, each within the
+  total, the caches at most 60%;
+- a query whose working memory is more than the answers' part left is a
+  503 with Retry-After before any work, while a small one is answered.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+
+from ivprocess import listening_port
+
+BIN = os.environ.get("IVSERVE_BIN")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(REPO, "examples", "pbmc_example.h5ad")
+
+
+class Server:
+    def __init__(self, tmp, args, name="server"):
+        self.log_path = os.path.join(tmp, name + ".log")
+        self.log = open(self.log_path, "a+")
+        self.proc = subprocess.Popen([BIN, *map(str, args), "--port", "0", "--threads", "2",
+                                      "--access-log", "off"], stdout=self.log, stderr=self.log)
+        self.url = "http://127.0.0.1:%d" % listening_port(self.log_path, self.proc)
+
+    def text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def doc(self, ds):
+        return requests.get(self.url + "/v1/datasets/" + ds, timeout=10).json()
+
+    def wait_other(self, ds, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.text()[-3000:]
+            r = requests.get(self.url + "/v1/datasets/" + ds, timeout=10)
+            if r.status_code == 200:
+                o = r.json()["orientations"]["genes"]
+                assert o["state"] not in ("failed", "skipped"), (o, self.text()[-3000:])
+                if o["state"] == "ready":
+                    return o
+            time.sleep(0.05)
+        raise AssertionError("no gene-major copy:\n" + self.text()[-3000:])
+
+    def metrics(self):
+        return requests.get(self.url + "/metrics", timeout=10).text
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def gene_rows(srv, ds, sel):
+    r = requests.post(srv.url + "/v1/datasets/%s/query" % ds, json={"var": sel, "by": "var"},
+                      headers={"Accept": "application/vnd.ivserve.csr"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+SELECTIONS = [{"index": [0]}, {"index": [1499, 0, 7, 7, 300]}, {"index": list(range(0, 1500, 13))},
+              {"index": []}]
+
+
+def test_gene_major_copy_on_disk_is_served_and_found_again(tmp_path):
+    if not os.path.exists(EXAMPLE):
+        pytest.fail("the bundled example %s is missing" % EXAMPLE)
+    src = str(tmp_path / "pbmc.h5ad")
+    shutil.copy(EXAMPLE, src)
+    cache = str(tmp_path / "cache")
+    mem = Server(str(tmp_path), [src, "--cache-dir", cache, "--other-orientation", "memory"],
+                 name="memory")
+    try:
+        assert mem.wait_other("pbmc")["source"] == "memory"
+        want = [gene_rows(mem, "pbmc", s) for s in SELECTIONS]
+    finally:
+        assert mem.stop() == 0
+    assert not os.path.exists(cache) or not [n for n in os.listdir(cache) if "ivcsc" in n]
+
+    disk = Server(str(tmp_path), [src, "--cache-dir", cache, "--other-orientation", "disk"],
+                  name="disk")
+    try:
+        o = disk.wait_other("pbmc")
+        assert o["source"] == "cache", o
+        got = [gene_rows(disk, "pbmc", s) for s in SELECTIONS]
+        assert got == want
+        # The copy answered them: one gene's answer says so.
+        one = requests.post(disk.url + "/v1/datasets/pbmc/count",
+                            json={"var": {"index": [3]}, "by": "var"}).json()
+        assert one["orientation"] == "genes", one
+    finally:
+        assert disk.stop() == 0
+    copies = sorted(n for n in os.listdir(cache) if n.endswith(".ivcsc.h5ad"))
+    assert len(copies) == 1 and copies[0].startswith("pbmc-"), os.listdir(cache)
+    assert os.path.exists(os.path.join(cache, copies[0] + ".src"))
+    assert "writing its gene-major orientation" in disk.text()
+    stamp = os.stat(os.path.join(cache, copies[0])).st_mtime_ns
+
+    again = Server(str(tmp_path), [src, "--cache-dir", cache, "--other-orientation", "disk"],
+                   name="again")
+    try:
+        assert again.wait_other("pbmc")["source"] == "cache"
+        assert [gene_rows(again, "pbmc", s) for s in SELECTIONS] == want
+    finally:
+        assert again.stop() == 0
+    assert "writing its gene-major orientation" not in again.text()
+    # Found, not rewritten, and a use does not move its time (its identity).
+    assert os.stat(os.path.join(cache, copies[0])).st_mtime_ns == stamp
+
+    # A changed source: a new copy under the new key; the stale one goes.
+    with open(src, "r+b") as f:
+        f.seek(0, 2)
+        f.write(b"\0" * 4096)
+    changed = Server(str(tmp_path), [src, "--cache-dir", cache, "--other-orientation", "disk"],
+                     name="changed")
+    try:
+        changed.wait_other("pbmc")
+        assert [gene_rows(changed, "pbmc", s) for s in SELECTIONS] == want
+    finally:
+        assert changed.stop() == 0
+    now = sorted(n for n in os.listdir(cache) if n.endswith(".ivcsc.h5ad"))
+    assert len(now) == 1 and now != copies, (copies, now)
+
+
+def test_auto_keeps_a_small_copy_in_memory(tmp_path):
+    cache = str(tmp_path / "cache")
+    s = Server(str(tmp_path), [EXAMPLE, "--cache-dir", cache])
+    try:
+        assert s.wait_other("pbmc_example")["source"] == "memory"
+    finally:
+        assert s.stop() == 0
+    # Nothing written for a small dataset: no copy, no kept index.
+    assert not os.path.exists(cache) or os.listdir(cache) == [], os.listdir(cache)
+
+
+def metric(text, name, part):
+    m = re.search(r'^%s\{part="%s"\} (\d+)$' % (name, part), text, re.M)
+    assert m, text[-3000:]
+    return int(m.group(1))
+
+
+def test_memory_budget_parts_and_the_answers_share(tmp_path):
+    total = 20 << 20
+    s = Server(str(tmp_path), [EXAMPLE, "--memory-bytes", total, "--cache-dir",
+                               str(tmp_path / "cache")])
+    try:
+        s.wait_other("pbmc_example")
+        m = s.metrics()
+        parts = {p: metric(m, "ivserve_memory_budget_bytes", p)
+                 for p in ("total", "cache", "copies", "writes", "answers", "builds")}
+        assert parts["total"] == total
+        assert parts["cache"] == total // 10 * 6
+        for p in ("copies", "writes", "answers", "builds"):
+            assert parts[p] <= total // 10, parts
+        assert sum(v for k, v in parts.items() if k != "total") <= total
+        assert metric(m, "ivserve_memory_used_bytes", "total") > 0   # the process's resident bytes
+        assert "memory budget %d bytes (memory_bytes)" % total in s.text()
+        # 2 MiB for answers: one cell is answered, all cells of every gene
+        # (258,848 values) are refused before any work, with Retry-After.
+        small = requests.post(s.url + "/v1/datasets/pbmc_example/query",
+                              json={"obs": {"index": [5]}}, timeout=30)
+        assert small.status_code == 200, small.text
+        big = requests.post(s.url + "/v1/datasets/pbmc_example/query", json={},
+                            headers={"Accept": "application/vnd.ivserve.csr"}, timeout=30)
+        assert big.status_code == 503, big.status_code
+        assert big.headers.get("Retry-After") == "1"
+        assert big.json()["error"]["code"] == "memory_budget", big.text
+        # The reservation of the answered query was given back.
+        assert metric(s.metrics(), "ivserve_memory_used_bytes", "answers") == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_memory_bytes_is_checked():
+    r = subprocess.run([BIN, "--memory-bytes", "lots", EXAMPLE], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0 and "--memory-bytes" in r.stderr, r.stderr
+    r = subprocess.run([BIN, "--other-orientation", "tape", EXAMPLE], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0 and "auto, memory or disk" in r.stderr, r.stderr
