@@ -144,7 +144,8 @@ need <- function(pkg, fn) {
 # Everything as_sce() and as_seurat() put together: the matrix, its obs and
 # var rows, the layers asked for and the obsm arrays of the same cells.
 ivs_assemble <- function(client, dataset, obs, var, where, var_where, layers, obsm, computed, progress) {
-  res <- ivs_fetch(client, dataset, obs, var, where, var_where, NULL, progress)
+  # Genes x cells, as both packages store counts: the stream's own layout.
+  res <- ivs_fetch(client, dataset, obs, var, where, var_where, NULL, progress, genes_by_cells = TRUE)
   cells <- res$obs + 1
   obs_df <- ivs_frame(client, dataset, "obs", NULL, computed)
   var_df <- ivs_frame(client, dataset, "var", NULL, computed)
@@ -157,7 +158,7 @@ ivs_assemble <- function(client, dataset, obs, var, where, var_where, layers, ob
   for (ly in layers) {
     # The same cells and genes, by position (names could be ambiguous).
     mats[[ly]] <- ivs_fetch(client, dataset, cells, res$var, NULL, NULL, paste0("layers/", ly),
-                            progress)$X
+                            progress, genes_by_cells = TRUE)$X
   }
   arrays <- list()
   names_obsm <- if (isTRUE(obsm)) ivs_obsm_names(client, dataset)
@@ -167,7 +168,7 @@ ivs_assemble <- function(client, dataset, obs, var, where, var_where, layers, ob
                     else ivs_obsm(client, dataset, nm, obs = integer(0))
   }
   list(X = res$X, layers = mats, obs = pick(obs_df, cells), var = pick(var_df, res$var),
-       obsm = arrays, cell_names = rownames(res$X), gene_names = colnames(res$X))
+       obsm = arrays, cell_names = colnames(res$X), gene_names = rownames(res$X))
 }
 
 #' A selection as a SingleCellExperiment.
@@ -191,7 +192,7 @@ as_sce <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_wh
              sprintf("the layer %s would replace X's assay of the same name: pass assay = \"X\"", assay))
   }
   a <- ivs_assemble(client, dataset, obs, var, where, var_where, layers, obsm, computed, progress)
-  assays <- c(stats::setNames(list(Matrix::t(a$X)), assay), lapply(a$layers, Matrix::t))
+  assays <- c(stats::setNames(list(a$X), assay), a$layers)
   col_data <- S4Vectors::DataFrame(a$obs, check.names = FALSE, row.names = a$cell_names)
   row_data <- S4Vectors::DataFrame(a$var, check.names = FALSE, row.names = a$gene_names)
   SingleCellExperiment::SingleCellExperiment(assays = assays, colData = col_data, rowData = row_data,
@@ -218,7 +219,7 @@ as_seurat <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var
   }
   meta <- a$obs
   rownames(meta) <- a$cell_names
-  so <- SeuratObject::CreateSeuratObject(counts = Matrix::t(a$X), assay = assay, meta.data = meta,
+  so <- SeuratObject::CreateSeuratObject(counts = a$X, assay = assay, meta.data = meta,
                                          min.cells = 0, min.features = 0)
   for (nm in names(a$obsm)) {
     red <- sub("^X_", "", nm)

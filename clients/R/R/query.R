@@ -157,9 +157,12 @@ ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") 
 #' slots of a dgCMatrix: no per-value R code and no triplet sort.
 #'
 #' @param body a raw vector holding the whole stream.
-#' @return list(X = dgCMatrix without dimnames, obs = 0-based dataset rows of X's rows).
-ivs_read_stream <- function(body) {
-  res <- .Call(C_ivs_decode_csr, body)
+#' @param genes_by_cells FALSE: X is cells x genes; TRUE: X is its transpose, genes x cells, as
+#'   SingleCellExperiment and Seurat store counts, read without any reordering (the stream's
+#'   rows are cells, so this is the cheaper form).
+#' @return list(X = dgCMatrix without dimnames, obs = 0-based dataset rows of the cells).
+ivs_read_stream <- function(body, genes_by_cells = FALSE) {
+  res <- .Call(C_ivs_decode_csr, body, !isTRUE(genes_by_cells))
   if (!is.null(res$error)) {
     if (is.raw(res$message)) {
       # An error trailer: the server's JSON error document.
@@ -189,24 +192,28 @@ ivs_body <- function(client, dataset, obs, var, where, var_where, matrix = NULL)
   body
 }
 
-# The selection's result: list(X = dgCMatrix with dimnames, obs = 0-based
+# The selection's result: list(X = dgCMatrix with dimnames (genes x cells
+# when genes_by_cells), obs = 0-based
 # dataset rows of X's rows, var = 1-based positions of X's columns in the
 # genes' table, var_axis = that table).
-ivs_fetch <- function(client, dataset, obs, var, where, var_where, matrix, progress) {
+ivs_fetch <- function(client, dataset, obs, var, where, var_where, matrix, progress,
+                      genes_by_cells = FALSE) {
   mat <- ivs_matrix(client, dataset, matrix)
   body <- ivs_body(client, dataset, obs, var, where, var_where, matrix)
   resp <- ivs_request(client, ivs_path(dataset, "query"), body = body,
                       accept = "application/vnd.ivserve.csr", progress = progress)
-  res <- ivs_read_stream(httr2::resp_body_raw(resp))
+  res <- ivs_read_stream(httr2::resp_body_raw(resp), genes_by_cells)
   X <- res$X
+  n_genes <- if (genes_by_cells) nrow(X) else ncol(X)
   var_pos <- ivs_var_positions(client, dataset, var, var_where, mat$shape[2], mat$var_axis)
-  if (length(var_pos) != ncol(X)) {
+  if (length(var_pos) != n_genes) {
     ivs_stop(NA_integer_, "bad_answer", sprintf("%d genes in the result, %d selected",
-                                                ncol(X), length(var_pos)))
+                                                n_genes, length(var_pos)))
   }
   obs_names <- ivs_names(client, dataset, "obs")
   var_names <- ivs_names(client, dataset, mat$var_axis)
-  dimnames(X) <- list(obs_names[res$obs + 1], var_names[var_pos])
+  dn <- list(obs_names[res$obs + 1], var_names[var_pos])
+  dimnames(X) <- if (genes_by_cells) rev(dn) else dn
   list(X = X, obs = res$obs, var = var_pos, var_axis = mat$var_axis)
 }
 

@@ -178,12 +178,47 @@ static const char *next_block(struct cursor *c, const struct stream *s, int64_t 
     return NULL;
 }
 
-/* Walks the frames; pass 0 checks and counts values per column (col_n),
- * pass 1 fills p's cursors into i and x.  Returns an error list or
- * R_NilValue. */
-static SEXP walk(const struct stream *s, int pass, int *col_n, int *last_row, int *cur,
-                 int *ri, double *rx, double *obs_out, int64_t *nnz_total)
+struct pair {
+    int j;
+    double x;
+};
+
+static int pair_cmp(const void *a, const void *b)
 {
+    int ja = ((const struct pair *)a)->j, jb = ((const struct pair *)b)->j;
+    return (ja > jb) - (ja < jb);
+}
+
+/* One row's values in column order (the server sends them in the order of
+ * the genes' selection, which a permuted selection makes unsorted). */
+static void sort_row(int *j, double *x, int n, struct pair *tmp)
+{
+    for (int k = 0; k < n; k++) tmp[k] = (struct pair){j[k], x[k]};
+    qsort(tmp, (size_t)n, sizeof *tmp, pair_cmp);
+    for (int k = 0; k < n; k++) {
+        j[k] = tmp[k].j;
+        x[k] = tmp[k].x;
+    }
+}
+
+/* What a walk fills: pass 0 checks every frame and counts values per
+ * column (col_n, for the column-compressed output) and the longest row;
+ * pass 1 writes the values, either at each column's cursor (cur, csc) or
+ * row after row (rowp, compressed by rows, each row sorted by column). */
+struct out {
+    int csc;
+    int *col_n, *last_row, *cur, *rowp, *ri;
+    double *rx, *obs;
+    struct pair *tmp;
+    int64_t nnz, max_row;
+};
+
+/* Walks the frames for pass 0 or 1 (struct out).  Returns an error list or
+ * R_NilValue. */
+static SEXP walk(const struct stream *s, int pass, struct out *o)
+{
+    int *col_n = o->col_n, *last_row = o->last_row, *cur = o->cur, *ri = o->ri;
+    double *rx = o->rx, *obs_out = o->obs;
     struct cursor c = {s->blocks, s->blocks_len};
     int64_t seen = 0, nnz_seen = 0;
     for (;;) {
@@ -207,7 +242,7 @@ static SEXP walk(const struct stream *s, int pass, int *col_n, int *last_row, in
             }
             if (bk.n != seen || bk.nnz != nnz_seen || seen != s->rows)
                 return fail("bad_stream", "the trailer's counts differ from the stream's", 0);
-            *nnz_total = nnz_seen;
+            o->nnz = nnz_seen;
             return R_NilValue;
         }
         if (kind != 1 || status != 0) return fail("bad_stream", "unknown frame kind", 0);
@@ -223,6 +258,7 @@ static SEXP walk(const struct stream *s, int pass, int *col_n, int *last_row, in
             int row = (int)(seen + r);
             int64_t a = (int64_t)le64(bk.indptr + 8 * r), b = (int64_t)le64(bk.indptr + 8 * (r + 1));
             if (pass == 0) {
+                if (b - a > o->max_row) o->max_row = b - a;
                 int64_t id = (int64_t)le64(bk.obs + 8 * r);
                 if (id < 0) return fail("bad_stream", "a negative row id", 0);
                 obs_out[row] = (double)id;
@@ -233,13 +269,25 @@ static SEXP walk(const struct stream *s, int pass, int *col_n, int *last_row, in
                     last_row[j] = row;
                     col_n[j]++;
                 }
-            } else {
+            } else if (o->csc) {
                 for (int64_t k = a; k < b; k++) {
                     int64_t j = index_at(bk.idx + (size_t)k * s->isize, s->isize);
                     int at = cur[j]++;
                     ri[at] = row;
                     rx[at] = value_at(bk.val + (size_t)k * s->vsize, s->vkind);
                 }
+            } else {
+                int start = o->rowp[row], at = start, sorted = 1;
+                int64_t prev = -1;
+                for (int64_t k = a; k < b; k++, at++) {
+                    int64_t j = index_at(bk.idx + (size_t)k * s->isize, s->isize);
+                    if (j < prev) sorted = 0;
+                    prev = j;
+                    ri[at] = (int)j;
+                    rx[at] = value_at(bk.val + (size_t)k * s->vsize, s->vkind);
+                }
+                o->rowp[row + 1] = at;
+                if (!sorted) sort_row(ri + start, rx + start, at - start, o->tmp);
             }
         }
         seen += bk.n;
@@ -247,10 +295,12 @@ static SEXP walk(const struct stream *s, int pass, int *col_n, int *last_row, in
     }
 }
 
-/* .Call entry: body (a raw vector) -> list(p, i, x, obs, dim) or an
- * error list (error, message, status). */
-SEXP ivs_decode_csr(SEXP body);
-SEXP ivs_decode_csr(SEXP body)
+/* .Call entry: body (a raw vector), csc (TRUE: compressed by columns, a
+ * dgCMatrix of cells x genes; FALSE: by rows, which is also the dgCMatrix
+ * of genes x cells) -> list(p, i, x, obs, dim) or an error list (error,
+ * message, status). */
+SEXP ivs_decode_csr(SEXP body, SEXP csc);
+SEXP ivs_decode_csr(SEXP body, SEXP csc)
 {
     if (TYPEOF(body) != RAWSXP) return fail("bad_stream", "the body is not a raw vector", 0);
     const unsigned char *b = RAW(body);
@@ -259,30 +309,45 @@ SEXP ivs_decode_csr(SEXP body)
     if (err) return fail(strcmp(err, "truncated") == 0 ? "truncated" : "bad_stream",
                          strcmp(err, "truncated") == 0 ? "the result stream was cut in its header" : err, 0);
     int cols = (int)s.cols, rows = (int)s.rows;
-    SEXP p = PROTECT(allocVector(INTSXP, (R_xlen_t)cols + 1));
+    struct out o = {asLogical(csc) == TRUE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    int outer = o.csc ? cols : rows;
+    SEXP p = PROTECT(allocVector(INTSXP, (R_xlen_t)outer + 1));
     SEXP obs = PROTECT(allocVector(REALSXP, rows));
     SEXP last = PROTECT(allocVector(INTSXP, cols));
-    int *col_n = INTEGER(p) + 1, *last_row = INTEGER(last);
-    memset(INTEGER(p), 0, sizeof(int) * ((size_t)cols + 1));
-    for (int j = 0; j < cols; j++) last_row[j] = -1;
-    int64_t nnz = 0;
-    SEXP res = walk(&s, 0, col_n, last_row, NULL, NULL, NULL, REAL(obs), &nnz);
+    SEXP counts = PROTECT(allocVector(INTSXP, (R_xlen_t)cols + 1));
+    int *pp = INTEGER(p);
+    memset(pp, 0, sizeof(int) * ((size_t)outer + 1));
+    memset(INTEGER(counts), 0, sizeof(int) * ((size_t)cols + 1));
+    o.col_n = INTEGER(counts) + 1;
+    o.last_row = INTEGER(last);
+    o.obs = REAL(obs);
+    for (int j = 0; j < cols; j++) o.last_row[j] = -1;
+    SEXP res = walk(&s, 0, &o);
     if (res != R_NilValue) {
-        UNPROTECT(3);
+        UNPROTECT(4);
         return res;
     }
-    /* Column counts to pointers; cur (reusing last) to each column's start. */
-    int *pp = INTEGER(p), *cur = last_row;
-    for (int j = 0; j < cols; j++) {
-        pp[j + 1] += pp[j];
-        cur[j] = pp[j];
+    if (o.csc) {
+        /* Column counts to pointers; cursors (reusing last_row) at each column's start. */
+        int *cn = INTEGER(counts);
+        for (int j = 0; j < cols; j++) {
+            cn[j + 1] += cn[j];
+            pp[j + 1] = cn[j + 1];
+            o.last_row[j] = cn[j];
+        }
+        o.cur = o.last_row;
+    } else {
+        o.rowp = pp;
+        o.tmp = (struct pair *)R_alloc((size_t)o.max_row + 1, sizeof(struct pair));
     }
-    SEXP i = PROTECT(allocVector(INTSXP, (R_xlen_t)nnz));
-    SEXP x = PROTECT(allocVector(REALSXP, (R_xlen_t)nnz));
-    walk(&s, 1, NULL, NULL, cur, INTEGER(i), REAL(x), NULL, &nnz);
+    SEXP i = PROTECT(allocVector(INTSXP, (R_xlen_t)o.nnz));
+    SEXP x = PROTECT(allocVector(REALSXP, (R_xlen_t)o.nnz));
+    o.ri = INTEGER(i);
+    o.rx = REAL(x);
+    walk(&s, 1, &o);
     SEXP dim = PROTECT(allocVector(INTSXP, 2));
-    INTEGER(dim)[0] = rows;
-    INTEGER(dim)[1] = cols;
+    INTEGER(dim)[0] = o.csc ? rows : cols;
+    INTEGER(dim)[1] = o.csc ? cols : rows;
     SEXP out = PROTECT(allocVector(VECSXP, 5));
     SEXP names = PROTECT(allocVector(STRSXP, 5));
     const char *nm[] = {"p", "i", "x", "obs", "dim"};
@@ -292,12 +357,12 @@ SEXP ivs_decode_csr(SEXP body)
         SET_STRING_ELT(names, k, mkChar(nm[k]));
     }
     setAttrib(out, R_NamesSymbol, names);
-    UNPROTECT(8);
+    UNPROTECT(9);
     return out;
 }
 
 static const R_CallMethodDef call_methods[] = {
-    {"ivs_decode_csr", (DL_FUNC)&ivs_decode_csr, 1},
+    {"ivs_decode_csr", (DL_FUNC)&ivs_decode_csr, 2},
     {NULL, NULL, 0},
 };
 

@@ -194,8 +194,14 @@ test_that("a stream cut before its trailer or ending in an error trailer is an e
   body <- httr2::resp_body_raw(resp)
   ok <- ivs_read_stream(body)
   expect_equal(nrow(ok$X), nrow(expected(id)$E))
+  # The genes x cells reading is the same matrix, transposed.
+  tr <- ivs_read_stream(body, genes_by_cells = TRUE)
+  expect_identical(tr$X, Matrix::t(ok$X))
+  expect_identical(tr$obs, ok$obs)
   for (cut in c(10, 40, 80, length(body) - 3)) {
     e <- tryCatch(ivs_read_stream(body[seq_len(cut)]), ivserve_error = function(e) e)
+    expect_s3_class(e, "ivserve_error")
+    e <- tryCatch(ivs_read_stream(body[seq_len(cut)], TRUE), ivserve_error = function(e) e)
     expect_s3_class(e, "ivserve_error")
   }
   # Replace the ok trailer by an error trailer (status 503 and a message).
