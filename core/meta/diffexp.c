@@ -33,6 +33,16 @@
 #include <string.h>
 
 #define SORT_SMALL 32
+/* log1p of whole numbers below this comes from a table: counts are
+ * mostly small, and log1p costs about 20 ns. */
+#define LP_TABLE 4096
+/* The rank-sum test counts a gene's distinct values in a hash table when
+ * there are at most HASH_DISTINCT of them (counts have a few dozen) and
+ * there are at most HASH_LABELS labels, instead of sorting its entries:
+ * O(nnz) then, and the sort is the fallback. */
+#define HASH_SLOTS 1024
+#define HASH_DISTINCT 512
+#define HASH_LABELS 64
 
 struct iv_de {
     iv_de_spec_t s;
@@ -47,6 +57,13 @@ struct iv_de_work {
     uint64_t *key;
     int32_t *lab;
     int64_t cap;
+    double *lp;                /* log1p(k) for whole k < LP_TABLE */
+    uint64_t *hk;              /* the distinct-value table: keys (0 = free), */
+    int64_t *hc;               /* HASH_SLOTS x n_labels counts, */
+    int32_t *hused;            /* its used slots in order of first use */
+    uint64_t *dkey;            /* and, sorted, the distinct keys */
+    int32_t *dslot;
+    int32_t hn;                /* slots in use */
 };
 
 /* ---- special functions ---------------------------------------------- */
@@ -411,9 +428,22 @@ iv_de_work_t *iv_de_work_new(const iv_de_t *de)
     w->rs = calloc(nl, sizeof *w->rs);
     w->mn = calloc(nl, sizeof *w->mn);
     w->mx = calloc(nl, sizeof *w->mx);
-    if (!w->st || !w->nz || !w->s1 || !w->mean || !w->m2 || !w->rs || !w->mn || !w->mx) {
+    w->lp = malloc(LP_TABLE * sizeof *w->lp);
+    if (!w->st || !w->nz || !w->s1 || !w->mean || !w->m2 || !w->rs || !w->mn || !w->mx || !w->lp) {
         iv_de_work_free(w);
         return NULL;
+    }
+    for (int k = 0; k < LP_TABLE; k++) w->lp[k] = log1p((double)k);
+    if (de->s.method == IV_DE_WILCOXON && de->s.n_labels <= HASH_LABELS) {
+        w->hk = calloc(HASH_SLOTS, sizeof *w->hk);
+        w->hc = calloc((size_t)HASH_SLOTS * nl, sizeof *w->hc);
+        w->hused = malloc(HASH_DISTINCT * sizeof *w->hused);
+        w->dkey = malloc(HASH_DISTINCT * sizeof *w->dkey);
+        w->dslot = malloc(HASH_DISTINCT * sizeof *w->dslot);
+        if (!w->hk || !w->hc || !w->hused || !w->dkey || !w->dslot) {
+            iv_de_work_free(w);
+            return NULL;
+        }
     }
     return w;
 }
@@ -439,6 +469,12 @@ void iv_de_work_free(iv_de_work_t *w)
     free(w->rs);
     free(w->mn);
     free(w->mx);
+    free(w->lp);
+    free(w->hk);
+    free(w->hc);
+    free(w->hused);
+    free(w->dkey);
+    free(w->dslot);
     free(w);
 }
 
@@ -467,6 +503,15 @@ int iv_de_work_reserve(iv_de_work_t *w, int64_t n)
     return 0;
 }
 
+static inline double log1p_fast(const iv_de_work_t *w, double v)
+{
+    if (v >= 0 && v < LP_TABLE) {
+        int i = (int)v;
+        if ((double)i == v) return w->lp[i];
+    }
+    return log1p(v);
+}
+
 /* Loads the gene's entries into keys and labels, with the per-label
  * counts and sums; returns the entries kept. */
 #define LOAD_LOOP(T)                                                           \
@@ -479,7 +524,7 @@ int iv_de_work_reserve(iv_de_work_t *w, int64_t n)
             int32_t l = s->label[pos];                                         \
             if (l < 0 || l >= s->n_labels) continue;                           \
             double v = (double)dv[k];                                          \
-            if (s->log1p) v = log1p(v);                                        \
+            if (s->log1p) v = log1p_fast(w, v);                                \
             if (v == 0) v = 0; /* -0 is +0 */                                  \
             w->key[n] = okey(v);                                               \
             w->lab[n] = l;                                                     \
@@ -585,6 +630,116 @@ static double walk_pair(const iv_de_work_t *w, int64_t n, int32_t a, int32_t b, 
     return tie;
 }
 
+/* Counts the gene's n entries per distinct value and label; the number
+ * of distinct values, or -1 past HASH_DISTINCT (or an unusable key). */
+static int32_t hash_count(iv_de_work_t *w, int64_t n)
+{
+    const int32_t nl = w->de->s.n_labels;
+    int32_t nd = 0;
+    int ok = 1;
+    for (int64_t k = 0; k < n && ok; k++) {
+        uint64_t key = w->key[k];
+        if (key == 0) {
+            ok = 0;
+            break;
+        }
+        uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 54);  /* 10 bits: HASH_SLOTS */
+        while (w->hk[h] != 0 && w->hk[h] != key) h = (h + 1) & (HASH_SLOTS - 1);
+        if (w->hk[h] == 0) {
+            if (nd == HASH_DISTINCT) {
+                ok = 0;
+                break;
+            }
+            w->hk[h] = key;
+            w->hused[nd++] = (int32_t)h;
+        }
+        w->hc[(size_t)h * (size_t)nl + (size_t)w->lab[k]]++;
+    }
+    w->hn = nd;
+    for (int32_t i = 0; i < nd; i++) {
+        w->dkey[i] = w->hk[w->hused[i]];
+        w->dslot[i] = w->hused[i];
+    }
+    if (ok) afsort(w->dkey, w->dslot, nd, 56);
+    return ok ? nd : -1;
+}
+
+/* Empties the table for the next gene (only the slots used). */
+static void hash_clear(iv_de_work_t *w)
+{
+    const size_t nl = (size_t)w->de->s.n_labels;
+    for (int32_t i = 0; i < w->hn; i++) {
+        int32_t h = w->hused[i];
+        w->hk[h] = 0;
+        memset(w->hc + (size_t)h * nl, 0, nl * sizeof *w->hc);
+    }
+    w->hn = 0;
+}
+
+/* walk_all over the distinct values' counts. */
+static double walk_all_h(iv_de_work_t *w, int32_t nd)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    const size_t nl = (size_t)s->n_labels;
+    double pos = 0, tie = 0;
+    int zero_done = 0;
+    for (int32_t i = 0;; i++) {
+        if (!zero_done && (i == nd || w->dkey[i] >= ZERO_KEY)) {
+            double t0 = 0;
+            for (size_t l = 0; l < nl; l++) t0 += (double)(s->n_cells[l] - w->nz[l]);
+            if (t0 > 0) {
+                double avg = pos + 0.5 * (t0 + 1);
+                for (size_t l = 0; l < nl; l++) w->rs[l] += (double)(s->n_cells[l] - w->nz[l]) * avg;
+                tie += t0 * t0 * t0 - t0;
+                pos += t0;
+            }
+            zero_done = 1;
+        }
+        if (i >= nd) break;
+        if (w->dkey[i] == ZERO_KEY) continue;  /* stored zeros: in the zero block */
+        const int64_t *c = w->hc + (size_t)w->dslot[i] * nl;
+        double t = 0;
+        for (size_t l = 0; l < nl; l++) t += (double)c[l];
+        double avg = pos + 0.5 * (t + 1);
+        for (size_t l = 0; l < nl; l++) w->rs[l] += (double)c[l] * avg;
+        if (t > 1) tie += t * t * t - t;
+        pos += t;
+    }
+    return tie;
+}
+
+/* walk_pair over the distinct values' counts. */
+static double walk_pair_h(const iv_de_work_t *w, int32_t nd, int32_t a, int32_t b, double *ra)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    const size_t nl = (size_t)s->n_labels;
+    double pos = 0, tie = 0, r = 0;
+    int zero_done = 0;
+    double za = (double)(s->n_cells[a] - w->nz[a]), zb = (double)(s->n_cells[b] - w->nz[b]);
+    for (int32_t i = 0;; i++) {
+        if (!zero_done && (i == nd || w->dkey[i] >= ZERO_KEY)) {
+            double t0 = za + zb;
+            if (t0 > 0) {
+                r += za * (pos + 0.5 * (t0 + 1));
+                tie += t0 * t0 * t0 - t0;
+                pos += t0;
+            }
+            zero_done = 1;
+        }
+        if (i >= nd) break;
+        if (w->dkey[i] == ZERO_KEY) continue;
+        const int64_t *c = w->hc + (size_t)w->dslot[i] * nl;
+        double ca = (double)c[a], t = ca + (double)c[b];
+        if (t > 0) {
+            r += ca * (pos + 0.5 * (t + 1));
+            tie += t * t * t - t;
+            pos += t;
+        }
+    }
+    *ra = r;
+    return tie;
+}
+
 static void welch(iv_de_row_t *o, double n1, double m1, double q1, double n2, double m2, double q2)
 {
     double v1 = q1 / (n1 - 1), v2 = q2 / (n2 - 1);
@@ -651,9 +806,14 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
         }
     }
     double tie_all = 0;
+    int32_t nd = -1;  /* distinct values counted in the table, or -1: sorted */
     if (s->method == IV_DE_WILCOXON) {
-        afsort(w->key, w->lab, n, 56);
-        if (s->reference < 0) tie_all = walk_all(w, n);
+        if (w->hk) {
+            nd = hash_count(w, n);
+            if (nd < 0) hash_clear(w);
+        }
+        if (nd < 0) afsort(w->key, w->lab, n, 56);
+        if (s->reference < 0) tie_all = nd >= 0 ? walk_all_h(w, nd) : walk_all(w, n);
     }
     for (int32_t g = 0; g < s->n_tested; g++) {
         iv_de_row_t *o = &de->rows[(size_t)g * (size_t)s->n_genes + (size_t)j];
@@ -697,10 +857,11 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
             ranksum(o, n1, n2, w->rs[g], tie_all);
         } else {
             double r1 = 0;
-            double tie = walk_pair(w, n, g, s->reference, &r1);
+            double tie = nd >= 0 ? walk_pair_h(w, nd, g, s->reference, &r1) : walk_pair(w, n, g, s->reference, &r1);
             ranksum(o, n1, n2, r1, tie);
         }
     }
+    if (nd >= 0) hash_clear(w);
     return 0;
 }
 
