@@ -1055,3 +1055,55 @@ def test_python_exceptions(full):
         ds[:, g]
     with pytest.raises(IndexError):
         ds[[1, 2, 3]][5]
+
+
+def _welch(a, b):
+    """scipy's Welch t-test, with scanpy's reading of its NaN (score 0, p 1)."""
+    from scipy import stats
+    t, p = stats.ttest_ind(a, b, equal_var=False, axis=0)
+    bad = ~np.isfinite(t) & np.isnan(t)
+    return np.where(bad, 0.0, t), np.where(bad, 1.0, p)
+
+
+def test_diffexp_and_rank_genes_groups(full):
+    """ds.diffexp and ds.rank_genes_groups: scanpy's rank_genes_groups_df
+    columns, best score first, t-test scores and p-values equal to scipy's
+    Welch test on the same cells (log1p off, so on the stored values)."""
+    s, want = full
+    ds = ivserve.connect(s.url)["F"]
+    X = want.X.toarray().astype(np.float64)
+    names = np.asarray(want.var_names)
+    ct = want.obs["cell_type"].to_numpy()
+    cols = ["names", "scores", "logfoldchanges", "pvals", "pvals_adj", "pct_nz_group",
+            "pct_nz_reference", "mean_group", "mean_reference"]
+    df = ds.diffexp("cell_type == 'B'", log1p=False)
+    assert list(df.columns) == cols and len(df) == X.shape[1]
+    assert np.all(np.diff(df["scores"].to_numpy()) <= 0)
+    t, p = _welch(X[ct == "B"], X[ct != "B"])
+    order = {n: i for i, n in enumerate(names)}
+    idx = [order[n] for n in df["names"]]
+    np.testing.assert_allclose(df["scores"].to_numpy(), t[idx], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(df["pvals"].to_numpy(), p[idx], rtol=1e-8, atol=1e-300)
+    np.testing.assert_allclose(df["pct_nz_group"].to_numpy(), (X[ct == "B"] != 0).mean(0)[idx], rtol=1e-12)
+    np.testing.assert_allclose(df["mean_reference"].to_numpy(), X[ct != "B"].mean(0)[idx], rtol=1e-9)
+    # Two groups by any key form; top_n keeps both ends of the ranking.
+    b, t_rows = np.flatnonzero(ct == "B"), np.flatnonzero(ct == "T")
+    df = ds.diffexp(b, ivserve.Where("cell_type == 'T'"), log1p=False, top_n=3)
+    assert len(df) == 6
+    t, p = _welch(X[b], X[t_rows])
+    full_order = np.argsort(-t, kind="stable")
+    assert set(df["names"][:3]) == set(names[full_order[:3]])
+    # One group against the rest, for every category: rank_genes_groups_df.
+    rg = ds.rank_genes_groups("cell_type", log1p=False)
+    assert list(rg.columns) == ["group"] + cols
+    assert list(pd.unique(rg["group"])) == [c for c in want.obs["cell_type"].cat.categories if (ct == c).any()]
+    for grp, part in rg.groupby("group", sort=False):
+        t, p = _welch(X[ct == grp], X[ct != grp])
+        idx = [order[n] for n in part["names"]]
+        np.testing.assert_allclose(part["scores"].to_numpy(), t[idx], rtol=1e-9, atol=1e-12)
+        assert np.all(np.diff(part["scores"].to_numpy()) <= 0)
+    rg = ds.rank_genes_groups("cell_type", method="wilcoxon", reference="T", groups=["B"], var=[0, 3, 5])
+    assert set(rg["group"]) == {"B"} and sorted(rg["names"]) == sorted(names[[0, 3, 5]])
+    with pytest.raises(IvserveError) as e:
+        ds.rank_genes_groups("age")
+    assert e.value.status in (400, 422)

@@ -231,3 +231,66 @@ as_seurat <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var
   }
   so
 }
+
+#' Marker genes: differential expression on the server (its diffexp route).
+#'
+#' Either two groups of cells (`group1` against `group2`, "rest" being
+#' every other cell) or every category of an obs column against the rest or
+#' a reference category (`group_by`), by Welch's t-test or the Wilcoxon
+#' rank-sum test, as scanpy's rank_genes_groups computes them.
+#'
+#' @inheritParams ivs_query
+#' @param group1,group2 a where filter (one string, e.g. "cell_type == 'B'") or an obs subscript
+#'   of any form ivs_query takes; group2 "rest" is every cell not in group1.
+#' @param group_by a categorical obs column: each category (or those in `groups`) against
+#'   `reference` ("rest" or a category).
+#' @param method "t-test" or "wilcoxon".
+#' @param top_n keep that many genes from each end of each ranking (NULL: all).
+#' @param log1p "auto" (the server decides from the values: counts get log1p), TRUE or FALSE.
+#' @param var genes to test (NULL: all), in any subscript form.
+#' @return a data.frame with scanpy's rank_genes_groups_df columns, each group's genes best score
+#'   first: group (with group_by), names, scores, logfoldchanges, pvals, pvals_adj, then
+#'   pct_nz_group, pct_nz_reference, mean_group, mean_reference.
+ivs_diffexp <- function(client, dataset, group1 = NULL, group2 = "rest", group_by = NULL,
+                        reference = "rest", groups = NULL, method = c("t-test", "wilcoxon"),
+                        top_n = NULL, log1p = "auto", var = NULL) {
+  method <- match.arg(method)
+  shape <- as.numeric(unlist(ivs_info(client, dataset)$shape))
+  group <- function(g, what) {
+    if (is.character(g) && length(g) == 1) return(list(where = g))
+    w <- ivs_selection(g, shape[1], "obs")
+    if (is.null(w)) bad_selection("obs", "%s: select some cells, not all of them", what)
+    w
+  }
+  body <- list(method = method, log1p = log1p)
+  if (!is.null(group_by)) {
+    body$group_by <- group_by
+    body$reference <- reference
+    if (!is.null(groups)) body$groups <- I(as.character(groups))
+  } else {
+    if (is.null(group1)) ivs_stop(NA_integer_, "bad_request", "give group1 (and group2) or group_by")
+    body$group1 <- group(group1, "group1")
+    body$group2 <- if (identical(group2, "rest")) "rest" else group(group2, "group2")
+  }
+  if (!is.null(top_n)) body$top_n <- as.integer(top_n)
+  v <- ivs_selection(var, shape[2], "var")
+  if (!is.null(v)) body$var <- v
+  resp <- ivs_request(client, ivs_path(dataset, "diffexp"), body = body)
+  doc <- jsonlite::fromJSON(httr2::resp_body_string(resp), simplifyVector = FALSE)
+  frame <- function(genes, grp) {
+    num <- function(k) vapply(genes, function(g) if (is.null(g[[k]])) NA_real_ else as.numeric(g[[k]]), 0)
+    df <- data.frame(
+      names = vapply(genes, function(g) if (is.null(g$name)) NA_character_ else g$name, ""),
+      scores = num("score"), logfoldchanges = num("logfoldchange"), pvals = num("pval"),
+      pvals_adj = num("pval_adj"), pct_nz_group = num("frac1"), pct_nz_reference = num("frac2"),
+      mean_group = num("mean1"), mean_reference = num("mean2"), stringsAsFactors = FALSE)
+    if (!is.null(grp)) df <- cbind(data.frame(group = rep(grp, nrow(df)), stringsAsFactors = FALSE), df)
+    df
+  }
+  if (is.null(group_by)) return(frame(doc$genes, NULL))
+  parts <- lapply(doc$groups, function(g) frame(g$genes, as.character(g$key[[1]])))
+  if (!length(parts)) return(frame(list(), character(0)))
+  out <- do.call(rbind, parts)
+  rownames(out) <- NULL
+  out
+}

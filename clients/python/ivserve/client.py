@@ -373,6 +373,66 @@ class Dataset:
                                    name="n_cells")
         return out
 
+    # -- differential expression ------------------------------------------
+
+    def _group_wire(self, key, what):
+        """A group of cells for diffexp: a where string, or any obs key."""
+        if isinstance(key, str):
+            return {"where": selection.where_text(key)}
+        w = self._wire(key, "obs")
+        if w is None:
+            raise IvserveError(None, "bad_selection", f"{what}: select some cells, not all of them")
+        return w
+
+    def _diffexp(self, body, method, top_n, log1p, var):
+        body["method"] = method
+        body["log1p"] = log1p
+        if top_n is not None:
+            body["top_n"] = int(top_n)
+        v = self._wire(var, "var")
+        if v is not None:
+            body["var"] = v
+        return self.client.request("POST", f"{self.path}/diffexp", json=body).json()
+
+    def diffexp(self, group1, group2="rest", method="t-test", top_n=None, log1p="auto", var=None):
+        """Marker genes of one group of cells against another (or the rest),
+        on servers with the diffexp route: Welch's t-test or the Wilcoxon
+        rank-sum test, as scanpy's rank_genes_groups computes them.  group1
+        and group2 are where strings ("cell_type == 'B'") or obs keys of any
+        form ds[...] takes; group2 "rest" is every other cell.  top_n keeps
+        that many genes from each end of the ranking (None: all); log1p
+        "auto" lets the server decide from the values (counts get log1p,
+        as scanpy expects log data), True or False forces it.  Returns a
+        DataFrame with scanpy's rank_genes_groups_df columns, best score
+        first: names, scores, logfoldchanges, pvals, pvals_adj, then
+        pct_nz_group and pct_nz_reference (the fractions of cells
+        expressing), mean_group and mean_reference."""
+        body = {"group1": self._group_wire(group1, "group1"),
+                "group2": "rest" if isinstance(group2, str) and group2 == "rest"
+                else self._group_wire(group2, "group2")}
+        doc = self._diffexp(body, method, top_n, log1p, var)
+        return _genes_frame(doc["genes"], None)
+
+    def rank_genes_groups(self, group_by, method="t-test", reference="rest", groups=None, top_n=None,
+                          log1p="auto", var=None):
+        """scanpy's rank_genes_groups(adata, group_by, method=, reference=,
+        groups=) done by the server, as sc.get.rank_genes_groups_df gives
+        it: one DataFrame of every tested group (column "group", in
+        category order) with names, scores, logfoldchanges, pvals,
+        pvals_adj, pct_nz_group, pct_nz_reference, mean_group and
+        mean_reference, each group's genes best score first.  See diffexp()
+        for top_n, log1p and var."""
+        import pandas as pd
+
+        body = {"group_by": group_by, "reference": reference}
+        if groups is not None:
+            body["groups"] = [groups] if isinstance(groups, str) else list(groups)
+        doc = self._diffexp(body, method, top_n, log1p, var)
+        parts = [_genes_frame(g["genes"], g["key"][0]) for g in doc["groups"]]
+        if not parts:
+            return _genes_frame([], "")[0:0]
+        return pd.concat(parts, ignore_index=True)
+
     # -- resolving selections to row numbers ------------------------------
 
     def _obs_positions(self, wire_sel):
@@ -640,6 +700,22 @@ class Query:
             # anndata before 0.9 casts X to float32 unless told the dtype.
             kw["dtype"] = X.dtype
         return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, layers=mats or None, **kw)
+
+
+def _genes_frame(genes, group):
+    """A diffexp answer's genes as rank_genes_groups_df's columns."""
+    import pandas as pd
+
+    cols = {"names": [g["name"] for g in genes]}
+    for out, key in (("scores", "score"), ("logfoldchanges", "logfoldchange"), ("pvals", "pval"),
+                     ("pvals_adj", "pval_adj"), ("pct_nz_group", "frac1"),
+                     ("pct_nz_reference", "frac2"), ("mean_group", "mean1"),
+                     ("mean_reference", "mean2")):
+        cols[out] = np.asarray([np.nan if g[key] is None else g[key] for g in genes], dtype=np.float64)
+    df = pd.DataFrame(cols)
+    if group is not None:
+        df.insert(0, "group", pd.Series([str(group)] * len(genes), dtype=object))
+    return df
 
 
 def _drop_unused(df):

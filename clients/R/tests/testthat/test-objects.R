@@ -126,3 +126,34 @@ test_that("as_seurat gives a Seurat object equal to the file's selection", {
   e <- tryCatch(as_seurat(client, layered, obs = c(1, 1)), ivserve_error = function(e) e)
   expect_s3_class(e, "ivserve_error")
 })
+
+test_that("ivs_diffexp: scanpy's columns, t-test equal to R's t.test (Welch)", {
+  welch <- function(a, b) tryCatch({
+    r <- stats::t.test(a, b, var.equal = FALSE)
+    c(unname(r$statistic), r$p.value)
+  }, error = function(e) c(0, 1))   # constant data: scanpy's score 0, p 1
+  D <- as.matrix(X)
+  b <- nm$cell_type == "B"
+  de <- ivs_diffexp(client, layered, group1 = "cell_type == 'B'", log1p = FALSE)
+  expect_identical(names(de), c("names", "scores", "logfoldchanges", "pvals", "pvals_adj", "pct_nz_group",
+                                "pct_nz_reference", "mean_group", "mean_reference"))
+  expect_setequal(de$names, nm$var)
+  expect_true(all(diff(de$scores) <= 0))
+  for (k in seq_len(nrow(de))) {
+    w <- welch(D[b, de$names[k]], D[!b, de$names[k]])
+    expect_equal(de$scores[k], w[1], tolerance = 1e-9)
+    expect_equal(de$pvals[k], w[2], tolerance = 1e-7)
+  }
+  expect_equal(de$pct_nz_group, unname(colMeans(D[b, de$names] != 0)), tolerance = 1e-12)
+  # Two groups as subscripts, top_n from both ends.
+  de2 <- ivs_diffexp(client, layered, group1 = which(b), group2 = which(nm$cell_type == "T"), top_n = 2,
+                     log1p = FALSE)
+  expect_equal(nrow(de2), 4)
+  # Every category against the rest.
+  rg <- ivs_diffexp(client, layered, group_by = "cell_type", method = "wilcoxon", var = 1:5)
+  expect_identical(names(rg)[1:2], c("group", "names"))
+  expect_identical(unique(rg$group), nm$cell_types[nm$cell_types %in% nm$cell_type])
+  expect_true(all(rg$names %in% nm$var[1:5]))
+  e <- tryCatch(ivs_diffexp(client, layered, group_by = "age"), ivserve_error = function(e) e)
+  expect_s3_class(e, "ivserve_error")
+})
