@@ -306,9 +306,9 @@ async function loadEmbedding(name, gen = state.generation) {
   state.embedding = name;
   state.timings.embeddingLoaded = performance.now();
   scatter.setPoints(xy, got.rows);
-  const t0 = performance.now();
-  state.nearest = new NearestIndex(xy, got.rows);
-  state.timings.nearestIndex = performance.now() - t0;
+  // The hover index waits until the first frame is out (or the first hover).
+  state.nearest = null;
+  setTimeout(() => nearestIndex(), 250);
   if (!state.base) setBase(uniform(got.rows), { kind: 'none' });
   else applyColors();
   updateOrder();
@@ -907,8 +907,17 @@ function readBound(id, dflt) {
 const rowCache = new Map();
 let hoverTimer = 0, hoverSeq = 0;
 
+function nearestIndex() {
+  if (!state.nearest && state.xy) {
+    const t0 = performance.now();
+    state.nearest = new NearestIndex(state.xy, state.nObs);
+    state.timings.nearestIndex = performance.now() - t0;
+  }
+  return state.nearest;
+}
+
 function cellAt(d) {
-  if (!state.nearest || !d) return -1;
+  if (!d || !nearestIndex()) return -1;
   const r = (scatter.pointSize() / 2 + 3) / scatter.view.scale;
   const vis = state.visible;
   return state.nearest.nearest(d[0], d[1], r, vis ? (i) => vis[i] === 1 : null, null);
