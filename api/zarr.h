@@ -39,7 +39,9 @@
 
 /* Entries per chunk of X/indices and X/data (see docs/zarr.md for the
  * measurement that chose it). */
+#ifndef IV_ZARR_X_CHUNK  /* benchmarks build other sizes with -DIV_ZARR_X_CHUNK=N */
 #define IV_ZARR_X_CHUNK ((int64_t)1 << 16)
+#endif
 /* Largest chunk of a numeric column or obsm/varm array, in bytes: a
  * whole column of a 1.26-million-cell atlas is two chunks. */
 #define IV_ZARR_COL_CHUNK_BYTES ((int64_t)8 << 20)

@@ -130,15 +130,19 @@ static int copy_block(const zarr_arr_t *a, const iv_block_t *blk, const ptrs_t *
             return iv_fail(err, IV_ECORRUPT, "X: slice %lld decoded %lld entries, its pointers say %lld",
                            (long long)j, (long long)n, (long long)(end - start));
         int64_t s = start > lo ? start : lo, e = end < hi ? end : hi;
-        for (int64_t pos = s; pos < e; pos++) {
-            int64_t t = blk->indptr[r] + pos - start;
-            uint8_t *d = dst + (size_t)(pos - lo) * isz;
-            if (a->src == ZS_X_DATA) {
-                memcpy(d, (const uint8_t *)blk->data + (size_t)t * isz, isz);
-            } else {
-                int64_t ix = blk->index_size == 4 ? ((const int32_t *)blk->indices)[t]
-                                                  : ((const int64_t *)blk->indices)[t];
-                put_num(d, a->vt, ix, 0, 0);
+        if (e <= s) continue;
+        int64_t t = blk->indptr[r] + s - start;
+        uint8_t *d = dst + (size_t)(s - lo) * isz;
+        size_t n_copy = (size_t)(e - s);
+        if (a->src == ZS_X_DATA) {
+            memcpy(d, (const uint8_t *)blk->data + (size_t)t * isz, n_copy * isz);
+        } else if ((size_t)blk->index_size == isz) {
+            memcpy(d, (const uint8_t *)blk->indices + (size_t)t * isz, n_copy * isz);
+        } else {
+            for (size_t i = 0; i < n_copy; i++) {
+                int64_t ix = blk->index_size == 4 ? ((const int32_t *)blk->indices)[t + (int64_t)i]
+                                                  : ((const int64_t *)blk->indices)[t + (int64_t)i];
+                put_num(d + i * isz, a->vt, ix, 0, 0);
             }
         }
     }

@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""The Zarr store (GET /v1/datasets/{id}/zarr/{key}, docs/zarr.md) against
+the real server, read by the real clients' request patterns.
+
+Measures:
+  * gene: on an atlas (benchmarks/gen_atlas.py), for --genes genes (half
+    drawn uniformly, half the most expressed):
+      - Vitessce's colour-by-gene: with X/indptr already read (Vitessce
+        reads it once), the X/indices and X/data chunks overlapping the
+        gene's [indptr[j], indptr[j+1]) fetched at once (--conns parallel
+        keep-alive connections, as a browser does): ms from the first
+        request to the last byte, requests and bytes per gene;
+      - zarr-python (Debian's zarr 2.13 + fsspec HTTP): one gene column,
+        X["indices"][a:b] and X["data"][a:b], ms per gene.
+  * read_zarr: anndata.read_zarr of a --read-cells dataset (X, obs, var,
+    obsm) over HTTP and of the same store copied to local disk key by key,
+    with X compared equal; seconds each.
+
+Usage:
+  /usr/bin/python3 benchmarks/bench_zarr.py --bin build/ivserve \\
+      --atlas benchmarks/data/atlas_200000.h5ad [--companion ATLAS.ivcsc.h5ad] \\
+      [--read-cells 20000] [--genes 40] [--threads 16]
+The --read-cells dataset is generated with gen_atlas.py into --work unless
+it is there.  --companion names a gene-major copy of the atlas (else the
+server builds one in memory before the gene runs).
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+import fsspec  # noqa: E402
+import zarr  # noqa: E402
+
+from ivprocess import ServerProcess, write_config  # noqa: E402
+
+
+class Consolidated(zarr.storage.ConsolidatedMetadataStore):
+    """Metadata and listings from .zmetadata, chunks from the mapper: what
+    zarr.open_consolidated builds, as one store for anndata 0.8's
+    read_zarr (which calls zarr.open)."""
+
+    def __init__(self, mapper):
+        super().__init__(mapper)
+        self.chunks = mapper
+
+    def __getitem__(self, key):
+        return self.meta_store[key] if key in self.meta_store else self.chunks[key]
+
+
+class ConsolidatedHTTP(Consolidated):
+    """The same over zarr's FSStore, whose getitems fetches a read's chunks
+    concurrently (zarr 2.13 uses it when the store has one)."""
+
+    def getitems(self, keys, **kw):
+        return self.chunks.getitems(keys, **kw)
+
+
+def start(bin_, work, datasets, threads):
+    cfg = write_config(work, {"datasets": datasets})
+    return ServerProcess(work, ["--config", cfg, "--threads", str(threads)], binary=bin_,
+                         ready_timeout=600)
+
+
+def wait_gene_major(url, d, timeout=900):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        doc = requests.get("%s/v1/datasets/%s" % (url, d)).json()
+        if doc["orientation"] == "ivcsc" or doc["orientations"]["genes"]["state"] == "ready":
+            return time.time() - t0
+        time.sleep(0.5)
+    raise SystemExit("the gene-major orientation of %s was not ready in %d s" % (d, timeout))
+
+
+def pct(xs, q):
+    return float(np.percentile(np.array(xs), q))
+
+
+def bench_genes(url, n_genes, conns):
+    store = "%s/v1/datasets/atlas/zarr" % url
+    meta = requests.get(store + "/.zmetadata").json()["metadata"]
+    C = meta["X/indices/.zarray"]["chunks"][0]
+    isz = np.dtype(meta["X/indices/.zarray"]["dtype"]).itemsize
+    dsz = np.dtype(meta["X/data/.zarray"]["dtype"]).itemsize
+    t0 = time.perf_counter()
+    indptr = np.frombuffer(requests.get(store + "/X/indptr/0").content, np.int64)
+    t_indptr = time.perf_counter() - t0
+    nnz = np.diff(indptr)
+    rng = np.random.default_rng(5)
+    genes = list(rng.choice(len(nnz), n_genes // 2, replace=False)) + \
+        list(np.argsort(nnz)[::-1][: n_genes - n_genes // 2])
+    sessions = [requests.Session() for _ in range(conns)]
+    pool = concurrent.futures.ThreadPoolExecutor(conns)
+
+    def fetch(i, key):
+        r = sessions[i % conns].get("%s/%s" % (store, key))
+        r.raise_for_status()
+        return len(r.content)
+
+    vit = []
+    for j in genes:
+        a, b = int(indptr[j]), int(indptr[j + 1])
+        ks = range(a // C, (b - 1) // C + 1) if b > a else range(0)
+        keys = ["X/indices/%d" % k for k in ks] + ["X/data/%d" % k for k in ks]
+        t0 = time.perf_counter()
+        sizes = list(pool.map(fetch, range(len(keys)), keys))
+        vit.append((time.perf_counter() - t0, len(keys), sum(sizes), b - a))
+    g = zarr.open_consolidated(fsspec.get_mapper(store), mode="r")
+    xi, xd = g["X"]["indices"], g["X"]["data"]
+    zp = []
+    for j in genes:
+        a, b = int(indptr[j]), int(indptr[j + 1])
+        t0 = time.perf_counter()
+        idx, dat = xi[a:b], xd[a:b]
+        zp.append(time.perf_counter() - t0)
+        assert len(idx) == len(dat) == b - a
+    # What zlib (level 1, numcodecs' Zlib and HTTP gzip alike) would give
+    # on the chunks served: size ratio and compression speed, one thread.
+    raw = comp = 0
+    t_comp = 0.0
+    for k in list(range(0, int(indptr[-1]) // C, max(1, int(indptr[-1]) // C // 8)))[:8]:
+        for part in ("indices", "data"):
+            body = sessions[0].get("%s/X/%s/%d" % (store, part, k)).content
+            t0 = time.perf_counter()
+            z = zlib.compress(body, 1)
+            t_comp += time.perf_counter() - t0
+            raw += len(body)
+            comp += len(z)
+    ms = [v[0] * 1e3 for v in vit]
+    return {
+        "zlib1_ratio": raw / comp, "zlib1_MBps": raw / t_comp / 1e6,
+        "x_chunk_entries": C,
+        "indptr_ms": t_indptr * 1e3, "indptr_bytes": int(indptr.nbytes),
+        "genes": len(genes), "entries_per_gene_median": pct([v[3] for v in vit], 50),
+        "entries_per_gene_max": int(max(v[3] for v in vit)),
+        "vitessce_ms_median": pct(ms, 50), "vitessce_ms_p90": pct(ms, 90), "vitessce_ms_max": max(ms),
+        "vitessce_requests_median": pct([v[1] for v in vit], 50),
+        "vitessce_requests_max": max(v[1] for v in vit),
+        "vitessce_bytes_median": pct([v[2] for v in vit], 50),
+        "vitessce_bytes_max": max(v[2] for v in vit),
+        "vitessce_bytes_over_needed_median": pct([v[2] / max(1, v[3] * (isz + dsz)) for v in vit], 50),
+        "zarr_python_ms_median": pct([z * 1e3 for z in zp], 50),
+        "zarr_python_ms_p90": pct([z * 1e3 for z in zp], 90),
+    }
+
+
+def copy_store(store, local):
+    """Copies every key of the store (metadata of .zmetadata, every chunk)
+    to a local directory store."""
+    meta = requests.get(store + "/.zmetadata").json()["metadata"]
+    s = requests.Session()
+    os.makedirs(local, exist_ok=True)
+    with open(os.path.join(local, ".zmetadata"), "w") as f:
+        json.dump({"metadata": meta, "zarr_consolidated_format": 1}, f)
+    for key, doc in meta.items():
+        path = os.path.join(local, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        if key.endswith("/.zarray"):
+            arr = key[: -len("/.zarray")]
+            grid = [(n + c - 1) // c for n, c in zip(doc["shape"], doc["chunks"])]
+            for idx in np.ndindex(*grid):
+                k = arr + "/" + ".".join(map(str, idx))
+                with open(os.path.join(local, k), "wb") as f:
+                    f.write(s.get(store + "/" + k).content)
+
+
+def bench_read_zarr(url, work, reps, csr):
+    import anndata
+    store = "%s/v1/datasets/small/zarr%s" % (url, "/csr" if csr else "")
+    local = os.path.join(work, "small_copy%s.zarr" % ("_csr" if csr else ""))
+    if not os.path.exists(os.path.join(local, ".zmetadata")):
+        copy_store(store, local)
+    t_http, t_local = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a = anndata.read_zarr(ConsolidatedHTTP(zarr.storage.FSStore(store)))
+        t_http.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        b = anndata.read_zarr(Consolidated(zarr.storage.DirectoryStore(local)))
+        t_local.append(time.perf_counter() - t0)
+    assert a.shape == b.shape and (a.X != b.X).nnz == 0
+    assert a.obs.equals(b.obs) and a.var.equals(b.var)
+    w = "read_zarr_%s_" % ("csr" if csr else "csc")
+    return {"read_zarr_shape": list(a.shape), "read_zarr_nnz": int(a.X.nnz),
+            w + "http_s": min(t_http), w + "local_s": min(t_local),
+            w + "ratio": min(t_http) / min(t_local)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--atlas", help="gene runs on this atlas (skipped without)")
+    ap.add_argument("--companion", help="a gene-major (IVCSC) copy of the atlas")
+    ap.add_argument("--read-cells", type=int, default=20000, help="0: no read_zarr run")
+    ap.add_argument("--genes", type=int, default=40)
+    ap.add_argument("--conns", type=int, default=6, help="parallel connections (a browser's 6)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--work", default=os.path.join(HERE, "data"))
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench_zarr", dir=args.work)
+    out = {"threads": args.threads}
+    datasets = []
+    if args.atlas:
+        d = {"id": "atlas", "path": os.path.abspath(args.atlas)}
+        if args.companion:
+            d["companion"] = os.path.abspath(args.companion)
+        datasets.append(d)
+    if args.read_cells:
+        small = os.path.join(args.work, "atlas_%d.h5ad" % args.read_cells)
+        if not os.path.exists(small):
+            subprocess.run([sys.executable, os.path.join(HERE, "gen_atlas.py"), "--cells",
+                            str(args.read_cells), "-o", small], check=True)
+        datasets.append({"id": "small", "path": small})
+    s = start(args.bin, tmp, datasets, args.threads)
+    try:
+        if args.atlas:
+            out["gene_major_wait_s"] = wait_gene_major(s.url, "atlas")
+            out.update(bench_genes(s.url, args.genes, args.conns))
+        if args.read_cells:
+            wait_gene_major(s.url, "small")
+            for csr in (True, False):
+                out.update(bench_read_zarr(s.url, tmp, args.reps, csr))
+    finally:
+        s.stop()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
