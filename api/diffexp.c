@@ -17,8 +17,10 @@
  * gene; the parts share a budget of 12 bytes per universe cell plus
  * SCRATCH_SLACK, taken and given back under a lock, so a gene stored in
  * every cell runs alone while sparse genes run side by side.  With the
- * labels (4 bytes a cell) that is 16 bytes per selected cell, plus the
- * results (64 bytes per group and gene) and the blocks being decoded.
+ * labels (1 byte a cell in the engine; 4 while they are built) that is
+ * 13 bytes per selected cell, plus the results (64 bytes per group and
+ * gene), the blocks being decoded and, for a file without a gene-major
+ * copy, one transposed chunk of genes (CHUNK_WORK_BYTES).
  */
 #include "diffexp.h"
 
@@ -667,6 +669,11 @@ int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, iv_err_t *err)
                          .reference = lb.reference, .n_cells = lb.n_cells, .label = lb.label,
                          .n_universe = lb.n_universe, .n_genes = n_var};
     if ((rc = iv_de_new(&spec, &de, err)) != 0) goto out;
+    if (lb.n_labels <= 127) {
+        /* The engine holds the labels as bytes: 4 bytes a cell less. */
+        free(lb.label);
+        lb.label = NULL;
+    }
     int log1p = q.log1p;
     /* Chunks: one unless the file must be transposed, then as many as
      * keep a chunk's transposed entries (about 12 bytes each) within

@@ -53,7 +53,9 @@ typedef struct iv_de_spec {
     int32_t n_tested;          /* labels 0 .. n_tested - 1 are tested */
     int32_t reference;         /* a label >= n_tested, or -1: the rest of the universe */
     const int64_t *n_cells;    /* n_labels: cells of each label (borrowed) */
-    const int32_t *label;      /* label of each universe position (borrowed) */
+    const int32_t *label;      /* label of each universe position: copied as bytes by
+                                * iv_de_new when n_labels <= 127 (then the caller may
+                                * free it), else borrowed for de's lifetime */
     int64_t n_universe;        /* positions 0 .. n_universe - 1 */
     int64_t n_genes;
 } iv_de_spec_t;
