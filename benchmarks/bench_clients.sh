@@ -10,7 +10,9 @@
 # each in a fresh process per run, the two alternating, best of --runs,
 # after one warm-up query in that process (the names, fetched once per
 # client, are then cached in both).
-# Prints both times, the values fetched, and the ratio R / Python.
+# Prints both wall times and the client processes' CPU (user + sys; on a
+# loaded machine the wall time mostly measures the load), the values
+# fetched, and the ratios R / Python.
 #
 #   benchmarks/bench_clients.sh [--cells 200000] [--select 37843] [--runs 3]
 #                               [--port 18090] [--build DIR]
@@ -96,9 +98,9 @@ base, ds_id, rows_file = sys.argv[2], sys.argv[3], sys.argv[4]
 rows = np.loadtxt(rows_file, dtype=np.int64)
 ds = ivserve.connect(base, timeout=600)[ds_id]
 ds[rows[:10], :].to_scipy(progress=False)
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 X = ds[rows, :].to_scipy(progress=False)
-print(time.perf_counter() - t, X.shape[0], X.shape[1], X.nnz)
+print(time.perf_counter() - t, X.shape[0], X.shape[1], X.nnz, time.process_time() - c)
 PY
 cat >"$tmp/r.R" <<'RS'
 a <- commandArgs(TRUE)
@@ -106,9 +108,10 @@ suppressPackageStartupMessages(library(ivserve))
 rows <- scan(a[3], quiet = TRUE) + 1
 cl <- ivs_connect(a[1], timeout = 600)
 invisible(ivs_query(cl, a[2], obs = rows[1:10]))
-t <- proc.time()[["elapsed"]]
+t <- proc.time()
 X <- ivs_query(cl, a[2], obs = rows)
-cat(proc.time()[["elapsed"]] - t, nrow(X), ncol(X), length(X@x), "\n")
+d <- proc.time() - t
+cat(d[["elapsed"]], nrow(X), ncol(X), length(X@x), d[["user.self"]] + d[["sys.self"]], "\n")
 RS
 : >"$tmp/py.txt"
 : >"$tmp/r.txt"
@@ -120,11 +123,15 @@ all_py=$(cut -d' ' -f1 "$tmp/py.txt" | tr '\n' ' ')
 all_r=$(cut -d' ' -f1 "$tmp/r.txt" | tr '\n' ' ')
 sort -n -o "$tmp/py.txt" "$tmp/py.txt"
 sort -n -o "$tmp/r.txt" "$tmp/r.txt"
-read -r py_s py_r py_c py_nnz < <(head -n 1 "$tmp/py.txt")
-read -r r_s r_r r_c r_nnz < <(head -n 1 "$tmp/r.txt")
+read -r py_s py_r py_c py_nnz _ < <(head -n 1 "$tmp/py.txt")
+read -r r_s r_r r_c r_nnz _ < <(head -n 1 "$tmp/r.txt")
+py_cpu=$(cut -d' ' -f5 "$tmp/py.txt" | sort -n | head -n 1)
+r_cpu=$(cut -d' ' -f5 "$tmp/r.txt" | sort -n | head -n 1)
 [ "$py_r $py_c $py_nnz" = "$r_r $r_c $r_nnz" ] ||
     { echo "bench_clients.sh: the clients got different results: $py_r x $py_c ($py_nnz) vs $r_r x $r_c ($r_nnz)" >&2; exit 1; }
 echo "atlas $cells cells, $select random cells x $py_c genes, $py_nnz values; best of $runs, $(nproc) cores"
-printf '  %-44s %8.2f s\n' "Python ds[cells, :].to_scipy()" "$py_s" "R ivs_query(client, id, obs = cells)" "$r_s"
-"$py" -c "print('  R / Python (best): %.2fx' % ($r_s / $py_s))"
+printf '  %-40s %8s %14s\n' "" "wall s" "client CPU s"
+printf '  %-40s %8.2f %14.2f\n' "Python ds[cells, :].to_scipy()" "$py_s" "$py_cpu" \
+    "R ivs_query(client, id, obs = cells)" "$r_s" "$r_cpu"
+"$py" -c "print('  R / Python (best): %.2fx wall, %.2fx client CPU (user + sys of the process)' % ($r_s / $py_s, $r_cpu / $py_cpu))"
 echo "  every run (s): Python $all_py; R $all_r; load average $(cut -d' ' -f1-3 /proc/loadavg)"
