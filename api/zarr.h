@@ -53,6 +53,9 @@ typedef struct iv_zarr_src {
     iv_meta_t *meta;
     const iv_marrays_t *arrays;
     int64_t x_chunk;          /* entries per X chunk; 0 = IV_ZARR_X_CHUNK */
+    /* The chunks decoded last (zarr_cache.h), shared by the requests of
+     * one dataset, or NULL (every request decodes). */
+    struct iv_zarr_cache *cache;
 } iv_zarr_src_t;
 
 /* What a key holds. */

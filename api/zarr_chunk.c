@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "query.h"
+#include "zarr_cache.h"
 #include "zarr_impl.h"
 
 /* Appends n zero bytes to out and returns where they start (NULL: oom). */
@@ -113,15 +114,24 @@ static int64_t lower_bound(const ptrs_t *p, int64_t n, int64_t v)
     return lo;
 }
 
+/* One chunk's decode: both parts, indices and values. */
+typedef struct xfill {
+    const iv_zarr_src_t *src;
+    iv_dataset_t *md;
+    int csr;
+    int64_t C, k;
+    iv_dtype_t idx_vt, val_vt;
+} xfill_t;
+
 /* Copies the entries of one decoded block that fall in [lo, hi) into the
- * chunk at dst (entry lo at dst[0]). */
-static int copy_block(const zarr_arr_t *a, const iv_block_t *blk, const ptrs_t *p, int64_t lo,
-                      int64_t hi, uint8_t *dst, iv_err_t *err)
+ * chunk's parts (entry lo at idx[0], val[0]). */
+static int copy_block(const xfill_t *f, const iv_block_t *blk, const ptrs_t *p, int64_t lo,
+                      int64_t hi, uint8_t *idx, uint8_t *val, iv_err_t *err)
 {
-    size_t isz = iv_dtype_size(a->vt);
-    if (a->src == ZS_X_DATA && blk->dtype != a->vt)
+    size_t isz = iv_dtype_size(f->idx_vt), vsz = iv_dtype_size(f->val_vt);
+    if (blk->dtype != f->val_vt)
         return iv_fail(err, IV_ECORRUPT, "X: decoded values are %s, not %s", iv_dtype_name(blk->dtype),
-                       iv_dtype_name(a->vt));
+                       iv_dtype_name(f->val_vt));
     for (int64_t r = 0; r < blk->n_rows; r++) {
         int64_t j = blk->ids[r];
         int64_t n = blk->indptr[r + 1] - blk->indptr[r];
@@ -132,34 +142,35 @@ static int copy_block(const zarr_arr_t *a, const iv_block_t *blk, const ptrs_t *
         int64_t s = start > lo ? start : lo, e = end < hi ? end : hi;
         if (e <= s) continue;
         int64_t t = blk->indptr[r] + s - start;
-        uint8_t *d = dst + (size_t)(s - lo) * isz;
         size_t n_copy = (size_t)(e - s);
-        if (a->src == ZS_X_DATA) {
-            memcpy(d, (const uint8_t *)blk->data + (size_t)t * isz, n_copy * isz);
-        } else if ((size_t)blk->index_size == isz) {
+        memcpy(val + (size_t)(s - lo) * vsz, (const uint8_t *)blk->data + (size_t)t * vsz, n_copy * vsz);
+        uint8_t *d = idx + (size_t)(s - lo) * isz;
+        if ((size_t)blk->index_size == isz) {
             memcpy(d, (const uint8_t *)blk->indices + (size_t)t * isz, n_copy * isz);
         } else {
             for (size_t i = 0; i < n_copy; i++) {
                 int64_t ix = blk->index_size == 4 ? ((const int32_t *)blk->indices)[t + (int64_t)i]
                                                   : ((const int64_t *)blk->indices)[t + (int64_t)i];
-                put_num(d + i * isz, a->vt, ix, 0, 0);
+                put_num(d + i * isz, f->idx_vt, ix, 0, 0);
             }
         }
     }
     return 0;
 }
 
-static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
-                     iv_buf_t *out, iv_err_t *err)
+/* Decodes chunk f->k of X into idx and val (zeroed past the end): the
+ * major slices holding its entries, through the query engine. */
+static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
 {
+    const xfill_t *f = ctx;
     /* The shape from the dataset's own info: both orientations share it. */
-    const iv_dataset_info_t *in = iv_dataset_info(src->ds);
-    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
-    int64_t n_major = a->csr ? in->n_rows : in->n_cols;
-    int64_t C = a->chunks[0];
-    int64_t lo = k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
-    uint8_t *dst = grow_zero(out, (size_t)C * iv_dtype_size(a->vt));
-    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    const iv_dataset_info_t *in = iv_dataset_info(f->src->ds);
+    ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
+    int64_t n_major = f->csr ? in->n_rows : in->n_cols;
+    int64_t C = f->C;
+    int64_t lo = f->k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
+    memset(idx, 0, (size_t)C * iv_dtype_size(f->idx_vt));
+    memset(val, 0, (size_t)C * iv_dtype_size(f->val_vt));
     /* The slices holding [lo, hi): the last one starting at or before lo,
      * up to the first one starting at or after hi. */
     if (entry_at(&p, 0) != 0 || entry_at(&p, n_major) != in->nnz)
@@ -175,22 +186,41 @@ static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t
     for (int64_t i = 0; i < n; i++) ids[i] = j0 + i;
     iv_sel_t all = {.all = 1}, major = {.n = n, .idx = ids};
     iv_query_opts_t o = {
-        .axis = a->csr ? IV_OUT_ROWS : IV_OUT_VARS,
-        .pick = a->csr ? IV_PICK_CELLS : IV_PICK_GENES,
+        .axis = f->csr ? IV_OUT_ROWS : IV_OUT_VARS,
+        .pick = f->csr ? IV_PICK_CELLS : IV_PICK_GENES,
     };
     iv_query_t *q = NULL;
-    int rc = iv_query_new(src->ds, a->csr ? &major : &all, a->csr ? &all : &major, &o, &q, err);
+    int rc = iv_query_new(f->src->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
     free(ids);
     if (rc == 0) rc = iv_query_prepare(q, NULL, err);
     for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
         rc = iv_query_decode_block(q, b, &blk, err);
-        if (rc == 0) rc = copy_block(a, &blk, &p, lo, hi, dst, err);
+        if (rc == 0) rc = copy_block(f, &blk, &p, lo, hi, idx, val, err);
         iv_block_free(&blk);
     }
     iv_query_free(q);
     return rc;
+}
+
+static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
+                     iv_buf_t *out, iv_err_t *err)
+{
+    const iv_dataset_info_t *in = iv_dataset_info(src->ds);
+    int64_t n_minor = a->csr ? in->n_cols : in->n_rows;
+    xfill_t f = {
+        .src = src, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k,
+        .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
+    };
+    size_t n_idx = (size_t)f.C * iv_dtype_size(f.idx_vt), n_val = (size_t)f.C * iv_dtype_size(f.val_vt);
+    int want_val = a->src == ZS_X_DATA;
+    if (iv_buf_reserve(out, want_val ? n_val : n_idx) != 0)
+        return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    IV_TRY(iv_zarr_cache_get(src->cache, a->csr, f.C, k, n_idx, n_val, want_val,
+                             (uint8_t *)out->data + out->len, x_fill, &f, err));
+    out->len += want_val ? n_val : n_idx;
+    return 0;
 }
 
 static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_buf_t *out,

@@ -19,6 +19,7 @@
 #include "fixtures.h"
 #include "transpose.h"
 #include "zarr.h"
+#include "zarr_cache.h"
 
 static iv_dataset_t *open_fixture(const char *name)
 {
@@ -105,6 +106,19 @@ START_TEST(both_orientations_same_matrix)
     double *a = read_x(&src, "csr/", 1, in->n_rows, in->n_cols);
     double *c = read_x(&src, "", 0, in->n_rows, in->n_cols);
     ck_assert(memcmp(a, c, (size_t)(in->n_rows * in->n_cols) * sizeof *a) == 0);
+    /* Through the cache of decoded chunks (zarr_cache.h), twice: misses,
+     * then hits, each part of a chunk from the other's decode. */
+    src.cache = iv_zarr_cache_new();
+    ck_assert_ptr_nonnull(src.cache);
+    for (int pass = 0; pass < 2; pass++) {
+        double *h = read_x(&src, pass ? "csr/" : "", pass, in->n_rows, in->n_cols);
+        ck_assert(memcmp(a, h, (size_t)(in->n_rows * in->n_cols) * sizeof *a) == 0);
+        free(h);
+        h = read_x(&src, pass ? "csr/" : "", pass, in->n_rows, in->n_cols);
+        ck_assert(memcmp(a, h, (size_t)(in->n_rows * in->n_cols) * sizeof *a) == 0);
+        free(h);
+    }
+    iv_zarr_cache_free(src.cache);
     free(a);
     free(c);
     iv_buf_free(&b);
