@@ -52,6 +52,7 @@
 #include "search.h"
 #include "select.h"
 #include "zarr.h"
+#include "zarr_cache.h"
 
 #define SEARCH_LIMIT_DEFAULT 20
 #define SEARCH_LIMIT_MAX 1000
@@ -87,6 +88,7 @@ struct iv_vds {
     sidx_t *idx;
     size_t n_idx, cap_idx;
     size_t search_bytes;
+    iv_zarr_cache_t *zcache;  /* X chunks decoded last (api/zarr_cache.h), or NULL */
 };
 
 static const char *col_get(const void *ctx, int64_t i)
@@ -144,6 +146,7 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
     if (!v) return NULL;
     pthread_mutex_init(&v->mu, NULL);
     v->meta = meta;
+    v->zcache = iv_zarr_cache_new();  /* NULL: every zarr chunk request decodes */
     struct stat st;
     if (stat(path, &st) == 0)
         snprintf(v->identity, sizeof v->identity, "%llx-%llx-%llx-%lld.%09ld",
@@ -184,6 +187,7 @@ void iv_vds_free(iv_vds_t *v)
 {
     if (!v) return;
     iv_marrays_free(v->arrays);
+    iv_zarr_cache_free(v->zcache);
     for (size_t i = 0; i < v->n_idx; i++) iv_search_free(v->idx[i].s);
     free(v->idx);
     pthread_mutex_destroy(&v->mu);
@@ -1123,7 +1127,8 @@ out:
 
 static int run_zarr(iv_vreq_t *r, iv_err_t *err)
 {
-    iv_zarr_src_t src = {.ds = r->ds, .meta = r->meta, .arrays = r->vx ? r->vx->arrays : NULL};
+    iv_zarr_src_t src = {.ds = r->ds, .meta = r->meta, .arrays = r->vx ? r->vx->arrays : NULL,
+                         .cache = r->vx ? r->vx->zcache : NULL};
     iv_zarr_kind_t kind;
     IV_TRY(iv_zarr_get(&src, r->name, &r->out, &kind, err));
     r->ctype = kind == IV_ZARR_CHUNK ? MEDIA_ZARR_CHUNK : MEDIA_ZARR_META;
