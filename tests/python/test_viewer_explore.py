@@ -435,3 +435,30 @@ def test_cells_list_csv(browser, srv, data, outdir):
     assert got["_index"].tolist() == obs.index[idx].tolist()
     assert got["cell_type"].tolist() == obs.cell_type.astype(str).to_numpy()[idx].tolist()
     np.testing.assert_array_equal(got["n_counts"].to_numpy(np.float64), obs.n_counts.to_numpy()[idx])
+
+
+def test_draw_order_sort_is_exact_for_negative_nan_and_ties(browser, srv):
+    """The radix sort behind the draw order (web/viewer/expression.js), run
+    in the page on values a counts matrix never has: negatives, -0, NaN,
+    subnormals, ties; against numpy's stable sort."""
+    tv.open_page(browser, srv.url + "/")
+    rng = np.random.default_rng(3)
+    v = np.concatenate([rng.normal(0, 3, 4000), np.zeros(500), [-0.0, np.nan, np.nan, 1e-42, -1e-42, 3e38, -3e38],
+                        np.round(rng.normal(0, 2, 2000))]).astype(np.float32)
+    rng.shuffle(v)
+    got = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('./viewer/expression.js').then(m => {"
+        "  const v = Float32Array.from(arguments[0], x => x === null ? NaN : x);"
+        "  const r = m.colourExpression(v, 99);"
+        "  done({order: Array.from(r.order), first: r.firstExpressing, lo: r.lo, hi: r.hi, max: r.max});"
+        "}).catch(e => done({error: String(e)}));", [None if np.isnan(x) else float(x) for x in v])
+    assert "error" not in got, got
+    v64 = v.astype(np.float64)
+    low = np.flatnonzero((v64 == 0) | np.isnan(v64))
+    e = np.flatnonzero((v64 != 0) & ~np.isnan(v64))
+    assert got["first"] == len(low)
+    assert got["order"] == np.concatenate([low, e[np.argsort(v64[e], kind="stable")]]).tolist()
+    assert got["lo"] == np.nanmin(v64) and got["max"] == np.nanmax(v64)
+    srt = np.sort(v64[e])
+    assert got["hi"] == srt[int(np.ceil(0.99 * len(srt))) - 1]

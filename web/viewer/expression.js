@@ -38,6 +38,9 @@ function radixSortByValue(idx, vals, tmp) {
   for (let shift = 0; shift < 33; shift += 11) {
     count.fill(0);
     for (let k = 0; k < m; k++) count[(ks[k] >>> shift) & 2047]++;
+    // A digit that every key shares (the low bits of small integer counts,
+    // say) moves nothing: the pass is skipped.
+    if (m && count[(ks[0] >>> shift) & 2047] === m) continue;
     let sum = 0;
     for (let d = 0; d < 2048; d++) { const c = count[d]; count[d] = sum; sum += c; }
     for (let k = 0; k < m; k++) {
@@ -48,7 +51,6 @@ function radixSortByValue(idx, vals, tmp) {
     [src, dst] = [dst, src];
     [ks, kd] = [kd, ks];
   }
-  // Three passes: the sorted cells are in tmp.
   if (src !== idx) idx.set(src);
 }
 
@@ -59,8 +61,9 @@ function radixSortByValue(idx, vals, tmp) {
 export function expressionOrder(vals) {
   const n = vals.length;
   const order = new Uint32Array(n);
-  let z = 0, e = 0;
-  for (let i = 0; i < n; i++) { const v = vals[i]; if (v === 0 || v !== v) z++; }
+  let z = 0, e = 0, zeros = 0;
+  for (let i = 0; i < n; i++) { const v = vals[i]; if (v === 0) zeros++; else if (v !== v) z++; }
+  z += zeros;
   e = z;
   let zk = 0;
   for (let i = 0; i < n; i++) {
@@ -69,7 +72,7 @@ export function expressionOrder(vals) {
   }
   const expressing = order.subarray(z);
   radixSortByValue(expressing, vals, new Uint32Array(expressing.length));
-  return { order, firstExpressing: z };
+  return { order, firstExpressing: z, zeros };
 }
 
 // The clip value: the nearest-rank pct-th percentile of the expressing
@@ -83,38 +86,45 @@ export function clipValue(vals, order, firstExpressing, pct) {
 }
 
 // Per-cell RGBA of a gene: ZERO for 0, MISSING for NaN, else the ramp over
-// [lo, hi] (hi the clip; values above it take the ramp's end).
-export function expressionColors(vals, lo, hi) {
+// [lo, hi] (hi the clip; values above it take the ramp's end).  Cells are
+// visited in draw order, so the ramp is computed once per distinct value
+// (counts have a few dozen) and each colour stays exact.
+export function expressionColors(vals, lo, hi, order, firstExpressing) {
   const n = vals.length, out = new Uint8Array(4 * n), span = hi - lo, last = RAMP.length - 1;
-  for (let i = 0; i < n; i++) {
-    const v = vals[i], k = 4 * i;
-    out[k + 3] = 255;
-    if (v === 0) { out[k] = ZERO[0]; out[k + 1] = ZERO[1]; out[k + 2] = ZERO[2]; continue; }
-    if (v !== v) { out[k] = MISSING[0]; out[k + 1] = MISSING[1]; out[k + 2] = MISSING[2]; continue; }
-    let t = span > 0 ? (v - lo) / span : 1;
-    if (t > 1) t = 1; else if (t < 0) t = 0;
-    let j = 1;
-    while (j < last && t > RAMP[j][0]) j++;
-    const a = RAMP[j - 1], b = RAMP[j], f = (t - a[0]) / (b[0] - a[0]);
-    out[k] = Math.floor(a[1] + (b[1] - a[1]) * f + 0.5);
-    out[k + 1] = Math.floor(a[2] + (b[2] - a[2]) * f + 0.5);
-    out[k + 2] = Math.floor(a[3] + (b[3] - a[3]) * f + 0.5);
+  const zero = (ZERO[0] | ZERO[1] << 8 | ZERO[2] << 16 | 255 << 24) >>> 0;
+  const missing = (MISSING[0] | MISSING[1] << 8 | MISSING[2] << 16 | 255 << 24) >>> 0;
+  const words = new Uint32Array(out.buffer);   // little-endian: R G B A from the low byte
+  for (let k = 0; k < firstExpressing; k++) { const i = order[k]; words[i] = vals[i] === 0 ? zero : missing; }
+  let prev = NaN, word = 0;
+  for (let k = firstExpressing; k < n; k++) {
+    const i = order[k], v = vals[i];
+    if (v !== prev) {
+      prev = v;
+      let t = span > 0 ? (v - lo) / span : 1;
+      if (t > 1) t = 1; else if (t < 0) t = 0;
+      let j = 1;
+      while (j < last && t > RAMP[j][0]) j++;
+      const a = RAMP[j - 1], b = RAMP[j], f = (t - a[0]) / (b[0] - a[0]);
+      word = (Math.floor(a[1] + (b[1] - a[1]) * f + 0.5) | Math.floor(a[2] + (b[2] - a[2]) * f + 0.5) << 8 |
+              Math.floor(a[3] + (b[3] - a[3]) * f + 0.5) << 16 | 255 << 24) >>> 0;
+    }
+    words[i] = word;
   }
   return out;
 }
 
 // Everything the scatter needs for one gene (or gene set) vector.
+// lo and the largest value come from the sort: the first and last
+// expressing cells, and 0 where some cell is 0.
 export function colourExpression(vals, clipPct) {
-  const { order, firstExpressing } = expressionOrder(vals);
+  const { order, firstExpressing, zeros } = expressionOrder(vals);
+  const n = vals.length;
   let lo = Infinity, max = -Infinity;
-  for (let i = 0; i < vals.length; i++) {
-    const v = vals[i];
-    if (v < lo) lo = v;
-    if (v > max) max = v;
-  }
+  if (firstExpressing < n) { lo = vals[order[firstExpressing]]; max = vals[order[n - 1]]; }
+  if (zeros) { lo = Math.min(lo, 0); max = Math.max(max, 0); }
   if (lo === Infinity) { lo = 0; max = 0; }
   const hi = clipPct >= 100 ? max : clipValue(vals, order, firstExpressing, clipPct);
-  return { rgba: expressionColors(vals, lo, hi), order, firstExpressing, lo, hi, max };
+  return { rgba: expressionColors(vals, lo, hi, order, firstExpressing), order, firstExpressing, lo, hi, max };
 }
 
 // The mean of several genes' vectors, cell by cell (a gene set score).
