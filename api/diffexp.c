@@ -582,44 +582,64 @@ static void put_num(iv_buf_t *b, double v)
     else iv_buf_puts(b, "null");
 }
 
-/* The genes of tested group g: sorted by score, the top_n of each end
- * or all, those under min_frac on both sides left out. */
-static int put_genes(iv_buf_t *b, const iv_de_t *de, int32_t g, int64_t n_genes, const int64_t *vidx,
-                     const iv_meta_col_t *names, const req_t *q)
+/* The genes of tested group g to send, in order: sorted by score, the
+ * top_n of each end or all, those under min_frac on both sides left out.
+ * *out (owned) holds positions in the var selection. */
+static int pick_genes(const iv_de_t *de, int32_t g, int64_t n_genes, const req_t *q, int64_t **out,
+                      int64_t *n_out)
 {
     srt_t *v = malloc((size_t)(n_genes ? n_genes : 1) * sizeof *v);
-    if (!v) return IV_ENOMEM;
-    int64_t n = 0;
+    int64_t *pick = malloc((size_t)(n_genes ? n_genes : 1) * sizeof *pick);
+    if (!v || !pick) {
+        free(v);
+        free(pick);
+        return IV_ENOMEM;
+    }
+    int64_t n = 0, m = 0;
     for (int64_t j = 0; j < n_genes; j++) {
         const iv_de_row_t *r = iv_de_row(de, g, j);
         if (q->min_frac > 0 && r->frac1 < q->min_frac && r->frac2 < q->min_frac) continue;
         v[n++] = (srt_t){r->score, j};
     }
     qsort(v, (size_t)n, sizeof *v, srt_cmp);
-    iv_buf_puts(b, "[");
-    int first = 1;
-    for (int64_t k = 0; k < n; k++) {
-        if (q->top_n > 0 && 2 * q->top_n < n && k >= q->top_n && k < n - q->top_n) continue;
-        int64_t j = v[k].j, gi = vidx ? vidx[j] : j;
-        const iv_de_row_t *r = iv_de_row(de, g, j);
-        iv_buf_printf(b, first ? "{\"index\":%" PRId64 ",\"name\":" : ",{\"index\":%" PRId64 ",\"name\":", gi);
-        first = 0;
-        if (names && gi < names->n && !(names->mask && names->mask[gi])) {
-            if (names->type == IV_COL_CATEGORICAL) {
-                int32_t c = names->codes[gi];
-                if (c >= 0 && c < names->n_cats) iv_buf_json_str(b, iv_meta_col_cat(names, c));
-                else iv_buf_puts(b, "null");
-            } else if (names->type == IV_COL_STRING) {
-                iv_buf_json_str(b, iv_meta_col_str(names, gi));
-            } else {
-                iv_buf_puts(b, "null");
+    for (int64_t k = 0; k < n; k++)
+        if (!(q->top_n > 0 && 2 * q->top_n < n && k >= q->top_n && k < n - q->top_n)) pick[m++] = v[k].j;
+    free(v);
+    *out = pick;
+    *n_out = m;
+    return 0;
+}
+
+static void put_name(iv_buf_t *b, const iv_meta_col_t *names, int64_t gi)
+{
+    if (names && gi < names->n && !(names->mask && names->mask[gi])) {
+        if (names->type == IV_COL_CATEGORICAL) {
+            int32_t c = names->codes[gi];
+            if (c >= 0 && c < names->n_cats) {
+                iv_buf_json_str(b, iv_meta_col_cat(names, c));
+                return;
             }
-        } else {
-            iv_buf_puts(b, "null");
+        } else if (names->type == IV_COL_STRING) {
+            iv_buf_json_str(b, iv_meta_col_str(names, gi));
+            return;
         }
+    }
+    iv_buf_puts(b, "null");
+}
+
+/* The picked genes as a JSON array of objects. */
+static void put_genes_json(iv_buf_t *b, const iv_de_t *de, int32_t g, const int64_t *pick, int64_t n,
+                           const int64_t *vidx, const iv_meta_col_t *names)
+{
+    static const char *const k8[8] = {"score", "logfoldchange", "pval", "pval_adj",
+                                      "mean1", "mean2", "frac1", "frac2"};
+    iv_buf_puts(b, "[");
+    for (int64_t k = 0; k < n && !b->oom; k++) {
+        int64_t j = pick[k], gi = vidx ? vidx[j] : j;
+        const iv_de_row_t *r = iv_de_row(de, g, j);
+        iv_buf_printf(b, k ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);
+        put_name(b, names, gi);
         const double f[8] = {r->score, r->lfc, r->pval, r->pval_adj, r->mean1, r->mean2, r->frac1, r->frac2};
-        static const char *const k8[8] = {"score", "logfoldchange", "pval", "pval_adj",
-                                          "mean1", "mean2", "frac1", "frac2"};
         for (int i = 0; i < 8; i++) {
             iv_buf_printf(b, ",\"%s\":", k8[i]);
             put_num(b, f[i]);
@@ -627,12 +647,26 @@ static int put_genes(iv_buf_t *b, const iv_de_t *de, int32_t g, int64_t n_genes,
         iv_buf_puts(b, "}");
     }
     iv_buf_puts(b, "]");
-    free(v);
-    return 0;
 }
 
-int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, iv_err_t *err)
+/* The picked genes as columns: int64 index[n], then float64 score,
+ * logfoldchange, pval, pval_adj, mean1, mean2, frac1, frac2 [n] each. */
+static void put_genes_binary(iv_buf_t *b, const iv_de_t *de, int32_t g, const int64_t *pick, int64_t n,
+                             const int64_t *vidx)
 {
+    for (int64_t k = 0; k < n; k++) iv_buf_i64le(b, vidx ? vidx[pick[k]] : pick[k]);
+    for (int c = 0; c < 8; c++)
+        for (int64_t k = 0; k < n; k++) {
+            const iv_de_row_t *r = iv_de_row(de, g, pick[k]);
+            const double f[8] = {r->score, r->lfc, r->pval, r->pval_adj, r->mean1, r->mean2, r->frac1, r->frac2};
+            iv_buf_append(b, &f[c], sizeof f[c]);
+        }
+}
+
+int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, const char **ctype, iv_err_t *err)
+{
+    int binary = in->accept && strstr(in->accept, IV_DIFFEXP_MEDIA) != NULL;
+    *ctype = "application/json";  /* errors and dry runs are JSON */
     cJSON *root = cJSON_ParseWithLength(in->body ? in->body : "", in->body_len);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -695,34 +729,64 @@ int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, iv_err_t *err)
     if (log1p < 0) log1p = 0;  /* no gene selected: nothing was decided */
     if (rc == 0) rc = iv_de_finish(de, err);
     if (rc != 0) goto out;
+    const iv_meta_col_t *names = in->meta ? iv_meta_index(in->meta, IV_AXIS_VAR) : NULL;
+    /* Binary: the same document with "n_genes" for each gene list, then
+     * the lists as columns (put_genes_binary), group after group. */
+    iv_buf_t *doc = out, bin;
+    iv_buf_t prelude;
+    iv_buf_init(&bin);
+    iv_buf_init(&prelude);
+    if (binary) doc = &prelude;
     if (q.col) {
-        iv_buf_printf(out, "{\"method\":\"%s\",\"log1p\":%s,\"group_by\":",
+        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"group_by\":",
                       q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false");
-        iv_buf_json_str(out, q.col->name);
-        iv_buf_puts(out, ",\"reference\":");
-        iv_buf_json_str(out, q.ref_cat >= 0 ? iv_meta_col_cat(q.col, q.ref_cat) : "rest");
-        iv_buf_puts(out, ",\"groups\":[");
+        iv_buf_json_str(doc, q.col->name);
+        iv_buf_puts(doc, ",\"reference\":");
+        iv_buf_json_str(doc, q.ref_cat >= 0 ? iv_meta_col_cat(q.col, q.ref_cat) : "rest");
+        iv_buf_puts(doc, ",\"groups\":[");
     } else {
-        iv_buf_printf(out, "{\"method\":\"%s\",\"log1p\":%s,\"n_group1\":%" PRId64 ",\"n_group2\":%" PRId64
-                      ",\"genes\":",
+        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"n_group1\":%" PRId64 ",\"n_group2\":%" PRId64 ",",
                       q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false",
                       lb.n_cells[0], lb.n_cells[1]);
     }
-    const iv_meta_col_t *names = in->meta ? iv_meta_index(in->meta, IV_AXIS_VAR) : NULL;
     for (int32_t g = 0; g < lb.n_tested && rc == 0; g++) {
         if (q.col) {
-            iv_buf_puts(out, g ? ",{\"key\":[" : "{\"key\":[");
-            iv_buf_json_str(out, iv_meta_col_cat(q.col, lb.cat_of[g]));
-            iv_buf_printf(out, "],\"n_cells\":%" PRId64 ",\"genes\":", lb.n_cells[g]);
+            iv_buf_puts(doc, g ? ",{\"key\":[" : "{\"key\":[");
+            iv_buf_json_str(doc, iv_meta_col_cat(q.col, lb.cat_of[g]));
+            iv_buf_printf(doc, "],\"n_cells\":%" PRId64 ",", lb.n_cells[g]);
         }
-        if (put_genes(out, de, g, n_var, vidx, names, &q) != 0) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        if (q.col) iv_buf_puts(out, "}");
-        if (in->json_bytes && out->len > in->json_bytes)
+        int64_t *pick = NULL, n_pick = 0;
+        if (pick_genes(de, g, n_var, &q, &pick, &n_pick) != 0) {
+            rc = iv_fail(err, IV_ENOMEM, "out of memory");
+            break;
+        }
+        if (binary) {
+            iv_buf_printf(doc, "\"n_genes\":%" PRId64, n_pick);
+            put_genes_binary(&bin, de, g, pick, n_pick, vidx);
+        } else {
+            iv_buf_puts(doc, "\"genes\":");
+            put_genes_json(doc, de, g, pick, n_pick, vidx, names);
+        }
+        free(pick);
+        if (q.col) iv_buf_puts(doc, "}");
+        if (!binary && in->json_bytes && out->len > in->json_bytes)
             rc = iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
-                         "fewer genes (top_n, var)", in->json_bytes);
+                         "fewer genes (top_n, var) or " IV_DIFFEXP_MEDIA, in->json_bytes);
     }
-    iv_buf_puts(out, q.col ? "]}" : "}");
-    if (rc == 0 && out->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the answer");
+    iv_buf_puts(doc, q.col ? "]}" : "}");
+    if (binary && rc == 0) {
+        iv_buf_append(out, "IVDE", 4);
+        iv_buf_u32le(out, 1);
+        iv_buf_i64le(out, (int64_t)prelude.len);
+        iv_buf_append(out, prelude.data, prelude.len);
+        static const char zeros[8] = {0};
+        if (out->len % 8) iv_buf_append(out, zeros, 8 - out->len % 8);
+        iv_buf_append(out, bin.data, bin.len);
+    }
+    if (rc == 0 && (out->oom || prelude.oom || bin.oom)) rc = iv_fail(err, IV_ENOMEM, "out of memory building the answer");
+    iv_buf_free(&prelude);
+    iv_buf_free(&bin);
+    if (rc == 0) *ctype = binary ? IV_DIFFEXP_MEDIA : "application/json";
 out:
     iv_de_free(de);
     labels_free(&lb);

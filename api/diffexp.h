@@ -35,15 +35,26 @@ typedef struct iv_api_diffexp_in {
     iv_meta_t *meta;          /* its obs and var */
     iv_pool_t *pool;          /* NULL: the caller computes alone */
     const atomic_int *cancel; /* NULL: never cancelled */
-    size_t json_bytes;        /* the most the answer may take (0: no bound) */
+    size_t json_bytes;        /* the most a JSON answer may take (0: no bound) */
+    const char *accept;       /* the Accept header, or NULL: IV_DIFFEXP_MEDIA asks for binary */
 } iv_api_diffexp_in_t;
 
+/* The binary answer: "IVDE", u32 version 1, i64 json_len, the JSON answer
+ * with "n_genes": N in place of each "genes" list (json_len bytes), zero
+ * padding to a multiple of 8, then per gene list in document order
+ * int64 index[N] and float64 score, logfoldchange, pval, pval_adj,
+ * mean1, mean2, frac1, frac2 [N] each; little-endian; an infinite score
+ * stays infinite. */
+#define IV_DIFFEXP_MEDIA "application/vnd.ivserve.diffexp"
+
+
 /*
- * Answers the request into out (application/json).  0, or an error whose
+ * Answers the request into out; *ctype (static) is application/json or
+ * IV_DIFFEXP_MEDIA.  0, or an error whose
  * iv_error_status is the HTTP status: 400 a malformed body or parameter,
  * 422 an unknown column, category or name, an empty group or groups that
  * overlap, 413 over json_bytes, 499 cancelled.
  */
-int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, iv_err_t *err);
+int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, const char **ctype, iv_err_t *err);
 
 #endif

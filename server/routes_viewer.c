@@ -1141,10 +1141,9 @@ static int run_diffexp(iv_vreq_t *r, iv_err_t *err)
 {
     if (!r->is_post) return iv_fail(err, IV_EMETHOD, "diffexp takes POST with a JSON body");
     iv_api_diffexp_in_t in = {.body = r->body, .body_len = r->body_len, .ds = r->ds, .meta = r->meta,
-                              .pool = r->pool, .cancel = r->cancel, .json_bytes = r->json_bytes};
-    IV_TRY(iv_api_diffexp(&in, &r->out, err));
-    r->ctype = "application/json";
-    return 0;
+                              .pool = r->pool, .cancel = r->cancel, .json_bytes = r->json_bytes,
+                              .accept = r->accept};
+    return iv_api_diffexp(&in, &r->out, &r->ctype, err);
 }
 
 /* ---- caching and compression ---------------------------------------------- */

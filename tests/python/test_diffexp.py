@@ -296,6 +296,52 @@ def test_each_type_vs_rest_and_vs_reference(env, ds, method):
         check_genes(g["genes"], reference(Y, m1, m2, method), method)
 
 
+def parse_binary(buf):
+    """The binary answer: the document and, per gene list, its columns."""
+    import struct
+    assert buf[:4] == b"IVDE"
+    version, jlen = struct.unpack_from("<Iq", buf, 4)
+    assert version == 1
+    doc = json.loads(buf[16:16 + jlen])
+    pos = 16 + jlen
+    pos += (-pos) % 8
+    lists = doc["groups"] if "groups" in doc else [doc]
+    for g in lists:
+        n = g["n_genes"]
+        idx = np.frombuffer(buf, "<i8", n, pos)
+        pos += 8 * n
+        cols = np.frombuffer(buf, "<f8", 8 * n, pos).reshape(8, n)
+        pos += 64 * n
+        g["genes"] = [dict(index=int(idx[k]), **{c: (float(cols[i][k]) if np.isfinite(cols[i][k]) else None)
+                                                 for i, c in enumerate(["score", "logfoldchange", "pval",
+                                                                        "pval_adj", "mean1", "mean2",
+                                                                        "frac1", "frac2"])})
+                      for k in range(n)]
+    assert pos == len(buf)
+    return doc
+
+
+@pytest.mark.parametrize("body", [
+    {"group1": {"where": "cell_type == 'NK'"}, "method": "wilcoxon", "top_n": 4},
+    {"group_by": "cell_type", "method": "t-test"},
+])
+def test_binary_equals_json(env, body):
+    s, data = env
+    u = s.url + "/v1/datasets/ivcsc_int32/diffexp"
+    j = requests.post(u, json=body).json()
+    r = requests.post(u, json=body, headers={"Accept": "application/vnd.ivserve.diffexp"})
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/vnd.ivserve.diffexp"
+    b = parse_binary(r.content)
+    for lj, lb in zip(j.get("groups", [j]), b.get("groups", [b])):
+        assert [g["index"] for g in lj["genes"]] == [g["index"] for g in lb["genes"]]
+        for gj, gb in zip(lj["genes"], lb["genes"]):
+            for k in ("score", "logfoldchange", "pval", "pval_adj", "mean1", "mean2", "frac1", "frac2"):
+                assert gj[k] == gb[k], (k, gj, gb)
+        assert len(lb["genes"]) == (8 if "top_n" in body else N_VAR)
+    skip = ("genes", "groups", "n_genes")
+    assert {k: v for k, v in j.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
+
+
 def test_dry_run(env):
     s, data = env
     X, obs, var = data["ivcsr_int32"]
