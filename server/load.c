@@ -157,9 +157,26 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
     server_t *s = j->srv;
     int to_ivcsc = iv_dataset_info(d->ds)->orient == IV_IVCSR, built = 0;
     char path[sizeof d->other_path];
+    /* The pack passes over the whole stream once per band of output
+     * slices that fits its memory: while it runs it borrows half of the
+     * chunk caches' part (evicted down to the rest), one build at a time,
+     * so that a first start takes a few passes instead of many. */
+    size_t lend = 0;
+    if (!atomic_exchange(&s->lending, 1)) {
+        lend = s->mem.cache / 2;
+        iv_membudget_set_bytes(s->mb, s->mem.cache - lend);
+        iv_autopack_set_memory(s->mem.builds + lend);
+        atomic_store(&s->lent, lend);
+    }
     int rc = iv_autopack_other(s->cfg, &s->log, d->conf->id, iv_rds_path(d), d->conf->group,
                                to_ivcsc, &d->other_pack, &s->stopping, path, sizeof path, &built,
                                &j->err);
+    if (lend) {
+        iv_autopack_set_memory(s->mem.builds);
+        iv_membudget_set_bytes(s->mb, s->mem.cache);
+        atomic_store(&s->lent, 0);
+        atomic_store(&s->lending, 0);
+    }
     if (rc != 0) return rc;
     /* Pinned by iv_autopack_other; unpinned with the entry. */
     snprintf(d->other_path, sizeof d->other_path, "%s", path);

@@ -327,11 +327,11 @@ static void route_metrics(conn_t *c)
     uint64_t answers_left = atomic_load(&s->answers_left.left);
 #define PART(n, b, u) g.mem_parts[g.n_mem_parts++] = (iv_metrics_mem_part_t){n, b, u}
     PART("total", s->mem.total, g.process_rss);
-    PART("cache", s->mem.cache, s->mb ? iv_membudget_used(s->mb) : 0);
+    PART("cache", s->mb ? iv_membudget_bytes(s->mb) : 0, s->mb ? iv_membudget_used(s->mb) : 0);
     PART("copies", s->mem.copies, s->mem.copies > copies_left ? s->mem.copies - copies_left : 0);
     PART("writes", s->mem.writes, queued);
     PART("answers", s->mem.answers, s->mem.answers > answers_left ? s->mem.answers - answers_left : 0);
-    PART("builds", s->mem.builds, 0);
+    PART("builds", s->mem.builds + atomic_load(&s->lent), 0);
 #undef PART
     iv_mem_process(&g.process_rss, &g.process_anon);
     g.process_lazyfree = iv_mem_process_lazyfree();

@@ -359,6 +359,8 @@ struct server {
         size_t total, cache, copies, writes, answers, builds;
     } mem;
     size_t write_budget;          /* limits.write_budget_bytes within mem.writes */
+    atomic_int lending;           /* a build borrows from the caches' part now (load.c) */
+    atomic_size_t lent;           /* how much */
     iv_budget_t answers_left;
     iv_alog_t log;
     iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Scale benchmark: both orientations on disk, restarts, one memory budget.
+
+Runs, on one atlas (made by gen_atlas.py when --atlas does not exist):
+  1. first start with an empty cache folder: time until cell queries are
+     served, and until the gene-major copy is written to the cache folder
+     and serving;
+  2. a restart with the cache folder kept: time until both orientations
+     serve;
+  3. one gene x all cells by gene: warm (chunks cached), and cold (a
+     fresh start, and the page cache dropped when run as root);
+  4. a mixed load from --clients threads: 10,000 random cells x 2,000
+     genes, and 1 cell x 50 genes (latency percentiles, requests/s);
+  5. peak RSS (VmHWM) of each server process, against --memory-bytes.
+Baseline in the same run: the first start's figures are the baseline of
+the restart's (ratio printed), and the in-memory copy
+(--other-orientation memory) is measured too unless --no-memory-baseline.
+
+  benchmarks/bench_scale.py --atlas ATLAS.h5ad [--cells N --jobs J]
+      [--bin build/ivserve] [--memory-bytes 8589934592] [--clients 64]
+      [--seconds 10] [--cache DIR]
+"""
+import argparse
+import atexit
+import concurrent.futures as cf
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def hwm(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+LIVE = []
+
+
+def stop_all():
+    for p in LIVE:
+        if p.poll() is None:
+            p.kill()
+
+
+class Srv:
+    def __init__(self, binp, atlas, cache, port, memory, extra=(), log="srv.log"):
+        self.t0 = time.time()
+        self.log = open(log, "w")
+        self.p = subprocess.Popen([binp, "--port", str(port), "--cache-dir", cache,
+                                   "--memory-bytes", str(memory), "--access-log", "off",
+                                   *extra, atlas], stdout=self.log, stderr=self.log)
+        LIVE.append(self.p)
+        self.url = "http://127.0.0.1:%d" % port
+        self.id = os.path.basename(atlas)[:-5]
+
+    def wait(self, timeout=3600):
+        ready = both = None
+        while time.time() - self.t0 < timeout:
+            if self.p.poll() is not None:
+                sys.exit("server exited: see its log")
+            try:
+                r = requests.get(self.url + "/v1/datasets/" + self.id, timeout=5)
+                if r.status_code == 200:
+                    d = r.json()
+                    ready = ready or time.time() - self.t0
+                    o = d["orientations"]["genes"]
+                    if o["state"] == "ready":
+                        both = time.time() - self.t0
+                        return ready, both, o.get("source")
+                    if o["state"] in ("failed", "skipped"):
+                        sys.exit("gene-major copy %s" % o["state"])
+            except requests.RequestException:
+                pass
+            time.sleep(0.02)
+        sys.exit("timed out")
+
+    def stop(self):
+        peak = hwm(self.p.pid)
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(60)
+        return peak
+
+
+def one_gene(url, ds, gene):
+    t = time.perf_counter()
+    r = requests.post(url + "/v1/datasets/%s/query" % ds, json={"var": {"index": [gene]}, "by": "var"},
+                      headers={"Accept": "application/vnd.ivserve.csr"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return (time.perf_counter() - t) * 1e3
+
+
+def drop_page_cache():
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def mixed(url, ds, n_cells, n_genes, clients, seconds):
+    rng = random.Random(7)
+    big = [sorted(rng.sample(range(n_cells), 10000)) for _ in range(8)]
+    genes2k = sorted(rng.sample(range(n_genes), 2000))
+    lat = {"10k x 2000": [], "1 x 50": []}
+    codes = {}
+    stop = time.time() + seconds
+    sess = [requests.Session() for _ in range(clients)]
+
+    def worker(k):
+        s = sess[k]
+        r2 = random.Random(k)
+        while time.time() < stop:
+            if k % 8 == 0:
+                body, kind = {"obs": {"index": big[r2.randrange(8)]}, "var": {"index": genes2k}}, "10k x 2000"
+            else:
+                body = {"obs": {"index": [r2.randrange(n_cells)]},
+                        "var": {"index": sorted(r2.sample(range(n_genes), 50))}}
+                kind = "1 x 50"
+            t = time.perf_counter()
+            r = s.post(url + "/v1/datasets/%s/query" % ds, json=body,
+                       headers={"Accept": "application/vnd.ivserve.csr"}, timeout=120)
+            _ = r.content
+            codes[r.status_code] = codes.get(r.status_code, 0) + 1
+            if r.status_code == 200:
+                lat[kind].append((time.perf_counter() - t) * 1e3)
+
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(worker, range(clients)))
+    return lat, codes
+
+
+def pct(v, p):
+    if not v:
+        return float("nan")
+    v = sorted(v)
+    return v[min(len(v) - 1, int(len(v) * p / 100))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--atlas", required=True)
+    ap.add_argument("--cells", type=int, default=1000000)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "ivserve"))
+    ap.add_argument("--memory-bytes", type=int, default=8 << 30)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--cache", default=None)
+    ap.add_argument("--port", type=int, default=18390)
+    ap.add_argument("--no-memory-baseline", action="store_true")
+    a = ap.parse_args()
+    atexit.register(stop_all)
+    if not os.path.exists(a.atlas):
+        subprocess.run([sys.executable, os.path.join(HERE, "gen_atlas.py"), "--cells", str(a.cells),
+                        "--jobs", str(a.jobs), "-o", a.atlas], check=True)
+    cache = a.cache or tempfile.mkdtemp(prefix="ivserve-scale-")
+    shutil.rmtree(cache, ignore_errors=True)
+    work = tempfile.mkdtemp(prefix="ivserve-scale-logs-")
+    rows = []
+
+    s = Srv(a.bin, a.atlas, cache, a.port, a.memory_bytes, log=os.path.join(work, "first.log"))
+    ready1, both1, src = s.wait()
+    doc = requests.get(s.url + "/v1/datasets/" + s.id).json()
+    n_cells, n_genes = doc["shape"]
+    stream = doc["orientations"]["cells"]["stream_bytes"]
+    g = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
+    warm = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
+    lat, codes = mixed(s.url, s.id, n_cells, n_genes, a.clients, a.seconds)
+    peak1 = s.stop()
+    rows.append(("first start: ready for cell queries", "%.2f s" % ready1))
+    rows.append(("first start: gene-major copy on disk and serving", "%.2f s after ready (%s)" % (both1 - ready1, src)))
+    rows.append(("1 gene x all cells by gene, warm (median of 5)", "%.2f ms" % statistics.median(warm)))
+    rows.append(("1 gene x all cells by gene, first read of each gene (median of 5)", "%.2f ms" % statistics.median(g)))
+
+    s = Srv(a.bin, a.atlas, cache, a.port, a.memory_bytes, log=os.path.join(work, "restart.log"))
+    ready2, both2, src2 = s.wait()
+    peak2 = s.stop()
+    rows.append(("restart, cache folder kept: both orientations serving", "%.2f s (first start %.2f s: %.2fx)" % (both2, both1, both2 / both1)))
+
+    dropped = drop_page_cache()
+    s = Srv(a.bin, a.atlas, cache, a.port, a.memory_bytes, log=os.path.join(work, "cold.log"))
+    s.wait()
+    if not dropped:
+        rows.append(("page cache", "not dropped (not root): the cold figure is a fresh chunk cache only"))
+    cold = [one_gene(s.url, s.id, 2000 + 37 * i) for i in range(5)]
+    peak3 = s.stop()
+    rows.append(("1 gene x all cells by gene, fresh start%s (median of 5)" % (", page cache dropped" if dropped else ""),
+                 "%.2f ms" % statistics.median(cold)))
+    for kind, v in lat.items():
+        rows.append(("%d clients, %s: p50 / p99, req/s" % (a.clients, kind),
+                     "%.1f / %.1f ms, %.0f req/s" % (pct(v, 50), pct(v, 99), len(v) / a.seconds)))
+    rows.append(("answers by status in the mixed load", ", ".join("%d: %d" % kv for kv in sorted(codes.items()))))
+    peak = max(peak1, peak2, peak3)
+    rows.append(("peak RSS (VmHWM), first / restart / cold", "%.2f / %.2f / %.2f GiB (budget %.2f GiB, stream %.2f GB): %.2fx the budget"
+                 % (peak1 / 2**30, peak2 / 2**30, peak3 / 2**30, a.memory_bytes / 2**30, stream / 1e9, peak / a.memory_bytes)))
+
+    if not a.no_memory_baseline:
+        cache_m = tempfile.mkdtemp(prefix="ivserve-scale-mem-")
+        # The copy in memory needs about the stream's size in the budget's
+        # 10% for copies: the baseline gets a budget that holds it.
+        big = max(a.memory_bytes, 12 * stream)
+        s = Srv(a.bin, a.atlas, cache_m, a.port, big, extra=("--other-orientation", "memory",
+                "--transpose-bytes", str(big)), log=os.path.join(work, "memory.log"))
+        r3, b3, src3 = s.wait()
+        warm_m = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
+        warm_m = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
+        peak_m = s.stop()
+        shutil.rmtree(cache_m, ignore_errors=True)
+        rows.append(("baseline, copy in memory (budget %.1f GiB): ready / copy / gene warm / VmHWM" % (big / 2**30),
+                     "%.2f s / %.2f s after / %.2f ms / %.2f GiB (disk: %.2fx the time, %.2fx the peak)"
+                     % (r3, b3 - r3, statistics.median(warm_m), peak_m / 2**30,
+                        statistics.median(warm) / statistics.median(warm_m), peak1 / peak_m)))
+
+    print("atlas %s: %d cells x %d genes, stream %.2f GB; memory_bytes %d; %d cores"
+          % (a.atlas, n_cells, n_genes, stream / 1e9, a.memory_bytes, os.cpu_count()))
+    w = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        print("%-*s  %s" % (w, k, v))
+    if not a.cache:
+        shutil.rmtree(cache, ignore_errors=True)
+    print("logs in", work)
+
+
+if __name__ == "__main__":
+    main()
