@@ -1,26 +1,31 @@
 /*
  * Differential expression (see diffexp.h).
  *
- * Design.  One gene at a time, all groups at once.  A gene's stored
- * entries are converted once into 64-bit keys that sort like the values
- * (the IEEE bits with the sign folded) next to each entry's label, in
- * the work's scratch: 12 bytes an entry, so a gene stored in every cell
- * of the universe needs 12 bytes a cell and nothing else does.  Both
- * tests read values back from the keys.
+ * Design.  One gene at a time, all groups at once.  Most genes of count
+ * data hold a few dozen distinct values: those are counted per label in a
+ * small hash table straight from the decoded block (HASH_DISTINCT
+ * values at most), and everything both tests need comes from the table:
+ * per label the stored and non-zero counts, the mean, then the squared
+ * deviations (two passes over the distinct values), and the rank sums
+ * from the distinct values in order.  A gene with more distinct values
+ * is converted into 64-bit keys that sort like the values (the IEEE bits
+ * with the sign folded) next to each entry's label, in the work's
+ * scratch: 12 bytes an entry, so a gene stored in every cell of the
+ * universe needs 12 bytes a cell and nothing else does; the moments
+ * take two passes over the entries and the rank-sum test sorts them (an
+ * in-place MSD radix sort, American flag, on the bytes that vary: no
+ * second buffer).
  *
- *  - The t-test needs per label the count of stored and of non-zero
- *    entries, the mean and the sum of squared deviations; the implicit
- *    zeros add (n - stored) * mean^2.  A "rest" is the other labels'
- *    moments merged (Chan et al.), so every group of a one-versus-rest
- *    request comes out of the same two passes over the gene.
- *  - The rank-sum test sorts the keys (an in-place MSD radix sort,
- *    American flag, on the bytes that vary: no second buffer) and walks
- *    the tie blocks.  The zeros (implicit, and stored zeros) are one tie
- *    block placed where 0 sorts among the stored values, added per label
- *    as counts.  Ranks are over the whole universe, which is what every
- *    group-versus-rest test needs, so one walk gives every group's rank
- *    sum; against a reference group each pair walks the sorted entries
- *    again, counting only the two labels.
+ *  - The t-test's implicit zeros add (n - stored) * mean^2 to the squared
+ *    deviations; a "rest" is the other labels' moments merged (Chan et
+ *    al.), so every group of a one-versus-rest request comes out of the
+ *    same pass over the gene.
+ *  - The rank-sum test walks tie blocks.  The zeros (implicit, and stored
+ *    zeros) are one tie block placed where 0 sorts among the stored
+ *    values, added per label as counts.  Ranks are over the whole
+ *    universe, which is what every group-versus-rest test needs, so one
+ *    walk gives every group's rank sum; against a reference group each
+ *    pair walks again, counting only the two labels.
  *
  * The special functions are written out here rather than taken from libm
  * where libm has no equivalent (the incomplete beta) or where its lgamma
@@ -36,10 +41,10 @@
 /* log1p of whole numbers below this comes from a table: counts are
  * mostly small, and log1p costs about 20 ns. */
 #define LP_TABLE 4096
-/* The rank-sum test counts a gene's distinct values in a hash table when
- * there are at most HASH_DISTINCT of them (counts have a few dozen) and
- * there are at most HASH_LABELS labels, instead of sorting its entries:
- * O(nnz) then, and the sort is the fallback. */
+/* A gene's distinct values are counted in a hash table when there are at
+ * most HASH_DISTINCT of them (counts have a few dozen) and at most
+ * HASH_LABELS labels: O(nnz) with no scratch; the entries are loaded
+ * (and sorted) otherwise. */
 #define HASH_SLOTS 1024
 #define HASH_DISTINCT 512
 #define HASH_LABELS 64
@@ -446,7 +451,7 @@ iv_de_work_t *iv_de_work_new(const iv_de_t *de)
         return NULL;
     }
     for (int k = 0; k < LP_TABLE; k++) w->lp[k] = log1p((double)k);
-    if (de->s.method == IV_DE_WILCOXON && de->s.n_labels <= HASH_LABELS) {
+    if (de->s.n_labels <= HASH_LABELS) {
         w->hk = calloc(HASH_SLOTS, sizeof *w->hk);
         w->hc = calloc((size_t)HASH_SLOTS * nl, sizeof *w->hc);
         w->hused = malloc(HASH_DISTINCT * sizeof *w->hused);
@@ -643,40 +648,6 @@ static double walk_pair(const iv_de_work_t *w, int64_t n, int32_t a, int32_t b, 
     return tie;
 }
 
-/* Counts the gene's n entries per distinct value and label; the number
- * of distinct values, or -1 past HASH_DISTINCT (or an unusable key). */
-static int32_t hash_count(iv_de_work_t *w, int64_t n)
-{
-    const int32_t nl = w->de->s.n_labels;
-    int32_t nd = 0;
-    int ok = 1;
-    for (int64_t k = 0; k < n && ok; k++) {
-        uint64_t key = w->key[k];
-        if (key == 0) {
-            ok = 0;
-            break;
-        }
-        uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 54);  /* 10 bits: HASH_SLOTS */
-        while (w->hk[h] != 0 && w->hk[h] != key) h = (h + 1) & (HASH_SLOTS - 1);
-        if (w->hk[h] == 0) {
-            if (nd == HASH_DISTINCT) {
-                ok = 0;
-                break;
-            }
-            w->hk[h] = key;
-            w->hused[nd++] = (int32_t)h;
-        }
-        w->hc[(size_t)h * (size_t)nl + (size_t)w->lab[k]]++;
-    }
-    w->hn = nd;
-    for (int32_t i = 0; i < nd; i++) {
-        w->dkey[i] = w->hk[w->hused[i]];
-        w->dslot[i] = w->hused[i];
-    }
-    if (ok) afsort(w->dkey, w->dslot, nd, 56);
-    return ok ? nd : -1;
-}
-
 /* Empties the table for the next gene (only the slots used). */
 static void hash_clear(iv_de_work_t *w)
 {
@@ -753,6 +724,100 @@ static double walk_pair_h(const iv_de_work_t *w, int32_t nd, int32_t a, int32_t 
     return tie;
 }
 
+/* Counts the gene's entries straight from the block into the table, per
+ * distinct value and label, and sorts the distinct values: the number of
+ * them, or -1 (the table emptied) past HASH_DISTINCT or on a key the
+ * table cannot hold. */
+#define HASH_LOOP(T)                                                                          \
+    do {                                                                                      \
+        const T *dv = data;                                                                   \
+        for (int64_t k = 0; k < nnz; k++) {                                                   \
+            int64_t pos = index_size == 4 ? ((const int32_t *)indices)[k]                     \
+                                          : ((const int64_t *)indices)[k];                    \
+            if (pos < 0 || pos >= s->n_universe) continue;                                    \
+            int32_t l = l8 ? l8[pos] : s->label[pos];                                         \
+            if (l < 0 || l >= s->n_labels) continue;                                          \
+            double v = (double)dv[k];                                                         \
+            if (s->log1p) v = log1p_fast(w, v);                                               \
+            if (v == 0) v = 0;                                                                \
+            uint64_t key = okey(v);                                                           \
+            if (key == 0) goto fail;                                                          \
+            uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 54);                     \
+            while (w->hk[h] != 0 && w->hk[h] != key) h = (h + 1) & (HASH_SLOTS - 1);          \
+            if (w->hk[h] == 0) {                                                              \
+                if (nd == HASH_DISTINCT) goto fail;                                           \
+                w->hk[h] = key;                                                               \
+                w->hused[nd++] = (int32_t)h;                                                  \
+                w->hn = nd;                                                                   \
+            }                                                                                 \
+            w->hc[(size_t)h * nl + (size_t)l]++;                                              \
+        }                                                                                     \
+    } while (0)
+
+static int32_t hash_direct(iv_de_work_t *w, int64_t nnz, const void *indices, int index_size, const void *data,
+                           iv_dtype_t dtype)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    const int8_t *l8 = w->de->label8;
+    const size_t nl = (size_t)s->n_labels;
+    int32_t nd = 0;
+    w->hn = 0;
+    switch (dtype) {
+    case IV_DT_INT8: HASH_LOOP(int8_t); break;
+    case IV_DT_INT16: HASH_LOOP(int16_t); break;
+    case IV_DT_INT32: HASH_LOOP(int32_t); break;
+    case IV_DT_INT64: HASH_LOOP(int64_t); break;
+    case IV_DT_UINT8: HASH_LOOP(uint8_t); break;
+    case IV_DT_UINT16: HASH_LOOP(uint16_t); break;
+    case IV_DT_UINT32: HASH_LOOP(uint32_t); break;
+    case IV_DT_UINT64: HASH_LOOP(uint64_t); break;
+    case IV_DT_FLOAT32: HASH_LOOP(float); break;
+    case IV_DT_FLOAT64: HASH_LOOP(double); break;
+    default: goto fail;
+    }
+    for (int32_t i = 0; i < nd; i++) {
+        w->dkey[i] = w->hk[w->hused[i]];
+        w->dslot[i] = w->hused[i];
+    }
+    afsort(w->dkey, w->dslot, nd, 56);
+    return nd;
+fail:
+    hash_clear(w);
+    return -1;
+}
+
+/* Per label: stored and non-zero counts, sums, least and greatest value,
+ * mean and squared deviations of the stored entries, from the table. */
+static void moments_from_table(iv_de_work_t *w, int32_t nd)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    const size_t nl = (size_t)s->n_labels;
+    for (int32_t i = 0; i < nd; i++) {  /* ascending values */
+        double v = kval(w->dkey[i]);
+        const int64_t *c = w->hc + (size_t)w->dslot[i] * nl;
+        for (size_t l = 0; l < nl; l++) {
+            if (!c[l]) continue;
+            if (w->st[l] == 0) w->mn[l] = v;
+            w->mx[l] = v;
+            w->st[l] += c[l];
+            if (v != 0) {
+                w->nz[l] += c[l];
+                w->s1[l] += (double)c[l] * v;
+            }
+        }
+    }
+    for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
+    for (int32_t i = 0; i < nd; i++) {
+        double v = kval(w->dkey[i]);
+        const int64_t *c = w->hc + (size_t)w->dslot[i] * nl;
+        for (size_t l = 0; l < nl; l++)
+            if (c[l]) {
+                double d = v - w->mean[l];
+                w->m2[l] += (double)c[l] * d * d;
+            }
+    }
+}
+
 static void welch(iv_de_row_t *o, double n1, double m1, double q1, double n2, double m2, double q2)
 {
     double v1 = q1 / (n1 - 1), v2 = q2 / (n2 - 1);
@@ -789,17 +854,28 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
 {
     const iv_de_spec_t *s = &de->s;
     if (j < 0 || j >= s->n_genes) return IV_EINVALID_ARG;
-    if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
     size_t nl = (size_t)s->n_labels;
     memset(w->st, 0, nl * sizeof *w->st);
     memset(w->nz, 0, nl * sizeof *w->nz);
     memset(w->s1, 0, nl * sizeof *w->s1);
     memset(w->m2, 0, nl * sizeof *w->m2);
     memset(w->rs, 0, nl * sizeof *w->rs);
-    int64_t n = load(w, nnz, indices, index_size, data, dtype);
-    for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
+    /* Few distinct values (counts): everything from the table, straight
+     * from the block.  Otherwise the entries are loaded, and sorted for
+     * the rank-sum test. */
+    int32_t nd = w->hk ? hash_direct(w, nnz, indices, index_size, data, dtype) : -1;
+    int64_t n = 0;
+    if (nd >= 0) {
+        moments_from_table(w, nd);
+    } else {
+        if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
+        n = load(w, nnz, indices, index_size, data, dtype);
+        for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
+    }
     /* Second pass: squared deviations, the implicit zeros as a count. */
-    if (nl <= 16) {
+    if (nd >= 0) {
+        /* done from the table */
+    } else if (nl <= 16) {
         /* Four interleaved accumulators: one running sum per label would
          * chain every entry of that label through a store and a load. */
         double acc[4][16];
@@ -837,12 +913,7 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
         }
     }
     double tie_all = 0;
-    int32_t nd = -1;  /* distinct values counted in the table, or -1: sorted */
     if (s->method == IV_DE_WILCOXON) {
-        if (w->hk) {
-            nd = hash_count(w, n);
-            if (nd < 0) hash_clear(w);
-        }
         if (nd < 0) afsort(w->key, w->lab, n, 56);
         if (s->reference < 0) tie_all = nd >= 0 ? walk_all_h(w, nd) : walk_all(w, n);
     }

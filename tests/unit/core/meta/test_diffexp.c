@@ -1,9 +1,10 @@
 /* Differential expression: the special functions against closed forms and
  * published values; Benjamini-Hochberg on a hand-worked list; both tests
- * on a six-cell gene worked by hand; and the rank sums of genes with many
- * distinct values (the sorting path) and few (the counting path), with
- * negative values, stored zeros and ties, against ranks counted here by
- * brute force, one-versus-rest and against a reference. */
+ * on a six-cell gene worked by hand; and genes with many distinct values
+ * (the sorting path) and few (the counting table), with negative values,
+ * stored zeros and ties: rank sums against ranks counted here by brute
+ * force, Welch's t against moments computed here, one-versus-rest and
+ * against a reference. */
 #include <check.h>
 
 #include "check_main.h"
@@ -196,6 +197,32 @@ static void ranks_case(int many, int reference)
         near(iv_de_row(de, g, 0)->score, z, 1e-12);
         near(iv_de_row(de, g, 1)->score, z, 0);
         near(iv_de_row(de, g, 0)->pval, iv_de_norm_p2(z), 1e-12);
+    }
+    iv_de_work_free(w);
+    iv_de_free(de);
+    /* Welch's t on the same gene, from two-pass moments computed here. */
+    s.method = IV_DE_TTEST;
+    ck_assert_int_eq(iv_de_new(&s, &de, &err), 0);
+    w = iv_de_work_new(de);
+    ck_assert_int_eq(iv_de_gene(de, w, 0, nnz, pos, 4, val, IV_DT_FLOAT64), 0);
+    for (int g = 0; g < s.n_tested; g++) {
+        double n1 = 0, n2 = 0, s1 = 0, s2 = 0, q1 = 0, q2 = 0;
+        for (int i = 0; i < NC; i++) {
+            if (lab[i] == g) n1++, s1 += x[i];
+            else if (ref < 0 || lab[i] == ref) n2++, s2 += x[i];
+        }
+        double m1 = s1 / n1, m2 = s2 / n2;
+        for (int i = 0; i < NC; i++) {
+            if (lab[i] == g) q1 += (x[i] - m1) * (x[i] - m1);
+            else if (ref < 0 || lab[i] == ref) q2 += (x[i] - m2) * (x[i] - m2);
+        }
+        double vn1 = q1 / (n1 - 1) / n1, vn2 = q2 / (n2 - 1) / n2;
+        double t = (m1 - m2) / sqrt(vn1 + vn2);
+        double df = (vn1 + vn2) * (vn1 + vn2) / (vn1 * vn1 / (n1 - 1) + vn2 * vn2 / (n2 - 1));
+        near(iv_de_row(de, g, 0)->score, t, 1e-11);
+        near(iv_de_row(de, g, 0)->pval, iv_de_t_p2(t, df), 1e-11);
+        near(iv_de_row(de, g, 0)->mean1, m1, 1e-13);
+        near(iv_de_row(de, g, 0)->mean2, m2, 1e-13);
     }
     iv_de_work_free(w);
     iv_de_free(de);
