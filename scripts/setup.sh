@@ -25,7 +25,7 @@ PKGS=(
   python3-h5py python3-zstandard python3-pytest
   r-base-core r-cran-httr2 r-cran-matrix r-cran-jsonlite r-cran-testthat
   r-bioc-singlecellexperiment r-cran-seurat
-  python3-zarr python3-fsspec python3-numcodecs
+  python3-zarr python3-fsspec python3-numcodecs python3-aiohttp
   wrk nginx-light
   systemd strace openssl python3-yaml
   podman runc debootstrap

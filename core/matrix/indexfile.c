@@ -135,6 +135,15 @@ int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t
         return iv_fail(err, IV_ENOMEM, "%s: out of memory for the kept index", path);
     }
     memcpy(off, buf + sizeof h, (size_t)h.n_ckpt * 8);
+    /* Checkpoints start at 0, never go back and stay inside the stream:
+     * a reader seeks to them without further checks. */
+    for (uint64_t k = 0; k < h.n_ckpt; k++)
+        if ((k == 0 && off[k] != 0) || (k > 0 && off[k] < off[k - 1]) || off[k] > h.length) {
+            free(off);
+            free(buf);
+            *why = "damaged";
+            return 0;
+        }
     const uint64_t *sums = (const uint64_t *)(void *)(buf + sizeof h + (size_t)h.n_ckpt * 8);
     iv_err_t serr;
     iv_err_clear(&serr);

@@ -151,6 +151,30 @@ START_TEST(damaged_kept_index_is_not_taken)
     b = open_kept(0);
     ck_assert_int_eq(iv_dataset_info(b)->index_kept, 1);
     iv_dataset_close(b);
+    /* A checkpoint past the stream's end under a checksum that holds (a
+     * file written to lie): checked, not taken. */
+    {
+        int fd2 = open(at, O_RDWR);
+        ck_assert_int_ge(fd2, 0);
+        struct stat st2;
+        ck_assert_int_eq(fstat(fd2, &st2), 0);
+        size_t n = (size_t)st2.st_size;
+        uint8_t *all = malloc(n);
+        ck_assert_int_eq(pread(fd2, all, n, 0), (ssize_t)n);
+        size_t head = n - 8 - 8 * (size_t)(a->ri.n_ckpt + iv_stream_n_chunks(a->stream));
+        uint64_t past = iv_stream_length(a->stream) + 1;
+        memcpy(all + head + 8 * (a->ri.n_ckpt - 1), &past, 8);
+        uint64_t sum = iv_file_sum(all, n - 8);
+        memcpy(all + n - 8, &sum, 8);
+        ck_assert_int_eq(pwrite(fd2, all, n, 0), (ssize_t)n);
+        close(fd2);
+        free(all);
+        b = open_kept(0);
+        ck_assert_int_eq(iv_dataset_info(b)->index_kept, 0);
+        same_index(a, b);
+        iv_dataset_close(b);
+        ck_assert_int_eq(stat(at, &st), 0);
+    }
     /* Truncated. */
     ck_assert_int_eq(truncate(at, st.st_size - 8), 0);
     b = open_kept(0);
