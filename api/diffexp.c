@@ -13,8 +13,9 @@
  * turn; a gene's result does not depend on which thread computed it, so
  * the answer is the same on any number of threads.
  *
- * Memory.  The engine's sort scratch is 12 bytes per stored entry of a
- * gene; the parts share a budget of 12 bytes per universe cell plus
+ * Memory.  Most genes need no scratch (their distinct values are
+ * counted in a table); a gene with many needs 12 bytes per stored entry
+ * for the engine's sort; the parts share a budget of 12 bytes per universe cell plus
  * SCRATCH_SLACK, taken and given back under a lock, so a gene stored in
  * every cell runs alone while sparse genes run side by side.  With the
  * labels (1 byte a cell in the engine; 4 while they are built) that is
@@ -451,6 +452,7 @@ static void pass_part(void *arg, size_t part)
         pass_fail(ps, IV_ENOMEM, &e);
         return;
     }
+    iv_de_work_set_gated(w, 1);
     for (;;) {
         int64_t b = atomic_fetch_add(&ps->next, 1);
         if (b >= ps->n_blocks || atomic_load(&ps->failed)) break;
@@ -463,15 +465,18 @@ static void pass_part(void *arg, size_t part)
         memset(&blk, 0, sizeof blk);
         int rc = iv_query_decode_block(ps->q, b, &blk, &e);
         for (int64_t r = 0; rc == 0 && r < blk.n_rows; r++) {
-            int64_t lo = blk.indptr[r], nnz = blk.indptr[r + 1] - lo;
-            if ((size_t)nnz > (size_t)0 && iv_de_scratch_bytes(ps->de, nnz) > iv_de_work_held(w) &&
-                gate_grow(ps, w, nnz) != 0)
-                rc = iv_fail(&e, IV_ENOMEM, "out of memory for a gene of %" PRId64 " entries", nnz);
+            int64_t lo = blk.indptr[r], nnz = blk.indptr[r + 1] - lo, j = ps->gene0 + blk.row0 + r;
             const char *ind = (const char *)blk.indices + (size_t)lo * (size_t)blk.index_size;
             const char *dat = (const char *)blk.data + (size_t)lo * iv_dtype_size(blk.dtype);
-            if (rc == 0 &&
-                iv_de_gene(ps->de, w, ps->gene0 + blk.row0 + r, nnz, ind, blk.index_size, dat, blk.dtype) != 0)
-                rc = iv_fail(&e, IV_ENOMEM, "out of memory");
+            int g = iv_de_gene(ps->de, w, j, nnz, ind, blk.index_size, dat, blk.dtype);
+            if (g == IV_DE_NEED_SCRATCH) {
+                /* Many distinct values: the scratch, within the budget. */
+                if (gate_grow(ps, w, nnz) != 0)
+                    rc = iv_fail(&e, IV_ENOMEM, "out of memory for a gene of %" PRId64 " entries", nnz);
+                else
+                    g = iv_de_gene(ps->de, w, j, nnz, ind, blk.index_size, dat, blk.dtype);
+            }
+            if (rc == 0 && g != 0) rc = iv_fail(&e, IV_ENOMEM, "out of memory");
         }
         iv_block_free(&blk);
         if (rc != 0) {

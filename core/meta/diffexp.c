@@ -72,6 +72,7 @@ struct iv_de_work {
     uint64_t *dkey;            /* and, sorted, the distinct keys */
     int32_t *dslot;
     int32_t hn;                /* slots in use */
+    int gated;                 /* never allocate scratch in iv_de_gene */
 };
 
 /* ---- special functions ---------------------------------------------- */
@@ -463,6 +464,11 @@ iv_de_work_t *iv_de_work_new(const iv_de_t *de)
         }
     }
     return w;
+}
+
+void iv_de_work_set_gated(iv_de_work_t *w, int gated)
+{
+    w->gated = gated != 0;
 }
 
 void iv_de_work_drop(iv_de_work_t *w)
@@ -868,6 +874,7 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
     if (nd >= 0) {
         moments_from_table(w, nd);
     } else {
+        if (w->gated && nnz > w->cap) return IV_DE_NEED_SCRATCH;
         if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
         n = load(w, nnz, indices, index_size, data, dtype);
         for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;

@@ -89,13 +89,20 @@ size_t iv_de_scratch_bytes(const iv_de_t *de, int64_t nnz);
 size_t iv_de_work_held(const iv_de_work_t *w);
 /* Grows the scratch to n entries now (0 or IV_ENOMEM). */
 int iv_de_work_reserve(iv_de_work_t *w, int64_t n);
+/* With gated set, iv_de_gene never allocates scratch: a gene that needs
+ * more than the work holds returns IV_DE_NEED_SCRATCH (nothing written),
+ * for the caller to reserve nnz entries within its budget and call again.
+ * Most genes need none (see diffexp.c). */
+void iv_de_work_set_gated(iv_de_work_t *w, int gated);
+#define IV_DE_NEED_SCRATCH 1
 void iv_de_work_drop(iv_de_work_t *w);
 
 /*
  * Computes gene j (0 <= j < n_genes) from its nnz stored entries:
  * indices are universe positions (int32 when index_size is 4, else
  * int64; each at most once), data has dtype.  IV_ENOMEM when the sort
- * scratch cannot grow (the gene's results are then left unset).
+ * scratch cannot grow, IV_DE_NEED_SCRATCH (gated work) when it would have
+ * to (the gene's results are then left unset).
  */
 int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void *indices,
                int index_size, const void *data, iv_dtype_t dtype);
