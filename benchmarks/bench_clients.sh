@@ -6,7 +6,8 @@
 # of the atlas, sorted, every gene) fetched
 #   - by Python: ds[cells, :].to_scipy() (clients/python), a csr_matrix;
 #   - by R: ivs_query(client, id, obs = cells) (clients/R), a dgCMatrix
-#     with the obs and var names as dimnames;
+#     with the obs and var names as dimnames, and the same with
+#     genes_by_cells = TRUE (its transpose, the stream's own layout);
 # each in a fresh process per run, the two alternating, best of --runs,
 # after one warm-up query in that process (the names, fetched once per
 # client, are then cached in both).
@@ -109,29 +110,38 @@ rows <- scan(a[3], quiet = TRUE) + 1
 cl <- ivs_connect(a[1], timeout = 600)
 invisible(ivs_query(cl, a[2], obs = rows[1:10]))
 t <- proc.time()
-X <- ivs_query(cl, a[2], obs = rows)
+X <- ivs_query(cl, a[2], obs = rows, genes_by_cells = a[4] == "t")
 d <- proc.time() - t
+if (a[4] == "t") X <- Matrix::t(X)  # shape for the check only, after the timing
 cat(d[["elapsed"]], nrow(X), ncol(X), length(X@x), d[["user.self"]] + d[["sys.self"]], "\n")
 RS
 : >"$tmp/py.txt"
 : >"$tmp/r.txt"
+: >"$tmp/rt.txt"
 for _ in $(seq "$runs"); do
     "$py" "$tmp/py.py" "$root/clients/python" "$base" "$id" "$tmp/rows.txt" >>"$tmp/py.txt"
-    R_LIBS="$tmp/rlib" Rscript "$tmp/r.R" "$base" "$id" "$tmp/rows.txt" >>"$tmp/r.txt"
+    R_LIBS="$tmp/rlib" Rscript "$tmp/r.R" "$base" "$id" "$tmp/rows.txt" c >>"$tmp/r.txt"
+    R_LIBS="$tmp/rlib" Rscript "$tmp/r.R" "$base" "$id" "$tmp/rows.txt" t >>"$tmp/rt.txt"
 done
 all_py=$(cut -d' ' -f1 "$tmp/py.txt" | tr '\n' ' ')
 all_r=$(cut -d' ' -f1 "$tmp/r.txt" | tr '\n' ' ')
 sort -n -o "$tmp/py.txt" "$tmp/py.txt"
 sort -n -o "$tmp/r.txt" "$tmp/r.txt"
+sort -n -o "$tmp/rt.txt" "$tmp/rt.txt"
 read -r py_s py_r py_c py_nnz _ < <(head -n 1 "$tmp/py.txt")
 read -r r_s r_r r_c r_nnz _ < <(head -n 1 "$tmp/r.txt")
 py_cpu=$(cut -d' ' -f5 "$tmp/py.txt" | sort -n | head -n 1)
 r_cpu=$(cut -d' ' -f5 "$tmp/r.txt" | sort -n | head -n 1)
+read -r rt_s rt_r rt_c rt_nnz _ < <(head -n 1 "$tmp/rt.txt")
+rt_cpu=$(cut -d' ' -f5 "$tmp/rt.txt" | sort -n | head -n 1)
 [ "$py_r $py_c $py_nnz" = "$r_r $r_c $r_nnz" ] ||
     { echo "bench_clients.sh: the clients got different results: $py_r x $py_c ($py_nnz) vs $r_r x $r_c ($r_nnz)" >&2; exit 1; }
+[ "$rt_r $rt_c $rt_nnz" = "$r_r $r_c $r_nnz" ] ||
+    { echo "bench_clients.sh: genes_by_cells = TRUE got another result" >&2; exit 1; }
 echo "atlas $cells cells, $select random cells x $py_c genes, $py_nnz values; best of $runs, $(nproc) cores"
 printf '  %-40s %8s %14s\n' "" "wall s" "client CPU s"
 printf '  %-40s %8.2f %14.2f\n' "Python ds[cells, :].to_scipy()" "$py_s" "$py_cpu" \
-    "R ivs_query(client, id, obs = cells)" "$r_s" "$r_cpu"
-"$py" -c "print('  R / Python (best): %.2fx wall, %.2fx client CPU (user + sys of the process)' % ($r_s / $py_s, $r_cpu / $py_cpu))"
+    "R ivs_query(client, id, obs = cells)" "$r_s" "$r_cpu" \
+    "R ... genes_by_cells = TRUE" "$rt_s" "$rt_cpu"
+"$py" -c "print('  R / Python (best): %.2fx wall, %.2fx client CPU (user + sys of the process); genes_by_cells: %.2fx wall, %.2fx CPU' % ($r_s / $py_s, $r_cpu / $py_cpu, $rt_s / $py_s, $rt_cpu / $py_cpu))"
 echo "  every run (s): Python $all_py; R $all_r; load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -235,10 +235,14 @@ ivs_fetch <- function(client, dataset, obs, var, where, var_where, matrix, progr
 #'   genes (names, masks, positions, var_where) are raw/var's.
 #' @param progress show a progress bar (cli) while the result arrives; only in an interactive
 #'   session.
-#' @return a dgCMatrix, cells x genes, rows in the selection's order, dimnames the obs and var names.
+#' @param genes_by_cells TRUE: the transpose, genes x cells (as SingleCellExperiment and Seurat
+#'   store counts), which is the stream's own layout and so about three times cheaper to
+#'   decode than cells x genes.
+#' @return a dgCMatrix, cells x genes (genes x cells with genes_by_cells), cells in the
+#'   selection's order, dimnames the obs and var names.
 ivs_query <- function(client, dataset, obs = NULL, var = NULL, where = NULL, var_where = NULL,
-                      matrix = NULL, progress = interactive()) {
-  ivs_fetch(client, dataset, obs, var, where, var_where, matrix, progress)$X
+                      matrix = NULL, progress = interactive(), genes_by_cells = FALSE) {
+  ivs_fetch(client, dataset, obs, var, where, var_where, matrix, progress, genes_by_cells)$X
 }
 
 #' The server's count of a selection (no values fetched).

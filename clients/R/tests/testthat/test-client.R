@@ -85,6 +85,7 @@ for (id in datasets) {
       expect_identical(as.matrix(want), want_dense)
       X <- ivs_query(client, id, obs = o, var = v)
       same_matrix(X, want)
+      same_matrix(ivs_query(client, id, obs = o, var = v, genes_by_cells = TRUE), Matrix::t(want))
       cnt <- ivs_count(client, id, obs = o, var = v)
       expect_equal(c(cnt$n_cells, cnt$n_genes), dim(want))
       expect_equal(cnt$nnz, length(want@x))
