@@ -1398,6 +1398,19 @@ window.__ivTest = {
     const c = $('violin'), dpr = window.devicePixelRatio || 1;
     return Array.from(c.getContext('2d').getImageData(Math.floor(px * dpr), Math.floor(py * dpr), 1, 1).data);
   },
+  // Mean milliseconds of k full redraws (every drawn cell, waited for);
+  // fileOrder draws every cell in file order instead, to measure what the
+  // draw order costs.
+  fullDrawTime: (k = 3, fileOrder = false) => {
+    const keep = scatter.order;
+    if (fileOrder) scatter.order = null;
+    scatter.moveUntil = 0;
+    const t0 = performance.now();
+    for (let i = 0; i < k; i++) { scatter.draw(); scatter.readPixel(1, 1); }
+    const ms = (performance.now() - t0) / k;
+    scatter.order = keep;
+    return { ms, points: scatter.drawnPoints };
+  },
   // Milliseconds of k hover look-ups at the given CSS pixels (each finds
   // the cell, draws its ring and fills the card).
   hoverTime: (points) => {
