@@ -154,6 +154,7 @@ def test_gene_set_mean_and_violins(browser, srv, data, outdir):
     nz = v[v != 0].astype(np.float64)
     a, b = nz.min(), nz.max()
     assert (vio["lo"], vio["hi"]) == pytest.approx((a, b), rel=1e-6)
+    assert vio["bins"] == 32 and not vio["whole"]  # means of three counts are not whole numbers
     geom = vio["geom"]
     for k, name in enumerate(vio["labels"]):
         x = v[(labels == name) & (v != 0)].astype(np.float64)
@@ -170,6 +171,20 @@ def test_gene_set_mean_and_violins(browser, srv, data, outdir):
         out = browser.execute_script("return __ivTest.violinPixel(arguments[0], arguments[1])", cx + half + 2, y)[:3]
         assert out == [255, 255, 255], (name, out)
     tv.shot(browser, outdir, "explore_violins")
+    # One gene's counts are whole numbers: one bin per count.
+    type_genes(browser, "NKG7")
+    vio = tv.wait_for(browser, "const v = __ivTest.violin(); return v && v.whole && v", what="whole-number violins")
+    c = gene_values(data, "NKG7")
+    nz = c[c != 0]
+    assert vio["bins"] == nz.max() - nz.min() + 1 and (vio["lo"], vio["hi"]) == (nz.min(), nz.max())
+    for k, name in enumerate(vio["labels"]):
+        x = c[(labels == name) & (c != 0)].astype(int) - int(nz.min())
+        assert vio["counts"][k] == np.bincount(x, minlength=vio["bins"]).tolist(), name
+        bb = int(np.argmax(vio["counts"][k]))
+        got = browser.execute_script("return __ivTest.violinPixel(arguments[0], arguments[1])",
+                                     vio["geom"]["centres"][k], vio["geom"]["binY"][bb])[:3]
+        assert got == vio["colors"][k], (name, got)
+    tv.shot(browser, outdir, "explore_violins_counts")
 
 
 def test_search_by_symbol_shows_both(browser, srv, data, outdir):

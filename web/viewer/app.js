@@ -1076,6 +1076,9 @@ async function restoreLink(gen) {
     } else if (link.genes.length) {
       $('gene').value = link.genes.join(', ');
       await colorByGene(link.genes.join(', '));
+      // The box shows what a person types: symbols where the dataset has them.
+      const c = state.color;
+      if (c.kind === 'gene') $('gene').value = c.genes.map((g, k) => c.symbols[k] || g).join(', ');
     }
     if (gen !== state.generation) return;
     const s = link.sel;
@@ -1391,7 +1394,8 @@ window.__ivTest = {
   link: () => currentLink(),
   markers: () => readMarkers($('markers')),
   violin: () => (state.violin ? { column: state.violin.column, labels: state.violin.labels, lo: state.violin.hist.lo,
-                                  hi: state.violin.hist.hi, counts: state.violin.hist.counts,
+                                  hi: state.violin.hist.hi, bins: state.violin.hist.bins,
+                                  whole: state.violin.hist.whole, counts: state.violin.hist.counts,
                                   cells: state.violin.hist.cells, expressing: state.violin.hist.expressing,
                                   colors: state.violin.colors, geom: state.violin.geom } : null),
   violinPixel: (px, py) => {

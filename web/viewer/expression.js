@@ -138,9 +138,11 @@ export function meanOf(vectors) {
 
 // Histograms of the expressing cells per category, for the violins: BINS
 // equal bins from the smallest to the largest non-zero value (bin b holds
-// a <= v < a + (b+1) w; the largest value goes to the last bin), with each
-// category's cell count and expressing count.  codes: Int32Array (-1 =
-// missing, left out).  visible: optional Uint8Array mask.
+// a <= v < a + (b+1) w; the largest value goes to the last bin), or, when
+// every value is a whole number and they span fewer than BINS, one bin per
+// whole number (bin v - a: counts would otherwise leave empty stripes),
+// with each category's cell count and expressing count.  codes:
+// Int32Array (-1 = missing, left out).  visible: optional Uint8Array mask.
 export const BINS = 32;
 
 export function histogramsByCategory(vals, codes, nCats, visible) {
@@ -151,8 +153,14 @@ export function histogramsByCategory(vals, codes, nCats, visible) {
   }
   if (a === Infinity) { a = 0; b = 0; }
   const span = b - a;
+  let whole = span < BINS;
+  for (let i = 0; whole && i < vals.length; i++) {
+    const v = vals[i];
+    if (v === v && v !== Math.floor(v) && (!visible || visible[i])) whole = false;
+  }
+  const nb = whole ? span + 1 : BINS;
   const counts = [], cells = new Array(nCats).fill(0), expressing = new Array(nCats).fill(0);
-  for (let k = 0; k < nCats; k++) counts.push(new Array(BINS).fill(0));
+  for (let k = 0; k < nCats; k++) counts.push(new Array(nb).fill(0));
   for (let i = 0; i < vals.length; i++) {
     const k = codes[i];
     if (k < 0 || k >= nCats || (visible && !visible[i])) continue;
@@ -160,8 +168,8 @@ export function histogramsByCategory(vals, codes, nCats, visible) {
     const v = vals[i];
     if (v === 0 || v !== v) continue;
     expressing[k]++;
-    const bin = span > 0 ? Math.min(BINS - 1, Math.floor(((v - a) / span) * BINS)) : 0;
+    const bin = whole ? v - a : span > 0 ? Math.min(BINS - 1, Math.floor(((v - a) / span) * BINS)) : 0;
     counts[k][bin]++;
   }
-  return { lo: a, hi: b, counts, cells, expressing };
+  return { lo: a, hi: b, bins: nb, whole, counts, cells, expressing };
 }

@@ -7,7 +7,6 @@
 // the dot plot shows it.  Drawn on a canvas; geometry() gives where each
 // bin was drawn so that tests can read the pixels back.
 
-import { BINS } from './expression.js';
 import { cssColor } from './colors.js';
 
 const TOP = 16, BOTTOM = 46, LEFT = 48;
@@ -25,9 +24,9 @@ export function drawViolins(canvas, h, labels, colors, title) {
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.fillStyle = '#fff';
   ctx.fillRect(0, 0, w, height);
-  const plotH = height - TOP - BOTTOM, binH = plotH / BINS;
+  const nb = h.bins, plotH = height - TOP - BOTTOM, binH = plotH / nb;
   const geom = { colW, binH, centres: [], halfWidths: [], binY: [] };
-  for (let b = 0; b < BINS; b++) geom.binY.push(TOP + plotH - (b + 0.5) * binH);
+  for (let b = 0; b < nb; b++) geom.binY.push(TOP + plotH - (b + 0.5) * binH);
   ctx.font = '11px system-ui, sans-serif';
   ctx.fillStyle = '#1d2329';
   ctx.textAlign = 'right';
@@ -42,7 +41,7 @@ export function drawViolins(canvas, h, labels, colors, title) {
     geom.centres.push(cx);
     geom.halfWidths.push(half);
     ctx.fillStyle = cssColor(colors[c]);
-    for (let b = 0; b < BINS; b++) {
+    for (let b = 0; b < nb; b++) {
       if (!counts[b]) continue;
       const y = TOP + plotH - (b + 1) * binH;
       ctx.fillRect(cx - half[b], y, 2 * half[b], binH);
