@@ -29,7 +29,10 @@ as in the tests), then measures with the page's own clock
   after DCL the first full scatter counted from DOMContentLoaded (the
             page's modules loaded) rather than from navigation start.
 
---data PATH uses an .h5ad that already has obsm/X_umap instead.
+--data PATH uses an .h5ad that already has obsm/X_umap instead.  At a
+million cells and more, pass `-- --other-orientation disk` (and let the
+server pack its gene-major copy once): without it a gene is read from the
+cell-major stream, seconds per gene.
 
 Baselines measured in the same run with Python's requests on the same
 server: the API requests the page makes for each, without the browser
