@@ -16,6 +16,7 @@
  * well.
  */
 #include "h5guard.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -138,26 +139,19 @@ static unsigned stall_seconds(void)
     return *end || s == 0 || s > 86400 ? DEFAULT_STALL_S : (unsigned)s;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Waits for the child, killing it when its beats stop for the stall
  * timeout; 1 when it was killed for that. */
 static int wait_child(pid_t pid, shared_page_t *sp, int *status)
 {
     unsigned stall = stall_seconds();
     uint64_t seen = __atomic_load_n(&sp->beats, __ATOMIC_RELAXED);
-    double last = now_s();
+    double last = iv_now_s();
     for (;;) {
         pid_t w = waitpid(pid, status, WNOHANG);
         if (w == pid) return 0;
         if (w < 0 && errno != EINTR) return -1;
         uint64_t b = __atomic_load_n(&sp->beats, __ATOMIC_RELAXED);
-        double t = now_s();
+        double t = iv_now_s();
         if (b != seen) {
             seen = b;
             last = t;

@@ -15,6 +15,7 @@
 #include "dataset_impl.h"
 #include "indexfile.h"
 #include "transpose.h"
+#include "clock.h"
 
 void iv_dataset_opts_init(iv_dataset_opts_t *o)
 {
@@ -79,13 +80,6 @@ static iv_stream_arena_t *prefault_finish(struct prefault *pf, int stop)
     return pf->arena;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* dir/STEM-KEY.GROUP.index (GROUP with '/' as '_'): where the index of
  * path's matrix group is kept.  -1 when the key cannot be taken. */
 static int kept_index_path(const char *dir, const char *path, const char *group,
@@ -123,7 +117,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
         opts = &defaults;
     }
     *out = NULL;
-    double t0 = now_s();
+    double t0 = iv_now_s();
     iv_dataset_t *ds = calloc(1, sizeof *ds);
     if (!ds) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
     snprintf(ds->path, sizeof ds->path, "%s", path);
@@ -173,7 +167,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     if (mb) iv_membudget_unreserve(mb, pf.reserved);
     if (rc < 0) goto fail_matrix;
     if (mb) iv_stream_join_budget(ds->stream, mb, opts->cache_floor);
-    double t1 = now_s();
+    double t1 = iv_now_s();
 
     iv_indexfile_for_t kf;
     int kept = 0;
@@ -205,7 +199,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     } else {
         iv_cachedir_touch(kept_at);
     }
-    double t2 = now_s();
+    double t2 = iv_now_s();
 
     iv_dataset_info_t *in = &ds->info;
     in->path = ds->path;
@@ -392,7 +386,7 @@ static uint64_t value_hash(const iv_h5matrix_t *m)
 int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
                             iv_err_t *err)
 {
-    double t0 = now_s();
+    double t0 = iv_now_s();
     if (iv_dataset_other(ds) || ds->is_copy)
         return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
     iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
@@ -413,7 +407,7 @@ int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset
         goto fail;
     }
     ds->other_source = IV_SRC_FILE;
-    ds->other_seconds = now_s() - t0;
+    ds->other_seconds = iv_now_s() - t0;
     atomic_store_explicit(&ds->other, o, memory_order_release);
     iv_dataset_set_other_state(ds, IV_OTHER_READY);
     return 0;

@@ -62,6 +62,7 @@
 
 #include "cursor.h"
 #include "dataset_impl.h"
+#include "clock.h"
 
 /* Write-combining buffers of the fill: a cache line a new slice, at most
  * this many bytes a band (past that, entries go straight to the
@@ -107,13 +108,6 @@ int iv_budget_take(iv_budget_t *b, uint64_t n)
 }
 
 void iv_budget_give(iv_budget_t *b, uint64_t n) { atomic_fetch_add(&b->left, n); }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /*
  * Large arrays of the build come from anonymous mappings asked for
@@ -1159,7 +1153,7 @@ static double cpu_s(void)
 /* Adds the wall and CPU time since the last phase ended to phase k. */
 #define PHASE(k)                      \
     do {                              \
-        double now_ = now_s();        \
+        double now_ = iv_now_s();        \
         double cpu_ = cpu_s();        \
         ph[(k)] += now_ - tp;         \
         pc[(k)] += cpu_ - tc;         \
@@ -1169,7 +1163,7 @@ static double cpu_s(void)
 
 int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
 {
-    double t0 = now_s(), tp = t0, ph[IV_TRANSPOSE_PHASES] = {0};
+    double t0 = iv_now_s(), tp = t0, ph[IV_TRANSPOSE_PHASES] = {0};
     double tc = cpu_s(), pc[IV_TRANSPOSE_PHASES] = {0};
     const iv_h5matrix_t *m = &ds->m;
     if (iv_dataset_other(ds) || ds->is_copy)
@@ -1514,7 +1508,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     in->chunk_len = iv_stream_chunk_len(c->stream);
     in->index_stride = stride;
     in->index_bytes = iv_rowindex_bytes(&c->ri);
-    in->open_seconds = now_s() - t0;
+    in->open_seconds = iv_now_s() - t0;
 
     free(vid);
     free(distinct);
@@ -1530,7 +1524,7 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
         ds->other_charged = charged;
     }
     ds->other_source = IV_SRC_MEMORY;
-    ds->other_seconds = now_s() - t0;
+    ds->other_seconds = iv_now_s() - t0;
     atomic_store_explicit(&ds->other, c, memory_order_release);
     iv_dataset_set_other_state(ds, IV_OTHER_READY);
     return 0;

@@ -31,6 +31,7 @@
 #include "h5iso.h"
 #include "h5util.h"
 #include "names.h"
+#include "clock.h"
 
 struct mcol {
     iv_meta_col_t c;       /* public view; its pointers are owned here */
@@ -60,13 +61,6 @@ typedef struct rd {
      * found (and reported instead: damage is what anndata cannot read). */
     iv_err_t unsupported;
 } rd_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *iv_col_type_name(iv_col_type_t t)
 {
@@ -1389,7 +1383,7 @@ int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_
 int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_group,
                         const char *var_group, iv_meta_t **out, iv_err_t *err)
 {
-    double t0 = now_s();
+    double t0 = iv_now_s();
     *out = NULL;
     iv_meta_t *m = calloc(1, sizeof(*m));
     IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
@@ -1407,7 +1401,7 @@ int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_g
         iv_meta_free(m);
         return rc;
     }
-    m->stats.load_seconds = now_s() - t0;
+    m->stats.load_seconds = iv_now_s() - t0;
     *out = m;
     return 0;
 }
@@ -1567,7 +1561,7 @@ int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_majo
                                 const int64_t *value_ptr, int64_t n_unique,
                                 const void *values, iv_dtype_t vt, iv_err_t *err)
 {
-    double t0 = now_s();
+    double t0 = iv_now_s();
     struct frame *f = &m->ax[orient == IV_IVCSC ? IV_AXIS_VAR : IV_AXIS_OBS];
     IV_RETURN_IF(f->n != n_major, err, IV_EBAD_FILE,
                  "computed columns: %s has %lld rows but the matrix has %lld major slices",
@@ -1634,7 +1628,7 @@ int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_majo
         free(nnz);
     if (rc == 0) rc = add_computed_col(f, "max_count", vtype, mx, mmask, vdt, err);
     else free(mx), free(mmask);
-    m->stats.computed_seconds += now_s() - t0;
+    m->stats.computed_seconds += iv_now_s() - t0;
     return rc;
 }
 

@@ -20,16 +20,10 @@
 #include <time.h>
 
 #include "codec.h"
+#include "clock.h"
 
 /* Largest array read (elements): beyond it the element is listed, not held. */
 #define MARRAY_MAX_BYTES ((uint64_t)1 << 34)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct load {
     const char *path;
@@ -185,7 +179,7 @@ static herr_t visit(hid_t g, const char *name, const H5L_info_t *info, void *arg
 static int load_here(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t **out,
                      iv_err_t *err)
 {
-    double t0 = now_s();
+    double t0 = iv_now_s();
     *out = NULL;
     iv_marrays_t *s = calloc(1, sizeof *s);
     IV_RETURN_IF(!s, err, IV_ENOMEM, "%s: out of memory", path);
@@ -220,7 +214,7 @@ static int load_here(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_
         iv_marrays_free(s);
         return L.rc;
     }
-    s->load_seconds = now_s() - t0;
+    s->load_seconds = iv_now_s() - t0;
     *out = s;
     return 0;
 }
@@ -326,7 +320,7 @@ bad:
 int iv_marrays_load(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t **out,
                     iv_err_t *err)
 {
-    double t0 = now_s();
+    double t0 = iv_now_s();
     *out = NULL;
     iv_marrays_t *s = calloc(1, sizeof *s);
     IV_RETURN_IF(!s, err, IV_ENOMEM, "%s: out of memory", path);
@@ -343,7 +337,7 @@ int iv_marrays_load(const char *path, int64_t n_obs, int64_t n_var, iv_marrays_t
         iv_marrays_free(s);
         return rc;
     }
-    s->load_seconds = now_s() - t0;
+    s->load_seconds = iv_now_s() - t0;
     *out = s;
     return 0;
 }
