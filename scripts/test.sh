@@ -14,7 +14,9 @@
 #      there are the tests of file parsing, codecs, metadata, export,
 #      clients and memory, the hardening test (its huge bodies take nine
 #      minutes under TSan; its threads are the query, aggregate and
-#      cancellation paths the HTTP tests run), the hostile-file campaign,
+#      cancellation paths the HTTP tests run), the Zarr clients' test (its
+#      C is the Zarr route test_zarr runs; its time is node and Chromium),
+#      the hostile-file campaign,
 #      the packing of
 #      ordinary files and the first-run checks (processes, not threads:
 #      their C is the writers' and the loaders', run by the other
@@ -50,7 +52,7 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WER
 cmake --build build-tsan -j"$JOBS"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
-  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\.test_hardening'
+  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\.test_hardening|test_zarr_clients'
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
