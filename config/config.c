@@ -72,7 +72,7 @@ void iv_config_init(iv_config_t *c)
     c->threads = 0;
     c->queue = 1024;
     /* A share of what the machine has free when the server starts (see
-     * iv_membudget_default and README "Sizing" for why half). */
+     * iv_membudget_default and docs/sizing.md for why half). */
     c->cache_bytes = IV_CACHE_AUTO;
     c->cache_share_percent = 50;
     c->transpose_bytes = (size_t)4 << 30;
@@ -108,7 +108,7 @@ void iv_config_init(iv_config_t *c)
      * request could make it larger than the dataset's own arrays: a 1 MB
      * body listing one gene 500,000 times must not hold gigabytes.  An
      * answer no larger than its whole-array form (an embedding, every
-     * gene's aggregate) is not refused by it (README "Limits"). */
+     * gene's aggregate) is not refused by it (docs/config.md, the `limits.*` settings). */
     c->limits.max_answer_bytes = (size_t)64 << 20;
     c->limits.blocks_ahead = 3;
     c->limits.max_pipeline = 32;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one ivserve replica holds in memory per dataset, for sizing replicas
-# (README, "Past one machine").  For each FILE.h5ad: start the server on it
+# (docs/operations.md, "Past one machine").  For each FILE.h5ad: start the server on it
 # alone, wait until it is ready and its gene-major copy is built, read
 # /proc/PID/status, stream the whole matrix once (binary, to /dev/null) and
 # read the high-water mark; then the same with the gene-major copy turned
