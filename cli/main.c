@@ -1,6 +1,6 @@
 /*
  * ivserve entry point.  `ivserve check ...`, `export`, `pack` and
- * `token-hash` are command-line tools (server/cli.c); `ivserve serve ...`,
+ * `token-hash` are command-line tools (cli/cli.c); `ivserve serve ...`,
  * or anything else, starts the server with settings from --config,
  * IVSERVE_* variables and flags (config/config.h).  `ivserve help`, -h
  * and --help list the commands, then the server's options.
