@@ -63,6 +63,7 @@ typedef struct slab {
     int64_t first, n;         /* major slices [first, first + n) */
     int64_t *ptr;             /* n + 1 entry offsets */
     int64_t *idx;             /* minor index of each entry */
+    int32_t *idx32;           /* a transpose band's instead, when every index fits (narrow) */
     uint8_t *val;             /* value bytes of each entry */
     size_t cap_slices, cap_entries;
     uint8_t *dense;           /* dense sources: the hyperslab read */
@@ -92,6 +93,7 @@ static void slab_free(slab_t *s)
 {
     free(s->ptr);
     free(s->idx);
+    free(s->idx32);
     free(s->val);
     free(s->dense);
     memset(s, 0, sizeof *s);
@@ -112,7 +114,7 @@ static void *big_realloc(void *p, size_t bytes)
     return q;
 }
 
-static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
+static int slab_reserve_as(slab_t *s, int64_t slices, int64_t entries, size_t esz, int narrow)
 {
     if ((size_t)slices + 1 > s->cap_slices) {
         size_t cap = (size_t)slices + 1;
@@ -123,15 +125,26 @@ static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
     }
     if ((size_t)entries > s->cap_entries) {
         size_t cap = (size_t)entries;
-        int64_t *i = big_realloc(s->idx, (cap ? cap : 1) * sizeof *i);
-        if (!i) return -1;
-        s->idx = i;
+        if (narrow) {
+            int32_t *i = big_realloc(s->idx32, (cap ? cap : 1) * sizeof *i);
+            if (!i) return -1;
+            s->idx32 = i;
+        } else {
+            int64_t *i = big_realloc(s->idx, (cap ? cap : 1) * sizeof *i);
+            if (!i) return -1;
+            s->idx = i;
+        }
         uint8_t *v = big_realloc(s->val, (cap ? cap : 1) * esz);
         if (!v) return -1;
         s->val = v;
         s->cap_entries = cap;
     }
     return 0;
+}
+
+static int slab_reserve(slab_t *s, int64_t slices, int64_t entries, size_t esz)
+{
+    return slab_reserve_as(s, slices, entries, esz, 0);
 }
 
 static void src_close(src_t *s)
@@ -725,6 +738,8 @@ typedef struct part {
     int64_t *sidx;
     uint8_t *sval;
     size_t cap_rec;
+    int64_t *wide;            /* a narrow band's slice, widened for encode_slice */
+    size_t cap_wide;
     int rc;
     iv_err_t err;
 } part_t;
@@ -756,6 +771,7 @@ static void part_free(part_t *p)
     free(p->tmp);
     free(p->sidx);
     free(p->sval);
+    free(p->wide);
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -885,8 +901,16 @@ static void encode_part(void *arg, size_t k)
     }
     for (int64_t s = p->s0; s < p->s1 && p->rc == 0; s++) {
         int64_t a = sl->ptr[s], b = sl->ptr[s + 1];
-        p->rc = encode_slice(en, p, en->slab_first + s, sl->idx + a, sl->val + (size_t)a * en->esz,
-                             b - a);
+        const int64_t *idx = sl->idx + a;
+        if (sl->idx32) {
+            if (grow((void **)&p->wide, &p->cap_wide, (size_t)(b - a) + 1, sizeof(int64_t)) < 0) {
+                p->rc = iv_fail(&p->err, IV_ENOMEM, "out of memory");
+                return;
+            }
+            for (int64_t e = a; e < b; e++) p->wide[e - a] = sl->idx32[e];
+            idx = p->wide;
+        }
+        p->rc = encode_slice(en, p, en->slab_first + s, idx, sl->val + (size_t)a * en->esz, b - a);
     }
 }
 
@@ -1094,22 +1118,26 @@ static void place_range(void *arg, size_t r)
 static void scatter_rows(const slab_t *sl, slab_t *band, int64_t *next, int64_t t0, size_t esz,
                          int64_t i0, int64_t i1)
 {
-#define SCATTER(T)                                                           \
+#define SCATTER(T, IDX, IT)                                                  \
     for (int64_t i = i0; i < i1; i++) {                                      \
         int64_t major = sl->first + i;                                       \
         for (int64_t e = sl->ptr[i]; e < sl->ptr[i + 1]; e++) {              \
             int64_t pos = next[sl->idx[e] - t0]++;                           \
-            band->idx[pos] = major;                                          \
+            band->IDX[pos] = (IT)major;                                      \
             memcpy(band->val + (size_t)pos * sizeof(T), sl->val + (size_t)e * sizeof(T), \
                    sizeof(T));                                               \
         }                                                                    \
     }
-    switch (esz) {
-    case 1: SCATTER(uint8_t); break;
-    case 2: SCATTER(uint16_t); break;
-    case 4: SCATTER(uint32_t); break;
-    default: SCATTER(uint64_t); break;
+#define SCATTER_ALL(IDX, IT)                        \
+    switch (esz) {                                  \
+    case 1: SCATTER(uint8_t, IDX, IT); break;       \
+    case 2: SCATTER(uint16_t, IDX, IT); break;      \
+    case 4: SCATTER(uint32_t, IDX, IT); break;      \
+    default: SCATTER(uint64_t, IDX, IT); break;     \
     }
+    if (band->idx32) SCATTER_ALL(idx32, int32_t)
+    else SCATTER_ALL(idx, int64_t)
+#undef SCATTER_ALL
 #undef SCATTER
 }
 
@@ -1169,7 +1197,11 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
                          iv_err_t *err)
 {
     int64_t nt = en->n_major; /* output slices = the input's minor axis */
-    size_t entry = sizeof(int64_t) + en->esz;
+    /* A band's entries keep the input slice they came from: 4 bytes when
+     * every input slice number fits (a third fewer passes at 4-byte
+     * values), else 8. */
+    int narrow = s->n_major <= INT32_MAX;
+    size_t entry = (narrow ? sizeof(int32_t) : sizeof(int64_t)) + en->esz;
     size_t budget = pack_budget(o);
     /* What write_packed charged for the per-slice arrays is not there for
      * the bands. */
@@ -1215,7 +1247,7 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
     for (int64_t t0 = 0; t0 < nt;) {
         int64_t t1 = t0, n = 0;
         while (t1 < nt && (t1 == t0 || (uint64_t)(n + counts[t1]) * entry <= budget)) n += counts[t1++];
-        if (slab_reserve(&band, t1 - t0, n, en->esz) < 0) { rc = FAILF(IV_ENOMEM, "out of memory for a band of %" PRId64 " entries", n); goto done; }
+        if (slab_reserve_as(&band, t1 - t0, n, en->esz, narrow) < 0) { rc = FAILF(IV_ENOMEM, "out of memory for a band of %" PRId64 " entries", n); goto done; }
         band.first = t0;
         band.n = t1 - t0;
         band.ptr[0] = 0;
