@@ -394,9 +394,14 @@ def test_protected_ids_stay_out_of_metrics(tmp_path):
     cfg = protected_setup(tmp, "any")
     srv = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"], ready_timeout=60)
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline and \
-                'ivserve_datasets{state="failed"} 2' not in requests.get(srv.url + "/metrics").text:
+        # Every dataset settled: two failed and two loaded (with readyz
+        # "any" the server is ready after the first, and a slow build may
+        # see the broken ones fail before the good ones load).
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = requests.get(srv.url + "/metrics").text
+            if 'ivserve_datasets{state="failed"} 2' in text and 'ivserve_datasets{state="ready"} 2' in text:
+                break
             time.sleep(0.05)
         anon = requests.get(srv.url + "/metrics", timeout=10)
         assert anon.status_code == 200
