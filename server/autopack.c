@@ -272,6 +272,48 @@ static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id
                  *last ? last : "no message");
 }
 
+/* ---- a derived copy in the cache folder ------------------------------------ */
+
+/*
+ * The derived copy of src of kind `kind` (cachedir.h): dir receives the
+ * folder (4096 bytes), copy its path (4400 bytes), also written to out.
+ * Pinned before it exists: another dataset's pack sweeps the folder when
+ * it ends, and must not take this copy the moment it appears.  1 when it
+ * is there (marked used), 0 when it must be written (its note written
+ * first), or an error with nothing left pinned.
+ */
+static int copy_slot(const iv_config_t *cfg, const char *src, const char *kind, char *dir,
+                     char *copy, char *out, size_t cap, iv_err_t *err)
+{
+    char key[IV_CACHEDIR_KEY_LEN];
+    iv_config_cache_dir(cfg, dir, 4096);
+    IV_TRY(iv_cachedir_prepare(dir, err));
+    IV_TRY(iv_cachedir_key(src, key, err));
+    IV_TRY(iv_cachedir_path(dir, src, key, kind, copy, 4400, err));
+    if ((size_t)snprintf(out, cap, "%s", copy) >= cap)
+        return FAILF(IV_EINVALID_ARG, "%s: path too long", copy);
+    iv_autopack_pin(copy);
+    struct stat st;
+    if (stat(copy, &st) == 0 && S_ISREG(st.st_mode)) {
+        iv_cachedir_touch(copy);
+        return 1;
+    }
+    int rc = iv_cachedir_note(copy, src, key, err);
+    if (rc != 0) iv_autopack_unpin(copy);
+    return rc;
+}
+
+/* The progress counters at the start of a pack of `total` output slices. */
+static void progress_start(iv_autopack_progress_t *p, long long total)
+{
+    atomic_store(&p->permille, 0);
+    atomic_store(&p->done, 0);
+    atomic_store(&p->total, total > 0 ? total : 0);
+    atomic_store(&p->bytes, 0);
+    atomic_store(&p->t0_ms, now_ms());
+    atomic_store(&p->active, 1);
+}
+
 /* ---- resolving a dataset's file ------------------------------------------- */
 
 static int packable(const iv_h5mx_entry_t *e)
@@ -303,46 +345,27 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
                      "pack it once with `ivserve pack %s %s.ivcsr.h5ad` and serve that file (or "
                      "start without --no-autopack)", src, e.encoding, src, stem);
     }
-    char dir[4096], key[IV_CACHEDIR_KEY_LEN], copy[4400];
-    iv_config_cache_dir(cfg, dir, sizeof dir);
-    IV_TRY(iv_cachedir_prepare(dir, err));
-    IV_TRY(iv_cachedir_key(src, key, err));
-    IV_TRY(iv_cachedir_path(dir, src, key, "ivcsr.h5ad", copy, sizeof copy, err));
-    if ((size_t)snprintf(out, cap, "%s", copy) >= cap)
-        return FAILF(IV_EINVALID_ARG, "%s: path too long", copy);
-    /* Pinned before it exists: another dataset's pack sweeps the folder
-     * when it ends, and must not take this copy the moment it appears. */
-    iv_autopack_pin(copy);
-    struct stat st;
-    if (stat(copy, &st) == 0 && S_ISREG(st.st_mode)) {
-        iv_cachedir_touch(copy);
+    char dir[4096], copy[4400];
+    int rc = copy_slot(cfg, src, "ivcsr.h5ad", dir, copy, out, cap, err);
+    if (rc < 0) return rc;
+    if (rc == 1) {
         iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s; serving its packed copy %s",
                       id, src, e.encoding, copy);
         sweep(cfg, log, dir, copy);
         return 0;
     }
-    int rc = iv_cachedir_note(copy, src, key, err);
-    if (rc == 0) {
-        iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s (%lld x %lld); packing it "
-                      "into %s", id, src, e.encoding, (long long)e.shape[0], (long long)e.shape[1],
-                      copy);
-        atomic_store(&prog->permille, 0);
-        atomic_store(&prog->done, 0);
-        atomic_store(&prog->total, e.shape[0] > 0 ? e.shape[0] : 0);
-        atomic_store(&prog->bytes, 0);
-        atomic_store(&prog->t0_ms, now_ms());
-        atomic_store(&prog->active, 1);
-        long long t0 = now_ms();
-        rc = run_pack(cfg, log, id, src, copy, NULL, prog, stop, err);
-        atomic_store(&prog->active, 0);
-        if (rc == 0)
-            iv_alog_event(log, "info", "dataset %s: packed in %.2f s into %s", id,
-                          (double)(now_ms() - t0) / 1000.0, copy);
-    }
+    iv_alog_event(log, "info", "dataset %s: %s is an ordinary %s (%lld x %lld); packing it into %s",
+                  id, src, e.encoding, (long long)e.shape[0], (long long)e.shape[1], copy);
+    progress_start(prog, e.shape[0]);
+    long long t0 = now_ms();
+    rc = run_pack(cfg, log, id, src, copy, NULL, prog, stop, err);
+    atomic_store(&prog->active, 0);
     if (rc != 0) {
         iv_autopack_unpin(copy);
         return rc;
     }
+    iv_alog_event(log, "info", "dataset %s: packed in %.2f s into %s", id,
+                  (double)(now_ms() - t0) / 1000.0, copy);
     sweep(cfg, log, dir, copy);
     return 0;
 }
@@ -354,47 +377,29 @@ int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *
                       iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
                       int *built, iv_err_t *err)
 {
-    char dir[4096], key[IV_CACHEDIR_KEY_LEN], copy[4400];
-    const char *kind = to_ivcsc ? "ivcsc.h5ad" : "ivcsr.h5ad";
+    char dir[4096], copy[4400];
     *built = 0;
-    iv_config_cache_dir(cfg, dir, sizeof dir);
-    IV_TRY(iv_cachedir_prepare(dir, err));
-    IV_TRY(iv_cachedir_key(served, key, err));
-    IV_TRY(iv_cachedir_path(dir, served, key, kind, copy, sizeof copy, err));
-    if ((size_t)snprintf(out, cap, "%s", copy) >= cap)
-        return FAILF(IV_EINVALID_ARG, "%s: path too long", copy);
-    iv_autopack_pin(copy);
-    struct stat st;
-    if (stat(copy, &st) == 0 && S_ISREG(st.st_mode)) {
-        iv_cachedir_touch(copy);
-        return 0;
-    }
-    int rc = iv_cachedir_note(copy, served, key, err);
-    if (rc == 0) {
-        iv_h5mx_entry_t e;
-        iv_err_t probe;
-        iv_err_clear(&probe);
-        long long major = 0;
-        if (iv_h5matrix_describe(served, group && *group ? group : "X", &e, &probe) == 0)
-            major = to_ivcsc ? e.shape[1] : e.shape[0];
-        iv_alog_event(log, "info", "dataset %s: writing its %s orientation into %s", id,
-                      to_ivcsc ? "gene-major" : "cell-major", copy);
-        atomic_store(&prog->permille, 0);
-        atomic_store(&prog->done, 0);
-        atomic_store(&prog->total, major > 0 ? major : 0);
-        atomic_store(&prog->bytes, 0);
-        atomic_store(&prog->t0_ms, now_ms());
-        atomic_store(&prog->active, 1);
-        const char *more[] = {"--layout", to_ivcsc ? "ivcsc" : "ivcsr", "--matrix-only",
-                              "--matrix", group && *group ? group : "X", NULL};
-        rc = run_pack(cfg, log, id, served, copy, more, prog, stop, err);
-        atomic_store(&prog->active, 0);
-        if (rc == 0) *built = 1;
-    }
+    int rc = copy_slot(cfg, served, to_ivcsc ? "ivcsc.h5ad" : "ivcsr.h5ad", dir, copy, out, cap,
+                       err);
+    if (rc != 0) return rc < 0 ? rc : 0;
+    const char *matrix = group && *group ? group : "X";
+    iv_h5mx_entry_t e;
+    iv_err_t probe;
+    iv_err_clear(&probe);
+    long long major = 0;
+    if (iv_h5matrix_describe(served, matrix, &e, &probe) == 0) major = e.shape[to_ivcsc ? 1 : 0];
+    iv_alog_event(log, "info", "dataset %s: writing its %s orientation into %s", id,
+                  to_ivcsc ? "gene-major" : "cell-major", copy);
+    progress_start(prog, major);
+    const char *more[] = {"--layout", to_ivcsc ? "ivcsc" : "ivcsr", "--matrix-only", "--matrix",
+                          matrix, NULL};
+    rc = run_pack(cfg, log, id, served, copy, more, prog, stop, err);
+    atomic_store(&prog->active, 0);
     if (rc != 0) {
         iv_autopack_unpin(copy);
         return rc;
     }
+    *built = 1;
     sweep(cfg, log, dir, copy);
     return 0;
 }
