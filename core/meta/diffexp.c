@@ -535,20 +535,33 @@ static inline double log1p_fast(const iv_de_work_t *w, double v)
     return log1p(v);
 }
 
+/* The label of entry k of a block, or -1 when its cell is outside the
+ * universe or in no label (load and hash_direct skip those). */
+static inline int32_t entry_label(const iv_de_spec_t *s, const int8_t *l8, const void *indices,
+                                  int index_size, int64_t k)
+{
+    int64_t pos = index_size == 4 ? ((const int32_t *)indices)[k] : ((const int64_t *)indices)[k];
+    if (pos < 0 || pos >= s->n_universe) return -1;
+    int32_t l = l8 ? l8[pos] : s->label[pos];
+    return l >= s->n_labels ? -1 : l;
+}
+
+/* A stored value as the tests see it: log1p'ed when asked, -0 as +0. */
+static inline double entry_value(const iv_de_spec_t *s, iv_de_work_t *w, double v)
+{
+    if (s->log1p) v = log1p_fast(w, v);
+    return v == 0 ? 0 : v;
+}
+
 /* Loads the gene's entries into keys and labels, with the per-label
  * counts and sums; returns the entries kept. */
 #define LOAD_LOOP(T)                                                           \
     do {                                                                       \
         const T *dv = data;                                                    \
         for (int64_t k = 0; k < nnz; k++) {                                    \
-            int64_t pos = index_size == 4 ? ((const int32_t *)indices)[k]      \
-                                          : ((const int64_t *)indices)[k];     \
-            if (pos < 0 || pos >= s->n_universe) continue;                     \
-            int32_t l = l8 ? l8[pos] : s->label[pos];                          \
-            if (l < 0 || l >= s->n_labels) continue;                           \
-            double v = (double)dv[k];                                          \
-            if (s->log1p) v = log1p_fast(w, v);                                \
-            if (v == 0) v = 0; /* -0 is +0 */                                  \
+            int32_t l = entry_label(s, l8, indices, index_size, k);            \
+            if (l < 0) continue;                                               \
+            double v = entry_value(s, w, (double)dv[k]);                       \
             w->key[n] = okey(v);                                               \
             w->lab[n] = l;                                                     \
             n++;                                                               \
@@ -738,15 +751,9 @@ static double walk_pair_h(const iv_de_work_t *w, int32_t nd, int32_t a, int32_t 
     do {                                                                                      \
         const T *dv = data;                                                                   \
         for (int64_t k = 0; k < nnz; k++) {                                                   \
-            int64_t pos = index_size == 4 ? ((const int32_t *)indices)[k]                     \
-                                          : ((const int64_t *)indices)[k];                    \
-            if (pos < 0 || pos >= s->n_universe) continue;                                    \
-            int32_t l = l8 ? l8[pos] : s->label[pos];                                         \
-            if (l < 0 || l >= s->n_labels) continue;                                          \
-            double v = (double)dv[k];                                                         \
-            if (s->log1p) v = log1p_fast(w, v);                                               \
-            if (v == 0) v = 0;                                                                \
-            uint64_t key = okey(v);                                                           \
+            int32_t l = entry_label(s, l8, indices, index_size, k);                           \
+            if (l < 0) continue;                                                              \
+            uint64_t key = okey(entry_value(s, w, (double)dv[k]));                            \
             if (key == 0) goto fail;                                                          \
             uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 54);                     \
             while (w->hk[h] != 0 && w->hk[h] != key) h = (h + 1) & (HASH_SLOTS - 1);          \
