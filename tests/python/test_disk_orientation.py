@@ -15,34 +15,26 @@ cells"):
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 
 import pytest
 import requests
 
-from ivprocess import listening_port
+import test_autopack as autopack
 
 BIN = os.environ.get("IVSERVE_BIN")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "pbmc_example.h5ad")
 
 
-class Server:
+class Server(autopack.Server):
+    """test_autopack's server (2 threads, its log, stop), without the
+    access log, and the dataset document, the gene-major copy and
+    /metrics as these tests read them."""
+
     def __init__(self, tmp, args, name="server"):
-        self.log_path = os.path.join(tmp, name + ".log")
-        self.log = open(self.log_path, "a+")
-        self.proc = subprocess.Popen([BIN, *map(str, args), "--port", "0", "--threads", "2",
-                                      "--access-log", "off"], stdout=self.log, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % listening_port(self.log_path, self.proc)
-
-    def text(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def doc(self, ds):
-        return requests.get(self.url + "/v1/datasets/" + ds, timeout=10).json()
+        super().__init__(tmp, [*args, "--access-log", "off"], name)
 
     def wait_other(self, ds, timeout=120):
         deadline = time.time() + timeout
@@ -59,16 +51,6 @@ class Server:
 
     def metrics(self):
         return requests.get(self.url + "/metrics", timeout=10).text
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def gene_rows(srv, ds, sel):
