@@ -159,8 +159,16 @@ def wait_for(drv, js, timeout=30, what=None):
     raise AssertionError("timed out waiting for %s (last %r); page messages: %r" % (what or js, last, msgs))
 
 
+def next_frames(drv):
+    """Returns after two animation frames, so that a draw the page asked
+    for (requestAnimationFrame) has run before pixels are read."""
+    drv.execute_async_script("const done = arguments[arguments.length - 1];"
+                             "requestAnimationFrame(() => requestAnimationFrame(() => done(true)));")
+
+
 def idle(drv, timeout=30):
     wait_for(drv, "return window.__ivTest && __ivTest.busy() === 0", timeout, "the page to be idle")
+    next_frames(drv)
 
 
 def open_page(drv, url, n=N_CELLS):

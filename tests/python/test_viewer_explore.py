@@ -70,6 +70,7 @@ def type_genes(drv, text):
     box.clear()
     box.send_keys(text + Keys.ENTER)
     tv.wait_for(drv, "return __ivTest.colorInfo().kind === 'gene' && __ivTest.busy() === 0", what="gene colours")
+    tv.next_frames(drv)
 
 
 def screen_of(drv, cells):
