@@ -351,6 +351,7 @@ def check_scatter(drv, srv, data, renderer):
     cells = isolated_cells(screen, size + 3)
     assert cells, "no isolated cell to look at"
     colors = drv.execute_script("return __ivTest.colors(arguments[0])", cells)
+    next_frames(drv)
     for i, col in zip(cells, colors):
         px = drv.execute_script("return __ivTest.pixel(arguments[0], arguments[1])", *screen[i].tolist())
         assert px[:3] == col[:3], (i, px, col, screen[i].tolist())

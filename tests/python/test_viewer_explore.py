@@ -86,6 +86,9 @@ def all_screen(drv):
 
 
 def pixel(drv, p):
+    """The canvas pixel at screen point p, read after any draw the page has
+    already asked for (requestAnimationFrame) has run."""
+    tv.next_frames(drv)
     return drv.execute_script("return __ivTest.pixel(arguments[0], arguments[1])", float(p[0]), float(p[1]))[:3]
 
 
