@@ -29,6 +29,7 @@
 #ifndef IV_ZARR_H
 #define IV_ZARR_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "buf.h"
@@ -56,6 +57,15 @@ typedef struct iv_zarr_src {
     /* The chunks decoded last (zarr_cache.h), shared by the requests of
      * one dataset, or NULL (every request decodes). */
     struct iv_zarr_cache *cache;
+    /* The dataset's other matrices (layers, raw/X), served under layers/
+     * and raw/ when they open: matrix_name lists them (NULL past the
+     * last), matrix_open opens one with its genes' metadata (raw/var for
+     * raw/X, NULL when the file has none); both over matrix_ctx.  NULL:
+     * empty layers, no raw. */
+    const char *(*matrix_name)(void *ctx, size_t i);
+    int (*matrix_open)(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
+                       iv_err_t *err);
+    void *matrix_ctx;
 } iv_zarr_src_t;
 
 /* What a key holds. */

@@ -206,6 +206,12 @@ int iv_rds_matrix_shape(void *ctx, const char *name, int64_t *n_obs, int64_t *n_
     return 0;
 }
 
+const char *iv_rds_matrix_name(void *ctx, size_t i)
+{
+    const iv_rds_t *d = ctx;
+    return i < d->n_mx ? d->mx[i].name : NULL;
+}
+
 static void put_matrix(iv_buf_t *b, const char *name, iv_dataset_t *ds)
 {
     const iv_dataset_info_t *in = iv_dataset_info(ds);

@@ -145,6 +145,11 @@ int iv_rds_matrix(const iv_rds_t *d, const char *name, iv_dataset_t **ds, iv_met
 int iv_rds_matrix_shape(void *ctx, const char *name, int64_t *n_obs, int64_t *n_var,
                         iv_err_t *err);
 
+/* The name of the entry's i-th other matrix ("layers/counts", "raw/X";
+ * servable or not), NULL past the last: for listings (the Zarr store).
+ * ctx is the entry, as iv_rds_matrix_shape's.  Any thread. */
+const char *iv_rds_matrix_name(void *ctx, size_t i);
+
 /* Appends ,"matrices":[...] to the dataset document: X first, then each
  * other matrix with name, shape, nnz, orientation, dtype, stream_bytes,
  * index_bytes, servable (or the reason), and for raw/X "var": "raw/var". */

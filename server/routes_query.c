@@ -287,6 +287,7 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->pool = c->srv->pool;
     vr->matrix_shape = iv_rds_matrix_shape;
     vr->matrix_open = viewer_matrix;
+    vr->matrix_name = iv_rds_matrix_name;
     vr->matrix_ctx = d;
     vr->json_bytes = c->srv->cfg->limits.json_bytes;
     vr->answer_bytes = c->srv->cfg->limits.max_answer_bytes;

@@ -1128,7 +1128,9 @@ out:
 static int run_zarr(iv_vreq_t *r, iv_err_t *err)
 {
     iv_zarr_src_t src = {.ds = r->ds, .meta = r->meta, .arrays = r->vx ? r->vx->arrays : NULL,
-                         .cache = r->vx ? r->vx->zcache : NULL};
+                         .cache = r->vx ? r->vx->zcache : NULL,
+                         .matrix_name = r->matrix_name, .matrix_open = r->matrix_open,
+                         .matrix_ctx = r->matrix_ctx};
     iv_zarr_kind_t kind;
     IV_TRY(iv_zarr_get(&src, r->name, &r->out, &kind, err));
     r->ctype = kind == IV_ZARR_CHUNK ? MEDIA_ZARR_CHUNK : MEDIA_ZARR_META;

@@ -98,6 +98,7 @@ typedef struct iv_vreq {
     iv_qreq_matrix_fn matrix_shape;
     int (*matrix_open)(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
                        iv_err_t *err);
+    const char *(*matrix_name)(void *ctx, size_t i);  /* the i-th, NULL past the last */
     void *matrix_ctx;
     size_t json_bytes;        /* JSON response limit */
     size_t answer_bytes;      /* limits.max_answer_bytes: a whole answer's bound; 0 = none */
