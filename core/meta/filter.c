@@ -529,26 +529,199 @@ static int strset_has(const strset_t *s, const char *k)
 
 static int compile_node(cctx_t *c, const iv_expr_t *e, int depth, fnode_t **out);
 
+/* Whether literal l may be compared with a column of col's type. */
+static int lit_suits(const iv_meta_col_t *col, const iv_lit_t *l)
+{
+    switch (col->type) {
+    case IV_COL_INT:
+    case IV_COL_FLOAT:
+        return l->kind == IV_LIT_NUM;
+    case IV_COL_BOOL:
+        return l->kind != IV_LIT_STR;
+    case IV_COL_STRING:
+        return l->kind == IV_LIT_STR;
+    case IV_COL_CATEGORICAL:
+        if (l->kind == IV_LIT_NUM && !col->cats_numeric) return 0;
+        if (l->kind == IV_LIT_STR && col->cats_numeric) return 0;
+        return 1;
+    }
+    return 1;
+}
+
+/* The leaf's column, or NULL with an error naming the closest columns. */
+static const iv_meta_col_t *resolve_column(cctx_t *c, const iv_expr_t *e, const char *pos)
+{
+    const iv_meta_col_t *col = iv_meta_find_col(c->m, c->axis, e->column);
+    if (col) return col;
+    char sug[300];
+    colctx_t cc = {c->m, c->axis};
+    suggest(sug, sizeof sug, e->column, (int64_t)iv_meta_n_cols(c->m, c->axis) + 1,
+            col_name_at, &cc);
+    iv_fail(c->err, IV_EBAD_FILTER, "unknown %s column '%.100s'%s%s", axis_name(c->axis),
+            e->column, sug, pos);
+    return NULL;
+}
+
+/* The error for a literal that names no category of col. */
+static int unknown_category(cctx_t *c, const iv_meta_col_t *col, const iv_lit_t *l,
+                            const char *pos)
+{
+    char lit[96], sug[300];
+    out_t o = {lit, sizeof lit, 0};
+    put_lit(&o, l);
+    if (l->kind == IV_LIT_STR)
+        suggest(sug, sizeof sug, l->str, col->n_cats, cat_at, col);
+    else
+        sug[0] = '\0';
+    if (!sug[0]) list_categories(sug, sizeof sug, col);
+    return iv_fail(c->err, IV_EBAD_FILTER, "unknown category %s of %s column '%s'%s%s", lit,
+                   axis_name(c->axis), col->name, sug, pos);
+}
+
+/* Ordered categoricals compare by category position, as pandas does;
+ * equality is the same code.  Fills ok[j] for every code j against k. */
+static void fill_code_cmp(uint8_t *ok, int64_t n_cats, iv_cmp_t cmp, int64_t k)
+{
+    for (int64_t j = 0; j < n_cats; j++) {
+        int r;
+        switch (cmp) {
+        case IV_CMP_EQ: r = j == k; break;
+        case IV_CMP_NE: r = j != k; break;
+        case IV_CMP_LT: r = j < k; break;
+        case IV_CMP_LE: r = j <= k; break;
+        case IV_CMP_GT: r = j > k; break;
+        default: r = j >= k; break;
+        }
+        ok[j] = (uint8_t)r;
+    }
+}
+
+/* Marks in f->code_ok the codes the leaf's literals select. */
+static int mark_codes(cctx_t *c, const iv_expr_t *e, fnode_t *f, int is_set, const char *pos)
+{
+    const iv_meta_col_t *col = f->col;
+    iv_names_t *hash = NULL;
+    if (col->n_cats > 16 && e->n_lits > 4 && !col->cats_numeric) {
+        int rc = iv_names_build(col->n_cats, cat_at, col, &hash, c->err);
+        if (rc < 0) return rc;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < e->n_lits && rc == 0; i++) {
+        int64_t k = find_cat(col, hash, &e->lits[i]);
+        if (k < 0)
+            rc = unknown_category(c, col, &e->lits[i], pos);
+        else if (is_set)
+            f->code_ok[k] = 1;
+        else
+            fill_code_cmp(f->code_ok, col->n_cats, e->cmp, k);
+    }
+    iv_names_free(hash);
+    return rc;
+}
+
+/* A categorical leaf becomes a byte table indexed by code. */
+static int compile_categorical(cctx_t *c, const iv_expr_t *e, fnode_t *f, int is_set,
+                               int ordering, const char *pos)
+{
+    const iv_meta_col_t *col = f->col;
+    IV_RETURN_IF(ordering && !col->ordered, c->err, IV_EBAD_FILTER,
+                 "%s column '%s' is an unordered categorical; '%s' needs an order "
+                 "(use ==, != or in)%s", axis_name(c->axis), col->name, iv_cmp_symbol(e->cmp),
+                 pos);
+    f->code_ok = calloc((size_t)(col->n_cats ? col->n_cats : 1), 1);
+    IV_RETURN_IF(!f->code_ok, c->err, IV_ENOMEM, "filter: out of memory");
+    int rc = mark_codes(c, e, f, is_set, pos);
+    /* The table is indexed by present codes only, so inverting it
+     * leaves missing values (code -1) false. */
+    if (rc == 0 && f->neg)
+        for (int64_t j = 0; j < col->n_cats; j++) f->code_ok[j] = !f->code_ok[j];
+    f->neg = 0;
+    return rc;
+}
+
+/* A string leaf becomes a hash set (in) or one owned literal. */
+static int compile_string(cctx_t *c, const iv_expr_t *e, fnode_t *f, int is_set)
+{
+    if (!is_set) {
+        f->slit_own = strdup(e->lits[0].str);
+        IV_RETURN_IF(!f->slit_own, c->err, IV_ENOMEM, "filter: out of memory");
+        f->slit = f->slit_own;
+        return 0;
+    }
+    f->sown = calloc(e->n_lits ? e->n_lits : 1, sizeof(char *));
+    IV_RETURN_IF(!f->sown, c->err, IV_ENOMEM, "filter: out of memory");
+    IV_RETURN_IF(strset_build(&f->sset, e->lits, e->n_lits) < 0, c->err, IV_ENOMEM,
+                 "filter: out of memory");
+    /* The set points at the expression's strings; own copies so
+     * the expression may be freed after compile. */
+    for (uint32_t j = 0; j <= f->sset.mask; j++) {
+        if (!f->sset.keys[j]) continue;
+        char *d = strdup(f->sset.keys[j]);
+        IV_RETURN_IF(!d, c->err, IV_ENOMEM, "filter: out of memory");
+        f->sown[f->n_sown++] = d;
+        f->sset.keys[j] = d;
+    }
+    return 0;
+}
+
+/* Numeric `in` on an integer column: a sorted array of the literals. */
+static int build_int_set(cctx_t *c, const iv_expr_t *e, fnode_t *f)
+{
+    size_t n = e->n_lits;
+    f->iset = malloc((n ? n : 1) * sizeof(int64_t));
+    IV_RETURN_IF(!f->iset, c->err, IV_ENOMEM, "filter: out of memory");
+    /* Only integral literals can equal an integer. */
+    for (size_t i = 0; i < n; i++) {
+        const iv_lit_t *l = &e->lits[i];
+        if (l->is_int) f->iset[f->n_set++] = l->i;
+        else if (l->num == floor(l->num) && fabs(l->num) < 9.2e18)
+            f->iset[f->n_set++] = (int64_t)l->num;
+    }
+    qsort(f->iset, f->n_set, sizeof(int64_t), cmp_i64);
+    return 0;
+}
+
+/* Numeric `in` on a float or boolean column: a sorted array of the
+ * literals, NaN left out. */
+static int build_dbl_set(cctx_t *c, const iv_expr_t *e, fnode_t *f)
+{
+    size_t n = e->n_lits;
+    f->dset = malloc((n ? n : 1) * sizeof(double));
+    IV_RETURN_IF(!f->dset, c->err, IV_ENOMEM, "filter: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const iv_lit_t *l = &e->lits[i];
+        double v = l->kind == IV_LIT_BOOL ? (double)l->b : l->num;
+        if (!isnan(v)) f->dset[f->n_set++] = v;
+    }
+    qsort(f->dset, f->n_set, sizeof(double), cmp_dbl);
+    return 0;
+}
+
+/* An int, float or boolean leaf becomes a sorted set or one literal. */
+static int compile_number(cctx_t *c, const iv_expr_t *e, fnode_t *f, int is_set)
+{
+    if (is_set) return f->col->type == IV_COL_INT ? build_int_set(c, e, f)
+                                                  : build_dbl_set(c, e, f);
+    const iv_lit_t *l = &e->lits[0];
+    f->dlit = l->kind == IV_LIT_BOOL ? (double)l->b : l->num;
+    f->use_int = f->col->type == IV_COL_INT && l->is_int;
+    f->ilit = l->i;
+    return 0;
+}
+
 static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
 {
-    char pos[48], sug[300];
+    char pos[48];
     at_pos(pos, sizeof pos, e);
-    const char *ax = axis_name(c->axis);
     IV_RETURN_IF(!e->column, c->err, IV_EBAD_FILTER, "filter leaf without a column%s", pos);
-    const iv_meta_col_t *col = iv_meta_find_col(c->m, c->axis, e->column);
-    if (!col) {
-        colctx_t cc = {c->m, c->axis};
-        suggest(sug, sizeof sug, e->column, (int64_t)iv_meta_n_cols(c->m, c->axis) + 1,
-                col_name_at, &cc);
-        return iv_fail(c->err, IV_EBAD_FILTER, "unknown %s column '%.100s'%s%s", ax, e->column,
-                       sug, pos);
-    }
+    const iv_meta_col_t *col = resolve_column(c, e, pos);
+    if (!col) return IV_EBAD_FILTER;
     f->col = col;
     if (e->op == IV_EXPR_IS_NULL) return 0;
     if (e->op == IV_EXPR_TRUTH) {
         IV_RETURN_IF(col->type != IV_COL_BOOL, c->err, IV_EBAD_FILTER,
                      "%s column '%s' holds %s values, not booleans; compare it with a value%s",
-                     ax, col->name, iv_col_type_name(col->type), pos);
+                     axis_name(c->axis), col->name, iv_col_type_name(col->type), pos);
         return 0;
     }
     IV_RETURN_IF(e->op == IV_EXPR_CMP && e->n_lits != 1, c->err, IV_EBAD_FILTER,
@@ -557,135 +730,14 @@ static int compile_leaf(cctx_t *c, const iv_expr_t *e, fnode_t *f)
     int is_set = e->op == IV_EXPR_IN || e->op == IV_EXPR_NOT_IN;
     f->neg = e->op == IV_EXPR_NOT_IN;
     int ordering = e->op == IV_EXPR_CMP && e->cmp >= IV_CMP_LT;
-    /* Every literal must suit the column. */
-    for (size_t i = 0; i < e->n_lits; i++) {
-        const iv_lit_t *l = &e->lits[i];
-        switch (col->type) {
-        case IV_COL_INT:
-        case IV_COL_FLOAT:
-            if (l->kind != IV_LIT_NUM) return mismatch(c, e, col, l);
-            break;
-        case IV_COL_BOOL:
-            if (l->kind == IV_LIT_STR) return mismatch(c, e, col, l);
-            break;
-        case IV_COL_STRING:
-            if (l->kind != IV_LIT_STR) return mismatch(c, e, col, l);
-            break;
-        case IV_COL_CATEGORICAL:
-            if (l->kind == IV_LIT_NUM && !col->cats_numeric) return mismatch(c, e, col, l);
-            if (l->kind == IV_LIT_STR && col->cats_numeric) return mismatch(c, e, col, l);
-            break;
-        }
-    }
+    for (size_t i = 0; i < e->n_lits; i++)
+        if (!lit_suits(col, &e->lits[i])) return mismatch(c, e, col, &e->lits[i]);
     switch (col->type) {
-    case IV_COL_CATEGORICAL: {
-        IV_RETURN_IF(ordering && !col->ordered, c->err, IV_EBAD_FILTER,
-                     "%s column '%s' is an unordered categorical; '%s' needs an order "
-                     "(use ==, != or in)%s", ax, col->name, iv_cmp_symbol(e->cmp), pos);
-        f->code_ok = calloc((size_t)(col->n_cats ? col->n_cats : 1), 1);
-        IV_RETURN_IF(!f->code_ok, c->err, IV_ENOMEM, "filter: out of memory");
-        iv_names_t *hash = NULL;
-        if (col->n_cats > 16 && e->n_lits > 4 && !col->cats_numeric) {
-            int rc = iv_names_build(col->n_cats, cat_at, col, &hash, c->err);
-            if (rc < 0) return rc;
-        }
-        int rc = 0;
-        for (size_t i = 0; i < e->n_lits && rc == 0; i++) {
-            int64_t k = find_cat(col, hash, &e->lits[i]);
-            if (k < 0) {
-                char lit[96];
-                out_t o = {lit, sizeof lit, 0};
-                put_lit(&o, &e->lits[i]);
-                if (e->lits[i].kind == IV_LIT_STR)
-                    suggest(sug, sizeof sug, e->lits[i].str, col->n_cats, cat_at, col);
-                else
-                    sug[0] = '\0';
-                if (!sug[0]) list_categories(sug, sizeof sug, col);
-                rc = iv_fail(c->err, IV_EBAD_FILTER, "unknown category %s of %s column '%s'%s%s",
-                             lit, ax, col->name, sug, pos);
-                break;
-            }
-            if (is_set) {
-                f->code_ok[k] = 1;
-            } else {
-                /* Ordered categoricals compare by category position, as
-                 * pandas does; equality is the same code. */
-                for (int64_t j = 0; j < col->n_cats; j++) {
-                    int ok;
-                    switch (e->cmp) {
-                    case IV_CMP_EQ: ok = j == k; break;
-                    case IV_CMP_NE: ok = j != k; break;
-                    case IV_CMP_LT: ok = j < k; break;
-                    case IV_CMP_LE: ok = j <= k; break;
-                    case IV_CMP_GT: ok = j > k; break;
-                    default: ok = j >= k; break;
-                    }
-                    f->code_ok[j] = (uint8_t)ok;
-                }
-            }
-        }
-        iv_names_free(hash);
-        /* The table is indexed by present codes only, so inverting it
-         * leaves missing values (code -1) false. */
-        if (rc == 0 && f->neg)
-            for (int64_t j = 0; j < col->n_cats; j++) f->code_ok[j] = !f->code_ok[j];
-        f->neg = 0;
-        return rc;
-    }
-    case IV_COL_STRING:
-        if (is_set) {
-            f->sown = calloc(e->n_lits ? e->n_lits : 1, sizeof(char *));
-            IV_RETURN_IF(!f->sown, c->err, IV_ENOMEM, "filter: out of memory");
-            IV_RETURN_IF(strset_build(&f->sset, e->lits, e->n_lits) < 0, c->err, IV_ENOMEM,
-                         "filter: out of memory");
-            /* The set points at the expression's strings; own copies so
-             * the expression may be freed after compile. */
-            for (uint32_t j = 0; j <= f->sset.mask; j++) {
-                if (!f->sset.keys[j]) continue;
-                char *d = strdup(f->sset.keys[j]);
-                IV_RETURN_IF(!d, c->err, IV_ENOMEM, "filter: out of memory");
-                f->sown[f->n_sown++] = d;
-                f->sset.keys[j] = d;
-            }
-        } else {
-            f->slit_own = strdup(e->lits[0].str);
-            IV_RETURN_IF(!f->slit_own, c->err, IV_ENOMEM, "filter: out of memory");
-            f->slit = f->slit_own;
-        }
-        return 0;
+    case IV_COL_CATEGORICAL: return compile_categorical(c, e, f, is_set, ordering, pos);
+    case IV_COL_STRING: return compile_string(c, e, f, is_set);
     case IV_COL_INT:
     case IV_COL_FLOAT:
-    case IV_COL_BOOL:
-        if (is_set) {
-            size_t n = e->n_lits;
-            if (col->type == IV_COL_INT) {
-                f->iset = malloc((n ? n : 1) * sizeof(int64_t));
-                IV_RETURN_IF(!f->iset, c->err, IV_ENOMEM, "filter: out of memory");
-                /* Only integral literals can equal an integer. */
-                for (size_t i = 0; i < n; i++) {
-                    const iv_lit_t *l = &e->lits[i];
-                    if (l->is_int) f->iset[f->n_set++] = l->i;
-                    else if (l->num == floor(l->num) && fabs(l->num) < 9.2e18)
-                        f->iset[f->n_set++] = (int64_t)l->num;
-                }
-                qsort(f->iset, f->n_set, sizeof(int64_t), cmp_i64);
-            } else {
-                f->dset = malloc((n ? n : 1) * sizeof(double));
-                IV_RETURN_IF(!f->dset, c->err, IV_ENOMEM, "filter: out of memory");
-                for (size_t i = 0; i < n; i++) {
-                    const iv_lit_t *l = &e->lits[i];
-                    double v = l->kind == IV_LIT_BOOL ? (double)l->b : l->num;
-                    if (!isnan(v)) f->dset[f->n_set++] = v;
-                }
-                qsort(f->dset, f->n_set, sizeof(double), cmp_dbl);
-            }
-        } else {
-            const iv_lit_t *l = &e->lits[0];
-            f->dlit = l->kind == IV_LIT_BOOL ? (double)l->b : l->num;
-            f->use_int = col->type == IV_COL_INT && l->is_int;
-            f->ilit = l->i;
-        }
-        return 0;
+    case IV_COL_BOOL: return compile_number(c, e, f, is_set);
     }
     return 0;
 }
