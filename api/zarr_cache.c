@@ -23,6 +23,7 @@ enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
 
 typedef struct slot {
     int state;
+    const void *mx;
     int csr;
     int64_t chunk, k;
     size_t n_idx, n_val;
@@ -74,12 +75,12 @@ static int fill_scratch(size_t n_idx, size_t n_val, int want_val, uint8_t *dst, 
 }
 
 /* The slot of the chunk, or a free one to fill (NULL: every slot busy). */
-static slot_t *find_locked(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k, int *hit)
+static slot_t *find_locked(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, int *hit)
 {
     slot_t *victim = NULL;
     for (int i = 0; i < SLOTS; i++) {
         slot_t *s = &c->s[i];
-        if (s->state != SLOT_EMPTY && s->csr == csr && s->chunk == chunk && s->k == k) {
+        if (s->state != SLOT_EMPTY && s->mx == mx && s->csr == csr && s->chunk == chunk && s->k == k) {
             *hit = 1;
             return s;
         }
@@ -89,7 +90,7 @@ static slot_t *find_locked(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k
     return victim;
 }
 
-int iv_zarr_cache_get(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k, size_t n_idx,
+int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, size_t n_idx,
                       size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill, void *ctx,
                       iv_err_t *err)
 {
@@ -98,7 +99,7 @@ int iv_zarr_cache_get(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k, siz
     slot_t *s;
     int hit;
     for (;;) {
-        s = find_locked(c, csr, chunk, k, &hit);
+        s = find_locked(c, mx, csr, chunk, k, &hit);
         if (!hit || s->state == SLOT_READY) break;
         pthread_cond_wait(&c->cv, &c->mu);  /* being filled by another request */
     }
@@ -121,7 +122,7 @@ int iv_zarr_cache_get(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k, siz
         s->bytes = nb;
         s->cap = n_idx + n_val;
     }
-    *s = (slot_t){.state = SLOT_FILLING, .csr = csr, .chunk = chunk, .k = k, .n_idx = n_idx,
+    *s = (slot_t){.state = SLOT_FILLING, .mx = mx, .csr = csr, .chunk = chunk, .k = k, .n_idx = n_idx,
                   .n_val = n_val, .bytes = s->bytes, .cap = s->cap, .used = ++c->clock};
     pthread_mutex_unlock(&c->mu);
     /* The slot is this request's while FILLING: no one else touches its bytes. */

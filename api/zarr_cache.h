@@ -22,12 +22,12 @@ void iv_zarr_cache_free(iv_zarr_cache_t *c);
 typedef int (*iv_zarr_fill_fn)(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err);
 
 /*
- * Copies chunk (csr, chunk, k)'s indices (want_val 0) or values into dst:
+ * Copies chunk (mx, csr, chunk, k)'s indices (want_val 0) or values into dst:
  * from the cache, or filled once by fill while the requests for the same
  * chunk wait for it (a client asks for both parts at once).  c may be
  * NULL: fill into scratch buffers every time.
  */
-int iv_zarr_cache_get(iv_zarr_cache_t *c, int csr, int64_t chunk, int64_t k, size_t n_idx,
+int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, size_t n_idx,
                       size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill, void *ctx,
                       iv_err_t *err);
 

@@ -61,11 +61,11 @@ static void put_num(uint8_t *dst, iv_dtype_t t, int64_t iv, double dv, int is_fl
 /* ---- X ------------------------------------------------------------------------ */
 
 /* The orientation an X array is read from, or why there is none. */
-static int x_orient(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t **md, iv_err_t *err)
+static int x_orient(const zarr_arr_t *a, iv_dataset_t **md, iv_err_t *err)
 {
     iv_orient_t want = a->csr ? IV_IVCSR : IV_IVCSC;
     const char *what = a->csr ? "cell-major" : "gene-major";
-    iv_dataset_t *ds = src->ds;
+    iv_dataset_t *ds = a->mx;
     *md = iv_dataset_info(ds)->orient == want ? ds : iv_dataset_other(ds);
     if (*md) return 0;
     iv_orient_status_t st;
@@ -116,8 +116,8 @@ static int64_t lower_bound(const ptrs_t *p, int64_t n, int64_t v)
 
 /* One chunk's decode: both parts, indices and values. */
 typedef struct xfill {
-    const iv_zarr_src_t *src;
-    iv_dataset_t *md;
+    iv_dataset_t *ds;         /* the matrix (its shape, the query engine's entry) */
+    iv_dataset_t *md;         /* its orientation read */
     int csr;
     int64_t C, k;
     iv_dtype_t idx_vt, val_vt;
@@ -163,8 +163,8 @@ static int copy_block(const xfill_t *f, const iv_block_t *blk, const ptrs_t *p, 
 static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
 {
     const xfill_t *f = ctx;
-    /* The shape from the dataset's own info: both orientations share it. */
-    const iv_dataset_info_t *in = iv_dataset_info(f->src->ds);
+    /* The shape from the matrix's own info: both orientations share it. */
+    const iv_dataset_info_t *in = iv_dataset_info(f->ds);
     ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
     int64_t n_major = f->csr ? in->n_rows : in->n_cols;
     int64_t C = f->C;
@@ -190,7 +190,7 @@ static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
         .pick = f->csr ? IV_PICK_CELLS : IV_PICK_GENES,
     };
     iv_query_t *q = NULL;
-    int rc = iv_query_new(f->src->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
+    int rc = iv_query_new(f->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
     free(ids);
     if (rc == 0) rc = iv_query_prepare(q, NULL, err);
     for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
@@ -207,17 +207,17 @@ static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
 static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
                      iv_buf_t *out, iv_err_t *err)
 {
-    const iv_dataset_info_t *in = iv_dataset_info(src->ds);
+    const iv_dataset_info_t *in = iv_dataset_info(a->mx);
     int64_t n_minor = a->csr ? in->n_cols : in->n_rows;
     xfill_t f = {
-        .src = src, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k,
+        .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k,
         .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
     };
     size_t n_idx = (size_t)f.C * iv_dtype_size(f.idx_vt), n_val = (size_t)f.C * iv_dtype_size(f.val_vt);
     int want_val = a->src == ZS_X_DATA;
     if (iv_buf_reserve(out, want_val ? n_val : n_idx) != 0)
         return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
-    IV_TRY(iv_zarr_cache_get(src->cache, a->csr, f.C, k, n_idx, n_val, want_val,
+    IV_TRY(iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, n_idx, n_val, want_val,
                              (uint8_t *)out->data + out->len, x_fill, &f, err));
     out->len += want_val ? n_val : n_idx;
     return 0;
@@ -227,7 +227,7 @@ static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_
                    iv_err_t *err)
 {
     iv_dataset_t *md;
-    IV_TRY(x_orient(src, a, &md, err));
+    IV_TRY(x_orient(a, &md, err));
     if (a->src == ZS_X_INDPTR) {
         /* One chunk: the whole pointer array. */
         ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};

@@ -24,8 +24,9 @@ typedef enum zarr_src {
 
 typedef struct zarr_arr {
     zarr_src_t src;
-    int csr;                  /* X from the cell-major orientation (else gene-major) */
-    char dtype[8];            /* Zarr dtype: "<i8", "|b1", "|O" (vlen-utf8) */
+    int csr;                  /* a matrix from its cell-major orientation (else gene-major) */
+    iv_dataset_t *mx;         /* ZS_X_*: the matrix (X, a layer, raw/X) */
+    char dtype[16];           /* Zarr dtype: "<i8", "|b1", "|O" (vlen-utf8) */
     iv_dtype_t vt;            /* element type of numeric arrays */
     int is_bool;
     int is_str;

@@ -106,31 +106,94 @@ static const char *child(walker_t *w, size_t base, const char *name)
     return n > 0 && (size_t)n < sizeof w->path - base ? w->path : NULL;
 }
 
-static void walk_x(walker_t *w)
+/* A sparse matrix at w->path (X, layers/NAME, raw/X) as anndata writes
+ * a csr_matrix or csc_matrix: indptr, indices, data. */
+static void walk_matrix(walker_t *w, iv_dataset_t *ds, int csr)
 {
-    const iv_dataset_info_t *in = iv_dataset_info(w->src->ds);
+    const iv_dataset_info_t *in = iv_dataset_info(ds);
     iv_buf_t *b = &w->attrs;
     b->len = 0;
     iv_buf_printf(b,
                   "{\"encoding-type\":\"%s\",\"encoding-version\":\"0.1.0\",\"shape\":[%" PRId64
                   ",%" PRId64 "]}",
-                  w->csr ? "csr_matrix" : "csc_matrix", in->n_rows, in->n_cols);
+                  csr ? "csr_matrix" : "csc_matrix", in->n_rows, in->n_cols);
     iv_buf_append(b, "", 1);
-    group(w, "X", b->data);
-    int64_t n_major = w->csr ? in->n_rows : in->n_cols, n_minor = w->csr ? in->n_cols : in->n_rows;
-    zarr_arr_t a = {.csr = w->csr};
+    size_t base = strlen(w->path);
+    group(w, w->path, b->data);
+    int64_t n_major = csr ? in->n_rows : in->n_cols, n_minor = csr ? in->n_cols : in->n_rows;
+    zarr_arr_t a = {.csr = csr, .mx = ds};
     a.src = ZS_X_INDPTR;
     set_numeric(&a, IV_DT_INT64);
     shape_1d(&a, n_major + 1, n_major + 1);
-    emit(w, "X/indptr", 0, NULL, &a);
+    if (child(w, base, "indptr")) emit(w, w->path, 0, NULL, &a);
+    w->path[base] = '\0';
     a.src = ZS_X_INDICES;
     set_numeric(&a, n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64);
     int64_t c = zarr_x_chunk(w->src);
     shape_1d(&a, in->nnz, in->nnz < c ? in->nnz : c);
-    emit(w, "X/indices", 0, NULL, &a);
+    if (child(w, base, "indices")) emit(w, w->path, 0, NULL, &a);
+    w->path[base] = '\0';
     a.src = ZS_X_DATA;
     set_numeric(&a, in->value_dtype);
-    emit(w, "X/data", 0, NULL, &a);
+    if (child(w, base, "data")) emit(w, w->path, 0, NULL, &a);
+    w->path[base] = '\0';
+}
+
+static void walk_x(walker_t *w)
+{
+    snprintf(w->path, sizeof w->path, "X");
+    walk_matrix(w, w->src->ds, w->csr);
+}
+
+/* Opens the other matrix name; NULL when the dataset has none or it is
+ * not servable (a layer that is not packed is left out of the store). */
+static iv_dataset_t *open_matrix(const iv_zarr_src_t *src, const char *name, iv_meta_t **var_meta)
+{
+    iv_dataset_t *ds = NULL;
+    iv_err_t e = {0};
+    *var_meta = NULL;
+    if (!src->matrix_open || src->matrix_open(src->matrix_ctx, name, &ds, var_meta, &e) != 0)
+        return NULL;
+    return ds;
+}
+
+/* A matrix in the orientation it is stored in (layers and raw/X have no
+ * second one). */
+static int is_csr(iv_dataset_t *ds)
+{
+    return iv_dataset_info(ds)->orient == IV_IVCSR;
+}
+
+static void walk_layers(walker_t *w)
+{
+    group(w, "layers", ENC_DICT);
+    const char *name;
+    for (size_t i = 0; !w->stop && w->src->matrix_name &&
+                       (name = w->src->matrix_name(w->src->matrix_ctx, i)) != NULL;
+         i++) {
+        iv_meta_t *vm;
+        iv_dataset_t *ds;
+        if (strncmp(name, "layers/", 7) != 0 || !name_ok(name + 7)) continue;
+        if (!(ds = open_matrix(w->src, name, &vm))) continue;
+        snprintf(w->path, sizeof w->path, "%s", name);
+        walk_matrix(w, ds, is_csr(ds));
+    }
+}
+
+static void walk_frame(walker_t *w, const iv_meta_t *m, iv_axis_t axis, const char *name);
+
+/* raw: X and var (raw/var; raw/X without it is left out: anndata cannot
+ * read a raw without var), varm empty. */
+static void walk_raw(walker_t *w)
+{
+    iv_meta_t *vm;
+    iv_dataset_t *ds = open_matrix(w->src, "raw/X", &vm);
+    if (!ds || !vm || !iv_meta_index(vm, IV_AXIS_VAR)) return;
+    group(w, "raw", "{\"encoding-type\":\"raw\",\"encoding-version\":\"0.1.0\"}");
+    snprintf(w->path, sizeof w->path, "raw/X");
+    walk_matrix(w, ds, is_csr(ds));
+    walk_frame(w, vm, IV_AXIS_VAR, "raw/var");
+    group(w, "raw/varm", ENC_DICT);
 }
 
 static iv_dtype_t int_dtype(iv_dtype_t t)
@@ -196,9 +259,8 @@ static void walk_col(walker_t *w, const iv_meta_col_t *c)
     w->path[len] = '\0';
 }
 
-static void walk_frame(walker_t *w, iv_axis_t axis, const char *name)
+static void walk_frame(walker_t *w, const iv_meta_t *m, iv_axis_t axis, const char *name)
 {
-    const iv_meta_t *m = w->src->meta;
     const iv_meta_col_t *ix = m ? iv_meta_index(m, axis) : NULL;
     size_t n = m ? iv_meta_n_cols(m, axis) : 0;
     iv_buf_t *b = &w->attrs;
@@ -264,11 +326,12 @@ static int zarr_walk(const iv_zarr_src_t *src, int csr, visit_fn fn, void *ctx)
     iv_buf_init(&w.attrs);
     group(&w, "", "{\"encoding-type\":\"anndata\",\"encoding-version\":\"0.1.0\"}");
     if (!w.stop) walk_x(&w);
-    if (!w.stop) walk_frame(&w, IV_AXIS_OBS, "obs");
-    if (!w.stop) walk_frame(&w, IV_AXIS_VAR, "var");
+    if (!w.stop) walk_frame(&w, src->meta, IV_AXIS_OBS, "obs");
+    if (!w.stop) walk_frame(&w, src->meta, IV_AXIS_VAR, "var");
     if (!w.stop) walk_marrays(&w, IV_AXIS_OBS, "obsm");
     if (!w.stop) walk_marrays(&w, IV_AXIS_VAR, "varm");
-    if (!w.stop) group(&w, "layers", ENC_DICT);
+    if (!w.stop) walk_layers(&w);
+    if (!w.stop) walk_raw(&w);
     if (!w.stop) group(&w, "uns", ENC_DICT);
     int oom = w.attrs.oom;
     iv_buf_free(&w.attrs);

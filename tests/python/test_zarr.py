@@ -34,6 +34,7 @@ from anndata.experimental import read_elem  # noqa: E402
 from numcodecs import VLenUTF8  # noqa: E402
 
 N_OBS, N_VAR = 3000, 250     # ~112,000 entries: two X chunks, boundaries inside slices
+N_RAW = 310                  # raw/X's genes (raw/var), more than X's
 CASES = {"r_int": ("ivcsr", "int32", 1), "c_f32": ("ivcsc", "float32", 2)}
 TOKEN = "zarr-secret-token"
 
@@ -48,9 +49,13 @@ def env(tmp_path_factory):
         zarrdata.write_dataset(path, *d, orientation=orient)
         data[name] = (path, d)
         ds.append({"id": name, "path": path})
+    # Layers, raw and uns (zarrdata.write_matrices).
+    path = os.path.join(tmp, "mx.h5ad")
+    data["mx"] = (path, zarrdata.write_matrices(path, 4, N_OBS, N_VAR, N_RAW))
+    ds.append({"id": "mx", "path": path})
     ds.append({"id": "locked", "path": data["r_int"][0], "tokens": [TOKEN]})
     s = zarrdata.Server(tmp, ds, cfg_extra={"cors_origins": ["https://vitessce.example"]})
-    zarrdata.wait_both(s.url, list(CASES), )
+    zarrdata.wait_both(s.url, list(CASES) + ["mx"])
     yield s, data
     assert s.stop() == 0, s.log_text()[-3000:]
 
@@ -181,20 +186,20 @@ def arrays_of(group, prefix=""):
             yield from arrays_of(v, prefix + k + "/")
 
 
-@pytest.mark.parametrize("csr", [False, True], ids=["csc", "csr"])
-def test_chunks_are_what_zarr_python_writes(env, tmp_path, csr):
+@pytest.mark.parametrize("name,csr", [("r_int", False), ("r_int", True), ("mx", False)],
+                         ids=["csc", "csr", "layers_raw_uns"])
+def test_chunks_are_what_zarr_python_writes(env, tmp_path, name, csr):
     """Every array of the store, written by zarr-python with the same
     dtype, shape, chunks, compressor and fill value into a local store:
     every chunk it writes is byte-identical to the one served."""
     s, data = env
-    name = "r_int"
     g = open_group(s, name, csr)
     local = zarr.open_group(str(tmp_path / "local.zarr"), mode="w")
     base = store_url(s, name, csr)
     sess = requests.Session()
     n_chunks = 0
     for key, arr in arrays_of(g):
-        vals = arr[:]
+        vals = arr[...]
         kw = {"object_codec": VLenUTF8()} if arr.dtype == object else {}
         out = local.create_dataset(key, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype,
                                    compressor=None, fill_value=arr.fill_value, **kw)
@@ -288,3 +293,46 @@ def test_x_chunks_wait_for_the_other_orientation(tmp_path):
         assert np.array_equal(g["X"]["indices"][:], sp.csr_matrix(d[0]).indices)
     finally:
         assert s.stop() == 0
+
+
+def sparse_equal(got, want, fmt):
+    """got (a scipy matrix read back) holds want's entries in format fmt
+    and dtype, stored zeros included."""
+    want = sp.csr_matrix(want) if fmt == "csr" else sp.csc_matrix(want)
+    want.sort_indices()
+    assert got.format == fmt and got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got.indptr, want.indptr)
+    assert np.array_equal(got.indices, want.indices)
+    assert np.array_equal(got.data, want.data)
+
+
+def test_layers_and_raw_equal_the_file(env):
+    """layers/NAME in the orientation each is stored in (csr_matrix from
+    IVCSR, csc_matrix from IVCSC), raw as anndata writes it (X, var,
+    varm): read by zarr-python and by anndata.read_zarr, equal to the
+    file; chunk boundaries fall inside slices (more than one chunk)."""
+    s, data = env
+    path, (X, obs, var, layers, raw, raw_var) = data["mx"]
+    g = open_group(s, "mx")
+    assert sorted(g["layers"].keys()) == ["counts", "scaled"]
+    assert g["layers"]["counts"].attrs["encoding-type"] == "csr_matrix"
+    assert g["layers"]["scaled"].attrs["encoding-type"] == "csc_matrix"
+    assert g["raw"].attrs.asdict() == {"encoding-type": "raw", "encoding-version": "0.1.0"}
+    assert g["layers"]["counts"]["indices"].nchunks > 1
+    sparse_equal(read_elem(g["layers"]["counts"]), layers["counts"], "csr")
+    sparse_equal(read_elem(g["layers"]["scaled"]), layers["scaled"], "csc")
+    sparse_equal(read_elem(g["raw"]["X"]), raw, "csc")
+    pd.testing.assert_frame_equal(read_elem(g["raw"]["var"]), raw_var, check_exact=True)
+    for csr in (False, True):
+        a = anndata.read_zarr(consolidated(s, "mx", csr))
+        sparse_equal(a.X, X, "csr" if csr else "csc")
+        assert sorted(a.layers.keys()) == ["counts", "scaled"]
+        sparse_equal(a.layers["counts"], layers["counts"], "csr")
+        sparse_equal(a.layers["scaled"], layers["scaled"], "csc")
+        assert a.raw is not None and a.raw.shape == (N_OBS, N_RAW)
+        sparse_equal(a.raw.X, raw, "csc")
+        pd.testing.assert_frame_equal(a.raw.var, raw_var, check_exact=True)
+    # The datasets without them: an empty layers group, no raw.
+    g = open_group(s, "r_int")
+    assert list(g["layers"].keys()) == [] and "raw" not in g
+    assert requests.get(store_url(s, "r_int") + "/raw/.zgroup").status_code == 404

@@ -95,3 +95,51 @@ def wait_both(url, ids, headers=None, timeout=60):
                 break
             assert time.time() < deadline, doc
             time.sleep(0.05)
+
+
+def uns_entries():
+    """uns as anndata 0.8 writes it: what the store serves (scalars, 1-D
+    numeric and string arrays, nested dicts of those) and what it leaves
+    out (a data frame, a 2-D array); the served part comes first."""
+    served = {
+        "title": "a test", "unicode": "na\u00efve \u2713", "empty": "",
+        "n_pcs": 7, "ratio": 0.25, "flag": True, "small": np.float32(1.5),
+        "ids": np.arange(4, dtype=np.int32), "weights": np.array([0.5, -1.0, 2.25]),
+        "uint": np.array([1, 2, 300], dtype=np.uint16),
+        "mask": np.array([True, False, True]),
+        "names": np.array(["a", "b\u00e9ta", "", "c"], dtype=object),
+        "neighbors": {"params": {"n_neighbors": 15, "method": "umap", "use_rep": "X_pca"},
+                      "connectivities_key": "connectivities"},
+        "cell_type_colors": np.array(["#1f77b4", "#ff7f0e", "#279e68"], dtype=object),
+    }
+    skipped = {"frame": pd.DataFrame({"a": [1, 2]}, index=["x", "y"]),
+               "grid": np.arange(6.0).reshape(2, 3)}
+    return served, skipped
+
+
+def write_matrices(path, seed, n_obs, n_var, n_raw):
+    """An .h5ad with X (IVCSR int32), obs and var as make_data's, layers
+    `counts` (IVCSR int32) and `scaled` (IVCSC float32), raw/X (IVCSC
+    float32, n_raw genes) with raw/var, and uns (uns_entries()).  Returns
+    (X, obs, var, {layer: matrix}, raw X, raw var)."""
+    X, obs, var, obsm, varm = make_data(seed, n_obs, n_var, "int32")
+    rng = np.random.default_rng(seed + 100)
+    counts = make_data(seed + 1, n_obs, n_var, "int32", density=0.1)[0]
+    scaled = make_data(seed + 2, n_obs, n_var, "float32", density=0.12)[0]
+    raw = make_data(seed + 3, n_obs, n_raw, "float32", density=0.1)[0]
+    raw_var = pd.DataFrame({
+        "mt": np.arange(n_raw) % 3 == 0,
+        "kind": pd.Categorical(rng.choice(["coding", "lnc"], n_raw)),
+    }, index=["RGENE%04d" % i for i in range(n_raw)])
+    ivref.write_with_layers(path, sp.csr_matrix(X), "ivcsr", obs=False, var=False,
+                            value_dtype=X.dtype,
+                            layers={"counts": (sp.csr_matrix(counts), "ivcsr", np.int32),
+                                    "scaled": (sp.csr_matrix(scaled), "ivcsc", np.float32)},
+                            raw=(sp.csr_matrix(raw), "ivcsc", np.float32))
+    served, skipped = uns_entries()
+    with h5py.File(path, "a") as f:
+        write_elem(f, "obs", obs)
+        write_elem(f, "var", var)
+        write_elem(f, "raw/var", raw_var)
+        write_elem(f, "uns", dict(served, **skipped))
+    return X, obs, var, {"counts": counts, "scaled": scaled}, raw, raw_var
