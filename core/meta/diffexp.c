@@ -391,12 +391,20 @@ size_t iv_de_result_bytes(const iv_de_spec_t *s)
            sizeof(iv_de_row_t);
 }
 
+/* Whether the groups, the reference and the method fit together. */
+static int spec_consistent(const iv_de_spec_t *s)
+{
+    if (s->n_labels < 1 || s->n_tested < 1 || s->n_tested > s->n_labels || s->n_genes < 0)
+        return 0;
+    if (s->reference >= 0 && (s->reference < s->n_tested || s->reference >= s->n_labels))
+        return 0;
+    return s->reference >= -1 && (s->method == IV_DE_TTEST || s->method == IV_DE_WILCOXON);
+}
+
 int iv_de_new(const iv_de_spec_t *s, iv_de_t **out, iv_err_t *err)
 {
     *out = NULL;
-    if (s->n_labels < 1 || s->n_tested < 1 || s->n_tested > s->n_labels || s->n_genes < 0 ||
-        (s->reference >= 0 && (s->reference < s->n_tested || s->reference >= s->n_labels)) ||
-        s->reference < -1 || (s->method != IV_DE_TTEST && s->method != IV_DE_WILCOXON))
+    if (!spec_consistent(s))
         return iv_fail(err, IV_EINVALID_ARG, "differential expression: inconsistent groups");
     iv_de_t *de = calloc(1, sizeof *de);
     if (!de) return iv_fail(err, IV_ENOMEM, "out of memory");
@@ -432,6 +440,17 @@ void iv_de_free(iv_de_t *de)
     free(de);
 }
 
+/* The distinct-value table of a work over nl labels: 0 or -1. */
+static int hash_alloc(iv_de_work_t *w, size_t nl)
+{
+    w->hk = calloc(HASH_SLOTS, sizeof *w->hk);
+    w->hc = calloc((size_t)HASH_SLOTS * nl, sizeof *w->hc);
+    w->hused = malloc(HASH_DISTINCT * sizeof *w->hused);
+    w->dkey = malloc(HASH_DISTINCT * sizeof *w->dkey);
+    w->dslot = malloc(HASH_DISTINCT * sizeof *w->dslot);
+    return w->hk && w->hc && w->hused && w->dkey && w->dslot ? 0 : -1;
+}
+
 iv_de_work_t *iv_de_work_new(const iv_de_t *de)
 {
     iv_de_work_t *w = calloc(1, sizeof *w);
@@ -452,16 +471,9 @@ iv_de_work_t *iv_de_work_new(const iv_de_t *de)
         return NULL;
     }
     for (int k = 0; k < LP_TABLE; k++) w->lp[k] = log1p((double)k);
-    if (de->s.n_labels <= HASH_LABELS) {
-        w->hk = calloc(HASH_SLOTS, sizeof *w->hk);
-        w->hc = calloc((size_t)HASH_SLOTS * nl, sizeof *w->hc);
-        w->hused = malloc(HASH_DISTINCT * sizeof *w->hused);
-        w->dkey = malloc(HASH_DISTINCT * sizeof *w->dkey);
-        w->dslot = malloc(HASH_DISTINCT * sizeof *w->dslot);
-        if (!w->hk || !w->hc || !w->hused || !w->dkey || !w->dslot) {
-            iv_de_work_free(w);
-            return NULL;
-        }
+    if (de->s.n_labels <= HASH_LABELS && hash_alloc(w, nl) != 0) {
+        iv_de_work_free(w);
+        return NULL;
     }
     return w;
 }
@@ -862,34 +874,18 @@ static void ranksum(iv_de_row_t *o, double n1, double n2, double r1, double tie)
     o->pval = iv_de_norm_p2(z);
 }
 
-int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void *indices, int index_size,
-               const void *data, iv_dtype_t dtype)
+/* One side of a comparison: its cells, mean, squared deviations and
+ * non-zero entries. */
+typedef struct de_side {
+    double n, mean, m2, nz;
+} de_side_t;
+
+/* Second pass over loaded entries: per label squared deviations from the
+ * mean, the implicit zeros left to settle_moments. */
+static void m2_from_entries(iv_de_work_t *w, int64_t n)
 {
-    const iv_de_spec_t *s = &de->s;
-    if (j < 0 || j >= s->n_genes) return IV_EINVALID_ARG;
-    size_t nl = (size_t)s->n_labels;
-    memset(w->st, 0, nl * sizeof *w->st);
-    memset(w->nz, 0, nl * sizeof *w->nz);
-    memset(w->s1, 0, nl * sizeof *w->s1);
-    memset(w->m2, 0, nl * sizeof *w->m2);
-    memset(w->rs, 0, nl * sizeof *w->rs);
-    /* Few distinct values (counts): everything from the table, straight
-     * from the block.  Otherwise the entries are loaded, and sorted for
-     * the rank-sum test. */
-    int32_t nd = w->hk ? hash_direct(w, nnz, indices, index_size, data, dtype) : -1;
-    int64_t n = 0;
-    if (nd >= 0) {
-        moments_from_table(w, nd);
-    } else {
-        if (w->gated && nnz > w->cap) return IV_DE_NEED_SCRATCH;
-        if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
-        n = load(w, nnz, indices, index_size, data, dtype);
-        for (size_t l = 0; l < nl; l++) w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
-    }
-    /* Second pass: squared deviations, the implicit zeros as a count. */
-    if (nd >= 0) {
-        /* done from the table */
-    } else if (nl <= 16) {
+    const size_t nl = (size_t)w->de->s.n_labels;
+    if (nl <= 16) {
         /* Four interleaved accumulators: one running sum per label would
          * chain every entry of that label through a store and a load. */
         double acc[4][16];
@@ -911,7 +907,13 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
             w->m2[w->lab[k]] += d * d;
         }
     }
-    for (size_t l = 0; l < nl; l++) {
+}
+
+/* Adds the implicit zeros to each label's squared deviations and range. */
+static void settle_moments(iv_de_work_t *w)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    for (size_t l = 0; l < (size_t)s->n_labels; l++) {
         w->m2[l] += (double)(s->n_cells[l] - w->st[l]) * w->mean[l] * w->mean[l];
         /* A group whose cells all hold one value has that mean and no
          * variance exactly: a sum rounded to an ulp would otherwise give
@@ -926,57 +928,120 @@ int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void 
             w->m2[l] = 0;
         }
     }
-    double tie_all = 0;
-    if (s->method == IV_DE_WILCOXON) {
-        if (nd < 0) afsort(w->key, w->lab, n, 56);
-        if (s->reference < 0) tie_all = nd >= 0 ? walk_all_h(w, nd) : walk_all(w, n);
-    }
-    for (int32_t g = 0; g < s->n_tested; g++) {
-        iv_de_row_t *o = &de->rows[(size_t)g * (size_t)s->n_genes + (size_t)j];
-        double n1 = (double)s->n_cells[g], m1 = w->mean[g], q1 = w->m2[g], nz1 = (double)w->nz[g];
-        double n2 = 0, m2 = 0, q2 = 0, nz2 = 0;
-        if (s->reference >= 0) {
-            int32_t r = s->reference;
-            n2 = (double)s->n_cells[r];
-            m2 = w->mean[r];
-            q2 = w->m2[r];
-            nz2 = (double)w->nz[r];
-        } else {
-            double sum = 0, lo = INFINITY, hi = -INFINITY;
-            for (int32_t l = 0; l < s->n_labels; l++)
-                if (l != g && s->n_cells[l] > 0) {
-                    n2 += (double)s->n_cells[l];
-                    sum += w->s1[l];
-                    nz2 += (double)w->nz[l];
-                    if (w->mn[l] < lo) lo = w->mn[l];
-                    if (w->mx[l] > hi) hi = w->mx[l];
-                }
-            m2 = n2 > 0 ? sum / n2 : 0;
-            for (int32_t l = 0; l < s->n_labels; l++)
-                if (l != g && s->n_cells[l] > 0) {
-                    double d = w->mean[l] - m2;
-                    q2 += w->m2[l] + (double)s->n_cells[l] * d * d;
-                }
-            if (n2 > 0 && lo == hi) {
-                m2 = lo;  /* the rest is constant (see above) */
-                q2 = 0;
-            }
+}
+
+/* Label l's side of a comparison. */
+static de_side_t label_side(const iv_de_work_t *w, int32_t l)
+{
+    de_side_t o = {(double)w->de->s.n_cells[l], w->mean[l], w->m2[l], (double)w->nz[l]};
+    return o;
+}
+
+/* Every label but g merged (Chan et al.): the "rest" side. */
+static de_side_t rest_side(const iv_de_work_t *w, int32_t g)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    de_side_t o = {0, 0, 0, 0};
+    double sum = 0, lo = INFINITY, hi = -INFINITY;
+    for (int32_t l = 0; l < s->n_labels; l++)
+        if (l != g && s->n_cells[l] > 0) {
+            o.n += (double)s->n_cells[l];
+            sum += w->s1[l];
+            o.nz += (double)w->nz[l];
+            if (w->mn[l] < lo) lo = w->mn[l];
+            if (w->mx[l] > hi) hi = w->mx[l];
         }
-        o->mean1 = m1;
-        o->mean2 = m2;
-        o->frac1 = n1 > 0 ? nz1 / n1 : 0;
-        o->frac2 = n2 > 0 ? nz2 / n2 : 0;
-        o->lfc = log2((expm1(m1) + 1e-9) / (expm1(m2) + 1e-9));
-        if (s->method == IV_DE_TTEST) {
-            welch(o, n1, m1, q1, n2, m2, q2);
-        } else if (s->reference < 0) {
-            ranksum(o, n1, n2, w->rs[g], tie_all);
-        } else {
-            double r1 = 0;
-            double tie = nd >= 0 ? walk_pair_h(w, nd, g, s->reference, &r1) : walk_pair(w, n, g, s->reference, &r1);
-            ranksum(o, n1, n2, r1, tie);
+    o.mean = o.n > 0 ? sum / o.n : 0;
+    for (int32_t l = 0; l < s->n_labels; l++)
+        if (l != g && s->n_cells[l] > 0) {
+            double d = w->mean[l] - o.mean;
+            o.m2 += w->m2[l] + (double)s->n_cells[l] * d * d;
         }
+    if (o.n > 0 && lo == hi) {
+        o.mean = lo;  /* the rest is constant (see settle_moments) */
+        o.m2 = 0;
     }
+    return o;
+}
+
+/* Group g of gene j against its reference or the rest: one result row.
+ * nd >= 0 when the gene was counted in the table, else its n entries are
+ * loaded and sorted. */
+static void test_group(iv_de_t *de, iv_de_work_t *w, int64_t j, int32_t g, int32_t nd, int64_t n,
+                       double tie_all)
+{
+    const iv_de_spec_t *s = &de->s;
+    iv_de_row_t *o = &de->rows[(size_t)g * (size_t)s->n_genes + (size_t)j];
+    de_side_t a = label_side(w, g);
+    de_side_t b = s->reference >= 0 ? label_side(w, s->reference) : rest_side(w, g);
+    o->mean1 = a.mean;
+    o->mean2 = b.mean;
+    o->frac1 = a.n > 0 ? a.nz / a.n : 0;
+    o->frac2 = b.n > 0 ? b.nz / b.n : 0;
+    o->lfc = log2((expm1(a.mean) + 1e-9) / (expm1(b.mean) + 1e-9));
+    if (s->method == IV_DE_TTEST) {
+        welch(o, a.n, a.mean, a.m2, b.n, b.mean, b.m2);
+    } else if (s->reference < 0) {
+        ranksum(o, a.n, b.n, w->rs[g], tie_all);
+    } else {
+        double r1 = 0;
+        double tie = nd >= 0 ? walk_pair_h(w, nd, g, s->reference, &r1) : walk_pair(w, n, g, s->reference, &r1);
+        ranksum(o, a.n, b.n, r1, tie);
+    }
+}
+
+/* Loads the gene's n entries into the work's scratch and takes each
+ * label's mean and squared deviations from them: 0, IV_DE_NEED_SCRATCH
+ * (gated work too small) or IV_ENOMEM. */
+static int moments_from_entries(iv_de_work_t *w, int64_t nnz, const void *indices, int index_size,
+                                const void *data, iv_dtype_t dtype, int64_t *n)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    if (w->gated && nnz > w->cap) return IV_DE_NEED_SCRATCH;
+    if (iv_de_work_reserve(w, nnz) != 0) return IV_ENOMEM;
+    *n = load(w, nnz, indices, index_size, data, dtype);
+    for (size_t l = 0; l < (size_t)s->n_labels; l++)
+        w->mean[l] = s->n_cells[l] > 0 ? w->s1[l] / (double)s->n_cells[l] : 0;
+    m2_from_entries(w, *n);
+    return 0;
+}
+
+/* For the rank-sum test: sorts loaded entries, and against the rest
+ * walks the universe once for every label's rank sum; the tie term. */
+static double rank_all(iv_de_work_t *w, int32_t nd, int64_t n)
+{
+    const iv_de_spec_t *s = &w->de->s;
+    if (s->method != IV_DE_WILCOXON) return 0;
+    if (nd < 0) afsort(w->key, w->lab, n, 56);
+    if (s->reference >= 0) return 0;
+    return nd >= 0 ? walk_all_h(w, nd) : walk_all(w, n);
+}
+
+int iv_de_gene(iv_de_t *de, iv_de_work_t *w, int64_t j, int64_t nnz, const void *indices, int index_size,
+               const void *data, iv_dtype_t dtype)
+{
+    const iv_de_spec_t *s = &de->s;
+    if (j < 0 || j >= s->n_genes) return IV_EINVALID_ARG;
+    size_t nl = (size_t)s->n_labels;
+    memset(w->st, 0, nl * sizeof *w->st);
+    memset(w->nz, 0, nl * sizeof *w->nz);
+    memset(w->s1, 0, nl * sizeof *w->s1);
+    memset(w->m2, 0, nl * sizeof *w->m2);
+    memset(w->rs, 0, nl * sizeof *w->rs);
+    /* Few distinct values (counts): everything from the table, straight
+     * from the block.  Otherwise the entries are loaded, and sorted for
+     * the rank-sum test. */
+    int32_t nd = w->hk ? hash_direct(w, nnz, indices, index_size, data, dtype) : -1;
+    int64_t n = 0;
+    if (nd >= 0) {
+        moments_from_table(w, nd);
+    } else {
+        int rc = moments_from_entries(w, nnz, indices, index_size, data, dtype, &n);
+        if (rc != 0) return rc;
+    }
+    settle_moments(w);
+    double tie_all = rank_all(w, nd, n);
+    for (int32_t g = 0; g < s->n_tested; g++) test_group(de, w, j, g, nd, n, tie_all);
     if (nd >= 0) hash_clear(w);
     return 0;
 }
