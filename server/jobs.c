@@ -144,149 +144,205 @@ static int dense_refused(const iv_dataset_info_t *info, iv_fmt_t fmt, const iv_s
                    genes, cells, answer, iv_fmt_media_type(fmt), limit);
 }
 
-void setup_run(job_t *j)
+/* IV_ECANCELLED when the job is to stop (see job_cancelled), else 0. */
+static int job_check_cancel(job_t *j)
+{
+    return job_cancelled(j) ? job_cancel_rc(j) : 0;
+}
+
+/* Parses the request into *qr and opens the matrix it names: "matrix" is
+ * X, a layer or raw/X; its axis lengths bound the selection, raw/X's
+ * genes are raw/var's (registry.h).  *qr is owned by the caller on 0. */
+static int setup_parse(job_t *j, iv_qreq_t *qr, iv_dataset_t **mds, iv_meta_t **var_meta)
 {
     setup_t *st = j->setup;
     sds_t *d = j->qs->ds;
-    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
-    iv_qreq_t qr;
     int rc;
-    if (job_cancelled(j)) {
-        j->rc = job_cancel_rc(j);
-        return;
-    }
-    /* "matrix": X, a layer or raw/X; its axis lengths bound the selection,
-     * raw/X's genes are raw/var's (registry.h). */
     if (st->is_post)
         rc = iv_qreq_parse_json_m(st->body ? st->body : "", st->body_len, iv_rds_matrix_shape, d,
-                                  &qr, &j->err);
+                                  qr, &j->err);
     else
-        rc = iv_qreq_parse_query_m(st->query, strlen(st->query), iv_rds_matrix_shape, d, &qr,
+        rc = iv_qreq_parse_query_m(st->query, strlen(st->query), iv_rds_matrix_shape, d, qr,
                                    &j->err);
-    iv_dataset_t *mds = NULL;
-    iv_meta_t *var_meta = NULL;
-    if (rc == 0 && (rc = iv_rds_matrix(d, qr.matrix, &mds, &var_meta, &j->err)) != 0)
-        iv_qreq_free(&qr);
-    if (rc != 0) {
-        j->rc = rc;
-        return;
-    }
-    info = iv_dataset_info(mds);
-    /* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
-     * four-term filter on 200,000 cells). */
+    if (rc == 0 && (rc = iv_rds_matrix(d, qr->matrix, mds, var_meta, &j->err)) != 0)
+        iv_qreq_free(qr);
+    return rc;
+}
+
+/* The names a resolution reports on: those dropped and those matched
+ * only by ignoring case, of each axis (JSON arrays, or empty). */
+typedef struct name_report {
     iv_buf_t drop_obs, drop_var, fold_obs, fold_var;
-    iv_buf_init(&drop_obs);
-    iv_buf_init(&drop_var);
-    iv_buf_init(&fold_obs);
-    iv_buf_init(&fold_var);
-    int show_obs = qr.obs.missing_ignore, show_var = qr.var.missing_ignore;
-    if ((rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
-        (rc = iv_rmeta_resolve_ex(d->meta, IV_AXIS_OBS, &qr.obs, &drop_obs, &fold_obs,
-                                  &j->err)) != 0 ||
-        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0 ||
-        (rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr.var, &drop_var, &fold_var,
-                                  &j->err)) != 0 ||
-        (rc = job_cancelled(j) ? job_cancel_rc(j) : 0) != 0) {
-        iv_buf_free(&drop_obs);
-        iv_buf_free(&drop_var);
-        iv_buf_free(&fold_obs);
-        iv_buf_free(&fold_var);
-        iv_qreq_free(&qr);
-        j->rc = rc;
-        return;
-    }
-    int folded = fold_obs.len || fold_var.len;
-    if (show_obs || show_var || folded) {
-        /* The count body's form is whole; names matched only by ignoring
-         * case are reported beside the dropped ones, under "folded". */
-        iv_buf_t dj;
-        iv_buf_init(&dj);
-        iv_buf_puts(&dj, "{\"obs\":");
-        /* Buffers are not NUL-terminated: copy by length. */
-        if (drop_obs.len) iv_buf_append(&dj, drop_obs.data, drop_obs.len);
-        else iv_buf_puts(&dj, "[]");
+} name_report_t;
+
+static void name_report_init(name_report_t *nr)
+{
+    iv_buf_init(&nr->drop_obs);
+    iv_buf_init(&nr->drop_var);
+    iv_buf_init(&nr->fold_obs);
+    iv_buf_init(&nr->fold_var);
+}
+
+static void name_report_free(name_report_t *nr)
+{
+    iv_buf_free(&nr->drop_obs);
+    iv_buf_free(&nr->drop_var);
+    iv_buf_free(&nr->fold_obs);
+    iv_buf_free(&nr->fold_var);
+}
+
+/* Appends a reported list, "[]" when empty.  Buffers are not
+ * NUL-terminated: copied by length. */
+static void put_name_list(iv_buf_t *b, const iv_buf_t *list)
+{
+    if (list->len) iv_buf_append(b, list->data, list->len);
+    else iv_buf_puts(b, "[]");
+}
+
+/* The count body's form of the report, whole: names matched only by
+ * ignoring case are reported beside the dropped ones, under "folded". */
+static char *dropped_body(const name_report_t *nr, int folded)
+{
+    char *s = NULL;
+    iv_buf_t dj;
+    iv_buf_init(&dj);
+    iv_buf_puts(&dj, "{\"obs\":");
+    put_name_list(&dj, &nr->drop_obs);
+    iv_buf_puts(&dj, ",\"var\":");
+    put_name_list(&dj, &nr->drop_var);
+    if (folded) {
+        iv_buf_puts(&dj, ",\"folded\":{\"obs\":");
+        put_name_list(&dj, &nr->fold_obs);
         iv_buf_puts(&dj, ",\"var\":");
-        if (drop_var.len) iv_buf_append(&dj, drop_var.data, drop_var.len);
-        else iv_buf_puts(&dj, "[]");
-        if (folded) {
-            iv_buf_puts(&dj, ",\"folded\":{\"obs\":");
-            if (fold_obs.len) iv_buf_append(&dj, fold_obs.data, fold_obs.len);
-            else iv_buf_puts(&dj, "[]");
-            iv_buf_puts(&dj, ",\"var\":");
-            if (fold_var.len) iv_buf_append(&dj, fold_var.data, fold_var.len);
-            else iv_buf_puts(&dj, "[]");
-            iv_buf_puts(&dj, "}");
-        }
-        iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
-        if (!dj.oom) st->dropped = iv_buf_steal(&dj, NULL);
-        iv_buf_free(&dj);
-        /* The header form is bounded: a request of a million unknown names
-         * would otherwise send a header of megabytes. */
-        size_t share = folded ? DROPPED_HDR_MAX / 4 : DROPPED_HDR_MAX / 2;
-        iv_buf_t dh;
-        iv_buf_init(&dh);
-        iv_buf_puts(&dh, "{");
-        dropped_hdr_axis(&dh, "obs", &drop_obs, share);
+        put_name_list(&dj, &nr->fold_var);
+        iv_buf_puts(&dj, "}");
+    }
+    iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
+    if (!dj.oom) s = iv_buf_steal(&dj, NULL);
+    iv_buf_free(&dj);
+    return s;
+}
+
+/* The header form of the report, bounded: a request of a million unknown
+ * names would otherwise send a header of megabytes. */
+static char *dropped_header(const name_report_t *nr, int folded)
+{
+    char *s = NULL;
+    size_t share = folded ? DROPPED_HDR_MAX / 4 : DROPPED_HDR_MAX / 2;
+    iv_buf_t dh;
+    iv_buf_init(&dh);
+    iv_buf_puts(&dh, "{");
+    dropped_hdr_axis(&dh, "obs", &nr->drop_obs, share);
+    iv_buf_puts(&dh, ",");
+    dropped_hdr_axis(&dh, "var", &nr->drop_var, share);
+    if (folded) {
+        iv_buf_puts(&dh, ",\"folded\":{");
+        dropped_hdr_axis(&dh, "obs", &nr->fold_obs, share);
         iv_buf_puts(&dh, ",");
-        dropped_hdr_axis(&dh, "var", &drop_var, share);
-        if (folded) {
-            iv_buf_puts(&dh, ",\"folded\":{");
-            dropped_hdr_axis(&dh, "obs", &fold_obs, share);
-            iv_buf_puts(&dh, ",");
-            dropped_hdr_axis(&dh, "var", &fold_var, share);
-            iv_buf_puts(&dh, "}");
-        }
-        iv_buf_append(&dh, "}", 2);
-        if (!dh.oom) st->dropped_hdr = iv_buf_steal(&dh, NULL);
-        iv_buf_free(&dh);
+        dropped_hdr_axis(&dh, "var", &nr->fold_var, share);
+        iv_buf_puts(&dh, "}");
     }
-    iv_buf_free(&drop_obs);
-    iv_buf_free(&drop_var);
-    iv_buf_free(&fold_obs);
-    iv_buf_free(&fold_var);
-    /* Total counts without decoding: the computed per-row sums of the axis
-     * whose opposite axis is wholly selected. */
-    if (st->count && d->meta && mds == d->ds) {
-        iv_axis_t maj = info->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
-        const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr.obs : &qr.var;
-        const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr.var : &qr.obs;
-        if (po->kind == IV_PSEL_ALL)
-            st->have_total = iv_rmeta_total_counts(d->meta, maj,
-                                                   pm->kind == IV_PSEL_ALL ? NULL : pm->idx, pm->n,
-                                                   &st->total) == 0;
+    iv_buf_append(&dh, "}", 2);
+    if (!dh.oom) s = iv_buf_steal(&dh, NULL);
+    iv_buf_free(&dh);
+    return s;
+}
+
+/* Resolves both axes' names and filters, checking for a cancel before,
+ * between and after. */
+static int resolve_names(job_t *j, iv_qreq_t *qr, iv_meta_t *var_meta, name_report_t *nr)
+{
+    IV_TRY(job_check_cancel(j));
+    IV_TRY(iv_rmeta_resolve_ex(j->qs->ds->meta, IV_AXIS_OBS, &qr->obs, &nr->drop_obs, &nr->fold_obs,
+                               &j->err));
+    IV_TRY(job_check_cancel(j));
+    IV_TRY(iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr->var, &nr->drop_var, &nr->fold_var, &j->err));
+    return job_check_cancel(j);
+}
+
+/* Names and filters: a bitmap pass over the axis (about 1.5 ms for a
+ * four-term filter on 200,000 cells).  The names dropped (when the
+ * request asked to ignore missing ones) or folded go to st->dropped and
+ * st->dropped_hdr. */
+static int setup_names(job_t *j, iv_qreq_t *qr, iv_meta_t *var_meta)
+{
+    setup_t *st = j->setup;
+    int show = qr->obs.missing_ignore || qr->var.missing_ignore;
+    name_report_t nr;
+    name_report_init(&nr);
+    int rc = resolve_names(j, qr, var_meta, &nr);
+    int folded = nr.fold_obs.len || nr.fold_var.len;
+    if (rc == 0 && (show || folded)) {
+        st->dropped = dropped_body(&nr, folded);
+        st->dropped_hdr = dropped_header(&nr, folded);
     }
-    st->fmt = qr.format ? qr.format : iv_fmt_from_accept(st->accept);
-    if (!st->count && st->fmt == IV_FMT_NONE) {
-        iv_qreq_free(&qr);
-        j->rc = iv_fail(&j->err, IV_ENOT_ACCEPTABLE,
-                        "acceptable encodings: application/vnd.ivserve.csr, "
-                        "application/x-ndjson, application/json");
-        return;
-    }
-    if (job_cancelled(j)) {
-        iv_qreq_free(&qr);
-        j->rc = job_cancel_rc(j);
-        return;
-    }
-    iv_sel_t so = iv_psel_view(&qr.obs), sv = iv_psel_view(&qr.var);
-    if (qr.dense && !st->count &&
-        (j->rc = dense_refused(info, st->fmt, &so, &sv, j->srv->cfg->limits.max_answer_bytes,
-                               &j->err)) != 0) {
-        iv_qreq_free(&qr);
-        return;
-    }
-    iv_query_opts_t qo = {.axis = qr.by_var ? IV_OUT_VARS : IV_OUT_ROWS,
+    name_report_free(&nr);
+    return rc;
+}
+
+/* Total counts without decoding: the computed per-row sums of the axis
+ * whose opposite axis is wholly selected. */
+static void setup_total(job_t *j, const iv_qreq_t *qr, iv_dataset_t *mds)
+{
+    setup_t *st = j->setup;
+    sds_t *d = j->qs->ds;
+    if (!st->count || !d->meta || mds != d->ds) return;
+    iv_axis_t maj = iv_dataset_info(mds)->orient == IV_IVCSR ? IV_AXIS_OBS : IV_AXIS_VAR;
+    const iv_psel_t *pm = maj == IV_AXIS_OBS ? &qr->obs : &qr->var;
+    const iv_psel_t *po = maj == IV_AXIS_OBS ? &qr->var : &qr->obs;
+    if (po->kind == IV_PSEL_ALL)
+        st->have_total = iv_rmeta_total_counts(d->meta, maj, pm->kind == IV_PSEL_ALL ? NULL : pm->idx,
+                                               pm->n, &st->total) == 0;
+}
+
+/* The answer's encoding: the format parameter, else Accept. */
+static int setup_format(job_t *j, const iv_qreq_t *qr)
+{
+    setup_t *st = j->setup;
+    st->fmt = qr->format ? qr->format : iv_fmt_from_accept(st->accept);
+    if (!st->count && st->fmt == IV_FMT_NONE)
+        return iv_fail(&j->err, IV_ENOT_ACCEPTABLE,
+                       "acceptable encodings: application/vnd.ivserve.csr, "
+                       "application/x-ndjson, application/json");
+    return 0;
+}
+
+/* The query over the matrix, after the dense-answer bound. */
+static int setup_query(job_t *j, const iv_qreq_t *qr, iv_dataset_t *mds)
+{
+    setup_t *st = j->setup;
+    iv_sel_t so = iv_psel_view(&qr->obs), sv = iv_psel_view(&qr->var);
+    if (qr->dense && !st->count)
+        IV_TRY(dense_refused(iv_dataset_info(mds), st->fmt, &so, &sv,
+                             j->srv->cfg->limits.max_answer_bytes, &j->err));
+    iv_query_opts_t qo = {.axis = qr->by_var ? IV_OUT_VARS : IV_OUT_ROWS,
                           .pick = IV_PICK_AUTO,
                           .max_work_bytes = (int64_t)j->srv->cfg->limits.max_answer_bytes};
-    st->dense = qr.dense;
-    if (qr.dense) {
+    st->dense = qr->dense;
+    if (qr->dense) {
         /* A dense gene row holds one value per selected cell: about 8 MiB
          * of them a block. */
         int64_t cells = so.all ? st->n_rows : so.n;
         qo.block_rows = cells > 0 ? ((int64_t)8 << 20) / (cells * 8) : 0;
         if (qo.block_rows < 1) qo.block_rows = 1;
     }
-    j->rc = iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
+    return iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
+}
+
+/* A query's set-up on a worker: parse, resolve names, the answer's form,
+ * the query; then, for a small one, its first steps too (setup_fuse). */
+void setup_run(job_t *j)
+{
+    iv_qreq_t qr;
+    iv_dataset_t *mds = NULL;
+    iv_meta_t *var_meta = NULL;
+    if ((j->rc = job_check_cancel(j)) != 0) return;
+    if ((j->rc = setup_parse(j, &qr, &mds, &var_meta)) != 0) return;
+    j->rc = setup_names(j, &qr, var_meta);
+    if (j->rc == 0) setup_total(j, &qr, mds);
+    if (j->rc == 0) j->rc = setup_format(j, &qr);
+    if (j->rc == 0) j->rc = job_check_cancel(j);
+    if (j->rc == 0) j->rc = setup_query(j, &qr, mds);
     iv_qreq_free(&qr);
     if (j->rc == 0) setup_fuse(j);
 }
