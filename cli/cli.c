@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,36 +65,44 @@ int iv_cli_is_command(const char *name)
                     strcmp(name, "pack") == 0 || strcmp(name, "token-hash") == 0);
 }
 
-static int parse_opts(int argc, char **argv, struct cli_opts *o)
+/* The options that take a string, by the field that keeps it. */
+static const struct {
+    const char *flag;
+    size_t field;
+} string_opts[] = {
+    {"--group", offsetof(struct cli_opts, group)},
+    {"--obs", offsetof(struct cli_opts, obs)},
+    {"--var", offsetof(struct cli_opts, var)},
+    {"-o", offsetof(struct cli_opts, out)},
+    {"--output", offsetof(struct cli_opts, out)},
+    {"--batch", offsetof(struct cli_opts, batch)},
+    {"--where", offsetof(struct cli_opts, where)},
+    {"--var-where", offsetof(struct cli_opts, var_where)},
+    {"--orient", offsetof(struct cli_opts, orient)},
+    {"--companion", offsetof(struct cli_opts, companion)},
+};
+
+/* Takes option a with its value v: 1 when a is an option with a value. */
+static int set_value_opt(struct cli_opts *o, const char *a, const char *v)
 {
-    memset(o, 0, sizeof *o);
-    o->cache_mb = -1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(flag) (strcmp(a, flag) == 0 && v && (i++, 1))
-        if (OPT("--group")) o->group = v;
-        else if (OPT("--obs")) o->obs = v;
-        else if (OPT("--var")) o->var = v;
-        else if (OPT("-o") || OPT("--output")) o->out = v;
-        else if (OPT("--batch")) o->batch = v;
-        else if (OPT("--where")) o->where = v;
-        else if (OPT("--var-where")) o->var_where = v;
-        else if (OPT("--threads")) o->threads = (unsigned)strtoul(v, NULL, 10);
-        else if (OPT("--stride")) o->stride = (uint32_t)strtoul(v, NULL, 10);
-        else if (OPT("--cache-mb")) o->cache_mb = strtoll(v, NULL, 10);
-        else if (strcmp(a, "--genes-major") == 0) o->major_axis = 1;
-        else if (OPT("--orient")) o->orient = v;
-        else if (OPT("--companion")) o->companion = v;
-        else if (OPT("--by")) o->by_var = strcmp(v, "var") == 0 ? 1 : strcmp(v, "obs") == 0 ? 0 : -1;
-        else if (OPT("--index-dtype"))
-            o->index_bits = !strcmp(v, "int32") ? 32 : !strcmp(v, "int64") ? 64 : !strcmp(v, "auto") ? 0 : -1;
-        else if (a[0] == '-' || o->file) {
-            fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
-            return -1;
-        } else o->file = a;
-#undef OPT
-    }
+    for (size_t k = 0; k < sizeof string_opts / sizeof *string_opts; k++)
+        if (strcmp(a, string_opts[k].flag) == 0) {
+            *(const char **)((char *)o + string_opts[k].field) = v;
+            return 1;
+        }
+    if (strcmp(a, "--threads") == 0) o->threads = (unsigned)strtoul(v, NULL, 10);
+    else if (strcmp(a, "--stride") == 0) o->stride = (uint32_t)strtoul(v, NULL, 10);
+    else if (strcmp(a, "--cache-mb") == 0) o->cache_mb = strtoll(v, NULL, 10);
+    else if (strcmp(a, "--by") == 0)
+        o->by_var = strcmp(v, "var") == 0 ? 1 : strcmp(v, "obs") == 0 ? 0 : -1;
+    else if (strcmp(a, "--index-dtype") == 0)
+        o->index_bits = !strcmp(v, "int32") ? 32 : !strcmp(v, "int64") ? 64 : !strcmp(v, "auto") ? 0 : -1;
+    else return 0;
+    return 1;
+}
+
+static int check_opts(const struct cli_opts *o)
+{
     if (!o->file) {
         fprintf(stderr, "ivserve: missing FILE\n");
         return -1;
@@ -108,6 +117,27 @@ static int parse_opts(int argc, char **argv, struct cli_opts *o)
         return -1;
     }
     return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->cache_mb = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--genes-major") == 0) {
+            o->major_axis = 1;
+        } else if (v && set_value_opt(o, a, v)) {
+            i++;
+        } else if (a[0] == '-' || o->file) {
+            fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
+            return -1;
+        } else {
+            o->file = a;
+        }
+    }
+    return check_opts(o);
 }
 
 /*
@@ -138,61 +168,6 @@ static int export_orient(const struct cli_opts *o, iv_pool_t *pool, iv_dataset_t
     if (o->orient && !strcmp(o->orient, "cells")) *pick = IV_PICK_CELLS;
     if (o->orient && !strcmp(o->orient, "genes")) *pick = IV_PICK_GENES;
     return 0;
-}
-
-/* Parses SEL into a new index list.  "*" means all (returns 1). */
-static int parse_sel(const char *s, const char *axis, iv_sel_t *sel, int64_t **buf)
-{
-    *buf = NULL;
-    memset(sel, 0, sizeof *sel);
-    if (s == NULL || strcmp(s, "*") == 0) {
-        sel->all = 1;
-        return 0;
-    }
-    size_t cap = 16, n = 0;
-    int64_t *v = malloc(cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long long a = strtoll(p, &end, 10);
-        if (end == p || errno) goto bad;
-        long long b = a + 1;
-        if (*end == ':') {
-            const char *q = end + 1;
-            b = strtoll(q, &end, 10);
-            if (end == q || errno) goto bad;
-            if (b < a || a < 0) goto bad;
-        }
-        if (a < 0) {
-            fprintf(stderr, "ivserve: error: %s index %lld is negative\n", axis, a);
-            free(v);
-            return -1;
-        }
-        for (long long x = a; x < b; x++) {
-            if (n == cap) {
-                int64_t *nv = realloc(v, (cap *= 2) * sizeof *v);
-                if (!nv) {
-                    free(v);
-                    return -1;
-                }
-                v = nv;
-            }
-            v[n++] = x;
-        }
-        if (*end == ',') p = end + 1;
-        else if (*end == '\0') p = end;
-        else goto bad;
-    }
-    sel->n = (int64_t)n;
-    sel->idx = v;
-    *buf = v;
-    return 0;
-bad:
-    fprintf(stderr, "ivserve: error: bad %s selection '%s' (expected e.g. 5,3,3,10:20)\n", axis, s);
-    free(v);
-    return -1;
 }
 
 static int open_dataset(const struct cli_opts *o, iv_pool_t *pool, iv_dataset_t **ds)
@@ -312,7 +287,132 @@ static void decode_one(void *arg, size_t i)
     j->rcs[i] = iv_query_decode_block(j->q, (int64_t)i, &j->blocks[i], &j->errs[i]);
 }
 
-/* Runs one query and writes OUT.npz; returns 0 or 1 (error printed). */
+/* Decodes all nb blocks of q on the pool; the first error wins. */
+static int decode_blocks(iv_query_t *q, iv_pool_t *pool, iv_block_t *blocks, int64_t nb,
+                         iv_err_t *err)
+{
+    struct decode_job j = {q, blocks, calloc((size_t)(nb ? nb : 1), sizeof(int)),
+                           calloc((size_t)(nb ? nb : 1), sizeof(iv_err_t))};
+    int rc = 0;
+    if (!j.rcs || !j.errs) {
+        rc = iv_fail(err, IV_ENOMEM, "out of memory");
+    } else {
+        iv_pool_parallel_for(pool, (size_t)nb, 0, decode_one, &j);
+        for (int64_t b = 0; b < nb && rc == 0; b++)
+            if (j.rcs[b] < 0) rc = iv_fail(err, j.rcs[b], "%s", j.errs[b].msg);
+    }
+    free(j.rcs);
+    free(j.errs);
+    return rc;
+}
+
+/* The decoded blocks as the parts of one CSR matrix, not concatenated:
+ * the whole indptr, and each block's indices and data by reference. */
+struct result_parts {
+    int64_t n_rows, n_cols, nnz, nb;
+    int isz;
+    iv_dtype_t dt;
+    int64_t *indptr;
+    const void **ip, **dp;
+    size_t *il, *dl;
+};
+
+static void parts_free(struct result_parts *r)
+{
+    free(r->indptr);
+    free(r->ip);
+    free(r->dp);
+    free(r->il);
+    free(r->dl);
+}
+
+static int parts_gather(iv_query_t *q, const iv_block_t *blocks, int64_t nb,
+                        struct result_parts *r, iv_err_t *err)
+{
+    size_t nbs = (size_t)(nb ? nb : 1);
+    *r = (struct result_parts){.n_rows = iv_query_n_rows(q), .n_cols = iv_query_n_cols(q),
+                               .nb = nb, .isz = iv_query_index_size(q), .dt = iv_query_dtype(q)};
+    r->indptr = malloc((size_t)(r->n_rows + 1) * sizeof *r->indptr);
+    r->ip = calloc(nbs, sizeof *r->ip);
+    r->dp = calloc(nbs, sizeof *r->dp);
+    r->il = calloc(nbs, sizeof *r->il);
+    r->dl = calloc(nbs, sizeof *r->dl);
+    if (!r->indptr || !r->ip || !r->dp || !r->il || !r->dl) {
+        parts_free(r);
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    }
+    r->indptr[0] = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const iv_block_t *bl = &blocks[b];
+        for (int64_t i = 0; i < bl->n_rows; i++) r->indptr[bl->row0 + i + 1] = r->nnz + bl->indptr[i + 1];
+        r->nnz += bl->nnz;
+        r->ip[b] = bl->indices;
+        r->il[b] = (size_t)bl->nnz * (size_t)r->isz;
+        r->dp[b] = bl->data;
+        r->dl[b] = (size_t)bl->nnz * iv_dtype_size(r->dt);
+    }
+    return 0;
+}
+
+/* The five arrays of scipy.sparse.save_npz; 1 when one fails.  Gene rows
+ * (csc) are the CSC of the result (cells x genes). */
+static int npz_add_arrays(iv_npz_t *z, const struct result_parts *r, int csc)
+{
+    int64_t shape[2] = {csc ? r->n_cols : r->n_rows, csc ? r->n_rows : r->n_cols};
+    int64_t n_nnz[1] = {r->nnz}, n_ptr[1] = {r->n_rows + 1}, n_shape[1] = {2};
+    const void *ptr[1] = {r->indptr}, *fmt[1] = {csc ? "csc" : "csr"}, *shp[1] = {shape};
+    size_t ptr_len[1] = {(size_t)(r->n_rows + 1) * sizeof *r->indptr}, fmt_len[1] = {3},
+           shp_len[1] = {sizeof shape};
+    int werr = iv_npz_add(z, "indices", r->isz == 4 ? "<i4" : "<i8", 1, n_nnz, (size_t)r->nb,
+                          r->ip, r->il) != 0;
+    werr |= iv_npz_add(z, "indptr", "<i8", 1, n_ptr, 1, ptr, ptr_len) != 0;
+    werr |= iv_npz_add(z, "format", "|S3", 0, NULL, 1, fmt, fmt_len) != 0;
+    werr |= iv_npz_add(z, "shape", "<i8", 1, n_shape, 1, shp, shp_len) != 0;
+    werr |= iv_npz_add(z, "data", iv_dtype_descr(r->dt), 1, n_nnz, (size_t)r->nb, r->dp, r->dl) != 0;
+    return werr;
+}
+
+/* Writes OUT.npz under a temporary name and renames it, as the .h5ad is:
+ * OUT is the old file or the whole new one, never a part. */
+static int write_npz(const char *out_path, const struct result_parts *r, int csc, iv_err_t *err)
+{
+    char tmp[4200];
+    iv_pack_temp_name(out_path, tmp, sizeof tmp);
+    iv_h5guard_temp(tmp);
+    FILE *f = fopen(tmp, "wb");
+    int werr = !f;
+    if (f) {
+        iv_npz_t *z = iv_npz_begin(f);
+        werr = !z;
+        if (z) {
+            werr |= npz_add_arrays(z, r, csc);
+            werr |= iv_npz_finish(z) != 0;
+        }
+        werr |= fclose(f) != 0;
+    }
+    int e = errno;
+    if (!werr && rename(tmp, out_path) != 0) {
+        werr = 1;
+        e = errno;
+    }
+    if (werr) unlink(tmp);
+    iv_h5guard_temp(NULL);
+    if (werr) return iv_fail(err, IV_EIO, "%s: cannot write: %s", out_path, strerror(e));
+    return 0;
+}
+
+/* The result as a standard AnnData file: CSR X plus the subset metadata. */
+static int write_h5ad(iv_dataset_t *ds, const char *out_path, const struct result_parts *r,
+                      int index_bits, const iv_sel_t *obs, const iv_sel_t *var, iv_err_t *err)
+{
+    const iv_dataset_info_t *di = iv_dataset_info(ds);
+    return iv_cli_write_h5ad(di->path, out_path, r->n_rows, r->n_cols, di->n_rows, di->n_cols,
+                             r->indptr, r->nnz, (size_t)r->nb, r->ip, r->il, r->isz, r->dp,
+                             r->dl, r->dt, index_bits, obs, var, err);
+}
+
+/* Runs one query and writes OUT.npz or OUT.h5ad; returns 0 or 1 (error
+ * printed): query, decode, gather the parts, write. */
 static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, const iv_sel_t *var,
                       int major_axis, iv_pick_t pick, int by_var, int index_bits,
                       const char *out_path, int h5ad)
@@ -323,7 +423,8 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
                           .pick = pick};
     iv_block_t *blocks = NULL;
     int64_t nb = 0;
-    int rc = 1;
+    int rc = -1;
+    struct result_parts parts;
     if (iv_query_new(ds, obs, var, &qo, &q, &err) < 0 || iv_query_prepare(q, pool, &err) < 0)
         goto report;
     nb = iv_query_n_blocks(q);
@@ -332,120 +433,17 @@ static int export_one(iv_dataset_t *ds, iv_pool_t *pool, const iv_sel_t *obs, co
         iv_fail(&err, IV_ENOMEM, "out of memory");
         goto report;
     }
-    {
-        /* Decode all blocks on the pool; the first error wins. */
-        struct decode_job j = {q, blocks, calloc((size_t)(nb ? nb : 1), sizeof(int)),
-               calloc((size_t)(nb ? nb : 1), sizeof(iv_err_t))};
-        if (!j.rcs || !j.errs) {
-            free(j.rcs);
-            free(j.errs);
-            iv_fail(&err, IV_ENOMEM, "out of memory");
-            goto report;
-        }
-        iv_pool_parallel_for(pool, (size_t)nb, 0, decode_one, &j);
-        for (int64_t b = 0; b < nb; b++)
-            if (j.rcs[b] < 0) {
-                iv_fail(&err, j.rcs[b], "%s", j.errs[b].msg);
-                break;
-            }
-        free(j.rcs);
-        free(j.errs);
-        if (err.code) goto report;
-    }
-    {
-        int64_t nr = iv_query_n_rows(q), nc = iv_query_n_cols(q), nnz = 0;
-        int isz = iv_query_index_size(q);
-        iv_dtype_t dt = iv_query_dtype(q);
-        int64_t *indptr = malloc((size_t)(nr + 1) * sizeof *indptr);
-        const void **ip = calloc((size_t)(nb ? nb : 1), sizeof *ip);
-        const void **dp = calloc((size_t)(nb ? nb : 1), sizeof *dp);
-        size_t *il = calloc((size_t)(nb ? nb : 1), sizeof *il);
-        size_t *dl = calloc((size_t)(nb ? nb : 1), sizeof *dl);
-        if (!indptr || !ip || !dp || !il || !dl) {
-            free(indptr); free(ip); free(dp); free(il); free(dl);
-            iv_fail(&err, IV_ENOMEM, "out of memory");
-            goto report;
-        }
-        indptr[0] = 0;
-        for (int64_t b = 0; b < nb; b++) {
-            iv_block_t *bl = &blocks[b];
-            for (int64_t r = 0; r < bl->n_rows; r++) indptr[bl->row0 + r + 1] = nnz + bl->indptr[r + 1];
-            nnz += bl->nnz;
-            ip[b] = bl->indices;
-            il[b] = (size_t)bl->nnz * (size_t)isz;
-            dp[b] = bl->data;
-            dl[b] = (size_t)bl->nnz * iv_dtype_size(dt);
-        }
-        if (h5ad) {
-            /* A standard AnnData file: CSR X plus the subset metadata. */
-            const iv_dataset_info_t *di = iv_dataset_info(ds);
-            int r = iv_cli_write_h5ad(di->path, out_path, nr, nc, di->n_rows, di->n_cols, indptr,
-                                      nnz, (size_t)nb, ip, il, isz, dp, dl, dt, index_bits, obs, var,
-                                      &err);
-            free(indptr); free(ip); free(dp); free(il); free(dl);
-            if (r < 0) goto report;
-            rc = 0;
-            goto report;
-        }
-        /* Written under a temporary name and renamed, as the .h5ad is:
-         * OUT is the old file or the whole new one, never a part. */
-        char tmp[4200];
-        iv_pack_temp_name(out_path, tmp, sizeof tmp);
-        iv_h5guard_temp(tmp);
-        FILE *f = fopen(tmp, "wb");
-        int werr = !f;
-        if (f) {
-            iv_npz_t *z = iv_npz_begin(f);
-            int64_t shape[2] = {nr, nc}, n1[1];
-            const void *pp[1];
-            size_t pl[1];
-            werr = !z;
-            if (z) {
-                n1[0] = nnz;
-                werr |= iv_npz_add(z, "indices", isz == 4 ? "<i4" : "<i8", 1, n1, (size_t)nb, ip, il) != 0;
-                n1[0] = nr + 1;
-                pp[0] = indptr;
-                pl[0] = (size_t)(nr + 1) * sizeof *indptr;
-                werr |= iv_npz_add(z, "indptr", "<i8", 1, n1, 1, pp, pl) != 0;
-                /* Gene rows are the CSC of the result (cells x genes). */
-                int csc = by_var && !major_axis;
-                if (csc) {
-                    shape[0] = nc;
-                    shape[1] = nr;
-                }
-                pp[0] = csc ? "csc" : "csr";
-                pl[0] = 3;
-                werr |= iv_npz_add(z, "format", "|S3", 0, NULL, 1, pp, pl) != 0;
-                pp[0] = shape;
-                pl[0] = sizeof shape;
-                n1[0] = 2;
-                werr |= iv_npz_add(z, "shape", "<i8", 1, n1, 1, pp, pl) != 0;
-                n1[0] = nnz;
-                werr |= iv_npz_add(z, "data", iv_dtype_descr(dt), 1, n1, (size_t)nb, dp, dl) != 0;
-                werr |= iv_npz_finish(z) != 0;
-            }
-            werr |= fclose(f) != 0;
-        }
-        free(indptr); free(ip); free(dp); free(il); free(dl);
-        int e = errno;
-        if (!werr && rename(tmp, out_path) != 0) {
-            werr = 1;
-            e = errno;
-        }
-        if (werr) unlink(tmp);
-        iv_h5guard_temp(NULL);
-        if (werr) {
-            iv_fail(&err, IV_EIO, "%s: cannot write: %s", out_path, strerror(e));
-            goto report;
-        }
-    }
-    rc = 0;
+    if (decode_blocks(q, pool, blocks, nb, &err) < 0 || parts_gather(q, blocks, nb, &parts, &err) < 0)
+        goto report;
+    rc = h5ad ? write_h5ad(ds, out_path, &parts, index_bits, obs, var, &err)
+              : write_npz(out_path, &parts, by_var && !major_axis, &err);
+    parts_free(&parts);
 report:
     if (rc) fprintf(stderr, "ivserve: error: %s\n", err.msg[0] ? err.msg : "export failed");
     for (int64_t b = 0; b < nb && blocks; b++) iv_block_free(&blocks[b]);
     free(blocks);
     iv_query_free(q);
-    return rc;
+    return rc ? 1 : 0;
 }
 
 /* 1 (message printed) when out names the input or its companion. */
@@ -459,39 +457,105 @@ static int out_is_input(const struct cli_opts *o, const char *out)
     return 1;
 }
 
+/* The output format comes from the extension; anything else is an error
+ * rather than a guess.  *h5ad: 1 for .h5ad, 0 for .npz (and --batch).
+ * Returns 0 or 1 (message printed). */
+static int check_output(const struct cli_opts *o, int *h5ad)
+{
+    *h5ad = 0;
+    if (o->batch && o->index_bits) {
+        fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output, not --batch\n");
+        return 1;
+    }
+    if (o->batch) return 0;
+    const char *dot = strrchr(o->out, '.'), *slash = strrchr(o->out, '/');
+    if (dot && (!slash || dot > slash) && strcmp(dot, ".h5ad") == 0) *h5ad = 1;
+    else if (!dot || (slash && dot < slash) || strcmp(dot, ".npz") != 0) {
+        fprintf(stderr, "ivserve: error: %s: unknown output extension (use .npz for "
+                "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
+        return 1;
+    }
+    if (!*h5ad && o->index_bits) {
+        fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output (a .npz holds "
+                "int64 indptr and the engine's indices)\n");
+        return 1;
+    }
+    if (*h5ad && (o->major_axis || o->by_var)) {
+        fprintf(stderr, "ivserve: error: .h5ad output is CSR by cells; drop --genes-major "
+                "and --by var\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* One query: both selections parsed and resolved (cli_export.h), then
+ * exported to out.  Returns 0 or 1 (message printed). */
+static int export_sel(const struct cli_opts *o, iv_dataset_t *ds, iv_pool_t *pool, iv_pick_t pick,
+                      const char *obs_sel, const char *obs_where, const char *var_sel,
+                      const char *var_where, const char *out, int h5ad)
+{
+    const iv_dataset_info_t *di = iv_dataset_info(ds);
+    iv_psel_t obs, var;
+    int rc = 1;
+    if (iv_cli_select(o->file, o->group, IV_AXIS_OBS, obs_sel, obs_where, di->n_rows, &obs) < 0)
+        return 1;
+    if (iv_cli_select(o->file, o->group, IV_AXIS_VAR, var_sel, var_where, di->n_cols, &var) == 0) {
+        iv_sel_t ov = iv_psel_view(&obs), vv = iv_psel_view(&var);
+        rc = export_one(ds, pool, &ov, &vv, o->major_axis, pick, o->by_var, o->index_bits, out,
+                        h5ad);
+        iv_psel_free(&var);
+    }
+    iv_psel_free(&obs);
+    return rc;
+}
+
+/* One line of a --batch list, OBS<TAB>VAR, exported to DIR/q<k>.npz. */
+static int export_batch_line(const struct cli_opts *o, iv_dataset_t *ds, iv_pool_t *pool,
+                             iv_pick_t pick, char *line, long k)
+{
+    char *tab = strchr(line, '\t');
+    if (!tab) {
+        fprintf(stderr, "ivserve: error: %s line %ld: expected OBS<TAB>VAR\n", o->batch, k + 1);
+        return 1;
+    }
+    *tab = '\0';
+    char path[4096];
+    snprintf(path, sizeof path, "%s/q%ld.npz", o->out, k);
+    if (out_is_input(o, path)) return 1;
+    return export_sel(o, ds, pool, pick, line, NULL, tab + 1, NULL, path, 0);
+}
+
+static int export_batch(const struct cli_opts *o, iv_dataset_t *ds, iv_pool_t *pool,
+                        iv_pick_t pick)
+{
+    FILE *f = fopen(o->batch, "r");
+    if (!f) {
+        fprintf(stderr, "ivserve: error: %s: %s\n", o->batch, strerror(errno));
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int rc = 0;
+    for (long k = 0; rc == 0 && (len = getline(&line, &cap, f)) >= 0; k++) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        rc = export_batch_line(o, ds, pool, pick, line, k);
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* export: the output checked, the dataset opened (and its other
+ * orientation, when asked for), then one query or a batch of them. */
 static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
 {
     if (!o->out) {
         fprintf(stderr, "ivserve: error: export needs -o OUT\n");
         return 2;
     }
-    /* The output format comes from the extension; anything else is an
-     * error rather than a guess. */
-    int h5ad = 0;
-    if (o->batch && o->index_bits) {
-        fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output, not --batch\n");
-        return 1;
-    }
-    if (!o->batch) {
-        const char *dot = strrchr(o->out, '.'), *slash = strrchr(o->out, '/');
-        if (dot && (!slash || dot > slash) && strcmp(dot, ".h5ad") == 0) h5ad = 1;
-        else if (!dot || (slash && dot < slash) || strcmp(dot, ".npz") != 0) {
-            fprintf(stderr, "ivserve: error: %s: unknown output extension (use .npz for "
-                    "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
-            return 1;
-        }
-        if (!h5ad && o->index_bits) {
-            fprintf(stderr, "ivserve: error: --index-dtype applies to .h5ad output (a .npz holds "
-                    "int64 indptr and the engine's indices)\n");
-            return 1;
-        }
-        if (h5ad && (o->major_axis || o->by_var)) {
-            fprintf(stderr, "ivserve: error: .h5ad output is CSR by cells; drop --genes-major "
-                    "and --by var\n");
-            return 1;
-        }
-    }
-    if (!o->batch && out_is_input(o, o->out)) return 1;
+    int h5ad;
+    if (check_output(o, &h5ad) || (!o->batch && out_is_input(o, o->out))) return 1;
     if (h5ad) {
         /* The output copies obs and var: refuse what anndata cannot read. */
         iv_err_t verr = {0};
@@ -503,57 +567,11 @@ static int cmd_export(const struct cli_opts *o, iv_pool_t *pool)
     iv_dataset_t *ds;
     if (open_dataset(o, pool, &ds) < 0) return 1;
     iv_pick_t pick;
-    if (export_orient(o, pool, ds, &pick) < 0) {
-        iv_dataset_close(ds);
-        return 1;
-    }
-    int rc = 0;
-    if (!o->batch) {
-        iv_sel_t obs, var;
-        int64_t *ob = NULL, *vb = NULL;
-        if (iv_cli_select(o->file, o->group, IV_AXIS_OBS, o->obs, o->where, &obs, &ob) < 0 ||
-            iv_cli_select(o->file, o->group, IV_AXIS_VAR, o->var, o->var_where, &var, &vb) < 0)
-            rc = 1;
-        else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->index_bits,
-                             o->out, h5ad);
-        free(ob);
-        free(vb);
-    } else {
-        FILE *f = fopen(o->batch, "r");
-        if (!f) {
-            fprintf(stderr, "ivserve: error: %s: %s\n", o->batch, strerror(errno));
-            iv_dataset_close(ds);
-            return 1;
-        }
-        char *line = NULL;
-        size_t cap = 0;
-        ssize_t len;
-        long k = 0;
-        while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
-            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-            char *tab = strchr(line, '\t');
-            if (!tab) {
-                fprintf(stderr, "ivserve: error: %s line %ld: expected OBS<TAB>VAR\n", o->batch, k + 1);
-                rc = 1;
-                break;
-            }
-            *tab = '\0';
-            char path[4096];
-            snprintf(path, sizeof path, "%s/q%ld.npz", o->out, k);
-            iv_sel_t obs, var;
-            int64_t *ob = NULL, *vb = NULL;
-            if (out_is_input(o, path) || parse_sel(line, "obs", &obs, &ob) < 0 ||
-                parse_sel(tab + 1, "var", &var, &vb) < 0)
-                rc = 1;
-            else rc = export_one(ds, pool, &obs, &var, o->major_axis, pick, o->by_var, o->index_bits,
-                                 path, 0);
-            free(ob);
-            free(vb);
-            k++;
-        }
-        free(line);
-        fclose(f);
-    }
+    int rc = 1;
+    if (export_orient(o, pool, ds, &pick) == 0)
+        rc = o->batch ? export_batch(o, ds, pool, pick)
+                      : export_sel(o, ds, pool, pick, o->obs, o->where, o->var, o->var_where,
+                                   o->out, h5ad);
     iv_dataset_close(ds);
     return rc;
 }

@@ -1,144 +1,47 @@
 /*
- * Selections by names and filters, and AnnData output, for `ivserve
- * export` (see cli_export.h).  The metadata is loaded only when a
- * selection needs it (names or a where filter), then freed.
+ * Selections, and AnnData output, for `ivserve export` (see
+ * cli_export.h).  A selection is parsed by the query string's parser
+ * (proto/request.c iv_psel_parse_list) and resolved by the server's
+ * resolver (iv_psel_resolve over core/meta/select.c iv_meta_resolve), so
+ * that a list means the same on the command line and over HTTP.  The
+ * metadata is loaded only when a selection needs it (names or a where
+ * filter), then freed.
  */
 #include "cli_export.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "anndata_write.h"
-#include "filter.h"
-#include "where.h"
 
-/* Parses "5,3,10:20" quietly; 1 = not of that form, -1 = out of memory. */
-static int parse_numeric(const char *s, int64_t **out, int64_t *n_out)
+/* Names and filters resolved on the file's metadata, loaded for them
+ * only; positions alone need none. */
+static int resolve_on_meta(const char *path, const char *group, iv_axis_t axis, iv_psel_t *p,
+                           iv_err_t *err)
 {
-    size_t cap = 16, n = 0;
-    int64_t *v = malloc(cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        if (*p < '0' || *p > '9') goto no;
-        errno = 0;
-        long long a = strtoll(p, &end, 10), b = a + 1;
-        if (errno) goto no;
-        if (*end == ':') {
-            const char *q = end + 1;
-            if (*q < '0' || *q > '9') goto no;
-            b = strtoll(q, &end, 10);
-            if (errno || b < a) goto no;
-        }
-        for (long long x = a; x < b; x++) {
-            if (n == cap) {
-                int64_t *nv = realloc(v, (cap *= 2) * sizeof *v);
-                if (!nv) {
-                    free(v);
-                    return -1;
-                }
-                v = nv;
-            }
-            v[n++] = x;
-        }
-        if (*end == ',') p = end + 1;
-        else if (*end == '\0') p = end;
-        else goto no;
-    }
-    *out = v;
-    *n_out = (int64_t)n;
-    return 0;
-no:
-    free(v);
-    return 1;
+    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
+    iv_meta_t *m = NULL;
+    int rc = iv_meta_load(path, group, &m, err) < 0 ? -1 : iv_psel_resolve(p, m, axis, NULL, err);
+    iv_meta_free(m);
+    return rc;
 }
 
 int iv_cli_select(const char *path, const char *group, iv_axis_t axis, const char *sel,
-                  const char *where, iv_sel_t *out, int64_t **buf)
+                  const char *where, int64_t n, iv_psel_t *p)
 {
     const char *an = axis == IV_AXIS_OBS ? "obs" : "var";
-    memset(out, 0, sizeof *out);
-    *buf = NULL;
+    iv_err_t err = {0};
+    memset(p, 0, sizeof *p);
     if (sel && where) {
         fprintf(stderr, "ivserve: error: give --%s or a where filter for %s, not both\n", an, an);
         return -1;
     }
-    if ((!sel && !where) || (sel && strcmp(sel, "*") == 0)) {
-        out->all = 1;
+    if (iv_psel_parse_list(p, an, sel, where, n, &err) == 0 &&
+        resolve_on_meta(path, group, axis, p, &err) == 0)
         return 0;
-    }
-    if (sel) {
-        int64_t n = 0;
-        int r = parse_numeric(sel, buf, &n);
-        if (r < 0) goto nomem;
-        if (r == 0) {
-            out->idx = *buf;
-            out->n = n;
-            return 0;
-        }
-    }
-    /* Names or a filter: both need the metadata. */
-    iv_meta_t *m = NULL;
-    iv_err_t err = {0};
-    int rc = -1;
-    char **names = NULL;
-    char *copy = NULL;
-    iv_expr_t *e = NULL;
-    iv_fprog_t *prog = NULL;
-    if (iv_meta_load(path, group, &m, &err) < 0) goto report;
-    if (sel) {
-        copy = strdup(sel);
-        size_t n = 1;
-        for (const char *p = sel; *p; p++) n += *p == ',';
-        names = calloc(n, sizeof *names);
-        int64_t *idx = malloc(n * sizeof *idx);
-        if (!copy || !names || !idx) {
-            free(idx);
-            goto nomem_meta;
-        }
-        size_t k = 0;
-        for (char *tok = copy, *next; tok; tok = next) {
-            next = strchr(tok, ',');
-            if (next) *next++ = '\0';
-            names[k++] = tok;
-        }
-        *buf = idx;
-        if (iv_meta_find_names(m, axis, NULL, (const char *const *)names, (int64_t)k, 0, idx, NULL,
-                               &err) < 0)
-            goto report;
-        out->idx = idx;
-        out->n = (int64_t)k;
-    } else {
-        int64_t n = 0;
-        if (iv_where_parse(where, strlen(where), &e, &err) < 0 ||
-            iv_filter_compile(m, axis, e, &prog, &err) < 0 || iv_filter_select(prog, buf, &n, &err) < 0)
-            goto report;
-        out->idx = *buf;
-        out->n = n;
-    }
-    rc = 0;
-report:
-    if (rc < 0) {
-        fprintf(stderr, "ivserve: error: %s selection: %s\n", an, err.msg[0] ? err.msg : "failed");
-        free(*buf);
-        *buf = NULL;
-        memset(out, 0, sizeof *out);
-    }
-    iv_filter_free(prog);
-    iv_expr_free(e);
-    free(names);
-    free(copy);
-    iv_meta_free(m);
-    return rc;
-nomem_meta:
-    iv_meta_free(m);
-    free(names);
-    free(copy);
-nomem:
-    fprintf(stderr, "ivserve: error: out of memory\n");
+    fprintf(stderr, "ivserve: error: %s selection: %s\n", an, err.msg[0] ? err.msg : "failed");
+    iv_psel_free(p);
     return -1;
 }
 

@@ -10,17 +10,21 @@
 
 #include "meta.h"
 #include "query.h"
+#include "request.h"
 
 /*
- * Resolves one axis' selection: sel as indices and half-open ranges
- * ("5,3,10:20"), else as comma-separated names of the axis (obs names or
- * gene names, exact then unique case-insensitive match); where as a filter
- * expression over the axis' columns (rows in file order).  sel and where
- * together are an error; neither selects everything.  *buf receives the
- * index array to free.  Returns 0, or -1 with the error printed.
+ * Parses and resolves one axis' selection: sel as positions and half-open
+ * ranges ("5,3,10:20", checked against the axis length n), else as
+ * comma-separated names of the axis (obs names or gene names, exact then
+ * unique case-insensitive match); where as a filter expression over the
+ * axis' columns (rows in file order).  The parser is the query string's
+ * (request.h iv_psel_parse_list), the resolver the server's
+ * (iv_psel_resolve).  sel and where together are an error; neither
+ * selects everything.  *p receives positions (iv_psel_view; free with
+ * iv_psel_free).  Returns 0, or -1 with the error printed.
  */
 int iv_cli_select(const char *path, const char *group, iv_axis_t axis, const char *sel,
-                  const char *where, iv_sel_t *out, int64_t **buf);
+                  const char *where, int64_t n, iv_psel_t *p);
 
 /* Writes the decoded result as a standard AnnData file (core/matrix/anndata_write.h)
  * and notes elements left out on stderr.  0, or -1 with err set. */

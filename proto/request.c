@@ -184,10 +184,58 @@ const char *iv_fmt_media_type(iv_fmt_t f)
     }
 }
 
-/* Case-insensitive comparison of a token [s, s+n) with a literal. */
-static int token_is(const char *s, size_t n, const char *lit)
+/* The media types the server encodes, and the wildcards, which pick NDJSON
+ * so that a terminal never receives binary. */
+static const struct {
+    const char *type;
+    iv_fmt_t fmt;
+} accept_types[] = {
+    {"application/vnd.ivserve.csr", IV_FMT_BINARY},
+    {"application/x-ndjson", IV_FMT_NDJSON},
+    {"application/json", IV_FMT_JSON},
+    {"*/*", IV_FMT_NDJSON},
+    {"application/*", IV_FMT_NDJSON},
+};
+
+/* The format of the media range [s, s+n), case-insensitive; NONE if unknown. */
+static iv_fmt_t accept_type(const char *s, size_t n)
 {
-    return strlen(lit) == n && strncasecmp(s, lit, n) == 0;
+    for (size_t i = 0; i < sizeof accept_types / sizeof accept_types[0]; i++)
+        if (strlen(accept_types[i].type) == n && strncasecmp(s, accept_types[i].type, n) == 0)
+            return accept_types[i].fmt;
+    return IV_FMT_NONE;
+}
+
+/* The q of one entry's parameters [semi, end) (semi NULL: none): 1 unless given. */
+static double accept_q(const char *semi, const char *end)
+{
+    double q = 1.0;
+    for (const char *a = semi; a && a < end;) {
+        a++;
+        while (a < end && isspace((unsigned char)*a)) a++;
+        if (end - a >= 2 && (a[0] == 'q' || a[0] == 'Q') && a[1] == '=') {
+            char tmp[16] = {0};
+            size_t l = (size_t)(end - a - 2);
+            if (l > sizeof tmp - 1) l = sizeof tmp - 1;
+            memcpy(tmp, a + 2, l);
+            q = strtod(tmp, NULL);
+        }
+        a = memchr(a, ';', (size_t)(end - a));
+    }
+    return q;
+}
+
+/* One entry [p, end) of an Accept list: its format and its q. */
+static iv_fmt_t accept_entry(const char *p, const char *end, double *q)
+{
+    /* media range up to ';' or the end of the entry, trimmed */
+    const char *semi = memchr(p, ';', (size_t)(end - p));
+    const char *te = semi ? semi : end;
+    const char *ts = p;
+    while (ts < te && isspace((unsigned char)*ts)) ts++;
+    while (te > ts && isspace((unsigned char)te[-1])) te--;
+    *q = accept_q(semi, end);
+    return accept_type(ts, (size_t)(te - ts));
 }
 
 iv_fmt_t iv_fmt_from_accept(const char *accept)
@@ -201,31 +249,8 @@ iv_fmt_t iv_fmt_from_accept(const char *accept)
     while (*p) {
         const char *end = strchr(p, ',');
         if (!end) end = p + strlen(p);
-        /* media range up to ';' or the end of the entry, trimmed */
-        const char *semi = memchr(p, ';', (size_t)(end - p));
-        const char *te = semi ? semi : end;
-        const char *ts = p;
-        while (ts < te && isspace((unsigned char)*ts)) ts++;
-        while (te > ts && isspace((unsigned char)te[-1])) te--;
-        double q = 1.0;
-        for (const char *a = semi; a && a < end;) {
-            a++;
-            while (a < end && isspace((unsigned char)*a)) a++;
-            if (end - a >= 2 && (a[0] == 'q' || a[0] == 'Q') && a[1] == '=') {
-                char tmp[16] = {0};
-                size_t l = (size_t)(end - a - 2);
-                if (l > sizeof tmp - 1) l = sizeof tmp - 1;
-                memcpy(tmp, a + 2, l);
-                q = strtod(tmp, NULL);
-            }
-            a = memchr(a, ';', (size_t)(end - a));
-        }
-        size_t n = (size_t)(te - ts);
-        iv_fmt_t f = IV_FMT_NONE;
-        if (token_is(ts, n, "application/vnd.ivserve.csr")) f = IV_FMT_BINARY;
-        else if (token_is(ts, n, "application/x-ndjson")) f = IV_FMT_NDJSON;
-        else if (token_is(ts, n, "application/json")) f = IV_FMT_JSON;
-        else if (token_is(ts, n, "*/*") || token_is(ts, n, "application/*")) f = IV_FMT_NDJSON;
+        double q;
+        iv_fmt_t f = accept_entry(p, end, &q);
         if (f != IV_FMT_NONE && q > 0.0 && q > best_q) {
             best = f;
             best_q = q;
@@ -309,13 +334,19 @@ static int huge_index(const char *axis, int64_t pos, double v, int64_t n, iv_err
                    (long long)pos, v, (long long)n);
 }
 
-static int sel_from_range(iv_psel_t *p, const char *axis, int64_t start, int64_t stop, int64_t n,
-                          iv_err_t *err)
+static int check_range(const char *axis, int64_t start, int64_t stop, int64_t n, iv_err_t *err)
 {
     if (start < 0 || stop < start || stop > n)
         return iv_fail(err, IV_EOUT_OF_RANGE,
                        "%s.range [%lld, %lld) is not within [0, %lld) with start <= stop", axis,
                        (long long)start, (long long)stop, (long long)n);
+    return 0;
+}
+
+static int sel_from_range(iv_psel_t *p, const char *axis, int64_t start, int64_t stop, int64_t n,
+                          iv_err_t *err)
+{
+    IV_TRY(check_range(axis, start, stop, n, err));
     int64_t cnt = stop - start;
     p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
     if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.range", axis);
@@ -382,20 +413,21 @@ static int key_index(const char *k, const char *const *keys, int n)
     return -1;
 }
 
-static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n, iv_err_t *err)
-{
-    static const char *const keys[] = {"index", "range", "mask", "names",
+/* The keys of one axis' selection object; the first four are the primary
+ * selection, of which one at most is given. */
+static const char *const sel_keys[] = {"index", "range", "mask", "names",
                                        "filter", "where", "by", "missing"};
-    if (o == NULL || cJSON_IsNull(o)) return 0;
-    if (!cJSON_IsObject(o))
-        return iv_fail(err, IV_EBAD_SELECTION, "%s must be an object such as {\"index\":[...]}", axis);
+
+/* Refuses unknown and repeated keys, and more than one primary selection. */
+static int check_sel_keys(const char *axis, const cJSON *o, iv_err_t *err)
+{
     const cJSON *kv = NULL;
     int seen = 0;
     unsigned dup = 0;
     cJSON_ArrayForEach(kv, o)
     {
         const char *k = kv->string;
-        int ki = key_index(k, keys, 8);
+        int ki = key_index(k, sel_keys, 8);
         if (ki < 0)
             return iv_fail(err, IV_EBAD_SELECTION,
                            "%s has unknown key '%.60s' (expected index, range, mask, names, filter, "
@@ -410,6 +442,12 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
             return iv_fail(err, IV_EBAD_SELECTION,
                            "%s names more than one of index, range, mask, names", axis);
     }
+    return 0;
+}
+
+/* "filter" and "where" of a selection object, and-ed into p's filter. */
+static int sel_filters_from_json(iv_psel_t *p, const char *axis, const cJSON *o, iv_err_t *err)
+{
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "filter"))) {
         iv_expr_t *e = NULL;
@@ -424,6 +462,12 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
             return iv_fail(err, IV_EBAD_REQUEST, "%s.where must be a string", axis);
         IV_TRY(psel_add_where(p, axis, v->valuestring, strlen(v->valuestring), err));
     }
+    return 0;
+}
+
+/* "by" and "missing", which go with "names" only. */
+static int sel_name_opts_from_json(iv_psel_t *p, const char *axis, const cJSON *o, iv_err_t *err)
+{
     const cJSON *by = cJSON_GetObjectItemCaseSensitive(o, "by");
     const cJSON *miss = cJSON_GetObjectItemCaseSensitive(o, "missing");
     if ((by || miss) && !cJSON_GetObjectItemCaseSensitive(o, "names"))
@@ -439,92 +483,128 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
             return iv_fail(err, IV_EBAD_SELECTION, "%s.missing must be \"error\" or \"ignore\"", axis);
         IV_TRY(psel_set_missing(p, axis, miss->valuestring, err));
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) {
-        if (!cJSON_IsArray(v))
-            return iv_fail(err, IV_EBAD_SELECTION, "%s.index must be an array of integers", axis);
-        int64_t cnt = cJSON_GetArraySize(v);
-        p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
-        if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.index", axis);
-        p->kind = IV_PSEL_INDEX;
-        int64_t i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, v)
-        {
-            int64_t x;
-            double big;
-            int jrc = json_int(e, &x, &big);
-            if (jrc == -2) return huge_index(axis, i, big, n, err);
-            if (jrc != 0)
-                return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer%s", axis,
-                               (long long)i,
-                               cJSON_IsString(e) ? "; names go in {\"names\": [...]}" : "");
-            IV_TRY(check_index(axis, "index", i, x, n, err));
-            p->idx[i++] = x;
-            p->n = i;
-        }
-        return 0;
+    return 0;
+}
+
+static int sel_index_from_json(iv_psel_t *p, const char *axis, const cJSON *v, int64_t n,
+                               iv_err_t *err)
+{
+    if (!cJSON_IsArray(v))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s.index must be an array of integers", axis);
+    int64_t cnt = cJSON_GetArraySize(v);
+    p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+    if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.index", axis);
+    p->kind = IV_PSEL_INDEX;
+    int64_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v)
+    {
+        int64_t x;
+        double big;
+        int jrc = json_int(e, &x, &big);
+        if (jrc == -2) return huge_index(axis, i, big, n, err);
+        if (jrc != 0)
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.index[%lld] is not an integer%s", axis,
+                           (long long)i,
+                           cJSON_IsString(e) ? "; names go in {\"names\": [...]}" : "");
+        IV_TRY(check_index(axis, "index", i, x, n, err));
+        p->idx[i++] = x;
+        p->n = i;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "range"))) {
-        int64_t a = 0, b = 0;
-        double ba = 0, bb = 0;
-        int ra = -1, rb = -1;
-        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2) {
-            ra = json_int(cJSON_GetArrayItem(v, 0), &a, &ba);
-            rb = json_int(cJSON_GetArrayItem(v, 1), &b, &bb);
-        }
-        if (ra == -1 || rb == -1)
-            return iv_fail(err, IV_EBAD_SELECTION, "%s.range must be [start, stop] integers", axis);
-        if (ra || rb)
-            return iv_fail(err, IV_EOUT_OF_RANGE,
-                           "%s.range [%.17g, %.17g) is not within [0, %lld) with start <= stop",
-                           axis, ra ? ba : (double)a, rb ? bb : (double)b, (long long)n);
-        return sel_from_range(p, axis, a, b, n, err);
+    return 0;
+}
+
+static int sel_range_from_json(iv_psel_t *p, const char *axis, const cJSON *v, int64_t n,
+                               iv_err_t *err)
+{
+    int64_t a = 0, b = 0;
+    double ba = 0, bb = 0;
+    int ra = -1, rb = -1;
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2) {
+        ra = json_int(cJSON_GetArrayItem(v, 0), &a, &ba);
+        rb = json_int(cJSON_GetArrayItem(v, 1), &b, &bb);
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "mask"))) {
-        if (cJSON_IsString(v)) return sel_from_b64(p, axis, v->valuestring, strlen(v->valuestring), n, err);
-        if (!cJSON_IsArray(v))
-            return iv_fail(err, IV_EBAD_SELECTION,
-                           "%s.mask must be a base64 string or an array of booleans", axis);
-        int64_t cnt = cJSON_GetArraySize(v);
-        if (cnt != n)
-            return iv_fail(err, IV_EBAD_SELECTION, "%s.mask has %lld booleans; the axis has %lld",
-                           axis, (long long)cnt, (long long)n);
-        uint8_t *bits = calloc((size_t)((n + 7) / 8 + 1), 1);
-        if (!bits) return iv_fail(err, IV_ENOMEM, "out of memory for %s.mask", axis);
-        int64_t i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, v)
-        {
-            if (!cJSON_IsBool(e)) {
-                free(bits);
-                return iv_fail(err, IV_EBAD_SELECTION, "%s.mask[%lld] is not a boolean", axis,
-                               (long long)i);
-            }
-            if (cJSON_IsTrue(e)) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
-            i++;
+    if (ra == -1 || rb == -1)
+        return iv_fail(err, IV_EBAD_SELECTION, "%s.range must be [start, stop] integers", axis);
+    if (ra || rb)
+        return iv_fail(err, IV_EOUT_OF_RANGE,
+                       "%s.range [%.17g, %.17g) is not within [0, %lld) with start <= stop",
+                       axis, ra ? ba : (double)a, rb ? bb : (double)b, (long long)n);
+    return sel_from_range(p, axis, a, b, n, err);
+}
+
+/* A mask as an array of n booleans. */
+static int sel_bool_mask_from_json(iv_psel_t *p, const char *axis, const cJSON *v, int64_t n,
+                                   iv_err_t *err)
+{
+    int64_t cnt = cJSON_GetArraySize(v);
+    if (cnt != n)
+        return iv_fail(err, IV_EBAD_SELECTION, "%s.mask has %lld booleans; the axis has %lld",
+                       axis, (long long)cnt, (long long)n);
+    uint8_t *bits = calloc((size_t)((n + 7) / 8 + 1), 1);
+    if (!bits) return iv_fail(err, IV_ENOMEM, "out of memory for %s.mask", axis);
+    int64_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v)
+    {
+        if (!cJSON_IsBool(e)) {
+            free(bits);
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.mask[%lld] is not a boolean", axis,
+                           (long long)i);
         }
-        int rc = sel_from_bitmap(p, axis, bits, (size_t)((n + 7) / 8), n, err);
-        free(bits);
-        return rc;
+        if (cJSON_IsTrue(e)) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+        i++;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "names"))) {
-        if (!cJSON_IsArray(v))
-            return iv_fail(err, IV_EBAD_SELECTION, "%s.names must be an array of strings", axis);
-        int64_t cnt = cJSON_GetArraySize(v);
-        IV_TRY(sel_names_alloc(p, axis, cnt, err));
-        const cJSON *e;
-        cJSON_ArrayForEach(e, v)
-        {
-            if (!cJSON_IsString(e))
-                return iv_fail(err, IV_EBAD_SELECTION, "%s.names[%lld] is not a string", axis,
-                               (long long)p->n);
-            p->names[p->n] = strdup(e->valuestring);
-            if (!p->names[p->n]) return iv_fail(err, IV_ENOMEM, "out of memory for %s.names", axis);
-            p->n++;
-        }
-        return 0;
+    int rc = sel_from_bitmap(p, axis, bits, (size_t)((n + 7) / 8), n, err);
+    free(bits);
+    return rc;
+}
+
+static int sel_mask_from_json(iv_psel_t *p, const char *axis, const cJSON *v, int64_t n,
+                              iv_err_t *err)
+{
+    if (cJSON_IsString(v)) return sel_from_b64(p, axis, v->valuestring, strlen(v->valuestring), n, err);
+    if (!cJSON_IsArray(v))
+        return iv_fail(err, IV_EBAD_SELECTION,
+                       "%s.mask must be a base64 string or an array of booleans", axis);
+    return sel_bool_mask_from_json(p, axis, v, n, err);
+}
+
+static int sel_names_from_json(iv_psel_t *p, const char *axis, const cJSON *v, iv_err_t *err)
+{
+    if (!cJSON_IsArray(v))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s.names must be an array of strings", axis);
+    int64_t cnt = cJSON_GetArraySize(v);
+    IV_TRY(sel_names_alloc(p, axis, cnt, err));
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v)
+    {
+        if (!cJSON_IsString(e))
+            return iv_fail(err, IV_EBAD_SELECTION, "%s.names[%lld] is not a string", axis,
+                           (long long)p->n);
+        p->names[p->n] = strdup(e->valuestring);
+        if (!p->names[p->n]) return iv_fail(err, IV_ENOMEM, "out of memory for %s.names", axis);
+        p->n++;
     }
-    return 0;  /* {} selects everything */
+    return 0;
+}
+
+/* One axis' selection object: keys checked, filters and name options
+ * read, then the primary selection (absent or {}: everything). */
+static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n, iv_err_t *err)
+{
+    if (o == NULL || cJSON_IsNull(o)) return 0;
+    if (!cJSON_IsObject(o))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s must be an object such as {\"index\":[...]}", axis);
+    IV_TRY(check_sel_keys(axis, o, err));
+    IV_TRY(sel_filters_from_json(p, axis, o, err));
+    IV_TRY(sel_name_opts_from_json(p, axis, o, err));
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) return sel_index_from_json(p, axis, v, n, err);
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "range"))) return sel_range_from_json(p, axis, v, n, err);
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "mask"))) return sel_mask_from_json(p, axis, v, n, err);
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "names"))) return sel_names_from_json(p, axis, v, err);
+    return 0;
 }
 
 /* Byte offset of the first \u0000 escape inside a JSON string of
@@ -588,6 +668,70 @@ int iv_qreq_parse_json_m(const char *body, size_t len, iv_qreq_matrix_fn fn, voi
     return parse_json(body, len, &src, out, err);
 }
 
+/* Refuses unknown and repeated keys at the top of a request body. */
+static int check_top_keys(const cJSON *root, iv_err_t *err)
+{
+    static const char *const keys[] = {"obs", "var", "format", "by", "dense", "matrix"};
+    unsigned dup = 0;
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, root)
+    {
+        int ki = key_index(kv->string, keys, 6);
+        if (ki < 0) {
+            int w = !strcmp(kv->string, "where") || !strcmp(kv->string, "filter");
+            return iv_fail(err, IV_EBAD_SELECTION,
+                           "unknown key '%.60s' in the request (expected obs, var, format, by, "
+                           "dense, matrix)%s",
+                           kv->string, w ? "; a filter goes in \"obs\": {\"where\": \"...\"}" : "");
+        }
+        if (dup & (1u << ki))
+            return iv_fail(err, IV_EBAD_REQUEST, "key '%s' is given more than once in the request",
+                           kv->string);
+        dup |= 1u << ki;
+    }
+    return 0;
+}
+
+/* "by", "dense", "format" and "matrix" of a request body. */
+static int options_from_json(iv_qreq_t *out, const cJSON *root, iv_err_t *err)
+{
+    const cJSON *by = cJSON_GetObjectItemCaseSensitive(root, "by");
+    if (by) IV_TRY(set_by(out, cJSON_IsString(by) ? by->valuestring : NULL, err));
+    const cJSON *dn = cJSON_GetObjectItemCaseSensitive(root, "dense");
+    if (dn) {
+        if (!cJSON_IsBool(dn)) return iv_fail(err, IV_EBAD_REQUEST, "\"dense\" must be true or false");
+        out->dense = cJSON_IsTrue(dn);
+    }
+    IV_TRY(check_by(out, err));
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (f) {
+        out->format = cJSON_IsString(f) ? iv_fmt_parse(f->valuestring) : IV_FMT_NONE;
+        if (out->format == IV_FMT_NONE)
+            return iv_fail(err, IV_ENOT_ACCEPTABLE,
+                           "format must be \"binary\", \"ndjson\" or \"json\"");
+    }
+    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(root, "matrix");
+    if (mx) {
+        if (!cJSON_IsString(mx)) return iv_fail(err, IV_EBAD_REQUEST, "\"matrix\" must be a string");
+        IV_TRY(set_matrix(out, mx->valuestring, strlen(mx->valuestring), err));
+    }
+    return 0;
+}
+
+/* The body parsed: keys checked, options read, the matrix's axis lengths
+ * resolved (they bound the selections), then obs and var. */
+static int request_from_json(const cJSON *root, const shape_src_t *src, iv_qreq_t *out,
+                             iv_err_t *err)
+{
+    int64_t n_obs = 0, n_var = 0;
+    if (!cJSON_IsObject(root)) return iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
+    IV_TRY(check_top_keys(root, err));
+    IV_TRY(options_from_json(out, root, err));
+    IV_TRY(resolve_shape(src, out, &n_obs, &n_var, err));
+    IV_TRY(sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs, err));
+    return sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var, err);
+}
+
 static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_qreq_t *out,
                       iv_err_t *err)
 {
@@ -608,67 +752,7 @@ static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_q
         size_t at = end && end >= body ? (size_t)(end - body) : 0;
         return iv_fail(err, IV_EBAD_JSON, "request body is not valid JSON (near byte %zu)", at);
     }
-    int rc = 0;
-    if (!cJSON_IsObject(root)) {
-        rc = iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
-        goto done;
-    }
-    static const char *const keys[] = {"obs", "var", "format", "by", "dense", "matrix"};
-    unsigned dup = 0;
-    const cJSON *kv;
-    cJSON_ArrayForEach(kv, root)
-    {
-        int ki = key_index(kv->string, keys, 6);
-        if (ki < 0) {
-            int w = !strcmp(kv->string, "where") || !strcmp(kv->string, "filter");
-            rc = iv_fail(err, IV_EBAD_SELECTION,
-                         "unknown key '%.60s' in the request (expected obs, var, format, by, "
-                         "dense, matrix)%s",
-                         kv->string, w ? "; a filter goes in \"obs\": {\"where\": \"...\"}" : "");
-            goto done;
-        }
-        if (dup & (1u << ki)) {
-            rc = iv_fail(err, IV_EBAD_REQUEST, "key '%s' is given more than once in the request",
-                         kv->string);
-            goto done;
-        }
-        dup |= 1u << ki;
-    }
-    const cJSON *by = cJSON_GetObjectItemCaseSensitive(root, "by");
-    if (by && (rc = set_by(out, cJSON_IsString(by) ? by->valuestring : NULL, err)) != 0) goto done;
-    const cJSON *dn = cJSON_GetObjectItemCaseSensitive(root, "dense");
-    if (dn) {
-        if (!cJSON_IsBool(dn)) {
-            rc = iv_fail(err, IV_EBAD_REQUEST, "\"dense\" must be true or false");
-            goto done;
-        }
-        out->dense = cJSON_IsTrue(dn);
-    }
-    if ((rc = check_by(out, err)) != 0) goto done;
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
-    if (f) {
-        out->format = cJSON_IsString(f) ? iv_fmt_parse(f->valuestring) : IV_FMT_NONE;
-        if (out->format == IV_FMT_NONE) {
-            rc = iv_fail(err, IV_ENOT_ACCEPTABLE,
-                         "format must be \"binary\", \"ndjson\" or \"json\"");
-            goto done;
-        }
-    }
-    /* The matrix first: its axis lengths bound the selections. */
-    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(root, "matrix");
-    if (mx) {
-        if (!cJSON_IsString(mx)) {
-            rc = iv_fail(err, IV_EBAD_REQUEST, "\"matrix\" must be a string");
-            goto done;
-        }
-        if ((rc = set_matrix(out, mx->valuestring, strlen(mx->valuestring), err)) != 0) goto done;
-    }
-    if ((rc = resolve_shape(src, out, &n_obs, &n_var, err)) != 0) goto done;
-    rc = sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs, err);
-    if (rc == 0)
-        rc = sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var,
-                           err);
-done:
+    int rc = request_from_json(root, src, out, err);
     cJSON_Delete(root);
     if (rc != 0) iv_qreq_free(out);
     return rc;
@@ -695,45 +779,84 @@ static int parse_i64(const char *s, const char *e, int64_t *out)
     return 0;
 }
 
-/* "1,5,2" (an index list) or "10:20" (a range). */
+/* Item i of a position list, [c, e), as the half-open span [*a, *b): an
+ * index "I" or a range "START:STOP", checked against the axis length n. */
+static int list_span(const char *axis, const char *c, const char *e, int64_t i, int64_t n,
+                     int64_t *a, int64_t *b, iv_err_t *err)
+{
+    const char *colon = memchr(c, ':', (size_t)(e - c));
+    if (colon) {
+        int w = (int)(e - c > 80 ? 80 : e - c);
+        int ra = parse_i64(c, colon, a), rb = parse_i64(colon + 1, e, b);
+        if (ra == -1 || rb == -1)
+            return iv_fail(err, IV_EBAD_SELECTION, "%s=%.*s is not START:STOP", axis, w, c);
+        if (ra || rb)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s=%.*s is not within [0, %lld)", axis, w, c,
+                           (long long)n);
+        return check_range(axis, *a, *b, n, err);
+    }
+    int w = (int)(e - c > 40 ? 40 : e - c);
+    int prc = parse_i64(c, e, a);
+    if (prc == -2)
+        return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.*s is out of range [0, %lld)",
+                       axis, (long long)i, w, c, (long long)n);
+    if (prc)
+        return iv_fail(err, IV_EBAD_SELECTION,
+                       "%s: item %lld ('%.*s') is not an integer; %s= takes positions, "
+                       "%s_names= takes %s names (%s_names=%.*s)",
+                       axis, (long long)i, w, c, axis, axis, axis[0] == 'o' ? "cell" : "gene",
+                       axis, w, c);
+    *b = *a + 1;
+    return check_index(axis, "index", i, *a, n, err);
+}
+
+/* The end of the list item that starts at c. */
+static const char *item_end(const char *c)
+{
+    const char *e = strchr(c, ',');
+    return e ? e : c + strlen(c);
+}
+
+/* The number of positions a list selects (every item checked), so that
+ * its array is sized once; a sum past what memory holds is IV_ENOMEM. */
+static int list_count(const char *axis, const char *s, int64_t n, int64_t *total, iv_err_t *err)
+{
+    *total = 0;
+    const char *c = s;
+    for (int64_t i = 0; *s; i++) {
+        const char *e = item_end(c);
+        int64_t a, b;
+        IV_TRY(list_span(axis, c, e, i, n, &a, &b, err));
+        if (b - a > (int64_t)(SIZE_MAX / 2 / sizeof(int64_t)) - *total)
+            return iv_fail(err, IV_ENOMEM, "out of memory for %s", axis);
+        *total += b - a;
+        if (!*e) break;
+        c = e + 1;
+    }
+    return 0;
+}
+
+/* A position list (request.h, iv_psel_parse_list): "1,5,2", "10:20", or
+ * indices and ranges mixed ("5,3,3,10:20"), in order with duplicates; ""
+ * selects nothing.  One range alone is a RANGE selection. */
 static int sel_from_list(iv_psel_t *p, const char *axis, const char *s, int64_t n, iv_err_t *err)
 {
-    const char *colon = strchr(s, ':');
-    if (colon) {
-        int64_t a = 0, b = 0;
-        int ra = parse_i64(s, colon, &a), rb = parse_i64(colon + 1, colon + strlen(colon), &b);
-        if (ra == -1 || rb == -1)
-            return iv_fail(err, IV_EBAD_SELECTION, "%s=%.80s is not START:STOP", axis, s);
-        if (ra || rb)
-            return iv_fail(err, IV_EOUT_OF_RANGE, "%s=%.80s is not within [0, %lld)", axis, s,
-                           (long long)n);
+    int64_t a, b, total;
+    if (strchr(s, ':') && !strchr(s, ',')) {
+        IV_TRY(list_span(axis, s, s + strlen(s), 0, n, &a, &b, err));
         return sel_from_range(p, axis, a, b, n, err);
     }
-    int64_t cnt = *s ? 1 : 0;
-    for (const char *c = s; *c; c++) cnt += *c == ',';
-    p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
+    IV_TRY(list_count(axis, s, n, &total, err));
+    p->idx = malloc((size_t)(total ? total : 1) * sizeof *p->idx);
     if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s", axis);
     p->kind = IV_PSEL_INDEX;
     const char *c = s;
-    for (int64_t i = 0; i < cnt; i++) {
-        const char *e = strchr(c, ',');
-        if (!e) e = c + strlen(c);
-        int64_t x;
-        int prc = parse_i64(c, e, &x);
-        if (prc == -2)
-            return iv_fail(err, IV_EOUT_OF_RANGE, "%s.index[%lld] = %.*s is out of range [0, %lld)",
-                           axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, (long long)n);
-        if (prc)
-            return iv_fail(err, IV_EBAD_SELECTION,
-                           "%s: item %lld ('%.*s') is not an integer; %s= takes positions, "
-                           "%s_names= takes %s names (%s_names=%.*s)",
-                           axis, (long long)i, (int)(e - c > 40 ? 40 : e - c), c, axis, axis,
-                           axis[0] == 'o' ? "cell" : "gene", axis, (int)(e - c > 40 ? 40 : e - c),
-                           c);
-        IV_TRY(check_index(axis, "index", i, x, n, err));
-        p->idx[i] = x;
-        p->n = i + 1;
-        c = *e ? e + 1 : e;
+    for (int64_t i = 0; *s; i++) {
+        const char *e = item_end(c);
+        list_span(axis, c, e, i, n, &a, &b, err);  /* checked by list_count */
+        while (a < b) p->idx[p->n++] = a++;
+        if (!*e) break;
+        c = e + 1;
     }
     return 0;
 }
@@ -780,8 +903,8 @@ static const char *qs_hint(const char *key)
     return "";
 }
 
-static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
-                    int64_t n_var, iv_err_t *err)
+/* matrix=, by=, dense= and format=: 1 when key is none of them. */
+static int qs_option(iv_qreq_t *out, const char *key, const char *val, iv_err_t *err)
 {
     if (!strcmp(key, "matrix")) return 0;  /* taken by the first pass (qs_matrix) */
     if (!strcmp(key, "by")) return set_by(out, val, err);
@@ -797,13 +920,13 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
             return iv_fail(err, IV_ENOT_ACCEPTABLE, "format=%s: expected binary, ndjson or json", val);
         return 0;
     }
-    int is_obs = !strncmp(key, "obs", 3), is_var = !strncmp(key, "var", 3);
-    if (!is_obs && !is_var)
-        return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'%s", key, qs_hint(key));
-    iv_psel_t *p = is_obs ? &out->obs : &out->var;
-    int64_t n = is_obs ? n_obs : n_var;
-    const char *axis = is_obs ? "obs" : "var";
-    const char *suffix = key + 3;
+    return 1;
+}
+
+/* One obs... or var... parameter; suffix is the key past the axis. */
+static int qs_axis_param(iv_psel_t *p, const char *axis, const char *key, const char *suffix,
+                         const char *val, int64_t n, iv_err_t *err)
+{
     if (!strcmp(suffix, "_where")) return psel_add_where(p, axis, val, strlen(val), err);
     if (!strcmp(suffix, "_by")) {
         if (p->by) return iv_fail(err, IV_EBAD_SELECTION, "%s_by is given more than once", axis);
@@ -816,6 +939,16 @@ static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_
     if (!strcmp(suffix, "")) return sel_from_list(p, axis, val, n, err);
     if (!strcmp(suffix, "_mask")) return sel_from_b64(p, axis, val, strlen(val), n, err);
     if (!strcmp(suffix, "_names")) return sel_names_from_list(p, axis, val, err);
+    return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'%s", key, qs_hint(key));
+}
+
+static int qs_param(iv_qreq_t *out, const char *key, const char *val, int64_t n_obs,
+                    int64_t n_var, iv_err_t *err)
+{
+    int rc = qs_option(out, key, val, err);
+    if (rc <= 0) return rc;
+    if (!strncmp(key, "obs", 3)) return qs_axis_param(&out->obs, "obs", key, key + 3, val, n_obs, err);
+    if (!strncmp(key, "var", 3)) return qs_axis_param(&out->var, "var", key, key + 3, val, n_var, err);
     return iv_fail(err, IV_EBAD_SELECTION, "unknown query parameter '%s'%s", key, qs_hint(key));
 }
 
@@ -909,4 +1042,50 @@ int iv_qreq_parse_query_m(const char *qs, size_t len, iv_qreq_matrix_fn fn, void
 {
     shape_src_t src = {fn, ctx, 0, 0};
     return parse_query(qs, len, &src, out, err);
+}
+
+/* ---- selections from a command line ------------------------------------ */
+
+/* A SEL of digits, commas and colons alone is positions (checked by
+ * sel_from_list); any other is names. */
+static int is_position_list(const char *s)
+{
+    return s[strspn(s, "0123456789,:")] == '\0';
+}
+
+int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const char *where,
+                       int64_t n, iv_err_t *err)
+{
+    memset(p, 0, sizeof *p);
+    int rc = 0;
+    if (sel && strcmp(sel, "*") != 0)
+        rc = is_position_list(sel) ? sel_from_list(p, axis, sel, n, err)
+                                   : sel_names_from_list(p, axis, sel, err);
+    if (rc == 0 && where) rc = psel_add_where(p, axis, where, strlen(where), err);
+    if (rc != 0) psel_clear(p);
+    return rc;
+}
+
+int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
+                    iv_err_t *err)
+{
+    if (rep) memset(rep, 0, sizeof *rep);
+    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
+    iv_axis_sel_t s = {
+        .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
+        .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
+        .n = p->kind == IV_PSEL_ALL ? 0 : p->n,
+        .by = p->by,
+        .missing_ignore = p->missing_ignore,
+        .filter = p->filter,
+    };
+    int64_t *idx = NULL, n = 0;
+    IV_TRY(iv_meta_resolve(m, axis, &s, &idx, &n, rep, err));
+    iv_psel_set_indices(p, idx, n);
+    return 0;
+}
+
+void iv_psel_free(iv_psel_t *p)
+{
+    psel_clear(p);
 }

@@ -36,6 +36,7 @@
 #include "error.h"
 #include "filter.h"
 #include "query.h"
+#include "select.h"
 
 typedef enum iv_psel_kind {
     IV_PSEL_ALL = 0,
@@ -105,6 +106,28 @@ iv_sel_t iv_psel_view(const iv_psel_t *p);
 /* Replaces p's index/range/mask/names content by an owned index array
  * (names resolved, filter applied).  by, missing_ignore and filter stay. */
 void iv_psel_set_indices(iv_psel_t *p, int64_t *idx, int64_t n);
+
+/*
+ * One axis' selection as a command line writes it (docs/cli.md, SEL), the
+ * same list a query string's obs= takes: sel NULL or "*" selects every
+ * element; digits, commas and colons are positions and half-open ranges
+ * ("5,3,3,10:20"; "" selects none) checked against the axis length n;
+ * other text is a comma-separated list of names (resolved later).  where,
+ * when not NULL, is a filter (where.h) kept in p->filter.  axis ("obs" or
+ * "var") prefixes the messages.  On error p is left empty.
+ */
+int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const char *where,
+                       int64_t n, iv_err_t *err);
+/*
+ * Resolves p's names and filter on m's axis with the engine's resolver
+ * (iv_meta_resolve, core/meta/select.h) and replaces them by positions;
+ * a selection of positions alone, or everything, is left as it is.  rep
+ * as iv_meta_resolve's (NULL: not wanted).  0 or iv_meta_resolve's error.
+ */
+int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
+                    iv_err_t *err);
+/* Frees what p owns and empties it. */
+void iv_psel_free(iv_psel_t *p);
 
 /* Encoding names: "binary" (or "csr"), "ndjson", "json"; IV_FMT_NONE if unknown. */
 iv_fmt_t iv_fmt_parse(const char *name);
