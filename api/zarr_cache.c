@@ -37,7 +37,11 @@ struct iv_zarr_cache {
     pthread_cond_t cv;
     uint64_t clock;
     slot_t s[SLOTS];
+    int uns_state;            /* UNS_* */
+    iv_uns_t *uns;
 };
+
+enum { UNS_UNREAD = 0, UNS_READING, UNS_DONE };
 
 iv_zarr_cache_t *iv_zarr_cache_new(void)
 {
@@ -52,6 +56,7 @@ void iv_zarr_cache_free(iv_zarr_cache_t *c)
 {
     if (!c) return;
     for (int i = 0; i < SLOTS; i++) free(c->s[i].bytes);
+    iv_uns_free(c->uns);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -133,4 +138,28 @@ int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path)
+{
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    while (c->uns_state == UNS_READING) pthread_cond_wait(&c->cv, &c->mu);
+    if (c->uns_state == UNS_DONE) {
+        pthread_mutex_unlock(&c->mu);
+        return c->uns;
+    }
+    c->uns_state = UNS_READING;
+    pthread_mutex_unlock(&c->mu);
+    /* A file whose uns cannot be read serves the rest of its store: the
+     * error is not an answer to the request that happened to come first. */
+    iv_uns_t *u = NULL;
+    iv_err_t e = {0};
+    if (iv_uns_load(path, &u, &e) != 0) u = NULL;
+    pthread_mutex_lock(&c->mu);
+    c->uns = u;
+    c->uns_state = UNS_DONE;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return u;
 }

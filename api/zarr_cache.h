@@ -1,7 +1,7 @@
 /*
- * The X chunks decoded last, shared by the requests for X/indices/k and
- * X/data/k (see zarr_cache.c).  Owned by the dataset's viewer state;
- * any thread.
+ * A dataset's Zarr store state: the X chunks decoded last, shared by the
+ * requests for X/indices/k and X/data/k (see zarr_cache.c), and the uns
+ * entries read once.  Owned by the dataset's viewer state; any thread.
  */
 #ifndef IV_ZARR_CACHE_H
 #define IV_ZARR_CACHE_H
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "uns.h"
 
 typedef struct iv_zarr_cache iv_zarr_cache_t;
 
@@ -30,5 +31,10 @@ typedef int (*iv_zarr_fill_fn)(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *
 int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, size_t n_idx,
                       size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill, void *ctx,
                       iv_err_t *err);
+
+/* The dataset's uns entries (uns.h), read from path on the first call
+ * (the callers of the same time wait for that read) and kept; NULL when
+ * c is NULL or the read failed (the store then has an empty uns). */
+const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path);
 
 #endif

@@ -299,6 +299,49 @@ static int marray_chunk(const zarr_arr_t *a, int64_t k, iv_buf_t *out, iv_err_t 
     return 0;
 }
 
+/* ---- uns ------------------------------------------------------------------------ */
+
+/* numpy's "<UN" scalar: the code points in UTF-32LE, padded with zeros to
+ * the width (uns.h checked that the string is UTF-8). */
+static int ustr_chunk(const zarr_arr_t *a, iv_buf_t *out, iv_err_t *err)
+{
+    size_t len;
+    const unsigned char *s = (const unsigned char *)iv_uns_str(a->ue, 0, &len);
+    uint8_t *dst = grow_zero(out, (size_t)a->ustr_width * 4);
+    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    for (size_t i = 0, n = 0; i < len && n < (size_t)a->ustr_width; n++) {
+        unsigned c = s[i], k = c < 0x80 ? 0 : c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+        uint32_t cp = k == 0 ? c : c & (0x3fu >> k);
+        for (unsigned j = 1; j <= k && i + j < len; j++) cp = (cp << 6) | (s[i + j] & 0x3fu);
+        i += k + 1;
+        uint8_t le[4] = {(uint8_t)cp, (uint8_t)(cp >> 8), (uint8_t)(cp >> 16), (uint8_t)(cp >> 24)};
+        memcpy(dst + n * 4, le, 4);
+    }
+    return 0;
+}
+
+static int uns_chunk(const zarr_arr_t *a, int64_t k, iv_buf_t *out, iv_err_t *err)
+{
+    const iv_uns_entry_t *e = a->ue;
+    if (a->ustr_width) return ustr_chunk(a, out, err);
+    if (e->kind == IV_UNS_STR) {
+        put_u32(out, (size_t)e->n);
+        for (int64_t i = 0; i < e->n; i++) {
+            size_t len;
+            const char *str = iv_uns_str(e, i, &len);
+            put_u32(out, len);
+            iv_buf_append(out, str, len);
+        }
+        return 0;
+    }
+    size_t isz = e->kind == IV_UNS_BOOL ? 1 : iv_dtype_size(e->dtype);
+    int64_t C = a->ndim ? a->chunks[0] : 1, lo = k * C, hi = lo + C < e->n ? lo + C : e->n;
+    uint8_t *dst = grow_zero(out, (size_t)C * isz);
+    if (!dst) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    if (hi > lo) memcpy(dst, (const uint8_t *)e->data + (size_t)lo * isz, (size_t)(hi - lo) * isz);
+    return 0;
+}
+
 int zarr_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, const int64_t idx[2], iv_buf_t *out,
                iv_err_t *err)
 {
@@ -312,6 +355,7 @@ int zarr_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, const int64_t idx[
     case ZS_COL_STR:
     case ZS_CATS_STR: return str_chunk(a, out, err);
     case ZS_MARRAY: return marray_chunk(a, idx[0], out, err);
+    case ZS_UNS: return uns_chunk(a, idx[0], out, err);
     }
     return iv_fail(err, IV_ENOT_FOUND, "no such chunk");
 }

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "uns.h"
 #include "zarr.h"
 
 /* Where an array's values come from. */
@@ -20,6 +21,7 @@ typedef enum zarr_src {
     ZS_CATS_STR,              /* a categorical column's categories, strings */
     ZS_CATS_NUM,              /* ... numbers (float64) */
     ZS_MARRAY,                /* an obsm/varm array */
+    ZS_UNS,                   /* an uns entry (scalar or 1-D) */
 } zarr_src_t;
 
 typedef struct zarr_arr {
@@ -30,10 +32,12 @@ typedef struct zarr_arr {
     iv_dtype_t vt;            /* element type of numeric arrays */
     int is_bool;
     int is_str;
-    int ndim;                 /* 1 or 2 */
+    int ustr_width;           /* > 0: a fixed-width string "<UN" (N code points, UTF-32) */
+    int ndim;                 /* 0 (a scalar), 1 or 2 */
     int64_t shape[2], chunks[2];
     const iv_meta_col_t *col; /* ZS_COL*, ZS_CATS_* */
     const iv_marray_t *ma;    /* ZS_MARRAY */
+    const iv_uns_entry_t *ue; /* ZS_UNS */
 } zarr_arr_t;
 
 typedef struct zarr_node {

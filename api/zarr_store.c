@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "zarr_cache.h"
 #include "zarr_impl.h"
 
 #define PATH_MAX_LEN 600
@@ -37,6 +38,7 @@ typedef struct walker {
     visit_fn fn;
     void *ctx;
     iv_buf_t attrs;
+    const iv_uns_t *uns;      /* NULL: an empty uns */
     char path[PATH_MAX_LEN];
     int stop;                 /* what fn returned, once nonzero */
 } walker_t;
@@ -318,11 +320,80 @@ static void walk_marrays(walker_t *w, iv_axis_t axis, const char *name)
     }
 }
 
+/* An uns path ("neighbors/params/method") whose parts can all be keys. */
+static int uns_path_ok(const char *p)
+{
+    if (strlen(p) >= PATH_MAX_LEN - 8) return 0;
+    for (const char *part = p;;) {
+        /* A part may not be empty nor start with '.'. */
+        if (*part == '\0' || *part == '/' || *part == '.') return 0;
+        const char *slash = strchr(part, '/');
+        if (!slash) return 1;
+        part = slash + 1;
+    }
+}
+
+/* Code points of a UTF-8 string (valid: uns.h checked it). */
+static int64_t n_code_points(const char *s, size_t len)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < len; i++) n += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return n;
+}
+
+/* One uns entry at w->path as anndata writes it: a scalar is a 0-d array
+ * (numeric-scalar, or string with numpy's "<UN" dtype), an array a 1-D
+ * one (array, or string-array in vlen-utf8). */
+static void walk_uns_entry(walker_t *w, const iv_uns_entry_t *e)
+{
+    if (e->kind == IV_UNS_DICT) {
+        group(w, w->path, ENC_DICT);
+        return;
+    }
+    zarr_arr_t a = {.src = ZS_UNS, .ue = e};
+    if (e->kind == IV_UNS_NUM) set_numeric(&a, e->dtype);
+    a.is_bool = e->kind == IV_UNS_BOOL;
+    a.vt = a.is_bool ? IV_DT_UINT8 : a.vt;
+    a.is_str = e->kind == IV_UNS_STR;
+    if (!e->scalar) {
+        array_1d(w, w->path, &a, e->n, a.is_str ? ENC_STRINGS : ENC_ARRAY);
+        return;
+    }
+    a.ndim = 0;
+    a.shape[0] = a.chunks[0] = a.shape[1] = a.chunks[1] = 1;
+    if (a.is_bool) snprintf(a.dtype, sizeof a.dtype, "|b1");
+    if (a.is_str) {
+        size_t len;
+        const char *s = iv_uns_str(e, 0, &len);
+        int64_t cp = n_code_points(s, len);
+        a.ustr_width = cp > 0 ? (int)cp : 1;  /* numpy's dtype of "" is <U1 */
+        a.is_str = 0;
+        snprintf(a.dtype, sizeof a.dtype, "<U%d", a.ustr_width);
+    }
+    emit(w, w->path, 0,
+         a.ustr_width ? "{\"encoding-type\":\"string\",\"encoding-version\":\"0.2.0\"}"
+                      : "{\"encoding-type\":\"numeric-scalar\",\"encoding-version\":\"0.2.0\"}",
+         &a);
+}
+
+static void walk_uns(walker_t *w)
+{
+    group(w, "uns", ENC_DICT);
+    const iv_uns_t *u = w->uns;
+    for (size_t i = 0; u && i < u->n && !w->stop; i++) {
+        const iv_uns_entry_t *e = &u->e[i];
+        if (!uns_path_ok(e->path)) continue;
+        snprintf(w->path, sizeof w->path, "uns/%s", e->path);
+        walk_uns_entry(w, e);
+    }
+}
+
 /* Visits every node, parents first; returns what fn returned to stop it
  * (nonzero), 0 when every node was visited, -1 out of memory. */
 static int zarr_walk(const iv_zarr_src_t *src, int csr, visit_fn fn, void *ctx)
 {
     walker_t w = {.src = src, .csr = csr, .fn = fn, .ctx = ctx};
+    w.uns = iv_zarr_cache_uns(src->cache, iv_dataset_info(src->ds)->path);
     iv_buf_init(&w.attrs);
     group(&w, "", "{\"encoding-type\":\"anndata\",\"encoding-version\":\"0.1.0\"}");
     if (!w.stop) walk_x(&w);
@@ -332,7 +403,7 @@ static int zarr_walk(const iv_zarr_src_t *src, int csr, visit_fn fn, void *ctx)
     if (!w.stop) walk_marrays(&w, IV_AXIS_VAR, "varm");
     if (!w.stop) walk_layers(&w);
     if (!w.stop) walk_raw(&w);
-    if (!w.stop) group(&w, "uns", ENC_DICT);
+    if (!w.stop) walk_uns(&w);
     int oom = w.attrs.oom;
     iv_buf_free(&w.attrs);
     return oom ? -1 : w.stop;
@@ -340,19 +411,28 @@ static int zarr_walk(const iv_zarr_src_t *src, int csr, visit_fn fn, void *ctx)
 
 /* ---- metadata documents ---------------------------------------------------- */
 
+/* [d0,d1] for the array's dimensions ([] for a scalar). */
+static void render_dims(iv_buf_t *b, const zarr_arr_t *a, const int64_t *v)
+{
+    iv_buf_puts(b, "[");
+    for (int d = 0; d < a->ndim; d++) iv_buf_printf(b, "%s%" PRId64, d ? "," : "", v[d]);
+    iv_buf_puts(b, "]");
+}
+
 static void render_zarray(iv_buf_t *b, const zarr_arr_t *a)
 {
-    iv_buf_printf(b, "{\"chunks\":[%" PRId64, a->chunks[0]);
-    if (a->ndim == 2) iv_buf_printf(b, ",%" PRId64, a->chunks[1]);
-    iv_buf_printf(b, "],\"compressor\":null,\"dtype\":\"%s\",\"fill_value\":", a->dtype);
-    if (a->is_str) iv_buf_puts(b, "null");
+    iv_buf_puts(b, "{\"chunks\":");
+    render_dims(b, a, a->chunks);
+    iv_buf_printf(b, ",\"compressor\":null,\"dtype\":\"%s\",\"fill_value\":", a->dtype);
+    if (a->ustr_width) iv_buf_puts(b, "\"\"");
+    else if (a->is_str) iv_buf_puts(b, "null");
     else if (a->is_bool) iv_buf_puts(b, "false");
     else if (a->vt == IV_DT_FLOAT32 || a->vt == IV_DT_FLOAT64) iv_buf_puts(b, "0.0");
     else iv_buf_puts(b, "0");
-    iv_buf_printf(b, ",\"filters\":%s,\"order\":\"C\",\"shape\":[%" PRId64,
-                  a->is_str ? "[{\"id\":\"vlen-utf8\"}]" : "null", a->shape[0]);
-    if (a->ndim == 2) iv_buf_printf(b, ",%" PRId64, a->shape[1]);
-    iv_buf_puts(b, "],\"zarr_format\":2}");
+    iv_buf_printf(b, ",\"filters\":%s,\"order\":\"C\",\"shape\":",
+                  a->is_str ? "[{\"id\":\"vlen-utf8\"}]" : "null");
+    render_dims(b, a, a->shape);
+    iv_buf_puts(b, ",\"zarr_format\":2}");
 }
 
 static const char ZGROUP[] = "{\"zarr_format\":2}";
@@ -408,6 +488,7 @@ static int find_node(void *ctx, const zarr_node_t *n)
 static int chunk_id(const zarr_arr_t *a, const char *s, int64_t idx[2])
 {
     idx[0] = idx[1] = 0;
+    if (a->ndim == 0) return strcmp(s, "0") == 0 ? 0 : -1;  /* a scalar's one chunk */
     for (int d = 0; d < a->ndim; d++) {
         if (*s < '0' || *s > '9') return -1;
         int64_t v = 0;

@@ -336,3 +336,66 @@ def test_layers_and_raw_equal_the_file(env):
     g = open_group(s, "r_int")
     assert list(g["layers"].keys()) == [] and "raw" not in g
     assert requests.get(store_url(s, "r_int") + "/raw/.zgroup").status_code == 404
+
+
+def uns_equal(got, want, where="uns"):
+    assert sorted(got) == sorted(want), where
+    for k, v in want.items():
+        g, at = got[k], where + "/" + k
+        if isinstance(v, dict):
+            uns_equal(g, v, at)
+        elif isinstance(v, np.ndarray):
+            assert isinstance(g, np.ndarray) and g.dtype == v.dtype and g.shape == v.shape, at
+            assert np.array_equal(g, v), at
+        else:
+            assert type(g) is type(v) or np.asarray(g).dtype == np.asarray(v).dtype, (at, g, v)
+            assert g == v, (at, g, v)
+
+
+def test_uns_equals_the_file(env, tmp_path):
+    """uns entries the server reads (scalars, 1-D numeric, bool and string
+    arrays, nested dicts) read back by zarr-python and anndata.read_zarr
+    equal to the file's; a data frame and a 2-D array are left out; every
+    uns node's .zattrs and .zarray are what anndata 0.8's write_zarr
+    writes for the same entries (but the compressor: anndata's default
+    blosc, the store's none; and a string array's fill value, null in the
+    store as for its obs columns, 0 in anndata's)."""
+    import h5py
+    import json
+    s, data = env
+    path = data["mx"][0]
+    served, skipped = zarrdata.uns_entries()
+    with h5py.File(path, "r") as f:
+        from_file = read_elem(f["uns"])
+    assert set(skipped) <= set(from_file)
+    for k in skipped:
+        del from_file[k]
+    uns_equal(from_file, served)  # the fixture is what it claims
+    g = open_group(s, "mx")
+    uns_equal(read_elem(g["uns"]), from_file)
+    uns_equal(anndata.read_zarr(consolidated(s, "mx")).uns, from_file)
+    # Metadata documents against anndata's own writer.
+    local = anndata.AnnData(np.zeros((1, 1), np.float32))
+    local.uns = dict(served)
+    local.write_zarr(str(tmp_path / "a.zarr"))
+    meta = requests.get(store_url(s, "mx") + "/.zmetadata").json()["metadata"]
+    mine = {k: v for k, v in meta.items() if k.startswith("uns/")}
+    theirs = {}
+    for dirpath, _, files in os.walk(str(tmp_path / "a.zarr" / "uns")):
+        for fn in files:
+            if fn.startswith(".z"):
+                rel = os.path.relpath(os.path.join(dirpath, fn), str(tmp_path / "a.zarr"))
+                theirs[rel] = json.load(open(os.path.join(dirpath, fn)))
+    assert sorted(mine) == sorted(theirs)
+    for k, want in theirs.items():
+        got = dict(mine[k])
+        assert requests.get(store_url(s, "mx") + "/" + k).json() == got, k
+        if k.endswith(".zarray"):
+            want = dict(want, compressor=None)
+            if want["dtype"] == "|O":
+                want["fill_value"] = None
+        assert got == want, (k, got, want)
+    # Nothing of the data frame or the 2-D array, and the uns of a file without one is empty.
+    assert requests.get(store_url(s, "mx") + "/uns/frame/.zgroup").status_code == 404
+    assert requests.get(store_url(s, "mx") + "/uns/grid/.zarray").status_code == 404
+    assert list(open_group(s, "r_int")["uns"].keys()) == []
