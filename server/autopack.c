@@ -149,6 +149,139 @@ static atomic_size_t build_memory;
 
 void iv_autopack_set_memory(size_t bytes) { atomic_store(&build_memory, bytes); }
 
+/* The pack's --memory-mb: the builds' part of the memory budget (or a
+ * quarter of the memory available), at least 512 MiB; the pack works in
+ * bands within it. */
+static size_t pack_memory(void)
+{
+    size_t mem = atomic_load(&build_memory);
+    if (!mem) mem = iv_membudget_default(25, (size_t)2 << 30, NULL, NULL);
+    if (mem < ((size_t)512 << 20)) mem = (size_t)512 << 20;
+    return mem;
+}
+
+/* The child's output as it is read: its progress lines, parsed as they
+ * end, and the tail of its stderr, whose last line is the error. */
+typedef struct pack_out {
+    char pbuf[512], ebuf[2048];
+    size_t plen, elen;
+    int decile;
+    iv_autopack_progress_t *p;
+    const iv_alog_t *log;
+    const char *id;
+} pack_out_t;
+
+/* Keeps the last sizeof ebuf - 1 bytes of stderr. */
+static void keep_err_tail(pack_out_t *o, const char *tmp, size_t got)
+{
+    size_t room = sizeof o->ebuf - 1;
+    if (got > room - o->elen) {
+        size_t drop = o->elen + got - room;
+        if (drop > o->elen) drop = o->elen;
+        memmove(o->ebuf, o->ebuf + drop, o->elen - drop);
+        o->elen -= drop;
+    }
+    size_t take = got < room - o->elen ? got : room - o->elen;
+    memcpy(o->ebuf + o->elen, tmp + got - take, take);
+    o->elen += take;
+}
+
+static void take_progress(pack_out_t *o, const char *tmp, size_t got)
+{
+    for (size_t i = 0; i < got; i++) {
+        if (tmp[i] == '\n' || o->plen == sizeof o->pbuf - 1) {
+            o->pbuf[o->plen] = '\0';
+            take_line(o->pbuf, o->p, &o->decile, o->log, o->id);
+            o->plen = 0;
+        } else {
+            o->pbuf[o->plen++] = tmp[i];
+        }
+    }
+}
+
+/* Reads what pipe k (0 progress, 1 stderr) holds; 1 when it closed (and
+ * is closed here), else 0. */
+static int read_pipe(pack_out_t *o, struct pollfd *pf, int k)
+{
+    char tmp[1024];
+    ssize_t got = read(pf[k].fd, tmp, sizeof tmp);
+    if (got < 0 && errno == EINTR) return 0;
+    if (got <= 0) {
+        close(pf[k].fd);
+        pf[k].fd = -1;
+        return 1;
+    }
+    if (k == 1) keep_err_tail(o, tmp, (size_t)got);
+    else take_progress(o, tmp, (size_t)got);
+    return 0;
+}
+
+/* Reads both pipes until the child closes them, sending it SIGTERM once
+ * stop is set; 1 when it was stopped so. */
+static int watch_pack(pid_t pid, int prog, int errp, const atomic_int *stop, pack_out_t *o)
+{
+    int open_fds = 2, stopped = 0;
+    struct pollfd pf[2] = {{prog, POLLIN, 0}, {errp, POLLIN, 0}};
+    while (open_fds > 0) {
+        if (!stopped && stop && atomic_load(stop)) {
+            kill(pid, SIGTERM);
+            stopped = 1;
+        }
+        int r = poll(pf, 2, 200);
+        if (r < 0 && errno != EINTR) break;
+        for (int k = 0; k < 2; k++)
+            if (pf[k].fd >= 0 && (pf[k].revents & (POLLIN | POLLHUP | POLLERR)))
+                open_fds -= read_pipe(o, pf, k);
+    }
+    for (int k = 0; k < 2; k++)
+        if (pf[k].fd >= 0) close(pf[k].fd);
+    return stopped;
+}
+
+/* Starts argv[0] with fd 3 on prog, stderr on errp, stdin and stdout on
+ * /dev/null.  The server blocks its signals on the loops' threads: the
+ * pack starts with none blocked and every handler at its default.
+ * Returns posix_spawn's error number. */
+static int spawn_pack(char **argv, int prog, int errp, pid_t *pid)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, prog, 3);
+    posix_spawn_file_actions_adddup2(&fa, errp, 2);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawnattr_init(&at);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    int rc = posix_spawn(pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    return rc;
+}
+
+/* The pack's exit, as an error when it failed: the last line of its
+ * stderr, without the "ivserve: error: " prefix. */
+static int pack_result(int status, int stopped, pack_out_t *o, const char *src, iv_err_t *err)
+{
+    if (stopped) return FAILF(IV_ECANCELLED, "%s: packing stopped: the server is stopping", src);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    char *ebuf = o->ebuf;
+    size_t elen = o->elen;
+    ebuf[elen] = '\0';
+    while (elen && (ebuf[elen - 1] == '\n' || ebuf[elen - 1] == ' ')) ebuf[--elen] = '\0';
+    const char *last = strrchr(ebuf, '\n');
+    last = last ? last + 1 : ebuf;
+    if (!strncmp(last, "ivserve: error: ", 16)) last += 16;
+    return FAILF(IV_EBAD_FILE, "packing it failed (%s %d): %s", WIFEXITED(status) ? "exit" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                 *last ? last : "no message");
+}
+
 /*
  * Runs `ivserve pack src out --quiet --progress-fd 3 ...` and waits,
  * reading its progress and keeping the tail of its stderr for the error.
@@ -168,13 +301,8 @@ static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id
         close(prog[1]);
         return FAILF(IV_EINTERNAL, "pipe: %s", strerror(errno));
     }
-    /* The builds' part of the memory budget (or a quarter of the memory
-     * available), at least 512 MiB; the pack works in bands within it. */
-    size_t mem = atomic_load(&build_memory);
-    if (!mem) mem = iv_membudget_default(25, (size_t)2 << 30, NULL, NULL);
-    if (mem < ((size_t)512 << 20)) mem = (size_t)512 << 20;
     char mem_mb[32], threads[16];
-    snprintf(mem_mb, sizeof mem_mb, "%zu", mem >> 20);
+    snprintf(mem_mb, sizeof mem_mb, "%zu", pack_memory() >> 20);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(threads, sizeof threads, "%u", cfg->threads ? cfg->threads : (unsigned)(cores > 0 ? cores : 1));
     char *argv[20] = {exe, "pack", (char *)src, (char *)out, "--quiet", "--progress-fd", "3",
@@ -183,93 +311,20 @@ static int run_pack(const iv_config_t *cfg, const iv_alog_t *log, const char *id
     for (size_t i = 0; more && more[i] && argc < sizeof argv / sizeof *argv - 1; i++)
         argv[argc++] = (char *)more[i];
     argv[argc] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, prog[1], 3);
-    posix_spawn_file_actions_adddup2(&fa, errp[1], 2);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawnattr_init(&at);
-    /* The server blocks its signals on the loops' threads: the pack
-     * starts with none blocked and every handler at its default. */
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     pid_t pid;
-    int src_rc = posix_spawn(&pid, exe, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
+    int spawn_rc = spawn_pack(argv, prog[1], errp[1], &pid);
     close(prog[1]);
     close(errp[1]);
-    if (src_rc != 0) {
+    if (spawn_rc != 0) {
         close(prog[0]);
         close(errp[0]);
-        return FAILF(IV_EINTERNAL, "cannot start `ivserve pack` for %s: %s", src, strerror(src_rc));
+        return FAILF(IV_EINTERNAL, "cannot start `ivserve pack` for %s: %s", src, strerror(spawn_rc));
     }
-    char pbuf[512], ebuf[2048];
-    size_t plen = 0, elen = 0;
-    int decile = -1, open_fds = 2, stopped = 0;
-    struct pollfd pf[2] = {{prog[0], POLLIN, 0}, {errp[0], POLLIN, 0}};
-    while (open_fds > 0) {
-        if (!stopped && stop && atomic_load(stop)) {
-            kill(pid, SIGTERM);
-            stopped = 1;
-        }
-        int r = poll(pf, 2, 200);
-        if (r < 0 && errno != EINTR) break;
-        for (int k = 0; k < 2; k++) {
-            if (pf[k].fd < 0 || !(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            char tmp[1024];
-            ssize_t got = read(pf[k].fd, tmp, sizeof tmp);
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) {
-                close(pf[k].fd);
-                pf[k].fd = -1;
-                open_fds--;
-                continue;
-            }
-            if (k == 1) {
-                /* The tail of stderr: its last line is the error. */
-                if ((size_t)got > sizeof ebuf - 1 - elen) {
-                    size_t drop = elen + (size_t)got - (sizeof ebuf - 1);
-                    if (drop > elen) drop = elen;
-                    memmove(ebuf, ebuf + drop, elen - drop);
-                    elen -= drop;
-                }
-                size_t take = (size_t)got < sizeof ebuf - 1 - elen ? (size_t)got : sizeof ebuf - 1 - elen;
-                memcpy(ebuf + elen, tmp + got - take, take);
-                elen += take;
-                continue;
-            }
-            for (ssize_t i = 0; i < got; i++) {
-                if (tmp[i] == '\n' || plen == sizeof pbuf - 1) {
-                    pbuf[plen] = '\0';
-                    take_line(pbuf, p, &decile, log, id);
-                    plen = 0;
-                } else {
-                    pbuf[plen++] = tmp[i];
-                }
-            }
-        }
-    }
-    for (int k = 0; k < 2; k++)
-        if (pf[k].fd >= 0) close(pf[k].fd);
+    pack_out_t o = {.decile = -1, .p = p, .log = log, .id = id};
+    int stopped = watch_pack(pid, prog[0], errp[0], stop, &o);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    if (stopped) return FAILF(IV_ECANCELLED, "%s: packing stopped: the server is stopping", src);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-    ebuf[elen] = '\0';
-    while (elen && (ebuf[elen - 1] == '\n' || ebuf[elen - 1] == ' ')) ebuf[--elen] = '\0';
-    const char *last = strrchr(ebuf, '\n');
-    last = last ? last + 1 : ebuf;
-    if (!strncmp(last, "ivserve: error: ", 16)) last += 16;
-    return FAILF(IV_EBAD_FILE, "packing it failed (%s %d): %s", WIFEXITED(status) ? "exit" : "signal",
-                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                 *last ? last : "no message");
+    return pack_result(status, stopped, &o, src, err);
 }
 
 /* ---- a derived copy in the cache folder ------------------------------------ */

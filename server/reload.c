@@ -112,79 +112,99 @@ static void log_start_loads(server_t *s)
                       ready + failed, failed, names, nl >= sizeof names ? "..." : "");
 }
 
-static void on_load_done(job_t *j)
+/* The load's outcome in d's state, and its log line. */
+static void take_load_result(server_t *s, job_t *j, sds_t *d)
 {
-    server_t *s = j->srv;
-    sds_t *d = j->ds;
-    s->n_loading--;
     if (j->rc != 0) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "%s", j->err.msg);
         iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
                       j->replace ? "not reloaded, the one loaded before keeps serving" : "left out",
                       j->err.msg);
-    } else if (!d->doc) {
+        return;
+    }
+    if (!d->doc) {
         d->state = DS_FAILED;
         snprintf(d->err, sizeof d->err, "out of memory");
         iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
+        return;
+    }
+    d->state = DS_READY;
+    const iv_dataset_info_t *in = iv_dataset_info(d->ds);
+    if (!d->meta)
+        iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
+                  d->conf->id, d->err);
+    iv_alog_event(&s->log, "info",
+              "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
+              "(open %.2f s, row index %s %.2f s)",
+              d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
+              in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
+              in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds);
+}
+
+/* A replacement takes its old entry's place when ready; when it failed,
+ * the old one keeps serving and says why. */
+static void replace_entry(server_t *s, sds_t *d)
+{
+    sds_t *old = NULL;
+    size_t at = 0;
+    for (size_t i = 0; i < s->reg.n && !old; i++)
+        if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
+    if (!old) {
+        d->retired = 1;
+        return;
+    }
+    old->pending = NULL;  /* its reference passes to the list, or is dropped */
+    if (d->state == DS_READY) {
+        s->reg.v[at] = d;
+        ds_retire(s, old);
     } else {
-        d->state = DS_READY;
-        const iv_dataset_info_t *in = iv_dataset_info(d->ds);
-        if (!d->meta)
-            iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
-                      d->conf->id, d->err);
-        iv_alog_event(&s->log, "info",
-                  "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
-                  "(open %.2f s, row index %s %.2f s)",
-                  d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
-                  in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
-                  in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds);
+        snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
+        d->retired = 1;
+        iv_rds_unref(d);
     }
-    if (j->replace && !d->retired) {
-        /* A replacement: it takes its old entry's place when ready; when
-         * it failed, the old one keeps serving and says why. */
-        sds_t *old = NULL;
-        size_t at = 0;
-        for (size_t i = 0; i < s->reg.n && !old; i++)
-            if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
-        if (old) {
-            old->pending = NULL;  /* its reference passes to the list, or is dropped */
-            if (d->state == DS_READY) {
-                s->reg.v[at] = d;
-                ds_retire(s, old);
-            } else {
-                snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
-                d->retired = 1;
-                iv_rds_unref(d);
-            }
-        } else {
-            d->retired = 1;
-        }
+}
+
+/* The load's line in its reload's summary: added, reloaded or failed. */
+static void reload_note(reload_t *op, const job_t *j, const sds_t *d)
+{
+    if (d->state == DS_READY) {
+        json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
+        return;
     }
-    if (s->reload && j->gen == s->reload->gen) {
-        reload_t *op = s->reload;
-        if (d->state == DS_READY) {
-            json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
-        } else {
-            if (op->failed.len) iv_buf_puts(&op->failed, ",");
-            iv_buf_puts(&op->failed, "{\"id\":");
-            iv_buf_json_str(&op->failed, d->conf->id);
-            iv_buf_puts(&op->failed, ",\"error\":");
-            iv_buf_json_str(&op->failed, d->err);
-            iv_buf_puts(&op->failed, "}");
-        }
-    }
+    if (op->failed.len) iv_buf_puts(&op->failed, ",");
+    iv_buf_puts(&op->failed, "{\"id\":");
+    iv_buf_json_str(&op->failed, d->conf->id);
+    iv_buf_puts(&op->failed, ",\"error\":");
+    iv_buf_json_str(&op->failed, d->err);
+    iv_buf_puts(&op->failed, "}");
+}
+
+/* Cell queries are served meanwhile; the other orientation joins when it
+ * is ready (see other_run).  The job keeps its reference; NULL when it
+ * went on as the other job, else j, to be freed. */
+static job_t *start_other(server_t *s, job_t *j, sds_t *d)
+{
+    if (d->state != DS_READY || d->retired || s->draining || other_plan(s, d) == OTHER_NONE) return j;
+    j->type = &other_job;
+    j->rc = 0;
+    iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
+    if (job_submit_server(j) == 0) return NULL;
+    iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+    return j;
+}
+
+static void on_load_done(job_t *j)
+{
+    server_t *s = j->srv;
+    sds_t *d = j->ds;
+    s->n_loading--;
+    take_load_result(s, j, d);
+    if (j->replace && !d->retired) replace_entry(s, d);
+    if (s->reload && j->gen == s->reload->gen) reload_note(s->reload, j, d);
     if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
     uint64_t gen = j->gen;
-    if (d->state == DS_READY && !d->retired && !s->draining && other_plan(s, d) != OTHER_NONE) {
-        /* Cell queries are served meanwhile; the other orientation joins
-         * when it is ready (see other_run).  The job keeps its reference. */
-        j->type = &other_job;
-        j->rc = 0;
-        iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-        if (job_submit_server(j) == 0) j = NULL;
-        else iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
-    }
+    j = start_other(s, j, d);
     if (j) job_free(j);
     if (s->reload && gen == s->reload->gen) reload_step(s);
 }
@@ -316,88 +336,111 @@ static void note_restart_keys(server_t *s, const iv_config_t *nc)
                       "start: %s (a reload applies datasets and readyz)", keys);
 }
 
-void reload_start(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
+/* Answers a reload that cannot start now: the server stops, one is
+ * running (another then follows it, unless an admin request asked), or
+ * there is nothing to read again.  1 when it was answered so. */
+static int reload_not_now(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
 {
     if (s->draining) {
         if (waiter)
             reload_reply(s, wlp, waiter, 503, "shutting_down", "the server is shutting down", NULL, NULL);
-        return;
+        return 1;
     }
     if (s->reload) {
         if (waiter) {
             reload_reply(s, wlp, waiter, 409, "reload_in_progress",
                          "a reload is running; retry when it ends", NULL, "Retry-After: 1\r\n");
-            return;
+            return 1;
         }
         s->reload_again = 1;
         iv_alog_event(&s->log, "info", "reload (%s): one is running; another follows it", why);
-        return;
+        return 1;
     }
     if (!s->reader) {
         reload_refuse(s, wlp, waiter, 409, "no_config_source", why,
                       "this server has no configuration source to read again");
-        return;
+        return 1;
     }
-    iv_config_t nc;
-    iv_config_init(&nc);
-    iv_err_t err;
-    iv_err_clear(&err);
-    int rc = s->reader(s->reader_arg, &nc, &err);
-    if (rc != 0) {
-        reload_refuse(s, wlp, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
-        iv_config_free(&nc);
-        return;
+    return 0;
+}
+
+/* The reload's decision for one configured dataset. */
+typedef struct plan {
+    sds_t *fresh;     /* a new entry to load, or NULL: the served one is kept */
+    int replace;      /* it waits beside a ready entry */
+    int reloaded;     /* the id was served before */
+} plan_t;
+
+/* What a reload prepares before it changes anything: everything that can
+ * fail is allocated first. */
+typedef struct reload_prep {
+    reload_t *op;
+    sds_t **nv;       /* the new list */
+    plan_t *pl;       /* a plan for each of its datasets */
+    iv_auth_t na;     /* the tokens as the new configuration has them (its
+                       * tokens file, its datasets' tokens), swapped in with
+                       * the new list */
+} reload_prep_t;
+
+static void reload_prep_free(reload_prep_t *rp, size_t n)
+{
+    for (size_t i = 0; rp->pl && i < n; i++)
+        if (rp->pl[i].fresh) iv_rds_unref(rp->pl[i].fresh);
+    free(rp->pl);
+    free(rp->nv);
+    free(rp->op);
+    iv_auth_free(&rp->na);
+}
+
+/* Whether the served entry cur (or its pending replacement) is dc's as
+ * it is now: a failed dataset is tried again whatever changed. */
+static int entry_current(const sds_t *cur, const iv_ds_conf_t *dc, const iv_path_id_t *fid,
+                         const iv_path_id_t *cfid)
+{
+    const sds_t *latest = cur->pending ? cur->pending : cur;
+    return latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
+           iv_path_id_same(&latest->fid, fid) && iv_path_id_same(&latest->cfid, cfid);
+}
+
+/* Plans dataset dc: the served entry kept in *kept, or a new entry in
+ * *pl.  -1 when out of memory. */
+static int plan_dataset(server_t *s, const iv_ds_conf_t *dc, sds_t **kept, plan_t *pl)
+{
+    sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
+    iv_path_id_t fid, cfid;
+    iv_path_id_read(dc->path, &fid);
+    memset(&cfid, 0, sizeof cfid);
+    if (dc->companion) iv_path_id_read(dc->companion, &cfid);
+    if (cur && entry_current(cur, dc, &fid, &cfid)) {
+        *kept = cur;
+        return 0;
     }
-    /* Everything that can fail is allocated before anything changes. */
-    size_t n = nc.n_datasets;
-    reload_t *op = calloc(1, sizeof *op);
-    sds_t **nv = calloc(n ? n : 1, sizeof *nv);
-    struct plan {
-        sds_t *fresh;     /* a new entry to load, or NULL: the served one is kept */
-        int replace;      /* it waits beside a ready entry */
-        int reloaded;     /* the id was served before */
-    } *pl = calloc(n ? n : 1, sizeof *pl);
-    /* The tokens as the new configuration has them (its tokens file, its
-     * datasets' tokens), swapped in with the new list. */
-    iv_auth_t na;
-    memset(&na, 0, sizeof na);
-    int ok = op && nv && pl && iv_auth_build(&na, &nc) == 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        const iv_ds_conf_t *dc = &nc.datasets[i];
-        sds_t *cur = find_ds(s, dc->id, strlen(dc->id));
-        iv_path_id_t fid, cfid;
-        iv_path_id_read(dc->path, &fid);
-        memset(&cfid, 0, sizeof cfid);
-        if (dc->companion) iv_path_id_read(dc->companion, &cfid);
-        if (cur) {
-            /* A failed dataset is tried again whatever changed. */
-            const sds_t *latest = cur->pending ? cur->pending : cur;
-            if (latest->state != DS_FAILED && iv_ds_conf_equal(latest->conf, dc) &&
-                iv_path_id_same(&latest->fid, &fid) && iv_path_id_same(&latest->cfid, &cfid)) {
-                nv[i] = cur;
-                continue;
-            }
-        }
-        if (!(pl[i].fresh = iv_rds_new(dc))) {
-            ok = 0;
-            break;
-        }
-        pl[i].fresh->fid = fid;
-        pl[i].fresh->cfid = cfid;
-        pl[i].replace = cur && cur->state == DS_READY;
-        pl[i].reloaded = cur != NULL;
-    }
-    if (!ok) {
-        for (size_t i = 0; pl && i < n; i++)
-            if (pl[i].fresh) iv_rds_unref(pl[i].fresh);
-        free(pl);
-        free(nv);
-        free(op);
-        iv_auth_free(&na);
-        reload_refuse(s, wlp, waiter, 503, "out_of_memory", why, "out of memory");
-        iv_config_free(&nc);
-        return;
-    }
+    if (!(pl->fresh = iv_rds_new(dc))) return -1;
+    pl->fresh->fid = fid;
+    pl->fresh->cfid = cfid;
+    pl->replace = cur && cur->state == DS_READY;
+    pl->reloaded = cur != NULL;
+    return 0;
+}
+
+/* Allocates and plans (see reload_prep_t); -1, with nothing kept, when
+ * out of memory. */
+static int reload_prepare(server_t *s, const iv_config_t *nc, reload_prep_t *rp)
+{
+    size_t n = nc->n_datasets;
+    memset(rp, 0, sizeof *rp);
+    rp->op = calloc(1, sizeof *rp->op);
+    rp->nv = calloc(n ? n : 1, sizeof *rp->nv);
+    rp->pl = calloc(n ? n : 1, sizeof *rp->pl);
+    int ok = rp->op && rp->nv && rp->pl && iv_auth_build(&rp->na, nc) == 0;
+    for (size_t i = 0; ok && i < n; i++) ok = plan_dataset(s, &nc->datasets[i], &rp->nv[i], &rp->pl[i]) == 0;
+    if (ok) return 0;
+    reload_prep_free(rp, n);
+    return -1;
+}
+
+static void reload_op_start(server_t *s, reload_t *op, const char *why, loop_t *wlp, uint64_t waiter)
+{
     op->gen = ++s->reload_gen;
     op->waiting = 1;
     op->waiter_lp = wlp;
@@ -409,32 +452,38 @@ void reload_start(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
     iv_buf_init(&op->reloaded);
     iv_buf_init(&op->failed);
     s->reload = op;
-    s->readyz_any = nc.readyz_any;
-    iv_auth_free(&s->auth);
-    s->auth = na;
-    iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
-    note_restart_keys(s, &nc);
-    for (size_t i = 0; i < n; i++) {
-        if (!pl[i].fresh) {
-            op->unchanged++;
+}
+
+/* Places each planned entry in the new list: a kept one as it is, a
+ * fresh one at once, a replacement as its served entry's pending one. */
+static void place_entries(server_t *s, const iv_config_t *nc, reload_prep_t *rp)
+{
+    for (size_t i = 0; i < nc->n_datasets; i++) {
+        plan_t *pl = &rp->pl[i];
+        if (!pl->fresh) {
+            rp->op->unchanged++;
             continue;
         }
-        if (!pl[i].replace) {
-            nv[i] = pl[i].fresh;
+        if (!pl->replace) {
+            rp->nv[i] = pl->fresh;
             continue;
         }
-        sds_t *cur = find_ds(s, nc.datasets[i].id, strlen(nc.datasets[i].id));
+        sds_t *cur = find_ds(s, nc->datasets[i].id, strlen(nc->datasets[i].id));
         if (cur->pending) {
             /* A replacement still loading is superseded: its load comes
              * back to nothing. */
             cur->pending->retired = 1;
             iv_rds_unref(cur->pending);
         }
-        cur->pending = pl[i].fresh;  /* the entry holds the new one's reference */
-        nv[i] = cur;
+        cur->pending = pl->fresh;  /* the entry holds the new one's reference */
+        rp->nv[i] = cur;
     }
-    /* The new list in place; what left it is retired (freed when its last
-     * request ends). */
+}
+
+/* The new list in place; what left it is retired (freed when its last
+ * request ends). */
+static void install_list(server_t *s, sds_t **nv, size_t n, reload_t *op)
+{
     sds_t **old = s->reg.v;
     size_t n_old = s->reg.n;
     s->reg.v = nv;
@@ -451,9 +500,39 @@ void reload_start(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
         ds_retire(s, old[k]);
     }
     free(old);
+}
+
+void reload_start(server_t *s, const char *why, loop_t *wlp, uint64_t waiter)
+{
+    if (reload_not_now(s, why, wlp, waiter)) return;
+    iv_config_t nc;
+    iv_config_init(&nc);
+    iv_err_t err;
+    iv_err_clear(&err);
+    if (s->reader(s->reader_arg, &nc, &err) != 0) {
+        reload_refuse(s, wlp, waiter, 422, "bad_config", why, err.msg[0] ? err.msg : "bad configuration");
+        iv_config_free(&nc);
+        return;
+    }
+    reload_prep_t rp;
+    if (reload_prepare(s, &nc, &rp) != 0) {
+        reload_refuse(s, wlp, waiter, 503, "out_of_memory", why, "out of memory");
+        iv_config_free(&nc);
+        return;
+    }
+    size_t n = nc.n_datasets;
+    reload_t *op = rp.op;
+    reload_op_start(s, op, why, wlp, waiter);
+    s->readyz_any = nc.readyz_any;
+    iv_auth_free(&s->auth);
+    s->auth = rp.na;
+    iv_alog_event(&s->log, "info", "reload (%s): %zu datasets configured", why, n);
+    note_restart_keys(s, &nc);
+    place_entries(s, &nc, &rp);
+    install_list(s, rp.nv, n, op);
     for (size_t i = 0; i < n; i++)
-        if (pl[i].fresh) load_submit(s, pl[i].fresh, op->gen, pl[i].replace, pl[i].reloaded);
-    free(pl);
+        if (rp.pl[i].fresh) load_submit(s, rp.pl[i].fresh, op->gen, rp.pl[i].replace, rp.pl[i].reloaded);
+    free(rp.pl);
     iv_config_free(&nc);
     reload_step(s);
 }
