@@ -170,6 +170,76 @@ static int ascending(const int64_t *v, int64_t n, int strict)
     return 1;
 }
 
+/* The (id, position) pairs of ids[0..n), sorted by id then position;
+ * NULL when out of memory.  Owned by the caller. */
+static int64_t *sorted_pairs(const int64_t *ids, int64_t n)
+{
+    int64_t *pairs = malloc((size_t)(n ? n : 1) * 2 * sizeof(int64_t));
+    if (!pairs) return NULL;
+    for (int64_t k = 0; k < n; k++) {
+        pairs[2 * k] = ids[k];
+        pairs[2 * k + 1] = k;
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
+    return pairs;
+}
+
+/* The distinct ids among n sorted pairs, and the longest run of one id. */
+static void count_runs(const int64_t *pairs, int64_t n, int64_t *n_uniq, int64_t *most)
+{
+    int64_t nu = 0, run = 0;
+    *most = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * (i - 1)]) {
+            nu++;
+            run = 0;
+        }
+        if (++run > *most) *most = run;
+    }
+    *n_uniq = nu;
+}
+
+/* What sel_dups returns when some id repeats: walks the sorted pairs once
+ * for the distinct ids (u), each position's rank (rk) and where its id
+ * is first listed (fi); a NULL array is not filled. */
+static void fill_dups(const int64_t *pairs, int64_t n, int64_t *u, int64_t *rk, int64_t *fi)
+{
+    int64_t r = -1, at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = pairs[2 * i], k = pairs[2 * i + 1];
+        if (i == 0 || id != pairs[2 * (i - 1)]) {
+            r++;
+            at = k;   /* pairs of one id are in ascending position */
+            if (u) u[r] = id;
+        }
+        if (rk) rk[k] = r;
+        if (fi) fi[k] = at;
+    }
+}
+
+/* sel_dups' arrays for n sorted pairs of nu distinct ids: the distinct
+ * ids and ranks when rank_of is not NULL, first positions when first is. */
+static int dup_tables(const int64_t *pairs, int64_t n, int64_t nu, int64_t **uniq,
+                      int64_t **rank_of, int64_t **first, iv_err_t *err)
+{
+    int64_t *u = rank_of ? malloc((size_t)nu * sizeof *u) : NULL;
+    int64_t *rk = rank_of ? malloc((size_t)n * sizeof *rk) : NULL;
+    int64_t *fi = first ? malloc((size_t)n * sizeof *fi) : NULL;
+    if ((rank_of && (!u || !rk)) || (first && !fi)) {
+        free(u);
+        free(rk);
+        free(fi);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
+    }
+    fill_dups(pairs, n, u, rk, fi);
+    if (rank_of) {
+        *uniq = u;
+        *rank_of = rk;
+    }
+    if (first) *first = fi;
+    return 0;
+}
+
 /*
  * Duplicates of a selection, from its (id, position) pairs sorted once.
  * *max_mult: the most times one id is listed.  When rank_of is not NULL
@@ -187,54 +257,79 @@ static int sel_dups(const int64_t *ids, int64_t n, int64_t *max_mult, int64_t **
     if (first) *first = NULL;
     if (n_uniq) *n_uniq = n;
     if (!ids || n < 2 || ascending(ids, n, 1)) return 0;
-    int64_t *pairs = malloc((size_t)n * 2 * sizeof(int64_t));
+    int64_t *pairs = sorted_pairs(ids, n);
     if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
-    for (int64_t k = 0; k < n; k++) {
-        pairs[2 * k] = ids[k];
-        pairs[2 * k + 1] = k;
-    }
-    qsort(pairs, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
-    int64_t nu = 0, run = 0, most = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (i == 0 || pairs[2 * i] != pairs[2 * (i - 1)]) {
-            nu++;
-            run = 0;
-        }
-        if (++run > most) most = run;
-    }
-    *max_mult = most;
+    int64_t nu;
+    count_runs(pairs, n, &nu, max_mult);
     if (n_uniq) *n_uniq = nu;
-    if (most == 1 || (!rank_of && !first)) {
-        free(pairs);
+    int rc = 0;
+    if (*max_mult > 1 && (rank_of || first)) rc = dup_tables(pairs, n, nu, uniq, rank_of, first, err);
+    free(pairs);
+    return rc;
+}
+
+/* Dense bitmap of the selected minor elements, and their ranks when the
+ * selection strictly rises.  Returns 1 when the rank table serves as the
+ * lookup, 0 when another table is still needed, or a negative error. */
+static int build_rank_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int64_t n_minor,
+                          iv_err_t *err)
+{
+    q->sel_bits = calloc((size_t)(n_minor / 64 + 1), sizeof *q->sel_bits);
+    if (!q->sel_bits) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    for (int64_t k = 0; k < n_sel; k++) q->sel_bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
+    if (!ascending(ids, n_sel, 1)) return 0;
+    /* A table of 1/64th of the axis instead of two of it whole:
+     * a 138,000-cell filter over 1.26 M cells built 20 MB of them. */
+    size_t nw = (size_t)(n_minor / 64 + 1);
+    q->lut_rank = malloc(nw * sizeof *q->lut_rank);
+    if (!q->lut_rank) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    int64_t r = 0;
+    for (size_t x = 0; x < nw; x++) {
+        q->lut_rank[x] = r;
+        r += __builtin_popcountll(q->sel_bits[x]);
+    }
+    return 1;
+}
+
+/* Sorted (minor id, position) keys, searched by binary search. */
+static int build_sorted_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, iv_err_t *err)
+{
+    q->lut_keys = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+    q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+    if (!q->lut_keys || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    q->lut_sparse = 1;
+    q->n_lut = n_sel;
+    /* Selections from filters and masks come ascending: no sort. */
+    if (ascending(ids, n_sel, 0)) {
+        memcpy(q->lut_keys, ids, (size_t)n_sel * sizeof(int64_t));
+        for (int64_t k = 0; k < n_sel; k++) q->lut_pos[k] = k;
         return 0;
     }
-    int64_t *u = rank_of ? malloc((size_t)nu * sizeof *u) : NULL;
-    int64_t *rk = rank_of ? malloc((size_t)n * sizeof *rk) : NULL;
-    int64_t *fi = first ? malloc((size_t)n * sizeof *fi) : NULL;
-    if ((rank_of && (!u || !rk)) || (first && !fi)) {
-        free(u);
-        free(rk);
-        free(fi);
-        free(pairs);
-        return iv_fail(err, IV_ENOMEM, "out of memory for a selection's duplicates");
-    }
-    int64_t r = -1, at = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t id = pairs[2 * i], k = pairs[2 * i + 1];
-        if (i == 0 || id != pairs[2 * (i - 1)]) {
-            r++;
-            at = k;   /* pairs of one id are in ascending position */
-            if (u) u[r] = id;
-        }
-        if (rk) rk[k] = r;
-        if (fi) fi[k] = at;
+    int64_t *pairs = sorted_pairs(ids, n_sel);
+    if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    for (int64_t k = 0; k < n_sel; k++) {
+        q->lut_keys[k] = pairs[2 * k];
+        q->lut_pos[k] = pairs[2 * k + 1];
     }
     free(pairs);
-    if (rank_of) {
-        *uniq = u;
-        *rank_of = rk;
-    }
-    if (first) *first = fi;
+    return 0;
+}
+
+/* Per-minor ranges of output positions (lut_ptr, lut_pos). */
+static int build_dense_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int64_t n_minor,
+                           iv_err_t *err)
+{
+    q->lut_ptr = calloc((size_t)n_minor + 1, sizeof(int64_t));
+    q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
+    if (!q->lut_ptr || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    for (int64_t k = 0; k < n_sel; k++) q->lut_ptr[ids[k] + 1]++;
+    for (int64_t j = 0; j < n_minor; j++) q->lut_ptr[j + 1] += q->lut_ptr[j];
+    /* Fill in increasing k so each minor's positions are ascending. */
+    int64_t *fill = malloc((size_t)(n_minor ? n_minor : 1) * sizeof(int64_t));
+    if (!fill) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
+    memcpy(fill, q->lut_ptr, (size_t)n_minor * sizeof(int64_t));
+    for (int64_t k = 0; k < n_sel; k++) q->lut_pos[fill[ids[k]]++] = k;
+    free(fill);
     return 0;
 }
 
@@ -250,62 +345,12 @@ static int build_lut(struct iv_query *q, const int64_t *ids, int64_t n_sel, int6
                      int64_t decoded, iv_err_t *err)
 {
     if (n_minor <= ((int64_t)1 << 26) && decoded >= n_minor / 64) {
-        q->sel_bits = calloc((size_t)(n_minor / 64 + 1), sizeof *q->sel_bits);
-        if (!q->sel_bits) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-        for (int64_t k = 0; k < n_sel; k++)
-            q->sel_bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
-        if (ascending(ids, n_sel, 1)) {
-            /* A table of 1/64th of the axis instead of two of it whole:
-             * a 138,000-cell filter over 1.26 M cells built 20 MB of them. */
-            size_t nw = (size_t)(n_minor / 64 + 1);
-            q->lut_rank = malloc(nw * sizeof *q->lut_rank);
-            if (!q->lut_rank) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-            int64_t r = 0;
-            for (size_t x = 0; x < nw; x++) {
-                q->lut_rank[x] = r;
-                r += __builtin_popcountll(q->sel_bits[x]);
-            }
-            return 0;
-        }
+        int rc = build_rank_lut(q, ids, n_sel, n_minor, err);
+        if (rc != 0) return rc < 0 ? rc : 0;
     }
-    if (n_minor > 4 * n_sel + (1 << 20) || decoded < n_minor / 4) {
-        q->lut_keys = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
-        q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
-        if (!q->lut_keys || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-        q->lut_sparse = 1;
-        q->n_lut = n_sel;
-        /* Selections from filters and masks come ascending: no sort. */
-        if (ascending(ids, n_sel, 0)) {
-            memcpy(q->lut_keys, ids, (size_t)n_sel * sizeof(int64_t));
-            for (int64_t k = 0; k < n_sel; k++) q->lut_pos[k] = k;
-            return 0;
-        }
-        int64_t *pairs = malloc((size_t)n_sel * 2 * sizeof(int64_t));
-        if (!pairs) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-        for (int64_t k = 0; k < n_sel; k++) {
-            pairs[2 * k] = ids[k];
-            pairs[2 * k + 1] = k;
-        }
-        qsort(pairs, (size_t)n_sel, 2 * sizeof(int64_t), pair_cmp);
-        for (int64_t k = 0; k < n_sel; k++) {
-            q->lut_keys[k] = pairs[2 * k];
-            q->lut_pos[k] = pairs[2 * k + 1];
-        }
-        free(pairs);
-        return 0;
-    }
-    q->lut_ptr = calloc((size_t)n_minor + 1, sizeof(int64_t));
-    q->lut_pos = malloc((size_t)(n_sel ? n_sel : 1) * sizeof(int64_t));
-    if (!q->lut_ptr || !q->lut_pos) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-    for (int64_t k = 0; k < n_sel; k++) q->lut_ptr[ids[k] + 1]++;
-    for (int64_t j = 0; j < n_minor; j++) q->lut_ptr[j + 1] += q->lut_ptr[j];
-    /* Fill in increasing k so each minor's positions are ascending. */
-    int64_t *fill = malloc((size_t)(n_minor ? n_minor : 1) * sizeof(int64_t));
-    if (!fill) return iv_fail(err, IV_ENOMEM, "out of memory for the lookup table");
-    memcpy(fill, q->lut_ptr, (size_t)n_minor * sizeof(int64_t));
-    for (int64_t k = 0; k < n_sel; k++) q->lut_pos[fill[ids[k]]++] = k;
-    free(fill);
-    return 0;
+    if (n_minor > 4 * n_sel + (1 << 20) || decoded < n_minor / 4)
+        return build_sorted_lut(q, ids, n_sel, err);
+    return build_dense_lut(q, ids, n_sel, n_minor, err);
 }
 
 static int64_t slice_nnz(const iv_dataset_t *ds, int64_t s)
@@ -482,6 +527,173 @@ static int distinct_cols(struct iv_query *q, const int64_t *first, iv_err_t *err
     return 0;
 }
 
+/*
+ * Whether a transpose of the orientation w would pass the request's bound
+ * (opts->max_work_bytes): its entries, each with a 4-byte counter share
+ * and its value, and 20 bytes a row.
+ */
+static int transpose_over_bound(const iv_dataset_t *w, const iv_sel_t *obs, const iv_sel_t *var,
+                                iv_out_axis_t axis, int64_t max_work_bytes)
+{
+    int out_obs = axis == IV_OUT_ROWS;
+    const iv_sel_t *rows = out_obs ? obs : var;
+    double n_rows = !rows || rows->all ? (double)(out_obs ? w->m.n_rows : w->m.n_cols)
+                                       : (double)rows->n;
+    double entries = major_entries(w, w->m.orient == IV_IVCSR ? obs : var);
+    double need = entries * (4.0 + (double)iv_dtype_size(w->m.value_dtype)) + 20.0 * n_rows;
+    return need > (double)max_work_bytes;
+}
+
+/* The orientation that should serve the query (it may not exist). */
+static iv_orient_t wanted_orient(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
+                                 const iv_query_opts_t *opts, iv_out_axis_t axis, iv_pick_t pick)
+{
+    iv_dataset_t *other = iv_dataset_other(ds);
+    if (pick != IV_PICK_AUTO) return pick == IV_PICK_CELLS ? IV_IVCSR : IV_IVCSC;
+    /* IV_OUT_MAJOR names the serving orientation's slices: left to
+     * the planner, its meaning would change with the choice. */
+    if (axis == IV_OUT_MAJOR) return ds->m.orient;
+    iv_orient_t want = iv_plan_orient(ds, obs, var, axis, NULL);
+    /* A transpose that could pass the request's bound is left for the
+     * direct decode of the other orientation when there is one. */
+    if (other && opts && opts->max_work_bytes > 0 && (axis == IV_OUT_ROWS) != (want == IV_IVCSR) &&
+        transpose_over_bound(want == ds->m.orient ? ds : other, obs, var, axis, opts->max_work_bytes))
+        want = want == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
+    return want;
+}
+
+/*
+ * Resolves *ds to the orientation that serves the query.  Selections are
+ * checked later against the shape, which both orientations share; the
+ * planner skips out-of-range indices.
+ */
+static int resolve_orient(iv_dataset_t **ds, const iv_sel_t *obs, const iv_sel_t *var,
+                          const iv_query_opts_t *opts, iv_out_axis_t axis, iv_pick_t pick,
+                          iv_err_t *err)
+{
+    iv_orient_t want = wanted_orient(*ds, obs, var, opts, axis, pick);
+    if (want == (*ds)->m.orient) return 0;
+    iv_dataset_t *other = iv_dataset_other(*ds);
+    if (!other)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: no %s orientation (neither built nor "
+                       "attached)", (*ds)->where, want == IV_IVCSR ? "cell-major" : "gene-major");
+    *ds = other;
+    return 0;
+}
+
+/* A query on ds with the options' block sizes and bound, no selection yet. */
+static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opts)
+{
+    struct iv_query *q = calloc(1, sizeof *q);
+    if (!q) return NULL;
+    q->ds = ds;
+    q->block_nnz = opts && opts->block_nnz > 0 ? opts->block_nnz : DEFAULT_BLOCK_NNZ;
+    q->block_rows = opts && opts->block_rows > 0 ? opts->block_rows : DEFAULT_BLOCK_ROWS;
+    q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
+    q->dtype = ds->m.value_dtype;
+    q->nnz_hint = -1;
+    atomic_init(&q->cancelled, 0);
+    atomic_init(&q->decompressed, 0);
+    pthread_mutex_init(&q->work_mu, NULL);
+    return q;
+}
+
+/*
+ * Output rows and columns from the selections (q takes obs_ids and
+ * var_ids): the major slices decoded directly, or the minor axis as rows
+ * of a transpose.
+ */
+static void set_axes(struct iv_query *q, iv_out_axis_t axis, int64_t *obs_ids, int64_t n_obs,
+                     int64_t *var_ids, int64_t n_var)
+{
+    int csr = q->ds->m.orient == IV_IVCSR;
+    int64_t *maj_ids = csr ? obs_ids : var_ids, *minor_ids = csr ? var_ids : obs_ids;
+    int64_t n_maj = csr ? n_obs : n_var, n_minor_sel = csr ? n_var : n_obs;
+    q->by_var = axis == IV_OUT_VARS || (axis == IV_OUT_MAJOR && !csr);
+    if (axis == IV_OUT_MAJOR || (axis == IV_OUT_ROWS) == csr) {
+        /* Output rows are the major slices: decoded directly. */
+        q->mode = MODE_MAJOR;
+        q->row_ids = maj_ids;
+        q->col_ids = minor_ids;
+        q->n_out_rows = n_maj;
+        q->n_out_cols = n_minor_sel;
+    } else {
+        /* Output rows are the minor axis: a transpose. */
+        q->mode = MODE_TRANSPOSE;
+        q->row_ids = minor_ids;
+        q->col_ids = maj_ids;
+        q->n_out_rows = n_minor_sel;
+        q->n_out_cols = n_maj;
+    }
+    q->index_size = q->n_out_cols > INT32_MAX ? 8 : 4;
+    q->n_slots = q->n_out_rows;
+    q->t_cols = q->col_ids;
+    q->n_t_cols = q->n_out_cols;
+}
+
+/*
+ * Duplicates in the selections.  A direct decode needs only the most
+ * times one column is listed; a transpose also its distinct rows (the
+ * lookup's positions, slots: *uniq, owned by the caller, when rows
+ * repeat) and its distinct columns (the slices decoded).
+ */
+static int find_dups(struct iv_query *q, int64_t **uniq, iv_err_t *err)
+{
+    if (q->mode == MODE_MAJOR)
+        return sel_dups(q->col_ids, q->n_out_cols, &q->max_mult, NULL, NULL, NULL, NULL, err);
+    int64_t most, *first = NULL;
+    int rc = sel_dups(q->row_ids, q->n_out_rows, &q->max_mult, uniq, &q->n_slots, &q->row_slot,
+                      NULL, err);
+    if (q->max_mult < 1) q->max_mult = 1;
+    if (rc == 0) rc = sel_dups(q->col_ids, q->n_out_cols, &most, NULL, NULL, NULL, &first, err);
+    if (rc == 0 && first) rc = distinct_cols(q, first, err);
+    free(first);
+    return rc;
+}
+
+/* Entries the decode will visit: those of every selected major slice,
+ * counted until they reach the minor axis's length. */
+static int64_t decoded_entries(const struct iv_query *q)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *major_ids = q->mode == MODE_MAJOR ? q->row_ids : q->t_cols;
+    int64_t n_major_sel = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_t_cols;
+    if (!major_ids) return ds->m.nnz;
+    int64_t decoded = 0;
+    for (int64_t r = 0; r < n_major_sel && decoded < ds->m.n_minor; r++)
+        decoded += slice_nnz(ds, major_ids[r]);
+    return decoded;
+}
+
+/* The minor lookup over the selected minor ids, or over the distinct
+ * ones (uniq) when a transpose's rows repeat; none when all are selected. */
+static int build_minor_lut(struct iv_query *q, const int64_t *uniq, iv_err_t *err)
+{
+    if (q->minor_all) return 0;
+    const int64_t *minor_ids = q->mode == MODE_MAJOR ? q->col_ids : q->row_ids;
+    int64_t n_minor_sel = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
+    if (q->row_slot) {
+        minor_ids = uniq;
+        n_minor_sel = q->n_slots;
+    }
+    return build_lut(q, minor_ids, n_minor_sel, q->ds->m.n_minor, decoded_entries(q), err);
+}
+
+/* A direct decode is planned at once: its blocks, and its exact size
+ * when every column is selected. */
+static int plan_direct(struct iv_query *q, iv_err_t *err)
+{
+    IV_TRY(plan_blocks(q, err));
+    if (q->minor_all) {
+        int64_t z = 0;
+        for (int64_t r = 0; r < q->n_out_rows; r++)
+            z += slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
+        q->nnz_hint = z;
+    }
+    q->prepared = 1;
+    return 0;
+}
+
 int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
                  const iv_query_opts_t *opts, iv_query_t **out, iv_err_t *err)
 {
@@ -490,132 +702,27 @@ int iv_query_new(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
     iv_pick_t pick = opts ? opts->pick : IV_PICK_AUTO;
     if ((unsigned)axis > IV_OUT_VARS || (unsigned)pick > IV_PICK_GENES)
         return iv_fail(err, IV_EINVALID_ARG, "unknown output axis or orientation");
-    {
-        /* Selections are checked below against the shape, which both
-         * orientations share; the planner skips out-of-range indices. */
-        iv_dataset_t *other = iv_dataset_other(ds);
-        iv_orient_t want;
-        /* IV_OUT_MAJOR names the serving orientation's slices: left to
-         * the planner, its meaning would change with the choice. */
-        if (pick == IV_PICK_AUTO)
-            want = axis == IV_OUT_MAJOR ? ds->m.orient : iv_plan_orient(ds, obs, var, axis, NULL);
-        else want = pick == IV_PICK_CELLS ? IV_IVCSR : IV_IVCSC;
-        /* A transpose that could pass the request's bound is left for the
-         * direct decode of the other orientation when there is one. */
-        if (pick == IV_PICK_AUTO && axis != IV_OUT_MAJOR && other && opts && opts->max_work_bytes > 0 &&
-            (axis == IV_OUT_ROWS) != (want == IV_IVCSR)) {
-            iv_dataset_t *w = want == ds->m.orient ? ds : other;
-            int out_obs = axis == IV_OUT_ROWS;
-            const iv_sel_t *rows = out_obs ? obs : var;
-            double n_rows = !rows || rows->all ? (double)(out_obs ? w->m.n_rows : w->m.n_cols)
-                                               : (double)rows->n;
-            double entries = major_entries(w, w->m.orient == IV_IVCSR ? obs : var);
-            double need = entries * (4.0 + (double)iv_dtype_size(w->m.value_dtype)) + 20.0 * n_rows;
-            if (need > (double)opts->max_work_bytes) want = want == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
-        }
-        if (want != ds->m.orient) {
-            if (!other)
-                return iv_fail(err, IV_EINVALID_ARG, "%s: no %s orientation (neither built nor "
-                               "attached)", ds->where, want == IV_IVCSR ? "cell-major" : "gene-major");
-            ds = other;
-        }
-    }
+    IV_TRY(resolve_orient(&ds, obs, var, opts, axis, pick, err));
     ensure_nnz_at(ds);
-    struct iv_query *q = calloc(1, sizeof *q);
+    struct iv_query *q = query_alloc(ds, opts);
     if (!q) return iv_fail(err, IV_ENOMEM, "out of memory for a query");
-    q->ds = ds;
-    q->block_nnz = opts && opts->block_nnz > 0 ? opts->block_nnz : DEFAULT_BLOCK_NNZ;
-    q->block_rows = opts && opts->block_rows > 0 ? opts->block_rows : DEFAULT_BLOCK_ROWS;
-    q->dtype = ds->m.value_dtype;
-    q->nnz_hint = -1;
-    atomic_init(&q->cancelled, 0);
-    atomic_init(&q->decompressed, 0);
-    pthread_mutex_init(&q->work_mu, NULL);
     int rc;
-    int64_t *obs_ids = NULL, *var_ids = NULL, n_obs, n_var;
+    int64_t *obs_ids = NULL, *var_ids = NULL, *uniq = NULL, n_obs, n_var;
     if ((rc = copy_sel(obs, ds->m.n_rows, "obs", &obs_ids, &n_obs, err)) < 0) goto fail;
     if ((rc = copy_sel(var, ds->m.n_cols, "var", &var_ids, &n_var, err)) < 0) goto fail;
-
-    int csr = ds->m.orient == IV_IVCSR;
-    const iv_sel_t *minor_sel = csr ? var : obs;
-    int64_t *maj_ids = csr ? obs_ids : var_ids, *minor_ids0 = csr ? var_ids : obs_ids;
-    int64_t n_maj = csr ? n_obs : n_var, n_minor_sel0 = csr ? n_var : n_obs;
-    q->by_var = axis == IV_OUT_VARS || (axis == IV_OUT_MAJOR && !csr);
-    if (axis == IV_OUT_MAJOR || (axis == IV_OUT_ROWS) == csr) {
-        /* Output rows are the major slices: decoded directly. */
-        q->mode = MODE_MAJOR;
-        q->row_ids = maj_ids;
-        q->col_ids = minor_ids0;
-        q->n_out_rows = n_maj;
-        q->n_out_cols = n_minor_sel0;
-    } else {
-        /* Output rows are the minor axis: a transpose. */
-        q->mode = MODE_TRANSPOSE;
-        q->row_ids = minor_ids0;
-        q->col_ids = maj_ids;
-        q->n_out_rows = n_minor_sel0;
-        q->n_out_cols = n_maj;
-    }
-    obs_ids = var_ids = NULL;
-    q->index_size = q->n_out_cols > INT32_MAX ? 8 : 4;
+    const iv_sel_t *minor_sel = ds->m.orient == IV_IVCSR ? var : obs;
     q->minor_all = !minor_sel || minor_sel->all;
-    q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
-    q->n_slots = q->n_out_rows;
-    q->t_cols = q->col_ids;
-    q->n_t_cols = q->n_out_cols;
-    int64_t *minor_ids = q->mode == MODE_MAJOR ? q->col_ids : q->row_ids;
-    int64_t n_minor_sel = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_out_rows;
-    int64_t *uniq = NULL;
-    if (q->mode == MODE_MAJOR) {
-        rc = sel_dups(q->col_ids, q->n_out_cols, &q->max_mult, NULL, NULL, NULL, NULL, err);
-    } else {
-        /* Distinct rows are the lookup's positions (slots); distinct
-         * columns are the slices decoded. */
-        int64_t most, *first = NULL;
-        rc = sel_dups(q->row_ids, q->n_out_rows, &q->max_mult, &uniq, &q->n_slots, &q->row_slot,
-                      NULL, err);
-        if (q->max_mult < 1) q->max_mult = 1;
-        if (rc == 0 && q->row_slot) {
-            minor_ids = uniq;
-            n_minor_sel = q->n_slots;
-        }
-        if (rc == 0) rc = sel_dups(q->col_ids, q->n_out_cols, &most, NULL, NULL, NULL, &first, err);
-        if (rc == 0 && first) rc = distinct_cols(q, first, err);
-        free(first);
-    }
-    if (rc < 0) goto fail_uniq;
-    if (!q->minor_all) {
-        /* Entries the decode will visit: those of every selected major slice. */
-        const int64_t *major_ids = q->mode == MODE_MAJOR ? q->row_ids : q->t_cols;
-        int64_t n_major_sel = q->mode == MODE_MAJOR ? q->n_out_rows : q->n_t_cols;
-        int64_t decoded = 0;
-        if (!major_ids) {
-            decoded = ds->m.nnz;
-        } else {
-            for (int64_t r = 0; r < n_major_sel && decoded < ds->m.n_minor; r++)
-                decoded += slice_nnz(ds, major_ids[r]);
-        }
-        if ((rc = build_lut(q, minor_ids, n_minor_sel, ds->m.n_minor, decoded, err)) < 0)
-            goto fail_uniq;
-    }
+    set_axes(q, axis, obs_ids, n_obs, var_ids, n_var);
+    obs_ids = var_ids = NULL;
+    if ((rc = find_dups(q, &uniq, err)) < 0) goto fail;
+    if ((rc = build_minor_lut(q, uniq, err)) < 0) goto fail;
     free(uniq);
     uniq = NULL;
-
-    if (q->mode == MODE_MAJOR) {
-        if ((rc = plan_blocks(q, err)) < 0) goto fail;
-        if (q->minor_all) {
-            int64_t z = 0;
-            for (int64_t r = 0; r < q->n_out_rows; r++)
-                z += slice_nnz(ds, q->row_ids ? q->row_ids[r] : r);
-            q->nnz_hint = z;
-        }
-        q->prepared = 1;
-    }
+    if (q->mode == MODE_MAJOR && (rc = plan_direct(q, err)) < 0) goto fail;
     *out = q;
     return 0;
-fail_uniq:
-    free(uniq);
 fail:
+    free(uniq);
     free(obs_ids);
     free(var_ids);
     iv_query_free(q);
@@ -829,6 +936,134 @@ static int vwin_next_slow(struct vwin *v, iv_cursor_t *cur, uint64_t n_minor, ui
     return 0;
 }
 
+/* Output positions lut_pos[*a .. *b) of selected minor element j. */
+static inline void lut_range(const struct iv_query *q, uint64_t j, int64_t *a, int64_t *b)
+{
+    if (!q->lut_sparse) {
+        *a = q->lut_ptr[j];
+        *b = q->lut_ptr[j + 1];
+        return;
+    }
+    int64_t lo = 0, hi = q->n_lut;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (q->lut_keys[mid] < (int64_t)j) lo = mid + 1;
+        else hi = mid;
+    }
+    *a = *b = lo;
+    while (*b < q->n_lut && q->lut_keys[*b] == (int64_t)j) (*b)++;
+}
+
+/* Appends the (position, group) pairs of a selected entry, minor index j
+ * of group g, after the *n pairs w holds.  0 or a negative error. */
+static inline int map_hit(const struct iv_query *q, struct work *w, int64_t *n, uint64_t j, int64_t g,
+                          const uint64_t *sel, iv_err_t *err)
+{
+    if (q->minor_all) {
+        w->pos[*n] = (int64_t)j;
+        w->gid[*n] = g;
+        (*n)++;
+        return 0;
+    }
+    if (q->lut_rank) {
+        IV_TRY(pairs_reserve(w, *n + 1, err));
+        w->pos[*n] = q->lut_rank[j >> 6] + __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+        w->gid[*n] = g;
+        (*n)++;
+        return 0;
+    }
+    int64_t a, b;
+    lut_range(q, j, &a, &b);
+    if (a == b) return 0;
+    IV_TRY(pairs_reserve(w, *n + (b - a), err));
+    for (int64_t t = a; t < b; t++) {
+        w->pos[*n] = q->lut_pos[t];
+        w->gid[*n] = g;
+        (*n)++;
+    }
+    return 0;
+}
+
+/* Puts w's n pairs in position order through the bitmap over n_cols
+ * positions (dense slices).  Returns n, or a negative error when slice s
+ * stores a position twice (the bitmap is left cleared). */
+static int64_t order_by_bitmap(const struct iv_query *q, struct work *w, int64_t n, int64_t n_cols,
+                               int64_t s, iv_err_t *err)
+{
+    /* Each array on its own: the dense path allocates bits without
+     * gid_at, and a slice with too many groups for it comes here. */
+    w->n_words = (n_cols + 63) / 64;
+    if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+    if (!w->gid_at) w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
+    if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+    int64_t lo = w->n_words, hi = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t p = w->pos[i], wd = p >> 6;
+        uint64_t bit = (uint64_t)1 << (p & 63);
+        if (w->bits[wd] & bit) {
+            for (int64_t x = lo; x <= hi; x++) w->bits[x] = 0;
+            if (wd < lo || wd > hi) w->bits[wd] = 0;
+            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                           q->ds->where, s);
+        }
+        w->bits[wd] |= bit;
+        w->gid_at[p] = w->gid[i];
+        if (wd < lo) lo = wd;
+        if (wd > hi) hi = wd;
+    }
+    int64_t m = 0;
+    for (int64_t wd = lo; wd <= hi; wd++) {
+        uint64_t x = w->bits[wd];
+        w->bits[wd] = 0;
+        while (x) {
+            int64_t p = wd * 64 + __builtin_ctzll(x);
+            x &= x - 1;
+            w->pos[m] = p;
+            w->gid[m] = w->gid_at[p];
+            m++;
+        }
+    }
+    return m;
+}
+
+/* Puts w's n pairs in position order by sorting them (sparse slices). */
+static int64_t order_by_sort(const struct iv_query *q, struct work *w, int64_t n, int64_t s,
+                             iv_err_t *err)
+{
+    int64_t *tmp = malloc((size_t)n * 2 * sizeof(int64_t));
+    if (!tmp) return iv_fail(err, IV_ENOMEM, "out of memory sorting a slice");
+    for (int64_t i = 0; i < n; i++) {
+        tmp[2 * i] = w->pos[i];
+        tmp[2 * i + 1] = w->gid[i];
+    }
+    qsort(tmp, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
+    for (int64_t i = 0; i < n; i++) {
+        w->pos[i] = tmp[2 * i];
+        w->gid[i] = tmp[2 * i + 1];
+        if (i > 0 && w->pos[i] == w->pos[i - 1]) {
+            free(tmp);
+            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                           q->ds->where, s);
+        }
+    }
+    free(tmp);
+    return n;
+}
+
+/* Puts the n pairs decoded from slice s in position order: returns n,
+ * or a negative error when the slice stores a position twice. */
+static int64_t order_pairs(const struct iv_query *q, struct work *w, int64_t n, int64_t s,
+                           iv_err_t *err)
+{
+    if (n <= 1) return n;
+    /* Positions index the minor selection: output columns, or output rows
+     * when transposing. */
+    int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_slots;
+    if (n * 64 >= n_cols / 16 && n_cols > 0 && n_cols <= ((int64_t)1 << 26))
+        return order_by_bitmap(q, w, n, n_cols, s, err);  /* dense enough */
+    return order_by_sort(q, w, n, s, err);
+}
+
 /*
  * Decodes slice s into w->pos/w->gid, sorted by output position.
  * Returns the pair count, or a negative error.
@@ -873,106 +1108,12 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
             j = acc - 1;
             if (!all_hit && !((sel[j >> 6] >> (j & 63)) & 1)) continue;
         hit:
-            if (q->minor_all) {
-                w->pos[n] = (int64_t)j;
-                w->gid[n] = g;
-                n++;
-                continue;
-            }
-            if (q->lut_rank) {
-                if ((rc = pairs_reserve(w, n + 1, err)) < 0) goto fail;
-                w->pos[n] = q->lut_rank[j >> 6] +
-                            __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
-                w->gid[n] = g;
-                n++;
-                continue;
-            }
-            int64_t a, b;
-            if (q->lut_sparse) {
-                int64_t lo = 0, hi = q->n_lut;
-                while (lo < hi) {
-                    int64_t mid = lo + (hi - lo) / 2;
-                    if (q->lut_keys[mid] < (int64_t)j) lo = mid + 1;
-                    else hi = mid;
-                }
-                a = b = lo;
-                while (b < q->n_lut && q->lut_keys[b] == (int64_t)j) b++;
-            } else {
-                a = q->lut_ptr[j];
-                b = q->lut_ptr[j + 1];
-            }
-            if (a == b) continue;
-            if ((rc = pairs_reserve(w, n + (b - a), err)) < 0) goto fail;
-            for (int64_t t = a; t < b; t++) {
-                w->pos[n] = q->lut_pos[t];
-                w->gid[n] = g;
-                n++;
-            }
+            if ((rc = map_hit(q, w, &n, j, g, sel, err)) < 0) goto fail;
         }
     }
     w->cur.p = v.wb ? v.wb + v.off : v.wb;  /* no offset on a NULL window (an empty slice) */
     w->next_slice = s + 1;
-    if (n <= 1) return n;
-
-    /* Positions index the minor selection: output columns, or output rows
-     * when transposing. */
-    int64_t n_cols = q->mode == MODE_MAJOR ? q->n_out_cols : q->n_slots;
-    if (n * 64 >= n_cols / 16 && n_cols > 0 && n_cols <= ((int64_t)1 << 26)) {
-        /* Dense enough: scatter into a bitmap and read it back in order. */
-        /* Each array on its own: the dense path allocates bits without
-         * gid_at, and a slice with too many groups for it comes here. */
-        w->n_words = (n_cols + 63) / 64;
-        if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
-        if (!w->gid_at) w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
-        if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
-        int64_t lo = w->n_words, hi = -1;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t p = w->pos[i], wd = p >> 6;
-            uint64_t bit = (uint64_t)1 << (p & 63);
-            if (w->bits[wd] & bit) {
-                for (int64_t x = lo; x <= hi; x++) w->bits[x] = 0;
-                if (wd < lo || wd > hi) w->bits[wd] = 0;
-                return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
-                               ds->where, s);
-            }
-            w->bits[wd] |= bit;
-            w->gid_at[p] = w->gid[i];
-            if (wd < lo) lo = wd;
-            if (wd > hi) hi = wd;
-        }
-        int64_t m = 0;
-        for (int64_t wd = lo; wd <= hi; wd++) {
-            uint64_t x = w->bits[wd];
-            w->bits[wd] = 0;
-            while (x) {
-                int64_t p = wd * 64 + __builtin_ctzll(x);
-                x &= x - 1;
-                w->pos[m] = p;
-                w->gid[m] = w->gid_at[p];
-                m++;
-            }
-        }
-        return m;
-    }
-    /* Sparse: sort (position, group) pairs. */
-    int64_t *tmp = malloc((size_t)n * 2 * sizeof(int64_t));
-    if (!tmp) return iv_fail(err, IV_ENOMEM, "out of memory sorting a slice");
-    for (int64_t i = 0; i < n; i++) {
-        tmp[2 * i] = w->pos[i];
-        tmp[2 * i + 1] = w->gid[i];
-    }
-    qsort(tmp, (size_t)n, 2 * sizeof(int64_t), pair_cmp);
-    for (int64_t i = 0; i < n; i++) {
-        w->pos[i] = tmp[2 * i];
-        w->gid[i] = tmp[2 * i + 1];
-        if (i > 0 && w->pos[i] == w->pos[i - 1]) {
-            free(tmp);
-            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
-                           ds->where, s);
-        }
-    }
-    free(tmp);
-    return n;
+    return order_pairs(q, w, n, s, err);
 bad_index:
     rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
                  n_minor);
@@ -1146,6 +1287,49 @@ static void dense_clear(struct work *w)
     memset(w->summ, 0, (size_t)((w->n_words + 63) / 64) * sizeof *w->summ);
 }
 
+/* The dense path's bitmaps and tags over n_cols columns, allocated on a
+ * work struct's first dense slice and left cleared by every slice. */
+static int dense_buffers(struct work *w, int64_t n_cols, iv_err_t *err)
+{
+    w->n_words = (n_cols + 63) / 64;
+    if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
+    if (!w->summ) w->summ = calloc((size_t)(w->n_words + 63) / 64, sizeof *w->summ);
+    /* Every column a bitmap word can name, so that the emitters' padding
+     * slots read inside the array. */
+    if (!w->tag) w->tag = calloc((size_t)w->n_words, 64);
+    if (!w->bits || !w->summ || !w->tag) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+    return 0;
+}
+
+/* Emits slice s from the bitmap words w_lo..w_hi that decode_slice_dense
+ * filled into o, in column order, and clears the bitmaps.  Returns the
+ * number of entries, or a negative error when a column is stored twice. */
+static int64_t emit_dense_slice(const struct iv_query *q, struct work *w, int64_t s,
+                                struct outbuf *o, int64_t w_lo, int64_t w_hi, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
+    int64_t total = vp[mp[s + 1]] - vp[mp[s]];
+    /* With at least one entry a word on average, most words hold some
+     * (63% at one): walking every word beats summarizing them first. */
+    int walk_all = total >= w_hi - w_lo + 1;
+    if (!walk_all) summarize(w->bits, w->summ, w_lo, w_hi);
+    /* The slice's values in a 256-entry table (zeroed once), so that
+     * any tag, even a stale one in a padding slot, reads in bounds. */
+    size_t ng = (size_t)(mp[s + 1] - mp[s]);
+    memcpy(w->vals, (const char *)ds->m.values + (size_t)mp[s] * o->esz, ng * o->esz);
+    int64_t n = dense_emitter(o->isz, o->esz)(w->bits, walk_all ? NULL : w->summ,
+                                              walk_all ? w_lo : w_lo >> 6,
+                                              walk_all ? w_hi : w_hi >> 6, w->tag, w->vals,
+                                              (char *)o->indices + (size_t)o->n * (size_t)o->isz,
+                                              (char *)o->data + (size_t)o->n * o->esz);
+    if (n != total)
+        return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
+                       ds->where, s);
+    o->n += n;
+    return n;
+}
+
 /*
  * Fast path for the common case: every minor element selected, a slice
  * dense enough for the bitmap and at most DENSE_MAX_GROUPS value groups.
@@ -1171,19 +1355,12 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
     uint64_t n_minor = (uint64_t)ds->m.n_minor;
     int64_t n_cols = q->n_out_cols;
     IV_TRY(seek_slice(q, w, s, err));
-    w->n_words = (n_cols + 63) / 64;
-    if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
-    if (!w->summ) w->summ = calloc((size_t)(w->n_words + 63) / 64, sizeof *w->summ);
-    /* Every column a bitmap word can name, so that the emitters' padding
-     * slots read inside the array. */
-    if (!w->tag) w->tag = calloc((size_t)w->n_words, 64);
-    if (!w->bits || !w->summ || !w->tag) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+    IV_TRY(dense_buffers(w, n_cols, err));
     uint64_t *restrict bits = w->bits;
-    uint64_t *restrict summ = w->summ;
     uint8_t *restrict tag = w->tag;
     /* Words 0..w_hi may hold entries (the lowest is not tracked: a dense
      * slice starts near 0 anyway, and summarizing is two words an op). */
-    int64_t w_lo = 0, w_hi = -1, total = vp[mp[s + 1]] - vp[mp[s]];
+    int64_t w_lo = 0, w_hi = -1;
     iv_cursor_t *cur = &w->cur;
     /* Varints are found through a 64-byte window of terminator bits: wb is
      * the window's base, tm its terminators not yet consumed, off the offset
@@ -1254,29 +1431,10 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
         /* A group's indices rise: its last is its largest. */
         if ((int64_t)((acc - 1) >> 6) > w_hi) w_hi = (int64_t)((acc - 1) >> 6);
     }
-    /* With at least one entry a word on average, most words hold some
-     * (63% at one): walking every word beats summarizing them first. */
-    int walk_all = total >= w_hi - w_lo + 1;
-    if (!walk_all) summarize(bits, summ, w_lo, w_hi);
     /* wb is NULL for a slice with no bytes (off 0): NULL + 0 is undefined. */
     cur->p = off ? wb + off : wb;
     w->next_slice = s + 1;
-    {
-        /* The slice's values in a 256-entry table (zeroed once), so that
-         * any tag, even a stale one in a padding slot, reads in bounds. */
-        size_t ng = (size_t)(mp[s + 1] - mp[s]);
-        memcpy(w->vals, (const char *)ds->m.values + (size_t)mp[s] * o->esz, ng * o->esz);
-        int64_t n = dense_emitter(o->isz, o->esz)(bits, walk_all ? NULL : summ,
-                                                  walk_all ? w_lo : w_lo >> 6,
-                                                  walk_all ? w_hi : w_hi >> 6, tag, w->vals,
-                                                  (char *)o->indices + (size_t)o->n * (size_t)o->isz,
-                                                  (char *)o->data + (size_t)o->n * o->esz);
-        if (n != total)
-            return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
-                           ds->where, s);
-        o->n += n;
-        return n;
-    }
+    return emit_dense_slice(q, w, s, o, w_lo, w_hi, err);
 bad_index:
     rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
                  n_minor);
@@ -1285,6 +1443,31 @@ fail:
     w->next_slice = -1;
     dense_clear(w);
     return rc;
+}
+
+/* Whether slice s, of `total` entries, takes decode_slice_dense. */
+static int dense_fits(const struct iv_query *q, int64_t s, int64_t total)
+{
+    return q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
+           total * 64 >= q->n_out_cols / 16 &&
+           q->ds->m.major_ptr[s + 1] - q->ds->m.major_ptr[s] <= DENSE_MAX_GROUPS;
+}
+
+/* Appends the output row of slice s to o: 0 or a negative error. */
+static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struct outbuf *o,
+                      iv_err_t *err)
+{
+    int64_t total = slice_nnz(q->ds, s);
+    if (dense_fits(q, s, total)) {
+        IV_TRY(outbuf_reserve(o, o->n + total + DENSE_SLACK, err));
+        int64_t n = decode_slice_dense(q, w, s, o, err);
+        return n < 0 ? (int)n : 0;
+    }
+    int64_t n = decode_slice(q, w, s, err);
+    if (n < 0) return (int)n;
+    IV_TRY(outbuf_reserve(o, o->n + n, err));
+    emit_pairs(o, w, n, q->ds->m.values);
+    return 0;
 }
 
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
@@ -1302,11 +1485,11 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         goto done;
     }
     out->indptr[0] = 0;
-    {
+    if (q->minor_all) {
         /* The block's size is known from the pointers: one allocation. */
         int64_t want = 0;
         for (int64_t r = r0; r < r1; r++) want += slice_nnz(ds, q->row_ids ? q->row_ids[r] : r);
-        if (q->minor_all && (rc = outbuf_reserve(&o, want + DENSE_SLACK, err)) < 0) goto done;
+        if ((rc = outbuf_reserve(&o, want + DENSE_SLACK, err)) < 0) goto done;
     }
     for (int64_t r = r0; r < r1; r++) {
         if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
@@ -1315,25 +1498,7 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         }
         int64_t s = q->row_ids ? q->row_ids[r] : r;
         out->ids[r - r0] = s;
-        int64_t total = slice_nnz(ds, s);
-        if (q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
-            total * 64 >= q->n_out_cols / 16 &&
-            ds->m.major_ptr[s + 1] - ds->m.major_ptr[s] <= DENSE_MAX_GROUPS) {
-            if ((rc = outbuf_reserve(&o, o.n + total + DENSE_SLACK, err)) < 0) goto done;
-            int64_t n = decode_slice_dense(q, w, s, &o, err);
-            if (n < 0) {
-                rc = (int)n;
-                goto done;
-            }
-        } else {
-            int64_t n = decode_slice(q, w, s, err);
-            if (n < 0) {
-                rc = (int)n;
-                goto done;
-            }
-            if ((rc = outbuf_reserve(&o, o.n + n, err)) < 0) goto done;
-            emit_pairs(&o, w, n, ds->m.values);
-        }
+        if ((rc = decode_row(q, w, s, &o, err)) < 0) goto done;
         out->indptr[r - r0 + 1] = o.n;
     }
 done:
@@ -1357,11 +1522,31 @@ struct tpass {
     atomic_int failed;
 };
 
+/* Counts the n pairs decoded for transposed column k per output row
+ * (count pass), or writes them at the part's offsets (fill pass). */
+static void tpass_slice(const struct tpass *t, size_t part, const struct work *w, int64_t n,
+                        int64_t k)
+{
+    const iv_query_t *q = t->q;
+    if (!t->fill) {
+        uint32_t *c = t->cnt[part];
+        for (int64_t i = 0; i < n; i++) c[w->pos[i]]++;
+        return;
+    }
+    size_t esz = iv_dtype_size(q->dtype);
+    int64_t *off = t->off[part];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = off[w->pos[i]]++;
+        if (q->index_size == 4) ((int32_t *)q->t_indices)[at] = (int32_t)k;
+        else ((int64_t *)q->t_indices)[at] = k;
+        copy_value((char *)q->t_data + (size_t)at * esz, q->ds->m.values, w->gid[i], esz);
+    }
+}
+
 static void tpass_part(void *arg, size_t part)
 {
     struct tpass *t = arg;
     iv_query_t *q = t->q;
-    const iv_dataset_t *ds = q->ds;
     int64_t k0 = q->n_t_cols * (int64_t)part / t->n_parts;
     int64_t k1 = q->n_t_cols * (int64_t)(part + 1) / t->n_parts;
     struct work *w = work_get(q);
@@ -1370,27 +1555,14 @@ static void tpass_part(void *arg, size_t part)
         if (atomic_exchange(&t->failed, 1) == 0) iv_fail(&t->err, IV_ENOMEM, "out of memory");
         return;
     }
-    size_t esz = iv_dtype_size(q->dtype);
     for (int64_t k = k0; k < k1 && !atomic_load(&t->failed); k++) {
         if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
             iv_fail(&e, IV_ECANCELLED, "query cancelled");
             break;
         }
-        int64_t s = q->t_cols ? q->t_cols[k] : k;
-        int64_t n = decode_slice(q, w, s, &e);
+        int64_t n = decode_slice(q, w, q->t_cols ? q->t_cols[k] : k, &e);
         if (n < 0) break;
-        if (!t->fill) {
-            uint32_t *c = t->cnt[part];
-            for (int64_t i = 0; i < n; i++) c[w->pos[i]]++;
-        } else {
-            int64_t *off = t->off[part];
-            for (int64_t i = 0; i < n; i++) {
-                int64_t at = off[w->pos[i]]++;
-                if (q->index_size == 4) ((int32_t *)q->t_indices)[at] = (int32_t)k;
-                else ((int64_t *)q->t_indices)[at] = k;
-                copy_value((char *)q->t_data + (size_t)at * esz, ds->m.values, w->gid[i], esz);
-            }
-        }
+        tpass_slice(t, part, w, n, k);
     }
     work_put(q, w);
     if (e.code != 0 && atomic_exchange(&t->failed, 1) == 0) t->err = e;
@@ -1466,9 +1638,12 @@ static int expand_sizes(iv_query_t *q, iv_err_t *err)
     return 0;
 }
 
-int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
+/*
+ * How many parts (each a counter and an offset per output row) the
+ * transpose's passes split its columns into.
+ */
+static int64_t transpose_parts(const iv_query_t *q, iv_pool_t *pool)
 {
-    if (q->prepared) return 0;
     int64_t nr = q->n_slots;
     int64_t parts = (int64_t)iv_pool_threads(pool) + 1;
     /* Bound the per-part counters to about 512 MiB in all, and to the
@@ -1477,8 +1652,6 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
     if (q->work_bytes > 0 && (uint64_t)q->work_bytes < cap) cap = (uint64_t)q->work_bytes;
     while (parts > 1 && (uint64_t)parts * (uint64_t)nr * 12 + (uint64_t)nr * 8 > cap) parts--;
     if (parts > q->n_t_cols) parts = q->n_t_cols;
-    if (q->work_bytes > 0 && (uint64_t)nr * 20 > (uint64_t)q->work_bytes)
-        return too_big(q, (uint64_t)nr * 20, err);
     /* Each part has a counter and an offset per output row, which it
      * zeroes, sums and faults in whatever its slices hold: p parts cost
      * about p * rows on top of the decode, which p divides.  For a few
@@ -1490,103 +1663,131 @@ int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
         work += (double)slice_nnz(q->ds, q->t_cols ? q->t_cols[k] : k);
     while (parts > 1 && (double)parts * (double)parts * (double)nr > 4.0 * work) parts--;
     if (parts < 1) parts = 1;
-    struct tpass t = {.q = q, .n_parts = parts};
-    struct tsum ts = {.t = &t, .nr = nr};
-    atomic_init(&t.failed, 0);
-    int rc = 0;
-    t.cnt = calloc((size_t)parts, sizeof *t.cnt);
-    t.off = calloc((size_t)parts, sizeof *t.off);
-    q->t_indptr = calloc((size_t)nr + 1, sizeof(int64_t));
-    if (!t.cnt || !t.off || !q->t_indptr) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
-        goto done;
+    return parts;
+}
+
+/* The parts' counter arrays (zeroed) and the row pointers. */
+static int tpass_alloc(struct tpass *t, int64_t nr, iv_err_t *err)
+{
+    t->cnt = calloc((size_t)t->n_parts, sizeof *t->cnt);
+    t->off = calloc((size_t)t->n_parts, sizeof *t->off);
+    t->q->t_indptr = calloc((size_t)nr + 1, sizeof(int64_t));
+    if (!t->cnt || !t->off || !t->q->t_indptr)
+        return iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+    for (int64_t p = 0; p < t->n_parts; p++) {
+        t->cnt[p] = calloc((size_t)(nr ? nr : 1), sizeof(uint32_t));
+        if (!t->cnt[p]) return iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
     }
-    for (int64_t p = 0; p < parts; p++) {
-        t.cnt[p] = calloc((size_t)(nr ? nr : 1), sizeof(uint32_t));
-        if (!t.cnt[p]) {
-            rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
-            goto done;
-        }
-    }
-    iv_pool_parallel_for(pool, (size_t)parts, 0, tpass_part, &t);
-    if (atomic_load(&t.failed)) {
-        rc = iv_fail(err, t.err.code, "%s", t.err.msg);
-        goto done;
-    }
-    /* Row totals in parallel over ranges of rows: the counters are parts x
-     * rows whatever the selection holds, which one thread walks slowly for
-     * a million cells. */
-    ts.n_ranges = parts * 4 < nr ? parts * 4 : (nr ? nr : 1);
-    ts.range_tot = calloc((size_t)ts.n_ranges + 1, sizeof *ts.range_tot);
-    if (!ts.range_tot) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
-        goto done;
-    }
-    iv_pool_parallel_for(pool, (size_t)ts.n_ranges, 0, tsum_range, &ts);
-    for (int64_t i = 0; i < ts.n_ranges; i++) ts.range_tot[i + 1] += ts.range_tot[i];
-    int64_t nnz = ts.range_tot[ts.n_ranges];
+    return 0;
+}
+
+static void tpass_free(struct tpass *t)
+{
+    if (t->cnt)
+        for (int64_t p = 0; p < t->n_parts; p++) free(t->cnt[p]);
+    if (t->off)
+        for (int64_t p = 0; p < t->n_parts; p++) free(t->off[p]);
+    free(t->cnt);
+    free(t->off);
+}
+
+/* One pass over the selected columns on the pool: count or fill. */
+static int tpass_run(iv_pool_t *pool, struct tpass *t, int fill, iv_err_t *err)
+{
+    t->fill = fill;
+    iv_pool_parallel_for(pool, (size_t)t->n_parts, 0, tpass_part, t);
+    if (atomic_load(&t->failed)) return iv_fail(err, t->err.code, "%s", t->err.msg);
+    return 0;
+}
+
+/* Row totals in parallel over ranges of rows: the counters are parts x
+ * rows whatever the selection holds, which one thread walks slowly for
+ * a million cells.  Leaves the prefix sums in ts->range_tot. */
+static int sum_ranges(iv_pool_t *pool, struct tsum *ts, iv_err_t *err)
+{
+    int64_t nr = ts->nr, parts = ts->t->n_parts;
+    ts->n_ranges = parts * 4 < nr ? parts * 4 : (nr ? nr : 1);
+    ts->range_tot = calloc((size_t)ts->n_ranges + 1, sizeof *ts->range_tot);
+    if (!ts->range_tot) return iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
+    iv_pool_parallel_for(pool, (size_t)ts->n_ranges, 0, tsum_range, ts);
+    for (int64_t i = 0; i < ts->n_ranges; i++) ts->range_tot[i + 1] += ts->range_tot[i];
+    return 0;
+}
+
+/* The transpose's nnz entries and the parts' write offsets, once the
+ * request's bound (if any) is known to hold them. */
+static int alloc_entries(struct tpass *t, int64_t nr, int64_t nnz, iv_err_t *err)
+{
+    iv_query_t *q = t->q;
     size_t esz = iv_dtype_size(q->dtype);
     if (q->work_bytes > 0) {
         /* What the fill holds at once: the entries, the row pointers, each
          * part's offsets, and the expanded sizes when columns repeat. */
         uint64_t need = (uint64_t)nnz * ((uint64_t)q->index_size + esz) +
-                        (uint64_t)(nr + 1) * 8 * (q->col_kptr ? 2 : 1) + (uint64_t)parts * nr * 8;
-        if (need > (uint64_t)q->work_bytes) {
-            rc = too_big(q, need, err);
-            goto done;
-        }
+                        (uint64_t)(nr + 1) * 8 * (q->col_kptr ? 2 : 1) + (uint64_t)t->n_parts * nr * 8;
+        if (need > (uint64_t)q->work_bytes) return too_big(q, need, err);
     }
     q->t_indices = malloc((size_t)(nnz ? nnz : 1) * (size_t)q->index_size);
     q->t_data = malloc((size_t)(nnz ? nnz : 1) * esz);
-    if (!q->t_indices || !q->t_data) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " transposed entries", nnz);
-        goto done;
+    if (!q->t_indices || !q->t_data)
+        return iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " transposed entries", nnz);
+    for (int64_t p = 0; p < t->n_parts; p++) {
+        t->off[p] = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
+        if (!t->off[p]) return iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
     }
-    for (int64_t p = 0; p < parts; p++) {
-        t.off[p] = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
-        if (!t.off[p]) {
-            rc = iv_fail(err, IV_ENOMEM, "out of memory preparing a transpose");
-            goto done;
-        }
-    }
+    return 0;
+}
+
+/* Once filled: rows expanded for repeated columns, the exact output
+ * size, and the blocks. */
+static int plan_transposed(iv_query_t *q, iv_err_t *err)
+{
+    if (q->col_kptr) IV_TRY(expand_sizes(q, err));
+    int64_t out = 0;
+    for (int64_t r = 0; r < q->n_out_rows; r++) out += out_row_size(q, r);
+    q->nnz_hint = out;
+    IV_TRY(plan_blocks(q, err));
+    q->prepared = 1;
+    return 0;
+}
+
+/*
+ * The transpose in stages: count each output row's entries per part,
+ * sum the counts into row pointers and per-part offsets, allocate the
+ * entries, fill them, then plan the blocks.
+ */
+int iv_query_prepare(iv_query_t *q, iv_pool_t *pool, iv_err_t *err)
+{
+    if (q->prepared) return 0;
+    int64_t nr = q->n_slots;
+    if (q->work_bytes > 0 && (uint64_t)nr * 20 > (uint64_t)q->work_bytes)
+        return too_big(q, (uint64_t)nr * 20, err);
+    struct tpass t = {.q = q, .n_parts = transpose_parts(q, pool)};
+    struct tsum ts = {.t = &t, .nr = nr};
+    atomic_init(&t.failed, 0);
+    int rc;
+    if ((rc = tpass_alloc(&t, nr, err)) < 0) goto done;
+    if ((rc = tpass_run(pool, &t, 0, err)) < 0) goto done;
+    if ((rc = sum_ranges(pool, &ts, err)) < 0) goto done;
+    if ((rc = alloc_entries(&t, nr, ts.range_tot[ts.n_ranges], err)) < 0) goto done;
     ts.offsets = 1;
     iv_pool_parallel_for(pool, (size_t)ts.n_ranges, 0, tsum_range, &ts);
-    for (int64_t p = 0; p < parts; p++) {
+    for (int64_t p = 0; p < t.n_parts; p++) {
         free(t.cnt[p]);
         t.cnt[p] = NULL;
     }
-    t.fill = 1;
-    iv_pool_parallel_for(pool, (size_t)parts, 0, tpass_part, &t);
-    if (atomic_load(&t.failed)) {
-        rc = iv_fail(err, t.err.code, "%s", t.err.msg);
-        goto done;
-    }
-    if (q->col_kptr && (rc = expand_sizes(q, err)) < 0) goto done;
-    {
-        int64_t out = 0;
-        for (int64_t r = 0; r < q->n_out_rows; r++) out += out_row_size(q, r);
-        q->nnz_hint = out;
-    }
-    if ((rc = plan_blocks(q, err)) < 0) goto done;
-    q->prepared = 1;
+    if ((rc = tpass_run(pool, &t, 1, err)) < 0) goto done;
+    rc = plan_transposed(q, err);
 done:
-    if (t.cnt)
-        for (int64_t p = 0; p < parts; p++) free(t.cnt[p]);
-    if (t.off)
-        for (int64_t p = 0; p < parts; p++) free(t.off[p]);
-    free(t.cnt);
-    free(t.off);
+    tpass_free(&t);
     free(ts.range_tot);
     return rc;
 }
 
-/*
- * Output rows [r0, r1) from the prepared transpose: each row is its
- * slot's, copied as it is when columns are distinct, else every entry
- * once per output column its slice fills, put in column order.
- */
-static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
-                                 iv_err_t *err)
+/* The block's arrays for output rows [r0, r1), and in *pairs room for
+ * the widest row's expanded pairs when columns repeat (else NULL). */
+static int alloc_transposed_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
+                                  int64_t **pairs, iv_err_t *err)
 {
     int64_t nr = r1 - r0, nnz = 0, widest = 0;
     for (int64_t r = r0; r < r1; r++) {
@@ -1599,45 +1800,70 @@ static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block
     out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
     out->indices = malloc((size_t)(nnz ? nnz : 1) * isz);
     out->data = malloc((size_t)(nnz ? nnz : 1) * esz);
-    int64_t *pairs = q->col_kptr && widest ? malloc((size_t)widest * 2 * sizeof *pairs) : NULL;
-    if (!out->ids || !out->indptr || !out->indices || !out->data || (q->col_kptr && widest && !pairs)) {
-        free(pairs);
+    *pairs = q->col_kptr && widest ? malloc((size_t)widest * 2 * sizeof **pairs) : NULL;
+    if (!out->ids || !out->indptr || !out->indices || !out->data || (q->col_kptr && widest && !*pairs)) {
+        free(*pairs);
         iv_block_free(out);
         return iv_fail(err, IV_ENOMEM, "out of memory for a block");
     }
+    return 0;
+}
+
+/* Copies slot entries [a, b) to out at entry `at` once per output column
+ * their slice fills, in column order (pairs: scratch for them all).
+ * Returns the number of entries written. */
+static int64_t copy_expanded_row(const iv_query_t *q, int64_t a, int64_t b, int64_t *pairs,
+                                 iv_block_t *out, int64_t at)
+{
+    size_t esz = iv_dtype_size(q->dtype), isz = (size_t)q->index_size;
+    int64_t m = 0;
+    for (int64_t i = a; i < b; i++) {
+        int64_t u = isz == 4 ? ((const int32_t *)q->t_indices)[i] : ((const int64_t *)q->t_indices)[i];
+        for (int64_t t = q->col_kptr[u]; t < q->col_kptr[u + 1]; t++) {
+            pairs[2 * m] = q->col_k[t];
+            pairs[2 * m + 1] = i;
+            m++;
+        }
+    }
+    /* pairs is NULL when every row of the block is empty (widest 0),
+     * and qsort's pointer may not be, even for no elements. */
+    if (m > 1) qsort(pairs, (size_t)m, 2 * sizeof *pairs, pair_cmp);
+    for (int64_t x = 0; x < m; x++, at++) {
+        if (isz == 4) ((int32_t *)out->indices)[at] = (int32_t)pairs[2 * x];
+        else ((int64_t *)out->indices)[at] = pairs[2 * x];
+        memcpy((char *)out->data + (size_t)at * esz,
+               (const char *)q->t_data + (size_t)pairs[2 * x + 1] * esz, esz);
+    }
+    return m;
+}
+
+/*
+ * Output rows [r0, r1) from the prepared transpose: each row is its
+ * slot's, copied as it is when columns are distinct, else every entry
+ * once per output column its slice fills, put in column order.
+ */
+static int copy_transposed_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
+                                 iv_err_t *err)
+{
+    int64_t *pairs;
+    IV_TRY(alloc_transposed_block(q, r0, r1, out, &pairs, err));
+    size_t esz = iv_dtype_size(q->dtype), isz = (size_t)q->index_size;
     int64_t at = 0;
     for (int64_t r = r0; r < r1; r++) {
         int64_t s = q->row_slot ? q->row_slot[r] : r, a = q->t_indptr[s], b = q->t_indptr[s + 1];
         out->ids[r - r0] = q->row_ids ? q->row_ids[r] : r;
         out->indptr[r - r0] = at;
-        if (!q->col_kptr) {
-            memcpy((char *)out->indices + (size_t)at * isz, (char *)q->t_indices + (size_t)a * isz,
-                   (size_t)(b - a) * isz);
-            memcpy((char *)out->data + (size_t)at * esz, (char *)q->t_data + (size_t)a * esz,
-                   (size_t)(b - a) * esz);
-            at += b - a;
+        if (q->col_kptr) {
+            at += copy_expanded_row(q, a, b, pairs, out, at);
             continue;
         }
-        int64_t m = 0;
-        for (int64_t i = a; i < b; i++) {
-            int64_t u = isz == 4 ? ((const int32_t *)q->t_indices)[i] : ((const int64_t *)q->t_indices)[i];
-            for (int64_t t = q->col_kptr[u]; t < q->col_kptr[u + 1]; t++) {
-                pairs[2 * m] = q->col_k[t];
-                pairs[2 * m + 1] = i;
-                m++;
-            }
-        }
-        /* pairs is NULL when every row of the block is empty (widest 0),
-         * and qsort's pointer may not be, even for no elements. */
-        if (m > 1) qsort(pairs, (size_t)m, 2 * sizeof *pairs, pair_cmp);
-        for (int64_t x = 0; x < m; x++, at++) {
-            if (isz == 4) ((int32_t *)out->indices)[at] = (int32_t)pairs[2 * x];
-            else ((int64_t *)out->indices)[at] = pairs[2 * x];
-            memcpy((char *)out->data + (size_t)at * esz,
-                   (const char *)q->t_data + (size_t)pairs[2 * x + 1] * esz, esz);
-        }
+        memcpy((char *)out->indices + (size_t)at * isz, (char *)q->t_indices + (size_t)a * isz,
+               (size_t)(b - a) * isz);
+        memcpy((char *)out->data + (size_t)at * esz, (char *)q->t_data + (size_t)a * esz,
+               (size_t)(b - a) * esz);
+        at += b - a;
     }
-    out->indptr[nr] = at;
+    out->indptr[r1 - r0] = at;
     out->nnz = at;
     free(pairs);
     return 0;
