@@ -373,6 +373,71 @@ static int json_str_list(const cJSON *a, char ***v, size_t *n, const char *key, 
     return 0;
 }
 
+/* The string settings, each under its config key, environment variable
+ * and flag (NULL where a source has none or reads it its own way: the
+ * file's cache_dir and tokens_file are relative to its folder, its
+ * autopack is a boolean, and repeated flags add to a list). */
+typedef int (*str_setter_fn)(iv_config_t *c, const char *v, const char *key, iv_err_t *err);
+
+static int set_listen(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_str(&c->listen, v, key, err);
+}
+
+static int set_access_log(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_str(&c->access_log, v, key, err);
+}
+
+static int set_cache_dir(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_str(&c->cache_dir, v, key, err);
+}
+
+static int set_tokens_file(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_str(&c->tokens_file, v, key, err);
+}
+
+static int set_tokens(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_list(&c->tokens, &c->n_tokens, v, key, err);
+}
+
+static int set_cors(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return set_list(&c->cors_origins, &c->n_cors, v, key, err);
+}
+
+static const struct str_opt {
+    const char *key, *env, *flag;
+    str_setter_fn set;
+} str_opts[] = {
+    {"listen", "IVSERVE_LISTEN", "--listen", set_listen},
+    {"log_format", "IVSERVE_LOG_FORMAT", "--log-format", set_log_format},
+    {"access_log", "IVSERVE_ACCESS_LOG", "--access-log", set_access_log},
+    {"readyz", "IVSERVE_READYZ", "--readyz", set_readyz},
+    {NULL, "IVSERVE_CACHE_DIR", "--cache-dir", set_cache_dir},
+    {NULL, "IVSERVE_AUTOPACK", "--autopack", set_autopack},
+    {"other_orientation", "IVSERVE_OTHER_ORIENTATION", "--other-orientation", set_other_orientation},
+    {NULL, "IVSERVE_TOKENS", NULL, set_tokens},
+    {NULL, "IVSERVE_TOKEN_FILE", "--token-file", set_tokens_file},
+    {"metrics_auth", "IVSERVE_METRICS_AUTH", "--metrics-auth", set_metrics_auth},
+    {NULL, "IVSERVE_TRUSTED_PROXIES", NULL, set_cidrs},
+    {NULL, "IVSERVE_CORS_ORIGINS", NULL, set_cors},
+};
+
+/* The string setting named name in one source (which: the offset of key,
+ * env or flag in struct str_opt), or NULL. */
+static const struct str_opt *find_str_opt(size_t which, const char *name)
+{
+    for (size_t i = 0; i < sizeof str_opts / sizeof str_opts[0]; i++) {
+        const char *n = *(const char *const *)((const char *)&str_opts[i] + which);
+        if (n && !strcmp(n, name)) return &str_opts[i];
+    }
+    return NULL;
+}
+
 static int id_ok(const char *id)
 {
     if (!id[0] || strlen(id) > 128) return 0;
@@ -421,66 +486,92 @@ static char *join_path(const char *base, const char *p)
     return s;
 }
 
+/* The keys of a dataset entry; the last three are byte counts. */
+static const char *const ds_keys[] = {"id", "path", "group", "title", "tokens", "companion",
+                                      "companion_group", "transpose_bytes", "cache_bytes",
+                                      "cache_floor_bytes"};
+#define N_DS_KEYS (sizeof ds_keys / sizeof ds_keys[0])
+#define DS_FIRST_BYTES 7
+
+/* Each key of a dataset entry known and of its type: byte counts
+ * non-negative integers, tokens checked later, the rest strings. */
+static int check_dataset_keys(const cJSON *o, const char *key, iv_err_t *err)
+{
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, o)
+    {
+        const char *k = kv->string;
+        size_t ki = 0;
+        while (ki < N_DS_KEYS && strcmp(k, ds_keys[ki])) ki++;
+        if (ki == N_DS_KEYS) return iv_fail(err, IV_EINVALID_ARG, "%s.%s: unknown key", key, k);
+        /* 2^62 bounds a byte count well inside int64 and far above any
+         * machine's memory. */
+        if (ki >= DS_FIRST_BYTES &&
+            (!cJSON_IsNumber(kv) || kv->valuedouble < 0 || kv->valuedouble > 4611686018427387904.0 ||
+             kv->valuedouble != (double)(int64_t)kv->valuedouble))
+            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a non-negative integer", key, k);
+        if (ki < DS_FIRST_BYTES && strcmp(k, "tokens") && !cJSON_IsString(kv))
+            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a string", key, k);
+    }
+    return 0;
+}
+
+/* The entry's id, or the file's own id as for a file named on the
+ * command line, checked. */
+static int dataset_id(iv_ds_conf_t *d, const cJSON *id, const cJSON *path, const char *key,
+                      iv_err_t *err)
+{
+    d->id = id ? strdup(id->valuestring) : id_from_path(path->valuestring);
+    if (!d->id) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
+    if (!id_ok(d->id))
+        return iv_fail(err, IV_EINVALID_ARG, "%s.id: '%s' must be letters, digits, '.', '_' or '-'",
+                       key, d->id);
+    return 0;
+}
+
+/* A copy of the optional string o[name] in *dst (joined to base_dir
+ * when join); IV_ENOMEM with no message when it cannot be made. */
+static int dataset_str(char **dst, const cJSON *o, const char *name, const char *base_dir,
+                       int join)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v) return 0;
+    *dst = join ? join_path(base_dir, v->valuestring) : strdup(v->valuestring);
+    return *dst ? 0 : IV_ENOMEM;
+}
+
+static int64_t dataset_bytes(const cJSON *o, const char *name, int64_t absent)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return v ? (int64_t)v->valuedouble : absent;
+}
+
+/* One entry of "datasets": keys checked, path and id, the optional
+ * strings, the byte counts, the tokens. */
 static int load_dataset(iv_config_t *c, const cJSON *o, size_t i, const char *base_dir,
                         iv_err_t *err)
 {
     char key[64];
     snprintf(key, sizeof key, "datasets[%zu]", i);
     if (!cJSON_IsObject(o)) return iv_fail(err, IV_EINVALID_ARG, "%s: must be an object", key);
-    const cJSON *kv;
-    cJSON_ArrayForEach(kv, o)
-    {
-        const char *k = kv->string;
-        if (strcmp(k, "id") && strcmp(k, "path") && strcmp(k, "group") && strcmp(k, "title") &&
-            strcmp(k, "tokens") && strcmp(k, "companion") && strcmp(k, "companion_group") &&
-            strcmp(k, "transpose_bytes") && strcmp(k, "cache_bytes") && strcmp(k, "cache_floor_bytes"))
-            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: unknown key", key, k);
-        if (!strcmp(k, "transpose_bytes") || !strcmp(k, "cache_bytes") ||
-            !strcmp(k, "cache_floor_bytes")) {
-            /* 2^62 bounds the value well inside int64 and far above any
-             * machine's memory. */
-            if (!cJSON_IsNumber(kv) || kv->valuedouble < 0 || kv->valuedouble > 4611686018427387904.0 ||
-                kv->valuedouble != (double)(int64_t)kv->valuedouble)
-                return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a non-negative integer", key, k);
-            continue;
-        }
-        if (strcmp(k, "tokens") && !cJSON_IsString(kv))
-            return iv_fail(err, IV_EINVALID_ARG, "%s.%s: must be a string", key, k);
-    }
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    IV_TRY(check_dataset_keys(o, key, err));
     const cJSON *path = cJSON_GetObjectItemCaseSensitive(o, "path");
     if (!path) return iv_fail(err, IV_EINVALID_ARG, "%s.path: required", key);
     iv_ds_conf_t *d = ds_push(c, err);
     if (!d) return IV_ENOMEM;
     d->path = join_path(base_dir, path->valuestring);
     if (!d->path) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
-    if (id) {
-        d->id = strdup(id->valuestring);
-    } else {
-        /* The file's own id, as for a file named on the command line. */
-        d->id = id_from_path(path->valuestring);
-    }
-    if (!d->id) return iv_fail(err, IV_ENOMEM, "%s: out of memory", key);
-    if (!id_ok(d->id))
-        return iv_fail(err, IV_EINVALID_ARG, "%s.id: '%s' must be letters, digits, '.', '_' or '-'",
-                       key, d->id);
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "group");
-    if (g && !(d->group = strdup(g->valuestring))) return IV_ENOMEM;
-    const cJSON *cp = cJSON_GetObjectItemCaseSensitive(o, "companion");
-    if (cp && !(d->companion = join_path(base_dir, cp->valuestring))) return IV_ENOMEM;
-    const cJSON *cg = cJSON_GetObjectItemCaseSensitive(o, "companion_group");
-    if (cg && !(d->companion_group = strdup(cg->valuestring))) return IV_ENOMEM;
-    const cJSON *tb = cJSON_GetObjectItemCaseSensitive(o, "transpose_bytes");
-    d->transpose_bytes = tb ? (int64_t)tb->valuedouble : -1;
-    const cJSON *cb = cJSON_GetObjectItemCaseSensitive(o, "cache_bytes");
-    d->cache_bytes = cb ? (int64_t)cb->valuedouble : -1;
-    const cJSON *cf = cJSON_GetObjectItemCaseSensitive(o, "cache_floor_bytes");
-    d->cache_floor_bytes = cf ? (int64_t)cf->valuedouble : 0;
-    if (cb && d->cache_floor_bytes > d->cache_bytes)
+    IV_TRY(dataset_id(d, cJSON_GetObjectItemCaseSensitive(o, "id"), path, key, err));
+    IV_TRY(dataset_str(&d->group, o, "group", base_dir, 0));
+    IV_TRY(dataset_str(&d->companion, o, "companion", base_dir, 1));
+    IV_TRY(dataset_str(&d->companion_group, o, "companion_group", base_dir, 0));
+    d->transpose_bytes = dataset_bytes(o, "transpose_bytes", -1);
+    d->cache_bytes = dataset_bytes(o, "cache_bytes", -1);
+    d->cache_floor_bytes = dataset_bytes(o, "cache_floor_bytes", 0);
+    if (cJSON_GetObjectItemCaseSensitive(o, "cache_bytes") && d->cache_floor_bytes > d->cache_bytes)
         return iv_fail(err, IV_EINVALID_ARG, "%s.cache_floor_bytes: %lld is over its cache_bytes %lld",
                        key, (long long)d->cache_floor_bytes, (long long)d->cache_bytes);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "title");
-    if (t && !(d->title = strdup(t->valuestring))) return IV_ENOMEM;
+    IV_TRY(dataset_str(&d->title, o, "title", base_dir, 0));
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(o, "tokens");
     if (tk) {
         char k2[80];
@@ -538,6 +629,68 @@ static int set_json_path(char **dst, const cJSON *kv, const char *base_dir, cons
     return 0;
 }
 
+/* "trusted_proxies": an array of ranges, replacing the list. */
+static int load_json_proxies(iv_config_t *c, const cJSON *kv, iv_err_t *err)
+{
+    if (!cJSON_IsArray(kv))
+        return iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
+    c->n_trusted_proxies = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, kv)
+    {
+        if (!cJSON_IsString(e))
+            return iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
+        IV_TRY(push_cidr(c, e->valuestring, kv->string, err));
+    }
+    return 0;
+}
+
+static int load_json_datasets(iv_config_t *c, const cJSON *kv, const char *base_dir, iv_err_t *err)
+{
+    if (!cJSON_IsArray(kv)) return iv_fail(err, IV_EINVALID_ARG, "datasets: must be an array of objects");
+    size_t i = 0;
+    const cJSON *d;
+    cJSON_ArrayForEach(d, kv) IV_TRY(load_dataset(c, d, i++, base_dir, err));
+    return 0;
+}
+
+static int load_json_limits(iv_config_t *c, const cJSON *kv, iv_err_t *err)
+{
+    if (!cJSON_IsObject(kv)) return iv_fail(err, IV_EINVALID_ARG, "limits: must be an object");
+    const cJSON *l;
+    cJSON_ArrayForEach(l, kv)
+    {
+        char key[96];
+        snprintf(key, sizeof key, "limits.%s", l->string);
+        IV_TRY(load_num(c, key, l, err));
+    }
+    return 0;
+}
+
+/* One top-level key of the config file: a string setting of the table,
+ * one the file reads its own way, or a number. */
+static int load_json_key(iv_config_t *c, const cJSON *kv, const char *base_dir, iv_err_t *err)
+{
+    const char *k = kv->string;
+    const struct str_opt *so = find_str_opt(offsetof(struct str_opt, key), k);
+    if (so && !cJSON_IsString(kv)) return iv_fail(err, IV_EINVALID_ARG, "%s: must be a string", k);
+    if (so) return so->set(c, kv->valuestring, k, err);
+    if (!strcmp(k, "cache_dir")) return set_json_path(&c->cache_dir, kv, base_dir, k, "a folder name", err);
+    if (!strcmp(k, "tokens_file")) return set_json_path(&c->tokens_file, kv, base_dir, k, "a file name", err);
+    if (!strcmp(k, "autopack")) {
+        if (!cJSON_IsBool(kv)) return iv_fail(err, IV_EINVALID_ARG, "autopack: must be true or false");
+        c->autopack = cJSON_IsTrue(kv);
+        return 0;
+    }
+    if (!strcmp(k, "tokens")) return json_str_list(kv, &c->tokens, &c->n_tokens, k, err);
+    if (!strcmp(k, "cors_origins")) return json_str_list(kv, &c->cors_origins, &c->n_cors, k, err);
+    if (!strcmp(k, "trusted_proxies")) return load_json_proxies(c, kv, err);
+    if (!strcmp(k, "datasets")) return load_json_datasets(c, kv, base_dir, err);
+    if (!strcmp(k, "limits")) return load_json_limits(c, kv, err);
+    if (!strcmp(k, "$comment")) return 0;  /* free text for people reading the file */
+    return load_num(c, k, kv, err);
+}
+
 int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char *base_dir,
                         iv_err_t *err)
 {
@@ -547,89 +700,10 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root) return iv_fail(err, IV_EBAD_JSON, "config: not valid JSON");
     int rc = 0;
-    if (!cJSON_IsObject(root)) {
-        rc = iv_fail(err, IV_EINVALID_ARG, "config: must be a JSON object");
-        goto done;
-    }
+    if (!cJSON_IsObject(root)) rc = iv_fail(err, IV_EINVALID_ARG, "config: must be a JSON object");
     const cJSON *kv;
-    cJSON_ArrayForEach(kv, root)
-    {
-        const char *k = kv->string;
-        if (!strcmp(k, "listen")) {
-            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "listen: must be a string");
-            else rc = set_str(&c->listen, kv->valuestring, k, err);
-        } else if (!strcmp(k, "log_format")) {
-            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "log_format: must be a string");
-            else rc = set_log_format(c, kv->valuestring, k, err);
-        } else if (!strcmp(k, "cache_dir")) {
-            rc = set_json_path(&c->cache_dir, kv, base_dir, k, "a folder name", err);
-        } else if (!strcmp(k, "other_orientation")) {
-            if (!cJSON_IsString(kv))
-                rc = iv_fail(err, IV_EINVALID_ARG, "other_orientation: must be a string");
-            else rc = set_other_orientation(c, kv->valuestring, k, err);
-        } else if (!strcmp(k, "autopack")) {
-            if (!cJSON_IsBool(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "autopack: must be true or false");
-            else c->autopack = cJSON_IsTrue(kv);
-        } else if (!strcmp(k, "readyz")) {
-            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "readyz: must be a string");
-            else rc = set_readyz(c, kv->valuestring, k, err);
-        } else if (!strcmp(k, "access_log")) {
-            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "access_log: must be a string");
-            else rc = set_str(&c->access_log, kv->valuestring, k, err);
-        } else if (!strcmp(k, "tokens")) {
-            rc = json_str_list(kv, &c->tokens, &c->n_tokens, k, err);
-        } else if (!strcmp(k, "tokens_file")) {
-            rc = set_json_path(&c->tokens_file, kv, base_dir, k, "a file name", err);
-        } else if (!strcmp(k, "metrics_auth")) {
-            if (!cJSON_IsString(kv)) rc = iv_fail(err, IV_EINVALID_ARG, "metrics_auth: must be a string");
-            else rc = set_metrics_auth(c, kv->valuestring, k, err);
-        } else if (!strcmp(k, "trusted_proxies")) {
-            if (!cJSON_IsArray(kv)) {
-                rc = iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
-            } else {
-                c->n_trusted_proxies = 0;
-                const cJSON *e;
-                cJSON_ArrayForEach(e, kv)
-                {
-                    if (!cJSON_IsString(e))
-                        rc = iv_fail(err, IV_EINVALID_ARG, "trusted_proxies: must be an array of strings");
-                    else rc = push_cidr(c, e->valuestring, k, err);
-                    if (rc) break;
-                }
-            }
-        } else if (!strcmp(k, "cors_origins")) {
-            rc = json_str_list(kv, &c->cors_origins, &c->n_cors, k, err);
-        } else if (!strcmp(k, "datasets")) {
-            if (!cJSON_IsArray(kv)) {
-                rc = iv_fail(err, IV_EINVALID_ARG, "datasets: must be an array of objects");
-            } else {
-                size_t i = 0;
-                const cJSON *d;
-                cJSON_ArrayForEach(d, kv)
-                {
-                    if ((rc = load_dataset(c, d, i++, base_dir, err)) != 0) break;
-                }
-            }
-        } else if (!strcmp(k, "limits")) {
-            if (!cJSON_IsObject(kv)) {
-                rc = iv_fail(err, IV_EINVALID_ARG, "limits: must be an object");
-            } else {
-                const cJSON *l;
-                cJSON_ArrayForEach(l, kv)
-                {
-                    char key[96];
-                    snprintf(key, sizeof key, "limits.%s", l->string);
-                    if ((rc = load_num(c, key, l, err)) != 0) break;
-                }
-            }
-        } else if (!strcmp(k, "$comment")) {
-            /* Free text for people reading the file. */
-        } else {
-            rc = load_num(c, k, kv, err);
-        }
-        if (rc) break;
-    }
-done:
+    for (kv = rc ? NULL : root->child; kv && rc == 0; kv = kv->next)
+        rc = load_json_key(c, kv, base_dir, err);
     cJSON_Delete(root);
     return rc;
 }
@@ -679,6 +753,19 @@ int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err)
     return rc;
 }
 
+/* One IVSERVE_* variable: a string setting of the table or a number of
+ * num_opts; other IVSERVE_* names (IVSERVE_BIN of the test harness) are
+ * not settings. */
+static int apply_env_var(iv_config_t *c, const char *name, const char *v, iv_err_t *err)
+{
+    const struct str_opt *so = find_str_opt(offsetof(struct str_opt, env), name);
+    if (so) return so->set(c, v, name, err);
+    for (size_t i = 0; i < N_NUM_OPTS; i++)
+        if (num_opts[i].env && !strcmp(num_opts[i].env, name))
+            IV_TRY(set_num_str(c, &num_opts[i], v, name, err));
+    return 0;
+}
+
 int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
 {
     for (; envp && *envp; envp++) {
@@ -691,27 +778,7 @@ int iv_config_apply_env(iv_config_t *c, char *const *envp, iv_err_t *err)
         if (nl >= sizeof name) continue;
         memcpy(name, kv, nl);
         name[nl] = '\0';
-        const char *v = eq + 1;
-        if (!strcmp(name, "IVSERVE_LISTEN")) IV_TRY(set_str(&c->listen, v, name, err));
-        else if (!strcmp(name, "IVSERVE_LOG_FORMAT")) IV_TRY(set_log_format(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_ACCESS_LOG")) IV_TRY(set_str(&c->access_log, v, name, err));
-        else if (!strcmp(name, "IVSERVE_READYZ")) IV_TRY(set_readyz(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_CACHE_DIR")) IV_TRY(set_str(&c->cache_dir, v, name, err));
-        else if (!strcmp(name, "IVSERVE_AUTOPACK")) IV_TRY(set_autopack(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_OTHER_ORIENTATION")) IV_TRY(set_other_orientation(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_TOKENS")) IV_TRY(set_list(&c->tokens, &c->n_tokens, v, name, err));
-        else if (!strcmp(name, "IVSERVE_TOKEN_FILE")) IV_TRY(set_str(&c->tokens_file, v, name, err));
-        else if (!strcmp(name, "IVSERVE_METRICS_AUTH")) IV_TRY(set_metrics_auth(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_TRUSTED_PROXIES")) IV_TRY(set_cidrs(c, v, name, err));
-        else if (!strcmp(name, "IVSERVE_CORS_ORIGINS"))
-            IV_TRY(set_list(&c->cors_origins, &c->n_cors, v, name, err));
-        else {
-            /* Numeric variables from the table; other IVSERVE_* names
-             * (IVSERVE_BIN of the test harness) are not settings. */
-            for (size_t i = 0; i < N_NUM_OPTS; i++)
-                if (num_opts[i].env && !strcmp(num_opts[i].env, name))
-                    IV_TRY(set_num_str(c, &num_opts[i], v, name, err));
-        }
+        IV_TRY(apply_env_var(c, name, eq + 1, err));
     }
     return 0;
 }
@@ -758,7 +825,9 @@ const char *iv_config_usage(void)
            "  --help  --version\n";
 }
 
-int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp, iv_err_t *err)
+/* The first pass over the flags: 1 for --help, -h or --version, else
+ * each --config file loaded in order. */
+static int load_config_flags(iv_config_t *c, int argc, char **argv, iv_err_t *err)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--version"))
@@ -769,55 +838,77 @@ int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp
             i++;
         }
     }
+    return 0;
+}
+
+/* Which repeatable flags have replaced the list from the file and the
+ * environment yet: the first one replaces it, the others add to it. */
+struct flag_resets {
+    int tokens, cors, proxies;
+};
+
+/* The first use of a list flag empties the list it replaces. */
+static void reset_strv(char ***v, size_t *n, int *done)
+{
+    if ((*done)++) return;
+    free_strv(*v, *n);
+    *v = NULL;
+    *n = 0;
+}
+
+/* --trusted-proxy, --token and --cors: 1 when a is none of them. */
+static int apply_list_flag(iv_config_t *c, const char *a, const char *v, struct flag_resets *r,
+                           iv_err_t *err)
+{
+    if (!strcmp(a, "--trusted-proxy")) {
+        if (!r->proxies++) c->n_trusted_proxies = 0;
+        return push_cidr(c, v, a, err);
+    }
+    if (!strcmp(a, "--token")) {
+        reset_strv(&c->tokens, &c->n_tokens, &r->tokens);
+        return push_str(&c->tokens, &c->n_tokens, v, a, err);
+    }
+    if (!strcmp(a, "--cors")) {
+        reset_strv(&c->cors_origins, &c->n_cors, &r->cors);
+        return push_str(&c->cors_origins, &c->n_cors, v, a, err);
+    }
+    return 1;
+}
+
+/* One flag with its value: a string setting, a list, or a number. */
+static int apply_flag(iv_config_t *c, const char *a, const char *v, struct flag_resets *r,
+                      iv_err_t *err)
+{
+    if (!strcmp(a, "--config")) return 0;  /* loaded by the first pass */
+    const struct str_opt *so = find_str_opt(offsetof(struct str_opt, flag), a);
+    if (so) return so->set(c, v, a, err);
+    int rc = apply_list_flag(c, a, v, r, err);
+    if (rc <= 0) return rc;
+    const struct num_opt *o = NULL;
+    for (size_t k = 0; k < N_NUM_OPTS; k++)
+        if (num_opts[k].flag && !strcmp(num_opts[k].flag, a)) o = &num_opts[k];
+    if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown option (see ivserve --help)", a);
+    return set_num_str(c, o, v, a, err);
+}
+
+/* Settings in order of precedence: --config files, IVSERVE_* variables,
+ * then the other flags and the files named, then the tokens file. */
+int iv_config_from_args(iv_config_t *c, int argc, char **argv, char *const *envp, iv_err_t *err)
+{
+    int rc = load_config_flags(c, argc, argv, err);
+    if (rc != 0) return rc;
     IV_TRY(iv_config_apply_env(c, envp, err));
-    int tokens_reset = 0, cors_reset = 0, proxies_reset = 0;
+    struct flag_resets resets = {0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-' || a[1] != '-') {
             IV_TRY(iv_config_add_path(c, a, err));
-            continue;
-        }
-        if (!strcmp(a, "--no-autopack")) {
+        } else if (!strcmp(a, "--no-autopack")) {
             c->autopack = 0;
-            continue;
-        }
-        if (i + 1 >= argc)
+        } else if (i + 1 >= argc) {
             return iv_fail(err, IV_EINVALID_ARG, "%s: needs a value (see ivserve --help)", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--config")) continue;
-        if (!strcmp(a, "--listen")) IV_TRY(set_str(&c->listen, v, a, err));
-        else if (!strcmp(a, "--log-format")) IV_TRY(set_log_format(c, v, a, err));
-        else if (!strcmp(a, "--access-log")) IV_TRY(set_str(&c->access_log, v, a, err));
-        else if (!strcmp(a, "--readyz")) IV_TRY(set_readyz(c, v, a, err));
-        else if (!strcmp(a, "--cache-dir")) IV_TRY(set_str(&c->cache_dir, v, a, err));
-        else if (!strcmp(a, "--autopack")) IV_TRY(set_autopack(c, v, a, err));
-        else if (!strcmp(a, "--other-orientation")) IV_TRY(set_other_orientation(c, v, a, err));
-        else if (!strcmp(a, "--token-file")) IV_TRY(set_str(&c->tokens_file, v, a, err));
-        else if (!strcmp(a, "--metrics-auth")) IV_TRY(set_metrics_auth(c, v, a, err));
-        else if (!strcmp(a, "--trusted-proxy")) {
-            if (!proxies_reset++) c->n_trusted_proxies = 0;
-            IV_TRY(push_cidr(c, v, a, err));
-        } else if (!strcmp(a, "--token")) {
-            /* Flags replace the file's list rather than add to it. */
-            if (!tokens_reset++) {
-                free_strv(c->tokens, c->n_tokens);
-                c->tokens = NULL;
-                c->n_tokens = 0;
-            }
-            IV_TRY(push_str(&c->tokens, &c->n_tokens, v, a, err));
-        } else if (!strcmp(a, "--cors")) {
-            if (!cors_reset++) {
-                free_strv(c->cors_origins, c->n_cors);
-                c->cors_origins = NULL;
-                c->n_cors = 0;
-            }
-            IV_TRY(push_str(&c->cors_origins, &c->n_cors, v, a, err));
         } else {
-            const struct num_opt *o = NULL;
-            for (size_t k = 0; k < N_NUM_OPTS; k++)
-                if (num_opts[k].flag && !strcmp(num_opts[k].flag, a)) o = &num_opts[k];
-            if (!o) return iv_fail(err, IV_EINVALID_ARG, "%s: unknown option (see ivserve --help)", a);
-            IV_TRY(set_num_str(c, o, v, a, err));
+            IV_TRY(apply_flag(c, a, argv[++i], &resets, err));
         }
     }
     IV_TRY(iv_config_load_tokens(c, err));
