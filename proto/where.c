@@ -135,28 +135,41 @@ static int lex_quoted(parser_t *p, int q, tok_t *t)
     return 0;
 }
 
-static int lex_number(parser_t *p, tok_t *t)
+/* Skips the digits at p->i; 1 when there was one. */
+static int skip_digits(parser_t *p)
 {
-    size_t start = p->i;
-    int frac = 0;
-    if (peekc(p, 0) == '-' || peekc(p, 0) == '+') p->i++;
+    size_t from = p->i;
     while (peekc(p, 0) >= 0 && isdigit(peekc(p, 0))) p->i++;
+    return p->i > from;
+}
+
+/* Moves p->i over a number's text: sign, digits, fraction, exponent (an
+ * 'e' not followed by digits is not part of it).  *frac: the text is not
+ * a whole number's. */
+static void scan_number(parser_t *p, int *frac)
+{
+    *frac = 0;
+    if (peekc(p, 0) == '-' || peekc(p, 0) == '+') p->i++;
+    skip_digits(p);
     if (peekc(p, 0) == '.') {
-        frac = 1;
+        *frac = 1;
         p->i++;
-        while (peekc(p, 0) >= 0 && isdigit(peekc(p, 0))) p->i++;
+        skip_digits(p);
     }
     if (peekc(p, 0) == 'e' || peekc(p, 0) == 'E') {
         size_t save = p->i;
         p->i++;
         if (peekc(p, 0) == '-' || peekc(p, 0) == '+') p->i++;
-        if (peekc(p, 0) >= 0 && isdigit(peekc(p, 0))) {
-            frac = 1;
-            while (peekc(p, 0) >= 0 && isdigit(peekc(p, 0))) p->i++;
-        } else {
-            p->i = save;
-        }
+        if (skip_digits(p)) *frac = 1;
+        else p->i = save;
     }
+}
+
+static int lex_number(parser_t *p, tok_t *t)
+{
+    size_t start = p->i;
+    int frac;
+    scan_number(p, &frac);
     size_t n = p->i - start;
     char buf[128];
     if (n >= sizeof buf)
@@ -176,15 +189,91 @@ static int lex_number(parser_t *p, tok_t *t)
     if (!frac) {
         errno = 0;
         long long iv = strtoll(buf, &end, 10);
-        if (errno == 0 && end == buf + n) {
-            t->is_int = 1;
-            t->inum = iv;
-        }
+        t->is_int = errno == 0 && end == buf + n;
+        if (t->is_int) t->inum = iv;
     }
     /* A number running straight into a letter ("12abc") is a typo. */
     if (peekc(p, 0) >= 0 && (isalpha(peekc(p, 0)) || peekc(p, 0) == '_'))
         return iv_fail(p->err, IV_EBAD_REQUEST,
                        "where: syntax error at position %zu: bad number", start);
+    return 0;
+}
+
+/* A name: letters, digits, '_' and '.'. */
+static int lex_ident(parser_t *p, tok_t *t)
+{
+    size_t start = p->i;
+    while (peekc(p, 0) >= 0 && (isalnum(peekc(p, 0)) || peekc(p, 0) == '_' || peekc(p, 0) == '.'))
+        p->i++;
+    t->len = p->i - start;
+    t->text = malloc(t->len + 1);
+    if (!t->text) return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
+    memcpy(t->text, p->s + start, t->len);
+    t->text[t->len] = '\0';
+    t->kind = T_IDENT;
+    return 0;
+}
+
+/* c (d the character after it) starts a number: a digit, '.' before a
+ * digit, or a sign before either. */
+static int starts_number(int c, int d)
+{
+    return isdigit(c) || (c == '.' && d >= 0 && isdigit(d)) ||
+           ((c == '-' || c == '+') && d >= 0 && (isdigit(d) || d == '.'));
+}
+
+/* The operator c (d after it) in t: 1 when it takes both characters, 0
+ * one, -1 when c starts no operator. */
+static int lex_operator(tok_t *t, int c, int d)
+{
+    switch (c) {
+    case '=':
+        t->kind = T_OP;
+        t->cmp = IV_CMP_EQ;
+        return d == '=';
+    case '!':
+        if (d != '=') {
+            t->kind = T_BANG;
+            return 0;
+        }
+        t->kind = T_OP;
+        t->cmp = IV_CMP_NE;
+        return 1;
+    case '<':
+        t->kind = T_OP;
+        t->cmp = d == '=' ? IV_CMP_LE : d == '>' ? IV_CMP_NE : IV_CMP_LT;
+        return d == '=' || d == '>';
+    case '>':
+        t->kind = T_OP;
+        t->cmp = d == '=' ? IV_CMP_GE : IV_CMP_GT;
+        return d == '=';
+    case '&':
+    case '|':
+        if (d != c) return -1;
+        t->kind = c == '&' ? T_AND : T_OR;
+        return 1;
+    default: return -1;
+    }
+}
+
+/* A symbol or operator at c (d after it): 0 when read, 1 when c starts none. */
+static int lex_symbol(parser_t *p, tok_t *t, int c, int d)
+{
+    static const char singles[] = "()[],-+";
+    static const tok_kind_t single_kinds[] = {T_LP, T_RP, T_LB, T_RB, T_COMMA, T_MINUS, T_PLUS};
+    const char *one = c ? strchr(singles, c) : NULL;
+    t->len = 1;
+    p->i++;
+    if (one) {
+        t->kind = single_kinds[one - singles];
+        return 0;
+    }
+    int two = lex_operator(t, c, d);
+    if (two < 0) return 1;
+    if (two) {
+        p->i++;
+        t->len = 2;
+    }
     return 0;
 }
 
@@ -201,74 +290,10 @@ static int next(parser_t *p)
         return 0;
     }
     int d = peekc(p, 1);
-    if (isalpha(c) || c == '_') {
-        size_t start = p->i;
-        while (peekc(p, 0) >= 0 && (isalnum(peekc(p, 0)) || peekc(p, 0) == '_' ||
-                                    peekc(p, 0) == '.'))
-            p->i++;
-        t->len = p->i - start;
-        t->text = malloc(t->len + 1);
-        if (!t->text) return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
-        memcpy(t->text, p->s + start, t->len);
-        t->text[t->len] = '\0';
-        t->kind = T_IDENT;
-        return 0;
-    }
-    if (isdigit(c) || (c == '.' && d >= 0 && isdigit(d)) ||
-        ((c == '-' || c == '+') && d >= 0 && (isdigit(d) || d == '.')))
-        return lex_number(p, t);
+    if (isalpha(c) || c == '_') return lex_ident(p, t);
+    if (starts_number(c, d)) return lex_number(p, t);
     if (c == '\'' || c == '"' || c == '`') return lex_quoted(p, c, t);
-    t->len = 1;
-    p->i++;
-    switch (c) {
-    case '(': t->kind = T_LP; return 0;
-    case ')': t->kind = T_RP; return 0;
-    case '[': t->kind = T_LB; return 0;
-    case ']': t->kind = T_RB; return 0;
-    case ',': t->kind = T_COMMA; return 0;
-    case '-': t->kind = T_MINUS; return 0;
-    case '+': t->kind = T_PLUS; return 0;
-    case '=':
-        t->kind = T_OP;
-        t->cmp = IV_CMP_EQ;
-        if (d == '=') p->i++, t->len = 2;
-        return 0;
-    case '!':
-        if (d == '=') {
-            p->i++;
-            t->len = 2;
-            t->kind = T_OP;
-            t->cmp = IV_CMP_NE;
-        } else {
-            t->kind = T_BANG;
-        }
-        return 0;
-    case '<':
-    case '>':
-        t->kind = T_OP;
-        if (d == '=') {
-            p->i++;
-            t->len = 2;
-            t->cmp = c == '<' ? IV_CMP_LE : IV_CMP_GE;
-        } else if (c == '<' && d == '>') {
-            p->i++;
-            t->len = 2;
-            t->cmp = IV_CMP_NE;
-        } else {
-            t->cmp = c == '<' ? IV_CMP_LT : IV_CMP_GT;
-        }
-        return 0;
-    case '&':
-    case '|':
-        if (d == c) {
-            p->i++;
-            t->len = 2;
-            t->kind = c == '&' ? T_AND : T_OR;
-            return 0;
-        }
-        break;
-    default: break;
-    }
+    if (lex_symbol(p, t, c, d) == 0) return 0;
     return iv_fail(p->err, IV_EBAD_REQUEST,
                    "where: syntax error at position %zu: unexpected character '%s%c'", t->pos,
                    (c < 32 || c > 126) ? "\\x" : "", (c < 32 || c > 126) ? '?' : c);
@@ -431,66 +456,82 @@ static int too_deep(parser_t *p)
                    MAX_DEPTH, p->t.pos);
 }
 
+/* ( expression ) */
+static int parse_paren(parser_t *p, iv_expr_t **out)
+{
+    if (++p->depth > MAX_DEPTH) return too_deep(p);
+    int prc = next(p);
+    if (prc == 0) prc = parse_or(p, out);
+    p->depth--;
+    IV_TRY(prc);
+    if (p->t.kind != T_RP) {
+        iv_expr_free(*out);
+        *out = NULL;
+        return syntax(p, p->t.pos, "')'");
+    }
+    int rc = next(p);
+    if (rc < 0) {
+        iv_expr_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* A literal with no operator after it: a boolean constant, or an error. */
+static int parse_constant(parser_t *p, iv_lit_t *l, size_t pos, iv_expr_t **out)
+{
+    if (l->kind != IV_LIT_BOOL) {
+        free(l->str);
+        return syntax(p, p->t.pos, "a comparison operator after a value");
+    }
+    iv_expr_t *e = new_node(p, IV_EXPR_CONST, NULL, pos);
+    if (!e || iv_expr_add_lit(e, l) < 0) {
+        iv_expr_free(e);
+        return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
+    }
+    *out = e;
+    return 0;
+}
+
+/* A comparison written value first ("500 < n_genes"): the operator is
+ * flipped so that the node reads column first. */
+static int parse_value_first(parser_t *p, iv_lit_t *l, size_t pos, iv_expr_t **out)
+{
+    iv_cmp_t cmp = flip(p->t.cmp);
+    int rc = next(p);
+    if (rc == 0 && p->t.kind != T_IDENT && p->t.kind != T_BQ)
+        rc = syntax(p, p->t.pos, "a column name after the operator");
+    if (rc == 0 && p->t.kind == T_IDENT && is_reserved(&p->t))
+        rc = syntax(p, p->t.pos, "a column name (quote keywords with backquotes)");
+    iv_expr_t *e = rc == 0 ? new_node(p, IV_EXPR_CMP, p->t.text, pos) : NULL;
+    if (rc == 0 && (!e || iv_expr_add_lit(e, l) < 0)) rc = IV_ENOMEM;
+    free(l->str);
+    if (rc == 0) rc = next(p);
+    if (rc < 0) {
+        iv_expr_free(e);
+        return rc == IV_ENOMEM ? iv_fail(p->err, IV_ENOMEM, "where: out of memory") : rc;
+    }
+    e->cmp = cmp;
+    *out = e;
+    return 0;
+}
+
+/* What is not a column expression or `not`: ( ... ), a comparison
+ * written value first, or a constant. */
 static int parse_primary(parser_t *p, iv_expr_t **out)
 {
     *out = NULL;
     tok_t *t = &p->t;
     size_t pos = t->pos;
-    if (t->kind == T_LP) {
-        if (++p->depth > MAX_DEPTH) return too_deep(p);
-        int prc = next(p);
-        if (prc == 0) prc = parse_or(p, out);
-        p->depth--;
-        IV_TRY(prc);
-        if (p->t.kind != T_RP) {
-            iv_expr_free(*out);
-            *out = NULL;
-            return syntax(p, p->t.pos, "')'");
-        }
-        int rc = next(p);
-        if (rc < 0) {
-            iv_expr_free(*out);
-            *out = NULL;
-        }
-        return rc;
-    }
-    /* literal op column, or a constant */
+    if (t->kind == T_LP) return parse_paren(p, out);
     if (t->kind != T_IDENT || is_kw(t, "true") || is_kw(t, "false") || is_kw(t, "inf") ||
         is_kw(t, "nan")) {
         iv_lit_t l;
         int rc = parse_literal(p, &l);
         if (rc < 0) return rc;
         if (rc == 0) return syntax(p, pos, "a column name, a value, 'not' or '('");
-        if (p->t.kind != T_OP) {
-            if (l.kind != IV_LIT_BOOL) {
-                free(l.str);
-                return syntax(p, p->t.pos, "a comparison operator after a value");
-            }
-            iv_expr_t *e = new_node(p, IV_EXPR_CONST, NULL, pos);
-            if (!e || iv_expr_add_lit(e, &l) < 0) {
-                iv_expr_free(e);
-                return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
-            }
-            *out = e;
-            return 0;
-        }
-        iv_cmp_t cmp = flip(p->t.cmp);
-        int rc2 = next(p);
-        if (rc2 == 0 && p->t.kind != T_IDENT && p->t.kind != T_BQ)
-            rc2 = syntax(p, p->t.pos, "a column name after the operator");
-        if (rc2 == 0 && p->t.kind == T_IDENT && is_reserved(&p->t))
-            rc2 = syntax(p, p->t.pos, "a column name (quote keywords with backquotes)");
-        iv_expr_t *e = rc2 == 0 ? new_node(p, IV_EXPR_CMP, p->t.text, pos) : NULL;
-        if (rc2 == 0 && (!e || iv_expr_add_lit(e, &l) < 0)) rc2 = IV_ENOMEM;
-        free(l.str);
-        if (rc2 == 0) rc2 = next(p);
-        if (rc2 < 0) {
-            iv_expr_free(e);
-            return rc2 == IV_ENOMEM ? iv_fail(p->err, IV_ENOMEM, "where: out of memory") : rc2;
-        }
-        e->cmp = cmp;
-        *out = e;
-        return 0;
+        if (p->t.kind != T_OP) return parse_constant(p, &l, pos, out);
+        return parse_value_first(p, &l, pos, out);
     }
     if (is_reserved(t))
         return syntax(p, pos, "a column name, a value, 'not' or '(' (quote keywords with "
@@ -499,82 +540,78 @@ static int parse_primary(parser_t *p, iv_expr_t **out)
     return syntax(p, pos, "a column name, a value, 'not' or '('");
 }
 
+/* column OP value */
+static int parse_compare(parser_t *p, const char *col, size_t pos, iv_expr_t **e)
+{
+    iv_cmp_t cmp = p->t.cmp;
+    char after[8];
+    snprintf(after, sizeof after, "'%s'", iv_cmp_symbol(cmp));
+    iv_lit_t l;
+    IV_TRY(next(p));
+    IV_TRY(need_literal(p, &l, after));
+    *e = new_node(p, IV_EXPR_CMP, col, pos);
+    int rc = !*e || iv_expr_add_lit(*e, &l) < 0 ? iv_fail(p->err, IV_ENOMEM, "where: out of memory") : 0;
+    free(l.str);
+    if (rc == 0) (*e)->cmp = cmp;
+    return rc;
+}
+
+/* column in [...] and column not in [...] */
+static int parse_in(parser_t *p, const char *col, size_t pos, iv_expr_t **e)
+{
+    int neg = is_kw(&p->t, "not");
+    IV_TRY(next(p));
+    if (neg && !is_kw(&p->t, "in")) return syntax(p, p->t.pos, "'in' after 'not'");
+    if (neg) IV_TRY(next(p));
+    /* `not in` is its own test, false on missing values like `!=`;
+     * `not (x in [...])` is the complement and includes them. */
+    *e = new_node(p, neg ? IV_EXPR_NOT_IN : IV_EXPR_IN, col, pos);
+    if (!*e) return IV_ENOMEM;
+    return parse_list(p, *e);
+}
+
+/* column is [not] null (or none, nan) */
+static int parse_is_null(parser_t *p, const char *col, size_t pos, iv_expr_t **e)
+{
+    IV_TRY(next(p));
+    int neg = is_kw(&p->t, "not");
+    if (neg) IV_TRY(next(p));
+    if (!is_kw(&p->t, "null") && !is_kw(&p->t, "none") && !is_kw(&p->t, "nan"))
+        return syntax(p, p->t.pos, "'null' after 'is'");
+    IV_TRY(next(p));
+    *e = new_node(p, IV_EXPR_IS_NULL, col, pos);
+    if (!*e) return IV_ENOMEM;
+    return neg ? wrap_not(p, e, pos) : 0;
+}
+
+/* What follows a column: a comparison, a list test, a null test, or
+ * nothing (the column's truth). */
+static int parse_column_tail(parser_t *p, const char *col, size_t pos, iv_expr_t **e)
+{
+    if (p->t.kind == T_OP) return parse_compare(p, col, pos, e);
+    if (is_kw(&p->t, "in") || is_kw(&p->t, "not")) return parse_in(p, col, pos, e);
+    if (is_kw(&p->t, "is")) return parse_is_null(p, col, pos, e);
+    *e = new_node(p, IV_EXPR_TRUTH, col, pos);
+    return *e ? 0 : IV_ENOMEM;
+}
+
+/* An expression that starts with a column. */
 static int parse_column_expr(parser_t *p, iv_expr_t **out)
 {
     *out = NULL;
     size_t pos = p->t.pos;
     char *col = p->t.text;
     p->t.text = NULL;
-    int rc = next(p);
     iv_expr_t *e = NULL;
-    if (rc < 0) goto fail;
-    if (p->t.kind == T_OP) {
-        iv_cmp_t cmp = p->t.cmp;
-        char after[8];
-        snprintf(after, sizeof after, "'%s'", iv_cmp_symbol(cmp));
-        rc = next(p);
-        iv_lit_t l;
-        if (rc == 0) rc = need_literal(p, &l, after);
-        if (rc < 0) goto fail;
-        e = new_node(p, IV_EXPR_CMP, col, pos);
-        if (!e || iv_expr_add_lit(e, &l) < 0) {
-            free(l.str);
-            rc = iv_fail(p->err, IV_ENOMEM, "where: out of memory");
-            goto fail;
-        }
-        free(l.str);
-        e->cmp = cmp;
-    } else if (is_kw(&p->t, "in") || is_kw(&p->t, "not")) {
-        int neg = is_kw(&p->t, "not");
-        size_t npos = p->t.pos;
-        rc = next(p);
-        if (rc == 0 && neg && !is_kw(&p->t, "in")) rc = syntax(p, p->t.pos, "'in' after 'not'");
-        if (rc == 0 && neg) rc = next(p);
-        if (rc < 0) goto fail;
-        /* `not in` is its own test, false on missing values like `!=`;
-         * `not (x in [...])` is the complement and includes them. */
-        (void)npos;
-        e = new_node(p, neg ? IV_EXPR_NOT_IN : IV_EXPR_IN, col, pos);
-        if (!e) {
-            rc = IV_ENOMEM;
-            goto fail;
-        }
-        rc = parse_list(p, e);
-        if (rc < 0) goto fail;
-    } else if (is_kw(&p->t, "is")) {
-        rc = next(p);
-        int neg = 0;
-        if (rc == 0 && is_kw(&p->t, "not")) {
-            neg = 1;
-            rc = next(p);
-        }
-        if (rc == 0 && !is_kw(&p->t, "null") && !is_kw(&p->t, "none") && !is_kw(&p->t, "nan"))
-            rc = syntax(p, p->t.pos, "'null' after 'is'");
-        if (rc == 0) rc = next(p);
-        if (rc < 0) goto fail;
-        e = new_node(p, IV_EXPR_IS_NULL, col, pos);
-        if (!e) {
-            rc = IV_ENOMEM;
-            goto fail;
-        }
-        if (neg) {
-            rc = wrap_not(p, &e, pos);
-            if (rc < 0) goto fail;
-        }
-    } else {
-        e = new_node(p, IV_EXPR_TRUTH, col, pos);
-        if (!e) {
-            rc = IV_ENOMEM;
-            goto fail;
-        }
-    }
+    int rc = next(p);
+    if (rc == 0) rc = parse_column_tail(p, col, pos, &e);
     free(col);
+    if (rc < 0) {
+        iv_expr_free(e);
+        return rc;
+    }
     *out = e;
     return 0;
-fail:
-    free(col);
-    iv_expr_free(e);
-    return rc;
 }
 
 static int parse_unary(parser_t *p, iv_expr_t **out)
