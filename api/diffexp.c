@@ -46,54 +46,56 @@
 
 /* ---- selections ----------------------------------------------------- */
 
-/* Resolves the SEL object sel on axis into positions: *all set (and no
- * array) when it selects every element in order. */
-static int resolve_sel(const iv_api_diffexp_in_t *in, iv_axis_t axis, const char *key, const cJSON *sel,
-                       int64_t **idx, int64_t *n, int *all, iv_err_t *err)
+/* One group's (or the genes') positions: all set (and no array) when
+ * the selection is every element in order. */
+typedef struct sel_pos {
+    int64_t *idx;
+    int64_t n;
+    int all;
+} sel_pos_t;
+
+/* The SEL object sel as the obs or var of a request body, in b (a new
+ * buffer); IV_ENOMEM with err set when it cannot be made. */
+static int sel_body(iv_axis_t axis, const cJSON *sel, iv_buf_t *b, iv_err_t *err)
 {
-    *idx = NULL;
-    *n = 0;
-    *all = 0;
+    iv_buf_init(b);
+    char *sj = cJSON_PrintUnformatted(sel);
+    if (!sj) return iv_fail(err, IV_ENOMEM, "out of memory");
+    iv_buf_puts(b, axis == IV_AXIS_OBS ? "{\"obs\":" : "{\"var\":");
+    iv_buf_puts(b, sj);
+    iv_buf_puts(b, "}");
+    free(sj);
+    return b->oom ? iv_fail(err, IV_ENOMEM, "out of memory") : 0;
+}
+
+/* Resolves the SEL object sel on axis into positions, by the server's
+ * parser and resolver (request.h iv_psel_resolve), as /query does; an
+ * error's message gets the key prefixed. */
+static int resolve_sel(const iv_api_diffexp_in_t *in, iv_axis_t axis, const char *key, const cJSON *sel,
+                       sel_pos_t *out, iv_err_t *err)
+{
+    memset(out, 0, sizeof *out);
     if (!cJSON_IsObject(sel))
         return iv_fail(err, IV_EBAD_REQUEST, "%s must be a selection object ({\"where\": ...}, "
                        "{\"names\": [...]}, {\"index\": [...]}, ...)", key);
     const iv_dataset_info_t *info = iv_dataset_info(in->ds);
-    char *sj = cJSON_PrintUnformatted(sel);
-    if (!sj) return iv_fail(err, IV_ENOMEM, "out of memory");
     iv_buf_t b;
-    iv_buf_init(&b);
-    iv_buf_puts(&b, axis == IV_AXIS_OBS ? "{\"obs\":" : "{\"var\":");
-    iv_buf_puts(&b, sj);
-    iv_buf_puts(&b, "}");
-    free(sj);
-    if (b.oom) {
-        iv_buf_free(&b);
-        return iv_fail(err, IV_ENOMEM, "out of memory");
-    }
     iv_qreq_t qr;
+    if (sel_body(axis, sel, &b, err) != 0) {
+        iv_buf_free(&b);
+        return IV_ENOMEM;  /* said without the key */
+    }
     int rc = iv_qreq_parse_json(b.data, b.len, info->n_rows, info->n_cols, &qr, err);
     iv_buf_free(&b);
     if (rc != 0) goto prefix;
     iv_psel_t *p = axis == IV_AXIS_OBS ? &qr.obs : &qr.var;
-    if (p->kind == IV_PSEL_NAMES || p->filter) {
-        iv_axis_sel_t s = {
-            .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
-            .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
-            .n = p->kind == IV_PSEL_ALL ? 0 : p->n,
-            .by = p->by,
-            .missing_ignore = p->missing_ignore,
-            .filter = p->filter,
-        };
-        rc = iv_meta_resolve(in->meta, axis, &s, idx, n, NULL, err);
-    } else if (p->kind == IV_PSEL_ALL) {
-        *all = 1;
-    } else {
-        *idx = malloc((size_t)(p->n ? p->n : 1) * sizeof **idx);
-        if (!*idx) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        else {
-            memcpy(*idx, p->idx, (size_t)p->n * sizeof **idx);
-            *n = p->n;
-        }
+    if (p->kind == IV_PSEL_ALL && !p->filter) {
+        out->all = 1;
+    } else if ((rc = iv_psel_resolve(p, in->meta, axis, NULL, err)) == 0) {
+        /* The positions are taken from the request. */
+        out->idx = p->idx;
+        out->n = p->n;
+        p->idx = NULL;
     }
     iv_qreq_free(&qr);
     if (rc == 0) return 0;
@@ -120,14 +122,10 @@ typedef struct req {
     const cJSON *var;
 } req_t;
 
-static int parse_req(const iv_api_diffexp_in_t *in, const cJSON *root, req_t *q, iv_err_t *err)
+static int check_req_keys(const cJSON *root, iv_err_t *err)
 {
     static const char *const known[] = {"group1", "group2", "method", "top_n", "log1p", "var",
                                         "min_frac", "group_by", "reference", "groups", "dry_run"};
-    memset(q, 0, sizeof *q);
-    q->method = IV_DE_TTEST;
-    q->log1p = -1;
-    q->ref_cat = -1;
     const cJSON *it;
     cJSON_ArrayForEach(it, root)
     {
@@ -137,36 +135,112 @@ static int parse_req(const iv_api_diffexp_in_t *in, const cJSON *root, req_t *q,
             return iv_fail(err, IV_EBAD_REQUEST, "unknown key '%.60s' (expected group1, group2, group_by, "
                            "reference, groups, method, top_n, log1p, var, min_frac, dry_run)", it->string);
     }
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "method");
-    if (m) {
-        if (cJSON_IsString(m) && !strcmp(m->valuestring, "t-test")) q->method = IV_DE_TTEST;
-        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "wilcoxon")) q->method = IV_DE_WILCOXON;
-        else return iv_fail(err, IV_EBAD_REQUEST, "method must be \"t-test\" or \"wilcoxon\"");
+    return 0;
+}
+
+static int parse_method(const cJSON *m, req_t *q, iv_err_t *err)
+{
+    if (!m) return 0;
+    if (cJSON_IsString(m) && !strcmp(m->valuestring, "t-test")) q->method = IV_DE_TTEST;
+    else if (cJSON_IsString(m) && !strcmp(m->valuestring, "wilcoxon")) q->method = IV_DE_WILCOXON;
+    else return iv_fail(err, IV_EBAD_REQUEST, "method must be \"t-test\" or \"wilcoxon\"");
+    return 0;
+}
+
+static int parse_top_n(const cJSON *t, req_t *q, iv_err_t *err)
+{
+    if (!t) return 0;
+    if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+        t->valuedouble > 1e12)
+        return iv_fail(err, IV_EBAD_REQUEST, "top_n must be a non-negative integer");
+    q->top_n = (int64_t)t->valuedouble;
+    return 0;
+}
+
+static int parse_log1p(const cJSON *l, req_t *q, iv_err_t *err)
+{
+    if (!l) return 0;
+    if (cJSON_IsBool(l)) q->log1p = cJSON_IsTrue(l);
+    else if (!cJSON_IsString(l) || strcmp(l->valuestring, "auto"))
+        return iv_fail(err, IV_EBAD_REQUEST, "log1p must be \"auto\", true or false");
+    return 0;
+}
+
+static int parse_min_frac(const cJSON *f, req_t *q, iv_err_t *err)
+{
+    if (!f) return 0;
+    if (!cJSON_IsNumber(f) || !(f->valuedouble >= 0 && f->valuedouble <= 1))
+        return iv_fail(err, IV_EBAD_REQUEST, "min_frac must be a number in [0, 1]");
+    q->min_frac = f->valuedouble;
+    return 0;
+}
+
+static int parse_dry_run(const cJSON *d, req_t *q, iv_err_t *err)
+{
+    if (!d) return 0;
+    if (!cJSON_IsBool(d)) return iv_fail(err, IV_EBAD_REQUEST, "dry_run must be true or false");
+    q->dry_run = cJSON_IsTrue(d);
+    return 0;
+}
+
+/* group1 and group2: group2 a selection, "rest" or absent (the rest). */
+static int parse_two_groups(req_t *q, const cJSON *ref, iv_err_t *err)
+{
+    if (!q->group1) return iv_fail(err, IV_EBAD_REQUEST, "group1 (a selection) or group_by is required");
+    if (ref || q->groups) return iv_fail(err, IV_EBAD_REQUEST, "reference and groups go with group_by");
+    if (q->group2 && cJSON_IsString(q->group2)) {
+        if (strcmp(q->group2->valuestring, "rest"))
+            return iv_fail(err, IV_EBAD_REQUEST, "group2 must be a selection or \"rest\"");
+        q->group2 = NULL;
     }
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "top_n");
-    if (t) {
-        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-            t->valuedouble > 1e12)
-            return iv_fail(err, IV_EBAD_REQUEST, "top_n must be a non-negative integer");
-        q->top_n = (int64_t)t->valuedouble;
-    }
-    const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "log1p");
-    if (l) {
-        if (cJSON_IsBool(l)) q->log1p = cJSON_IsTrue(l);
-        else if (!cJSON_IsString(l) || strcmp(l->valuestring, "auto"))
-            return iv_fail(err, IV_EBAD_REQUEST, "log1p must be \"auto\", true or false");
-    }
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "min_frac");
-    if (f) {
-        if (!cJSON_IsNumber(f) || !(f->valuedouble >= 0 && f->valuedouble <= 1))
-            return iv_fail(err, IV_EBAD_REQUEST, "min_frac must be a number in [0, 1]");
-        q->min_frac = f->valuedouble;
-    }
-    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "dry_run");
-    if (d) {
-        if (!cJSON_IsBool(d)) return iv_fail(err, IV_EBAD_REQUEST, "dry_run must be true or false");
-        q->dry_run = cJSON_IsTrue(d);
-    }
+    return 0;
+}
+
+/* "reference": "rest" (ref_cat -1) or a category of the group_by column. */
+static int parse_reference(const cJSON *ref, req_t *q, iv_err_t *err)
+{
+    if (ref && !cJSON_IsString(ref))
+        return iv_fail(err, IV_EBAD_REQUEST, "reference must be \"rest\" or a category");
+    if (!ref || !strcmp(ref->valuestring, "rest")) return 0;
+    for (int64_t k = 0; k < q->col->n_cats && q->ref_cat < 0; k++)
+        if (!strcmp(iv_meta_col_cat(q->col, k), ref->valuestring)) q->ref_cat = k;
+    if (q->ref_cat < 0)
+        return iv_fail(err, IV_EBAD_SELECTION, "reference: '%.80s' is not a category of %s",
+                       ref->valuestring, q->col->name);
+    return 0;
+}
+
+/* group_by (a categorical obs column), reference and groups. */
+static int parse_group_by(const iv_api_diffexp_in_t *in, const cJSON *gb, const cJSON *ref, req_t *q,
+                          iv_err_t *err)
+{
+    if (!cJSON_IsString(gb)) return iv_fail(err, IV_EBAD_REQUEST, "group_by must be an obs column name");
+    if (!in->meta) return iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
+    q->col = iv_meta_find_col(in->meta, IV_AXIS_OBS, gb->valuestring);
+    if (!q->col) return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", gb->valuestring);
+    if (q->col->type != IV_COL_CATEGORICAL)
+        return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is not categorical",
+                       gb->valuestring);
+    IV_TRY(parse_reference(ref, q, err));
+    if (q->groups && !cJSON_IsArray(q->groups))
+        return iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
+    return 0;
+}
+
+/* The request body: keys checked, options in order, then the groups in
+ * one of the two forms. */
+static int parse_req(const iv_api_diffexp_in_t *in, const cJSON *root, req_t *q, iv_err_t *err)
+{
+    memset(q, 0, sizeof *q);
+    q->method = IV_DE_TTEST;
+    q->log1p = -1;
+    q->ref_cat = -1;
+    IV_TRY(check_req_keys(root, err));
+    IV_TRY(parse_method(cJSON_GetObjectItemCaseSensitive(root, "method"), q, err));
+    IV_TRY(parse_top_n(cJSON_GetObjectItemCaseSensitive(root, "top_n"), q, err));
+    IV_TRY(parse_log1p(cJSON_GetObjectItemCaseSensitive(root, "log1p"), q, err));
+    IV_TRY(parse_min_frac(cJSON_GetObjectItemCaseSensitive(root, "min_frac"), q, err));
+    IV_TRY(parse_dry_run(cJSON_GetObjectItemCaseSensitive(root, "dry_run"), q, err));
     q->var = cJSON_GetObjectItemCaseSensitive(root, "var");
     const cJSON *gb = cJSON_GetObjectItemCaseSensitive(root, "group_by");
     q->group1 = cJSON_GetObjectItemCaseSensitive(root, "group1");
@@ -175,35 +249,7 @@ static int parse_req(const iv_api_diffexp_in_t *in, const cJSON *root, req_t *q,
     q->groups = cJSON_GetObjectItemCaseSensitive(root, "groups");
     if (gb && (q->group1 || q->group2))
         return iv_fail(err, IV_EBAD_REQUEST, "give either group1 (and group2) or group_by, not both");
-    if (!gb) {
-        if (!q->group1) return iv_fail(err, IV_EBAD_REQUEST, "group1 (a selection) or group_by is required");
-        if (ref || q->groups) return iv_fail(err, IV_EBAD_REQUEST, "reference and groups go with group_by");
-        if (q->group2 && cJSON_IsString(q->group2)) {
-            if (strcmp(q->group2->valuestring, "rest"))
-                return iv_fail(err, IV_EBAD_REQUEST, "group2 must be a selection or \"rest\"");
-            q->group2 = NULL;
-        }
-        return 0;
-    }
-    if (!cJSON_IsString(gb)) return iv_fail(err, IV_EBAD_REQUEST, "group_by must be an obs column name");
-    if (!in->meta) return iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
-    q->col = iv_meta_find_col(in->meta, IV_AXIS_OBS, gb->valuestring);
-    if (!q->col) return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", gb->valuestring);
-    if (q->col->type != IV_COL_CATEGORICAL)
-        return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is not categorical",
-                       gb->valuestring);
-    if (ref && !cJSON_IsString(ref))
-        return iv_fail(err, IV_EBAD_REQUEST, "reference must be \"rest\" or a category");
-    if (ref && strcmp(ref->valuestring, "rest")) {
-        for (int64_t k = 0; k < q->col->n_cats && q->ref_cat < 0; k++)
-            if (!strcmp(iv_meta_col_cat(q->col, k), ref->valuestring)) q->ref_cat = k;
-        if (q->ref_cat < 0)
-            return iv_fail(err, IV_EBAD_SELECTION, "reference: '%.80s' is not a category of %s",
-                           ref->valuestring, q->col->name);
-    }
-    if (q->groups && !cJSON_IsArray(q->groups))
-        return iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
-    return 0;
+    return gb ? parse_group_by(in, gb, ref, q, err) : parse_two_groups(q, ref, err);
 }
 
 /* ---- labels --------------------------------------------------------- */
@@ -251,50 +297,60 @@ static int labels_compact(labels_t *lb, int32_t *row_label, int64_t n_rows, iv_e
     return 0;
 }
 
+/* Labels rows: group1 0, group2 (NULL: every other row) 1, the rest -1;
+ * a row in both groups is an error. */
+static int label_two(int32_t *row, int64_t n_rows, const sel_pos_t *g1, const sel_pos_t *g2,
+                     iv_err_t *err)
+{
+    for (int64_t i = 0; i < n_rows; i++) row[i] = g1->all ? 0 : -1;
+    for (int64_t k = 0; k < g1->n; k++) row[g1->idx[k]] = 0;
+    if (!g2) {
+        for (int64_t i = 0; i < n_rows; i++)
+            if (row[i] < 0) row[i] = 1;
+        return 0;
+    }
+    int rc = 0;
+    for (int64_t k = 0; k < (g2->all ? n_rows : g2->n) && rc == 0; k++) {
+        int64_t i = g2->all ? k : g2->idx[k];
+        if (row[i] == 0) rc = iv_fail(err, IV_EBAD_SELECTION, "group1 and group2 share cells "
+                                      "(row %" PRId64 ")", i);
+        row[i] = 1;
+    }
+    return rc;
+}
+
+/* Counts the two groups' cells; an empty group is an error. */
+static int count_two(labels_t *lb, const int32_t *row, int64_t n_rows, const req_t *q, iv_err_t *err)
+{
+    for (int64_t i = 0; i < n_rows; i++)
+        if (row[i] >= 0) lb->n_cells[row[i]]++;
+    if (lb->n_cells[0] == 0 || lb->n_cells[1] == 0)
+        return iv_fail(err, IV_EBAD_SELECTION, "%s selects no cells",
+                       lb->n_cells[0] == 0 ? "group1" : q->group2 ? "group2" : "the rest (group2)");
+    return 0;
+}
+
+/* group1 against group2 (or the rest): resolve both, label, count. */
 static int labels_two(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb, iv_err_t *err)
 {
     int64_t n_rows = iv_dataset_info(in->ds)->n_rows;
-    int64_t *i1 = NULL, *i2 = NULL, n1 = 0, n2 = 0;
-    int all1 = 0, all2 = 0, rc;
-    if ((rc = resolve_sel(in, IV_AXIS_OBS, "group1", q->group1, &i1, &n1, &all1, err)) != 0) return rc;
-    if (q->group2 && (rc = resolve_sel(in, IV_AXIS_OBS, "group2", q->group2, &i2, &n2, &all2, err)) != 0) {
-        free(i1);
+    sel_pos_t g1, g2;
+    int rc;
+    if ((rc = resolve_sel(in, IV_AXIS_OBS, "group1", q->group1, &g1, err)) != 0) return rc;
+    if (q->group2 && (rc = resolve_sel(in, IV_AXIS_OBS, "group2", q->group2, &g2, err)) != 0) {
+        free(g1.idx);
         return rc;
     }
     int32_t *row = malloc((size_t)(n_rows ? n_rows : 1) * sizeof *row);
     lb->n_cells = calloc(2, sizeof *lb->n_cells);
-    if (!row || !lb->n_cells) {
-        free(i1);
-        free(i2);
-        free(row);
-        return iv_fail(err, IV_ENOMEM, "out of memory");
-    }
-    for (int64_t i = 0; i < n_rows; i++) row[i] = all1 ? 0 : -1;
-    for (int64_t k = 0; k < n1; k++) row[i1[k]] = 0;
-    rc = 0;
-    if (!q->group2) {
-        for (int64_t i = 0; i < n_rows; i++)
-            if (row[i] < 0) row[i] = 1;
-    } else {
-        for (int64_t k = 0; k < (all2 ? n_rows : n2) && rc == 0; k++) {
-            int64_t i = all2 ? k : i2[k];
-            if (row[i] == 0) rc = iv_fail(err, IV_EBAD_SELECTION, "group1 and group2 share cells "
-                                          "(row %" PRId64 ")", i);
-            row[i] = 1;
-        }
-    }
-    free(i1);
-    free(i2);
+    if (!row || !lb->n_cells) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+    if (rc == 0) rc = label_two(row, n_rows, &g1, q->group2 ? &g2 : NULL, err);
+    free(g1.idx);
+    if (q->group2) free(g2.idx);
+    if (rc == 0) rc = count_two(lb, row, n_rows, q, err);
     if (rc != 0) {
         free(row);
         return rc;
-    }
-    for (int64_t i = 0; i < n_rows; i++)
-        if (row[i] >= 0) lb->n_cells[row[i]]++;
-    if (lb->n_cells[0] == 0 || lb->n_cells[1] == 0) {
-        free(row);
-        return iv_fail(err, IV_EBAD_SELECTION, "%s selects no cells",
-                       lb->n_cells[0] == 0 ? "group1" : q->group2 ? "group2" : "the rest (group2)");
     }
     lb->n_labels = 2;
     lb->n_tested = 1;
@@ -302,6 +358,82 @@ static int labels_two(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *l
     return labels_compact(lb, row, n_rows, err);
 }
 
+/* 1 when row i of the categorical column c has a category (code in
+ * range and not masked). */
+static inline int has_cat(const iv_meta_col_t *c, int64_t i)
+{
+    int32_t k = c->codes[i];
+    return k >= 0 && k < c->n_cats && !(c->mask && c->mask[i]);
+}
+
+/* "groups": the listed categories are tested (the reference never);
+ * each must exist and have cells. */
+static int mark_listed(const req_t *q, const int64_t *count, int32_t *tested, iv_err_t *err)
+{
+    const iv_meta_col_t *c = q->col;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, q->groups)
+    {
+        if (!cJSON_IsString(g)) return iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
+        int64_t k = 0;
+        while (k < c->n_cats && strcmp(iv_meta_col_cat(c, k), g->valuestring)) k++;
+        if (k == c->n_cats)
+            return iv_fail(err, IV_EBAD_SELECTION, "groups: '%.80s' is not a category of %s", g->valuestring,
+                           c->name);
+        if (count[k] == 0)
+            return iv_fail(err, IV_EBAD_SELECTION, "groups: category '%.80s' has no cells", g->valuestring);
+        if (k != q->ref_cat) tested[k] = 0;
+    }
+    return 0;
+}
+
+/* Which categories are tested (tested[k] 0, others -1): those listed in
+ * "groups", else every one with cells but the reference; then numbered
+ * in category order into *nt labels. */
+static int mark_tested(const req_t *q, const int64_t *count, int32_t *tested, int32_t *nt,
+                       iv_err_t *err)
+{
+    int64_t nc = q->col->n_cats;
+    for (int64_t k = 0; k < nc; k++) tested[k] = -1;
+    if (q->groups) {
+        IV_TRY(mark_listed(q, count, tested, err));
+    } else {
+        for (int64_t k = 0; k < nc; k++)
+            if (count[k] > 0 && k != q->ref_cat) tested[k] = 0;
+    }
+    if (q->ref_cat >= 0 && count[q->ref_cat] == 0)
+        return iv_fail(err, IV_EBAD_SELECTION, "reference: category '%.80s' has no cells",
+                       iv_meta_col_cat(q->col, q->ref_cat));
+    *nt = 0;
+    for (int64_t k = 0; k < nc; k++)
+        if (tested[k] == 0) tested[k] = (*nt)++;
+    if (*nt == 0) return iv_fail(err, IV_EBAD_SELECTION, "group_by: no group to test");
+    if (*nt > MAX_GROUPS) return iv_fail(err, IV_ETOO_LARGE, "group_by: more than %d groups", MAX_GROUPS);
+    return 0;
+}
+
+/* Each row's label: its category's when tested, else the reference's
+ * (nt) or, against the rest, nt for every other cell, a missing category
+ * included (as scanpy). */
+static void label_by(labels_t *lb, const req_t *q, const int32_t *tested, int32_t nt, int32_t *row,
+                     int64_t n_rows)
+{
+    const iv_meta_col_t *c = q->col;
+    for (int64_t k = 0; k < c->n_cats; k++)
+        if (tested[k] >= 0) lb->cat_of[tested[k]] = k;
+    for (int64_t i = 0; i < n_rows; i++) {
+        int ok = has_cat(c, i);
+        int32_t k = c->codes[i], l;
+        if (ok && tested[k] >= 0) l = tested[k];
+        else if (q->ref_cat >= 0) l = ok && k == q->ref_cat ? nt : -1;
+        else l = nt;
+        row[i] = l;
+        if (l >= 0) lb->n_cells[l]++;
+    }
+}
+
+/* One group per category of group_by against the reference or the rest:
+ * count the categories' cells, choose the tested ones, label the rows. */
 static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb, iv_err_t *err)
 {
     const iv_meta_col_t *c = q->col;
@@ -311,53 +443,11 @@ static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb
     int64_t *count = calloc((size_t)(nc ? nc : 1), sizeof *count);
     int32_t *tested = malloc((size_t)(nc ? nc : 1) * sizeof *tested);
     int32_t *row = malloc((size_t)(n_rows ? n_rows : 1) * sizeof *row);
-    if (!count || !tested || !row) {
-        free(count);
-        free(tested);
-        free(row);
-        return iv_fail(err, IV_ENOMEM, "out of memory");
-    }
-    for (int64_t i = 0; i < n_rows; i++) {
-        int32_t k = c->codes[i];
-        if (k >= 0 && k < nc && !(c->mask && c->mask[i])) count[k]++;
-    }
-    for (int64_t k = 0; k < nc; k++) tested[k] = -1;
-    int rc = 0;
     int32_t nt = 0;
-    if (q->groups) {
-        const cJSON *g;
-        cJSON_ArrayForEach(g, q->groups)
-        {
-            if (!cJSON_IsString(g)) {
-                rc = iv_fail(err, IV_EBAD_REQUEST, "groups must be a list of categories");
-                break;
-            }
-            int64_t k = 0;
-            while (k < nc && strcmp(iv_meta_col_cat(c, k), g->valuestring)) k++;
-            if (k == nc) {
-                rc = iv_fail(err, IV_EBAD_SELECTION, "groups: '%.80s' is not a category of %s", g->valuestring,
-                             c->name);
-                break;
-            }
-            if (count[k] == 0) {
-                rc = iv_fail(err, IV_EBAD_SELECTION, "groups: category '%.80s' has no cells", g->valuestring);
-                break;
-            }
-            if (k != q->ref_cat) tested[k] = 0;
-        }
-    } else {
-        for (int64_t k = 0; k < nc; k++)
-            if (count[k] > 0 && k != q->ref_cat) tested[k] = 0;
-    }
-    if (rc == 0 && q->ref_cat >= 0 && count[q->ref_cat] == 0)
-        rc = iv_fail(err, IV_EBAD_SELECTION, "reference: category '%.80s' has no cells",
-                     iv_meta_col_cat(c, q->ref_cat));
-    if (rc == 0) {
-        for (int64_t k = 0; k < nc; k++)
-            if (tested[k] == 0) tested[k] = nt++;
-        if (nt == 0) rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: no group to test");
-        else if (nt > MAX_GROUPS) rc = iv_fail(err, IV_ETOO_LARGE, "group_by: more than %d groups", MAX_GROUPS);
-    }
+    int rc = !count || !tested || !row ? iv_fail(err, IV_ENOMEM, "out of memory") : 0;
+    for (int64_t i = 0; rc == 0 && i < n_rows; i++)
+        if (has_cat(c, i)) count[c->codes[i]]++;
+    if (rc == 0) rc = mark_tested(q, count, tested, &nt, err);
     if (rc == 0) {
         lb->n_tested = nt;
         lb->n_labels = nt + 1;  /* the reference, or every other cell */
@@ -366,26 +456,13 @@ static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb
         lb->cat_of = malloc((size_t)nt * sizeof *lb->cat_of);
         if (!lb->n_cells || !lb->cat_of) rc = iv_fail(err, IV_ENOMEM, "out of memory");
     }
+    if (rc == 0) label_by(lb, q, tested, nt, row, n_rows);
+    free(count);
+    free(tested);
     if (rc != 0) {
-        free(count);
-        free(tested);
         free(row);
         return rc;
     }
-    for (int64_t k = 0; k < nc; k++)
-        if (tested[k] >= 0) lb->cat_of[tested[k]] = k;
-    for (int64_t i = 0; i < n_rows; i++) {
-        int32_t k = c->codes[i];
-        int ok = k >= 0 && k < nc && !(c->mask && c->mask[i]);
-        int32_t l;
-        if (ok && tested[k] >= 0) l = tested[k];
-        else if (q->ref_cat >= 0) l = ok && k == q->ref_cat ? nt : -1;
-        else l = nt;  /* the rest: every other cell, a missing category included (as scanpy) */
-        row[i] = l;
-        if (l >= 0) lb->n_cells[l]++;
-    }
-    free(count);
-    free(tested);
     return labels_compact(lb, row, n_rows, err);
 }
 
@@ -668,6 +745,174 @@ static void put_genes_binary(iv_buf_t *b, const iv_de_t *de, int32_t g, const in
         }
 }
 
+/* One request through its stages (see iv_api_diffexp). */
+typedef struct de_run {
+    req_t q;
+    labels_t lb;
+    sel_pos_t var;            /* the genes (idx owned; all: every gene) */
+    int64_t n_var;
+    iv_sel_t so;              /* the universe's cells (borrows lb.uidx) */
+    int transposed;           /* gene rows come from the cell-major file */
+    iv_de_t *de;
+    int log1p;
+} de_run_t;
+
+/* Parse and resolve: the request read, the cells labelled, the genes
+ * resolved and the orientation chosen: gene rows straight from a
+ * gene-major copy, or a cell-major file turned around in chunks of genes. */
+static int de_prepare(const iv_api_diffexp_in_t *in, const cJSON *root, de_run_t *r, iv_err_t *err)
+{
+    IV_TRY(parse_req(in, root, &r->q, err));
+    if (!in->meta && (r->q.group1 || r->q.var))
+        return iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
+    IV_TRY(r->q.col ? labels_by(in, &r->q, &r->lb, err) : labels_two(in, &r->q, &r->lb, err));
+    if (r->q.var) IV_TRY(resolve_sel(in, IV_AXIS_VAR, "var", r->q.var, &r->var, err));
+    else r->var.all = 1;
+    r->n_var = r->var.all ? iv_dataset_info(in->ds)->n_cols : r->var.n;
+    r->so = (iv_sel_t){.all = r->lb.uidx == NULL, .n = r->lb.n_universe, .idx = r->lb.uidx};
+    iv_sel_t sv_all = {.all = r->var.all, .n = r->n_var, .idx = r->var.idx};
+    r->transposed = iv_plan_orient(in->ds, &r->so, &sv_all, IV_OUT_VARS, NULL) == IV_IVCSR;
+    return 0;
+}
+
+static const char *method_name(const req_t *q)
+{
+    return q->method == IV_DE_TTEST ? "t-test" : "wilcoxon";
+}
+
+static void put_dry_run(iv_buf_t *out, const de_run_t *r)
+{
+    iv_buf_printf(out, "{\"dry_run\":true,\"method\":\"%s\",\"n_cells\":%" PRId64 ",\"n_genes\":%" PRId64
+                  ",\"n_groups\":%d,\"served_by\":\"%s\"}",
+                  method_name(&r->q), r->lb.n_universe, r->n_var, (int)r->lb.n_tested,
+                  r->transposed ? "cells" : "genes");
+}
+
+/* Genes per chunk: all at once unless the file must be transposed, then
+ * as many as keep a chunk's transposed entries (about 12 bytes each)
+ * within CHUNK_WORK_BYTES, estimated from the cells' stored entries. */
+static int64_t chunk_genes(const iv_api_diffexp_in_t *in, const de_run_t *r)
+{
+    const iv_dataset_info_t *info = iv_dataset_info(in->ds);
+    int64_t chunk = r->n_var ? r->n_var : 1;
+    if (!r->transposed || r->n_var == 0) return chunk;
+    int64_t nnz = 0;
+    for (int64_t i = 0; i < (r->so.all ? info->n_rows : r->so.n); i++)
+        nnz += iv_dataset_major_nnz(in->ds, r->so.all ? i : r->so.idx[i]);
+    double share = (double)r->n_var / (double)(info->n_cols ? info->n_cols : 1);
+    double bytes = 12.0 * (double)nnz * share;
+    int64_t n_chunks = (int64_t)ceil(bytes / (double)CHUNK_WORK_BYTES);
+    if (n_chunks > 1) chunk = (r->n_var + n_chunks - 1) / n_chunks;
+    return chunk;
+}
+
+/* Compute: the statistics of every gene, chunk by chunk. */
+static int de_compute(const iv_api_diffexp_in_t *in, de_run_t *r, iv_err_t *err)
+{
+    labels_t *lb = &r->lb;
+    iv_de_spec_t spec = {.method = r->q.method, .log1p = r->q.log1p > 0, .n_labels = lb->n_labels,
+                         .n_tested = lb->n_tested, .reference = lb->reference, .n_cells = lb->n_cells,
+                         .label = lb->label, .n_universe = lb->n_universe, .n_genes = r->n_var};
+    IV_TRY(iv_de_new(&spec, &r->de, err));
+    if (lb->n_labels <= 127) {
+        /* The engine holds the labels as bytes: 4 bytes a cell less. */
+        free(lb->label);
+        lb->label = NULL;
+    }
+    r->log1p = r->q.log1p;
+    int64_t chunk = chunk_genes(in, r);
+    int rc = 0;
+    for (int64_t g0 = 0; g0 < r->n_var && rc == 0; g0 += chunk) {
+        int64_t n = r->n_var - g0 < chunk ? r->n_var - g0 : chunk;
+        rc = run_chunk(in, r->de, &r->so, r->var.idx, g0, n, r->transposed, &r->log1p, err);
+    }
+    if (r->log1p < 0) r->log1p = 0;  /* no gene selected: nothing was decided */
+    return rc != 0 ? rc : iv_de_finish(r->de, err);
+}
+
+/* The document's opening, up to the first group. */
+static void put_head(iv_buf_t *doc, const de_run_t *r)
+{
+    const req_t *q = &r->q;
+    const char *log1p = r->log1p > 0 ? "true" : "false";
+    if (q->col) {
+        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"group_by\":", method_name(q), log1p);
+        iv_buf_json_str(doc, q->col->name);
+        iv_buf_puts(doc, ",\"reference\":");
+        iv_buf_json_str(doc, q->ref_cat >= 0 ? iv_meta_col_cat(q->col, q->ref_cat) : "rest");
+        iv_buf_puts(doc, ",\"groups\":[");
+    } else {
+        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"n_group1\":%" PRId64 ",\"n_group2\":%" PRId64 ",",
+                      method_name(q), log1p, r->lb.n_cells[0], r->lb.n_cells[1]);
+    }
+}
+
+/* Tested group g: its key (group_by), then its genes, in the document
+ * (JSON) or as columns in bin (binary). */
+static int put_group(iv_buf_t *doc, iv_buf_t *bin, const de_run_t *r, int32_t g,
+                     const iv_meta_col_t *names, iv_err_t *err)
+{
+    const req_t *q = &r->q;
+    if (q->col) {
+        iv_buf_puts(doc, g ? ",{\"key\":[" : "{\"key\":[");
+        iv_buf_json_str(doc, iv_meta_col_cat(q->col, r->lb.cat_of[g]));
+        iv_buf_printf(doc, "],\"n_cells\":%" PRId64 ",", r->lb.n_cells[g]);
+    }
+    int64_t *pick = NULL, n_pick = 0;
+    if (pick_genes(r->de, g, r->n_var, q, &pick, &n_pick) != 0)
+        return iv_fail(err, IV_ENOMEM, "out of memory");
+    if (bin) {
+        iv_buf_printf(doc, "\"n_genes\":%" PRId64, n_pick);
+        put_genes_binary(bin, r->de, g, pick, n_pick, r->var.idx);
+    } else {
+        iv_buf_puts(doc, "\"genes\":");
+        put_genes_json(doc, r->de, g, pick, n_pick, r->var.idx, names);
+    }
+    free(pick);
+    if (q->col) iv_buf_puts(doc, "}");
+    return 0;
+}
+
+/* The binary answer: "IVDE", version 1, the document's length and the
+ * document, padding to 8 bytes, then the columns. */
+static void put_binary_frame(iv_buf_t *out, const iv_buf_t *prelude, const iv_buf_t *bin)
+{
+    static const char zeros[8] = {0};
+    iv_buf_append(out, "IVDE", 4);
+    iv_buf_u32le(out, 1);
+    iv_buf_i64le(out, (int64_t)prelude->len);
+    iv_buf_append(out, prelude->data, prelude->len);
+    if (out->len % 8) iv_buf_append(out, zeros, 8 - out->len % 8);
+    iv_buf_append(out, bin->data, bin->len);
+}
+
+/* Encode: the JSON document, or for binary the same document with
+ * "n_genes" for each gene list, then the lists as columns
+ * (put_genes_binary), group after group. */
+static int de_encode(const iv_api_diffexp_in_t *in, const de_run_t *r, int binary, iv_buf_t *out,
+                     iv_err_t *err)
+{
+    const iv_meta_col_t *names = in->meta ? iv_meta_index(in->meta, IV_AXIS_VAR) : NULL;
+    iv_buf_t bin, prelude;
+    iv_buf_init(&bin);
+    iv_buf_init(&prelude);
+    iv_buf_t *doc = binary ? &prelude : out;
+    int rc = 0;
+    put_head(doc, r);
+    for (int32_t g = 0; g < r->lb.n_tested && rc == 0; g++) {
+        rc = put_group(doc, binary ? &bin : NULL, r, g, names, err);
+        if (rc == 0 && !binary && in->json_bytes && out->len > in->json_bytes)
+            rc = iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
+                         "fewer genes (top_n, var) or " IV_DIFFEXP_MEDIA, in->json_bytes);
+    }
+    iv_buf_puts(doc, r->q.col ? "]}" : "}");
+    if (binary && rc == 0) put_binary_frame(out, &prelude, &bin);
+    if (rc == 0 && (out->oom || prelude.oom || bin.oom)) rc = iv_fail(err, IV_ENOMEM, "out of memory building the answer");
+    iv_buf_free(&prelude);
+    iv_buf_free(&bin);
+    return rc;
+}
+
 int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, const char **ctype, iv_err_t *err)
 {
     int binary = in->accept && strstr(in->accept, IV_DIFFEXP_MEDIA) != NULL;
@@ -677,125 +922,15 @@ int iv_api_diffexp(const iv_api_diffexp_in_t *in, iv_buf_t *out, const char **ct
         cJSON_Delete(root);
         return iv_fail(err, IV_EBAD_JSON, "the request body must be a JSON object");
     }
-    req_t q;
-    labels_t lb;
-    memset(&lb, 0, sizeof lb);
-    int64_t *vidx = NULL, n_var = 0;
-    int vall = 0;
-    iv_de_t *de = NULL;
-    const iv_dataset_info_t *info = iv_dataset_info(in->ds);
-    int rc = parse_req(in, root, &q, err);
-    if (rc == 0 && !in->meta && (q.group1 || q.var))
-        rc = iv_fail(err, IV_ENO_METADATA, "the dataset's metadata is not available");
-    if (rc == 0) rc = q.col ? labels_by(in, &q, &lb, err) : labels_two(in, &q, &lb, err);
-    if (rc == 0 && q.var) rc = resolve_sel(in, IV_AXIS_VAR, "var", q.var, &vidx, &n_var, &vall, err);
-    else if (rc == 0) vall = 1;
-    if (rc != 0) goto out;
-    if (vall) n_var = info->n_cols;
-    iv_sel_t so = {.all = lb.uidx == NULL, .n = lb.n_universe, .idx = lb.uidx};
-    /* The orientation: gene rows straight from a gene-major copy, or a
-     * cell-major file turned around in chunks of genes. */
-    iv_sel_t sv_all = {.all = vall, .n = n_var, .idx = vidx};
-    int transposed = iv_plan_orient(in->ds, &so, &sv_all, IV_OUT_VARS, NULL) == IV_IVCSR;
-    if (q.dry_run) {
-        iv_buf_printf(out, "{\"dry_run\":true,\"method\":\"%s\",\"n_cells\":%" PRId64 ",\"n_genes\":%" PRId64
-                      ",\"n_groups\":%d,\"served_by\":\"%s\"}",
-                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", lb.n_universe, n_var, (int)lb.n_tested,
-                      transposed ? "cells" : "genes");
-        goto out;
-    }
-    iv_de_spec_t spec = {.method = q.method, .log1p = q.log1p > 0, .n_labels = lb.n_labels, .n_tested = lb.n_tested,
-                         .reference = lb.reference, .n_cells = lb.n_cells, .label = lb.label,
-                         .n_universe = lb.n_universe, .n_genes = n_var};
-    if ((rc = iv_de_new(&spec, &de, err)) != 0) goto out;
-    if (lb.n_labels <= 127) {
-        /* The engine holds the labels as bytes: 4 bytes a cell less. */
-        free(lb.label);
-        lb.label = NULL;
-    }
-    int log1p = q.log1p;
-    /* Chunks: one unless the file must be transposed, then as many as
-     * keep a chunk's transposed entries (about 12 bytes each) within
-     * CHUNK_WORK_BYTES, estimated from the cells' stored entries. */
-    int64_t chunk = n_var ? n_var : 1;
-    if (transposed && n_var > 0) {
-        int64_t nnz = 0;
-        for (int64_t i = 0; i < (so.all ? info->n_rows : so.n); i++)
-            nnz += iv_dataset_major_nnz(in->ds, so.all ? i : so.idx[i]);
-        double share = (double)n_var / (double)(info->n_cols ? info->n_cols : 1);
-        double bytes = 12.0 * (double)nnz * share;
-        int64_t n_chunks = (int64_t)ceil(bytes / (double)CHUNK_WORK_BYTES);
-        if (n_chunks > 1) chunk = (n_var + n_chunks - 1) / n_chunks;
-    }
-    for (int64_t g0 = 0; g0 < n_var && rc == 0; g0 += chunk) {
-        int64_t n = n_var - g0 < chunk ? n_var - g0 : chunk;
-        rc = run_chunk(in, de, &so, vidx, g0, n, transposed, &log1p, err);
-    }
-    if (log1p < 0) log1p = 0;  /* no gene selected: nothing was decided */
-    if (rc == 0) rc = iv_de_finish(de, err);
-    if (rc != 0) goto out;
-    const iv_meta_col_t *names = in->meta ? iv_meta_index(in->meta, IV_AXIS_VAR) : NULL;
-    /* Binary: the same document with "n_genes" for each gene list, then
-     * the lists as columns (put_genes_binary), group after group. */
-    iv_buf_t *doc = out, bin;
-    iv_buf_t prelude;
-    iv_buf_init(&bin);
-    iv_buf_init(&prelude);
-    if (binary) doc = &prelude;
-    if (q.col) {
-        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"group_by\":",
-                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false");
-        iv_buf_json_str(doc, q.col->name);
-        iv_buf_puts(doc, ",\"reference\":");
-        iv_buf_json_str(doc, q.ref_cat >= 0 ? iv_meta_col_cat(q.col, q.ref_cat) : "rest");
-        iv_buf_puts(doc, ",\"groups\":[");
-    } else {
-        iv_buf_printf(doc, "{\"method\":\"%s\",\"log1p\":%s,\"n_group1\":%" PRId64 ",\"n_group2\":%" PRId64 ",",
-                      q.method == IV_DE_TTEST ? "t-test" : "wilcoxon", log1p > 0 ? "true" : "false",
-                      lb.n_cells[0], lb.n_cells[1]);
-    }
-    for (int32_t g = 0; g < lb.n_tested && rc == 0; g++) {
-        if (q.col) {
-            iv_buf_puts(doc, g ? ",{\"key\":[" : "{\"key\":[");
-            iv_buf_json_str(doc, iv_meta_col_cat(q.col, lb.cat_of[g]));
-            iv_buf_printf(doc, "],\"n_cells\":%" PRId64 ",", lb.n_cells[g]);
-        }
-        int64_t *pick = NULL, n_pick = 0;
-        if (pick_genes(de, g, n_var, &q, &pick, &n_pick) != 0) {
-            rc = iv_fail(err, IV_ENOMEM, "out of memory");
-            break;
-        }
-        if (binary) {
-            iv_buf_printf(doc, "\"n_genes\":%" PRId64, n_pick);
-            put_genes_binary(&bin, de, g, pick, n_pick, vidx);
-        } else {
-            iv_buf_puts(doc, "\"genes\":");
-            put_genes_json(doc, de, g, pick, n_pick, vidx, names);
-        }
-        free(pick);
-        if (q.col) iv_buf_puts(doc, "}");
-        if (!binary && in->json_bytes && out->len > in->json_bytes)
-            rc = iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
-                         "fewer genes (top_n, var) or " IV_DIFFEXP_MEDIA, in->json_bytes);
-    }
-    iv_buf_puts(doc, q.col ? "]}" : "}");
-    if (binary && rc == 0) {
-        iv_buf_append(out, "IVDE", 4);
-        iv_buf_u32le(out, 1);
-        iv_buf_i64le(out, (int64_t)prelude.len);
-        iv_buf_append(out, prelude.data, prelude.len);
-        static const char zeros[8] = {0};
-        if (out->len % 8) iv_buf_append(out, zeros, 8 - out->len % 8);
-        iv_buf_append(out, bin.data, bin.len);
-    }
-    if (rc == 0 && (out->oom || prelude.oom || bin.oom)) rc = iv_fail(err, IV_ENOMEM, "out of memory building the answer");
-    iv_buf_free(&prelude);
-    iv_buf_free(&bin);
-    if (rc == 0) *ctype = binary ? IV_DIFFEXP_MEDIA : "application/json";
-out:
-    iv_de_free(de);
-    labels_free(&lb);
-    free(vidx);
+    de_run_t r;
+    memset(&r, 0, sizeof r);
+    int rc = de_prepare(in, root, &r, err);
+    if (rc == 0 && r.q.dry_run) put_dry_run(out, &r);
+    else if (rc == 0 && (rc = de_compute(in, &r, err)) == 0 && (rc = de_encode(in, &r, binary, out, err)) == 0)
+        *ctype = binary ? IV_DIFFEXP_MEDIA : "application/json";
+    iv_de_free(r.de);
+    labels_free(&r.lb);
+    free(r.var.idx);
     cJSON_Delete(root);
     return rc;
 }
