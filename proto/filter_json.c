@@ -70,8 +70,6 @@ static int to_lit(const cJSON *v, iv_lit_t *l, iv_err_t *err, const char *path)
     return bad(err, path, "expected a string, number or boolean");
 }
 
-static const char *ops[] = {"eq", "ne", "lt", "le", "gt", "ge"};
-
 static int parse_node(const cJSON *j, iv_expr_t **out, pstate_t *st, const char *path,
                       int depth);
 
@@ -148,6 +146,65 @@ static int wrap_not(iv_expr_t **e, pstate_t *st, const char *path)
     return 0;
 }
 
+/* The operator keys of a leaf: the comparisons (their iv_cmp_t order),
+ * then in, not_in and is_null. */
+static const char *const leaf_ops[] = {"eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "is_null"};
+#define N_LEAF_OPS 9
+#define N_CMP_OPS 6
+
+/* The index of key in leaf_ops, or -1. */
+static int leaf_op(const char *key)
+{
+    for (int k = 0; k < N_LEAF_OPS; k++)
+        if (strcmp(key, leaf_ops[k]) == 0) return k;
+    return -1;
+}
+
+/* One operator of a leaf on column col as its own node in *e. */
+static int parse_leaf_op(const cJSON *m, const char *col, int op, iv_expr_t **e, pstate_t *st,
+                         const char *p2)
+{
+    if (op >= 0 && op < N_CMP_OPS) {
+        iv_lit_t l;
+        IV_TRY(to_lit(m, &l, st->err, p2));
+        *e = iv_expr_new(IV_EXPR_CMP, col);
+        if (!*e || iv_expr_add_lit(*e, &l) < 0) return oom(st->err);
+        (*e)->cmp = (iv_cmp_t)op;
+        return 0;
+    }
+    if (op == 6 || op == 7) return parse_set(m, col, op == 7, e, st, p2);
+    if (op == 8) {
+        if (!cJSON_IsBool(m)) return bad(st->err, p2, "expected true or false");
+        *e = iv_expr_new(IV_EXPR_IS_NULL, col);
+        if (!*e) return oom(st->err);
+        return cJSON_IsFalse(m) ? wrap_not(e, st, p2) : 0;
+    }
+    return bad(st->err, p2, "unknown operator (expected eq, ne, lt, le, gt, ge, in, not_in "
+                            "or is_null)");
+}
+
+/* Key m of a leaf, added to all: "column" is counted (given twice is an
+ * error), an operator given twice is an error, each operator one node.
+ * Two equal keys: cJSON keeps both, other parsers one of them; a filter
+ * must not mean different things to different clients. */
+static int parse_leaf_key(const cJSON *m, const char *col, iv_expr_t *all, int *n_column,
+                          unsigned *seen, pstate_t *st, const char *path)
+{
+    char p2[256];
+    snprintf(p2, sizeof p2, "%.200s.%.40s", path, m->string);
+    if (strcmp(m->string, "column") == 0)
+        return ++*n_column > 1 ? bad(st->err, p2, "key given more than once") : 0;
+    int op = leaf_op(m->string);
+    if (op >= 0 && (*seen & (1u << op))) return bad(st->err, p2, "key given more than once");
+    if (op >= 0) *seen |= 1u << op;
+    IV_TRY(count_nodes(st, 1, p2));
+    iv_expr_t *e = NULL;
+    int rc = parse_leaf_op(m, col, op, &e, st, p2);
+    if (rc == 0 && iv_expr_add_kid(all, e) < 0) rc = oom(st->err);
+    if (rc < 0) iv_expr_free(e);
+    return rc;
+}
+
 /* {"column": ..., op: value, ...}: one leaf per operator, joined by and. */
 static int parse_leaf(const cJSON *j, iv_expr_t **out, pstate_t *st, const char *path)
 {
@@ -155,69 +212,13 @@ static int parse_leaf(const cJSON *j, iv_expr_t **out, pstate_t *st, const char 
     char p2[256];
     snprintf(p2, sizeof p2, "%.200s.column", path);
     if (!cJSON_IsString(colj)) return bad(st->err, p2, "expected a column name (string)");
-    const char *col = colj->valuestring;
     iv_expr_t *all = iv_expr_new(IV_EXPR_AND, NULL);
     if (!all) return oom(st->err);
     int rc = 0, n_column = 0;
     unsigned seen = 0;
     const cJSON *m;
-    cJSON_ArrayForEach(m, j)
-    {
-        snprintf(p2, sizeof p2, "%.200s.%.40s", path, m->string);
-        /* Two equal keys: cJSON keeps both, other parsers one of them; a
-         * filter must not mean different things to different clients. */
-        if (strcmp(m->string, "column") == 0) {
-            if (++n_column > 1) {
-                rc = bad(st->err, p2, "key given more than once");
-                break;
-            }
-            continue;
-        }
-        int bit = -1;
-        for (int k = 0; k < 6 && bit < 0; k++)
-            if (strcmp(m->string, ops[k]) == 0) bit = k;
-        if (bit < 0 && strcmp(m->string, "in") == 0) bit = 6;
-        if (bit < 0 && strcmp(m->string, "not_in") == 0) bit = 7;
-        if (bit < 0 && strcmp(m->string, "is_null") == 0) bit = 8;
-        if (bit >= 0 && (seen & (1u << bit))) {
-            rc = bad(st->err, p2, "key given more than once");
-            break;
-        }
-        if (bit >= 0) seen |= 1u << bit;
-        iv_expr_t *e = NULL;
-        int op = -1;
-        for (int k = 0; k < 6; k++)
-            if (strcmp(m->string, ops[k]) == 0) op = k;
-        rc = count_nodes(st, 1, p2);
-        if (rc < 0) break;
-        if (op >= 0) {
-            iv_lit_t l;
-            rc = to_lit(m, &l, st->err, p2);
-            if (rc == 0) {
-                e = iv_expr_new(IV_EXPR_CMP, col);
-                if (!e || iv_expr_add_lit(e, &l) < 0) rc = oom(st->err);
-                else e->cmp = (iv_cmp_t)op;
-            }
-        } else if (strcmp(m->string, "in") == 0 || strcmp(m->string, "not_in") == 0) {
-            rc = parse_set(m, col, m->string[0] == 'n', &e, st, p2);
-        } else if (strcmp(m->string, "is_null") == 0) {
-            if (!cJSON_IsBool(m)) {
-                rc = bad(st->err, p2, "expected true or false");
-            } else {
-                e = iv_expr_new(IV_EXPR_IS_NULL, col);
-                if (!e) rc = oom(st->err);
-                if (rc == 0 && cJSON_IsFalse(m)) rc = wrap_not(&e, st, p2);
-            }
-        } else {
-            rc = bad(st->err, p2, "unknown operator (expected eq, ne, lt, le, gt, ge, in, not_in "
-                                  "or is_null)");
-        }
-        if (rc == 0 && iv_expr_add_kid(all, e) < 0) rc = oom(st->err);
-        if (rc < 0) {
-            iv_expr_free(e);
-            break;
-        }
-    }
+    for (m = j->child; m && rc == 0; m = m->next)
+        rc = parse_leaf_key(m, colj->valuestring, all, &n_column, &seen, st, path);
     if (rc == 0 && all->n_kids == 0) rc = bad(st->err, path, "a column needs an operator");
     if (rc < 0) {
         iv_expr_free(all);
