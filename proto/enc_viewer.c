@@ -81,3 +81,45 @@ void iv_enc_dense(iv_buf_t *b, iv_fmt_t f, const iv_dense_t *d)
     put_rows(b, d, 0, d->n_rows);
     iv_buf_puts(b, "}");
 }
+
+/* The IVAG form: the document is padded with zero bytes so that the
+ * values start 8-aligned for a Float64Array over the body. */
+static void put_agg_binary(iv_buf_t *b, const iv_agg_table_t *t)
+{
+    size_t n_vals = (size_t)t->n_groups * (size_t)t->n_genes * t->n_stats;
+    iv_buf_append(b, IV_AGG_MAGIC, 4);
+    iv_buf_u32le(b, 1);
+    iv_buf_i64le(b, (int64_t)t->doc_len + 1);
+    iv_buf_append(b, t->doc, t->doc_len);
+    iv_buf_puts(b, "}");
+    static const char zeros[8] = {0};
+    if (b->len % 8) iv_buf_append(b, zeros, 8 - b->len % 8);
+    iv_buf_append(b, t->values, n_vals * sizeof *t->values);
+}
+
+static void put_agg_json(iv_buf_t *b, const iv_agg_table_t *t, size_t json_limit)
+{
+    size_t per = (size_t)t->n_groups * (size_t)t->n_genes;
+    iv_buf_append(b, t->doc, t->doc_len);
+    iv_buf_puts(b, ",\"values\":{");
+    for (size_t s = 0; s < t->n_stats && !b->oom; s++) {
+        iv_buf_printf(b, s ? ",\"%s\":[" : "\"%s\":[", t->stats[s]);
+        for (int64_t g = 0; g < t->n_groups && !b->oom; g++) {
+            iv_buf_puts(b, g ? ",[" : "[");
+            for (int64_t j = 0; j < t->n_genes; j++) {
+                if (j) iv_buf_append(b, ",", 1);
+                iv_enc_json_value(b, IV_DT_FLOAT64, t->values + s * per, g * t->n_genes + j);
+            }
+            iv_buf_puts(b, "]");
+        }
+        iv_buf_puts(b, "]");
+        if (b->len > json_limit) break;
+    }
+    iv_buf_puts(b, "}}");
+}
+
+void iv_enc_agg(iv_buf_t *b, iv_fmt_t f, const iv_agg_table_t *t, size_t json_limit)
+{
+    if (f == IV_FMT_BINARY) put_agg_binary(b, t);
+    else put_agg_json(b, t, json_limit);
+}

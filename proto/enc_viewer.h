@@ -28,6 +28,10 @@
  *   zero bytes up to a multiple of 8 from the start,
  *   per stat in the document's "stats" order: f64 values[groups * genes],
  *   group-major (row g holds group g's value for every gene).
+ *
+ * JSON: the same document with a last member "values":
+ * {"<stat>":[[group 0's value per gene],...],...} in "stats" order;
+ * non-finite values are null.
  */
 #ifndef IV_ENC_VIEWER_H
 #define IV_ENC_VIEWER_H
@@ -54,5 +58,20 @@ typedef struct iv_dense {
 
 /* The whole response in format f (binary, NDJSON or JSON). */
 void iv_enc_dense(iv_buf_t *b, iv_fmt_t f, const iv_dense_t *d);
+
+/* A computed aggregate (grouped statistics table). */
+typedef struct iv_agg_table {
+    const char *doc;          /* the JSON document without "values" and its closing '}' */
+    size_t doc_len;
+    size_t n_stats;
+    const char *const *stats; /* n_stats names, the document's "stats" order */
+    int64_t n_groups, n_genes;
+    const double *values;     /* n_stats blocks of n_groups * n_genes, group-major */
+} iv_agg_table_t;
+
+/* The whole response in format f: IV_FMT_BINARY the IVAG form, else
+ * JSON.  JSON stops after the first stat that takes b past json_limit
+ * bytes (the caller refuses such an answer). */
+void iv_enc_agg(iv_buf_t *b, iv_fmt_t f, const iv_agg_table_t *t, size_t json_limit);
 
 #endif

@@ -242,23 +242,61 @@ void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search)
 
 /* ---- routing ------------------------------------------------------------ */
 
+/* Routes whose path is the whole sub-path. */
+static const struct exact_route {
+    const char *path;
+    int route;
+} exact_routes[] = {
+    {"/aggregate", IV_VR_AGGREGATE},
+    {"/diffexp", IV_VR_DIFFEXP},
+    {"/var/search", IV_VR_VAR_SEARCH},
+    {"/obs/search", IV_VR_OBS_SEARCH},
+    {"/raw/var", IV_VR_RAW_VAR_TABLE},
+    {"/raw/var/search", IV_VR_RAW_VAR_SEARCH},
+    {"/obs", IV_VR_OBS_TABLE},
+    {"/var", IV_VR_VAR_TABLE},
+};
+
+/* Routes whose path ends in a name (an array, a column, a zarr key): the
+ * prefix before it.  A zarr key may hold slashes (any_rest); the other
+ * names are one non-empty segment. */
+static const struct named_route {
+    const char *prefix;
+    int route;
+    int any_rest;
+} named_routes[] = {
+    {"/zarr/", IV_VR_ZARR, 1},
+    {"/raw/var/", IV_VR_RAW_VAR_COLUMN, 0},
+    {"/obsm/", IV_VR_OBSM, 0},
+    {"/varm/", IV_VR_VARM, 0},
+    {"/obs/", IV_VR_OBS_COLUMN, 0},
+    {"/var/", IV_VR_VAR_COLUMN, 0},
+};
+
+#define N_OF(a) (sizeof(a) / sizeof(a)[0])
+
+static int named_route_match(const struct named_route *nr, const char *sub)
+{
+    size_t n = strlen(nr->prefix);
+    if (strncmp(sub, nr->prefix, n) != 0) return 0;
+    return nr->any_rest || (sub[n] && !strchr(sub + n, '/'));
+}
+
 int iv_vroute_match(const char *sub)
 {
-    if (!strcmp(sub, "/aggregate")) return IV_VR_AGGREGATE;
-    if (!strcmp(sub, "/diffexp")) return IV_VR_DIFFEXP;
-    if (!strncmp(sub, "/zarr/", 6)) return IV_VR_ZARR;  /* the key may hold slashes */
-    if (!strcmp(sub, "/var/search")) return IV_VR_VAR_SEARCH;
-    if (!strcmp(sub, "/obs/search")) return IV_VR_OBS_SEARCH;
-    if (!strcmp(sub, "/raw/var")) return IV_VR_RAW_VAR_TABLE;
-    if (!strcmp(sub, "/raw/var/search")) return IV_VR_RAW_VAR_SEARCH;
-    if (!strncmp(sub, "/raw/var/", 9) && sub[9] && !strchr(sub + 9, '/')) return IV_VR_RAW_VAR_COLUMN;
-    int obsm = !strncmp(sub, "/obsm/", 6), varm = !strncmp(sub, "/varm/", 6);
-    if ((obsm || varm) && sub[6] && !strchr(sub + 6, '/')) return obsm ? IV_VR_OBSM : IV_VR_VARM;
-    int obs = !strncmp(sub, "/obs", 4), var = !strncmp(sub, "/var", 4);
-    if ((obs || var) && sub[4] == '\0') return obs ? IV_VR_OBS_TABLE : IV_VR_VAR_TABLE;
-    if ((obs || var) && sub[4] == '/' && sub[5] && !strchr(sub + 5, '/'))
-        return obs ? IV_VR_OBS_COLUMN : IV_VR_VAR_COLUMN;
+    for (size_t i = 0; i < N_OF(exact_routes); i++)
+        if (!strcmp(sub, exact_routes[i].path)) return exact_routes[i].route;
+    for (size_t i = 0; i < N_OF(named_routes); i++)
+        if (named_route_match(&named_routes[i], sub)) return named_routes[i].route;
     return IV_VR_NONE;
+}
+
+/* The name in sub of a route that has one, else NULL. */
+static const char *route_name(int route, const char *sub)
+{
+    for (size_t i = 0; i < N_OF(named_routes); i++)
+        if (named_routes[i].route == route) return sub + strlen(named_routes[i].prefix);
+    return NULL;
 }
 
 int iv_vroute_allows_post(int route)
@@ -282,12 +320,8 @@ iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *quer
     r->body_len = body_len;
     r->query = strdup(query ? query : "");
     if (accept) r->accept = strdup(accept);
-    if (route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_OBS_COLUMN ||
-        route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN || route == IV_VR_ZARR) {
-        const char *nm = sub + (route == IV_VR_RAW_VAR_COLUMN               ? 9
-                                : route == IV_VR_ZARR                       ? 6
-                                : route == IV_VR_OBSM || route == IV_VR_VARM ? 6
-                                                                             : 5);
+    const char *nm = route_name(route, sub);
+    if (nm) {
         r->name = iv_url_decode(nm, strlen(nm));
         if (!r->name) *bad_name = 1;
     }
@@ -348,58 +382,65 @@ static int key_slot(const params_t *p, const char *key)
     return -1;
 }
 
-/*
- * Parses the request's parameters: the route's keys are taken out (from
- * the query string, or from the JSON body of a POST), and the remainder
- * is parsed as a query selection against axis lengths n_obs / n_var.
- */
-static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t n_var, iv_err_t *err)
+/* One key=value pair of the query string: a route key's value taken into
+ * p, anything else appended to rest for the selection parser. */
+static int take_query_pair(params_t *p, const char *pair, size_t len, iv_buf_t *rest, iv_err_t *err)
 {
-    if (!r->is_post) {
-        iv_buf_t rest;
-        iv_buf_init(&rest);
-        const char *qs = r->query;
-        size_t len = strlen(qs), i = 0;
-        int rc = 0;
-        while (i < len && rc == 0) {
-            size_t j = i;
-            while (j < len && qs[j] != '&') j++;
-            if (j > i) {
-                const char *eq = memchr(qs + i, '=', j - i);
-                size_t klen = eq ? (size_t)(eq - (qs + i)) : j - i;
-                char *key = iv_url_decode(qs + i, klen);
-                int slot = key ? key_slot(p, key) : -1;
-                if (!key) {
-                    rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
-                } else if (slot >= 0) {
-                    if (p->vals[slot]) {
-                        rc = iv_fail(err, IV_EBAD_REQUEST, "%s is given more than once", key);
-                    } else {
-                        p->vals[slot] = eq ? iv_url_decode_form(eq + 1, (size_t)(qs + j - eq - 1))
-                                           : strdup("");
-                        if (!p->vals[slot])
-                            rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in %s", key);
-                    }
-                } else {
-                    if (rest.len) iv_buf_append(&rest, "&", 1);
-                    iv_buf_append(&rest, qs + i, j - i);
-                }
-                free(key);
-            }
-            i = j + 1;
-        }
-        if (rc == 0 && rest.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        if (rc == 0) {
-            if (p->with_matrix && r->matrix_shape)
-                rc = iv_qreq_parse_query_m(rest.data ? rest.data : "", rest.len, r->matrix_shape,
-                                           r->matrix_ctx, &p->qr, err);
-            else
-                rc = iv_qreq_parse_query(rest.data ? rest.data : "", rest.len, n_obs, n_var, &p->qr, err);
-            p->have_qr = rc == 0;
-        }
-        iv_buf_free(&rest);
-        return rc;
+    const char *eq = memchr(pair, '=', len);
+    size_t klen = eq ? (size_t)(eq - pair) : len;
+    char *key = iv_url_decode(pair, klen);
+    if (!key) return iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in the query string");
+    int slot = key_slot(p, key), rc = 0;
+    if (slot < 0) {
+        if (rest->len) iv_buf_append(rest, "&", 1);
+        iv_buf_append(rest, pair, len);
+    } else if (p->vals[slot]) {
+        rc = iv_fail(err, IV_EBAD_REQUEST, "%s is given more than once", key);
+    } else {
+        p->vals[slot] = eq ? iv_url_decode_form(eq + 1, (size_t)(pair + len - eq - 1)) : strdup("");
+        if (!p->vals[slot]) rc = iv_fail(err, IV_EBAD_REQUEST, "bad percent-escape in %s", key);
     }
+    free(key);
+    return rc;
+}
+
+/* The selection: a query string (json 0) or a JSON object, against the
+ * matrix "matrix" names where the route reads one, else X's axes. */
+static int parse_selection(params_t *p, const iv_vreq_t *r, int json, const char *s, size_t len,
+                           int64_t n_obs, int64_t n_var, iv_err_t *err)
+{
+    int rc;
+    if (p->with_matrix && r->matrix_shape)
+        rc = json ? iv_qreq_parse_json_m(s, len, r->matrix_shape, r->matrix_ctx, &p->qr, err)
+                  : iv_qreq_parse_query_m(s, len, r->matrix_shape, r->matrix_ctx, &p->qr, err);
+    else
+        rc = json ? iv_qreq_parse_json(s, len, n_obs, n_var, &p->qr, err)
+                  : iv_qreq_parse_query(s, len, n_obs, n_var, &p->qr, err);
+    p->have_qr = rc == 0;
+    return rc;
+}
+
+static int params_parse_query(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t n_var, iv_err_t *err)
+{
+    iv_buf_t rest;
+    iv_buf_init(&rest);
+    const char *qs = r->query;
+    size_t len = strlen(qs), i = 0;
+    int rc = 0;
+    while (i < len && rc == 0) {
+        size_t j = i;
+        while (j < len && qs[j] != '&') j++;
+        if (j > i) rc = take_query_pair(p, qs + i, j - i, &rest, err);
+        i = j + 1;
+    }
+    if (rc == 0 && rest.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+    if (rc == 0) rc = parse_selection(p, r, 0, rest.data ? rest.data : "", rest.len, n_obs, n_var, err);
+    iv_buf_free(&rest);
+    return rc;
+}
+
+static int params_parse_body(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t n_var, iv_err_t *err)
+{
     cJSON *root = cJSON_ParseWithLength(r->body ? r->body : "", r->body_len);
     if (!root && r->body_len == 0) root = cJSON_CreateObject();
     if (!root || !cJSON_IsObject(root)) {
@@ -411,12 +452,19 @@ static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t 
     char *restj = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!restj) return iv_fail(err, IV_ENOMEM, "out of memory");
-    int rc = p->with_matrix && r->matrix_shape
-                 ? iv_qreq_parse_json_m(restj, strlen(restj), r->matrix_shape, r->matrix_ctx, &p->qr, err)
-                 : iv_qreq_parse_json(restj, strlen(restj), n_obs, n_var, &p->qr, err);
+    int rc = parse_selection(p, r, 1, restj, strlen(restj), n_obs, n_var, err);
     free(restj);
-    p->have_qr = rc == 0;
     return rc;
+}
+
+/*
+ * Parses the request's parameters: the route's keys are taken out (from
+ * the query string, or from the JSON body of a POST), and the remainder
+ * is parsed as a query selection against axis lengths n_obs / n_var.
+ */
+static int params_parse(params_t *p, const iv_vreq_t *r, int64_t n_obs, int64_t n_var, iv_err_t *err)
+{
+    return r->is_post ? params_parse_body(p, r, n_obs, n_var, err) : params_parse_query(p, r, n_obs, n_var, err);
 }
 
 /* Parameter i as a string (a JSON string, or the query-string value). */
@@ -551,6 +599,88 @@ static int has_selection(const iv_psel_t *p)
 
 /* ---- obsm / varm ---------------------------------------------------------- */
 
+/* The dtype an obsm/varm answer is in: dtype=float32 or float64, else the
+ * stored one. */
+static int marray_dtype(params_t *p, const iv_marray_t *a, iv_dtype_t *to, iv_err_t *err)
+{
+    const char *dt = NULL;
+    *to = a->dtype;
+    IV_TRY(param_str(p, 0, &dt, err));
+    if (!dt) return 0;
+    if (!strcmp(dt, "float32")) *to = IV_DT_FLOAT32;
+    else if (!strcmp(dt, "float64")) *to = IV_DT_FLOAT64;
+    else if (strcmp(dt, iv_dtype_name(a->dtype)) != 0)
+        return iv_fail(err, IV_EBAD_REQUEST, "dtype=%.40s: expected float32, float64 or %s", dt,
+                       iv_dtype_name(a->dtype));
+    return 0;
+}
+
+/* An obsm/varm request: its parameters, a selection of the array's own
+ * axis only (names resolved), and the answer's format. */
+static int marray_request(iv_vreq_t *r, params_t *p, const iv_marray_t *a, iv_axis_t axis, iv_dtype_t *to,
+                          iv_fmt_t *fmt, iv_err_t *err)
+{
+    const char *axn = axis == IV_AXIS_OBS ? "obs" : "var";
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    IV_TRY(params_parse(p, r, in->n_rows, in->n_cols, err));
+    IV_TRY(marray_dtype(p, a, to, err));
+    if (has_selection(axis == IV_AXIS_OBS ? &p->qr.var : &p->qr.obs))
+        return iv_fail(err, IV_EBAD_SELECTION, "%sm/%.100s takes a %s selection only", axn, r->name, axn);
+    IV_TRY(iv_rmeta_resolve_query(r->meta, r->meta, &p->qr, &r->dropped, err));
+    return pick_format(r, p->qr.format, MEDIA_ARRAY, IV_FMT_BINARY, fmt, err);
+}
+
+/* Refuses n rows too large before any work: a JSON document past the
+ * JSON limit, or past both max_answer_bytes and the whole array. */
+static int check_marray_size(const iv_vreq_t *r, const iv_marray_t *a, const char *axn, iv_fmt_t fmt,
+                             int64_t n, iv_dtype_t to, iv_err_t *err)
+{
+    if (fmt != IV_FMT_BINARY && (uint64_t)n * (uint64_t)(a->n_cols + 1) * 2 > r->json_bytes) {
+        /* At two bytes a number ("0,") the document would already be too big. */
+        return iv_fail(err, IV_ETOO_LARGE,
+                       "%" PRId64 " rows of %sm/%.100s exceed the JSON limit of %zu bytes; ask for "
+                       MEDIA_ARRAY " or a smaller selection",
+                       n, axn, r->name, r->json_bytes);
+    }
+    /* Never more than the whole array or max_answer_bytes, whichever is
+     * larger: a body that lists rows again cannot multiply the answer. */
+    uint64_t body = (uint64_t)n * (uint64_t)a->n_cols * iv_dtype_size(to);
+    uint64_t whole = (uint64_t)a->n_rows * (uint64_t)a->n_cols * iv_dtype_size(to);
+    if (r->answer_bytes && 2 * body > r->answer_bytes && body > whole)
+        return iv_fail(err, IV_ETOO_LARGE,
+                       "%" PRId64 " rows of %sm/%.100s take %" PRIu64 " bytes, gathered and then "
+                       "encoded: more than the %zu an answer may hold (max_answer_bytes) and more "
+                       "than the whole array; select fewer %s",
+                       n, axn, r->name, body, r->answer_bytes, axn);
+    return 0;
+}
+
+/* The rows of sel (all of them when it selects all), gathered in dtype
+ * `to` unless they go out as they lie, and encoded. */
+static int marray_encode(iv_vreq_t *r, const iv_marray_t *a, const iv_psel_t *sel, const char *axn,
+                         iv_fmt_t fmt, iv_dtype_t to, iv_err_t *err)
+{
+    int all = sel->kind == IV_PSEL_ALL;
+    int64_t n = all ? a->n_rows : sel->n;
+    void *vals = NULL;
+    const void *src = a->data;
+    if (!all || to != a->dtype) {
+        vals = malloc((size_t)n * (size_t)a->n_cols * iv_dtype_size(to) + 1);
+        if (!vals) return iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " rows", n);
+        iv_marray_gather(a, all ? NULL : sel->idx, n, to, vals);
+        src = vals;
+    }
+    iv_dense_t d = {a->name, axn, n, a->n_cols, to, src, all ? NULL : sel->idx};
+    iv_enc_dense(&r->out, fmt, &d);
+    free(vals);
+    r->ctype = fmt_media(fmt, MEDIA_ARRAY);
+    if (r->out.oom) return iv_fail(err, IV_ENOMEM, "out of memory encoding %sm/%.100s", axn, r->name);
+    if (fmt != IV_FMT_BINARY && r->out.len > r->json_bytes)
+        return iv_fail(err, IV_ETOO_LARGE, "the result exceeds the JSON limit of %zu bytes; ask for "
+                       MEDIA_ARRAY " or a smaller selection", r->json_bytes);
+    return 0;
+}
+
 static int run_marray(iv_vreq_t *r, iv_err_t *err)
 {
     iv_axis_t axis = r->route == IV_VR_OBSM ? IV_AXIS_OBS : IV_AXIS_VAR;
@@ -564,70 +694,13 @@ static int run_marray(iv_vreq_t *r, iv_err_t *err)
     memset(&p, 0, sizeof p);
     p.keys = keys;
     p.n = 1;
-    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
-    int rc = params_parse(&p, r, in->n_rows, in->n_cols, err);
-    const char *dt = NULL;
     iv_dtype_t to = a->dtype;
     iv_fmt_t fmt = IV_FMT_NONE;
-    if (rc != 0) goto out;
-    if ((rc = param_str(&p, 0, &dt, err)) != 0) goto out;
-    if (dt && !strcmp(dt, "float32")) to = IV_DT_FLOAT32;
-    else if (dt && !strcmp(dt, "float64")) to = IV_DT_FLOAT64;
-    else if (dt && strcmp(dt, iv_dtype_name(a->dtype)) != 0) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "dtype=%.40s: expected float32, float64 or %s", dt,
-                     iv_dtype_name(a->dtype));
-        goto out;
-    }
-    iv_psel_t *sel = axis == IV_AXIS_OBS ? &p.qr.obs : &p.qr.var;
-    iv_psel_t *other = axis == IV_AXIS_OBS ? &p.qr.var : &p.qr.obs;
-    if (has_selection(other)) {
-        rc = iv_fail(err, IV_EBAD_SELECTION, "%sm/%.100s takes a %s selection only", axn, r->name, axn);
-        goto out;
-    }
-    if ((rc = iv_rmeta_resolve_query(r->meta, r->meta, &p.qr, &r->dropped, err)) != 0) goto out;
-    if ((rc = pick_format(r, p.qr.format, MEDIA_ARRAY, IV_FMT_BINARY, &fmt, err)) != 0) goto out;
-    int all = sel->kind == IV_PSEL_ALL;
-    int64_t n = all ? a->n_rows : sel->n;
-    if (fmt != IV_FMT_BINARY && (uint64_t)n * (uint64_t)(a->n_cols + 1) * 2 > r->json_bytes) {
-        /* At two bytes a number ("0,") the document would already be too big. */
-        rc = iv_fail(err, IV_ETOO_LARGE,
-                     "%" PRId64 " rows of %sm/%.100s exceed the JSON limit of %zu bytes; ask for "
-                     MEDIA_ARRAY " or a smaller selection",
-                     n, axn, r->name, r->json_bytes);
-        goto out;
-    }
-    /* Never more than the whole array or max_answer_bytes, whichever is
-     * larger: a body that lists rows again cannot multiply the answer. */
-    uint64_t body = (uint64_t)n * (uint64_t)a->n_cols * iv_dtype_size(to);
-    uint64_t whole = (uint64_t)a->n_rows * (uint64_t)a->n_cols * iv_dtype_size(to);
-    if (r->answer_bytes && 2 * body > r->answer_bytes && body > whole) {
-        rc = iv_fail(err, IV_ETOO_LARGE,
-                     "%" PRId64 " rows of %sm/%.100s take %" PRIu64 " bytes, gathered and then "
-                     "encoded: more than the %zu an answer may hold (max_answer_bytes) and more "
-                     "than the whole array; select fewer %s",
-                     n, axn, r->name, body, r->answer_bytes, axn);
-        goto out;
-    }
-    void *vals = NULL;
-    const void *src = a->data;
-    if (!all || to != a->dtype) {
-        vals = malloc((size_t)n * (size_t)a->n_cols * iv_dtype_size(to) + 1);
-        if (!vals) {
-            rc = iv_fail(err, IV_ENOMEM, "out of memory for %" PRId64 " rows", n);
-            goto out;
-        }
-        iv_marray_gather(a, all ? NULL : sel->idx, n, to, vals);
-        src = vals;
-    }
-    iv_dense_t d = {a->name, axn, n, a->n_cols, to, src, all ? NULL : sel->idx};
-    iv_enc_dense(&r->out, fmt, &d);
-    free(vals);
-    r->ctype = fmt_media(fmt, MEDIA_ARRAY);
-    if (r->out.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory encoding %sm/%.100s", axn, r->name);
-    else if (fmt != IV_FMT_BINARY && r->out.len > r->json_bytes)
-        rc = iv_fail(err, IV_ETOO_LARGE, "the result exceeds the JSON limit of %zu bytes; ask for "
-                     MEDIA_ARRAY " or a smaller selection", r->json_bytes);
-out:
+    const iv_psel_t *sel = axis == IV_AXIS_OBS ? &p.qr.obs : &p.qr.var;
+    int rc = marray_request(r, &p, a, axis, &to, &fmt, err);
+    if (rc == 0)
+        rc = check_marray_size(r, a, axn, fmt, sel->kind == IV_PSEL_ALL ? a->n_rows : sel->n, to, err);
+    if (rc == 0) rc = marray_encode(r, a, sel, axn, fmt, to, err);
     params_free(&p);
     return rc;
 }
@@ -646,64 +719,41 @@ static int raw_var_meta(iv_vreq_t *r, iv_meta_t **m, iv_err_t *err)
     return 0;
 }
 
-static int run_search(iv_vreq_t *r, iv_err_t *err)
+/* A search's parameters: q (required), limit and by, and nothing else. */
+static int search_request(iv_vreq_t *r, params_t *p, const char **q, const char **by, int64_t *limit,
+                          iv_err_t *err)
 {
-    iv_axis_t axis = r->route == IV_VR_OBS_SEARCH ? IV_AXIS_OBS : IV_AXIS_VAR;
-    int raw = r->route == IV_VR_RAW_VAR_SEARCH;
-    const char *axn = axis == IV_AXIS_OBS ? "obs" : raw ? "raw/var" : "var";
-    if (r->is_post) return iv_fail(err, IV_EMETHOD, "search takes GET");
-    iv_meta_t *m = r->meta;   /* the names searched: obs, var or raw/var */
-    if (raw) IV_TRY(raw_var_meta(r, &m, err));
-    if (!m || !r->vx)
-        return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
-    static const char *const keys[] = {"q", "limit", "by"};
-    params_t p;
-    memset(&p, 0, sizeof p);
-    p.keys = keys;
-    p.n = 3;
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    IV_TRY(params_parse(p, r, in->n_rows, in->n_cols, err));
     /* Only q, limit and by are known: anything left is a selection the
      * search does not take. */
-    int rc = 0;
-    const char *q = NULL, *by = NULL;
-    int64_t limit = SEARCH_LIMIT_DEFAULT;
-    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
-    if ((rc = params_parse(&p, r, in->n_rows, in->n_cols, err)) != 0) goto out;
-    if (has_selection(&p.qr.obs) || has_selection(&p.qr.var) || p.qr.format != IV_FMT_NONE) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "search takes the parameters q, limit and by only");
-        goto out;
-    }
-    if ((rc = param_str(&p, 0, &q, err)) != 0 || (rc = param_str(&p, 2, &by, err)) != 0 ||
-        (rc = param_int(&p, 1, 1, SEARCH_LIMIT_MAX, &limit, err)) != 0)
-        goto out;
-    if (!q || !*q) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "q (the text to search for) is required");
-        goto out;
-    }
-    const iv_meta_col_t *ix = iv_meta_index(m, axis);
-    const iv_meta_col_t *col = by ? iv_meta_find_col(m, axis, by) : ix;
-    if (!col) {
-        rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axn, by);
-        goto out;
-    }
-    if (!is_text(col)) {
-        rc = iv_fail(err, IV_EBAD_SELECTION, "%s column '%.80s' holds %s values, not names", axn,
-                     col->name, iv_col_type_name(col->type));
-        goto out;
-    }
-    const iv_search_t *s = NULL;
-    if ((rc = search_index(r->vx, axis, col, &s, err)) != 0) goto out;
-    iv_search_hit_t *hits = malloc((size_t)limit * sizeof *hits);
-    if (!hits) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        goto out;
-    }
-    int64_t total = 0, k = iv_search_run(s, q, strlen(q), limit, hits, &total);
-    if (k < 0) {
-        free(hits);
-        rc = iv_fail(err, IV_ENOMEM, "out of memory searching");
-        goto out;
-    }
-    iv_buf_t *b = &r->out;
+    if (has_selection(&p->qr.obs) || has_selection(&p->qr.var) || p->qr.format != IV_FMT_NONE)
+        return iv_fail(err, IV_EBAD_REQUEST, "search takes the parameters q, limit and by only");
+    IV_TRY(param_str(p, 0, q, err));
+    IV_TRY(param_str(p, 2, by, err));
+    IV_TRY(param_int(p, 1, 1, SEARCH_LIMIT_MAX, limit, err));
+    if (!*q || !**q) return iv_fail(err, IV_EBAD_REQUEST, "q (the text to search for) is required");
+    return 0;
+}
+
+/* The column searched: by, else the names index; a text column. */
+static int search_column(const iv_meta_t *m, iv_axis_t axis, const char *axn, const char *by,
+                         const iv_meta_col_t **out, iv_err_t *err)
+{
+    const iv_meta_col_t *col = by ? iv_meta_find_col(m, axis, by) : iv_meta_index(m, axis);
+    if (!col) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axn, by);
+    if (!is_text(col))
+        return iv_fail(err, IV_EBAD_SELECTION, "%s column '%.80s' holds %s values, not names", axn,
+                       col->name, iv_col_type_name(col->type));
+    *out = col;
+    return 0;
+}
+
+/* The answer: each hit's row, its name (ix), and the value matched when
+ * the column searched is not the names index. */
+static void put_search_hits(iv_buf_t *b, const char *q, const char *axn, const iv_meta_col_t *col,
+                            const iv_meta_col_t *ix, const iv_search_hit_t *hits, int64_t k, int64_t total)
+{
     iv_buf_puts(b, "{\"q\":");
     iv_buf_json_str(b, q);
     iv_buf_printf(b, ",\"axis\":\"%s\",\"by\":", axn);
@@ -722,10 +772,49 @@ static int run_search(iv_vreq_t *r, iv_err_t *err)
         iv_buf_printf(b, ",\"match\":\"%s\"}", iv_match_name(hits[i].kind));
     }
     iv_buf_puts(b, "]}");
+}
+
+/* Runs the search of col for q, at most limit hits, into r->out. */
+static int search_answer(iv_vreq_t *r, const iv_meta_t *m, iv_axis_t axis, const char *axn,
+                         const iv_meta_col_t *col, const char *q, int64_t limit, iv_err_t *err)
+{
+    const iv_search_t *s = NULL;
+    IV_TRY(search_index(r->vx, axis, col, &s, err));
+    iv_search_hit_t *hits = malloc((size_t)limit * sizeof *hits);
+    if (!hits) return iv_fail(err, IV_ENOMEM, "out of memory");
+    int64_t total = 0, k = iv_search_run(s, q, strlen(q), limit, hits, &total);
+    if (k < 0) {
+        free(hits);
+        return iv_fail(err, IV_ENOMEM, "out of memory searching");
+    }
+    put_search_hits(&r->out, q, axn, col, iv_meta_index(m, axis), hits, k, total);
     free(hits);
     r->ctype = "application/json";
-    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-out:
+    if (r->out.oom) return iv_fail(err, IV_ENOMEM, "out of memory");
+    return 0;
+}
+
+static int run_search(iv_vreq_t *r, iv_err_t *err)
+{
+    iv_axis_t axis = r->route == IV_VR_OBS_SEARCH ? IV_AXIS_OBS : IV_AXIS_VAR;
+    int raw = r->route == IV_VR_RAW_VAR_SEARCH;
+    const char *axn = axis == IV_AXIS_OBS ? "obs" : raw ? "raw/var" : "var";
+    if (r->is_post) return iv_fail(err, IV_EMETHOD, "search takes GET");
+    iv_meta_t *m = r->meta;   /* the names searched: obs, var or raw/var */
+    if (raw) IV_TRY(raw_var_meta(r, &m, err));
+    if (!m || !r->vx)
+        return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    static const char *const keys[] = {"q", "limit", "by"};
+    params_t p;
+    memset(&p, 0, sizeof p);
+    p.keys = keys;
+    p.n = 3;
+    const char *q = NULL, *by = NULL;
+    int64_t limit = SEARCH_LIMIT_DEFAULT;
+    const iv_meta_col_t *col = NULL;
+    int rc = search_request(r, &p, &q, &by, &limit, err);
+    if (rc == 0) rc = search_column(m, axis, axn, by, &col, err);
+    if (rc == 0) rc = search_answer(r, m, axis, axn, col, q, limit, err);
     params_free(&p);
     return rc;
 }
@@ -812,194 +901,244 @@ static int vreq_cancelled(const iv_vreq_t *r, iv_err_t *err)
     return 0;
 }
 
-static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
-{
-    if (!r->meta) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
-    static const char *const keys[] = {"group_by", "stats", "ddof"};
+/* An aggregate through its stages: the request, the groups, the decode
+ * and the result.  What it owns is freed by agg_free. */
+typedef struct agg {
     params_t p;
-    memset(&p, 0, sizeof p);
-    p.keys = keys;
-    p.n = 3;
-    p.with_matrix = 1;
-    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
-    iv_dataset_t *mds = r->ds;       /* the matrix aggregated: X, a layer or raw/X */
-    iv_meta_t *var_meta = r->meta;   /* its genes: var, or raw/var for raw/X */
-    const char **gb = NULL, **st = NULL;
-    size_t n_gb = 0, n_st = 0;
-    int64_t ddof = 1;
-    int32_t *cell_group = NULL;
-    int64_t *combo_dense = NULL, *n_cells = NULL, *combo_of_group = NULL;
-    double *vals = NULL, *dvals = NULL;
-    int64_t *ugenes = NULL, *gene_at = NULL, n_ug = 0;
-    iv_query_t *q = NULL;
-    iv_agg_t *acc = NULL;
+    iv_dataset_t *mds;            /* the matrix aggregated: X, a layer or raw/X */
+    iv_meta_t *var_meta;          /* its genes: var, or raw/var for raw/X */
+    const iv_dataset_info_t *in;  /* mds's */
+    const char **gb, **st;        /* group_by and stats as given (owned arrays) */
+    size_t n_gb, n_st;
+    int64_t ddof;                 /* 1 unless the request says 0 */
     const iv_meta_col_t *gcols[AGG_MAX_GROUP_BY];
-    int stat_bits[IV_STAT_COUNT];
-    unsigned mask = 0;
-    iv_fmt_t fmt = IV_FMT_NONE;
-    int rc = params_parse(&p, r, in->n_rows, in->n_cols, err);
-    if (rc != 0) goto out;
-    if ((rc = param_list(&p, 0, &gb, &n_gb, err)) != 0 || (rc = param_list(&p, 1, &st, &n_st, err)) != 0 ||
-        (rc = param_int(&p, 2, 0, 1, &ddof, err)) != 0)
-        goto out;
-    if (p.qr.matrix && r->matrix_open) {
-        if ((rc = r->matrix_open(r->matrix_ctx, p.qr.matrix, &mds, &var_meta, err)) != 0) goto out;
-        in = iv_dataset_info(mds);
+    int stat_bits[IV_STAT_COUNT];  /* the stats in the order given */
+    unsigned mask;
+    int64_t n_combos;             /* category combinations of the group_by columns */
+    iv_fmt_t fmt;
+    iv_sel_t so, sv;              /* sv lists each distinct gene once (agg_distinct_genes) */
+    int64_t n_obs, n_var;         /* cells and genes selected (genes as listed) */
+    int32_t *cell_group;          /* group of each position of the obs selection, or -1 */
+    int64_t *combo_dense;         /* group of each combination, or -1 */
+    int64_t *n_cells, *combo_of_group;  /* each group's cells and combination */
+    int64_t n_groups;
+    int64_t *ugenes, *gene_at, n_ug;    /* the distinct genes, and where each listed one is among them */
+    int64_t n_dv;                 /* genes decoded */
+    size_t part;                  /* bytes of one partial accumulator */
+    iv_query_t *q;
+    iv_agg_t *acc;
+    double *vals, *dvals;         /* the result (per stat, group-major); dvals: per distinct gene */
+} agg_t;
+
+static void agg_free(agg_t *a)
+{
+    iv_agg_free(a->acc);
+    iv_query_free(a->q);
+    free(a->vals);
+    free(a->dvals);
+    free(a->ugenes);
+    free(a->gene_at);
+    free(a->cell_group);
+    free(a->combo_dense);
+    free(a->combo_of_group);
+    free(a->n_cells);
+    free(a->gb);
+    free(a->st);
+    params_free(&a->p);
+}
+
+/* The route's parameters, and the matrix "matrix" names. */
+static int agg_parse(iv_vreq_t *r, agg_t *a, iv_err_t *err)
+{
+    IV_TRY(params_parse(&a->p, r, a->in->n_rows, a->in->n_cols, err));
+    IV_TRY(param_list(&a->p, 0, &a->gb, &a->n_gb, err));
+    IV_TRY(param_list(&a->p, 1, &a->st, &a->n_st, err));
+    IV_TRY(param_int(&a->p, 2, 0, 1, &a->ddof, err));
+    if (a->p.qr.matrix && r->matrix_open) {
+        IV_TRY(r->matrix_open(r->matrix_ctx, a->p.qr.matrix, &a->mds, &a->var_meta, err));
+        a->in = iv_dataset_info(a->mds);
     }
-    if (n_gb == 0 || n_gb > AGG_MAX_GROUP_BY) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "group_by must name 1 to %d categorical obs columns",
-                     AGG_MAX_GROUP_BY);
-        goto out;
+    return 0;
+}
+
+static int check_agg_lists(const agg_t *a, iv_err_t *err)
+{
+    if (a->n_gb == 0 || a->n_gb > AGG_MAX_GROUP_BY)
+        return iv_fail(err, IV_EBAD_REQUEST, "group_by must name 1 to %d categorical obs columns",
+                       AGG_MAX_GROUP_BY);
+    if (a->n_st == 0)
+        return iv_fail(err, IV_EBAD_REQUEST, "stats must name at least one of sum, mean, var, nnz, "
+                       "frac_nonzero, max");
+    return 0;
+}
+
+/* The statistics named, each once. */
+static int agg_stats(agg_t *a, iv_err_t *err)
+{
+    for (size_t i = 0; i < a->n_st; i++) {
+        int bit = iv_stat_parse(a->st[i]);
+        if (!bit)
+            return iv_fail(err, IV_EBAD_REQUEST, "unknown statistic '%.40s' (expected sum, mean, var, "
+                           "nnz, frac_nonzero, max)", a->st[i]);
+        if (a->mask & (unsigned)bit)
+            return iv_fail(err, IV_EBAD_REQUEST, "statistic '%s' is named twice", a->st[i]);
+        a->mask |= (unsigned)bit;
+        a->stat_bits[i] = bit;
     }
-    if (n_st == 0) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "stats must name at least one of sum, mean, var, nnz, "
-                     "frac_nonzero, max");
-        goto out;
+    return 0;
+}
+
+/* The group_by columns: categorical obs columns spanning at most
+ * AGG_MAX_COMBOS category combinations. */
+static int agg_group_cols(const iv_meta_t *meta, agg_t *a, iv_err_t *err)
+{
+    a->n_combos = 1;
+    for (size_t i = 0; i < a->n_gb; i++) {
+        const iv_meta_col_t *c = iv_meta_find_col(meta, IV_AXIS_OBS, a->gb[i]);
+        if (!c) return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", a->gb[i]);
+        if (c->type != IV_COL_CATEGORICAL)
+            return iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is %s, not categorical",
+                           a->gb[i], iv_col_type_name(c->type));
+        a->gcols[i] = c;
+        a->n_combos *= c->n_cats > 0 ? c->n_cats : 1;
+        if (a->n_combos > AGG_MAX_COMBOS)
+            return iv_fail(err, IV_ETOO_LARGE, "group_by spans more than %" PRId64 " category combinations",
+                           AGG_MAX_COMBOS);
     }
-    for (size_t i = 0; i < n_st; i++) {
-        int bit = iv_stat_parse(st[i]);
-        if (!bit) {
-            rc = iv_fail(err, IV_EBAD_REQUEST, "unknown statistic '%.40s' (expected sum, mean, var, "
-                         "nnz, frac_nonzero, max)", st[i]);
-            goto out;
-        }
-        if (mask & (unsigned)bit) {
-            rc = iv_fail(err, IV_EBAD_REQUEST, "statistic '%s' is named twice", st[i]);
-            goto out;
-        }
-        mask |= (unsigned)bit;
-        stat_bits[i] = bit;
+    return 0;
+}
+
+/* The selection's names and filters, and the answer's format. */
+static int agg_resolve(iv_vreq_t *r, agg_t *a, iv_err_t *err)
+{
+    IV_TRY(vreq_cancelled(r, err));
+    IV_TRY(iv_rmeta_resolve_query(r->meta, a->var_meta, &a->p.qr, &r->dropped, err));
+    IV_TRY(vreq_cancelled(r, err));
+    IV_TRY(pick_format(r, a->p.qr.format, MEDIA_AGG, IV_FMT_JSON, &a->fmt, err));
+    if (a->fmt == IV_FMT_NDJSON)
+        return iv_fail(err, IV_ENOT_ACCEPTABLE, "aggregate answers application/json or " MEDIA_AGG);
+    a->so = iv_psel_view(&a->p.qr.obs);
+    a->sv = iv_psel_view(&a->p.qr.var);
+    a->n_obs = a->so.all ? a->in->n_rows : a->so.n;
+    a->n_var = a->sv.all ? a->in->n_cols : a->sv.n;
+    return 0;
+}
+
+/* The parse of an aggregate request, in order. */
+static int agg_request(iv_vreq_t *r, agg_t *a, iv_err_t *err)
+{
+    IV_TRY(agg_parse(r, a, err));
+    IV_TRY(check_agg_lists(a, err));
+    IV_TRY(agg_stats(a, err));
+    IV_TRY(agg_group_cols(r->meta, a, err));
+    return agg_resolve(r, a, err);
+}
+
+/* The combination of the group_by categories of a row (mixed radix), or
+ * -1: a cell missing any group value is left out, as pandas' groupby
+ * drops NaN keys. */
+static inline int64_t cell_combo(const agg_t *a, int64_t row)
+{
+    int64_t code = 0;
+    for (size_t g = 0; g < a->n_gb; g++) {
+        const iv_meta_col_t *c = a->gcols[g];
+        int32_t k = c->codes[row];
+        if (k < 0 || k >= c->n_cats || (c->mask && c->mask[row])) return -1;
+        code = code * c->n_cats + k;
     }
-    int64_t n_combos = 1;
-    for (size_t i = 0; i < n_gb; i++) {
-        const iv_meta_col_t *c = iv_meta_find_col(r->meta, IV_AXIS_OBS, gb[i]);
-        if (!c) {
-            rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: obs has no column '%.80s'", gb[i]);
-            goto out;
-        }
-        if (c->type != IV_COL_CATEGORICAL) {
-            rc = iv_fail(err, IV_EBAD_SELECTION, "group_by: obs column '%.80s' is %s, not categorical",
-                         gb[i], iv_col_type_name(c->type));
-            goto out;
-        }
-        gcols[i] = c;
-        n_combos *= c->n_cats > 0 ? c->n_cats : 1;
-        if (n_combos > AGG_MAX_COMBOS) {
-            rc = iv_fail(err, IV_ETOO_LARGE, "group_by spans more than %" PRId64 " category combinations",
-                         AGG_MAX_COMBOS);
-            goto out;
-        }
-    }
-    if ((rc = vreq_cancelled(r, err)) != 0) goto out;
-    if ((rc = iv_rmeta_resolve_query(r->meta, var_meta, &p.qr, &r->dropped, err)) != 0) goto out;
-    if ((rc = vreq_cancelled(r, err)) != 0) goto out;
-    if ((rc = pick_format(r, p.qr.format, MEDIA_AGG, IV_FMT_JSON, &fmt, err)) != 0) goto out;
-    if (fmt == IV_FMT_NDJSON) {
-        rc = iv_fail(err, IV_ENOT_ACCEPTABLE, "aggregate answers application/json or " MEDIA_AGG);
-        goto out;
-    }
-    /* The obs selection as positions -> rows, and each position's group. */
-    iv_sel_t so = iv_psel_view(&p.qr.obs), sv = iv_psel_view(&p.qr.var);
-    int64_t n_obs = so.all ? in->n_rows : so.n, n_var = sv.all ? in->n_cols : sv.n;
-    cell_group = malloc((size_t)(n_obs ? n_obs : 1) * sizeof *cell_group);
-    combo_dense = malloc((size_t)n_combos * sizeof *combo_dense);
-    if (!cell_group || !combo_dense) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (int64_t k = 0; k < n_combos; k++) combo_dense[k] = 0;
-    for (int64_t i = 0; i < n_obs; i++) {
-        int64_t row = so.all ? i : so.idx[i], code = 0;
-        for (size_t g = 0; g < n_gb && code >= 0; g++) {
-            const iv_meta_col_t *c = gcols[g];
-            int32_t k = c->codes[row];
-            /* A cell missing any group value is left out, as pandas'
-             * groupby drops NaN keys. */
-            if (k < 0 || k >= c->n_cats || (c->mask && c->mask[row])) code = -1;
-            else code = code * c->n_cats + k;
-        }
-        cell_group[i] = (int32_t)code;
-        if (code >= 0) combo_dense[code]++;
-    }
-    /* Observed combinations only, in category order (pandas observed=True). */
-    int64_t n_groups = 0;
-    for (int64_t k = 0; k < n_combos; k++)
-        if (combo_dense[k]) n_groups++;
-    n_cells = malloc((size_t)(n_groups ? n_groups : 1) * sizeof *n_cells);
-    combo_of_group = malloc((size_t)(n_groups ? n_groups : 1) * sizeof *combo_of_group);
-    if (!n_cells || !combo_of_group) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (int64_t k = 0, g = 0; k < n_combos; k++) {
-        if (!combo_dense[k]) {
-            combo_dense[k] = -1;
+    return code;
+}
+
+/* Observed combinations only, in category order (pandas observed=True):
+ * combo_dense counts a combination's cells on entry and holds its group
+ * (or -1) on return, and cell_group goes from combinations to groups. */
+static int agg_number_groups(agg_t *a, iv_err_t *err)
+{
+    a->n_groups = 0;
+    for (int64_t k = 0; k < a->n_combos; k++)
+        if (a->combo_dense[k]) a->n_groups++;
+    a->n_cells = malloc((size_t)(a->n_groups ? a->n_groups : 1) * sizeof *a->n_cells);
+    a->combo_of_group = malloc((size_t)(a->n_groups ? a->n_groups : 1) * sizeof *a->combo_of_group);
+    if (!a->n_cells || !a->combo_of_group) return iv_fail(err, IV_ENOMEM, "out of memory");
+    for (int64_t k = 0, g = 0; k < a->n_combos; k++) {
+        if (!a->combo_dense[k]) {
+            a->combo_dense[k] = -1;
             continue;
         }
-        n_cells[g] = combo_dense[k];
-        combo_of_group[g] = k;
-        combo_dense[k] = g++;
+        a->n_cells[g] = a->combo_dense[k];
+        a->combo_of_group[g] = k;
+        a->combo_dense[k] = g++;
     }
-    for (int64_t i = 0; i < n_obs; i++)
-        if (cell_group[i] >= 0) cell_group[i] = (int32_t)combo_dense[cell_group[i]];
-    /* Output size: refuse early rather than after the decode. */
-    uint64_t cells = (uint64_t)n_groups * (uint64_t)n_var * n_st;
-    if (fmt == IV_FMT_JSON && cells * 2 > r->json_bytes) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats exceed the "
-                     "JSON limit of %zu bytes; ask for " MEDIA_AGG,
-                     n_groups, n_var, n_st, r->json_bytes);
-        goto out;
+    for (int64_t i = 0; i < a->n_obs; i++)
+        if (a->cell_group[i] >= 0) a->cell_group[i] = (int32_t)a->combo_dense[a->cell_group[i]];
+    return 0;
+}
+
+/* The obs selection as positions -> rows, and each position's group. */
+static int agg_group_cells(agg_t *a, iv_err_t *err)
+{
+    a->cell_group = malloc((size_t)(a->n_obs ? a->n_obs : 1) * sizeof *a->cell_group);
+    a->combo_dense = malloc((size_t)a->n_combos * sizeof *a->combo_dense);
+    if (!a->cell_group || !a->combo_dense) return iv_fail(err, IV_ENOMEM, "out of memory");
+    for (int64_t k = 0; k < a->n_combos; k++) a->combo_dense[k] = 0;
+    for (int64_t i = 0; i < a->n_obs; i++) {
+        int64_t code = cell_combo(a, a->so.all ? i : a->so.idx[i]);
+        a->cell_group[i] = (int32_t)code;
+        if (code >= 0) a->combo_dense[code]++;
     }
+    return agg_number_groups(a, err);
+}
+
+/* Output size: refuse early rather than after the decode. */
+static int check_agg_size(const iv_vreq_t *r, const agg_t *a, iv_err_t *err)
+{
+    uint64_t cells = (uint64_t)a->n_groups * (uint64_t)a->n_var * a->n_st;
+    if (a->fmt == IV_FMT_JSON && cells * 2 > r->json_bytes)
+        return iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats exceed the "
+                       "JSON limit of %zu bytes; ask for " MEDIA_AGG,
+                       a->n_groups, a->n_var, a->n_st, r->json_bytes);
     /* As for an embedding: never past what every gene once would take,
      * or max_answer_bytes, whichever is larger. */
     /* The values, each gene's entry of the document (about 40 bytes),
      * and the body they are copied into. */
-    uint64_t every = (uint64_t)n_groups * (uint64_t)in->n_cols * n_st;
-    uint64_t holds = 2 * (cells * sizeof(double) + (uint64_t)n_var * 40);
-    if (r->answer_bytes && holds > r->answer_bytes && cells > every) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats need %"
-                     PRIu64 " bytes, more than the %zu an answer may hold (max_answer_bytes) and "
-                     "more than every gene once; select fewer genes or groups",
-                     n_groups, n_var, n_st, holds, r->answer_bytes);
-        goto out;
+    uint64_t every = (uint64_t)a->n_groups * (uint64_t)a->in->n_cols * a->n_st;
+    uint64_t holds = 2 * (cells * sizeof(double) + (uint64_t)a->n_var * 40);
+    if (r->answer_bytes && holds > r->answer_bytes && cells > every)
+        return iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes x %zu stats need %"
+                       PRIu64 " bytes, more than the %zu an answer may hold (max_answer_bytes) and "
+                       "more than every gene once; select fewer genes or groups",
+                       a->n_groups, a->n_var, a->n_st, holds, r->answer_bytes);
+    return 0;
+}
+
+/* Each distinct gene is decoded and accumulated once; a gene listed
+ * again repeats its results (a body naming one gene a million times
+ * costs one gene's work).  The accumulators must fit AGG_PART_BUDGET. */
+static int agg_distinct_genes(agg_t *a, iv_err_t *err)
+{
+    if (!a->sv.all) IV_TRY(iv_sel_distinct(a->sv.idx, a->sv.n, &a->ugenes, &a->gene_at, &a->n_ug, err));
+    if (a->ugenes) {
+        a->sv.n = a->n_ug;
+        a->sv.idx = a->ugenes;
     }
-    /* Each distinct gene is decoded and accumulated once; a gene listed
-     * again repeats its results (a body naming one gene a million times
-     * costs one gene's work). */
-    if (!sv.all && (rc = iv_sel_distinct(sv.idx, sv.n, &ugenes, &gene_at, &n_ug, err)) != 0) goto out;
-    if (ugenes) {
-        sv.n = n_ug;
-        sv.idx = ugenes;
-    }
-    int64_t n_dv = sv.all ? in->n_cols : sv.n;
-    size_t part = iv_agg_part_bytes(n_groups, n_dv, mask);
-    if (part > AGG_PART_BUDGET) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes need %zu bytes of "
-                     "accumulators, more than the %zu allowed",
-                     n_groups, n_var, part, AGG_PART_BUDGET);
-        goto out;
-    }
-    /* Blocks in the serving orientation's own slices, whichever it is: the
-     * planner picks the copy that decodes fewer bytes (the gene-major one
-     * for a few genes over many cells), and the accumulation follows it.
-     * The pick is explicit: IV_OUT_MAJOR left to the query keeps the file's
-     * orientation (50 genes over 1.26 M cells scanned every cell: 328 ms
-     * where the gene-major copy takes a few). */
-    iv_orient_t served = iv_plan_orient(mds, &so, &sv, IV_OUT_MAJOR, NULL);
-    iv_query_opts_t qo = {.axis = IV_OUT_MAJOR,
-                          .pick = served == IV_IVCSR ? IV_PICK_CELLS : IV_PICK_GENES};
-    if ((rc = iv_query_new(mds, &so, &sv, &qo, &q, err)) != 0) goto out;
-    int64_t nb = iv_query_n_blocks(q);
-    unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
-    if ((int64_t)n_parts > nb) n_parts = nb > 0 ? (unsigned)nb : 1;
-    while (n_parts > 1 && part * n_parts > AGG_PART_BUDGET) n_parts--;
-    if ((rc = iv_agg_new(n_groups, n_dv, mask, n_parts, &acc, err)) != 0) goto out;
+    a->n_dv = a->sv.all ? a->in->n_cols : a->sv.n;
+    a->part = iv_agg_part_bytes(a->n_groups, a->n_dv, a->mask);
+    if (a->part > AGG_PART_BUDGET)
+        return iv_fail(err, IV_ETOO_LARGE, "%" PRId64 " groups x %" PRId64 " genes need %zu bytes of "
+                       "accumulators, more than the %zu allowed",
+                       a->n_groups, a->n_var, a->part, AGG_PART_BUDGET);
+    return 0;
+}
+
+/* The query's blocks accumulated in n_parts partials on the pool. */
+static int agg_accumulate(iv_vreq_t *r, agg_t *a, int64_t nb, unsigned n_parts, iv_err_t *err)
+{
     aggrun_t ar;
     memset(&ar, 0, sizeof ar);
-    ar.q = q;
-    ar.acc = acc;
-    ar.cell_group = cell_group;
-    ar.cell_major = iv_query_orient(q) == IV_IVCSR;
+    ar.q = a->q;
+    ar.acc = a->acc;
+    ar.cell_group = a->cell_group;
+    ar.cell_major = iv_query_orient(a->q) == IV_IVCSR;
     ar.n_blocks = nb;
     ar.n_parts = n_parts;
     ar.cancel = r->cancel;
@@ -1010,116 +1149,158 @@ static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
     pthread_mutex_destroy(&ar.mu);
     if (ar.rc != 0) {
         *err = ar.err;
-        rc = ar.rc;
-        goto out;
+        return ar.rc;
     }
-    size_t per = (size_t)n_groups * (size_t)n_var, dper = (size_t)n_groups * (size_t)n_dv;
-    vals = malloc((per ? per : 1) * n_st * sizeof *vals);
-    dvals = ugenes ? malloc((dper ? dper : 1) * sizeof *dvals) : NULL;
-    if (!vals || (ugenes && !dvals)) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory for the result");
-        goto out;
-    }
-    for (size_t s = 0; s < n_st; s++) {
-        if (!ugenes) {
-            iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, vals + s * per);
+    return 0;
+}
+
+/*
+ * The decode.  Blocks in the serving orientation's own slices, whichever
+ * it is: the planner picks the copy that decodes fewer bytes (the
+ * gene-major one for a few genes over many cells), and the accumulation
+ * follows it.  The pick is explicit: IV_OUT_MAJOR left to the query keeps
+ * the file's orientation (50 genes over 1.26 M cells scanned every cell:
+ * 328 ms where the gene-major copy takes a few).
+ */
+static int agg_decode(iv_vreq_t *r, agg_t *a, iv_err_t *err)
+{
+    iv_orient_t served = iv_plan_orient(a->mds, &a->so, &a->sv, IV_OUT_MAJOR, NULL);
+    iv_query_opts_t qo = {.axis = IV_OUT_MAJOR,
+                          .pick = served == IV_IVCSR ? IV_PICK_CELLS : IV_PICK_GENES};
+    IV_TRY(iv_query_new(a->mds, &a->so, &a->sv, &qo, &a->q, err));
+    int64_t nb = iv_query_n_blocks(a->q);
+    unsigned n_parts = r->pool ? iv_pool_threads(r->pool) + 1 : 1;
+    if ((int64_t)n_parts > nb) n_parts = nb > 0 ? (unsigned)nb : 1;
+    while (n_parts > 1 && a->part * n_parts > AGG_PART_BUDGET) n_parts--;
+    IV_TRY(iv_agg_new(a->n_groups, a->n_dv, a->mask, n_parts, &a->acc, err));
+    return agg_accumulate(r, a, nb, n_parts, err);
+}
+
+/* Each stat's values, per listed gene: a gene listed again repeats its
+ * distinct gene's results. */
+static int agg_results(agg_t *a, iv_err_t *err)
+{
+    size_t per = (size_t)a->n_groups * (size_t)a->n_var, dper = (size_t)a->n_groups * (size_t)a->n_dv;
+    a->vals = malloc((per ? per : 1) * a->n_st * sizeof *a->vals);
+    a->dvals = a->ugenes ? malloc((dper ? dper : 1) * sizeof *a->dvals) : NULL;
+    if (!a->vals || (a->ugenes && !a->dvals)) return iv_fail(err, IV_ENOMEM, "out of memory for the result");
+    for (size_t s = 0; s < a->n_st; s++) {
+        double *out = a->vals + s * per;
+        if (!a->ugenes) {
+            iv_agg_result(a->acc, a->stat_bits[s], a->n_cells, (int)a->ddof, out);
             continue;
         }
-        iv_agg_result(acc, stat_bits[s], n_cells, (int)ddof, dvals);
-        for (int64_t g = 0; g < n_groups; g++)
-            for (int64_t j = 0; j < n_var; j++)
-                vals[s * per + (size_t)(g * n_var + j)] = dvals[(size_t)(g * n_dv + gene_at[j])];
+        iv_agg_result(a->acc, a->stat_bits[s], a->n_cells, (int)a->ddof, a->dvals);
+        for (int64_t g = 0; g < a->n_groups; g++)
+            for (int64_t j = 0; j < a->n_var; j++)
+                out[(size_t)(g * a->n_var + j)] = a->dvals[(size_t)(g * a->n_dv + a->gene_at[j])];
     }
+    return 0;
+}
 
-    /* The document: groups, genes, then the values (JSON) or the binary. */
+/* The computation: groups, the size checks, the decode and the result. */
+static int agg_compute(iv_vreq_t *r, agg_t *a, iv_err_t *err)
+{
+    IV_TRY(agg_group_cells(a, err));
+    IV_TRY(check_agg_size(r, a, err));
+    IV_TRY(agg_distinct_genes(a, err));
+    IV_TRY(agg_decode(r, a, err));
+    return agg_results(a, err);
+}
+
+/* Group g's key: its mixed-radix combination decoded back into category
+ * labels. */
+static void put_group_key(iv_buf_t *doc, const agg_t *a, int64_t g)
+{
+    int64_t k = a->combo_of_group[g];
+    int64_t div = 1;
+    for (size_t i = 1; i < a->n_gb; i++) div *= a->gcols[i]->n_cats;
+    for (size_t i = 0; i < a->n_gb; i++) {
+        int64_t code = k / div;
+        k %= div;
+        if (i + 1 < a->n_gb) div /= a->gcols[i + 1]->n_cats;
+        if (i) iv_buf_puts(doc, ",");
+        iv_buf_json_str(doc, iv_meta_col_cat(a->gcols[i], code));
+    }
+}
+
+static void put_agg_genes(iv_buf_t *doc, const agg_t *a)
+{
+    const iv_meta_col_t *vix = a->var_meta ? iv_meta_index(a->var_meta, IV_AXIS_VAR) : NULL;
+    for (int64_t j = 0; j < a->n_var && !doc->oom; j++) {
+        int64_t gi = a->sv.all ? j : a->ugenes ? a->ugenes[a->gene_at[j]] : a->sv.idx[j];
+        iv_buf_printf(doc, j ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);
+        const char *nm = vix ? col_get(vix, gi) : NULL;
+        if (nm) iv_buf_json_str(doc, nm);
+        else iv_buf_puts(doc, "null");
+        iv_buf_puts(doc, "}");
+    }
+}
+
+/* The document without its values: groups, then genes. */
+static void agg_document(iv_buf_t *doc, const agg_t *a)
+{
+    iv_buf_puts(doc, "{\"group_by\":[");
+    for (size_t g = 0; g < a->n_gb; g++) {
+        if (g) iv_buf_puts(doc, ",");
+        iv_buf_json_str(doc, a->gcols[g]->name);
+    }
+    iv_buf_puts(doc, "],\"stats\":[");
+    for (size_t s = 0; s < a->n_st; s++)
+        iv_buf_printf(doc, s ? ",\"%s\"" : "\"%s\"", iv_stat_name(a->stat_bits[s]));
+    iv_buf_puts(doc, "],\"matrix\":");
+    iv_buf_json_str(doc, a->p.qr.matrix ? a->p.qr.matrix : "X");
+    iv_buf_printf(doc, ",\"ddof\":%d,\"served_by\":\"%s\",\"n_cells\":%" PRId64 ",\"groups\":[",
+                  (int)a->ddof, iv_query_orient(a->q) == IV_IVCSR ? "cells" : "genes", a->n_obs);
+    for (int64_t g = 0; g < a->n_groups; g++) {
+        iv_buf_puts(doc, g ? ",{\"key\":[" : "{\"key\":[");
+        put_group_key(doc, a, g);
+        iv_buf_printf(doc, "],\"n_cells\":%" PRId64 "}", a->n_cells[g]);
+    }
+    iv_buf_puts(doc, "],\"genes\":[");
+    put_agg_genes(doc, a);
+    iv_buf_puts(doc, "]");
+}
+
+/* The answer: the document and the values, in JSON or the binary form
+ * (enc_viewer.h). */
+static int agg_encode(iv_vreq_t *r, const agg_t *a, iv_err_t *err)
+{
     iv_buf_t doc;
     iv_buf_init(&doc);
-    iv_buf_puts(&doc, "{\"group_by\":[");
-    for (size_t g = 0; g < n_gb; g++) {
-        if (g) iv_buf_puts(&doc, ",");
-        iv_buf_json_str(&doc, gcols[g]->name);
-    }
-    iv_buf_puts(&doc, "],\"stats\":[");
-    for (size_t s = 0; s < n_st; s++) iv_buf_printf(&doc, s ? ",\"%s\"" : "\"%s\"", iv_stat_name(stat_bits[s]));
-    iv_buf_puts(&doc, "],\"matrix\":");
-    iv_buf_json_str(&doc, p.qr.matrix ? p.qr.matrix : "X");
-    iv_buf_printf(&doc, ",\"ddof\":%d,\"served_by\":\"%s\",\"n_cells\":%" PRId64 ",\"groups\":[",
-                  (int)ddof, iv_query_orient(q) == IV_IVCSR ? "cells" : "genes", n_obs);
-    for (int64_t g = 0; g < n_groups; g++) {
-        iv_buf_puts(&doc, g ? ",{\"key\":[" : "{\"key\":[");
-        /* Decode the mixed-radix combination back into category labels. */
-        int64_t k = combo_of_group[g];
-        int64_t div = 1;
-        for (size_t i = 1; i < n_gb; i++) div *= gcols[i]->n_cats;
-        for (size_t i = 0; i < n_gb; i++) {
-            int64_t code = k / div;
-            k %= div;
-            if (i + 1 < n_gb) div /= gcols[i + 1]->n_cats;
-            if (i) iv_buf_puts(&doc, ",");
-            iv_buf_json_str(&doc, iv_meta_col_cat(gcols[i], code));
-        }
-        iv_buf_printf(&doc, "],\"n_cells\":%" PRId64 "}", n_cells[g]);
-    }
-    iv_buf_puts(&doc, "],\"genes\":[");
-    const iv_meta_col_t *vix = var_meta ? iv_meta_index(var_meta, IV_AXIS_VAR) : NULL;
-    for (int64_t j = 0; j < n_var && !doc.oom; j++) {
-        int64_t gi = sv.all ? j : ugenes ? ugenes[gene_at[j]] : sv.idx[j];
-        iv_buf_printf(&doc, j ? ",{\"index\":%" PRId64 ",\"name\":" : "{\"index\":%" PRId64 ",\"name\":", gi);
-        const char *nm = vix ? col_get(vix, gi) : NULL;
-        if (nm) iv_buf_json_str(&doc, nm);
-        else iv_buf_puts(&doc, "null");
-        iv_buf_puts(&doc, "}");
-    }
-    iv_buf_puts(&doc, "]");
-    iv_buf_t *b = &r->out;
-    if (fmt == IV_FMT_BINARY) {
-        iv_buf_puts(&doc, "}");
-        iv_buf_append(b, IV_AGG_MAGIC, 4);
-        iv_buf_u32le(b, 1);
-        iv_buf_i64le(b, (int64_t)doc.len);
-        iv_buf_append(b, doc.data, doc.len);
-        static const char zeros[8] = {0};
-        if (b->len % 8) iv_buf_append(b, zeros, 8 - b->len % 8);
-        iv_buf_append(b, vals, per * n_st * sizeof *vals);
-        r->ctype = MEDIA_AGG;
-    } else {
-        iv_buf_append(b, doc.data, doc.len);
-        iv_buf_puts(b, ",\"values\":{");
-        for (size_t s = 0; s < n_st && !b->oom; s++) {
-            iv_buf_printf(b, s ? ",\"%s\":[" : "\"%s\":[", iv_stat_name(stat_bits[s]));
-            for (int64_t g = 0; g < n_groups && !b->oom; g++) {
-                iv_buf_puts(b, g ? ",[" : "[");
-                for (int64_t j = 0; j < n_var; j++) {
-                    if (j) iv_buf_append(b, ",", 1);
-                    iv_enc_json_value(b, IV_DT_FLOAT64, vals + s * per, g * n_var + j);
-                }
-                iv_buf_puts(b, "]");
-            }
-            iv_buf_puts(b, "]");
-            if (b->len > r->json_bytes) break;
-        }
-        iv_buf_puts(b, "}}");
-        r->ctype = "application/json";
-    }
-    if (doc.oom || b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the result");
-    else if (fmt == IV_FMT_JSON && b->len > r->json_bytes)
+    agg_document(&doc, a);
+    const char *names[IV_STAT_COUNT];
+    for (size_t s = 0; s < a->n_st; s++) names[s] = iv_stat_name(a->stat_bits[s]);
+    iv_agg_table_t t = {.doc = doc.data, .doc_len = doc.len, .n_stats = a->n_st, .stats = names,
+                        .n_groups = a->n_groups, .n_genes = a->n_var, .values = a->vals};
+    iv_enc_agg(&r->out, a->fmt, &t, r->json_bytes);
+    r->ctype = a->fmt == IV_FMT_BINARY ? MEDIA_AGG : "application/json";
+    int rc = 0;
+    if (doc.oom || r->out.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the result");
+    else if (a->fmt == IV_FMT_JSON && r->out.len > r->json_bytes)
         rc = iv_fail(err, IV_ETOO_LARGE, "the result exceeds the JSON limit of %zu bytes; ask for " MEDIA_AGG,
                      r->json_bytes);
     iv_buf_free(&doc);
-out:
-    iv_agg_free(acc);
-    iv_query_free(q);
-    free(vals);
-    free(dvals);
-    free(ugenes);
-    free(gene_at);
-    free(cell_group);
-    free(combo_dense);
-    free(combo_of_group);
-    free(n_cells);
-    free(gb);
-    free(st);
-    params_free(&p);
+    return rc;
+}
+
+static int run_aggregate(iv_vreq_t *r, iv_err_t *err)
+{
+    if (!r->meta) return iv_fail(err, IV_EBAD_SELECTION, "the dataset's metadata could not be loaded");
+    static const char *const keys[] = {"group_by", "stats", "ddof"};
+    agg_t a;
+    memset(&a, 0, sizeof a);
+    a.p.keys = keys;
+    a.p.n = 3;
+    a.p.with_matrix = 1;
+    a.mds = r->ds;
+    a.var_meta = r->meta;
+    a.in = iv_dataset_info(r->ds);
+    a.ddof = 1;
+    int rc = agg_request(r, &a, err);
+    if (rc == 0) rc = agg_compute(r, &a, err);
+    if (rc == 0) rc = agg_encode(r, &a, err);
+    agg_free(&a);
     return rc;
 }
 
@@ -1234,14 +1415,22 @@ static int brotli_out(iv_vreq_t *r)
 
 enum { CODING_IDENTITY = 0, CODING_GZIP = 1, CODING_BR = 2 };
 
-int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
+/* The coding is chosen before the work so that the ETag (which names it)
+ * is known before it, and a match costs nothing more.  br wins over gzip
+ * at equal preference: smaller at a similar cost. */
+static int pick_coding(const iv_vreq_t *r)
 {
-    /* The coding is chosen before the work so that the ETag (which names
-     * it) is known before it, and a match costs nothing more.  br wins
-     * over gzip at equal preference: smaller at a similar cost. */
     double qg = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "gzip") : -1;
     double qb = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "br") : -1;
-    int coding = qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
+    return qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
+}
+
+/* Two tags: the identity body's and the encoded body's.  Which one a
+ * response gets is known only after the work (a body may not be worth
+ * encoding), so a conditional request matching either is answered 304
+ * with the tag it matched: both bodies stand for this request. */
+static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag_coded[24])
+{
     static const char *const suffix[] = {"", "-gz", "-br"};
     uint64_t h = 1469598103934665603ull;
     h = fnv_str(h, iv_vds_identity(r->vx));
@@ -1250,14 +1439,56 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     h = fnv_str(h, r->query);
     h = fnv(h, r->body ? r->body : "", r->body_len);
     h = fnv_str(h, r->accept);
-    /* Two tags: the identity body's and the encoded body's.  Which one a
-     * response gets is known only after the work (a body may not be worth
-     * encoding), so a conditional request matching either is answered
-     * 304 with the tag it matched: both bodies stand for this request. */
+    snprintf(tag_id, 24, "\"%016llx\"", (unsigned long long)h);
+    snprintf(tag_coded, 24, "\"%016llx%s\"", (unsigned long long)(h ^ (uint64_t)coding), suffix[coding]);
+}
+
+/* The tag of If-None-Match that stands for this request, or NULL. */
+static const char *vreq_match(const iv_vreq_t *r, int coding, const char *tag_id, const char *tag_coded)
+{
+    if (!r->if_none_match) return NULL;
+    if (coding && etag_listed(r->if_none_match, tag_coded)) return tag_coded;
+    if (etag_listed(r->if_none_match, tag_id)) return tag_id;
+    return NULL;
+}
+
+typedef int (*route_run_fn)(iv_vreq_t *r, iv_err_t *err);
+
+/* Each route's handler. */
+static const route_run_fn route_runs[] = {
+    [IV_VR_OBSM] = run_marray,
+    [IV_VR_VARM] = run_marray,
+    [IV_VR_OBS_SEARCH] = run_search,
+    [IV_VR_VAR_SEARCH] = run_search,
+    [IV_VR_RAW_VAR_SEARCH] = run_search,
+    [IV_VR_AGGREGATE] = run_aggregate,
+    [IV_VR_DIFFEXP] = run_diffexp,
+    [IV_VR_OBS_TABLE] = run_meta,
+    [IV_VR_VAR_TABLE] = run_meta,
+    [IV_VR_OBS_COLUMN] = run_meta,
+    [IV_VR_VAR_COLUMN] = run_meta,
+    [IV_VR_RAW_VAR_TABLE] = run_meta,
+    [IV_VR_RAW_VAR_COLUMN] = run_meta,
+    [IV_VR_ZARR] = run_zarr,
+};
+
+/* Encodes r->out with the coding where that pays; 1 when it did.  Float
+ * arrays (embeddings) shrink by under 10% at a cost of 10 to 300 MB/s a
+ * thread: they go out as they are, compressible bodies (JSON, NDJSON, the
+ * aggregate's binary with its JSON prelude) are encoded.  Zarr chunks go
+ * as they are too (docs/zarr.md): their metadata is encoded. */
+static int encode_body(iv_vreq_t *r, int coding)
+{
+    int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
+    if (!coding || !worth || r->out.len < 1024) return 0;
+    return coding == CODING_BR ? brotli_out(r) : gzip_out(r);
+}
+
+int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
+{
+    int coding = pick_coding(r);
     char tag_id[24], tag_coded[24];
-    snprintf(tag_id, sizeof tag_id, "\"%016llx\"", (unsigned long long)h);
-    snprintf(tag_coded, sizeof tag_coded, "\"%016llx%s\"", (unsigned long long)(h ^ (uint64_t)coding),
-             suffix[coding]);
+    vreq_etags(r, coding, tag_id, tag_coded);
     char cc[80];
     if (r->max_age)
         snprintf(cc, sizeof cc, "Cache-Control: %s, max-age=%u\r\n", r->private_cache ? "private" : "public",
@@ -1265,41 +1496,16 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     else
         snprintf(cc, sizeof cc, "Cache-Control: no-cache\r\n");
     r->status = 200;
-    const char *match = NULL;
-    if (r->if_none_match && coding && etag_listed(r->if_none_match, tag_coded)) match = tag_coded;
-    else if (r->if_none_match && etag_listed(r->if_none_match, tag_id)) match = tag_id;
+    const char *match = vreq_match(r, coding, tag_id, tag_coded);
     if (match) {
         snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n", match, cc);
         r->status = 304;
         return 0;
     }
-    int rc;
-    switch (r->route) {
-    case IV_VR_OBSM:
-    case IV_VR_VARM: rc = run_marray(r, err); break;
-    case IV_VR_OBS_SEARCH:
-    case IV_VR_VAR_SEARCH:
-    case IV_VR_RAW_VAR_SEARCH: rc = run_search(r, err); break;
-    case IV_VR_AGGREGATE: rc = run_aggregate(r, err); break;
-    case IV_VR_DIFFEXP: rc = run_diffexp(r, err); break;
-    case IV_VR_OBS_TABLE:
-    case IV_VR_VAR_TABLE:
-    case IV_VR_OBS_COLUMN:
-    case IV_VR_VAR_COLUMN:
-    case IV_VR_RAW_VAR_TABLE:
-    case IV_VR_RAW_VAR_COLUMN: rc = run_meta(r, err); break;
-    case IV_VR_ZARR: rc = run_zarr(r, err); break;
-    default: return iv_fail(err, IV_ENOT_FOUND, "no such path");
-    }
-    if (rc != 0) return rc;
-    /* Float arrays (embeddings) shrink by under 10% at a cost of 10 to 300
-     * MB/s a thread: they go out as they are, compressible bodies (JSON,
-     * NDJSON, the aggregate's binary with its JSON prelude) are encoded.
-     * Zarr chunks go as they are too (docs/zarr.md): their metadata is
-     * encoded. */
-    int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
-    int encoded = coding && worth && r->out.len >= 1024 &&
-                  (coding == CODING_BR ? brotli_out(r) : gzip_out(r));
+    route_run_fn run = r->route > 0 && (size_t)r->route < N_OF(route_runs) ? route_runs[r->route] : NULL;
+    if (!run) return iv_fail(err, IV_ENOT_FOUND, "no such path");
+    IV_TRY(run(r, err));
+    int encoded = encode_body(r, coding);
     snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n%s%s%s",
              encoded ? tag_coded : tag_id, cc, encoded ? "Content-Encoding: " : "",
              encoded ? (coding == CODING_BR ? "br" : "gzip") : "", encoded ? "\r\n" : "");

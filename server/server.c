@@ -638,10 +638,89 @@ int iv_server_run(const iv_config_t *cfg)
     return iv_server_run_with(cfg, NULL, NULL);
 }
 
-server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+/* What is open, said once: an empty tokens file or a forgotten scope
+ * would otherwise leave datasets open without a word. */
+static void log_auth(server_t *s)
 {
-    server_t *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    const iv_config_t *cfg = s->cfg;
+    size_t n_prot = 0;
+    for (size_t i = 0; i < cfg->n_datasets; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
+    iv_alog_event(&s->log, "info",
+                  "auth: %zu tokens; %zu of %zu datasets need one, the others are public; /metrics %s",
+                  s->auth.n, n_prot, cfg->n_datasets, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
+    if (cfg->tokens_file && cfg->n_token_entries == 0)
+        iv_alog_event(&s->log, "warn", "auth: the tokens file %s holds no tokens", cfg->tokens_file);
+}
+
+/* The configured datasets' entries (not loaded yet) and the tokens; -1
+ * when out of memory (server_free frees what was made). */
+static int open_registry(server_t *s)
+{
+    const iv_config_t *cfg = s->cfg;
+    s->reg.v = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *s->reg.v);
+    int ok = s->reg.v && iv_auth_build(&s->auth, cfg) == 0;
+    for (size_t i = 0; ok && i < cfg->n_datasets; i++) {
+        ok = (s->reg.v[i] = iv_rds_new(&cfg->datasets[i])) != NULL;
+        if (!ok) break;
+        s->reg.n++;
+        iv_path_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
+        if (cfg->datasets[i].companion) iv_path_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
+    }
+    if (!ok) return -1;
+    log_auth(s);
+    return 0;
+}
+
+/* The server's locks.  Datasets load on several workers at once: that
+ * needs an HDF5 built thread-safe.  Without it the loads take turns (the
+ * queries make no HDF5 calls). */
+static int open_locks(server_t *s)
+{
+    hbool_t h5ts = 0;
+    if (H5is_library_threadsafe(&h5ts) < 0) h5ts = 0;
+    s->h5_serial = !h5ts;
+    pthread_rwlockattr_t ra;
+    int lock_ok = pthread_rwlockattr_init(&ra) == 0;
+    /* A reload must not wait behind a steady stream of readers. */
+    if (lock_ok)
+        pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    lock_ok = lock_ok && pthread_rwlock_init(&s->shared, &ra) == 0;
+    if (!lock_ok || pthread_mutex_init(&s->h5_mu, NULL) != 0) {
+        fprintf(stderr, "ivserve: cannot create a lock\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Loop 0's signal handlers and accept-pause timer.  Each handle is closed
+ * on failure by close_loops, which closes the ones that were initialised
+ * (a zeroed handle has no loop). */
+static int open_signals(server_t *s)
+{
+    int rc;
+    uv_loop_t *l0 = &s->loops[0].loop;
+    if ((rc = uv_signal_init(l0, &s->sigterm)) != 0 || (rc = uv_signal_init(l0, &s->sigint)) != 0 ||
+        (rc = uv_signal_init(l0, &s->sighup)) != 0 || (rc = uv_signal_init(l0, &s->sigusr1)) != 0 ||
+        (rc = uv_timer_init(l0, &s->accept_pause)) != 0) {
+        fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
+        return -1;
+    }
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
+    s->accept_pause.data = s;
+    if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
+        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
+        (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
+        (rc = uv_signal_start(&s->sigusr1, on_hup, SIGUSR1)) != 0) {
+        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT/SIGHUP/SIGUSR1: %s\n", uv_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* The server's fields before anything is started. */
+static void server_init_fields(server_t *s, const iv_config_t *cfg, iv_config_reader_fn reader,
+                               void *reader_arg)
+{
     s->cfg = cfg;
     s->reader = reader;
     s->reader_arg = reader_arg;
@@ -653,6 +732,13 @@ server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *
     atomic_init(&s->budget_used, 0);
     atomic_init(&s->n_wait_all, 0);
     atomic_init(&s->room_wanted_ms, 0);
+}
+
+server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *reader_arg)
+{
+    server_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    server_init_fields(s, cfg, reader, reader_arg);
     if (iv_alog_open(&s->log, cfg->access_log, cfg->log_format) != 0) {
         free(s);
         return NULL;
@@ -674,69 +760,14 @@ server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *
     }
     start_memory(s);
     if (start_cache_budget(s) != 0) goto fail_mem;
-    s->reg.v = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *s->reg.v);
-    int ok = s->reg.v && iv_auth_build(&s->auth, cfg) == 0;
-    for (size_t i = 0; ok && i < cfg->n_datasets; i++) {
-        ok = (s->reg.v[i] = iv_rds_new(&cfg->datasets[i])) != NULL;
-        if (ok) {
-            s->reg.n++;
-            iv_path_id_read(cfg->datasets[i].path, &s->reg.v[i]->fid);
-            if (cfg->datasets[i].companion)
-                iv_path_id_read(cfg->datasets[i].companion, &s->reg.v[i]->cfid);
-        }
-    }
-    if (ok) {
-        /* What is open, said once: an empty tokens file or a forgotten
-         * scope would otherwise leave datasets open without a word. */
-        size_t n_prot = 0;
-        for (size_t i = 0; i < cfg->n_datasets; i++) n_prot += (size_t)iv_auth_protected(&s->auth, cfg->datasets[i].id);
-        iv_alog_event(&s->log, "info",
-                      "auth: %zu tokens; %zu of %zu datasets need one, the others are public; /metrics %s",
-                      s->auth.n, n_prot, cfg->n_datasets, cfg->metrics_auth ? "needs a metrics or admin token" : "is open");
-        if (cfg->tokens_file && cfg->n_token_entries == 0)
-            iv_alog_event(&s->log, "warn", "auth: the tokens file %s holds no tokens", cfg->tokens_file);
-    }
-    if (!ok) {
+    if (open_registry(s) != 0) {
         fprintf(stderr, "ivserve: out of memory\n");
         goto fail_mem;
     }
-    /* Datasets load on several workers at once: that needs an HDF5 built
-     * thread-safe.  Without it the loads take turns (the queries make no
-     * HDF5 calls). */
-    hbool_t h5ts = 0;
-    if (H5is_library_threadsafe(&h5ts) < 0) h5ts = 0;
-    s->h5_serial = !h5ts;
-    pthread_rwlockattr_t ra;
-    int lock_ok = pthread_rwlockattr_init(&ra) == 0;
-    /* A reload must not wait behind a steady stream of readers. */
-    if (lock_ok)
-        pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    lock_ok = lock_ok && pthread_rwlock_init(&s->shared, &ra) == 0;
-    if (!lock_ok || pthread_mutex_init(&s->h5_mu, NULL) != 0) {
-        fprintf(stderr, "ivserve: cannot create a lock\n");
-        goto fail_mem;
-    }
-    int rc;
+    if (open_locks(s) != 0) goto fail_mem;
     for (unsigned i = 0; i < s->n_loops; i++)
         if (loop_init(s, &s->loops[i], i) != 0) goto fail_loop;
-    /* Each handle is closed on failure by close_loops, which closes the
-     * ones that were initialised (a zeroed handle has no loop). */
-    uv_loop_t *l0 = &s->loops[0].loop;
-    if ((rc = uv_signal_init(l0, &s->sigterm)) != 0 || (rc = uv_signal_init(l0, &s->sigint)) != 0 ||
-        (rc = uv_signal_init(l0, &s->sighup)) != 0 || (rc = uv_signal_init(l0, &s->sigusr1)) != 0 ||
-        (rc = uv_timer_init(l0, &s->accept_pause)) != 0) {
-        fprintf(stderr, "ivserve: cannot set up the event loop: %s\n", uv_strerror(rc));
-        goto fail_loop;
-    }
-    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr1.data = s;
-    s->accept_pause.data = s;
-    if ((rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) != 0 ||
-        (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) != 0 ||
-        (rc = uv_signal_start(&s->sighup, on_hup, SIGHUP)) != 0 ||
-        (rc = uv_signal_start(&s->sigusr1, on_hup, SIGUSR1)) != 0) {
-        fprintf(stderr, "ivserve: cannot handle SIGTERM/SIGINT/SIGHUP/SIGUSR1: %s\n", uv_strerror(rc));
-        goto fail_loop;
-    }
+    if (open_signals(s) != 0) goto fail_loop;
     /* The handlers are in place: a signal held back since main (or blocked
      * by whoever started the process) is taken now, and runs its handler
      * when loop 0 runs, as one that comes later would.  The threads
