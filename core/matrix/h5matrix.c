@@ -77,6 +77,25 @@ static int open_1d(hid_t g, const char *where, const char *name, hid_t *d_out, i
     return 0;
 }
 
+/* Reads dataset d's len pointers into out: uint64 values past INT64_MAX
+ * would be clipped by conversion, so uint64 is read raw and such values
+ * refused. */
+static int read_pointers(hid_t d, iv_dtype_t dt, const char *where, const char *name, int64_t *out,
+                         int64_t len, iv_err_t *err)
+{
+    if (dt != IV_DT_UINT64) {
+        if (H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+            return FAILF(IV_EBAD_FILE, "%s/%s: read failed (corrupt or unsupported compression)",
+                         where, name);
+        return 0;
+    }
+    if (H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+        return FAILF(IV_EBAD_FILE, "%s/%s: read failed", where, name);
+    for (int64_t i = 0; i < len; i++)
+        if (out[i] < 0) return FAILF(IV_EBAD_FILE, "%s/%s[%" PRId64 "] exceeds int64", where, name, i);
+    return 0;
+}
+
 /* Reads a whole 1-D integer dataset as int64 (HDF5 converts). */
 static int load_i64(hid_t g, const char *where, const char *name, int64_t **out, int64_t *len,
                     iv_err_t *err)
@@ -86,33 +105,13 @@ static int load_i64(hid_t g, const char *where, const char *name, int64_t **out,
     *out = NULL;
     IV_TRY(open_1d(g, where, name, &d, len, &dt, err));
     int rc = 0;
-    if (dt == IV_DT_FLOAT32 || dt == IV_DT_FLOAT64) {
+    if (dt == IV_DT_FLOAT32 || dt == IV_DT_FLOAT64)
         rc = FAILF(IV_EBAD_FILE, "%s/%s: pointer array must be integer, found %s", where, name,
                    iv_dtype_name(dt));
-    } else {
-        *out = malloc((size_t)(*len ? *len : 1) * sizeof(int64_t));
-        if (!*out) {
-            rc = FAILF(IV_ENOMEM, "%s/%s: out of memory for %" PRId64 " pointers", where, name, *len);
-        } else if (*len > 0) {
-            /* uint64 values past INT64_MAX would be clipped by conversion;
-             * read them raw and refuse them instead. */
-            if (dt == IV_DT_UINT64) {
-                if (H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, *out) < 0) {
-                    rc = FAILF(IV_EBAD_FILE, "%s/%s: read failed", where, name);
-                } else {
-                    for (int64_t i = 0; i < *len; i++)
-                        if ((*out)[i] < 0) {
-                            rc = FAILF(IV_EBAD_FILE, "%s/%s[%" PRId64 "] exceeds int64", where,
-                                       name, i);
-                            break;
-                        }
-                }
-            } else if (H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, *out) < 0) {
-                rc = FAILF(IV_EBAD_FILE, "%s/%s: read failed (corrupt or unsupported compression)",
-                           where, name);
-            }
-        }
-    }
+    else if (!(*out = malloc((size_t)(*len ? *len : 1) * sizeof(int64_t))))
+        rc = FAILF(IV_ENOMEM, "%s/%s: out of memory for %" PRId64 " pointers", where, name, *len);
+    else if (*len > 0)
+        rc = read_pointers(d, dt, where, name, *out, *len, err);
     H5Dclose(d);
     if (rc < 0) {
         free(*out);
@@ -220,150 +219,194 @@ static int table_finish(iv_stream_desc_t *s, const char *where, iv_err_t *err)
     return 0;
 }
 
-/* Describes where packed_indices' bytes are. */
-static int locate_packed(hid_t file, hid_t d, const char *path, const char *where, int64_t len,
-                         iv_h5matrix_t *m, iv_err_t *err)
+/* The chunk table through HDF5's per-chunk lookup, for layouts h5chunks.c
+ * does not read (it walks the index from its start each time). */
+static int chunk_table_by_lookup(hid_t d, iv_stream_desc_t *s, uint64_t userblock,
+                                 const char *where, iv_err_t *err)
 {
-    int rc = 0;
+    for (uint64_t c = 0; c < s->n_chunks; c++) {
+        hsize_t off[1] = {c * s->chunk_len}, size = 0;
+        haddr_t addr = HADDR_UNDEF;
+        unsigned mask = 0;
+        if (H5Dget_chunk_info_by_coord(d, off, &mask, &addr, &size) < 0)
+            return FAILF(IV_EBAD_FILE, "%s/packed_indices: chunk %" PRIu64 " info unreadable",
+                         where, c);
+        int absent = addr == HADDR_UNDEF || size == 0;
+        s->chunk_addr[c] = absent ? UINT64_MAX : (uint64_t)addr + userblock;
+        s->chunk_size[c] = absent ? 0 : size;
+        s->chunk_mask[c] = absent ? 0 : mask;
+    }
+    return 0;
+}
+
+/* Every stored chunk inside the file; their bytes add to stored_bytes. */
+static int check_chunk_bounds(iv_h5matrix_t *m, const char *where, iv_err_t *err)
+{
+    const iv_stream_desc_t *s = &m->stream;
+    for (uint64_t c = 0; c < s->n_chunks; c++) {
+        uint64_t a = s->chunk_addr[c], size = s->chunk_size[c];
+        if (a == UINT64_MAX) continue;
+        if (a > m->file_len || size > m->file_len - a)
+            return FAILF(IV_EBAD_FILE,
+                         "%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %llu bytes) "
+                         "lies past the end of the file (%" PRIu64 " bytes)",
+                         where, c, a, (unsigned long long)size, m->file_len);
+        m->stored_bytes += size;
+    }
+    return 0;
+}
+
+/* The chunk shape and filter pipeline of a chunked packed_indices, and
+ * room for its chunk table. */
+static int chunk_layout(hid_t dcpl, const char *where, int64_t len, iv_h5matrix_t *m, iv_err_t *err)
+{
+    iv_stream_desc_t *s = &m->stream;
+    hsize_t cdims[1];
+    if (H5Pget_chunk(dcpl, 1, cdims) != 1 || cdims[0] == 0)
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk shape", where);
+    if (cdims[0] > MAX_CHUNK_BYTES)
+        return FAILF(IV_EUNSUPPORTED, "%s/packed_indices: chunks of %llu bytes (at most 1 GiB)",
+                     where, (unsigned long long)cdims[0]);
+    IV_TRY(read_pipeline(dcpl, where, &s->pipe, err));
+    iv_pipeline_describe(&s->pipe, m->codec, sizeof m->codec);
+    s->chunked = 1;
+    s->chunk_len = cdims[0];
+    s->n_chunks = ((uint64_t)len + cdims[0] - 1) / cdims[0];
+    size_t nc = (size_t)(s->n_chunks ? s->n_chunks : 1);
+    s->chunk_addr = malloc(nc * sizeof *s->chunk_addr);
+    s->chunk_size = malloc(nc * sizeof *s->chunk_size);
+    s->chunk_mask = malloc(nc * sizeof *s->chunk_mask);
+    if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask)
+        return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
+    return 0;
+}
+
+/* A chunked packed_indices: its layout, then its chunk table, read in one
+ * walk of the chunk index where h5chunks.c can, then checked. */
+static int locate_chunked(hid_t d, hid_t dcpl, uint64_t userblock, const char *where, int64_t len,
+                          iv_h5matrix_t *m, iv_err_t *err)
+{
+    iv_stream_desc_t *s = &m->stream;
+    IV_TRY(chunk_layout(dcpl, where, len, m, err));
+    char pw[1200];
+    snprintf(pw, sizeof pw, "%s/packed_indices", where);
+    int walked = iv_h5_chunk_table(d, s->file, m->file_len, userblock, s->chunk_len, 1,
+                                   s->n_chunks, s->chunk_addr, s->chunk_size, s->chunk_mask,
+                                   pw, err);
+    if (walked < 0) return walked;
+    snprintf(m->chunk_index, sizeof m->chunk_index, "%s",
+             walked ? "B-tree, read in one walk" : "HDF5 lookups, one a chunk");
+    if (!walked) IV_TRY(chunk_table_by_lookup(d, s, userblock, where, err));
+    IV_TRY(check_chunk_bounds(m, where, err));
+    return table_finish(s, where, err);
+}
+
+/* A contiguous packed_indices at absolute file offset a (the user block
+ * included), read in place as virtual chunks. */
+static int locate_contig(haddr_t a, const char *where, int64_t len, iv_h5matrix_t *m,
+                         iv_err_t *err)
+{
+    iv_stream_desc_t *s = &m->stream;
+    if (a > m->file_len || (uint64_t)len > m->file_len - a)
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: contiguous data past the end of the file",
+                     where);
+    IV_TRY(contig_table(s, a, (uint64_t)len, where, err));
+    IV_TRY(table_finish(s, where, err));
+    m->stored_bytes = (uint64_t)len;
+    snprintf(m->codec, sizeof m->codec, "none");
+    return 0;
+}
+
+/* Compact, external or never written: read it through HDF5 once. */
+static int read_packed_whole(hid_t d, const char *where, int64_t len, iv_h5matrix_t *m,
+                             iv_err_t *err)
+{
+    iv_stream_desc_t *s = &m->stream;
+    s->owned_buf = malloc((size_t)(len ? len : 1));
+    if (!s->owned_buf) return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
+    if (len > 0 && H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->owned_buf) < 0)
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: read failed", where);
+    s->contig = s->owned_buf;
+    m->stored_bytes = (uint64_t)len;
+    snprintf(m->codec, sizeof m->codec, "none");
+    return 0;
+}
+
+/* Describes where packed_indices' bytes are. */
+static int locate_packed(hid_t file, hid_t d, const char *where, int64_t len, iv_h5matrix_t *m,
+                         iv_err_t *err)
+{
+    int rc;
     hid_t dcpl = H5Dget_create_plist(d);
     hid_t fcpl = H5Fget_create_plist(file);
     hsize_t userblock = 0;
     if (fcpl >= 0) H5Pget_userblock(fcpl, &userblock);
-    iv_stream_desc_t *s = &m->stream;
-    s->length = (uint64_t)len;
+    m->stream.length = (uint64_t)len;
     H5D_layout_t layout = H5Pget_layout(dcpl);
-
-    if (layout == H5D_CHUNKED) {
-        hsize_t cdims[1];
-        if (H5Pget_chunk(dcpl, 1, cdims) != 1 || cdims[0] == 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk shape", where);
-            goto done;
-        }
-        if (cdims[0] > MAX_CHUNK_BYTES) {
-            rc = FAILF(IV_EUNSUPPORTED, "%s/packed_indices: chunks of %llu bytes (at most 1 GiB)",
-                       where, (unsigned long long)cdims[0]);
-            goto done;
-        }
-        if ((rc = read_pipeline(dcpl, where, &s->pipe, err)) < 0) goto done;
-        iv_pipeline_describe(&s->pipe, m->codec, sizeof m->codec);
-        s->chunked = 1;
-        s->chunk_len = cdims[0];
-        s->n_chunks = ((uint64_t)len + cdims[0] - 1) / cdims[0];
-        size_t nc = (size_t)(s->n_chunks ? s->n_chunks : 1);
-        s->chunk_addr = malloc(nc * sizeof *s->chunk_addr);
-        s->chunk_size = malloc(nc * sizeof *s->chunk_size);
-        s->chunk_mask = malloc(nc * sizeof *s->chunk_mask);
-        if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask) {
-            rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
-            goto done;
-        }
-        /* One walk of the chunk index; HDF5's per-chunk lookup (the
-         * fallback, for layouts h5chunks.c does not read) walks the index
-         * from its start each time. */
-        char pw[1200];
-        snprintf(pw, sizeof pw, "%s/packed_indices", where);
-        int walked = iv_h5_chunk_table(d, s->file, m->file_len, (uint64_t)userblock, cdims[0], 1,
-                                       s->n_chunks, s->chunk_addr, s->chunk_size, s->chunk_mask,
-                                       pw, err);
-        if (walked < 0) {
-            rc = walked;
-            goto done;
-        }
-        snprintf(m->chunk_index, sizeof m->chunk_index, "%s",
-                 walked ? "B-tree, read in one walk" : "HDF5 lookups, one a chunk");
-        for (uint64_t c = 0; !walked && c < s->n_chunks; c++) {
-            hsize_t off[1] = {c * cdims[0]}, size = 0;
-            haddr_t addr = HADDR_UNDEF;
-            unsigned mask = 0;
-            if (H5Dget_chunk_info_by_coord(d, off, &mask, &addr, &size) < 0) {
-                rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: chunk %" PRIu64 " info unreadable",
-                           where, c);
-                goto done;
-            }
-            int absent = addr == HADDR_UNDEF || size == 0;
-            s->chunk_addr[c] = absent ? UINT64_MAX : (uint64_t)addr + userblock;
-            s->chunk_size[c] = absent ? 0 : size;
-            s->chunk_mask[c] = absent ? 0 : mask;
-        }
-        for (uint64_t c = 0; c < s->n_chunks; c++) {
-            uint64_t a = s->chunk_addr[c], size = s->chunk_size[c];
-            if (a == UINT64_MAX) continue;
-            if (a > m->file_len || size > m->file_len - a) {
-                rc = FAILF(IV_EBAD_FILE,
-                           "%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %llu bytes) "
-                           "lies past the end of the file (%" PRIu64 " bytes)",
-                           where, c, a, (unsigned long long)size, m->file_len);
-                goto done;
-            }
-            m->stored_bytes += size;
-        }
-        if ((rc = table_finish(s, where, err)) < 0) goto done;
-    } else if (layout == H5D_CONTIGUOUS && len > 0 && H5Dget_offset(d) != HADDR_UNDEF) {
-        haddr_t a = H5Dget_offset(d); /* absolute: the user block is included */
-        if (a > m->file_len || (uint64_t)len > m->file_len - a) {
-            rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: contiguous data past the end of the file",
-                       where);
-            goto done;
-        }
-        if ((rc = contig_table(s, a, (uint64_t)len, where, err)) < 0) goto done;
-        if ((rc = table_finish(s, where, err)) < 0) goto done;
-        m->stored_bytes = (uint64_t)len;
-        snprintf(m->codec, sizeof m->codec, "none");
-    } else {
-        /* Compact, external or never written: read it through HDF5 once. */
-        s->owned_buf = malloc((size_t)(len ? len : 1));
-        if (!s->owned_buf) {
-            rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
-            goto done;
-        }
-        if (len > 0 &&
-            H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->owned_buf) < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: read failed", where);
-            goto done;
-        }
-        s->contig = s->owned_buf;
-        m->stored_bytes = (uint64_t)len;
-        snprintf(m->codec, sizeof m->codec, "none");
-    }
-    (void)path;
-done:
+    if (layout == H5D_CHUNKED)
+        rc = locate_chunked(d, dcpl, (uint64_t)userblock, where, len, m, err);
+    else if (layout == H5D_CONTIGUOUS && len > 0 && H5Dget_offset(d) != HADDR_UNDEF)
+        rc = locate_contig(H5Dget_offset(d), where, len, m, err);
+    else
+        rc = read_packed_whole(d, where, len, m, err);
     if (fcpl >= 0) H5Pclose(fcpl);
     H5Pclose(dcpl);
     return rc;
 }
 
-int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err_t *err)
+/* A pointer array p[0..n] starts at 0 and never goes backwards. */
+static int check_rising(const int64_t *p, int64_t n, const char *where, const char *name,
+                        iv_err_t *err)
+{
+    if (p[0] != 0) return FAILF(IV_EBAD_FILE, "%s/%s[0] is %" PRId64 ", not 0", where, name, p[0]);
+    for (int64_t i = 0; i < n; i++)
+        if (p[i + 1] < p[i])
+            return FAILF(IV_EBAD_FILE, "%s/%s goes backwards at %" PRId64 " (%" PRId64
+                         " after %" PRId64 ")", where, name, i + 1, p[i + 1], p[i]);
+    return 0;
+}
+
+/* No slice holds more entries than there are minor elements; an empty
+ * shape holds none. */
+static int check_slice_sizes(const iv_h5matrix_t *m, const char *where, iv_err_t *err)
 {
     const int64_t *mp = m->major_ptr, *vp = m->value_ptr;
-    if (mp[0] != 0) return FAILF(IV_EBAD_FILE, "%s/major_ptr[0] is %" PRId64 ", not 0", where, mp[0]);
-    for (int64_t i = 0; i < m->n_major; i++)
-        if (mp[i + 1] < mp[i])
-            return FAILF(IV_EBAD_FILE, "%s/major_ptr goes backwards at %" PRId64 " (%" PRId64
-                         " after %" PRId64 ")", where, i + 1, mp[i + 1], mp[i]);
-    if (mp[m->n_major] != m->n_unique)
-        return FAILF(IV_EBAD_FILE, "%s/major_ptr ends at %" PRId64 " but values holds %" PRId64
-                     " groups", where, mp[m->n_major], m->n_unique);
-    if (vp[0] != 0) return FAILF(IV_EBAD_FILE, "%s/value_ptr[0] is %" PRId64 ", not 0", where, vp[0]);
-    for (int64_t k = 0; k < m->n_unique; k++)
-        if (vp[k + 1] < vp[k])
-            return FAILF(IV_EBAD_FILE, "%s/value_ptr goes backwards at %" PRId64 " (%" PRId64
-                         " after %" PRId64 ")", where, k + 1, vp[k + 1], vp[k]);
-    if (m->n_minor > 0 && m->n_major > 0) {
-        /* nnz of a slice cannot exceed the number of minor elements. */
-        for (int64_t i = 0; i < m->n_major; i++) {
-            int64_t nz = vp[mp[i + 1]] - vp[mp[i]];
-            if (nz > m->n_minor)
-                return FAILF(IV_EBAD_FILE, "%s: slice %" PRId64 " holds %" PRId64
-                             " entries but there are only %" PRId64 " minor elements",
-                             where, i, nz, m->n_minor);
-        }
-    } else if (m->nnz != 0) {
-        return FAILF(IV_EBAD_FILE, "%s: %" PRId64 " stored entries in an empty shape", where, m->nnz);
+    if (m->n_minor <= 0 || m->n_major <= 0) {
+        if (m->nnz != 0)
+            return FAILF(IV_EBAD_FILE, "%s: %" PRId64 " stored entries in an empty shape", where, m->nnz);
+        return 0;
     }
+    for (int64_t i = 0; i < m->n_major; i++) {
+        int64_t nz = vp[mp[i + 1]] - vp[mp[i]];
+        if (nz > m->n_minor)
+            return FAILF(IV_EBAD_FILE, "%s: slice %" PRId64 " holds %" PRId64
+                         " entries but there are only %" PRId64 " minor elements",
+                         where, i, nz, m->n_minor);
+    }
+    return 0;
+}
+
+int iv_h5matrix_check_pointers(const iv_h5matrix_t *m, const char *where, iv_err_t *err)
+{
+    IV_TRY(check_rising(m->major_ptr, m->n_major, where, "major_ptr", err));
+    if (m->major_ptr[m->n_major] != m->n_unique)
+        return FAILF(IV_EBAD_FILE, "%s/major_ptr ends at %" PRId64 " but values holds %" PRId64
+                     " groups", where, m->major_ptr[m->n_major], m->n_unique);
+    IV_TRY(check_rising(m->value_ptr, m->n_unique, where, "value_ptr", err));
+    IV_TRY(check_slice_sizes(m, where, err));
     if (m->nnz > (int64_t)m->stream.length)
         return FAILF(IV_EBAD_FILE, "%s: value_ptr promises %" PRId64 " varints but packed_indices "
                      "holds only %" PRIu64 " bytes", where, m->nnz, m->stream.length);
     return 0;
+}
+
+/* Whether a dataset of space sp, type t and creation list dcpl is a
+ * 1-D byte array in chunks of a length taken (into cdims). */
+static int chunked_bytes(hid_t sp, hid_t t, hid_t dcpl, hsize_t cdims[1])
+{
+    return H5Sget_simple_extent_ndims(sp) == 1 && H5Tget_size(t) == 1 &&
+           H5Pget_layout(dcpl) == H5D_CHUNKED && H5Pget_chunk(dcpl, 1, cdims) == 1 &&
+           cdims[0] > 0 && cdims[0] <= MAX_CHUNK_BYTES;
 }
 
 /* packed_indices' extent and chunk length when it is a chunked 1-D array
@@ -376,9 +419,7 @@ static uint64_t peek_chunk_len(hid_t g, uint64_t *length)
     if (d < 0) return 0;
     hid_t sp = H5Dget_space(d), t = H5Dget_type(d), dcpl = H5Dget_create_plist(d);
     hsize_t dims[1] = {0}, cdims[1] = {0};
-    if (sp >= 0 && t >= 0 && dcpl >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
-        H5Tget_size(t) == 1 && H5Pget_layout(dcpl) == H5D_CHUNKED &&
-        H5Pget_chunk(dcpl, 1, cdims) == 1 && cdims[0] > 0 && cdims[0] <= MAX_CHUNK_BYTES) {
+    if (sp >= 0 && t >= 0 && dcpl >= 0 && chunked_bytes(sp, t, dcpl, cdims)) {
         H5Sget_simple_extent_dims(sp, dims, NULL);
         *length = dims[0];
         cl = cdims[0];
@@ -399,6 +440,12 @@ static void stage(iv_h5iso_out_t *o, const char *group, const char *name)
     iv_h5iso_stage(o, buf);
 }
 
+/* A path component other than "", "." and "..". */
+static int plain_component(const char *c, size_t len)
+{
+    return !(len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'));
+}
+
 /*
  * Whether group, a top-level name or a path such as "layers/counts",
  * names an object.  H5Lexists needs every link before the last to exist,
@@ -416,10 +463,7 @@ static int group_path_exists(hid_t file, const char *group)
         if (buf[i] != '/' && buf[i] != '\0') continue;
         size_t start = i;
         while (start > 0 && buf[start - 1] != '/') start--;
-        size_t clen = i - start;
-        if (clen == 0 || (clen == 1 && buf[start] == '.') ||
-            (clen == 2 && buf[start] == '.' && buf[start + 1] == '.'))
-            return 0;
+        if (!plain_component(buf + start, i - start)) return 0;
         char save = buf[i];
         buf[i] = '\0';
         htri_t e = H5Lexists(file, buf, H5P_DEFAULT);
@@ -429,7 +473,162 @@ static int group_path_exists(hid_t file, const char *group)
     return 1;
 }
 
-/* The HDF5 load itself; runs in the reader process (see h5iso.h). */
+/* Opens path read-only as an HDF5 file, or says why it cannot. */
+static int open_hdf5(const char *path, hid_t *file, iv_err_t *err)
+{
+    htri_t is = H5Fis_hdf5(path);
+    if (is <= 0) {
+        if (access(path, R_OK) != 0)
+            return FAILF(IV_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return FAILF(IV_EBAD_FILE, "%s: not an HDF5 file", path);
+    }
+    if ((*file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
+        return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
+    return 0;
+}
+
+/* Opens the matrix's group, which must exist and be a group. */
+static int open_group(hid_t file, const char *path, const char *group, const char *where, hid_t *g,
+                      iv_err_t *err)
+{
+    if (!group_path_exists(file, group)) return FAILF(IV_EBAD_FILE, "%s: no group '%s'", path, group);
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(file, group, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_GROUP)
+        return FAILF(IV_EBAD_FILE, "%s: '%s' is not a group", path, group);
+    if ((*g = H5Gopen2(file, group, H5P_DEFAULT)) < 0)
+        return FAILF(IV_EBAD_FILE, "%s: cannot open group", where);
+    return 0;
+}
+
+/* encoding-type (the orientation) and encoding-version. */
+static int read_encoding(hid_t g, const char *where, iv_h5matrix_t *m, iv_err_t *err)
+{
+    char enc[64], ver[64];
+    if (iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc) != 0)
+        return FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-type' missing or not a string", where);
+    if (strcmp(enc, "ivcsr") == 0) m->orient = IV_IVCSR;
+    else if (strcmp(enc, "ivcsc") == 0) m->orient = IV_IVCSC;
+    else return FAILF(IV_EBAD_FILE, "%s: encoding-type is '%s', expected 'ivcsr' or 'ivcsc'", where, enc);
+    if (iv_h5_read_str_attr(g, "encoding-version", ver, sizeof ver) != 0)
+        return FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-version' missing or not a string", where);
+    if (strcmp(ver, "0.1.0") != 0)
+        return FAILF(IV_EUNSUPPORTED, "%s: encoding-version '%s' is not supported (expected 0.1.0)",
+                     where, ver);
+    return 0;
+}
+
+/* The shape attribute, and the major and minor lengths it gives. */
+static int read_shape(hid_t g, const char *where, iv_h5matrix_t *m, iv_err_t *err)
+{
+    int64_t shape[2];
+    if (read_i64_attr(g, "shape", shape, 2) != 0 || shape[0] < 0 || shape[1] < 0)
+        return FAILF(IV_EBAD_FILE, "%s: attribute 'shape' missing or not two non-negative integers",
+                     where);
+    /* Output indices are int32 (or int64); keep shapes sane for both. */
+    if (shape[0] > ((int64_t)1 << 40) || shape[1] > ((int64_t)1 << 40))
+        return FAILF(IV_EBAD_FILE, "%s: shape (%" PRId64 ", %" PRId64 ") is implausibly large",
+                     where, shape[0], shape[1]);
+    m->n_rows = shape[0];
+    m->n_cols = shape[1];
+    m->n_major = m->orient == IV_IVCSR ? shape[0] : shape[1];
+    m->n_minor = m->orient == IV_IVCSR ? shape[1] : shape[0];
+    return 0;
+}
+
+static int read_indices_dtype(hid_t g, const char *where, iv_h5matrix_t *m, iv_err_t *err)
+{
+    char idt[64];
+    m->indices_dtype = IV_DT_INT32;
+    if (iv_h5_read_str_attr(g, "indices_dtype", idt, sizeof idt) != 0)
+        return FAILF(IV_EBAD_FILE, "%s: attribute 'indices_dtype' missing or not a string", where);
+    if (iv_dtype_parse(idt, &m->indices_dtype) != 0 || m->indices_dtype >= IV_DT_FLOAT32)
+        return FAILF(IV_EBAD_FILE, "%s: indices_dtype '%s' is not an integer dtype", where, idt);
+    return 0;
+}
+
+/* The group's attributes: encoding, shape, indices_dtype. */
+static int read_attrs(hid_t g, const char *where, iv_h5matrix_t *m, iv_err_t *err)
+{
+    IV_TRY(read_encoding(g, where, m, err));
+    IV_TRY(read_shape(g, where, m, err));
+    return read_indices_dtype(g, where, m, err);
+}
+
+/* Tells fn packed_indices' extent and chunk length, when it is chunked,
+ * before the long reads. */
+static void announce_stream(hid_t g, iv_h5matrix_stream_fn fn, void *ctx, iv_h5iso_out_t *o,
+                            const char *group)
+{
+    stage(o, group, "packed_indices");
+    uint64_t length = 0, cl = peek_chunk_len(g, &length);
+    if (cl) fn(ctx, length, cl);
+}
+
+/* major_ptr and value_ptr, with the lengths the shape asks for. */
+static int load_pointers(hid_t g, const char *where, iv_h5iso_out_t *o, const char *group,
+                         iv_h5matrix_t *m, iv_err_t *err)
+{
+    int64_t n_mp, n_vp;
+    stage(o, group, "major_ptr");
+    IV_TRY(load_i64(g, where, "major_ptr", &m->major_ptr, &n_mp, err));
+    if (n_mp != m->n_major + 1)
+        return FAILF(IV_EBAD_FILE, "%s/major_ptr has %" PRId64 " entries, expected n_major + 1 = %" PRId64,
+                     where, n_mp, m->n_major + 1);
+    stage(o, group, "value_ptr");
+    IV_TRY(load_i64(g, where, "value_ptr", &m->value_ptr, &n_vp, err));
+    if (n_vp < 1) return FAILF(IV_EBAD_FILE, "%s/value_ptr is empty (needs n_unique + 1 entries)", where);
+    m->n_unique = n_vp - 1;
+    m->nnz = m->value_ptr[n_vp - 1];
+    return 0;
+}
+
+/* The values array, one per value group. */
+static int load_values(hid_t g, const char *where, iv_h5iso_out_t *o, const char *group,
+                       iv_h5matrix_t *m, iv_err_t *err)
+{
+    hid_t d;
+    int64_t n_val;
+    int rc = 0;
+    stage(o, group, "values");
+    IV_TRY(open_1d(g, where, "values", &d, &n_val, &m->value_dtype, err));
+    size_t esz = iv_dtype_size(m->value_dtype);
+    if (n_val != m->n_unique)
+        rc = FAILF(IV_EBAD_FILE, "%s/values has %" PRId64 " entries but value_ptr has %" PRId64
+                   " (expected values + 1)", where, n_val, m->n_unique + 1);
+    else if (!(m->values = malloc((size_t)(n_val ? n_val : 1) * esz)))
+        rc = FAILF(IV_ENOMEM, "%s/values: out of memory", where);
+    else if (n_val > 0 &&
+             H5Dread(d, iv_h5_native(m->value_dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, m->values) < 0)
+        rc = FAILF(IV_EBAD_FILE, "%s/values: read failed (corrupt or unsupported compression)", where);
+    H5Dclose(d);
+    return rc;
+}
+
+/* packed_indices: a byte array, and where its bytes are. */
+static int load_packed(hid_t file, hid_t g, const char *where, iv_h5iso_out_t *o,
+                       const char *group, iv_h5matrix_t *m, iv_err_t *err)
+{
+    hid_t d;
+    int64_t n_packed;
+    iv_dtype_t pdt;
+    stage(o, group, "packed_indices");
+    IV_TRY(open_1d(g, where, "packed_indices", &d, &n_packed, &pdt, err));
+    int rc;
+    if (pdt != IV_DT_UINT8 && pdt != IV_DT_INT8)
+        rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: element type %s, expected uint8", where,
+                   iv_dtype_name(pdt));
+    else
+        rc = locate_packed(file, d, where, n_packed, m, err);
+    H5Dclose(d);
+    return rc;
+}
+
+/*
+ * The HDF5 load itself; runs in the reader process (see h5iso.h).  In
+ * order: the file, every dataset's filters, the group and its attributes,
+ * the pointer arrays, the values, where packed_indices' bytes are, and
+ * the pointers checked against each other.
+ */
 static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn fn, void *ctx,
                      iv_h5iso_out_t *o, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
 {
@@ -438,151 +637,29 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     char where[1024];
     snprintf(where, sizeof where, "%s:/%s", path, group);
     int rc = 0;
-    hid_t file = -1, g = -1, d = -1;
+    hid_t file = -1, g = -1;
 
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     iv_h5filters_register();
-
-    htri_t is = H5Fis_hdf5(path);
-    if (is <= 0) {
-        if (access(path, R_OK) != 0)
-            return FAILF(IV_EIO, "%s: cannot open: %s", path, strerror(errno));
-        return FAILF(IV_EBAD_FILE, "%s: not an HDF5 file", path);
-    }
-    if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
-        return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", path);
+    IV_TRY(open_hdf5(path, &file, err));
     if ((rc = open_file(path, m, id, err)) < 0) goto fail;
     /* Every dataset's filters, before any read: a file the server could
      * only partly decode is left out whole, naming the element. */
     stage(o, "the filter pipelines", NULL);
     if ((rc = iv_h5_check_filters(file, path, err)) < 0) goto fail;
     stage(o, group, NULL);
-
-    if (!group_path_exists(file, group)) {
-        rc = FAILF(IV_EBAD_FILE, "%s: no group '%s'", path, group);
-        goto fail;
-    }
-    H5O_info_t oi;
-    if (H5Oget_info_by_name(file, group, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_GROUP) {
-        rc = FAILF(IV_EBAD_FILE, "%s: '%s' is not a group", path, group);
-        goto fail;
-    }
-    if ((g = H5Gopen2(file, group, H5P_DEFAULT)) < 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s: cannot open group", where);
-        goto fail;
-    }
-
-    char enc[64], ver[64], idt[64];
-    if (iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc) != 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-type' missing or not a string", where);
-        goto fail;
-    }
-    if (strcmp(enc, "ivcsr") == 0) m->orient = IV_IVCSR;
-    else if (strcmp(enc, "ivcsc") == 0) m->orient = IV_IVCSC;
-    else {
-        rc = FAILF(IV_EBAD_FILE, "%s: encoding-type is '%s', expected 'ivcsr' or 'ivcsc'", where, enc);
-        goto fail;
-    }
-    if (iv_h5_read_str_attr(g, "encoding-version", ver, sizeof ver) != 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s: attribute 'encoding-version' missing or not a string", where);
-        goto fail;
-    }
-    if (strcmp(ver, "0.1.0") != 0) {
-        rc = FAILF(IV_EUNSUPPORTED, "%s: encoding-version '%s' is not supported (expected 0.1.0)",
-                   where, ver);
-        goto fail;
-    }
-    int64_t shape[2];
-    if (read_i64_attr(g, "shape", shape, 2) != 0 || shape[0] < 0 || shape[1] < 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s: attribute 'shape' missing or not two non-negative integers",
-                   where);
-        goto fail;
-    }
-    if (shape[0] > INT32_MAX || shape[1] > INT32_MAX) {
-        /* Output indices are int32 (or int64); keep shapes sane for both. */
-        if (shape[0] > ((int64_t)1 << 40) || shape[1] > ((int64_t)1 << 40)) {
-            rc = FAILF(IV_EBAD_FILE, "%s: shape (%" PRId64 ", %" PRId64 ") is implausibly large",
-                       where, shape[0], shape[1]);
-            goto fail;
-        }
-    }
-    m->n_rows = shape[0];
-    m->n_cols = shape[1];
-    m->n_major = m->orient == IV_IVCSR ? shape[0] : shape[1];
-    m->n_minor = m->orient == IV_IVCSR ? shape[1] : shape[0];
-    m->indices_dtype = IV_DT_INT32;
-    if (iv_h5_read_str_attr(g, "indices_dtype", idt, sizeof idt) == 0) {
-        if (iv_dtype_parse(idt, &m->indices_dtype) != 0 || m->indices_dtype >= IV_DT_FLOAT32) {
-            rc = FAILF(IV_EBAD_FILE, "%s: indices_dtype '%s' is not an integer dtype", where, idt);
-            goto fail;
-        }
-    } else {
-        rc = FAILF(IV_EBAD_FILE, "%s: attribute 'indices_dtype' missing or not a string", where);
-        goto fail;
-    }
-
-    if (fn) {
-        stage(o, group, "packed_indices");
-        uint64_t length = 0, cl = peek_chunk_len(g, &length);
-        if (cl) fn(ctx, length, cl);
-    }
-
-    int64_t n_mp, n_vp, n_val, n_packed;
-    stage(o, group, "major_ptr");
-    if ((rc = load_i64(g, where, "major_ptr", &m->major_ptr, &n_mp, err)) < 0) goto fail;
-    if (n_mp != m->n_major + 1) {
-        rc = FAILF(IV_EBAD_FILE, "%s/major_ptr has %" PRId64 " entries, expected n_major + 1 = %" PRId64,
-                   where, n_mp, m->n_major + 1);
-        goto fail;
-    }
-    stage(o, group, "value_ptr");
-    if ((rc = load_i64(g, where, "value_ptr", &m->value_ptr, &n_vp, err)) < 0) goto fail;
-    if (n_vp < 1) {
-        rc = FAILF(IV_EBAD_FILE, "%s/value_ptr is empty (needs n_unique + 1 entries)", where);
-        goto fail;
-    }
-    m->n_unique = n_vp - 1;
-    m->nnz = m->value_ptr[n_vp - 1];
-
-    stage(o, group, "values");
-    if ((rc = open_1d(g, where, "values", &d, &n_val, &m->value_dtype, err)) < 0) goto fail;
-    if (n_val != m->n_unique) {
-        rc = FAILF(IV_EBAD_FILE, "%s/values has %" PRId64 " entries but value_ptr has %" PRId64
-                   " (expected values + 1)", where, n_val, n_vp);
-        goto fail;
-    }
-    size_t esz = iv_dtype_size(m->value_dtype);
-    m->values = malloc((size_t)(n_val ? n_val : 1) * esz);
-    if (!m->values) {
-        rc = FAILF(IV_ENOMEM, "%s/values: out of memory", where);
-        goto fail;
-    }
-    if (n_val > 0 &&
-        H5Dread(d, iv_h5_native(m->value_dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, m->values) < 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s/values: read failed (corrupt or unsupported compression)", where);
-        goto fail;
-    }
-    H5Dclose(d);
-    d = -1;
-
-    iv_dtype_t pdt;
-    stage(o, group, "packed_indices");
-    if ((rc = open_1d(g, where, "packed_indices", &d, &n_packed, &pdt, err)) < 0) goto fail;
-    if (pdt != IV_DT_UINT8 && pdt != IV_DT_INT8) {
-        rc = FAILF(IV_EBAD_FILE, "%s/packed_indices: element type %s, expected uint8", where,
-                   iv_dtype_name(pdt));
-        goto fail;
-    }
-    if ((rc = locate_packed(file, d, path, where, n_packed, m, err)) < 0) goto fail;
+    if ((rc = open_group(file, path, group, where, &g, err)) < 0) goto fail;
+    if ((rc = read_attrs(g, where, m, err)) < 0) goto fail;
+    if (fn) announce_stream(g, fn, ctx, o, group);
+    if ((rc = load_pointers(g, where, o, group, m, err)) < 0) goto fail;
+    if ((rc = load_values(g, where, o, group, m, err)) < 0) goto fail;
+    if ((rc = load_packed(file, g, where, o, group, m, err)) < 0) goto fail;
     if ((rc = iv_h5matrix_check_pointers(m, where, err)) < 0) goto fail;
-
-    H5Dclose(d);
     H5Gclose(g);
     H5Fclose(file);
     return 0;
 
 fail:
-    if (d >= 0) H5Dclose(d);
     if (g >= 0) H5Gclose(g);
     if (file >= 0) H5Fclose(file);
     iv_h5matrix_free(m);
@@ -701,22 +778,19 @@ static int filter_known(int id)
            id == IV_FILTER_ZSTD || id == IV_FILTER_BLOSC2 || id == IV_FILTER_LZF;
 }
 
-static int take_matrix(const char *path, const char *where, const iv_h5iso_result_t *res,
-                       iv_h5matrix_t *m, iv_err_t *err)
+/* The answer's head (16 words, see put_matrix): shape, counts, dtypes. */
+static int take_head(iv_h5iso_rd_t *r, const char *where, uint64_t head[16], iv_h5matrix_t *m,
+                     iv_err_t *err)
 {
-#define BAD(...) do { rc = FAILF(IV_EBAD_FILE, __VA_ARGS__); goto fail; } while (0)
-    int rc = 0;
-    iv_h5iso_rd_t r;
-    iv_h5iso_rd_init(&r, res);
-    const uint64_t *h = iv_h5iso_rd_raw(&r, 16 * 8);
-    uint64_t head[16];
-    if (!h) BAD("%s: the HDF5 reader's answer is truncated", where);
-    memcpy(head, h, sizeof head);
+    const uint64_t *h = iv_h5iso_rd_raw(r, 16 * 8);
+    if (!h) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is truncated", where);
+    memcpy(head, h, 16 * 8);
     if (head[0] != MAT_MAGIC || head[1] > IV_IVCSC || head[8] >= IV_DT_COUNT ||
         head[9] >= IV_DT_FLOAT32)
-        BAD("%s: the HDF5 reader's answer is malformed", where);
+        return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", where);
     for (int i = 2; i <= 7; i++)
-        if (head[i] > ((uint64_t)1 << 48)) BAD("%s: the HDF5 reader's answer is malformed", where);
+        if (head[i] > ((uint64_t)1 << 48))
+            return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", where);
     m->orient = (iv_orient_t)head[1];
     m->n_rows = (int64_t)head[2];
     m->n_cols = (int64_t)head[3];
@@ -728,105 +802,155 @@ static int take_matrix(const char *path, const char *where, const iv_h5iso_resul
     m->stored_bytes = head[10];
     if (m->n_major != (m->orient == IV_IVCSR ? m->n_rows : m->n_cols) ||
         m->n_minor != (m->orient == IV_IVCSR ? m->n_cols : m->n_rows))
-        BAD("%s: the HDF5 reader's answer is malformed (shape)", where);
-    const char *codec = iv_h5iso_rd_raw(&r, sizeof m->codec);
-    if (!codec) BAD("%s: the HDF5 reader's answer is truncated", where);
-    memcpy(m->codec, codec, sizeof m->codec);
-    m->codec[sizeof m->codec - 1] = '\0';
-    const char *ci = iv_h5iso_rd_raw(&r, sizeof m->chunk_index);
-    if (!ci) BAD("%s: the HDF5 reader's answer is truncated", where);
-    memcpy(m->chunk_index, ci, sizeof m->chunk_index);
-    m->chunk_index[sizeof m->chunk_index - 1] = '\0';
+        return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (shape)", where);
+    return 0;
+}
 
-    /* The file the parent reads must be the one the child read. */
+/* A fixed text field of the answer into dst (cap bytes, NUL-terminated). */
+static int take_text(iv_h5iso_rd_t *r, const char *where, char *dst, size_t cap, iv_err_t *err)
+{
+    const char *p = iv_h5iso_rd_raw(r, cap);
+    if (!p) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is truncated", where);
+    memcpy(dst, p, cap);
+    dst[cap - 1] = '\0';
+    return 0;
+}
+
+/* Opens the file; it must be the one the child read (head[11..15]). */
+static int check_same_file(const char *path, const uint64_t head[16], iv_h5matrix_t *m,
+                           iv_err_t *err)
+{
     struct stat id;
-    if ((rc = open_file(path, m, &id, err)) < 0) goto fail;
+    IV_TRY(open_file(path, m, &id, err));
     if ((uint64_t)id.st_size != head[11] || (uint64_t)id.st_dev != head[12] ||
         (uint64_t)id.st_ino != head[13] || (uint64_t)id.st_mtim.tv_sec != head[14] ||
         (uint64_t)id.st_mtim.tv_nsec != head[15])
-        BAD("%s: the file changed while it was being loaded", path);
+        return FAILF(IV_EBAD_FILE, "%s: the file changed while it was being loaded", path);
+    return 0;
+}
 
-    m->major_ptr = take_array(&r, (uint64_t)m->n_major + 1, 8);
-    m->value_ptr = take_array(&r, (uint64_t)m->n_unique + 1, 8);
-    m->values = take_array(&r, (uint64_t)m->n_unique, iv_dtype_size(m->value_dtype));
-    if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (arrays)", where);
-    if (!m->major_ptr || !m->value_ptr || !m->values) {
-        rc = FAILF(IV_ENOMEM, "%s: out of memory for the pointer arrays", where);
-        goto fail;
-    }
+/* The pointer and value arrays; nnz must be what the head says. */
+static int take_arrays(iv_h5iso_rd_t *r, const char *where, uint64_t nnz, iv_h5matrix_t *m,
+                       iv_err_t *err)
+{
+    m->major_ptr = take_array(r, (uint64_t)m->n_major + 1, 8);
+    m->value_ptr = take_array(r, (uint64_t)m->n_unique + 1, 8);
+    m->values = take_array(r, (uint64_t)m->n_unique, iv_dtype_size(m->value_dtype));
+    if (r->bad) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (arrays)", where);
+    if (!m->major_ptr || !m->value_ptr || !m->values)
+        return FAILF(IV_ENOMEM, "%s: out of memory for the pointer arrays", where);
     m->nnz = m->value_ptr[m->n_unique];
-    if ((uint64_t)m->nnz != head[6]) BAD("%s: the HDF5 reader's answer is malformed (nnz)", where);
+    if ((uint64_t)m->nnz != nnz)
+        return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (nnz)", where);
+    return 0;
+}
 
-    iv_stream_desc_t *s = &m->stream;
-    const uint64_t *shp = iv_h5iso_rd_raw(&r, 4 * 8);
-    const iv_pipeline_t *pipe = iv_h5iso_rd_raw(&r, sizeof s->pipe);
-    if (!shp || !pipe) BAD("%s: the HDF5 reader's answer is truncated", where);
+/* packed_indices' extent, layout and filter pipeline. */
+static int take_stream_head(iv_h5iso_rd_t *r, const char *where, iv_stream_desc_t *s, iv_err_t *err)
+{
+    const uint64_t *shp = iv_h5iso_rd_raw(r, 4 * 8);
+    const iv_pipeline_t *pipe = iv_h5iso_rd_raw(r, sizeof s->pipe);
+    if (!shp || !pipe) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is truncated", where);
     uint64_t sh[4];
     memcpy(sh, shp, sizeof sh);
     memcpy(&s->pipe, pipe, sizeof s->pipe);
-    if (sh[1] > 2) BAD("%s: the HDF5 reader's answer is malformed (layout)", where);
+    if (sh[1] > 2) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (layout)", where);
     s->length = sh[0];
     s->chunked = sh[1] != 0;
     s->file_contig = sh[1] == 2;
     s->chunk_len = sh[2];
     s->n_chunks = sh[3];
-    if (s->pipe.n > IV_PIPELINE_MAX) BAD("%s/packed_indices: bad filter pipeline", where);
+    if (s->pipe.n > IV_PIPELINE_MAX) return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad filter pipeline", where);
     if (s->file_contig && (s->pipe.n != 0 || s->chunk_len != CONTIG_CHUNK))
-        BAD("%s/packed_indices: bad chunk table", where);
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk table", where);
     for (size_t i = 0; i < s->pipe.n; i++)
         if (!filter_known(s->pipe.f[i].id) || s->pipe.f[i].n_cd > IV_FILTER_MAX_CD)
-            BAD("%s/packed_indices: bad filter pipeline", where);
-    if (s->chunked) {
-        if (s->chunk_len == 0 || s->chunk_len > MAX_CHUNK_BYTES ||
-            s->n_chunks != (s->length + s->chunk_len - 1) / s->chunk_len)
-            BAD("%s/packed_indices: bad chunk table", where);
-        s->chunk_addr = take_array(&r, s->n_chunks, 8);
-        s->chunk_size = take_array(&r, s->n_chunks, 8);
-        s->chunk_mask = take_array(&r, s->n_chunks, 4);
-        if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (chunk table)", where);
-        if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask) {
-            rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
-            goto fail;
-        }
-        uint64_t stored = 0;
-        for (uint64_t c = 0; c < s->n_chunks; c++) {
-            uint64_t a = s->chunk_addr[c], z = s->chunk_size[c];
-            /* A contiguous range's virtual chunks are all there, each
-             * 1 MiB but the last. */
-            if (s->file_contig && (a == UINT64_MAX || z != (c + 1 < s->n_chunks
-                                                            ? CONTIG_CHUNK
-                                                            : s->length - c * CONTIG_CHUNK)))
-                BAD("%s/packed_indices: bad chunk table", where);
-            if (a == UINT64_MAX && z == 0) continue;
-            if (a > m->file_len || z > m->file_len - a)
-                BAD("%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %" PRIu64
-                    " bytes) lies past the end of the file (%" PRIu64 " bytes)", where, c, a, z,
-                    m->file_len);
-            stored += z;
-        }
-        m->stored_bytes = stored;
-        if ((rc = table_finish(s, where, err)) < 0) goto fail;
-    } else {
-        uint64_t kind = iv_h5iso_rd_u64(&r);
-        if (kind == CONTIG_OWNED) {
-            s->owned_buf = take_array(&r, s->length, 1);
-            if (!r.bad && !s->owned_buf) {
-                rc = FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
-                goto fail;
-            }
-            s->contig = s->owned_buf;
-        } else if (kind != CONTIG_NONE || s->length != 0) {
-            r.bad = 1;
-        }
-        if (r.bad) BAD("%s: the HDF5 reader's answer is malformed (layout)", where);
-    }
-    if (r.pos != r.len) BAD("%s: the HDF5 reader's answer is malformed (trailing bytes)", where);
-    if ((rc = iv_h5matrix_check_pointers(m, where, err)) < 0) goto fail;
+            return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad filter pipeline", where);
     return 0;
-fail:
+}
+
+/* Chunk c of a checked table: a contiguous range's virtual chunks are all
+ * there, each 1 MiB but the last; a stored chunk lies inside the file. */
+static int check_taken_chunk(const iv_h5matrix_t *m, uint64_t c, const char *where, iv_err_t *err)
+{
+    const iv_stream_desc_t *s = &m->stream;
+    uint64_t a = s->chunk_addr[c], z = s->chunk_size[c];
+    uint64_t contig_size = c + 1 < s->n_chunks ? CONTIG_CHUNK : s->length - c * CONTIG_CHUNK;
+    if (s->file_contig && (a == UINT64_MAX || z != contig_size))
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk table", where);
+    if (a == UINT64_MAX && z == 0) return 0;
+    if (a > m->file_len || z > m->file_len - a)
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: chunk %" PRIu64 " (offset %" PRIu64 ", %" PRIu64
+                     " bytes) lies past the end of the file (%" PRIu64 " bytes)", where, c, a, z,
+                     m->file_len);
+    return 0;
+}
+
+/* A chunked (or virtually chunked) packed_indices' chunk table. */
+static int take_chunk_table(iv_h5iso_rd_t *r, const char *where, iv_h5matrix_t *m, iv_err_t *err)
+{
+    iv_stream_desc_t *s = &m->stream;
+    if (s->chunk_len == 0 || s->chunk_len > MAX_CHUNK_BYTES ||
+        s->n_chunks != (s->length + s->chunk_len - 1) / s->chunk_len)
+        return FAILF(IV_EBAD_FILE, "%s/packed_indices: bad chunk table", where);
+    s->chunk_addr = take_array(r, s->n_chunks, 8);
+    s->chunk_size = take_array(r, s->n_chunks, 8);
+    s->chunk_mask = take_array(r, s->n_chunks, 4);
+    if (r->bad) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (chunk table)", where);
+    if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask)
+        return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
+    uint64_t stored = 0;
+    for (uint64_t c = 0; c < s->n_chunks; c++) {
+        IV_TRY(check_taken_chunk(m, c, where, err));
+        stored += s->chunk_size[c];
+    }
+    m->stored_bytes = stored;
+    return table_finish(s, where, err);
+}
+
+/* A packed_indices that is not chunked: its bytes follow, or it is empty. */
+static int take_contig(iv_h5iso_rd_t *r, const char *where, iv_stream_desc_t *s, iv_err_t *err)
+{
+    uint64_t kind = iv_h5iso_rd_u64(r);
+    if (kind == CONTIG_OWNED) {
+        s->owned_buf = take_array(r, s->length, 1);
+        if (!r->bad && !s->owned_buf) return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory", where);
+        s->contig = s->owned_buf;
+    } else if (kind != CONTIG_NONE || s->length != 0) {
+        r->bad = 1;
+    }
+    if (r->bad) return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (layout)", where);
+    return 0;
+}
+
+/* The parent's end: the child's answer read and checked in the order
+ * put_matrix wrote it, with the file opened again and compared. */
+static int take_parts(const char *path, const char *where, iv_h5iso_rd_t *r, iv_h5matrix_t *m,
+                      iv_err_t *err)
+{
+    uint64_t head[16];
+    IV_TRY(take_head(r, where, head, m, err));
+    IV_TRY(take_text(r, where, m->codec, sizeof m->codec, err));
+    IV_TRY(take_text(r, where, m->chunk_index, sizeof m->chunk_index, err));
+    IV_TRY(check_same_file(path, head, m, err));
+    IV_TRY(take_arrays(r, where, head[6], m, err));
+    IV_TRY(take_stream_head(r, where, &m->stream, err));
+    if (m->stream.chunked) IV_TRY(take_chunk_table(r, where, m, err));
+    else IV_TRY(take_contig(r, where, &m->stream, err));
+    if (r->pos != r->len)
+        return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (trailing bytes)", where);
+    return iv_h5matrix_check_pointers(m, where, err);
+}
+
+static int take_matrix(const char *path, const char *where, const iv_h5iso_result_t *res,
+                       iv_h5matrix_t *m, iv_err_t *err)
+{
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, res);
+    int rc = take_parts(path, where, &r, m, err);
+    if (rc == 0) return 0;
     iv_h5matrix_free(m);
     return rc < 0 ? rc : IV_EBAD_FILE;
-#undef BAD
 }
 
 int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
@@ -885,40 +1009,47 @@ typedef struct list_ctx {
     iv_err_t *err;
 } list_ctx_t;
 
-/* Describes the element at name (relative to the root) into e: an IVCSR
- * or IVCSC group is packed; anything else gets the reason it cannot be
- * served as it is. */
-static void describe(hid_t file, const char *name, iv_h5mx_entry_t *e)
+/* A dataset: its shape when two-dimensional, its encoding-type (or
+ * "array"), and why it is not served. */
+static void describe_dataset(hid_t file, const char *name, iv_h5mx_entry_t *e)
 {
-    e->shape[0] = e->shape[1] = -1;
-    H5O_info_t oi;
-    if (H5Oget_info_by_name(file, name, &oi, H5P_DEFAULT) < 0) {
-        snprintf(e->reason, sizeof e->reason, "HDF5 cannot read the element");
-        return;
+    hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+    hid_t sp = d >= 0 ? H5Dget_space(d) : -1;
+    int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    hsize_t dims[2] = {0, 0};
+    if (nd == 2 && H5Sget_simple_extent_dims(sp, dims, NULL) == 2) {
+        e->shape[0] = (int64_t)dims[0];
+        e->shape[1] = (int64_t)dims[1];
     }
-    if (oi.type == H5O_TYPE_DATASET) {
-        hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
-        hid_t sp = d >= 0 ? H5Dget_space(d) : -1;
-        int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
-        hsize_t dims[2] = {0, 0};
-        if (nd == 2 && H5Sget_simple_extent_dims(sp, dims, NULL) == 2) {
-            e->shape[0] = (int64_t)dims[0];
-            e->shape[1] = (int64_t)dims[1];
-        }
-        if (d >= 0 && iv_h5_read_str_attr(d, "encoding-type", e->encoding, sizeof e->encoding) != 0)
-            snprintf(e->encoding, sizeof e->encoding, "array");
-        if (sp >= 0) H5Sclose(sp);
-        if (d >= 0) H5Dclose(d);
+    if (d >= 0 && iv_h5_read_str_attr(d, "encoding-type", e->encoding, sizeof e->encoding) != 0)
+        snprintf(e->encoding, sizeof e->encoding, "array");
+    if (sp >= 0) H5Sclose(sp);
+    if (d >= 0) H5Dclose(d);
+    snprintf(e->reason, sizeof e->reason,
+             nd == 2 ? "a dense array; pack it into an IVCSR/IVCSC group (ivserve pack --layers) "
+                       "to serve it"
+                     : "not a two-dimensional matrix");
+}
+
+/* A group by its encoding-type: packed, or why it cannot be served. */
+static void classify_group(iv_h5mx_entry_t *e)
+{
+    if (!strcmp(e->encoding, "ivcsr") || !strcmp(e->encoding, "ivcsc")) {
+        e->packed = 1;
+    } else if (!strcmp(e->encoding, "csr_matrix") || !strcmp(e->encoding, "csc_matrix")) {
         snprintf(e->reason, sizeof e->reason,
-                 nd == 2 ? "a dense array; pack it into an IVCSR/IVCSC group (ivserve pack --layers) "
-                           "to serve it"
-                         : "not a two-dimensional matrix");
-        return;
+                 "a plain %s; pack it into an IVCSR/IVCSC group (ivserve pack --layers) to serve it",
+                 e->encoding);
+    } else if (e->encoding[0]) {
+        snprintf(e->reason, sizeof e->reason, "encoding-type '%.60s' is not a matrix", e->encoding);
+    } else {
+        snprintf(e->reason, sizeof e->reason, "a group without an encoding-type");
     }
-    if (oi.type != H5O_TYPE_GROUP) {
-        snprintf(e->reason, sizeof e->reason, "not a group or a dataset");
-        return;
-    }
+}
+
+/* A group: its encoding-type and shape attributes, then classify_group. */
+static void describe_group(hid_t file, const char *name, iv_h5mx_entry_t *e)
+{
     hid_t g = H5Gopen2(file, name, H5P_DEFAULT);
     if (g < 0) {
         snprintf(e->reason, sizeof e->reason, "HDF5 cannot open the group");
@@ -932,17 +1063,24 @@ static void describe(hid_t file, const char *name, iv_h5mx_entry_t *e)
         e->shape[1] = shape[1];
     }
     H5Gclose(g);
-    if (!strcmp(e->encoding, "ivcsr") || !strcmp(e->encoding, "ivcsc")) {
-        e->packed = 1;
-    } else if (!strcmp(e->encoding, "csr_matrix") || !strcmp(e->encoding, "csc_matrix")) {
-        snprintf(e->reason, sizeof e->reason,
-                 "a plain %s; pack it into an IVCSR/IVCSC group (ivserve pack --layers) to serve it",
-                 e->encoding);
-    } else if (e->encoding[0]) {
-        snprintf(e->reason, sizeof e->reason, "encoding-type '%.60s' is not a matrix", e->encoding);
-    } else {
-        snprintf(e->reason, sizeof e->reason, "a group without an encoding-type");
-    }
+    classify_group(e);
+}
+
+/* Describes the element at name (relative to the root) into e: an IVCSR
+ * or IVCSC group is packed; anything else gets the reason it cannot be
+ * served as it is. */
+static void describe(hid_t file, const char *name, iv_h5mx_entry_t *e)
+{
+    e->shape[0] = e->shape[1] = -1;
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(file, name, &oi, H5P_DEFAULT) < 0)
+        snprintf(e->reason, sizeof e->reason, "HDF5 cannot read the element");
+    else if (oi.type == H5O_TYPE_DATASET)
+        describe_dataset(file, name, e);
+    else if (oi.type == H5O_TYPE_GROUP)
+        describe_group(file, name, e);
+    else
+        snprintf(e->reason, sizeof e->reason, "not a group or a dataset");
 }
 
 static int list_add(list_ctx_t *L, const char *name)
@@ -1064,6 +1202,20 @@ static void take_str(iv_h5iso_rd_t *r, char *dst, size_t cap)
     dst[n] = '\0';
 }
 
+/* One entry of the layer list as list_child wrote it; r->bad when it
+ * does not read back. */
+static void take_entry(iv_h5iso_rd_t *r, iv_h5mx_entry_t *e)
+{
+    e->shape[0] = (int64_t)iv_h5iso_rd_u64(r);
+    e->shape[1] = (int64_t)iv_h5iso_rd_u64(r);
+    uint64_t packed = iv_h5iso_rd_u64(r);
+    if (packed > 1 || e->shape[0] < -1 || e->shape[1] < -1) r->bad = 1;
+    e->packed = (int)packed;
+    take_str(r, e->name, sizeof e->name);
+    take_str(r, e->encoding, sizeof e->encoding);
+    take_str(r, e->reason, sizeof e->reason);
+}
+
 int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err)
 {
     memset(out, 0, sizeof *out);
@@ -1084,15 +1236,7 @@ int iv_h5matrix_list(const char *path, iv_h5mx_list_t *out, iv_err_t *err)
     }
     out->raw_var = (int)raw_var;
     for (uint64_t i = 0; i < n && !r.bad; i++) {
-        iv_h5mx_entry_t *e = &out->v[i];
-        e->shape[0] = (int64_t)iv_h5iso_rd_u64(&r);
-        e->shape[1] = (int64_t)iv_h5iso_rd_u64(&r);
-        uint64_t packed = iv_h5iso_rd_u64(&r);
-        if (packed > 1 || e->shape[0] < -1 || e->shape[1] < -1) r.bad = 1;
-        e->packed = (int)packed;
-        take_str(&r, e->name, sizeof e->name);
-        take_str(&r, e->encoding, sizeof e->encoding);
-        take_str(&r, e->reason, sizeof e->reason);
+        take_entry(&r, &out->v[i]);
         out->n = (size_t)i + 1;
     }
     if (r.bad || r.pos != r.len)
