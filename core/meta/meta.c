@@ -304,6 +304,92 @@ static hid_t open_child(hid_t loc, const char *name)
     return H5Oopen(loc, name, H5P_DEFAULT);
 }
 
+/* Reads n variable-length strings of obj (type ftype, dataspace space)
+ * into the arena out. */
+static int read_vl_strings(rd_t *r, hid_t obj, int is_attr, const char *what, hid_t ftype,
+                           hid_t space, int64_t n, sarena_t *out)
+{
+    hid_t mtype = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mtype, H5T_VARIABLE);
+    H5Tset_cset(mtype, H5Tget_cset(ftype));
+    char **vl = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+    if (!vl) {
+        h5close(mtype);
+        return iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+    }
+    herr_t st = is_attr ? H5Aread(obj, mtype, vl) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
+                                                             H5P_DEFAULT, vl);
+    if (st < 0) {
+        free(vl);
+        h5close(mtype);
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings (a compression "
+                       "filter may be unavailable)", r->path, what);
+    }
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const char *s = vl[i] ? vl[i] : "";
+        if (sarena_push(out, s, strlen(s)) < 0)
+            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+    }
+    H5Dvlen_reclaim(mtype, space, H5P_DEFAULT, vl);
+    free(vl);
+    h5close(mtype);
+    return rc;
+}
+
+/* Reads n fixed-length strings of obj (type ftype) into the arena out:
+ * each ends at its first NUL and loses trailing spaces when the type is
+ * space-padded. */
+static int read_fixed_strings(rd_t *r, hid_t obj, int is_attr, const char *what, hid_t ftype,
+                              int64_t n, sarena_t *out)
+{
+    size_t L = H5Tget_size(ftype);
+    if (L == 0 || (n > 0 && L > ((size_t)1 << 40) / (size_t)n))
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: bad string size %zu", r->path, what, L);
+    hid_t mtype = H5Tcopy(ftype);
+    char *fx = malloc((size_t)(n > 0 ? n : 1) * L);
+    int rc = 0;
+    if (!fx) {
+        rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+        goto done;
+    }
+    herr_t st = is_attr ? H5Aread(obj, mtype, fx) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
+                                                             H5P_DEFAULT, fx);
+    if (st < 0) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings", r->path, what);
+        goto done;
+    }
+    int spacepad = H5Tget_strpad(ftype) == H5T_STR_SPACEPAD;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const char *s = fx + (size_t)i * L;
+        size_t len = strnlen(s, L);
+        if (spacepad)
+            while (len > 0 && s[len - 1] == ' ') len--;
+        if (sarena_push(out, s, len) < 0)
+            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+    }
+done:
+    free(fx);
+    h5close(mtype);
+    return rc;
+}
+
+/* The string type and one-dimensional shape of obj, checked against n
+ * (n < 0: any); its number of elements, or a negative error. */
+static int64_t check_string_shape(rd_t *r, hid_t ftype, hid_t space, const char *what, int64_t n)
+{
+    if (ftype < 0 || space < 0)
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read its type", r->path, what);
+    if (H5Tget_class(ftype) != H5T_STRING)
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: expected strings", r->path, what);
+    int rank = H5Sget_simple_extent_ndims(space);
+    hssize_t np = H5Sget_simple_extent_npoints(space);
+    if (rank > 1 || np < 0 || (n >= 0 && np != n))
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: has %lld elements, expected %lld", r->path,
+                       what, (long long)np, (long long)n);
+    return (int64_t)np;
+}
+
 /*
  * Reads strings of a dataset or attribute (is_attr) of n elements (n < 0:
  * whatever its size is; *n_out receives it) into an arena.  Handles
@@ -314,105 +400,29 @@ static hid_t open_child(hid_t loc, const char *name)
 static int read_strings(rd_t *r, hid_t obj, int is_attr, const char *what, int64_t n,
                         sarena_t *out, int64_t *n_out)
 {
-    int rc = IV_EBAD_FILE;
     hid_t ftype = is_attr ? H5Aget_type(obj) : H5Dget_type(obj);
     hid_t space = is_attr ? H5Aget_space(obj) : H5Dget_space(obj);
-    hid_t mtype = -1;
-    char **vl = NULL;
-    char *fx = NULL;
     memset(out, 0, sizeof(*out));
-    if (ftype < 0 || space < 0) {
-        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read its type", r->path, what);
-        goto done;
-    }
-    if (H5Tget_class(ftype) != H5T_STRING) {
-        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: expected strings", r->path, what);
-        goto done;
-    }
-    int rank = H5Sget_simple_extent_ndims(space);
-    hssize_t np = H5Sget_simple_extent_npoints(space);
-    if (rank > 1 || np < 0 || (n >= 0 && np != n)) {
-        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: has %lld elements, expected %lld", r->path,
-                     what, (long long)np, (long long)n);
-        goto done;
-    }
-    n = (int64_t)np;
+    int64_t rc = check_string_shape(r, ftype, space, what, n);
+    if (rc < 0) goto done;
+    n = rc;
     if (sarena_init(out, n) < 0) {
         rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
         goto done;
     }
     htri_t var = H5Tis_variable_str(ftype);
-    if (var > 0) {
-        mtype = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mtype, H5T_VARIABLE);
-        H5Tset_cset(mtype, H5Tget_cset(ftype));
-        vl = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
-        if (!vl) {
-            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
-            goto done;
-        }
-        herr_t st = is_attr ? H5Aread(obj, mtype, vl) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
-                                                                 H5P_DEFAULT, vl);
-        if (st < 0) {
-            free(vl);
-            vl = NULL;
-            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings (a compression "
-                         "filter may be unavailable)", r->path, what);
-            goto done;
-        }
-        for (int64_t i = 0; i < n; i++) {
-            const char *s = vl[i] ? vl[i] : "";
-            if (sarena_push(out, s, strlen(s)) < 0) {
-                rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
-                goto done;
-            }
-        }
-    } else if (var == 0) {
-        size_t L = H5Tget_size(ftype);
-        if (L == 0 || (n > 0 && L > ((size_t)1 << 40) / (size_t)n)) {
-            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: bad string size %zu", r->path, what, L);
-            goto done;
-        }
-        mtype = H5Tcopy(ftype);
-        fx = malloc((size_t)(n > 0 ? n : 1) * L);
-        if (!fx) {
-            rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
-            goto done;
-        }
-        herr_t st = is_attr ? H5Aread(obj, mtype, fx) : H5Dread(obj, mtype, H5S_ALL, H5S_ALL,
-                                                                 H5P_DEFAULT, fx);
-        if (st < 0) {
-            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: cannot read strings", r->path, what);
-            goto done;
-        }
-        int spacepad = H5Tget_strpad(ftype) == H5T_STR_SPACEPAD;
-        for (int64_t i = 0; i < n; i++) {
-            const char *s = fx + (size_t)i * L;
-            size_t len = strnlen(s, L);
-            if (spacepad)
-                while (len > 0 && s[len - 1] == ' ') len--;
-            if (sarena_push(out, s, len) < 0) {
-                rc = iv_fail(r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
-                goto done;
-            }
-        }
-    } else {
+    if (var > 0)
+        rc = read_vl_strings(r, obj, is_attr, what, ftype, space, n, out);
+    else if (var == 0)
+        rc = read_fixed_strings(r, obj, is_attr, what, ftype, n, out);
+    else
         rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: unreadable string type", r->path, what);
-        goto done;
-    }
-    *n_out = n;
-    rc = 0;
+    if (rc == 0) *n_out = n;
 done:
-    if (vl) {
-        H5Dvlen_reclaim(mtype, space, H5P_DEFAULT, vl);
-        free(vl);
-    }
-    free(fx);
     if (rc < 0) sarena_drop(out);
-    h5close(mtype);
     h5close(space);
     h5close(ftype);
-    return rc;
+    return rc < 0 ? (int)rc : 0;
 }
 
 /* Scalar or one-element string attribute; 1 when read, 0 when absent. */
@@ -563,55 +573,60 @@ static void fmt_num(char *buf, size_t cap, double v, int is_int)
         strncat(buf, ".0", cap - strlen(buf) - 1);
 }
 
-/* Categories element: strings, or numbers (kept also as doubles). */
-static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *c)
+/* The k numbers of a numeric (or boolean enum) categories dataset. */
+static int read_category_numbers(rd_t *r, hid_t cds, const char *what, int64_t k,
+                                 H5T_class_t cls, double *num)
 {
-    hid_t ft = H5Dget_type(cds);
-    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
-    h5close(ft);
-    hid_t sp = H5Dget_space(cds);
-    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-    h5close(sp);
-    IV_RETURN_IF(np < 0 || np > INT32_MAX, r->err, IV_EBAD_FILE, "%s: %s: bad categories",
-                 r->path, what);
-    int64_t k = (int64_t)np;
-    if (cls == H5T_STRING) {
-        sarena_t s;
-        int64_t got;
-        IV_TRY(read_strings(r, cds, 0, what, k, &s, &got));
-        c->cat_data = s.data;
-        c->cat_off = s.off;
-        c->n_cats = k;
-        IV_TRY(check_utf8(r, what, "category", s.data, s.off, k));
-        return check_unique_categories(r, what, c);
-    }
-    IV_RETURN_IF(cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_ENUM, r->err,
-                 IV_EUNSUPPORTED, "%s: %s: categories of this type are not supported",
-                 r->path, what);
-    double *num = malloc((size_t)(k ? k : 1) * sizeof(double));
-    IV_RETURN_IF(!num, r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
-    int rc;
-    if (cls == H5T_ENUM) {
-        uint8_t *b = malloc((size_t)(k ? k : 1));
-        rc = b ? read_bool(r, cds, what, k, b) : iv_fail(r->err, IV_ENOMEM, "out of memory");
-        for (int64_t i = 0; rc == 0 && i < k; i++) num[i] = b[i];
-        free(b);
-    } else {
-        rc = read_num(r, cds, what, k, H5T_NATIVE_DOUBLE, num);
-    }
-    sarena_t s;
-    if (rc == 0 && sarena_init(&s, k) < 0) rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
-    for (int64_t i = 0; rc == 0 && i < k; i++) {
+    if (cls != H5T_ENUM) return read_num(r, cds, what, k, H5T_NATIVE_DOUBLE, num);
+    uint8_t *b = malloc((size_t)(k ? k : 1));
+    int rc = b ? read_bool(r, cds, what, k, b) : iv_fail(r->err, IV_ENOMEM, "out of memory");
+    for (int64_t i = 0; rc == 0 && i < k; i++) num[i] = b[i];
+    free(b);
+    return rc;
+}
+
+/* Labels for k category numbers, as pandas prints them, into s. */
+static int label_category_numbers(rd_t *r, const double *num, int64_t k, H5T_class_t cls,
+                                  sarena_t *s)
+{
+    if (sarena_init(s, k) < 0) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < k; i++) {
         char buf[64];
         if (cls == H5T_ENUM)
             snprintf(buf, sizeof buf, "%s", num[i] != 0 ? "True" : "False");
         else
             fmt_num(buf, sizeof buf, num[i], cls == H5T_INTEGER);
-        if (sarena_push(&s, buf, strlen(buf)) < 0) {
-            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
-            sarena_drop(&s);
+        if (sarena_push(s, buf, strlen(buf)) < 0) {
+            sarena_drop(s);
+            return iv_fail(r->err, IV_ENOMEM, "out of memory");
         }
     }
+    return 0;
+}
+
+/* String categories: k labels, valid UTF-8 and unique. */
+static int read_string_categories(rd_t *r, hid_t cds, const char *what, int64_t k,
+                                  iv_meta_col_t *c)
+{
+    sarena_t s;
+    int64_t got;
+    IV_TRY(read_strings(r, cds, 0, what, k, &s, &got));
+    c->cat_data = s.data;
+    c->cat_off = s.off;
+    c->n_cats = k;
+    IV_TRY(check_utf8(r, what, "category", s.data, s.off, k));
+    return check_unique_categories(r, what, c);
+}
+
+/* Numeric categories: kept as doubles and as their printed labels. */
+static int read_numeric_categories(rd_t *r, hid_t cds, const char *what, int64_t k,
+                                   H5T_class_t cls, iv_meta_col_t *c)
+{
+    double *num = malloc((size_t)(k ? k : 1) * sizeof(double));
+    IV_RETURN_IF(!num, r->err, IV_ENOMEM, "%s: %s: out of memory", r->path, what);
+    sarena_t s;
+    int rc = read_category_numbers(r, cds, what, k, cls, num);
+    if (rc == 0) rc = label_category_numbers(r, num, k, cls, &s);
     if (rc < 0) {
         free(num);
         return rc;
@@ -623,6 +638,24 @@ static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *
     c->n_cats = k;
     /* Numbers repeat when their labels do (1 and 1.0 of one dtype, True). */
     return check_unique_categories(r, what, c);
+}
+
+/* Categories element: strings, or numbers (kept also as doubles). */
+static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *c)
+{
+    hid_t ft = H5Dget_type(cds);
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    h5close(ft);
+    hid_t sp = H5Dget_space(cds);
+    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    h5close(sp);
+    IV_RETURN_IF(np < 0 || np > INT32_MAX, r->err, IV_EBAD_FILE, "%s: %s: bad categories",
+                 r->path, what);
+    if (cls == H5T_STRING) return read_string_categories(r, cds, what, (int64_t)np, c);
+    IV_RETURN_IF(cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_ENUM, r->err,
+                 IV_EUNSUPPORTED, "%s: %s: categories of this type are not supported",
+                 r->path, what);
+    return read_numeric_categories(r, cds, what, (int64_t)np, cls, c);
 }
 
 /* Codes (any signed int; -1 missing) validated against n_cats, with
@@ -770,6 +803,118 @@ static int try_old_categorical(rd_t *r, hid_t ds, const char *what, int64_t n,
     return 1;
 }
 
+/* Whether both identifiers are open datasets. */
+static int both_datasets(hid_t a, hid_t b)
+{
+    return a >= 0 && b >= 0 && H5Iget_type(a) == H5I_DATASET && H5Iget_type(b) == H5I_DATASET;
+}
+
+/* A dataset element: an anndata 0.7 categorical, or a plain array. */
+static int read_dataset_element(rd_t *r, hid_t o, const char *what, const char *enc, int64_t n,
+                                iv_meta_col_t *c)
+{
+    int rc = try_old_categorical(r, o, what, n, c);
+    if (rc != 0) return rc;
+    c->encoding = enc[0] ? (strcmp(enc, "string-array") == 0 ? "string-array" : "array")
+                         : "array";
+    return read_plain(r, o, what, n, c, NULL);
+}
+
+/* A categorical group: its categories and codes datasets. */
+static int read_categorical_group(rd_t *r, hid_t o, const char *what, int64_t n,
+                                  iv_meta_col_t *c)
+{
+    hid_t cd = open_child(o, "categories"), cc = open_child(o, "codes");
+    int rc;
+    if (!both_datasets(cd, cc)) {
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: categorical without codes/categories",
+                     r->path, what);
+    } else {
+        char w2[600];
+        snprintf(w2, sizeof w2, "%s/categories", what);
+        rc = read_categories(r, cd, w2, c);
+        snprintf(w2, sizeof w2, "%s/codes", what);
+        if (rc == 0) rc = read_codes(r, cc, w2, n, c);
+        c->ordered = read_attr_bool(o, "ordered", 0);
+        c->encoding = "categorical";
+    }
+    h5close(cd);
+    h5close(cc);
+    return rc;
+}
+
+/* The nullable encodings and the column type each one's values hold. */
+typedef struct nullable_enc {
+    const char *name;
+    iv_col_type_t want;
+} nullable_enc_t;
+
+static const nullable_enc_t NULLABLE[] = {
+    {"nullable-integer", IV_COL_INT},
+    {"nullable-boolean", IV_COL_BOOL},
+    {"nullable-string-array", IV_COL_STRING},
+};
+
+static const nullable_enc_t *find_nullable(const char *enc)
+{
+    for (size_t i = 0; i < sizeof NULLABLE / sizeof NULLABLE[0]; i++)
+        if (strcmp(enc, NULLABLE[i].name) == 0) return &NULLABLE[i];
+    return NULL;
+}
+
+/* The mask and values datasets of a nullable group; values must be of
+ * the encoding's type (integers may have been stored as floats). */
+static int read_mask_values(rd_t *r, hid_t vd, hid_t md, const char *what,
+                            const nullable_enc_t *ne, int64_t n, iv_meta_col_t *c, uint8_t *mask)
+{
+    char w2[600];
+    snprintf(w2, sizeof w2, "%s/mask", what);
+    IV_TRY(read_bool(r, md, w2, n, mask));
+    snprintf(w2, sizeof w2, "%s/values", what);
+    IV_TRY(read_plain(r, vd, w2, n, c, mask));
+    if (c->type != ne->want && !(ne->want == IV_COL_INT && c->type == IV_COL_FLOAT))
+        return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s with values of type %s", r->path, what,
+                       ne->name, iv_col_type_name(c->type));
+    return 0;
+}
+
+/* A nullable-integer, -boolean or -string-array group. */
+static int read_nullable_group(rd_t *r, hid_t o, const char *what, const nullable_enc_t *ne,
+                               int64_t n, iv_meta_col_t *c)
+{
+    hid_t vd = open_child(o, "values"), md = open_child(o, "mask");
+    uint8_t *mask = calloc((size_t)(n ? n : 1), 1);
+    int rc;
+    if (!mask)
+        rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
+    else if (!both_datasets(vd, md))
+        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s without values/mask", r->path, what,
+                     ne->name);
+    else
+        rc = read_mask_values(r, vd, md, what, ne, n, c, mask);
+    if (rc == 0) {
+        c->encoding = ne->name;
+        c->nullable = 1;
+        set_mask(c, mask);
+    } else {
+        free(mask);
+    }
+    h5close(vd);
+    h5close(md);
+    return rc;
+}
+
+/* A group element, by its encoding. */
+static int read_group_element(rd_t *r, hid_t o, const char *what, const char *enc, int64_t n,
+                              iv_meta_col_t *c)
+{
+    if (strcmp(enc, "categorical") == 0) return read_categorical_group(r, o, what, n, c);
+    const nullable_enc_t *ne = find_nullable(enc);
+    if (ne) return read_nullable_group(r, o, what, ne, n, c);
+    return iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: encoding '%s' is not supported", r->path,
+                   what, enc[0] ? enc : "(none)");
+}
+
 /*
  * Reads element `name` of frame group g (n rows) into c.  The encoding
  * names the element's layout; the datatype decides the rest.
@@ -785,76 +930,16 @@ static int read_element(rd_t *r, hid_t g, const char *gname, const char *name, i
     char enc[64] = "";
     int rc = read_attr_str(r, o, "encoding-type", enc, sizeof enc);
     c->n = n;
-    if (rc < 0) goto done;
-    rc = 0;
-    if (H5Iget_type(o) == H5I_DATASET) {
-        rc = try_old_categorical(r, o, what, n, c);
-        if (rc != 0) goto done;
-        c->encoding = enc[0] ? (strcmp(enc, "string-array") == 0 ? "string-array" : "array")
-                             : "array";
-        rc = read_plain(r, o, what, n, c, NULL);
-        goto done;
+    if (rc >= 0) {
+        H5I_type_t kind = H5Iget_type(o);
+        if (kind == H5I_DATASET)
+            rc = read_dataset_element(r, o, what, enc, n, c);
+        else if (kind == H5I_GROUP)
+            rc = read_group_element(r, o, what, enc, n, c);
+        else
+            rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: neither dataset nor group", r->path,
+                         what);
     }
-    if (H5Iget_type(o) != H5I_GROUP) {
-        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: neither dataset nor group", r->path, what);
-        goto done;
-    }
-    if (strcmp(enc, "categorical") == 0) {
-        hid_t cd = open_child(o, "categories"), cc = open_child(o, "codes");
-        if (cd < 0 || cc < 0 || H5Iget_type(cd) != H5I_DATASET ||
-            H5Iget_type(cc) != H5I_DATASET) {
-            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: categorical without codes/categories",
-                         r->path, what);
-        } else {
-            char w2[600];
-            snprintf(w2, sizeof w2, "%s/categories", what);
-            rc = read_categories(r, cd, w2, c);
-            snprintf(w2, sizeof w2, "%s/codes", what);
-            if (rc == 0) rc = read_codes(r, cc, w2, n, c);
-            c->ordered = read_attr_bool(o, "ordered", 0);
-            c->encoding = "categorical";
-        }
-        h5close(cd);
-        h5close(cc);
-    } else if (strcmp(enc, "nullable-integer") == 0 || strcmp(enc, "nullable-boolean") == 0 ||
-               strcmp(enc, "nullable-string-array") == 0) {
-        hid_t vd = open_child(o, "values"), md = open_child(o, "mask");
-        uint8_t *mask = calloc((size_t)(n ? n : 1), 1);
-        char w2[600];
-        if (!mask) {
-            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
-        } else if (vd < 0 || md < 0 || H5Iget_type(vd) != H5I_DATASET ||
-                   H5Iget_type(md) != H5I_DATASET) {
-            rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s without values/mask", r->path, what,
-                         enc);
-        } else {
-            snprintf(w2, sizeof w2, "%s/mask", what);
-            rc = read_bool(r, md, w2, n, mask);
-            snprintf(w2, sizeof w2, "%s/values", what);
-            if (rc == 0) rc = read_plain(r, vd, w2, n, c, mask);
-        }
-        if (rc == 0) {
-            iv_col_type_t want = enc[9] == 'i' ? IV_COL_INT
-                                 : enc[9] == 'b' ? IV_COL_BOOL : IV_COL_STRING;
-            if (c->type != want && !(want == IV_COL_INT && c->type == IV_COL_FLOAT))
-                rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s with values of type %s", r->path,
-                             what, enc, iv_col_type_name(c->type));
-        }
-        if (rc == 0) {
-            c->encoding = enc[9] == 'i' ? "nullable-integer"
-                          : enc[9] == 'b' ? "nullable-boolean" : "nullable-string-array";
-            c->nullable = 1;
-            set_mask(c, mask);
-        } else {
-            free(mask);
-        }
-        h5close(vd);
-        h5close(md);
-    } else {
-        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s: encoding '%s' is not supported", r->path,
-                     what, enc[0] ? enc : "(none)");
-    }
-done:
     h5close(o);
     return rc < 0 ? rc : 0;
 }
@@ -927,23 +1012,94 @@ static int64_t element_len(hid_t g, const char *name)
     return (int64_t)np;
 }
 
+/* The frame group is absent: an index "0".."n-1" for the matrix's rows. */
+static int frame_without_group(rd_t *r, const char *gname, int64_t expect_n, struct frame *f)
+{
+    /* Names "0".."n-1" take about 10 bytes a row: past this many rows
+     * (a synthetic shape, not an atlas) they are not built, and the
+     * matrix is served without names rather than the load running out
+     * of memory. */
+    if (expect_n > RANGE_INDEX_MAX)
+        return iv_fail(r->err, IV_EUNSUPPORTED, "%s: no %s frame, and %lld rows are too many "
+                       "to name 0..n-1 (at most %lld)", r->path, gname, (long long)expect_n,
+                       (long long)RANGE_INDEX_MAX);
+    return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
+}
+
+/* The name of the frame's index element (its _index attribute, if any). */
+static int read_index_name(rd_t *r, hid_t g, const char *gname, char *idx_name, size_t cap)
+{
+    IV_TRY(read_attr_str(r, g, "_index", idx_name, cap));
+    int64_t zero = 0;
+    char w[300];
+    snprintf(w, sizeof w, "%s.attrs['_index']", gname);
+    return check_utf8(r, w, "name", idx_name, &zero, 1);
+}
+
+/* The index element: its length is the frame's rows, which must be the
+ * matrix's (expect_n < 0: any), and it must hold strings. */
+static int read_index(rd_t *r, hid_t g, const char *gname, const char *idx_name,
+                      int64_t expect_n, struct frame *f)
+{
+    int64_t n = element_len(g, idx_name);
+    IV_RETURN_IF(n < 0, r->err, IV_EBAD_FILE, "%s: %s: index '%s' is missing", r->path, gname,
+                 idx_name);
+    IV_RETURN_IF(expect_n >= 0 && n != expect_n, r->err, IV_EBAD_FILE,
+                 "%s: %s has %lld rows but the matrix has %lld", r->path, gname, (long long)n,
+                 (long long)expect_n);
+    f->n = n;
+    f->index = col_new(idx_name, "string-array");
+    IV_RETURN_IF(!f->index, r->err, IV_ENOMEM, "out of memory");
+    IV_TRY(read_element(r, g, gname, idx_name, n, &f->index->c));
+    f->index->c.is_index = 1;
+    IV_RETURN_IF(f->index->c.type != IV_COL_STRING, r->err, IV_EUNSUPPORTED,
+                 "%s: %s/%s: a %s index is not supported", r->path, gname, idx_name,
+                 iv_col_type_name(f->index->c.type));
+    return 0;
+}
+
+/* column-order lists the columns; an empty list is written by h5py as an
+ * empty float array, hence the class check. */
+static int read_column_order(rd_t *r, hid_t g, const char *gname, sarena_t *order,
+                             int64_t *n_order)
+{
+    if (H5Aexists(g, "column-order") <= 0) return 0;
+    hid_t a = H5Aopen(g, "column-order", H5P_DEFAULT);
+    hid_t t = a >= 0 ? H5Aget_type(a) : -1;
+    int is_str = t >= 0 && H5Tget_class(t) == H5T_STRING;
+    h5close(t);
+    char w[300];
+    snprintf(w, sizeof w, "%s.attrs['column-order']", gname);
+    int rc = 0;
+    if (is_str) rc = read_strings(r, a, 1, w, -1, order, n_order);
+    h5close(a);
+    if (rc == 0) rc = check_utf8(r, w, "column name", order->data, order->off, *n_order);
+    return rc;
+}
+
+/* Each listed column, an unsupported one set aside. */
+static int read_columns(rd_t *r, hid_t g, const char *gname, const sarena_t *order,
+                        int64_t n_order, struct frame *f)
+{
+    for (int64_t i = 0; i < n_order; i++) {
+        const char *name = order->data + order->off[i];
+        struct mcol *mc = col_new(name, "array");
+        if (!mc || frame_push(f, mc) < 0) {
+            col_free(mc);
+            return iv_fail(r->err, IV_ENOMEM, "out of memory");
+        }
+        IV_TRY(set_aside_unsupported(r, read_element(r, g, gname, name, f->n, &mc->c)));
+    }
+    return 0;
+}
+
 static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
                       struct frame *f)
 {
     memset(f, 0, sizeof(*f));
     iv_h5iso_stage(r->o, gname);
     hid_t g = open_child(file, gname);
-    if (g < 0) {
-        /* Names "0".."n-1" take about 10 bytes a row: past this many rows
-         * (a synthetic shape, not an atlas) they are not built, and the
-         * matrix is served without names rather than the load running out
-         * of memory. */
-        if (expect_n > RANGE_INDEX_MAX)
-            return iv_fail(r->err, IV_EUNSUPPORTED, "%s: no %s frame, and %lld rows are too many "
-                           "to name 0..n-1 (at most %lld)", r->path, gname, (long long)expect_n,
-                           (long long)RANGE_INDEX_MAX);
-        return range_index(f, expect_n < 0 ? 0 : expect_n, r->err);
-    }
+    if (g < 0) return frame_without_group(r, gname, expect_n, f);
     int rc = 0;
     sarena_t order = {0};
     int64_t n_order = 0;
@@ -953,64 +1109,10 @@ static int read_frame(rd_t *r, hid_t file, const char *gname, int64_t expect_n,
                      "data frames are not supported)", r->path, gname);
         goto done;
     }
-    rc = read_attr_str(r, g, "_index", idx_name, sizeof idx_name);
-    if (rc < 0) goto done;
-    {
-        int64_t zero = 0;
-        char w[300];
-        snprintf(w, sizeof w, "%s.attrs['_index']", gname);
-        if ((rc = check_utf8(r, w, "name", idx_name, &zero, 1)) < 0) goto done;
-    }
-    int64_t n = element_len(g, idx_name);
-    if (n < 0) {
-        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s: index '%s' is missing", r->path, gname,
-                     idx_name);
-        goto done;
-    }
-    if (expect_n >= 0 && n != expect_n) {
-        rc = iv_fail(r->err, IV_EBAD_FILE, "%s: %s has %lld rows but the matrix has %lld",
-                     r->path, gname, (long long)n, (long long)expect_n);
-        goto done;
-    }
-    f->n = n;
-    f->index = col_new(idx_name, "string-array");
-    if (!f->index) {
-        rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
-        goto done;
-    }
-    rc = read_element(r, g, gname, idx_name, n, &f->index->c);
-    if (rc < 0) goto done;
-    f->index->c.is_index = 1;
-    if (f->index->c.type != IV_COL_STRING) {
-        rc = iv_fail(r->err, IV_EUNSUPPORTED, "%s: %s/%s: a %s index is not supported",
-                     r->path, gname, idx_name, iv_col_type_name(f->index->c.type));
-        goto done;
-    }
-    /* column-order lists the columns; an empty list is written by h5py
-     * as an empty float array, hence the class check inside. */
-    if (H5Aexists(g, "column-order") > 0) {
-        hid_t a = H5Aopen(g, "column-order", H5P_DEFAULT);
-        hid_t t = a >= 0 ? H5Aget_type(a) : -1;
-        int is_str = t >= 0 && H5Tget_class(t) == H5T_STRING;
-        h5close(t);
-        char w[300];
-        snprintf(w, sizeof w, "%s.attrs['column-order']", gname);
-        if (is_str) rc = read_strings(r, a, 1, w, -1, &order, &n_order);
-        h5close(a);
-        if (rc == 0) rc = check_utf8(r, w, "column name", order.data, order.off, n_order);
-        if (rc < 0) goto done;
-    }
-    for (int64_t i = 0; i < n_order; i++) {
-        const char *name = order.data + order.off[i];
-        struct mcol *mc = col_new(name, "array");
-        if (!mc || frame_push(f, mc) < 0) {
-            col_free(mc);
-            rc = iv_fail(r->err, IV_ENOMEM, "out of memory");
-            goto done;
-        }
-        rc = set_aside_unsupported(r, read_element(r, g, gname, name, n, &mc->c));
-        if (rc < 0) goto done;
-    }
+    if ((rc = read_index_name(r, g, gname, idx_name, sizeof idx_name)) < 0) goto done;
+    if ((rc = read_index(r, g, gname, idx_name, expect_n, f)) < 0) goto done;
+    if ((rc = read_column_order(r, g, gname, &order, &n_order)) < 0) goto done;
+    rc = read_columns(r, g, gname, &order, n_order, f);
 done:
     sarena_drop(&order);
     h5close(g);
@@ -1129,6 +1231,45 @@ struct meta_ctx {
     const char *frame[2];     /* the obs and var groups; NULL: an empty frame */
 };
 
+/* A column behind a filter this process cannot decode is named with its
+ * filter before a read fails on it (IV_EUNSUPPORTED: the matrix's load,
+ * and pack's and export's own check, refuse the file). */
+static int check_frame_filters(hid_t file, const struct meta_ctx *mc, iv_err_t *err)
+{
+    int rc = 0;
+    for (int a = 0; a < 2 && rc == 0; a++) {
+        hid_t g = -1;
+        H5E_BEGIN_TRY
+        {
+            if (mc->frame[a]) g = H5Gopen2(file, mc->frame[a], H5P_DEFAULT);
+        }
+        H5E_END_TRY;
+        if (g >= 0) rc = iv_h5_check_filters(g, mc->path, err);
+        h5close(g);
+    }
+    return rc;
+}
+
+/* Both frames, each sized by the matrix's shape when it has one; an
+ * absent frame (NULL name) is an empty index. */
+static int read_frames(rd_t *r, hid_t file, const struct meta_ctx *mc, struct frame ax[2])
+{
+    int64_t shape[2] = {-1, -1};
+    iv_h5iso_stage(r->o, mc->x_group);
+    if (!read_shape(file, mc->x_group, shape)) shape[0] = shape[1] = -1;
+    int rc = 0;
+    /* Library error stacks would be printed for every optional probe
+     * that fails; messages go into err instead. */
+    H5E_BEGIN_TRY
+    {
+        for (int a = 0; a < 2 && rc == 0; a++)
+            rc = set_aside_unsupported(r, mc->frame[a] ? read_frame(r, file, mc->frame[a], shape[a], &ax[a])
+                                                       : range_index(&ax[a], 0, r->err));
+    }
+    H5E_END_TRY;
+    return rc;
+}
+
 /* The HDF5 side of iv_meta_load; runs in the reader process. */
 static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
 {
@@ -1144,7 +1285,6 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
         return iv_fail(err, IV_EINTERNAL, "%s: cannot register HDF5 filters", path);
     struct frame ax[2];
     memset(ax, 0, sizeof ax);
-    int rc = 0;
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     hid_t file = -1;
     H5E_BEGIN_TRY
@@ -1154,36 +1294,13 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     H5E_END_TRY;
     h5close(fapl);
     if (file < 0) return iv_fail(err, IV_EIO, "%s: cannot open as HDF5", path);
-    /* A column behind a filter this process cannot decode is named with
-     * its filter before a read fails on it (IV_EUNSUPPORTED: the matrix's
-     * load, and pack's and export's own check, refuse the file). */
     iv_h5iso_stage(o, "the filter pipelines");
-    for (int a = 0; a < 2 && rc == 0; a++) {
-        hid_t g = -1;
-        H5E_BEGIN_TRY
-        {
-            if (mc->frame[a]) g = H5Gopen2(file, mc->frame[a], H5P_DEFAULT);
-        }
-        H5E_END_TRY;
-        if (g >= 0) rc = iv_h5_check_filters(g, path, err);
-        h5close(g);
-    }
+    int rc = check_frame_filters(file, mc, err);
     if (rc < 0) {
         h5close(file);
         return rc;
     }
-    int64_t shape[2] = {-1, -1};
-    iv_h5iso_stage(o, mc->x_group);
-    if (!read_shape(file, mc->x_group, shape)) shape[0] = shape[1] = -1;
-    /* Library error stacks would be printed for every optional probe
-     * that fails; messages go into err instead. */
-    H5E_BEGIN_TRY
-    {
-        for (int a = 0; a < 2 && rc == 0; a++)
-            rc = set_aside_unsupported(&r, mc->frame[a] ? read_frame(&r, file, mc->frame[a], shape[a], &ax[a])
-                                                        : range_index(&ax[a], 0, err));
-    }
-    H5E_END_TRY;
+    rc = read_frames(&r, file, mc, ax);
     h5close(file);
     if (rc == 0 && r.unsupported.code) rc = iv_fail(err, r.unsupported.code, "%s", r.unsupported.msg);
     iv_h5iso_stage(o, "the metadata's results");
@@ -1250,8 +1367,9 @@ static int bytes_are_bool(const uint8_t *p, int64_t n)
     return 1;
 }
 
-/* One column of n rows; NULL on a malformed answer (r->bad) or *oom. */
-static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
+/* A column's name and nine-word header, checked against n rows: the
+ * name, or NULL with r->bad. */
+static const char *take_col_header(iv_h5iso_rd_t *r, int64_t n, uint64_t h[9])
 {
     size_t nl = 0;
     const char *name = iv_h5iso_rd_blob(r, (size_t)-1, &nl);
@@ -1260,13 +1378,105 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
         r->bad = 1;
         return NULL;
     }
-    uint64_t h[9];
-    memcpy(h, hp, sizeof h);
+    memcpy(h, hp, 9 * 8);
     if (h[0] > IV_COL_STRING || h[1] >= N_ENCODINGS || h[2] >= IV_DT_COUNT ||
         h[5] != (uint64_t)n || h[8] > INT32_MAX) {
         r->bad = 1;
         return NULL;
     }
+    return name;
+}
+
+/* The missing mask: empty, or n bytes of 0 and 1. */
+static void take_mask(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n, int *oom)
+{
+    size_t ml = 0;
+    const uint8_t *mask = iv_h5iso_rd_blob(r, (size_t)-1, &ml);
+    if (!mask || (ml != 0 && ml != (size_t)n) || !bytes_are_bool(mask, (int64_t)ml)) {
+        r->bad = 1;
+        return;
+    }
+    if (!ml) return;
+    uint8_t *m = malloc(ml);
+    if (!m) {
+        *oom = 1;
+        return;
+    }
+    memcpy(m, mask, ml);
+    set_mask(c, m);
+}
+
+/* The categories' numbers: n_cats doubles when they are numeric, else
+ * an empty blob. */
+static void take_cat_numbers(iv_h5iso_rd_t *r, iv_meta_col_t *c, int *oom)
+{
+    size_t cl = 0;
+    const void *num = iv_h5iso_rd_blob(r, (size_t)-1, &cl);
+    if (!num || cl != (c->cats_numeric ? (size_t)c->n_cats * 8 : 0)) {
+        r->bad = 1;
+        return;
+    }
+    if (!c->cats_numeric) return;
+    double *v = malloc(cl ? cl : 1);
+    if (!v) {
+        *oom = 1;
+        return;
+    }
+    if (cl) memcpy(v, num, cl);
+    c->cat_num = v;
+}
+
+/* Codes index the categories: each is checked, and the counts are made
+ * here rather than taken. */
+static void count_codes(iv_h5iso_rd_t *r, iv_meta_col_t *c, int *oom)
+{
+    int64_t *counts = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof(int64_t));
+    if (!counts) {
+        *oom = 1;
+        return;
+    }
+    c->cat_counts = counts;
+    for (int64_t i = 0; i < c->n; i++) {
+        if (c->codes[i] < -1 || c->codes[i] >= c->n_cats) {
+            r->bad = 1;
+            return;
+        }
+        if (c->codes[i] >= 0) counts[c->codes[i]]++;
+    }
+}
+
+/* A categorical's codes, categories and their numbers. */
+static void take_categorical(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int *oom)
+{
+    c->n_cats = n_cats;
+    c->codes = take_array(r, (uint64_t)c->n, 4, oom);
+    if (!c->codes || take_arena(r, c->n_cats, &c->cat_data, &c->cat_off, oom) < 0) return;
+    take_cat_numbers(r, c, oom);
+    if (!r->bad && !*oom) count_codes(r, c, oom);
+}
+
+/* The column's values, by its type. */
+static void take_values(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int *oom)
+{
+    int64_t n = c->n;
+    switch (c->type) {
+    case IV_COL_INT: c->i64 = take_array(r, (uint64_t)n, 8, oom); break;
+    case IV_COL_FLOAT: c->f64 = take_array(r, (uint64_t)n, 8, oom); break;
+    case IV_COL_BOOL:
+        c->b = take_array(r, (uint64_t)n, 1, oom);
+        if (c->b && !bytes_are_bool(c->b, n)) r->bad = 1;
+        break;
+    case IV_COL_STRING: take_arena(r, n, &c->str_data, &c->str_off, oom); break;
+    case IV_COL_CATEGORICAL: take_categorical(r, c, n_cats, oom); break;
+    }
+}
+
+/* One column of n rows; NULL on a malformed answer (r->bad) or *oom. */
+static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
+{
+    uint64_t h[9];
+    const char *name = take_col_header(r, n, h);
+    if (!name) return NULL;
     struct mcol *mc = col_new(name, ENCODINGS[h[1]]);
     if (!mc) {
         *oom = 1;
@@ -1280,70 +1490,9 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
     c->n = n;
     c->ordered = h[6] != 0;
     c->cats_numeric = h[7] != 0;
-    size_t ml = 0;
-    const uint8_t *mask = iv_h5iso_rd_blob(r, (size_t)-1, &ml);
-    if (!mask || (ml != 0 && ml != (size_t)n) || !bytes_are_bool(mask, (int64_t)ml)) {
-        r->bad = 1;
-        goto fail;
-    }
-    if (ml) {
-        uint8_t *m = malloc(ml);
-        if (!m) {
-            *oom = 1;
-            goto fail;
-        }
-        memcpy(m, mask, ml);
-        set_mask(c, m);
-    }
-    switch (c->type) {
-    case IV_COL_INT: c->i64 = take_array(r, (uint64_t)n, 8, oom); break;
-    case IV_COL_FLOAT: c->f64 = take_array(r, (uint64_t)n, 8, oom); break;
-    case IV_COL_BOOL:
-        c->b = take_array(r, (uint64_t)n, 1, oom);
-        if (c->b && !bytes_are_bool(c->b, n)) r->bad = 1;
-        break;
-    case IV_COL_STRING: take_arena(r, n, &c->str_data, &c->str_off, oom); break;
-    case IV_COL_CATEGORICAL: {
-        c->n_cats = (int64_t)h[8];
-        int32_t *codes = take_array(r, (uint64_t)n, 4, oom);
-        c->codes = codes;
-        if (!codes || take_arena(r, c->n_cats, &c->cat_data, &c->cat_off, oom) < 0) break;
-        size_t cl = 0;
-        const void *num = iv_h5iso_rd_blob(r, (size_t)-1, &cl);
-        if (!num || cl != (c->cats_numeric ? (size_t)c->n_cats * 8 : 0)) {
-            r->bad = 1;
-            break;
-        }
-        if (c->cats_numeric) {
-            double *v = malloc(cl ? cl : 1);
-            if (!v) {
-                *oom = 1;
-                break;
-            }
-            if (cl) memcpy(v, num, cl);
-            c->cat_num = v;
-        }
-        /* Codes index the categories: each is checked, and the counts are
-         * made here rather than taken. */
-        int64_t *counts = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof(int64_t));
-        if (!counts) {
-            *oom = 1;
-            break;
-        }
-        c->cat_counts = counts;
-        for (int64_t i = 0; i < n; i++) {
-            if (codes[i] < -1 || codes[i] >= c->n_cats) {
-                r->bad = 1;
-                break;
-            }
-            if (codes[i] >= 0) counts[codes[i]]++;
-        }
-        break;
-    }
-    }
-    if (r->bad || *oom) goto fail;
-    return mc;
-fail:
+    take_mask(r, c, n, oom);
+    if (!r->bad && !*oom) take_values(r, c, (int64_t)h[8], oom);
+    if (!r->bad && !*oom) return mc;
     col_free(mc);
     return NULL;
 }
@@ -1556,6 +1705,106 @@ static int add_computed_col(struct frame *f, const char *base, iv_col_type_t typ
     return 0;
 }
 
+/* The computed columns' arrays, one entry a major slice; the masks only
+ * for float values. */
+typedef struct computed {
+    void *tot, *mx;
+    int64_t *nnz;
+    uint8_t *tmask, *mmask;
+} computed_t;
+
+static void computed_free(computed_t *c)
+{
+    free(c->tot), free(c->mx), free(c->nnz), free(c->tmask), free(c->mmask);
+}
+
+static int computed_alloc(computed_t *c, int64_t n_major, int is_float)
+{
+    size_t cnt = (size_t)(n_major ? n_major : 1);
+    c->tot = malloc(cnt * 8);
+    c->mx = malloc(cnt * 8);
+    c->nnz = malloc(cnt * 8);
+    c->tmask = is_float ? calloc(cnt, 1) : NULL;
+    c->mmask = is_float ? calloc(cnt, 1) : NULL;
+    if (c->tot && c->mx && c->nnz && (!is_float || (c->tmask && c->mmask))) return 0;
+    computed_free(c);
+    return IV_ENOMEM;
+}
+
+/* Total and maximum of float slice i, unique values [g0, g1).  max_count
+ * is the maximum of the dense slice: implicit zeros take part unless
+ * every minor position is stored. */
+static inline void float_slice(computed_t *c, int64_t i, iv_dtype_t vt, const void *values,
+                               const int64_t *value_ptr, int64_t g0, int64_t g1, int dense,
+                               int64_t n_minor)
+{
+    double s = 0, best = dense ? -INFINITY : 0;
+    int nan = 0;
+    for (int64_t k = g0; k < g1; k++) {
+        double v = iv_dtype_get_f64(vt, values, (size_t)k);
+        s += v * (double)(value_ptr[k + 1] - value_ptr[k]);
+        if (isnan(v)) nan = 1;
+        else if (v > best) best = v;
+    }
+    if (n_minor == 0 || (dense && g0 == g1)) best = 0;
+    ((double *)c->tot)[i] = s;
+    ((double *)c->mx)[i] = nan ? NAN : best;
+    c->tmask[i] = isnan(s) != 0;
+    c->mmask[i] = (uint8_t)nan;
+}
+
+/* float_slice for integer values. */
+static inline void int_slice(computed_t *c, int64_t i, iv_dtype_t vt, const void *values,
+                             const int64_t *value_ptr, int64_t g0, int64_t g1, int dense,
+                             int64_t n_minor)
+{
+    int64_t s = 0, best = dense ? INT64_MIN : 0;
+    for (int64_t k = g0; k < g1; k++) {
+        int64_t v = get_i64(vt, values, k);
+        s += v * (value_ptr[k + 1] - value_ptr[k]);
+        if (v > best) best = v;
+    }
+    if (n_minor == 0 || (dense && g0 == g1)) best = 0;
+    ((int64_t *)c->tot)[i] = s;
+    ((int64_t *)c->mx)[i] = best;
+}
+
+/* Every slice's stored count, total and maximum. */
+static int compute_slices(computed_t *c, int64_t n_major, int64_t n_minor,
+                          const int64_t *major_ptr, const int64_t *value_ptr, int64_t n_unique,
+                          const void *values, iv_dtype_t vt, int is_float, iv_err_t *err)
+{
+    for (int64_t i = 0; i < n_major; i++) {
+        int64_t g0 = major_ptr[i], g1 = major_ptr[i + 1];
+        if (g1 < g0 || g1 > n_unique || value_ptr[g1] < value_ptr[g0])
+            return iv_fail(err, IV_EBAD_FILE, "computed columns: pointers of slice %lld are "
+                           "not monotone", (long long)i);
+        int64_t cnt_i = value_ptr[g1] - value_ptr[g0];
+        c->nnz[i] = cnt_i;
+        int dense = cnt_i >= n_minor;
+        if (is_float) float_slice(c, i, vt, values, value_ptr, g0, g1, dense, n_minor);
+        else int_slice(c, i, vt, values, value_ptr, g0, g1, dense, n_minor);
+    }
+    return 0;
+}
+
+/* Adds the three columns to f, which takes the arrays (freed on error). */
+static int attach_computed(struct frame *f, computed_t *c, iv_orient_t orient, int is_float,
+                           iv_err_t *err)
+{
+    iv_col_type_t vtype = is_float ? IV_COL_FLOAT : IV_COL_INT;
+    iv_dtype_t vdt = is_float ? IV_DT_FLOAT64 : IV_DT_INT64;
+    int rc = add_computed_col(f, "total_counts", vtype, c->tot, c->tmask, vdt, err);
+    if (rc == 0)
+        rc = add_computed_col(f, orient == IV_IVCSC ? "n_cells" : "n_genes", IV_COL_INT, c->nnz,
+                              NULL, IV_DT_INT64, err);
+    else
+        free(c->nnz);
+    if (rc == 0) rc = add_computed_col(f, "max_count", vtype, c->mx, c->mmask, vdt, err);
+    else free(c->mx), free(c->mmask);
+    return rc;
+}
+
 int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_major,
                                 int64_t n_minor, const int64_t *major_ptr,
                                 const int64_t *value_ptr, int64_t n_unique,
@@ -1572,62 +1821,16 @@ int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_majo
     IV_RETURN_IF(major_ptr[0] != 0 || major_ptr[n_major] != n_unique || value_ptr[0] != 0,
                  err, IV_EBAD_FILE, "computed columns: pointer arrays do not span the values");
     int is_float = vt == IV_DT_FLOAT32 || vt == IV_DT_FLOAT64;
-    size_t cnt = (size_t)(n_major ? n_major : 1);
-    void *tot = malloc(cnt * 8), *mx = malloc(cnt * 8);
-    int64_t *nnz = malloc(cnt * 8);
-    uint8_t *tmask = is_float ? calloc(cnt, 1) : NULL, *mmask = is_float ? calloc(cnt, 1) : NULL;
-    if (!tot || !mx || !nnz || (is_float && (!tmask || !mmask))) {
-        free(tot), free(mx), free(nnz), free(tmask), free(mmask);
-        return iv_fail(err, IV_ENOMEM, "computed columns: out of memory");
+    computed_t c;
+    IV_RETURN_IF(computed_alloc(&c, n_major, is_float) < 0, err, IV_ENOMEM,
+                 "computed columns: out of memory");
+    int rc = compute_slices(&c, n_major, n_minor, major_ptr, value_ptr, n_unique, values, vt,
+                            is_float, err);
+    if (rc < 0) {
+        computed_free(&c);
+        return rc;
     }
-    for (int64_t i = 0; i < n_major; i++) {
-        int64_t g0 = major_ptr[i], g1 = major_ptr[i + 1];
-        if (g1 < g0 || g1 > n_unique || value_ptr[g1] < value_ptr[g0]) {
-            free(tot), free(mx), free(nnz), free(tmask), free(mmask);
-            return iv_fail(err, IV_EBAD_FILE, "computed columns: pointers of slice %lld are "
-                           "not monotone", (long long)i);
-        }
-        int64_t cnt_i = value_ptr[g1] - value_ptr[g0];
-        nnz[i] = cnt_i;
-        /* max_count is the maximum of the dense slice: implicit zeros take
-         * part unless every minor position is stored. */
-        int dense = cnt_i >= n_minor;
-        if (is_float) {
-            double s = 0, best = dense ? -INFINITY : 0;
-            int nan = 0;
-            for (int64_t k = g0; k < g1; k++) {
-                double v = iv_dtype_get_f64(vt, values, (size_t)k);
-                s += v * (double)(value_ptr[k + 1] - value_ptr[k]);
-                if (isnan(v)) nan = 1;
-                else if (v > best) best = v;
-            }
-            if (n_minor == 0 || (dense && g0 == g1)) best = 0;
-            ((double *)tot)[i] = s;
-            ((double *)mx)[i] = nan ? NAN : best;
-            tmask[i] = isnan(s) != 0;
-            mmask[i] = nan;
-        } else {
-            int64_t s = 0, best = dense ? INT64_MIN : 0;
-            for (int64_t k = g0; k < g1; k++) {
-                int64_t v = get_i64(vt, values, k);
-                s += v * (value_ptr[k + 1] - value_ptr[k]);
-                if (v > best) best = v;
-            }
-            if (n_minor == 0 || (dense && g0 == g1)) best = 0;
-            ((int64_t *)tot)[i] = s;
-            ((int64_t *)mx)[i] = best;
-        }
-    }
-    iv_col_type_t vtype = is_float ? IV_COL_FLOAT : IV_COL_INT;
-    iv_dtype_t vdt = is_float ? IV_DT_FLOAT64 : IV_DT_INT64;
-    int rc = add_computed_col(f, "total_counts", vtype, tot, tmask, vdt, err);
-    if (rc == 0)
-        rc = add_computed_col(f, orient == IV_IVCSC ? "n_cells" : "n_genes", IV_COL_INT, nnz,
-                              NULL, IV_DT_INT64, err);
-    else
-        free(nnz);
-    if (rc == 0) rc = add_computed_col(f, "max_count", vtype, mx, mmask, vdt, err);
-    else free(mx), free(mmask);
+    rc = attach_computed(f, &c, orient, is_float, err);
     m->stats.computed_seconds += iv_now_s() - t0;
     return rc;
 }
@@ -1666,31 +1869,31 @@ static int column_hash(iv_meta_t *m, struct mcol *mc, const iv_names_t **out, iv
     return rc;
 }
 
-int iv_meta_find_names(iv_meta_t *m, iv_axis_t axis, const char *by_column,
-                       const char *const *names, int64_t n, int allow_missing,
-                       int64_t *out_idx, iv_names_report_t *rep, iv_err_t *err)
+/* The column names are looked up in: the index, or a string or
+ * categorical column; NULL with an error otherwise. */
+static struct mcol *names_column(iv_meta_t *m, iv_axis_t axis, const char *by_column,
+                                 iv_err_t *err)
 {
     const char *axname = axis == IV_AXIS_VAR ? "var" : "obs";
-    iv_names_report_t local = {0};
-    iv_names_report_t *R = rep ? rep : &local;
-    memset(R, 0, sizeof(*R));
-    struct frame *f = &m->ax[axis == IV_AXIS_VAR];
-    struct mcol *mc = by_column ? find_mcol(m, axis, by_column) : f->index;
-    IV_RETURN_IF(!mc, err, IV_EBAD_SELECTION, "unknown %s column '%s' for names lookup", axname,
-                 by_column);
-    IV_RETURN_IF(mc->c.type != IV_COL_STRING && mc->c.type != IV_COL_CATEGORICAL, err,
-                 IV_EBAD_SELECTION, "%s column '%s' holds %s values, not names", axname,
-                 mc->c.name, iv_col_type_name(mc->c.type));
-    const iv_names_t *h = NULL;
-    IV_TRY(column_hash(m, mc, &h, err));
-    size_t cap = (size_t)(n > 0 ? n : 1);
-    R->missing = malloc(cap * sizeof(int64_t));
-    R->folded = malloc(cap * sizeof(int64_t));
-    R->ambiguous = malloc(cap * sizeof(int64_t));
-    if (!R->missing || !R->folded || !R->ambiguous) {
-        iv_names_report_free(R);
-        return iv_fail(err, IV_ENOMEM, "names lookup: out of memory");
+    struct mcol *mc = by_column ? find_mcol(m, axis, by_column) : m->ax[axis == IV_AXIS_VAR].index;
+    if (!mc) {
+        iv_fail(err, IV_EBAD_SELECTION, "unknown %s column '%s' for names lookup", axname,
+                by_column);
+        return NULL;
     }
+    if (mc->c.type != IV_COL_STRING && mc->c.type != IV_COL_CATEGORICAL) {
+        iv_fail(err, IV_EBAD_SELECTION, "%s column '%s' holds %s values, not names", axname,
+                mc->c.name, iv_col_type_name(mc->c.type));
+        return NULL;
+    }
+    return mc;
+}
+
+/* Finds each name, exactly or else case-folded, noting in R which were
+ * folded, ambiguous or missing (-1 in out_idx). */
+static void look_up_names(const iv_names_t *h, const char *const *names, int64_t n,
+                          int64_t *out_idx, iv_names_report_t *R)
+{
     for (int64_t i = 0; i < n; i++) {
         const char *s = names[i] ? names[i] : "";
         size_t len = strlen(s);
@@ -1708,30 +1911,63 @@ int iv_meta_find_names(iv_meta_t *m, iv_axis_t axis, const char *by_column,
         }
         out_idx[i] = row;
     }
-    int rc = 0;
-    if (R->n_missing > 0 && !allow_missing) {
-        char list[400];
-        size_t len = 0;
-        list[0] = '\0';
-        for (int64_t k = 0; k < R->n_missing && len < sizeof list - 40; k++) {
-            int w = snprintf(list + len, sizeof list - len, "%s'%.60s'", k ? ", " : "",
-                             names[R->missing[k]] ? names[R->missing[k]] : "");
-            if (w < 0) break;
-            len += (size_t)w < sizeof list - len ? (size_t)w : sizeof list - len - 1;
-            if (k + 1 < R->n_missing && len >= sizeof list - 40) {
-                snprintf(list + len, sizeof list - len, ", ...");
-                break;
-            }
+}
+
+/* The first missing names, quoted, for a message of cap bytes. */
+static void list_missing(char *list, size_t cap, const char *const *names,
+                         const iv_names_report_t *R)
+{
+    size_t len = 0;
+    list[0] = '\0';
+    for (int64_t k = 0; k < R->n_missing && len < cap - 40; k++) {
+        int w = snprintf(list + len, cap - len, "%s'%.60s'", k ? ", " : "",
+                         names[R->missing[k]] ? names[R->missing[k]] : "");
+        if (w < 0) break;
+        len += (size_t)w < cap - len ? (size_t)w : cap - len - 1;
+        if (k + 1 < R->n_missing && len >= cap - 40) {
+            snprintf(list + len, cap - len, ", ...");
+            break;
         }
-        if (by_column)
-            rc = iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld names not found in %s column "
-                         "'%s': %s", (long long)R->n_missing, (long long)n, axname, by_column,
-                         list);
-        else
-            rc = iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld %s names not found: %s",
-                         (long long)R->n_missing, (long long)n,
-                         axis == IV_AXIS_VAR ? "gene" : "cell", list);
     }
+}
+
+/* The error for names not found. */
+static int names_missing(iv_axis_t axis, const char *by_column, const char *const *names,
+                         int64_t n, const iv_names_report_t *R, iv_err_t *err)
+{
+    char list[400];
+    list_missing(list, sizeof list, names, R);
+    if (by_column)
+        return iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld names not found in %s column "
+                       "'%s': %s", (long long)R->n_missing, (long long)n,
+                       axis == IV_AXIS_VAR ? "var" : "obs", by_column, list);
+    return iv_fail(err, IV_EUNKNOWN_NAME, "%lld of %lld %s names not found: %s",
+                   (long long)R->n_missing, (long long)n, axis == IV_AXIS_VAR ? "gene" : "cell",
+                   list);
+}
+
+int iv_meta_find_names(iv_meta_t *m, iv_axis_t axis, const char *by_column,
+                       const char *const *names, int64_t n, int allow_missing,
+                       int64_t *out_idx, iv_names_report_t *rep, iv_err_t *err)
+{
+    iv_names_report_t local = {0};
+    iv_names_report_t *R = rep ? rep : &local;
+    memset(R, 0, sizeof(*R));
+    struct mcol *mc = names_column(m, axis, by_column, err);
+    if (!mc) return IV_EBAD_SELECTION;
+    const iv_names_t *h = NULL;
+    IV_TRY(column_hash(m, mc, &h, err));
+    size_t cap = (size_t)(n > 0 ? n : 1);
+    R->missing = malloc(cap * sizeof(int64_t));
+    R->folded = malloc(cap * sizeof(int64_t));
+    R->ambiguous = malloc(cap * sizeof(int64_t));
+    if (!R->missing || !R->folded || !R->ambiguous) {
+        iv_names_report_free(R);
+        return iv_fail(err, IV_ENOMEM, "names lookup: out of memory");
+    }
+    look_up_names(h, names, n, out_idx, R);
+    int rc = 0;
+    if (R->n_missing > 0 && !allow_missing) rc = names_missing(axis, by_column, names, n, R, err);
     if (!rep) iv_names_report_free(&local);
     return rc;
 }
