@@ -48,6 +48,12 @@
  * is the stream's real size.  The row index of the copy comes from the
  * byte offset of every new slice, which the encode step knows, so no
  * second pass is needed.
+ *
+ * iv_dataset_build_other, at the end of this file, calls one function a
+ * stage in this order: number_values (1), plan_build (estimate and
+ * budget, bands, entry width), plan_blocks_or_count (2), run_windows (3
+ * and 4, window by window), check_exact_size (the budgets again) and
+ * make_copy; build_free is the one cleanup, on success and on failure.
  */
 #include "transpose.h"
 
@@ -239,6 +245,36 @@ static inline size_t vset_slot(const struct vset *h, uint64_t k)
     return s;
 }
 
+/* Doubles h's capacity, every key rehashed.  0, or -1 out of memory
+ * (h unchanged but for a longer list). */
+static int vset_grow(struct vset *h)
+{
+    size_t nc = h->cap * 2;
+    uint64_t *nk = malloc(nc * sizeof *nk);
+    uint32_t *ni = malloc(nc * sizeof *ni);
+    uint64_t *nl = realloc(h->list, nc / 2 * sizeof *nl);
+    if (nl) h->list = nl;
+    if (!nk || !ni || !nl) {
+        free(nk);
+        free(ni);
+        return -1;
+    }
+    memset(ni, 0xff, nc * sizeof *ni);
+    for (size_t x = 0; x < h->cap; x++) {
+        if (h->ids[x] == UINT32_MAX) continue;
+        size_t g = (size_t)mix64(h->keys[x]) & (nc - 1);
+        while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
+        nk[g] = h->keys[x];
+        ni[g] = h->ids[x];
+    }
+    free(h->keys);
+    free(h->ids);
+    h->keys = nk;
+    h->ids = ni;
+    h->cap = nc;
+    return 0;
+}
+
 /* The id of k, added if new: 0, -1 out of memory, -2 too many values. */
 static int vset_add(struct vset *h, uint64_t k, uint32_t *id)
 {
@@ -249,30 +285,8 @@ static int vset_add(struct vset *h, uint64_t k, uint32_t *id)
     }
     if (h->used >= UINT32_MAX - 1) return -2;
     if ((h->used + 1) * 2 >= h->cap) {
-        /* Grow first: rehash every key, then place k. */
-        size_t nc = h->cap * 2;
-        uint64_t *nk = malloc(nc * sizeof *nk);
-        uint32_t *ni = malloc(nc * sizeof *ni);
-        uint64_t *nl = realloc(h->list, nc / 2 * sizeof *nl);
-        if (nl) h->list = nl;
-        if (!nk || !ni || !nl) {
-            free(nk);
-            free(ni);
-            return -1;
-        }
-        memset(ni, 0xff, nc * sizeof *ni);
-        for (size_t x = 0; x < h->cap; x++) {
-            if (h->ids[x] == UINT32_MAX) continue;
-            size_t g = (size_t)mix64(h->keys[x]) & (nc - 1);
-            while (ni[g] != UINT32_MAX) g = (g + 1) & (nc - 1);
-            nk[g] = h->keys[x];
-            ni[g] = h->ids[x];
-        }
-        free(h->keys);
-        free(h->ids);
-        h->keys = nk;
-        h->ids = ni;
-        h->cap = nc;
+        /* Grow first, then place k. */
+        if (vset_grow(h) < 0) return -1;
         s = vset_slot(h, k);
     }
     h->keys[s] = k;
@@ -334,6 +348,51 @@ static void vpart_map(void *arg, size_t p)
     for (int64_t i = i0; i < i1; i++) v->vid[i] = l->ids[v->vid[i]];
 }
 
+/* Parts collect their distinct values in parallel, then the merged set
+ * takes each part's, in part order.  0, -1 out of memory, -2 too many
+ * values. */
+static int collect_values(struct vparts *v, iv_pool_t *pool, struct vset *all)
+{
+    iv_pool_parallel_for(pool, (size_t)v->n_parts, 0, vpart_collect, v);
+    int rc = atomic_load(&v->rc);
+    for (int64_t p = 0; rc == 0 && p < v->n_parts; p++) {
+        for (size_t x = 0; rc == 0 && x < v->local[p].used; x++) {
+            uint32_t id;
+            rc = vset_add(all, v->local[p].list[x], &id);
+        }
+    }
+    return rc;
+}
+
+/*
+ * The distinct values of all in value order, each one's id in all set
+ * to its rank; NULL when out of memory.  The comparator's dtype is a
+ * file-level static, so the sort runs under a lock (it is over distinct
+ * values only).
+ */
+static uint64_t *rank_values(struct vset *all, iv_dtype_t dtype)
+{
+    size_t used = all->used;
+    uint64_t *sorted = malloc((used ? used : 1) * sizeof *sorted);
+    if (!sorted) return NULL;
+    memcpy(sorted, all->list, used * sizeof *sorted);
+    static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&sort_mu);
+    cmp_dtype = dtype;
+    qsort(sorted, used, sizeof *sorted, cmp_values);
+    pthread_mutex_unlock(&sort_mu);
+    for (size_t r = 0; r < used; r++) all->ids[vset_slot(all, sorted[r])] = (uint32_t)r;
+    return sorted;
+}
+
+/* Frees the parts' sets and the merged one. */
+static void vparts_free(struct vparts *v, struct vset *all)
+{
+    for (int64_t p = 0; v->local && p < v->n_parts; p++) vset_free(&v->local[p]);
+    free(v->local);
+    vset_free(all);
+}
+
 /*
  * Gives every source group the rank of its value among the distinct
  * values (vid, n_unique entries); *n_distinct and the distinct bit
@@ -352,57 +411,24 @@ static int value_ids(const iv_h5matrix_t *m, iv_pool_t *pool, unsigned threads, 
     atomic_init(&v.rc, 0);
     struct vset all = {0};
     uint64_t *sorted = NULL;
-    uint32_t *vid = malloc((size_t)(n ? n : 1) * sizeof *vid);
+    v.vid = malloc((size_t)(n ? n : 1) * sizeof *v.vid);
     v.local = calloc((size_t)np, sizeof *v.local);
-    v.vid = vid;
-    int rc = 0;
-    if (!vid || !v.local || vset_init(&all) < 0) goto oom;
-    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_collect, &v);
-    if ((rc = atomic_load(&v.rc)) < 0) goto bad;
-    for (int64_t p = 0; p < np; p++) {
-        for (size_t x = 0; x < v.local[p].used; x++) {
-            uint32_t id;
-            if ((rc = vset_add(&all, v.local[p].list[x], &id)) < 0) goto bad;
-        }
+    int rc = !v.vid || !v.local || vset_init(&all) < 0 ? -1 : collect_values(&v, pool, &all);
+    if (rc == 0 && !(sorted = rank_values(&all, m->value_dtype))) rc = -1;
+    if (rc == 0) {
+        v.all = &all;
+        iv_pool_parallel_for(pool, (size_t)np, 0, vpart_map, &v);
+        *n_distinct = all.used;
     }
-    /* Rank the distinct values; the comparator's dtype is a file-level
-     * static, so this runs under a lock (the sort is over distinct values
-     * only). */
-    size_t used = all.used;
-    sorted = malloc((used ? used : 1) * sizeof *sorted);
-    if (!sorted) goto oom;
-    memcpy(sorted, all.list, used * sizeof *sorted);
-    {
-        static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
-        pthread_mutex_lock(&sort_mu);
-        cmp_dtype = m->value_dtype;
-        qsort(sorted, used, sizeof *sorted, cmp_values);
-        pthread_mutex_unlock(&sort_mu);
+    vparts_free(&v, &all);
+    if (rc == 0) {
+        *vid_out = v.vid;
+        *distinct_out = sorted;
+        return 0;
     }
-    for (size_t r = 0; r < used; r++) all.ids[vset_slot(&all, sorted[r])] = (uint32_t)r;
-    v.all = &all;
-    iv_pool_parallel_for(pool, (size_t)np, 0, vpart_map, &v);
-    for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
-    free(v.local);
-    vset_free(&all);
-    *vid_out = vid;
-    *distinct_out = sorted;
-    *n_distinct = used;
-    return 0;
-bad:
-    if (rc == -2) {
-        for (int64_t p = 0; p < np; p++) vset_free(&v.local[p]);
-        free(v.local);
-        vset_free(&all);
-        free(vid);
-        return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
-    }
-oom:
-    for (int64_t p = 0; v.local && p < np; p++) vset_free(&v.local[p]);
-    free(v.local);
-    vset_free(&all);
-    free(vid);
+    free(v.vid);
     free(sorted);
+    if (rc == -2) return iv_fail(err, IV_EUNSUPPORTED, "more than 2^32 distinct values");
     return iv_fail(err, IV_ENOMEM, "out of memory numbering the values");
 }
 
@@ -533,6 +559,174 @@ static inline void wc_flush(uint8_t *dst, const uint8_t *line)
 enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL };
 
 /*
+ * A pass's state for one band: the counts (the band's row of t->off) and
+ * new slices; for the fill, the window, the temporary, the band's parts
+ * (entries, first and last chunk of each block's chain, from fill_n, head
+ * and tail), the rest of its share of chunks [c_next, c_end), and its
+ * write-combining lines (NULL: plain stores).  band_walk holds it by
+ * value, so that it stays in registers: the stores to the temporary could
+ * alias a struct's fields.
+ */
+struct band_pass {
+    uint64_t *off;
+    uint64_t n_minor;
+    const uint64_t *blk_of;
+    uint64_t g0, g1;
+    uint8_t *tmp;
+    size_t esz;
+    uint32_t *next, *head, *tail;
+    uint64_t *fill_n;
+    uint64_t chunk, cmask, lmask;
+    uint64_t c_next, c_end;
+    uint8_t *wc;
+};
+
+/*
+ * Band b's pass state (the fill's part zeros for the passes that only
+ * count).  Write
+ * combining: each block owns one cache line of buffer that mirrors the
+ * temporary's line its next entry goes to (same slot), so a finished
+ * line goes out as one aligned 64-byte store (see wc_flush).  A chunk is
+ * whole lines, so no line is shared with another part.  Blocks are few
+ * (a few thousand lines, in the core's own cache) and each part is
+ * written in order, so the writes are a few thousand sequential streams
+ * rather than one scattered store per entry.
+ */
+static struct band_pass band_pass_begin(const struct tb *t, size_t b, int fill)
+{
+    struct band_pass f = {0};
+    f.off = t->off + (size_t)b * (size_t)t->n_new_major;
+    f.n_minor = (uint64_t)t->n_new_major;
+    if (!fill) return f;
+    int64_t nk = t->n_blk;
+    size_t at_band = (size_t)b * (size_t)(nk ? nk : 1);
+    f.blk_of = t->blk_of;
+    f.g0 = (uint64_t)t->g0;
+    f.g1 = (uint64_t)t->g1;
+    f.tmp = t->tmp;
+    f.esz = t->esz;
+    f.next = t->next;
+    f.head = t->head + at_band;
+    f.tail = t->tail + at_band;
+    f.fill_n = t->fill_n + at_band;
+    f.chunk = t->chunk;
+    f.cmask = t->chunk - 1;
+    f.lmask = WC_LINE / t->esz - 1;
+    f.c_next = t->cfirst[b];
+    f.c_end = t->cfirst[b + 1];
+    if (!t->plain_stores && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES)
+        f.wc = aligned_alloc(WC_LINE, (size_t)(nk ? nk : 1) * WC_LINE);
+    return f;
+}
+
+/* Writes the write-combining lines begun and not finished (when the
+ * fill went well) and frees them. */
+static void band_pass_end(const struct tb *t, struct band_pass f, int rc)
+{
+    if (!f.wc) return;
+    for (int64_t k = 0; rc == 0 && k < t->n_blk; k++) {
+        uint64_t n = f.fill_n[k], r = n & f.lmask;
+        if (r)
+            memcpy(f.tmp + ((uint64_t)f.tail[k] * f.chunk + ((n - 1) & f.cmask & ~f.lmask)) * f.esz,
+                   f.wc + (size_t)k * WC_LINE, (size_t)r * f.esz);
+    }
+    free(f.wc);
+}
+
+/* A cursor at source slice s's first entry. */
+static int band_seek(const struct tb *t, int64_t s, iv_cursor_t *cur, iv_err_t *e)
+{
+    const iv_dataset_t *ds = t->src;
+    iv_cursor_init(cur, ds->stream);
+    uint64_t at, skip;
+    iv_rowindex_locate(&ds->ri, t->mp, t->vp, s, &at, &skip);
+    int rc = iv_cursor_seek(cur, at, e);
+    if (rc == 0) rc = iv_cursor_skip(cur, skip, e);
+    return rc;
+}
+
+/*
+ * The next varint of cur: one- and two-byte varints inline and without a
+ * branch on which (most of a cell-major stream, mixed about evenly, so
+ * that a branch would often be mispredicted); the rest through the
+ * cursor.
+ */
+static inline __attribute__((always_inline)) int read_delta(iv_cursor_t *cur, uint64_t *d, iv_err_t *e)
+{
+    if (cur->end - cur->p >= 2) {
+        uint64_t b0 = cur->p[0], b1 = cur->p[1], two = b0 >> 7;
+        *d = (b0 & 0x7f) | ((b1 << 7) & (0 - two));
+        int fast = !(two & (b1 >> 7));
+        cur->p += fast ? 1 + two : 0;
+        if (fast) return 0;
+    }
+    return iv_cursor_read(cur, d, e);
+}
+
+/*
+ * Appends entry en to the end of block kb's part: the part's next chunk
+ * comes from the band's share when its last one is full; the entry goes
+ * to the block's write-combining line, which goes out when whole, or
+ * straight to the temporary.
+ */
+static inline __attribute__((always_inline)) int fill_put(struct band_pass *f, size_t kb, uint64_t en,
+                                                          const struct tb *t, size_t b, iv_err_t *e)
+{
+    uint64_t n = f->fill_n[kb]++, in = n & f->cmask;
+    if (in == 0) {
+        if (f->c_next >= f->c_end)
+            return iv_fail(e, IV_EINTERNAL, "%s: the transpose's band %zu outgrew its share", t->src->where,
+                           b);
+        if (n == 0) f->head[kb] = (uint32_t)f->c_next;
+        else f->next[f->tail[kb]] = (uint32_t)f->c_next;
+        f->tail[kb] = (uint32_t)f->c_next++;
+    }
+    uint64_t p = (uint64_t)f->tail[kb] * f->chunk + in;
+    if (!f->wc) {
+        put_entry(f->tmp, f->esz, p, en);
+        return 0;
+    }
+    uint8_t *line = f->wc + kb * WC_LINE;
+    put_entry(line, f->esz, in & f->lmask, en);
+    if ((in & f->lmask) == f->lmask) wc_flush(f->tmp + (p - f->lmask) * f->esz, line);
+    return 0;
+}
+
+/*
+ * One value group of source slice s in band b: its `left` delta varints.
+ * The counting passes add each index to f->off[]; the fill appends each
+ * entry of the window, hi | its new slice's place, to its block's part.
+ */
+static inline __attribute__((always_inline)) int walk_group(iv_cursor_t *cur, uint64_t left, uint64_t hi,
+                                                            struct band_pass *f, const int fill,
+                                                            const struct tb *t, int64_t s, size_t b,
+                                                            iv_err_t *e)
+{
+    const uint64_t n_minor = f->n_minor;
+    uint64_t acc = 0, d;
+    while (left > 0) {
+        int rc = read_delta(cur, &d, e);
+        if (rc < 0) return rc;
+        left--;
+        acc += d + 1;
+        if (d >= n_minor || acc > n_minor)
+            return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, t->src->where, s,
+                           n_minor);
+        uint64_t j = acc - 1;
+        if (!fill) {
+            f->off[j]++;
+            continue;
+        }
+        if (j < f->g0) continue;
+        /* The group's indices rise: the rest lie past the window. */
+        if (j >= f->g1) return iv_cursor_skip(cur, left, e);
+        uint64_t code = f->blk_of[j - f->g0];
+        if ((rc = fill_put(f, (size_t)(code >> 32), hi | (code & 0xffffffffu), t, b, e)) < 0) return rc;
+    }
+    return 0;
+}
+
+/*
  * A pass over band b's source slices.  WALK_COUNT adds up the entries of
  * each new slice; WALK_SAMPLE does that for the band's first
  * 1/SAMPLE_SHARE of slices only; WALK_FILL writes each entry of the
@@ -542,121 +736,27 @@ enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL };
 static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int mode)
 {
     const int fill = mode == WALK_FILL;
-    const iv_dataset_t *ds = t->src;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (mode == WALK_SAMPLE) s1 = s0 + (s1 - s0 + SAMPLE_SHARE - 1) / SAMPLE_SHARE;
     if (s0 >= s1 || atomic_load(&t->failed)) return;
-    uint64_t *off = t->off + (size_t)b * (size_t)t->n_new_major;
-    uint64_t n_minor = (uint64_t)t->n_new_major;
     iv_cursor_t cur;
     iv_err_t e = {0};
-    iv_cursor_init(&cur, ds->stream);
-    uint64_t at, skip;
-    iv_rowindex_locate(&ds->ri, t->mp, t->vp, s0, &at, &skip);
-    int rc = iv_cursor_seek(&cur, at, &e);
-    if (rc == 0) rc = iv_cursor_skip(&cur, skip, &e);
-    uint64_t g0 = (uint64_t)t->g0, g1 = (uint64_t)t->g1;
-    unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
+    int rc = band_seek(t, s0, &cur, &e);
     /* Locals: the stores below could alias the struct's fields. */
-    const uint64_t *blk_of = t->blk_of;
-    uint8_t *const tmp = t->tmp;
-    const size_t esz = t->esz;
+    struct band_pass f = band_pass_begin(t, b, fill);
+    const unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
     const uint32_t *vid = t->vid;
     const int64_t *mp = t->mp, *vp = t->vp;
-    int64_t nk = fill ? t->n_blk : 0;
-    size_t at_band = (size_t)b * (size_t)(nk ? nk : 1);
-    uint64_t *fill_n = fill ? t->fill_n + at_band : NULL;
-    uint32_t *head = fill ? t->head + at_band : NULL, *tail = fill ? t->tail + at_band : NULL;
-    uint32_t *next = t->next;
-    uint64_t chunk = t->chunk, cmask = chunk - 1;
-    uint64_t c_next = fill ? t->cfirst[b] : 0, c_end = fill ? t->cfirst[b + 1] : 0;
-    /* Write combining for the fill: each block owns one cache line of
-     * buffer that mirrors the temporary's line its next entry goes to
-     * (same slot), so a finished line goes out as one aligned 64-byte
-     * store (see wc_flush).  A chunk is whole lines, so no line is
-     * shared with another part.  Blocks are few (a few thousand lines,
-     * in the core's own cache) and each part is written in order, so the
-     * writes are a few thousand sequential streams rather than one
-     * scattered store per entry. */
-    uint8_t *wc = NULL;
-    const uint64_t lmask = WC_LINE / t->esz - 1;
-    if (fill && !t->plain_stores && (uint64_t)nk * WC_LINE <= WC_MAX_BYTES)
-        wc = aligned_alloc(WC_LINE, (size_t)(nk ? nk : 1) * WC_LINE);
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         uint64_t sl = (uint64_t)(s - s0) << sv;
         for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
-            uint64_t left = (uint64_t)(vp[k + 1] - vp[k]), acc = 0, d;
             uint64_t hi = fill ? sl | (uint64_t)vid[k] << gbits : 0;
-            while (left > 0) {
-                /* One- and two-byte varints inline and without a branch
-                 * on which (most of a cell-major stream, mixed about
-                 * evenly, so that a branch would often be mispredicted);
-                 * the rest through the cursor. */
-                int fast = 0;
-                if (cur.end - cur.p >= 2) {
-                    uint64_t b0 = cur.p[0], b1 = cur.p[1], two = b0 >> 7;
-                    d = (b0 & 0x7f) | ((b1 << 7) & (0 - two));
-                    fast = !(two & (b1 >> 7));
-                    cur.p += fast ? 1 + two : 0;
-                }
-                if (!fast && (rc = iv_cursor_read(&cur, &d, &e)) < 0) break;
-                left--;
-                acc += d + 1;
-                if (d >= n_minor || acc > n_minor) {
-                    rc = iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64,
-                                 ds->where, s, n_minor);
-                    break;
-                }
-                uint64_t j = acc - 1;
-                if (!fill) {
-                    off[j]++;
-                    continue;
-                }
-                if (j < g0) continue;
-                if (j >= g1) {
-                    /* The group's indices rise: the rest lie past the window. */
-                    rc = iv_cursor_skip(&cur, left, &e);
-                    break;
-                }
-                uint64_t code = blk_of[j - g0];
-                size_t kb = (size_t)(code >> 32);
-                uint64_t en = hi | (code & 0xffffffffu);
-                uint64_t n = fill_n[kb]++, in = n & cmask;
-                if (in == 0) {
-                    /* The part's next chunk, from the band's share. */
-                    if (c_next >= c_end) {
-                        rc = iv_fail(&e, IV_EINTERNAL, "%s: the transpose's band %zu outgrew its share",
-                                     ds->where, b);
-                        break;
-                    }
-                    if (n == 0) head[kb] = (uint32_t)c_next;
-                    else next[tail[kb]] = (uint32_t)c_next;
-                    tail[kb] = (uint32_t)c_next++;
-                }
-                uint64_t p = (uint64_t)tail[kb] * chunk + in;
-                if (!wc) {
-                    put_entry(tmp, esz, p, en);
-                    continue;
-                }
-                uint8_t *line = wc + kb * WC_LINE;
-                put_entry(line, esz, in & lmask, en);
-                if ((in & lmask) == lmask) wc_flush(tmp + (p - lmask) * esz, line);
-            }
+            rc = walk_group(&cur, (uint64_t)(vp[k + 1] - vp[k]), hi, &f, fill, t, s, b, &e);
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
     iv_cursor_done(&cur);
-    if (wc) {
-        /* The lines begun and not finished. */
-        if (rc == 0)
-            for (int64_t k = 0; k < nk; k++) {
-                uint64_t n = fill_n[k], r = n & lmask;
-                if (r)
-                    memcpy(tmp + ((uint64_t)tail[k] * chunk + ((n - 1) & cmask & ~lmask)) * esz,
-                           wc + (size_t)k * WC_LINE, (size_t)r * esz);
-            }
-        free(wc);
-    }
+    band_pass_end(t, f, rc);
 #if IV_TP_STREAM
     /* Streaming stores are weakly ordered: make them visible before the
      * pool reports the band done. */
@@ -717,37 +817,76 @@ static int cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The delta varints of the ascending source slices cells[from, to) at
+ * dst (the first delta is the index itself); returns their bytes. */
+static inline uint64_t put_deltas(uint8_t *dst, const uint32_t *cells, uint64_t from, uint64_t to)
+{
+    uint64_t w = 0, last = UINT64_MAX;   /* -1: the first delta is the index itself */
+    for (uint64_t x = from; x < to; x++) {
+        w += put_varint_s(dst + w, cells[x] - last - 1);
+        last = cells[x];
+    }
+    return w;
+}
+
+/*
+ * An encode worker's buffers, sized for the largest block of its item:
+ * cells (source slices in group order), lo (per new slice: its entries,
+ * then where they go), nmin (per new slice: one past the last source
+ * slice read, for the order check) and eb (the block's varints, and
+ * put_varint_s's byte of slack); hist for the joint sort, and cnt,
+ * touched and loc for the per-slice one, taken when a block first needs
+ * them.
+ */
+struct enc {
+    uint64_t big_blk;
+    int64_t big_genes;
+    uint32_t *cells, *hist, *cnt, *touched;
+    uint64_t *lo, *nmin;
+    uint8_t *eb, *loc;
+};
+
+/*
+ * encode_slice for a new slice whose n entries at r all have value id v:
+ * its source slices are in order already.
+ */
+static int encode_one_value(struct tb *t, struct item *it, int64_t g, const uint8_t *r, uint64_t n, uint32_t v,
+                            uint8_t *dst, iv_err_t *e)
+{
+    const size_t lsz = t->lsz;
+    if (grp_push(it, v, (uint32_t)n) < 0) return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
+    size_t w = 0;
+    uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
+    for (uint64_t x = 0; x < n; x++) {
+        uint64_t s = get_entry(r, lsz, x) >> t->vbits;
+        w += put_varint_s(dst + w, s - last - 1);
+        last = s;
+    }
+    t->nbytes[g] = w;
+    t->ngrp[g] = 1;
+    return 0;
+}
+
 /*
  * Step 4 for one new slice: its n entries (source slice << vbits | value
  * id, in source slice order) at r become groups in value order, each one
  * a run of delta varints written at dst.  0, or -1 with e set.
  */
 static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t *r, uint64_t n,
-                        uint8_t *dst, uint32_t *cnt, uint32_t *touched, uint32_t *cells, iv_err_t *e)
+                        uint8_t *dst, const struct enc *x, iv_err_t *e)
 {
+    uint32_t *cnt = x->cnt, *touched = x->touched, *cells = x->cells;
     size_t nt = 0;
     const size_t lsz = t->lsz;
     /* The order of the source slices was checked by the block's first
      * read (encode_item). */
-    for (uint64_t x = 0; x < n; x++) {
-        uint32_t v = (uint32_t)(get_entry(r, lsz, x) & t->vmask);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)(get_entry(r, lsz, i) & t->vmask);
         if (cnt[v]++ == 0) touched[nt++] = v;
     }
-    size_t w = 0;
     if (nt == 1) {
-        /* One value: the slices are in order already. */
         cnt[touched[0]] = 0;
-        if (grp_push(it, touched[0], (uint32_t)n) < 0)
-            return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
-        uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
-        for (uint64_t x = 0; x < n; x++) {
-            uint64_t s = get_entry(r, lsz, x) >> t->vbits;
-            w += put_varint_s(dst + w, s - last - 1);
-            last = s;
-        }
-        t->nbytes[g] = w;
-        t->ngrp[g] = 1;
-        return 0;
+        return encode_one_value(t, it, g, r, n, touched[0], dst, e);
     }
     if (nt > 1) qsort(touched, nt, sizeof *touched, cmp_u32);
     uint32_t run = 0;
@@ -762,18 +901,15 @@ static int encode_slice(struct tb *t, struct item *it, int64_t g, const uint8_t 
     }
     /* Stable: each group's slices stay ascending.  Source slices fit 32
      * bits (checked before the build). */
-    for (uint64_t x = 0; x < n; x++) {
-        uint64_t en = get_entry(r, lsz, x);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t en = get_entry(r, lsz, i);
         cells[cnt[en & t->vmask]++] = (uint32_t)(en >> t->vbits);
     }
+    size_t w = 0;
     uint32_t from = 0;
     for (size_t k = 0; k < nt; k++) {
         uint32_t to = cnt[touched[k]];
-        uint64_t last = UINT64_MAX;
-        for (uint32_t x = from; x < to; x++) {
-            w += put_varint_s(dst + w, cells[x] - last - 1);
-            last = cells[x];
-        }
+        w += put_deltas(dst + w, cells, from, to);
         from = to;
         cnt[touched[k]] = 0;
     }
@@ -809,192 +945,258 @@ static void block_chunks(const struct tb *t, int64_t k, uint8_t *buf, uint64_t n
     }
 }
 
+/* x's buffers for the blocks of item it.  0, or -1 when out of memory
+ * (what was taken is freed by enc_free). */
+static int enc_init(struct enc *x, const struct tb *t, const struct item *it)
+{
+    memset(x, 0, sizeof *x);
+    for (int64_t k = it->k0; k < it->k1; k++) {
+        uint64_t n = t->blk_at[k + 1] - t->blk_at[k];
+        if (n > x->big_blk) x->big_blk = n;
+        if (t->blk[k + 1] - t->blk[k] > x->big_genes) x->big_genes = t->blk[k + 1] - t->blk[k];
+    }
+    size_t blk = (size_t)(x->big_blk ? x->big_blk : 1), genes = (size_t)(x->big_genes ? x->big_genes : 1);
+    x->cells = malloc(blk * sizeof *x->cells);
+    x->lo = malloc(genes * sizeof *x->lo);
+    x->nmin = malloc(genes * sizeof *x->nmin);
+    x->eb = malloc(blk * t->maxlen + 1);   /* + put_varint_s's slack */
+    return x->cells && x->lo && x->nmin && x->eb ? 0 : -1;
+}
+
+/* The joint sort's counters, or the per-slice sort's buffers, the first
+ * time a block needs them.  0, or -1 when out of memory. */
+static int enc_need(struct enc *x, const struct tb *t, int joint)
+{
+    if (joint) return x->hist || (x->hist = malloc(HIST_MAX * sizeof *x->hist)) ? 0 : -1;
+    if (x->loc) return 0;
+    size_t nv = t->n_vals ? (size_t)t->n_vals : 1;
+    x->cnt = calloc(nv, sizeof *x->cnt);
+    x->touched = malloc(nv * sizeof *x->touched);
+    x->loc = malloc((size_t)(x->big_blk ? x->big_blk : 1) * t->lsz);
+    return x->cnt && x->touched && x->loc ? 0 : -1;
+}
+
+static void enc_free(struct enc *x)
+{
+    free(x->cnt);
+    free(x->touched);
+    free(x->hist);
+    free(x->cells);
+    free(x->loc);
+    free(x->lo);
+    free(x->nmin);
+    free(x->eb);
+}
+
 /*
- * Step 4 for the blocks of item i.  A block's parts are read in band
- * order, so each new slice's source slices come ascending; a first read
- * counts each new slice's entries and checks that no source slice comes
- * twice (a corrupt source).  Then:
+ * Read 1 of block k, whose first new slice is a: each new slice's
+ * entries (x->lo), the check that no source slice comes twice in a new
+ * slice (its parts are read in band order, so source slices come
+ * ascending), and, for the joint sort, the (new slice, value id) counts.
+ * 0, or -1 with e set.
+ */
+static int block_count(const struct tb *t, const struct enc *x, int64_t k, int64_t a, int joint, iv_err_t *e)
+{
+    const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
+    const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
+    const uint64_t vmask = t->vmask, chunk = t->chunk;
+    uint64_t *lo = x->lo, *nmin = x->nmin;
+    uint32_t *hist = x->hist;
+    for (int64_t b = 0; b < t->n_bands; b++) {
+        size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
+        uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
+        uint32_t c = left ? t->head[at] : 0;
+        while (left > 0) {
+            uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
+            left -= x1 - x0;
+            for (uint64_t i = x0; i < x1; i++) {
+                uint64_t en = get_entry(t->tmp, t->esz, i), p = en & gmask;
+                uint64_t s = first + (en >> sv);
+                if (s < nmin[p])
+                    return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
+                                   " twice", t->src->where, s, a + (int64_t)p);
+                nmin[p] = s + 1;
+                lo[p]++;
+                if (joint) hist[p << vbits | ((en >> gbits) & vmask)]++;
+            }
+            if (left) c = t->next[c];
+        }
+    }
+    return 0;
+}
+
+/* Where each new slice's entries go (x->lo), or each (new slice, value
+ * id)'s (x->hist, joint): the counts of read 1 turned into offsets. */
+static void block_offsets(const struct enc *x, size_t genes, uint64_t vspan, int joint)
+{
+    uint64_t run = 0;
+    if (joint) {
+        for (size_t i = 0; i < genes * vspan; i++) {
+            uint32_t h = x->hist[i];
+            x->hist[i] = (uint32_t)run;
+            run += h;
+        }
+        return;
+    }
+    for (size_t p = 0; p < genes; p++) {
+        uint64_t h = x->lo[p];
+        x->lo[p] = run;
+        run += h;
+    }
+}
+
+/*
+ * Read 2's sort of the temporary's entries [x0, x1), of a band whose
+ * first source slice is `first`: by (new slice, value id) into cells
+ * (joint), or by new slice into the local buffer.  The 4-byte loops are
+ * the common cases, spelled out.
+ */
+static inline void sort_chunk(const struct tb *t, const struct enc *x, int joint, uint64_t first, uint64_t x0,
+                              uint64_t x1)
+{
+    const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
+    const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
+    const uint64_t vmask = t->vmask, add = first << vbits;
+    uint32_t *hist = x->hist, *cells = x->cells;
+    uint64_t *lo = x->lo;
+    if (joint && t->esz == 4) {
+        const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+        for (uint64_t i = x0; i < x1; i++) {
+            uint32_t en = src[i];
+            cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] = (uint32_t)(first + (en >> sv));
+        }
+    } else if (joint) {
+        for (uint64_t i = x0; i < x1; i++) {
+            uint64_t en = get_entry(t->tmp, t->esz, i);
+            cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] = (uint32_t)(first + (en >> sv));
+        }
+    } else if (t->esz == 4 && t->lsz == 4) {
+        const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+        uint32_t *dl = (uint32_t *)(void *)x->loc;
+        for (uint64_t i = x0; i < x1; i++) {
+            uint32_t en = src[i];
+            dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
+        }
+    } else {
+        for (uint64_t i = x0; i < x1; i++) {
+            uint64_t en = get_entry(t->tmp, t->esz, i);
+            put_entry(x->loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
+        }
+    }
+}
+
+/* Read 2 of block k: its parts' chunks, bands in order, sorted (see
+ * sort_chunk). */
+static void block_sort(const struct tb *t, const struct enc *x, int64_t k, int joint)
+{
+    const uint64_t chunk = t->chunk;
+    for (int64_t b = 0; b < t->n_bands; b++) {
+        size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
+        uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
+        uint32_t c = left ? t->head[at] : 0;
+        while (left > 0) {
+            uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
+            left -= x1 - x0;
+            sort_chunk(t, x, joint, first, x0, x1);
+            if (left) c = t->next[c];
+        }
+    }
+}
+
+/*
+ * The varints of the `genes` new slices from a, sorted jointly: each
+ * (new slice, value id) run of cells is a group.  *w gets the bytes
+ * written to x->eb.  0, or -1 with e set.
+ */
+static int block_varints_joint(struct tb *t, struct item *it, const struct enc *x, int64_t a, size_t genes,
+                               uint64_t *w_out, iv_err_t *e)
+{
+    const unsigned vbits = t->vbits;
+    const uint64_t vspan = (uint64_t)1 << vbits;
+    const uint32_t *hist = x->hist, *cells = x->cells;
+    uint8_t *eb = x->eb;
+    uint64_t w = 0, from = 0;
+    for (size_t p = 0; p < genes; p++) {
+        uint64_t w0 = w;
+        uint32_t ng = 0;
+        for (uint64_t v = 0; v < vspan; v++) {
+            uint64_t to = hist[p << vbits | v];
+            if (to == from) continue;
+            if (grp_push(it, (uint32_t)v, (uint32_t)(to - from)) < 0)
+                return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
+            ng++;
+            w += put_deltas(eb + w, cells, from, to);
+            from = to;
+        }
+        t->nbytes[a + (int64_t)p] = w - w0;
+        t->ngrp[a + (int64_t)p] = ng;
+    }
+    *w_out = w;
+    return 0;
+}
+
+/* The varints of the `genes` new slices from a, each sorted by value id
+ * on its own (encode_slice).  As block_varints_joint. */
+static int block_varints_by_slice(struct tb *t, struct item *it, const struct enc *x, int64_t a, size_t genes,
+                                  uint64_t *w_out, iv_err_t *e)
+{
+    uint64_t w = 0, from = 0;
+    for (size_t p = 0; p < genes; p++) {
+        int64_t g = a + (int64_t)p;
+        if (encode_slice(t, it, g, x->loc + (size_t)from * t->lsz, x->lo[p] - from, x->eb + w, x, e) < 0)
+            return -1;
+        w += t->nbytes[g];
+        from = x->lo[p];
+    }
+    *w_out = w;
+    return 0;
+}
+
+/*
+ * Step 4 for block k of item it.  A first read counts each new slice's
+ * entries and checks the source slices' order (block_count).  Then:
  *  - when the block's new slices times the value ids are few (at most
  *    HIST_MAX, and at most the block's entries), one counting sort by
  *    (new slice, value id), stable, puts every group's source slices in
  *    order at once;
  *  - otherwise the entries are sorted by new slice into a local buffer
  *    (stable), then each new slice by value id (encode_slice).
- * A block's varints go to a local buffer and then over its own chunks.
+ * The block's varints go to a local buffer and then over its own chunks.
+ * 0, or -1 with e set.
  */
+static int encode_block(struct tb *t, struct item *it, struct enc *x, int64_t k, iv_err_t *e)
+{
+    int64_t a = t->blk[k];
+    uint64_t n_blk = t->blk_at[k + 1] - t->blk_at[k], vspan = (uint64_t)1 << t->vbits;
+    size_t genes = (size_t)(t->blk[k + 1] - a);
+    int joint = (uint64_t)genes * vspan <= HIST_MAX && (uint64_t)genes * vspan <= n_blk;
+    if (enc_need(x, t, joint) < 0) return iv_fail(e, IV_ENOMEM, "out of memory encoding the copy");
+    memset(x->lo, 0, genes * sizeof *x->lo);
+    memset(x->nmin, 0, genes * sizeof *x->nmin);
+    if (joint) memset(x->hist, 0, (size_t)(genes * vspan) * sizeof *x->hist);
+    if (block_count(t, x, k, a, joint, e) < 0) return -1;
+    block_offsets(x, genes, vspan, joint);
+    block_sort(t, x, k, joint);
+    uint64_t w = 0;
+    int rc = joint ? block_varints_joint(t, it, x, a, genes, &w, e)
+                   : block_varints_by_slice(t, it, x, a, genes, &w, e);
+    if (rc < 0) return rc;
+    block_chunks(t, k, x->eb, w, 1);
+    return 0;
+}
+
+/* Step 4 for the blocks of item i (encode_block), with one set of
+ * buffers. */
 static void encode_item(void *arg, size_t i)
 {
     struct tb *t = arg;
     struct item *it = &t->items[i];
     iv_err_t e = {0};
-    uint64_t big_blk = 0;
-    int64_t big_genes = 0;
-    for (int64_t k = it->k0; k < it->k1; k++) {
-        uint64_t n = t->blk_at[k + 1] - t->blk_at[k];
-        if (n > big_blk) big_blk = n;
-        if (t->blk[k + 1] - t->blk[k] > big_genes) big_genes = t->blk[k + 1] - t->blk[k];
-    }
-    size_t nv = (size_t)t->n_vals;
-    uint64_t vspan = (uint64_t)1 << t->vbits;
-    uint32_t *cnt = NULL, *touched = NULL, *hist = NULL;
-    uint8_t *loc = NULL;
-    uint32_t *cells = malloc((size_t)(big_blk ? big_blk : 1) * sizeof *cells);
-    uint64_t *lo = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *lo);
-    uint64_t *nmin = malloc((size_t)(big_genes ? big_genes : 1) * sizeof *nmin);
-    uint8_t *eb = malloc((size_t)(big_blk ? big_blk : 1) * t->maxlen + 1);  /* + put_varint_s's slack */
-    if (!cells || !lo || !nmin || !eb) {
-        iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-        goto done;
-    }
-    const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
-    const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
-    const uint64_t vmask = t->vmask, chunk = t->chunk;
-    for (int64_t k = it->k0; k < it->k1 && !atomic_load(&t->failed); k++) {
-        int64_t a = t->blk[k], z = t->blk[k + 1];
-        uint64_t n_blk = t->blk_at[k + 1] - t->blk_at[k];
-        size_t genes = (size_t)(z - a);
-        int joint = (uint64_t)genes * vspan <= HIST_MAX && (uint64_t)genes * vspan <= n_blk;
-        if (joint && !hist && !(hist = malloc(HIST_MAX * sizeof *hist))) {
-            iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-            goto done;
-        }
-        if (!joint && !loc) {
-            cnt = calloc(nv ? nv : 1, sizeof *cnt);
-            touched = malloc((nv ? nv : 1) * sizeof *touched);
-            loc = malloc((size_t)(big_blk ? big_blk : 1) * t->lsz);
-            if (!cnt || !touched || !loc) {
-                iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-                goto done;
-            }
-        }
-        memset(lo, 0, genes * sizeof *lo);
-        memset(nmin, 0, genes * sizeof *nmin);
-        if (joint) memset(hist, 0, (size_t)(genes * vspan) * sizeof *hist);
-        /* Read 1: counts, the order check, and the joint counts. */
-        for (int64_t b = 0; b < t->n_bands; b++) {
-            size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
-            uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
-            uint32_t c = left ? t->head[at] : 0;
-            while (left > 0) {
-                uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
-                left -= x1 - x0;
-                for (uint64_t x = x0; x < x1; x++) {
-                    uint64_t en = get_entry(t->tmp, t->esz, x), p = en & gmask;
-                    uint64_t s = first + (en >> sv);
-                    if (s < nmin[p]) {
-                        iv_fail(&e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
-                                " twice", t->src->where, s, a + (int64_t)p);
-                        goto done;
-                    }
-                    nmin[p] = s + 1;
-                    lo[p]++;
-                    if (joint) hist[p << vbits | ((en >> gbits) & vmask)]++;
-                }
-                if (left) c = t->next[c];
-            }
-        }
-        /* Where each new slice's (or each (slice, value)'s) entries go. */
-        uint64_t run = 0;
-        if (joint) {
-            for (size_t x = 0; x < genes * vspan; x++) {
-                uint32_t h = hist[x];
-                hist[x] = (uint32_t)run;
-                run += h;
-            }
-        } else {
-            for (size_t p = 0; p < genes; p++) {
-                uint64_t h = lo[p];
-                lo[p] = run;
-                run += h;
-            }
-        }
-        /* Read 2: the sort. */
-        for (int64_t b = 0; b < t->n_bands; b++) {
-            size_t at = (size_t)b * (size_t)t->n_blk + (size_t)k;
-            uint64_t first = (uint64_t)t->band[b], left = t->fill_n[at];
-            uint64_t add = first << vbits;
-            uint32_t c = left ? t->head[at] : 0;
-            while (left > 0) {
-                uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
-                left -= x1 - x0;
-                if (joint && t->esz == 4) {
-                    const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
-                    for (uint64_t x = x0; x < x1; x++) {
-                        uint32_t en = src[x];
-                        cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] =
-                            (uint32_t)(first + (en >> sv));
-                    }
-                } else if (joint) {
-                    for (uint64_t x = x0; x < x1; x++) {
-                        uint64_t en = get_entry(t->tmp, t->esz, x);
-                        cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] =
-                            (uint32_t)(first + (en >> sv));
-                    }
-                } else if (t->esz == 4 && t->lsz == 4) {
-                    const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
-                    uint32_t *dl = (uint32_t *)(void *)loc;
-                    for (uint64_t x = x0; x < x1; x++) {
-                        uint32_t en = src[x];
-                        dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
-                    }
-                } else {
-                    for (uint64_t x = x0; x < x1; x++) {
-                        uint64_t en = get_entry(t->tmp, t->esz, x);
-                        put_entry(loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
-                    }
-                }
-                if (left) c = t->next[c];
-            }
-        }
-        /* The varints. */
-        uint64_t w = 0;
-        if (joint) {
-            uint64_t from = 0;
-            for (size_t p = 0; p < genes; p++) {
-                int64_t g = a + (int64_t)p;
-                uint64_t w0 = w;
-                uint32_t ng = 0;
-                for (uint64_t v = 0; v < vspan; v++) {
-                    uint64_t to = hist[p << vbits | v];
-                    if (to == from) continue;
-                    if (grp_push(it, (uint32_t)v, (uint32_t)(to - from)) < 0) {
-                        iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy");
-                        goto done;
-                    }
-                    ng++;
-                    uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
-                    for (uint64_t x = from; x < to; x++) {
-                        w += put_varint_s(eb + w, cells[x] - last - 1);
-                        last = cells[x];
-                    }
-                    from = to;
-                }
-                t->nbytes[g] = w - w0;
-                t->ngrp[g] = ng;
-            }
-        } else {
-            uint64_t from = 0;
-            for (size_t p = 0; p < genes; p++) {
-                int64_t g = a + (int64_t)p;
-                uint64_t n = lo[p] - from;
-                if (encode_slice(t, it, g, loc + (size_t)from * t->lsz, n, eb + w, cnt, touched, cells,
-                                 &e) < 0)
-                    goto done;
-                w += t->nbytes[g];
-                from = lo[p];
-            }
-        }
-        block_chunks(t, k, eb, w, 1);
-    }
-done:
-    free(cnt);
-    free(touched);
-    free(hist);
-    free(cells);
-    free(loc);
-    free(lo);
-    free(nmin);
-    free(eb);
+    struct enc x;
+    int rc = enc_init(&x, t, it) < 0 ? iv_fail(&e, IV_ENOMEM, "out of memory encoding the copy") : 0;
+    for (int64_t k = it->k0; rc == 0 && k < it->k1 && !atomic_load(&t->failed); k++)
+        rc = encode_block(t, it, &x, k, &e);
+    enc_free(&x);
     if (e.code) tb_fail(t, &e);
 }
 
@@ -1010,25 +1212,25 @@ static void move_item(void *arg, size_t i)
     }
 }
 
-/*
- * Cuts the window [g0, g1) into blocks of at most 2^gbits new slices and
- * about `target` entries by t->start (a slice with more is a block of
- * its own), and makes the parts' empty chains.  0, or -1 when out of
- * memory.
- */
-static int plan_blocks(struct tb *t, uint64_t target)
+/* Frees the previous window's blocks and parts. */
+static void blocks_free(struct tb *t)
 {
-    int64_t g0 = t->g0, g1 = t->g1, cap = (int64_t)1 << t->gbits, n = 0;
     free(t->blk);
     free(t->blk_at);
-    t->blk_at = NULL;
     free(t->head);
     free(t->tail);
     free(t->fill_n);
+    t->blk = NULL;
+    t->blk_at = NULL;
     t->head = t->tail = NULL;
     t->fill_n = NULL;
-    t->blk = malloc((size_t)(g1 - g0 + 1) * sizeof *t->blk);
-    if (!t->blk) return -1;
+}
+
+/* Cuts the window into blocks (see plan_blocks): blk and blk_of; returns
+ * the number of blocks. */
+static int64_t cut_blocks(struct tb *t, uint64_t target)
+{
+    int64_t g0 = t->g0, g1 = t->g1, cap = (int64_t)1 << t->gbits, n = 0;
     for (int64_t g = g0; g < g1;) {
         int64_t e = g + 1;
         while (e < g1 && e - g < cap && t->start[e + 1] - t->start[g] <= target) e++;
@@ -1037,7 +1239,21 @@ static int plan_blocks(struct tb *t, uint64_t target)
         g = e;
     }
     t->blk[n] = g1;
-    t->n_blk = n;
+    return n;
+}
+
+/*
+ * Cuts the window [g0, g1) into blocks of at most 2^gbits new slices and
+ * about `target` entries by t->start (a slice with more is a block of
+ * its own), and makes the parts' empty chains.  0, or -1 when out of
+ * memory.
+ */
+static int plan_blocks(struct tb *t, uint64_t target)
+{
+    blocks_free(t);
+    t->blk = malloc((size_t)(t->g1 - t->g0 + 1) * sizeof *t->blk);
+    if (!t->blk) return -1;
+    int64_t n = t->n_blk = cut_blocks(t, target);
     t->blk_at = malloc((size_t)(n + 1) * sizeof *t->blk_at);
     if (!t->blk_at) return -1;
     size_t parts = (size_t)t->n_bands * (size_t)(n ? n : 1);
@@ -1046,6 +1262,19 @@ static int plan_blocks(struct tb *t, uint64_t target)
     t->fill_n = calloc(parts, sizeof *t->fill_n);
     if (!t->head || !t->tail || !t->fill_n) return -1;
     return 0;
+}
+
+/* The entries of a chunk for `all` entries of the window (see
+ * plan_shares). */
+static uint64_t chunk_entries(const struct tb *t, uint64_t all)
+{
+    uint64_t parts_all = (uint64_t)t->n_bands * (uint64_t)(t->n_blk ? t->n_blk : 1);
+    uint64_t chunk = t->chunk_asked ? t->chunk_asked : all / parts_all / 4;
+    if (chunk > CHUNK_MAX_ENTRIES) chunk = CHUNK_MAX_ENTRIES;
+    while (chunk & (chunk - 1)) chunk &= chunk - 1;
+    if (chunk == 0) chunk = 1;
+    if (!t->plain_stores && chunk < WC_LINE / t->esz) chunk = WC_LINE / t->esz;
+    return chunk;
 }
 
 /*
@@ -1062,14 +1291,9 @@ static int plan_blocks(struct tb *t, uint64_t target)
  */
 static int plan_shares(struct tb *t)
 {
-    uint64_t all = 0, parts_all = (uint64_t)t->n_bands * (uint64_t)(t->n_blk ? t->n_blk : 1);
+    uint64_t all = 0;
     for (int64_t b = 0; b < t->n_bands; b++) all += t->band_entries[b];
-    uint64_t line = WC_LINE / t->esz;
-    t->chunk = t->chunk_asked ? t->chunk_asked : all / parts_all / 4;
-    if (t->chunk > CHUNK_MAX_ENTRIES) t->chunk = CHUNK_MAX_ENTRIES;
-    while (t->chunk & (t->chunk - 1)) t->chunk &= t->chunk - 1;
-    if (t->chunk == 0) t->chunk = 1;
-    if (!t->plain_stores && t->chunk < line) t->chunk = line;
+    t->chunk = chunk_entries(t, all);
     uint64_t total = 0;
     t->cfirst[0] = 0;
     for (int64_t b = 0; b < t->n_bands; b++) {
@@ -1150,299 +1374,508 @@ static double cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Wall and CPU seconds of the build's phases (opts->phase_seconds),
+ * and when the last one ended. */
+struct phases {
+    double t0, tp, tc;
+    double wall[IV_TRANSPOSE_PHASES], cpu[IV_TRANSPOSE_PHASES];
+};
+
 /* Adds the wall and CPU time since the last phase ended to phase k. */
-#define PHASE(k)                      \
-    do {                              \
-        double now_ = iv_now_s();        \
-        double cpu_ = cpu_s();        \
-        ph[(k)] += now_ - tp;         \
-        pc[(k)] += cpu_ - tc;         \
-        tp = now_;                    \
-        tc = cpu_;                    \
-    } while (0)
-
-int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
+static void phase_end(struct phases *p, int k)
 {
-    double t0 = iv_now_s(), tp = t0, ph[IV_TRANSPOSE_PHASES] = {0};
-    double tc = cpu_s(), pc[IV_TRANSPOSE_PHASES] = {0};
-    const iv_h5matrix_t *m = &ds->m;
-    if (iv_dataset_other(ds) || ds->is_copy)
-        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
-    iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
-    size_t vsz = iv_dtype_size(m->value_dtype);
-    int64_t G = m->n_minor, S = m->n_major;
-    uint64_t nnz = (uint64_t)m->nnz;
-    uint32_t stride = ds->ri.stride ? ds->ri.stride : IV_ROWINDEX_DEFAULT_STRIDE;
-    unsigned threads = iv_pool_threads(opts->pool) + 1;
-    int rc = 0, took_global = 0;
-    uint64_t charged = 0;
+    double now = iv_now_s();
+    double cpu = cpu_s();
+    p->wall[k] += now - p->tp;
+    p->cpu[k] += cpu - p->tc;
+    p->tp = now;
+    p->tc = cpu;
+}
 
+/*
+ * The build's state besides the passes' (struct tb): the source and the
+ * options, the value ids, the exact entry offsets of a count pass, the
+ * copy's groups as the windows give them, its stream and, at the end,
+ * the copy itself.  build_free frees it on success (the copy and its
+ * stream handed on) and on failure.
+ */
+struct build {
     struct tb t;
-    memset(&t, 0, sizeof t);
-    atomic_init(&t.failed, 0);
-    pthread_mutex_init(&t.mu, NULL);
-    uint64_t *distinct = NULL, *start = NULL;
-    uint32_t *vid = NULL, *vlist = NULL;
-    uint64_t *vsize = NULL;
-    iv_dataset_t *c = NULL;
-    uint8_t *out = NULL;
-    size_t out_cap = 0;
+    iv_dataset_t *ds;
+    const iv_h5matrix_t *m;
+    const iv_transpose_opts_t *opts;
+    struct phases clock;
+    size_t vsz;                /* bytes a value */
+    int64_t G, S;              /* new and source slices */
+    uint64_t nnz;
+    uint32_t stride;           /* of the copy's row index */
+    unsigned threads;
+    unsigned sbits;            /* bits of a source slice */
+    uint32_t *vid;             /* per source group: its value's id */
+    uint64_t *distinct;        /* per value id: its bits */
+    uint64_t *start;           /* n_new_major + 1 entry offsets (count pass) */
+    uint64_t tmp_bytes;        /* bound on the temporary */
+    uint64_t win_entries;      /* most entries a window (count pass) */
+    int64_t want_items;        /* encode items a window */
+    uint32_t *vlist;           /* per group of the copy: its value id */
+    uint64_t *vsize;           /* per group of the copy: its entries */
+    size_t n_groups, cap_groups;
+    uint8_t *out;              /* the copy's stream, until the copy owns it */
+    size_t out_cap;
+    uint64_t len;              /* the stream's bytes */
+    uint64_t n_ckpt;           /* the copy's row-index checkpoints */
+    uint64_t bytes;            /* the copy's exact size */
+    int took_global;           /* bytes charged to opts->global */
+    iv_dataset_t *c;           /* the copy */
+};
 
-    /* The estimate before anything large: a stream as long as the
-     * source's, the pointers, one group per distinct value at least. */
-    uint64_t n_vals = 0;
-    if ((rc = value_ids(m, opts->pool, threads, &vid, &distinct, &n_vals, err)) < 0) goto fail;
-    PHASE(IV_TP_VALUES);
-    uint64_t est = iv_stream_length(ds->stream) + (uint64_t)(G + 1) * 8 + n_vals * (8 + vsz) +
-                   (uint64_t)(G / stride + 1) * 8;
-    if (est > opts->budget || (opts->global && atomic_load(&opts->global->left) < est)) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation needs about %" PRIu64
-                     " bytes; the budget allows %" PRIu64, ds->where, est,
-                     opts->global && atomic_load(&opts->global->left) < opts->budget
-                         ? (uint64_t)atomic_load(&opts->global->left) : opts->budget);
-        goto fail;
-    }
+static void build_init(struct build *b, iv_dataset_t *ds, const iv_transpose_opts_t *opts)
+{
+    memset(b, 0, sizeof *b);
+    b->clock.t0 = b->clock.tp = iv_now_s();
+    b->clock.tc = cpu_s();
+    atomic_init(&b->t.failed, 0);
+    pthread_mutex_init(&b->t.mu, NULL);
+    b->ds = ds;
+    b->m = &ds->m;
+    b->opts = opts;
+    b->vsz = iv_dtype_size(b->m->value_dtype);
+    b->G = b->m->n_minor;
+    b->S = b->m->n_major;
+    b->nnz = (uint64_t)b->m->nnz;
+    b->stride = ds->ri.stride ? ds->ri.stride : IV_ROWINDEX_DEFAULT_STRIDE;
+    b->threads = iv_pool_threads(opts->pool) + 1;
+}
 
-    t.src = ds;
-    t.mp = m->major_ptr;
-    t.vp = m->value_ptr;
-    t.n_src_major = S;
-    t.n_new_major = G;
-    t.vid = vid;
-    t.n_vals = n_vals;
-    t.vbits = bits_for(n_vals);
-    t.vmask = t.vbits ? (((uint64_t)1 << t.vbits) - 1) : 0;
-    unsigned sbits = bits_for((uint64_t)S);
-    size_t maxlen = varint_len(S > 0 ? (uint64_t)S - 1 : 0);
-    t.maxlen = maxlen;
-    if (sbits + t.vbits > 64 || (uint64_t)S > UINT32_MAX) {
-        rc = iv_fail(err, IV_EUNSUPPORTED, "%s: %" PRIu64 " distinct values and %" PRId64
-                     " slices do not pack in 64 bits", ds->where, n_vals, S);
-        goto fail;
-    }
-    /* Bands of about equal nnz, as many as the counters allow. */
-    int64_t nb = (int64_t)threads * 4;
-    if (nb > S) nb = S;
-    while (nb > 1 && (uint64_t)nb * (uint64_t)G * 8 > COUNTER_BYTES) nb--;
-    if (nb < 1) nb = 1;
-    t.n_bands = nb;
-    t.band = malloc((size_t)(nb + 1) * sizeof *t.band);
-    t.off = calloc((size_t)nb * (size_t)(G ? G : 1), sizeof *t.off);
-    start = malloc((size_t)(G + 1) * sizeof *start);
-    t.nbytes = calloc((size_t)(G ? G : 1), sizeof *t.nbytes);
-    t.ngrp = calloc((size_t)(G ? G : 1), sizeof *t.ngrp);
-    t.byte_at = malloc((size_t)(G + 1) * sizeof *t.byte_at);
-    t.blk_of = malloc((size_t)(G ? G : 1) * sizeof *t.blk_of);
-    if (!t.band || !t.off || !start || !t.nbytes || !t.ngrp || !t.byte_at || !t.blk_of) {
-        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose counters", ds->where);
-        goto fail;
-    }
-    t.band[0] = 0;
+/* Frees the copy (its stream owns the stream's mapping). */
+static void copy_free(iv_dataset_t *c)
+{
+    iv_stream_destroy(c->stream);
+    iv_rowindex_free(&c->ri);
+    iv_h5matrix_free(&c->m);
+    free(c);
+}
+
+/* Frees the build's state; after a failure (rc < 0) also the copy and
+ * the global budget's charge. */
+static void build_free(struct build *b, int rc)
+{
+    if (rc < 0 && b->took_global) iv_budget_give(b->opts->global, b->bytes);
+    if (rc < 0 && b->c) copy_free(b->c);
+    big_unmap(b->out, b->out_cap);
+    free(b->vid);
+    free(b->distinct);
+    free(b->vlist);
+    free(b->vsize);
+    free(b->start);
+    tb_free(&b->t);
+}
+
+/* The error a pass's worker recorded, as the build's. */
+static int pass_error(const struct tb *t, iv_err_t *err)
+{
+    return iv_fail(err, t->err.code, "%s", t->err.msg);
+}
+
+/* 1. Value ids. */
+static int number_values(struct build *b, iv_err_t *err)
+{
+    int rc = value_ids(b->m, b->opts->pool, b->threads, &b->vid, &b->distinct, &b->t.n_vals, err);
+    if (rc == 0) phase_end(&b->clock, IV_TP_VALUES);
+    return rc;
+}
+
+/* The estimate before anything large: a stream as long as the source's,
+ * the pointers, one group per distinct value at least; against both
+ * budgets. */
+static int check_estimate(const struct build *b, iv_err_t *err)
+{
+    const iv_transpose_opts_t *opts = b->opts;
+    uint64_t est = iv_stream_length(b->ds->stream) + (uint64_t)(b->G + 1) * 8 + b->t.n_vals * (8 + b->vsz) +
+                   (uint64_t)(b->G / b->stride + 1) * 8;
+    if (est <= opts->budget && !(opts->global && atomic_load(&opts->global->left) < est)) return 0;
+    return iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation needs about %" PRIu64
+                   " bytes; the budget allows %" PRIu64, b->ds->where, est,
+                   opts->global && atomic_load(&opts->global->left) < opts->budget
+                       ? (uint64_t)atomic_load(&opts->global->left) : opts->budget);
+}
+
+/* The passes' view of the source, and what an entry packs: a source
+ * slice (32 bits at most) and a value id, together in 64 bits. */
+static int check_packing(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    t->src = b->ds;
+    t->mp = b->m->major_ptr;
+    t->vp = b->m->value_ptr;
+    t->n_src_major = b->S;
+    t->n_new_major = b->G;
+    t->vid = b->vid;
+    t->vbits = bits_for(t->n_vals);
+    t->vmask = t->vbits ? (((uint64_t)1 << t->vbits) - 1) : 0;
+    b->sbits = bits_for((uint64_t)b->S);
+    t->maxlen = varint_len(b->S > 0 ? (uint64_t)b->S - 1 : 0);
+    if (b->sbits + t->vbits > 64 || (uint64_t)b->S > UINT32_MAX)
+        return iv_fail(err, IV_EUNSUPPORTED, "%s: %" PRIu64 " distinct values and %" PRId64
+                       " slices do not pack in 64 bits", b->ds->where, t->n_vals, b->S);
+    return 0;
+}
+
+/* Cuts the source slices into t->n_bands bands of about equal nnz. */
+static void cut_bands(struct tb *t, int64_t S, uint64_t nnz)
+{
+    int64_t nb = t->n_bands;
+    t->band[0] = 0;
     for (int64_t b = 1; b < nb; b++) {
         uint64_t want = nnz * (uint64_t)b / (uint64_t)nb;
-        int64_t lo = t.band[b - 1], hi = S;
+        int64_t lo = t->band[b - 1], hi = S;
         while (lo < hi) {
             int64_t mid = lo + (hi - lo) / 2;
-            if ((uint64_t)t.vp[t.mp[mid]] < want) lo = mid + 1;
+            if ((uint64_t)t->vp[t->mp[mid]] < want) lo = mid + 1;
             else hi = mid;
         }
-        t.band[b] = lo;
+        t->band[b] = lo;
     }
-    t.band[nb] = S;
+    t->band[nb] = S;
+}
 
-    /* A temporary entry is (source slice less its band's first, value id,
-     * place of the new slice in its block): 4 bytes when that leaves the
-     * blocks a few bits (and a varint never outgrows its entry), else 8. */
+/* The per-band counters and the per-new-slice arrays.  0, or -1 when
+ * out of memory. */
+static int alloc_counters(struct build *b)
+{
+    struct tb *t = &b->t;
+    int64_t G = b->G, nb = t->n_bands;
+    size_t g_or_1 = (size_t)(G ? G : 1);
+    t->band = malloc((size_t)(nb + 1) * sizeof *t->band);
+    t->off = calloc((size_t)nb * g_or_1, sizeof *t->off);
+    b->start = malloc((size_t)(G + 1) * sizeof *b->start);
+    t->nbytes = calloc(g_or_1, sizeof *t->nbytes);
+    t->ngrp = calloc(g_or_1, sizeof *t->ngrp);
+    t->byte_at = malloc((size_t)(G + 1) * sizeof *t->byte_at);
+    t->blk_of = malloc(g_or_1 * sizeof *t->blk_of);
+    return t->band && t->off && b->start && t->nbytes && t->ngrp && t->byte_at && t->blk_of ? 0 : -1;
+}
+
+/* Bands of about equal nnz, as many as the counters allow, and the
+ * counters. */
+static int plan_bands(struct build *b, iv_err_t *err)
+{
+    int64_t nb = (int64_t)b->threads * 4;
+    if (nb > b->S) nb = b->S;
+    while (nb > 1 && (uint64_t)nb * (uint64_t)b->G * 8 > COUNTER_BYTES) nb--;
+    if (nb < 1) nb = 1;
+    b->t.n_bands = nb;
+    if (alloc_counters(b) < 0)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose counters", b->ds->where);
+    cut_bands(&b->t, b->S, b->nnz);
+    return 0;
+}
+
+/* Source slices of the widest band. */
+static int64_t widest_band(const struct tb *t)
+{
     int64_t widest = 0;
-    for (int64_t b = 0; b < nb; b++)
-        if (t.band[b + 1] - t.band[b] > widest) widest = t.band[b + 1] - t.band[b];
-    unsigned bbits = bits_for((uint64_t)widest);
-    if (bbits + t.vbits + BLOCK_MIN_BITS <= 32 && maxlen <= 4 && !opts->wide_entries) {
-        t.esz = 4;
-        t.gbits = 32 - bbits - t.vbits;
-    } else {
-        t.esz = 8;
-        t.gbits = 64 - bbits - t.vbits;
-    }
-    if (t.gbits > BLOCK_MAX_BITS) t.gbits = BLOCK_MAX_BITS;
-    t.lsz = sbits + t.vbits <= 32 && !opts->wide_entries ? 4 : 8;
-    while (opts->block_slices && t.gbits > 0 && ((uint64_t)1 << t.gbits) > opts->block_slices) t.gbits--;
+    for (int64_t b = 0; b < t->n_bands; b++)
+        if (t->band[b + 1] - t->band[b] > widest) widest = t->band[b + 1] - t->band[b];
+    return widest;
+}
 
-    /* 2. The blocks.  When every entry fits the temporary at once, they
-     * are cut by counts estimated from a sample of each band (their
-     * sizes only balance the work; the copy does not depend on them),
-     * and the source is decoded once, by the fill.  Otherwise a count
-     * pass comes first and the new slices go in windows. */
-    out_cap = (size_t)(nnz * maxlen + 1);
-    out = big_map(out_cap);
-    uint64_t tmp_bytes = opts->tmp_bytes;
-    if (tmp_bytes == 0) {
+/* A temporary entry is (source slice less its band's first, value id,
+ * place of the new slice in its block): 4 bytes when that leaves the
+ * blocks a few bits (and a varint never outgrows its entry), else 8. */
+static void choose_entry_width(struct build *b)
+{
+    struct tb *t = &b->t;
+    const iv_transpose_opts_t *opts = b->opts;
+    unsigned bbits = bits_for((uint64_t)widest_band(t));
+    if (bbits + t->vbits + BLOCK_MIN_BITS <= 32 && t->maxlen <= 4 && !opts->wide_entries) {
+        t->esz = 4;
+        t->gbits = 32 - bbits - t->vbits;
+    } else {
+        t->esz = 8;
+        t->gbits = 64 - bbits - t->vbits;
+    }
+    if (t->gbits > BLOCK_MAX_BITS) t->gbits = BLOCK_MAX_BITS;
+    t->lsz = b->sbits + t->vbits <= 32 && !opts->wide_entries ? 4 : 8;
+    while (opts->block_slices && t->gbits > 0 && ((uint64_t)1 << t->gbits) > opts->block_slices) t->gbits--;
+}
+
+/* The entries a block aims at in a window of `entries`. */
+static uint64_t block_target(const struct build *b, uint64_t entries)
+{
+    uint64_t target = entries / BLOCKS_A_WINDOW;
+    if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
+    if (b->opts->block_entries) target = b->opts->block_entries;
+    return target;
+}
+
+/* The copy's stream (one mapping sized for the worst case), the
+ * temporary's bound, the encode's items and the windows' per-band and
+ * per-slice arrays. */
+static int alloc_windows(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    int64_t nb = t->n_bands;
+    b->out_cap = (size_t)(b->nnz * t->maxlen + 1);
+    b->out = big_map(b->out_cap);
+    b->tmp_bytes = b->opts->tmp_bytes;
+    if (b->tmp_bytes == 0) {
         /* Four times the stream holds every entry of a count matrix (1 to
          * 2 bytes a varint, 4 an entry) in one window. */
-        tmp_bytes = 4 * iv_stream_length(ds->stream);
-        if (tmp_bytes < ((uint64_t)64 << 20)) tmp_bytes = (uint64_t)64 << 20;
+        b->tmp_bytes = 4 * iv_stream_length(b->ds->stream);
+        if (b->tmp_bytes < ((uint64_t)64 << 20)) b->tmp_bytes = (uint64_t)64 << 20;
     }
-    int64_t want_items = (int64_t)threads * 8;
-    t.items = calloc((size_t)want_items, sizeof *t.items);
-    t.items_cap = t.items ? want_items : 0;
-    t.cfirst = malloc((size_t)(nb + 1) * sizeof *t.cfirst);
-    t.band_entries = malloc((size_t)nb * sizeof *t.band_entries);
-    t.est_start = malloc((size_t)(G + 1) * sizeof *t.est_start);
-    if (!out || !t.items || !t.cfirst || !t.band_entries || !t.est_start) {
-        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", ds->where);
-        goto fail;
-    }
-    t.out = out;
-    t.chunk_asked = opts->chunk_entries;
-    t.plain_stores = opts->plain_stores;
-    uint64_t block_target = nnz / BLOCKS_A_WINDOW;
-    if (block_target < BLOCK_MIN_ENTRIES) block_target = BLOCK_MIN_ENTRIES;
-    if (opts->block_entries) block_target = opts->block_entries;
-    for (int64_t b = 0; b < nb; b++)
-        t.band_entries[b] = (uint64_t)(t.vp[t.mp[t.band[b + 1]]] - t.vp[t.mp[t.band[b]]]);
-    if (nnz * t.esz <= tmp_bytes) {
-        iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_sample, &t);
-        if (atomic_load(&t.failed)) goto failed_pass;
-        uint64_t sampled = 0;
-        t.est_start[0] = 0;
-        for (int64_t g = 0; g < G; g++) {
-            for (int64_t b = 0; b < nb; b++) sampled += t.off[(size_t)b * (size_t)G + (size_t)g];
-            t.est_start[g + 1] = sampled;
-        }
-        for (int64_t g = 1; g <= G; g++)
-            t.est_start[g] = sampled ? (uint64_t)((double)t.est_start[g] / (double)sampled * (double)nnz)
-                             : (uint64_t)((double)g / (double)G * (double)nnz);
-        t.g0 = 0;
-        t.g1 = G;
-        t.start = t.est_start;
-        if (plan_blocks(&t, block_target) < 0 || plan_shares(&t) < 0) {
-            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
-            goto fail;
-        }
-        t.one_pass = t.tmp_cap <= tmp_bytes;
-        memset(t.off, 0, (size_t)nb * (size_t)(G ? G : 1) * sizeof *t.off);
-    }
-    uint64_t win_entries = 0;
-    if (!t.one_pass) {
-        iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_count, &t);
-        if (atomic_load(&t.failed)) goto failed_pass;
-        if ((rc = sum_counts(&t, start, nnz, err)) < 0) goto fail;
-        uint64_t biggest = 0;
-        for (int64_t g = 0; g < G; g++)
-            if (start[g + 1] - start[g] > biggest) biggest = start[g + 1] - start[g];
-        win_entries = tmp_bytes / t.esz;
-        if (win_entries < biggest) win_entries = biggest;
-        if (win_entries > nnz) win_entries = nnz;
-    }
-    PHASE(IV_TP_COUNT);
-    /* Groups of the copy, gathered window by window. */
-    size_t n_groups = 0, cap_groups = 0;
+    b->want_items = (int64_t)b->threads * 8;
+    t->items = calloc((size_t)b->want_items, sizeof *t->items);
+    t->items_cap = t->items ? b->want_items : 0;
+    t->cfirst = malloc((size_t)(nb + 1) * sizeof *t->cfirst);
+    t->band_entries = malloc((size_t)nb * sizeof *t->band_entries);
+    t->est_start = malloc((size_t)(b->G + 1) * sizeof *t->est_start);
+    if (!b->out || !t->items || !t->cfirst || !t->band_entries || !t->est_start)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", b->ds->where);
+    t->out = b->out;
+    t->chunk_asked = b->opts->chunk_entries;
+    t->plain_stores = b->opts->plain_stores;
+    for (int64_t k = 0; k < nb; k++)
+        t->band_entries[k] = (uint64_t)(t->vp[t->mp[t->band[k + 1]]] - t->vp[t->mp[t->band[k]]]);
+    return 0;
+}
 
-    t.byte_at[0] = 0;
-    for (int64_t g0 = 0; g0 < G;) {
-        int64_t g1 = G;
-        if (!t.one_pass) {
-            /* The window's slices and blocks, by the counts. */
-            g1 = g0 + 1;
-            while (g1 < G && start[g1 + 1] - start[g0] <= win_entries) g1++;
-            t.g0 = g0;
-            t.g1 = g1;
-            t.start = start;
-            uint64_t target = (start[g1] - start[g0]) / BLOCKS_A_WINDOW;
-            if (target < BLOCK_MIN_ENTRIES) target = BLOCK_MIN_ENTRIES;
-            if (opts->block_entries) target = opts->block_entries;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint64_t *cnt = t.off + (size_t)b * (size_t)G;
-                t.band_entries[b] = 0;
-                for (int64_t g = g0; g < g1; g++) t.band_entries[b] += cnt[g];
-            }
-            if (plan_blocks(&t, target) < 0 || plan_shares(&t) < 0) {
-                rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", ds->where);
-                goto fail;
-            }
-        }
-        /* 3. Fill (skipped when the window holds nothing). */
-        uint64_t wanted = t.one_pass ? nnz : start[g1] - start[g0];
-        if (wanted > 0) {
-            iv_pool_parallel_for(opts->pool, (size_t)nb, 0, band_fill, &t);
-            if (atomic_load(&t.failed)) goto failed_pass;
-        }
-        PHASE(IV_TP_FILL);
-        /* 4. Encode, then place. */
-        t.n_items = plan_items(&t, want_items);
-        if (t.blk_at[t.n_blk] != wanted) {
-            rc = iv_fail(err, IV_EINTERNAL, "%s: transpose filled %" PRIu64 " entries, not %" PRIu64,
-                         ds->where, t.blk_at[t.n_blk], wanted);
-            goto fail;
-        }
-        iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, encode_item, &t);
-        if (atomic_load(&t.failed)) goto failed_pass;
-        PHASE(IV_TP_ENCODE);
-        for (int64_t g = g0; g < g1; g++) t.byte_at[g + 1] = t.byte_at[g] + t.nbytes[g];
-        iv_pool_parallel_for(opts->pool, (size_t)t.n_items, 0, move_item, &t);
-        PHASE(IV_TP_MOVE);
-        for (int64_t k = 0; k < t.n_items; k++) {
-            struct item *it = &t.items[k];
-            size_t ng = it->n_grp / 2;
-            if (n_groups + ng > cap_groups) {
-                size_t cap = cap_groups ? cap_groups : 4096;
-                while (cap < n_groups + ng) cap *= 2;
-                uint32_t *nl = realloc(vlist, cap * sizeof *nl);
-                if (nl) vlist = nl;
-                uint64_t *ns = realloc(vsize, cap * sizeof *ns);
-                if (ns) vsize = ns;
-                if (!nl || !ns) {
-                    rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's groups", ds->where);
-                    goto fail;
-                }
-                cap_groups = cap;
-            }
-            for (size_t x = 0; x < ng; x++) {
-                vlist[n_groups + x] = it->grp[2 * x];
-                vsize[n_groups + x] = it->grp[2 * x + 1];
-            }
-            n_groups += ng;
-        }
-        g0 = g1;
-    }
-    big_unmap(t.tmp, t.tmp_cap);
-    t.tmp = NULL;
-    free(t.off);
-    t.off = NULL;
-    uint64_t len = t.byte_at[G];
+/* The plan's first part (see the top of this file): entry ids and
+ * bands, the entry's width, and the stream and window arrays. */
+static int plan_build(struct build *b, iv_err_t *err)
+{
+    int rc;
+    if ((rc = check_estimate(b, err)) < 0 || (rc = check_packing(b, err)) < 0 || (rc = plan_bands(b, err)) < 0)
+        return rc;
+    choose_entry_width(b);
+    return alloc_windows(b, err);
+}
 
-    /* The exact size, against both budgets. */
-    uint64_t n_ckpt = G == 0 ? 0 : (uint64_t)(G - 1) / stride + 1;
-    uint64_t bytes = len + (uint64_t)(G + 1) * 8 + (uint64_t)(n_groups + 1) * 8 +
-                     (uint64_t)n_groups * vsz + n_ckpt * 8;
-    if (bytes > opts->budget) {
-        rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
-                     " bytes; the budget allows %" PRIu64, ds->where, bytes, opts->budget);
-        goto fail;
+/* Entry offsets of the new slices (t->est_start) scaled to nnz from the
+ * sample's counts (t->off), or spread evenly when the sample is empty. */
+static void estimate_starts(struct tb *t, uint64_t nnz)
+{
+    int64_t G = t->n_new_major, nb = t->n_bands;
+    uint64_t sampled = 0;
+    t->est_start[0] = 0;
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t b = 0; b < nb; b++) sampled += t->off[(size_t)b * (size_t)G + (size_t)g];
+        t->est_start[g + 1] = sampled;
     }
+    for (int64_t g = 1; g <= G; g++)
+        t->est_start[g] = sampled ? (uint64_t)((double)t->est_start[g] / (double)sampled * (double)nnz)
+                         : (uint64_t)((double)g / (double)G * (double)nnz);
+}
+
+/*
+ * 2, when every entry fits the temporary at once: the blocks are cut by
+ * counts estimated from a sample of each band (their sizes only balance
+ * the work; the copy does not depend on them), and the source is
+ * decoded once, by the fill, if the chains fit the temporary too
+ * (t->one_pass).
+ */
+static int plan_one_pass(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    iv_pool_parallel_for(b->opts->pool, (size_t)t->n_bands, 0, band_sample, t);
+    if (atomic_load(&t->failed)) return pass_error(t, err);
+    estimate_starts(t, b->nnz);
+    t->g0 = 0;
+    t->g1 = b->G;
+    t->start = t->est_start;
+    if (plan_blocks(t, block_target(b, b->nnz)) < 0 || plan_shares(t) < 0)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", b->ds->where);
+    t->one_pass = t->tmp_cap <= b->tmp_bytes;
+    memset(t->off, 0, (size_t)t->n_bands * (size_t)(b->G ? b->G : 1) * sizeof *t->off);
+    return 0;
+}
+
+/* 2, otherwise: a count pass, the exact entry offsets (b->start), and
+ * the most entries a window takes: the temporary's, at least the
+ * largest new slice's. */
+static int count_pass(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    iv_pool_parallel_for(b->opts->pool, (size_t)t->n_bands, 0, band_count, t);
+    if (atomic_load(&t->failed)) return pass_error(t, err);
+    int rc = sum_counts(t, b->start, b->nnz, err);
+    if (rc < 0) return rc;
+    uint64_t biggest = 0;
+    for (int64_t g = 0; g < b->G; g++)
+        if (b->start[g + 1] - b->start[g] > biggest) biggest = b->start[g + 1] - b->start[g];
+    b->win_entries = b->tmp_bytes / t->esz;
+    if (b->win_entries < biggest) b->win_entries = biggest;
+    if (b->win_entries > b->nnz) b->win_entries = b->nnz;
+    return 0;
+}
+
+/* 2. Counts and blocks: by a sample when every entry fits the temporary
+ * at once, else by a count pass (then the new slices go in windows). */
+static int plan_blocks_or_count(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    int rc;
+    if (b->nnz * t->esz <= b->tmp_bytes && (rc = plan_one_pass(b, err)) < 0) return rc;
+    if (!t->one_pass && (rc = count_pass(b, err)) < 0) return rc;
+    phase_end(&b->clock, IV_TP_COUNT);
+    return 0;
+}
+
+/* The window from g0 by the exact counts: its new slices [g0, *g1), its
+ * blocks and the bands' shares of the temporary. */
+static int plan_window(struct build *b, int64_t g0, int64_t *g1_out, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    const uint64_t *start = b->start;
+    int64_t g1 = g0 + 1;
+    while (g1 < b->G && start[g1 + 1] - start[g0] <= b->win_entries) g1++;
+    t->g0 = g0;
+    t->g1 = g1;
+    t->start = start;
+    for (int64_t k = 0; k < t->n_bands; k++) {
+        const uint64_t *cnt = t->off + (size_t)k * (size_t)b->G;
+        t->band_entries[k] = 0;
+        for (int64_t g = g0; g < g1; g++) t->band_entries[k] += cnt[g];
+    }
+    if (plan_blocks(t, block_target(b, start[g1] - start[g0])) < 0 || plan_shares(t) < 0)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's blocks", b->ds->where);
+    *g1_out = g1;
+    return 0;
+}
+
+/* 3. Fill (skipped when the window holds nothing). */
+static int fill_window(struct build *b, uint64_t wanted, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    if (wanted > 0) {
+        iv_pool_parallel_for(b->opts->pool, (size_t)t->n_bands, 0, band_fill, t);
+        if (atomic_load(&t->failed)) return pass_error(t, err);
+    }
+    phase_end(&b->clock, IV_TP_FILL);
+    return 0;
+}
+
+/* 4. Encode: the items, a check that the fill took the window's
+ * `wanted` entries, the encode. */
+static int encode_window(struct build *b, uint64_t wanted, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    t->n_items = plan_items(t, b->want_items);
+    if (t->blk_at[t->n_blk] != wanted)
+        return iv_fail(err, IV_EINTERNAL, "%s: transpose filled %" PRIu64 " entries, not %" PRIu64,
+                       b->ds->where, t->blk_at[t->n_blk], wanted);
+    iv_pool_parallel_for(b->opts->pool, (size_t)t->n_items, 0, encode_item, t);
+    if (atomic_load(&t->failed)) return pass_error(t, err);
+    phase_end(&b->clock, IV_TP_ENCODE);
+    return 0;
+}
+
+/* Place: the window's new slices' byte offsets, and their varints moved
+ * to the copy's stream. */
+static void place_window(struct build *b, int64_t g0, int64_t g1)
+{
+    struct tb *t = &b->t;
+    for (int64_t g = g0; g < g1; g++) t->byte_at[g + 1] = t->byte_at[g] + t->nbytes[g];
+    iv_pool_parallel_for(b->opts->pool, (size_t)t->n_items, 0, move_item, t);
+    phase_end(&b->clock, IV_TP_MOVE);
+}
+
+/* Room for `need` groups of the copy.  0, or -1 when out of memory. */
+static int grow_groups(struct build *b, size_t need)
+{
+    if (need <= b->cap_groups) return 0;
+    size_t cap = b->cap_groups ? b->cap_groups : 4096;
+    while (cap < need) cap *= 2;
+    uint32_t *nl = realloc(b->vlist, cap * sizeof *nl);
+    if (nl) b->vlist = nl;
+    uint64_t *ns = realloc(b->vsize, cap * sizeof *ns);
+    if (ns) b->vsize = ns;
+    if (!nl || !ns) return -1;
+    b->cap_groups = cap;
+    return 0;
+}
+
+/* The window's groups of the copy (each item's, items in order) added
+ * to the copy's. */
+static int gather_groups(struct build *b, iv_err_t *err)
+{
+    const struct tb *t = &b->t;
+    for (int64_t k = 0; k < t->n_items; k++) {
+        const struct item *it = &t->items[k];
+        size_t ng = it->n_grp / 2;
+        if (grow_groups(b, b->n_groups + ng) < 0)
+            return iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's groups", b->ds->where);
+        for (size_t x = 0; x < ng; x++) {
+            b->vlist[b->n_groups + x] = it->grp[2 * x];
+            b->vsize[b->n_groups + x] = it->grp[2 * x + 1];
+        }
+        b->n_groups += ng;
+    }
+    return 0;
+}
+
+/* Steps 3 and 4 for the window from g0 (all new slices in one pass):
+ * fill, encode, place, and its groups gathered; *g1 its end. */
+static int run_window(struct build *b, int64_t g0, int64_t *g1, iv_err_t *err)
+{
+    const struct tb *t = &b->t;
+    int rc;
+    *g1 = b->G;
+    if (!t->one_pass && (rc = plan_window(b, g0, g1, err)) < 0) return rc;
+    uint64_t wanted = t->one_pass ? b->nnz : b->start[*g1] - b->start[g0];
+    if ((rc = fill_window(b, wanted, err)) < 0 || (rc = encode_window(b, wanted, err)) < 0) return rc;
+    place_window(b, g0, *g1);
+    return gather_groups(b, err);
+}
+
+/* Steps 3 and 4, window by window; then the temporary and the counters
+ * are given back. */
+static int run_windows(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    int rc;
+    t->byte_at[0] = 0;
+    for (int64_t g0 = 0, g1 = 0; g0 < b->G; g0 = g1)
+        if ((rc = run_window(b, g0, &g1, err)) < 0) return rc;
+    big_unmap(t->tmp, t->tmp_cap);
+    t->tmp = NULL;
+    free(t->off);
+    t->off = NULL;
+    b->len = t->byte_at[b->G];
+    return 0;
+}
+
+/* The exact size, against both budgets (the global one charged), and
+ * the tail of the stream's mapping past its length handed back. */
+static int check_exact_size(struct build *b, iv_err_t *err)
+{
+    const iv_transpose_opts_t *opts = b->opts;
+    int64_t G = b->G;
+    b->n_ckpt = G == 0 ? 0 : (uint64_t)(G - 1) / b->stride + 1;
+    b->bytes = b->len + (uint64_t)(G + 1) * 8 + (uint64_t)(b->n_groups + 1) * 8 + (uint64_t)b->n_groups * b->vsz +
+               b->n_ckpt * 8;
+    if (b->bytes > opts->budget)
+        return iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
+                       " bytes; the budget allows %" PRIu64, b->ds->where, b->bytes, opts->budget);
     if (opts->global) {
-        if (iv_budget_take(opts->global, bytes) < 0) {
-            rc = iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
-                         " bytes; the global transpose budget has %" PRIu64 " left", ds->where,
-                         bytes, (uint64_t)atomic_load(&opts->global->left));
-            goto fail;
-        }
-        took_global = 1;
-        charged = bytes;
+        if (iv_budget_take(opts->global, b->bytes) < 0)
+            return iv_fail(err, IV_ETOO_LARGE, "%s: the other orientation takes %" PRIu64
+                           " bytes; the global transpose budget has %" PRIu64 " left", b->ds->where,
+                           b->bytes, (uint64_t)atomic_load(&opts->global->left));
+        b->took_global = 1;
     }
-    {
-        /* Hand the tail past the stream back. */
-        size_t keep = big_len((size_t)len), cap = big_len(out_cap);
-        if (keep < cap) munmap(out + keep, cap - keep);
-        out_cap = (size_t)len;
-    }
+    size_t keep = big_len((size_t)b->len), cap = big_len(b->out_cap);
+    if (keep < cap) munmap(b->out + keep, cap - keep);
+    b->out_cap = (size_t)b->len;
+    return 0;
+}
 
-    /* The copy as a dataset. */
-    c = calloc(1, sizeof *c);
-    if (!c) {
-        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory", ds->where);
-        goto fail;
-    }
+/* The copy's names, flags and shape: the source's, turned around. */
+static void copy_header(const struct build *b, iv_dataset_t *c)
+{
+    const iv_dataset_t *ds = b->ds;
+    const iv_h5matrix_t *m = b->m;
     snprintf(c->path, sizeof c->path, "%s", ds->path);
     snprintf(c->group, sizeof c->group, "%s", ds->group);
     snprintf(c->where, sizeof c->where, "%.4300s (%s copy in memory)", ds->where,
@@ -1455,39 +1888,56 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     cm->orient = m->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
     cm->n_rows = m->n_rows;
     cm->n_cols = m->n_cols;
-    cm->n_major = G;
-    cm->n_minor = S;
+    cm->n_major = b->G;
+    cm->n_minor = b->S;
     cm->nnz = m->nnz;
-    cm->n_unique = (int64_t)n_groups;
+    cm->n_unique = (int64_t)b->n_groups;
     cm->value_dtype = m->value_dtype;
     cm->indices_dtype = m->indices_dtype;
     snprintf(cm->codec, sizeof cm->codec, "none (in memory)");
-    cm->major_ptr = malloc((size_t)(G + 1) * sizeof *cm->major_ptr);
+    c->ri.stride = b->stride;
+    c->ri.n_ckpt = b->n_ckpt;
+}
+
+/* The copy's major_ptr, value_ptr, values and row-index checkpoints. */
+static int copy_pointers(const struct build *b, iv_dataset_t *c, iv_err_t *err)
+{
+    const struct tb *t = &b->t;
+    iv_h5matrix_t *cm = &c->m;
+    size_t n_groups = b->n_groups, vsz = b->vsz;
+    cm->major_ptr = malloc((size_t)(b->G + 1) * sizeof *cm->major_ptr);
     cm->value_ptr = malloc((n_groups + 1) * sizeof *cm->value_ptr);
     cm->values = malloc((n_groups ? n_groups : 1) * vsz);
-    c->ri.stride = stride;
-    c->ri.n_ckpt = n_ckpt;
-    c->ri.off = malloc((size_t)(n_ckpt ? n_ckpt : 1) * sizeof *c->ri.off);
-    if (!cm->major_ptr || !cm->value_ptr || !cm->values || !c->ri.off) {
-        rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's pointers", ds->where);
-        goto fail;
-    }
+    c->ri.off = malloc((size_t)(b->n_ckpt ? b->n_ckpt : 1) * sizeof *c->ri.off);
+    if (!cm->major_ptr || !cm->value_ptr || !cm->values || !c->ri.off)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the copy's pointers", b->ds->where);
     cm->major_ptr[0] = 0;
-    for (int64_t g = 0; g < G; g++) cm->major_ptr[g + 1] = cm->major_ptr[g] + t.ngrp[g];
+    for (int64_t g = 0; g < b->G; g++) cm->major_ptr[g + 1] = cm->major_ptr[g] + t->ngrp[g];
     cm->value_ptr[0] = 0;
     for (size_t k = 0; k < n_groups; k++) {
-        cm->value_ptr[k + 1] = cm->value_ptr[k] + (int64_t)vsize[k];
-        memcpy((char *)cm->values + k * vsz, &distinct[vlist[k]], vsz);
+        cm->value_ptr[k + 1] = cm->value_ptr[k] + (int64_t)b->vsize[k];
+        memcpy((char *)cm->values + k * vsz, &b->distinct[b->vlist[k]], vsz);
     }
-    for (uint64_t j = 0; j < n_ckpt; j++) c->ri.off[j] = t.byte_at[j * stride];
-    {
-        char label[sizeof c->where + 32];
-        snprintf(label, sizeof label, "%s/packed_indices", c->where);
-        iv_stream_desc_t desc = {.length = len, .chunked = 0, .contig = out, .owned_map = out,
-                                 .owned_map_len = big_len(out_cap), .label = label};
-        out = NULL;   /* the stream owns it, also on failure */
-        if ((rc = iv_stream_create(&desc, 0, &c->stream, err)) < 0) goto fail;
-    }
+    for (uint64_t j = 0; j < b->n_ckpt; j++) c->ri.off[j] = t->byte_at[j * b->stride];
+    return 0;
+}
+
+/* The copy's stream over the build's mapping, which it owns from here
+ * on, also on failure. */
+static int copy_stream(struct build *b, iv_dataset_t *c, iv_err_t *err)
+{
+    char label[sizeof c->where + 32];
+    snprintf(label, sizeof label, "%s/packed_indices", c->where);
+    iv_stream_desc_t desc = {.length = b->len, .chunked = 0, .contig = b->out, .owned_map = b->out,
+                             .owned_map_len = big_len(b->out_cap), .label = label};
+    b->out = NULL;
+    return iv_stream_create(&desc, 0, &c->stream, err);
+}
+
+/* The copy's dataset info. */
+static void copy_info(const struct build *b, iv_dataset_t *c)
+{
+    const iv_h5matrix_t *cm = &c->m;
     iv_dataset_info_t *in = &c->info;
     in->path = c->path;
     in->group = c->group;
@@ -1502,50 +1952,62 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     in->indices_dtype = cm->indices_dtype;
     snprintf(in->codec, sizeof in->codec, "%s", cm->codec);
     in->chunked = 0;
-    in->stream_bytes = len;
+    in->stream_bytes = b->len;
     in->stored_bytes = 0;
     in->n_chunks = iv_stream_n_chunks(c->stream);
     in->chunk_len = iv_stream_chunk_len(c->stream);
-    in->index_stride = stride;
+    in->index_stride = b->stride;
     in->index_bytes = iv_rowindex_bytes(&c->ri);
-    in->open_seconds = iv_now_s() - t0;
+    in->open_seconds = iv_now_s() - b->clock.t0;
+}
 
-    free(vid);
-    free(distinct);
-    free(vlist);
-    free(vsize);
-    free(start);
-    tb_free(&t);
-    PHASE(IV_TP_FINISH);
-    if (opts->phase_seconds) memcpy(opts->phase_seconds, ph, sizeof ph);
-    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, pc, sizeof pc);
-    if (took_global) {
+/* The copy as a dataset (b->c). */
+static int make_copy(struct build *b, iv_err_t *err)
+{
+    iv_dataset_t *c = b->c = calloc(1, sizeof *c);
+    if (!c) return iv_fail(err, IV_ENOMEM, "%s: out of memory", b->ds->where);
+    copy_header(b, c);
+    int rc;
+    if ((rc = copy_pointers(b, c, err)) < 0 || (rc = copy_stream(b, c, err)) < 0) return rc;
+    copy_info(b, c);
+    return 0;
+}
+
+/* Publishes the copy on the source, with the budget it is charged to and
+ * the build's times. */
+static void publish_copy(struct build *b)
+{
+    iv_dataset_t *ds = b->ds;
+    const iv_transpose_opts_t *opts = b->opts;
+    if (opts->phase_seconds) memcpy(opts->phase_seconds, b->clock.wall, sizeof b->clock.wall);
+    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, b->clock.cpu, sizeof b->clock.cpu);
+    if (b->took_global) {
         ds->other_budget = opts->global;
-        ds->other_charged = charged;
+        ds->other_charged = b->bytes;
     }
     ds->other_source = IV_SRC_MEMORY;
-    ds->other_seconds = iv_now_s() - t0;
-    atomic_store_explicit(&ds->other, c, memory_order_release);
+    ds->other_seconds = iv_now_s() - b->clock.t0;
+    atomic_store_explicit(&ds->other, b->c, memory_order_release);
     iv_dataset_set_other_state(ds, IV_OTHER_READY);
-    return 0;
+}
 
-failed_pass:
-    rc = iv_fail(err, t.err.code, "%s", t.err.msg);
-fail:
-    if (took_global) iv_budget_give(opts->global, charged);
-    if (c) {
-        iv_stream_destroy(c->stream);
-        iv_rowindex_free(&c->ri);
-        iv_h5matrix_free(&c->m);
-        free(c);
+int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err)
+{
+    if (iv_dataset_other(ds) || ds->is_copy)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: the other orientation exists already", ds->where);
+    iv_dataset_set_other_state(ds, IV_OTHER_BUILDING);
+    struct build b;
+    build_init(&b, ds, opts);
+    int rc;
+    if ((rc = number_values(&b, err)) < 0 || (rc = plan_build(&b, err)) < 0 ||
+        (rc = plan_blocks_or_count(&b, err)) < 0 || (rc = run_windows(&b, err)) < 0 ||
+        (rc = check_exact_size(&b, err)) < 0 || (rc = make_copy(&b, err)) < 0) {
+        build_free(&b, rc);
+        iv_dataset_set_other_state(ds, rc == IV_ETOO_LARGE ? IV_OTHER_SKIPPED : IV_OTHER_FAILED);
+        return rc;
     }
-    big_unmap(out, out_cap);
-    free(vid);
-    free(distinct);
-    free(vlist);
-    free(vsize);
-    free(start);
-    tb_free(&t);
-    iv_dataset_set_other_state(ds, rc == IV_ETOO_LARGE ? IV_OTHER_SKIPPED : IV_OTHER_FAILED);
-    return rc;
+    build_free(&b, 0);
+    phase_end(&b.clock, IV_TP_FINISH);
+    publish_copy(&b);
+    return 0;
 }
