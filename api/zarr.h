@@ -43,6 +43,13 @@
 #ifndef IV_ZARR_X_CHUNK  /* benchmarks build other sizes with -DIV_ZARR_X_CHUNK=N */
 #define IV_ZARR_X_CHUNK ((int64_t)1 << 16)
 #endif
+/* The compressor of the sparse matrices' arrays (X, layers, raw/X):
+ * numcodecs' Zstd at this level, whose chunks are ZSTD_compress's output
+ * (byte for byte what zarr-python writes); 0: none.  See docs/zarr.md
+ * for the measurement that chose it. */
+#ifndef IV_ZARR_ZSTD_LEVEL  /* benchmarks build -DIV_ZARR_ZSTD_LEVEL=0 to compare */
+#define IV_ZARR_ZSTD_LEVEL 1
+#endif
 /* Largest chunk of a numeric column or obsm/varm array, in bytes: a
  * whole column of a 1.26-million-cell atlas is two chunks. */
 #define IV_ZARR_COL_CHUNK_BYTES ((int64_t)8 << 20)

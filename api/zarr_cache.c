@@ -1,15 +1,17 @@
 /*
- * The X chunks decoded last (see zarr_cache.h).
+ * The X chunks served last, and uns (see zarr_cache.h).
  *
  * Design.  Chunk k of X/indices and chunk k of X/data are the same
  * entries: one decode gives both.  Clients ask for the two together
  * (Vitessce at once, zarr-python one array after the other), so the
- * decode of a chunk fills both parts into a slot of a small table and the
- * request for the other part copies them out.  A request that finds its
- * chunk being filled waits for it (single flight) instead of decoding it
- * a second time.  SLOTS slots of at most IV_ZARR_X_CHUNK entries (12 bytes
- * an entry at most) bound the memory to about 12 MB a dataset; the least
- * recently used free slot is reused.
+ * decode of a chunk fills both parts, encoded as they are served (zstd,
+ * zarr_chunk.c), into a slot of a small table and the request for the
+ * other part copies them out; a client reading the same region again
+ * costs a copy, not a decode and a compression.  A request that finds
+ * its chunk being filled waits for it (single flight) instead of
+ * decoding it a second time.  The parts held are bounded by CACHE_BYTES
+ * a dataset, in at most SLOTS slots; chunks whose both parts were served
+ * are dropped first, then the least recently used.
  */
 #include "zarr_cache.h"
 
@@ -17,7 +19,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLOTS 16
+#define SLOTS 512
+/* The encoded parts held, all slots together.  A whole-matrix reader
+ * (anndata's read_zarr, zarr-python's X["data"][:]) reads one array after
+ * the other: every chunk's second part is asked for after all the first
+ * parts, so the table must hold one part of every chunk for the chunks to
+ * be decoded once, not twice.  48 MiB hold that for about 300 chunks at
+ * zstd's ratio on counts (a 20,000-cell dataset of 14.5 M entries). */
+#define CACHE_BYTES ((size_t)48 << 20)
 
 enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
 
@@ -26,9 +35,8 @@ typedef struct slot {
     const void *mx;
     int csr;
     int64_t chunk, k;
-    size_t n_idx, n_val;
-    uint8_t *bytes;           /* n_idx bytes of indices, then n_val of values */
-    size_t cap;
+    iv_buf_t parts[2];        /* indices, values: the bytes served */
+    unsigned served;          /* bit p: part p was served (both: dropped first) */
     uint64_t used;            /* last use, for LRU */
 } slot_t;
 
@@ -36,6 +44,7 @@ struct iv_zarr_cache {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t clock;
+    size_t bytes;             /* of the READY slots' parts */
     slot_t s[SLOTS];
     int uns_state;            /* UNS_* */
     iv_uns_t *uns;
@@ -49,38 +58,64 @@ iv_zarr_cache_t *iv_zarr_cache_new(void)
     if (!c) return NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    for (int i = 0; i < SLOTS; i++) {
+        iv_buf_init(&c->s[i].parts[0]);
+        iv_buf_init(&c->s[i].parts[1]);
+    }
     return c;
+}
+
+static void slot_drop(iv_zarr_cache_t *c, slot_t *s)
+{
+    if (s->state == SLOT_READY) c->bytes -= s->parts[0].len + s->parts[1].len;
+    iv_buf_free(&s->parts[0]);
+    iv_buf_free(&s->parts[1]);
+    iv_buf_init(&s->parts[0]);
+    iv_buf_init(&s->parts[1]);
+    s->state = SLOT_EMPTY;
 }
 
 void iv_zarr_cache_free(iv_zarr_cache_t *c)
 {
     if (!c) return;
-    for (int i = 0; i < SLOTS; i++) free(c->s[i].bytes);
+    for (int i = 0; i < SLOTS; i++) slot_drop(c, &c->s[i]);
     iv_uns_free(c->uns);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
-static void copy_part(const slot_t *s, int want_val, uint8_t *dst)
+static int copy_part(const iv_buf_t *part, iv_buf_t *out, iv_err_t *err)
 {
-    if (want_val) memcpy(dst, s->bytes + s->n_idx, s->n_val);
-    else memcpy(dst, s->bytes, s->n_idx);
+    iv_buf_append(out, part->data, part->len);
+    return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for a chunk") : 0;
 }
 
-static int fill_scratch(size_t n_idx, size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill,
-                        void *ctx, iv_err_t *err)
+static int fill_scratch(int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err)
 {
-    uint8_t *b = malloc(n_idx + n_val);
-    if (!b) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
-    int rc = fill(ctx, b, b + n_idx, err);
-    if (rc == 0) memcpy(dst, want_val ? b + n_idx : b, want_val ? n_val : n_idx);
-    free(b);
+    iv_buf_t parts[2];
+    iv_buf_init(&parts[0]);
+    iv_buf_init(&parts[1]);
+    int rc = fill(ctx, parts, err);
+    if (rc == 0) rc = copy_part(&parts[want_val ? 1 : 0], out, err);
+    iv_buf_free(&parts[0]);
+    iv_buf_free(&parts[1]);
     return rc;
 }
 
+/* Whether slot a should be dropped before slot b: empty ones first, then
+ * those whose both parts were served, then the least recently used. */
+static int drop_before(const slot_t *a, const slot_t *b)
+{
+    if (!b) return 1;
+    if ((a->state == SLOT_EMPTY) != (b->state == SLOT_EMPTY)) return a->state == SLOT_EMPTY;
+    if ((a->served == 3) != (b->served == 3)) return a->served == 3;
+    return a->used < b->used;
+}
+
 /* The slot of the chunk, or a free one to fill (NULL: every slot busy). */
-static slot_t *find_locked(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, int *hit)
+static slot_t *find_locked(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
+                           int *hit)
 {
     slot_t *victim = NULL;
     for (int i = 0; i < SLOTS; i++) {
@@ -89,17 +124,31 @@ static slot_t *find_locked(iv_zarr_cache_t *c, const void *mx, int csr, int64_t 
             *hit = 1;
             return s;
         }
-        if (s->state != SLOT_FILLING && (!victim || s->used < victim->used)) victim = s;
+        if (s->state != SLOT_FILLING && drop_before(s, victim)) victim = s;
     }
     *hit = 0;
     return victim;
 }
 
-int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, size_t n_idx,
-                      size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill, void *ctx,
-                      iv_err_t *err)
+/* Drops ready slots but keep (drop_before's order) until the parts held
+ * fit CACHE_BYTES. */
+static void trim_locked(iv_zarr_cache_t *c, const slot_t *keep)
 {
-    if (!c) return fill_scratch(n_idx, n_val, want_val, dst, fill, ctx, err);
+    while (c->bytes > CACHE_BYTES) {
+        slot_t *lru = NULL;
+        for (int i = 0; i < SLOTS; i++) {
+            slot_t *s = &c->s[i];
+            if (s != keep && s->state == SLOT_READY && drop_before(s, lru)) lru = s;
+        }
+        if (!lru) return;
+        slot_drop(c, lru);
+    }
+}
+
+int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
+                      int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err)
+{
+    if (!c) return fill_scratch(want_val, out, fill, ctx, err);
     pthread_mutex_lock(&c->mu);
     slot_t *s;
     int hit;
@@ -108,33 +157,37 @@ int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk
         if (!hit || s->state == SLOT_READY) break;
         pthread_cond_wait(&c->cv, &c->mu);  /* being filled by another request */
     }
-    if (hit) {
-        s->used = ++c->clock;
-        copy_part(s, want_val, dst);
-        pthread_mutex_unlock(&c->mu);
-        return 0;
-    }
-    if (!s) {
-        pthread_mutex_unlock(&c->mu);
-        return fill_scratch(n_idx, n_val, want_val, dst, fill, ctx, err);
-    }
-    if (s->cap < n_idx + n_val) {
-        uint8_t *nb = realloc(s->bytes, n_idx + n_val);
-        if (!nb) {
-            pthread_mutex_unlock(&c->mu);
-            return fill_scratch(n_idx, n_val, want_val, dst, fill, ctx, err);
+    if (hit || !s) {
+        int rc = 0;
+        if (hit) {
+            s->used = ++c->clock;
+            s->served |= 1u << (want_val ? 1 : 0);
+            rc = copy_part(&s->parts[want_val ? 1 : 0], out, err);
         }
-        s->bytes = nb;
-        s->cap = n_idx + n_val;
+        pthread_mutex_unlock(&c->mu);
+        return hit ? rc : fill_scratch(want_val, out, fill, ctx, err);
     }
-    *s = (slot_t){.state = SLOT_FILLING, .mx = mx, .csr = csr, .chunk = chunk, .k = k, .n_idx = n_idx,
-                  .n_val = n_val, .bytes = s->bytes, .cap = s->cap, .used = ++c->clock};
+    if (s->state == SLOT_READY) c->bytes -= s->parts[0].len + s->parts[1].len;
+    s->parts[0].len = s->parts[1].len = 0;
+    s->state = SLOT_FILLING;
+    s->served = 1u << (want_val ? 1 : 0);
+    s->mx = mx;
+    s->csr = csr;
+    s->chunk = chunk;
+    s->k = k;
+    s->used = ++c->clock;
     pthread_mutex_unlock(&c->mu);
-    /* The slot is this request's while FILLING: no one else touches its bytes. */
-    int rc = fill(ctx, s->bytes, s->bytes + n_idx, err);
+    /* The slot is this request's while FILLING: no one else touches its parts. */
+    int rc = fill(ctx, s->parts, err);
+    if (rc == 0) rc = copy_part(&s->parts[want_val ? 1 : 0], out, err);
     pthread_mutex_lock(&c->mu);
-    s->state = rc == 0 ? SLOT_READY : SLOT_EMPTY;
-    if (rc == 0) copy_part(s, want_val, dst);
+    if (rc == 0) {
+        s->state = SLOT_READY;
+        c->bytes += s->parts[0].len + s->parts[1].len;
+        trim_locked(c, s);
+    } else {
+        slot_drop(c, s);
+    }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "error.h"
 #include "uns.h"
 
@@ -18,19 +19,20 @@ typedef struct iv_zarr_cache iv_zarr_cache_t;
 iv_zarr_cache_t *iv_zarr_cache_new(void);
 void iv_zarr_cache_free(iv_zarr_cache_t *c);
 
-/* Fills idx (n_idx bytes) and val (n_val bytes) with chunk k of one X
- * store; returns 0 or a negative error. */
-typedef int (*iv_zarr_fill_fn)(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err);
+/* Fills parts[0] with chunk k's indices and parts[1] with its values,
+ * each as it goes on the wire (encoded per the array's compressor); both
+ * come empty.  Returns 0 or a negative error. */
+typedef int (*iv_zarr_fill_fn)(void *ctx, iv_buf_t parts[2], iv_err_t *err);
 
 /*
- * Copies chunk (mx, csr, chunk, k)'s indices (want_val 0) or values into dst:
- * from the cache, or filled once by fill while the requests for the same
- * chunk wait for it (a client asks for both parts at once).  c may be
- * NULL: fill into scratch buffers every time.
+ * Appends chunk (mx, csr, chunk, k)'s indices (want_val 0) or values to
+ * out (mx: the matrix, X or another, as a key): from the cache, or
+ * filled once by fill while the requests for the same chunk wait for it
+ * (a client asks for both parts at once).  c may be NULL: fill into
+ * scratch buffers every time.
  */
-int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k, size_t n_idx,
-                      size_t n_val, int want_val, uint8_t *dst, iv_zarr_fill_fn fill, void *ctx,
-                      iv_err_t *err);
+int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
+                      int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err);
 
 /* The dataset's uns entries (uns.h), read from path on the first call
  * (the callers of the same time wait for that read) and kept; NULL when

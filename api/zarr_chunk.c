@@ -19,8 +19,11 @@
  * are copied out.  A chunk costs the decode of at most C entries plus the
  * two slices it cuts, whatever the matrix size.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <zstd.h>
 
 #include "query.h"
 #include "zarr_cache.h"
@@ -120,6 +123,7 @@ typedef struct xfill {
     iv_dataset_t *md;         /* its orientation read */
     int csr;
     int64_t C, k;
+    int zstd;
     iv_dtype_t idx_vt, val_vt;
 } xfill_t;
 
@@ -158,28 +162,34 @@ static int copy_block(const xfill_t *f, const iv_block_t *blk, const ptrs_t *p, 
     return 0;
 }
 
+/* The major slices [*j0, *j1) holding entries [lo, hi): the last one
+ * starting at or before lo, up to the first one starting at or after hi. */
+static int x_slices(const ptrs_t *p, int64_t n_major, int64_t nnz, int64_t lo, int64_t hi,
+                    int64_t *j0, int64_t *j1, iv_err_t *err)
+{
+    if (entry_at(p, 0) != 0 || entry_at(p, n_major) != nnz)
+        return iv_fail(err, IV_ECORRUPT, "X: the pointers do not span the %lld entries", (long long)nnz);
+    *j0 = upper_bound(p, n_major + 1, lo) - 1;
+    *j1 = lower_bound(p, n_major + 1, hi);
+    if (*j0 < 0 || *j1 > n_major || *j1 <= *j0)
+        return iv_fail(err, IV_ECORRUPT, "X: no slices hold entries %lld..%lld (%lld..%lld of %lld)",
+                       (long long)lo, (long long)hi, (long long)*j0, (long long)*j1,
+                       (long long)n_major);
+    return 0;
+}
+
 /* Decodes chunk f->k of X into idx and val (zeroed past the end): the
  * major slices holding its entries, through the query engine. */
-static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
+static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
 {
-    const xfill_t *f = ctx;
     /* The shape from the matrix's own info: both orientations share it. */
     const iv_dataset_info_t *in = iv_dataset_info(f->ds);
     ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
-    int64_t n_major = f->csr ? in->n_rows : in->n_cols;
-    int64_t C = f->C;
+    int64_t C = f->C, j0 = 0, j1 = 0;
     int64_t lo = f->k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
     memset(idx, 0, (size_t)C * iv_dtype_size(f->idx_vt));
     memset(val, 0, (size_t)C * iv_dtype_size(f->val_vt));
-    /* The slices holding [lo, hi): the last one starting at or before lo,
-     * up to the first one starting at or after hi. */
-    if (entry_at(&p, 0) != 0 || entry_at(&p, n_major) != in->nnz)
-        return iv_fail(err, IV_ECORRUPT, "X: the pointers do not span the %lld entries", (long long)in->nnz);
-    int64_t j0 = upper_bound(&p, n_major + 1, lo) - 1;
-    int64_t j1 = lower_bound(&p, n_major + 1, hi);
-    if (j0 < 0 || j1 > n_major || j1 <= j0)
-        return iv_fail(err, IV_ECORRUPT, "X: no slices hold entries %lld..%lld (%lld..%lld of %lld)",
-                       (long long)lo, (long long)hi, (long long)j0, (long long)j1, (long long)n_major);
+    IV_TRY(x_slices(&p, f->csr ? in->n_rows : in->n_cols, in->nnz, lo, hi, &j0, &j1, err));
     int64_t n = j1 - j0;
     int64_t *ids = malloc((size_t)n * sizeof *ids);
     if (!ids) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
@@ -204,23 +214,80 @@ static int x_fill(void *ctx, uint8_t *idx, uint8_t *val, iv_err_t *err)
     return rc;
 }
 
+/* One compression context a thread, kept for the thread's life: a
+ * context made per call (ZSTD_compress) maps and faults in its tables
+ * every chunk, which cost more than the compression itself here. */
+static pthread_key_t cctx_key;
+static pthread_once_t cctx_once = PTHREAD_ONCE_INIT;
+
+static void cctx_free(void *p)
+{
+    ZSTD_freeCCtx(p);
+}
+
+static void cctx_key_make(void)
+{
+    if (pthread_key_create(&cctx_key, cctx_free) != 0) cctx_key = (pthread_key_t)-1;
+}
+
+static ZSTD_CCtx *thread_cctx(void)
+{
+    pthread_once(&cctx_once, cctx_key_make);
+    if (cctx_key == (pthread_key_t)-1) return NULL;
+    ZSTD_CCtx *z = pthread_getspecific(cctx_key);
+    if (!z && (z = ZSTD_createCCtx()) != NULL && pthread_setspecific(cctx_key, z) != 0) {
+        ZSTD_freeCCtx(z);
+        z = NULL;
+    }
+    return z;
+}
+
+/* Appends a chunk's n raw bytes to out as the array's compressor encodes
+ * them: as they are, or zstd at IV_ZARR_ZSTD_LEVEL with ZSTD_compressCCtx
+ * (ZSTD_compress's output, which numcodecs' Zstd calls: the bytes are
+ * zarr-python's). */
+static int encode_chunk(int zstd, const uint8_t *raw, size_t n, iv_buf_t *out, iv_err_t *err)
+{
+    if (!zstd) {
+        iv_buf_append(out, raw, n);
+        return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for a chunk") : 0;
+    }
+    size_t cap = ZSTD_compressBound(n);
+    if (iv_buf_reserve(out, cap) != 0) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    ZSTD_CCtx *cz = thread_cctx();
+    size_t z = cz ? ZSTD_compressCCtx(cz, out->data + out->len, cap, raw, n, IV_ZARR_ZSTD_LEVEL)
+                  : ZSTD_compress(out->data + out->len, cap, raw, n, IV_ZARR_ZSTD_LEVEL);
+    if (ZSTD_isError(z)) return iv_fail(err, IV_EINTERNAL, "zstd: %s", ZSTD_getErrorName(z));
+    out->len += z;
+    return 0;
+}
+
+/* iv_zarr_fill_fn: chunk f->k's two parts, decoded then encoded. */
+static int x_fill(void *ctx, iv_buf_t parts[2], iv_err_t *err)
+{
+    const xfill_t *f = ctx;
+    size_t n_idx = (size_t)f->C * iv_dtype_size(f->idx_vt);
+    size_t n_val = (size_t)f->C * iv_dtype_size(f->val_vt);
+    uint8_t *raw = malloc(n_idx + n_val);
+    if (!raw) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    int rc = x_decode(f, raw, raw + n_idx, err);
+    if (rc == 0) rc = encode_chunk(f->zstd, raw, n_idx, &parts[0], err);
+    if (rc == 0) rc = encode_chunk(f->zstd, raw + n_idx, n_val, &parts[1], err);
+    free(raw);
+    return rc;
+}
+
 static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
                      iv_buf_t *out, iv_err_t *err)
 {
     const iv_dataset_info_t *in = iv_dataset_info(a->mx);
     int64_t n_minor = a->csr ? in->n_cols : in->n_rows;
     xfill_t f = {
-        .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k,
+        .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k, .zstd = a->zstd,
         .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
     };
-    size_t n_idx = (size_t)f.C * iv_dtype_size(f.idx_vt), n_val = (size_t)f.C * iv_dtype_size(f.val_vt);
-    int want_val = a->src == ZS_X_DATA;
-    if (iv_buf_reserve(out, want_val ? n_val : n_idx) != 0)
-        return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
-    IV_TRY(iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, n_idx, n_val, want_val,
-                             (uint8_t *)out->data + out->len, x_fill, &f, err));
-    out->len += want_val ? n_val : n_idx;
-    return 0;
+    return iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, a->src == ZS_X_DATA, out, x_fill,
+                             &f, err);
 }
 
 static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_buf_t *out,
@@ -228,17 +295,16 @@ static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_
 {
     iv_dataset_t *md;
     IV_TRY(x_orient(a, &md, err));
-    if (a->src == ZS_X_INDPTR) {
-        /* One chunk: the whole pointer array. */
-        ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
-        if (iv_buf_reserve(out, (size_t)a->shape[0] * sizeof(int64_t)) != 0)
-            return iv_fail(err, IV_ENOMEM, "out of memory for X/indptr");
-        int64_t *d = (int64_t *)(void *)(out->data + out->len);
-        for (int64_t j = 0; j < a->shape[0]; j++) d[j] = entry_at(&p, j);
-        out->len += (size_t)a->shape[0] * sizeof(int64_t);
-        return 0;
-    }
-    return x_entries(src, a, md, k, out, err);
+    if (a->src != ZS_X_INDPTR) return x_entries(src, a, md, k, out, err);
+    /* One chunk: the whole pointer array. */
+    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
+    size_t n = (size_t)a->shape[0];
+    int64_t *d = malloc(n * sizeof *d);
+    if (!d) return iv_fail(err, IV_ENOMEM, "out of memory for X/indptr");
+    for (size_t j = 0; j < n; j++) d[j] = entry_at(&p, (int64_t)j);
+    int rc = encode_chunk(a->zstd, (const uint8_t *)d, n * sizeof *d, out, err);
+    free(d);
+    return rc;
 }
 
 /* ---- columns and arrays -------------------------------------------------------- */

@@ -34,6 +34,7 @@ typedef struct zarr_arr {
     int is_str;
     int ustr_width;           /* > 0: a fixed-width string "<UN" (N code points, UTF-32) */
     int ndim;                 /* 0 (a scalar), 1 or 2 */
+    int zstd;                 /* chunks compressed with zstd at IV_ZARR_ZSTD_LEVEL (else none) */
     int64_t shape[2], chunks[2];
     const iv_meta_col_t *col; /* ZS_COL*, ZS_CATS_* */
     const iv_marray_t *ma;    /* ZS_MARRAY */

@@ -123,7 +123,7 @@ static void walk_matrix(walker_t *w, iv_dataset_t *ds, int csr)
     size_t base = strlen(w->path);
     group(w, w->path, b->data);
     int64_t n_major = csr ? in->n_rows : in->n_cols, n_minor = csr ? in->n_cols : in->n_rows;
-    zarr_arr_t a = {.csr = csr, .mx = ds};
+    zarr_arr_t a = {.csr = csr, .mx = ds, .zstd = IV_ZARR_ZSTD_LEVEL > 0};
     a.src = ZS_X_INDPTR;
     set_numeric(&a, IV_DT_INT64);
     shape_1d(&a, n_major + 1, n_major + 1);
@@ -423,7 +423,9 @@ static void render_zarray(iv_buf_t *b, const zarr_arr_t *a)
 {
     iv_buf_puts(b, "{\"chunks\":");
     render_dims(b, a, a->chunks);
-    iv_buf_printf(b, ",\"compressor\":null,\"dtype\":\"%s\",\"fill_value\":", a->dtype);
+    if (a->zstd) iv_buf_printf(b, ",\"compressor\":{\"id\":\"zstd\",\"level\":%d}", IV_ZARR_ZSTD_LEVEL);
+    else iv_buf_puts(b, ",\"compressor\":null");
+    iv_buf_printf(b, ",\"dtype\":\"%s\",\"fill_value\":", a->dtype);
     if (a->ustr_width) iv_buf_puts(b, "\"\"");
     else if (a->is_str) iv_buf_puts(b, "null");
     else if (a->is_bool) iv_buf_puts(b, "false");

@@ -31,7 +31,7 @@ except ImportError as e:
                       "python3-aiohttp: %s" % e)
 import anndata  # noqa: E402
 from anndata.experimental import read_elem  # noqa: E402
-from numcodecs import VLenUTF8  # noqa: E402
+from numcodecs import VLenUTF8, Zstd  # noqa: E402
 
 N_OBS, N_VAR = 3000, 250     # ~112,000 entries: two X chunks, boundaries inside slices
 N_RAW = 310                  # raw/X's genes (raw/var), more than X's
@@ -96,6 +96,8 @@ def test_x_equals_the_file(env, name, csr):
     assert x["indptr"].dtype == np.int64 and x["indices"].dtype == np.int32
     assert x["data"].dtype == X.dtype
     assert x["indices"].chunks[0] < want.nnz  # several chunks
+    for part in ("indptr", "indices", "data"):  # the compressor chosen (docs/zarr.md)
+        assert x[part].compressor == Zstd(level=1), part
     assert np.array_equal(x["indptr"][:], want.indptr)
     assert np.array_equal(x["indices"][:], want.indices)
     assert np.array_equal(x["data"][:], want.data)
@@ -202,7 +204,7 @@ def test_chunks_are_what_zarr_python_writes(env, tmp_path, name, csr):
         vals = arr[...]
         kw = {"object_codec": VLenUTF8()} if arr.dtype == object else {}
         out = local.create_dataset(key, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype,
-                                   compressor=None, fill_value=arr.fill_value, **kw)
+                                   compressor=arr.compressor, fill_value=arr.fill_value, **kw)
         out[...] = vals
         for dirpath, _, files in os.walk(str(tmp_path / "local.zarr" / key)):
             for fn in files:
