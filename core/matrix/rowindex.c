@@ -187,6 +187,123 @@ static int slow_step(struct build *b, uint64_t c, uint64_t chunk_start, const ui
     return 0;
 }
 
+/* Step 3's walk through one chunk (see decode_chunk). */
+struct chunk_walk {
+    struct build *b;
+    struct chunk_state *st;
+    uint64_t c, chunk_start;
+    const uint8_t *data, *end;
+    iv_varint_walk_t w;
+    int64_t x;                /* the next group end to reach (a value_ptr entry) */
+    uint64_t gsum, grank;     /* where the current group started in this chunk */
+    int in_head;              /* still in the group open from an earlier chunk */
+};
+
+/* Group containing `rank`: last g with vp[g] <= rank (skipping empty
+ * groups); then *x, the next group end, and *x_end, the last <= stop;
+ * *head_open when that group started before `rank`. */
+static void group_span(const iv_rowindex_src_t *src, uint64_t rank, uint64_t stop, int64_t *x,
+                       int64_t *x_end, int *head_open)
+{
+    const int64_t *vp = src->value_ptr;
+    int64_t lo = 0, hi = src->n_unique;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mid + 1] <= rank) lo = mid + 1;
+        else hi = mid;
+    }
+    *x = lo + 1;
+    *head_open = (uint64_t)vp[lo] < rank;
+    lo = *x, hi = src->n_unique + 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mid] <= stop) lo = mid + 1;
+        else hi = mid;
+    }
+    *x_end = lo - 1;
+}
+
+/* The sums where r groups from k->x on end: each group's sum of d + 1 is
+ * its last index + 1; a head group's part here is checked too, and whole
+ * in the join.  Returns -1 after recording an error. */
+static int take_group_ends(struct chunk_walk *k, const uint64_t *sum_at, size_t r)
+{
+    uint64_t n_minor = (uint64_t)k->b->src->n_minor;
+    for (size_t t = 0; t < r; t++) {
+        if (sum_at[t] - k->gsum > n_minor) {
+            set_error(k->b, k->c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64
+                      " holds an index >= n_minor (%" PRIu64 ")", k->b->src->where,
+                      k->x + (int64_t)t - 1, n_minor);
+            return -1;
+        }
+        if (k->in_head) {
+            k->st->head_acc = sum_at[t] - k->gsum;
+            k->st->head_closed = 1;
+            k->in_head = 0;
+        }
+        k->gsum = sum_at[t];
+    }
+    return 0;
+}
+
+/* Walks the group ends up to x_seg, WALK_BATCH marks a call, stepping
+ * the slow way over varints the walk leaves.  -1 after an error. */
+static int walk_groups(struct chunk_walk *k, int64_t x_seg)
+{
+    const uint64_t *marks = (const uint64_t *)(const void *)k->b->src->value_ptr;   /* validated >= 0 */
+    uint64_t sum_at[WALK_BATCH];
+    const uint8_t *p_at[WALK_BATCH];
+    while (k->x <= x_seg) {
+        size_t r = 0, n = (size_t)(x_seg - k->x + 1);
+        if (n > WALK_BATCH) n = WALK_BATCH;
+        if (marks[k->x] == k->w.n) {
+            sum_at[0] = k->w.sum;          /* reached already */
+            r = n = 1;
+        } else {
+            r = iv_varint_walk3(&k->w, k->end, marks + k->x, n, sum_at, p_at);
+        }
+        if (take_group_ends(k, sum_at, r) < 0) return -1;
+        if (r > 0) k->grank = marks[k->x + (int64_t)r - 1];
+        k->x += (int64_t)r;
+        if (r < n && slow_step(k->b, k->c, k->chunk_start, k->data, k->end, &k->w, NULL, 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Walks on to rank target (a checkpoint's, or the chunk's end). */
+static int walk_to_rank(struct chunk_walk *k, uint64_t target)
+{
+    while (k->w.n < target) {
+        uint64_t s1;
+        const uint8_t *p1;
+        if (iv_varint_walk3(&k->w, k->end, &target, 1, &s1, &p1) == 0 &&
+            slow_step(k->b, k->c, k->chunk_start, k->data, k->end, &k->w, NULL, 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The chunk's end: the group still open here, checked so far and left
+ * for the join as the head's part or the tail's. */
+static void close_chunk(struct chunk_walk *k)
+{
+    uint64_t n_minor = (uint64_t)k->b->src->n_minor;
+    struct chunk_state *st = k->st;
+    if (k->w.sum - k->gsum > n_minor) {
+        set_error(k->b, k->c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
+                  "index >= n_minor (%" PRIu64 ")", k->b->src->where, k->x - 1, n_minor);
+        return;
+    }
+    if (k->in_head) {
+        st->head_acc = k->w.sum - k->gsum;
+        st->head_closed = 0;
+    } else if (k->w.n > k->grank) {
+        st->tail_open = 1;
+        st->tail_acc = k->w.sum - k->gsum;
+    }
+}
+
 /*
  * Step 3 for chunk c: the varints of ranks [rank, stop) end in data[0, len);
  * pend holds the bytes of the first one that earlier chunks carried.
@@ -201,103 +318,30 @@ static void decode_chunk(struct build *b, struct chunk_state *st, uint64_t c, co
                          size_t pend_len)
 {
     const iv_rowindex_src_t *src = b->src;
-    const int64_t *vp = src->value_ptr;
-    const uint64_t *marks = (const uint64_t *)(const void *)vp;   /* validated >= 0 */
-    uint64_t n_minor = (uint64_t)src->n_minor;
-    uint64_t chunk_start = c * iv_stream_chunk_len(src->s);
-    const uint8_t *end = data + len;
-
-    /* Group containing `rank`: last g with vp[g] <= rank (skipping empty
-     * groups); then x, the next group end, and x_end, the last <= stop. */
-    int64_t lo = 0, hi = src->n_unique;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)vp[mid + 1] <= rank) lo = mid + 1;
-        else hi = mid;
-    }
-    int64_t x = lo + 1;
-    st->head_open = (uint64_t)vp[lo] < rank;
-    int in_head = st->head_open;
-    lo = x, hi = src->n_unique + 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)vp[mid] <= stop) lo = mid + 1;
-        else hi = mid;
-    }
-    int64_t x_end = lo - 1;
-
+    struct chunk_walk k = {.b = b, .st = st, .c = c, .chunk_start = c * iv_stream_chunk_len(src->s),
+                           .data = data, .end = data + len, .w = {.p = data, .n = rank, .sum = 0},
+                           .grank = rank};
+    int64_t x_end;
+    group_span(src, rank, stop, &k.x, &x_end, &st->head_open);
+    k.in_head = st->head_open;
     uint64_t j = first_ckpt_at(b, rank);
-    uint64_t gsum = 0, grank = rank;   /* where the current group started in this chunk */
-    iv_varint_walk_t w = {.p = data, .n = rank, .sum = 0};
     if (pend_len) {
         /* Checkpoints at the carried varint (several when slices before
          * it are empty) start in the earlier chunk. */
-        while (ckpt_rank(b, j) == rank) b->ri->off[j++] = chunk_start - pend_len;
-        if (slow_step(b, c, chunk_start, data, end, &w, pend, pend_len) < 0) return;
+        while (ckpt_rank(b, j) == rank) b->ri->off[j++] = k.chunk_start - pend_len;
+        if (slow_step(b, c, k.chunk_start, data, k.end, &k.w, pend, pend_len) < 0) return;
     }
-    uint64_t sum_at[WALK_BATCH];
-    const uint8_t *p_at[WALK_BATCH];
     for (;;) {
         uint64_t ck = ckpt_rank(b, j);
         uint64_t target = ck < stop ? ck : stop;
         /* Group ends up to the target: value_ptr[major_ptr[slice]] is the
          * checkpoint's rank, so they are the entries up to major_ptr's. */
         int64_t x_seg = ck < stop ? src->major_ptr[j * b->ri->stride] : x_end;
-        while (x <= x_seg) {
-            size_t r = 0, n = (size_t)(x_seg - x + 1);
-            if (n > WALK_BATCH) n = WALK_BATCH;
-            if (marks[x] == w.n) {
-                sum_at[0] = w.sum;          /* reached already */
-                r = n = 1;
-            } else {
-                r = iv_varint_walk3(&w, end, marks + x, n, sum_at, p_at);
-            }
-            for (size_t t = 0; t < r; t++) {
-                /* One group's sum of d + 1 is its last index + 1; a head
-                 * group's part here is checked too, and whole in the join. */
-                if (sum_at[t] - gsum > n_minor) {
-                    set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64
-                              " holds an index >= n_minor (%" PRIu64 ")", src->where,
-                              x + (int64_t)t - 1, n_minor);
-                    return;
-                }
-                if (in_head) {
-                    st->head_acc = sum_at[t] - gsum;
-                    st->head_closed = 1;
-                    in_head = 0;
-                }
-                gsum = sum_at[t];
-            }
-            if (r > 0) grank = marks[x + (int64_t)r - 1];
-            x += (int64_t)r;
-            if (r < n && slow_step(b, c, chunk_start, data, end, &w, NULL, 0) < 0) return;
-        }
-        while (w.n < target) {
-            uint64_t s1;
-            const uint8_t *p1;
-            if (iv_varint_walk3(&w, end, &target, 1, &s1, &p1) == 0 &&
-                slow_step(b, c, chunk_start, data, end, &w, NULL, 0) < 0)
-                return;
-        }
-        if (target == ck && ck < stop) {
-            b->ri->off[j++] = chunk_start + (uint64_t)(w.p - data);
-            continue;
-        }
-        /* The chunk's end: the group still open here. */
-        if (w.sum - gsum > n_minor) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: value group %" PRId64 " holds an "
-                      "index >= n_minor (%" PRIu64 ")", src->where, x - 1, n_minor);
-            return;
-        }
-        if (in_head) {
-            st->head_acc = w.sum - gsum;
-            st->head_closed = 0;
-        } else if (w.n > grank) {
-            st->tail_open = 1;
-            st->tail_acc = w.sum - gsum;
-        }
-        return;
+        if (walk_groups(&k, x_seg) < 0 || walk_to_rank(&k, target) < 0) return;
+        if (target != ck || ck >= stop) break;
+        b->ri->off[j++] = k.chunk_start + (uint64_t)(k.w.p - data);
     }
+    close_chunk(&k);
 }
 
 static struct seen *seen_take(struct build *b)
@@ -337,6 +381,87 @@ static void seen_clear(struct seen *m)
     m->n_set = 0;
 }
 
+/* First slice that starts at rank >= `rank`. */
+static int64_t first_slice_at(const iv_rowindex_src_t *src, uint64_t rank)
+{
+    const int64_t *mp = src->major_ptr, *vp = src->value_ptr;
+    int64_t lo = 0, hi = src->n_major;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)vp[mp[mid]] < rank) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Whether groups [g0, g1) hold something in two of them or more. */
+static int two_groups_filled(const int64_t *vp, int64_t g0, int64_t g1)
+{
+    int groups = 0;
+    for (int64_t g = g0; g < g1 && groups < 2; g++) groups += vp[g + 1] > vp[g];
+    return groups >= 2;
+}
+
+/*
+ * Slice sl's indices set in m's bitmap, the cursor at its first varint:
+ * 1 when none repeats, 0 when one does (recorded) or a varint is bad
+ * (left to its chunk's task).  Varints of one or two bytes straight from
+ * the pinned chunk, with the cursor's position in a register; the longer
+ * ones and the chunk's end through the cursor.  The bitmap is left for
+ * the caller to clear.
+ */
+static int check_slice(struct build *b, uint64_t c, int64_t sl, struct seen *m, iv_cursor_t *cur,
+                       iv_err_t *e)
+{
+    const iv_rowindex_src_t *src = b->src;
+    const int64_t *mp = src->major_ptr, *vp = src->value_ptr;
+    uint64_t n_minor = (uint64_t)src->n_minor;
+    uint64_t *bits = m->bits, n_set = m->n_set;
+    const uint8_t *p = cur->p;
+    const uint8_t *lim = cur->end - cur->p < IV_VARINT_MAX ? cur->p : cur->end - IV_VARINT_MAX;
+    int ok = 1;
+    for (int64_t g = mp[sl]; ok && g < mp[sl + 1]; g++) {
+        uint64_t idx = UINT64_MAX;   /* + 1 + d wraps to d for the first */
+        for (int64_t k = vp[g], k_end = vp[g + 1]; k < k_end; k++) {
+            uint64_t d;
+            if (p < lim && p[0] < 0x80) {
+                d = p[0];
+                p++;
+            } else if (p < lim && p[1] < 0x80) {
+                d = (uint64_t)(p[0] & 0x7f) | (uint64_t)p[1] << 7;
+                p += 2;
+            } else {
+                cur->p = p;
+                if (iv_cursor_read(cur, &d, e) < 0) {
+                    ok = 0;
+                    break;
+                }
+                p = cur->p;
+                lim = cur->end - cur->p < IV_VARINT_MAX ? cur->p : cur->end - IV_VARINT_MAX;
+            }
+            idx += 1 + d;
+            if (d >= n_minor || idx >= n_minor) {
+                ok = 0;
+                break;
+            }
+            uint64_t *w = &bits[idx >> 6], bit = (uint64_t)1 << (idx & 63);
+            if (*w & bit) {
+                set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: slice %" PRId64 " stores "
+                          "minor index %" PRIu64 " twice (in two value groups)", src->where,
+                          sl, idx);
+                ok = 0;
+                break;
+            }
+            *w |= bit;
+            if (n_set < m->n_words) m->set[n_set] = idx;
+            n_set++;
+        }
+    }
+    cur->p = p;
+    m->n_set = n_set;
+    return ok;
+}
+
 /*
  * Step 4 for chunk c: the slices whose first varint ends in the chunk
  * (ranks [rank, stop)), read on through later chunks with a cursor when a
@@ -352,15 +477,7 @@ static void dup_check(struct build *b, uint64_t c, uint64_t rank, uint64_t stop,
 {
     const iv_rowindex_src_t *src = b->src;
     const int64_t *mp = src->major_ptr, *vp = src->value_ptr;
-    uint64_t n_minor = (uint64_t)src->n_minor;
-    /* First slice that starts at rank >= `rank`. */
-    int64_t lo = 0, hi = src->n_major;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)vp[mp[mid]] < rank) lo = mid + 1;
-        else hi = mid;
-    }
-    int64_t sl = lo;
+    int64_t sl = first_slice_at(src, rank);
     if (sl >= src->n_major || (uint64_t)vp[mp[sl]] >= stop) return;
     struct seen *m = seen_take(b);
     if (!m) {
@@ -373,60 +490,15 @@ static void dup_check(struct build *b, uint64_t c, uint64_t rank, uint64_t stop,
     uint64_t at = rank;   /* the cursor's rank */
     int ok = iv_cursor_seek(&cur, c * iv_stream_chunk_len(src->s) - pend_len, &e) == 0;
     for (; ok && sl < src->n_major && (uint64_t)vp[mp[sl]] < stop; sl++) {
-        int64_t g0 = mp[sl], g1 = mp[sl + 1];
         /* Groups that hold something; a slice of fewer than two is skipped. */
-        int groups = 0;
-        for (int64_t g = g0; g < g1 && groups < 2; g++) groups += vp[g + 1] > vp[g];
-        if (groups < 2) continue;
-        uint64_t first = (uint64_t)vp[g0];
+        if (!two_groups_filled(vp, mp[sl], mp[sl + 1])) continue;
+        uint64_t first = (uint64_t)vp[mp[sl]];
         ok = iv_cursor_skip(&cur, first - at, &e) == 0;
         at = first;
-        /* Varints of one or two bytes straight from the pinned chunk, with
-         * the cursor's position in a register; the longer ones and the
-         * chunk's end through the cursor. */
-        uint64_t *bits = m->bits, n_set = m->n_set;
-        const uint8_t *p = cur.p;
-        const uint8_t *lim = cur.end - cur.p < IV_VARINT_MAX ? cur.p : cur.end - IV_VARINT_MAX;
-        for (int64_t g = g0; ok && g < g1; g++) {
-            uint64_t idx = UINT64_MAX;   /* + 1 + d wraps to d for the first */
-            for (int64_t k = vp[g], k_end = vp[g + 1]; k < k_end; k++) {
-                uint64_t d;
-                if (p < lim && p[0] < 0x80) {
-                    d = p[0];
-                    p++;
-                } else if (p < lim && p[1] < 0x80) {
-                    d = (uint64_t)(p[0] & 0x7f) | (uint64_t)p[1] << 7;
-                    p += 2;
-                } else {
-                    cur.p = p;
-                    if (iv_cursor_read(&cur, &d, &e) < 0) {
-                        ok = 0;
-                        break;
-                    }
-                    p = cur.p;
-                    lim = cur.end - cur.p < IV_VARINT_MAX ? cur.p : cur.end - IV_VARINT_MAX;
-                }
-                idx += 1 + d;
-                if (d >= n_minor || idx >= n_minor) {
-                    ok = 0;
-                    break;
-                }
-                uint64_t *w = &bits[idx >> 6], bit = (uint64_t)1 << (idx & 63);
-                if (*w & bit) {
-                    set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: slice %" PRId64 " stores "
-                              "minor index %" PRIu64 " twice (in two value groups)", src->where,
-                              sl, idx);
-                    ok = 0;
-                    break;
-                }
-                *w |= bit;
-                if (n_set < m->n_words) m->set[n_set] = idx;
-                n_set++;
-            }
-            at = (uint64_t)vp[g + 1];
+        if (ok) {
+            ok = check_slice(b, c, sl, m, &cur, &e);
+            at = (uint64_t)vp[mp[sl + 1]];
         }
-        cur.p = p;
-        m->n_set = n_set;
         seen_clear(m);
     }
     iv_cursor_done(&cur);
@@ -434,75 +506,172 @@ static void dup_check(struct build *b, uint64_t c, uint64_t rank, uint64_t stop,
     seen_give(b, m);
 }
 
-/* One chunk: steps 1 to 3 of the pass. */
+/* Step 1: chunk c decompressed and pinned (0 when skipped or failed). */
+static int acquire_chunk(struct build *b, uint64_t c, const uint8_t **data, size_t *len)
+{
+    if (skip_chunk(b, c)) return 0;
+    iv_err_t e = {0};
+    if (iv_stream_acquire(b->src->s, c, data, len, NULL, &e) < 0) {
+        set_error(b, c, e.code, "%s", e.msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* Step 2's input: the rank at task i's chunk and the bytes carried into
+ * it, from the window's start or once the previous task published them. */
+static uint64_t carried_in(struct build *b, size_t i, uint8_t *pend, size_t *pend_len)
+{
+    if (i == 0) {
+        *pend_len = b->carry0_len;
+        memcpy(pend, b->carry0, *pend_len);
+        return b->rank0;
+    }
+    const struct chunk_state *prev = &b->cs[i - 1];
+    wait_ready(prev);
+    *pend_len = prev->carry_len;
+    memcpy(pend, prev->carry, *pend_len);
+    return prev->rank_after;
+}
+
+/* Step 2's output: the bytes of a varint left open at the chunk's end
+ * (with those carried in, when no varint ends in it), for the next task. */
+static void carry_out(struct build *b, struct chunk_state *st, uint64_t c, const uint8_t *data,
+                      size_t len, const uint8_t *pend, size_t pend_len)
+{
+    const iv_rowindex_src_t *src = b->src;
+    if (st->rank_after > (uint64_t)src->nnz) {
+        set_error(b, c, IV_EBAD_FILE, "%s/packed_indices holds more varints than value_ptr's "
+                  "nnz (%" PRId64 ")", src->where, src->nnz);
+    } else if (st->count > 0) {
+        size_t t = 0;
+        while (t < len && t <= IV_VARINT_MAX && data[len - 1 - t] >= 0x80) t++;
+        if (t > IV_VARINT_MAX) {
+            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes at "
+                      "the end of chunk %" PRIu64, src->where, c);
+        } else {
+            memcpy(st->carry, data + len - t, t);
+            st->carry_len = (uint8_t)t;
+        }
+    } else if (pend_len + len > IV_VARINT_MAX) {
+        set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes "
+                  "through chunk %" PRIu64, src->where, c);
+    } else {
+        memcpy(st->carry, pend, pend_len);
+        memcpy(st->carry + pend_len, data, len);
+        st->carry_len = (uint8_t)(pend_len + len);
+    }
+}
+
+/* One chunk: steps 1 to 4 of the pass. */
 static void step_chunk(void *arg, size_t i)
 {
     struct build *b = arg;
-    const iv_rowindex_src_t *src = b->src;
     struct chunk_state *st = &b->cs[i];
     uint64_t c = b->c0 + i;
     const uint8_t *data = NULL;
     size_t len = 0;
-    int have = 0;
-    if (!skip_chunk(b, c)) {
-        iv_err_t e = {0};
-        if (iv_stream_acquire(src->s, c, &data, &len, NULL, &e) < 0) set_error(b, c, e.code, "%s", e.msg);
-        else have = 1;
-    }
+    int have = acquire_chunk(b, c, &data, &len);
     uint64_t count = have ? iv_varint_count_ends(data, len) : 0;
 
     /* Step 2: the chain of ranks and carried bytes. */
     uint8_t pend[IV_VARINT_MAX];
     size_t pend_len;
-    uint64_t rank;
-    if (i == 0) {
-        rank = b->rank0;
-        pend_len = b->carry0_len;
-        memcpy(pend, b->carry0, pend_len);
-    } else {
-        const struct chunk_state *prev = &b->cs[i - 1];
-        wait_ready(prev);
-        rank = prev->rank_after;
-        pend_len = prev->carry_len;
-        memcpy(pend, prev->carry, pend_len);
-    }
+    uint64_t rank = carried_in(b, i, pend, &pend_len);
     st->count = count;
     st->rank_after = rank + count;
     st->carry_len = 0;
-    if (have && !skip_chunk(b, c)) {
-        if (st->rank_after > (uint64_t)src->nnz) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices holds more varints than value_ptr's "
-                      "nnz (%" PRId64 ")", src->where, src->nnz);
-        } else if (count > 0) {
-            size_t t = 0;
-            while (t < len && t <= IV_VARINT_MAX && data[len - 1 - t] >= 0x80) t++;
-            if (t > IV_VARINT_MAX) {
-                set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes at "
-                          "the end of chunk %" PRIu64, src->where, c);
-            } else {
-                memcpy(st->carry, data + len - t, t);
-                st->carry_len = (uint8_t)t;
-            }
-        } else if (pend_len + len > IV_VARINT_MAX) {
-            set_error(b, c, IV_EBAD_FILE, "%s/packed_indices: varint longer than 10 bytes "
-                      "through chunk %" PRIu64, src->where, c);
-        } else {
-            memcpy(st->carry, pend, pend_len);
-            memcpy(st->carry + pend_len, data, len);
-            st->carry_len = (uint8_t)(pend_len + len);
-        }
-    }
+    if (have && !skip_chunk(b, c)) carry_out(b, st, c, data, len, pend, pend_len);
     atomic_store_explicit(&st->ready, 1, memory_order_release);
 
     if (have && count > 0 && !skip_chunk(b, c))
         decode_chunk(b, st, c, data, len, rank, st->rank_after, pend, pend_len);
     if (have && count > 0 && !skip_chunk(b, c)) dup_check(b, c, rank, st->rank_after, pend_len);
-    if (have) iv_stream_release(src->s, c);
+    if (have) iv_stream_release(b->src->s, c);
 }
 
 static uint32_t pick_stride(uint32_t stride)
 {
     return stride ? stride : IV_ROWINDEX_DEFAULT_STRIDE;
+}
+
+/* After a window of n chunks, up to the first failure: joins the value
+ * groups that span chunks (*group_acc: the running sum of the one open
+ * across them) and checks each against n_minor. */
+static void join_window(struct build *b, uint64_t n, uint64_t *group_acc)
+{
+    const iv_rowindex_src_t *src = b->src;
+    for (uint64_t i = 0; i < n && b->c0 + i < atomic_load(&b->fail_at); i++) {
+        const struct chunk_state *st = &b->cs[i];
+        if (st->count == 0) continue;
+        if (st->head_open) {
+            *group_acc += st->head_acc;
+            if (*group_acc > (uint64_t)src->n_minor) {
+                set_error(b, b->c0 + i, IV_EBAD_FILE, "%s/packed_indices: a value group spanning "
+                          "chunk %" PRIu64 " reaches an index >= n_minor (%" PRId64 ")",
+                          src->where, b->c0 + i, src->n_minor);
+                break;
+            }
+            if (!st->head_closed) continue;
+        }
+        *group_acc = st->tail_open ? st->tail_acc : 0;
+    }
+}
+
+/* Every window of the pass in turn, until the first failure. */
+static void run_windows(struct build *b, iv_pool_t *pool, uint64_t n_chunks, uint64_t per_window)
+{
+    uint64_t group_acc = 0;   /* running sum of the group open across chunks */
+    for (uint64_t c0 = 0; c0 < n_chunks && atomic_load(&b->fail_at) == UINT64_MAX; c0 += per_window) {
+        uint64_t n = n_chunks - c0 < per_window ? n_chunks - c0 : per_window;
+        memset(b->cs, 0, n * sizeof *b->cs);
+        for (uint64_t i = 0; i < n; i++) atomic_init(&b->cs[i].ready, 0);
+        b->c0 = c0;
+        iv_pool_parallel_for(pool, (size_t)n, 0, step_chunk, b);
+        join_window(b, n, &group_acc);
+        b->rank0 = b->cs[n - 1].rank_after;
+        b->carry0_len = b->cs[n - 1].carry_len;
+        memcpy(b->carry0, b->cs[n - 1].carry, b->carry0_len);
+    }
+}
+
+static void free_spares(struct build *b)
+{
+    while (b->spare) {
+        struct seen *m = b->spare;
+        b->spare = m->next;
+        free(m->set);
+        free(m);
+    }
+}
+
+/* Checkpoints the pass did not reach: slices that start at rank nnz
+ * (empty tails) begin at the stream's end; any other is a bug. */
+static int fill_tail_ckpts(const iv_rowindex_src_t *src, iv_rowindex_t *out, iv_err_t *err)
+{
+    uint64_t len = iv_stream_length(src->s);
+    for (uint64_t j = 0; j < out->n_ckpt; j++) {
+        if (out->off[j] != UINT64_MAX) continue;
+        if (src->value_ptr[src->major_ptr[j * out->stride]] != src->nnz)
+            return iv_fail(err, IV_EINTERNAL, "%s: checkpoint %" PRIu64 " not found", src->where, j);
+        out->off[j] = len;
+    }
+    return 0;
+}
+
+/* The pass's verdict: its first error, or the stream's end checked
+ * against value_ptr, then the checkpoints completed. */
+static int finish_build(const struct build *b, iv_rowindex_t *out, iv_err_t *err)
+{
+    const iv_rowindex_src_t *src = b->src;
+    if (atomic_load(&b->fail_at) != UINT64_MAX) return iv_fail(err, b->err.code, "%s", b->err.msg);
+    if (b->rank0 != (uint64_t)src->nnz)
+        return iv_fail(err, IV_EBAD_FILE, "%s/packed_indices holds %" PRIu64 " varints but value_ptr "
+                       "says nnz = %" PRId64, src->where, b->rank0, src->nnz);
+    if (b->carry0_len != 0)
+        return iv_fail(err, IV_EBAD_FILE, "%s/packed_indices: unterminated last varint (%u trailing "
+                       "continuation bytes)", src->where, (unsigned)b->carry0_len);
+    return fill_tail_ckpts(src, out, err);
 }
 
 int iv_rowindex_build(const iv_rowindex_src_t *src, uint32_t stride, iv_pool_t *pool,
@@ -525,63 +694,10 @@ int iv_rowindex_build(const iv_rowindex_src_t *src, uint32_t stride, iv_pool_t *
     struct build b = {.src = src, .ri = out, .cs = cs};
     atomic_init(&b.fail_at, UINT64_MAX);
     pthread_mutex_init(&b.mu, NULL);
-    uint64_t group_acc = 0;   /* running sum of the group open across chunks */
-    int rc = 0;
-
-    for (uint64_t c0 = 0; c0 < n_chunks && atomic_load(&b.fail_at) == UINT64_MAX; c0 += per_window) {
-        uint64_t n = n_chunks - c0 < per_window ? n_chunks - c0 : per_window;
-        memset(cs, 0, n * sizeof *cs);
-        for (uint64_t i = 0; i < n; i++) atomic_init(&cs[i].ready, 0);
-        b.c0 = c0;
-        iv_pool_parallel_for(pool, (size_t)n, 0, step_chunk, &b);
-        /* Step 4, up to the first failure: join the groups that span chunks. */
-        for (uint64_t i = 0; i < n && c0 + i < atomic_load(&b.fail_at); i++) {
-            struct chunk_state *st = &cs[i];
-            if (st->count == 0) continue;
-            if (st->head_open) {
-                group_acc += st->head_acc;
-                if (group_acc > (uint64_t)src->n_minor) {
-                    set_error(&b, c0 + i, IV_EBAD_FILE, "%s/packed_indices: a value group spanning "
-                              "chunk %" PRIu64 " reaches an index >= n_minor (%" PRId64 ")",
-                              src->where, c0 + i, src->n_minor);
-                    break;
-                }
-                if (!st->head_closed) continue;
-            }
-            group_acc = st->tail_open ? st->tail_acc : 0;
-        }
-        b.rank0 = cs[n - 1].rank_after;
-        b.carry0_len = cs[n - 1].carry_len;
-        memcpy(b.carry0, cs[n - 1].carry, b.carry0_len);
-    }
-    while (b.spare) {
-        struct seen *m = b.spare;
-        b.spare = m->next;
-        free(m->set);
-        free(m);
-    }
+    run_windows(&b, pool, n_chunks, per_window);
+    free_spares(&b);
     pthread_mutex_destroy(&b.mu);
-    if (atomic_load(&b.fail_at) != UINT64_MAX) {
-        rc = iv_fail(err, b.err.code, "%s", b.err.msg);
-    } else if (b.rank0 != (uint64_t)src->nnz) {
-        rc = iv_fail(err, IV_EBAD_FILE, "%s/packed_indices holds %" PRIu64 " varints but value_ptr "
-                     "says nnz = %" PRId64, src->where, b.rank0, src->nnz);
-    } else if (b.carry0_len != 0) {
-        rc = iv_fail(err, IV_EBAD_FILE, "%s/packed_indices: unterminated last varint (%u trailing "
-                     "continuation bytes)", src->where, (unsigned)b.carry0_len);
-    } else {
-        uint64_t len = iv_stream_length(src->s);
-        for (uint64_t j = 0; j < out->n_ckpt; j++) {
-            if (out->off[j] != UINT64_MAX) continue;
-            /* Slices that start at rank nnz (empty tails) begin at the end. */
-            if (src->value_ptr[src->major_ptr[j * out->stride]] == src->nnz) {
-                out->off[j] = len;
-            } else {
-                rc = iv_fail(err, IV_EINTERNAL, "%s: checkpoint %" PRIu64 " not found", src->where, j);
-                break;
-            }
-        }
-    }
+    int rc = finish_build(&b, out, err);
     free(cs);
     if (rc < 0) iv_rowindex_free(out);
     return rc;
