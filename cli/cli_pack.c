@@ -66,20 +66,22 @@ static void fmt_time(double s, char *buf, size_t cap)
     else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
+/* One line a report, at most five a second, for the server's packing of
+ * ordinary files (server/autopack.c reads them). */
+static void progress_line(bar_t *b, const iv_pack_progress_t *p, double t)
+{
+    b->last_fd = t;
+    char line[160];
+    int n = snprintf(line, sizeof line, "progress %.6f %" PRId64 " %" PRId64 " %" PRIu64 " %d %d\n",
+                     p->fraction, p->slices_done, p->n_slices, p->bytes_read, p->pass, p->n_passes);
+    if (n > 0 && write(b->progress_fd, line, (size_t)n) < 0) b->progress_fd = -1;
+}
+
 static void on_progress(void *ctx, const iv_pack_progress_t *p)
 {
     bar_t *b = ctx;
     double t = now(), el = t - b->t0;
-    if (b->progress_fd >= 0 && (t - b->last_fd >= 0.2 || p->fraction >= 1)) {
-        /* One line a report, at most five a second, for the server's
-         * packing of ordinary files (server/autopack.c reads them). */
-        b->last_fd = t;
-        char line[160];
-        int n = snprintf(line, sizeof line, "progress %.6f %" PRId64 " %" PRId64 " %" PRIu64 " %d %d\n",
-                         p->fraction, p->slices_done, p->n_slices, p->bytes_read, p->pass,
-                         p->n_passes);
-        if (n > 0 && write(b->progress_fd, line, (size_t)n) < 0) b->progress_fd = -1;
-    }
+    if (b->progress_fd >= 0 && (t - b->last_fd >= 0.2 || p->fraction >= 1)) progress_line(b, p, t);
     if (b->quiet) return;
     double mbs = el > 0 ? (double)p->bytes_read / 1e6 / el : 0;
     double left = p->fraction > 0 ? el * (1 - p->fraction) / p->fraction : -1;
@@ -177,87 +179,148 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
     return 0;
 }
 
-int iv_cli_pack_main(int argc, char **argv)
-{
-    const char *in = NULL, *out = NULL, *layout = "ivcsr";
+/* The command line of pack. */
+typedef struct pack_args {
+    const char *in, *out, *layout;
     iv_pack_opts_t o;
-    iv_pack_opts_init(&o);
-    unsigned threads = 0;
-    int quiet = 0, progress_fd = -1;
+    unsigned threads;
+    int quiet, progress_fd;
+} pack_args_t;
+
+/* What an argument parser returns besides an exit status (>= 0). */
+enum { ARG_TAKEN = -1, ARG_NOT_MINE = -2 };
+
+/* The options with a number: ARG_TAKEN, ARG_NOT_MINE or an exit status. */
+static int pack_number_opt(pack_args_t *pa, const char *a, const char *v)
+{
+    char *end;
+    if (strcmp(a, "--chunk-bytes") == 0) {
+        unsigned long long n = strtoull(v, &end, 10);
+        if (end == v || *end || n == 0 || n > (1ull << 30)) {
+            fprintf(stderr, "ivserve: error: bad --chunk-bytes '%s' (1 to 2^30)\n", v);
+            return 2;
+        }
+        pa->o.chunk_bytes = n;
+    } else if (strcmp(a, "--threads") == 0) {
+        pa->threads = (unsigned)strtoul(v, &end, 10);
+        if (end == v || *end) return usage();
+    } else if (strcmp(a, "--memory-mb") == 0) {
+        unsigned long long n = strtoull(v, &end, 10);
+        if (end == v || *end || n == 0) return usage();
+        pa->o.memory_budget = (size_t)n << 20;
+    } else if (strcmp(a, "--progress-fd") == 0) {
+        long fd = strtol(v, &end, 10);
+        if (end == v || *end || fd < 0 || fd > 1023) return usage();
+        pa->progress_fd = (int)fd;
+    } else {
+        return ARG_NOT_MINE;
+    }
+    return ARG_TAKEN;
+}
+
+/* The options with a value: ARG_TAKEN, ARG_NOT_MINE or an exit status. */
+static int pack_value_opt(pack_args_t *pa, const char *a, const char *v)
+{
+    if (strcmp(a, "--layout") == 0) {
+        pa->layout = v;
+    } else if (strcmp(a, "--matrix") == 0) {
+        pa->o.matrix = v;
+    } else if (strcmp(a, "--group") == 0) {
+        pa->o.group = v;
+    } else if (strcmp(a, "--codec") == 0) {
+        if (iv_h5w_codec_parse(v, &pa->o.codec) < 0) {
+            fprintf(stderr, "ivserve: error: bad --codec '%s' (zstd[:1..22], deflate[:0..9], "
+                    "none)\n", v);
+            return 2;
+        }
+    } else {
+        return pack_number_opt(pa, a, v);
+    }
+    return ARG_TAKEN;
+}
+
+/* A flag or an operand (IN, then OUT): ARG_TAKEN or an exit status. */
+static int pack_word(pack_args_t *pa, const char *a)
+{
+    if (strcmp(a, "--layers") == 0) {
+        pa->o.layers = 1;
+    } else if (strcmp(a, "--matrix-only") == 0) {
+        pa->o.matrix_only = 1;
+    } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
+        pa->quiet = 1;
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        usage();
+        return 0;
+    } else if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
+        return usage();
+    } else if (!pa->in) {
+        pa->in = a;
+    } else if (!pa->out) {
+        pa->out = a;
+    } else {
+        return usage();
+    }
+    return ARG_TAKEN;
+}
+
+/* ARG_TAKEN when the command line is read whole, else an exit status. */
+static int parse_pack_args(int argc, char **argv, pack_args_t *pa)
+{
+    memset(pa, 0, sizeof *pa);
+    pa->layout = "ivcsr";
+    pa->progress_fd = -1;
+    iv_pack_opts_init(&pa->o);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(flag) (strcmp(a, flag) == 0 && v && (i++, 1))
-        char *end;
-        if (OPT("--layout")) layout = v;
-        else if (OPT("--matrix")) o.matrix = v;
-        else if (OPT("--group")) o.group = v;
-        else if (OPT("--codec")) {
-            if (iv_h5w_codec_parse(v, &o.codec) < 0) {
-                fprintf(stderr, "ivserve: error: bad --codec '%s' (zstd[:1..22], deflate[:0..9], "
-                        "none)\n", v);
-                return 2;
-            }
-        } else if (OPT("--chunk-bytes")) {
-            unsigned long long n = strtoull(v, &end, 10);
-            if (end == v || *end || n == 0 || n > (1ull << 30)) {
-                fprintf(stderr, "ivserve: error: bad --chunk-bytes '%s' (1 to 2^30)\n", v);
-                return 2;
-            }
-            o.chunk_bytes = n;
-        } else if (OPT("--threads")) {
-            threads = (unsigned)strtoul(v, &end, 10);
-            if (end == v || *end) return usage();
-        } else if (OPT("--memory-mb")) {
-            unsigned long long n = strtoull(v, &end, 10);
-            if (end == v || *end || n == 0) return usage();
-            o.memory_budget = (size_t)n << 20;
-        } else if (OPT("--progress-fd")) {
-            long fd = strtol(v, &end, 10);
-            if (end == v || *end || fd < 0 || fd > 1023) return usage();
-            progress_fd = (int)fd;
-        } else if (strcmp(a, "--layers") == 0) o.layers = 1;
-        else if (strcmp(a, "--matrix-only") == 0) o.matrix_only = 1;
-        else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) quiet = 1;
-        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage();
-            return 0;
-        }
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "ivserve: unknown or incomplete argument '%s'\n", a);
-            return usage();
-        } else if (!in) in = a;
-        else if (!out) out = a;
-        else return usage();
-#undef OPT
+        int r = v ? pack_value_opt(pa, a, v) : ARG_NOT_MINE;
+        if (r == ARG_TAKEN) i++;
+        else if (r == ARG_NOT_MINE) r = pack_word(pa, a);
+        if (r >= 0) return r;
     }
-    if (!in || !out) return usage();
-    int want_r = strcmp(layout, "ivcsr") == 0 || strcmp(layout, "both") == 0;
-    int want_c = strcmp(layout, "ivcsc") == 0 || strcmp(layout, "both") == 0;
+    return pa->in && pa->out ? ARG_TAKEN : usage();
+}
+
+/* Packs the layouts asked for: OUT itself, or with --layout both OUT's
+ * name with .ivcsr and .ivcsc. */
+static int pack_layouts(pack_args_t *pa, int want_r, int want_c)
+{
+    int rc = 0;
+    char name[4200];
+    if (want_r) {
+        pa->o.orient = IV_IVCSR;
+        if (want_c) both_name(pa->out, "ivcsr", name, sizeof name);
+        rc = pack_one(pa->in, want_c ? name : pa->out, &pa->o, pa->quiet, pa->progress_fd);
+    }
+    if (rc == 0 && want_c) {
+        pa->o.orient = IV_IVCSC;
+        if (want_r) both_name(pa->out, "ivcsc", name, sizeof name);
+        rc = pack_one(pa->in, want_r ? name : pa->out, &pa->o, pa->quiet, pa->progress_fd);
+    }
+    return rc;
+}
+
+int iv_cli_pack_main(int argc, char **argv)
+{
+    pack_args_t pa;
+    int rc = parse_pack_args(argc, argv, &pa);
+    if (rc >= 0) return rc;
+    int want_r = strcmp(pa.layout, "ivcsr") == 0 || strcmp(pa.layout, "both") == 0;
+    int want_c = strcmp(pa.layout, "ivcsc") == 0 || strcmp(pa.layout, "both") == 0;
     if (!want_r && !want_c) {
-        fprintf(stderr, "ivserve: error: bad --layout '%s' (ivcsr, ivcsc or both)\n", layout);
+        fprintf(stderr, "ivserve: error: bad --layout '%s' (ivcsr, ivcsc or both)\n", pa.layout);
         return 2;
     }
     iv_pool_t *pool = NULL;
-    if (threads != 1) {
-        pool = iv_pool_create(threads ? threads - 1 : 0, 0);
+    if (pa.threads != 1) {
+        pool = iv_pool_create(pa.threads ? pa.threads - 1 : 0, 0);
         if (!pool) {
             fprintf(stderr, "ivserve: error: cannot start worker threads\n");
             return 1;
         }
     }
-    o.pool = pool;
-    int rc = 0;
-    char name[4200];
-    if (want_r) {
-        o.orient = IV_IVCSR;
-        if (want_c) both_name(out, "ivcsr", name, sizeof name);
-        rc = pack_one(in, want_c ? name : out, &o, quiet, progress_fd);
-    }
-    if (rc == 0 && want_c) {
-        o.orient = IV_IVCSC;
-        if (want_r) both_name(out, "ivcsc", name, sizeof name);
-        rc = pack_one(in, want_r ? name : out, &o, quiet, progress_fd);
-    }
+    pa.o.pool = pool;
+    rc = pack_layouts(&pa, want_r, want_c);
     iv_pool_destroy(pool);
     return rc;
 }

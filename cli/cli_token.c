@@ -29,62 +29,82 @@ static int usage(void)
     return 2;
 }
 
-int iv_cli_token_main(int argc, char **argv)
+/* NAME and SCOPE checked by the tokens file's parsers: 0, or 1 with the
+ * error printed. */
+static int check_name_scope(const char *name, const char *scope)
 {
-    if (argc < 3 || argc > 4 || argv[2][0] == '-') return usage();
-    const char *name = argv[2], *scope = argc == 4 ? argv[3] : NULL;
     if (!iv_token_name_ok(name, strlen(name))) {
         fprintf(stderr, "ivserve: error: token name '%s': use 1 to 64 letters, digits, '.', '_', "
                         "'-' or '@'\n", name);
         return 1;
     }
-    if (scope) {
-        unsigned bits = 0;
-        char **ds = NULL, bad[96];
-        size_t nds = 0;
-        int rc = iv_token_scope_parse(scope, strlen(scope), &bits, &ds, &nds, bad, sizeof bad);
-        for (size_t i = 0; i < nds; i++) free(ds[i]);
-        free(ds);
-        if (rc) {
-            fprintf(stderr, "ivserve: error: unknown scope '%s' (read, dataset:ID, metrics, admin)\n", bad);
-            return 1;
-        }
+    if (!scope) return 0;
+    unsigned bits = 0;
+    char **ds = NULL, bad[96];
+    size_t nds = 0;
+    int rc = iv_token_scope_parse(scope, strlen(scope), &bits, &ds, &nds, bad, sizeof bad);
+    for (size_t i = 0; i < nds; i++) free(ds[i]);
+    free(ds);
+    if (rc) {
+        fprintf(stderr, "ivserve: error: unknown scope '%s' (read, dataset:ID, metrics, admin)\n", bad);
+        return 1;
     }
-    /* One byte more than the longest token and its "\r\n" tells a longer
-     * input apart. */
-    char buf[4096];
+    return 0;
+}
+
+/* Reads stdin into buf (cap bytes: one more than the longest token and
+ * its "\r\n" tells a longer input apart).  NULL, or why it cannot be a
+ * token (in why_buf when it needs one). */
+static const char *read_token(char *buf, size_t cap, size_t *n_out, char *why_buf, size_t why_cap)
+{
     size_t n = 0, got;
-    while (n < sizeof buf && (got = fread(buf + n, 1, sizeof buf - n, stdin)) > 0) n += got;
-    const char *why = NULL;
-    char why_buf[96];
-    if (ferror(stdin)) {
-        why = "cannot read stdin";
-    } else if (n == sizeof buf) {
-        snprintf(why_buf, sizeof why_buf, "the token is longer than %zu bytes", sizeof buf - 3);
-        why = why_buf;
-    } else if (n == 0) {
-        why = "no token on stdin";
-    } else if (memchr(buf, '\0', n)) {
-        snprintf(why_buf, sizeof why_buf, "the token holds a NUL byte (at byte %zu)",
-                 (size_t)((const char *)memchr(buf, '\0', n) - buf));
-        why = why_buf;
+    while (n < cap && (got = fread(buf + n, 1, cap - n, stdin)) > 0) n += got;
+    *n_out = n;
+    if (ferror(stdin)) return "cannot read stdin";
+    if (n == cap) {
+        snprintf(why_buf, why_cap, "the token is longer than %zu bytes", cap - 3);
+        return why_buf;
     }
-    if (!why) {
-        if (buf[n - 1] == '\n') n--;
-        if (n > 0 && buf[n - 1] == '\r' && buf[n] == '\n') n--;
-        if (memchr(buf, '\n', n)) why = "stdin holds more than one line: give the token alone, on one line";
-        else if (n == 0) why = "the token is empty";
+    if (n == 0) return "no token on stdin";
+    const char *nul = memchr(buf, '\0', n);
+    if (nul) {
+        snprintf(why_buf, why_cap, "the token holds a NUL byte (at byte %zu)", (size_t)(nul - buf));
+        return why_buf;
     }
-    for (size_t i = 0; !why && i < n; i++) {
+    return NULL;
+}
+
+/* Drops the line end from the n_io bytes read; NULL, or why the line
+ * cannot be a token as the server sees an Authorization value. */
+static const char *check_token(const char *buf, size_t *n_io, char *why_buf, size_t why_cap)
+{
+    size_t n = *n_io;
+    if (buf[n - 1] == '\n') n--;
+    if (n > 0 && buf[n - 1] == '\r' && buf[n] == '\n') n--;
+    *n_io = n;
+    if (memchr(buf, '\n', n)) return "stdin holds more than one line: give the token alone, on one line";
+    if (n == 0) return "the token is empty";
+    for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)buf[i];
         if ((c < 0x20 && c != '\t') || c == 0x7f) {
-            snprintf(why_buf, sizeof why_buf, "the token holds a control character (byte 0x%02x at "
-                     "%zu)", c, i);
-            why = why_buf;
+            snprintf(why_buf, why_cap, "the token holds a control character (byte 0x%02x at %zu)", c, i);
+            return why_buf;
         }
     }
-    if (!why && (buf[0] == ' ' || buf[0] == '\t' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
-        why = "the token has blanks at its ends (the server trims them from the header)";
+    if (buf[0] == ' ' || buf[0] == '\t' || buf[n - 1] == ' ' || buf[n - 1] == '\t')
+        return "the token has blanks at its ends (the server trims them from the header)";
+    return NULL;
+}
+
+int iv_cli_token_main(int argc, char **argv)
+{
+    if (argc < 3 || argc > 4 || argv[2][0] == '-') return usage();
+    const char *name = argv[2], *scope = argc == 4 ? argv[3] : NULL;
+    if (check_name_scope(name, scope)) return 1;
+    char buf[4096], why_buf[96];
+    size_t n;
+    const char *why = read_token(buf, sizeof buf, &n, why_buf, sizeof why_buf);
+    if (!why) why = check_token(buf, &n, why_buf, sizeof why_buf);
     if (why) {
         memset(buf, 0, sizeof buf);
         fprintf(stderr, "ivserve: error: %s\n", why);
