@@ -211,54 +211,62 @@ static iv_dtype_t codes_dtype(const iv_meta_col_t *c)
     return c->n_cats < 128 ? IV_DT_INT8 : c->n_cats < 32768 ? IV_DT_INT16 : IV_DT_INT32;
 }
 
-/* One column of a data frame, at w->path (of length base). */
-static void walk_col(walker_t *w, const iv_meta_col_t *c)
+/* A categorical column at w->path: codes and categories. */
+static void walk_categorical(walker_t *w, const iv_meta_col_t *c)
 {
-    zarr_arr_t a = {.col = c};
-    const char *p = w->path;
-    size_t len = strlen(p);
-    if (c->type == IV_COL_CATEGORICAL) {
-        char attrs[128];
-        snprintf(attrs, sizeof attrs,
-                 "{\"encoding-type\":\"categorical\",\"encoding-version\":\"0.2.0\",\"ordered\":%s}",
-                 c->ordered ? "true" : "false");
-        group(w, p, attrs);
-        a.src = ZS_COL;
-        set_numeric(&a, codes_dtype(c));
-        if (child(w, len, "codes")) array_1d(w, w->path, &a, c->n, ENC_ARRAY);
-        w->path[len] = '\0';
-        zarr_arr_t k = {.col = c};
-        if (c->cats_numeric && c->cat_num) {
-            k.src = ZS_CATS_NUM;
-            set_numeric(&k, IV_DT_FLOAT64);
-        } else {
-            k.src = ZS_CATS_STR;
-            k.is_str = 1;
-        }
-        if (child(w, len, "categories"))
-            array_1d(w, w->path, &k, c->n_cats, k.is_str ? ENC_STRINGS : ENC_ARRAY);
-        w->path[len] = '\0';
-        return;
+    char attrs[128];
+    size_t len = strlen(w->path);
+    snprintf(attrs, sizeof attrs,
+             "{\"encoding-type\":\"categorical\",\"encoding-version\":\"0.2.0\",\"ordered\":%s}",
+             c->ordered ? "true" : "false");
+    group(w, w->path, attrs);
+    zarr_arr_t a = {.col = c, .src = ZS_COL};
+    set_numeric(&a, codes_dtype(c));
+    if (child(w, len, "codes")) array_1d(w, w->path, &a, c->n, ENC_ARRAY);
+    w->path[len] = '\0';
+    zarr_arr_t k = {.col = c};
+    if (c->cats_numeric && c->cat_num) {
+        k.src = ZS_CATS_NUM;
+        set_numeric(&k, IV_DT_FLOAT64);
+    } else {
+        k.src = ZS_CATS_STR;
+        k.is_str = 1;
     }
-    int nullable = c->encoding && !strncmp(c->encoding, "nullable-", 9) &&
-                   (c->type == IV_COL_INT || c->type == IV_COL_BOOL);
-    a.src = ZS_COL;
-    if (c->type == IV_COL_STRING) a.is_str = 1, a.src = ZS_COL_STR;
-    else if (c->type == IV_COL_BOOL) a.is_bool = 1, a.vt = IV_DT_UINT8;
-    else if (c->type == IV_COL_INT) set_numeric(&a, int_dtype(c->dtype));
-    else set_numeric(&a, c->dtype == IV_DT_FLOAT32 ? IV_DT_FLOAT32 : IV_DT_FLOAT64);
-    if (!nullable) {
-        array_1d(w, p, &a, c->n, a.is_str ? ENC_STRINGS : ENC_ARRAY);
-        return;
-    }
-    group(w, p, c->type == IV_COL_INT
-                    ? "{\"encoding-type\":\"nullable-integer\",\"encoding-version\":\"0.1.0\"}"
-                    : "{\"encoding-type\":\"nullable-boolean\",\"encoding-version\":\"0.1.0\"}");
-    if (child(w, len, "values")) array_1d(w, w->path, &a, c->n, NULL);
+    if (child(w, len, "categories"))
+        array_1d(w, w->path, &k, c->n_cats, k.is_str ? ENC_STRINGS : ENC_ARRAY);
+    w->path[len] = '\0';
+}
+
+/* A nullable column at w->path: values (a) and mask. */
+static void walk_nullable(walker_t *w, const iv_meta_col_t *c, zarr_arr_t *a)
+{
+    size_t len = strlen(w->path);
+    group(w, w->path, c->type == IV_COL_INT
+                          ? "{\"encoding-type\":\"nullable-integer\",\"encoding-version\":\"0.1.0\"}"
+                          : "{\"encoding-type\":\"nullable-boolean\",\"encoding-version\":\"0.1.0\"}");
+    if (child(w, len, "values")) array_1d(w, w->path, a, c->n, NULL);
     w->path[len] = '\0';
     zarr_arr_t m = {.col = c, .src = ZS_COL_MASK, .is_bool = 1, .vt = IV_DT_UINT8};
     if (child(w, len, "mask")) array_1d(w, w->path, &m, c->n, NULL);
     w->path[len] = '\0';
+}
+
+/* One column of a data frame, at w->path. */
+static void walk_col(walker_t *w, const iv_meta_col_t *c)
+{
+    if (c->type == IV_COL_CATEGORICAL) {
+        walk_categorical(w, c);
+        return;
+    }
+    int nullable = c->encoding && !strncmp(c->encoding, "nullable-", 9) &&
+                   (c->type == IV_COL_INT || c->type == IV_COL_BOOL);
+    zarr_arr_t a = {.col = c, .src = ZS_COL};
+    if (c->type == IV_COL_STRING) a.is_str = 1, a.src = ZS_COL_STR;
+    else if (c->type == IV_COL_BOOL) a.is_bool = 1, a.vt = IV_DT_UINT8;
+    else if (c->type == IV_COL_INT) set_numeric(&a, int_dtype(c->dtype));
+    else set_numeric(&a, c->dtype == IV_DT_FLOAT32 ? IV_DT_FLOAT32 : IV_DT_FLOAT64);
+    if (nullable) walk_nullable(w, c, &a);
+    else array_1d(w, w->path, &a, c->n, a.is_str ? ENC_STRINGS : ENC_ARRAY);
 }
 
 static void walk_frame(walker_t *w, const iv_meta_t *m, iv_axis_t axis, const char *name)
@@ -506,20 +514,44 @@ static int chunk_id(const zarr_arr_t *a, const char *s, int64_t idx[2])
     return *s ? -1 : 0;
 }
 
+static int consolidated(const iv_zarr_src_t *src, int csr, iv_buf_t *out, iv_err_t *err)
+{
+    consolidate_t c = {.out = out, .first = 1};
+    iv_buf_puts(out, "{\"metadata\":{");
+    if (zarr_walk(src, csr, consolidate_node, &c) < 0 || out->oom)
+        return iv_fail(err, IV_ENOMEM, "out of memory for .zmetadata");
+    iv_buf_puts(out, "\n},\"zarr_consolidated_format\":1}");
+    return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for .zmetadata") : 0;
+}
+
+/* The value of leaf (".zattrs", ".zgroup", ".zarray" or a chunk id) of
+ * the node f found. */
+static int answer_leaf(const iv_zarr_src_t *src, const finder_t *f, const char *leaf,
+                       const char *key, iv_buf_t *out, iv_zarr_kind_t *kind, iv_err_t *err)
+{
+    int64_t idx[2];
+    if (!strcmp(leaf, ".zattrs")) {
+        iv_buf_append(out, f->attrs->data, f->attrs->len);
+    } else if (!strcmp(leaf, ".zgroup") && f->is_group) {
+        iv_buf_puts(out, ZGROUP);
+    } else if (!strcmp(leaf, ".zarray") && !f->is_group) {
+        render_zarray(out, &f->a);
+    } else if (f->is_group || chunk_id(&f->a, leaf, idx) != 0) {
+        return iv_fail(err, IV_ENOT_FOUND, "no key '%.200s' in the store", key);
+    } else {
+        *kind = IV_ZARR_CHUNK;
+        return zarr_chunk(src, &f->a, idx, out, err);
+    }
+    return 0;
+}
+
 int iv_zarr_get(const iv_zarr_src_t *src, const char *key, iv_buf_t *out, iv_zarr_kind_t *kind,
                 iv_err_t *err)
 {
     *kind = IV_ZARR_JSON;
     int csr = !strncmp(key, CSR_PREFIX, sizeof CSR_PREFIX - 1);
     if (csr) key += sizeof CSR_PREFIX - 1;
-    if (!strcmp(key, ".zmetadata")) {
-        consolidate_t c = {.out = out, .first = 1};
-        iv_buf_puts(out, "{\"metadata\":{");
-        if (zarr_walk(src, csr, consolidate_node, &c) < 0 || out->oom)
-            return iv_fail(err, IV_ENOMEM, "out of memory for .zmetadata");
-        iv_buf_puts(out, "\n},\"zarr_consolidated_format\":1}");
-        return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for .zmetadata") : 0;
-    }
+    if (!strcmp(key, ".zmetadata")) return consolidated(src, csr, out, err);
     const char *slash = strrchr(key, '/');
     const char *leaf = slash ? slash + 1 : key;
     char path[PATH_MAX_LEN];
@@ -531,32 +563,9 @@ int iv_zarr_get(const iv_zarr_src_t *src, const char *key, iv_buf_t *out, iv_zar
     iv_buf_init(&attrs);
     finder_t f = {.path = path, .attrs = &attrs};
     int rc = zarr_walk(src, csr, find_node, &f);
-    if (rc < 0 || attrs.oom) {
-        iv_buf_free(&attrs);
-        return iv_fail(err, IV_ENOMEM, "out of memory");
-    }
-    if (!f.found) {
-        iv_buf_free(&attrs);
-        return iv_fail(err, IV_ENOT_FOUND, "no key '%.200s' in the store", key);
-    }
-    if (!strcmp(leaf, ".zattrs")) {
-        iv_buf_append(out, attrs.data, attrs.len);
-        rc = 0;
-    } else if (!strcmp(leaf, ".zgroup") && f.is_group) {
-        iv_buf_puts(out, ZGROUP);
-        rc = 0;
-    } else if (!strcmp(leaf, ".zarray") && !f.is_group) {
-        render_zarray(out, &f.a);
-        rc = 0;
-    } else {
-        int64_t idx[2];
-        if (f.is_group || chunk_id(&f.a, leaf, idx) != 0) {
-            rc = iv_fail(err, IV_ENOT_FOUND, "no key '%.200s' in the store", key);
-        } else {
-            *kind = IV_ZARR_CHUNK;
-            rc = zarr_chunk(src, &f.a, idx, out, err);
-        }
-    }
+    if (rc < 0 || attrs.oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
+    else if (!f.found) rc = iv_fail(err, IV_ENOT_FOUND, "no key '%.200s' in the store", key);
+    else rc = answer_leaf(src, &f, leaf, key, out, kind, err);
     iv_buf_free(&attrs);
     if (rc == 0 && out->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory");
     return rc;
