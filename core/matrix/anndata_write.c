@@ -42,86 +42,163 @@ static void note_skipped(const subset_t *s, const char *path)
     snprintf(s->skipped + n, s->skipped_cap - n, "%s%s", n ? ", " : "", path);
 }
 
-/* Subsets dataset name of src along axis 0 into dst. */
-static int subset_dataset(hid_t src, const char *name, hid_t dst, const subset_t *s,
-                          const char *path, iv_err_t *err)
-{
-    int rc = 0;
-    hid_t d = H5Dopen2(src, name, H5P_DEFAULT), ft = -1, mt = -1, sp = -1, osp = -1, od = -1;
-    uint8_t *buf = NULL, *out = NULL;
-    if (d < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: cannot open", s->src_path, path);
-    ft = H5Dget_type(d);
-    sp = H5Dget_space(d);
-    int rank = H5Sget_simple_extent_ndims(sp);
+/*
+ * One dataset being subset: the input dataset, its file and memory types
+ * and space, its shape, the bytes of a row (all dimensions past the
+ * first), the whole element read and the rows gathered, and the output's
+ * space and dataset.
+ */
+struct subset_io {
+    hid_t d, ft, mt, sp, osp, od;
+    int rank;
     hsize_t dims[8];
-    if (rank < 1 || rank > 8) {
-        rc = FAILF(IV_EUNSUPPORTED, "%s:/%s: rank %d cannot be subset", s->src_path, path, rank);
-        goto done;
+    size_t row;
+    uint8_t *buf, *out;
+};
+
+/* The input's type and shape, checked: rank 1 to 8, as many rows as the
+ * axis, a memory type HDF5 can convert to. */
+static int subset_open(struct subset_io *io, const subset_t *s, const char *path, iv_err_t *err)
+{
+    io->ft = H5Dget_type(io->d);
+    io->sp = H5Dget_space(io->d);
+    io->rank = H5Sget_simple_extent_ndims(io->sp);
+    if (io->rank < 1 || io->rank > 8)
+        return FAILF(IV_EUNSUPPORTED, "%s:/%s: rank %d cannot be subset", s->src_path, path, io->rank);
+    H5Sget_simple_extent_dims(io->sp, io->dims, NULL);
+    if ((int64_t)io->dims[0] != s->axis_len)
+        return FAILF(IV_EBAD_FILE, "%s:/%s has %llu rows, expected %" PRId64, s->src_path, path,
+                     (unsigned long long)io->dims[0], s->axis_len);
+    if ((io->mt = H5Tget_native_type(io->ft, H5T_DIR_ASCEND)) < 0 && (io->mt = H5Tcopy(io->ft)) < 0)
+        return FAILF(IV_EUNSUPPORTED, "%s:/%s: element type unreadable", s->src_path, path);
+    return 0;
+}
+
+/* The bytes of a row (io->row) and of the whole array, the latter as a
+ * double so that no shape overflows it. */
+static double subset_sizes(struct subset_io *io)
+{
+    size_t row = H5Tget_size(io->mt);
+    double whole = (double)row * (double)(io->dims[0] ? io->dims[0] : 1);
+    for (int i = 1; i < io->rank; i++) {
+        whole *= (double)io->dims[i];
+        row *= (size_t)io->dims[i];
     }
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    if ((int64_t)dims[0] != s->axis_len) {
-        rc = FAILF(IV_EBAD_FILE, "%s:/%s has %llu rows, expected %" PRId64, s->src_path, path,
-                   (unsigned long long)dims[0], s->axis_len);
-        goto done;
-    }
-    if ((mt = H5Tget_native_type(ft, H5T_DIR_ASCEND)) < 0 && (mt = H5Tcopy(ft)) < 0) {
-        rc = FAILF(IV_EUNSUPPORTED, "%s:/%s: element type unreadable", s->src_path, path);
-        goto done;
-    }
+    io->row = row;
+    return whole;
+}
+
+/* The whole element read into io->buf, and io->out allocated for the
+ * subset.  A shape past what memory can hold is refused, not attempted. */
+static int subset_read(struct subset_io *io, const subset_t *s, const char *path, iv_err_t *err)
+{
     char what[2400];
     snprintf(what, sizeof what, "%s:/%s", s->src_path, path);
     iv_h5guard_stage("reading %s", path);
-    if ((rc = iv_h5_check_stored(d, what, err)) < 0) goto done;
-    /* The row's bytes and the whole array's, without overflow: a shape
-     * past what memory can hold is refused, not attempted. */
-    size_t row = H5Tget_size(mt);
-    double whole = (double)row * (double)(dims[0] ? dims[0] : 1);
-    for (int i = 1; i < rank; i++) {
-        whole *= (double)dims[i];
-        row *= (size_t)dims[i];
+    int rc = iv_h5_check_stored(io->d, what, err);
+    if (rc < 0) return rc;
+    double whole = subset_sizes(io);
+    size_t row = io->row;
+    if (whole + (double)row * (double)s->n > (double)((size_t)1 << 46))
+        return FAILF(IV_ETOO_LARGE, "%s: %.0f bytes is past what export can hold", what, whole);
+    io->buf = malloc(row * (size_t)(io->dims[0] ? io->dims[0] : 1) + 1);
+    io->out = malloc(row * (size_t)(s->n ? s->n : 1) + 1);
+    if (!io->buf || !io->out) return FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
+    if (io->dims[0] > 0 && row > 0 && H5Dread(io->d, io->mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, io->buf) < 0)
+        return FAILF(IV_EBAD_FILE, "%s:/%s: read failed", s->src_path, path);
+    return 0;
+}
+
+/* The selected rows, in the selection's order, gathered as byte runs. */
+static void subset_gather(struct subset_io *io, const subset_t *s)
+{
+    size_t row = io->row;
+    if (!s->idx) {
+        memcpy(io->out, io->buf, row * (size_t)s->n);
+        return;
     }
-    if (whole + (double)row * (double)s->n > (double)((size_t)1 << 46)) {
-        rc = FAILF(IV_ETOO_LARGE, "%s: %.0f bytes is past what export can hold", what, whole);
-        goto done;
-    }
-    buf = malloc(row * (size_t)(dims[0] ? dims[0] : 1) + 1);
-    out = malloc(row * (size_t)(s->n ? s->n : 1) + 1);
-    if (!buf || !out) {
-        rc = FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
-        goto done;
-    }
-    if (dims[0] > 0 && row > 0 && H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
-        rc = FAILF(IV_EBAD_FILE, "%s:/%s: read failed", s->src_path, path);
-        goto done;
-    }
-    if (s->idx)
-        for (int64_t i = 0; i < s->n; i++) memcpy(out + (size_t)i * row, buf + (size_t)s->idx[i] * row, row);
-    else
-        memcpy(out, buf, row * (size_t)s->n);
+    for (int64_t i = 0; i < s->n; i++) memcpy(io->out + (size_t)i * row, io->buf + (size_t)s->idx[i] * row, row);
+}
+
+/* The variable-length data HDF5 allocated for the read, which the
+ * gathered rows pointed into. */
+static void subset_reclaim(struct subset_io *io)
+{
+    if (io->dims[0] > 0 && (H5Tdetect_class(io->mt, H5T_VLEN) > 0 || H5Tis_variable_str(io->mt) > 0))
+        H5Dvlen_reclaim(io->mt, io->sp, H5P_DEFAULT, io->buf);
+}
+
+/* The subset written as dataset name of dst, in the input's file type,
+ * with the input's attributes. */
+static int subset_write(struct subset_io *io, hid_t dst, const char *name, const subset_t *s, const char *path,
+                        iv_err_t *err)
+{
     hsize_t odims[8];
-    memcpy(odims, dims, sizeof odims);
+    memcpy(odims, io->dims, sizeof odims);
     odims[0] = (hsize_t)s->n;
-    osp = H5Screate_simple(rank, odims, NULL);
-    if (osp < 0 || (od = H5Dcreate2(dst, name, ft, osp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
-        (s->n > 0 && row > 0 && H5Dwrite(od, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) ||
-        iv_h5w_copy_attrs(d, od) < 0)
-        rc = FAILF(IV_EIO, "%s: cannot write", path);
-    if (dims[0] > 0 && (H5Tdetect_class(mt, H5T_VLEN) > 0 || H5Tis_variable_str(mt) > 0))
-        H5Dvlen_reclaim(mt, sp, H5P_DEFAULT, buf);
-done:
-    free(buf);
-    free(out);
-    if (od >= 0) H5Dclose(od);
-    if (osp >= 0) H5Sclose(osp);
-    if (sp >= 0) H5Sclose(sp);
-    if (mt >= 0) H5Tclose(mt);
-    if (ft >= 0) H5Tclose(ft);
-    H5Dclose(d);
+    io->osp = H5Screate_simple(io->rank, odims, NULL);
+    if (io->osp < 0 ||
+        (io->od = H5Dcreate2(dst, name, io->ft, io->osp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
+        (s->n > 0 && io->row > 0 && H5Dwrite(io->od, io->mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, io->out) < 0) ||
+        iv_h5w_copy_attrs(io->d, io->od) < 0)
+        return FAILF(IV_EIO, "%s: cannot write", path);
+    return 0;
+}
+
+static void subset_io_close(struct subset_io *io)
+{
+    free(io->buf);
+    free(io->out);
+    if (io->od >= 0) H5Dclose(io->od);
+    if (io->osp >= 0) H5Sclose(io->osp);
+    if (io->sp >= 0) H5Sclose(io->sp);
+    if (io->mt >= 0) H5Tclose(io->mt);
+    if (io->ft >= 0) H5Tclose(io->ft);
+    H5Dclose(io->d);
+}
+
+/* Subsets dataset name of src along axis 0 into dst: open and check,
+ * read whole, gather the rows, write. */
+static int subset_dataset(hid_t src, const char *name, hid_t dst, const subset_t *s,
+                          const char *path, iv_err_t *err)
+{
+    struct subset_io io = {.d = H5Dopen2(src, name, H5P_DEFAULT), .ft = -1, .mt = -1, .sp = -1, .osp = -1,
+                           .od = -1};
+    if (io.d < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: cannot open", s->src_path, path);
+    int rc = subset_open(&io, s, path, err);
+    if (rc == 0) rc = subset_read(&io, s, path, err);
+    if (rc == 0) {
+        subset_gather(&io, s);
+        rc = subset_write(&io, dst, name, s, path, err);
+        subset_reclaim(&io);
+    }
+    subset_io_close(&io);
     return rc;
 }
 
 static int subset_element(hid_t src, const char *name, hid_t dst, const subset_t *s,
                           const char *parent, int in_frame, iv_err_t *err);
+
+/* Whether child is one of the names of whole (NULL-terminated; NULL: none). */
+static int is_whole(const char *child, const char *const *whole)
+{
+    for (size_t k = 0; whole && whole[k]; k++)
+        if (strcmp(child, whole[k]) == 0) return 1;
+    return 0;
+}
+
+/* Child i of group sg (at path) into dg: copied unchanged when named in
+ * whole, else subset. */
+static int subset_child(hid_t sg, hsize_t i, hid_t dg, const subset_t *s, const char *path,
+                        const char *const *whole, int in_frame, iv_err_t *err)
+{
+    char child[1024];
+    if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child, H5P_DEFAULT) < 0)
+        return FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
+    if (!is_whole(child, whole)) return subset_element(sg, child, dg, s, path, in_frame, err);
+    if (iv_h5w_copy_object(sg, child, dg, child) < 0) return FAILF(IV_EIO, "%s/%s: cannot copy", path, child);
+    return 0;
+}
 
 /* A group whose children are all rows-along-axis elements (dataframe,
  * obsm's dict) or named parts: `whole` children are copied unchanged. */
@@ -135,22 +212,7 @@ static int subset_group(hid_t src, const char *name, hid_t dst, const subset_t *
     if (dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0) rc = FAILF(IV_EIO, "%s: cannot write", path);
     H5G_info_t gi;
     if (rc == 0 && H5Gget_info(sg, &gi) < 0) rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
-    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
-        char child[1024];
-        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child,
-                               H5P_DEFAULT) < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
-            break;
-        }
-        int copy = 0;
-        for (size_t k = 0; whole && whole[k]; k++) copy |= strcmp(child, whole[k]) == 0;
-        if (copy) {
-            if (iv_h5w_copy_object(sg, child, dg, child) < 0)
-                rc = FAILF(IV_EIO, "%s/%s: cannot copy", path, child);
-        } else {
-            rc = subset_element(sg, child, dg, s, path, in_frame, err);
-        }
-    }
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) rc = subset_child(sg, i, dg, s, path, whole, in_frame, err);
     if (dg >= 0) H5Gclose(dg);
     H5Gclose(sg);
     return rc;
@@ -193,6 +255,23 @@ static int write_axis(hid_t in, hid_t out, const char *name, const subset_t *s, 
     return subset_element(in, name, out, s, "", 0, err);
 }
 
+/* The elements of dict sg (at /name) subset into dg; a dict or a name
+ * that cannot be read ends the list. */
+static int subset_dict(hid_t sg, hid_t dg, const char *name, const subset_t *s, iv_err_t *err)
+{
+    H5G_info_t gi;
+    if (H5Gget_info(sg, &gi) < 0) return 0;
+    int rc = 0;
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
+        char child[1024];
+        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child,
+                               H5P_DEFAULT) < 0)
+            break;
+        rc = subset_element(sg, child, dg, s, name, 1, err);
+    }
+    return rc;
+}
+
 /* obsm / varm: a dict of elements with rows along the axis. */
 static int write_axism(hid_t in, hid_t out, const char *name, const subset_t *s, iv_err_t *err)
 {
@@ -201,17 +280,22 @@ static int write_axism(hid_t in, hid_t out, const char *name, const subset_t *s,
     if (sg < 0) return 0;
     hid_t dg = H5Gcreate2(out, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int rc = dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0 ? FAILF(IV_EIO, "/%s: cannot write", name) : 0;
-    H5G_info_t gi;
-    if (rc == 0 && H5Gget_info(sg, &gi) < 0) gi.nlinks = 0;
-    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
-        char child[1024];
-        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child,
-                               H5P_DEFAULT) < 0)
-            break;
-        rc = subset_element(sg, child, dg, s, name, 1, err);
-    }
+    if (rc == 0) rc = subset_dict(sg, dg, name, s, err);
     if (dg >= 0) H5Gclose(dg);
     H5Gclose(sg);
+    return rc;
+}
+
+/* cnt elements of data written at element off of the 1-D dataset d.
+ * 0 or -1. */
+static int write_part(hid_t d, hid_t mtype, hsize_t off, hsize_t cnt, const void *data)
+{
+    hsize_t c[1] = {cnt}, o[1] = {off};
+    hid_t ms = H5Screate_simple(1, c, NULL), fs = H5Dget_space(d);
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, o, NULL, c, NULL);
+    int rc = H5Dwrite(d, mtype, ms, fs, H5P_DEFAULT, data) < 0 ? -1 : 0;
+    H5Sclose(fs);
+    H5Sclose(ms);
     return rc;
 }
 
@@ -225,20 +309,30 @@ static int write_parts(hid_t g, const char *name, hid_t ftype, hid_t mtype, size
     int rc = d < 0 ? -1 : 0;
     hsize_t off = 0;
     for (size_t k = 0; rc == 0 && k < n_parts; k++) {
-        hsize_t cnt[1] = {bytes[k] / esz}, o[1] = {off};
-        if (cnt[0] == 0) continue;
-        hid_t ms = H5Screate_simple(1, cnt, NULL), fs = H5Dget_space(d);
-        H5Sselect_hyperslab(fs, H5S_SELECT_SET, o, NULL, cnt, NULL);
-        if (H5Dwrite(d, mtype, ms, fs, H5P_DEFAULT, parts[k]) < 0) rc = -1;
-        H5Sclose(fs);
-        H5Sclose(ms);
-        off += cnt[0];
+        hsize_t cnt = bytes[k] / esz;
+        if (cnt == 0) continue;
+        rc = write_part(d, mtype, off, cnt, parts[k]);
+        off += cnt;
     }
     if (rc == 0 && (int64_t)off != n) rc = -1;
     if (rc == 0 && iv_h5w_attr_encoding(d, "array", "0.2.0") < 0) rc = -1;
     if (d >= 0) H5Dclose(d);
     if (sp >= 0) H5Sclose(sp);
     return rc;
+}
+
+/*
+ * indptr and indices in one integer type, as scipy makes them: int32
+ * while every pointer and index fits, int64 otherwise.  scipy's indexing
+ * routines refuse a mix (anndata's backed X[:, genes] failed with
+ * "Output dtype not compatible with inputs"); HDF5 converts from the
+ * memory types.
+ */
+static hid_t index_file_type(const iv_adw_x_t *x)
+{
+    int wide = x->index_bits == 64 ||
+               (x->index_bits == 0 && (x->index_size == 8 || x->nnz > INT32_MAX || x->n_cols > INT32_MAX));
+    return wide ? H5T_STD_I64LE : H5T_STD_I32LE;
 }
 
 static int write_x(hid_t out, const iv_adw_x_t *x)
@@ -255,14 +349,7 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
      * every platform this builds for, spelled as numpy stores it. */
     hid_t vft = H5Tcopy(iv_h5_native(x->dtype));
     H5Tset_order(vft, H5T_ORDER_LE);
-    /* indptr and indices in one integer type, as scipy makes them: int32
-     * while every pointer and index fits, int64 otherwise.  scipy's
-     * indexing routines refuse a mix (anndata's backed X[:, genes] failed
-     * with "Output dtype not compatible with inputs"); HDF5 converts from
-     * the memory types. */
-    int wide = x->index_bits == 64 ||
-               (x->index_bits == 0 && (x->index_size == 8 || x->nnz > INT32_MAX || x->n_cols > INT32_MAX));
-    hid_t ift = wide ? H5T_STD_I64LE : H5T_STD_I32LE;
+    hid_t ift = index_file_type(x);
     if (rc == 0) rc = write_parts(g, "indptr", ift, H5T_NATIVE_INT64, 8, x->n_rows + 1, 1, pp, pb);
     if (rc == 0)
         rc = write_parts(g, "indices", ift, x->index_size == 4 ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64,
@@ -275,75 +362,96 @@ static int write_x(hid_t out, const iv_adw_x_t *x)
     return rc;
 }
 
-int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_t *x,
-                     const iv_sel_t *obs, const iv_sel_t *var, char *skipped, size_t skipped_cap,
-                     iv_err_t *err)
+/* The index type asked for, and whether the result fits it. */
+static int check_index_bits(const iv_adw_x_t *x, const char *out_path, iv_err_t *err)
 {
-    skipped[0] = '\0';
     if (x->index_bits != 0 && x->index_bits != 32 && x->index_bits != 64)
         return FAILF(IV_EINVALID_ARG, "index type of %d bits (expected 32 or 64)", x->index_bits);
     if (x->index_bits == 32 && (x->nnz > INT32_MAX || x->n_cols > INT32_MAX))
         return FAILF(IV_ETOO_LARGE, "%s: %lld stored values and %lld columns do not fit int32 "
                      "indptr and indices", out_path, (long long)x->nnz, (long long)x->n_cols);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    iv_h5filters_register();
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
-    hid_t in = H5Fopen(src_path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", src_path);
+    return 0;
+}
+
+/* The input file (*in), its filter pipelines checked. */
+static int open_source(const char *src_path, hid_t *in, iv_err_t *err)
+{
+    *in = H5Fopen(src_path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (*in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file", src_path);
     iv_h5guard_stage("checking the filter pipelines");
-    if (iv_h5_check_filters(in, src_path, err) < 0) {
-        H5Fclose(in);
+    if (iv_h5_check_filters(*in, src_path, err) < 0) {
+        H5Fclose(*in);
         return err->code;
     }
-    iv_h5guard_temp(tmp);
-    hid_t out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    int rc = 0;
-    if (out < 0) {
-        rc = FAILF(IV_EIO, "%s: cannot create: %s", out_path, strerror(errno));
-        goto done;
-    }
+    return 0;
+}
+
+/* The input root's attributes, and encoding-type anndata where it has
+ * none.  0 or -1. */
+static int write_root_attrs(hid_t in, hid_t out)
+{
     hid_t rin = H5Gopen2(in, "/", H5P_DEFAULT), rout = H5Gopen2(out, "/", H5P_DEFAULT);
     int ok = rin >= 0 && rout >= 0 && iv_h5w_copy_attrs(rin, rout) == 0;
     if (ok && H5Aexists(rout, "encoding-type") <= 0)
         ok = iv_h5w_attr_encoding(rout, "anndata", "0.1.0") == 0;
     if (rin >= 0) H5Gclose(rin);
     if (rout >= 0) H5Gclose(rout);
-    if (!ok) {
-        rc = FAILF(IV_EIO, "%s: cannot write the root attributes", out_path);
-        goto done;
-    }
-    if (write_x(out, x) < 0) {
-        rc = FAILF(IV_EIO, "%s: cannot write X (disk full?)", out_path);
-        goto done;
-    }
-    subset_t so = {obs->all ? NULL : obs->idx, obs->all ? x->src_rows : obs->n, x->src_rows,
-                   skipped, skipped_cap, src_path};
-    subset_t sv = {var->all ? NULL : var->idx, var->all ? x->src_cols : var->n, x->src_cols,
-                   skipped, skipped_cap, src_path};
-    if ((rc = write_axis(in, out, "obs", &so, err)) < 0 ||
-        (rc = write_axis(in, out, "var", &sv, err)) < 0 ||
-        (rc = write_axism(in, out, "obsm", &so, err)) < 0 ||
-        (rc = write_axism(in, out, "varm", &sv, err)) < 0)
-        goto done;
-    iv_h5guard_stage("copying uns");
-    if (H5Lexists(in, "uns", H5P_DEFAULT) > 0 && iv_h5w_copy_object(in, "uns", out, "uns") < 0) {
-        rc = FAILF(IV_EIO, "%s:/uns: cannot copy", src_path);
-        goto done;
-    }
+    return ok ? 0 : -1;
+}
+
+/* The rows of an axis of `len` that sel selects. */
+static subset_t axis_subset(const iv_sel_t *sel, int64_t len, char *skipped, size_t skipped_cap,
+                            const char *src_path)
+{
+    subset_t s = {sel->all ? NULL : sel->idx, sel->all ? len : sel->n, len, skipped, skipped_cap, src_path};
+    return s;
+}
+
+/* Whether group name of in is there and not empty (one that cannot be
+ * read counts as not empty). */
+static int has_content(hid_t in, const char *name)
+{
+    if (H5Lexists(in, name, H5P_DEFAULT) <= 0) return 0;
+    H5G_info_t gi;
+    hid_t g = H5Gopen2(in, name, H5P_DEFAULT);
+    int empty = g >= 0 && H5Gget_info(g, &gi) >= 0 && gi.nlinks == 0;
+    if (g >= 0) H5Gclose(g);
+    return !empty;
+}
+
+/* obsp, varp, layers and raw are not exported: each one there and not
+ * empty is named in s->skipped. */
+static void note_dropped(hid_t in, const subset_t *s)
+{
     static const char *const dropped[] = {"obsp", "varp", "layers", "raw"};
-    for (size_t i = 0; i < sizeof dropped / sizeof *dropped; i++) {
-        if (H5Lexists(in, dropped[i], H5P_DEFAULT) <= 0) continue;
-        H5G_info_t gi;
-        hid_t g = H5Gopen2(in, dropped[i], H5P_DEFAULT);
-        int empty = g >= 0 && H5Gget_info(g, &gi) >= 0 && gi.nlinks == 0;
-        if (g >= 0) H5Gclose(g);
-        if (!empty) {
-            subset_t t = so;
-            note_skipped(&t, dropped[i]);
-        }
-    }
-done:
+    for (size_t i = 0; i < sizeof dropped / sizeof *dropped; i++)
+        if (has_content(in, dropped[i])) note_skipped(s, dropped[i]);
+}
+
+/* The output's contents: the root's attributes, X, obs and var, obsm
+ * and varm, uns; the elements left out named in the subsets' skipped. */
+static int write_contents(hid_t in, hid_t out, const char *out_path, const iv_adw_x_t *x, const subset_t *so,
+                          const subset_t *sv, iv_err_t *err)
+{
+    if (write_root_attrs(in, out) < 0) return FAILF(IV_EIO, "%s: cannot write the root attributes", out_path);
+    if (write_x(out, x) < 0) return FAILF(IV_EIO, "%s: cannot write X (disk full?)", out_path);
+    int rc;
+    if ((rc = write_axis(in, out, "obs", so, err)) < 0 || (rc = write_axis(in, out, "var", sv, err)) < 0 ||
+        (rc = write_axism(in, out, "obsm", so, err)) < 0 || (rc = write_axism(in, out, "varm", sv, err)) < 0)
+        return rc;
+    iv_h5guard_stage("copying uns");
+    if (H5Lexists(in, "uns", H5P_DEFAULT) > 0 && iv_h5w_copy_object(in, "uns", out, "uns") < 0)
+        return FAILF(IV_EIO, "%s:/uns: cannot copy", so->src_path);
+    note_dropped(in, so);
+    return 0;
+}
+
+/* Closes both files and, when all went well (rc 0), renames the
+ * temporary into place; otherwise removes it.  rc, or the close's or
+ * rename's error. */
+static int finish_file(hid_t in, hid_t out, const char *tmp, const char *src_path, const char *out_path, int rc,
+                       iv_err_t *err)
+{
     iv_h5guard_stage("closing %s and %s", src_path, out_path);
     if (out >= 0 && H5Fclose(out) < 0 && rc == 0)
         rc = FAILF(IV_EIO, "%s: closing the file failed (disk full?)", out_path);
@@ -354,4 +462,29 @@ done:
     if (rc < 0) unlink(tmp);
     iv_h5guard_temp(NULL);
     return rc;
+}
+
+int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_t *x,
+                     const iv_sel_t *obs, const iv_sel_t *var, char *skipped, size_t skipped_cap,
+                     iv_err_t *err)
+{
+    skipped[0] = '\0';
+    int rc = check_index_bits(x, out_path, err);
+    if (rc < 0) return rc;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out_path, (long)getpid());
+    hid_t in;
+    if ((rc = open_source(src_path, &in, err)) < 0) return rc;
+    iv_h5guard_temp(tmp);
+    hid_t out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (out < 0) {
+        rc = FAILF(IV_EIO, "%s: cannot create: %s", out_path, strerror(errno));
+    } else {
+        subset_t so = axis_subset(obs, x->src_rows, skipped, skipped_cap, src_path);
+        subset_t sv = axis_subset(var, x->src_cols, skipped, skipped_cap, src_path);
+        rc = write_contents(in, out, out_path, x, &so, &sv, err);
+    }
+    return finish_file(in, out, tmp, src_path, out_path, rc, err);
 }
