@@ -786,55 +786,55 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-/* Encodes one output slice of n entries into part p. */
-static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *idx,
-                        const uint8_t *val, int64_t n)
+/* rec, tmp and the sorted copies of part p hold at least n entries (they
+ * share one capacity).  0 or -1 when out of memory. */
+static int reserve_rec(part_t *p, size_t n, size_t esz)
 {
-    iv_err_t *err = &p->err;
-    size_t esz = en->esz;
-    size_t un = (size_t)n;
-    int is_float = en->vdt == IV_DT_FLOAT32 || en->vdt == IV_DT_FLOAT64;
-    if (n == 0) {
-        p->groups[slice - en->slab_first - p->s0] = 0;
-        return 0;
+    if (n <= p->cap_rec) return 0;
+    size_t cap = p->cap_rec ? p->cap_rec : 256;
+    while (cap < n) cap *= 2;
+    rec_t *r = realloc(p->rec, cap * sizeof *r);
+    if (!r) return -1;
+    p->rec = r;
+    rec_t *t = realloc(p->tmp, cap * sizeof *t);
+    if (!t) return -1;
+    p->tmp = t;
+    int64_t *si = realloc(p->sidx, cap * sizeof *si);
+    if (!si) return -1;
+    p->sidx = si;
+    uint8_t *sv = realloc(p->sval, cap * esz);
+    if (!sv) return -1;
+    p->sval = sv;
+    p->cap_rec = cap;
+    return 0;
+}
+
+/* The slice's entries ordered by minor index: *idx and *val as they are
+ * when already ascending, else sorted copies in p->sidx / p->sval. */
+static void order_by_index(part_t *p, const int64_t **idx, const uint8_t **val, size_t n, size_t esz)
+{
+    const int64_t *x = *idx;
+    size_t i = 1;
+    while (i < n && x[i] > x[i - 1]) i++;
+    if (i >= n) return;
+    for (size_t k = 0; k < n; k++) {
+        p->rec[k].key = (uint64_t)x[k];
+        p->rec[k].pos = k;
     }
-    if (un > p->cap_rec) {
-        /* rec, tmp and the sorted copies share one capacity. */
-        size_t cap = p->cap_rec ? p->cap_rec : 256;
-        while (cap < un) cap *= 2;
-        rec_t *r = realloc(p->rec, cap * sizeof *r);
-        if (!r) goto nomem;
-        p->rec = r;
-        rec_t *t = realloc(p->tmp, cap * sizeof *t);
-        if (!t) goto nomem;
-        p->tmp = t;
-        int64_t *si = realloc(p->sidx, cap * sizeof *si);
-        if (!si) goto nomem;
-        p->sidx = si;
-        uint8_t *sv = realloc(p->sval, cap * esz);
-        if (!sv) goto nomem;
-        p->sval = sv;
-        p->cap_rec = cap;
+    radix_sort(p->rec, p->tmp, n);
+    for (size_t k = 0; k < n; k++) {
+        p->sidx[k] = x[p->rec[k].pos];
+        memcpy(p->sval + k * esz, *val + p->rec[k].pos * esz, esz);
     }
-    int sorted = 1;
-    for (int64_t i = 1; i < n; i++)
-        if (idx[i] <= idx[i - 1]) {
-            sorted = 0;
-            break;
-        }
-    if (!sorted) {
-        for (size_t i = 0; i < un; i++) {
-            p->rec[i].key = (uint64_t)idx[i];
-            p->rec[i].pos = i;
-        }
-        radix_sort(p->rec, p->tmp, un);
-        for (size_t i = 0; i < un; i++) {
-            p->sidx[i] = idx[p->rec[i].pos];
-            memcpy(p->sval + i * esz, val + p->rec[i].pos * esz, esz);
-        }
-        idx = p->sidx;
-        val = p->sval;
-    }
+    *idx = p->sidx;
+    *val = p->sval;
+}
+
+/* A matrix holds one value per cell: a repeated index (idx ascending) is
+ * refused, naming the cell. */
+static int check_no_repeat(const encoder_t *en, iv_err_t *err, int64_t slice, const int64_t *idx,
+                           int64_t n)
+{
     for (int64_t i = 1; i < n; i++)
         if (idx[i] == idx[i - 1]) {
             int64_t r = en->orient == IV_IVCSR ? slice : idx[i];
@@ -843,44 +843,70 @@ static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *
                            "stored twice; a packed matrix holds one value per cell (sum or drop "
                            "the duplicates first)", en->where, r, c);
         }
+    return 0;
+}
+
+/* Room for one more group in p's values and vend (they grow together). */
+static int reserve_group(part_t *p, size_t esz)
+{
+    if (p->n_groups < p->cap_groups) return 0;
+    size_t c = p->cap_groups ? 2 * p->cap_groups : 256;
+    uint8_t *nv = realloc(p->values, c * esz);
+    if (!nv) return -1;
+    p->values = nv;
+    int64_t *ne = realloc(p->vend, c * sizeof *ne);
+    if (!ne) return -1;
+    p->vend = ne;
+    p->cap_groups = c;
+    return 0;
+}
+
+/* Appends the group of records rec[i, j) (one value) to part p: its value,
+ * its end, and its indices as delta varints. */
+static void emit_group(part_t *p, const rec_t *rec, size_t i, size_t j, const int64_t *idx,
+                       const uint8_t *val, size_t esz)
+{
+    memcpy(p->values + p->n_groups * esz, val + rec[i].pos * esz, esz);
+    int64_t prev = -1;
+    uint8_t *out = p->packed + p->n_packed;
+    for (size_t q = i; q < j; q++) {
+        int64_t x = idx[rec[q].pos];
+        uint64_t dv = (uint64_t)(x - prev - 1);
+        if (dv < 0x80) *out++ = (uint8_t)dv;
+        else out += iv_varint_write(dv, out);
+        prev = x;
+    }
+    p->n_packed = (size_t)(out - p->packed);
+    p->nnz += (int64_t)(j - i);
+    p->vend[p->n_groups++] = p->nnz;
+}
+
+/* Encodes one output slice of n entries into part p. */
+static int encode_slice(encoder_t *en, part_t *p, int64_t slice, const int64_t *idx,
+                        const uint8_t *val, int64_t n)
+{
+    iv_err_t *err = &p->err;
+    size_t esz = en->esz, un = (size_t)n;
+    int is_float = en->vdt == IV_DT_FLOAT32 || en->vdt == IV_DT_FLOAT64;
+    int64_t *groups = &p->groups[slice - en->slab_first - p->s0];
+    *groups = 0;
+    if (n == 0) return 0;
+    if (reserve_rec(p, un, esz) < 0) goto nomem;
+    order_by_index(p, &idx, &val, un, esz);
+    IV_TRY(check_no_repeat(en, err, slice, idx, n));
     fill_keys(en->vdt, val, un, p->rec);
     sort_by_value(p->rec, p->tmp, un);
     if (grow((void **)&p->packed, &p->cap_packed, p->n_packed + un * IV_VARINT_MAX, 1) < 0) goto nomem;
-    int64_t groups = 0;
-    size_t i = 0;
-    while (i < un) {
+    for (size_t i = 0; i < un;) {
         size_t j = i + 1;
         uint64_t k = p->rec[i].key;
         if (!is_float || k != NAN_KEY)
             while (j < un && p->rec[j].key == k) j++;
-        if (p->n_groups == p->cap_groups) {
-            /* values and vend grow together. */
-            size_t c = p->cap_groups ? 2 * p->cap_groups : 256;
-            uint8_t *nv = realloc(p->values, c * esz);
-            if (!nv) goto nomem;
-            p->values = nv;
-            int64_t *ne = realloc(p->vend, c * sizeof *ne);
-            if (!ne) goto nomem;
-            p->vend = ne;
-            p->cap_groups = c;
-        }
-        memcpy(p->values + p->n_groups * esz, val + p->rec[i].pos * esz, esz);
-        int64_t prev = -1;
-        uint8_t *out = p->packed + p->n_packed;
-        for (size_t q = i; q < j; q++) {
-            int64_t x = idx[p->rec[q].pos];
-            uint64_t dv = (uint64_t)(x - prev - 1);
-            if (dv < 0x80) *out++ = (uint8_t)dv;
-            else out += iv_varint_write(dv, out);
-            prev = x;
-        }
-        p->n_packed = (size_t)(out - p->packed);
-        p->nnz += (int64_t)(j - i);
-        p->vend[p->n_groups++] = p->nnz;
-        groups++;
+        if (reserve_group(p, esz) < 0) goto nomem;
+        emit_group(p, p->rec, i, j, idx, val, esz);
+        ++*groups;
         i = j;
     }
-    p->groups[slice - en->slab_first - p->s0] = groups;
     return 0;
 nomem:
     return iv_fail(err, IV_ENOMEM, "out of memory encoding slice %" PRId64, slice);
@@ -1193,6 +1219,80 @@ static double slice_arrays_bytes(int64_t n_major, int same)
     return per * ((double)n_major + 1) + (same ? 0.0 : 8.0 * spread);
 }
 
+/* Pass 1: the entries of every output slice into counts (the values are
+ * not read). */
+static int count_pass(src_t *s, const encoder_t *en, const iv_pack_opts_t *o, progress_t *pr,
+                      slab_t *sl, int64_t *counts, iv_err_t *err)
+{
+    spread_t sp;
+    spread_init(&sp, o->pool, en->n_major, en->esz);
+    int rc = src_begin(s, 0, s->n_minor, err);
+    s->skip_values = 1;
+    while (rc == 0) {
+        int got = src_next(s, sl, err);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        spread_count(&sp, o->pool, sl, counts);
+        report(pr);
+    }
+    s->skip_values = 0;
+    if (rc == 0) spread_sum(&sp, counts);
+    free(sp.cnt);
+    return rc;
+}
+
+/* The end of the band that starts at output slice t0: as many output
+ * slices as fit budget bytes of entries (at least one); *n gets its
+ * entries. */
+static int64_t band_end(const int64_t *counts, int64_t nt, int64_t t0, size_t entry, size_t budget,
+                        int64_t *n)
+{
+    int64_t t1 = t0;
+    *n = 0;
+    while (t1 < nt && (t1 == t0 || (uint64_t)(*n + counts[t1]) * entry <= budget)) *n += counts[t1++];
+    return t1;
+}
+
+/* Pass 2 for output slices [t0, t1) (n entries): the band filled from a
+ * whole read of the input, checked against the counts, and encoded. */
+static int fill_band(src_t *s, encoder_t *en, const iv_pack_opts_t *o, progress_t *pr, slab_t *sl,
+                     slab_t *band, const int64_t *counts, int64_t *fill, int64_t t0, int64_t t1,
+                     int64_t n, int narrow, iv_err_t *err)
+{
+    if (slab_reserve_as(band, t1 - t0, n, en->esz, narrow) < 0)
+        return FAILF(IV_ENOMEM, "out of memory for a band of %" PRId64 " entries", n);
+    band->first = t0;
+    band->n = t1 - t0;
+    band->ptr[0] = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        fill[t] = band->ptr[t - t0];
+        band->ptr[t - t0 + 1] = band->ptr[t - t0] + counts[t];
+    }
+    pr->pass++;
+    spread_t sp;
+    spread_init(&sp, o->pool, t1 - t0, en->esz);
+    int rc = src_begin(s, t0, t1, err);
+    while (rc == 0) {
+        int got = src_next(s, sl, err);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        spread_scatter(&sp, o->pool, sl, band, fill, t0);
+        report(pr);
+    }
+    free(sp.cnt);
+    IV_TRY(rc);
+    for (int64_t t = t0; t < t1; t++)
+        if (fill[t] != band->ptr[t - t0 + 1])
+            return FAILF(IV_EBAD_FILE, "%s: the input changed between passes", s->where);
+    IV_TRY(encode_slab(en, o->pool, band, err));
+    report(pr);
+    return 0;
+}
+
 static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
                          iv_err_t *err)
 {
@@ -1202,84 +1302,31 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
      * values), else 8. */
     int narrow = s->n_major <= INT32_MAX;
     size_t entry = (narrow ? sizeof(int32_t) : sizeof(int64_t)) + en->esz;
-    size_t budget = pack_budget(o);
     /* What write_packed charged for the per-slice arrays is not there for
      * the bands. */
-    size_t fixed = (size_t)slice_arrays_bytes(en->n_major, 0);
+    size_t budget = pack_budget(o), fixed = (size_t)slice_arrays_bytes(en->n_major, 0);
     budget = budget > fixed ? budget - fixed : 0;
     int64_t *counts = calloc((size_t)(nt ? nt : 1), sizeof *counts);
-    int64_t *fill = NULL;
+    int64_t *fill = malloc((size_t)(nt ? nt : 1) * sizeof *fill);
     slab_t sl = {0}, band = {0};
-    spread_t sp = {0};
-    int rc = 0;
-    if (!counts) return FAILF(IV_ENOMEM, "out of memory for %" PRId64 " counters", nt);
-    /* Pass 1: entries per output slice (the values are not read). */
     progress_t pr = {o, s, en, 1, 2, 0};
-    spread_init(&sp, o->pool, nt, en->esz);
-    if ((rc = src_begin(s, 0, s->n_minor, err)) < 0) goto done;
-    s->skip_values = 1;
-    for (;;) {
-        int got = src_next(s, &sl, err);
-        if (got < 0) { rc = got; goto done; }
-        if (!got) break;
-        spread_count(&sp, o->pool, &sl, counts);
-        report(&pr);
+    int rc = counts && fill ? 0 : FAILF(IV_ENOMEM, "out of memory for %" PRId64 " counters", nt);
+    if (rc == 0) rc = count_pass(s, en, o, &pr, &sl, counts, err);
+    if (rc == 0) {
+        /* The bands: as many output slices as fit the budget (at least one). */
+        int n_bands = 0;
+        for (int64_t t = 0, n; t < nt; n_bands++) t = band_end(counts, nt, t, entry, budget, &n);
+        pr.n_passes = 1 + n_bands;
+        *n_passes = pr.n_passes;
     }
-    s->skip_values = 0;
-    spread_sum(&sp, counts);
-    free(sp.cnt);
-    sp.cnt = NULL;
-    /* The bands: as many output slices as fit the budget (at least one). */
-    int n_bands = 0;
-    for (int64_t t = 0; t < nt;) {
-        uint64_t bytes = 0;
-        int64_t u = t;
-        while (u < nt && (u == t || bytes + (uint64_t)counts[u] * entry <= budget))
-            bytes += (uint64_t)counts[u++] * entry;
-        n_bands++;
-        t = u;
-    }
-    if (nt == 0) n_bands = 0;
-    pr.n_passes = 1 + n_bands;
-    *n_passes = pr.n_passes;
-    fill = malloc((size_t)(nt ? nt : 1) * sizeof *fill);
-    if (!fill) { rc = FAILF(IV_ENOMEM, "out of memory"); goto done; }
-    for (int64_t t0 = 0; t0 < nt;) {
-        int64_t t1 = t0, n = 0;
-        while (t1 < nt && (t1 == t0 || (uint64_t)(n + counts[t1]) * entry <= budget)) n += counts[t1++];
-        if (slab_reserve_as(&band, t1 - t0, n, en->esz, narrow) < 0) { rc = FAILF(IV_ENOMEM, "out of memory for a band of %" PRId64 " entries", n); goto done; }
-        band.first = t0;
-        band.n = t1 - t0;
-        band.ptr[0] = 0;
-        for (int64_t t = t0; t < t1; t++) {
-            fill[t] = band.ptr[t - t0];
-            band.ptr[t - t0 + 1] = band.ptr[t - t0] + counts[t];
-        }
-        pr.pass++;
-        free(sp.cnt);
-        spread_init(&sp, o->pool, t1 - t0, en->esz);
-        if ((rc = src_begin(s, t0, t1, err)) < 0) goto done;
-        for (;;) {
-            int got = src_next(s, &sl, err);
-            if (got < 0) { rc = got; goto done; }
-            if (!got) break;
-            spread_scatter(&sp, o->pool, &sl, &band, fill, t0);
-            report(&pr);
-        }
-        for (int64_t t = t0; t < t1; t++)
-            if (fill[t] != band.ptr[t - t0 + 1]) {
-                rc = FAILF(IV_EBAD_FILE, "%s: the input changed between passes", s->where);
-                goto done;
-            }
-        if ((rc = encode_slab(en, o->pool, &band, err)) < 0) goto done;
-        report(&pr);
+    for (int64_t t0 = 0, n; rc == 0 && t0 < nt;) {
+        int64_t t1 = band_end(counts, nt, t0, entry, budget, &n);
+        rc = fill_band(s, en, o, &pr, &sl, &band, counts, fill, t0, t1, n, narrow, err);
         t0 = t1;
     }
-done:
     s->skip_values = 0;
     slab_free(&sl);
     slab_free(&band);
-    free(sp.cnt);
     free(counts);
     free(fill);
     return rc;
@@ -1360,100 +1407,176 @@ static const char *indices_dtype_name(int64_t n_minor)
     return "int64";
 }
 
+/* Whether packing s into o->orient keeps its orientation (no transpose). */
+static int keeps_orientation(const src_t *s, const iv_pack_opts_t *o)
+{
+    int cell_major = s->kind == SRC_CSR || s->kind == SRC_DENSE ||
+                     (s->kind == SRC_IV && s->m.orient == IV_IVCSR);
+    return cell_major ? o->orient == IV_IVCSR : o->orient == IV_IVCSC;
+}
+
+static void encoder_free(encoder_t *en)
+{
+    iv_h5w_array_free(en->values);
+    iv_h5w_array_free(en->vptr);
+    iv_h5w_array_free(en->packed);
+    if (en->parts)
+        for (unsigned k = 0; k < en->n_parts; k++) part_free(&en->parts[k]);
+    free(en->parts);
+    free(en->major_ptr);
+}
+
+/* The encoder of s's matrix in o's orientation, its per-slice arrays
+ * checked against the memory budget before they are allocated. */
+static int encoder_init(encoder_t *en, const src_t *s, const iv_pack_opts_t *o, int same,
+                        iv_err_t *err)
+{
+    memset(en, 0, sizeof *en);
+    en->orient = o->orient;
+    en->n_major = o->orient == IV_IVCSR ? s->n_rows : s->n_cols;
+    en->n_minor = o->orient == IV_IVCSR ? s->n_cols : s->n_rows;
+    en->vdt = s->vdt;
+    en->esz = s->esz;
+    en->where = s->where;
+    en->n_parts = (o->pool ? iv_pool_threads(o->pool) + 1 : 1) * 4;
+    double need = slice_arrays_bytes(en->n_major, same), budget = (double)pack_budget(o);
+    if (need > budget)
+        return FAILF(IV_ETOO_LARGE, "%s: the output's %" PRId64 " %s need %.0f MiB of per-%s "
+                     "arrays, more than the memory budget of %.0f MiB (--memory-mb)", s->where,
+                     en->n_major, o->orient == IV_IVCSR ? "rows" : "columns", need / 1048576.0,
+                     o->orient == IV_IVCSR ? "row" : "column", budget / 1048576.0);
+    en->parts = calloc(en->n_parts, sizeof *en->parts);
+    en->major_ptr = calloc((size_t)en->n_major + 1, sizeof *en->major_ptr);
+    if (!en->parts || !en->major_ptr) return FAILF(IV_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* The output group with the format's attributes.  0 with *g open. */
+static int create_group(hid_t out, const char *gname, const char *label, const src_t *s,
+                        const encoder_t *en, hid_t *g, iv_err_t *err)
+{
+    if ((*g = H5Gcreate2(out, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0)
+        return FAILF(IV_EIO, "%s: cannot create the group", label);
+    int64_t shape[2] = {s->n_rows, s->n_cols};
+    if (iv_h5w_attr_encoding(*g, en->orient == IV_IVCSR ? "ivcsr" : "ivcsc", "0.1.0") < 0 ||
+        iv_h5w_attr_i64(*g, "shape", shape, 2) < 0 ||
+        iv_h5w_attr_str(*g, "indices_dtype", indices_dtype_name(en->n_minor)) < 0)
+        return FAILF(IV_EIO, "%s: cannot write attributes", label);
+    return 0;
+}
+
+/* The three arrays the encoder appends to (values, value_ptr starting
+ * with its 0, packed_indices), with chunks no longer than the array can
+ * get, so that small matrices do not carry a mostly padded chunk (it
+ * matters for codec none). */
+static int create_arrays(hid_t g, const char *label, const src_t *s, const iv_pack_opts_t *o,
+                         encoder_t *en, iv_err_t *err)
+{
+    uint64_t nnz_bound = s->nnz >= 0 ? (uint64_t)s->nnz : (uint64_t)s->n_rows * (uint64_t)s->n_cols;
+    uint64_t pchunk = o->chunk_bytes ? o->chunk_bytes : IV_PACK_DEFAULT_CHUNK;
+    if (pchunk > nnz_bound * IV_VARINT_MAX) pchunk = nnz_bound * IV_VARINT_MAX;
+    uint64_t vchunk = PTR_CHUNK < nnz_bound + 1 ? PTR_CHUNK : nnz_bound + 1;
+    if (pchunk == 0) pchunk = 1;
+    if (vchunk == 0) vchunk = 1;
+    IV_TRY(iv_h5w_array_create(g, "values", s->vdt, vchunk, &o->codec, o->pool, 0, label, &en->values, err));
+    IV_TRY(iv_h5w_array_create(g, "value_ptr", IV_DT_INT64, vchunk, &o->codec, o->pool, 0, label,
+                               &en->vptr, err));
+    IV_TRY(iv_h5w_array_create(g, "packed_indices", IV_DT_UINT8, pchunk, &o->codec, o->pool, 0, label,
+                               &en->packed, err));
+    int64_t zero = 0;
+    return iv_h5w_array_append(en->vptr, &zero, 1, err);
+}
+
+/* After the last slice: major_ptr written whole, every array finished
+ * (*mp is the caller's to free). */
+static int finish_arrays(hid_t g, const char *label, const iv_pack_opts_t *o, encoder_t *en,
+                         iv_h5w_array_t **mp, iv_err_t *err)
+{
+    if (en->done != en->n_major)
+        return FAILF(IV_EINTERNAL, "%s: %" PRId64 " of %" PRId64 " slices written", label, en->done,
+                     en->n_major);
+    uint64_t mchunk = (uint64_t)en->n_major + 1 < PTR_CHUNK ? (uint64_t)en->n_major + 1 : PTR_CHUNK;
+    IV_TRY(iv_h5w_array_create(g, "major_ptr", IV_DT_INT64, mchunk, &o->codec, o->pool, 0, label, mp, err));
+    IV_TRY(iv_h5w_array_append(*mp, en->major_ptr, (uint64_t)en->n_major + 1, err));
+    IV_TRY(iv_h5w_array_finish(*mp, err));
+    IV_TRY(iv_h5w_array_finish(en->values, err));
+    IV_TRY(iv_h5w_array_finish(en->vptr, err));
+    return iv_h5w_array_finish(en->packed, err);
+}
+
+static void fill_report(iv_pack_report_t *rep, const src_t *s, const encoder_t *en,
+                        iv_h5w_array_t *mp, int n_passes)
+{
+    rep->n_rows = s->n_rows;
+    rep->n_cols = s->n_cols;
+    rep->nnz = en->nnz;
+    rep->n_unique = en->n_groups;
+    rep->dtype = s->vdt;
+    rep->stream_bytes = iv_h5w_array_length(en->packed);
+    rep->stored_bytes = iv_h5w_array_stored(en->packed) + iv_h5w_array_stored(en->values) +
+                        iv_h5w_array_stored(en->vptr) + iv_h5w_array_stored(mp);
+    rep->input_bytes = s->bytes_read;
+    rep->n_passes = n_passes;
+}
+
 static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack_opts_t *o,
                         iv_pack_report_t *rep, iv_err_t *err)
 {
     const char *gname = o->group && *o->group ? o->group : "X";
     char label[1200];
     snprintf(label, sizeof label, "%s:/%s", out_path, gname);
+    iv_h5guard_stage("packing %s", s->where);
+    int same = keeps_orientation(s, o), n_passes = 1, rc;
     encoder_t en;
-    memset(&en, 0, sizeof en);
-    en.orient = o->orient;
-    en.n_major = o->orient == IV_IVCSR ? s->n_rows : s->n_cols;
-    en.n_minor = o->orient == IV_IVCSR ? s->n_cols : s->n_rows;
-    en.vdt = s->vdt;
-    en.esz = s->esz;
-    en.where = s->where;
-    unsigned threads = o->pool ? iv_pool_threads(o->pool) + 1 : 1;
-    en.n_parts = threads * 4;
-    int rc = 0, n_passes = 1;
     hid_t g = -1;
     iv_h5w_array_t *mp = NULL;
-    iv_h5guard_stage("packing %s", s->where);
-    int same = (s->kind == SRC_CSR || s->kind == SRC_DENSE || (s->kind == SRC_IV && s->m.orient == IV_IVCSR))
-                   ? o->orient == IV_IVCSR
-                   : o->orient == IV_IVCSC;
-    double need = slice_arrays_bytes(en.n_major, same), budget = (double)pack_budget(o);
-    if (need > budget)
-        return FAILF(IV_ETOO_LARGE, "%s: the output's %" PRId64 " %s need %.0f MiB of per-%s "
-                     "arrays, more than the memory budget of %.0f MiB (--memory-mb)", s->where,
-                     en.n_major, o->orient == IV_IVCSR ? "rows" : "columns", need / 1048576.0,
-                     o->orient == IV_IVCSR ? "row" : "column", budget / 1048576.0);
-    en.parts = calloc(en.n_parts, sizeof *en.parts);
-    en.major_ptr = calloc((size_t)en.n_major + 1, sizeof *en.major_ptr);
-    if (!en.parts || !en.major_ptr) { rc = FAILF(IV_ENOMEM, "out of memory"); goto done; }
-    if ((g = H5Gcreate2(out, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
-        rc = FAILF(IV_EIO, "%s: cannot create the group", label);
-        goto done;
-    }
-    int64_t shape[2] = {s->n_rows, s->n_cols};
-    if (iv_h5w_attr_encoding(g, o->orient == IV_IVCSR ? "ivcsr" : "ivcsc", "0.1.0") < 0 ||
-        iv_h5w_attr_i64(g, "shape", shape, 2) < 0 ||
-        iv_h5w_attr_str(g, "indices_dtype", indices_dtype_name(en.n_minor)) < 0) {
-        rc = FAILF(IV_EIO, "%s: cannot write attributes", label);
-        goto done;
-    }
-    /* Chunks no longer than the array can get, so that small matrices do
-     * not carry a mostly padded chunk (it matters for codec none). */
-    uint64_t nnz_bound = s->nnz >= 0 ? (uint64_t)s->nnz : (uint64_t)s->n_rows * (uint64_t)s->n_cols;
-    uint64_t pchunk = o->chunk_bytes ? o->chunk_bytes : IV_PACK_DEFAULT_CHUNK;
-    if (pchunk > nnz_bound * IV_VARINT_MAX) pchunk = nnz_bound * IV_VARINT_MAX;
-    uint64_t vchunk = PTR_CHUNK < nnz_bound + 1 ? PTR_CHUNK : nnz_bound + 1;
-    if (pchunk == 0) pchunk = 1;
-    if ((rc = iv_h5w_array_create(g, "values", s->vdt, vchunk ? vchunk : 1, &o->codec, o->pool, 0,
-                                  label, &en.values, err)) < 0 ||
-        (rc = iv_h5w_array_create(g, "value_ptr", IV_DT_INT64, vchunk ? vchunk : 1, &o->codec,
-                                  o->pool, 0, label, &en.vptr, err)) < 0 ||
-        (rc = iv_h5w_array_create(g, "packed_indices", IV_DT_UINT8, pchunk, &o->codec, o->pool, 0,
-                                  label, &en.packed, err)) < 0)
-        goto done;
-    int64_t zero = 0;
-    if ((rc = iv_h5w_array_append(en.vptr, &zero, 1, err)) < 0) goto done;
-    rc = same ? run_direct(s, &en, o, err) : run_transpose(s, &en, o, &n_passes, err);
-    if (rc < 0) goto done;
-    if (en.done != en.n_major) {
-        rc = FAILF(IV_EINTERNAL, "%s: %" PRId64 " of %" PRId64 " slices written", label, en.done, en.n_major);
-        goto done;
-    }
-    uint64_t mchunk = (uint64_t)en.n_major + 1 < PTR_CHUNK ? (uint64_t)en.n_major + 1 : PTR_CHUNK;
-    if ((rc = iv_h5w_array_create(g, "major_ptr", IV_DT_INT64, mchunk, &o->codec, o->pool, 0, label,
-                                  &mp, err)) < 0 ||
-        (rc = iv_h5w_array_append(mp, en.major_ptr, (uint64_t)en.n_major + 1, err)) < 0 ||
-        (rc = iv_h5w_array_finish(mp, err)) < 0 ||
-        (rc = iv_h5w_array_finish(en.values, err)) < 0 ||
-        (rc = iv_h5w_array_finish(en.vptr, err)) < 0 ||
-        (rc = iv_h5w_array_finish(en.packed, err)) < 0)
-        goto done;
-    rep->n_rows = s->n_rows;
-    rep->n_cols = s->n_cols;
-    rep->nnz = en.nnz;
-    rep->n_unique = en.n_groups;
-    rep->dtype = s->vdt;
-    rep->stream_bytes = iv_h5w_array_length(en.packed);
-    rep->stored_bytes = iv_h5w_array_stored(en.packed) + iv_h5w_array_stored(en.values) +
-                        iv_h5w_array_stored(en.vptr) + iv_h5w_array_stored(mp);
-    rep->input_bytes = s->bytes_read;
-    rep->n_passes = n_passes;
-done:
+    if ((rc = encoder_init(&en, s, o, same, err)) == 0 &&
+        (rc = create_group(out, gname, label, s, &en, &g, err)) == 0 &&
+        (rc = create_arrays(g, label, s, o, &en, err)) == 0 &&
+        (rc = same ? run_direct(s, &en, o, err) : run_transpose(s, &en, o, &n_passes, err)) == 0 &&
+        (rc = finish_arrays(g, label, o, &en, &mp, err)) == 0)
+        fill_report(rep, s, &en, mp, n_passes);
     iv_h5w_array_free(mp);
-    iv_h5w_array_free(en.values);
-    iv_h5w_array_free(en.vptr);
-    iv_h5w_array_free(en.packed);
+    encoder_free(&en);
     if (g >= 0) H5Gclose(g);
-    if (en.parts)
-        for (unsigned k = 0; k < en.n_parts; k++) part_free(&en.parts[k]);
-    free(en.parts);
-    free(en.major_ptr);
+    return rc;
+}
+
+/* One member (child, at path) of layers or raw: packed into the same path
+ * when pack reads it as a matrix (raw's X only), else copied from sg to
+ * dg as it is (an IVCSR/IVCSC group already packed included). */
+static int pack_member(hid_t in, const char *in_path, hid_t sg, hid_t dg, hid_t out,
+                       const char *out_path, const char *child, const char *path, int is_raw,
+                       const iv_pack_opts_t *o, iv_pack_report_t *rep, iv_err_t *err)
+{
+    src_t s;
+    memset(&s, 0, sizeof s);
+    s.didx = s.ddata = s.ddense = -1;
+    iv_err_t e2;
+    iv_err_clear(&e2);
+    int packable = !is_raw || strcmp(child, "X") == 0;
+    int rc = packable ? src_open(&s, in, in_path, path, &e2) : IV_EUNSUPPORTED;
+    if (rc == IV_EUNSUPPORTED) {
+        src_close(&s);
+        return iv_h5w_copy_object(sg, child, dg, child) < 0
+                   ? FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element", in_path, path)
+                   : 0;
+    }
+    if (rc < 0) {
+        src_close(&s);
+        *err = e2;
+        return rc;
+    }
+    iv_pack_opts_t mo = *o;
+    mo.group = path;
+    iv_pack_report_t mrep;
+    memset(&mrep, 0, sizeof mrep);
+    rc = write_packed(&s, out, out_path, &mo, &mrep, err);
+    src_close(&s);
+    if (rc == 0) {
+        size_t n = strlen(rep->packed);
+        snprintf(rep->packed + n, sizeof rep->packed - n, "%s%s", n ? ", " : "", path);
+    }
     return rc;
 }
 
@@ -1495,36 +1618,7 @@ static int pack_members(hid_t in, const char *in_path, hid_t out, const char *ou
             break;
         }
         snprintf(path, sizeof path, "%s/%s", gname, child);
-        int packable = !is_raw || strcmp(child, "X") == 0;
-        src_t s;
-        memset(&s, 0, sizeof s);
-        s.didx = s.ddata = s.ddense = -1;
-        iv_err_t e2;
-        iv_err_clear(&e2);
-        int orc = packable ? src_open(&s, in, in_path, path, &e2) : IV_EUNSUPPORTED;
-        if (orc == IV_EUNSUPPORTED) {
-            /* Not a matrix pack reads, or already packed: kept as it is. */
-            src_close(&s);
-            if (iv_h5w_copy_object(sg, child, dg, child) < 0)
-                rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element", in_path, path);
-            continue;
-        }
-        if (orc < 0) {
-            src_close(&s);
-            *err = e2;
-            rc = orc;
-            break;
-        }
-        iv_pack_opts_t mo = *o;
-        mo.group = path;
-        iv_pack_report_t mrep;
-        memset(&mrep, 0, sizeof mrep);
-        rc = write_packed(&s, out, out_path, &mo, &mrep, err);
-        src_close(&s);
-        if (rc == 0) {
-            size_t n = strlen(rep->packed);
-            snprintf(rep->packed + n, sizeof rep->packed - n, "%s%s", n ? ", " : "", path);
-        }
+        rc = pack_member(in, in_path, sg, dg, out, out_path, child, path, is_raw, o, rep, err);
     }
     if (dg >= 0) H5Gclose(dg);
     if (gcpl >= 0) H5Pclose(gcpl);
@@ -1537,14 +1631,10 @@ void iv_pack_temp_name(const char *out_path, char *buf, size_t cap)
     snprintf(buf, cap, "%s.tmp%ld", out_path, (long)getpid());
 }
 
-int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
-                 iv_pack_report_t *rep, iv_err_t *err)
+/* The options that exclude each other, before anything is opened. */
+static int check_pack_opts(const iv_pack_opts_t *o, const char *matrix, const char *gname,
+                           iv_err_t *err)
 {
-    iv_pack_report_t local;
-    if (!rep) rep = &local;
-    memset(rep, 0, sizeof *rep);
-    const char *matrix = o->matrix && *o->matrix ? o->matrix : "X";
-    const char *gname = o->group && *o->group ? o->group : "X";
     if (strchr(gname, '/'))
         return FAILF(IV_EINVALID_ARG, "output group '%s' must be a top-level name", gname);
     if (o->layers && (strcmp(matrix, "X") != 0 || strcmp(gname, "X") != 0))
@@ -1552,10 +1642,12 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
                      "matrix X into group X");
     if (o->layers && o->matrix_only)
         return FAILF(IV_EINVALID_ARG, "--layers and --matrix-only exclude each other");
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    iv_h5filters_register();
+    return 0;
+}
 
-    /* The output's folder must exist: say so before reading anything. */
+/* The output's folder must exist: said before anything is read. */
+static int check_out_folder(const char *out_path, iv_err_t *err)
+{
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", out_path);
     char *slash = strrchr(dir, '/');
@@ -1568,93 +1660,130 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return FAILF(IV_EIO, "%s: cannot write: folder '%s' does not exist", out_path, dir);
+    return 0;
+}
 
+/* Opens the input read-only once it is known to be HDF5 with filters
+ * this build decodes.  0 with *in open, or an error. */
+static int open_input(const char *in_path, hid_t *in, iv_err_t *err)
+{
     htri_t is = H5Fis_hdf5(in_path);
     if (is <= 0) {
         if (access(in_path, R_OK) != 0)
             return FAILF(IV_EIO, "%s: cannot open: %s", in_path, strerror(errno));
         return FAILF(IV_EBAD_FILE, "%s: not an HDF5 file", in_path);
     }
-    hid_t in = H5Fopen(in_path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file (truncated?)", in_path);
+    *in = H5Fopen(in_path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (*in < 0) return FAILF(IV_EBAD_FILE, "%s: HDF5 cannot open the file (truncated?)", in_path);
     iv_h5guard_stage("checking the filter pipelines");
-    if (iv_h5_check_filters(in, in_path, err) < 0) {
-        H5Fclose(in);
+    if (iv_h5_check_filters(*in, in_path, err) < 0) {
+        H5Fclose(*in);
         return err->code;
     }
+    return 0;
+}
+
+/* raw/X has raw/var's genes: the output takes raw's var and varm (the
+ * root copy left out what describes the other gene set). */
+static int copy_raw_axes(hid_t in, const char *in_path, hid_t out, iv_err_t *err)
+{
+    static const char *const from[] = {"raw/var", "raw/varm"}, *const to[] = {"var", "varm"};
+    for (size_t i = 0; i < 2; i++)
+        if (H5Lexists(in, from[i], H5P_DEFAULT) > 0 && iv_h5w_copy_object(in, from[i], out, to[i]) < 0)
+            return FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy", in_path, from[i]);
+    return 0;
+}
+
+/* What the copy of the root leaves out: the output group, the matrix
+ * packed (unless nested), for a layer its entry in layers, for raw/X the
+ * elements that describe X's genes.  Returns whether the matrix is raw/X. */
+static int copy_plan(copy_ctx_t *c, hid_t out, const iv_pack_opts_t *o, const char *matrix,
+                     const char *gname, iv_pack_report_t *rep)
+{
+    memset(c, 0, sizeof *c);
+    c->dst = out;
+    c->dropped = rep->dropped;
+    c->dropped_cap = sizeof rep->dropped;
+    c->skip[c->n_skip++] = gname;
+    c->members = o->layers;
+    if (!strchr(matrix, '/')) c->skip[c->n_skip++] = matrix;
+    if (strcmp(matrix, gname) == 0) c->replaced = gname;
+    else if (strncmp(matrix, "layers/", 7) == 0 && !strchr(matrix + 7, '/')) c->layer = matrix + 7;
+    if (strcmp(matrix, "raw/X") != 0) return 0;
+    static const char *const other[] = {"var", "varm", "varp", "layers", "raw"};
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) c->skip[c->n_skip++] = other[i];
+    return 1;
+}
+
+/* The root's attributes and everything else of the input into out, except
+ * the matrix packed and what the output group replaces (--matrix-only:
+ * the attributes alone).  Dropped elements are listed in rep->dropped. */
+static int copy_rest(hid_t in, const char *in_path, hid_t out, const iv_pack_opts_t *o,
+                     const char *matrix, const char *gname, iv_pack_report_t *rep, iv_err_t *err)
+{
+    hid_t rin = H5Gopen2(in, "/", H5P_DEFAULT), rout = H5Gopen2(out, "/", H5P_DEFAULT);
+    int ok = rin >= 0 && rout >= 0 && iv_h5w_copy_attrs(rin, rout) >= 0;
+    if (rin >= 0) H5Gclose(rin);
+    if (rout >= 0) H5Gclose(rout);
+    if (!ok) return FAILF(IV_EIO, "%s: cannot copy the root attributes", in_path);
+    if (o->matrix_only) return 0;
+    copy_ctx_t c;
+    int raw = copy_plan(&c, out, o, matrix, gname, rep);
+    hsize_t idx = 0;
+    if (H5Literate(in, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_root_cb, &c) < 0 || c.rc < 0)
+        return FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element (truncated file?)", in_path,
+                     c.what[0] ? c.what : "?");
+    return raw ? copy_raw_axes(in, in_path, out, err) : 0;
+}
+
+/* The packed matrix, then with --layers each member of layers and raw. */
+static int write_matrices(src_t *s, hid_t in, const char *in_path, hid_t out, const char *out_path,
+                          const iv_pack_opts_t *o, iv_pack_report_t *rep, iv_err_t *err)
+{
+    IV_TRY(write_packed(s, out, out_path, o, rep, err));
+    if (!o->layers) return 0;
+    IV_TRY(pack_members(in, in_path, out, out_path, "layers", o, rep, err));
+    return pack_members(in, in_path, out, out_path, "raw", o, rep, err);
+}
+
+int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t *o,
+                 iv_pack_report_t *rep, iv_err_t *err)
+{
+    iv_pack_report_t local;
+    if (!rep) rep = &local;
+    memset(rep, 0, sizeof *rep);
+    const char *matrix = o->matrix && *o->matrix ? o->matrix : "X";
+    const char *gname = o->group && *o->group ? o->group : "X";
+    IV_TRY(check_pack_opts(o, matrix, gname, err));
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    iv_h5filters_register();
+    IV_TRY(check_out_folder(out_path, err));
+    hid_t in = -1;
+    IV_TRY(open_input(in_path, &in, err));
 
     src_t s;
     memset(&s, 0, sizeof s);
     s.didx = s.ddata = s.ddense = -1;
     char tmp[4200];
     iv_pack_temp_name(out_path, tmp, sizeof tmp);
-    hid_t out = -1, rin = -1, rout = -1;
+    hid_t out = -1;
     int rc = src_open(&s, in, in_path, matrix, err);
     if (rc < 0) goto fail;
     snprintf(rep->input_kind, sizeof rep->input_kind, "%s", src_kind_name(&s));
-
     iv_h5guard_temp(tmp);
     if ((out = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
         rc = FAILF(IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
         goto fail;
     }
-    rin = H5Gopen2(in, "/", H5P_DEFAULT);
-    rout = H5Gopen2(out, "/", H5P_DEFAULT);
-    if (rin < 0 || rout < 0 || iv_h5w_copy_attrs(rin, rout) < 0) {
-        rc = FAILF(IV_EIO, "%s: cannot copy the root attributes", in_path);
+    if ((rc = copy_rest(in, in_path, out, o, matrix, gname, rep, err)) < 0 ||
+        (rc = write_matrices(&s, in, in_path, out, out_path, o, rep, err)) < 0)
         goto fail;
-    }
-    /* Everything else of the input, except the matrix packed and what
-     * the output group replaces. */
-    copy_ctx_t c;
-    memset(&c, 0, sizeof c);
-    c.dst = out;
-    c.dropped = rep->dropped;
-    c.dropped_cap = sizeof rep->dropped;
-    c.skip[c.n_skip++] = gname;
-    c.members = o->layers;
-    int raw = strcmp(matrix, "raw/X") == 0;
-    if (!strchr(matrix, '/')) c.skip[c.n_skip++] = matrix;
-    if (strcmp(matrix, gname) == 0) c.replaced = gname;
-    else if (strncmp(matrix, "layers/", 7) == 0 && !strchr(matrix + 7, '/')) c.layer = matrix + 7;
-    if (raw) {
-        /* raw/X has raw/var's genes: the output takes raw's var and varm,
-         * and leaves out what describes the other gene set. */
-        static const char *const other[] = {"var", "varm", "varp", "layers", "raw"};
-        for (size_t i = 0; i < sizeof other / sizeof *other; i++) c.skip[c.n_skip++] = other[i];
-    }
-    hsize_t idx = 0;
-    if (!o->matrix_only &&
-        (H5Literate(in, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_root_cb, &c) < 0 || c.rc < 0)) {
-        rc = FAILF(IV_EBAD_FILE, "%s:/%s: cannot copy the element (truncated file?)", in_path,
-                   c.what[0] ? c.what : "?");
-        goto fail;
-    }
-    if (raw && !o->matrix_only) {
-        if (H5Lexists(in, "raw/var", H5P_DEFAULT) > 0 &&
-            iv_h5w_copy_object(in, "raw/var", out, "var") < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s:/raw/var: cannot copy", in_path);
-            goto fail;
-        }
-        if (H5Lexists(in, "raw/varm", H5P_DEFAULT) > 0 &&
-            iv_h5w_copy_object(in, "raw/varm", out, "varm") < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s:/raw/varm: cannot copy", in_path);
-            goto fail;
-        }
-    }
-    if ((rc = write_packed(&s, out, out_path, o, rep, err)) < 0) goto fail;
-    if (o->layers && ((rc = pack_members(in, in_path, out, out_path, "layers", o, rep, err)) < 0 ||
-                      (rc = pack_members(in, in_path, out, out_path, "raw", o, rep, err)) < 0))
-        goto fail;
-    H5Gclose(rin);
-    H5Gclose(rout);
-    rin = rout = -1;
-    if (H5Fclose(out) < 0) {
-        out = -1;
+    herr_t closed = H5Fclose(out);
+    out = -1;
+    if (closed < 0) {
         rc = FAILF(IV_EIO, "%s: closing the file failed (disk full?)", tmp);
         goto fail;
     }
-    out = -1;
     iv_h5guard_stage("closing %s", in_path);
     src_close(&s);
     H5Fclose(in);
@@ -1668,8 +1797,6 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     iv_h5guard_temp(NULL);
     return 0;
 fail:
-    if (rin >= 0) H5Gclose(rin);
-    if (rout >= 0) H5Gclose(rout);
     if (out >= 0) H5Fclose(out);
     unlink(tmp);
     iv_h5guard_temp(NULL);
