@@ -108,22 +108,23 @@ static void keep_index(const char *dir, const char *at, const char *path, const 
         iv_indexfile_save(at, kf, s, ri, &e);
 }
 
-int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
-                    iv_err_t *err)
-{
-    iv_dataset_opts_t defaults;
-    if (!opts) {
-        iv_dataset_opts_init(&defaults);
-        opts = &defaults;
-    }
-    *out = NULL;
-    double t0 = iv_now_s();
-    iv_dataset_t *ds = calloc(1, sizeof *ds);
-    if (!ds) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
-    snprintf(ds->path, sizeof ds->path, "%s", path);
-    snprintf(ds->group, sizeof ds->group, "%s", opts->group && *opts->group ? opts->group : "X");
-    snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
+/* Where a dataset's index is kept between runs (opts->index_dir). */
+struct kept {
+    char at[4400];                       /* "" when none is kept */
+    char key[IV_CACHEDIR_KEY_LEN];
+    int skip_pass;                       /* the file exists: no pass expected */
+};
 
+/*
+ * The matrix loaded with the cache arena faulted in meanwhile, and the
+ * stream made over it with the cache's budget.  A kept index (k) makes
+ * no pass: the cache then fills as queries come, and faulting its arena
+ * in now would only cost time and resident memory.  On failure nothing
+ * is left allocated.
+ */
+static int open_stream(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                       const struct kept *k, int *chunked, iv_err_t *err)
+{
     iv_membudget_t *mb = opts->membudget;
     size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30)
                                                     : opts->cache_bytes;
@@ -131,15 +132,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
      * pages are committed only as chunks land in them. */
     size_t arena_budget = budget;
     if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
-    struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb};
-    /* A kept index (loaded below) makes no pass: the cache then fills as
-     * queries come, and faulting its arena in now would only cost time
-     * and resident memory. */
-    char kept_at[4400] = "", kept_key[IV_CACHEDIR_KEY_LEN];
-    struct stat kst;
-    if (opts->index_dir &&
-        kept_index_path(opts->index_dir, path, ds->group, kept_key, kept_at, sizeof kept_at) == 0)
-        pf.skip = stat(kept_at, &kst) == 0;
+    struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb, .skip = k->skip_pass};
     atomic_init(&pf.stop, 0);
     int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
     /* The pass then starts on memory that is there.  When the prefault
@@ -150,7 +143,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     if (rc < 0) {
         if (mb) iv_membudget_unreserve(mb, pf.reserved);
         iv_stream_arena_free(arena);
-        goto fail_alloc;
+        return rc;
     }
     if (!arena && ds->m.stream.chunked)
         arena = iv_stream_arena_new(ds->m.stream.length, ds->m.stream.chunk_len, arena_budget);
@@ -159,48 +152,71 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     snprintf(label, sizeof label, "%s/packed_indices", ds->where);
     ds->m.stream.label = label;
     iv_stream_desc_t desc = ds->m.stream;
+    *chunked = desc.chunked && !desc.file_contig;
     /* The stream owns the chunk table and any owned buffer from here on. */
     memset(&ds->m.stream, 0, sizeof ds->m.stream);
     rc = iv_stream_create_in(&desc, budget, arena, &ds->stream, err);
     /* The pass's chunks are charged as they come: the prefault's
      * reservation has done its work. */
     if (mb) iv_membudget_unreserve(mb, pf.reserved);
-    if (rc < 0) goto fail_matrix;
+    if (rc < 0) {
+        iv_h5matrix_free(&ds->m);
+        return rc;
+    }
     if (mb) iv_stream_join_budget(ds->stream, mb, opts->cache_floor);
-    double t1 = iv_now_s();
+    return 0;
+}
 
+/* The row-index pass, then the stream sealed with the checksums it took,
+ * and the index kept for the next open when it may be (kf set). */
+static int build_index(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                       const struct kept *k, const iv_indexfile_for_t *kf, iv_err_t *err)
+{
+    iv_rowindex_src_t src = {
+        .s = ds->stream, .major_ptr = ds->m.major_ptr, .value_ptr = ds->m.value_ptr,
+        .n_major = ds->m.n_major, .n_unique = ds->m.n_unique, .nnz = ds->m.nnz,
+        .n_minor = ds->m.n_minor, .where = ds->where,
+    };
+    IV_TRY(iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err));
+    /* The pass read every stored chunk and took its checksum; from here
+     * on every read is checked against them (stream.h). */
+    int rc = iv_stream_seal(ds->stream, err);
+    if (rc < 0) {
+        iv_rowindex_free(&ds->ri);
+        return rc;
+    }
+    /* Kept for the next open; one that cannot be written costs that
+     * open the pass again, nothing else. */
+    if (k->at[0] && iv_stream_file(ds->stream) && iv_stream_length(ds->stream) >= opts->index_min_bytes)
+        keep_index(opts->index_dir, k->at, path, k->key, kf, ds->stream, &ds->ri);
+    return 0;
+}
+
+/* The row index: the kept one when it loads and fits, else the pass.
+ * Returns 1 when kept, 0 when built, or a negative error. */
+static int open_index(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                      const struct kept *k, iv_err_t *err)
+{
     iv_indexfile_for_t kf;
     int kept = 0;
-    if (kept_at[0] && iv_stream_file(ds->stream)) {
+    if (k->at[0] && iv_stream_file(ds->stream)) {
         const iv_file_id_t *fid = iv_file_loaded_id(iv_stream_file(ds->stream));
         kf = (iv_indexfile_for_t){.file = *fid, .group = ds->group, .n_major = (uint64_t)ds->m.n_major,
                                   .n_unique = (uint64_t)ds->m.n_unique, .nnz = (uint64_t)ds->m.nnz,
                                   .stride = opts->index_stride};
-        if ((kept = iv_indexfile_load(kept_at, &kf, ds->stream, &ds->ri, NULL, err)) < 0)
-            goto fail_stream;
+        kept = iv_indexfile_load(k->at, &kf, ds->stream, &ds->ri, NULL, err);
+        if (kept < 0) return kept;
     }
-    if (!kept) {
-        iv_rowindex_src_t src = {
-            .s = ds->stream, .major_ptr = ds->m.major_ptr, .value_ptr = ds->m.value_ptr,
-            .n_major = ds->m.n_major, .n_unique = ds->m.n_unique, .nnz = ds->m.nnz,
-            .n_minor = ds->m.n_minor, .where = ds->where,
-        };
-        rc = iv_rowindex_build(&src, opts->index_stride, opts->pool, &ds->ri, err);
-        if (rc < 0) goto fail_stream;
-        /* The pass read every stored chunk and took its checksum; from here
-         * on every read is checked against them (stream.h). */
-        rc = iv_stream_seal(ds->stream, err);
-        if (rc < 0) goto fail_index;
-        /* Kept for the next open; one that cannot be written costs that
-         * open the pass again, nothing else. */
-        if (kept_at[0] && iv_stream_file(ds->stream) &&
-            iv_stream_length(ds->stream) >= opts->index_min_bytes)
-            keep_index(opts->index_dir, kept_at, path, kept_key, &kf, ds->stream, &ds->ri);
-    } else {
-        iv_cachedir_touch(kept_at);
+    if (kept) {
+        iv_cachedir_touch(k->at);
+        return 1;
     }
-    double t2 = iv_now_s();
+    IV_TRY(build_index(ds, path, opts, k, &kf, err));
+    return 0;
+}
 
+static void fill_info(iv_dataset_t *ds, int chunked, int kept, double t0, double t1, double t2)
+{
     iv_dataset_info_t *in = &ds->info;
     in->path = ds->path;
     in->group = ds->group;
@@ -215,7 +231,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->indices_dtype = ds->m.indices_dtype;
     snprintf(in->codec, sizeof in->codec, "%s", ds->m.codec);
     snprintf(in->chunk_index, sizeof in->chunk_index, "%s", ds->m.chunk_index);
-    in->chunked = desc.chunked && !desc.file_contig;
+    in->chunked = chunked;
     in->stream_bytes = iv_stream_length(ds->stream);
     in->stored_bytes = ds->m.stored_bytes;
     in->n_chunks = iv_stream_n_chunks(ds->stream);
@@ -225,17 +241,56 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     in->open_seconds = t1 - t0;
     in->index_seconds = t2 - t1;
     in->index_kept = kept;
+}
+
+/* The dataset's names: path, group (default X) and path:/group. */
+static iv_dataset_t *dataset_alloc(const char *path, const char *group)
+{
+    iv_dataset_t *ds = calloc(1, sizeof *ds);
+    if (!ds) return NULL;
+    snprintf(ds->path, sizeof ds->path, "%s", path);
+    snprintf(ds->group, sizeof ds->group, "%s", group && *group ? group : "X");
+    snprintf(ds->where, sizeof ds->where, "%s:/%s", ds->path, ds->group);
+    return ds;
+}
+
+/* In stages: the matrix and its stream (open_seconds), then the row
+ * index, kept or built (index_seconds). */
+int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
+                    iv_err_t *err)
+{
+    iv_dataset_opts_t defaults;
+    if (!opts) {
+        iv_dataset_opts_init(&defaults);
+        opts = &defaults;
+    }
+    *out = NULL;
+    double t0 = iv_now_s();
+    iv_dataset_t *ds = dataset_alloc(path, opts->group);
+    if (!ds) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+    struct kept k = {.at = ""};
+    struct stat kst;
+    if (opts->index_dir &&
+        kept_index_path(opts->index_dir, path, ds->group, k.key, k.at, sizeof k.at) == 0)
+        k.skip_pass = stat(k.at, &kst) == 0;
+    int chunked;
+    int rc = open_stream(ds, path, opts, &k, &chunked, err);
+    if (rc < 0) goto fail_alloc;
+    double t1 = iv_now_s();
+    int kept = open_index(ds, path, opts, &k, err);
+    if (kept < 0) {
+        rc = kept;
+        goto fail_stream;
+    }
+    fill_info(ds, chunked, kept, t0, t1, iv_now_s());
     atomic_init(&ds->other, NULL);
     atomic_init(&ds->nnz_at, NULL);
     atomic_init(&ds->other_state, IV_OTHER_NONE);
     *out = ds;
     return 0;
 
-fail_index:
-    iv_rowindex_free(&ds->ri);
 fail_stream:
     iv_stream_destroy(ds->stream);
-fail_matrix:
     iv_h5matrix_free(&ds->m);
 fail_alloc:
     free(ds);
@@ -383,6 +438,17 @@ static uint64_t value_hash(const iv_h5matrix_t *m)
     return h;
 }
 
+/* Why matrix b is not the other orientation of a; NULL when it is. */
+static const char *companion_mismatch(const iv_h5matrix_t *a, const iv_h5matrix_t *b)
+{
+    if (a->orient == b->orient) return "it has the same orientation";
+    if (a->n_rows != b->n_rows || a->n_cols != b->n_cols) return "the shapes differ";
+    if (a->nnz != b->nnz) return "the nnz differ";
+    if (a->value_dtype != b->value_dtype) return "the value dtypes differ";
+    if (value_hash(a) != value_hash(b)) return "the stored values differ";
+    return NULL;
+}
+
 int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
                             iv_err_t *err)
 {
@@ -393,13 +459,7 @@ int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset
     iv_dataset_t *o = NULL;
     int rc = iv_dataset_open(path, opts, &o, err);
     if (rc < 0) goto fail;
-    const iv_h5matrix_t *a = &ds->m, *b = &o->m;
-    const char *what = NULL;
-    if (a->orient == b->orient) what = "it has the same orientation";
-    else if (a->n_rows != b->n_rows || a->n_cols != b->n_cols) what = "the shapes differ";
-    else if (a->nnz != b->nnz) what = "the nnz differ";
-    else if (a->value_dtype != b->value_dtype) what = "the value dtypes differ";
-    else if (value_hash(a) != value_hash(b)) what = "the stored values differ";
+    const char *what = companion_mismatch(&ds->m, &o->m);
     if (what) {
         rc = iv_fail(err, IV_EBAD_FILE, "companion %s is not the other orientation of %s: %s",
                      o->where, ds->where, what);

@@ -79,6 +79,75 @@ static int write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+/* The kept file's header: 1 when it is the one wanted and the file has
+ * exactly the size it gives, else 0 with *why set. */
+static int read_head(int fd, const struct head *want, struct head *h, const char **why)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || read_all(fd, h, sizeof *h) != 0) {
+        *why = "unreadable";
+        return 0;
+    }
+    if (memcmp(h, want, sizeof *h) != 0) {
+        *why = memcmp(h->magic, MAGIC, sizeof MAGIC) || h->version != VERSION
+                   ? "another format"
+                   : "made for another file or matrix";
+        return 0;
+    }
+    /* The header equals the one wanted, so the sizes below are this
+     * stream's own, not the file's word. */
+    uint64_t n_words = h->n_ckpt + h->n_chunks + 1;
+    if ((uint64_t)st.st_size != sizeof *h + n_words * 8) {
+        *why = "truncated";
+        return 0;
+    }
+    return 1;
+}
+
+/* The whole file (header h, then its words) into *buf, with its checksum
+ * checked: 1; 0 with *why set; or a negative error. */
+static int read_body(int fd, const char *path, const struct head *h, uint8_t **buf,
+                     const char **why, iv_err_t *err)
+{
+    size_t total = sizeof *h + (size_t)(h->n_ckpt + h->n_chunks + 1) * 8;
+    *buf = malloc(total);
+    if (!*buf) return iv_fail(err, IV_ENOMEM, "%s: out of memory for the kept index", path);
+    memcpy(*buf, h, sizeof *h);
+    int bad = read_all(fd, *buf + sizeof *h, total - sizeof *h);
+    uint64_t sum;
+    if (!bad) memcpy(&sum, *buf + total - 8, 8);
+    if (bad || sum != iv_file_sum(*buf, total - 8)) {
+        free(*buf);
+        *buf = NULL;
+        *why = "damaged";
+        return 0;
+    }
+    return 1;
+}
+
+/* The checkpoints of a checked file, into *out (owned by the caller):
+ * they start at 0, never go back and stay inside the stream, so that a
+ * reader seeks to them without further checks.  1; 0 with *why set; or
+ * a negative error. */
+static int take_offsets(const uint8_t *buf, const struct head *h, uint64_t **out,
+                        const char *path, const char **why, iv_err_t *err)
+{
+    uint64_t *off = malloc((size_t)(h->n_ckpt ? h->n_ckpt : 1) * sizeof *off);
+    if (!off) return iv_fail(err, IV_ENOMEM, "%s: out of memory for the kept index", path);
+    memcpy(off, buf + sizeof *h, (size_t)h->n_ckpt * 8);
+    for (uint64_t k = 0; k < h->n_ckpt; k++)
+        if ((k == 0 && off[k] != 0) || (k > 0 && off[k] < off[k - 1]) || off[k] > h->length) {
+            free(off);
+            *why = "damaged";
+            return 0;
+        }
+    *out = off;
+    return 1;
+}
+
+/* In stages: the header against the one this stream wants, the body and
+ * its checksum, the checkpoints, then the stream sealed with the kept
+ * chunk checksums. */
 int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t *s,
                       iv_rowindex_t *ri, const char **why, iv_err_t *err)
 {
@@ -87,73 +156,30 @@ int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t
     *why = "none kept";
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
-    struct stat st;
     struct head h, want;
     uint32_t stride = f->stride ? f->stride : IV_ROWINDEX_DEFAULT_STRIDE;
     iv_indexfile_for_t ff = *f;
     ff.stride = stride;
     head_fill(&want, &ff, s, ckpts_for(f->n_major, stride));
-    if (fstat(fd, &st) != 0 || read_all(fd, &h, sizeof h) != 0) {
-        close(fd);
-        *why = "unreadable";
-        return 0;
-    }
-    if (memcmp(&h, &want, sizeof h) != 0) {
-        close(fd);
-        *why = memcmp(h.magic, MAGIC, sizeof MAGIC) || h.version != VERSION
-                   ? "another format"
-                   : "made for another file or matrix";
-        return 0;
-    }
-    /* The header equals the one wanted, so the sizes below are this
-     * stream's own, not the file's word. */
-    uint64_t n_words = h.n_ckpt + h.n_chunks + 1;
-    if ((uint64_t)st.st_size != sizeof h + n_words * 8) {
-        close(fd);
-        *why = "truncated";
-        return 0;
-    }
-    size_t total = sizeof h + (size_t)n_words * 8;
-    uint8_t *buf = malloc(total);
-    if (!buf) {
-        close(fd);
-        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the kept index", path);
-    }
-    memcpy(buf, &h, sizeof h);
-    int bad = read_all(fd, buf + sizeof h, total - sizeof h);
+    uint8_t *buf = NULL;
+    int rc = read_head(fd, &want, &h, why);
+    if (rc == 1) rc = read_body(fd, path, &h, &buf, why, err);
     close(fd);
-    uint64_t sum;
-    if (!bad) memcpy(&sum, buf + total - 8, 8);
-    if (bad || sum != iv_file_sum(buf, total - 8)) {
-        free(buf);
-        *why = "damaged";
-        return 0;
-    }
-    uint64_t *off = malloc((size_t)(h.n_ckpt ? h.n_ckpt : 1) * sizeof *off);
-    if (!off) {
-        free(buf);
-        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the kept index", path);
-    }
-    memcpy(off, buf + sizeof h, (size_t)h.n_ckpt * 8);
-    /* Checkpoints start at 0, never go back and stay inside the stream:
-     * a reader seeks to them without further checks. */
-    for (uint64_t k = 0; k < h.n_ckpt; k++)
-        if ((k == 0 && off[k] != 0) || (k > 0 && off[k] < off[k - 1]) || off[k] > h.length) {
+    if (rc != 1) return rc;
+    uint64_t *off = NULL;
+    rc = take_offsets(buf, &h, &off, path, why, err);
+    if (rc == 1) {
+        const uint64_t *sums = (const uint64_t *)(void *)(buf + sizeof h + (size_t)h.n_ckpt * 8);
+        iv_err_t serr;
+        iv_err_clear(&serr);
+        if (iv_stream_seal_with(s, sums, h.n_chunks, &serr) != 0) {
             free(off);
-            free(buf);
-            *why = "damaged";
-            return 0;
+            *why = "its checksums do not fit the stream";
+            rc = 0;
         }
-    const uint64_t *sums = (const uint64_t *)(void *)(buf + sizeof h + (size_t)h.n_ckpt * 8);
-    iv_err_t serr;
-    iv_err_clear(&serr);
-    int rc = iv_stream_seal_with(s, sums, h.n_chunks, &serr);
-    free(buf);
-    if (rc != 0) {
-        free(off);
-        *why = "its checksums do not fit the stream";
-        return 0;
     }
+    free(buf);
+    if (rc != 1) return rc;
     ri->stride = stride;
     ri->n_ckpt = h.n_ckpt;
     ri->off = off;
