@@ -635,44 +635,53 @@ static int parse_unary(parser_t *p, iv_expr_t **out)
     return rc;
 }
 
+static int parse_chain(parser_t *p, iv_expr_t **out, int is_or);
+
+/* The current token is the chain's operator: 'or'/'||' or 'and'/'&&'. */
+static int at_chain_op(const tok_t *t, int is_or)
+{
+    return is_or ? (is_kw(t, "or") || t->kind == T_OR) : (is_kw(t, "and") || t->kind == T_AND);
+}
+
+/* One operand after the chain's operator, added to node. */
+static int chain_operand(parser_t *p, iv_expr_t *node, int is_or)
+{
+    iv_expr_t *kid = NULL;
+    IV_TRY(next(p));
+    if (p->t.kind == T_EOF)
+        return syntax(p, p->t.pos, is_or ? "an operand after 'or'" : "an operand after 'and'");
+    IV_TRY(is_or ? parse_chain(p, &kid, 0) : parse_unary(p, &kid));
+    if (iv_expr_add_kid(node, kid) < 0) {
+        iv_expr_free(kid);
+        return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
+    }
+    return 0;
+}
+
 /* Left-assoc chains of one operator collect into one n-ary node. */
 static int parse_chain(parser_t *p, iv_expr_t **out, int is_or)
 {
     *out = NULL;
     iv_expr_t *first = NULL;
     IV_TRY(is_or ? parse_chain(p, &first, 0) : parse_unary(p, &first));
-    iv_expr_t *node = NULL;
-    for (;;) {
-        tok_t *t = &p->t;
-        int hit = is_or ? (is_kw(t, "or") || t->kind == T_OR)
-                        : (is_kw(t, "and") || t->kind == T_AND);
-        if (!hit) break;
-        size_t pos = t->pos;
-        if (!node) {
-            node = new_node(p, is_or ? IV_EXPR_OR : IV_EXPR_AND, NULL, pos);
-            if (!node || iv_expr_add_kid(node, first) < 0) {
-                iv_expr_free(node);
-                iv_expr_free(first);
-                return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
-            }
-        }
-        iv_expr_t *kid = NULL;
-        int rc = next(p);
-        if (rc == 0) {
-            if (p->t.kind == T_EOF) rc = syntax(p, p->t.pos, is_or ? "an operand after 'or'"
-                                                                   : "an operand after 'and'");
-            else rc = is_or ? parse_chain(p, &kid, 0) : parse_unary(p, &kid);
-        }
-        if (rc == 0 && iv_expr_add_kid(node, kid) < 0) {
-            iv_expr_free(kid);
-            rc = iv_fail(p->err, IV_ENOMEM, "where: out of memory");
-        }
+    if (!at_chain_op(&p->t, is_or)) {
+        *out = first;
+        return 0;
+    }
+    iv_expr_t *node = new_node(p, is_or ? IV_EXPR_OR : IV_EXPR_AND, NULL, p->t.pos);
+    if (!node || iv_expr_add_kid(node, first) < 0) {
+        iv_expr_free(node);
+        iv_expr_free(first);
+        return iv_fail(p->err, IV_ENOMEM, "where: out of memory");
+    }
+    while (at_chain_op(&p->t, is_or)) {
+        int rc = chain_operand(p, node, is_or);
         if (rc < 0) {
             iv_expr_free(node);
             return rc;
         }
     }
-    *out = node ? node : first;
+    *out = node;
     return 0;
 }
 
