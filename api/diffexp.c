@@ -432,6 +432,18 @@ static void label_by(labels_t *lb, const req_t *q, const int32_t *tested, int32_
     }
 }
 
+/* nt tested groups and one more label: the reference, or every other cell. */
+static int labels_alloc_by(labels_t *lb, const req_t *q, int32_t nt, iv_err_t *err)
+{
+    lb->n_tested = nt;
+    lb->n_labels = nt + 1;
+    lb->reference = q->ref_cat >= 0 ? nt : -1;
+    lb->n_cells = calloc((size_t)lb->n_labels, sizeof *lb->n_cells);
+    lb->cat_of = malloc((size_t)nt * sizeof *lb->cat_of);
+    if (!lb->n_cells || !lb->cat_of) return iv_fail(err, IV_ENOMEM, "out of memory");
+    return 0;
+}
+
 /* One group per category of group_by against the reference or the rest:
  * count the categories' cells, choose the tested ones, label the rows. */
 static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb, iv_err_t *err)
@@ -448,14 +460,7 @@ static int labels_by(const iv_api_diffexp_in_t *in, const req_t *q, labels_t *lb
     for (int64_t i = 0; rc == 0 && i < n_rows; i++)
         if (has_cat(c, i)) count[c->codes[i]]++;
     if (rc == 0) rc = mark_tested(q, count, tested, &nt, err);
-    if (rc == 0) {
-        lb->n_tested = nt;
-        lb->n_labels = nt + 1;  /* the reference, or every other cell */
-        lb->reference = q->ref_cat >= 0 ? nt : -1;
-        lb->n_cells = calloc((size_t)lb->n_labels, sizeof *lb->n_cells);
-        lb->cat_of = malloc((size_t)nt * sizeof *lb->cat_of);
-        if (!lb->n_cells || !lb->cat_of) rc = iv_fail(err, IV_ENOMEM, "out of memory");
-    }
+    if (rc == 0) rc = labels_alloc_by(lb, q, nt, err);
     if (rc == 0) label_by(lb, q, tested, nt, row, n_rows);
     free(count);
     free(tested);
@@ -593,9 +598,11 @@ static int auto_log1p(iv_query_t *q, iv_err_t *err, int *out)
     return 0;
 }
 
-/* Runs the pass over genes [g0, g0 + n) of the var selection. */
-static int run_chunk(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t *so, const int64_t *vidx,
-                     int64_t g0, int64_t n, int transposed, int *log1p, iv_err_t *err)
+/* The query of genes [g0, g0 + n) of the var selection (vidx NULL: every
+ * gene) over the universe's cells, prepared, with log1p decided. */
+static int chunk_query(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t *so,
+                       const int64_t *vidx, int64_t g0, int64_t n, int transposed, int *log1p,
+                       iv_query_t **q, iv_err_t *err)
 {
     iv_sel_t sv = {.all = vidx == NULL && g0 == 0 && n == iv_dataset_info(in->ds)->n_cols, .n = n,
                    .idx = vidx ? vidx + g0 : NULL};
@@ -607,21 +614,24 @@ static int run_chunk(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t 
         sv.idx = range;
     }
     iv_query_opts_t qo = {.axis = IV_OUT_VARS, .max_work_bytes = transposed ? 4 * CHUNK_WORK_BYTES : 0};
-    iv_query_t *q = NULL;
-    int rc = iv_query_new(in->ds, so, &sv, &qo, &q, err);
+    int rc = iv_query_new(in->ds, so, &sv, &qo, q, err);
     free(range);
-    if (rc == 0) rc = iv_query_prepare(q, in->pool, err);
-    if (rc == 0 && *log1p < 0) rc = auto_log1p(q, err, log1p);
+    if (rc == 0) rc = iv_query_prepare(*q, in->pool, err);
+    if (rc == 0 && *log1p < 0) rc = auto_log1p(*q, err, log1p);
     if (rc == 0) iv_de_set_log1p(de, *log1p);
-    if (rc != 0) {
-        iv_query_free(q);
-        return rc;
-    }
+    return rc;
+}
+
+/* Computes the gene rows of q (the first at gene0) on the pool: one part
+ * per thread, parts claiming blocks in turn. */
+static int run_pass(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t *so, iv_query_t *q,
+                    int64_t gene0, iv_err_t *err)
+{
     pass_t ps;
     memset(&ps, 0, sizeof ps);
     ps.q = q;
     ps.de = de;
-    ps.gene0 = g0;
+    ps.gene0 = gene0;
     ps.n_blocks = iv_query_n_blocks(q);
     ps.cancel = in->cancel;
     atomic_init(&ps.next, 0);
@@ -635,12 +645,19 @@ static int run_chunk(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t 
     iv_pool_parallel_for(in->pool, parts, 0, pass_part, &ps);
     pthread_cond_destroy(&ps.cv);
     pthread_mutex_destroy(&ps.mu);
+    if (ps.rc != 0) *err = ps.err;
+    return ps.rc;
+}
+
+/* Runs the pass over genes [g0, g0 + n) of the var selection. */
+static int run_chunk(const iv_api_diffexp_in_t *in, iv_de_t *de, const iv_sel_t *so, const int64_t *vidx,
+                     int64_t g0, int64_t n, int transposed, int *log1p, iv_err_t *err)
+{
+    iv_query_t *q = NULL;
+    int rc = chunk_query(in, de, so, vidx, g0, n, transposed, log1p, &q, err);
+    if (rc == 0) rc = run_pass(in, de, so, q, g0, err);
     iv_query_free(q);
-    if (ps.rc != 0) {
-        *err = ps.err;
-        return ps.rc;
-    }
-    return 0;
+    return rc;
 }
 
 /* ---- the answer ----------------------------------------------------- */
