@@ -53,6 +53,20 @@ void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds, int other_cached)
 /* Messages about a file hold at most this much of its path ("%.160s"). */
 #define PATH_IN_MSG 160
 
+/* Which of the served paths msg goes on with at p, as far as messages
+ * hold it (PATH_IN_MSG bytes): its index, *n the bytes matched; -1 when
+ * none. */
+static int path_at(const char *p, const char *const paths[2], size_t *n)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!paths[i] || !paths[i][0]) continue;
+        *n = strlen(paths[i]);
+        if (*n > PATH_IN_MSG) *n = PATH_IN_MSG;
+        if (strncmp(p, paths[i], *n) == 0) return i;
+    }
+    return -1;
+}
+
 char *iv_enc_file_msg(iv_dataset_t *ds, const char *msg, char *out, size_t cap)
 {
     const char *paths[2] = {NULL, NULL};
@@ -64,21 +78,17 @@ char *iv_enc_file_msg(iv_dataset_t *ds, const char *msg, char *out, size_t cap)
     size_t w = 0;
     if (!cap) return out;
     for (const char *p = msg; *p;) {
-        int hit = 0;
-        for (int i = 0; i < 2 && !hit; i++) {
-            if (!paths[i] || !paths[i][0]) continue;
-            size_t n = strlen(paths[i]);
-            if (n > PATH_IN_MSG) n = PATH_IN_MSG;
-            if (strncmp(p, paths[i], n) != 0) continue;
-            const char *base = strrchr(paths[i], '/');
-            for (base = base ? base + 1 : paths[i]; *base && w + 1 < cap; base++) out[w++] = *base;
-            p += n;
-            hit = 1;
-        }
-        if (!hit) {
+        size_t n;
+        int i = path_at(p, paths, &n);
+        if (i < 0) {
             if (w + 1 < cap) out[w++] = *p;
             p++;
+            continue;
         }
+        /* The path becomes its file name. */
+        const char *base = strrchr(paths[i], '/');
+        for (base = base ? base + 1 : paths[i]; *base && w + 1 < cap; base++) out[w++] = *base;
+        p += n;
     }
     out[w] = '\0';
     return out;
