@@ -438,16 +438,12 @@ static const struct str_opt *find_str_opt(size_t which, const char *name)
     return NULL;
 }
 
+/* A dataset id: 1 to 128 of A-Z a-z 0-9 . _ -, and not "." or "..". */
 static int id_ok(const char *id)
 {
-    if (!id[0] || strlen(id) > 128) return 0;
-    for (const char *p = id; *p; p++) {
-        char ch = *p;
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
-            return 0;
-    }
-    return strcmp(id, ".") && strcmp(id, "..");
+    static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
+    size_t n = strlen(id);
+    return n > 0 && n <= 128 && strspn(id, chars) == n && strcmp(id, ".") && strcmp(id, "..");
 }
 
 /* The id a file gives itself: its name without the folder and without a
