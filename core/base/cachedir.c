@@ -28,13 +28,9 @@
 #define HASHED_BYTES ((size_t)1 << 20)
 #define NOTE_SUFFIX ".src"
 
-int iv_cachedir_prepare(const char *dir, iv_err_t *err)
+/* Each missing parent of path in turn, as mkdir -p does. */
+static int make_parents(const char *dir, char *path, iv_err_t *err)
 {
-    char path[4096];
-    if (!dir || !*dir) return FAILF(IV_EINVALID_ARG, "cache folder: no path given");
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-        return FAILF(IV_EINVALID_ARG, "cache folder %s: path too long", dir);
-    /* Each missing parent in turn, as mkdir -p does. */
     for (char *p = path + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
@@ -42,6 +38,16 @@ int iv_cachedir_prepare(const char *dir, iv_err_t *err)
             return FAILF(IV_EIO, "cache folder %s: cannot create %s: %s", dir, path, strerror(errno));
         *p = '/';
     }
+    return 0;
+}
+
+int iv_cachedir_prepare(const char *dir, iv_err_t *err)
+{
+    char path[4096];
+    if (!dir || !*dir) return FAILF(IV_EINVALID_ARG, "cache folder: no path given");
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return FAILF(IV_EINVALID_ARG, "cache folder %s: path too long", dir);
+    IV_TRY(make_parents(dir, path, err));
     if (mkdir(path, 0700) != 0 && errno != EEXIST)
         return FAILF(IV_EIO, "cache folder %s: cannot create it: %s", dir, strerror(errno));
     struct stat st;
@@ -99,6 +105,14 @@ int iv_cachedir_key(const char *src, char key[IV_CACHEDIR_KEY_LEN], iv_err_t *er
     return 0;
 }
 
+/* c where any file system takes it in a name, else '_'. */
+static char stem_char(char c)
+{
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '.' || c == '_' || c == '-';
+    return ok ? c : '_';
+}
+
 int iv_cachedir_path(const char *dir, const char *src, const char *key, const char *kind,
                      char *buf, size_t cap, iv_err_t *err)
 {
@@ -110,12 +124,7 @@ int iv_cachedir_path(const char *dir, const char *src, const char *key, const ch
     char stem[81];
     /* Only the characters a file name anywhere takes; the key keeps two
      * sources with the same stem apart. */
-    for (size_t i = 0; i < n; i++) {
-        char c = base[i];
-        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                 c == '.' || c == '_' || c == '-';
-        stem[i] = ok ? c : '_';
-    }
+    for (size_t i = 0; i < n; i++) stem[i] = stem_char(base[i]);
     stem[n] = '\0';
     int w = snprintf(buf, cap, "%s/%s-%s.%s", dir, n ? stem : "data", key, kind);
     if (w < 0 || (size_t)w >= cap) return FAILF(IV_EINVALID_ARG, "cache folder %s: path too long", dir);
@@ -181,20 +190,24 @@ static int alive(long pid)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
+/* Whether 32 lower-case hex digits and a '.' follow the dash. */
+static int key_follows(const char *dash)
+{
+    for (int i = 1; i <= 32; i++) {
+        char c = dash[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return 0;
+    }
+    return dash[33] == '.';
+}
+
 /* Ours: STEM-KEY.KIND with 32 hex digits after the last '-' before a '.'. */
 static int derived_name(const char *name)
 {
     size_t n = strlen(name);
     if (n > strlen(NOTE_SUFFIX) && !strcmp(name + n - strlen(NOTE_SUFFIX), NOTE_SUFFIX)) return 0;
     if (temp_pid(name)) return 0;
-    for (const char *dash = strchr(name, '-'); dash; dash = strchr(dash + 1, '-')) {
-        int hex = 1;
-        for (int i = 1; i <= 32 && hex; i++) {
-            char c = dash[i];
-            hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-        }
-        if (hex && dash[33] == '.') return 1;
-    }
+    for (const char *dash = strchr(name, '-'); dash; dash = strchr(dash + 1, '-'))
+        if (key_follows(dash)) return 1;
     return 0;
 }
 
@@ -243,96 +256,129 @@ static int older_first(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
+/* A sweep in progress: the folder, the names to keep, and the derived
+ * files listed so far. */
+typedef struct sweep {
+    const char *dir;
+    const char *const *keep;
+    size_t n_keep;
+    entry_t *v;
+    size_t n, cap;
+    int live_temps;
+    iv_cachedir_sweep_t rep;
+} sweep_t;
+
+/* Appends derived file name (path p, status st) to the list, with the
+ * time its note was last touched when it has one. */
+static int list_derived(sweep_t *sw, const char *name, const char *p, const struct stat *st,
+                        iv_err_t *err)
+{
+    if (sw->n == sw->cap) {
+        entry_t *nv = realloc(sw->v, (sw->cap = sw->cap ? sw->cap * 2 : 64) * sizeof *nv);
+        if (!nv) return FAILF(IV_ENOMEM, "cache folder %s: out of memory", sw->dir);
+        sw->v = nv;
+    }
+    entry_t *e = &sw->v[sw->n];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->bytes = (uint64_t)st->st_size;
+    e->used = st->st_mtim;
+    char note[4400];
+    struct stat nst;
+    if ((size_t)snprintf(note, sizeof note, "%s.src", p) < sizeof note && stat(note, &nst) == 0)
+        e->used = nst.st_mtim;
+    sw->n++;
+    return 0;
+}
+
+/* One folder entry of the first pass: a dead temporary file goes, a
+ * derived file is listed. */
+static int sweep_entry(sweep_t *sw, const char *name, iv_err_t *err)
+{
+    if (name[0] == '.' || strlen(name) >= sizeof sw->v->name) return 0;
+    char p[4700];
+    snprintf(p, sizeof p, "%s/%s", sw->dir, name);
+    long pid = temp_pid(name);
+    if (pid) {
+        if (alive(pid)) sw->live_temps++;
+        else if (unlink(p) == 0) sw->rep.temps++;
+        return 0;
+    }
+    if (!derived_name(name)) return 0;
+    struct stat st;
+    if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    return list_derived(sw, name, p, &st, err);
+}
+
+/* Stale: the source changed or went away. */
+static void drop_stale(sweep_t *sw)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < sw->n; i++) {
+        if (!kept(sw->v[i].name, sw->keep, sw->n_keep) && !source_unchanged(sw->dir, sw->v[i].name)) {
+            remove_derived(sw->dir, sw->v[i].name);
+            sw->rep.stale++;
+        } else {
+            sw->v[m++] = sw->v[i];
+        }
+    }
+    sw->n = m;
+}
+
+/* A note whose derived file never came goes, unless kept. */
+static void drop_orphan_note(const sweep_t *sw, const char *name)
+{
+    size_t l = strlen(name), sl = strlen(NOTE_SUFFIX);
+    if (l <= sl || strcmp(name + l - sl, NOTE_SUFFIX) || l - sl >= sizeof sw->v->name) return;
+    char derived[4700], base[sizeof sw->v->name];
+    snprintf(base, sizeof base, "%.*s", (int)(l - sl), name);
+    /* A kept name's note stays: its producer wrote it first and
+     * may not have begun its temporary file yet. */
+    if (kept(base, sw->keep, sw->n_keep)) return;
+    snprintf(derived, sizeof derived, "%s/%s", sw->dir, base);
+    struct stat st;
+    if (stat(derived, &st) != 0 && errno == ENOENT) {
+        char p[4700];
+        snprintf(p, sizeof p, "%s/%s", sw->dir, name);
+        unlink(p);
+    }
+}
+
+/* Least recently used first, to the bound (0: none); the bytes left. */
+static uint64_t evict_to(sweep_t *sw, uint64_t max_bytes)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < sw->n; i++) total += sw->v[i].bytes;
+    if (!max_bytes || total <= max_bytes) return total;
+    qsort(sw->v, sw->n, sizeof *sw->v, older_first);
+    for (size_t i = 0; i < sw->n && total > max_bytes; i++) {
+        if (kept(sw->v[i].name, sw->keep, sw->n_keep)) continue;
+        remove_derived(sw->dir, sw->v[i].name);
+        total -= sw->v[i].bytes;
+        sw->rep.evicted++;
+    }
+    return total;
+}
+
 int iv_cachedir_sweep(const char *dir, uint64_t max_bytes, const char *const *keep, size_t n_keep,
                       iv_cachedir_sweep_t *out, iv_err_t *err)
 {
-    iv_cachedir_sweep_t rep = {0};
+    sweep_t sw = {dir, keep, n_keep, NULL, 0, 0, 0, {0}};
     DIR *d = opendir(dir);
     if (!d) return FAILF(IV_EIO, "cache folder %s: cannot list: %s", dir, strerror(errno));
-    entry_t *v = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0, live_temps = 0;
+    int rc = 0;
     struct dirent *de;
-    /* First pass: dead temporary files go, derived files are listed. */
-    while ((de = readdir(d))) {
-        const char *name = de->d_name;
-        if (name[0] == '.' || strlen(name) >= sizeof v->name) continue;
-        char p[4700];
-        snprintf(p, sizeof p, "%s/%s", dir, name);
-        long pid = temp_pid(name);
-        if (pid) {
-            if (alive(pid)) live_temps++;
-            else if (unlink(p) == 0) rep.temps++;
-            continue;
+    while (rc == 0 && (de = readdir(d))) rc = sweep_entry(&sw, de->d_name, err);
+    if (rc == 0) {
+        drop_stale(&sw);
+        /* Orphan notes only once no producer is at work. */
+        if (!sw.live_temps) {
+            rewinddir(d);
+            while ((de = readdir(d))) drop_orphan_note(&sw, de->d_name);
         }
-        if (!derived_name(name)) continue;
-        struct stat st;
-        if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        if (n == cap) {
-            entry_t *nv = realloc(v, (cap = cap ? cap * 2 : 64) * sizeof *v);
-            if (!nv) {
-                rc = FAILF(IV_ENOMEM, "cache folder %s: out of memory", dir);
-                goto done;
-            }
-            v = nv;
-        }
-        snprintf(v[n].name, sizeof v[n].name, "%s", name);
-        v[n].bytes = (uint64_t)st.st_size;
-        v[n].used = st.st_mtim;
-        char note[4400];
-        struct stat nst;
-        if ((size_t)snprintf(note, sizeof note, "%s.src", p) < sizeof note && stat(note, &nst) == 0)
-            v[n].used = nst.st_mtim;
-        n++;
+        sw.rep.bytes_left = evict_to(&sw, max_bytes);
     }
-    /* Stale: the source changed or went away. */
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!kept(v[i].name, keep, n_keep) && !source_unchanged(dir, v[i].name)) {
-            remove_derived(dir, v[i].name);
-            rep.stale++;
-        } else {
-            v[m++] = v[i];
-        }
-    }
-    n = m;
-    /* Notes whose derived file never came, once no producer is at work,
-     * unless kept. */
-    if (!live_temps) {
-        rewinddir(d);
-        while ((de = readdir(d))) {
-            size_t l = strlen(de->d_name), sl = strlen(NOTE_SUFFIX);
-            if (l <= sl || strcmp(de->d_name + l - sl, NOTE_SUFFIX) || l - sl >= sizeof v->name) continue;
-            char derived[4700], base[sizeof v->name];
-            snprintf(base, sizeof base, "%.*s", (int)(l - sl), de->d_name);
-            /* A kept name's note stays: its producer wrote it first and
-             * may not have begun its temporary file yet. */
-            if (kept(base, keep, n_keep)) continue;
-            snprintf(derived, sizeof derived, "%s/%s", dir, base);
-            struct stat st;
-            if (stat(derived, &st) != 0 && errno == ENOENT) {
-                char p[4700];
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        }
-    }
-    /* Least recently used first, to the bound. */
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += v[i].bytes;
-    if (max_bytes && total > max_bytes) {
-        qsort(v, n, sizeof *v, older_first);
-        for (size_t i = 0; i < n && total > max_bytes; i++) {
-            if (kept(v[i].name, keep, n_keep)) continue;
-            remove_derived(dir, v[i].name);
-            total -= v[i].bytes;
-            rep.evicted++;
-        }
-    }
-    rep.bytes_left = total;
-done:
     closedir(d);
-    free(v);
-    if (out) *out = rep;
+    free(sw.v);
+    if (out) *out = sw.rep;
     return rc;
 }

@@ -239,12 +239,13 @@ static uint64_t cgroup_room(const char *dir, int v2)
     return cur < limit ? limit - cur : 0;
 }
 
-/* The tightest room over the process's cgroup and its ancestors. */
-static uint64_t cgroup_available(void)
+/* The process's memory cgroup from /proc/self/cgroup: its path into
+ * rel (cap bytes), and 1 for cgroup v2, 0 for v1, -1 when there is none. */
+static int find_memory_cgroup(char *rel, size_t cap)
 {
     FILE *f = fopen("/proc/self/cgroup", "r");
-    if (!f) return UINT64_MAX;
-    char line[4096], rel[4096] = "";
+    if (!f) return -1;
+    char line[4096];
     int v2 = -1;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
@@ -255,14 +256,22 @@ static uint64_t cgroup_available(void)
         const char *ctrl = a + 1;
         if (!strcmp(line, "0") && !ctrl[0] && v2 < 0) {
             v2 = 1;
-            snprintf(rel, sizeof rel, "%s", b + 1);
+            snprintf(rel, cap, "%s", b + 1);
         } else if (strstr(ctrl, "memory")) {
             /* v1's memory controller wins over a v2 line of a hybrid set-up. */
             v2 = 0;
-            snprintf(rel, sizeof rel, "%s", b + 1);
+            snprintf(rel, cap, "%s", b + 1);
         }
     }
     fclose(f);
+    return v2;
+}
+
+/* The tightest room over the process's cgroup and its ancestors. */
+static uint64_t cgroup_available(void)
+{
+    char rel[4096] = "";
+    int v2 = find_memory_cgroup(rel, sizeof rel);
     if (v2 < 0) return UINT64_MAX;
     const char *root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
     uint64_t best = UINT64_MAX;
