@@ -244,23 +244,21 @@ static int undo_filters(const chunk_info_t *ci, uint8_t *tmp, uint8_t *tmp2, uin
     return 0;
 }
 
-int iv_blosc2_chunk_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_cap,
-                           size_t *out_len, iv_err_t *err)
+/* The chunk header's sizes and flags into ci, checked against the input
+ * and the output's capacity. */
+static int read_chunk_header(const uint8_t *src, size_t src_len, size_t dst_cap,
+                             chunk_info_t *ci, iv_err_t *err)
 {
-    *out_len = 0;
-    IV_RETURN_IF(src_len < CHUNK_HEADER, err, IV_ECORRUPT,
-                 "blosc2: chunk of %zu bytes is shorter than its header", src_len);
-    chunk_info_t ci;
-    memset(&ci, 0, sizeof ci);
-    ci.version = src[0];
-    ci.flags = src[2];
-    ci.typesize = src[3];
+    memset(ci, 0, sizeof *ci);
+    ci->version = src[0];
+    ci->flags = src[2];
+    ci->typesize = src[3];
     int32_t nbytes = rd_le32s(src + 4), blocksize = rd_le32s(src + 8), cbytes = rd_le32s(src + 12);
     uint8_t flags2 = src[30], b2flags = src[31];
 
-    IV_RETURN_IF(ci.version == 0 || ci.version > 6, err, IV_EUNSUPPORTED,
-                 "blosc2: chunk format version %u", ci.version);
-    IV_RETURN_IF((ci.flags & (FL_SHUFFLE | FL_BITSHUFFLE)) != (FL_SHUFFLE | FL_BITSHUFFLE), err,
+    IV_RETURN_IF(ci->version == 0 || ci->version > 6, err, IV_EUNSUPPORTED,
+                 "blosc2: chunk format version %u", ci->version);
+    IV_RETURN_IF((ci->flags & (FL_SHUFFLE | FL_BITSHUFFLE)) != (FL_SHUFFLE | FL_BITSHUFFLE), err,
                  IV_EUNSUPPORTED, "blosc2: chunk without the extended header (Blosc1 format)");
     IV_RETURN_IF(nbytes < 0 || blocksize < 0 || cbytes < CHUNK_HEADER, err, IV_ECORRUPT,
                  "blosc2: negative sizes in chunk header");
@@ -268,41 +266,109 @@ int iv_blosc2_chunk_decode(const uint8_t *src, size_t src_len, uint8_t *dst, siz
                  "blosc2: chunk cbytes %d past the end of the input (%zu bytes)", cbytes, src_len);
     IV_RETURN_IF((size_t)nbytes > dst_cap, err, IV_ECORRUPT,
                  "blosc2: chunk nbytes %d exceeds capacity %zu", nbytes, dst_cap);
-    IV_RETURN_IF(ci.typesize == 0, err, IV_ECORRUPT, "blosc2: typesize 0");
-    ci.nbytes = (size_t)nbytes;
-    ci.blocksize = (size_t)blocksize;
-    ci.cbytes = (size_t)cbytes;
+    IV_RETURN_IF(ci->typesize == 0, err, IV_ECORRUPT, "blosc2: typesize 0");
+    ci->nbytes = (size_t)nbytes;
+    ci->blocksize = (size_t)blocksize;
+    ci->cbytes = (size_t)cbytes;
 
     IV_RETURN_IF(b2flags & 0x01, err, IV_EUNSUPPORTED, "blosc2: dictionary compression");
     IV_RETURN_IF(b2flags & 0x08, err, IV_EUNSUPPORTED, "blosc2: lazy chunk");
     IV_RETURN_IF(flags2 & 0x01, err, IV_EUNSUPPORTED, "blosc2: variable-length blocks");
+    return 0;
+}
 
-    unsigned special = (b2flags >> 4) & 7u;
+/* A special chunk (zeros, NaNs, one repeated value) written out: 1 when
+ * the chunk was one, 0 when it holds blocks, or an error. */
+static int decode_special(const chunk_info_t *ci, const uint8_t *src, uint8_t *dst,
+                          iv_err_t *err)
+{
+    unsigned special = (src[31] >> 4) & 7u;
     switch (special) {
-    case SP_NONE: break;
+    case SP_NONE: return 0;
     case SP_ZERO:
     case SP_UNINIT:
-        memset(dst, 0, ci.nbytes);
-        *out_len = ci.nbytes;
-        return 0;
+        memset(dst, 0, ci->nbytes);
+        return 1;
     case SP_NAN:
-        IV_TRY(fill_nan(dst, ci.nbytes, ci.typesize, err));
-        *out_len = ci.nbytes;
-        return 0;
+        IV_TRY(fill_nan(dst, ci->nbytes, ci->typesize, err));
+        return 1;
     case SP_VALUE:
-        IV_RETURN_IF(ci.cbytes < CHUNK_HEADER + ci.typesize, err, IV_ECORRUPT,
+        IV_RETURN_IF(ci->cbytes < CHUNK_HEADER + ci->typesize, err, IV_ECORRUPT,
                      "blosc2: repeated-value chunk without its value");
-        IV_RETURN_IF(ci.nbytes % ci.typesize != 0, err, IV_ECORRUPT,
+        IV_RETURN_IF(ci->nbytes % ci->typesize != 0, err, IV_ECORRUPT,
                      "blosc2: repeated-value chunk of %zu bytes is not whole elements",
-                     ci.nbytes);
-        for (size_t i = 0; i < ci.nbytes; i += ci.typesize)
-            memcpy(dst + i, src + CHUNK_HEADER, ci.typesize);
-        *out_len = ci.nbytes;
-        return 0;
+                     ci->nbytes);
+        for (size_t i = 0; i < ci->nbytes; i += ci->typesize)
+            memcpy(dst + i, src + CHUNK_HEADER, ci->typesize);
+        return 1;
     default:
         return IV_FAIL(err, IV_EUNSUPPORTED, "blosc2: special chunk kind %u", special);
     }
+}
 
+/* The filter pipeline and the codec of a chunk that holds blocks. */
+static int read_filters(chunk_info_t *ci, const uint8_t *src, iv_err_t *err)
+{
+    for (int i = 0; i < N_FILTERS; i++) {
+        ci->filters[i] = src[16 + i];
+        ci->filters_meta[i] = src[24 + i];
+        uint8_t f = ci->filters[i];
+        IV_RETURN_IF(f > F_TRUNC, err, IV_EUNSUPPORTED, "blosc2: filter code %u in slot %d", f, i);
+        if (f != F_NONE && f != F_TRUNC) ci->n_active++;
+    }
+    unsigned fmt = ci->flags >> 5;
+    IV_RETURN_IF(fmt != FMT_BLOSCLZ && fmt != FMT_LZ4 && fmt != FMT_ZLIB && fmt != FMT_ZSTD, err,
+                 IV_EUNSUPPORTED, "blosc2: codec format %u (user-defined or unknown)", fmt);
+    return 0;
+}
+
+/* Every block of the chunk: its streams decoded, then its filters
+ * undone (through thread-local scratch when there are any). */
+static int decode_blocks(const chunk_info_t *ci, const uint8_t *src, uint8_t *dst, iv_err_t *err)
+{
+    /* A block never exceeds the chunk; clamping keeps scratch bounded. */
+    size_t bs = ci->blocksize < ci->nbytes ? ci->blocksize : ci->nbytes;
+    size_t nblocks = (ci->nbytes + ci->blocksize - 1) / ci->blocksize;
+    IV_RETURN_IF(nblocks > (ci->cbytes - CHUNK_HEADER) / 4, err, IV_ECORRUPT,
+                 "blosc2: block table of %zu entries past the end of the chunk", nblocks);
+    size_t table_end = CHUNK_HEADER + 4 * nblocks;
+
+    uint8_t *tmp = NULL, *tmp2 = NULL;
+    if (ci->n_active > 0) {
+        tmp = iv_codec_scratch(2 * bs);
+        if (!tmp) return iv_fail(err, IV_ENOMEM, "blosc2: no scratch for a %zu-byte block", bs);
+        tmp2 = tmp + bs;
+    }
+
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t off = b * ci->blocksize;
+        size_t bsize = ci->nbytes - off < ci->blocksize ? ci->nbytes - off : ci->blocksize;
+        int32_t bstart = rd_le32s(src + CHUNK_HEADER + 4 * b);
+        IV_RETURN_IF(bstart < 0 || (size_t)bstart < table_end || (size_t)bstart >= ci->cbytes,
+                     err, IV_ECORRUPT, "blosc2: block %zu starts at %d, outside the chunk", b,
+                     bstart);
+        uint8_t *target = ci->n_active > 0 ? tmp : dst + off;
+        IV_TRY(decode_block_streams(ci, src, (size_t)bstart, bsize, bsize == ci->blocksize,
+                                    target, err));
+        if (ci->n_active > 0) IV_TRY(undo_filters(ci, tmp, tmp2, dst, off, bsize, err));
+    }
+    return 0;
+}
+
+int iv_blosc2_chunk_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_cap,
+                           size_t *out_len, iv_err_t *err)
+{
+    *out_len = 0;
+    IV_RETURN_IF(src_len < CHUNK_HEADER, err, IV_ECORRUPT,
+                 "blosc2: chunk of %zu bytes is shorter than its header", src_len);
+    chunk_info_t ci;
+    IV_TRY(read_chunk_header(src, src_len, dst_cap, &ci, err));
+    int special = decode_special(&ci, src, dst, err);
+    if (special < 0) return special;
+    if (special) {
+        *out_len = ci.nbytes;
+        return 0;
+    }
     if (ci.flags & FL_MEMCPYED) {
         IV_RETURN_IF(ci.cbytes != CHUNK_HEADER + ci.nbytes, err, IV_ECORRUPT,
                      "blosc2: memcpyed chunk has cbytes %zu for nbytes %zu", ci.cbytes,
@@ -313,44 +379,8 @@ int iv_blosc2_chunk_decode(const uint8_t *src, size_t src_len, uint8_t *dst, siz
     }
     if (ci.nbytes == 0) return 0;
     IV_RETURN_IF(ci.blocksize == 0, err, IV_ECORRUPT, "blosc2: blocksize 0");
-
-    for (int i = 0; i < N_FILTERS; i++) {
-        ci.filters[i] = src[16 + i];
-        ci.filters_meta[i] = src[24 + i];
-        uint8_t f = ci.filters[i];
-        IV_RETURN_IF(f > F_TRUNC, err, IV_EUNSUPPORTED, "blosc2: filter code %u in slot %d", f, i);
-        if (f != F_NONE && f != F_TRUNC) ci.n_active++;
-    }
-    unsigned fmt = ci.flags >> 5;
-    IV_RETURN_IF(fmt != FMT_BLOSCLZ && fmt != FMT_LZ4 && fmt != FMT_ZLIB && fmt != FMT_ZSTD, err,
-                 IV_EUNSUPPORTED, "blosc2: codec format %u (user-defined or unknown)", fmt);
-
-    /* A block never exceeds the chunk; clamping keeps scratch bounded. */
-    size_t bs = ci.blocksize < ci.nbytes ? ci.blocksize : ci.nbytes;
-    size_t nblocks = (ci.nbytes + ci.blocksize - 1) / ci.blocksize;
-    IV_RETURN_IF(nblocks > (ci.cbytes - CHUNK_HEADER) / 4, err, IV_ECORRUPT,
-                 "blosc2: block table of %zu entries past the end of the chunk", nblocks);
-    size_t table_end = CHUNK_HEADER + 4 * nblocks;
-
-    uint8_t *tmp = NULL, *tmp2 = NULL;
-    if (ci.n_active > 0) {
-        tmp = iv_codec_scratch(2 * bs);
-        if (!tmp) return iv_fail(err, IV_ENOMEM, "blosc2: no scratch for a %zu-byte block", bs);
-        tmp2 = tmp + bs;
-    }
-
-    for (size_t b = 0; b < nblocks; b++) {
-        size_t off = b * ci.blocksize;
-        size_t bsize = ci.nbytes - off < ci.blocksize ? ci.nbytes - off : ci.blocksize;
-        int32_t bstart = rd_le32s(src + CHUNK_HEADER + 4 * b);
-        IV_RETURN_IF(bstart < 0 || (size_t)bstart < table_end || (size_t)bstart >= ci.cbytes,
-                     err, IV_ECORRUPT, "blosc2: block %zu starts at %d, outside the chunk", b,
-                     bstart);
-        uint8_t *target = ci.n_active > 0 ? tmp : dst + off;
-        IV_TRY(decode_block_streams(&ci, src, (size_t)bstart, bsize, bsize == ci.blocksize,
-                                    target, err));
-        if (ci.n_active > 0) IV_TRY(undo_filters(&ci, tmp, tmp2, dst, off, bsize, err));
-    }
+    IV_TRY(read_filters(&ci, src, err));
+    IV_TRY(decode_blocks(&ci, src, dst, err));
     *out_len = ci.nbytes;
     return 0;
 }
@@ -370,12 +400,19 @@ enum {
     OFFSETS_ON_STACK = 32,
 };
 
-int iv_blosc2_frame_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_cap,
-                           size_t *out_len, iv_err_t *err)
+/* A contiguous frame's layout: its data section, the offsets index
+ * after it, and the sizes of what they hold. */
+typedef struct frame_info {
+    const uint8_t *data, *idx;
+    size_t data_len, idx_len;
+    size_t n_out, csize, nchunks, typesize;
+} frame_info_t;
+
+/* Reads and checks the frame header; fr->n_out is 0 for an empty frame
+ * (nothing else set then). */
+static int read_frame_header(const uint8_t *src, size_t src_len, size_t dst_cap, frame_info_t *fr,
+                             iv_err_t *err)
 {
-    *out_len = 0;
-    IV_RETURN_IF(src_len < FR_MIN_HEADER, err, IV_ECORRUPT,
-                 "blosc2 frame: %zu bytes is shorter than a frame header", src_len);
     IV_RETURN_IF((src[0] & 0xf0) != 0x90 || src[1] != 0xa8 || memcmp(src + 2, "b2frame", 8) != 0,
                  err, IV_ECORRUPT, "blosc2 frame: bad magic");
     IV_RETURN_IF(src[10] != 0xd2 || src[15] != 0xcf || src[29] != 0xd3 || src[38] != 0xd3 ||
@@ -403,77 +440,92 @@ int iv_blosc2_frame_decode(const uint8_t *src, size_t src_len, uint8_t *dst, siz
                  "blosc2 frame: cbytes %lld past the end of the frame", (long long)cbytes);
     IV_RETURN_IF((uint64_t)nbytes > dst_cap, err, IV_ECORRUPT,
                  "blosc2 frame: nbytes %lld exceeds capacity %zu", (long long)nbytes, dst_cap);
+    fr->n_out = (size_t)nbytes;
     if (nbytes == 0) return 0;
     IV_RETURN_IF(chunksize <= 0, err, IV_EUNSUPPORTED,
                  "blosc2 frame: variable-length chunks (chunksize %d)", chunksize);
     IV_RETURN_IF(typesize <= 0, err, IV_ECORRUPT, "blosc2 frame: typesize %d", typesize);
+    fr->csize = (size_t)chunksize;
+    fr->typesize = (size_t)typesize;
+    fr->nchunks = (fr->n_out + fr->csize - 1) / fr->csize;
+    fr->data = src + header_len;
+    fr->data_len = (size_t)cbytes;
+    fr->idx = fr->data + fr->data_len;
+    fr->idx_len = (size_t)frame_len - header_len - fr->data_len;
+    return 0;
+}
 
-    size_t n_out = (size_t)nbytes;
-    size_t csize = (size_t)chunksize;
-    size_t nchunks = (n_out + csize - 1) / csize;
-    const uint8_t *data = src + header_len;
-    size_t data_len = (size_t)cbytes;
-    const uint8_t *idx = data + data_len;
-    size_t idx_len = (size_t)frame_len - header_len - data_len;
+/* Chunk k of the frame (offset off into the data, or a special value)
+ * decoded into want bytes at out. */
+static int decode_frame_chunk(const frame_info_t *fr, size_t k, uint64_t off, uint8_t *out,
+                              size_t want, iv_err_t *err)
+{
+    if (off >> 63) {
+        unsigned sp = (unsigned)(off >> 56) & 0x7fu;
+        if (sp & SP_ZERO || sp & SP_UNINIT) {
+            memset(out, 0, want);
+            return 0;
+        }
+        if (sp & SP_NAN) return fill_nan(out, want, fr->typesize, err);
+        return IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu has special offset 0x%llx",
+                       k, (unsigned long long)off);
+    }
+    if (off >= fr->data_len || fr->data_len - off < CHUNK_HEADER)
+        return IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu offset %llu outside data",
+                       k, (unsigned long long)off);
+    size_t clen = 0;
+    IV_TRY(iv_blosc2_chunk_decode(fr->data + off, fr->data_len - (size_t)off, out, want, &clen,
+                                  err));
+    if (clen != want)
+        return IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu holds %zu bytes, expected %zu",
+                       k, clen, want);
+    return 0;
+}
+
+/* Decodes the offsets index (offs_bytes of it) into offs, then every
+ * chunk into dst. */
+static int decode_frame_chunks(const frame_info_t *fr, uint8_t *offs, size_t offs_bytes,
+                               uint8_t *dst, iv_err_t *err)
+{
+    size_t got = 0;
+    IV_TRY(iv_blosc2_chunk_decode(fr->idx, fr->idx_len, offs, offs_bytes, &got, err));
+    if (got != offs_bytes)
+        return IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: offsets index holds %zu bytes, expected %zu",
+                       got, offs_bytes);
+    size_t pos = 0;
+    for (size_t k = 0; k < fr->nchunks; k++) {
+        size_t want = fr->n_out - pos < fr->csize ? fr->n_out - pos : fr->csize;
+        IV_TRY(decode_frame_chunk(fr, k, rd_le64(offs + 8 * k), dst + pos, want, err));
+        pos += want;
+    }
+    return 0;
+}
+
+int iv_blosc2_frame_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_cap,
+                           size_t *out_len, iv_err_t *err)
+{
+    *out_len = 0;
+    IV_RETURN_IF(src_len < FR_MIN_HEADER, err, IV_ECORRUPT,
+                 "blosc2 frame: %zu bytes is shorter than a frame header", src_len);
+    frame_info_t fr;
+    memset(&fr, 0, sizeof fr);
+    IV_TRY(read_frame_header(src, src_len, dst_cap, &fr, err));
+    if (fr.n_out == 0) return 0;
 
     /* The offsets index: one int64 per chunk.  nchunks * 8 is at most
      * 8 * nbytes / chunksize + 8, bounded by the output size. */
     int64_t stack_offsets[OFFSETS_ON_STACK];
     uint8_t *offs = (uint8_t *)stack_offsets;
-    IV_RETURN_IF(nchunks > SIZE_MAX / 8, err, IV_ECORRUPT, "blosc2 frame: too many chunks");
-    size_t offs_bytes = nchunks * 8;
-    if (nchunks > OFFSETS_ON_STACK) {
-        IV_RETURN_IF(offs_bytes > 2 * n_out + 4096, err, IV_ECORRUPT,
-                     "blosc2 frame: %zu chunks of %zu bytes", nchunks, csize);
+    IV_RETURN_IF(fr.nchunks > SIZE_MAX / 8, err, IV_ECORRUPT, "blosc2 frame: too many chunks");
+    size_t offs_bytes = fr.nchunks * 8;
+    if (fr.nchunks > OFFSETS_ON_STACK) {
+        IV_RETURN_IF(offs_bytes > 2 * fr.n_out + 4096, err, IV_ECORRUPT,
+                     "blosc2 frame: %zu chunks of %zu bytes", fr.nchunks, fr.csize);
         offs = malloc(offs_bytes);
         if (!offs) return iv_fail(err, IV_ENOMEM, "blosc2 frame: no memory for offsets");
     }
-    int rc = 0;
-    size_t got = 0;
-    rc = iv_blosc2_chunk_decode(idx, idx_len, offs, offs_bytes, &got, err);
-    if (rc < 0) goto done;
-    if (got != offs_bytes) {
-        rc = IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: offsets index holds %zu bytes, expected %zu",
-                     got, offs_bytes);
-        goto done;
-    }
-
-    size_t pos = 0;
-    for (size_t k = 0; k < nchunks; k++) {
-        size_t want = n_out - pos < csize ? n_out - pos : csize;
-        uint64_t off = rd_le64(offs + 8 * k);
-        if (off >> 63) {
-            unsigned sp = (unsigned)(off >> 56) & 0x7fu;
-            if (sp & SP_ZERO || sp & SP_UNINIT) {
-                memset(dst + pos, 0, want);
-            } else if (sp & SP_NAN) {
-                rc = fill_nan(dst + pos, want, (size_t)typesize, err);
-                if (rc < 0) goto done;
-            } else {
-                rc = IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu has special offset 0x%llx",
-                             k, (unsigned long long)off);
-                goto done;
-            }
-        } else {
-            if (off >= data_len || data_len - off < CHUNK_HEADER) {
-                rc = IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu offset %llu outside data",
-                             k, (unsigned long long)off);
-                goto done;
-            }
-            size_t clen = 0;
-            rc = iv_blosc2_chunk_decode(data + off, data_len - (size_t)off, dst + pos, want,
-                                        &clen, err);
-            if (rc < 0) goto done;
-            if (clen != want) {
-                rc = IV_FAIL(err, IV_ECORRUPT, "blosc2 frame: chunk %zu holds %zu bytes, expected %zu",
-                             k, clen, want);
-                goto done;
-            }
-        }
-        pos += want;
-    }
-    *out_len = pos;
-done:
+    int rc = decode_frame_chunks(&fr, offs, offs_bytes, dst, err);
+    if (rc == 0) *out_len = fr.n_out;
     if (offs != (uint8_t *)stack_offsets) free(offs);
     return rc;
 }

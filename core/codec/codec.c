@@ -243,6 +243,37 @@ static int filter_copies(int id)
     return id != IV_FILTER_FLETCHER32;
 }
 
+/* Undoes one copying filter f of pipeline p: cur_len bytes at cur into
+ * out (cap bytes), their length into *got. */
+static int undo_stage(const iv_pipeline_t *p, const iv_filter_t *f, const uint8_t *cur,
+                      size_t cur_len, uint8_t *out, size_t cap, size_t *got, iv_err_t *err)
+{
+    switch (f->id) {
+    case IV_FILTER_DEFLATE: return iv_deflate_decode(cur, cur_len, out, cap, got, err);
+    case IV_FILTER_ZSTD: return iv_zstd_decode(cur, cur_len, out, cap, got, err);
+    case IV_FILTER_BLOSC2: return iv_blosc2_frame_decode(cur, cur_len, out, cap, got, err);
+    case IV_FILTER_LZF:
+        /* h5py records the chunk's byte size in cd_values[2]; without
+         * it (h5py leaves it out for variable-length strings) the
+         * stream is measured first. */
+        if (f->n_cd >= 3 && f->cd[2] > 0) *got = f->cd[2];
+        else IV_TRY(iv_lzf_decoded_size(cur, cur_len, cap, got, err));
+        IV_RETURN_IF(*got > cap, err, IV_ECORRUPT,
+                     "lzf: chunk of %zu bytes exceeds capacity %zu", *got, cap);
+        return iv_lzf_decode(cur, cur_len, out, *got, err);
+    case IV_FILTER_SHUFFLE: {
+        size_t es = f->n_cd > 0 ? f->cd[0] : p->elem_size;
+        IV_RETURN_IF(cur_len > cap, err, IV_ECORRUPT,
+                     "shuffle: %zu bytes exceed capacity %zu", cur_len, cap);
+        iv_unshuffle(cur, out, cur_len, es);
+        *got = cur_len;
+        return 0;
+    }
+    default:
+        return IV_FAIL(err, IV_EUNSUPPORTED, "HDF5 filter %d is not supported", f->id);
+    }
+}
+
 int iv_pipeline_decode(const iv_pipeline_t *p, unsigned filter_mask, const uint8_t *src,
                        size_t src_len, uint8_t *dst, size_t dst_cap, uint8_t *scratch,
                        size_t scratch_cap, size_t expected_len, size_t *out_len,
@@ -277,37 +308,7 @@ int iv_pipeline_decode(const iv_pipeline_t *p, unsigned filter_mask, const uint8
         size_t cap = (out == dst) ? dst_cap : scratch_cap;
         left--;
         size_t got = 0;
-        switch (f->id) {
-        case IV_FILTER_DEFLATE:
-            IV_TRY(iv_deflate_decode(cur, cur_len, out, cap, &got, err));
-            break;
-        case IV_FILTER_ZSTD:
-            IV_TRY(iv_zstd_decode(cur, cur_len, out, cap, &got, err));
-            break;
-        case IV_FILTER_BLOSC2:
-            IV_TRY(iv_blosc2_frame_decode(cur, cur_len, out, cap, &got, err));
-            break;
-        case IV_FILTER_LZF:
-            /* h5py records the chunk's byte size in cd_values[2]; without
-             * it (h5py leaves it out for variable-length strings) the
-             * stream is measured first. */
-            if (f->n_cd >= 3 && f->cd[2] > 0) got = f->cd[2];
-            else IV_TRY(iv_lzf_decoded_size(cur, cur_len, cap, &got, err));
-            IV_RETURN_IF(got > cap, err, IV_ECORRUPT,
-                         "lzf: chunk of %zu bytes exceeds capacity %zu", got, cap);
-            IV_TRY(iv_lzf_decode(cur, cur_len, out, got, err));
-            break;
-        case IV_FILTER_SHUFFLE: {
-            size_t es = f->n_cd > 0 ? f->cd[0] : p->elem_size;
-            IV_RETURN_IF(cur_len > cap, err, IV_ECORRUPT,
-                         "shuffle: %zu bytes exceed capacity %zu", cur_len, cap);
-            iv_unshuffle(cur, out, cur_len, es);
-            got = cur_len;
-            break;
-        }
-        default:
-            return IV_FAIL(err, IV_EUNSUPPORTED, "HDF5 filter %d is not supported", f->id);
-        }
+        IV_TRY(undo_stage(p, f, cur, cur_len, out, cap, &got, err));
         cur = out;
         cur_len = got;
     }
@@ -339,6 +340,28 @@ static const char *blosc2_codec_name(unsigned code)
     }
 }
 
+/* Filter f's name into tmp; 1 when it is a compressor, 0 when a filter
+ * a compressor wraps. */
+static int stage_name(const iv_filter_t *f, char *tmp, size_t cap)
+{
+    switch (f->id) {
+    case IV_FILTER_DEFLATE: snprintf(tmp, cap, "deflate"); return 1;
+    case IV_FILTER_ZSTD: snprintf(tmp, cap, "zstd"); return 1;
+    case IV_FILTER_LZF: snprintf(tmp, cap, "lzf"); return 1;
+    case IV_FILTER_BLOSC2:
+        if (f->n_cd >= 7) {
+            const char *sh = f->cd[5] == 1 ? "+shuffle" : f->cd[5] == 2 ? "+bitshuffle" : "";
+            snprintf(tmp, cap, "blosc2-%s%s", blosc2_codec_name(f->cd[6]), sh);
+        } else {
+            snprintf(tmp, cap, "blosc2");
+        }
+        return 1;
+    case IV_FILTER_SHUFFLE: snprintf(tmp, cap, "shuffle"); return 0;
+    case IV_FILTER_FLETCHER32: snprintf(tmp, cap, "fletcher32"); return 0;
+    default: snprintf(tmp, cap, "filter-%d", f->id); return 0;
+    }
+}
+
 void iv_pipeline_describe(const iv_pipeline_t *p, char *buf, size_t cap)
 {
     if (cap == 0) return;
@@ -347,42 +370,14 @@ void iv_pipeline_describe(const iv_pipeline_t *p, char *buf, size_t cap)
     int any = 0;
     size_t n = p ? (p->n > IV_PIPELINE_MAX ? IV_PIPELINE_MAX : p->n) : 0;
     /* Compressors first (outermost first), then the filters they wrap. */
-    for (size_t k = n; k-- > 0;) {
-        const iv_filter_t *f = &p->f[k];
-        char tmp[64];
-        switch (f->id) {
-        case IV_FILTER_DEFLATE: snprintf(tmp, sizeof tmp, "deflate"); break;
-        case IV_FILTER_ZSTD: snprintf(tmp, sizeof tmp, "zstd"); break;
-        case IV_FILTER_LZF: snprintf(tmp, sizeof tmp, "lzf"); break;
-        case IV_FILTER_BLOSC2:
-            if (f->n_cd >= 7) {
-                const char *sh = f->cd[5] == 1 ? "+shuffle" : f->cd[5] == 2 ? "+bitshuffle" : "";
-                snprintf(tmp, sizeof tmp, "blosc2-%s%s", blosc2_codec_name(f->cd[6]), sh);
-            } else {
-                snprintf(tmp, sizeof tmp, "blosc2");
-            }
-            break;
-        default: continue;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t k = n; k-- > 0;) {
+            char tmp[64];
+            if (stage_name(&p->f[k], tmp, sizeof tmp) != (pass == 0)) continue;
+            if (any) append(buf, cap, &pos, "+");
+            append(buf, cap, &pos, tmp);
+            any = 1;
         }
-        if (any) append(buf, cap, &pos, "+");
-        append(buf, cap, &pos, tmp);
-        any = 1;
-    }
-    for (size_t k = n; k-- > 0;) {
-        const iv_filter_t *f = &p->f[k];
-        char tmp[32];
-        switch (f->id) {
-        case IV_FILTER_DEFLATE:
-        case IV_FILTER_ZSTD:
-        case IV_FILTER_LZF:
-        case IV_FILTER_BLOSC2: continue;
-        case IV_FILTER_SHUFFLE: snprintf(tmp, sizeof tmp, "shuffle"); break;
-        case IV_FILTER_FLETCHER32: snprintf(tmp, sizeof tmp, "fletcher32"); break;
-        default: snprintf(tmp, sizeof tmp, "filter-%d", f->id); break;
-        }
-        if (any) append(buf, cap, &pos, "+");
-        append(buf, cap, &pos, tmp);
-        any = 1;
     }
     if (!any) append(buf, cap, &pos, "none");
 }
