@@ -113,6 +113,23 @@ static int walk_block(const reader_t *r, const uint8_t *b, size_t n, int v2, int
     return 0;
 }
 
+/* The messages of a v2 header block (*msgs, *n): without its checksum,
+ * and for a continuation without its "OCHK" signature. */
+static int v2_messages(const reader_t *r, int continuation, const uint8_t **msgs, size_t *n,
+                       iv_err_t *err)
+{
+    if (continuation) {
+        if (*n < 8 || memcmp(*msgs, "OCHK", 4) != 0)
+            return FAILF(IV_EBAD_FILE, "%s: object header continuation without its "
+                         "signature", r->where);
+        *msgs += 4;
+        *n -= 4;
+    }
+    if (*n < 4) return FAILF(IV_EBAD_FILE, "%s: object header block too short", r->where);
+    *n -= 4;
+    return 0;
+}
+
 /* Finds the layout message of the object header at address a. */
 static int find_layout(const reader_t *r, uint64_t a, layout_t *lo, iv_err_t *err)
 {
@@ -149,23 +166,8 @@ static int find_layout(const reader_t *r, uint64_t a, layout_t *lo, iv_err_t *er
         IV_TRY(fetch(r, ba, (size_t)bn, &b, err));
         const uint8_t *msgs = b;
         size_t n = (size_t)bn;
-        if (v2) {
-            if (k > 0) { /* a continuation: "OCHK", messages, checksum */
-                if (n < 8 || memcmp(b, "OCHK", 4) != 0) {
-                    free(b);
-                    return FAILF(IV_EBAD_FILE, "%s: object header continuation without its "
-                                 "signature", r->where);
-                }
-                msgs += 4;
-                n -= 4;
-            }
-            if (n < 4) {
-                free(b);
-                return FAILF(IV_EBAD_FILE, "%s: object header block too short", r->where);
-            }
-            n -= 4;
-        }
-        rc = walk_block(r, msgs, n, v2, co, blocks, &n_blocks, lo, err);
+        rc = v2 ? v2_messages(r, k > 0, &msgs, &n, err) : 0;
+        if (rc == 0) rc = walk_block(r, msgs, n, v2, co, blocks, &n_blocks, lo, err);
         free(b);
         if (rc < 0) return rc;
     }
@@ -179,6 +181,28 @@ typedef struct walk {
     uint32_t *mask;
     uint64_t nodes, max_nodes;
 } walk_t;
+
+/* A leaf entry (key k: stored bytes, filter mask, offset) of the chunk
+ * stored at address child, into the table. */
+static int take_leaf_entry(walk_t *w, const uint8_t *k, uint64_t child, iv_err_t *err)
+{
+    const reader_t *r = w->r;
+    uint64_t stored = le(k, 4), off = le(k + 8, 8), c = off / w->chunk_len;
+    if (off % w->chunk_len != 0 || le(k + 16, 8) != 0)
+        return FAILF(IV_EBAD_FILE, "%s: chunk index: a chunk at element %" PRIu64
+                     " is not on a chunk boundary", r->where, off);
+    /* Past the extent (never read), or no bytes: not written. */
+    if (c >= w->n_chunks || stored == 0) return 0;
+    if (w->addr[c] != UINT64_MAX)
+        return FAILF(IV_EBAD_FILE, "%s: chunk index lists chunk %" PRIu64 " twice", r->where, c);
+    if (child >= r->file_len)
+        return FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is stored at %" PRIu64
+                     ", past the end of the file", r->where, c, child);
+    w->addr[c] = child + r->base;
+    w->size[c] = stored;
+    w->mask[c] = (uint32_t)le(k + 4, 4);
+    return 0;
+}
 
 static int walk_node(walk_t *w, uint64_t a, int level, iv_err_t *err)
 {
@@ -203,26 +227,8 @@ static int walk_node(walk_t *w, uint64_t a, int level, iv_err_t *err)
     for (uint64_t i = 0; i < n && rc == 0; i++) {
         const uint8_t *k = b + 24 + i * (key + 8);
         uint64_t child = le(k + key, 8);
-        if (lv > 0) {
-            rc = walk_node(w, child, lv - 1, err);
-            continue;
-        }
-        uint64_t stored = le(k, 4), off = le(k + 8, 8), c = off / w->chunk_len;
-        if (off % w->chunk_len != 0 || le(k + 16, 8) != 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s: chunk index: a chunk at element %" PRIu64
-                       " is not on a chunk boundary", r->where, off);
-        } else if (c >= w->n_chunks || stored == 0) {
-            /* past the extent (never read), or no bytes: not written */
-        } else if (w->addr[c] != UINT64_MAX) {
-            rc = FAILF(IV_EBAD_FILE, "%s: chunk index lists chunk %" PRIu64 " twice", r->where, c);
-        } else if (child >= r->file_len) {
-            rc = FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is stored at %" PRIu64
-                       ", past the end of the file", r->where, c, child);
-        } else {
-            w->addr[c] = child + r->base;
-            w->size[c] = stored;
-            w->mask[c] = (uint32_t)le(k + 4, 4);
-        }
+        if (lv > 0) rc = walk_node(w, child, lv - 1, err);
+        else rc = take_leaf_entry(w, k, child, err);
     }
     free(b);
     return rc;
@@ -254,34 +260,47 @@ static int file_read(void *ctx, uint64_t off, void *buf, size_t len, iv_err_t *e
     return iv_file_read(ctx, off, buf, len, "the chunk index", err);
 }
 
-int iv_h5_chunk_table(hid_t d, iv_file_t *f, uint64_t file_len, uint64_t base,
-                      uint64_t chunk_len, size_t elem_size, uint64_t n_chunks, uint64_t *addr,
-                      uint64_t *size, uint32_t *mask, const char *where, iv_err_t *err)
+/* Whether d's file stores 8-byte offsets and lengths, the only ones
+ * the walk reads. */
+static int sizes_are_8(hid_t d)
 {
-    H5O_info_t oi;
     hid_t file = H5Iget_file_id(d), fcpl = file >= 0 ? H5Fget_create_plist(file) : -1;
     size_t so = 0, sl = 0;
     if (fcpl >= 0) H5Pget_sizes(fcpl, &so, &sl);
     if (fcpl >= 0) H5Pclose(fcpl);
     if (file >= 0) H5Fclose(file);
-    if (so != 8 || sl != 8) return 0;
+    return so == 8 && sl == 8;
+}
+
+/* Holds the table's entry for chunk c against HDF5's own answer. */
+static int check_probe(hid_t d, uint64_t base, uint64_t chunk_len, uint64_t c,
+                       const uint64_t *addr, const uint64_t *size, const uint32_t *mask,
+                       const char *where, iv_err_t *err)
+{
+    hsize_t off[1] = {c * chunk_len}, sz = 0;
+    haddr_t a = HADDR_UNDEF;
+    unsigned mk = 0;
+    if (H5Dget_chunk_info_by_coord(d, off, &mk, &a, &sz) < 0) return 0;
+    uint64_t want = a == HADDR_UNDEF || sz == 0 ? UINT64_MAX : (uint64_t)a + base;
+    if (want != addr[c] || (want != UINT64_MAX && (sz != size[c] || mk != mask[c])))
+        return FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is at %" PRIu64
+                     " in the B-tree and at %" PRIu64 " for HDF5", where, c, addr[c], want);
+    return 0;
+}
+
+int iv_h5_chunk_table(hid_t d, iv_file_t *f, uint64_t file_len, uint64_t base,
+                      uint64_t chunk_len, size_t elem_size, uint64_t n_chunks, uint64_t *addr,
+                      uint64_t *size, uint32_t *mask, const char *where, iv_err_t *err)
+{
+    H5O_info_t oi;
+    if (!sizes_are_8(d)) return 0;
     if (H5Oget_info2(d, &oi, H5O_INFO_BASIC) < 0 || oi.addr == HADDR_UNDEF) return 0;
     int rc = iv_h5_chunk_walk(file_read, f, file_len, base, (uint64_t)oi.addr, chunk_len,
                               elem_size, n_chunks, addr, size, mask, where, err);
     if (rc <= 0) return rc;
     /* Held against HDF5's own answer for the first and the last chunk. */
     uint64_t probe[2] = {0, n_chunks ? n_chunks - 1 : 0};
-    for (int i = 0; i < (n_chunks > 1 ? 2 : (int)n_chunks); i++) {
-        hsize_t off[1] = {probe[i] * chunk_len}, sz = 0;
-        haddr_t a = HADDR_UNDEF;
-        unsigned mk = 0;
-        if (H5Dget_chunk_info_by_coord(d, off, &mk, &a, &sz) < 0) continue;
-        uint64_t want = a == HADDR_UNDEF || sz == 0 ? UINT64_MAX : (uint64_t)a + base;
-        if (want != addr[probe[i]] || (want != UINT64_MAX && (sz != size[probe[i]] ||
-                                                             mk != mask[probe[i]])))
-            return FAILF(IV_EBAD_FILE, "%s: chunk index: chunk %" PRIu64 " is at %" PRIu64
-                         " in the B-tree and at %" PRIu64 " for HDF5", where, probe[i],
-                         addr[probe[i]], want);
-    }
+    for (int i = 0; i < (n_chunks > 1 ? 2 : (int)n_chunks); i++)
+        IV_TRY(check_probe(d, base, chunk_len, probe[i], addr, size, mask, where, err));
     return 1;
 }

@@ -186,39 +186,28 @@ static int settle_commits(shared_page_t *sp, int ok)
     return rc;
 }
 
-int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
+/* Forks the writer with the forwarded signals blocked (so that one
+ * arriving before child_pid is set is not lost: it waits for the
+ * handler), their mask before in *old.  The child runs fn and exits; the
+ * parent gets its pid, or -1 with the mask restored and a message. */
+static pid_t fork_writer(shared_page_t *sp, iv_h5guard_fn fn, void *ctx, sigset_t *old)
 {
-    const char *off = getenv("IVSERVE_NO_GUARD");
-    if (off && strcmp(off, "1") == 0) return fn(ctx);
-    shared_page_t *sp = mmap(NULL, sizeof *sp, PROT_READ | PROT_WRITE,
-                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (sp == MAP_FAILED) {
-        fprintf(stderr, "ivserve: error: cannot map the guard page: %s\n", strerror(errno));
-        return 1;
-    }
-    memset(sp, 0, sizeof *sp);
-    /* Nothing buffered may be written twice, once by each process. */
-    fflush(stdout);
-    fflush(stderr);
-    /* Block the forwarded signals around the fork, so that one arriving
-     * before child_pid is set is not lost: it waits for the handler. */
-    sigset_t block, old;
+    sigset_t block;
     sigemptyset(&block);
     for (size_t i = 0; i < N_FORWARDED; i++) sigaddset(&block, forwarded[i]);
-    sigprocmask(SIG_BLOCK, &block, &old);
+    sigprocmask(SIG_BLOCK, &block, old);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        munmap(sp, sizeof *sp);
+        sigprocmask(SIG_SETMASK, old, NULL);
         fprintf(stderr, "ivserve: error: cannot start the writer process: %s\n", strerror(e));
-        return 1;
+        return -1;
     }
     if (pid == 0) {
         page = sp;
         child_setup(parent);
-        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigprocmask(SIG_SETMASK, old, NULL);
         int rc = fn(ctx);
         sp->returned = 1;
         fflush(stdout);
@@ -226,6 +215,13 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
         /* exit, not _exit: the sanitizers' leak check runs at exit. */
         exit(rc & 0xff);
     }
+    return pid;
+}
+
+/* Waits for the writer with the forwarded signals passed on to it and
+ * the mask old restored; wait_child's answer. */
+static int wait_forwarding(pid_t pid, shared_page_t *sp, const sigset_t *old, int *status)
+{
     child_pid = pid;
     struct sigaction sa, saved[N_FORWARDED];
     memset(&sa, 0, sizeof sa);
@@ -233,23 +229,33 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     for (size_t i = 0; i < N_FORWARDED; i++) sigaction(forwarded[i], &sa, &saved[i]);
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    int status = 0;
-    int stalled = wait_child(pid, sp, &status);
+    sigprocmask(SIG_SETMASK, old, NULL);
+    int stalled = wait_child(pid, sp, status);
     for (size_t i = 0; i < N_FORWARDED; i++) sigaction(forwarded[i], &saved[i], NULL);
     child_pid = 0;
-    int returned = sp->returned;
-    int clean = stalled == 0 && returned && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    int rc = settle_commits(sp, clean);
-    char stage[STAGE_MAX], temp[PATH_MAX_];
-    copy_bounded(stage, sp->stage, sizeof stage);
-    copy_bounded(temp, sp->temp, sizeof temp);
-    munmap(sp, sizeof *sp);
-    /* The child's temporary file is gone once it succeeded (renamed) or
-     * failed cleanly (removed); anything left is the dead child's. */
-    int removed = temp[0] && unlink(temp) == 0;
-    const char *left = removed ? "the partial output was removed" : "nothing was written";
-    const char *sep = stage[0] ? " " : "";
+    return stalled;
+}
+
+/* How a writer that was killed by signal sig ended, told; the status. */
+static int report_signal(const char *input, int sig, const char *stage, const char *left)
+{
+    for (size_t i = 0; i < N_FORWARDED; i++)
+        if (sig == forwarded[i]) return 128 + sig;
+    if (sig == SIGKILL) {
+        fprintf(stderr, "ivserve: error: %s: the writer was killed (signal %d)%s%s; out of memory? "
+                "%s\n", input, sig, stage[0] ? " while " : "", stage, left);
+        return 1;
+    }
+    fprintf(stderr, "ivserve: error: %s: HDF5 crashed%s%s (signal %d, %s); the file is damaged; "
+            "%s\n", input, stage[0] ? " " : "", stage, sig, strsignal(sig), left);
+    return 1;
+}
+
+/* How the writer ended, told on stderr unless cleanly; the status to
+ * return (rc: settle_commits'). */
+static int report_end(const char *input, int stalled, int returned, int status, int rc,
+                      const char *stage, const char *left)
+{
     if (stalled < 0) {
         fprintf(stderr, "ivserve: error: lost the writer process: %s\n", strerror(errno));
         return 1;
@@ -269,15 +275,41 @@ int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
         return 1;
     }
     if (WIFEXITED(status)) return rc ? rc : WEXITSTATUS(status);
-    int sig = WTERMSIG(status);
-    for (size_t i = 0; i < N_FORWARDED; i++)
-        if (sig == forwarded[i]) return 128 + sig;
-    if (sig == SIGKILL) {
-        fprintf(stderr, "ivserve: error: %s: the writer was killed (signal %d)%s%s; out of memory? "
-                "%s\n", input, sig, stage[0] ? " while " : "", stage, left);
+    return report_signal(input, WTERMSIG(status), stage, left);
+}
+
+int iv_h5guard_run(const char *input, iv_h5guard_fn fn, void *ctx)
+{
+    const char *off = getenv("IVSERVE_NO_GUARD");
+    if (off && strcmp(off, "1") == 0) return fn(ctx);
+    shared_page_t *sp = mmap(NULL, sizeof *sp, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sp == MAP_FAILED) {
+        fprintf(stderr, "ivserve: error: cannot map the guard page: %s\n", strerror(errno));
         return 1;
     }
-    fprintf(stderr, "ivserve: error: %s: HDF5 crashed%s%s (signal %d, %s); the file is damaged; "
-            "%s\n", input, sep, stage, sig, strsignal(sig), left);
-    return 1;
+    memset(sp, 0, sizeof *sp);
+    /* Nothing buffered may be written twice, once by each process. */
+    fflush(stdout);
+    fflush(stderr);
+    sigset_t old;
+    pid_t pid = fork_writer(sp, fn, ctx, &old);
+    if (pid < 0) {
+        munmap(sp, sizeof *sp);
+        return 1;
+    }
+    int status = 0;
+    int stalled = wait_forwarding(pid, sp, &old, &status);
+    int returned = sp->returned;
+    int clean = stalled == 0 && returned && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    int rc = settle_commits(sp, clean);
+    char stage[STAGE_MAX], temp[PATH_MAX_];
+    copy_bounded(stage, sp->stage, sizeof stage);
+    copy_bounded(temp, sp->temp, sizeof temp);
+    munmap(sp, sizeof *sp);
+    /* The child's temporary file is gone once it succeeded (renamed) or
+     * failed cleanly (removed); anything left is the dead child's. */
+    int removed = temp[0] && unlink(temp) == 0;
+    const char *left = removed ? "the partial output was removed" : "nothing was written";
+    return report_end(input, stalled, returned, status, rc, stage, left);
 }

@@ -418,6 +418,92 @@ __attribute__((noinline)) static void iso_memfd_close(int mfd)
 #define RETRY_DEADLOCK 1   /* run_once: the child deadlocked, fork again */
 #define MAX_ATTEMPTS 3
 
+/* Creates the pipe (pfd) and the result memfd (*mfd) and forks the
+ * reader, which runs fn; its pid, or -1 with an error. */
+static pid_t start_reader(const char *path, iv_h5iso_child_fn fn, void *ctx, int pfd[2], int *mfd,
+                          iv_err_t *err)
+{
+    /* The lock spans the pipe's creation to the close of its write end in
+     * the parent: a concurrent fork would copy that end into another child
+     * and delay this pipe's end-of-file until that child closes it. */
+    iv_h5iso_lock();
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        iv_h5iso_unlock();
+        iv_fail(err, IV_EINTERNAL, "%s: cannot create a pipe: %s", path, strerror(errno));
+        return -1;
+    }
+    *mfd = memfd_create("ivserve-h5iso", MFD_CLOEXEC);
+    if (*mfd < 0) {
+        iv_h5iso_unlock();
+        iv_fail(err, IV_EINTERNAL, "%s: cannot create a memory file: %s", path, strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) child_main(parent, pfd[1], *mfd, fn, ctx);   /* never returns */
+    int fork_errno = errno;
+    close(pfd[1]);
+    pfd[1] = -1;
+    iv_h5iso_unlock();
+    if (pid < 0)
+        iv_fail(err, IV_EINTERNAL, "%s: cannot start the HDF5 reader process: %s", path,
+                strerror(fork_errno));
+    return pid;
+}
+
+/* Why the reader gave no usable answer (read_msgs said got; waited: it
+ * was reaped with status), or 0 when it did: RETRY_DEADLOCK or an
+ * error. */
+static int reader_failure(const char *path, int got, int waited, int status,
+                          const struct wait_state *ws, unsigned tmo, iv_err_t *err)
+{
+    if (got == 2) {
+        iv_fail(err, IV_EINTERNAL,
+                "%s: the HDF5 reader deadlocked reading %s (a lock held at its fork), %d times",
+                path, ws->stage, MAX_ATTEMPTS);
+        return RETRY_DEADLOCK;
+    }
+    if (got == 1)
+        return iv_fail(err, IV_ETIMEOUT,
+                       "%s: HDF5 did not finish reading %s within %.0f s (the reader was stopped); "
+                       "the file is damaged or its storage does not answer",
+                       path, ws->stage, tmo / 1000.0);
+    if (waited && WIFSIGNALED(status) && !(got == 0 && ws->done)) {
+        int sig = WTERMSIG(status);
+        const char *d = sigdescr_np(sig);
+        return iv_fail(err, IV_EBAD_FILE,
+                       "%s: HDF5 crashed reading %s (signal %d, %s); the file is damaged", path,
+                       ws->stage, sig, d ? d : "unknown signal");
+    }
+    if ((got < 0 || !ws->done) && waited && WIFEXITED(status))
+        return iv_fail(err, IV_EBAD_FILE,
+                       "%s: the HDF5 reader died reading %s (exit status %d) without an "
+                       "answer; the file is damaged", path, ws->stage, WEXITSTATUS(status));
+    if (got < 0 || !ws->done)
+        return iv_fail(err, IV_EBAD_FILE,
+                       "%s: the HDF5 reader died reading %s without an answer; the file is "
+                       "damaged", path, ws->stage);
+    if (ws->rc < 0) return iv_fail(err, ws->rc, "%s", ws->msg[0] ? ws->msg : iv_error_message(ws->rc));
+    return 0;
+}
+
+/* Maps the reader's results, which must be as long as it said, into res. */
+static int map_results(const char *path, int mfd, const struct wait_state *ws,
+                       iv_h5iso_result_t *res, iv_err_t *err)
+{
+    off_t size;
+    if (iso_memfd_size(mfd, &size) != 0 || (uint64_t)size != ws->total)
+        return iv_fail(err, IV_EINTERNAL, "%s: the HDF5 reader's results are incomplete", path);
+    if (ws->total == 0) return 0;
+    void *p = mmap(NULL, (size_t)ws->total, PROT_READ, MAP_PRIVATE, mfd, 0);
+    if (p == MAP_FAILED)
+        return iv_fail(err, IV_ENOMEM, "%s: cannot map the HDF5 reader's results: %s", path,
+                       strerror(errno));
+    res->data = p;
+    res->len = (size_t)ws->total;
+    return 0;
+}
+
 static int run_once(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_note_fn note,
                     void *note_ctx, iv_h5iso_result_t *res, iv_err_t *err)
 {
@@ -427,93 +513,18 @@ static int run_once(const char *path, iv_h5iso_child_fn fn, void *ctx, iv_h5iso_
     struct wait_state *ws = calloc(1, sizeof *ws);
     if (!ws) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
     snprintf(ws->stage, sizeof ws->stage, "the file");
-
-    /* The lock spans the pipe's creation to the close of its write end in
-     * the parent: a concurrent fork would copy that end into another child
-     * and delay this pipe's end-of-file until that child closes it. */
-    iv_h5iso_lock();
-    if (pipe2(pfd, O_CLOEXEC) != 0) {
-        iv_h5iso_unlock();
-        rc = iv_fail(err, IV_EINTERNAL, "%s: cannot create a pipe: %s", path, strerror(errno));
-        goto out;
-    }
-    mfd = memfd_create("ivserve-h5iso", MFD_CLOEXEC);
-    if (mfd < 0) {
-        iv_h5iso_unlock();
-        rc = iv_fail(err, IV_EINTERNAL, "%s: cannot create a memory file: %s", path,
-                     strerror(errno));
-        goto out;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) child_main(parent, pfd[1], mfd, fn, ctx);   /* never returns */
-    int fork_errno = errno;
-    close(pfd[1]);
-    pfd[1] = -1;
-    iv_h5iso_unlock();
+    pid_t pid = start_reader(path, fn, ctx, pfd, &mfd, err);
     if (pid < 0) {
-        rc = iv_fail(err, IV_EINTERNAL, "%s: cannot start the HDF5 reader process: %s", path,
-                     strerror(fork_errno));
+        rc = IV_EINTERNAL;   /* start_reader's every error */
         goto out;
     }
-
     unsigned tmo = get_timeout_ms();
     int got = read_msgs(pfd[0], pid, now_ms() + tmo, ws, note, note_ctx);
     if (got != 0) kill(pid, SIGKILL);
     int status = 0;
     int waited = wait_child(pid, &status) == 0;
-    if (got == 2) {
-        rc = RETRY_DEADLOCK;
-        iv_fail(err, IV_EINTERNAL,
-                "%s: the HDF5 reader deadlocked reading %s (a lock held at its fork), %d times",
-                path, ws->stage, MAX_ATTEMPTS);
-        goto out;
-    }
-    if (got == 1) {
-        rc = iv_fail(err, IV_ETIMEOUT,
-                     "%s: HDF5 did not finish reading %s within %.0f s (the reader was stopped); "
-                     "the file is damaged or its storage does not answer",
-                     path, ws->stage, tmo / 1000.0);
-        goto out;
-    }
-    if (waited && WIFSIGNALED(status) && !(got == 0 && ws->done)) {
-        int sig = WTERMSIG(status);
-        const char *d = sigdescr_np(sig);
-        rc = iv_fail(err, IV_EBAD_FILE,
-                     "%s: HDF5 crashed reading %s (signal %d, %s); the file is damaged", path,
-                     ws->stage, sig, d ? d : "unknown signal");
-        goto out;
-    }
-    if (got < 0 || !ws->done) {
-        if (waited && WIFEXITED(status))
-            rc = iv_fail(err, IV_EBAD_FILE,
-                         "%s: the HDF5 reader died reading %s (exit status %d) without an "
-                         "answer; the file is damaged", path, ws->stage, WEXITSTATUS(status));
-        else
-            rc = iv_fail(err, IV_EBAD_FILE,
-                         "%s: the HDF5 reader died reading %s without an answer; the file is "
-                         "damaged", path, ws->stage);
-        goto out;
-    }
-    if (ws->rc < 0) {
-        rc = iv_fail(err, ws->rc, "%s", ws->msg[0] ? ws->msg : iv_error_message(ws->rc));
-        goto out;
-    }
-    off_t size;
-    if (iso_memfd_size(mfd, &size) != 0 || (uint64_t)size != ws->total) {
-        rc = iv_fail(err, IV_EINTERNAL, "%s: the HDF5 reader's results are incomplete", path);
-        goto out;
-    }
-    if (ws->total > 0) {
-        void *p = mmap(NULL, (size_t)ws->total, PROT_READ, MAP_PRIVATE, mfd, 0);
-        if (p == MAP_FAILED) {
-            rc = iv_fail(err, IV_ENOMEM, "%s: cannot map the HDF5 reader's results: %s", path,
-                         strerror(errno));
-            goto out;
-        }
-        res->data = p;
-        res->len = (size_t)ws->total;
-    }
+    rc = reader_failure(path, got, waited, status, ws, tmo, err);
+    if (rc == 0) rc = map_results(path, mfd, ws, res, err);
 out:
     if (pfd[0] >= 0) close(pfd[0]);
     if (pfd[1] >= 0) close(pfd[1]);

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
 
@@ -46,6 +47,35 @@ hid_t iv_h5_native(iv_dtype_t t)
     }
 }
 
+/* Attribute a's one variable-length string (file type t) into buf; *mt
+ * gets the memory type, for the caller to close.  0 or -1. */
+static int read_vl_str(hid_t a, hid_t t, hid_t *mt, char *buf, size_t cap)
+{
+    char *s = NULL;
+    *mt = H5Tcopy(H5T_C_S1);
+    H5Tset_size(*mt, H5T_VARIABLE);
+    H5Tset_cset(*mt, H5Tget_cset(t));
+    if (H5Aread(a, *mt, &s) < 0) return -1;
+    if (s) {
+        snprintf(buf, cap, "%s", s);
+        H5free_memory(s);
+    }
+    return 0;
+}
+
+/* read_vl_str for a fixed-length string. */
+static int read_fixed_str(hid_t a, hid_t t, hid_t *mt, char *buf, size_t cap)
+{
+    size_t n = H5Tget_size(t);
+    char *tmp = calloc(1, n + 1);
+    if (!tmp) return -1;
+    *mt = H5Tcopy(t);
+    int rc = H5Aread(a, *mt, tmp) < 0 ? -1 : 0;
+    if (rc == 0) snprintf(buf, cap, "%s", tmp);
+    free(tmp);
+    return rc;
+}
+
 int iv_h5_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap)
 {
     int rc = -1;
@@ -55,29 +85,8 @@ int iv_h5_read_str_attr(hid_t obj, const char *name, char *buf, size_t cap)
     if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0) goto done;
     if ((t = H5Aget_type(a)) < 0 || H5Tget_class(t) != H5T_STRING) goto done;
     if ((sp = H5Aget_space(a)) < 0 || H5Sget_simple_extent_npoints(sp) != 1) goto done;
-    if (H5Tis_variable_str(t) > 0) {
-        char *s = NULL;
-        mt = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mt, H5T_VARIABLE);
-        H5Tset_cset(mt, H5Tget_cset(t));
-        if (H5Aread(a, mt, &s) < 0) goto done;
-        if (s) {
-            snprintf(buf, cap, "%s", s);
-            H5free_memory(s);
-        }
-    } else {
-        size_t n = H5Tget_size(t);
-        char *tmp = calloc(1, n + 1);
-        if (!tmp) goto done;
-        mt = H5Tcopy(t);
-        if (H5Aread(a, mt, tmp) < 0) {
-            free(tmp);
-            goto done;
-        }
-        snprintf(buf, cap, "%s", tmp);
-        free(tmp);
-    }
-    rc = 0;
+    rc = H5Tis_variable_str(t) > 0 ? read_vl_str(a, t, &mt, buf, cap)
+                                    : read_fixed_str(a, t, &mt, buf, cap);
 done:
     if (sp >= 0) H5Sclose(sp);
     if (mt >= 0) H5Tclose(mt);
@@ -91,69 +100,114 @@ done:
  * Blosc's at a few hundred. */
 #define MAX_PLAUSIBLE_RATIO 65536.0
 
+/* A dataset's declared size against what it stores. */
+typedef struct stored {
+    const char *where;
+    hid_t d, sp, dcpl;
+    int rank, vlen;
+    hsize_t dims[H5S_MAX_RANK];
+    double declared;       /* bytes the shape declares */
+    haddr_t stored;        /* bytes the file stores */
+    char shape[160];       /* "D0 x D1 ..." for messages */
+} stored_t;
+
+static void format_shape(stored_t *st)
+{
+    int len = 0;
+    for (int i = 0; i < st->rank && len < (int)sizeof st->shape - 24; i++)
+        len += snprintf(st->shape + len, sizeof st->shape - (size_t)len, "%s%llu", i ? " x " : "",
+                        (unsigned long long)st->dims[i]);
+}
+
+/* A contiguous dataset must store at least its declared bytes. */
+static int check_contiguous(const stored_t *st, iv_err_t *err)
+{
+    if (!st->vlen && (double)st->stored < st->declared)
+        return FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) but stores %llu bytes; "
+                     "the shape is not what the file holds", st->where, st->shape, st->declared,
+                     (unsigned long long)st->stored);
+    return 0;
+}
+
+/* The number of chunks the shape needs, into *expected. */
+static int expected_chunks(const stored_t *st, double *expected, iv_err_t *err)
+{
+    hsize_t cdims[H5S_MAX_RANK];
+    if (H5Pget_chunk(st->dcpl, st->rank, cdims) != st->rank)
+        return FAILF(IV_EBAD_FILE, "%s: chunk shape unreadable", st->where);
+    *expected = 1;
+    for (int i = 0; i < st->rank; i++) {
+        if (cdims[i] == 0) return FAILF(IV_EBAD_FILE, "%s: a chunk dimension of 0", st->where);
+        *expected *= (double)((st->dims[i] + cdims[i] - 1) / cdims[i]);
+    }
+    return 0;
+}
+
+/* A chunked dataset must store every chunk its shape needs, in no fewer
+ * bytes than any codec could. */
+static int check_chunked(const stored_t *st, iv_err_t *err)
+{
+    double expected = 1;
+    IV_TRY(expected_chunks(st, &expected, err));
+    hsize_t have = 0;
+    if (H5Dget_num_chunks(st->d, st->sp, &have) < 0)
+        return FAILF(IV_EBAD_FILE, "%s: chunk index unreadable", st->where);
+    if ((double)have < expected)
+        return FAILF(IV_EBAD_FILE, "%s: declares %s values but stores %llu of its %.0f chunks; "
+                     "the shape is not what the file holds", st->where, st->shape,
+                     (unsigned long long)have, expected);
+    if (!st->vlen && st->declared > MAX_PLAUSIBLE_RATIO * (double)(st->stored ? st->stored : 1))
+        return FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) in %llu stored bytes, "
+                     "a compression ratio past any codec's; the shape is not what the file "
+                     "holds", st->where, st->shape, st->declared, (unsigned long long)st->stored);
+    return 0;
+}
+
+/* Reads the dataspace into st, and its number of elements into *n. */
+static int read_extent(stored_t *st, double *n, iv_err_t *err)
+{
+    st->rank = H5Sget_simple_extent_ndims(st->sp);
+    if (st->rank < 0 || st->rank > H5S_MAX_RANK ||
+        (st->rank > 0 && H5Sget_simple_extent_dims(st->sp, st->dims, NULL) < 0))
+        return FAILF(IV_EBAD_FILE, "%s: dataspace unreadable", st->where);
+    *n = 1;
+    for (int i = 0; i < st->rank; i++) *n *= (double)st->dims[i];
+    return 0;
+}
+
+/* The checks on a dataset with its header open; an empty one passes. */
+static int check_extent_stored(stored_t *st, hid_t ft, iv_err_t *err)
+{
+    double n = 0;
+    IV_TRY(read_extent(st, &n, err));
+    if (n == 0) return 0;
+    st->vlen = H5Tdetect_class(ft, H5T_VLEN) > 0 || H5Tis_variable_str(ft) > 0;
+    st->declared = n * (double)H5Tget_size(ft);
+    format_shape(st);
+    H5D_layout_t layout = H5Pget_layout(st->dcpl);
+    st->stored = H5Dget_storage_size(st->d);
+    if (layout == H5D_CONTIGUOUS) return check_contiguous(st, err);
+    if (layout == H5D_CHUNKED) return check_chunked(st, err);
+    return 0;
+}
+
 int iv_h5_check_stored(hid_t d, const char *where, iv_err_t *err)
 {
-    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d), dcpl = H5Dget_create_plist(d);
-    int rc = 0;
-    if (sp < 0 || ft < 0 || dcpl < 0) {
+    stored_t st;
+    memset(&st, 0, sizeof st);
+    st.where = where;
+    st.d = d;
+    st.sp = H5Dget_space(d);
+    hid_t ft = H5Dget_type(d);
+    st.dcpl = H5Dget_create_plist(d);
+    int rc;
+    if (st.sp < 0 || ft < 0 || st.dcpl < 0)
         rc = FAILF(IV_EBAD_FILE, "%s: dataset header unreadable", where);
-        goto done;
-    }
-    int rank = H5Sget_simple_extent_ndims(sp);
-    hsize_t dims[H5S_MAX_RANK];
-    if (rank < 0 || rank > H5S_MAX_RANK || (rank > 0 && H5Sget_simple_extent_dims(sp, dims, NULL) < 0)) {
-        rc = FAILF(IV_EBAD_FILE, "%s: dataspace unreadable", where);
-        goto done;
-    }
-    double n = 1, expected_chunks = 1;
-    for (int i = 0; i < rank; i++) n *= (double)dims[i];
-    if (n == 0) goto done;
-    size_t esz = H5Tget_size(ft);
-    int vlen = H5Tdetect_class(ft, H5T_VLEN) > 0 || H5Tis_variable_str(ft) > 0;
-    double declared = n * (double)esz;
-    char shape[160];
-    int len = 0;
-    for (int i = 0; i < rank && len < (int)sizeof shape - 24; i++)
-        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%llu", i ? " x " : "",
-                        (unsigned long long)dims[i]);
-    H5D_layout_t layout = H5Pget_layout(dcpl);
-    haddr_t stored = H5Dget_storage_size(d);
-    if (layout == H5D_CONTIGUOUS) {
-        if (!vlen && (double)stored < declared)
-            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) but stores %llu bytes; "
-                       "the shape is not what the file holds", where, shape, declared,
-                       (unsigned long long)stored);
-    } else if (layout == H5D_CHUNKED) {
-        hsize_t cdims[H5S_MAX_RANK];
-        if (H5Pget_chunk(dcpl, rank, cdims) != rank) {
-            rc = FAILF(IV_EBAD_FILE, "%s: chunk shape unreadable", where);
-            goto done;
-        }
-        for (int i = 0; i < rank; i++) {
-            if (cdims[i] == 0) {
-                rc = FAILF(IV_EBAD_FILE, "%s: a chunk dimension of 0", where);
-                goto done;
-            }
-            expected_chunks *= (double)((dims[i] + cdims[i] - 1) / cdims[i]);
-        }
-        hsize_t have = 0;
-        if (H5Dget_num_chunks(d, sp, &have) < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s: chunk index unreadable", where);
-            goto done;
-        }
-        if ((double)have < expected_chunks)
-            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values but stores %llu of its %.0f chunks; "
-                       "the shape is not what the file holds", where, shape,
-                       (unsigned long long)have, expected_chunks);
-        else if (!vlen && declared > MAX_PLAUSIBLE_RATIO * (double)(stored ? stored : 1))
-            rc = FAILF(IV_EBAD_FILE, "%s: declares %s values (%.0f bytes) in %llu stored bytes, "
-                       "a compression ratio past any codec's; the shape is not what the file "
-                       "holds", where, shape, declared, (unsigned long long)stored);
-    }
-done:
-    if (dcpl >= 0) H5Pclose(dcpl);
+    else
+        rc = check_extent_stored(&st, ft, err);
+    if (st.dcpl >= 0) H5Pclose(st.dcpl);
     if (ft >= 0) H5Tclose(ft);
-    if (sp >= 0) H5Sclose(sp);
+    if (st.sp >= 0) H5Sclose(st.sp);
     return rc;
 }
 

@@ -26,33 +26,46 @@
 
 /* ---- codecs --------------------------------------------------------------- */
 
+/* The codecs by name, with the level each takes when none is given. */
+static const struct codec_name {
+    const char *name;
+    iv_h5w_codec_kind_t kind;
+    int dflt;
+} CODEC_NAMES[] = {
+    {"zstd", IV_H5W_ZSTD, 1},
+    {"deflate", IV_H5W_DEFLATE, 4},
+    {"none", IV_H5W_NONE, 0},
+};
+
+/* Whether a codec takes the level (none takes none). */
+static int level_ok(iv_h5w_codec_kind_t kind, int level)
+{
+    switch (kind) {
+    case IV_H5W_ZSTD: return level >= ZSTD_minCLevel() && level <= ZSTD_maxCLevel() && level != 0;
+    case IV_H5W_DEFLATE: return level >= 0 && level <= 9;
+    default: return 1;
+    }
+}
+
 int iv_h5w_codec_parse(const char *s, iv_h5w_codec_t *c)
 {
     const char *colon = strchr(s, ':');
     size_t n = colon ? (size_t)(colon - s) : strlen(s);
     long level = 0;
-    int have_level = 0;
     if (colon) {
         char *end;
         level = strtol(colon + 1, &end, 10);
         if (end == colon + 1 || *end) return -1;
-        have_level = 1;
     }
-    if (n == 4 && strncmp(s, "zstd", 4) == 0) {
-        c->kind = IV_H5W_ZSTD;
-        c->level = have_level ? (int)level : 1;
-        if (c->level < ZSTD_minCLevel() || c->level > ZSTD_maxCLevel() || c->level == 0) return -1;
-    } else if (n == 7 && strncmp(s, "deflate", 7) == 0) {
-        c->kind = IV_H5W_DEFLATE;
-        c->level = have_level ? (int)level : 4;
-        if (c->level < 0 || c->level > 9) return -1;
-    } else if (n == 4 && strncmp(s, "none", 4) == 0 && !colon) {
-        c->kind = IV_H5W_NONE;
-        c->level = 0;
-    } else {
-        return -1;
+    for (size_t i = 0; i < sizeof CODEC_NAMES / sizeof CODEC_NAMES[0]; i++) {
+        const struct codec_name *cn = &CODEC_NAMES[i];
+        if (strlen(cn->name) != n || strncmp(s, cn->name, n) != 0) continue;
+        if (cn->kind == IV_H5W_NONE && colon) return -1;
+        c->kind = cn->kind;
+        c->level = colon ? (int)level : cn->dflt;
+        return level_ok(cn->kind, c->level) ? 0 : -1;
     }
-    return 0;
+    return -1;
 }
 
 void iv_h5w_codec_describe(const iv_h5w_codec_t *c, char *buf, size_t cap)
@@ -177,6 +190,28 @@ struct iv_h5w_array {
     char label[512];
 };
 
+/* An empty extensible dataset of chunks of chunk_elems, through the
+ * codec's filter; -1 when HDF5 refuses. */
+static hid_t create_dataset(hid_t loc, const char *name, iv_dtype_t dt, uint64_t chunk_elems,
+                            const iv_h5w_codec_t *codec)
+{
+    hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, cdims[1] = {chunk_elems};
+    hid_t sp = H5Screate_simple(1, dims, maxdims);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t d = -1;
+    int ok = sp >= 0 && dcpl >= 0 && H5Pset_chunk(dcpl, 1, cdims) >= 0;
+    if (ok && codec->kind == IV_H5W_ZSTD) {
+        unsigned cd[1] = {(unsigned)codec->level};
+        ok = H5Pset_filter(dcpl, IV_FILTER_ZSTD, H5Z_FLAG_OPTIONAL, 1, cd) >= 0;
+    } else if (ok && codec->kind == IV_H5W_DEFLATE) {
+        ok = H5Pset_deflate(dcpl, (unsigned)codec->level) >= 0;
+    }
+    if (ok) d = H5Dcreate2(loc, name, file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sp >= 0) H5Sclose(sp);
+    return d;
+}
+
 int iv_h5w_array_create(hid_t loc, const char *name, iv_dtype_t dt, uint64_t chunk_elems,
                         const iv_h5w_codec_t *codec, iv_pool_t *pool, unsigned batch,
                         const char *label, iv_h5w_array_t **out, iv_err_t *err)
@@ -204,19 +239,7 @@ int iv_h5w_array_create(hid_t loc, const char *name, iv_dtype_t dt, uint64_t chu
         a->sets[k].s = calloc(a->batch, sizeof(struct slot));
         if (!a->sets[k].s) goto nomem;
     }
-    hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, cdims[1] = {chunk_elems};
-    hid_t sp = H5Screate_simple(1, dims, maxdims);
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    int ok = sp >= 0 && dcpl >= 0 && H5Pset_chunk(dcpl, 1, cdims) >= 0;
-    if (ok && codec->kind == IV_H5W_ZSTD) {
-        unsigned cd[1] = {(unsigned)codec->level};
-        ok = H5Pset_filter(dcpl, IV_FILTER_ZSTD, H5Z_FLAG_OPTIONAL, 1, cd) >= 0;
-    } else if (ok && codec->kind == IV_H5W_DEFLATE) {
-        ok = H5Pset_deflate(dcpl, (unsigned)codec->level) >= 0;
-    }
-    if (ok) a->d = H5Dcreate2(loc, name, file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (dcpl >= 0) H5Pclose(dcpl);
-    if (sp >= 0) H5Sclose(sp);
+    a->d = create_dataset(loc, name, dt, chunk_elems, codec);
     if (a->d < 0) {
         iv_fail(err, IV_EIO, "%s: cannot create the dataset", a->label);
         iv_h5w_array_free(a);
@@ -406,30 +429,19 @@ int iv_h5w_attr_encoding(hid_t obj, const char *type, const char *version)
 }
 
 
-/* Copies one attribute: read in its own type, write the same type. */
-static herr_t copy_attr_cb(hid_t src, const char *name, const H5A_info_t *info, void *arg)
+/* Writes attribute a's values (memory type mt, dataspace sp) to a new
+ * attribute `name` of dst of file type ft, replacing one there. */
+static herr_t write_attr_copy(hid_t a, hid_t dst, const char *name, hid_t ft, hid_t mt, hid_t sp)
 {
-    (void)info;
-    hid_t dst = *(hid_t *)arg;
-    herr_t rc = -1;
-    hid_t a = -1, ft = -1, mt = -1, sp = -1, b = -1;
-    void *buf = NULL;
-    if ((a = H5Aopen(src, name, H5P_DEFAULT)) < 0) goto done;
-    if ((ft = H5Aget_type(a)) < 0 || (sp = H5Aget_space(a)) < 0) goto done;
-    if (H5Tget_class(ft) == H5T_REFERENCE) {
-        /* A reference holds an address in the source file: meaningless
-         * in another one.  Objects copied with H5Ocopy keep theirs. */
-        rc = 0;
-        goto done;
-    }
-    if ((mt = H5Tget_native_type(ft, H5T_DIR_ASCEND)) < 0 && (mt = H5Tcopy(ft)) < 0) goto done;
     hssize_t n = H5Sget_simple_extent_npoints(sp);
-    if (n < 0) goto done;
+    if (n < 0) return -1;
     size_t bytes = (size_t)n * H5Tget_size(mt);
-    buf = calloc(1, bytes ? bytes : 1);
-    if (!buf) goto done;
+    void *buf = calloc(1, bytes ? bytes : 1);
+    if (!buf) return -1;
+    herr_t rc = -1;
     if (H5Aexists(dst, name) > 0) H5Adelete(dst, name);
-    if ((b = H5Acreate2(dst, name, ft, sp, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto done;
+    hid_t b = H5Acreate2(dst, name, ft, sp, H5P_DEFAULT, H5P_DEFAULT);
+    if (b < 0) goto done;
     if (n > 0) {
         if (H5Aread(a, mt, buf) < 0) goto done;
         herr_t w = H5Awrite(b, mt, buf);
@@ -441,6 +453,27 @@ static herr_t copy_attr_cb(hid_t src, const char *name, const H5A_info_t *info, 
 done:
     free(buf);
     if (b >= 0) H5Aclose(b);
+    return rc;
+}
+
+/* Copies one attribute: read in its own type, write the same type. */
+static herr_t copy_attr_cb(hid_t src, const char *name, const H5A_info_t *info, void *arg)
+{
+    (void)info;
+    hid_t dst = *(hid_t *)arg;
+    herr_t rc = -1;
+    hid_t a = -1, ft = -1, mt = -1, sp = -1;
+    if ((a = H5Aopen(src, name, H5P_DEFAULT)) < 0) goto done;
+    if ((ft = H5Aget_type(a)) < 0 || (sp = H5Aget_space(a)) < 0) goto done;
+    if (H5Tget_class(ft) == H5T_REFERENCE) {
+        /* A reference holds an address in the source file: meaningless
+         * in another one.  Objects copied with H5Ocopy keep theirs. */
+        rc = 0;
+        goto done;
+    }
+    if ((mt = H5Tget_native_type(ft, H5T_DIR_ASCEND)) < 0 && (mt = H5Tcopy(ft)) < 0) goto done;
+    rc = write_attr_copy(a, dst, name, ft, mt, sp);
+done:
     if (mt >= 0) H5Tclose(mt);
     if (ft >= 0) H5Tclose(ft);
     if (sp >= 0) H5Sclose(sp);
