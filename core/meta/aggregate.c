@@ -72,6 +72,20 @@ static void part_free(part_t *p)
     free(p->st);
 }
 
+/* The arrays of one partial of n cells that the statistics need; the
+ * maxima start at -inf.  0 or -1. */
+static int part_alloc(const iv_agg_t *a, part_t *p, size_t n)
+{
+    if ((a->need_sum && !(p->sum = calloc(n, sizeof *p->sum))) ||
+        (a->need_sq && !(p->sq = calloc(n, sizeof *p->sq))) ||
+        (a->need_nz && !(p->nz = calloc(n, sizeof *p->nz))))
+        return -1;
+    if (!a->need_max) return 0;
+    if (!(p->st = calloc(n, sizeof *p->st)) || !(p->mx = malloc(n * sizeof *p->mx))) return -1;
+    for (size_t k = 0; k < n; k++) p->mx[k] = -INFINITY;
+    return 0;
+}
+
 int iv_agg_new(int64_t n_groups, int64_t n_genes, unsigned mask, unsigned n_parts, iv_agg_t **out,
                iv_err_t *err)
 {
@@ -93,15 +107,8 @@ int iv_agg_new(int64_t n_groups, int64_t n_genes, unsigned mask, unsigned n_part
     a->parts = calloc(n_parts, sizeof *a->parts);
     if (!a->parts) goto oom;
     size_t n = cells ? cells : 1;
-    for (unsigned i = 0; i < n_parts; i++) {
-        part_t *p = &a->parts[i];
-        if ((a->need_sum && !(p->sum = calloc(n, sizeof *p->sum))) ||
-            (a->need_sq && !(p->sq = calloc(n, sizeof *p->sq))) ||
-            (a->need_nz && !(p->nz = calloc(n, sizeof *p->nz))) ||
-            (a->need_max && (!(p->st = calloc(n, sizeof *p->st)) || !(p->mx = malloc(n * sizeof *p->mx)))))
-            goto oom;
-        for (size_t k = 0; a->need_max && k < n; k++) p->mx[k] = -INFINITY;
-    }
+    for (unsigned i = 0; i < n_parts; i++)
+        if (part_alloc(a, &a->parts[i], n) < 0) goto oom;
     *out = a;
     return 0;
 oom:
@@ -211,46 +218,53 @@ static void merge(iv_agg_t *a)
     }
 }
 
+/* The variance of cell k over n cells (ddof as numpy's), NaN for too
+ * few cells or a NaN sum. */
+static inline double cell_var(const part_t *p, size_t k, int64_t n, int ddof)
+{
+    if (n <= ddof) return NAN;
+    /* Long double keeps the cancellation of sum of squares minus
+     * n * mean^2 small next to float64's rounding. */
+    long double s = p->sum[k], q = p->sq[k];
+    long double m2 = q - s * s / (long double)n;
+    if (m2 < 0) m2 = 0;
+    double v = (double)(m2 / (long double)(n - ddof));
+    return isnan(p->sum[k]) ? NAN : v;
+}
+
+/* The maximum of cell k over n cells: cells without a stored entry hold
+ * an implicit 0. */
+static inline double cell_max(const part_t *p, size_t k, int64_t n)
+{
+    if (n <= 0) return NAN;
+    double v = p->mx[k];
+    if (p->st[k] < n && !isnan(v) && v < 0) v = 0;
+    if (p->st[k] == 0) v = 0;
+    return v;
+}
+
+/* Statistic bit of cell k over a group of n cells. */
+static inline double cell_stat(const part_t *p, int bit, size_t k, int64_t n, int ddof)
+{
+    switch (bit) {
+    case IV_STAT_SUM: return p->sum[k];
+    case IV_STAT_MEAN: return n > 0 ? p->sum[k] / (double)n : NAN;
+    case IV_STAT_VAR: return cell_var(p, k, n, ddof);
+    case IV_STAT_NNZ: return (double)p->nz[k];
+    case IV_STAT_FRAC: return n > 0 ? (double)p->nz[k] / (double)n : NAN;
+    case IV_STAT_MAX: return cell_max(p, k, n);
+    default: return NAN;
+    }
+}
+
 void iv_agg_result(iv_agg_t *a, int bit, const int64_t *n_cells, int ddof, double *out)
 {
     merge(a);
     const part_t *p = &a->parts[0];
     for (int64_t g = 0; g < a->n_groups; g++) {
-        int64_t n = n_cells[g];
         for (int64_t j = 0; j < a->n_genes; j++) {
             size_t k = (size_t)g * (size_t)a->n_genes + (size_t)j;
-            double v = NAN;
-            switch (bit) {
-            case IV_STAT_SUM: v = p->sum[k]; break;
-            case IV_STAT_MEAN:
-                if (n > 0) v = p->sum[k] / (double)n;
-                break;
-            case IV_STAT_VAR:
-                if (n > ddof) {
-                    /* Long double keeps the cancellation of sum of squares
-                     * minus n * mean^2 small next to float64's rounding. */
-                    long double s = p->sum[k], q = p->sq[k];
-                    long double m2 = q - s * s / (long double)n;
-                    if (m2 < 0) m2 = 0;
-                    v = (double)(m2 / (long double)(n - ddof));
-                    if (isnan(p->sum[k])) v = NAN;
-                }
-                break;
-            case IV_STAT_NNZ: v = (double)p->nz[k]; break;
-            case IV_STAT_FRAC:
-                if (n > 0) v = (double)p->nz[k] / (double)n;
-                break;
-            case IV_STAT_MAX:
-                if (n > 0) {
-                    v = p->mx[k];
-                    /* Cells without a stored entry hold an implicit 0. */
-                    if (p->st[k] < n && !isnan(v) && v < 0) v = 0;
-                    if (p->st[k] == 0) v = 0;
-                }
-                break;
-            default: break;
-            }
-            out[k] = v;
+            out[k] = cell_stat(p, bit, k, n_cells[g], ddof);
         }
     }
 }

@@ -61,6 +61,42 @@ static int eq_fold(const char *a, const char *b, size_t blen)
     return a[blen] == '\0';
 }
 
+/* Row i (name s of len bytes) into the exact table. */
+static inline void insert_exact(iv_names_t *h, int64_t i, const char *s, size_t len)
+{
+    uint32_t j = (uint32_t)iv_names_hash(s, len, 0) & h->mask;
+    for (;;) {
+        uint32_t v = h->exact[j];
+        if (v == 0) {
+            h->exact[j] = (uint32_t)(i + 1);
+            return;
+        }
+        /* Duplicates keep the first row, as a lookup promises. */
+        if (eq_exact(h->get(h->ctx, (int64_t)v - 1), s, len)) return;
+        j = (j + 1) & h->mask;
+    }
+}
+
+/* Row i into the case-folded table; a second name of the same folding
+ * marks the first entry ambiguous. */
+static inline void insert_fold(iv_names_t *h, int64_t i, const char *s, size_t len)
+{
+    uint32_t j = (uint32_t)iv_names_hash(s, len, 1) & h->mask;
+    for (;;) {
+        uint32_t v = h->fold[j];
+        if (v == 0) {
+            h->fold[j] = (uint32_t)(i + 1);
+            return;
+        }
+        const char *t = h->get(h->ctx, (int64_t)(v & ~AMBIG) - 1);
+        if (eq_fold(t, s, len)) {
+            if (!eq_exact(t, s, len)) h->fold[j] = v | AMBIG;
+            return;
+        }
+        j = (j + 1) & h->mask;
+    }
+}
+
 int iv_names_build(int64_t n, iv_names_get_fn get, const void *ctx, iv_names_t **out,
                    iv_err_t *err)
 {
@@ -85,31 +121,8 @@ int iv_names_build(int64_t n, iv_names_get_fn get, const void *ctx, iv_names_t *
         const char *s = get(ctx, i);
         if (!s) continue;
         size_t len = strlen(s);
-        uint32_t j = (uint32_t)iv_names_hash(s, len, 0) & h->mask;
-        for (;;) {
-            uint32_t v = h->exact[j];
-            if (v == 0) {
-                h->exact[j] = (uint32_t)(i + 1);
-                break;
-            }
-            /* Duplicates keep the first row, as a lookup promises. */
-            if (eq_exact(get(ctx, (int64_t)v - 1), s, len)) break;
-            j = (j + 1) & h->mask;
-        }
-        j = (uint32_t)iv_names_hash(s, len, 1) & h->mask;
-        for (;;) {
-            uint32_t v = h->fold[j];
-            if (v == 0) {
-                h->fold[j] = (uint32_t)(i + 1);
-                break;
-            }
-            const char *t = get(ctx, (int64_t)(v & ~AMBIG) - 1);
-            if (eq_fold(t, s, len)) {
-                if (!eq_exact(t, s, len)) h->fold[j] = v | AMBIG;
-                break;
-            }
-            j = (j + 1) & h->mask;
-        }
+        insert_exact(h, i, s, len);
+        insert_fold(h, i, s, len);
     }
     *out = h;
     return 0;

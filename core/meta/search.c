@@ -141,6 +141,84 @@ static int cmp_hit(const void *a, const void *b)
     return hit_before(x, y) ? -1 : hit_before(y, x) ? 1 : 0;
 }
 
+/* One query's scan over the arena: the lower-cased fragment, how
+ * candidates are found, and the heap of the best hits so far. */
+typedef struct scan {
+    const iv_search_t *s;
+    const char *q, *ql;    /* the fragment as given, and lower-cased */
+    size_t qlen, rj;       /* its length, and the offset of its rarest byte */
+    int use_memchr;
+    const char *base, *end;
+    hit_t *heap;
+    int64_t limit, kept, count, row;
+} scan_t;
+
+/* The fragment's rarest byte (by the arena's byte counts) and how often
+ * it occurs: when it is rare, memchr() for it and a memcmp() at each
+ * candidate beat memmem(), whose set-up cost is paid again after every
+ * hit (a fragment such as "rpl" hits a tenth of gene names). */
+static void choose_scan(scan_t *c)
+{
+    const iv_search_t *s = c->s;
+    size_t rj = 0;
+    for (size_t i = 1; i < c->qlen; i++)
+        if (s->freq[(unsigned char)c->ql[i]] < s->freq[(unsigned char)c->ql[rj]]) rj = i;
+    uint64_t total_bytes = (uint64_t)s->off[s->n];
+    c->rj = rj;
+    c->use_memchr = c->qlen > 1 && s->freq[(unsigned char)c->ql[rj]] * 16 < total_bytes;
+}
+
+/* The next occurrence of the fragment at or after p, or NULL. */
+static inline const char *next_match(const scan_t *c, const char *p)
+{
+    if (!c->use_memchr) return memmem(p, (size_t)(c->end - p), c->ql, c->qlen);
+    size_t rj = c->rj;
+    while (p < c->end) {
+        const char *b = p + rj < c->end ? memchr(p + rj, c->ql[rj], (size_t)(c->end - p - (ptrdiff_t)rj)) : NULL;
+        if (!b) return NULL;
+        const char *m = b - rj;
+        if (m + c->qlen <= c->end && memcmp(m, c->ql, c->qlen) == 0) return m;
+        p = m + 1;
+    }
+    return NULL;
+}
+
+/* Counts the hit at m, keeps it when it ranks among the best, and
+ * returns where the scan resumes: the next name, so each row counts
+ * once. */
+static inline const char *take_hit(scan_t *c, const char *m)
+{
+    const iv_search_t *s = c->s;
+    int64_t at = (int64_t)(m - c->base);
+    /* Hits come in arena order: move the row cursor forward to the
+     * name that holds this one (the fragment has no NUL, so it lies
+     * inside a single name). */
+    while (s->off[c->row + 1] <= at) c->row++;
+    int64_t row = c->row;
+    hit_t h;
+    h.row = row;
+    h.len = s->off[row + 1] - s->off[row] - 1;
+    h.pos = at - s->off[row];
+    h.kind = h.pos > 0 ? IV_MATCH_SUBSTRING
+             : (size_t)h.len == c->qlen ? IV_MATCH_EXACT : IV_MATCH_PREFIX;
+    c->count++;
+    /* Reading the original name (for the case rank) is a random
+     * access: skip it when even a same-case match would not be kept. */
+    h.case_differs = 0;
+    if (c->kept == c->limit && !hit_before(&h, &c->heap[0])) return c->base + s->off[row + 1];
+    const char *orig = s->get(s->ctx, row);
+    h.case_differs = !orig || memcmp(orig + h.pos, c->q, c->qlen) != 0;
+    if (c->kept < c->limit) {
+        c->heap[c->kept] = h;
+        heap_sift_up(c->heap, c->kept);
+        c->kept++;
+    } else if (hit_before(&h, &c->heap[0])) {
+        c->heap[0] = h;
+        heap_sift_down(c->heap, c->kept, 0);
+    }
+    return c->base + s->off[row + 1];
+}
+
 int64_t iv_search_run(const iv_search_t *s, const char *q, size_t qlen, int64_t limit,
                       iv_search_hit_t *hits, int64_t *total)
 {
@@ -155,70 +233,17 @@ int64_t iv_search_run(const iv_search_t *s, const char *q, size_t qlen, int64_t 
         return IV_ENOMEM;
     }
     for (size_t i = 0; i < qlen; i++) ql[i] = lower(q[i]);
-    int64_t kept = 0, count = 0, row = 0;
-    const char *base = s->lower, *end = s->lower + s->off[s->n];
-    /* The fragment's rarest byte (by the arena's byte counts) and how
-     * often it occurs: when it is rare, memchr() for it and a memcmp() at
-     * each candidate beat memmem(), whose set-up cost is paid again after
-     * every hit (a fragment such as "rpl" hits a tenth of gene names). */
-    size_t rj = 0;
-    for (size_t i = 1; i < qlen; i++)
-        if (s->freq[(unsigned char)ql[i]] < s->freq[(unsigned char)ql[rj]]) rj = i;
-    uint64_t total_bytes = (uint64_t)s->off[s->n];
-    int use_memchr = qlen > 1 && s->freq[(unsigned char)ql[rj]] * 16 < total_bytes;
-    const char *p = base;
-    while (p < end) {
-        const char *m;
-        if (use_memchr) {
-            const char *c = p + rj < end ? memchr(p + rj, ql[rj], (size_t)(end - p - (ptrdiff_t)rj)) : NULL;
-            if (!c) break;
-            m = c - rj;
-            if (m + qlen > end || memcmp(m, ql, qlen) != 0) {
-                p = m + 1;
-                continue;
-            }
-        } else {
-            m = memmem(p, (size_t)(end - p), ql, qlen);
-            if (!m) break;
-        }
-        int64_t at = (int64_t)(m - base);
-        /* Hits come in arena order: move the row cursor forward to the
-         * name that holds this one (the fragment has no NUL, so it lies
-         * inside a single name). */
-        while (s->off[row + 1] <= at) row++;
-        hit_t h;
-        h.row = row;
-        h.len = s->off[row + 1] - s->off[row] - 1;
-        h.pos = at - s->off[row];
-        h.kind = h.pos > 0 ? IV_MATCH_SUBSTRING
-                 : (size_t)h.len == qlen ? IV_MATCH_EXACT : IV_MATCH_PREFIX;
-        count++;
-        /* Reading the original name (for the case rank) is a random
-         * access: skip it when even a same-case match would not be kept. */
-        h.case_differs = 0;
-        if (kept == limit && !hit_before(&h, &heap[0])) {
-            p = base + s->off[row + 1];
-            continue;
-        }
-        const char *orig = s->get(s->ctx, row);
-        h.case_differs = !orig || memcmp(orig + h.pos, q, qlen) != 0;
-        if (kept < limit) {
-            heap[kept] = h;
-            heap_sift_up(heap, kept);
-            kept++;
-        } else if (hit_before(&h, &heap[0])) {
-            heap[0] = h;
-            heap_sift_down(heap, kept, 0);
-        }
-        p = base + s->off[row + 1];  /* the next name: each row counts once */
-    }
-    qsort(heap, (size_t)kept, sizeof *heap, cmp_hit);
-    for (int64_t i = 0; i < kept; i++) {
+    scan_t c = {s, q, ql, qlen, 0, 0, s->lower, s->lower + s->off[s->n], heap, limit, 0, 0, 0};
+    choose_scan(&c);
+    const char *p = c.base, *m;
+    while (p < c.end && (m = next_match(&c, p))) p = take_hit(&c, m);
+    qsort(heap, (size_t)c.kept, sizeof *heap, cmp_hit);
+    for (int64_t i = 0; i < c.kept; i++) {
         hits[i].row = heap[i].row;
         hits[i].kind = (iv_match_t)heap[i].kind;
     }
     if (ql != qsmall) free(ql);
     free(heap);
-    *total = count;
-    return kept;
+    *total = c.count;
+    return c.kept;
 }
