@@ -168,35 +168,76 @@ static void put_column(out_t *o, const char *c)
     put(o, "`", 1);
 }
 
-static void put_lit(out_t *o, const iv_lit_t *l)
+/* A number as the where syntax reads it back: integers plain, floats
+ * with the fewest digits that round-trip and a '.0' when they would
+ * read as an integer. */
+static void put_num(out_t *o, const iv_lit_t *l)
 {
     char b[48];
+    if (l->is_int) snprintf(b, sizeof b, "%lld", (long long)l->i);
+    else if (isnan(l->num)) snprintf(b, sizeof b, "nan");
+    else if (isinf(l->num)) snprintf(b, sizeof b, "%sinf", l->num < 0 ? "-" : "");
+    else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(b, sizeof b, "%.*g", prec, l->num);
+            if (strtod(b, NULL) == l->num) break;
+        }
+        if (!strpbrk(b, ".eE")) strcat(b, ".0");
+    }
+    puts_(o, b);
+}
+
+/* A string quoted, its quotes, backslashes, newlines and tabs escaped. */
+static void put_quoted(out_t *o, const char *str)
+{
+    put(o, "'", 1);
+    for (const char *p = str; *p; p++) {
+        if (*p == '\'' || *p == '\\') put(o, "\\", 1);
+        if (*p == '\n') puts_(o, "\\n");
+        else if (*p == '\t') puts_(o, "\\t");
+        else put(o, p, 1);
+    }
+    put(o, "'", 1);
+}
+
+static void put_lit(out_t *o, const iv_lit_t *l)
+{
     switch (l->kind) {
     case IV_LIT_BOOL: puts_(o, l->b ? "true" : "false"); return;
-    case IV_LIT_NUM:
-        if (l->is_int) snprintf(b, sizeof b, "%lld", (long long)l->i);
-        else if (isnan(l->num)) snprintf(b, sizeof b, "nan");
-        else if (isinf(l->num)) snprintf(b, sizeof b, "%sinf", l->num < 0 ? "-" : "");
-        else {
-            for (int prec = 1; prec <= 17; prec++) {
-                snprintf(b, sizeof b, "%.*g", prec, l->num);
-                if (strtod(b, NULL) == l->num) break;
-            }
-            if (!strpbrk(b, ".eE")) strcat(b, ".0");
-        }
-        puts_(o, b);
-        return;
-    case IV_LIT_STR:
-        put(o, "'", 1);
-        for (const char *p = l->str; *p; p++) {
-            if (*p == '\'' || *p == '\\') put(o, "\\", 1);
-            if (*p == '\n') puts_(o, "\\n");
-            else if (*p == '\t') puts_(o, "\\t");
-            else put(o, p, 1);
-        }
-        put(o, "'", 1);
+    case IV_LIT_NUM: put_num(o, l); return;
+    case IV_LIT_STR: put_quoted(o, l->str); return;
+    }
+}
+
+static void fmt(out_t *o, const iv_expr_t *e);
+
+/* and/or: the operands in parentheses, or the identity when there are
+ * none. */
+static void fmt_junction(out_t *o, const iv_expr_t *e)
+{
+    if (e->n_kids == 0) {
+        puts_(o, e->op == IV_EXPR_AND ? "true" : "false");
         return;
     }
+    put(o, "(", 1);
+    for (size_t i = 0; i < e->n_kids; i++) {
+        if (i) puts_(o, e->op == IV_EXPR_AND ? " and " : " or ");
+        fmt(o, e->kids[i]);
+    }
+    put(o, ")", 1);
+}
+
+/* in / not in with its list of values. */
+static void fmt_in(out_t *o, const iv_expr_t *e)
+{
+    put(o, "(", 1);
+    put_column(o, e->column);
+    puts_(o, e->op == IV_EXPR_NOT_IN ? " not in [" : " in [");
+    for (size_t i = 0; i < e->n_lits; i++) {
+        if (i) puts_(o, ", ");
+        put_lit(o, &e->lits[i]);
+    }
+    puts_(o, "])");
 }
 
 static void fmt(out_t *o, const iv_expr_t *e)
@@ -204,16 +245,7 @@ static void fmt(out_t *o, const iv_expr_t *e)
     switch (e->op) {
     case IV_EXPR_AND:
     case IV_EXPR_OR:
-        if (e->n_kids == 0) {
-            puts_(o, e->op == IV_EXPR_AND ? "true" : "false");
-            return;
-        }
-        put(o, "(", 1);
-        for (size_t i = 0; i < e->n_kids; i++) {
-            if (i) puts_(o, e->op == IV_EXPR_AND ? " and " : " or ");
-            fmt(o, e->kids[i]);
-        }
-        put(o, ")", 1);
+        fmt_junction(o, e);
         return;
     case IV_EXPR_NOT:
         puts_(o, "not ");
@@ -230,14 +262,7 @@ static void fmt(out_t *o, const iv_expr_t *e)
         return;
     case IV_EXPR_IN:
     case IV_EXPR_NOT_IN:
-        put(o, "(", 1);
-        put_column(o, e->column);
-        puts_(o, e->op == IV_EXPR_NOT_IN ? " not in [" : " in [");
-        for (size_t i = 0; i < e->n_lits; i++) {
-            if (i) puts_(o, ", ");
-            put_lit(o, &e->lits[i]);
-        }
-        puts_(o, "])");
+        fmt_in(o, e);
         return;
     case IV_EXPR_IS_NULL:
         put(o, "(", 1);
@@ -297,6 +322,20 @@ static int edit_distance(const char *a, const char *b, int bound)
 
 typedef const char *(*name_at_fn)(const void *ctx, int64_t i);
 
+/* Keeps candidate i at distance d among the three nearest so far (best,
+ * their distances bd, nearest first; a tie keeps the earlier). */
+static void keep_nearest(int64_t best[3], int bd[3], int64_t i, int d)
+{
+    for (int k = 0; k < 3; k++) {
+        if (d < bd[k]) {
+            for (int m = 2; m > k; m--) bd[m] = bd[m - 1], best[m] = best[m - 1];
+            bd[k] = d;
+            best[k] = i;
+            return;
+        }
+    }
+}
+
 /* Writes "; did you mean 'x', 'y'?" with up to three candidates close to
  * want, or nothing when none is close. */
 static void suggest(char *buf, size_t cap, const char *want, int64_t n, name_at_fn at,
@@ -315,14 +354,7 @@ static void suggest(char *buf, size_t cap, const char *want, int64_t n, name_at_
             if (!strcasestr(c, want)) continue;
             d = edit_distance(want, c, -1);  /* a substring: rank by its whole distance */
         }
-        for (int k = 0; k < 3; k++) {
-            if (d < bd[k]) {
-                for (int m = 2; m > k; m--) bd[m] = bd[m - 1], best[m] = best[m - 1];
-                bd[k] = d;
-                best[k] = i;
-                break;
-            }
-        }
+        keep_nearest(best, bd, i, d);
     }
     if (best[0] < 0) return;
     /* A name that differs only in case is what was meant: the others,
