@@ -23,6 +23,18 @@ int iv_cidr_addr(const char *s, unsigned char out[16])
     return inet_pton(AF_INET6, s, out) == 1 ? 0 : -1;
 }
 
+/* The prefix length after the '/': digits only, at most max. */
+static int prefix_len(const char *p, unsigned max, unsigned *bits)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || end == p || *end || p[0] == '-' || p[0] == '+' || v < 0 || (unsigned long)v > max)
+        return -1;
+    *bits = (unsigned)v;
+    return 0;
+}
+
 int iv_cidr_parse(const char *s, iv_cidr_t *out)
 {
     char host[64];
@@ -35,15 +47,7 @@ int iv_cidr_parse(const char *s, iv_cidr_t *out)
     if (iv_cidr_addr(host, out->addr) != 0) return -1;
     int v4 = strchr(host, ':') == NULL;
     unsigned max = v4 ? 32 : 128, bits = max;
-    if (slash) {
-        const char *p = slash + 1;
-        char *end = NULL;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || *end || p[0] == '-' || p[0] == '+' || v < 0 || (unsigned long)v > max)
-            return -1;
-        bits = (unsigned)v;
-    }
+    if (slash && prefix_len(slash + 1, max, &bits) != 0) return -1;
     out->bits = v4 ? bits + 96 : bits;
     for (unsigned i = out->bits; i < 128; i++) out->addr[i / 8] &= (unsigned char)~(0x80u >> (i % 8));
     return 0;

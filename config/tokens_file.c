@@ -29,61 +29,71 @@ void iv_token_conf_free(iv_token_conf_t *t)
     memset(t, 0, sizeof *t);
 }
 
+/* ch is an ASCII letter or digit, or one of punct. */
+static int word_char(char ch, const char *punct)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch != '\0' && strchr(punct, ch) != NULL);
+}
+
+/* 1 to max characters, each a word_char. */
+static int word_ok(const char *s, size_t len, size_t max, const char *punct)
+{
+    if (len == 0 || len > max) return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!word_char(s[i], punct)) return 0;
+    return 1;
+}
+
 int iv_token_name_ok(const char *s, size_t len)
 {
-    if (len == 0 || len > MAX_NAME) return 0;
-    for (size_t i = 0; i < len; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-' || ch == '@'))
-            return 0;
-    }
-    return 1;
+    return word_ok(s, len, MAX_NAME, "._-@");
 }
 
 static int ds_id_ok(const char *s, size_t len)
 {
-    if (len == 0 || len > 128) return 0;
-    for (size_t i = 0; i < len; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
+    return word_ok(s, len, 128, "._-");
+}
+
+/* Appends a copy of the dataset id [id, id+len) to *ds: 0 or -1. */
+static int push_dataset(const char *id, size_t len, char ***ds, size_t *nds)
+{
+    char **nv = realloc(*ds, (*nds + 1) * sizeof *nv);
+    if (!nv) return -1;
+    *ds = nv;
+    if (!(nv[*nds] = strndup(id, len))) return -1;
+    (*nds)++;
+    return 0;
+}
+
+/* One word [w, w+wl) of a scope: 0, 1 when it names no scope, -1 when
+ * out of memory. */
+static int scope_word(const char *w, size_t wl, unsigned *scope, char ***ds, size_t *nds)
+{
+    static const struct {
+        const char *word;
+        unsigned bit;
+    } words[] = {{"read", IV_SCOPE_READ}, {"metrics", IV_SCOPE_METRICS}, {"admin", IV_SCOPE_ADMIN}};
+    for (size_t k = 0; k < sizeof words / sizeof words[0]; k++)
+        if (wl == strlen(words[k].word) && !memcmp(w, words[k].word, wl)) {
+            *scope |= words[k].bit;
             return 0;
-    }
+        }
+    if (wl > 8 && !memcmp(w, "dataset:", 8) && ds_id_ok(w + 8, wl - 8))
+        return push_dataset(w + 8, wl - 8, ds, nds);
     return 1;
 }
 
 int iv_token_scope_parse(const char *s, size_t len, unsigned *scope, char ***ds, size_t *nds,
                          char *bad, size_t bad_cap)
 {
-    size_t i = 0;
-    while (i <= len) {
+    for (size_t i = 0; i <= len;) {
         size_t j = i;
         while (j < len && s[j] != ',') j++;
-        const char *w = s + i;
-        size_t wl = j - i;
-        if (wl == 4 && !memcmp(w, "read", 4)) {
-            *scope |= IV_SCOPE_READ;
-        } else if (wl == 7 && !memcmp(w, "metrics", 7)) {
-            *scope |= IV_SCOPE_METRICS;
-        } else if (wl == 5 && !memcmp(w, "admin", 5)) {
-            *scope |= IV_SCOPE_ADMIN;
-        } else if (wl > 8 && !memcmp(w, "dataset:", 8) && ds_id_ok(w + 8, wl - 8)) {
-            char **nv = realloc(*ds, (*nds + 1) * sizeof *nv);
-            if (!nv) {
-                snprintf(bad, bad_cap, "(out of memory)");
-                return -1;
-            }
-            *ds = nv;
-            if (!(nv[*nds] = strndup(w + 8, wl - 8))) {
-                snprintf(bad, bad_cap, "(out of memory)");
-                return -1;
-            }
-            (*nds)++;
-        } else {
-            snprintf(bad, bad_cap, "%.*s", (int)(wl > 80 ? 80 : wl), w);
-            return -1;
-        }
+        int rc = scope_word(s + i, j - i, scope, ds, nds);
+        if (rc < 0) snprintf(bad, bad_cap, "(out of memory)");
+        if (rc > 0) snprintf(bad, bad_cap, "%.*s", (int)(j - i > 80 ? 80 : j - i), s + i);
+        if (rc != 0) return -1;
         i = j + 1;
     }
     return 0;
@@ -145,6 +155,42 @@ static int parse_line(const char *line, const char *end, const char *src, size_t
     return 0;
 }
 
+/* The entry v[n-1] against the earlier ones: a name or a token given
+ * twice is an error. */
+static int check_unique(const iv_token_conf_t *v, size_t n, const char *src, size_t lineno,
+                        iv_err_t *err)
+{
+    const iv_token_conf_t *t = &v[n - 1];
+    for (size_t k = 0; k + 1 < n; k++) {
+        if (!strcmp(v[k].name, t->name))
+            return iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the name '%s' is "
+                           "already used at %s", src, lineno, v[k].name, v[k].where);
+        if (!memcmp(v[k].sha256, t->sha256, sizeof v[k].sha256))
+            return iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the same token as "
+                           "'%s' at %s", src, lineno, v[k].name, v[k].where);
+    }
+    return 0;
+}
+
+/* One line [p, le) of the file: a blank line or a comment is skipped,
+ * anything else appended to *v as an entry. */
+static int add_line(iv_token_conf_t **v, size_t *n, const char *p, const char *le, const char *src,
+                    size_t lineno, iv_err_t *err)
+{
+    if (le > p && memchr(p, '\0', (size_t)(le - p)))
+        return iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: holds a NUL byte", src, lineno);
+    const char *q = p;
+    while (q < le && (*q == ' ' || *q == '\t')) q++;
+    if (q == le || *q == '#') return 0;
+    iv_token_conf_t *nv = realloc(*v, (*n + 1) * sizeof *nv);
+    if (!nv) return iv_fail(err, IV_ENOMEM, "tokens file %s: out of memory", src);
+    *v = nv;
+    memset(&nv[*n], 0, sizeof nv[*n]);
+    (*n)++;
+    IV_TRY(parse_line(q, le, src, lineno, &nv[*n - 1], err));
+    return check_unique(nv, *n, src, lineno, err);
+}
+
 int iv_tokens_file_parse(iv_config_t *c, const char *text, size_t len, const char *src,
                          iv_err_t *err)
 {
@@ -155,39 +201,10 @@ int iv_tokens_file_parse(iv_config_t *c, const char *text, size_t len, const cha
     while (p < end && rc == 0) {
         lineno++;
         const char *eol = memchr(p, '\n', (size_t)(end - p));
-        const char *le = eol ? eol : end;
-        const char *next = eol ? eol + 1 : end;
-        size_t ll = (size_t)(le - p);
+        size_t ll = (size_t)((eol ? eol : end) - p);
         if (ll > 0 && p[ll - 1] == '\r') ll--;
-        le = p + ll;
-        if (ll > 0 && memchr(p, '\0', ll)) {
-            rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: holds a NUL byte", src, lineno);
-            break;
-        }
-        const char *q = p;
-        while (q < le && (*q == ' ' || *q == '\t')) q++;
-        if (q == le || *q == '#') {
-            p = next;
-            continue;
-        }
-        iv_token_conf_t *nv = realloc(v, (n + 1) * sizeof *nv);
-        if (!nv) {
-            rc = iv_fail(err, IV_ENOMEM, "tokens file %s: out of memory", src);
-            break;
-        }
-        v = nv;
-        memset(&v[n], 0, sizeof v[n]);
-        n++;
-        rc = parse_line(q, le, src, lineno, &v[n - 1], err);
-        for (size_t k = 0; rc == 0 && k + 1 < n; k++) {
-            if (!strcmp(v[k].name, v[n - 1].name))
-                rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the name '%s' is "
-                             "already used at %s", src, lineno, v[k].name, v[k].where);
-            else if (!memcmp(v[k].sha256, v[n - 1].sha256, sizeof v[k].sha256))
-                rc = iv_fail(err, IV_EINVALID_ARG, "tokens file %s line %zu: the same token as "
-                             "'%s' at %s", src, lineno, v[k].name, v[k].where);
-        }
-        p = next;
+        rc = add_line(&v, &n, p, p + ll, src, lineno, err);
+        p = eol ? eol + 1 : end;
     }
     if (rc) {
         entries_free(v, n);
