@@ -457,6 +457,13 @@ static int out_is_input(const struct cli_opts *o, const char *out)
     return 1;
 }
 
+/* The extension of the file name path ends in ("" when none). */
+static const char *out_extension(const char *path)
+{
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    return dot && (!slash || dot > slash) ? dot : "";
+}
+
 /* The output format comes from the extension; anything else is an error
  * rather than a guess.  *h5ad: 1 for .h5ad, 0 for .npz (and --batch).
  * Returns 0 or 1 (message printed). */
@@ -468,9 +475,9 @@ static int check_output(const struct cli_opts *o, int *h5ad)
         return 1;
     }
     if (o->batch) return 0;
-    const char *dot = strrchr(o->out, '.'), *slash = strrchr(o->out, '/');
-    if (dot && (!slash || dot > slash) && strcmp(dot, ".h5ad") == 0) *h5ad = 1;
-    else if (!dot || (slash && dot < slash) || strcmp(dot, ".npz") != 0) {
+    const char *ext = out_extension(o->out);
+    *h5ad = strcmp(ext, ".h5ad") == 0;
+    if (!*h5ad && strcmp(ext, ".npz") != 0) {
         fprintf(stderr, "ivserve: error: %s: unknown output extension (use .npz for "
                 "scipy.sparse.save_npz or .h5ad for AnnData)\n", o->out);
         return 1;

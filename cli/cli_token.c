@@ -74,6 +74,14 @@ static const char *read_token(char *buf, size_t cap, size_t *n_out, char *why_bu
     return NULL;
 }
 
+/* The first control character of buf[0..n) (a tab is not one), or n. */
+static size_t control_char_at(const char *buf, size_t n)
+{
+    size_t i = 0;
+    while (i < n && !(((unsigned char)buf[i] < 0x20 && buf[i] != '\t') || buf[i] == 0x7f)) i++;
+    return i;
+}
+
 /* Drops the line end from the n_io bytes read; NULL, or why the line
  * cannot be a token as the server sees an Authorization value. */
 static const char *check_token(const char *buf, size_t *n_io, char *why_buf, size_t why_cap)
@@ -84,12 +92,11 @@ static const char *check_token(const char *buf, size_t *n_io, char *why_buf, siz
     *n_io = n;
     if (memchr(buf, '\n', n)) return "stdin holds more than one line: give the token alone, on one line";
     if (n == 0) return "the token is empty";
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)buf[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f) {
-            snprintf(why_buf, why_cap, "the token holds a control character (byte 0x%02x at %zu)", c, i);
-            return why_buf;
-        }
+    size_t i = control_char_at(buf, n);
+    if (i < n) {
+        snprintf(why_buf, why_cap, "the token holds a control character (byte 0x%02x at %zu)",
+                 (unsigned char)buf[i], i);
+        return why_buf;
     }
     if (buf[0] == ' ' || buf[0] == '\t' || buf[n - 1] == ' ' || buf[n - 1] == '\t')
         return "the token has blanks at its ends (the server trims them from the header)";
