@@ -1000,6 +1000,8 @@ static int block_count(const struct tb *t, const struct enc *x, int64_t k, int64
     const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
     const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
     const uint64_t vmask = t->vmask, chunk = t->chunk;
+    const uint8_t *tmp = t->tmp;
+    const size_t esz = t->esz;
     uint64_t *lo = x->lo, *nmin = x->nmin;
     uint32_t *hist = x->hist;
     for (int64_t b = 0; b < t->n_bands; b++) {
@@ -1010,7 +1012,7 @@ static int block_count(const struct tb *t, const struct enc *x, int64_t k, int64
             uint64_t x0 = (uint64_t)c * chunk, x1 = x0 + (left < chunk ? left : chunk);
             left -= x1 - x0;
             for (uint64_t i = x0; i < x1; i++) {
-                uint64_t en = get_entry(t->tmp, t->esz, i), p = en & gmask;
+                uint64_t en = get_entry(tmp, esz, i), p = en & gmask;
                 uint64_t s = first + (en >> sv);
                 if (s < nmin[p])
                     return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRIu64 " stores minor index %" PRId64
@@ -1057,30 +1059,33 @@ static inline void sort_chunk(const struct tb *t, const struct enc *x, int joint
     const uint64_t gmask = t->gbits ? ((uint64_t)1 << t->gbits) - 1 : 0;
     const unsigned gbits = t->gbits, vbits = t->vbits, sv = t->gbits + t->vbits;
     const uint64_t vmask = t->vmask, add = first << vbits;
+    const uint8_t *tmp = t->tmp;
+    const size_t esz = t->esz, lsz = t->lsz;
     uint32_t *hist = x->hist, *cells = x->cells;
     uint64_t *lo = x->lo;
-    if (joint && t->esz == 4) {
-        const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
+    uint8_t *loc = x->loc;
+    if (joint && esz == 4) {
+        const uint32_t *src = (const uint32_t *)(const void *)tmp;
         for (uint64_t i = x0; i < x1; i++) {
             uint32_t en = src[i];
             cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] = (uint32_t)(first + (en >> sv));
         }
     } else if (joint) {
         for (uint64_t i = x0; i < x1; i++) {
-            uint64_t en = get_entry(t->tmp, t->esz, i);
+            uint64_t en = get_entry(tmp, esz, i);
             cells[hist[(en & gmask) << vbits | ((en >> gbits) & vmask)]++] = (uint32_t)(first + (en >> sv));
         }
-    } else if (t->esz == 4 && t->lsz == 4) {
-        const uint32_t *src = (const uint32_t *)(const void *)t->tmp;
-        uint32_t *dl = (uint32_t *)(void *)x->loc;
+    } else if (esz == 4 && lsz == 4) {
+        const uint32_t *src = (const uint32_t *)(const void *)tmp;
+        uint32_t *dl = (uint32_t *)(void *)loc;
         for (uint64_t i = x0; i < x1; i++) {
             uint32_t en = src[i];
             dl[lo[en & gmask]++] = (uint32_t)((en >> gbits) + add);
         }
     } else {
         for (uint64_t i = x0; i < x1; i++) {
-            uint64_t en = get_entry(t->tmp, t->esz, i);
-            put_entry(x->loc, t->lsz, lo[en & gmask]++, (en >> gbits) + add);
+            uint64_t en = get_entry(tmp, esz, i);
+            put_entry(loc, lsz, lo[en & gmask]++, (en >> gbits) + add);
         }
     }
 }
