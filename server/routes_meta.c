@@ -68,6 +68,33 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
     return 0;
 }
 
+/* The X-Ivserve-Dropped-Names document: each axis's dropped names, and
+ * under "folded" those matched only by ignoring case when there are any.
+ * NULL when out of memory. */
+static char *dropped_doc(const iv_buf_t drop[2], const iv_buf_t fold[2])
+{
+    char *s = NULL;
+    iv_buf_t dj;
+    iv_buf_init(&dj);
+    for (int a = 0; a < 2; a++) {
+        iv_buf_puts(&dj, a ? ",\"var\":" : "{\"obs\":");
+        if (drop[a].len) iv_buf_append(&dj, drop[a].data, drop[a].len);
+        else iv_buf_puts(&dj, "[]");
+    }
+    if (fold[0].len || fold[1].len) {
+        for (int a = 0; a < 2; a++) {
+            iv_buf_puts(&dj, a ? ",\"var\":" : ",\"folded\":{\"obs\":");
+            if (fold[a].len) iv_buf_append(&dj, fold[a].data, fold[a].len);
+            else iv_buf_puts(&dj, "[]");
+        }
+        iv_buf_puts(&dj, "}");
+    }
+    iv_buf_append(&dj, "}", 2);
+    if (!dj.oom) s = iv_buf_steal(&dj, NULL);
+    iv_buf_free(&dj);
+    return s;
+}
+
 int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, char **dropped, iv_err_t *err)
 {
     iv_buf_t drop[2], fold[2];
@@ -79,24 +106,8 @@ int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, cha
     int rc = iv_rmeta_resolve_ex(m, IV_AXIS_OBS, &qr->obs, &drop[0], &fold[0], err);
     if (rc == 0) rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr->var, &drop[1], &fold[1], err);
     if (rc == 0 && (show || fold[0].len || fold[1].len)) {
-        iv_buf_t dj;
-        iv_buf_init(&dj);
-        for (int a = 0; a < 2; a++) {
-            iv_buf_puts(&dj, a ? ",\"var\":" : "{\"obs\":");
-            if (drop[a].len) iv_buf_append(&dj, drop[a].data, drop[a].len);
-            else iv_buf_puts(&dj, "[]");
-        }
-        if (fold[0].len || fold[1].len) {
-            for (int a = 0; a < 2; a++) {
-                iv_buf_puts(&dj, a ? ",\"var\":" : ",\"folded\":{\"obs\":");
-                if (fold[a].len) iv_buf_append(&dj, fold[a].data, fold[a].len);
-                else iv_buf_puts(&dj, "[]");
-            }
-            iv_buf_puts(&dj, "}");
-        }
-        iv_buf_append(&dj, "}", 2);
-        if (!dj.oom) *dropped = iv_buf_steal(&dj, NULL);
-        iv_buf_free(&dj);
+        char *doc = dropped_doc(drop, fold);
+        if (doc) *dropped = doc;
     }
     for (int a = 0; a < 2; a++) {
         iv_buf_free(&drop[a]);
@@ -348,102 +359,144 @@ static int table_format(const char *format, const char *accept, int *out, iv_err
     return 0;
 }
 
-int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *qs, size_t qlen,
-                   const char *accept, const char **ctype, iv_err_t *err)
+/* The table's columns: the named ones (comma-separated, in the order
+ * given), or every column.  *out is owned by the caller. */
+static int table_columns(const iv_meta_t *m, iv_axis_t axis, char *names, const iv_meta_col_t ***out,
+                         size_t *n, iv_err_t *err)
 {
-    tparams_t t;
-    IV_TRY(tparams_parse(&t, qs, qlen, 1, err));
-    int fmt = TF_JSON, rc = 0;
-    const iv_meta_col_t **cols = NULL;
-    size_t ncols = 0;
-    int64_t *idx = NULL, n = 0;
-    if ((rc = table_format(t.format, accept, &fmt, err)) != 0) goto out;
-    if (t.limit < 0) t.limit = IV_TABLE_LIMIT_DEFAULT;
-    if (t.limit > IV_TABLE_LIMIT_MAX) {
-        rc = iv_fail(err, IV_EBAD_REQUEST, "limit=%" PRId64 " exceeds the maximum of %d rows a page",
-                     t.limit, IV_TABLE_LIMIT_MAX);
-        goto out;
-    }
-    /* Columns: the named ones in the order given, or every column. */
     size_t cap = iv_meta_n_cols(m, axis) + 1;
-    if (t.columns) {
+    if (names) {
         cap = 1;
-        for (const char *p = t.columns; *p; p++) cap += *p == ',';
+        for (const char *p = names; *p; p++) cap += *p == ',';
     }
-    cols = calloc(cap, sizeof *cols);
-    if (!cols) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory");
-        goto out;
+    const iv_meta_col_t **cols = calloc(cap, sizeof *cols);
+    if (!cols) return iv_fail(err, IV_ENOMEM, "out of memory");
+    *out = cols;
+    *n = 0;
+    if (!names) {
+        for (size_t i = 0; i < cap - 1; i++) cols[(*n)++] = iv_meta_col(m, axis, i);
+        return 0;
     }
-    if (t.columns) {
-        char *s = t.columns;
-        while (s) {
-            char *comma = strchr(s, ',');
-            if (comma) *comma = '\0';
-            if (*s) {
-                const iv_meta_col_t *c = iv_meta_find_col(m, axis, s);
-                if (!c) {
-                    rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), s);
-                    goto out;
-                }
-                cols[ncols++] = c;
-            }
-            s = comma ? comma + 1 : NULL;
+    for (char *s = names; s;) {
+        char *comma = strchr(s, ',');
+        if (comma) *comma = '\0';
+        if (*s) {
+            const iv_meta_col_t *c = iv_meta_find_col(m, axis, s);
+            if (!c) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), s);
+            cols[(*n)++] = c;
         }
-    } else {
-        for (size_t i = 0; i < cap - 1; i++) cols[ncols++] = iv_meta_col(m, axis, i);
+        s = comma ? comma + 1 : NULL;
     }
-    if ((rc = select_rows(m, axis, t.where, &idx, &n, err)) != 0) goto out;
-    const iv_meta_col_t *ix = iv_meta_index(m, axis);
-    int64_t lo = t.offset < n ? t.offset : n;
-    int64_t hi = n - lo < t.limit ? n : lo + t.limit;
-    if (fmt == TF_JSON) {
+    return 0;
+}
+
+/* A page of a table: its rows [lo, hi) of idx (n rows in all). */
+typedef struct tpage {
+    iv_axis_t axis;
+    int fmt;
+    const iv_meta_col_t *const *cols;
+    size_t ncols;
+    const iv_meta_col_t *ix;   /* the names index, or NULL */
+    const int64_t *idx;
+    int64_t n, lo, hi;
+} tpage_t;
+
+/* What comes before the rows, and the media type. */
+static void table_head(iv_buf_t *b, const tpage_t *pg, const tparams_t *t, const char **ctype)
+{
+    if (pg->fmt == TF_JSON) {
         *ctype = "application/json";
         iv_buf_printf(b, "{\"axis\":\"%s\",\"total\":%" PRId64 ",\"offset\":%" PRId64
                          ",\"limit\":%" PRId64 ",\"columns\":[\"_index\"",
-                      axis_name(axis), n, t.offset, t.limit);
-        for (size_t k = 0; k < ncols; k++) {
+                      axis_name(pg->axis), pg->n, t->offset, t->limit);
+        for (size_t k = 0; k < pg->ncols; k++) {
             iv_buf_puts(b, ",");
-            iv_buf_json_str(b, cols[k]->name);
+            iv_buf_json_str(b, pg->cols[k]->name);
         }
         iv_buf_puts(b, "],\"rows\":[");
-    } else if (fmt == TF_CSV) {
+    } else if (pg->fmt == TF_CSV) {
         *ctype = "text/csv; charset=utf-8";
         iv_buf_puts(b, "_index");
-        for (size_t k = 0; k < ncols; k++) {
+        for (size_t k = 0; k < pg->ncols; k++) {
             iv_buf_puts(b, ",");
-            put_csv_str(b, cols[k]->name);
+            put_csv_str(b, pg->cols[k]->name);
         }
         iv_buf_puts(b, "\n");
     } else {
         *ctype = "application/x-ndjson";
     }
-    for (int64_t i = lo; i < hi && !b->oom; i++) {
-        int64_t r = idx[i];
-        if (fmt == TF_CSV) {
-            if (ix) put_csv_str(b, iv_meta_col_str(ix, r));
-            for (size_t k = 0; k < ncols; k++) {
-                iv_buf_puts(b, ",");
-                put_csv_value(b, cols[k], r);
-            }
-            iv_buf_puts(b, "\n");
+}
+
+static void put_csv_row(iv_buf_t *b, const tpage_t *pg, int64_t r)
+{
+    if (pg->ix) put_csv_str(b, iv_meta_col_str(pg->ix, r));
+    for (size_t k = 0; k < pg->ncols; k++) {
+        iv_buf_puts(b, ",");
+        put_csv_value(b, pg->cols[k], r);
+    }
+    iv_buf_puts(b, "\n");
+}
+
+/* Row r as a JSON object (an element of "rows", or an NDJSON line). */
+static void put_json_row(iv_buf_t *b, const tpage_t *pg, int64_t r)
+{
+    iv_buf_puts(b, "{\"_index\":");
+    if (pg->ix) put_json_value(b, pg->ix, r);
+    else iv_buf_printf(b, "\"%" PRId64 "\"", r);
+    for (size_t k = 0; k < pg->ncols; k++) {
+        iv_buf_puts(b, ",");
+        iv_buf_json_str(b, pg->cols[k]->name);
+        iv_buf_puts(b, ":");
+        put_json_value(b, pg->cols[k], r);
+    }
+    iv_buf_puts(b, pg->fmt == TF_JSON ? "}" : "}\n");
+}
+
+static void table_rows(iv_buf_t *b, const tpage_t *pg)
+{
+    for (int64_t i = pg->lo; i < pg->hi && !b->oom; i++) {
+        if (pg->fmt == TF_CSV) {
+            put_csv_row(b, pg, pg->idx[i]);
             continue;
         }
-        if (fmt == TF_JSON && i > lo) iv_buf_puts(b, ",");
-        iv_buf_puts(b, "{\"_index\":");
-        if (ix) put_json_value(b, ix, r);
-        else iv_buf_printf(b, "\"%" PRId64 "\"", r);
-        for (size_t k = 0; k < ncols; k++) {
-            iv_buf_puts(b, ",");
-            iv_buf_json_str(b, cols[k]->name);
-            iv_buf_puts(b, ":");
-            put_json_value(b, cols[k], r);
-        }
-        iv_buf_puts(b, fmt == TF_JSON ? "}" : "}\n");
+        if (pg->fmt == TF_JSON && i > pg->lo) iv_buf_puts(b, ",");
+        put_json_row(b, pg, pg->idx[i]);
     }
-    if (fmt == TF_JSON) iv_buf_puts(b, "]}");
-    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the table");
-out:
+    if (pg->fmt == TF_JSON) iv_buf_puts(b, "]}");
+}
+
+/* The page's parameters: format, limit (defaulted, at most
+ * IV_TABLE_LIMIT_MAX). */
+static int check_table_page(tparams_t *t, const char *accept, int *fmt, iv_err_t *err)
+{
+    IV_TRY(table_format(t->format, accept, fmt, err));
+    if (t->limit < 0) t->limit = IV_TABLE_LIMIT_DEFAULT;
+    if (t->limit > IV_TABLE_LIMIT_MAX)
+        return iv_fail(err, IV_EBAD_REQUEST, "limit=%" PRId64 " exceeds the maximum of %d rows a page",
+                       t->limit, IV_TABLE_LIMIT_MAX);
+    return 0;
+}
+
+int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *qs, size_t qlen,
+                   const char *accept, const char **ctype, iv_err_t *err)
+{
+    tparams_t t;
+    IV_TRY(tparams_parse(&t, qs, qlen, 1, err));
+    tpage_t pg = {.axis = axis, .fmt = TF_JSON, .ix = iv_meta_index(m, axis)};
+    const iv_meta_col_t **cols = NULL;
+    int64_t *idx = NULL;
+    int rc = check_table_page(&t, accept, &pg.fmt, err);
+    if (rc == 0) rc = table_columns(m, axis, t.columns, &cols, &pg.ncols, err);
+    if (rc == 0) rc = select_rows(m, axis, t.where, &idx, &pg.n, err);
+    if (rc == 0) {
+        pg.cols = cols;
+        pg.idx = idx;
+        pg.lo = t.offset < pg.n ? t.offset : pg.n;
+        pg.hi = pg.n - pg.lo < t.limit ? pg.n : pg.lo + t.limit;
+        table_head(b, &pg, &t, ctype);
+        table_rows(b, &pg);
+        if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the table");
+    }
     free(idx);
     free(cols);
     tparams_free(&t);
@@ -451,6 +504,53 @@ out:
 }
 
 /* ---- one column ---------------------------------------------------------- */
+
+/* A categorical column's categories with their counts; with a where,
+ * counts are those of the selected rows. */
+static int put_category_counts(iv_buf_t *b, const iv_meta_col_t *c, const int64_t *idx, int64_t n,
+                               iv_err_t *err)
+{
+    int64_t *cnt = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof *cnt);
+    if (!cnt) return iv_fail(err, IV_ENOMEM, "out of memory");
+    int64_t nulls = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t k = c->codes[idx[i]];
+        if (k >= 0 && k < c->n_cats && !(c->mask && c->mask[idx[i]])) cnt[k]++;
+        else nulls++;
+    }
+    iv_buf_printf(b, ",\"selected\":%" PRId64 ",\"selected_null_count\":%" PRId64
+                     ",\"ordered\":%s,\"categories\":[",
+                  n, nulls, c->ordered ? "true" : "false");
+    for (int64_t k = 0; k < c->n_cats; k++) {
+        iv_buf_puts(b, k ? ",{\"name\":" : "{\"name\":");
+        iv_buf_json_str(b, iv_meta_col_cat(c, k));
+        iv_buf_printf(b, ",\"count\":%" PRId64 "}", cnt[k]);
+    }
+    iv_buf_puts(b, "]");
+    free(cnt);
+    return 0;
+}
+
+/* The page of the selected rows' values (offset, limit), up to max_bytes
+ * of document. */
+static int put_column_values(iv_buf_t *b, const iv_meta_col_t *c, const int64_t *idx, int64_t n,
+                             const tparams_t *t, size_t max_bytes, iv_err_t *err)
+{
+    int64_t lo = t->offset < n ? t->offset : n;
+    int64_t hi = t->limit < 0 || n - lo < t->limit ? n : lo + t->limit;
+    if (c->type != IV_COL_CATEGORICAL) iv_buf_printf(b, ",\"selected\":%" PRId64, n);
+    iv_buf_printf(b, ",\"offset\":%" PRId64 ",\"values\":[", lo);
+    for (int64_t i = lo; i < hi && !b->oom; i++) {
+        if (i > lo) iv_buf_puts(b, ",");
+        put_json_value(b, c, idx[i]);
+        if (b->len > max_bytes)
+            return iv_fail(err, IV_ETOO_LARGE,
+                           "the column exceeds the JSON limit of %zu bytes; page with offset and limit",
+                           max_bytes);
+    }
+    iv_buf_puts(b, "]");
+    return 0;
+}
 
 int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
                     const char *qs, size_t qlen, size_t max_bytes, iv_err_t *err)
@@ -470,50 +570,12 @@ int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char 
     iv_buf_printf(b, ",\"type\":\"%s\",\"n_rows\":%" PRId64 ",\"null_count\":%" PRId64,
                   iv_col_type_name(c->type), c->n, c->null_count);
     int want_values = c->type != IV_COL_CATEGORICAL || t.values;
-    if (c->type == IV_COL_CATEGORICAL) {
-        /* With a where, counts are those of the selected rows. */
-        int64_t *cnt = calloc((size_t)(c->n_cats ? c->n_cats : 1), sizeof *cnt);
-        if (!cnt) {
-            rc = iv_fail(err, IV_ENOMEM, "out of memory");
-            goto out;
-        }
-        int64_t nulls = 0;
-        for (int64_t i = 0; i < n; i++) {
-            int32_t k = c->codes[idx[i]];
-            if (k >= 0 && k < c->n_cats && !(c->mask && c->mask[idx[i]])) cnt[k]++;
-            else nulls++;
-        }
-        iv_buf_printf(b, ",\"selected\":%" PRId64 ",\"selected_null_count\":%" PRId64
-                         ",\"ordered\":%s,\"categories\":[",
-                      n, nulls, c->ordered ? "true" : "false");
-        for (int64_t k = 0; k < c->n_cats; k++) {
-            iv_buf_puts(b, k ? ",{\"name\":" : "{\"name\":");
-            iv_buf_json_str(b, iv_meta_col_cat(c, k));
-            iv_buf_printf(b, ",\"count\":%" PRId64 "}", cnt[k]);
-        }
-        iv_buf_puts(b, "]");
-        free(cnt);
+    if (c->type == IV_COL_CATEGORICAL) rc = put_category_counts(b, c, idx, n, err);
+    if (rc == 0 && want_values) rc = put_column_values(b, c, idx, n, &t, max_bytes, err);
+    if (rc == 0) {
+        iv_buf_puts(b, "}");
+        if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the column");
     }
-    if (want_values) {
-        int64_t lo = t.offset < n ? t.offset : n;
-        int64_t hi = t.limit < 0 || n - lo < t.limit ? n : lo + t.limit;
-        if (c->type != IV_COL_CATEGORICAL) iv_buf_printf(b, ",\"selected\":%" PRId64, n);
-        iv_buf_printf(b, ",\"offset\":%" PRId64 ",\"values\":[", lo);
-        for (int64_t i = lo; i < hi && !b->oom; i++) {
-            if (i > lo) iv_buf_puts(b, ",");
-            put_json_value(b, c, idx[i]);
-            if (b->len > max_bytes) {
-                rc = iv_fail(err, IV_ETOO_LARGE,
-                             "the column exceeds the JSON limit of %zu bytes; page with offset and limit",
-                             max_bytes);
-                goto out;
-            }
-        }
-        iv_buf_puts(b, "]");
-    }
-    iv_buf_puts(b, "}");
-    if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the column");
-out:
     free(idx);
     tparams_free(&t);
     return rc;

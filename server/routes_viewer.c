@@ -194,6 +194,25 @@ void iv_vds_free(iv_vds_t *v)
     free(v);
 }
 
+/* One obsm/varm element of the dataset document: its shape, dtype and
+ * size when it is served, else why not. */
+static void put_marray_entry(iv_buf_t *b, const iv_marray_t *a)
+{
+    iv_buf_json_str(b, a->name);
+    iv_buf_puts(b, ",\"encoding\":");
+    iv_buf_json_str(b, a->encoding);
+    if (a->data) {
+        iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"%s\",\"bytes\":%zu"
+                         ",\"servable\":true}",
+                      a->n_rows, a->n_cols, iv_dtype_name(a->dtype),
+                      (size_t)a->n_rows * (size_t)a->n_cols * iv_dtype_size(a->dtype));
+    } else {
+        iv_buf_puts(b, ",\"servable\":false,\"reason\":");
+        iv_buf_json_str(b, a->why);
+        iv_buf_puts(b, "}");
+    }
+}
+
 void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
 {
     const iv_marrays_t *s = v ? v->arrays : NULL;
@@ -202,23 +221,10 @@ void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
         iv_buf_puts(b, ax ? ",\"varm\":[" : ",\"obsm\":[");
         int first = 1;
         for (size_t i = 0; s && i < s->n; i++) {
-            const iv_marray_t *a = &s->a[i];
-            if (a->axis != axis) continue;
+            if (s->a[i].axis != axis) continue;
             iv_buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
             first = 0;
-            iv_buf_json_str(b, a->name);
-            iv_buf_puts(b, ",\"encoding\":");
-            iv_buf_json_str(b, a->encoding);
-            if (a->data) {
-                iv_buf_printf(b, ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"%s\",\"bytes\":%zu"
-                                 ",\"servable\":true}",
-                              a->n_rows, a->n_cols, iv_dtype_name(a->dtype),
-                              (size_t)a->n_rows * (size_t)a->n_cols * iv_dtype_size(a->dtype));
-            } else {
-                iv_buf_puts(b, ",\"servable\":false,\"reason\":");
-                iv_buf_json_str(b, a->why);
-                iv_buf_puts(b, "}");
-            }
+            put_marray_entry(b, &s->a[i]);
         }
         iv_buf_puts(b, "]");
     }
@@ -504,6 +510,54 @@ static int param_int(params_t *p, size_t i, int64_t lo, int64_t hi, int64_t *out
     return 0;
 }
 
+/* A comma-separated list, split in place: an owned array of the
+ * non-empty items (borrowed strings), *n of them. */
+static int list_from_query(char *s, const char ***out, size_t *n, iv_err_t *err)
+{
+    size_t cap = 1;
+    for (char *q = s; *q; q++) cap += *q == ',';
+    const char **v = calloc(cap, sizeof *v);
+    if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
+    size_t cnt = 0;
+    for (char *tok = s; tok;) {
+        char *comma = strchr(tok, ',');
+        if (comma) *comma = '\0';
+        if (*tok) v[cnt++] = tok;
+        tok = comma ? comma + 1 : NULL;
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+/* A JSON string or array of strings as an owned array of borrowed
+ * strings; key names the parameter in errors. */
+static int list_from_json(const cJSON *it, const char *key, const char ***out, size_t *n, iv_err_t *err)
+{
+    if (!cJSON_IsString(it) && !cJSON_IsArray(it))
+        return iv_fail(err, IV_EBAD_REQUEST, "%s must be a string or a list of strings", key);
+    size_t cap = cJSON_IsString(it) ? 1 : (size_t)cJSON_GetArraySize(it) + 1;
+    const char **v = calloc(cap, sizeof *v);
+    if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
+    size_t cnt = 0;
+    if (cJSON_IsString(it)) {
+        v[cnt++] = it->valuestring;
+    } else {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it)
+        {
+            if (!cJSON_IsString(e)) {
+                free(v);
+                return iv_fail(err, IV_EBAD_REQUEST, "%s must be a list of strings", key);
+            }
+            v[cnt++] = e->valuestring;
+        }
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
 /*
  * Parameter i as a list of strings: a JSON array of strings or a string,
  * or a comma-separated query-string value.  *out is an owned array of n
@@ -513,46 +567,8 @@ static int param_list(params_t *p, size_t i, const char ***out, size_t *n, iv_er
 {
     *out = NULL;
     *n = 0;
-    const char **v = NULL;
-    size_t cnt = 0;
-    if (p->vals[i]) {
-        char *s = p->vals[i];
-        size_t cap = 1;
-        for (char *q = s; *q; q++) cap += *q == ',';
-        v = calloc(cap, sizeof *v);
-        if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
-        for (char *tok = s; tok;) {
-            char *comma = strchr(tok, ',');
-            if (comma) *comma = '\0';
-            if (*tok) v[cnt++] = tok;
-            tok = comma ? comma + 1 : NULL;
-        }
-    } else if (p->items[i]) {
-        const cJSON *it = p->items[i];
-        if (cJSON_IsString(it)) {
-            v = calloc(1, sizeof *v);
-            if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
-            v[cnt++] = it->valuestring;
-        } else if (cJSON_IsArray(it)) {
-            v = calloc((size_t)cJSON_GetArraySize(it) + 1, sizeof *v);
-            if (!v) return iv_fail(err, IV_ENOMEM, "out of memory");
-            const cJSON *e;
-            cJSON_ArrayForEach(e, it)
-            {
-                if (!cJSON_IsString(e)) {
-                    free(v);
-                    return iv_fail(err, IV_EBAD_REQUEST, "%s must be a list of strings", p->keys[i]);
-                }
-                v[cnt++] = e->valuestring;
-            }
-        } else {
-            return iv_fail(err, IV_EBAD_REQUEST, "%s must be a string or a list of strings", p->keys[i]);
-        }
-    } else {
-        return 0;
-    }
-    *out = v;
-    *n = cnt;
+    if (p->vals[i]) return list_from_query(p->vals[i], out, n, err);
+    if (p->items[i]) return list_from_json(p->items[i], p->keys[i], out, n, err);
     return 0;
 }
 
