@@ -135,35 +135,43 @@ void conn_transport_closed(conn_t *c)
     handle_closed(c);
 }
 
+/* The answer under way did not end: logged as cut short, its work
+ * stopped. */
+static void cut_answer(conn_t *c)
+{
+    if (c->qs) qs_cancel(c->qs);
+    if (!c->status) c->status = 499;
+    if (c->qs) {
+        c->rows = c->qs->rows;
+        c->nnz = c->qs->nnz;
+    }
+    if (!c->errmsg[0])
+        snprintf(c->errmsg, sizeof c->errmsg, "connection closed before the response ended");
+    c->close_after = 1;
+    req_done(c);
+}
+
+/* The access log line of an answer that has one pending, with what the
+ * client really got: the answer less what never left this process and
+ * what the kernel still holds unacknowledged. */
+static void log_closed(conn_t *c)
+{
+    size_t held = c->wpending + c->tp->unacked(c);
+    uint64_t got = c->bytes > held ? c->bytes - held : 0;
+    if (got < c->bytes && !c->errmsg[0])
+        snprintf(c->errmsg, sizeof c->errmsg,
+                 "the client acknowledged %" PRIu64 " of %" PRIu64 " bytes before the close", got,
+                 c->bytes);
+    access_log(c, got);
+    req_reset(c);
+}
+
 void conn_close(conn_t *c)
 {
     if (c->state == CS_CLOSING) return;
     server_t *s = c->srv;
-    if (c->active) {
-        /* The answer did not end: log it as cut short, and stop its work. */
-        if (c->qs) qs_cancel(c->qs);
-        if (!c->status) c->status = 499;
-        if (c->qs) {
-            c->rows = c->qs->rows;
-            c->nnz = c->qs->nnz;
-        }
-        if (!c->errmsg[0])
-            snprintf(c->errmsg, sizeof c->errmsg, "connection closed before the response ended");
-        c->close_after = 1;
-        req_done(c);
-    }
-    if (c->log_pending) {
-        /* What the client really got: the answer less what never left
-         * this process and what the kernel still holds unacknowledged. */
-        size_t held = c->wpending + c->tp->unacked(c);
-        uint64_t got = c->bytes > held ? c->bytes - held : 0;
-        if (got < c->bytes && !c->errmsg[0])
-            snprintf(c->errmsg, sizeof c->errmsg,
-                     "the client acknowledged %" PRIu64 " of %" PRIu64 " bytes before the close", got,
-                     c->bytes);
-        access_log(c, got);
-        req_reset(c);
-    }
+    if (c->active) cut_answer(c);
+    if (c->log_pending) log_closed(c);
     loop_t *lp = c->lp;
     lp->doomed_bytes += c->wpending;
     s->budget_used -= c->wpending;
@@ -397,6 +405,30 @@ static size_t req_mem(const iv_http_req_t *r)
  * found early (it is answered in its turn).  A request whose headers ask
  * for "100 Continue" waits: that is answered only when it is next.
  */
+/* Parses up to n bytes of the input ahead: a complete request joins the
+ * queue, a parse error is kept for its turn.  -1 when nothing could be
+ * taken (the parser wants more than there is). */
+static int parse_one_ahead(conn_t *c, size_t n)
+{
+    size_t used = 0;
+    iv_http_req_t *req = NULL;
+    int rc = iv_http_in_feed(&c->in, c->rbuf, n, &used, &req);
+    if (used) {
+        memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+        c->rlen -= used;
+    }
+    if (rc == 1) {
+        c->ahead[(c->ahead_first + c->n_ahead) % c->ahead_cap] = req;
+        c->n_ahead++;
+        c->ahead_bytes += req_mem(req);
+    } else if (rc < 0) {
+        c->ahead_err = 1;
+    } else if (used == 0) {
+        return -1;
+    }
+    return 0;
+}
+
 static void conn_parse_ahead(conn_t *c)
 {
     while (c->rlen > 0 && !c->ahead_err && c->n_ahead < c->ahead_cap) {
@@ -404,23 +436,8 @@ static void conn_parse_ahead(conn_t *c)
         size_t held = c->ahead_bytes + (cur ? cur->body.len : 0);
         if (held >= AHEAD_MAX_BYTES) break;
         if (cur && iv_http_in_headers_done(&c->in) && cur->hdr[IV_H_EXPECT]) break;
-        size_t n = c->rlen < AHEAD_MAX_BYTES - held ? c->rlen : AHEAD_MAX_BYTES - held;
-        size_t used = 0;
-        iv_http_req_t *req = NULL;
-        int rc = iv_http_in_feed(&c->in, c->rbuf, n, &used, &req);
-        if (used) {
-            memmove(c->rbuf, c->rbuf + used, c->rlen - used);
-            c->rlen -= used;
-        }
-        if (rc == 1) {
-            c->ahead[(c->ahead_first + c->n_ahead) % c->ahead_cap] = req;
-            c->n_ahead++;
-            c->ahead_bytes += req_mem(req);
-        } else if (rc < 0) {
-            c->ahead_err = 1;
-        } else if (used == 0) {
+        if (parse_one_ahead(c, c->rlen < AHEAD_MAX_BYTES - held ? c->rlen : AHEAD_MAX_BYTES - held) != 0)
             break;
-        }
     }
 }
 
@@ -433,56 +450,71 @@ static void conn_parse_ahead(conn_t *c)
  * starts only when the previous answer's last write completed
  * (resp_finished calls this).
  */
-static void conn_pump(conn_t *c)
+/* Answers a request that could not be parsed (its status and message are
+ * the parser's). */
+static void answer_parse_error(conn_t *c)
 {
-    if (c->state == CS_CLOSING || c->in_pump) return;
-    c->in_pump = 1;
-    if (is_reading_state(c)) {
-        if (c->n_ahead) {
-            iv_http_req_t *req = c->ahead[c->ahead_first];
-            c->ahead_first = (c->ahead_first + 1) % c->ahead_cap;
-            c->n_ahead--;
-            c->ahead_bytes -= req_mem(req);
-            resp_begin(c, req);
-            dispatch(c);
-        } else if (c->ahead_err) {
-            c->ahead_err = 0;
-            resp_begin_error(c);
-            send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg, NULL);
-        } else if (c->rlen > 0) {
-            size_t used = 0;
-            iv_http_req_t *req = NULL;
-            int rc = iv_http_in_feed(&c->in, c->rbuf, c->rlen, &used, &req);
-            if (used) {
-                memmove(c->rbuf, c->rbuf + used, c->rlen - used);
-                c->rlen -= used;
-            }
-            if (rc == 1) {
-                resp_begin(c, req);
-                dispatch(c);
-            } else if (rc < 0) {
-                resp_begin_error(c);
-                send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg,
-                           NULL);
-            }
-        }
-        if (is_reading_state(c)) {
-            if (iv_http_in_headers_done(&c->in)) {
-                conn_enter(c, CS_READ_BODY);
-                if (!c->expect_checked) {
-                    c->expect_checked = 1;
-                    expect_check(c);
-                }
-            } else if (iv_http_in_active(&c->in)) {
-                conn_enter(c, CS_READ_HEAD);
-            }
-            if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) c->tp->quickack(c);
-        }
+    resp_begin_error(c);
+    send_error(c, c->in.err_status, parse_error_code(c->in.err_status), c->in.err_msg, NULL);
+}
+
+/* Feeds the bytes read to the parser; a complete request is dispatched. */
+static void parse_input(conn_t *c)
+{
+    size_t used = 0;
+    iv_http_req_t *req = NULL;
+    int rc = iv_http_in_feed(&c->in, c->rbuf, c->rlen, &used, &req);
+    if (used) {
+        memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+        c->rlen -= used;
     }
-    if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->close_after)
-        conn_parse_ahead(c);
-    c->in_pump = 0;
-    if (c->state == CS_CLOSING) return;
+    if (rc == 1) {
+        resp_begin(c, req);
+        dispatch(c);
+    } else if (rc < 0) {
+        answer_parse_error(c);
+    }
+}
+
+/* The next request: one parsed ahead, then a parse error met ahead, then
+ * what the input holds. */
+static void start_next_request(conn_t *c)
+{
+    if (c->n_ahead) {
+        iv_http_req_t *req = c->ahead[c->ahead_first];
+        c->ahead_first = (c->ahead_first + 1) % c->ahead_cap;
+        c->n_ahead--;
+        c->ahead_bytes -= req_mem(req);
+        resp_begin(c, req);
+        dispatch(c);
+    } else if (c->ahead_err) {
+        c->ahead_err = 0;
+        answer_parse_error(c);
+    } else if (c->rlen > 0) {
+        parse_input(c);
+    }
+}
+
+/* Still reading: a request begun puts the connection in its head or body
+ * state (with their deadlines), and a body is checked against Expect once. */
+static void note_partial_request(conn_t *c)
+{
+    if (iv_http_in_headers_done(&c->in)) {
+        conn_enter(c, CS_READ_BODY);
+        if (!c->expect_checked) {
+            c->expect_checked = 1;
+            expect_check(c);
+        }
+    } else if (iv_http_in_active(&c->in)) {
+        conn_enter(c, CS_READ_HEAD);
+    }
+    if (c->state == CS_READ_HEAD || c->state == CS_READ_BODY) c->tp->quickack(c);
+}
+
+/* Reads while there is room, the peer may send and the connection takes
+ * more; a draining connection keeps its reads as they are. */
+static void update_reading(conn_t *c)
+{
     int want = c->rlen < c->rcap && !c->peer_eof && !c->close_after && c->state != CS_DRAINING;
     if (want && !c->reading) {
         if (c->tp->read_start(c) == 0) c->reading = 1;
@@ -490,6 +522,21 @@ static void conn_pump(conn_t *c)
         c->tp->read_stop(c);
         c->reading = 0;
     }
+}
+
+static void conn_pump(conn_t *c)
+{
+    if (c->state == CS_CLOSING || c->in_pump) return;
+    c->in_pump = 1;
+    if (is_reading_state(c)) {
+        start_next_request(c);
+        if (is_reading_state(c)) note_partial_request(c);
+    }
+    if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->close_after)
+        conn_parse_ahead(c);
+    c->in_pump = 0;
+    if (c->state == CS_CLOSING) return;
+    update_reading(c);
 }
 
 

@@ -237,42 +237,82 @@ void qs_fail(qstream_t *qs, int rc, const iv_err_t *e)
 /* A last block at most this large is copied into the stream's last write. */
 #define QS_JOIN_BYTES ((size_t)64 << 10)
 
-void qs_pump(qstream_t *qs)
+/* Past the write budget, a stream with blocks still unsent waits (its
+ * unsent bytes are part of the overflow); budget_wake resumes it. */
+static void qs_budget_check(qstream_t *qs)
 {
-    conn_t *c = qs->c;
-    if (!c || qs->done || !qs->prepared) return;
-    /* Past the write budget, a stream with blocks still unsent waits (its
-     * unsent bytes are part of the overflow); budget_wake resumes it. */
-    if (qs->next_submit < qs->n_blocks && !budget_room(c)) {
-        if (!qs->budget_wait) {
-            qs->budget_wait = 1;
-            budget_wait_count(qs->lp, 1);
-        }
+    if (qs->next_submit < qs->n_blocks && !budget_room(qs->c) && !qs->budget_wait) {
+        qs->budget_wait = 1;
+        budget_wait_count(qs->lp, 1);
     }
-    /* The window is blocks_ahead, widened by the workers that have nothing
-     * else to do: alone on the server, one response decodes on all of them
-     * (3 blocks at a time made a 10,000-cell answer three times the
-     * engine's time on 16 cores); under load each keeps blocks_ahead. */
+}
+
+/* The window is blocks_ahead, widened by the workers that have nothing
+ * else to do: alone on the server, one response decodes on all of them
+ * (3 blocks at a time made a 10,000-cell answer three times the engine's
+ * time on 16 cores); under load each keeps blocks_ahead. */
+static unsigned qs_window(const qstream_t *qs)
+{
     unsigned win = qs->base_ahead;
     if (qs->ahead > win && qs->next_submit < qs->n_blocks) {
         win += iv_pool_free_workers(qs->srv->pool);
         if (win > qs->ahead) win = qs->ahead;
     }
+    return win;
+}
+
+/* Submits the blocks the window allows.  -1 when the stream failed (and
+ * was answered so); a refusal with work still under way is retried on
+ * the next completion. */
+static int qs_submit_window(qstream_t *qs, unsigned win)
+{
     while (!qs->budget_wait && qs->next_submit < qs->n_blocks &&
            (uint64_t)(qs->next_submit - qs->writes_done) < win) {
         int rc = qs_submit(qs, &block_job, qs->next_submit);
         if (rc != 0) {
-            if (qs->inflight > 0 || qs->next_write > qs->writes_done) break;  /* retried on the next completion */
+            if (qs->inflight > 0 || qs->next_write > qs->writes_done) break;
             iv_err_t e;
             iv_err_clear(&e);
             iv_fail(&e, rc, "%s", rc == IV_EOVERLOADED ? "the server is overloaded; retry later"
                                                          : iv_error_message(rc));
             qs_fail(qs, rc, &e);
-            return;
+            return -1;
         }
         qs->next_submit++;
     }
-    /* Write finished blocks in order. */
+    return 0;
+}
+
+/* Writes block j, the next in order (with the headers when not sent
+ * yet); -1 when the stream is to stop here (a write refused, or the
+ * client gone). */
+static int qs_write_block(qstream_t *qs, job_t *j)
+{
+    conn_t *c = qs->c;
+    char *head = NULL;
+    size_t hlen = 0;
+    if (!qs->headers_sent) {
+        iv_buf_t b;
+        iv_buf_init(&b);
+        stream_headers(c, qs, &b);
+        head = iv_buf_steal(&b, &hlen);
+    }
+    qs_count_block(qs, j);
+    /* The frame, then (a large binary block) its indices and values
+     * as the engine left them. */
+    wpiece_t p[3] = {{NULL, 0, 1}, {j->tail[0], j->tail_len[0], 1}, {j->tail[1], j->tail_len[1], 1}};
+    p[0].p = iv_buf_steal(&j->out, &p[0].len);
+    j->tail[0] = j->tail[1] = NULL;
+    job_free(j);
+    qs->next_write++;
+    if (conn_writev(c, head, hlen, p, 3, c->chunked, qs, 0) != 0 || qs->c == NULL) return -1;
+    return 0;
+}
+
+/* Writes finished blocks in order; -1 when the stream is to stop here
+ * (ended, or see qs_write_block). */
+static int qs_write_ready(qstream_t *qs)
+{
     while (qs->next_write < qs->n_blocks) {
         job_t **slot = &qs->slots[qs->next_write % qs->ahead];
         job_t *j = *slot;
@@ -285,26 +325,18 @@ void qs_pump(qstream_t *qs)
             qs->next_write++;
             qs_end_after(qs, 0, NULL, j);
             job_free(j);
-            return;
+            return -1;
         }
-        char *head = NULL;
-        size_t hlen = 0;
-        if (!qs->headers_sent) {
-            iv_buf_t b;
-            iv_buf_init(&b);
-            stream_headers(c, qs, &b);
-            head = iv_buf_steal(&b, &hlen);
-        }
-        qs_count_block(qs, j);
-        /* The frame, then (a large binary block) its indices and values
-         * as the engine left them. */
-        wpiece_t p[3] = {{NULL, 0, 1}, {j->tail[0], j->tail_len[0], 1}, {j->tail[1], j->tail_len[1], 1}};
-        p[0].p = iv_buf_steal(&j->out, &p[0].len);
-        j->tail[0] = j->tail[1] = NULL;
-        job_free(j);
-        qs->next_write++;
-        if (conn_writev(c, head, hlen, p, 3, c->chunked, qs, 0) != 0 || qs->c == NULL) return;
+        if (qs_write_block(qs, j) != 0) return -1;
     }
+    return 0;
+}
+
+void qs_pump(qstream_t *qs)
+{
+    if (!qs->c || qs->done || !qs->prepared) return;
+    qs_budget_check(qs);
+    if (qs_submit_window(qs, qs_window(qs)) != 0 || qs_write_ready(qs) != 0) return;
     if (qs->next_write == qs->n_blocks && !qs->done) qs_end(qs, 0, NULL);
 }
 

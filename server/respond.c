@@ -89,34 +89,28 @@ static void pieces_free(char *head, const wpiece_t *pieces, unsigned n)
         if (pieces[i].own) free((char *)pieces[i].p);
 }
 
-int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsigned n_pieces,
-                int chunk, qstream_t *qs, int last)
+/* A write's pieces: their bytes, the uv_buf_t slices they take, and how
+ * many the write is to free. */
+static void measure_pieces(const wpiece_t *pieces, unsigned n_pieces, size_t *plen, size_t *slices,
+                           unsigned *n_own)
 {
-    if (c->state == CS_CLOSING) {
-        pieces_free(head, pieces, n_pieces);
-        return -1;
-    }
-    uv_buf_t bufs[WREQ_BUFS];
-    unsigned n = 0, n_own = 0;
-    size_t plen = 0, slices = 0;
+    *plen = *slices = 0;
+    *n_own = 0;
     for (unsigned i = 0; i < n_pieces; i++) {
-        plen += pieces[i].len;
-        slices += pieces[i].len ? (pieces[i].len - 1) / PIECE_MAX + 1 : 0;
-        n_own += pieces[i].own != 0;
+        *plen += pieces[i].len;
+        *slices += pieces[i].len ? (pieces[i].len - 1) / PIECE_MAX + 1 : 0;
+        *n_own += pieces[i].own != 0;
     }
-    wreq_t *r = calloc(1, sizeof *r);
-    if (!r || slices + 3 > WREQ_BUFS || n_own > WREQ_OWNED) {
-        free(r);
-        pieces_free(head, pieces, n_pieces);
-        conn_close(c);
-        return -1;
-    }
-    r->c = c;
-    r->head = head;
-    r->qs = qs;
-    r->seq = c->seq;
-    r->last = last;
-    if (head && hlen) bufs[n++] = uv_buf_init(head, (unsigned)hlen);
+}
+
+/* The write's buffers, never none: the head, the chunk-size line, the
+ * pieces, the chunk's CRLF.  r takes the pieces it owns and counts the
+ * bytes.  Returns the number of buffers. */
+static unsigned fill_bufs(wreq_t *r, uv_buf_t *bufs, size_t hlen, const wpiece_t *pieces,
+                          unsigned n_pieces, size_t plen, int chunk)
+{
+    unsigned n = 0;
+    if (r->head && hlen) bufs[n++] = uv_buf_init(r->head, (unsigned)hlen);
     if (plen && chunk) {
         int cl = snprintf(r->chunk, sizeof r->chunk, "%zx\r\n", plen);
         bufs[n++] = uv_buf_init(r->chunk, (unsigned)cl);
@@ -132,17 +126,57 @@ int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsi
     if (plen && chunk) bufs[n++] = uv_buf_init((char *)"\r\n", 2);
     for (unsigned i = 0; i < n; i++) r->bytes += bufs[i].len;
     if (n == 0) bufs[n++] = uv_buf_init((char *)"", 0);
-    if (qs) qs->wq++;
+    return n;
+}
+
+/* Bytes handed to the transport: the connection's, the loop's queue and
+ * the server's write budget count them until conn_wrote. */
+static void queue_bytes(conn_t *c, size_t bytes)
+{
     if (!c->wpending) c->last_progress = uv_now(&c->lp->loop);
-    c->wpending += r->bytes;
-    c->lp->queued_bytes += r->bytes;
-    c->srv->budget_used += r->bytes;
-    c->bytes += r->bytes;
+    c->wpending += bytes;
+    c->lp->queued_bytes += bytes;
+    c->srv->budget_used += bytes;
+    c->bytes += bytes;
+}
+
+/* A write the transport refused: its bytes leave the counts again. */
+static void unqueue_bytes(conn_t *c, size_t bytes)
+{
+    c->wpending -= bytes;
+    c->lp->queued_bytes -= bytes;
+    c->srv->budget_used -= bytes;
+}
+
+int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsigned n_pieces,
+                int chunk, qstream_t *qs, int last)
+{
+    if (c->state == CS_CLOSING) {
+        pieces_free(head, pieces, n_pieces);
+        return -1;
+    }
+    size_t plen, slices;
+    unsigned n_own;
+    measure_pieces(pieces, n_pieces, &plen, &slices, &n_own);
+    wreq_t *r = calloc(1, sizeof *r);
+    if (!r || slices + 3 > WREQ_BUFS || n_own > WREQ_OWNED) {
+        free(r);
+        pieces_free(head, pieces, n_pieces);
+        conn_close(c);
+        return -1;
+    }
+    r->c = c;
+    r->head = head;
+    r->qs = qs;
+    r->seq = c->seq;
+    r->last = last;
+    uv_buf_t bufs[WREQ_BUFS];
+    unsigned n = fill_bufs(r, bufs, hlen, pieces, n_pieces, plen, chunk);
+    if (qs) qs->wq++;
+    queue_bytes(c, r->bytes);
     if (c->state == CS_DISPATCHED) conn_set_state(c, CS_RESPONDING);
     if (c->tp->write(c, &r->req, bufs, n) != 0) {
-        c->wpending -= r->bytes;
-        c->lp->queued_bytes -= r->bytes;
-        c->srv->budget_used -= r->bytes;
+        unqueue_bytes(c, r->bytes);
         if (qs) qs->wq--;
         pieces_free(head, pieces, n_pieces);
         free(r);
@@ -169,6 +203,17 @@ int origin_allowed(const server_t *s, const char *origin)
     return 0;
 }
 
+/* The CORS headers, for an allowed Origin. */
+static void put_cors(const conn_t *c, iv_buf_t *b)
+{
+    const char *origin = c->req ? c->req->hdr[IV_H_ORIGIN] : NULL;
+    if (!origin_allowed(c->srv, origin)) return;
+    iv_buf_puts(b, "Access-Control-Allow-Origin: ");
+    iv_buf_puts(b, origin);
+    iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
+                "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
+}
+
 /* Status line and headers.  content_length < 0 means a streamed body (or,
  * for HEAD, a length not known without computing the body). */
 void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
@@ -189,13 +234,7 @@ void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t co
     }
     if (!keep) c->close_after = 1;
     iv_buf_puts(b, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
-    const char *origin = r ? r->hdr[IV_H_ORIGIN] : NULL;
-    if (origin_allowed(c->srv, origin)) {
-        iv_buf_puts(b, "Access-Control-Allow-Origin: ");
-        iv_buf_puts(b, origin);
-        iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
-                    "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
-    }
+    put_cors(c, b);
     if (extra) iv_buf_puts(b, extra);
     if (c->dropped_hdr && status < 300) {
         /* JSON keeps the names unambiguous; control characters are escaped
