@@ -91,55 +91,75 @@ static const char *text_safe(const char *v)
     return v;
 }
 
+/* An entry's fields as a line shows them. */
+typedef struct alog_fields {
+    const char *err;      /* "" when none */
+    const char *ds;       /* NULL when none */
+    const char *client;   /* "-" when unknown */
+    const char *tok;      /* NULL when none */
+    const char *via;      /* the peer, only when a proxy stood between: it is the client otherwise */
+} alog_fields_t;
+
+static void put_json_or_null(iv_buf_t *b, const char *s)
+{
+    if (s) iv_buf_json_str(b, s);
+    else iv_buf_puts(b, "null");
+}
+
+static void access_json(iv_buf_t *b, const char *t, const iv_alog_entry_t *e, const alog_fields_t *f)
+{
+    iv_buf_printf(b, "{\"time\":\"%s\",\"method\":\"%s\",\"path\":", t, e->method);
+    iv_buf_json_str(b, e->path);
+    iv_buf_puts(b, ",\"client\":");
+    iv_buf_json_str(b, f->client);
+    if (f->via) {
+        iv_buf_puts(b, ",\"peer\":");
+        iv_buf_json_str(b, f->via);
+    }
+    iv_buf_puts(b, ",\"token\":");
+    put_json_or_null(b, f->tok);
+    iv_buf_puts(b, ",\"dataset\":");
+    put_json_or_null(b, f->ds);
+    if (e->cells >= 0 && e->genes >= 0)
+        iv_buf_printf(b, ",\"cells\":%" PRId64 ",\"genes\":%" PRId64, e->cells, e->genes);
+    iv_buf_printf(b,
+                  ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
+                  ",\"ms\":%.3f",
+                  e->status, e->rows, e->nnz, e->bytes, e->ms);
+    if (f->err[0]) {
+        iv_buf_puts(b, ",\"error\":");
+        iv_buf_json_str(b, f->err);
+    }
+    iv_buf_puts(b, "}\n");
+}
+
+static void access_text(iv_buf_t *b, const char *t, const iv_alog_entry_t *e, const alog_fields_t *f)
+{
+    iv_buf_printf(b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f",
+                  t, e->method, e->path, f->ds ? f->ds : "-", e->status, e->rows, e->nnz, e->bytes,
+                  e->ms);
+    iv_buf_printf(b, " client=%s token=%s", text_safe(f->client), text_safe(f->tok));
+    if (e->cells >= 0 && e->genes >= 0)
+        iv_buf_printf(b, " cells=%" PRId64 " genes=%" PRId64, e->cells, e->genes);
+    if (f->via) iv_buf_printf(b, " peer=%s", text_safe(f->via));
+    iv_buf_printf(b, "%s%s\n", f->err[0] ? " error=" : "", f->err);
+}
+
 void iv_alog_access(const iv_alog_t *l, const iv_alog_entry_t *e)
 {
     if (!l->f) return;
     char t[40];
     iso_time(t, sizeof t);
-    const char *err = e->error ? e->error : "";
-    const char *ds = e->dataset && e->dataset[0] ? e->dataset : NULL;
-    const char *client = e->client && e->client[0] ? e->client : "-";
-    const char *tok = e->token && e->token[0] ? e->token : NULL;
-    /* The peer only when a proxy stood between: it is the client otherwise. */
-    const char *via = e->peer && e->peer[0] && strcmp(e->peer, client) ? e->peer : NULL;
+    alog_fields_t f;
+    f.err = e->error ? e->error : "";
+    f.ds = e->dataset && e->dataset[0] ? e->dataset : NULL;
+    f.client = e->client && e->client[0] ? e->client : "-";
+    f.tok = e->token && e->token[0] ? e->token : NULL;
+    f.via = e->peer && e->peer[0] && strcmp(e->peer, f.client) ? e->peer : NULL;
     iv_buf_t b;
     iv_buf_init(&b);
-    if (l->json) {
-        iv_buf_printf(&b, "{\"time\":\"%s\",\"method\":\"%s\",\"path\":", t, e->method);
-        iv_buf_json_str(&b, e->path);
-        iv_buf_puts(&b, ",\"client\":");
-        iv_buf_json_str(&b, client);
-        if (via) {
-            iv_buf_puts(&b, ",\"peer\":");
-            iv_buf_json_str(&b, via);
-        }
-        iv_buf_puts(&b, ",\"token\":");
-        if (tok) iv_buf_json_str(&b, tok);
-        else iv_buf_puts(&b, "null");
-        iv_buf_puts(&b, ",\"dataset\":");
-        if (ds) iv_buf_json_str(&b, ds);
-        else iv_buf_puts(&b, "null");
-        if (e->cells >= 0 && e->genes >= 0)
-            iv_buf_printf(&b, ",\"cells\":%" PRId64 ",\"genes\":%" PRId64, e->cells, e->genes);
-        iv_buf_printf(&b,
-                      ",\"status\":%d,\"rows\":%" PRId64 ",\"nnz\":%" PRId64 ",\"bytes\":%" PRIu64
-                      ",\"ms\":%.3f",
-                      e->status, e->rows, e->nnz, e->bytes, e->ms);
-        if (err[0]) {
-            iv_buf_puts(&b, ",\"error\":");
-            iv_buf_json_str(&b, err);
-        }
-        iv_buf_puts(&b, "}\n");
-    } else {
-        iv_buf_printf(&b, "%s %s %s %s %d rows=%" PRId64 " nnz=%" PRId64 " bytes=%" PRIu64 " ms=%.3f",
-                      t, e->method, e->path, ds ? ds : "-", e->status, e->rows, e->nnz, e->bytes,
-                      e->ms);
-        iv_buf_printf(&b, " client=%s token=%s", text_safe(client), text_safe(tok));
-        if (e->cells >= 0 && e->genes >= 0)
-            iv_buf_printf(&b, " cells=%" PRId64 " genes=%" PRId64, e->cells, e->genes);
-        if (via) iv_buf_printf(&b, " peer=%s", text_safe(via));
-        iv_buf_printf(&b, "%s%s\n", err[0] ? " error=" : "", err);
-    }
+    if (l->json) access_json(&b, t, e, &f);
+    else access_text(&b, t, e, &f);
     if (!b.oom) fwrite(b.data, 1, b.len, l->f);
     fflush(l->f);
     iv_buf_free(&b);
@@ -175,6 +195,24 @@ static int trusted_ip(const unsigned char ip[16], const iv_cidr_t *t, size_t n)
     return 0;
 }
 
+/* The X-Forwarded-For entry that ends at end (after its ','), trimmed,
+ * into addr (64 bytes) as an address; *start is where it begins.  -1
+ * when it is empty, too long or not an address. */
+static int xff_entry(const char *xff, const char *end, char *addr, unsigned char ip[16], const char **start)
+{
+    const char *comma = end;
+    while (comma > xff && comma[-1] != ',') comma--;
+    *start = comma;
+    const char *a = comma, *z = end;
+    while (a < z && (*a == ' ' || *a == '\t')) a++;
+    while (z > a && (z[-1] == ' ' || z[-1] == '\t')) z--;
+    size_t n = (size_t)(z - a);
+    if (n == 0 || n >= 64) return -1;
+    memcpy(addr, a, n);
+    addr[n] = '\0';
+    return iv_cidr_addr(addr, ip) != 0 ? -1 : 0;
+}
+
 void iv_alog_client(char *out, size_t cap, const char *peer, const unsigned char *peer_ip,
                     const char *xff, const iv_cidr_t *trusted, size_t n_trusted)
 {
@@ -183,18 +221,10 @@ void iv_alog_client(char *out, size_t cap, const char *peer, const unsigned char
     /* From the right: each entry was added by the hop after it. */
     const char *end = xff + strlen(xff);
     while (end > xff) {
-        const char *comma = end;
-        while (comma > xff && comma[-1] != ',') comma--;
-        const char *a = comma, *z = end;
-        while (a < z && (*a == ' ' || *a == '\t')) a++;
-        while (z > a && (z[-1] == ' ' || z[-1] == '\t')) z--;
         char addr[64];
         unsigned char ip[16];
-        size_t n = (size_t)(z - a);
-        if (n == 0 || n >= sizeof addr) return;
-        memcpy(addr, a, n);
-        addr[n] = '\0';
-        if (iv_cidr_addr(addr, ip) != 0) return;
+        const char *comma;
+        if (xff_entry(xff, end, addr, ip, &comma) != 0) return;
         snprintf(out, cap, "%s", addr);
         if (!trusted_ip(ip, trusted, n_trusted)) return;
         end = comma > xff ? comma - 1 : xff;

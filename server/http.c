@@ -148,13 +148,9 @@ static size_t origin_start(const char *u, size_t n)
     return s;
 }
 
-static int on_headers_complete(llhttp_t *p)
+/* The version and framing checks a request's headers must pass. */
+static int check_framing(iv_http_in_t *in, const llhttp_t *p)
 {
-    iv_http_in_t *in = in_of(p);
-    iv_http_req_t *r = in->cur;
-    r->method = p->method;
-    r->http_major = p->http_major;
-    r->http_minor = p->http_minor;
     if (p->http_major != 1) return fail(in, 505, "only HTTP/1.x is supported");
     /* RFC 9112 3.2: an HTTP/1.1 request has exactly one Host header.  A
      * proxy in front may route by it; accepting none or two invites the
@@ -166,6 +162,12 @@ static int on_headers_complete(llhttp_t *p)
      * framing is faulty, and the connection closes after the 400. */
     if (p->http_minor == 0 && (p->flags & F_TRANSFER_ENCODING))
         return fail(in, 400, "Transfer-Encoding in an HTTP/1.0 request");
+    return 0;
+}
+
+/* The request target, its path and its query (owned copies). */
+static int split_target(iv_http_in_t *in, iv_http_req_t *r)
+{
     const char *u = in->url.data ? in->url.data : "";
     size_t ulen = in->url.len, skip = origin_start(u, ulen);
     u += skip;
@@ -177,6 +179,19 @@ static int on_headers_complete(llhttp_t *p)
     r->path = skip && plen == 0 ? strdup("/") : strndup(u, plen);
     r->query = q ? strndup(q + 1, ulen - plen - 1) : strdup("");
     if (!r->target || !r->path || !r->query) return fail(in, 503, "out of memory");
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    iv_http_in_t *in = in_of(p);
+    iv_http_req_t *r = in->cur;
+    r->method = p->method;
+    r->http_major = p->http_major;
+    r->http_minor = p->http_minor;
+    int rc = check_framing(in, p);
+    if (rc == 0) rc = split_target(in, r);
+    if (rc != 0) return rc;
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > in->max_body)
         return fail(in, 413, "request body exceeds the configured limit");
     in->headers_done = 1;
@@ -277,18 +292,31 @@ const iv_http_req_t *iv_http_in_current(const iv_http_in_t *in)
     return in->cur;
 }
 
+/* The end of a path starting at p: a space, a quote, a bracket, a comma
+ * or ": " ends it. */
+static const char *path_end(const char *p)
+{
+    const char *e = p;
+    while (*e && !strchr(" \t'\")],", *e) && !(e[0] == ':' && (e[1] == ' ' || !e[1]))) e++;
+    return e;
+}
+
+/* Where the last part of the path [p, e) starts. */
+static const char *path_base(const char *p, const char *e)
+{
+    const char *base = p;
+    for (const char *q = p; q < e; q++)
+        if (*q == '/') base = q + 1;
+    return base;
+}
+
 size_t iv_http_redact_paths(char *out, size_t cap, const char *msg)
 {
     size_t o = 0;
     if (!cap) return 0;
     for (const char *p = msg; *p;) {
         if (*p == '/' && (p == msg || strchr(" \t'\"(=:[,", p[-1]))) {
-            /* A path runs to a space, a quote, a bracket, a comma or ": ". */
-            const char *e = p;
-            while (*e && !strchr(" \t'\")],", *e) && !(e[0] == ':' && (e[1] == ' ' || !e[1]))) e++;
-            const char *base = p;
-            for (const char *q = p; q < e; q++)
-                if (*q == '/') base = q + 1;
+            const char *e = path_end(p), *base = path_base(p, e);
             if (base > p + 1 && base < e) {
                 /* Folders before the last part: only the last part stays. */
                 for (const char *q = base; q < e && o + 1 < cap; q++) out[o++] = *q;
@@ -331,6 +359,16 @@ const char *iv_http_reason(int status)
     }
 }
 
+/* The qvalue of the list element at p (1 when it has none); next is the
+ * ',' after it or NULL. */
+static double element_q(const char *p, const char *next)
+{
+    const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
+    if (!semi) return 1;
+    const char *qq = strstr(semi, "q=");
+    return qq && (!next || qq < next) ? strtod(qq + 2, NULL) : 1;
+}
+
 double iv_http_coding_q(const char *h, const char *coding)
 {
     double star = -1, named = -1;
@@ -340,12 +378,7 @@ double iv_http_coding_q(const char *h, const char *coding)
         size_t n = strcspn(p, ";,");
         while (n && p[n - 1] == ' ') n--;
         const char *next = strchr(p, ',');
-        double q = 1;
-        const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
-        if (semi) {
-            const char *qq = strstr(semi, "q=");
-            if (qq && (!next || qq < next)) q = strtod(qq + 2, NULL);
-        }
+        double q = element_q(p, next);
         if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
         else if (n == 1 && *p == '*') star = q;
         p = next;

@@ -157,6 +157,42 @@ int method_ok(conn_t *c, int allow_post)
     return 0;
 }
 
+/* One dataset's entry of the list: a ready one's summary, else its state
+ * (loading, packing with progress, failed with the reason). */
+static void put_list_entry(iv_buf_t *b, const sds_t *d)
+{
+    if (d->state == DS_READY && d->doc) {
+        /* The dataset document minus the column lists keeps this short. */
+        iv_enc_ds_summary(b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 0);
+        iv_buf_puts(b, ",\"state\":\"ready\"");
+    } else {
+        iv_buf_puts(b, "{\"id\":");
+        iv_buf_json_str(b, d->conf->id);
+        iv_buf_puts(b, ",\"title\":");
+        iv_buf_json_str(b, d->conf->title ? d->conf->title : d->conf->id);
+        int packing = d->state == DS_LOADING && atomic_load(&d->pack.active);
+        iv_buf_printf(b, ",\"ready\":false,\"state\":\"%s\"",
+                      d->state == DS_FAILED ? "failed" : packing ? "packing" : "loading");
+        if (packing) iv_autopack_progress_json(b, &d->pack);
+        if (d->state == DS_FAILED) {
+            char msg[480];
+            failed_msg(d, msg, sizeof msg);
+            iv_buf_puts(b, ",\"error\":");
+            iv_buf_json_str(b, msg);
+        }
+    }
+    /* A reload's replacement: loading beside this one, or failed
+     * while this one kept serving. */
+    if (d->pending) iv_buf_puts(b, ",\"reload\":\"loading\"");
+    else if (d->reload_err[0]) {
+        char red[sizeof d->reload_err];
+        iv_http_redact_paths(red, sizeof red, d->reload_err);
+        iv_buf_puts(b, ",\"reload_error\":");
+        iv_buf_json_str(b, red);
+    }
+    iv_buf_puts(b, "}");
+}
+
 static void route_list(conn_t *c)
 {
     server_t *s = c->srv;
@@ -181,36 +217,7 @@ static void route_list(conn_t *c)
         if (!iv_auth_may_read(&s->auth, tok, d->conf->id)) continue;
         if (!first) iv_buf_puts(&b, ",");
         first = 0;
-        if (d->state == DS_READY && d->doc) {
-            /* The dataset document minus the column lists keeps this short. */
-            iv_enc_ds_summary(&b, d->conf->id, d->conf->title, iv_dataset_info(d->ds), 0);
-            iv_buf_puts(&b, ",\"state\":\"ready\"");
-        } else {
-            iv_buf_puts(&b, "{\"id\":");
-            iv_buf_json_str(&b, d->conf->id);
-            iv_buf_puts(&b, ",\"title\":");
-            iv_buf_json_str(&b, d->conf->title ? d->conf->title : d->conf->id);
-            int packing = d->state == DS_LOADING && atomic_load(&d->pack.active);
-            iv_buf_printf(&b, ",\"ready\":false,\"state\":\"%s\"",
-                          d->state == DS_FAILED ? "failed" : packing ? "packing" : "loading");
-            if (packing) iv_autopack_progress_json(&b, &d->pack);
-            if (d->state == DS_FAILED) {
-                char msg[480];
-                failed_msg(d, msg, sizeof msg);
-                iv_buf_puts(&b, ",\"error\":");
-                iv_buf_json_str(&b, msg);
-            }
-        }
-        /* A reload's replacement: loading beside this one, or failed
-         * while this one kept serving. */
-        if (d->pending) iv_buf_puts(&b, ",\"reload\":\"loading\"");
-        else if (d->reload_err[0]) {
-            char red[sizeof d->reload_err];
-            iv_http_redact_paths(red, sizeof red, d->reload_err);
-            iv_buf_puts(&b, ",\"reload_error\":");
-            iv_buf_json_str(&b, red);
-        }
-        iv_buf_puts(&b, "}");
+        put_list_entry(&b, d);
     }
     iv_buf_puts(&b, "]}");
     /* Each client has its own list: no shared cache may hand it to another. */
@@ -297,6 +304,65 @@ static int may_name(conn_t *c, const sds_t *d)
     return iv_auth_may_read(a, tok, d->conf->id) || (tok->scope & (IV_SCOPE_METRICS | IV_SCOPE_ADMIN));
 }
 
+/* The loops' counters summed into sum, and their gauges into g. */
+static void sum_loops(server_t *s, iv_metrics_t *sum, iv_metrics_gauges_t *g)
+{
+    for (unsigned i = 0; i < s->n_loops; i++) {
+        loop_t *lp = &s->loops[i];
+        g->open_connections += lp->n_conns;
+        g->active_streams += lp->n_streams;
+        g->queued_write_bytes += lp->queued_bytes;
+        pthread_mutex_lock(&lp->mmu);
+        iv_metrics_add(sum, &lp->metrics);
+        pthread_mutex_unlock(&lp->mmu);
+    }
+}
+
+/* The memory budget's parts: each one's share and what it holds now. */
+static void mem_parts(server_t *s, iv_metrics_gauges_t *g)
+{
+    size_t queued = 0;
+    for (unsigned i = 0; i < s->n_loops; i++) queued += s->loops[i].queued_bytes;
+    uint64_t copies_left = atomic_load(&s->transpose_left.left);
+    uint64_t answers_left = atomic_load(&s->answers_left.left);
+#define PART(n, b, u) g->mem_parts[g->n_mem_parts++] = (iv_metrics_mem_part_t){n, b, u}
+    PART("total", s->mem.total, g->process_rss);
+    PART("cache", s->mb ? iv_membudget_bytes(s->mb) : 0, s->mb ? iv_membudget_used(s->mb) : 0);
+    PART("copies", s->mem.copies, s->mem.copies > copies_left ? s->mem.copies - copies_left : 0);
+    PART("writes", s->mem.writes, queued);
+    PART("answers", s->mem.answers, s->mem.answers > answers_left ? s->mem.answers - answers_left : 0);
+    PART("builds", s->mem.builds + atomic_load(&s->lent), 0);
+#undef PART
+}
+
+/* The datasets by state, the caches of the ready ones, and the memory of
+ * those this client may name (into mem, which may be NULL). */
+static void dataset_gauges(conn_t *c, iv_metrics_gauges_t *g, iv_metrics_ds_mem_t *mem)
+{
+    server_t *s = c->srv;
+    for (size_t i = 0; i < s->reg.n; i++) {
+        sds_t *d = s->reg.v[i];
+        if (d->state == DS_FAILED) {
+            g->datasets_failed++;
+            continue;
+        }
+        if (d->state != DS_READY) {
+            g->datasets_loading++;
+            continue;
+        }
+        g->datasets_ready++;
+        /* Series labelled by a protected dataset's id only for a client
+         * that may know it: its name is not public. */
+        if (mem && may_name(c, d)) ds_memory(d, &mem[g->n_ds_mem++]);
+        iv_cache_stats_t cs;
+        iv_dataset_cache_stats(d->ds, &cs);
+        iv_rds_matrices_cache(d, &cs);
+        g->cache_bytes += cs.used;
+        g->cache_hits += cs.hits;
+        g->cache_misses += cs.misses;
+    }
+}
+
 static void route_metrics(conn_t *c)
 {
     server_t *s = c->srv;
@@ -310,58 +376,44 @@ static void route_metrics(conn_t *c)
         return;
     }
     iv_metrics_init(sum);
-    for (unsigned i = 0; i < s->n_loops; i++) {
-        loop_t *lp = &s->loops[i];
-        g.open_connections += lp->n_conns;
-        g.active_streams += lp->n_streams;
-        g.queued_write_bytes += lp->queued_bytes;
-        pthread_mutex_lock(&lp->mmu);
-        iv_metrics_add(sum, &lp->metrics);
-        pthread_mutex_unlock(&lp->mmu);
-    }
+    sum_loops(s, sum, &g);
     g.cache_budget = s->mb ? iv_membudget_bytes(s->mb) : 0;
     iv_mem_process(&g.process_rss, &g.process_anon);
-    size_t queued = 0;
-    for (unsigned i = 0; i < s->n_loops; i++) queued += s->loops[i].queued_bytes;
-    uint64_t copies_left = atomic_load(&s->transpose_left.left);
-    uint64_t answers_left = atomic_load(&s->answers_left.left);
-#define PART(n, b, u) g.mem_parts[g.n_mem_parts++] = (iv_metrics_mem_part_t){n, b, u}
-    PART("total", s->mem.total, g.process_rss);
-    PART("cache", s->mb ? iv_membudget_bytes(s->mb) : 0, s->mb ? iv_membudget_used(s->mb) : 0);
-    PART("copies", s->mem.copies, s->mem.copies > copies_left ? s->mem.copies - copies_left : 0);
-    PART("writes", s->mem.writes, queued);
-    PART("answers", s->mem.answers, s->mem.answers > answers_left ? s->mem.answers - answers_left : 0);
-    PART("builds", s->mem.builds + atomic_load(&s->lent), 0);
-#undef PART
+    mem_parts(s, &g);
     iv_mem_process(&g.process_rss, &g.process_anon);
     g.process_lazyfree = iv_mem_process_lazyfree();
     iv_metrics_ds_mem_t *mem = calloc(s->reg.n ? s->reg.n : 1, sizeof *mem);
     g.ds_mem = mem;
-    for (size_t i = 0; i < s->reg.n; i++) {
-        sds_t *d = s->reg.v[i];
-        if (d->state == DS_READY) {
-            g.datasets_ready++;
-            /* Series labelled by a protected dataset's id only for a client
-             * that may know it: its name is not public. */
-            if (mem && may_name(c, d)) ds_memory(d, &mem[g.n_ds_mem++]);
-            iv_cache_stats_t cs;
-            iv_dataset_cache_stats(d->ds, &cs);
-            iv_rds_matrices_cache(d, &cs);
-            g.cache_bytes += cs.used;
-            g.cache_hits += cs.hits;
-            g.cache_misses += cs.misses;
-        } else if (d->state == DS_FAILED) {
-            g.datasets_failed++;
-        } else {
-            g.datasets_loading++;
-        }
-    }
+    dataset_gauges(c, &g, mem);
     iv_buf_t b;
     iv_buf_init(&b);
     iv_metrics_render(sum, &g, &b);
     free(sum);
     free(mem);
     send_owned(c, 200, "text/plain; version=0.0.4", &b, NULL);
+}
+
+/* Appends "; failed: a, b" (failed) or "; loading: c (packing, 40%)"
+ * while the message is short; returns how many were left unnamed because
+ * this client may not know them. */
+static size_t name_not_ready(conn_t *c, iv_buf_t *m, int failed)
+{
+    server_t *s = c->srv;
+    size_t unnamed = 0;
+    int first = 1;
+    for (size_t i = 0; i < s->reg.n && m->len < 400; i++) {
+        const sds_t *d = s->reg.v[i];
+        if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
+        if (!may_name(c, d)) {
+            unnamed++;
+            continue;
+        }
+        iv_buf_printf(m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ", d->conf->id);
+        if (!failed && atomic_load(&d->pack.active))
+            iv_buf_printf(m, " (packing, %.0f%%)", atomic_load(&d->pack.permille) / 10.0);
+        first = 0;
+    }
+    return unnamed;
 }
 
 /*
@@ -389,23 +441,8 @@ static void route_readyz(conn_t *c)
     iv_buf_t m;
     iv_buf_init(&m);
     iv_buf_printf(&m, "%zu of %zu datasets ready (readyz policy \"%s\")", n.ready, s->reg.n, policy);
-    size_t unnamed = 0;
-    for (int failed = 1; failed >= 0; failed--) {
-        int first = 1;
-        for (size_t i = 0; i < s->reg.n && m.len < 400; i++) {
-            const sds_t *d = s->reg.v[i];
-            if (d->state != (failed ? DS_FAILED : DS_LOADING)) continue;
-            if (!may_name(c, d)) {
-                unnamed++;
-                continue;
-            }
-            iv_buf_printf(&m, "%s%s", first ? (failed ? "; failed: " : "; loading: ") : ", ",
-                          d->conf->id);
-            if (!failed && atomic_load(&d->pack.active))
-                iv_buf_printf(&m, " (packing, %.0f%%)", atomic_load(&d->pack.permille) / 10.0);
-            first = 0;
-        }
-    }
+    size_t unnamed = name_not_ready(c, &m, 1);  /* failed first, then loading */
+    unnamed += name_not_ready(c, &m, 0);
     if (unnamed) iv_buf_printf(&m, "; %zu protected not named", unnamed);
     iv_buf_append(&m, "", 1);
     send_error(c, 503, "not_ready", m.oom ? "datasets are not ready" : m.data, "Retry-After: 1\r\n");
@@ -669,6 +706,58 @@ void dispatch(conn_t *c)
     send_error(c, 404, "not_found", "no such path", NULL);
 }
 
+/* 405 for method meth; allow is the Allow header line. */
+static int method_refused(rfail_t *f, int meth, const char *allow)
+{
+    f->status = 405;
+    f->code = "method_not_allowed";
+    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(meth));
+    f->extra = allow;
+    return -1;
+}
+
+/* A dataset route: refused for a token that does not open the dataset,
+ * an unknown dataset, one that failed or one still loading. */
+static int dataset_refused(server_t *s, const iv_http_req_t *r, const path_match_t *m, rfail_t *f)
+{
+    const sds_t *d = find_ds(s, m->id, m->idn);
+    int idn = (int)(m->idn > 128 ? 128 : m->idn);
+    if (token_ok(s, r, d, f, NULL)) return -1;
+    if (!d) {
+        f->status = 404;
+        f->code = "not_found";
+        snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", idn, m->id);
+        return -1;
+    }
+    if (d->state == DS_FAILED) {
+        f->status = 503;
+        f->code = "dataset_failed";
+        snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load", idn, m->id);
+        f->extra = "Cache-Control: no-store\r\n";
+        return -1;
+    }
+    if (d->state == DS_LOADING) {
+        f->status = 503;
+        f->code = "not_ready";
+        snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
+        f->extra = "Retry-After: 1\r\n";
+        return -1;
+    }
+    return 0;
+}
+
+/* The matched route's own checks, before its method's: the token its
+ * scope needs, and for a dataset route the dataset's state. */
+static int route_refused(server_t *s, const iv_http_req_t *r, const path_match_t *m, rfail_t *f)
+{
+    const iv_auth_token_t *tok;
+    if (m->route->dataset) return dataset_refused(s, r, m, f);
+    if (m->kind == P_METRICS)
+        return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f) ? -1 : 0;
+    if (m->kind == P_LIST) return list_ok(s, r, f, &tok) ? -1 : 0;
+    return 0;
+}
+
 /*
  * The checks dispatch() makes before any work, made on the headers alone:
  * whether a request that expects "100 Continue" would be refused anyway
@@ -688,58 +777,7 @@ int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
     path_match_t m;
     match_path(p, &m);
     f->route = m.metric;
-    const iv_auth_token_t *tok;
-    switch (m.kind) {
-    case P_RELOAD:
-        if (meth != HTTP_POST) {
-            f->status = 405;
-            f->code = "method_not_allowed";
-            snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(meth));
-            f->extra = "Allow: POST, OPTIONS\r\n";
-            return -1;
-        }
-        return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_ADMIN, &tok), f);
-    case P_METRICS:
-        if (auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_METRICS, &tok), f))
-            return -1;
-        break;
-    case P_LIST:
-        if (list_ok(s, r, f, &tok)) return -1;
-        break;
-    case P_DOC:
-    case P_QUERY:
-    case P_COUNT:
-    case P_VIEWER: {
-        const sds_t *d = find_ds(s, m.id, m.idn);
-        int idn = (int)(m.idn > 128 ? 128 : m.idn);
-        if (token_ok(s, r, d, f, NULL)) return -1;
-        if (!d) {
-            f->status = 404;
-            f->code = "not_found";
-            snprintf(f->msg, sizeof f->msg, "no dataset '%.*s'", idn, m.id);
-            return -1;
-        }
-        if (d->state == DS_FAILED) {
-            f->status = 503;
-            f->code = "dataset_failed";
-            snprintf(f->msg, sizeof f->msg, "dataset '%.*s' failed to load", idn, m.id);
-            f->extra = "Cache-Control: no-store\r\n";
-            return -1;
-        }
-        if (d->state == DS_LOADING) {
-            f->status = 503;
-            f->code = "not_ready";
-            snprintf(f->msg, sizeof f->msg, "the dataset is still loading");
-            f->extra = "Retry-After: 1\r\n";
-            return -1;
-        }
-        break;
-    }
-    case P_HEALTHZ:
-    case P_READYZ:
-    case P_OPENAPI:
-        break;
-    case P_NONE:
+    if (m.kind == P_NONE) {
         /* A static file of the viewer (GET or HEAD) is dispatch's to find;
          * any other method has no route here. */
         if (meth == HTTP_GET || meth == HTTP_HEAD) return 0;
@@ -748,14 +786,16 @@ int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f)
         snprintf(f->msg, sizeof f->msg, "no such path");
         return -1;
     }
+    if (m.kind == P_RELOAD) {
+        const iv_auth_token_t *tok;
+        if (meth != HTTP_POST) return method_refused(f, meth, "Allow: POST, OPTIONS\r\n");
+        return auth_refuse(iv_auth_scope(&s->auth, r->hdr[IV_H_AUTHORIZATION], IV_SCOPE_ADMIN, &tok), f);
+    }
+    if (route_refused(s, r, &m, f)) return -1;
     int post = match_allows_post(&m);
     /* A dataset route's POST body is on its way (it is expected): its
      * coding is checked as dispatch will. */
-    if (meth == HTTP_POST && post) return m.kind == P_RELOAD ? 0 : coding_refused(r, f);
+    if (meth == HTTP_POST && post) return coding_refused(r, f);
     if (meth == HTTP_GET || meth == HTTP_HEAD) return 0;
-    f->status = 405;
-    f->code = "method_not_allowed";
-    snprintf(f->msg, sizeof f->msg, "%s is not allowed here", method_name(meth));
-    f->extra = post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n";
-    return -1;
+    return method_refused(f, meth, post ? "Allow: GET, HEAD, POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
 }

@@ -91,27 +91,27 @@ static int file_refused(conn_t *c, sds_t *d)
     return 1;
 }
 
-void route_query(conn_t *c, sds_t *d, int count)
+/* Refuses (415) a POST body that is not JSON.  curl -d sends
+ * form-urlencoded by default; its body is still our JSON.  1 when it was
+ * refused. */
+static int body_type_refused(conn_t *c)
 {
     iv_http_req_t *r = c->req;
-    if (!method_ok(c, 1) || file_refused(c, d)) return;
-    const iv_dataset_info_t *info = iv_dataset_info(d->ds);
-    if (r->method == HTTP_POST) {
-        const char *ct = r->hdr[IV_H_CONTENT_TYPE];
-        /* curl -d sends form-urlencoded by default; its body is still our JSON. */
-        if (ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
-            strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
-            strncasecmp(ct, "text/plain", 10) != 0) {
-            send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
-            return;
-        }
-    }
-    /* The rest of the set-up runs on a worker (see setup_t). */
+    const char *ct = r->hdr[IV_H_CONTENT_TYPE];
+    if (r->method != HTTP_POST || !ct || !r->body.len || strncasecmp(ct, "application/json", 16) == 0 ||
+        strncasecmp(ct, "application/x-www-form-urlencoded", 33) == 0 || strncasecmp(ct, "text/plain", 10) == 0)
+        return 0;
+    send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
+    return 1;
+}
+
+/* The set-up's copy of the request for the worker (see setup_t), or NULL
+ * when out of memory. */
+static setup_t *query_setup_new(conn_t *c, const iv_dataset_info_t *info, int count)
+{
+    iv_http_req_t *r = c->req;
     setup_t *st = calloc(1, sizeof *st);
-    if (!st) {
-        send_iv_error(c, IV_ENOMEM, NULL);
-        return;
-    }
+    if (!st) return NULL;
     st->is_post = r->method == HTTP_POST;
     st->count = count;
     st->n_rows = info->n_rows;
@@ -123,28 +123,39 @@ void route_query(conn_t *c, sds_t *d, int count)
     st->gz_level = count ? 0 : stream_gzip_level(c->srv, r);
     if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
         setup_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+void route_query(conn_t *c, sds_t *d, int count)
+{
+    if (!method_ok(c, 1) || file_refused(c, d) || body_type_refused(c)) return;
+    /* The rest of the set-up runs on a worker (see setup_t). */
+    setup_t *st = query_setup_new(c, iv_dataset_info(d->ds), count);
+    if (!st) {
         send_iv_error(c, IV_ENOMEM, NULL);
         return;
     }
     submit_setup(c, d, st, count, &setup_job);
 }
 
-/* The loop half of a query's set-up, once the worker built the query: the
- * limits, the answers that need no decode, then the decode jobs. */
-static void route_query_finish(job_t *j)
+/* What the set-up job leaves for the loop, taken before the job goes. */
+typedef struct setup_res {
+    int count, have_total, dense, prepared, gz_level;
+    double total;
+    iv_fmt_t fmt;
+} setup_res_t;
+
+/* Takes the set-up's results into the connection, the stream and *res.
+ * The job is freed, or, when the set-up decoded block 0 of a fused
+ * query (setup_fuse), waits in the stream's first slot (freed with the
+ * stream if the answer is another). */
+static void take_setup(job_t *j, setup_res_t *res)
 {
-    if (!qs_job_back(j)) return;
     qstream_t *qs = j->qs;
     conn_t *c = qs->c;
-    server_t *s = c->srv;
     setup_t *st = j->setup;
-    if (j->rc != 0) {
-        iv_err_t e = j->err;
-        int rc = j->rc;
-        job_free(j);
-        send_iv_error(c, rc, &e);
-        return;
-    }
     c->dropped = st->dropped;
     c->dropped_hdr = st->dropped_hdr;
     st->dropped = st->dropped_hdr = NULL;
@@ -153,82 +164,83 @@ static void route_query_finish(job_t *j)
     /* The access log's selection: cells x genes, whichever the rows are. */
     c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
     c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
-    int count = qs->count, have_total = st->have_total;
-    double total = st->total;
-    iv_fmt_t fmt = st->fmt;
-    int dense = st->dense;
-    int prepared = st->prepared, gz_level = st->gz_level;
-    if (st->block0) {
-        /* A fused query's block 0 (setup_fuse): the job itself waits in
-         * the stream's first slot (freed with the stream if the answer is
-         * another). */
-        setup_free(st);
-        j->setup = NULL;
-        j->b = 0;
-        j->type = &block_job;
-        qs->slots[0] = j;
-    } else {
+    *res = (setup_res_t){.count = qs->count, .have_total = st->have_total, .dense = st->dense,
+                         .prepared = st->prepared, .gz_level = st->gz_level, .total = st->total,
+                         .fmt = st->fmt};
+    if (!st->block0) {
         job_free(j);
+        return;
     }
+    setup_free(st);
+    j->setup = NULL;
+    j->b = 0;
+    j->type = &block_job;
+    qs->slots[0] = j;
+}
+
+/* Refuses (413) a matrix answer past the limits: rows or stored values,
+ * dense cells, or a JSON document.  1 when it was refused. */
+static int query_refused(conn_t *c, const iv_query_t *q, iv_fmt_t fmt, int dense)
+{
+    const iv_limits_t *lim = &c->srv->cfg->limits;
     int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
-    const iv_limits_t *lim = &s->cfg->limits;
-    char msg[256];
-    if (!count && (rows > lim->max_rows || hint > lim->max_nnz)) {
+    char msg[256] = "";
+    if (rows > lim->max_rows || hint > lim->max_nnz)
         snprintf(msg, sizeof msg,
                  "the query selects %" PRId64 " rows and %" PRId64
                  " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
                  rows, hint, lim->max_rows, lim->max_nnz);
-        send_error(c, 413, "too_large", msg, NULL);
-        return;
-    }
-    if (!count && dense && iv_query_n_rows(q) * iv_query_n_cols(q) > lim->max_nnz) {
+    else if (dense && rows * iv_query_n_cols(q) > lim->max_nnz)
         /* Dense gene rows hold every (gene, cell) value. */
         snprintf(msg, sizeof msg,
                  "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
-                 iv_query_n_rows(q), iv_query_n_cols(q), lim->max_nnz);
-        send_error(c, 413, "too_large", msg, NULL);
-        return;
-    }
-    if (!count && fmt == IV_FMT_JSON && hint >= 0 &&
-        (uint64_t)hint * 4 + (uint64_t)rows * 4 > lim->json_bytes) {
+                 rows, iv_query_n_cols(q), lim->max_nnz);
+    else if (fmt == IV_FMT_JSON && hint >= 0 && (uint64_t)hint * 4 + (uint64_t)rows * 4 > lim->json_bytes)
         /* Even at the shortest 4 bytes per number the document is too big. */
         snprintf(msg, sizeof msg,
                  "the result (%" PRId64 " values) exceeds the JSON limit of %zu bytes; ask for "
                  "application/vnd.ivserve.csr or application/x-ndjson",
                  hint, lim->json_bytes);
-        send_error(c, 413, "too_large", msg, NULL);
-        return;
-    }
-    if (!count && answer_reserve(c, qs, q, fmt, hint) != 0) return;
-    if (count && hint >= 0 && have_total) {
-        /* Answered from the pointer arrays and computed columns, no decode. */
-        iv_buf_t body;
-        iv_buf_init(&body);
-        count_body(&body, c, q, hint, total);
-        c->rows = rows;
-        c->nnz = hint;
-        send_owned(c, 200, "application/json", &body, NULL);
-        return;
-    }
-    if (!count) qs->gz_level = gz_level;
-    if (!count && c->req->method == HTTP_HEAD) {
-        iv_buf_t b;
-        iv_buf_init(&b);
-        /* The length of a JSON document is not known without building
-         * it: the head says nothing rather than something false. */
-        resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
-        c->status = 200;
-        send_buf_done(c, &b);
-        return;
-    }
-    /* A count or a whole JSON document is one job; a stream is prepared,
-     * then decoded block by block (qs_pump). */
-    const job_type_t *next = count ? &count_job : fmt == IV_FMT_JSON ? &whole_job : &prep_job;
-    qs->fmt = fmt;
-    qs->dense = dense;
-    qs->have_total = have_total;
-    qs->total = total;
-    if (prepared) {
+    if (!msg[0]) return 0;
+    send_error(c, 413, "too_large", msg, NULL);
+    return 1;
+}
+
+/* A count answered from the pointer arrays and computed columns, no
+ * decode. */
+static void answer_total(conn_t *c, iv_query_t *q, int64_t hint, double total)
+{
+    iv_buf_t body;
+    iv_buf_init(&body);
+    count_body(&body, c, q, hint, total);
+    c->rows = iv_query_n_rows(q);
+    c->nnz = hint;
+    send_owned(c, 200, "application/json", &body, NULL);
+}
+
+/* HEAD of a matrix answer.  The length of a JSON document is not known
+ * without building it: the head says nothing rather than something
+ * false. */
+static void answer_head(conn_t *c, qstream_t *qs, iv_fmt_t fmt)
+{
+    iv_buf_t b;
+    iv_buf_init(&b);
+    resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
+    c->status = 200;
+    send_buf_done(c, &b);
+}
+
+/* A count or a whole JSON document is one job; a stream is prepared, then
+ * decoded block by block (qs_pump). */
+static void start_answer(qstream_t *qs, const setup_res_t *res)
+{
+    conn_t *c = qs->c;
+    const job_type_t *next = res->count ? &count_job : res->fmt == IV_FMT_JSON ? &whole_job : &prep_job;
+    qs->fmt = res->fmt;
+    qs->dense = res->dense;
+    qs->have_total = res->have_total;
+    qs->total = res->total;
+    if (res->prepared) {
         /* Prepared on the set-up job (a stream: setup_fuse takes no
          * other): the blocks go on from here. */
         if (qs->slots[0]) {
@@ -236,7 +248,7 @@ static void route_query_finish(job_t *j)
             qs->next_submit = 1;
         }
         qs->prepared = 1;
-        qs->n_blocks = iv_query_n_blocks(q);
+        qs->n_blocks = iv_query_n_blocks(qs->q);
         qs_pump(qs);
         return;
     }
@@ -249,6 +261,38 @@ static void route_query_finish(job_t *j)
     }
 }
 
+/* The loop half of a query's set-up, once the worker built the query: the
+ * limits, the answers that need no decode, then the decode jobs. */
+static void route_query_finish(job_t *j)
+{
+    if (!qs_job_back(j)) return;
+    qstream_t *qs = j->qs;
+    conn_t *c = qs->c;
+    if (j->rc != 0) {
+        iv_err_t e = j->err;
+        int rc = j->rc;
+        job_free(j);
+        send_iv_error(c, rc, &e);
+        return;
+    }
+    setup_res_t res;
+    take_setup(j, &res);
+    iv_query_t *q = qs->q;
+    int64_t hint = iv_query_nnz_hint(q);
+    if (!res.count && (query_refused(c, q, res.fmt, res.dense) || answer_reserve(c, qs, q, res.fmt, hint) != 0))
+        return;
+    if (res.count && hint >= 0 && res.have_total) {
+        answer_total(c, q, hint, res.total);
+        return;
+    }
+    if (!res.count) qs->gz_level = res.gz_level;
+    if (!res.count && c->req->method == HTTP_HEAD) {
+        answer_head(c, qs, res.fmt);
+        return;
+    }
+    start_answer(qs, &res);
+}
+
 /* routes_viewer.h's matrix_open over the registry entry (ctx). */
 static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
                          iv_err_t *err)
@@ -258,29 +302,11 @@ static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta
 
 /* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
  * builds the whole answer; route_viewer_finish sends it. */
-void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
+/* The dataset, the server's limits and the caching headers of a viewer
+ * request; -1 when out of memory. */
+static int vreq_bind(iv_vreq_t *vr, conn_t *c, sds_t *d)
 {
-    iv_http_req_t *r = c->req;
-    if (!method_ok(c, iv_vroute_allows_post(vroute))) return;
-    const char *ct = r->hdr[IV_H_CONTENT_TYPE];
-    if (r->method == HTTP_POST && ct && r->body.len && strncasecmp(ct, "application/json", 16) != 0 &&
-        strncasecmp(ct, "application/x-www-form-urlencoded", 33) != 0 &&
-        strncasecmp(ct, "text/plain", 10) != 0) {
-        send_error(c, 415, "unsupported_media", "the request body must be application/json", NULL);
-        return;
-    }
-    int bad_name = 0;
-    size_t blen = 0;
-    char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;
-    iv_vreq_t *vr = iv_vreq_new(vroute, sub, r->method == HTTP_POST, r->query, body, blen,
-                                r->hdr[IV_H_ACCEPT], &bad_name);
-    setup_t *st = vr ? calloc(1, sizeof *st) : NULL;
-    if (!st) {
-        iv_vreq_free(vr);
-        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
-        else send_iv_error(c, IV_ENOMEM, NULL);
-        return;
-    }
+    const iv_http_req_t *r = c->req;
     vr->ds = d->ds;
     vr->meta = d->meta;
     vr->vx = d->vx;
@@ -293,9 +319,29 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     vr->answer_bytes = c->srv->cfg->limits.max_answer_bytes;
     vr->max_age = c->srv->cfg->cache_max_age;
     vr->private_cache = iv_auth_protected(&c->srv->auth, d->conf->id);
-    if ((r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) ||
-        (r->hdr[IV_H_ACCEPT_ENCODING] &&
-         !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))) {
+    if (r->hdr[IV_H_IF_NONE_MATCH] && !(vr->if_none_match = strdup(r->hdr[IV_H_IF_NONE_MATCH]))) return -1;
+    if (r->hdr[IV_H_ACCEPT_ENCODING] && !(vr->accept_encoding = strdup(r->hdr[IV_H_ACCEPT_ENCODING])))
+        return -1;
+    return 0;
+}
+
+void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
+{
+    iv_http_req_t *r = c->req;
+    if (!method_ok(c, iv_vroute_allows_post(vroute)) || body_type_refused(c)) return;
+    int bad_name = 0;
+    size_t blen = 0;
+    char *body = r->method == HTTP_POST ? iv_buf_steal(&r->body, &blen) : NULL;
+    iv_vreq_t *vr = iv_vreq_new(vroute, sub, r->method == HTTP_POST, r->query, body, blen,
+                                r->hdr[IV_H_ACCEPT], &bad_name);
+    setup_t *st = vr ? calloc(1, sizeof *st) : NULL;
+    if (!st) {
+        iv_vreq_free(vr);
+        if (bad_name) send_error(c, 400, "bad_request", "bad percent-escape in the path", NULL);
+        else send_iv_error(c, IV_ENOMEM, NULL);
+        return;
+    }
+    if (vreq_bind(vr, c, d) != 0) {
         iv_vreq_free(vr);
         free(st);
         send_iv_error(c, IV_ENOMEM, NULL);

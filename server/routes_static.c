@@ -69,6 +69,25 @@ static int qvalue_nonzero(const char *p)
     return 0;
 }
 
+/* Reads one element of an Accept-Encoding list at *pp ("gzip;q=0.5"):
+ * its coding in *t, *tlen, and whether its qvalue is above zero (1 when
+ * it has none).  *pp moves to the ',' or the end after it. */
+static int read_coding(const char **pp, const char **t, size_t *tlen)
+{
+    const char *p = *pp;
+    *t = p;
+    while (*p && *p != ',' && *p != ';' && !is_ows(*p)) p++;
+    *tlen = (size_t)(p - *t);
+    int ok = 1;
+    while (*p && *p != ',') {
+        if (*p++ != ';') continue;
+        while (is_ows(*p)) p++;
+        if ((*p == 'q' || *p == 'Q') && p[1] == '=') ok = qvalue_nonzero(p + 2);
+    }
+    *pp = p;
+    return ok;
+}
+
 int iv_static_accepts(const char *accept_encoding, const char *coding)
 {
     if (!accept_encoding) return 0;
@@ -78,15 +97,9 @@ int iv_static_accepts(const char *accept_encoding, const char *coding)
     while (*p) {
         while (is_ows(*p) || *p == ',') p++;
         if (!*p) break;
-        const char *t = p;
-        while (*p && *p != ',' && *p != ';' && !is_ows(*p)) p++;
-        size_t tlen = (size_t)(p - t);
-        int ok = 1;
-        while (*p && *p != ',') {
-            if (*p++ != ';') continue;
-            while (is_ows(*p)) p++;
-            if ((*p == 'q' || *p == 'Q') && p[1] == '=') ok = qvalue_nonzero(p + 2);
-        }
+        const char *t;
+        size_t tlen;
+        int ok = read_coding(&p, &t, &tlen);
         if (tlen == clen && !strncasecmp(t, coding, clen)) named = ok;
         else if (tlen == 1 && *t == '*') star = ok;
     }
