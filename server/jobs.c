@@ -439,19 +439,25 @@ void block_run(job_t *j)
  * taken on (the loop still checks them and answers 413 for the others),
  * and the answer is the same bytes the prepare and block jobs write.
  */
-static void setup_fuse(job_t *j)
+/* Whether the set-up's query is a small stream within every limit. */
+static int fusable(const setup_t *st, const iv_limits_t *lim)
 {
-    setup_t *st = j->setup;
     iv_query_t *q = st->q;
-    const iv_limits_t *lim = &j->srv->cfg->limits;
     int64_t rows = iv_query_n_rows(q);
     if (!st->fuse || st->count || (st->fmt != IV_FMT_BINARY && st->fmt != IV_FMT_NDJSON) ||
         rows > FUSE_MAX_ROWS || rows > lim->max_rows ||
         (st->dense && rows * iv_query_n_cols(q) > lim->max_nnz))
-        return;
+        return 0;
     /* The stored values the decode visits bound the answer's. */
     int64_t bound = iv_query_stored_bound(q, FUSE_MAX_NNZ);
-    if (bound > FUSE_MAX_NNZ || bound > lim->max_nnz) return;
+    return bound <= FUSE_MAX_NNZ && bound <= lim->max_nnz;
+}
+
+static void setup_fuse(job_t *j)
+{
+    setup_t *st = j->setup;
+    iv_query_t *q = st->q;
+    if (!fusable(st, &j->srv->cfg->limits)) return;
     if ((j->rc = iv_query_prepare(q, j->srv->pool, &j->err)) != 0) return;
     st->prepared = 1;
     if (iv_query_n_blocks(q) != 1 || job_cancelled(j)) return;
@@ -467,10 +473,32 @@ static void setup_fuse(job_t *j)
 
 /* Every block of a query in one job: the whole JSON document, or (count)
  * the stored values and their sum, unless the metadata already knows. */
+/* Block blk of a whole-document or count job: its stored values counted
+ * (and summed for a count the metadata does not know), or its rows added
+ * to the document within the JSON limit. */
+static void take_block(job_t *j, iv_jdoc_t *d, const iv_stream_hdr_t *h, const iv_block_t *blk, int count)
+{
+    qstream_t *qs = j->qs;
+    j->nnz += blk->nnz;
+    if (count) {
+        if (!qs->have_total)
+            for (int64_t k = 0; k < blk->nnz; k++) j->total += iv_dtype_get_f64(blk->dtype, blk->data, (size_t)k);
+        return;
+    }
+    size_t limit = j->srv->cfg->limits.json_bytes;
+    iv_jdoc_add_h(d, h, blk);
+    if (iv_jdoc_oom(d))
+        j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
+    else if (iv_jdoc_bytes(d) > limit)
+        j->rc = iv_fail(&j->err, IV_ETOO_LARGE,
+                        "the result exceeds the JSON limit of %zu bytes; ask for "
+                        "application/vnd.ivserve.csr or application/x-ndjson",
+                        limit);
+}
+
 static void decode_all(job_t *j, int count)
 {
     qstream_t *qs = j->qs;
-    const iv_limits_t *lim = &j->srv->cfg->limits;
     j->rc = iv_query_prepare(qs->q, j->srv->pool, &j->err);
     int64_t hint = iv_query_nnz_hint(qs->q);
     iv_jdoc_t d;
@@ -489,22 +517,7 @@ static void decode_all(job_t *j, int count)
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
         j->rc = iv_query_decode_block(qs->q, b, &blk, &j->err);
-        if (j->rc == 0) {
-            j->nnz += blk.nnz;
-            if (count && !qs->have_total)
-                for (int64_t k = 0; k < blk.nnz; k++)
-                    j->total += iv_dtype_get_f64(blk.dtype, blk.data, (size_t)k);
-            if (!count) {
-                iv_jdoc_add_h(&d, &h, &blk);
-                if (iv_jdoc_oom(&d))
-                    j->rc = iv_fail(&j->err, IV_ENOMEM, "out of memory building the JSON result");
-                else if (iv_jdoc_bytes(&d) > lim->json_bytes)
-                    j->rc = iv_fail(&j->err, IV_ETOO_LARGE,
-                                    "the result exceeds the JSON limit of %zu bytes; ask for "
-                                    "application/vnd.ivserve.csr or application/x-ndjson",
-                                    lim->json_bytes);
-            }
-        }
+        if (j->rc == 0) take_block(j, &d, &h, &blk, count);
         iv_block_free(&blk);
     }
     if (j->rc == 0 && !count) {

@@ -68,7 +68,8 @@ void iv_metrics_add(iv_metrics_t *dst, const iv_metrics_t *src)
     dst->budget_cuts += src->budget_cuts;
 }
 
-void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *o)
+/* Requests by route and status class, and responses by code. */
+static void render_requests(const iv_metrics_t *m, iv_buf_t *o)
 {
     iv_buf_puts(o, "# HELP ivserve_requests_total Requests answered, by route and status class.\n"
                    "# TYPE ivserve_requests_total counter\n");
@@ -82,6 +83,11 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
     for (int s = 0; s < 600; s++)
         if (m->by_status[s])
             iv_buf_printf(o, "ivserve_responses_total{code=\"%d\"} %" PRIu64 "\n", s, m->by_status[s]);
+}
+
+/* The latency histogram and the other counters. */
+static void render_counters(const iv_metrics_t *m, iv_buf_t *o)
+{
     iv_buf_puts(o, "# HELP ivserve_request_seconds Request latency, first byte parsed to last byte queued.\n"
                    "# TYPE ivserve_request_seconds histogram\n");
     uint64_t cum = 0;
@@ -106,6 +112,11 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
                   "# TYPE ivserve_compute_timeouts_total counter\nivserve_compute_timeouts_total %" PRIu64 "\n"
                   "# TYPE ivserve_write_budget_cuts_total counter\nivserve_write_budget_cuts_total %" PRIu64 "\n",
                   m->jobs_cancelled, m->compute_timeouts, m->budget_cuts);
+}
+
+/* The gauges of the moment: queue, connections, caches, datasets. */
+static void render_gauges(const iv_metrics_gauges_t *g, iv_buf_t *o)
+{
     double hr = g->cache_hits + g->cache_misses
                     ? (double)g->cache_hits / (double)(g->cache_hits + g->cache_misses)
                     : 0.0;
@@ -124,6 +135,11 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
     iv_buf_printf(o, "# HELP ivserve_cache_budget_bytes The decompressed-chunk cache budget of the process.\n"
                      "# TYPE ivserve_cache_budget_bytes gauge\nivserve_cache_budget_bytes %zu\n",
                   g->cache_budget);
+}
+
+/* Memory: the budget's parts, the process, each dataset's. */
+static void render_memory(const iv_metrics_gauges_t *g, iv_buf_t *o)
+{
     if (g->n_mem_parts) {
         iv_buf_puts(o, "# HELP ivserve_memory_budget_bytes The process's memory budget (memory_bytes) "
                        "and each part's share of it.\n# TYPE ivserve_memory_budget_bytes gauge\n");
@@ -156,4 +172,12 @@ void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_b
     for (size_t i = 0; i < g->n_ds_mem; i++)
         iv_buf_printf(o, "ivserve_cache_budget_evictions_total{dataset=\"%s\"} %" PRIu64 "\n",
                       g->ds_mem[i].id, g->ds_mem[i].budget_evictions);
+}
+
+void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *o)
+{
+    render_requests(m, o);
+    render_counters(m, o);
+    render_gauges(g, o);
+    render_memory(g, o);
 }

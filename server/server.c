@@ -217,6 +217,28 @@ static void on_accept_resume(uv_timer_t *t)
 
 /* Loop 0: a new connection on the listening socket, given to the loops in
  * turn. */
+/* Hands fd to connection loop lp: queued on its locked list, and the loop
+ * woken.  Closed when the list cannot grow. */
+static void hand_fd(loop_t *lp, int fd)
+{
+    pthread_mutex_lock(&lp->done_mu);
+    int ok = 1;
+    if (lp->n_new_fds == lp->cap_new_fds) {
+        size_t cap = lp->cap_new_fds ? 2 * lp->cap_new_fds : 16;
+        int *v = realloc(lp->new_fds, cap * sizeof *v);
+        if (v) {
+            lp->new_fds = v;
+            lp->cap_new_fds = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) lp->new_fds[lp->n_new_fds++] = fd;
+    pthread_mutex_unlock(&lp->done_mu);
+    if (!ok) close(fd);
+    else uv_async_send(&lp->async);
+}
+
 static void on_accept(uv_poll_t *p, int status, int events)
 {
     server_t *s = p->data;
@@ -236,26 +258,8 @@ static void on_accept(uv_poll_t *p, int status, int events)
             return;  /* EAGAIN, or a connection reset before it was taken */
         }
         loop_t *lp = s->n_loops == 1 ? &s->loops[0] : &s->loops[1 + s->next_loop++ % (s->n_loops - 1)];
-        if (lp->idx == 0) {
-            conn_adopt(lp, fd);
-            continue;
-        }
-        pthread_mutex_lock(&lp->done_mu);
-        int ok = 1;
-        if (lp->n_new_fds == lp->cap_new_fds) {
-            size_t cap = lp->cap_new_fds ? 2 * lp->cap_new_fds : 16;
-            int *v = realloc(lp->new_fds, cap * sizeof *v);
-            if (v) {
-                lp->new_fds = v;
-                lp->cap_new_fds = cap;
-            } else {
-                ok = 0;
-            }
-        }
-        if (ok) lp->new_fds[lp->n_new_fds++] = fd;
-        pthread_mutex_unlock(&lp->done_mu);
-        if (!ok) close(fd);
-        else uv_async_send(&lp->async);
+        if (lp->idx == 0) conn_adopt(lp, fd);
+        else hand_fd(lp, fd);
     }
 }
 
@@ -395,9 +399,9 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
 
 /* The listening socket, opened by hand so that loop 0 can accept and hand
  * each connection to a loop (on_accept). */
-static int bind_listener(server_t *s)
+/* A listening socket on cfg's address and port, or -1 (said on stderr). */
+static int open_listen_socket(const iv_config_t *cfg)
 {
-    const iv_config_t *cfg = s->cfg;
     struct sockaddr_storage addr;
     int v6 = strchr(cfg->listen, ':') != NULL;
     int rc = v6 ? uv_ip6_addr(cfg->listen, cfg->port, (struct sockaddr_in6 *)&addr)
@@ -421,6 +425,14 @@ static int bind_listener(server_t *s)
         if (fd >= 0) close(fd);
         return -1;
     }
+    return fd;
+}
+
+static int bind_listener(server_t *s)
+{
+    const iv_config_t *cfg = s->cfg;
+    int fd = open_listen_socket(cfg), rc;
+    if (fd < 0) return -1;
     struct sockaddr_storage got;
     socklen_t len = sizeof got;
     if (getsockname(fd, (struct sockaddr *)&got, &len) != 0) {
