@@ -156,7 +156,7 @@ ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") 
 #' Decoded by the package's C routine (src/decode.c) straight into the
 #' slots of a dgCMatrix: no per-value R code and no triplet sort.
 #'
-#' @param body a raw vector holding the whole stream.
+#' @param body a raw vector holding the whole stream (or the package's receive buffer).
 #' @param genes_by_cells FALSE: X is cells x genes; TRUE: X is its transpose, genes x cells, as
 #'   SingleCellExperiment and Seurat store counts, read without any reordering (the stream's
 #'   rows are cells, so this is the cheaper form).
@@ -200,9 +200,9 @@ ivs_fetch <- function(client, dataset, obs, var, where, var_where, matrix, progr
                       genes_by_cells = FALSE) {
   mat <- ivs_matrix(client, dataset, matrix)
   body <- ivs_body(client, dataset, obs, var, where, var_where, matrix)
-  resp <- ivs_request(client, ivs_path(dataset, "query"), body = body,
-                      accept = "application/vnd.ivserve.csr", progress = progress)
-  res <- ivs_read_stream(httr2::resp_body_raw(resp), genes_by_cells)
+  sink <- ivs_request_sink(client, ivs_path(dataset, "query"), body = body,
+                           accept = "application/vnd.ivserve.csr", progress = progress)
+  res <- tryCatch(ivs_read_stream(sink, genes_by_cells), finally = .Call(C_ivs_sink_release, sink))
   X <- res$X
   n_genes <- if (genes_by_cells) nrow(X) else ncol(X)
   var_pos <- ivs_var_positions(client, dataset, var, var_where, mat$shape[2], mat$var_axis)

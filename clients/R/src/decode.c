@@ -1,14 +1,26 @@
-/* The binary result stream (application/vnd.ivserve.csr) decoded in one
- * pass of C into the slots of a dgCMatrix.
+/* The binary result stream (application/vnd.ivserve.csr) decoded by C
+ * into the slots of a dgCMatrix.
  *
  * Why C: the stream is a sequence of CSR blocks (cells x genes) and R
  * wants the matrix column-compressed.  Reading it with readBin and
  * building triplets left R to sort tens of millions of (i, j) pairs; here
  * the blocks are walked twice over the bytes already in memory (the HTTP
- * body): the first walk checks every length, pointer and index against
- * the header and counts the values of each column, the second puts each
- * value at its column's cursor.  Rows are visited in order, so the row
- * numbers within a column come out sorted, as a dgCMatrix needs them.
+ * body, a raw vector or a sink, see sink.c): the first walk checks every
+ * length, pointer and index against the header and counts the values of
+ * each column, the second puts each value at its column's cursor.  Rows
+ * are visited in order, so the row numbers within a column come out
+ * sorted, as a dgCMatrix needs them.  Read as genes x cells (csc FALSE)
+ * the stream is already in dgCMatrix order: the second walk copies each
+ * block whole and sorts only rows whose genes came unsorted (a permuted
+ * gene selection).
+ *
+ * Speed: the second walk converts each block's indices and values in
+ * tight loops (one per stored dtype, chosen once per block) before
+ * scattering them, rather than dispatching on the dtype per value; the
+ * first walk checks a row's indices for range and order in one pass and
+ * looks for repeated columns only in rows that are not strictly
+ * increasing (a sorted row cannot repeat one).  The output vectors are
+ * advised to use huge pages before their first touch (sink.c says why).
  *
  * The bytes are untrusted: every read is checked against the body's end
  * before it happens, every count against the header's shape, and a bad
@@ -21,11 +33,10 @@
  */
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <R.h>
-#include <Rinternals.h>
-#include <R_ext/Rdynload.h>
+#include "ivserve.h"
 
 enum value_kind { V_I1, V_U1, V_I2, V_U2, V_I4, V_U4, V_I8, V_U8, V_F4, V_F8 };
 
@@ -44,17 +55,22 @@ struct cursor {
     size_t left;
 };
 
-/* Little-endian loads, whatever the host's byte order. */
-static uint64_t le64(const unsigned char *p)
+/* Little-endian loads, whatever the host's byte order (compilers make
+ * each one load on little-endian hosts). */
+static inline uint64_t le64(const unsigned char *p)
 {
-    uint64_t v = 0;
-    for (int k = 7; k >= 0; k--) v = (v << 8) | p[k];
-    return v;
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
 }
 
-static uint32_t le32(const unsigned char *p)
+static inline uint32_t le32(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint16_t le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
 }
 
 static int take(struct cursor *c, size_t n, const unsigned char **out)
@@ -66,31 +82,50 @@ static int take(struct cursor *c, size_t n, const unsigned char **out)
     return 1;
 }
 
-static double value_at(const unsigned char *p, enum value_kind kind)
+/* n stored values from src to doubles; one loop per dtype. */
+static void values_to_double(double *dst, const unsigned char *src, int64_t n, enum value_kind kind)
 {
     switch (kind) {
-    case V_I1: return (double)(int8_t)p[0];
-    case V_U1: return (double)p[0];
-    case V_I2: return (double)(int16_t)(uint16_t)(p[0] | p[1] << 8);
-    case V_U2: return (double)(uint16_t)(p[0] | p[1] << 8);
-    case V_I4: return (double)(int32_t)le32(p);
-    case V_U4: return (double)le32(p);
-    case V_I8: return (double)(int64_t)le64(p);
-    case V_U8: return (double)le64(p);
-    case V_F4: {
-        uint32_t w = le32(p);
-        float f;
-        memcpy(&f, &w, sizeof f);
-        return (double)f;
+    case V_I1: for (int64_t k = 0; k < n; k++) dst[k] = (double)(int8_t)src[k]; break;
+    case V_U1: for (int64_t k = 0; k < n; k++) dst[k] = (double)src[k]; break;
+    case V_I2: for (int64_t k = 0; k < n; k++) dst[k] = (double)(int16_t)le16(src + 2 * k); break;
+    case V_U2: for (int64_t k = 0; k < n; k++) dst[k] = (double)le16(src + 2 * k); break;
+    case V_I4: for (int64_t k = 0; k < n; k++) dst[k] = (double)(int32_t)le32(src + 4 * k); break;
+    case V_U4: for (int64_t k = 0; k < n; k++) dst[k] = (double)le32(src + 4 * k); break;
+    case V_I8: for (int64_t k = 0; k < n; k++) dst[k] = (double)(int64_t)le64(src + 8 * k); break;
+    case V_U8: for (int64_t k = 0; k < n; k++) dst[k] = (double)le64(src + 8 * k); break;
+    case V_F4:
+        for (int64_t k = 0; k < n; k++) {
+            uint32_t w = le32(src + 4 * k);
+            float f;
+            memcpy(&f, &w, sizeof f);
+            dst[k] = (double)f;
+        }
+        break;
+    case V_F8:
+        for (int64_t k = 0; k < n; k++) {
+            uint64_t w = le64(src + 8 * k);
+            double d;
+            memcpy(&d, &w, sizeof d);
+            dst[k] = d;
+        }
+        break;
     }
-    case V_F8: {
-        uint64_t w = le64(p);
-        double d;
-        memcpy(&d, &w, sizeof d);
-        return d;
+}
+
+/* n column indices (already checked to lie in [0, cols)) to ints. */
+static void indices_to_int(int *dst, const unsigned char *src, int64_t n, int isize)
+{
+    if (isize == 4) {
+        for (int64_t k = 0; k < n; k++) dst[k] = (int)(int32_t)le32(src + 4 * k);
+    } else {
+        for (int64_t k = 0; k < n; k++) dst[k] = (int)(int64_t)le64(src + 8 * k);
     }
-    }
-    return NA_REAL;
+}
+
+static inline int64_t index_at(const unsigned char *p, int isize)
+{
+    return isize == 4 ? (int64_t)(int32_t)le32(p) : (int64_t)le64(p);
 }
 
 /* An error for R to signal: list(error = code, message, status). */
@@ -142,11 +177,6 @@ static const char *read_header(const unsigned char *b, size_t n, struct stream *
     s->blocks = b + 40;
     s->blocks_len = n - 40;
     return NULL;
-}
-
-static int64_t index_at(const unsigned char *p, int isize)
-{
-    return isize == 4 ? (int64_t)(int32_t)le32(p) : (int64_t)le64(p);
 }
 
 /* One block frame's parts, its lengths checked against the bytes left. */
@@ -201,24 +231,103 @@ static void sort_row(int *j, double *x, int n, struct pair *tmp)
     }
 }
 
-/* What a walk fills: pass 0 checks every frame and counts values per
- * column (col_n, for the column-compressed output) and the longest row;
- * pass 1 writes the values, either at each column's cursor (cur, csc) or
- * row after row (rowp, compressed by rows, each row sorted by column). */
+/* What a walk fills: pass 0 checks every frame, counts values per column
+ * (col_n, for the column-compressed output) and finds the longest row and
+ * the largest block; pass 1 writes the values, either at each column's
+ * cursor (cur, csc) or block after block (rowp, compressed by rows, each
+ * row sorted by column). */
 struct out {
     int csc;
     int *col_n, *last_row, *cur, *rowp, *ri;
     double *rx, *obs;
+    int *tj;            /* csc: one block's column indices */
+    double *tx;         /* csc: one block's values */
     struct pair *tmp;
-    int64_t nnz, max_row;
+    int64_t nnz, max_row, max_block;
 };
+
+/* Pass 0 for one row's indices [a, b): each within the result's columns,
+ * no column twice; counts them per column when col_n is set. */
+static const char *check_row(const struct stream *s, const unsigned char *idx, int64_t a, int64_t b,
+                             int row, struct out *o)
+{
+    int64_t prev = -1;
+    int sorted = 1;
+    for (int64_t k = a; k < b; k++) {
+        int64_t j = index_at(idx + (size_t)k * s->isize, s->isize);
+        if (j < 0 || j >= s->cols) return "a column index is outside the result";
+        if (j <= prev) sorted = 0;
+        prev = j;
+        if (o->col_n) o->col_n[j]++;
+    }
+    if (sorted) return NULL;
+    for (int64_t k = a; k < b; k++) {
+        int64_t j = index_at(idx + (size_t)k * s->isize, s->isize);
+        if (o->last_row[j] == row) return "a row lists one column twice";
+        o->last_row[j] = row;
+    }
+    return NULL;
+}
+
+static const char *check_block(const struct stream *s, const struct block *bk, int64_t seen,
+                               struct out *o)
+{
+    for (int64_t r = 0; r < bk->n; r++) {
+        int64_t id = (int64_t)le64(bk->obs + 8 * r);
+        if (id < 0) return "a negative row id";
+        o->obs[seen + r] = (double)id;
+        int64_t a = (int64_t)le64(bk->indptr + 8 * r), b = (int64_t)le64(bk->indptr + 8 * (r + 1));
+        if (b - a > o->max_row) o->max_row = b - a;
+        const char *err = check_row(s, bk->idx, a, b, (int)(seen + r), o);
+        if (err) return err;
+    }
+    if (bk->nnz > o->max_block) o->max_block = bk->nnz;
+    return NULL;
+}
+
+/* Pass 1, cells x genes: the block's values scattered to their columns. */
+static void scatter_block(const struct stream *s, const struct block *bk, int64_t seen, struct out *o)
+{
+    int *tj = o->tj, *cur = o->cur, *ri = o->ri;
+    double *tx = o->tx, *rx = o->rx;
+    indices_to_int(tj, bk->idx, bk->nnz, s->isize);
+    values_to_double(tx, bk->val, bk->nnz, s->vkind);
+    for (int64_t r = 0; r < bk->n; r++) {
+        int row = (int)(seen + r);
+        int64_t a = (int64_t)le64(bk->indptr + 8 * r), b = (int64_t)le64(bk->indptr + 8 * (r + 1));
+        for (int64_t k = a; k < b; k++) {
+            int at = cur[tj[k]]++;
+            ri[at] = row;
+            rx[at] = tx[k];
+        }
+    }
+}
+
+/* Pass 1, genes x cells: the block copied whole at the values written so
+ * far (base), its rows sorted where they are not. */
+static void copy_block(const struct stream *s, const struct block *bk, int64_t seen, int64_t base,
+                       struct out *o)
+{
+    int *ri = o->ri + base;
+    double *rx = o->rx + base;
+    indices_to_int(ri, bk->idx, bk->nnz, s->isize);
+    values_to_double(rx, bk->val, bk->nnz, s->vkind);
+    for (int64_t r = 0; r < bk->n; r++) {
+        int a = (int)le64(bk->indptr + 8 * r), b = (int)le64(bk->indptr + 8 * (r + 1));
+        o->rowp[seen + r + 1] = (int)base + b;
+        for (int k = a + 1; k < b; k++) {
+            if (ri[k] < ri[k - 1]) {
+                sort_row(ri + a, rx + a, b - a, o->tmp);
+                break;
+            }
+        }
+    }
+}
 
 /* Walks the frames for pass 0 or 1 (struct out).  Returns an error list or
  * R_NilValue. */
 static SEXP walk(const struct stream *s, int pass, struct out *o)
 {
-    int *col_n = o->col_n, *last_row = o->last_row, *cur = o->cur, *ri = o->ri;
-    double *rx = o->rx, *obs_out = o->obs;
     struct cursor c = {s->blocks, s->blocks_len};
     int64_t seen = 0, nnz_seen = 0;
     for (;;) {
@@ -254,62 +363,52 @@ static SEXP walk(const struct stream *s, int pass, struct out *o)
         }
         if (bk.nnz > (int64_t)INT_MAX - nnz_seen)
             return fail("bad_stream", "more values than an R sparse matrix holds (2^31 - 1)", 0);
-        for (int64_t r = 0; r < bk.n; r++) {
-            int row = (int)(seen + r);
-            int64_t a = (int64_t)le64(bk.indptr + 8 * r), b = (int64_t)le64(bk.indptr + 8 * (r + 1));
-            if (pass == 0) {
-                if (b - a > o->max_row) o->max_row = b - a;
-                int64_t id = (int64_t)le64(bk.obs + 8 * r);
-                if (id < 0) return fail("bad_stream", "a negative row id", 0);
-                obs_out[row] = (double)id;
-                for (int64_t k = a; k < b; k++) {
-                    int64_t j = index_at(bk.idx + (size_t)k * s->isize, s->isize);
-                    if (j < 0 || j >= s->cols) return fail("bad_stream", "a column index is outside the result", 0);
-                    if (last_row[j] == row) return fail("bad_stream", "a row lists one column twice", 0);
-                    last_row[j] = row;
-                    col_n[j]++;
-                }
-            } else if (o->csc) {
-                for (int64_t k = a; k < b; k++) {
-                    int64_t j = index_at(bk.idx + (size_t)k * s->isize, s->isize);
-                    int at = cur[j]++;
-                    ri[at] = row;
-                    rx[at] = value_at(bk.val + (size_t)k * s->vsize, s->vkind);
-                }
-            } else {
-                int start = o->rowp[row], at = start, sorted = 1;
-                int64_t prev = -1;
-                for (int64_t k = a; k < b; k++, at++) {
-                    int64_t j = index_at(bk.idx + (size_t)k * s->isize, s->isize);
-                    if (j < prev) sorted = 0;
-                    prev = j;
-                    ri[at] = (int)j;
-                    rx[at] = value_at(bk.val + (size_t)k * s->vsize, s->vkind);
-                }
-                o->rowp[row + 1] = at;
-                if (!sorted) sort_row(ri + start, rx + start, at - start, o->tmp);
-            }
+        if (pass == 0) {
+            err = check_block(s, &bk, seen, o);
+            if (err) return fail("bad_stream", err, 0);
+        } else if (o->csc) {
+            scatter_block(s, &bk, seen, o);
+        } else {
+            copy_block(s, &bk, seen, nnz_seen, o);
         }
         seen += bk.n;
         nnz_seen += bk.nnz;
     }
 }
 
-/* .Call entry: body (a raw vector), csc (TRUE: compressed by columns, a
- * dgCMatrix of cells x genes; FALSE: by rows, which is also the dgCMatrix
- * of genes x cells) -> list(p, i, x, obs, dim) or an error list (error,
- * message, status). */
-SEXP ivs_decode_csr(SEXP body, SEXP csc);
+/* A vector for the output, advised to huge pages before it is touched. */
+static SEXP alloc_out(SEXPTYPE type, R_xlen_t n)
+{
+    SEXP v = allocVector(type, n);
+    if (type == INTSXP) advise_huge(INTEGER(v), (size_t)n * sizeof(int));
+    else advise_huge(REAL(v), (size_t)n * sizeof(double));
+    return v;
+}
+
+/* .Call entry: body (a raw vector, or a sink holding the answer), csc
+ * (TRUE: compressed by columns, a dgCMatrix of cells x genes; FALSE: by
+ * rows, which is also the dgCMatrix of genes x cells) -> list(p, i, x,
+ * obs, dim) or an error list (error, message, status). */
 SEXP ivs_decode_csr(SEXP body, SEXP csc)
 {
-    if (TYPEOF(body) != RAWSXP) return fail("bad_stream", "the body is not a raw vector", 0);
-    const unsigned char *b = RAW(body);
+    const unsigned char *b;
+    size_t blen;
+    if (TYPEOF(body) == RAWSXP) {
+        b = RAW(body);
+        blen = (size_t)XLENGTH(body);
+    } else if (TYPEOF(body) == EXTPTRSXP) {
+        b = sink_bytes(body, &blen);
+    } else {
+        return fail("bad_stream", "the body is not a raw vector or a receive buffer", 0);
+    }
     struct stream s;
-    const char *err = read_header(b, (size_t)XLENGTH(body), &s);
+    const char *err = read_header(b, blen, &s);
     if (err) return fail(strcmp(err, "truncated") == 0 ? "truncated" : "bad_stream",
                          strcmp(err, "truncated") == 0 ? "the result stream was cut in its header" : err, 0);
     int cols = (int)s.cols, rows = (int)s.rows;
-    struct out o = {asLogical(csc) == TRUE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    struct out o;
+    memset(&o, 0, sizeof o);
+    o.csc = asLogical(csc) == TRUE;
     int outer = o.csc ? cols : rows;
     SEXP p = PROTECT(allocVector(INTSXP, (R_xlen_t)outer + 1));
     SEXP obs = PROTECT(allocVector(REALSXP, rows));
@@ -318,7 +417,7 @@ SEXP ivs_decode_csr(SEXP body, SEXP csc)
     int *pp = INTEGER(p);
     memset(pp, 0, sizeof(int) * ((size_t)outer + 1));
     memset(INTEGER(counts), 0, sizeof(int) * ((size_t)cols + 1));
-    o.col_n = INTEGER(counts) + 1;
+    o.col_n = o.csc ? INTEGER(counts) + 1 : NULL;
     o.last_row = INTEGER(last);
     o.obs = REAL(obs);
     for (int j = 0; j < cols; j++) o.last_row[j] = -1;
@@ -336,12 +435,14 @@ SEXP ivs_decode_csr(SEXP body, SEXP csc)
             o.last_row[j] = cn[j];
         }
         o.cur = o.last_row;
+        o.tj = (int *)R_alloc((size_t)o.max_block + 1, sizeof(int));
+        o.tx = (double *)R_alloc((size_t)o.max_block + 1, sizeof(double));
     } else {
         o.rowp = pp;
         o.tmp = (struct pair *)R_alloc((size_t)o.max_row + 1, sizeof(struct pair));
     }
-    SEXP i = PROTECT(allocVector(INTSXP, (R_xlen_t)o.nnz));
-    SEXP x = PROTECT(allocVector(REALSXP, (R_xlen_t)o.nnz));
+    SEXP i = PROTECT(alloc_out(INTSXP, (R_xlen_t)o.nnz));
+    SEXP x = PROTECT(alloc_out(REALSXP, (R_xlen_t)o.nnz));
     o.ri = INTEGER(i);
     o.rx = REAL(x);
     walk(&s, 1, &o);
@@ -359,16 +460,4 @@ SEXP ivs_decode_csr(SEXP body, SEXP csc)
     setAttrib(out, R_NamesSymbol, names);
     UNPROTECT(9);
     return out;
-}
-
-static const R_CallMethodDef call_methods[] = {
-    {"ivs_decode_csr", (DL_FUNC)&ivs_decode_csr, 2},
-    {NULL, NULL, 0},
-};
-
-void R_init_ivserve(DllInfo *dll);
-void R_init_ivserve(DllInfo *dll)
-{
-    R_registerRoutines(dll, NULL, call_methods, NULL, NULL);
-    R_useDynamicSymbols(dll, FALSE);
 }

@@ -215,6 +215,56 @@ test_that("a stream cut before its trailer or ending in an error trailer is an e
   expect_identical(e$code, "overloaded")
 })
 
+# A stream written here byte by byte: header, one block, trailer
+# (src/decode.c gives the layout); rows is a list of list(j = 0-based
+# columns, x = values), in the order the stream lists them.
+hand_stream <- function(n_cols, rows, obs = seq_along(rows) + 9) {
+  i32 <- function(v) writeBin(as.integer(v), raw(), size = 4, endian = "little")
+  i64 <- function(v) unlist(lapply(v, function(x) c(i32(x), i32(if (x < 0) -1L else 0L))))
+  f32 <- function(v) writeBin(as.double(v), raw(), size = 4, endian = "little")
+  dt <- function(s) c(charToRaw(s), raw(8 - nchar(s)))
+  js <- unlist(lapply(rows, `[[`, "j"))
+  xs <- unlist(lapply(rows, `[[`, "x"))
+  ptr <- c(0, cumsum(vapply(rows, function(r) length(r$j), 0)))
+  c(charToRaw("IVQS"), i32(1), i64(length(rows)), i64(n_cols), dt("<f4"), dt("<i4"),
+    i32(1), i32(0), i64(length(rows)), i64(length(js)), i64(obs), i64(ptr), i32(js), f32(xs),
+    i32(2), i32(0), i64(length(rows)), i64(length(js)), i32(0))
+}
+
+test_that("the decoder sorts unsorted rows and refuses repeated or outside columns", {
+  body <- hand_stream(4, list(list(j = c(2, 0, 3), x = c(1, 2, 3)), list(j = 3, x = 5),
+                              list(j = integer(0), x = numeric(0)), list(j = c(1, 2), x = c(7, 8))))
+  want <- matrix(c(2, 0, 1, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 7, 8, 0), 4, 4, byrow = TRUE)
+  for (gbc in c(FALSE, TRUE)) {
+    r <- ivs_read_stream(body, genes_by_cells = gbc)
+    expect_identical(r$obs, c(10, 11, 12, 13))
+    got <- if (gbc) t(as.matrix(r$X)) else as.matrix(r$X)
+    expect_identical(unname(got), want)
+    # A valid dgCMatrix: row numbers sorted within each column.
+    expect_true(isTRUE(methods::validObject(r$X, test = TRUE)))
+  }
+  bad <- list(twice_unsorted = list(list(j = c(2, 0, 2), x = c(1, 2, 3))),
+              twice_adjacent = list(list(j = c(1, 1), x = c(1, 2))),
+              past_the_end = list(list(j = c(0, 4), x = c(1, 2))),
+              negative = list(list(j = c(-1, 2), x = c(1, 2))))
+  for (name in names(bad)) {
+    for (gbc in c(FALSE, TRUE)) {
+      e <- tryCatch(ivs_read_stream(hand_stream(4, bad[[name]]), gbc), ivserve_error = function(e) e)
+      expect_s3_class(e, "ivserve_error")
+      expect_identical(e$code, "bad_stream", label = name)
+    }
+  }
+})
+
+test_that("compress = TRUE (gzip answers) and a kept receive buffer give the same matrix", {
+  id <- datasets[1]
+  plain <- ivs_query(client, id)
+  zipped <- ivs_query(ivs_connect(url, compress = TRUE), id)
+  expect_identical(zipped, plain)
+  # The answer landed in a sink and was released: a second query is equal.
+  expect_identical(ivs_query(client, id), plain)
+})
+
 test_that("matrix = reads a layer or raw/X, raw/X's genes named and selected by raw/var", {
   d <- file.path(expected_dir, layered)
   nm <- jsonlite::fromJSON(file.path(d, "names.json"))
