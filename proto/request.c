@@ -1011,6 +1011,15 @@ static int qs_matrix(void *arg, const char *key, char *val, iv_err_t *err)
     return rc;
 }
 
+/* obs_by and obs_missing (var_...) go with a names selection only. */
+static int check_name_opts(const iv_psel_t *p, const char *axis, iv_err_t *err)
+{
+    if ((p->by || p->missing_ignore) && p->kind != IV_PSEL_NAMES)
+        return iv_fail(err, IV_EBAD_SELECTION, "%s_by and %s_missing go with %s_names", axis, axis,
+                       axis);
+    return 0;
+}
+
 static int parse_query(const char *qs, size_t len, const shape_src_t *src, iv_qreq_t *out,
                        iv_err_t *err)
 {
@@ -1019,12 +1028,8 @@ static int parse_query(const char *qs, size_t len, const shape_src_t *src, iv_qr
     int rc = iv_qs_each(qs, len, where_key, qs_matrix, out, err);
     if (rc == 0) rc = resolve_shape(src, out, &t.n_obs, &t.n_var, err);
     if (rc == 0) rc = iv_qs_each(qs, len, where_key, qs_param_owned, &t, err);
-    for (int a = 0; a < 2 && rc == 0; a++) {
-        const iv_psel_t *p = a ? &out->var : &out->obs;
-        if ((p->by || p->missing_ignore) && p->kind != IV_PSEL_NAMES)
-            rc = iv_fail(err, IV_EBAD_SELECTION, "%s_by and %s_missing go with %s_names",
-                         a ? "var" : "obs", a ? "var" : "obs", a ? "var" : "obs");
-    }
+    if (rc == 0) rc = check_name_opts(&out->obs, "obs", err);
+    if (rc == 0) rc = check_name_opts(&out->var, "var", err);
     if (rc == 0) rc = check_by(out, err);
     if (rc != 0) iv_qreq_free(out);
     return rc;
