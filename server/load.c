@@ -224,6 +224,26 @@ void other_run(job_t *j)
     render_doc(d, &j->out);
 }
 
+/* The dataset's obs/var metadata, with its computed columns.  Without
+ * them the matrix serves without names (the reason is logged on the
+ * loop); a damaged file is left out whole, as `ivserve check` fails it. */
+static void load_meta(job_t *j, const char *path)
+{
+    sds_t *d = j->ds;
+    iv_err_t me;
+    iv_err_clear(&me);
+    if (iv_meta_load(path, d->conf->group, &d->meta, &me) == 0 && iv_meta_add_computed(d->meta, d->ds, &me) == 0)
+        return;
+    iv_meta_free(d->meta);
+    d->meta = NULL;
+    snprintf(d->err, sizeof d->err, "%s", me.msg);
+    if (me.code == IV_EUNSUPPORTED) return;
+    j->rc = me.code ? me.code : IV_EBAD_FILE;
+    j->err = me;
+    iv_dataset_close(d->ds);
+    d->ds = NULL;
+}
+
 void load_run(job_t *j)
 {
     sds_t *d = j->ds;
@@ -254,22 +274,7 @@ void load_run(job_t *j)
     if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
     j->rc = iv_dataset_open(path, &o, &d->ds, &j->err);
     if (j->rc == 0) {
-        iv_err_t me;
-        iv_err_clear(&me);
-        if (iv_meta_load(path, d->conf->group, &d->meta, &me) != 0 ||
-            iv_meta_add_computed(d->meta, d->ds, &me) != 0) {
-            /* The matrix serves without names; the reason is logged on the loop. */
-            iv_meta_free(d->meta);
-            d->meta = NULL;
-            snprintf(d->err, sizeof d->err, "%s", me.msg);
-            if (me.code != IV_EUNSUPPORTED) {
-                /* A damaged file is left out whole, as `ivserve check` fails it. */
-                j->rc = me.code ? me.code : IV_EBAD_FILE;
-                j->err = me;
-                iv_dataset_close(d->ds);
-                d->ds = NULL;
-            }
-        }
+        load_meta(j, path);
         /* Layers and raw/X: datasets of their own, X stays the primary. */
         if (j->rc == 0 && (j->rc = iv_rds_load_matrices(d, &o, &j->err)) != 0) {
             iv_meta_free(d->meta);
