@@ -583,10 +583,10 @@ struct band_pass {
 
 /*
  * Band b's pass state (the fill's part zeros for the passes that only
- * count).  Write
- * combining: each block owns one cache line of buffer that mirrors the
- * temporary's line its next entry goes to (same slot), so a finished
- * line goes out as one aligned 64-byte store (see wc_flush).  A chunk is
+ * count).  Write combining: each block owns one cache line of buffer
+ * that mirrors the temporary's line its next entry goes to (same slot),
+ * so a finished line goes out as one aligned 64-byte store (see
+ * wc_flush).  A chunk is
  * whole lines, so no line is shared with another part.  Blocks are few
  * (a few thousand lines, in the core's own cache) and each part is
  * written in order, so the writes are a few thousand sequential streams
