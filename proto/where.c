@@ -516,6 +516,14 @@ static int parse_value_first(parser_t *p, iv_lit_t *l, size_t pos, iv_expr_t **o
     return 0;
 }
 
+/* The token starts a literal: anything but a name, or true, false, inf,
+ * nan. */
+static int starts_value(const tok_t *t)
+{
+    return t->kind != T_IDENT || is_kw(t, "true") || is_kw(t, "false") || is_kw(t, "inf") ||
+           is_kw(t, "nan");
+}
+
 /* What is not a column expression or `not`: ( ... ), a comparison
  * written value first, or a constant. */
 static int parse_primary(parser_t *p, iv_expr_t **out)
@@ -524,8 +532,7 @@ static int parse_primary(parser_t *p, iv_expr_t **out)
     tok_t *t = &p->t;
     size_t pos = t->pos;
     if (t->kind == T_LP) return parse_paren(p, out);
-    if (t->kind != T_IDENT || is_kw(t, "true") || is_kw(t, "false") || is_kw(t, "inf") ||
-        is_kw(t, "nan")) {
+    if (starts_value(t)) {
         iv_lit_t l;
         int rc = parse_literal(p, &l);
         if (rc < 0) return rc;
@@ -614,6 +621,14 @@ static int parse_column_expr(parser_t *p, iv_expr_t **out)
     return 0;
 }
 
+/* The token is a column name: backquoted, or a name that is no keyword
+ * and not inf or nan. */
+static int starts_column(const tok_t *t)
+{
+    return t->kind == T_BQ || (t->kind == T_IDENT && !is_reserved(t) && !is_kw(t, "inf") &&
+                               !is_kw(t, "nan"));
+}
+
 static int parse_unary(parser_t *p, iv_expr_t **out)
 {
     *out = NULL;
@@ -625,9 +640,7 @@ static int parse_unary(parser_t *p, iv_expr_t **out)
         if (rc == 0) rc = parse_unary(p, out);
         if (rc == 0) rc = wrap_not(p, out, pos);
         p->depth--;
-    } else if ((p->t.kind == T_IDENT && !is_reserved(&p->t) && !is_kw(&p->t, "inf") &&
-                !is_kw(&p->t, "nan")) ||
-               p->t.kind == T_BQ) {
+    } else if (starts_column(&p->t)) {
         rc = parse_column_expr(p, out);
     } else {
         rc = parse_primary(p, out);
