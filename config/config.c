@@ -131,10 +131,22 @@ void iv_ds_conf_free(iv_ds_conf_t *d)
     free_strv(d->tokens, d->n_tokens);
 }
 
-static int dup_opt(char **dst, const char *src)
+/* The string fields of a dataset's settings, copied and compared alike. */
+static const size_t ds_str_fields[] = {
+    offsetof(iv_ds_conf_t, id),        offsetof(iv_ds_conf_t, path),
+    offsetof(iv_ds_conf_t, group),     offsetof(iv_ds_conf_t, title),
+    offsetof(iv_ds_conf_t, companion), offsetof(iv_ds_conf_t, companion_group),
+};
+#define N_DS_STR_FIELDS (sizeof ds_str_fields / sizeof ds_str_fields[0])
+
+static char **ds_str(iv_ds_conf_t *d, size_t k)
 {
-    *dst = NULL;
-    return src && !(*dst = strdup(src)) ? -1 : 0;
+    return (char **)((char *)d + ds_str_fields[k]);
+}
+
+static const char *ds_str_c(const iv_ds_conf_t *d, size_t k)
+{
+    return *(char *const *)((const char *)d + ds_str_fields[k]);
 }
 
 int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in)
@@ -143,11 +155,8 @@ int iv_ds_conf_copy(iv_ds_conf_t *out, const iv_ds_conf_t *in)
     out->transpose_bytes = in->transpose_bytes;
     out->cache_bytes = in->cache_bytes;
     out->cache_floor_bytes = in->cache_floor_bytes;
-    if (dup_opt(&out->id, in->id) || dup_opt(&out->path, in->path) ||
-        dup_opt(&out->group, in->group) || dup_opt(&out->title, in->title) ||
-        dup_opt(&out->companion, in->companion) ||
-        dup_opt(&out->companion_group, in->companion_group))
-        goto fail;
+    for (size_t k = 0; k < N_DS_STR_FIELDS; k++)
+        if (ds_str_c(in, k) && !(*ds_str(out, k) = strdup(ds_str_c(in, k)))) goto fail;
     if (in->n_tokens) {
         out->tokens = calloc(in->n_tokens, sizeof *out->tokens);
         if (!out->tokens) goto fail;
@@ -168,10 +177,9 @@ static int str_eq(const char *a, const char *b)
 
 int iv_ds_conf_equal(const iv_ds_conf_t *a, const iv_ds_conf_t *b)
 {
-    if (!str_eq(a->id, b->id) || !str_eq(a->path, b->path) || !str_eq(a->group, b->group) ||
-        !str_eq(a->title, b->title) || !str_eq(a->companion, b->companion) ||
-        !str_eq(a->companion_group, b->companion_group) ||
-        a->transpose_bytes != b->transpose_bytes || a->cache_bytes != b->cache_bytes ||
+    for (size_t k = 0; k < N_DS_STR_FIELDS; k++)
+        if (!str_eq(ds_str_c(a, k), ds_str_c(b, k))) return 0;
+    if (a->transpose_bytes != b->transpose_bytes || a->cache_bytes != b->cache_bytes ||
         a->cache_floor_bytes != b->cache_floor_bytes || a->n_tokens != b->n_tokens)
         return 0;
     for (size_t i = 0; i < a->n_tokens; i++)
@@ -704,33 +712,38 @@ int iv_config_load_json(iv_config_t *c, const char *text, size_t len, const char
     return rc;
 }
 
+/* The whole of f (at most 16 MiB) in *text (owned), *len bytes. */
+static int read_config_text(FILE *f, const char *path, char **text, size_t *len, iv_err_t *err)
+{
+    size_t cap = 0;
+    *text = NULL;
+    *len = 0;
+    for (;;) {
+        if (*len == cap) {
+            cap = cap ? cap * 2 : 4096;
+            if (cap > (16u << 20)) return iv_fail(err, IV_ETOO_LARGE, "config %s: larger than 16 MiB", path);
+            char *t = realloc(*text, cap);
+            if (!t) return iv_fail(err, IV_ENOMEM, "config %s: out of memory", path);
+            *text = t;
+        }
+        size_t got = fread(*text + *len, 1, cap - *len, f);
+        *len += got;
+        if (got == 0) return 0;
+    }
+}
+
 int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return iv_fail(err, IV_EIO, "config %s: cannot open: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 4096;
-            if (cap > (16u << 20)) {
-                free(text);
-                fclose(f);
-                return iv_fail(err, IV_ETOO_LARGE, "config %s: larger than 16 MiB", path);
-            }
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                fclose(f);
-                return iv_fail(err, IV_ENOMEM, "config %s: out of memory", path);
-            }
-            text = t;
-        }
-        size_t got = fread(text + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
+    char *text;
+    size_t len;
+    int rc = read_config_text(f, path, &text, &len, err);
     fclose(f);
+    if (rc != 0) {
+        free(text);
+        return rc;
+    }
     char *dir = strdup(path);
     char *slash = dir ? strrchr(dir, '/') : NULL;
     const char *base = NULL;
@@ -742,7 +755,7 @@ int iv_config_load_file(iv_config_t *c, const char *path, iv_err_t *err)
     c->config_dir = strdup(base ? base : ".");
     iv_err_t sub;
     iv_err_clear(&sub);
-    int rc = iv_config_load_json(c, text, len, base, &sub);
+    rc = iv_config_load_json(c, text, len, base, &sub);
     if (rc) iv_fail(err, rc, "config %s: %s", path, sub.msg);
     free(dir);
     free(text);
@@ -932,13 +945,10 @@ int iv_config_scrub_argv(int argc, char **argv)
     return n;
 }
 
-int iv_config_validate(const iv_config_t *c, iv_err_t *err)
+/* Name the files, not a position in a list the user may never have
+ * written (files from the command line have none). */
+static int check_unique_ids(const iv_config_t *c, iv_err_t *err)
 {
-    if (c->n_datasets == 0)
-        return iv_fail(err, IV_EINVALID_ARG,
-                       "datasets: none configured (name FILE.h5ad arguments or use --config)");
-    /* Name the files, not a position in a list the user may never have
-     * written (files from the command line have none). */
     for (size_t i = 0; i < c->n_datasets; i++)
         for (size_t j = 0; j < i; j++)
             if (!strcmp(c->datasets[i].id, c->datasets[j].id))
@@ -946,8 +956,13 @@ int iv_config_validate(const iv_config_t *c, iv_err_t *err)
                                "datasets: '%s' and '%s' both have the id '%s'; rename one file "
                                "or give the datasets distinct ids in a --config file",
                                c->datasets[j].path, c->datasets[i].path, c->datasets[i].id);
-    /* A token that names a dataset the server does not have is a typo or
-     * a stale line: refused, so that nobody believes it opens something. */
+    return 0;
+}
+
+/* A token that names a dataset the server does not have is a typo or a
+ * stale line: refused, so that nobody believes it opens something. */
+static int check_token_datasets(const iv_config_t *c, iv_err_t *err)
+{
     for (size_t i = 0; i < c->n_token_entries; i++) {
         const iv_token_conf_t *t = &c->token_entries[i];
         for (size_t k = 0; k < t->n_datasets; k++) {
@@ -959,6 +974,16 @@ int iv_config_validate(const iv_config_t *c, iv_err_t *err)
                                "dataset has that id", t->where, t->name, t->datasets[k]);
         }
     }
+    return 0;
+}
+
+int iv_config_validate(const iv_config_t *c, iv_err_t *err)
+{
+    if (c->n_datasets == 0)
+        return iv_fail(err, IV_EINVALID_ARG,
+                       "datasets: none configured (name FILE.h5ad arguments or use --config)");
+    IV_TRY(check_unique_ids(c, err));
+    IV_TRY(check_token_datasets(c, err));
     /* Floors the budget cannot honour all at once; with the automatic
      * budget the server checks (and warns) once it knows the figure. */
     uint64_t floors = 0;
