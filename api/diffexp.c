@@ -903,6 +903,15 @@ static void put_binary_frame(iv_buf_t *out, const iv_buf_t *prelude, const iv_bu
     iv_buf_append(out, bin->data, bin->len);
 }
 
+/* A JSON answer grown past the route's limit is refused. */
+static int check_json_limit(const iv_api_diffexp_in_t *in, const iv_buf_t *out, iv_err_t *err)
+{
+    if (in->json_bytes && out->len > in->json_bytes)
+        return iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
+                       "fewer genes (top_n, var) or " IV_DIFFEXP_MEDIA, in->json_bytes);
+    return 0;
+}
+
 /* Encode: the JSON document, or for binary the same document with
  * "n_genes" for each gene list, then the lists as columns
  * (put_genes_binary), group after group. */
@@ -918,9 +927,7 @@ static int de_encode(const iv_api_diffexp_in_t *in, const de_run_t *r, int binar
     put_head(doc, r);
     for (int32_t g = 0; g < r->lb.n_tested && rc == 0; g++) {
         rc = put_group(doc, binary ? &bin : NULL, r, g, names, err);
-        if (rc == 0 && !binary && in->json_bytes && out->len > in->json_bytes)
-            rc = iv_fail(err, IV_ETOO_LARGE, "the answer exceeds the JSON limit of %zu bytes; ask for "
-                         "fewer genes (top_n, var) or " IV_DIFFEXP_MEDIA, in->json_bytes);
+        if (rc == 0 && !binary) rc = check_json_limit(in, out, err);
     }
     iv_buf_puts(doc, r->q.col ? "]}" : "}");
     if (binary && rc == 0) put_binary_frame(out, &prelude, &bin);
