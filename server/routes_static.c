@@ -41,6 +41,16 @@ static int is_ows(char ch)
     return ch == ' ' || ch == '\t';
 }
 
+/* Whether one entity tag of If-None-Match, [t, e) without the spaces
+ * around it, names etag: "*" names every one, and W/"x" names the same
+ * file as "x" (If-None-Match compares weakly). */
+static int tag_names(const char *t, const char *e, const char *etag, size_t elen)
+{
+    if (e - t == 1 && *t == '*') return 1;
+    if (e - t >= 2 && t[0] == 'W' && t[1] == '/') t += 2;
+    return (size_t)(e - t) == elen && !memcmp(t, etag, elen);
+}
+
 int iv_static_etag_match(const char *inm, const char *etag)
 {
     if (!inm) return 0;
@@ -53,10 +63,7 @@ int iv_static_etag_match(const char *inm, const char *etag)
         while (*p && *p != ',') p++;
         const char *e = p;
         while (e > t && is_ows(e[-1])) e--;
-        if (e - t == 1 && *t == '*') return 1;
-        /* If-None-Match compares weakly: W/"x" names the same file as "x". */
-        if (e - t >= 2 && t[0] == 'W' && t[1] == '/') t += 2;
-        if ((size_t)(e - t) == elen && !memcmp(t, etag, elen)) return 1;
+        if (tag_names(t, e, etag, elen)) return 1;
     }
     return 0;
 }
