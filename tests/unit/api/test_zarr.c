@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <zstd.h>
 
 #include "check_main.h"
 #include "dataset.h"
@@ -40,6 +41,28 @@ static int get(const iv_zarr_src_t *src, const char *key, iv_buf_t *out, iv_zarr
     return iv_zarr_get(src, key, out, kind, &err);
 }
 
+/* Replaces a zstd-compressed chunk in b by its bytes (the sparse
+ * matrices' arrays are zstd, api/zarr.h IV_ZARR_ZSTD_LEVEL). */
+static void unzstd(iv_buf_t *b)
+{
+    unsigned long long n = ZSTD_getFrameContentSize(b->data, b->len);
+    ck_assert(n != ZSTD_CONTENTSIZE_ERROR && n != ZSTD_CONTENTSIZE_UNKNOWN);
+    char *raw = malloc(n ? n : 1);
+    size_t got = ZSTD_decompress(raw, n, b->data, b->len);
+    ck_assert(!ZSTD_isError(got) && got == n);
+    b->len = 0;
+    iv_buf_append(b, raw, got);
+    free(raw);
+}
+
+/* A chunk of X, decompressed. */
+static int get_x(const iv_zarr_src_t *src, const char *key, iv_buf_t *out, iv_zarr_kind_t *kind)
+{
+    int rc = get(src, key, out, kind);
+    if (rc == 0 && IV_ZARR_ZSTD_LEVEL > 0) unzstd(out);
+    return rc;
+}
+
 /* The matrix of one store as dense doubles (n_rows x n_cols, cells x genes). */
 static double *read_x(const iv_zarr_src_t *src, const char *pre, int csr, int64_t n_rows,
                       int64_t n_cols)
@@ -50,7 +73,7 @@ static double *read_x(const iv_zarr_src_t *src, const char *pre, int csr, int64_
     char key[128];
     int64_t n_major = csr ? n_rows : n_cols;
     snprintf(key, sizeof key, "%sX/indptr/0", pre);
-    ck_assert_int_eq(get(src, key, &b, &kind), 0);
+    ck_assert_int_eq(get_x(src, key, &b, &kind), 0);
     ck_assert_int_eq(kind, IV_ZARR_CHUNK);
     ck_assert_uint_eq(b.len, (size_t)(n_major + 1) * 8);
     int64_t *ptr = malloc(b.len);
@@ -60,11 +83,11 @@ static double *read_x(const iv_zarr_src_t *src, const char *pre, int csr, int64_
     float *val = malloc((size_t)(nnz + C) * 4);
     for (int64_t k = 0; k * C < nnz; k++) {
         snprintf(key, sizeof key, "%sX/indices/%lld", pre, (long long)k);
-        ck_assert_int_eq(get(src, key, &b, &kind), 0);
+        ck_assert_int_eq(get_x(src, key, &b, &kind), 0);
         ck_assert_uint_eq(b.len, (size_t)C * 4);
         memcpy(idx + k * C, b.data, b.len);
         snprintf(key, sizeof key, "%sX/data/%lld", pre, (long long)k);
-        ck_assert_int_eq(get(src, key, &b, &kind), 0);
+        ck_assert_int_eq(get_x(src, key, &b, &kind), 0);
         ck_assert_uint_eq(b.len, (size_t)C * 4);
         memcpy(val + k * C, b.data, b.len);
         /* Padding past the end is the fill value. */
@@ -162,7 +185,13 @@ START_TEST(metadata_nodes_and_chunk_sizes)
         ck_assert_msg(get(&src, key, &b, &kind) == 0, "%s", key);
         ck_assert_int_eq(kind, IV_ZARR_CHUNK);
         if (!strcmp(dt, "|O")) continue;  /* vlen-utf8: lengths vary */
-        size_t want = (size_t)atoi(dt + 2);
+        cJSON *comp = cJSON_GetObjectItem(it, "compressor");
+        if (cJSON_IsObject(comp)) {
+            ck_assert_str_eq(cJSON_GetObjectItem(comp, "id")->valuestring, "zstd");
+            ck_assert_msg(!strncmp(it->string, "X/", 2), "%s", it->string);  /* X's arrays only */
+            unzstd(&b);
+        }
+        size_t want = (size_t)atoi(dt + 2) * (dt[1] == 'U' ? 4 : 1);  /* <UN: N UTF-32 code units */
         for (int d = 0; d < cJSON_GetArraySize(chunks); d++)
             want *= (size_t)cJSON_GetArrayItem(chunks, d)->valuedouble;
         ck_assert_msg(b.len == want, "%s: %zu bytes, want %zu", key, b.len, want);
