@@ -18,6 +18,7 @@ import copy
 import inspect
 import json
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import numpy as np
@@ -113,6 +114,8 @@ class Dataset:
         self.shape = tuple(int(x) for x in self.info["shape"])
         self._frames = {}
         self._names = {}
+        # Column values fetched ahead by _prefetch, taken by read_frame.
+        self._raw_columns = {}
         self.obsm = Arrays(self, "obsm")
         self.varm = Arrays(self, "varm")
         self._var_by = None
@@ -234,13 +237,33 @@ class Dataset:
         series = {}
         for name in columns:
             if name not in cached:
-                vals = self._column_values(axis, name)
+                vals = self._raw_columns.pop((axis, name), None)
+                if vals is None:
+                    vals = self._column_values(axis, name)
                 if len(vals) != len(index):
                     raise IvserveError(None, "bad_answer",
                                        f"{axis} column {name!r} has {len(vals)} values for {len(index)} rows")
                 cached[name] = frames.column_series(specs[name], vals, index)
             series[name] = cached[name]
         return pd.DataFrame(series, index=index.copy(), columns=columns)
+
+    def _prefetch(self, pool, axis, computed):
+        """Starts fetching, in the thread pool, what read_frame(axis) will
+        need and does not hold yet (the names, each column's values); returns
+        the futures, whose result() raises a fetch's error."""
+        if axis == "raw/var" or not self.info.get(axis):
+            return []
+        futures = []
+        if axis not in self._names:
+            futures.append(pool.submit(self.names, axis))
+        cached = self._frames.get(axis, {})
+        for name in self.columns(axis, computed):
+            if name not in cached and (axis, name) not in self._raw_columns:
+                futures.append(pool.submit(self._fetch_column, axis, name))
+        return futures
+
+    def _fetch_column(self, axis, name):
+        self._raw_columns[(axis, name)] = self._column_values(axis, name)
 
     def _frame_or_bare(self, axis, computed):
         """The table, or one without columns indexed by row number when
@@ -665,8 +688,16 @@ class Query:
         and obsp are not served."""
         import anndata
 
-        X, obs_pos = self.fetch(progress)
         ds = self.ds
+        # The obs and var tables come column by column, each a request the
+        # server answers on its own: they are fetched by a few threads while
+        # this one reads the matrix, rather than one after the other after it.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            ahead = (ds._prefetch(pool, "obs", computed) +
+                     ds._prefetch(pool, ds._var_axis(self.matrix), computed))
+            X, obs_pos = self.fetch(progress)
+            for f in ahead:
+                f.result()
         var_pos = ds._var_positions(self.var, self.matrix)
         if len(var_pos) != X.shape[1]:
             raise IvserveError(None, "bad_answer",
