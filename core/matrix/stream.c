@@ -443,6 +443,39 @@ static void evict_over(iv_stream_t *s)
     publish(s);
 }
 
+/* evict_oldest's walk from the tail, under mu: the bytes evicted (0:
+ * none); *moved when a tail went back to the head, *all_pinned cleared
+ * when one seen was not pinned. */
+static size_t evict_tail(iv_stream_t *s, int *moved, int *all_pinned)
+{
+    int honor = !s->recompared;
+    unsigned chances = 0;
+    size_t n = 0;
+    for (uint64_t steps = s->n_listed; s->lru_tail != NIL && steps > 0; steps--) {
+        uint64_t t = s->lru_tail;
+        int keep = keep_chunk(s, t, honor && chances < SECOND_CHANCES);
+        if (!keep && *moved) {
+            *all_pinned = 0;
+            break;
+        }
+        if (!keep && (n = try_evict(s, t)) > 0) break;
+        /* Used, pinned, or pinned just now: a second chance. */
+        if (atomic_load(&s->slots[t].pins) == 0) *all_pinned = 0;
+        lru_again(s, t);
+        *moved = 1;
+        chances++;
+    }
+    return n;
+}
+
+/* Whether every listed chunk is pinned (under mu). */
+static int all_still_pinned(iv_stream_t *s)
+{
+    for (uint64_t t = s->lru_tail; t != NIL; t = s->slots[t].prev)
+        if (atomic_load(&s->slots[t].pins) == 0) return 0;
+    return 1;
+}
+
 /*
  * The shared budget's evict callback.  The tail goes when it is neither
  * pinned nor used since it was listed.  Otherwise such tails go back to
@@ -454,32 +487,16 @@ static void evict_over(iv_stream_t *s)
 static size_t evict_oldest(void *ctx)
 {
     iv_stream_t *s = ctx;
-    size_t n = 0;
     pthread_mutex_lock(&s->mu);
-    int honor = !s->recompared, moved = 0, all_pinned = 1;
-    unsigned chances = 0;
-    for (uint64_t steps = s->n_listed; s->lru_tail != NIL && steps > 0; steps--) {
-        uint64_t t = s->lru_tail;
-        int keep = keep_chunk(s, t, honor && chances < SECOND_CHANCES);
-        if (!keep && moved) {
-            all_pinned = 0;
-            break;
-        }
-        if (!keep && (n = try_evict(s, t)) > 0) break;
-        /* Used, pinned, or pinned just now: a second chance. */
-        if (atomic_load(&s->slots[t].pins) == 0) all_pinned = 0;
-        lru_again(s, t);
-        moved = 1;
-        chances++;
-    }
+    int moved = 0, all_pinned = 1;
+    size_t n = evict_tail(s, &moved, &all_pinned);
     int none = n == 0 && moved && all_pinned;
     if (none) {
         /* Say so before looking once more: a release that unpins a chunk
          * after this look sees the flag and publishes again (both
          * sequentially consistent, so one sees the other). */
         atomic_store(&s->republish, 1);
-        for (uint64_t t = s->lru_tail; t != NIL && none; t = s->slots[t].prev)
-            if (atomic_load(&s->slots[t].pins) == 0) none = 0;
+        none = all_still_pinned(s);
     }
     if (n == 0 && moved && !none) s->recompared = 1;
     publish_as(s, none);
@@ -568,84 +585,106 @@ static int fetch_chunk(iv_stream_t *s, uint64_t c, uint8_t *into, iv_err_t *err)
     return sum_check(s, c, into, n, err);
 }
 
+/* A decode failure of chunk c (its message in sub), said with where the
+ * chunk is stored. */
+static int chunk_fail(const iv_stream_t *s, uint64_t c, int rc, const iv_err_t *sub, iv_err_t *err)
+{
+    return iv_fail(err, rc, "%s: chunk %llu (file offset %llu, %zu stored bytes): %s",
+                   s->label, (unsigned long long)c, (unsigned long long)s->d.chunk_addr[c],
+                   (size_t)s->d.chunk_size[c], sub->msg);
+}
+
+/* Whether chunk c is stored as is: no filter, or every one skipped. */
+static int unfiltered(const iv_stream_t *s, uint64_t c)
+{
+    unsigned all = (1u << s->d.pipe.n) - 1;
+    return s->d.pipe.n == 0 || (s->d.chunk_mask[c] & all) == all;
+}
+
+/* Chunk c stored as is, want bytes: read straight into the cache buffer
+ * when it comes from the file. */
+static int load_unfiltered(iv_stream_t *s, uint64_t c, uint8_t *buf, size_t want, iv_err_t *err)
+{
+    size_t src_len = (size_t)s->d.chunk_size[c];
+    if (src_len != want) {
+        iv_err_t sub = {0};
+        int rc = iv_fail(&sub, IV_ECORRUPT, "unfiltered chunk holds %zu bytes, expected %zu",
+                         src_len, want);
+        return chunk_fail(s, c, rc, &sub, err);
+    }
+    if (s->d.file) return fetch_chunk(s, c, buf, err);
+    memcpy(buf, s->d.map + s->d.chunk_addr[c], want);
+    return 0;
+}
+
+/* Chunk c through its filter pipeline into buf, with a scratch buffer for
+ * the stages and, from a file, one for the stored bytes. */
+static int load_filtered(iv_stream_t *s, uint64_t c, uint8_t *buf, iv_err_t *err)
+{
+    size_t full = (size_t)s->d.chunk_len, src_len = (size_t)s->d.chunk_size[c];
+    const uint8_t *src = s->d.file ? NULL : s->d.map + s->d.chunk_addr[c];
+    struct scratch *sc = scratch_get(s), *rd = NULL;
+    if (sc && s->d.file) {
+        if (src_len > scratch_cap(s)) {
+            scratch_put(s, sc);
+            return iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %zu bytes, more than "
+                           "the chunk table allows (%zu)", s->label, (unsigned long long)c,
+                           src_len, scratch_cap(s));
+        }
+        rd = scratch_get(s);
+    }
+    if (!sc || (s->d.file && !rd)) {
+        scratch_put(s, sc);
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
+    }
+    int rc = rd ? fetch_chunk(s, c, rd->data, err) : 0;
+    if (rc == 0) {
+        iv_err_t sub = {0};
+        size_t got = 0;
+        rc = iv_pipeline_decode(&s->d.pipe, s->d.chunk_mask[c], rd ? rd->data : src, src_len, buf,
+                                buf_cap(s), sc->data, full + 64, full, &got, &sub);
+        if (rc < 0) rc = chunk_fail(s, c, rc, &sub, err);
+    }
+    scratch_put(s, rd);
+    scratch_put(s, sc);
+    return rc;
+}
+
 /* Decompresses chunk c into a new buffer of chunk_len bytes. */
 static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
 {
     size_t full = (size_t)s->d.chunk_len;
-    size_t cap = buf_cap(s);
     uint8_t *buf = buf_alloc(s);
     if (!buf) return iv_fail(err, IV_ENOMEM, "%s: out of memory for chunk %llu", s->label,
                              (unsigned long long)c);
-    if (s->d.chunk_addr[c] == UINT64_MAX) {
+    int rc = 0;
+    if (s->d.chunk_addr[c] == UINT64_MAX)
         memset(buf, 0, full);   /* never written: HDF5's fill value, zero */
-        *out = buf;
-        return 0;
-    }
-    size_t src_len = (size_t)s->d.chunk_size[c];
-    /* A contiguous range's last virtual chunk is what is left of it. */
-    size_t want = s->d.file_contig ? chunk_bytes(s, c) : full;
-    int rc;
-    size_t got = 0;
-    iv_err_t sub = {0};
-    struct scratch *rd = NULL;
-    if (s->d.pipe.n == 0 || (s->d.chunk_mask[c] & ((1u << s->d.pipe.n) - 1)) ==
-                                ((1u << s->d.pipe.n) - 1)) {
-        /* No filter applies: the chunk is stored as is (read straight
-         * into the cache buffer when it comes from the file). */
-        if (src_len != want) {
-            rc = iv_fail(&sub, IV_ECORRUPT, "unfiltered chunk holds %zu bytes, expected %zu",
-                         src_len, want);
-        } else if (s->d.file) {
-            if ((rc = fetch_chunk(s, c, buf, err)) < 0) {
-                buf_put(s, buf);
-                return rc;
-            }
-            got = want;
-        } else {
-            memcpy(buf, s->d.map + s->d.chunk_addr[c], want);
-            got = want;
-            rc = 0;
-        }
-    } else {
-        const uint8_t *src = s->d.file ? NULL : s->d.map + s->d.chunk_addr[c];
-        struct scratch *sc = scratch_get(s);
-        if (sc && s->d.file) {
-            if (src_len > scratch_cap(s)) {
-                scratch_put(s, sc);
-                buf_put(s, buf);
-                return iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %zu bytes, more than "
-                               "the chunk table allows (%zu)", s->label, (unsigned long long)c,
-                               src_len, scratch_cap(s));
-            }
-            rd = scratch_get(s);
-        }
-        if (!sc || (s->d.file && !rd)) {
-            scratch_put(s, sc);
-            buf_put(s, buf);
-            return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
-        }
-        if (rd) {
-            if ((rc = fetch_chunk(s, c, rd->data, err)) < 0) {
-                scratch_put(s, rd);
-                scratch_put(s, sc);
-                buf_put(s, buf);
-                return rc;
-            }
-            src = rd->data;
-        }
-        rc = iv_pipeline_decode(&s->d.pipe, s->d.chunk_mask[c], src, src_len, buf, cap,
-                                sc->data, full + 64, full, &got, &sub);
-        scratch_put(s, rd);
-        scratch_put(s, sc);
-    }
+    else if (unfiltered(s, c))
+        /* A contiguous range's last virtual chunk is what is left of it. */
+        rc = load_unfiltered(s, c, buf, s->d.file_contig ? chunk_bytes(s, c) : full, err);
+    else
+        rc = load_filtered(s, c, buf, err);
     if (rc < 0) {
         buf_put(s, buf);
-        return iv_fail(err, rc, "%s: chunk %llu (file offset %llu, %zu stored bytes): %s",
-                       s->label, (unsigned long long)c,
-                       (unsigned long long)s->d.chunk_addr[c], src_len, sub.msg);
+        return rc;
     }
     *out = buf;
     return 0;
+}
+
+/* Takes the checksum of stored chunk c when the pass did not read it,
+ * reading it into *rd (a scratch buffer taken on first use). */
+static int sum_unread(iv_stream_t *s, uint64_t c, struct scratch **rd, iv_err_t *err)
+{
+    if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[c]) != 0) return 0;
+    if (!*rd && !(*rd = scratch_get(s)))
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
+    if (s->d.chunk_size[c] > scratch_cap(s))
+        return iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %llu bytes, more than the "
+                       "chunk table allows", s->label, (unsigned long long)c,
+                       (unsigned long long)s->d.chunk_size[c]);
+    return fetch_chunk(s, c, (*rd)->data, err);
 }
 
 int iv_stream_seal(iv_stream_t *s, iv_err_t *err)
@@ -653,18 +692,7 @@ int iv_stream_seal(iv_stream_t *s, iv_err_t *err)
     if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed) return 0;
     struct scratch *rd = NULL;
     int rc = 0;
-    for (uint64_t c = 0; c < s->d.n_chunks && rc == 0; c++) {
-        if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[c]) != 0) continue;
-        if (!rd && !(rd = scratch_get(s))) {
-            rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
-        } else if (s->d.chunk_size[c] > scratch_cap(s)) {
-            rc = iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %llu bytes, more than the "
-                         "chunk table allows", s->label, (unsigned long long)c,
-                         (unsigned long long)s->d.chunk_size[c]);
-        } else {
-            rc = fetch_chunk(s, c, rd->data, err);
-        }
-    }
+    for (uint64_t c = 0; c < s->d.n_chunks && rc == 0; c++) rc = sum_unread(s, c, &rd, err);
     scratch_put(s, rd);
     if (rc == 0) s->d.sums_sealed = 1;
     return rc;
@@ -692,6 +720,80 @@ int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err
 
 iv_file_t *iv_stream_file(const iv_stream_t *s) { return s->d.file; }
 
+/* A hit: pin without the lock.  The pin holds only if buf is still set
+ * once it is taken (an eviction may have come between).  1 when pinned,
+ * with *data set. */
+static int pin_unlocked(struct slot *e, const uint8_t **data)
+{
+    if (!atomic_load_explicit(&e->buf, memory_order_acquire)) return 0;
+    unsigned p = atomic_load_explicit(&e->pins, memory_order_relaxed);
+    while (!(p & PIN_DEAD)) {
+        if (!atomic_compare_exchange_weak_explicit(&e->pins, &p, p + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        uint8_t *b = atomic_load_explicit(&e->buf, memory_order_acquire);
+        if (b) {
+            if (!atomic_load_explicit(&e->ref, memory_order_relaxed))
+                atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
+            *data = b;
+            return 1;
+        }
+        atomic_fetch_sub_explicit(&e->pins, 1, memory_order_release);
+        break;
+    }
+    return 0;
+}
+
+/* A hit under the lock, or a miss counted: 1 when pinned. */
+static int pin_locked(iv_stream_t *s, struct slot *e, const uint8_t **data)
+{
+    pthread_mutex_lock(&s->mu);
+    uint8_t *have = atomic_load_explicit(&e->buf, memory_order_relaxed);
+    if (have) {
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
+        *data = have;
+    } else {
+        s->misses++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return have != NULL;
+}
+
+/* Puts the len bytes just decompressed for chunk c in the cache, pinned,
+ * unless another thread installed it first (then theirs is kept).
+ * Returns the buffer now cached. */
+static const uint8_t *install_chunk(iv_stream_t *s, uint64_t c, uint8_t *buf, size_t len)
+{
+    struct slot *e = &s->slots[c];
+    pthread_mutex_lock(&s->mu);
+    s->bytes_decompressed += len;
+    uint8_t *have = atomic_load_explicit(&e->buf, memory_order_relaxed);
+    if (have) {
+        /* Another thread installed it first; keep theirs. */
+        buf_free(s, buf);
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+    } else {
+        /* Counted first: a release that unpins a chunk after evict_over
+         * looked at it sees the stream over budget and evicts (both
+         * sequentially consistent, so one sees the other). */
+        atomic_fetch_add(&s->used, len);
+        if (s->mb) iv_membudget_charge(&s->mbc, len);
+        evict_over(s);
+        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
+        atomic_store_explicit(&e->buf, buf, memory_order_release);
+        lru_push_head(s, c);
+        s->n_listed++;
+        publish(s);
+        have = buf;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return have;
+}
+
 int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *len,
                       uint64_t *decompressed, iv_err_t *err)
 {
@@ -705,69 +807,12 @@ int iv_stream_acquire(iv_stream_t *s, uint64_t c, const uint8_t **data, size_t *
         return 0;
     }
     struct slot *e = &s->slots[c];
-    /* A hit: pin without the lock.  The pin holds only if buf is still
-     * set once it is taken (an eviction may have come between). */
-    if (atomic_load_explicit(&e->buf, memory_order_acquire)) {
-        unsigned p = atomic_load_explicit(&e->pins, memory_order_relaxed);
-        while (!(p & PIN_DEAD)) {
-            if (!atomic_compare_exchange_weak_explicit(&e->pins, &p, p + 1, memory_order_acq_rel,
-                                                       memory_order_relaxed))
-                continue;
-            uint8_t *b = atomic_load_explicit(&e->buf, memory_order_acquire);
-            if (b) {
-                if (!atomic_load_explicit(&e->ref, memory_order_relaxed))
-                    atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
-                atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
-                *data = b;
-                return 0;
-            }
-            atomic_fetch_sub_explicit(&e->pins, 1, memory_order_release);
-            break;
-        }
-    }
-    pthread_mutex_lock(&s->mu);
-    uint8_t *have = atomic_load_explicit(&e->buf, memory_order_relaxed);
-    if (have) {
-        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
-        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed);
-        *data = have;
-        pthread_mutex_unlock(&s->mu);
-        return 0;
-    }
-    s->misses++;
-    pthread_mutex_unlock(&s->mu);
-
-    uint8_t *buf;
-    int rc = load_chunk(s, c, &buf, err);
-    if (rc < 0) return rc;
+    if (pin_unlocked(e, data) || pin_locked(s, e, data)) return 0;
+    uint8_t *buf = NULL;
+    IV_TRY(load_chunk(s, c, &buf, err));
     /* Room in the shared budget first (never under mu: see membudget.h). */
     if (s->mb) (void)iv_membudget_make_room(s->mb, &s->mbc, *len);
-
-    pthread_mutex_lock(&s->mu);
-    s->bytes_decompressed += *len;
-    have = atomic_load_explicit(&e->buf, memory_order_relaxed);
-    if (have) {
-        /* Another thread installed it first; keep theirs. */
-        buf_free(s, buf);
-        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
-        atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
-    } else {
-        /* Counted first: a release that unpins a chunk after evict_over
-         * looked at it sees the stream over budget and evicts (both
-         * sequentially consistent, so one sees the other). */
-        atomic_fetch_add(&s->used, *len);
-        if (s->mb) iv_membudget_charge(&s->mbc, *len);
-        evict_over(s);
-        atomic_fetch_add_explicit(&e->pins, 1, memory_order_acq_rel);
-        atomic_store_explicit(&e->buf, buf, memory_order_release);
-        lru_push_head(s, c);
-        s->n_listed++;
-        publish(s);
-        have = buf;
-    }
-    *data = have;
-    pthread_mutex_unlock(&s->mu);
+    *data = install_chunk(s, c, buf, *len);
     if (decompressed) *decompressed = *len;
     return 0;
 }
@@ -791,6 +836,23 @@ void iv_stream_release(iv_stream_t *s, uint64_t c)
         (void)iv_membudget_make_room(s->mb, &s->mbc, 0);
 }
 
+/* Bytes of the scratch buffers kept for reuse (under mu). */
+static size_t free_scratch_bytes(const iv_stream_t *s)
+{
+    size_t n = 0;
+    for (struct scratch *sc = s->free_scratch; sc; sc = sc->next)
+        n += sizeof *sc + (size_t)s->d.chunk_len + 64;
+    return n;
+}
+
+static uint64_t total_hits(const iv_stream_t *s)
+{
+    uint64_t n = 0;
+    for (uint64_t c = 0; s->d.chunked && c < s->d.n_chunks; c++)
+        n += atomic_load_explicit(&s->slots[c].hits, memory_order_relaxed);
+    return n;
+}
+
 void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
 {
     pthread_mutex_lock(&s->mu);
@@ -802,14 +864,10 @@ void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
     out->owned_bytes = s->d.owned_buf ? (size_t)s->d.length : 0;
     if (s->d.owned_map) out->owned_bytes += s->d.owned_map_len;
     out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + 20) : 0;
-    out->scratch_bytes = 0;
-    for (struct scratch *sc = s->free_scratch; sc; sc = sc->next)
-        out->scratch_bytes += sizeof *sc + (size_t)s->d.chunk_len + 64;
+    out->scratch_bytes = free_scratch_bytes(s);
     size_t used = atomic_load(&s->used);
     out->pinned_over_budget = used > s->budget ? used - s->budget : 0;
-    out->hits = 0;
-    for (uint64_t c = 0; s->d.chunked && c < s->d.n_chunks; c++)
-        out->hits += atomic_load_explicit(&s->slots[c].hits, memory_order_relaxed);
+    out->hits = total_hits(s);
     out->misses = s->misses;
     out->evictions = s->evictions;
     out->bytes_decompressed = s->bytes_decompressed;
