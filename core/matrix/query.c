@@ -402,6 +402,22 @@ static int64_t out_row_size(const struct iv_query *q, int64_t r)
     return z;
 }
 
+/* Appends row r to the block starts bs[0..*n) (capacity *cap, grown by
+ * doubling); on failure frees bs. */
+static int push_start(int64_t **bs, int64_t *n, int64_t *cap, int64_t r, iv_err_t *err)
+{
+    if (*n == *cap) {
+        int64_t *nb = realloc(*bs, (size_t)(*cap *= 2) * sizeof **bs);
+        if (!nb) {
+            free(*bs);
+            return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
+        }
+        *bs = nb;
+    }
+    (*bs)[(*n)++] = r;
+    return 0;
+}
+
 /* Splits output rows into blocks of bounded (estimated) nnz and rows. */
 static int plan_blocks(struct iv_query *q, iv_err_t *err)
 {
@@ -413,32 +429,14 @@ static int plan_blocks(struct iv_query *q, iv_err_t *err)
     for (int64_t r = 0; r < q->n_out_rows; r++) {
         int64_t z = out_row_size(q, r);
         if (rows > 0 && (rows >= q->block_rows || nnz + z > q->block_nnz)) {
-            if (n == cap) {
-                int64_t *nb = realloc(bs, (size_t)(cap *= 2) * sizeof *bs);
-                if (!nb) {
-                    free(bs);
-                    return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
-                }
-                bs = nb;
-            }
-            bs[n++] = r;
+            IV_TRY(push_start(&bs, &n, &cap, r, err));
             rows = 0;
             nnz = 0;
         }
         rows++;
         nnz += z;
     }
-    if (q->n_out_rows > 0) {
-        if (n == cap) {
-            int64_t *nb = realloc(bs, (size_t)(cap + 1) * sizeof *bs);
-            if (!nb) {
-                free(bs);
-                return iv_fail(err, IV_ENOMEM, "out of memory planning blocks");
-            }
-            bs = nb;
-        }
-        bs[n++] = q->n_out_rows;
-    }
+    if (q->n_out_rows > 0) IV_TRY(push_start(&bs, &n, &cap, q->n_out_rows, err));
     q->block_start = bs;
     q->n_blocks = q->n_out_rows > 0 ? n - 1 : 0;
     return 0;
@@ -1470,27 +1468,29 @@ static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struc
     return 0;
 }
 
+/* A block's row arrays, and its output arrays at once when the pointers
+ * give its size (every column selected). */
+static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out,
+                             struct outbuf *o, iv_err_t *err)
+{
+    int64_t nr = r1 - r0;
+    out->ids = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
+    out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
+    if (!out->ids || !out->indptr) return iv_fail(err, IV_ENOMEM, "out of memory for a block");
+    out->indptr[0] = 0;
+    if (!q->minor_all) return 0;
+    int64_t want = 0;
+    for (int64_t r = r0; r < r1; r++) want += slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
+    return outbuf_reserve(o, want + DENSE_SLACK, err);
+}
+
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
 {
-    const iv_dataset_t *ds = q->ds;
     struct work *w = work_get(q);
     if (!w) return iv_fail(err, IV_ENOMEM, "out of memory for a block");
     struct outbuf o = {.isz = q->index_size, .esz = iv_dtype_size(q->dtype)};
-    int64_t nr = r1 - r0;
-    int rc = 0;
-    out->ids = malloc((size_t)(nr ? nr : 1) * sizeof(int64_t));
-    out->indptr = malloc((size_t)(nr + 1) * sizeof(int64_t));
-    if (!out->ids || !out->indptr) {
-        rc = iv_fail(err, IV_ENOMEM, "out of memory for a block");
-        goto done;
-    }
-    out->indptr[0] = 0;
-    if (q->minor_all) {
-        /* The block's size is known from the pointers: one allocation. */
-        int64_t want = 0;
-        for (int64_t r = r0; r < r1; r++) want += slice_nnz(ds, q->row_ids ? q->row_ids[r] : r);
-        if ((rc = outbuf_reserve(&o, want + DENSE_SLACK, err)) < 0) goto done;
-    }
+    int rc = alloc_major_block(q, r0, r1, out, &o, err);
+    if (rc < 0) goto done;
     for (int64_t r = r0; r < r1; r++) {
         if (atomic_load_explicit(&q->cancelled, memory_order_relaxed)) {
             rc = iv_fail(err, IV_ECANCELLED, "query cancelled");
