@@ -495,6 +495,16 @@ static int read_num(rd_t *r, hid_t ds, const char *what, int64_t n, hid_t mtype,
     return 0;
 }
 
+/* n values of es bytes each to 0/1 (any bit set is true). */
+static void bytes_to_bool(const uint8_t *raw, size_t es, int64_t n, uint8_t *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t v = 0;
+        for (size_t k = 0; k < es; k++) v |= raw[(size_t)i * es + k];
+        out[i] = v != 0;
+    }
+}
+
 /* Reads a bool dataset (numpy bool is an HDF5 enum over int8; integers
  * and bitfields are accepted too) into n bytes of 0/1. */
 static int read_bool(rd_t *r, hid_t ds, const char *what, int64_t n, uint8_t *out)
@@ -516,11 +526,7 @@ static int read_bool(rd_t *r, hid_t ds, const char *what, int64_t n, uint8_t *ou
                          "%s: %s: cannot read (a compression filter may be unavailable)",
                          r->path, what);
         } else {
-            for (int64_t i = 0; i < n; i++) {
-                uint8_t v = 0;
-                for (size_t k = 0; k < es; k++) v |= raw[(size_t)i * es + k];
-                out[i] = v != 0;
-            }
+            bytes_to_bool(raw, es, n, out);
         }
         free(raw);
     }
@@ -658,6 +664,26 @@ static int read_categories(rd_t *r, hid_t cds, const char *what, iv_meta_col_t *
     return read_numeric_categories(r, cds, what, (int64_t)np, cls, c);
 }
 
+/* Checks n codes against n_cats (-1: missing, marked in mask) and
+ * counts each category's rows. */
+static int count_categories(rd_t *r, const char *what, const int32_t *codes, int64_t n,
+                            int64_t n_cats, int64_t *counts, uint8_t *mask)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int32_t v = codes[i];
+        if (v == -1) {
+            mask[i] = 1;
+        } else if (v < -1 || v >= n_cats) {
+            return iv_fail(r->err, IV_EBAD_FILE,
+                           "%s: %s: code %d at row %lld is outside the %lld categories", r->path,
+                           what, (int)v, (long long)i, (long long)n_cats);
+        } else {
+            counts[v]++;
+        }
+    }
+    return 0;
+}
+
 /* Codes (any signed int; -1 missing) validated against n_cats, with
  * per-category counts and the missing mask. */
 static int read_codes(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c)
@@ -672,18 +698,7 @@ static int read_codes(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_co
     uint8_t *mask = calloc((size_t)(n ? n : 1), 1);
     int rc = (codes && counts && mask) ? 0 : iv_fail(r->err, IV_ENOMEM, "out of memory");
     if (rc == 0) rc = read_num(r, ds, what, n, H5T_NATIVE_INT32, codes);
-    for (int64_t i = 0; rc == 0 && i < n; i++) {
-        int32_t v = codes[i];
-        if (v == -1) {
-            mask[i] = 1;
-        } else if (v < -1 || v >= c->n_cats) {
-            rc = iv_fail(r->err, IV_EBAD_FILE,
-                         "%s: %s: code %d at row %lld is outside the %lld categories", r->path,
-                         what, (int)v, (long long)i, (long long)c->n_cats);
-        } else {
-            counts[v]++;
-        }
-    }
+    if (rc == 0) rc = count_categories(r, what, codes, n, c->n_cats, counts, mask);
     if (rc < 0) {
         free(codes);
         free(counts);
@@ -713,6 +728,28 @@ static iv_dtype_t dtype_of(hid_t ft)
     }
 }
 
+/* A float column; without a mask of its own (ext_mask), NaN is pandas'
+ * missing value for floats: it is folded into the mask so that filters
+ * and null counts treat it like any other null. */
+static int read_float_col(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c,
+                          iv_dtype_t dt, const uint8_t *ext_mask)
+{
+    size_t cnt = (size_t)(n ? n : 1);
+    double *v = malloc(cnt * sizeof(double));
+    if (!v) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+    int rc = read_num(r, ds, what, n, H5T_NATIVE_DOUBLE, v);
+    c->type = IV_COL_FLOAT;
+    c->f64 = v;
+    c->dtype = dt;
+    if (rc != 0 || ext_mask) return rc;
+    uint8_t *m = calloc(cnt, 1);
+    if (!m) return iv_fail(r->err, IV_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) m[i] = isnan(v[i]) != 0;
+    set_mask(c, m);
+    c->nullable = 1;
+    return 0;
+}
+
 /* A plain dataset column: by its datatype class. */
 static int read_plain(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_col_t *c,
                       uint8_t *ext_mask)
@@ -738,24 +775,9 @@ static int read_plain(rd_t *r, hid_t ds, const char *what, int64_t n, iv_meta_co
         c->dtype = dt;
         break;
     }
-    case H5T_FLOAT: {
-        double *v = malloc(cnt * sizeof(double));
-        if (!v) return iv_fail(r->err, IV_ENOMEM, "out of memory");
-        rc = read_num(r, ds, what, n, H5T_NATIVE_DOUBLE, v);
-        c->type = IV_COL_FLOAT;
-        c->f64 = v;
-        c->dtype = dt;
-        /* NaN is pandas' missing value for floats: fold it into the mask
-         * so that filters and null counts treat it like any other null. */
-        if (rc == 0 && !ext_mask) {
-            uint8_t *m = calloc(cnt, 1);
-            if (!m) return iv_fail(r->err, IV_ENOMEM, "out of memory");
-            for (int64_t i = 0; i < n; i++) m[i] = isnan(v[i]) != 0;
-            set_mask(c, m);
-            c->nullable = 1;
-        }
+    case H5T_FLOAT:
+        rc = read_float_col(r, ds, what, n, c, dt, ext_mask);
         break;
-    }
     case H5T_ENUM:
     case H5T_BITFIELD: {
         uint8_t *v = malloc(cnt);
@@ -1497,6 +1519,19 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
     return NULL;
 }
 
+/* The frame's n_cols columns after its index; stops at a malformed
+ * answer (r->bad) or *oom. */
+static void take_cols(iv_h5iso_rd_t *r, uint64_t n_cols, struct frame *f, int *oom)
+{
+    for (uint64_t i = 0; !r->bad && !*oom && i < n_cols; i++) {
+        struct mcol *mc = take_col(r, f->n, oom);
+        if (mc && frame_push(f, mc) < 0) {
+            col_free(mc);
+            *oom = 1;
+        }
+    }
+}
+
 static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, struct frame *f,
                       iv_err_t *err)
 {
@@ -1507,13 +1542,7 @@ static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, str
     else f->n = (int64_t)n;
     if (!r->bad) f->index = take_col(r, f->n, &oom);
     if (f->index && (f->index->c.type != IV_COL_STRING || !f->index->c.is_index)) r->bad = 1;
-    for (uint64_t i = 0; !r->bad && !oom && i < n_cols; i++) {
-        struct mcol *mc = take_col(r, f->n, &oom);
-        if (mc && frame_push(f, mc) < 0) {
-            col_free(mc);
-            oom = 1;
-        }
-    }
+    if (!r->bad) take_cols(r, n_cols, f, &oom);
     if (!r->bad && !oom) return 0;
     frame_free(f);
     if (oom) return iv_fail(err, IV_ENOMEM, "%s: %s: out of memory", path, gname);

@@ -82,16 +82,16 @@ static int numeric_dtype(hid_t ft, iv_dtype_t *out)
     }
 }
 
-/* Reads one dataset element into a (servable or with a reason). */
-static int read_array(load_t *L, hid_t d, iv_marray_t *a)
+/* Whether dataset element a (dataspace sp, type ft) can be served: a
+ * one- or two-dimensional numeric array with a row per axis entry, of at
+ * most MARRAY_MAX_BYTES (*bytes); the reason in a->why when not. */
+static int servable(const load_t *L, hid_t sp, hid_t ft, iv_marray_t *a, uint64_t *bytes)
 {
-    int rc = 0;
-    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d);
     int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
     hsize_t dims[2] = {0, 1};
     if (nd < 1 || nd > 2) {
         snprintf(a->why, sizeof a->why, "a %d-dimensional array (1 or 2 served)", nd);
-        goto out;
+        return 0;
     }
     H5Sget_simple_extent_dims(sp, dims, NULL);
     if (nd == 1) dims[1] = 1;
@@ -99,20 +99,30 @@ static int read_array(load_t *L, hid_t d, iv_marray_t *a)
     a->n_cols = (int64_t)dims[1];
     if (ft < 0 || numeric_dtype(ft, &a->dtype) != 0) {
         snprintf(a->why, sizeof a->why, "not an integer or floating-point array");
-        goto out;
+        return 0;
     }
     if (a->n_rows != L->n_axis) {
         snprintf(a->why, sizeof a->why, "%lld rows where the axis has %lld",
                  (long long)a->n_rows, (long long)L->n_axis);
-        goto out;
+        return 0;
     }
-    uint64_t bytes = (uint64_t)dims[0] * (uint64_t)dims[1] * iv_dtype_size(a->dtype);
-    if (dims[1] && bytes / dims[1] / iv_dtype_size(a->dtype) != dims[0]) bytes = UINT64_MAX;
-    if (bytes > MARRAY_MAX_BYTES) {
+    *bytes = (uint64_t)dims[0] * (uint64_t)dims[1] * iv_dtype_size(a->dtype);
+    if (dims[1] && *bytes / dims[1] / iv_dtype_size(a->dtype) != dims[0]) *bytes = UINT64_MAX;
+    if (*bytes > MARRAY_MAX_BYTES) {
         snprintf(a->why, sizeof a->why, "larger than the %llu bytes an array may hold",
                  (unsigned long long)MARRAY_MAX_BYTES);
-        goto out;
+        return 0;
     }
+    return 1;
+}
+
+/* Reads one dataset element into a (servable or with a reason). */
+static int read_array(load_t *L, hid_t d, iv_marray_t *a)
+{
+    int rc = 0;
+    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d);
+    uint64_t bytes = 0;
+    if (!servable(L, sp, ft, a, &bytes)) goto out;
     a->data = malloc(bytes ? (size_t)bytes : 1);
     if (!a->data) {
         rc = iv_fail(L->err, IV_ENOMEM, "%s: out of memory reading %sm/%s", L->path,
@@ -270,6 +280,58 @@ static int take_str(iv_h5iso_rd_t *r, char *out, size_t cap)
     return 0;
 }
 
+/* What the take_* steps return for an answer that does not parse. */
+#define MALFORMED 1
+
+/* An element's axis, name, encoding and reason; MALFORMED, 0 or an
+ * error. */
+static int take_labels(iv_h5iso_rd_t *r, iv_marray_t *a, const char *path, iv_err_t *err)
+{
+    char name[1024];
+    uint64_t axis = iv_h5iso_rd_u64(r);
+    if (r->bad || axis > 1 || take_str(r, name, sizeof name) < 0 ||
+        take_str(r, a->encoding, sizeof a->encoding) < 0 || take_str(r, a->why, sizeof a->why) < 0)
+        return MALFORMED;
+    a->name = strdup(name);
+    if (!a->name) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+    a->axis = axis ? IV_AXIS_VAR : IV_AXIS_OBS;
+    return 0;
+}
+
+/* An element's values: as many rows as its axis (n_axis) and no more
+ * than an array may hold. */
+static int take_data(iv_h5iso_rd_t *r, iv_marray_t *a, int64_t n_axis, iv_marrays_t *s,
+                     const char *path, iv_err_t *err)
+{
+    uint64_t rows = (uint64_t)a->n_rows, cols = (uint64_t)a->n_cols;
+    size_t esz = iv_dtype_size(a->dtype);
+    if (esz == 0 || a->n_rows != n_axis || (cols && rows > MARRAY_MAX_BYTES / esz / cols))
+        return MALFORMED;
+    size_t bytes = (size_t)(rows * cols) * esz;
+    const void *p = iv_h5iso_rd_blob(r, bytes, NULL);
+    if (!p) return MALFORMED;
+    a->data = malloc(bytes ? bytes : 1);
+    if (!a->data) return iv_fail(err, IV_ENOMEM, "%s: out of memory for %sm/%s", path,
+                                 a->axis == IV_AXIS_OBS ? "obs" : "var", a->name);
+    memcpy(a->data, p, bytes);
+    s->bytes += bytes;
+    return 0;
+}
+
+/* An element's dtype and shape, and its values when it has them. */
+static int take_values(iv_h5iso_rd_t *r, iv_marray_t *a, int64_t n_axis, iv_marrays_t *s,
+                       const char *path, iv_err_t *err)
+{
+    uint64_t dt = iv_h5iso_rd_u64(r), rows = iv_h5iso_rd_u64(r), cols = iv_h5iso_rd_u64(r);
+    uint64_t has = iv_h5iso_rd_u64(r);
+    if (r->bad || has > 1 || rows > (uint64_t)INT64_MAX || cols > (uint64_t)INT64_MAX)
+        return MALFORMED;
+    a->dtype = (iv_dtype_t)dt;
+    a->n_rows = (int64_t)rows;
+    a->n_cols = (int64_t)cols;
+    return has ? take_data(r, a, n_axis, s, path, err) : 0;
+}
+
 static int take_marrays(const char *path, const iv_h5iso_result_t *res, int64_t n_obs,
                         int64_t n_var, iv_marrays_t *s, iv_err_t *err)
 {
@@ -281,35 +343,13 @@ static int take_marrays(const char *path, const iv_h5iso_result_t *res, int64_t 
     if (!s->a) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
     for (uint64_t i = 0; i < n; i++) {
         iv_marray_t *a = &s->a[i];
-        char name[1024];
-        uint64_t axis = iv_h5iso_rd_u64(&r);
-        if (r.bad || axis > 1 || take_str(&r, name, sizeof name) < 0 ||
-            take_str(&r, a->encoding, sizeof a->encoding) < 0 ||
-            take_str(&r, a->why, sizeof a->why) < 0)
-            goto bad;
-        a->name = strdup(name);
-        if (!a->name) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
-        s->n = (size_t)i + 1;
-        a->axis = axis ? IV_AXIS_VAR : IV_AXIS_OBS;
-        uint64_t dt = iv_h5iso_rd_u64(&r), rows = iv_h5iso_rd_u64(&r), cols = iv_h5iso_rd_u64(&r);
-        uint64_t has = iv_h5iso_rd_u64(&r);
-        if (r.bad || has > 1 || rows > (uint64_t)INT64_MAX || cols > (uint64_t)INT64_MAX) goto bad;
-        a->dtype = (iv_dtype_t)dt;
-        a->n_rows = (int64_t)rows;
-        a->n_cols = (int64_t)cols;
-        if (!has) continue;
-        size_t esz = iv_dtype_size(a->dtype);
-        int64_t want_rows = a->axis == IV_AXIS_OBS ? n_obs : n_var;
-        if (esz == 0 || a->n_rows != want_rows || (cols && rows > MARRAY_MAX_BYTES / esz / cols))
-            goto bad;
-        size_t bytes = (size_t)(rows * cols) * esz;
-        const void *p = iv_h5iso_rd_blob(&r, bytes, NULL);
-        if (!p) goto bad;
-        a->data = malloc(bytes ? bytes : 1);
-        if (!a->data) return iv_fail(err, IV_ENOMEM, "%s: out of memory for %sm/%s", path,
-                                     a->axis == IV_AXIS_OBS ? "obs" : "var", a->name);
-        memcpy(a->data, p, bytes);
-        s->bytes += bytes;
+        int rc = take_labels(&r, a, path, err);
+        if (rc == 0) {
+            s->n = (size_t)i + 1;
+            rc = take_values(&r, a, a->axis == IV_AXIS_OBS ? n_obs : n_var, s, path, err);
+        }
+        if (rc == MALFORMED) goto bad;
+        if (rc < 0) return rc;
     }
     if (r.pos != r.len) goto bad;
     return 0;
