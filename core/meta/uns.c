@@ -57,6 +57,7 @@ typedef struct sbuf {
 
 static int sbuf_add(sbuf_t *b, const void *s, size_t n)
 {
+    if (n == 0) return 0;  /* b->p may still be NULL: memcpy must not see it */
     if (b->len + n > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->len + n) nc *= 2;
