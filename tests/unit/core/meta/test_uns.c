@@ -1,6 +1,6 @@
 /* uns entries: a file written here with the HDF5 C API (scalars of each
  * kind, 1-D numeric, bool-enum and string arrays, fixed-length strings, a
- * nested dict, and what is left out: a dataframe group and its members,
+ * nested dict, an empty string, and what is left out: a dataframe group and its members,
  * a 2-D array, a compound, a string that is not UTF-8, a soft link) is
  * read back flattened, parents first and in name order, values equal to
  * what was written. */
@@ -58,6 +58,8 @@ static void write_file(const char *path)
     put_vlen(u, "title", 0, 1, title);
     const char *names[] = {"a", "", "b\xc3\xa9ta"};
     put_vlen(u, "names", 1, 3, names);
+    const char *blank[] = {""};  /* an empty string first: nothing buffered yet */
+    put_vlen(u, "blank", 0, 1, blank);
     const char *bad[] = {"\xff\xfe"};
     put_vlen(u, "not_utf8", 0, 1, bad);
     int32_t ids[4] = {3, -1, 40000, 0};
@@ -125,7 +127,7 @@ START_TEST(reads_what_it_can_serve)
     iv_err_clear(&err);
     ck_assert_int_eq(iv_uns_load(path, &u, &err), 0);
     /* Name order, parents before children; the rest left out. */
-    const char *want[] = {"fixed", "ids", "mask", "n", "names", "neighbors", "neighbors/params",
+    const char *want[] = {"blank", "fixed", "ids", "mask", "n", "names", "neighbors", "neighbors/params",
                           "neighbors/params/n_neighbors", "ratio", "title"};
     ck_assert_uint_eq(u->n, sizeof want / sizeof *want);
     for (size_t i = 0; i < u->n; i++) ck_assert_str_eq(u->e[i].path, want[i]);
@@ -149,6 +151,7 @@ START_TEST(reads_what_it_can_serve)
     check_str(e, 0, "a");
     check_str(e, 1, "");
     check_str(e, 2, "b\xc3\xa9ta");
+    check_str(find(u, "blank"), 0, "");
     e = find(u, "fixed");
     check_str(e, 0, "ab");
     check_str(e, 1, "cdef");
