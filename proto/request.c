@@ -1071,9 +1071,11 @@ int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const ch
     return rc;
 }
 
-int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
-                    iv_err_t *err)
+int iv_psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **idx, int64_t *n,
+                   iv_names_report_t *rep, iv_err_t *err)
 {
+    *idx = NULL;
+    *n = 0;
     if (rep) memset(rep, 0, sizeof *rep);
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     iv_axis_sel_t s = {
@@ -1084,8 +1086,18 @@ int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_
         .missing_ignore = p->missing_ignore,
         .filter = p->filter,
     };
-    int64_t *idx = NULL, n = 0;
-    IV_TRY(iv_meta_resolve(m, axis, &s, &idx, &n, rep, err));
+    return iv_meta_resolve(m, axis, &s, idx, n, rep, err);
+}
+
+int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
+                    iv_err_t *err)
+{
+    if (p->kind != IV_PSEL_NAMES && !p->filter) {
+        if (rep) memset(rep, 0, sizeof *rep);
+        return 0;
+    }
+    int64_t *idx, n;
+    IV_TRY(iv_psel_lookup(p, m, axis, &idx, &n, rep, err));
     iv_psel_set_indices(p, idx, n);
     return 0;
 }

@@ -126,6 +126,11 @@ int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const ch
  */
 int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
                     iv_err_t *err);
+/* The lookup of iv_psel_resolve without the replacement: *idx (n, to
+ * free; NULL with *n 0 when p needs no lookup) and rep, p unchanged, so
+ * that rep's positions still index p->names. */
+int iv_psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **idx, int64_t *n,
+                   iv_names_report_t *rep, iv_err_t *err);
 /* Frees what p owns and empties it. */
 void iv_psel_free(iv_psel_t *p);
 

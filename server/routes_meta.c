@@ -46,19 +46,11 @@ int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dr
                         iv_buf_t *folded, iv_err_t *err)
 {
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
-    /* The engine resolves (select.h); here the request's form goes in and
-     * the names it dropped or folded come out as JSON lists. */
-    iv_axis_sel_t s = {
-        .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
-        .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
-        .n = p->kind == IV_PSEL_ALL ? 0 : p->n,
-        .by = p->by,
-        .missing_ignore = p->missing_ignore,
-        .filter = p->filter,
-    };
-    int64_t *idx = NULL, n = 0;
+    /* The engine resolves (proto/request.h, select.h); the names it
+     * dropped or folded come out as JSON lists while p still holds them. */
+    int64_t *idx, n;
     iv_names_report_t rep;
-    IV_TRY(iv_meta_resolve(m, axis, &s, &idx, &n, &rep, err));
+    IV_TRY(iv_psel_lookup(p, m, axis, &idx, &n, &rep, err));
     if (p->kind == IV_PSEL_NAMES) {
         if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
         if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
