@@ -40,6 +40,12 @@
 
 /* Entries per chunk of X/indices and X/data (see docs/zarr.md for the
  * measurement that chose it). */
+/* The store's format: bumped whenever a key's bytes change for the same
+ * dataset (chunk compression, layout), so that HTTP caches holding the
+ * old bytes (the store's answers are long-lived) see a new ETag.
+ * 2: X, layers and raw/X chunks zstd-compressed; layers, raw and uns. */
+#define IV_ZARR_STORE_FORMAT 2
+
 #ifndef IV_ZARR_X_CHUNK  /* benchmarks build other sizes with -DIV_ZARR_X_CHUNK=N */
 #define IV_ZARR_X_CHUNK ((int64_t)1 << 16)
 #endif

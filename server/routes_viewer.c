@@ -1451,6 +1451,11 @@ static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag
     uint64_t h = 1469598103934665603ull;
     h = fnv_str(h, iv_vds_identity(r->vx));
     h = fnv(h, &r->route, sizeof r->route);
+    if (r->route == IV_VR_ZARR) {
+        /* The store's bytes also depend on its format and chunking. */
+        static const int64_t zarr_format[3] = {IV_ZARR_STORE_FORMAT, IV_ZARR_X_CHUNK, IV_ZARR_ZSTD_LEVEL};
+        h = fnv(h, zarr_format, sizeof zarr_format);
+    }
     h = fnv_str(h, r->name);
     h = fnv_str(h, r->query);
     h = fnv(h, r->body ? r->body : "", r->body_len);
