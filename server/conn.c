@@ -398,13 +398,6 @@ static size_t req_mem(const iv_http_req_t *r)
     return r->body.len + 2 * (r->target ? strlen(r->target) : 0) + 512;
 }
 
-/*
- * While an answer is in flight, the requests behind it are parsed into a
- * queue, within limits.max_pipeline requests and AHEAD_MAX_BYTES, so that
- * a client's pipelined requests leave the read buffer and a bad one is
- * found early (it is answered in its turn).  A request whose headers ask
- * for "100 Continue" waits: that is answered only when it is next.
- */
 /* Parses up to n bytes of the input ahead: a complete request joins the
  * queue, a parse error is kept for its turn.  -1 when nothing could be
  * taken (the parser wants more than there is). */
@@ -429,6 +422,13 @@ static int parse_one_ahead(conn_t *c, size_t n)
     return 0;
 }
 
+/*
+ * While an answer is in flight, the requests behind it are parsed into a
+ * queue, within limits.max_pipeline requests and AHEAD_MAX_BYTES, so that
+ * a client's pipelined requests leave the read buffer and a bad one is
+ * found early (it is answered in its turn).  A request whose headers ask
+ * for "100 Continue" waits: that is answered only when it is next.
+ */
 static void conn_parse_ahead(conn_t *c)
 {
     while (c->rlen > 0 && !c->ahead_err && c->n_ahead < c->ahead_cap) {
@@ -441,15 +441,6 @@ static void conn_parse_ahead(conn_t *c)
     }
 }
 
-/*
- * Between answers: starts the next request (parsed ahead, or parsed now
- * from the read buffer), answers a parse error in its turn, or handles a
- * request still arriving (its Expect, its state).  While an answer is in
- * flight: parses ahead.  Then starts or stops reading (the input buffer
- * is full, or the connection closes after its answer).  The next request
- * starts only when the previous answer's last write completed
- * (resp_finished calls this).
- */
 /* Answers a request that could not be parsed (its status and message are
  * the parser's). */
 static void answer_parse_error(conn_t *c)
@@ -524,6 +515,15 @@ static void update_reading(conn_t *c)
     }
 }
 
+/*
+ * Between answers: starts the next request (parsed ahead, or parsed now
+ * from the read buffer), answers a parse error in its turn, or handles a
+ * request still arriving (its Expect, its state).  While an answer is in
+ * flight: parses ahead.  Then starts or stops reading (the input buffer
+ * is full, or the connection closes after its answer).  The next request
+ * starts only when the previous answer's last write completed
+ * (resp_finished calls this).
+ */
 static void conn_pump(conn_t *c)
 {
     if (c->state == CS_CLOSING || c->in_pump) return;

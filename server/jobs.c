@@ -431,14 +431,6 @@ void block_run(job_t *j)
 #define FUSE_MAX_ROWS 4096
 #define FUSE_MAX_NNZ ((int64_t)1 << 16)
 
-/*
- * A small streamed query (a cell, a few genes of a few cells: the bulk of
- * a viewer's requests) goes on in its set-up job: prepare, and when it is
- * one block, that block decoded and encoded.  Three hand-offs between the
- * loop and the workers become one.  Only queries within every limit are
- * taken on (the loop still checks them and answers 413 for the others),
- * and the answer is the same bytes the prepare and block jobs write.
- */
 /* Whether the set-up's query is a small stream within every limit. */
 static int fusable(const setup_t *st, const iv_limits_t *lim)
 {
@@ -453,6 +445,14 @@ static int fusable(const setup_t *st, const iv_limits_t *lim)
     return bound <= FUSE_MAX_NNZ && bound <= lim->max_nnz;
 }
 
+/*
+ * A small streamed query (a cell, a few genes of a few cells: the bulk of
+ * a viewer's requests) goes on in its set-up job: prepare, and when it is
+ * one block, that block decoded and encoded.  Three hand-offs between the
+ * loop and the workers become one.  Only queries within every limit are
+ * taken on (the loop still checks them and answers 413 for the others),
+ * and the answer is the same bytes the prepare and block jobs write.
+ */
 static void setup_fuse(job_t *j)
 {
     setup_t *st = j->setup;
@@ -471,8 +471,6 @@ static void setup_fuse(job_t *j)
     st->block0 = 1;
 }
 
-/* Every block of a query in one job: the whole JSON document, or (count)
- * the stored values and their sum, unless the metadata already knows. */
 /* Block blk of a whole-document or count job: its stored values counted
  * (and summed for a count the metadata does not know), or its rows added
  * to the document within the JSON limit. */
@@ -496,6 +494,8 @@ static void take_block(job_t *j, iv_jdoc_t *d, const iv_stream_hdr_t *h, const i
                         limit);
 }
 
+/* Every block of a query in one job: the whole JSON document, or (count)
+ * the stored values and their sum, unless the metadata already knows. */
 static void decode_all(job_t *j, int count)
 {
     qstream_t *qs = j->qs;

@@ -300,8 +300,6 @@ static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta
     return iv_rds_matrix(ctx, name, ds, var_meta, err);
 }
 
-/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
- * builds the whole answer; route_viewer_finish sends it. */
 /* The dataset, the server's limits and the caching headers of a viewer
  * request; -1 when out of memory. */
 static int vreq_bind(iv_vreq_t *vr, conn_t *c, sds_t *d)
@@ -325,6 +323,8 @@ static int vreq_bind(iv_vreq_t *vr, conn_t *c, sds_t *d)
     return 0;
 }
 
+/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
+ * builds the whole answer; route_viewer_finish sends it. */
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
 {
     iv_http_req_t *r = c->req;

@@ -215,8 +215,6 @@ static void on_accept_resume(uv_timer_t *t)
     if (s->listen_fd >= 0 && !s->draining) uv_poll_start(&s->accept_poll, UV_READABLE, on_accept);
 }
 
-/* Loop 0: a new connection on the listening socket, given to the loops in
- * turn. */
 /* Hands fd to connection loop lp: queued on its locked list, and the loop
  * woken.  Closed when the list cannot grow. */
 static void hand_fd(loop_t *lp, int fd)
@@ -239,6 +237,8 @@ static void hand_fd(loop_t *lp, int fd)
     else uv_async_send(&lp->async);
 }
 
+/* Loop 0: a new connection on the listening socket, given to the loops in
+ * turn. */
 static void on_accept(uv_poll_t *p, int status, int events)
 {
     server_t *s = p->data;
@@ -397,8 +397,6 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
 
 /* ---- start and stop ----------------------------------------------------- */
 
-/* The listening socket, opened by hand so that loop 0 can accept and hand
- * each connection to a loop (on_accept). */
 /* A listening socket on cfg's address and port, or -1 (said on stderr). */
 static int open_listen_socket(const iv_config_t *cfg)
 {
@@ -428,6 +426,8 @@ static int open_listen_socket(const iv_config_t *cfg)
     return fd;
 }
 
+/* The listening socket, opened by hand so that loop 0 can accept and hand
+ * each connection to a loop (on_accept). */
 static int bind_listener(server_t *s)
 {
     const iv_config_t *cfg = s->cfg;

@@ -1191,7 +1191,6 @@ static void spread_scatter(spread_t *sp, iv_pool_t *pool, const slab_t *sl, slab
     iv_pool_parallel_for(pool, sp->np, 0, scatter_part, sp);
 }
 
-/* Output orientation differs: count, then fill bands under the budget. */
 /* The memory budget of a pack: --memory-mb, or by default half of the
  * memory available (cgroup limits included), at least 2 GiB: each band is
  * one more read of the whole input, and a fixed 2 GiB made a 914 M-value
@@ -1293,6 +1292,7 @@ static int fill_band(src_t *s, encoder_t *en, const iv_pack_opts_t *o, progress_
     return 0;
 }
 
+/* Output orientation differs: count, then fill bands under the budget. */
 static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
                          iv_err_t *err)
 {
