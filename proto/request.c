@@ -806,8 +806,9 @@ static int list_span(const char *axis, const char *c, const char *e, int64_t i, 
                        "%s_names= takes %s names (%s_names=%.*s)",
                        axis, (long long)i, w, c, axis, axis, axis[0] == 'o' ? "cell" : "gene",
                        axis, w, c);
-    *b = *a + 1;
-    return check_index(axis, "index", i, *a, n, err);
+    IV_TRY(check_index(axis, "index", i, *a, n, err));
+    *b = *a + 1;  /* after the check: *a < n, so no overflow */
+    return 0;
 }
 
 /* The end of the list item that starts at c. */
