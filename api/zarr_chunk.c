@@ -19,12 +19,11 @@
  * are copied out.  A chunk costs the decode of at most C entries plus the
  * two slices it cuts, whatever the matrix size.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <zstd.h>
 
+#include "h5write.h"
 #include "query.h"
 #include "zarr_cache.h"
 #include "zarr_impl.h"
@@ -214,50 +213,21 @@ static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
     return rc;
 }
 
-/* One compression context a thread, kept for the thread's life: a
- * context made per call (ZSTD_compress) maps and faults in its tables
- * every chunk, which cost more than the compression itself here. */
-static pthread_key_t cctx_key;
-static pthread_once_t cctx_once = PTHREAD_ONCE_INIT;
-
-static void cctx_free(void *p)
-{
-    ZSTD_freeCCtx(p);
-}
-
-static void cctx_key_make(void)
-{
-    if (pthread_key_create(&cctx_key, cctx_free) != 0) cctx_key = (pthread_key_t)-1;
-}
-
-static ZSTD_CCtx *thread_cctx(void)
-{
-    pthread_once(&cctx_once, cctx_key_make);
-    if (cctx_key == (pthread_key_t)-1) return NULL;
-    ZSTD_CCtx *z = pthread_getspecific(cctx_key);
-    if (!z && (z = ZSTD_createCCtx()) != NULL && pthread_setspecific(cctx_key, z) != 0) {
-        ZSTD_freeCCtx(z);
-        z = NULL;
-    }
-    return z;
-}
-
 /* Appends a chunk's n raw bytes to out as the array's compressor encodes
- * them: as they are, or zstd at IV_ZARR_ZSTD_LEVEL with ZSTD_compressCCtx
- * (ZSTD_compress's output, which numcodecs' Zstd calls: the bytes are
- * zarr-python's). */
+ * them: as they are, or zstd at IV_ZARR_ZSTD_LEVEL through the packer's
+ * compressor (h5write.h: one context a thread, ZSTD_compressCCtx, the
+ * bytes of ZSTD_compress, which numcodecs' Zstd calls: zarr-python's). */
 static int encode_chunk(int zstd, const uint8_t *raw, size_t n, iv_buf_t *out, iv_err_t *err)
 {
     if (!zstd) {
         iv_buf_append(out, raw, n);
         return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for a chunk") : 0;
     }
-    size_t cap = ZSTD_compressBound(n);
+    static const iv_h5w_codec_t zstd_codec = {IV_H5W_ZSTD, IV_ZARR_ZSTD_LEVEL};
+    size_t cap = iv_h5w_bound(&zstd_codec, n);
     if (iv_buf_reserve(out, cap) != 0) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
-    ZSTD_CCtx *cz = thread_cctx();
-    size_t z = cz ? ZSTD_compressCCtx(cz, out->data + out->len, cap, raw, n, IV_ZARR_ZSTD_LEVEL)
-                  : ZSTD_compress(out->data + out->len, cap, raw, n, IV_ZARR_ZSTD_LEVEL);
-    if (ZSTD_isError(z)) return iv_fail(err, IV_EINTERNAL, "zstd: %s", ZSTD_getErrorName(z));
+    size_t z = iv_h5w_compress(&zstd_codec, raw, n, out->data + out->len, cap);
+    if (z == 0) return iv_fail(err, IV_EINTERNAL, "zstd could not compress a chunk of %zu bytes", n);
     out->len += z;
     return 0;
 }
