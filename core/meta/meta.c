@@ -32,6 +32,7 @@
 #include "h5util.h"
 #include "names.h"
 #include "clock.h"
+#include "utf8.h"
 
 struct mcol {
     iv_meta_col_t c;       /* public view; its pointers are owned here */
@@ -181,43 +182,6 @@ static void sarena_drop(sarena_t *a)
  * in memory.
  */
 
-/* Length of the well-formed UTF-8 sequence at p[0, n) (overlongs,
- * surrogates and code points past U+10FFFF are not), 0 if none. */
-static size_t utf8_seq(const unsigned char *p, size_t n)
-{
-    unsigned char c = p[0];
-    if (c < 0x80) return 1;
-    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (len == 0 || len > n) return 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c == 0xE0) lo = 0xA0;
-    else if (c == 0xED) hi = 0x9F;
-    else if (c == 0xF0) lo = 0x90;
-    else if (c == 0xF4) hi = 0x8F;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((p[i] & 0xC0) != 0x80) return 0;
-    return len;
-}
-
-/* Offset of the first byte of s[0, n) that is not well-formed UTF-8, or
- * n when all are. */
-static size_t utf8_bad_at(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        if (p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = utf8_seq(p + i, n - i);
-        if (k == 0) return i;
-        i += k;
-    }
-    return n;
-}
-
 /* Checks the n strings of an arena; kind names one ("row", "category",
  * "column name"). */
 static int check_utf8(rd_t *r, const char *what, const char *kind, const char *data,
@@ -225,7 +189,7 @@ static int check_utf8(rd_t *r, const char *what, const char *kind, const char *d
 {
     for (int64_t i = 0; i < n; i++) {
         const char *str = data + off[i];
-        size_t len = strlen(str), at = utf8_bad_at(str, len);
+        size_t len = strlen(str), at = iv_utf8_bad_at(str, len);
         if (at < len)
             return iv_fail(r->err, IV_EBAD_FILE, "%s: %s: %s %lld is not valid UTF-8 (byte 0x%02x "
                            "at offset %zu); anndata cannot read it", r->path, what, kind,

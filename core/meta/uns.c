@@ -22,6 +22,7 @@
 #include "codec.h"
 #include "h5iso.h"
 #include "h5util.h"
+#include "utf8.h"
 
 #define PATH_CAP 1024
 
@@ -71,25 +72,11 @@ static int sbuf_add(sbuf_t *b, const void *s, size_t n)
     return 0;
 }
 
-static int valid_utf8(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 9;
-        if (k == 9 || (k && (c < 0xc2 || c > 0xf4)) || i + k >= n) return 0;
-        for (size_t j = 1; j <= k; j++)
-            if ((s[i + j] & 0xc0) != 0x80) return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 /* Appends string s (len bytes) and its NUL to buf; -1 when it is not
  * UTF-8 or holds a NUL. */
 static int push_str(sbuf_t *b, const char *s, size_t len)
 {
-    if (memchr(s, '\0', len) || !valid_utf8((const unsigned char *)s, len)) return -1;
+    if (memchr(s, '\0', len) || iv_utf8_bad_at(s, len) != len) return -1;
     return sbuf_add(b, s, len) | sbuf_add(b, "", 1);
 }
 
@@ -263,9 +250,10 @@ static int str_offsets(iv_uns_entry_t *e, size_t bytes)
     size_t at = 0;
     for (int64_t i = 0; i < e->n; i++) {
         const char *z = at < bytes ? memchr(p + at, '\0', bytes - at) : NULL;
-        if (!z || !valid_utf8((const unsigned char *)p + at, (size_t)(z - p) - at)) return -1;
+        size_t len = z ? (size_t)(z - p) - at : 0;
+        if (!z || iv_utf8_bad_at(p + at, len) != len) return -1;
         e->off[i] = at;
-        at = (size_t)(z - p) + 1;
+        at += len + 1;
     }
     e->off[e->n] = at;
     return at == bytes ? 0 : -1;
