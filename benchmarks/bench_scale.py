@@ -10,7 +10,10 @@ Runs, on one atlas (made by gen_atlas.py when --atlas does not exist):
   3. one gene x all cells by gene: warm (chunks cached), and cold (a
      fresh start, and the page cache dropped when run as root);
   4. a mixed load from --clients threads: 10,000 random cells x 2,000
-     genes, and 1 cell x 50 genes (latency percentiles, requests/s);
+     genes, and 1 cell x 50 genes (latency percentiles, requests/s); with
+     --wrk, the same two cases again from wrk with --clients connections
+     each (Python's threads share one interpreter lock, so their latencies
+     and request rates measure the client as much as the server);
   5. peak RSS (VmHWM) of each server process, against --memory-bytes.
 Baseline in the same run: the first start's figures are the baseline of
 the restart's (ratio printed), and the in-memory copy
@@ -18,11 +21,12 @@ the restart's (ratio printed), and the in-memory copy
 
   benchmarks/bench_scale.py --atlas ATLAS.h5ad [--cells N --jobs J]
       [--bin build/ivserve] [--memory-bytes 8589934592] [--clients 64]
-      [--seconds 10] [--cache DIR]
+      [--seconds 10] [--cache DIR] [--wrk PATH]
 """
 import argparse
 import atexit
 import concurrent.futures as cf
+import json
 import os
 import random
 import shutil
@@ -144,6 +148,84 @@ def mixed(url, ds, n_cells, n_genes, clients, seconds):
     return lat, codes
 
 
+WRK_LUA = r"""
+local reqs, n, k, counter = {}, 0, 0, 0
+function setup(thread)
+    counter = counter + 1
+    thread:set("tid", counter)
+end
+function init(args)
+    local path = os.getenv("IV_PATH")
+    local hdr = {["Content-Type"] = "application/json", Accept = "application/vnd.ivserve.csr"}
+    if args[1] == "small" then
+        local ncells, genes = tonumber(args[2]), args[3]
+        math.randomseed(1000 + tid)
+        for i = 1, 4096 do
+            n = n + 1
+            reqs[n] = wrk.format("GET", path .. "?obs=" .. math.random(0, ncells - 1) .. "&var=" .. genes,
+                                 {Accept = "application/vnd.ivserve.csr"})
+        end
+    else
+        for i = 1, #args do
+            local f = io.open(args[i], "rb")
+            n = n + 1
+            reqs[n] = wrk.format("POST", path, hdr, f:read("*a"))
+            f:close()
+        end
+    end
+end
+function request()
+    k = k % n + 1
+    return reqs[k]
+end
+function done(summary, latency, requests)
+    local e = summary.errors
+    io.write(string.format("IVRESULT %d %d %.1f %.1f %d %d\n", summary.requests,
+        summary.duration, latency:percentile(50), latency:percentile(99),
+        e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def wrk_cases(wrk, url, ds, n_cells, n_genes, clients, seconds, work):
+    """The mixed load's two cases from wrk, one after the other: returns
+    {case: (req/s, p50 ms, p99 ms, failed requests)}."""
+    rng = random.Random(7)
+    genes2k = sorted(rng.sample(range(n_genes), 2000))
+    bodies = []
+    for i in range(8):
+        p = os.path.join(work, "big%d.json" % i)
+        with open(p, "w") as f:
+            json.dump({"obs": {"index": sorted(rng.sample(range(n_cells), 10000))},
+                       "var": {"index": genes2k}}, f)
+        bodies.append(p)
+    genes50 = ",".join(map(str, sorted(rng.sample(range(n_genes), 50))))
+    lua = os.path.join(work, "load.lua")
+    with open(lua, "w") as f:
+        f.write(WRK_LUA)
+    out = {}
+    for kind, args in (("10k x 2000", bodies), ("1 x 50", ["small", str(n_cells), genes50])):
+        env = dict(os.environ, IV_PATH="/v1/datasets/%s/query" % ds)
+        r = subprocess.run([wrk, "-t%d" % min(clients, os.cpu_count()), "-c%d" % clients,
+                            "-d%ds" % max(1, int(seconds)), "--timeout", "30s", "-s", lua, url, "--", *args],
+                           env=env, capture_output=True, text=True, timeout=seconds + 120)
+        line = [x for x in r.stdout.splitlines() if x.startswith("IVRESULT")]
+        if r.returncode != 0 or not line:
+            sys.exit("wrk failed: %s %s" % (r.stdout, r.stderr))
+        _, n, dur, p50, p99, non2xx, errs = line[0].split()
+        out[kind] = (int(n) / (int(dur) / 1e6), float(p50) / 1e3, float(p99) / 1e3, int(non2xx) + int(errs))
+    return out
+
+
+def cells_query(url, ds, cells):
+    t = time.perf_counter()
+    r = requests.post(url + "/v1/datasets/%s/query" % ds, json={"obs": {"index": cells}},
+                      headers={"Accept": "application/vnd.ivserve.csr"}, timeout=120)
+    assert r.status_code == 200, r.text
+    _ = r.content
+    return (time.perf_counter() - t) * 1e3
+
+
 def pct(v, p):
     if not v:
         return float("nan")
@@ -163,6 +245,7 @@ def main():
     ap.add_argument("--cache", default=None)
     ap.add_argument("--port", type=int, default=18390)
     ap.add_argument("--no-memory-baseline", action="store_true")
+    ap.add_argument("--wrk", default=None, help="wrk binary: run the two load cases from wrk too")
     a = ap.parse_args()
     atexit.register(stop_all)
     if not os.path.exists(a.atlas):
@@ -181,6 +264,7 @@ def main():
     g = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
     warm = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
     lat, codes = mixed(s.url, s.id, n_cells, n_genes, a.clients, a.seconds)
+    wrk = wrk_cases(a.wrk, s.url, s.id, n_cells, n_genes, a.clients, a.seconds, work) if a.wrk else {}
     peak1 = s.stop()
     rows.append(("first start: ready for cell queries", "%.2f s" % ready1))
     rows.append(("first start: gene-major copy on disk and serving", "%.2f s after ready (%s)" % (both1 - ready1, src)))
@@ -198,11 +282,21 @@ def main():
     if not dropped:
         rows.append(("page cache", "not dropped (not root): the cold figure is a fresh chunk cache only"))
     cold = [one_gene(s.url, s.id, 2000 + 37 * i) for i in range(5)]
+    rng = random.Random(11)
+    sels = [sorted(rng.sample(range(n_cells), 10000)) for _ in range(5)]
+    cold_cells = [cells_query(s.url, s.id, c) for c in sels]
+    warm_cells = [cells_query(s.url, s.id, c) for c in sels]
     peak3 = s.stop()
     rows.append(("1 gene x all cells by gene, fresh start%s (median of 5)" % (", page cache dropped" if dropped else ""),
                  "%.2f ms" % statistics.median(cold)))
+    rows.append(("10,000 random cells x all genes, first read%s / again (median of 5)"
+                 % (" after the page cache was dropped" if dropped else ""),
+                 "%.1f / %.1f ms" % (statistics.median(cold_cells), statistics.median(warm_cells))))
+    for kind, (rps, p50, p99, bad) in wrk.items():
+        rows.append(("wrk, %d connections, %s: p50 / p99, req/s" % (a.clients, kind),
+                     "%.1f / %.1f ms, %.0f req/s, %d failed" % (p50, p99, rps, bad)))
     for kind, v in lat.items():
-        rows.append(("%d clients, %s: p50 / p99, req/s" % (a.clients, kind),
+        rows.append(("%d Python threads, %s: p50 / p99, req/s" % (a.clients, kind),
                      "%.1f / %.1f ms, %.0f req/s" % (pct(v, 50), pct(v, 99), len(v) / a.seconds)))
     rows.append(("answers by status in the mixed load", ", ".join("%d: %d" % kv for kv in sorted(codes.items()))))
     peak = max(peak1, peak2, peak3)

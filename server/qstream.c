@@ -250,13 +250,26 @@ static void qs_budget_check(qstream_t *qs)
 /* The window is blocks_ahead, widened by the workers that have nothing
  * else to do: alone on the server, one response decodes on all of them
  * (3 blocks at a time made a 10,000-cell answer three times the engine's
- * time on 16 cores); under load each keeps blocks_ahead. */
-static unsigned qs_window(const qstream_t *qs)
+ * time on 16 cores); under load each keeps blocks_ahead.  A stream whose
+ * reservation is its window's (answer_reserve) widens only as far as the
+ * answers' memory budget gives it blocks, and keeps what it took until it
+ * ends. */
+static unsigned qs_window(qstream_t *qs)
 {
     unsigned win = qs->base_ahead;
     if (qs->ahead > win && qs->next_submit < qs->n_blocks) {
         win += iv_pool_free_workers(qs->srv->pool);
         if (win > qs->ahead) win = qs->ahead;
+        unsigned have = qs->base_ahead + qs->widened;
+        if (qs->window_reserved && win > have) {
+            uint64_t extra = (uint64_t)(win - have) * BLOCK_WORK_BYTES;
+            if (iv_budget_take(&qs->srv->answers_left, extra) == 0) {
+                qs->reserved += extra;
+                qs->widened = win - qs->base_ahead;
+            } else {
+                win = have;
+            }
+        }
     }
     return win;
 }

@@ -28,17 +28,20 @@ void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, 
 /*
  * The memory an answer works in, reserved from the answers' share of the
  * memory budget for the stream's life: a whole JSON document, or a
- * stream's window of blocks (decoded and encoded), whichever is smaller
- * for this many values.  When the share is spent the query is 503 with
- * Retry-After, before any work; 0 when reserved.
+ * stream's window of blocks_ahead blocks (decoded and encoded), whichever
+ * is smaller for this many values.  A window widened onto idle workers
+ * reserves its extra blocks when it widens (qs_window), so a query under
+ * load holds blocks_ahead blocks, not one a worker.  When the share is
+ * spent the query is 503 with Retry-After, before any work; 0 when
+ * reserved.
  */
-#define BLOCK_WORK_BYTES ((uint64_t)8 << 20)
 static int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, iv_fmt_t fmt, int64_t hint)
 {
     server_t *s = c->srv;
     uint64_t values = hint >= 0 ? (uint64_t)hint : UINT64_MAX / 64;
     uint64_t need = values * 24 + (uint64_t)iv_query_n_rows(q) * 16 + 4096;
-    uint64_t cap = fmt == IV_FMT_JSON ? s->cfg->limits.json_bytes : qs->ahead * BLOCK_WORK_BYTES;
+    uint64_t cap = fmt == IV_FMT_JSON ? s->cfg->limits.json_bytes : qs->base_ahead * BLOCK_WORK_BYTES;
+    qs->window_reserved = fmt != IV_FMT_JSON && need >= cap;
     if (need > cap) need = cap;
     if (iv_budget_take(&s->answers_left, need) == 0) {
         qs->reserved = need;

@@ -142,6 +142,10 @@ struct job {
     int reloaded;         /* load_job: of a dataset served before (the reload's summary) */
 };
 
+/* The memory one block of a stream works in (decoded and encoded), the
+ * unit of an answer's reservation from the answers' memory budget. */
+#define BLOCK_WORK_BYTES ((uint64_t)8 << 20)
+
 struct qstream {
     server_t *srv;
     loop_t *lp;           /* its connection's loop */
@@ -165,6 +169,10 @@ struct qstream {
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
     int budget_wait;      /* waits for the write budget before submitting blocks */
     uint64_t reserved;    /* bytes of the answers' memory budget it holds */
+    int window_reserved;  /* reserved holds base_ahead blocks' work, widened
+                           * blocks reserve their own (qs_window); else it
+                           * holds the whole answer's */
+    unsigned widened;     /* blocks past base_ahead reserved for */
     /* Set on the loop when the client left or the server stops; workers
      * read it between the phases of a job and drop the work. */
     atomic_int cancelled;
