@@ -29,10 +29,12 @@ static int usage(void)
             "                    [--matrix X|layers/NAME|raw/X] [--group G]\n"
             "                    [--codec zstd[:LEVEL]|deflate[:LEVEL]|none] [--chunk-bytes N]\n"
             "                    [--threads N] [--memory-mb N] [--layers] [--matrix-only]\n"
-            "                    [--quiet] [--progress-fd FD]\n"
+            "                    [--quiet] [--progress-fd FD] [--transpose-engine on|off]\n"
             "  --layers  also pack every sparse or dense layer and raw/X (layers/NAME, raw/X\n"
             "            stay where they are, packed), so that the server serves them\n"
             "  --matrix-only  write the packed matrix alone, copying no other element\n"
+            "  --transpose-engine off  turn a packed input around by counted bands instead\n"
+            "            of the transpose engine (the default, on)\n"
             "  --progress-fd FD  also write 'progress FRACTION DONE TOTAL BYTES PASS PASSES'\n"
             "            lines to descriptor FD, at most five a second\n");
     return 2;
@@ -176,6 +178,7 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
            el > 0 ? (double)rep.input_bytes / 1e6 / el : 0.0);
     if (rep.dropped[0]) printf("%s: not carried over from the input: %s\n", out, rep.dropped);
     if (o->layers) printf("%s: layers packed: %s\n", out, rep.packed[0] ? rep.packed : "none");
+    if (rep.transpose[0]) printf("%s: turned around by %s\n", out, rep.transpose);
     return 0;
 }
 
@@ -227,6 +230,18 @@ static int pack_value_opt(pack_args_t *pa, const char *a, const char *v)
         pa->o.matrix = v;
     } else if (strcmp(a, "--group") == 0) {
         pa->o.group = v;
+    } else if (strcmp(a, "--transpose-engine") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+            fprintf(stderr, "ivserve: error: bad --transpose-engine '%s' (on or off)\n", v);
+            return 2;
+        }
+        pa->o.transpose_engine = strcmp(v, "on") == 0;
+    } else if (strcmp(a, "--engine-window-kb") == 0) {
+        /* Not in the usage: tests make many windows of a small matrix. */
+        char *end;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (end == v || *end || n == 0 || n > (1ull << 30)) return usage();
+        pa->o.engine_window_bytes = n << 10;
     } else if (strcmp(a, "--codec") == 0) {
         if (iv_h5w_codec_parse(v, &pa->o.codec) < 0) {
             fprintf(stderr, "ivserve: error: bad --codec '%s' (zstd[:1..22], deflate[:0..9], "

@@ -36,6 +36,7 @@
 #include "h5util.h"
 #include "membudget.h"
 #include "stream.h"
+#include "transpose.h"
 #include "varint.h"
 
 #define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
@@ -53,6 +54,7 @@ void iv_pack_opts_init(iv_pack_opts_t *o)
     o->orient = IV_IVCSR;
     o->codec.kind = IV_H5W_ZSTD;
     o->codec.level = 1;
+    o->transpose_engine = 1;
 }
 
 /* ---- sources -------------------------------------------------------------- */
@@ -87,6 +89,13 @@ typedef struct src {
     int64_t band0, band1;
     int skip_values;          /* sparse sources: read indices only (a count pass) */
     uint64_t bytes_read;
+    /* A packed input turned around by the transpose engine: opened as a
+     * dataset (then m holds its orientation only), when `engine` is set
+     * and its orientation is not out_orient. */
+    int engine;
+    iv_orient_t out_orient;
+    iv_dataset_t *ds;
+    const char *in_path, *path;
 } src_t;
 
 static void slab_free(slab_t *s)
@@ -153,6 +162,8 @@ static void src_close(src_t *s)
     s->have_cursor = 0;
     if (s->stream) iv_stream_destroy(s->stream);
     s->stream = NULL;
+    iv_dataset_close(s->ds);
+    s->ds = NULL;
     iv_h5matrix_free(&s->m);
     if (s->didx >= 0) H5Dclose(s->didx);
     if (s->ddata >= 0) H5Dclose(s->ddata);
@@ -327,10 +338,45 @@ static int open_iv(src_t *s, const char *in_path, const char *group, iv_err_t *e
     return rc;
 }
 
+/* The engine's input dataset: its decompressed-chunk cache (bands read
+ * the stream front to back, a few chunks each at a time). */
+#define ENGINE_CACHE_BYTES ((size_t)64 << 20)
+
+/*
+ * A packed input for the transpose engine, opened as a dataset (its
+ * pointers and values loaded, the row index built in one parallel pass;
+ * the loading runs in a reader process, see dataset.h), with s's shape
+ * and dtype from it.
+ */
+static int open_iv_dataset(src_t *s, const char *in_path, const char *group, iv_pool_t *pool,
+                           iv_err_t *err)
+{
+    iv_dataset_opts_t dopts;
+    iv_dataset_opts_init(&dopts);
+    dopts.group = group;
+    dopts.pool = pool;
+    dopts.cache_bytes = ENGINE_CACHE_BYTES;
+    IV_TRY(iv_dataset_open(in_path, &dopts, &s->ds, err));
+    const iv_dataset_info_t *in = iv_dataset_info(s->ds);
+    s->kind = SRC_IV;
+    s->m.orient = in->orient;
+    s->n_rows = in->n_rows;
+    s->n_cols = in->n_cols;
+    s->n_major = in->n_major;
+    s->n_minor = in->n_minor;
+    s->vdt = in->value_dtype;
+    s->esz = iv_dtype_size(s->vdt);
+    s->nnz = in->nnz;
+    s->bytes_read = in->stream_bytes;
+    return 0;
+}
+
 /* Opens the matrix element `path` of the input. */
-static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
+static int src_open(src_t *s, hid_t file, const char *in_path, const char *path, iv_pool_t *pool,
                     iv_err_t *err)
 {
+    s->in_path = in_path;
+    s->path = path;
     snprintf(s->where, sizeof s->where, "%s:/%s", in_path, path);
     iv_h5guard_stage("reading %s", path);
     if (H5Lexists(file, path, H5P_DEFAULT) <= 0)
@@ -350,8 +396,11 @@ static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
     if (strcmp(enc, "csr_matrix") == 0 || strcmp(enc, "csr") == 0) rc = open_sparse(s, g, 0, err);
     else if (strcmp(enc, "csc_matrix") == 0 || strcmp(enc, "csc") == 0) rc = open_sparse(s, g, 1, err);
     else if (strcmp(enc, "ivcsr") == 0 || strcmp(enc, "ivcsc") == 0) {
+        iv_orient_t orient = strcmp(enc, "ivcsr") == 0 ? IV_IVCSR : IV_IVCSC;
         if (strchr(path, '/'))
             rc = FAILF(IV_EUNSUPPORTED, "%s: an %s input must be a top-level group", s->where, enc);
+        else if (s->engine && orient != s->out_orient)
+            rc = open_iv_dataset(s, in_path, path, pool, err);
         else
             rc = open_iv(s, in_path, path, err);
     } else if (!enc[0])
@@ -1332,6 +1381,329 @@ static int run_transpose(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *
     return rc;
 }
 
+/* ---- the transpose engine ------------------------------------------------- */
+
+/*
+ * A packed input turned around goes through the in-memory transpose's
+ * engine (transpose.h): value ids, a count pass when its entries do not
+ * fit the temporary at once, then windows of output slices, each filled
+ * from one read of the input, sorted by counting and encoded in
+ * parallel.  Each window is appended here to the same growing arrays as
+ * encode_slab's output, so the file is what run_transpose writes.
+ *
+ * Two orders differ: the engine puts 0.0 before -0.0 and groups NaNs by
+ * their bits, this writer puts -0.0 first and each NaN in a group of its
+ * own, in index order, after the numbers (see encode_slice).  A window
+ * holding either is rewritten slice by slice to this writer's order
+ * (window_fix); the others are appended as they come.
+ */
+typedef struct nan_entry {
+    uint64_t index, bits;
+} nan_entry_t;
+
+typedef struct engine_sink {
+    src_t *s;
+    encoder_t *en;
+    const iv_pack_opts_t *o;
+    int windows, count_pass;
+    /* window_fix's rewritten window */
+    uint8_t *bytes, *values;
+    uint64_t *sizes, *slice_bytes;
+    uint32_t *slice_groups;
+    size_t cap_bytes, cap_groups, cap_slices;
+    nan_entry_t *nan;
+    size_t cap_nan;
+    int64_t *vend;            /* value_ptr of a window's groups */
+    size_t cap_vend;
+} engine_sink_t;
+
+static void engine_sink_free(engine_sink_t *k)
+{
+    free(k->bytes);
+    free(k->values);
+    free(k->sizes);
+    free(k->slice_bytes);
+    free(k->slice_groups);
+    free(k->nan);
+    free(k->vend);
+}
+
+/* What this writer orders apart in a float value: 1 for -0.0, 2 for
+ * +0.0, 3 for a NaN, else 0 (and always 0 for integer dtypes). */
+static int float_kind(iv_dtype_t t, const uint8_t *v)
+{
+    if (t == IV_DT_FLOAT32) {
+        uint32_t b;
+        memcpy(&b, v, 4);
+        if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu)) return 3;
+        return b == 0x80000000u ? 1 : b == 0 ? 2 : 0;
+    }
+    if (t == IV_DT_FLOAT64) {
+        uint64_t b;
+        memcpy(&b, v, 8);
+        if ((b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (b & 0x000fffffffffffffull)) return 3;
+        return b == 0x8000000000000000ull ? 1 : b == 0 ? 2 : 0;
+    }
+    return 0;
+}
+
+static int cmp_nan_entry(const void *a, const void *b)
+{
+    uint64_t x = ((const nan_entry_t *)a)->index, y = ((const nan_entry_t *)b)->index;
+    return (x > y) - (x < y);
+}
+
+/* Whether window w holds a -0.0 or a NaN group; *n_nan gets the entries
+ * of its NaN groups. */
+static int window_needs_fix(const encoder_t *en, const iv_transpose_window_t *w, uint64_t *n_nan)
+{
+    int any = 0;
+    *n_nan = 0;
+    if (en->vdt != IV_DT_FLOAT32 && en->vdt != IV_DT_FLOAT64) return 0;
+    for (uint64_t x = 0; x < w->n_groups; x++) {
+        int kind = float_kind(en->vdt, (const uint8_t *)w->values + x * en->esz);
+        if (kind == 1 || kind == 3) any = 1;
+        if (kind == 3) *n_nan += w->group_sizes[x];
+    }
+    return any;
+}
+
+/* Room for a rewritten window of `bytes`, `groups` and `slices`. */
+static int fix_reserve(engine_sink_t *k, size_t bytes, size_t groups, size_t slices, size_t esz)
+{
+    if (grow((void **)&k->bytes, &k->cap_bytes, bytes ? bytes : 1, 1) < 0) return -1;
+    size_t cg = k->cap_groups;
+    if (grow((void **)&k->values, &cg, groups ? groups : 1, esz) < 0) return -1;
+    cg = k->cap_groups;
+    if (grow((void **)&k->sizes, &cg, groups ? groups : 1, sizeof *k->sizes) < 0) return -1;
+    k->cap_groups = cg;
+    size_t cs = k->cap_slices;
+    if (grow((void **)&k->slice_bytes, &cs, slices ? slices : 1, sizeof *k->slice_bytes) < 0) return -1;
+    cs = k->cap_slices;
+    if (grow((void **)&k->slice_groups, &cs, slices ? slices : 1, sizeof *k->slice_groups) < 0) return -1;
+    k->cap_slices = cs;
+    return 0;
+}
+
+/* The byte length of a group of n varints at p (before end); its indices
+ * go to k->nan with `bits` when nan is set.  0 when the bytes end early. */
+static uint64_t group_walk(engine_sink_t *k, const uint8_t *p, const uint8_t *end, uint64_t n, int nan,
+                           uint64_t bits, size_t *n_nan)
+{
+    const uint8_t *q = p;
+    uint64_t prev = UINT64_MAX;   /* -1: the first delta is the index itself */
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t d;
+        size_t used = iv_varint_read(q, end, &d);
+        if (used == 0) return 0;
+        q += used;
+        prev += d + 1;
+        if (nan) k->nan[(*n_nan)++] = (nan_entry_t){prev, bits};
+    }
+    return (uint64_t)(q - p);
+}
+
+/*
+ * One slice of window_fix: its ng groups from group gi and byte bp of w
+ * appended to the rewritten window at *og (groups) and *ow (bytes): the
+ * others as they are, a -0.0 group moved before the +0.0 group just
+ * before it, each NaN entry a group of one at the end in index order.
+ * Returns the slice's groups, or -1 when its bytes end early.
+ */
+static int64_t fix_slice(engine_sink_t *k, const iv_transpose_window_t *w, uint64_t gi, uint32_t ng,
+                         uint64_t *bp, size_t *og, size_t *ow)
+{
+    const size_t esz = k->en->esz;
+    const iv_dtype_t vdt = k->en->vdt;
+    const uint8_t *end = w->bytes + w->n_bytes;
+    size_t n_nan = 0, out_ng = 0, last_at = 0;
+    int last_kind = 0;
+    for (uint64_t x = gi; x < gi + ng; x++) {
+        const uint8_t *val = (const uint8_t *)w->values + x * esz;
+        int kind = float_kind(vdt, val);
+        uint64_t bits = 0;
+        memcpy(&bits, val, esz);
+        uint64_t len = group_walk(k, w->bytes + *bp, end, w->group_sizes[x], kind == 3, bits, &n_nan);
+        if (len == 0) return -1;
+        if (kind != 3) {
+            if (kind == 1 && last_kind == 2) {
+                /* -0.0 goes before the +0.0 group just written. */
+                memmove(k->bytes + last_at + len, k->bytes + last_at, *ow - last_at);
+                memcpy(k->bytes + last_at, w->bytes + *bp, len);
+                memcpy(k->values + *og * esz, k->values + (*og - 1) * esz, esz);
+                k->sizes[*og] = k->sizes[*og - 1];
+                memcpy(k->values + (*og - 1) * esz, val, esz);
+                k->sizes[*og - 1] = w->group_sizes[x];
+                last_kind = 0;
+            } else {
+                memcpy(k->bytes + *ow, w->bytes + *bp, len);
+                memcpy(k->values + *og * esz, val, esz);
+                k->sizes[*og] = w->group_sizes[x];
+                last_kind = kind;
+                last_at = *ow;
+            }
+            *ow += len;
+            ++*og;
+            out_ng++;
+        }
+        *bp += len;
+    }
+    qsort(k->nan, n_nan, sizeof *k->nan, cmp_nan_entry);
+    for (size_t i = 0; i < n_nan; i++) {
+        *ow += iv_varint_write(k->nan[i].index, k->bytes + *ow);
+        memcpy(k->values + *og * esz, &k->nan[i].bits, esz);
+        k->sizes[(*og)++] = 1;
+        out_ng++;
+    }
+    return (int64_t)out_ng;
+}
+
+/* w rewritten to this writer's order (see the top of this part) into k's
+ * buffers; *w then points at them.  0, or an error. */
+static int window_fix(engine_sink_t *k, iv_transpose_window_t *w, uint64_t n_nan, iv_err_t *err)
+{
+    size_t slices = (size_t)(w->g1 - w->g0);
+    if (fix_reserve(k, (size_t)w->n_bytes + (size_t)n_nan * IV_VARINT_MAX, (size_t)(w->n_groups + n_nan),
+                    slices, k->en->esz) < 0 ||
+        grow((void **)&k->nan, &k->cap_nan, (size_t)(n_nan ? n_nan : 1), sizeof *k->nan) < 0)
+        return FAILF(IV_ENOMEM, "%s: out of memory rewriting a window's NaN groups", k->s->where);
+    uint64_t gi = 0, bp = 0;
+    size_t og = 0, ow = 0;
+    for (size_t i = 0; i < slices; i++) {
+        size_t ow0 = ow;
+        int64_t ng = fix_slice(k, w, gi, w->slice_groups[i], &bp, &og, &ow);
+        if (ng < 0)
+            return FAILF(IV_EINTERNAL, "%s: the transpose's slice %" PRId64 " ends early", k->s->where,
+                         w->g0 + (int64_t)i);
+        gi += w->slice_groups[i];
+        k->slice_bytes[i] = ow - ow0;
+        k->slice_groups[i] = (uint32_t)ng;
+    }
+    w->bytes = k->bytes;
+    w->n_bytes = ow;
+    w->values = k->values;
+    w->group_sizes = k->sizes;
+    w->n_groups = og;
+    w->slice_bytes = k->slice_bytes;
+    w->slice_groups = k->slice_groups;
+    return 0;
+}
+
+/* The window's slices appended to the encoder's arrays, as encode_slab
+ * appends a slab's: major_ptr, values, value_ptr and packed_indices. */
+static int append_window(engine_sink_t *k, const iv_transpose_window_t *w, iv_err_t *err)
+{
+    encoder_t *en = k->en;
+    if (w->g0 != en->done)
+        return FAILF(IV_EINTERNAL, "%s: the transpose gave slice %" PRId64 " after %" PRId64, k->s->where, w->g0,
+                     en->done);
+    if (grow((void **)&k->vend, &k->cap_vend, (size_t)(w->n_groups ? w->n_groups : 1), sizeof *k->vend) < 0)
+        return FAILF(IV_ENOMEM, "%s: out of memory for a window's value_ptr", k->s->where);
+    for (int64_t g = w->g0; g < w->g1; g++) {
+        en->n_groups += w->slice_groups[g - w->g0];
+        en->major_ptr[g + 1] = en->n_groups;
+    }
+    int64_t run = en->nnz;
+    for (uint64_t x = 0; x < w->n_groups; x++) k->vend[x] = run += (int64_t)w->group_sizes[x];
+    IV_TRY(iv_h5w_array_append(en->values, w->values, w->n_groups, err));
+    IV_TRY(iv_h5w_array_append(en->vptr, k->vend, w->n_groups, err));
+    IV_TRY(iv_h5w_array_append(en->packed, w->bytes, w->n_bytes, err));
+    en->nnz = run;
+    en->done = w->g1;
+    return 0;
+}
+
+/* The engine's sink: a window put in this writer's order, appended, and
+ * the progress told. */
+static int engine_window(void *ctx, const iv_transpose_window_t *win, iv_err_t *err)
+{
+    engine_sink_t *k = ctx;
+    iv_transpose_window_t w = *win;
+    uint64_t n_nan;
+    if (window_needs_fix(k->en, &w, &n_nan)) IV_TRY(window_fix(k, &w, n_nan, err));
+    IV_TRY(append_window(k, &w, err));
+    k->windows++;
+    k->count_pass = w.count_pass;
+    k->s->bytes_read += iv_dataset_info(k->s->ds)->stream_bytes;
+    iv_h5guard_beat();
+    if (k->o->progress) {
+        iv_pack_progress_t p = {
+            .fraction = w.nnz ? (double)w.entries_done / (double)w.nnz : 1.0, .slices_done = k->en->done,
+            .n_slices = k->en->n_major, .bytes_read = k->s->bytes_read, .pass = k->windows,
+            .n_passes = k->windows + (w.entries_done < w.nnz),
+        };
+        k->o->progress(k->o->progress_ctx, &p);
+    }
+    return 0;
+}
+
+/* Entries' bytes the window buffer and the temporary take a stored
+ * value (4-byte entries, a quarter more for their chains, up to 3 bytes
+ * of varint), and the bound on both past which the windows are not
+ * made smaller. */
+#define ENGINE_ENTRY_BYTES 8.0
+#define ENGINE_MIN_WINDOW ((uint64_t)16 << 20)
+
+/*
+ * The engine's bound on its temporary and window buffer: the memory
+ * budget less what the pack holds whatever the windows (the output's
+ * major_ptr, the engine's per-slice arrays and per-band counters, the
+ * input's pointers, values and value ids, its chunk cache), shared with
+ * a window's groups in the proportion of the input's groups to entries
+ * (each group of a window takes about 28 bytes and a value).
+ */
+static uint64_t engine_window_bytes(const src_t *s, const encoder_t *en, const iv_pack_opts_t *o)
+{
+    if (o->engine_window_bytes) return o->engine_window_bytes;
+    const iv_dataset_info_t *in = iv_dataset_info(s->ds);
+    double G = (double)en->n_major, S = (double)s->n_major, U = (double)in->n_unique;
+    double bands = 4.0 * (o->pool ? iv_pool_threads(o->pool) + 1 : 1);
+    if (bands > S) bands = S > 1 ? S : 1;
+    double counters = bands * G * 8;
+    if (counters > (double)(256u << 20)) counters = (double)(256u << 20);
+    double fixed = 8 * (G + 1) + 44 * G + counters + 8 * (S + 1) + U * (8 + 4 + (double)s->esz) +
+                   (double)ENGINE_CACHE_BYTES;
+    double left = (double)pack_budget(o) - fixed;
+    double per_group = 28 + (double)s->esz, groups = s->nnz > 0 ? U / (double)s->nnz : 0;
+    left *= ENGINE_ENTRY_BYTES / (ENGINE_ENTRY_BYTES + groups * per_group);
+    return left > (double)ENGINE_MIN_WINDOW ? (uint64_t)left : ENGINE_MIN_WINDOW;
+}
+
+/*
+ * Output orientation differs, packed input: the engine, window by
+ * window.  When it refuses the input (IV_EUNSUPPORTED: too many distinct
+ * values to pack an entry in 64 bits) before any window, the input is
+ * loaded again the usual way and run_transpose takes over; rep says
+ * which ran.
+ */
+static int run_engine(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
+                      iv_pack_report_t *rep, iv_err_t *err)
+{
+    engine_sink_t k = {.s = s, .en = en, .o = o};
+    iv_transpose_sink_t sink = {.window = engine_window, .ctx = &k};
+    iv_transpose_opts_t to = {.tmp_bytes = engine_window_bytes(s, en, o), .pool = o->pool};
+    iv_err_t e2;
+    iv_err_clear(&e2);
+    int rc = iv_transpose_to_sink(s->ds, &to, &sink, &e2);
+    engine_sink_free(&k);
+    if (rc == 0) {
+        /* The dataset's row-index pass, the count pass, one read a window. */
+        *n_passes = 1 + k.count_pass + k.windows;
+        snprintf(rep->transpose, sizeof rep->transpose, "engine, %d window%s", k.windows,
+                 k.windows == 1 ? "" : "s");
+        return 0;
+    }
+    if (rc != IV_EUNSUPPORTED || k.windows > 0) {
+        *err = e2;
+        return rc;
+    }
+    snprintf(rep->transpose, sizeof rep->transpose, "count and bands (the engine refused: %.400s)", e2.msg);
+    iv_dataset_close(s->ds);
+    s->ds = NULL;
+    IV_TRY(open_iv(s, s->in_path, s->path, err));
+    return run_transpose(s, en, o, n_passes, err);
+}
+
 /* ---- copying the rest ----------------------------------------------------- */
 
 typedef struct copy_ctx {
@@ -1533,9 +1905,15 @@ static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack
     if ((rc = encoder_init(&en, s, o, same, err)) == 0 &&
         (rc = create_group(out, gname, label, s, &en, &g, err)) == 0 &&
         (rc = create_arrays(g, label, s, o, &en, err)) == 0 &&
-        (rc = same ? run_direct(s, &en, o, err) : run_transpose(s, &en, o, &n_passes, err)) == 0 &&
-        (rc = finish_arrays(g, label, o, &en, &mp, err)) == 0)
+        (rc = same     ? run_direct(s, &en, o, err)
+              : s->ds  ? run_engine(s, &en, o, &n_passes, rep, err)
+                       : run_transpose(s, &en, o, &n_passes, err)) == 0 &&
+        (rc = finish_arrays(g, label, o, &en, &mp, err)) == 0) {
         fill_report(rep, s, &en, mp, n_passes);
+        if (!same && s->kind == SRC_IV && !rep->transpose[0])
+            snprintf(rep->transpose, sizeof rep->transpose, "count and bands (%s)",
+                     o->layers ? "with --layers" : "the engine off");
+    }
     iv_h5w_array_free(mp);
     encoder_free(&en);
     if (g >= 0) H5Gclose(g);
@@ -1555,7 +1933,7 @@ static int pack_member(hid_t in, const char *in_path, hid_t sg, hid_t dg, hid_t 
     iv_err_t e2;
     iv_err_clear(&e2);
     int packable = !is_raw || strcmp(child, "X") == 0;
-    int rc = packable ? src_open(&s, in, in_path, path, &e2) : IV_EUNSUPPORTED;
+    int rc = packable ? src_open(&s, in, in_path, path, o->pool, &e2) : IV_EUNSUPPORTED;
     if (rc == IV_EUNSUPPORTED) {
         src_close(&s);
         return iv_h5w_copy_object(sg, child, dg, child) < 0
@@ -1767,7 +2145,9 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     char tmp[4200];
     iv_pack_temp_name(out_path, tmp, sizeof tmp);
     hid_t out = -1;
-    int rc = src_open(&s, in, in_path, matrix, err);
+    s.engine = o->transpose_engine && !o->layers;
+    s.out_orient = o->orient;
+    int rc = src_open(&s, in, in_path, matrix, o->pool, err);
     if (rc < 0) goto fail;
     snprintf(rep->input_kind, sizeof rep->input_kind, "%s", src_kind_name(&s));
     iv_h5guard_temp(tmp);

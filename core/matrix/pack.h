@@ -19,7 +19,10 @@
  * to IVCSC, CSC to IVCSR, dense to IVCSC, IVCSR to IVCSC, ...) counts the
  * entries of each output slice in a first pass, then fills bands of
  * output slices whose entries fit `memory_budget`, one pass over the
- * input per band: the decoded matrix is never held whole.
+ * input per band: the decoded matrix is never held whole.  A packed input
+ * turned around goes instead through the transpose engine (transpose.h)
+ * window by window, its temporary and window buffer taking what the
+ * budget leaves after the per-slice arrays and the input's pointers.
  *
  * Thread rules: one call runs on the calling thread and uses the pool for
  * encoding slices and compressing chunks.  Separate calls are independent.
@@ -65,6 +68,17 @@ typedef struct iv_pack_opts {
      * copied (the server's other orientation in its cache folder needs
      * nothing else; the source file keeps obs, var and the rest). */
     int matrix_only;
+    /* A packed (IVCSR/IVCSC) input whose orientation changes, without
+     * layers, goes through the in-memory transpose's engine window by
+     * window (transpose.h), its temporary sized from memory_budget: 1 by
+     * init; 0 takes the general count-and-bands path (--transpose-engine
+     * off).  The engine refusing the input (too many distinct values)
+     * falls back to that path, as the report says. */
+    int transpose_engine;
+    /* For tests, 0 otherwise: the engine's temporary and window buffer
+     * in bytes, instead of what memory_budget leaves (many windows on a
+     * small matrix). */
+    uint64_t engine_window_bytes;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */
@@ -80,6 +94,10 @@ typedef struct iv_pack_report {
     int n_passes;
     char dropped[512];        /* input elements not carried over, comma-separated */
     char packed[1024];        /* with layers: the members packed ("layers/counts, raw/X") */
+    /* How a change of orientation of a packed input ran: "engine, N
+     * windows", or "count and bands" with why (engine off, or the
+     * engine's refusal); "" otherwise. */
+    char transpose[512];
 } iv_pack_report_t;
 
 /* Zstd level 1, orientation IVCSR, defaults elsewhere. */

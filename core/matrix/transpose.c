@@ -54,6 +54,13 @@
  * budget, bands, entry width), plan_blocks_or_count (2), run_windows (3
  * and 4, window by window), check_exact_size (the budgets again) and
  * make_copy; build_free is the one cleanup, on success and on failure.
+ *
+ * iv_transpose_to_sink, for a writer of the copy on disk, runs the same
+ * stages up to run_windows, but the copy is never held: place_window
+ * moves a window's varints to a buffer sized for that window (reused by
+ * the next), and each window's slices, varints and groups go to the
+ * sink at the end of run_window.  The temporary and that buffer share
+ * the one bound, so the windows are as many as it needs.
  */
 #include "transpose.h"
 
@@ -478,7 +485,8 @@ struct tb {
     uint32_t *ngrp;            /* per new slice: groups */
     struct item *items;
     int64_t n_items;
-    uint8_t *out;              /* the copy's stream */
+    uint8_t *out;              /* the copy's stream, or a sink's window of it */
+    uint64_t out_at;           /* the copy's byte offset of out[0] (0 but for a sink) */
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
     uint64_t *band_entries;    /* n_bands: each band's entries in the window */
     uint64_t *est_start;       /* n_new_major + 1: estimated entry offsets (one pass) */
@@ -1213,7 +1221,7 @@ static void move_item(void *arg, size_t i)
     const struct item *it = &t->items[i];
     for (int64_t k = it->k0; k < it->k1; k++) {
         uint64_t at = t->byte_at[t->blk[k]];
-        block_chunks(t, k, t->out + at, t->byte_at[t->blk[k + 1]] - at, 0);
+        block_chunks(t, k, t->out + (at - t->out_at), t->byte_at[t->blk[k + 1]] - at, 0);
     }
 }
 
@@ -1425,8 +1433,11 @@ struct build {
     uint32_t *vlist;           /* per group of the copy: its value id */
     uint64_t *vsize;           /* per group of the copy: its entries */
     size_t n_groups, cap_groups;
-    uint8_t *out;              /* the copy's stream, until the copy owns it */
+    uint8_t *out;              /* the copy's stream, until the copy owns it (a sink: one window's) */
     size_t out_cap;
+    const iv_transpose_sink_t *sink;  /* NULL: the copy is built in memory */
+    uint8_t *wvals;            /* a sink's window: its groups' values */
+    size_t wvals_cap;
     uint64_t len;              /* the stream's bytes */
     uint64_t n_ckpt;           /* the copy's row-index checkpoints */
     uint64_t bytes;            /* the copy's exact size */
@@ -1472,6 +1483,7 @@ static void build_free(struct build *b, int rc)
     free(b->distinct);
     free(b->vlist);
     free(b->vsize);
+    free(b->wvals);
     free(b->start);
     tb_free(&b->t);
 }
@@ -1621,8 +1633,10 @@ static int alloc_windows(struct build *b, iv_err_t *err)
 {
     struct tb *t = &b->t;
     int64_t nb = t->n_bands;
-    b->out_cap = (size_t)(b->nnz * t->maxlen + 1);
-    b->out = big_map(b->out_cap);
+    if (!b->sink) {
+        b->out_cap = (size_t)(b->nnz * t->maxlen + 1);
+        b->out = big_map(b->out_cap);
+    }
     b->tmp_bytes = b->opts->tmp_bytes;
     if (b->tmp_bytes == 0) {
         /* Four times the stream holds every entry of a count matrix (1 to
@@ -1630,13 +1644,17 @@ static int alloc_windows(struct build *b, iv_err_t *err)
         b->tmp_bytes = 4 * iv_stream_length(b->ds->stream);
         if (b->tmp_bytes < ((uint64_t)64 << 20)) b->tmp_bytes = (uint64_t)64 << 20;
     }
+    /* A sink's window buffer (maxlen bytes an entry at most) shares the
+     * bound with the temporary (esz an entry, and a quarter more at most
+     * for its chains' last chunks). */
+    if (b->sink) b->tmp_bytes = b->tmp_bytes / (t->esz + t->esz / 4 + t->maxlen) * t->esz;
     b->want_items = (int64_t)b->threads * 8;
     t->items = calloc((size_t)b->want_items, sizeof *t->items);
     t->items_cap = t->items ? b->want_items : 0;
     t->cfirst = malloc((size_t)(nb + 1) * sizeof *t->cfirst);
     t->band_entries = malloc((size_t)nb * sizeof *t->band_entries);
     t->est_start = malloc((size_t)(b->G + 1) * sizeof *t->est_start);
-    if (!b->out || !t->items || !t->cfirst || !t->band_entries || !t->est_start)
+    if ((!b->sink && !b->out) || !t->items || !t->cfirst || !t->band_entries || !t->est_start)
         return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose", b->ds->where);
     t->out = b->out;
     t->chunk_asked = b->opts->chunk_entries;
@@ -1651,7 +1669,8 @@ static int alloc_windows(struct build *b, iv_err_t *err)
 static int plan_build(struct build *b, iv_err_t *err)
 {
     int rc;
-    if ((rc = check_estimate(b, err)) < 0 || (rc = check_packing(b, err)) < 0 || (rc = plan_bands(b, err)) < 0)
+    if ((!b->sink && (rc = check_estimate(b, err)) < 0) || (rc = check_packing(b, err)) < 0 ||
+        (rc = plan_bands(b, err)) < 0)
         return rc;
     choose_entry_width(b);
     return alloc_windows(b, err);
@@ -1776,14 +1795,35 @@ static int encode_window(struct build *b, uint64_t wanted, iv_err_t *err)
     return 0;
 }
 
+/* A sink's window buffer for `bytes` of varints, mapped again only when
+ * a window needs more than any before it.  0, or -1 when out of memory. */
+static int window_buffer(struct build *b, uint64_t bytes)
+{
+    struct tb *t = &b->t;
+    if (!b->out || bytes + 1 > b->out_cap) {
+        big_unmap(b->out, b->out_cap);
+        b->out_cap = (size_t)bytes + 1;
+        b->out = big_map(b->out_cap);
+        if (!b->out) b->out_cap = 0;
+    }
+    t->out = b->out;
+    return b->out ? 0 : -1;
+}
+
 /* Place: the window's new slices' byte offsets, and their varints moved
- * to the copy's stream. */
-static void place_window(struct build *b, int64_t g0, int64_t g1)
+ * to the copy's stream (a sink's: to the window's buffer). */
+static int place_window(struct build *b, int64_t g0, int64_t g1, iv_err_t *err)
 {
     struct tb *t = &b->t;
     for (int64_t g = g0; g < g1; g++) t->byte_at[g + 1] = t->byte_at[g] + t->nbytes[g];
+    if (b->sink) {
+        if (window_buffer(b, t->byte_at[g1] - t->byte_at[g0]) < 0)
+            return iv_fail(err, IV_ENOMEM, "%s: out of memory for a window of the transpose", b->ds->where);
+        t->out_at = t->byte_at[g0];
+    }
     iv_pool_parallel_for(b->opts->pool, (size_t)t->n_items, 0, move_item, t);
     phase_end(&b->clock, IV_TP_MOVE);
+    return 0;
 }
 
 /* Room for `need` groups of the copy.  0, or -1 when out of memory. */
@@ -1820,8 +1860,31 @@ static int gather_groups(struct build *b, iv_err_t *err)
     return 0;
 }
 
+/* A sink's window [g0, g1) handed over: its varints, per-slice lengths
+ * and groups, the groups' values taken from their ids. */
+static int sink_window(struct build *b, int64_t g0, int64_t g1, iv_err_t *err)
+{
+    const struct tb *t = &b->t;
+    size_t need = (b->n_groups ? b->n_groups : 1) * b->vsz;
+    if (need > b->wvals_cap) {
+        uint8_t *nv = realloc(b->wvals, need);
+        if (!nv) return iv_fail(err, IV_ENOMEM, "%s: out of memory for a window's values", b->ds->where);
+        b->wvals = nv;
+        b->wvals_cap = need;
+    }
+    for (size_t k = 0; k < b->n_groups; k++) memcpy(b->wvals + k * b->vsz, &b->distinct[b->vlist[k]], b->vsz);
+    iv_transpose_window_t w = {
+        .g0 = g0, .g1 = g1, .bytes = b->out, .n_bytes = t->byte_at[g1] - t->byte_at[g0],
+        .slice_bytes = t->nbytes + g0, .slice_groups = t->ngrp + g0, .values = b->wvals,
+        .group_sizes = b->vsize, .n_groups = b->n_groups,
+        .entries_done = t->one_pass ? b->nnz : b->start[g1], .nnz = b->nnz, .count_pass = !t->one_pass,
+    };
+    return b->sink->window(b->sink->ctx, &w, err);
+}
+
 /* Steps 3 and 4 for the window from g0 (all new slices in one pass):
- * fill, encode, place, and its groups gathered; *g1 its end. */
+ * fill, encode, place, and its groups gathered (a sink's: handed over
+ * with the window); *g1 its end. */
 static int run_window(struct build *b, int64_t g0, int64_t *g1, iv_err_t *err)
 {
     const struct tb *t = &b->t;
@@ -1829,9 +1892,12 @@ static int run_window(struct build *b, int64_t g0, int64_t *g1, iv_err_t *err)
     *g1 = b->G;
     if (!t->one_pass && (rc = plan_window(b, g0, g1, err)) < 0) return rc;
     uint64_t wanted = t->one_pass ? b->nnz : b->start[*g1] - b->start[g0];
-    if ((rc = fill_window(b, wanted, err)) < 0 || (rc = encode_window(b, wanted, err)) < 0) return rc;
-    place_window(b, g0, *g1);
-    return gather_groups(b, err);
+    if ((rc = fill_window(b, wanted, err)) < 0 || (rc = encode_window(b, wanted, err)) < 0 ||
+        (rc = place_window(b, g0, *g1, err)) < 0)
+        return rc;
+    if (b->sink) b->n_groups = 0;
+    if ((rc = gather_groups(b, err)) < 0) return rc;
+    return b->sink ? sink_window(b, g0, *g1, err) : 0;
 }
 
 /* Steps 3 and 4, window by window; then the temporary and the counters
@@ -2015,4 +2081,21 @@ int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv
     phase_end(&b.clock, IV_TP_FINISH);
     publish_copy(&b);
     return 0;
+}
+
+int iv_transpose_to_sink(iv_dataset_t *ds, const iv_transpose_opts_t *opts, const iv_transpose_sink_t *sink,
+                         iv_err_t *err)
+{
+    struct build b;
+    build_init(&b, ds, opts);
+    b.sink = sink;
+    int rc;
+    if ((rc = number_values(&b, err)) == 0 && (rc = plan_build(&b, err)) == 0 &&
+        (rc = plan_blocks_or_count(&b, err)) == 0 && (rc = run_windows(&b, err)) == 0) {
+        phase_end(&b.clock, IV_TP_FINISH);
+        if (opts->phase_seconds) memcpy(opts->phase_seconds, b.clock.wall, sizeof b.clock.wall);
+        if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, b.clock.cpu, sizeof b.clock.cpu);
+    }
+    build_free(&b, rc);
+    return rc;
 }

@@ -73,4 +73,55 @@ enum { IV_TP_VALUES, IV_TP_COUNT, IV_TP_FILL, IV_TP_ENCODE, IV_TP_MOVE, IV_TP_FI
  */
 int iv_dataset_build_other(iv_dataset_t *ds, const iv_transpose_opts_t *opts, iv_err_t *err);
 
+/*
+ * The other orientation window by window, for a writer (ivserve pack).
+ * Each window is the new slices [g0, g1) in the same packed form:
+ * `bytes` holds their varints back to back in slice order, each slice's
+ * byte length and group count are in slice_bytes / slice_groups (index
+ * g - g0), and the groups are listed in order with their value (n_groups
+ * values of the source's dtype, back to back) and their entries.  Groups
+ * of a slice come in ascending value order as iv_dataset_build_other
+ * orders them: numbers by value, 0.0 before -0.0, NaN last ordered by
+ * bits, one group for equal bits.
+ *
+ * Everything a window points at is the engine's and is valid only during
+ * the call (its buffers are reused by the next window).
+ */
+typedef struct iv_transpose_window {
+    int64_t g0, g1;               /* new slices */
+    const uint8_t *bytes;         /* n_bytes bytes of varints */
+    uint64_t n_bytes;
+    const uint64_t *slice_bytes;  /* g1 - g0 */
+    const uint32_t *slice_groups; /* g1 - g0 */
+    const void *values;           /* n_groups values, the source's dtype */
+    const uint64_t *group_sizes;  /* n_groups */
+    uint64_t n_groups;
+    uint64_t entries_done;        /* entries of the windows so far, this one's included */
+    uint64_t nnz;                 /* of the whole matrix */
+    int count_pass;               /* the source was read once more to count (windows > 1) */
+} iv_transpose_window_t;
+
+/* Takes one window: 0, or a negative IV_E* with err set, which stops the
+ * transpose and is its result. */
+typedef int (*iv_transpose_window_fn)(void *ctx, const iv_transpose_window_t *w, iv_err_t *err);
+
+typedef struct iv_transpose_sink {
+    iv_transpose_window_fn window;
+    void *ctx;
+} iv_transpose_sink_t;
+
+/*
+ * Runs the stages of iv_dataset_build_other over ds and hands each window
+ * to sink->window, in order, instead of keeping the copy: the copy is
+ * never held whole.  Memory: opts->tmp_bytes (0: the default as above)
+ * bounds the temporary and the window's output buffer together; besides,
+ * per-band counters and per-new-slice arrays (about 8 x bands + 44 bytes
+ * a new slice) and the value ids (4 bytes a source group).  opts->budget
+ * and opts->global are not used; ds's other orientation is left as it
+ * is.  Same threads rules and errors as iv_dataset_build_other, and the
+ * sink's.
+ */
+int iv_transpose_to_sink(iv_dataset_t *ds, const iv_transpose_opts_t *opts, const iv_transpose_sink_t *sink,
+                         iv_err_t *err);
+
 #endif
