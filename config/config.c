@@ -59,6 +59,7 @@ static const struct num_opt num_opts[] = {
     {"limits.json_bytes", NULL, "--max-json-bytes", OFF(limits.json_bytes), NK_SIZE, 1024, INT64_MAX},
     {"limits.max_answer_bytes", NULL, "--max-answer-bytes", OFF(limits.max_answer_bytes), NK_SIZE, 1 << 16, INT64_MAX},
     {"limits.blocks_ahead", NULL, "--blocks-ahead", OFF(limits.blocks_ahead), NK_U32, 1, 64},
+    {"limits.answer_wait_ms", NULL, "--answer-wait-ms", OFF(limits.answer_wait_ms), NK_U32, 0, 60000},
     {"limits.max_pipeline", NULL, "--max-pipeline", OFF(limits.max_pipeline), NK_U32, 1, 1024},
 };
 #undef OFF
@@ -111,6 +112,7 @@ void iv_config_init(iv_config_t *c)
      * gene's aggregate) is not refused by it (docs/config.md, the `limits.*` settings). */
     c->limits.max_answer_bytes = (size_t)64 << 20;
     c->limits.blocks_ahead = 3;
+    c->limits.answer_wait_ms = 1000;
     c->limits.max_pipeline = 32;
 }
 
@@ -824,6 +826,7 @@ const char *iv_config_usage(void)
            "  --max-json-bytes N  --max-header-bytes N  --max-body-bytes N\n"
            "  --header-timeout-ms N  --body-timeout-ms N  --keepalive-ms N\n"
            "  --write-timeout-ms N  --shutdown-grace-ms N  --blocks-ahead N  --max-pipeline N\n"
+           "  --answer-wait-ms N\n"
            "  --compute-timeout-ms N  --write-budget-bytes N\n"
            "  --memory-bytes N: the process's memory budget (caches, in-memory copies, answers,\n"
            "    writes, builds); default 90% of the memory available at start\n"

@@ -66,6 +66,7 @@ typedef struct iv_limits {
     size_t max_answer_bytes;      /* memory one request may fill before its first byte goes out
                                    * (a whole body, a transpose, an aggregate's accumulators) */
     uint32_t blocks_ahead;        /* decoded-but-unsent blocks per response */
+    uint32_t answer_wait_ms;      /* a query waits this long for the answers' memory before 503 */
     uint32_t max_pipeline;        /* requests parsed ahead of their responses */
 } iv_limits_t;
 

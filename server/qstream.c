@@ -64,6 +64,7 @@ void qs_free(qstream_t *qs)
     server_t *s = qs->srv;
     loop_t *lp = qs->lp;
     if (qs->budget_wait) budget_wait_count(lp, -1);
+    reserve_unwait(qs);
     if (qs->reserved) iv_budget_give(&s->answers_left, qs->reserved);
     for (unsigned i = 0; i < qs->ahead; i++)
         if (qs->slots[i]) job_free(qs->slots[i]);

@@ -25,36 +25,6 @@ void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, 
     iv_enc_count(b, q, nnz, total, c->qs && c->qs->ds ? c->qs->ds->ds : NULL, c->dropped);
 }
 
-/*
- * The memory an answer works in, reserved from the answers' share of the
- * memory budget for the stream's life: a whole JSON document, or a
- * stream's window of blocks_ahead blocks (decoded and encoded), whichever
- * is smaller for this many values.  A window widened onto idle workers
- * reserves its extra blocks when it widens (qs_window), so a query under
- * load holds blocks_ahead blocks, not one a worker.  When the share is
- * spent the query is 503 with Retry-After, before any work; 0 when
- * reserved.
- */
-static int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, iv_fmt_t fmt, int64_t hint)
-{
-    server_t *s = c->srv;
-    uint64_t values = hint >= 0 ? (uint64_t)hint : UINT64_MAX / 64;
-    uint64_t need = values * 24 + (uint64_t)iv_query_n_rows(q) * 16 + 4096;
-    uint64_t cap = fmt == IV_FMT_JSON ? s->cfg->limits.json_bytes : qs->base_ahead * BLOCK_WORK_BYTES;
-    qs->window_reserved = fmt != IV_FMT_JSON && need >= cap;
-    if (need > cap) need = cap;
-    if (iv_budget_take(&s->answers_left, need) == 0) {
-        qs->reserved = need;
-        return 0;
-    }
-    LP_METRIC(c->lp, m_->overloaded++);
-    char msg[256];
-    snprintf(msg, sizeof msg, "the memory the server gives answers being computed (%zu bytes of its "
-             "memory budget) is in use; retry shortly", s->mem.answers);
-    send_error(c, 503, "memory_budget", msg, "Retry-After: 1\r\n");
-    return -1;
-}
-
 /* Hands st (owned from here on) to a worker as the first job (of type
  * type) of a new stream for c, a count answer when count is set.  The
  * stream exists from now on, so that a client that goes away detaches it;
@@ -142,13 +112,6 @@ void route_query(conn_t *c, sds_t *d, int count)
     }
     submit_setup(c, d, st, count, &setup_job);
 }
-
-/* What the set-up job leaves for the loop, taken before the job goes. */
-typedef struct setup_res {
-    int count, have_total, dense, prepared, gz_level;
-    double total;
-    iv_fmt_t fmt;
-} setup_res_t;
 
 /* Takes the set-up's results into the connection, the stream and *res.
  * The job is freed, or, when the set-up decoded block 0 of a fused
@@ -282,18 +245,24 @@ static void route_query_finish(job_t *j)
     take_setup(j, &res);
     iv_query_t *q = qs->q;
     int64_t hint = iv_query_nnz_hint(q);
-    if (!res.count && (query_refused(c, q, res.fmt, res.dense) || answer_reserve(c, qs, q, res.fmt, hint) != 0))
-        return;
-    if (res.count && hint >= 0 && res.have_total) {
+    if (!res.count) {
+        if (query_refused(c, q, res.fmt, res.dense) || answer_reserve(c, qs, q, &res, hint) != 0) return;
+    } else if (hint >= 0 && res.have_total) {
         answer_total(c, q, hint, res.total);
         return;
     }
-    if (!res.count) qs->gz_level = res.gz_level;
-    if (!res.count && c->req->method == HTTP_HEAD) {
-        answer_head(c, qs, res.fmt);
+    answer_go(qs, &res);
+}
+
+void answer_go(qstream_t *qs, const setup_res_t *res)
+{
+    conn_t *c = qs->c;
+    if (!res->count) qs->gz_level = res->gz_level;
+    if (!res->count && c->req->method == HTTP_HEAD) {
+        answer_head(c, qs, res->fmt);
         return;
     }
-    start_answer(qs, &res);
+    start_answer(qs, res);
 }
 
 /* routes_viewer.h's matrix_open over the registry entry (ctx). */

@@ -126,6 +126,7 @@ static void loop_close_handles(loop_t *lp)
     uv_close((uv_handle_t *)&lp->async, NULL);
     uv_close((uv_handle_t *)&lp->grace, NULL);
     if (lp->budget.loop) uv_close((uv_handle_t *)&lp->budget, NULL);
+    uv_close((uv_handle_t *)&lp->reserve, NULL);
     if (lp->idx) return;
     /* Loop 0 also holds the signals and the file watcher. */
     iv_watch_stop(s->watch);
@@ -201,6 +202,7 @@ static void on_async(uv_async_t *a)
         j = n;
     }
     if (lp->n_budget_wait) budget_wake(lp);
+    if (lp->n_reserve_wait) reserve_wake(lp);
     if (atomic_load(&lp->stop_asked) && !lp->draining) loop_stop(lp);
     loop_leave(lp);
 }
@@ -607,12 +609,13 @@ static int loop_init(server_t *s, loop_t *lp, unsigned idx)
     /* From here on the loop is closed and freed with the server's. */
     lp->srv = s;
     if ((rc = uv_async_init(&lp->loop, &lp->async, on_async)) != 0 ||
-        (rc = uv_timer_init(&lp->loop, &lp->grace)) != 0) {
+        (rc = uv_timer_init(&lp->loop, &lp->grace)) != 0 || (rc = uv_timer_init(&lp->loop, &lp->reserve)) != 0) {
         fprintf(stderr, "ivserve: cannot set up an event loop: %s\n", uv_strerror(rc));
         return -1;
     }
     lp->async.data = lp;
     lp->grace.data = lp;
+    lp->reserve.data = lp;
     if (idx > 0) {
         if ((rc = uv_timer_init(&lp->loop, &lp->budget)) != 0 ||
             (rc = uv_timer_start(&lp->budget, budget_tick, BUDGET_TICK_MS, BUDGET_TICK_MS)) != 0) {
@@ -634,10 +637,10 @@ static void close_loops(server_t *s)
         loop_t *lp = &s->loops[i];
         if (lp->srv != s) continue;
         uv_handle_t *hs[] = {(uv_handle_t *)&lp->async, (uv_handle_t *)&lp->grace,
-                             (uv_handle_t *)&lp->budget, (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
+                             (uv_handle_t *)&lp->budget, (uv_handle_t *)&lp->reserve, (uv_handle_t *)&s->accept_poll, (uv_handle_t *)&s->sigterm,
                              (uv_handle_t *)&s->sigint, (uv_handle_t *)&s->sighup,
                              (uv_handle_t *)&s->sigusr1, (uv_handle_t *)&s->accept_pause};
-        size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 3;
+        size_t n = i == 0 ? sizeof hs / sizeof hs[0] : 4;
         for (size_t k = 0; k < n; k++)
             if (hs[k]->loop == &lp->loop && !uv_is_closing(hs[k]))
                 uv_close(hs[k], hs[k] == (uv_handle_t *)&s->accept_poll ? on_accept_closed : NULL);

@@ -146,6 +146,14 @@ struct job {
  * unit of an answer's reservation from the answers' memory budget. */
 #define BLOCK_WORK_BYTES ((uint64_t)8 << 20)
 
+/* What a query's set-up job leaves for the loop (routes_query.c), kept
+ * by a stream that waits for the answers' memory (answer_wait.c). */
+typedef struct setup_res {
+    int count, have_total, dense, prepared, gz_level;
+    double total;
+    iv_fmt_t fmt;
+} setup_res_t;
+
 struct qstream {
     server_t *srv;
     loop_t *lp;           /* its connection's loop */
@@ -173,6 +181,11 @@ struct qstream {
                            * blocks reserve their own (qs_window); else it
                            * holds the whole answer's */
     unsigned widened;     /* blocks past base_ahead reserved for */
+    /* Waiting for the answers' memory (answer_wait.c): the bytes, since
+     * when (arrival order), until when, and the set-up's results. */
+    int reserve_wait;
+    uint64_t reserve_need, reserve_seq, reserve_until;
+    setup_res_t pending;
     /* Set on the loop when the client left or the server stops; workers
      * read it between the phases of a job and drop the work. */
     atomic_int cancelled;
@@ -295,6 +308,9 @@ struct loop {
     atomic_size_t queued_bytes;  /* bytes waiting in its connections' uv_write queues */
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
     atomic_size_t n_budget_wait; /* its streams waiting for the write budget */
+    unsigned n_reserve_wait; /* its streams waiting for the answers' memory */
+    uint64_t reserve_seq;    /* their arrival order */
+    uv_timer_t reserve;      /* retries them while there are any (answer_wait.c) */
     int draining, stopped;
     pthread_mutex_t mmu;  /* metrics */
     iv_metrics_t metrics;
@@ -516,6 +532,19 @@ conn_t *conn_create(loop_t *lp, const iv_transport_t *tp);
 void conn_attached(conn_t *c);
 void conn_start(conn_t *c);
 conn_t *conn_by_id(loop_t *lp, uint64_t id);
+
+/* The answers' share of the memory budget (answer_wait.c), loop thread:
+ * answer_reserve is 0 when the answer's memory is reserved, 1 when the
+ * stream waits for it (answer_go runs once it is), -1 when refused (503
+ * sent).  reserve_wake retries the waiting streams of lp, oldest first,
+ * and refuses those past their wait; reserve_unwait takes a stream off
+ * the waiting (qs_free). */
+int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_res_t *res, int64_t hint);
+void reserve_wake(loop_t *lp);
+void reserve_unwait(qstream_t *qs);
+void reserve_tick(uv_timer_t *t);
+/* routes_query.c: a matrix answer whose memory is reserved goes on. */
+void answer_go(qstream_t *qs, const setup_res_t *res);
 
 /* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
  * that the workers read. */

@@ -180,3 +180,97 @@ def test_memory_bytes_is_checked():
     r = subprocess.run([BIN, "--other-orientation", "tape", EXAMPLE], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode != 0 and "auto, memory or disk" in r.stderr, r.stderr
+
+
+def stalled_query(url, body):
+    """Sends a binary query on a socket that reads only the first bytes of
+    the answer, so that the server's stream (and the memory it reserved)
+    stays open until drain() reads the rest."""
+    import json
+    import socket
+    host, port = url.split("//")[1].split(":")
+    sk = socket.socket()
+    sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sk.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    sk.sendall(b"POST /v1/datasets/big/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Accept: application/vnd.ivserve.csr\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    head = sk.recv(12)
+    assert head.startswith(b"HTTP/1.1 200"), head
+
+    def drain():
+        got = bytearray(head)
+        while True:
+            b = sk.recv(1 << 20)
+            if not b:
+                break
+            got += b
+        sk.close()
+        return bytes(got)
+    return drain
+
+
+def test_a_query_waits_in_line_for_the_answers_memory(tmp_path):
+    """With the answers' share holding one large answer, a second waits
+    while the first is being read, and is answered in full once it ends;
+    a query that waits past limits.answer_wait_ms is a 503, and with a
+    wait of 0 it is a 503 at once."""
+    import numpy as np
+    import scipy.sparse as sp
+    import threading
+    import ivref
+    rng = np.random.default_rng(5)
+    X = sp.random(20000, 1000, density=0.1, format="csr", random_state=rng,
+                  data_rvs=lambda n: rng.integers(1, 50, n)).astype(np.float32)
+    path = str(tmp_path / "big.h5ad")
+    ivref.write_iv(path, X)
+    body = {"obs": {"index": list(range(0, 20000, 2))}}
+    # 2 million values: the answer reserves blocks_ahead (3) blocks of
+    # 8 MiB; 300 MB gives answers 30 MB, room for one such answer.
+    for wait_ms in (1000, 0):
+        s = Server(str(tmp_path), [path, "--memory-bytes", 300 << 20, "--answer-wait-ms", wait_ms,
+                                   "--blocks-ahead", 3, "--other-orientation", "memory"],
+                   name="wait%d" % wait_ms)
+        try:
+            s.wait_other("big")
+            q = s.url + "/v1/datasets/big/query"
+            hdr = {"Accept": "application/vnd.ivserve.csr"}
+            want = requests.post(q, json=body, headers=hdr, timeout=60)
+            assert want.status_code == 200, want.text
+            drain = stalled_query(s.url, body)
+            got = {}
+
+            def second():
+                t = time.time()
+                r = requests.post(q, json=body, headers=hdr, timeout=60)
+                got.update(status=r.status_code, body=r.content, seconds=time.time() - t,
+                           retry=r.headers.get("Retry-After"))
+            th = threading.Thread(target=second)
+            th.start()
+            if wait_ms:
+                time.sleep(0.5)
+                assert th.is_alive(), got           # still waiting in line
+                first = drain()
+                th.join(60)
+                assert got["status"] == 200 and got["body"] == want.content, got.get("status")
+                assert got["seconds"] >= 0.45, got["seconds"]
+                # The stalled answer was whole (chunked, so it ends with
+                # the last chunk).
+                assert len(first) > len(want.content) and first.endswith(b"\r\n0\r\n\r\n")
+                # Past the wait: a 503 with Retry-After, after about the wait.
+                drain = stalled_query(s.url, body)
+                got.clear()
+                th = threading.Thread(target=second)
+                th.start()
+                th.join(60)
+                assert got["status"] == 503 and got["retry"] == "1", got.get("status")
+                assert 0.9 <= got["seconds"] < 5, got["seconds"]
+                drain()
+            else:
+                th.join(60)
+                assert got["status"] == 503 and got["seconds"] < 0.9, (got.get("status"), got.get("seconds"))
+                drain()
+            assert metric(s.metrics(), "ivserve_memory_used_bytes", "answers") == 0
+        finally:
+            assert s.stop() == 0
