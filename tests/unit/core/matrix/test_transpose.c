@@ -658,6 +658,130 @@ START_TEST(every_cut_same_copy)
 }
 END_TEST
 
+/* A sink that puts the windows back together as a copy (struct snap),
+ * checking that they come in order and add up; fail_at > 0 makes that
+ * window an error. */
+struct gather {
+    struct snap s;
+    int64_t next_g;
+    uint64_t groups, entries, bytes, last_done;
+    size_t vsz;
+    int windows, fail_at;
+};
+
+static int gather_window(void *ctx, const iv_transpose_window_t *w, iv_err_t *err)
+{
+    struct gather *k = ctx;
+    if (++k->windows == k->fail_at) return iv_fail(err, IV_EIO, "sink refused window %d", k->windows);
+    ck_assert_int_eq(w->g0, k->next_g);
+    ck_assert(w->g1 > w->g0 && w->g1 <= k->s.n_major);
+    ck_assert(w->entries_done >= k->last_done);
+    ck_assert(w->entries_done <= w->nnz);
+    k->last_done = w->entries_done;
+    uint64_t nb = 0, ng = 0;
+    for (int64_t g = w->g0; g < w->g1; g++) {
+        nb += w->slice_bytes[g - w->g0];
+        ng += w->slice_groups[g - w->g0];
+        k->s.mp[g + 1] = k->s.mp[g] + w->slice_groups[g - w->g0];
+    }
+    ck_assert_uint_eq(nb, w->n_bytes);
+    ck_assert_uint_eq(ng, w->n_groups);
+    k->s.vp = realloc(k->s.vp, (size_t)(k->groups + ng + 1) * sizeof *k->s.vp);
+    k->s.values = realloc(k->s.values, (size_t)(k->groups + ng) * k->vsz + 1);
+    k->s.stream = realloc(k->s.stream, (size_t)(k->bytes + nb) + 1);
+    k->s.vp[0] = 0;
+    for (uint64_t x = 0; x < ng; x++) k->s.vp[k->groups + x + 1] = k->s.vp[k->groups + x] + (int64_t)w->group_sizes[x];
+    memcpy(k->s.values + k->groups * k->vsz, w->values, (size_t)ng * k->vsz);
+    memcpy(k->s.stream + k->bytes, w->bytes, (size_t)nb);
+    k->groups += ng;
+    k->bytes += nb;
+    k->next_g = w->g1;
+    return 0;
+}
+
+static void gather_init(struct gather *k, const iv_dataset_t *ds, int fail_at)
+{
+    memset(k, 0, sizeof *k);
+    k->s.n_major = ds->m.n_minor;
+    k->s.mp = calloc((size_t)(k->s.n_major + 1), sizeof *k->s.mp);
+    k->s.vp = calloc(1, sizeof *k->s.vp);
+    k->vsz = iv_dtype_size(ds->m.value_dtype);
+    k->fail_at = fail_at;
+}
+
+/*
+ * iv_transpose_to_sink gives, window after window, exactly the copy that
+ * iv_dataset_build_other builds (pointers, values, stream byte for byte),
+ * whatever the cut: one window, windows of a few entries, 8-byte
+ * entries, no pool; on awkward shapes.  The dataset's own other
+ * orientation is left alone, and a sink's error stops the transpose
+ * with that error.
+ */
+START_TEST(sink_windows_equal_copy)
+{
+    iv_pool_t *pool = iv_pool_create(2, 0);
+    char path[256];
+    tmp_path(path, sizeof path, "sink");
+    static const struct {
+        int64_t nr, nc;
+        double dens;
+    } shapes[] = {{0, 17, 0.5}, {23, 0, 0.5}, {1, 77, 0.5}, {61, 1, 0.6}, {90, 80, 0.2}, {40, 50, 0.97}};
+    static const iv_transpose_opts_t cuts[] = {
+        {0}, {.tmp_bytes = 64}, {.tmp_bytes = 300, .wide_entries = 1}, {.tmp_bytes = 1000, .block_slices = 2},
+    };
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        for (int csc = 0; csc < 2; csc++) {
+            struct mat m;
+            mat_random(&m, shapes[sh].nr, shapes[sh].nc, dtypes[(sh + (size_t)csc) % 4], shapes[sh].dens);
+            write_packed(path, &m, csc, -1, sh % 2 ? 5 : 0);
+            iv_err_t err = {0};
+            iv_dataset_t *ds = open_ds(path, pool);
+            iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = pool};
+            ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "shape %zu: %s", sh, err.msg);
+            struct snap ref;
+            snap_take(ds, &ref);
+            iv_dataset_close(ds);
+            for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++) {
+                ds = open_ds(path, pool);
+                iv_transpose_opts_t o = cuts[k];
+                o.pool = k % 2 ? NULL : pool;
+                struct gather g;
+                gather_init(&g, ds, 0);
+                iv_transpose_sink_t sink = {.window = gather_window, .ctx = &g};
+                ck_assert_msg(iv_transpose_to_sink(ds, &o, &sink, &err) == 0, "shape %zu cut %zu: %s", sh, k,
+                              err.msg);
+                ck_assert_int_eq(g.next_g, ref.n_major);
+                ck_assert_uint_eq(g.last_done, (uint64_t)m.nnz);
+                if (k == 1 && m.nnz > 40) ck_assert_int_gt(g.windows, 2);
+                g.s.n_unique = (int64_t)g.groups;
+                g.s.values_len = (size_t)g.groups * g.vsz;
+                g.s.stream_len = g.bytes;
+                EXPECT(snap_equal(&ref, &g.s), "shape %zu csc %d cut %zu: the sink's copy differs", sh, csc, k);
+                ck_assert_ptr_null(iv_dataset_other(ds));
+                snap_free(&g.s);
+                iv_dataset_close(ds);
+            }
+            if (m.nnz > 40) {
+                /* The sink refuses the second window: that error, nothing kept. */
+                ds = open_ds(path, pool);
+                struct gather g;
+                gather_init(&g, ds, 2);
+                iv_transpose_sink_t sink = {.window = gather_window, .ctx = &g};
+                iv_transpose_opts_t o = {.tmp_bytes = 64, .pool = pool};
+                ck_assert_int_eq(iv_transpose_to_sink(ds, &o, &sink, &err), IV_EIO);
+                ck_assert_msg(strstr(err.msg, "sink refused window 2"), "%s", err.msg);
+                snap_free(&g.s);
+                iv_dataset_close(ds);
+            }
+            snap_free(&ref);
+            mat_free(&m);
+        }
+    }
+    unlink(path);
+    iv_pool_destroy(pool);
+}
+END_TEST
+
 /* The planner picks the orientation that decodes fewer bytes. */
 START_TEST(planner_picks_fewer_bytes)
 {
@@ -891,6 +1015,7 @@ int main(void)
     tcase_add_test(tc, differential_random);
     tcase_add_test(tc, long_slices_all_varint_lengths);
     tcase_add_test(tc, every_cut_same_copy);
+    tcase_add_test(tc, sink_windows_equal_copy);
     tcase_add_test(tc, planner_picks_fewer_bytes);
     tcase_add_test(tc, budget_skips);
     tcase_add_test(tc, duplicate_index_is_corrupt);
