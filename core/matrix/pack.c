@@ -90,12 +90,11 @@ typedef struct src {
     int skip_values;          /* sparse sources: read indices only (a count pass) */
     uint64_t bytes_read;
     /* A packed input turned around by the transpose engine: opened as a
-     * dataset (then m holds its orientation only), when `engine` is set
-     * and its orientation is not out_orient. */
-    int engine;
-    iv_orient_t out_orient;
+     * dataset before anything else (then m holds its orientation only);
+     * or why it could not be (engine_note). */
     iv_dataset_t *ds;
     const char *in_path, *path;
+    char engine_note[320];
 } src_t;
 
 static void slab_free(slab_t *s)
@@ -343,20 +342,39 @@ static int open_iv(src_t *s, const char *in_path, const char *group, iv_err_t *e
 #define ENGINE_CACHE_BYTES ((size_t)64 << 20)
 
 /*
- * A packed input for the transpose engine, opened as a dataset (its
- * pointers and values loaded, the row index built in one parallel pass;
- * the loading runs in a reader process, see dataset.h), with s's shape
- * and dtype from it.
+ * The input matrix for the transpose engine, when the engine is on,
+ * layers are not packed and the matrix is a top-level IVCSR/IVCSC group
+ * of the other orientation: opened as a dataset (pointers and values
+ * loaded, the row index built in one parallel pass).  That load forks a
+ * reader process (dataset.h), so it comes before this process opens any
+ * file with HDF5: a child would share the parent's open file state.  A
+ * dataset that does not open leaves the input to the usual path, which
+ * gives its own error or packs it; engine_note says why.
  */
-static int open_iv_dataset(src_t *s, const char *in_path, const char *group, iv_pool_t *pool,
-                           iv_err_t *err)
+static void open_engine_input(src_t *s, const char *in_path, const char *matrix, const iv_pack_opts_t *o)
 {
+    iv_h5mx_entry_t e;
+    iv_err_t e2;
+    iv_err_clear(&e2);
+    if (!o->transpose_engine || o->layers || strchr(matrix, '/') ||
+        iv_h5matrix_describe(in_path, matrix, &e, &e2) != 0 || !e.packed)
+        return;
+    iv_orient_t orient = strcmp(e.encoding, "ivcsc") == 0 ? IV_IVCSC : IV_IVCSR;
+    if (orient == o->orient) return;
     iv_dataset_opts_t dopts;
     iv_dataset_opts_init(&dopts);
-    dopts.group = group;
-    dopts.pool = pool;
+    dopts.group = matrix;
+    dopts.pool = o->pool;
     dopts.cache_bytes = ENGINE_CACHE_BYTES;
-    IV_TRY(iv_dataset_open(in_path, &dopts, &s->ds, err));
+    if (iv_dataset_open(in_path, &dopts, &s->ds, &e2) < 0) {
+        snprintf(s->engine_note, sizeof s->engine_note, "the engine could not open the input: %.260s", e2.msg);
+        s->ds = NULL;
+    }
+}
+
+/* s's shape and dtype from the engine's dataset. */
+static void src_from_dataset(src_t *s)
+{
     const iv_dataset_info_t *in = iv_dataset_info(s->ds);
     s->kind = SRC_IV;
     s->m.orient = in->orient;
@@ -368,12 +386,10 @@ static int open_iv_dataset(src_t *s, const char *in_path, const char *group, iv_
     s->esz = iv_dtype_size(s->vdt);
     s->nnz = in->nnz;
     s->bytes_read = in->stream_bytes;
-    return 0;
 }
 
 /* Opens the matrix element `path` of the input. */
-static int src_open(src_t *s, hid_t file, const char *in_path, const char *path, iv_pool_t *pool,
-                    iv_err_t *err)
+static int src_open(src_t *s, hid_t file, const char *in_path, const char *path, iv_err_t *err)
 {
     s->in_path = in_path;
     s->path = path;
@@ -396,13 +412,14 @@ static int src_open(src_t *s, hid_t file, const char *in_path, const char *path,
     if (strcmp(enc, "csr_matrix") == 0 || strcmp(enc, "csr") == 0) rc = open_sparse(s, g, 0, err);
     else if (strcmp(enc, "csc_matrix") == 0 || strcmp(enc, "csc") == 0) rc = open_sparse(s, g, 1, err);
     else if (strcmp(enc, "ivcsr") == 0 || strcmp(enc, "ivcsc") == 0) {
-        iv_orient_t orient = strcmp(enc, "ivcsr") == 0 ? IV_IVCSR : IV_IVCSC;
         if (strchr(path, '/'))
             rc = FAILF(IV_EUNSUPPORTED, "%s: an %s input must be a top-level group", s->where, enc);
-        else if (s->engine && orient != s->out_orient)
-            rc = open_iv_dataset(s, in_path, path, pool, err);
-        else
+        else if (s->ds) {
+            src_from_dataset(s);
+            rc = 0;
+        } else {
             rc = open_iv(s, in_path, path, err);
+        }
     } else if (!enc[0])
         rc = FAILF(IV_EUNSUPPORTED, "%s: group without an encoding-type attribute (not an "
                    "anndata sparse matrix)", s->where);
@@ -1912,7 +1929,7 @@ static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack
         fill_report(rep, s, &en, mp, n_passes);
         if (!same && s->kind == SRC_IV && !rep->transpose[0])
             snprintf(rep->transpose, sizeof rep->transpose, "count and bands (%s)",
-                     o->layers ? "with --layers" : "the engine off");
+                     s->engine_note[0] ? s->engine_note : o->layers ? "with --layers" : "the engine off");
     }
     iv_h5w_array_free(mp);
     encoder_free(&en);
@@ -1933,7 +1950,7 @@ static int pack_member(hid_t in, const char *in_path, hid_t sg, hid_t dg, hid_t 
     iv_err_t e2;
     iv_err_clear(&e2);
     int packable = !is_raw || strcmp(child, "X") == 0;
-    int rc = packable ? src_open(&s, in, in_path, path, o->pool, &e2) : IV_EUNSUPPORTED;
+    int rc = packable ? src_open(&s, in, in_path, path, &e2) : IV_EUNSUPPORTED;
     if (rc == IV_EUNSUPPORTED) {
         src_close(&s);
         return iv_h5w_copy_object(sg, child, dg, child) < 0
@@ -2136,18 +2153,21 @@ int iv_pack_file(const char *in_path, const char *out_path, const iv_pack_opts_t
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     iv_h5filters_register();
     IV_TRY(check_out_folder(out_path, err));
-    hid_t in = -1;
-    IV_TRY(open_input(in_path, &in, err));
-
     src_t s;
     memset(&s, 0, sizeof s);
     s.didx = s.ddata = s.ddense = -1;
+    open_engine_input(&s, in_path, matrix, o);
+    hid_t in = -1;
+    int rc = open_input(in_path, &in, err);
+    if (rc < 0) {
+        src_close(&s);
+        return rc;
+    }
+
     char tmp[4200];
     iv_pack_temp_name(out_path, tmp, sizeof tmp);
     hid_t out = -1;
-    s.engine = o->transpose_engine && !o->layers;
-    s.out_orient = o->orient;
-    int rc = src_open(&s, in, in_path, matrix, o->pool, err);
+    rc = src_open(&s, in, in_path, matrix, err);
     if (rc < 0) goto fail;
     snprintf(rep->input_kind, sizeof rep->input_kind, "%s", src_kind_name(&s));
     iv_h5guard_temp(tmp);
