@@ -5,7 +5,11 @@
 #      memory-safety campaign, and under ASan it asserts everything it
 #      asserts in the release build and also catches the reads out of
 #      bounds that a release build would survive;
-#   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
+#   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#      (Debug, so asserts stay on, at -O1 as ASan's documentation advises:
+#      heap overflows and signed overflows are caught as at -O0, inlined
+#      frames are still named in reports, and the code runs faster; only a
+#      load whose value is never used may be optimized away unchecked),
 #      but for the deployment tests and the R client's (they check nginx,
 #      systemd, manifests and R code; the C they run is the same as in the
 #      HTTP tests), the browser tests (viewer, explore, Zarr clients: their
@@ -24,7 +28,11 @@
 #      minutes under TSan; its threads are the query, aggregate and
 #      cancellation paths the HTTP tests run), the Zarr clients' test (its
 #      C is the Zarr route test_zarr runs; its time is node and Chromium),
-#      the hostile-file campaign,
+#      the hostile-file campaign, the HTTP gzip test (its threads are
+#      the block and whole-document compression on the workers, which
+#      every query of the HTTP tests runs: requests asks for gzip and the
+#      server's default level is 1; the pieces compressed in parallel are
+#      unit.test_gzip_stream's; the rest of it is the loop's, one thread),
 #      the packing of
 #      ordinary files and the first-run checks (processes, not threads:
 #      their C is the writers' and the loaders', run by the other
@@ -32,7 +40,8 @@
 #      threads are the same pool and transpose paths the unit tests and
 #      the HTTP orientation test already run, and which take minutes each
 #      under TSan;
-#   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20).
+#   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20),
+#      as many at a time as there are cores.
 # The unit query test runs a third of its random selections in the
 # sanitizer builds (all of them in the release build).
 # Fixtures are read from ../shared/fixtures when present (tests that need
@@ -50,7 +59,8 @@ cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS" -E 'test_hostile_files'
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DIV_SANITIZE=ON -DIV_WERROR=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DIV_SANITIZE=ON \
+  -DIV_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:suppressions=$(pwd)/tests/asan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory|py\.test_viewer|test_zarr_clients'
@@ -60,16 +70,19 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WER
 cmake --build build-tsan -j"$JOBS"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
-  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\.test_hardening|test_zarr_clients|unit\.test_blosc2$|unit\.test_meta$|unit\.test_filter$'
+  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\.test_hardening|py\.test_http_gzip|test_zarr_clients|unit\.test_blosc2$|unit\.test_meta$|unit\.test_filter$'
 
-echo "== fuzz targets (${FUZZ_SECONDS}s each)"
+echo "== fuzz targets (${FUZZ_SECONDS}s each, $JOBS at a time)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
   >/dev/null
 cmake --build build-fuzz -j"$JOBS"
-fuzz_pass=0
-fuzz_fail=0
-for target in build-fuzz/tests/fuzz/fuzz_*; do
-  [ -x "$target" ] || continue
+# One target's run, its output in build-fuzz/NAME.log and its exit status
+# in build-fuzz/NAME.status.  The targets run $JOBS at a time (each is one
+# process on one core, so each gets the FUZZ_SECONDS of a core it had when
+# they ran one after another); the report below reads the statuses once
+# all have ended, in the targets' order whatever order they ended in.
+fuzz_one() {
+  local target=$1 name corpus seeds rc
   name=$(basename "$target")
   corpus="build-fuzz/corpus/$name"
   mkdir -p "$corpus"
@@ -82,10 +95,39 @@ for target in build-fuzz/tests/fuzz/fuzz_*; do
   if UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=tests/fuzz/ubsan.supp \
        "$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 "$corpus" \
        ${seeds:+"$seeds"} >"build-fuzz/$name.log" 2>&1; then
+    rc=0
+  else
+    rc=$?
+  fi
+  echo "$rc" >"build-fuzz/$name.status"
+}
+targets=()
+for target in build-fuzz/tests/fuzz/fuzz_*; do
+  [ -x "$target" ] || continue
+  targets+=("$target")
+  rm -f "build-fuzz/$(basename "$target").status"
+done
+running=0
+for target in "${targets[@]}"; do
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz_one "$target" &
+  running=$((running + 1))
+done
+wait
+fuzz_pass=0
+fuzz_fail=0
+for target in "${targets[@]}"; do
+  name=$(basename "$target")
+  corpus="build-fuzz/corpus/$name"
+  if [ "$(cat "build-fuzz/$name.status" 2>/dev/null)" = 0 ]; then
     echo "fuzz $name: ok ($(grep -c . "$corpus"/* 2>/dev/null | wc -l) corpus inputs)"
     fuzz_pass=$((fuzz_pass + 1))
   else
-    echo "fuzz $name: FAILED"; tail -40 "build-fuzz/$name.log"
+    echo "fuzz $name: FAILED (exit status $(cat "build-fuzz/$name.status" 2>/dev/null || echo unknown))"
+    tail -40 "build-fuzz/$name.log"
     fuzz_fail=$((fuzz_fail + 1))
   fi
 done
