@@ -79,6 +79,8 @@ CASES = [
     ("int64", (150, 30), 0.3),
     ("uint16", (250, 45), 0.3),
     ("int8", (120, 20), 0.5),
+    ("uint64", (100, 25), 0.4),    # values past 2^63 order as unsigned
+    ("uint8", (80, 30), 0.5),
     ("float32", (1, 70), 0.6),     # a single row
     ("int32", (90, 1), 0.7),       # one column
     ("float32", (40, 30), 0.0),    # nothing stored
