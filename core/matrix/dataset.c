@@ -80,15 +80,16 @@ static iv_stream_arena_t *prefault_finish(struct prefault *pf, int stop)
     return pf->arena;
 }
 
-/* dir/STEM-KEY.GROUP.index (GROUP with '/' as '_'): where the index of
- * path's matrix group is kept.  -1 when the key cannot be taken. */
-static int kept_index_path(const char *dir, const char *path, const char *group,
-                           char key[IV_CACHEDIR_KEY_LEN], char *out, size_t cap)
+/* dir/STEM-KEY.GROUP.WHAT (GROUP with '/' as '_'; WHAT "index" or
+ * "arrays"): where the index or arrays of path's matrix group are kept.
+ * -1 when the key cannot be taken. */
+static int kept_path(const char *dir, const char *path, const char *group, const char *what,
+                     char key[IV_CACHEDIR_KEY_LEN], char *out, size_t cap)
 {
     char kind[300];
     iv_err_t e;
     iv_err_clear(&e);
-    snprintf(kind, sizeof kind, "%s.index", group);
+    snprintf(kind, sizeof kind, "%s.%s", group, what);
     for (char *p = kind; *p; p++)
         if (*p == '/') *p = '_';
     if (iv_cachedir_key(path, key, &e) != 0 ||
@@ -108,12 +109,91 @@ static void keep_index(const char *dir, const char *at, const char *path, const 
         iv_indexfile_save(at, kf, s, ri, &e);
 }
 
-/* Where a dataset's index is kept between runs (opts->index_dir). */
+/* Where a dataset's index and arrays are kept between runs
+ * (opts->index_dir). */
 struct kept {
     char at[4400];                       /* "" when none is kept */
+    char arrays_at[4400];                /* "" when none is kept */
     char key[IV_CACHEDIR_KEY_LEN];
     int skip_pass;                       /* the file exists: no pass expected */
 };
+
+/* The matrix's arrays go: unmapped when they are a kept file's, freed
+ * with the rest of the load otherwise. */
+static void release_matrix(iv_dataset_t *ds)
+{
+    if (ds->arrays.map) {
+        ds->m.major_ptr = ds->m.value_ptr = NULL;
+        ds->m.values = NULL;
+        iv_arraysfile_unmap(&ds->arrays);
+    }
+    iv_h5matrix_free(&ds->m);
+}
+
+/* Why the kept arrays a do not fit the bare load in ds->m (they were
+ * made for the same file and group, so only a file changed between the
+ * header check and the load, or a bug, gets here); NULL when they fit
+ * and the pointers pass the load's own checks. */
+static const char *arrays_mismatch(iv_dataset_t *ds, const iv_arraysfile_t *a,
+                                   const iv_file_id_t *was)
+{
+    const iv_h5matrix_t *m = &ds->m;
+    const iv_file_id_t *now = iv_file_loaded_id(m->stream.file);
+    if (now->dev != was->dev || now->ino != was->ino || now->size != was->size ||
+        now->mtime_s != was->mtime_s || now->mtime_ns != was->mtime_ns)
+        return "made for another file or matrix";
+    if (a->n_major != (uint64_t)m->n_major || a->n_unique != (uint64_t)m->n_unique ||
+        a->nnz != (uint64_t)m->nnz || a->value_dtype != (int)m->value_dtype)
+        return "made for another shape";
+    ds->m.major_ptr = a->major_ptr;
+    ds->m.value_ptr = a->value_ptr;
+    ds->m.values = a->values;
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (iv_h5matrix_check_pointers(m, ds->where, &e) != 0) {
+        ds->m.major_ptr = ds->m.value_ptr = NULL;
+        ds->m.values = NULL;
+        return "its pointers fail the load's checks";
+    }
+    return NULL;
+}
+
+/*
+ * The matrix: with kept arrays that map and hold their checksums, a bare
+ * load (no arrays cross from the reader process) and the map adopted;
+ * anything else, or kept arrays that then do not fit, the whole load as
+ * before.  info.arrays_note says which and why.
+ */
+static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k,
+                       struct prefault *pf, iv_err_t *err)
+{
+    const char *why = NULL;
+    struct stat st;
+    iv_indexfile_for_t af = {.group = ds->group};
+    if (k->arrays_at[0] && stat(path, &st) == 0) {
+        iv_file_id_of(&st, &af.file);
+        int rc = iv_arraysfile_map(k->arrays_at, &af, &ds->arrays, &why, err);
+        if (rc < 0) return rc;
+        if (rc == 1) {
+            rc = iv_h5matrix_load_bare(path, ds->group, prefault_start, pf, &ds->m, err);
+            if (rc < 0) {
+                iv_arraysfile_unmap(&ds->arrays);
+                return rc;
+            }
+            if (!(why = arrays_mismatch(ds, &ds->arrays, &af.file))) {
+                ds->info.arrays_kept = 1;
+                snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note,
+                         "mapped from the cache folder");
+                return 0;
+            }
+            release_matrix(ds);
+        }
+    }
+    if (k->arrays_at[0])
+        snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note, "read (kept ones %s)",
+                 why ? why : "unreadable");
+    return iv_h5matrix_load_notify(path, ds->group, prefault_start, pf, &ds->m, err);
+}
 
 /*
  * The matrix loaded with the cache arena faulted in meanwhile, and the
@@ -134,7 +214,7 @@ static int open_stream(iv_dataset_t *ds, const char *path, const iv_dataset_opts
     if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
     struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb, .skip = k->skip_pass};
     atomic_init(&pf.stop, 0);
-    int rc = iv_h5matrix_load_notify(path, ds->group, prefault_start, &pf, &ds->m, err);
+    int rc = load_matrix(ds, path, k, &pf, err);
     /* The pass then starts on memory that is there.  When the prefault
      * outlasts the load (2 MiB pages under memory pressure can take
      * reclaim and compaction), the load's time shows the wait: the pass
@@ -160,7 +240,7 @@ static int open_stream(iv_dataset_t *ds, const char *path, const iv_dataset_opts
      * reservation has done its work. */
     if (mb) iv_membudget_unreserve(mb, pf.reserved);
     if (rc < 0) {
-        iv_h5matrix_free(&ds->m);
+        release_matrix(ds);
         return rc;
     }
     if (mb) iv_stream_join_budget(ds->stream, mb, opts->cache_floor);
@@ -192,6 +272,28 @@ static int build_index(iv_dataset_t *ds, const char *path, const iv_dataset_opts
     return 0;
 }
 
+/* The arrays kept for the next open when the index may be (the same
+ * size rule), unless they came from there; one that cannot be written
+ * costs that open the arrays' read, nothing else.  kf: the index's key,
+ * set when k->at is. */
+static void keep_arrays(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
+                        const struct kept *k, const iv_indexfile_for_t *kf)
+{
+    if (ds->arrays.map) {
+        iv_cachedir_touch(k->arrays_at);
+        return;
+    }
+    if (!k->arrays_at[0] || !k->at[0] || !iv_stream_file(ds->stream) ||
+        iv_stream_length(ds->stream) < opts->index_min_bytes)
+        return;
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (iv_cachedir_prepare(opts->index_dir, &e) == 0 &&
+        iv_cachedir_note(k->arrays_at, path, k->key, &e) == 0)
+        iv_arraysfile_save(k->arrays_at, kf, ds->m.major_ptr, ds->m.value_ptr, ds->m.values,
+                           (int)ds->m.value_dtype, &e);
+}
+
 /* The row index: the kept one when it loads and fits, else the pass.
  * Returns 1 when kept, 0 when built, or a negative error. */
 static int open_index(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
@@ -209,10 +311,11 @@ static int open_index(iv_dataset_t *ds, const char *path, const iv_dataset_opts_
     }
     if (kept) {
         iv_cachedir_touch(k->at);
-        return 1;
+    } else {
+        IV_TRY(build_index(ds, path, opts, k, &kf, err));
     }
-    IV_TRY(build_index(ds, path, opts, k, &kf, err));
-    return 0;
+    keep_arrays(ds, path, opts, k, &kf);
+    return kept;
 }
 
 static void fill_info(iv_dataset_t *ds, int chunked, int kept, double t0, double t1, double t2)
@@ -268,11 +371,13 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     double t0 = iv_now_s();
     iv_dataset_t *ds = dataset_alloc(path, opts->group);
     if (!ds) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
-    struct kept k = {.at = ""};
+    struct kept k = {.at = "", .arrays_at = ""};
     struct stat kst;
     if (opts->index_dir &&
-        kept_index_path(opts->index_dir, path, ds->group, k.key, k.at, sizeof k.at) == 0)
+        kept_path(opts->index_dir, path, ds->group, "index", k.key, k.at, sizeof k.at) == 0) {
         k.skip_pass = stat(k.at, &kst) == 0;
+        kept_path(opts->index_dir, path, ds->group, "arrays", k.key, k.arrays_at, sizeof k.arrays_at);
+    }
     int chunked;
     int rc = open_stream(ds, path, opts, &k, &chunked, err);
     if (rc < 0) goto fail_alloc;
@@ -291,7 +396,7 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
 
 fail_stream:
     iv_stream_destroy(ds->stream);
-    iv_h5matrix_free(&ds->m);
+    release_matrix(ds);
 fail_alloc:
     free(ds);
     return rc;
@@ -305,7 +410,7 @@ void iv_dataset_close(iv_dataset_t *ds)
     free(atomic_load(&ds->nnz_at));
     iv_rowindex_free(&ds->ri);
     iv_stream_destroy(ds->stream);
-    iv_h5matrix_free(&ds->m);
+    release_matrix(ds);
     free(ds);
 }
 

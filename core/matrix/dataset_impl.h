@@ -6,6 +6,7 @@
 
 #include "dataset.h"
 #include "h5matrix.h"
+#include "indexfile.h"
 #include "rowindex.h"
 #include "stream.h"
 
@@ -14,6 +15,10 @@ struct iv_dataset {
     char group[256];
     char where[4400];
     iv_h5matrix_t m;          /* pointers, values, mapping */
+    /* When m's pointer and value arrays point into a kept file mapped
+     * from the cache folder (indexfile.h), that map: unmapped, not freed,
+     * where the arrays go (dataset.c release_matrix). */
+    iv_arraysfile_t arrays;
     iv_stream_t *stream;
     iv_rowindex_t ri;
     iv_dataset_info_t info;

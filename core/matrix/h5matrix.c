@@ -564,11 +564,52 @@ static void announce_stream(hid_t g, iv_h5matrix_stream_fn fn, void *ctx, iv_h5i
     if (cl) fn(ctx, length, cl);
 }
 
-/* major_ptr and value_ptr, with the lengths the shape asks for. */
-static int load_pointers(hid_t g, const char *where, iv_h5iso_out_t *o, const char *group,
-                         iv_h5matrix_t *m, iv_err_t *err)
+/* The length of an integer 1-D dataset and, when last is not NULL, its
+ * last element (len > 0), without reading the rest. */
+static int extent_i64(hid_t g, const char *where, const char *name, int64_t *len, int64_t *last,
+                      iv_err_t *err)
+{
+    hid_t d;
+    iv_dtype_t dt;
+    IV_TRY(open_1d(g, where, name, &d, len, &dt, err));
+    int rc = 0;
+    if (dt == IV_DT_FLOAT32 || dt == IV_DT_FLOAT64)
+        rc = FAILF(IV_EBAD_FILE, "%s/%s: pointer array must be integer, found %s", where, name,
+                   iv_dtype_name(dt));
+    else if (last && *len > 0) {
+        hsize_t at[1] = {(hsize_t)*len - 1}, one[1] = {1};
+        hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, one, NULL);
+        if (H5Sselect_hyperslab(fs, H5S_SELECT_SET, at, NULL, one, NULL) < 0 ||
+            H5Dread(d, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, last) < 0 || *last < 0)
+            rc = FAILF(IV_EBAD_FILE, "%s/%s: read failed", where, name);
+        H5Sclose(ms);
+        H5Sclose(fs);
+    }
+    H5Dclose(d);
+    return rc;
+}
+
+/* A load without the arrays (iv_h5matrix_load_bare): their lengths and
+ * nnz (value_ptr's last element) only. */
+static int pointer_extents(hid_t g, const char *where, iv_h5matrix_t *m, iv_err_t *err)
 {
     int64_t n_mp, n_vp;
+    IV_TRY(extent_i64(g, where, "major_ptr", &n_mp, NULL, err));
+    if (n_mp != m->n_major + 1)
+        return FAILF(IV_EBAD_FILE, "%s/major_ptr has %" PRId64 " entries, expected n_major + 1 = %" PRId64,
+                     where, n_mp, m->n_major + 1);
+    IV_TRY(extent_i64(g, where, "value_ptr", &n_vp, &m->nnz, err));
+    if (n_vp < 1) return FAILF(IV_EBAD_FILE, "%s/value_ptr is empty (needs n_unique + 1 entries)", where);
+    m->n_unique = n_vp - 1;
+    return 0;
+}
+
+/* major_ptr and value_ptr, with the lengths the shape asks for. */
+static int load_pointers(hid_t g, const char *where, iv_h5iso_out_t *o, const char *group,
+                         int bare, iv_h5matrix_t *m, iv_err_t *err)
+{
+    int64_t n_mp, n_vp;
+    if (bare) return pointer_extents(g, where, m, err);
     stage(o, group, "major_ptr");
     IV_TRY(load_i64(g, where, "major_ptr", &m->major_ptr, &n_mp, err));
     if (n_mp != m->n_major + 1)
@@ -584,7 +625,7 @@ static int load_pointers(hid_t g, const char *where, iv_h5iso_out_t *o, const ch
 
 /* The values array, one per value group. */
 static int load_values(hid_t g, const char *where, iv_h5iso_out_t *o, const char *group,
-                       iv_h5matrix_t *m, iv_err_t *err)
+                       int bare, iv_h5matrix_t *m, iv_err_t *err)
 {
     hid_t d;
     int64_t n_val;
@@ -595,6 +636,8 @@ static int load_values(hid_t g, const char *where, iv_h5iso_out_t *o, const char
     if (n_val != m->n_unique)
         rc = FAILF(IV_EBAD_FILE, "%s/values has %" PRId64 " entries but value_ptr has %" PRId64
                    " (expected values + 1)", where, n_val, m->n_unique + 1);
+    else if (bare)
+        rc = 0;
     else if (!(m->values = malloc((size_t)(n_val ? n_val : 1) * esz)))
         rc = FAILF(IV_ENOMEM, "%s/values: out of memory", where);
     else if (n_val > 0 &&
@@ -627,10 +670,11 @@ static int load_packed(hid_t file, hid_t g, const char *where, iv_h5iso_out_t *o
  * The HDF5 load itself; runs in the reader process (see h5iso.h).  In
  * order: the file, every dataset's filters, the group and its attributes,
  * the pointer arrays, the values, where packed_indices' bytes are, and
- * the pointers checked against each other.
+ * the pointers checked against each other.  A bare load (the caller has
+ * the arrays) reads the arrays' lengths only, and checks no pointers.
  */
 static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn fn, void *ctx,
-                     iv_h5iso_out_t *o, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
+                     int bare, iv_h5iso_out_t *o, iv_h5matrix_t *m, struct stat *id, iv_err_t *err)
 {
     memset(m, 0, sizeof *m);
     if (!group || !*group) group = "X";
@@ -651,10 +695,10 @@ static int load_here(const char *path, const char *group, iv_h5matrix_stream_fn 
     if ((rc = open_group(file, path, group, where, &g, err)) < 0) goto fail;
     if ((rc = read_attrs(g, where, m, err)) < 0) goto fail;
     if (fn) announce_stream(g, fn, ctx, o, group);
-    if ((rc = load_pointers(g, where, o, group, m, err)) < 0) goto fail;
-    if ((rc = load_values(g, where, o, group, m, err)) < 0) goto fail;
+    if ((rc = load_pointers(g, where, o, group, bare, m, err)) < 0) goto fail;
+    if ((rc = load_values(g, where, o, group, bare, m, err)) < 0) goto fail;
     if ((rc = load_packed(file, g, where, o, group, m, err)) < 0) goto fail;
-    if ((rc = iv_h5matrix_check_pointers(m, where, err)) < 0) goto fail;
+    if (!bare && (rc = iv_h5matrix_check_pointers(m, where, err)) < 0) goto fail;
     H5Gclose(g);
     H5Fclose(file);
     return 0;
@@ -673,7 +717,7 @@ fail:
  * and stored size (u64 each); the codec text (64 bytes); how the chunk
  * table was read (32 bytes of text); the identity of
  * the file it read (size, device, inode, modification time); the pointer
- * and value arrays as blobs; packed_indices' extent, layout (0: its bytes
+ * and value arrays as blobs (none in a bare load); packed_indices' extent, layout (0: its bytes
  * follow, compact layout; 1: stored chunks; 2: a contiguous range as
  * virtual chunks), pipeline and either its bytes or its chunk table.  The
  * parent opens the file itself, refuses a file that is not the one the
@@ -686,6 +730,7 @@ enum { CONTIG_NONE = 0, CONTIG_OWNED = 2 };
 struct mat_ctx {
     const char *path, *group;
     int notify;
+    int bare;                 /* no arrays cross (iv_h5matrix_load_bare) */
 };
 
 /* The child's end of the prefault notice: extent and chunk length. */
@@ -695,7 +740,7 @@ static void child_peek(void *ctx, uint64_t length, uint64_t chunk_len)
     iv_h5iso_note(ctx, v, sizeof v);
 }
 
-static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct stat *id)
+static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, int bare, const struct stat *id)
 {
     const iv_stream_desc_t *s = &m->stream;
     uint64_t head[] = {MAT_MAGIC, (uint64_t)m->orient, (uint64_t)m->n_rows, (uint64_t)m->n_cols,
@@ -707,10 +752,12 @@ static int put_matrix(iv_h5iso_out_t *o, const iv_h5matrix_t *m, const struct st
     IV_TRY(iv_h5iso_put(o, head, sizeof head));
     IV_TRY(iv_h5iso_put(o, m->codec, sizeof m->codec));
     IV_TRY(iv_h5iso_put(o, m->chunk_index, sizeof m->chunk_index));
-    IV_TRY(iv_h5iso_put_blob(o, m->major_ptr, (uint64_t)(m->n_major + 1) * 8));
-    IV_TRY(iv_h5iso_put_blob(o, m->value_ptr, (uint64_t)(m->n_unique + 1) * 8));
-    IV_TRY(iv_h5iso_put_blob(o, m->values,
-                             (uint64_t)m->n_unique * iv_dtype_size(m->value_dtype)));
+    if (!bare) {
+        IV_TRY(iv_h5iso_put_blob(o, m->major_ptr, (uint64_t)(m->n_major + 1) * 8));
+        IV_TRY(iv_h5iso_put_blob(o, m->value_ptr, (uint64_t)(m->n_unique + 1) * 8));
+        IV_TRY(iv_h5iso_put_blob(o, m->values,
+                                 (uint64_t)m->n_unique * iv_dtype_size(m->value_dtype)));
+    }
     uint64_t sh[] = {s->length, s->chunked ? (s->file_contig ? 2u : 1u) : 0u, s->chunk_len,
                      s->n_chunks};
     IV_TRY(iv_h5iso_put(o, sh, sizeof sh));
@@ -732,8 +779,8 @@ static int matrix_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     const struct mat_ctx *c = vctx;
     iv_h5matrix_t m;
     struct stat id;
-    IV_TRY(load_here(c->path, c->group, c->notify ? child_peek : NULL, o, o, &m, &id, err));
-    int rc = put_matrix(o, &m, &id);
+    IV_TRY(load_here(c->path, c->group, c->notify ? child_peek : NULL, o, c->bare, o, &m, &id, err));
+    int rc = put_matrix(o, &m, c->bare, &id);
     iv_h5matrix_free(&m);
     if (rc < 0) return iv_fail(err, rc, "%s: cannot pass the matrix to the server", c->path);
     return 0;
@@ -925,29 +972,30 @@ static int take_contig(iv_h5iso_rd_t *r, const char *where, iv_stream_desc_t *s,
 
 /* The parent's end: the child's answer read and checked in the order
  * put_matrix wrote it, with the file opened again and compared. */
-static int take_parts(const char *path, const char *where, iv_h5iso_rd_t *r, iv_h5matrix_t *m,
-                      iv_err_t *err)
+static int take_parts(const char *path, const char *where, int bare, iv_h5iso_rd_t *r,
+                      iv_h5matrix_t *m, iv_err_t *err)
 {
     uint64_t head[16];
     IV_TRY(take_head(r, where, head, m, err));
     IV_TRY(take_text(r, where, m->codec, sizeof m->codec, err));
     IV_TRY(take_text(r, where, m->chunk_index, sizeof m->chunk_index, err));
     IV_TRY(check_same_file(path, head, m, err));
-    IV_TRY(take_arrays(r, where, head[6], m, err));
+    if (bare) m->nnz = (int64_t)head[6];
+    else IV_TRY(take_arrays(r, where, head[6], m, err));
     IV_TRY(take_stream_head(r, where, &m->stream, err));
     if (m->stream.chunked) IV_TRY(take_chunk_table(r, where, m, err));
     else IV_TRY(take_contig(r, where, &m->stream, err));
     if (r->pos != r->len)
         return FAILF(IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed (trailing bytes)", where);
-    return iv_h5matrix_check_pointers(m, where, err);
+    return bare ? 0 : iv_h5matrix_check_pointers(m, where, err);
 }
 
-static int take_matrix(const char *path, const char *where, const iv_h5iso_result_t *res,
+static int take_matrix(const char *path, const char *where, int bare, const iv_h5iso_result_t *res,
                        iv_h5matrix_t *m, iv_err_t *err)
 {
     iv_h5iso_rd_t r;
     iv_h5iso_rd_init(&r, res);
-    int rc = take_parts(path, where, &r, m, err);
+    int rc = take_parts(path, where, bare, &r, m, err);
     if (rc == 0) return 0;
     iv_h5matrix_free(m);
     return rc < 0 ? rc : IV_EBAD_FILE;
@@ -958,26 +1006,39 @@ int iv_h5matrix_load(const char *path, const char *group, iv_h5matrix_t *m, iv_e
     return iv_h5matrix_load_notify(path, group, NULL, NULL, m, err);
 }
 
-int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
-                            void *ctx, iv_h5matrix_t *m, iv_err_t *err)
+/* The load across the process line, with or without the arrays. */
+static int load_across(const char *path, const char *group, iv_h5matrix_stream_fn fn, void *ctx,
+                       int bare, iv_h5matrix_t *m, iv_err_t *err)
 {
     memset(m, 0, sizeof *m);
     if (!group || !*group) group = "X";
     char where[1024];
     snprintf(where, sizeof where, "%s:/%s", path, group);
-    struct mat_ctx c = {path, group, fn != NULL};
+    struct mat_ctx c = {path, group, fn != NULL, bare};
     struct peek_relay pr = {fn, ctx, 0};
     iv_h5iso_result_t res;
     IV_TRY(iv_h5iso_run(path, matrix_child, &c, fn ? parent_peek : NULL, &pr, &res, err));
-    int rc = take_matrix(path, where, &res, m, err);
+    int rc = take_matrix(path, where, bare, &res, m, err);
     iv_h5iso_result_free(&res);
     return rc;
+}
+
+int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                            void *ctx, iv_h5matrix_t *m, iv_err_t *err)
+{
+    return load_across(path, group, fn, ctx, 0, m, err);
+}
+
+int iv_h5matrix_load_bare(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                          void *ctx, iv_h5matrix_t *m, iv_err_t *err)
+{
+    return load_across(path, group, fn, ctx, 1, m, err);
 }
 
 int iv_h5matrix_load_inproc(const char *path, const char *group, iv_h5matrix_t *m, iv_err_t *err)
 {
     struct stat id;
-    return load_here(path, group, NULL, NULL, NULL, m, &id, err);
+    return load_here(path, group, NULL, NULL, 0, NULL, m, &id, err);
 }
 
 void iv_h5matrix_free(iv_h5matrix_t *m)

@@ -58,6 +58,16 @@ typedef void (*iv_h5matrix_stream_fn)(void *ctx, uint64_t length, uint64_t chunk
 int iv_h5matrix_load_notify(const char *path, const char *group, iv_h5matrix_stream_fn fn,
                             void *ctx, iv_h5matrix_t *m, iv_err_t *err);
 
+/* The same load without the pointer and value arrays, for a caller that
+ * has them from elsewhere (the cache folder, indexfile.h): major_ptr,
+ * value_ptr and values stay NULL; their lengths (n_unique), value_dtype
+ * and nnz (value_ptr's last element) are read; the pointers are not
+ * checked.  The caller sets the arrays and runs
+ * iv_h5matrix_check_pointers before any use, and clears them before
+ * iv_h5matrix_free when they are not malloc's. */
+int iv_h5matrix_load_bare(const char *path, const char *group, iv_h5matrix_stream_fn fn,
+                          void *ctx, iv_h5matrix_t *m, iv_err_t *err);
+
 /* Frees what load allocated and still owns (the stream arrays too, unless
  * they were handed over: the caller then zeroes m->stream first). */
 /* The same load in this process, for command-line tools that already hold

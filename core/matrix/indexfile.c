@@ -8,8 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "dtype.h"
 
 static const char MAGIC[8] = {'I', 'V', 'I', 'D', 'X', 0, 1, 0};
 #define VERSION 1u
@@ -187,6 +190,36 @@ int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t
     return 1;
 }
 
+/* One piece of a file to write. */
+struct part {
+    const void *p;
+    size_t n;
+};
+
+/* Writes the parts in order to path under a temporary name, then renames
+ * it into place: a reader (or a map) never sees a half-written file. */
+static int write_renamed(const char *path, const struct part *parts, size_t n_parts, iv_err_t *err)
+{
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
+    }
+    int bad = 0;
+    for (size_t i = 0; i < n_parts && !bad; i++)
+        bad = write_all(fd, parts[i].p, parts[i].n);
+    if (close(fd) != 0) bad = 1;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return iv_fail(err, IV_EIO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
 int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_stream_t *s,
                       const iv_rowindex_t *ri, iv_err_t *err)
 {
@@ -209,24 +242,189 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
     }
     uint64_t sum = iv_file_sum(buf, total - 8);
     memcpy(buf + total - 8, &sum, 8);
-    char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp) {
-        free(buf);
-        return iv_fail(err, IV_EINVALID_ARG, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int e = errno;
-        free(buf);
-        return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
-    }
-    int bad = write_all(fd, buf, total);
+    struct part whole = {buf, total};
+    int rc = write_renamed(path, &whole, 1, err);
     free(buf);
-    if (close(fd) != 0) bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return iv_fail(err, IV_EIO, "%s: cannot write: %s", path, strerror(e));
+    return rc;
+}
+
+/* ---- the kept pointer and value arrays ---- */
+
+static const char ARR_MAGIC[8] = {'I', 'V', 'A', 'R', 'R', 0, 1, 0};
+#define ARR_VERSION 1u
+
+/* 344 bytes, a multiple of 8: the arrays after it are aligned. */
+struct arr_head {
+    char magic[8];
+    uint32_t version, value_dtype;
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns;
+    uint64_t n_major, n_unique, nnz;
+    uint64_t value_size;
+    char group[256];
+};
+
+/* The trailer: iv_file_sum of the header and of each array, so that the
+ * writer sums the arrays where they are, without a copy into one buffer
+ * (a gigabyte at ten million cells). */
+struct arr_tail {
+    uint64_t head, major_ptr, value_ptr, values;
+};
+
+static void arr_head_fill(struct arr_head *h, const iv_indexfile_for_t *f)
+{
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, ARR_MAGIC, sizeof ARR_MAGIC);
+    h->version = ARR_VERSION;
+    h->dev = f->file.dev;
+    h->ino = f->file.ino;
+    h->size = f->file.size;
+    h->mtime_s = f->file.mtime_s;
+    h->mtime_ns = f->file.mtime_ns;
+    snprintf(h->group, sizeof h->group, "%s", f->group ? f->group : "X");
+}
+
+/* The bytes of each array in the file (values padded to 8), or 0 when
+ * the counts cannot be a file's. */
+static int arr_sizes(const struct arr_head *h, uint64_t sz[3])
+{
+    uint64_t lim = (uint64_t)1 << 48;
+    if (h->n_major >= lim || h->n_unique >= lim || h->value_size == 0 || h->value_size > 8)
+        return 0;
+    sz[0] = (h->n_major + 1) * 8;
+    sz[1] = (h->n_unique + 1) * 8;
+    sz[2] = h->n_unique * h->value_size;
+    return 1;
+}
+
+static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+/* The header against the one wanted: the identity and group fields
+ * equal, the counts plausible, the file's size the one they give.  1, or
+ * 0 with *why set. */
+static int arr_head_check(const struct arr_head *h, const struct arr_head *want, uint64_t file_len,
+                          const char **why)
+{
+    if (memcmp(h->magic, ARR_MAGIC, sizeof ARR_MAGIC) != 0 || h->version != ARR_VERSION) {
+        *why = "another format";
+        return 0;
     }
-    return 0;
+    if (h->dev != want->dev || h->ino != want->ino || h->size != want->size ||
+        h->mtime_s != want->mtime_s || h->mtime_ns != want->mtime_ns ||
+        memcmp(h->group, want->group, sizeof h->group) != 0) {
+        *why = "made for another file or matrix";
+        return 0;
+    }
+    uint64_t sz[3];
+    if (h->value_dtype >= IV_DT_COUNT || !arr_sizes(h, sz) ||
+        h->value_size != iv_dtype_size((iv_dtype_t)h->value_dtype)) {
+        *why = "damaged";
+        return 0;
+    }
+    if (file_len != sizeof *h + sz[0] + sz[1] + pad8(sz[2]) + sizeof(struct arr_tail)) {
+        *why = "truncated";
+        return 0;
+    }
+    return 1;
+}
+
+/* The sums of a mapped file with a checked header against its trailer. */
+static int arr_sums_hold(const uint8_t *base, const struct arr_head *h)
+{
+    uint64_t sz[3];
+    arr_sizes(h, sz);
+    const uint8_t *mp = base + sizeof *h, *vp = mp + sz[0], *val = vp + sz[1];
+    struct arr_tail t;
+    memcpy(&t, val + pad8(sz[2]), sizeof t);
+    return t.head == iv_file_sum(base, sizeof *h) && t.major_ptr == iv_file_sum(mp, sz[0]) &&
+           t.value_ptr == iv_file_sum(vp, sz[1]) && t.values == iv_file_sum(val, sz[2]);
+}
+
+/* In stages: the file mapped whole, its header against the one wanted,
+ * then its checksums; the arrays then point into the map. */
+int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
+                      const char **why, iv_err_t *err)
+{
+    const char *dummy;
+    if (!why) why = &dummy;
+    memset(a, 0, sizeof *a);
+    *why = "none kept";
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < sizeof(struct arr_head)) {
+        close(fd);
+        *why = "truncated";
+        return 0;
+    }
+    size_t len = (size_t)st.st_size;
+    /* MAP_POPULATE: the checksum reads every page next, and mapping them
+     * in one call costs less than a fault for each. */
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return e == ENOMEM ? iv_fail(err, IV_ENOMEM, "%s: cannot map: %s", path, strerror(e))
+                           : (*why = "unreadable", 0);
+    struct arr_head h, want;
+    memcpy(&h, map, sizeof h);
+    arr_head_fill(&want, f);
+    int ok = arr_head_check(&h, &want, len, why);
+    if (ok && !arr_sums_hold(map, &h)) {
+        *why = "damaged";
+        ok = 0;
+    }
+    if (!ok) {
+        munmap(map, len);
+        return 0;
+    }
+    uint64_t sz[3];
+    arr_sizes(&h, sz);
+    uint8_t *base = map;
+    a->map = map;
+    a->len = len;
+    a->major_ptr = (int64_t *)(void *)(base + sizeof h);
+    a->value_ptr = (int64_t *)(void *)(base + sizeof h + sz[0]);
+    a->values = base + sizeof h + sz[0] + sz[1];
+    a->n_major = h.n_major;
+    a->n_unique = h.n_unique;
+    a->nnz = h.nnz;
+    a->value_dtype = (int)h.value_dtype;
+    *why = "mapped";
+    return 1;
+}
+
+void iv_arraysfile_unmap(iv_arraysfile_t *a)
+{
+    if (a->map) munmap(a->map, a->len);
+    memset(a, 0, sizeof *a);
+}
+
+int iv_arraysfile_save(const char *path, const iv_indexfile_for_t *f, const int64_t *major_ptr,
+                       const int64_t *value_ptr, const void *values, int value_dtype,
+                       iv_err_t *err)
+{
+    struct arr_head h;
+    arr_head_fill(&h, f);
+    h.value_dtype = (uint32_t)value_dtype;
+    h.value_size = value_dtype >= 0 && value_dtype < IV_DT_COUNT
+                       ? iv_dtype_size((iv_dtype_t)value_dtype) : 0;
+    h.n_major = f->n_major;
+    h.n_unique = f->n_unique;
+    h.nnz = f->nnz;
+    uint64_t sz[3];
+    if (!arr_sizes(&h, sz))
+        return iv_fail(err, IV_EINVALID_ARG, "%s: arrays of these sizes cannot be kept", path);
+    struct arr_tail t = {
+        .head = iv_file_sum(&h, sizeof h),
+        .major_ptr = iv_file_sum(major_ptr, sz[0]),
+        .value_ptr = iv_file_sum(value_ptr, sz[1]),
+        .values = iv_file_sum(values, sz[2]),
+    };
+    static const uint8_t zeros[8];
+    struct part parts[] = {
+        {&h, sizeof h}, {major_ptr, sz[0]}, {value_ptr, sz[1]}, {values, sz[2]},
+        {zeros, pad8(sz[2]) - sz[2]}, {&t, sizeof t},
+    };
+    return write_renamed(path, parts, sizeof parts / sizeof parts[0], err);
 }

@@ -62,4 +62,58 @@ int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t
 int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_stream_t *s,
                       const iv_rowindex_t *ri, iv_err_t *err);
 
+/*
+ * The pointer and value arrays kept beside the index (the ".arrays"
+ * file), so that a restart maps them instead of having the reader
+ * process (h5iso.h) read and hand over major_ptr (n_major + 1 int64),
+ * value_ptr (n_unique + 1 int64) and values (n_unique of the value
+ * dtype), which at ten million cells is most of a restart's time.
+ *
+ * Kept under the same key as the index and taken only for the same file
+ * (device, inode, size, modification time) and matrix group; the counts
+ * (n_major, n_unique, nnz) and value dtype it holds are compared with
+ * the bare load's (iv_h5matrix_load_bare) by the dataset, which also
+ * checks the pointers as any load does.  Its bytes carry a checksum,
+ * taken over the whole file at every map, so a flipped byte in values
+ * is found too.
+ *
+ * Format (native byte order; the magic tells another): the header below
+ * (a multiple of 8 bytes, so that the arrays after it are aligned), then
+ * major_ptr, value_ptr, values padded to 8 bytes, then one uint64
+ * iv_file_sum of everything before it.
+ *
+ * The map is read-only and private (PROT_READ, MAP_PRIVATE): its pages
+ * are the page cache's, shared with the file and dropped by the kernel
+ * under pressure rather than swapped; nothing writes through it.  The
+ * file is written under a temporary name and renamed into place, never
+ * written over, so a map taken stays the bytes that were checked.
+ */
+typedef struct iv_arraysfile {
+    void *map;                /* the whole file, read-only; NULL when none */
+    size_t len;
+    int64_t *major_ptr;       /* n_major + 1, inside map */
+    int64_t *value_ptr;       /* n_unique + 1, inside map */
+    void *values;             /* n_unique of value_dtype, inside map */
+    uint64_t n_major, n_unique, nnz;
+    int value_dtype;          /* iv_dtype_t */
+} iv_arraysfile_t;
+
+/* Maps the arrays kept at path if they were made for file f's group
+ * (f->n_major, n_unique, nnz and stride are not compared: the header's
+ * are given in *a).  Returns 1 when mapped and its checksum holds, 0
+ * when there is none or it is not the one wanted (*why, when not NULL,
+ * says which; *a zeroed), or a negative error. */
+int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
+                      const char **why, iv_err_t *err);
+
+/* Unmaps what iv_arraysfile_map mapped (none: nothing) and zeroes *a. */
+void iv_arraysfile_unmap(iv_arraysfile_t *a);
+
+/* Writes the arrays for f (f->n_major, n_unique, nnz give their lengths;
+ * value_dtype their element) to path, under a temporary name renamed
+ * into place.  IV_EIO when it cannot be written. */
+int iv_arraysfile_save(const char *path, const iv_indexfile_for_t *f, const int64_t *major_ptr,
+                       const int64_t *value_ptr, const void *values, int value_dtype,
+                       iv_err_t *err);
+
 #endif /* IV_INDEXFILE_H */
