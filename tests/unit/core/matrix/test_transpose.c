@@ -705,6 +705,8 @@ static void gather_init(struct gather *k, const iv_dataset_t *ds, int fail_at)
     k->s.n_major = ds->m.n_minor;
     k->s.mp = calloc((size_t)(k->s.n_major + 1), sizeof *k->s.mp);
     k->s.vp = calloc(1, sizeof *k->s.vp);
+    k->s.values = malloc(1);   /* compared with memcmp even when empty */
+    k->s.stream = malloc(1);
     k->vsz = iv_dtype_size(ds->m.value_dtype);
     k->fail_at = fail_at;
 }
