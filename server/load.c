@@ -16,11 +16,24 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cachedir.h"
 #include "enc_dataset.h"
 #include "routes_meta.h"
+
+/* The smallest stream whose row index and arrays are kept in the cache
+ * folder (indexfile.h): IV_OTHER_MEMORY_MAX, below which the pass and the
+ * reads cost less than the files; IVSERVE_KEEP_MIN_BYTES sets another
+ * (the tests keep a small dataset's). */
+static size_t keep_min_bytes(void)
+{
+    const char *v = getenv("IVSERVE_KEEP_MIN_BYTES");
+    char *end;
+    unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
+    return v && *v && *end == '\0' ? (size_t)n : (size_t)IV_OTHER_MEMORY_MAX;
+}
 
 /* Drops a reference to a dataset; the last one of a dataset a reload
  * took out of service frees it, and the log says so (its memory is
@@ -199,13 +212,13 @@ void other_run(job_t *j)
         o.membudget = j->srv->mb;
         o.pool = j->srv->pool;
         o.index_dir = dir;
-        o.index_min_bytes = IV_OTHER_MEMORY_MAX;
+        o.index_min_bytes = keep_min_bytes();
         j->rc = other_from_disk(j, &o);
     } else if (plan == OTHER_COMPANION) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
         o.index_dir = dir;
-        o.index_min_bytes = IV_OTHER_MEMORY_MAX;
+        o.index_min_bytes = keep_min_bytes();
         o.group = d->conf->companion_group;
         o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
         o.membudget = j->srv->mb;
@@ -264,7 +277,7 @@ void load_run(job_t *j)
      * pass. */
     char dir[4096];
     o.index_dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    o.index_min_bytes = IV_OTHER_MEMORY_MAX;
+    o.index_min_bytes = keep_min_bytes();
     j->rc = iv_autopack_resolve(j->srv->cfg, &j->srv->log, d->conf->id, d->conf->path,
                                 d->conf->group, &d->pack, &j->srv->stopping, d->served,
                                 sizeof d->served, &j->err);

@@ -136,10 +136,11 @@ static void take_load_result(server_t *s, job_t *j, sds_t *d)
                   d->conf->id, d->err);
     iv_alog_event(&s->log, "info",
               "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
-              "(open %.2f s, row index %s %.2f s)",
+              "(open %.2f s, row index %s %.2f s%s%s)",
               d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
               in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
-              in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds);
+              in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds,
+              in->arrays_note[0] ? "; pointer arrays " : "", in->arrays_note);
 }
 
 /* A replacement takes its old entry's place when ready; when it failed,
@@ -565,9 +566,11 @@ static void on_other_done(job_t *j)
     const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
     if (j->rc == 0 && st.other_source == IV_SRC_FILE && d->other_path[0])
         iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (on disk, %s, %zu bytes, "
-                      "%.2f s; row index %s)", d->conf->id, other, d->other_path,
+                      "%.2f s; row index %s%s%s)", d->conf->id, other, d->other_path,
                       st.bytes[!st.file_orient], j->secs,
-                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made");
+                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made",
+                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note[0] ? "; pointer arrays " : "",
+                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note);
     else if (j->rc == 0 && st.other_source == IV_SRC_FILE)
         iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
                       d->conf->id, other, st.bytes[!st.file_orient], j->secs);

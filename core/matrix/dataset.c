@@ -189,9 +189,11 @@ static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k,
             release_matrix(ds);
         }
     }
-    if (k->arrays_at[0])
-        snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note, "read (kept ones %s)",
-                 why ? why : "unreadable");
+    if (k->arrays_at[0] && (!why || strcmp(why, "none kept") == 0))
+        snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note, "read (none kept)");
+    else if (k->arrays_at[0])
+        snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note,
+                 "read (kept arrays ignored: %s)", why);
     return iv_h5matrix_load_notify(path, ds->group, prefault_start, pf, &ds->m, err);
 }
 

@@ -79,7 +79,8 @@ typedef struct iv_dataset_info {
     int index_kept;           /* 1: the row index was read from index_dir, no pass made */
     int arrays_kept;          /* 1: the pointer and value arrays are mapped from index_dir */
     char arrays_note[96];     /* how the arrays came ("mapped from the cache folder", "read
-                               * (kept ones damaged)"); "" without index_dir */
+                               * (none kept)", "read (kept arrays ignored: damaged)");
+                               * "" without index_dir */
 } iv_dataset_info_t;
 
 int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_t **out,
