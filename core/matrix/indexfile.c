@@ -336,6 +336,9 @@ static int arr_sums_hold(const uint8_t *base, const struct arr_head *h)
     const uint8_t *mp = base + sizeof *h, *vp = mp + sz[0], *val = vp + sz[1];
     struct arr_tail t;
     memcpy(&t, val + pad8(sz[2]), sizeof t);
+    /* The padding after values is zeros: no byte of the file unchecked. */
+    for (uint64_t i = sz[2]; i < pad8(sz[2]); i++)
+        if (val[i] != 0) return 0;
     return t.head == iv_file_sum(base, sizeof *h) && t.major_ptr == iv_file_sum(mp, sz[0]) &&
            t.value_ptr == iv_file_sum(vp, sz[1]) && t.values == iv_file_sum(val, sz[2]);
 }
