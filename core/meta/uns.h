@@ -9,7 +9,11 @@
  * is left out: groups with another encoding-type (a data frame, a sparse
  * matrix, ...) and their members, arrays of two or more dimensions,
  * compound, enum (but bool), opaque or reference types, strings that are
- * not UTF-8, and entries past the limits below.
+ * not UTF-8, soft and external links, and entries past the limits below.
+ * Each of those is named in the skipped list with the reason (a group
+ * left out once, not its members); a path longer than 1023 bytes is left
+ * out unnamed.  A uns whose structure cannot be read (the group or a
+ * member's object header damaged) is an error, not a shorter list.
  *
  * Thread rules: a loaded iv_uns_t is immutable; any number of threads may
  * read it.  iv_uns_load may be called from any thread (it blocks on the
@@ -48,13 +52,25 @@ typedef struct iv_uns_entry {
     size_t *off;              /* STR: n + 1 offsets of the strings in data */
 } iv_uns_entry_t;
 
+/* An element left out, and why ("a 2-D array", "encoding-type dataframe"). */
+typedef struct iv_uns_skip {
+    char *path;
+    char *why;
+} iv_uns_skip_t;
+
+/* At most this many skipped elements are named; more sets more_skipped. */
+#define IV_UNS_MAX_SKIPPED 1000
+
 typedef struct iv_uns {
     iv_uns_entry_t *e;
     size_t n;
+    iv_uns_skip_t *skip;      /* in the walk's order */
+    size_t n_skip;
+    int more_skipped;
 } iv_uns_t;
 
 /* Reads path's uns (none: an empty list).  0 or a negative error: the
- * child's (IV_EBAD_FILE for a damaged file), IV_ENOMEM. */
+ * child's (IV_EBAD_FILE for a damaged file or uns), IV_ENOMEM. */
 int iv_uns_load(const char *path, iv_uns_t **out, iv_err_t *err);
 void iv_uns_free(iv_uns_t *u);
 

@@ -3,7 +3,7 @@
  * nested dict, an empty string, and what is left out: a dataframe group and its members,
  * a 2-D array, a compound, a string that is not UTF-8, a soft link) is
  * read back flattened, parents first and in name order, values equal to
- * what was written. */
+ * what was written; what is left out is named with its reason. */
 #include <check.h>
 
 #include "check_main.h"
@@ -156,6 +156,16 @@ START_TEST(reads_what_it_can_serve)
     check_str(e, 0, "ab");
     check_str(e, 1, "cdef");
     ck_assert(find(u, "neighbors/params")->kind == IV_UNS_DICT);
+    /* What was left out is named, in name order, with the reason; the
+     * dataframe once, not its member. */
+    const char *skipped[][2] = {{"compound", "compound"}, {"frame", "encoding-type dataframe"},
+                                {"grid", "2-D array"}, {"loop", "soft link"}, {"not_utf8", "UTF-8"}};
+    ck_assert_uint_eq(u->n_skip, 5);
+    ck_assert_int_eq(u->more_skipped, 0);
+    for (size_t i = 0; i < u->n_skip; i++) {
+        ck_assert_str_eq(u->skip[i].path, skipped[i][0]);
+        ck_assert_ptr_nonnull(strstr(u->skip[i].why, skipped[i][1]));
+    }
     iv_uns_free(u);
 
     /* A file without uns: empty; a missing file: an error. */
@@ -163,6 +173,7 @@ START_TEST(reads_what_it_can_serve)
     H5Fclose(f);
     ck_assert_int_eq(iv_uns_load(path, &u, &err), 0);
     ck_assert_uint_eq(u->n, 0);
+    ck_assert_uint_eq(u->n_skip, 0);
     iv_uns_free(u);
     unlink(path);
     ck_assert_int_eq(iv_uns_load(path, &u, &err), IV_EIO);
