@@ -48,6 +48,7 @@ struct iv_zarr_cache {
     slot_t s[SLOTS];
     int uns_state;            /* UNS_* */
     iv_uns_t *uns;
+    iv_err_t uns_err;         /* UNS_DONE with uns NULL: why */
 };
 
 enum { UNS_UNREAD = 0, UNS_READING, UNS_DONE };
@@ -193,26 +194,45 @@ int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk
     return rc;
 }
 
-const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path)
+int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t **out, iv_err_t *err)
 {
-    if (!c) return NULL;
+    *out = NULL;
+    IV_RETURN_IF(!c, err, IV_ENOMEM, "out of memory for the dataset's uns");
     pthread_mutex_lock(&c->mu);
     while (c->uns_state == UNS_READING) pthread_cond_wait(&c->cv, &c->mu);
     if (c->uns_state == UNS_DONE) {
+        *out = c->uns;
+        iv_err_t e = c->uns_err;
         pthread_mutex_unlock(&c->mu);
-        return c->uns;
+        return *out ? 0 : iv_fail(err, e.code < 0 ? e.code : IV_EBAD_FILE, "%s", e.msg);
     }
     c->uns_state = UNS_READING;
     pthread_mutex_unlock(&c->mu);
-    /* A file whose uns cannot be read serves the rest of its store: the
-     * error is not an answer to the request that happened to come first. */
     iv_uns_t *u = NULL;
-    iv_err_t e = {0};
-    if (iv_uns_load(path, &u, &e) != 0) u = NULL;
+    iv_err_t e;
+    iv_err_clear(&e);
+    int rc = iv_uns_load(path, &u, &e);
+    /* A reader past its time on uns is HDF5 looping on the file's bytes:
+     * the file's fault, not a request that waited too long. */
+    if (rc == IV_ETIMEOUT) rc = IV_EBAD_FILE;
     pthread_mutex_lock(&c->mu);
-    c->uns = u;
-    c->uns_state = UNS_DONE;
+    c->uns = rc == 0 ? u : NULL;
+    c->uns_err = e;
+    if (rc < 0) c->uns_err.code = rc;
+    /* Out of memory or of processes is this moment's, not the file's. */
+    c->uns_state = rc == IV_ENOMEM || rc == IV_EINTERNAL ? UNS_UNREAD : UNS_DONE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    return u;
+    *out = rc == 0 ? u : NULL;
+    return rc == 0 ? 0 : iv_fail(err, rc, "%s", e.msg);
+}
+
+const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path)
+{
+    /* A file whose uns cannot be read serves the rest of its store: the
+     * error is not an answer to the request that happened to come first. */
+    const iv_uns_t *u = NULL;
+    iv_err_t e;
+    iv_err_clear(&e);
+    return iv_zarr_cache_uns_get(c, path, &u, &e) == 0 ? u : NULL;
 }

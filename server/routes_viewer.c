@@ -42,6 +42,7 @@
 
 #include "aggregate.h"
 #include "../api/diffexp.h"
+#include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
 #include "http.h"
@@ -255,6 +256,7 @@ static const struct exact_route {
 } exact_routes[] = {
     {"/aggregate", IV_VR_AGGREGATE},
     {"/diffexp", IV_VR_DIFFEXP},
+    {"/uns", IV_VR_UNS},
     {"/var/search", IV_VR_VAR_SEARCH},
     {"/obs/search", IV_VR_OBS_SEARCH},
     {"/raw/var", IV_VR_RAW_VAR_TABLE},
@@ -1345,6 +1347,21 @@ static int run_diffexp(iv_vreq_t *r, iv_err_t *err)
     return iv_api_diffexp(&in, &r->out, &r->ctype, err);
 }
 
+/* ---- uns (api/uns_doc.c) -------------------------------------------------- */
+
+/* The file's uns, read on the first request (on this worker: the read
+ * forks a child and waits) and kept with the dataset's Zarr state, which
+ * serves the same entries; a uns that cannot be read is an error answer
+ * here, where the store serves an empty one. */
+static int run_uns(iv_vreq_t *r, iv_err_t *err)
+{
+    IV_RETURN_IF(r->query[0], err, IV_EBAD_REQUEST, "uns takes no query parameters");
+    const iv_uns_t *u;
+    IV_TRY(iv_zarr_cache_uns_get(r->vx ? r->vx->zcache : NULL, iv_dataset_info(r->ds)->path, &u, err));
+    r->ctype = "application/json";
+    return iv_api_uns_doc(u, r->json_bytes, &r->out, err);
+}
+
 /* ---- caching and compression ---------------------------------------------- */
 
 static int etag_listed(const char *inm, const char *etag)
@@ -1456,6 +1473,10 @@ static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag
         static const int64_t zarr_format[3] = {IV_ZARR_STORE_FORMAT, IV_ZARR_X_CHUNK, IV_ZARR_ZSTD_LEVEL};
         h = fnv(h, zarr_format, sizeof zarr_format);
     }
+    if (r->route == IV_VR_UNS) {
+        static const int uns_format = IV_API_UNS_FORMAT;
+        h = fnv(h, &uns_format, sizeof uns_format);
+    }
     h = fnv_str(h, r->name);
     h = fnv_str(h, r->query);
     h = fnv(h, r->body ? r->body : "", r->body_len);
@@ -1491,6 +1512,7 @@ static const route_run_fn route_runs[] = {
     [IV_VR_RAW_VAR_TABLE] = run_meta,
     [IV_VR_RAW_VAR_COLUMN] = run_meta,
     [IV_VR_ZARR] = run_zarr,
+    [IV_VR_UNS] = run_uns,
 };
 
 /* Encodes r->out with the coding where that pays; 1 when it did.  Float

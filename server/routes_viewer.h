@@ -8,6 +8,7 @@
  *   GET      /v1/datasets/{id}/obs/search    cell name search
  *   GET|POST /v1/datasets/{id}/aggregate     grouped statistics
  *   POST     /v1/datasets/{id}/diffexp       marker genes (api/diffexp.h)
+ *   GET      /v1/datasets/{id}/uns           the file's uns (api/uns_doc.h)
  *   GET      /v1/datasets/{id}/obs, /var, /obs/{column}, /var/{column}
  *                                             metadata pages (routes_meta.h)
  *
@@ -70,6 +71,7 @@ enum iv_vroute {
     IV_VR_RAW_VAR_SEARCH,
     IV_VR_ZARR,               /* .../zarr/KEY: the dataset as a Zarr store (api/zarr.h) */
     IV_VR_DIFFEXP,            /* POST .../diffexp (api/diffexp.h) */
+    IV_VR_UNS,                /* .../uns: the file's uns as JSON (api/uns_doc.h) */
 };
 
 /* The viewer route of sub (the path after the dataset id, e.g.
