@@ -25,7 +25,7 @@ import numpy as np
 import requests
 import urllib3
 
-from . import frames, selection, wire
+from . import frames, selection, uns as uns_doc, wire
 from .progress import bar as progress_bar
 from .errors import IvserveError, IvserveKeyError, make_error
 
@@ -119,6 +119,7 @@ class Dataset:
         self.obsm = Arrays(self, "obsm")
         self.varm = Arrays(self, "varm")
         self._var_by = None
+        self._uns = None
 
     def __repr__(self):
         return (f"<ivserve.Dataset {self.id!r}: {self.shape[0]} cells x {self.shape[1]} genes, "
@@ -298,6 +299,24 @@ class Dataset:
             df.index.name = None
             self._frames["raw/var:full"] = df
         return self._frames["raw/var:full"].copy()
+
+    def _uns_fetch(self):
+        if self._uns is None:
+            self._uns = uns_doc.decode(self.client.get_json(self.path + "/uns"))
+        return self._uns
+
+    @property
+    def uns(self):
+        """The file's uns as anndata.read_h5ad gives it (a dict; numpy
+        scalars and arrays of the file's dtypes, str, nested dicts), for
+        what the server serves: scalars, 1-D arrays and dicts of them.
+        Fetched once; each call returns a copy of its own."""
+        return copy.deepcopy(self._uns_fetch()[0])
+
+    @property
+    def uns_skipped(self):
+        """The uns elements the server leaves out, [(path, reason)]."""
+        return list(self._uns_fetch()[1])
 
     @property
     def obs(self):
@@ -672,7 +691,7 @@ class Query:
         a = self.to_numpy()
         return a if dtype is None else a.astype(dtype)
 
-    def to_anndata(self, obsm=True, computed=False, progress=None, layers=(), raw=False):
+    def to_anndata(self, obsm=True, computed=False, progress=None, layers=(), raw=False, uns=True):
         """The result as an AnnData equal to anndata's own subset of the
         file, adata[obs, var].copy(), for the elements asked for:
 
@@ -684,8 +703,10 @@ class Query:
         "layers/"), the same cells and genes of each; raw=True: raw/X of
         the same cells and every raw gene, with raw/var (its columns as
         the table route gives them: categoricals come as strings).
-        computed=True adds the server's computed obs / var columns.  uns
-        and obsp are not served."""
+        computed=True adds the server's computed obs / var columns.
+        uns=True: the file's uns whole, as a subset keeps it (ds.uns: what
+        the server serves of it; ds.uns_skipped names the rest).  obsp is
+        not served."""
         import anndata
 
         ds = self.ds
@@ -730,6 +751,8 @@ class Query:
         if "dtype" in inspect.signature(anndata.AnnData.__init__).parameters:
             # anndata before 0.9 casts X to float32 unless told the dtype.
             kw["dtype"] = X.dtype
+        if uns:
+            kw["uns"] = ds.uns
         return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, layers=mats or None, **kw)
 
 
