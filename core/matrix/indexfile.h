@@ -86,7 +86,11 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
  * are the page cache's, shared with the file and dropped by the kernel
  * under pressure rather than swapped; nothing writes through it.  The
  * file is written under a temporary name and renamed into place, never
- * written over, so a map taken stays the bytes that were checked.
+ * written over, so a map taken stays the bytes that were checked.  Unlike
+ * the packed file's chunks (read with pread, filecheck.h), a kept file
+ * truncated in place under a running server would fault its reads
+ * (SIGBUS): the cache folder is the server's own (mode 0700, files 0600),
+ * and the server itself only ever renames over or unlinks them.
  */
 typedef struct iv_arraysfile {
     void *map;                /* the whole file, read-only; NULL when none */
