@@ -158,13 +158,26 @@ static const char *arrays_mismatch(iv_dataset_t *ds, const iv_arraysfile_t *a,
     return NULL;
 }
 
+/* The kept arrays' checksums, one block an item, on the pool's idle
+ * workers while the reader process loads the rest. */
+struct sums_check {
+    const iv_arraysfile_t *a;
+    atomic_int bad;
+};
+
+static void check_sum_block(void *arg, size_t i)
+{
+    struct sums_check *sc = arg;
+    if (!atomic_load(&sc->bad) && !iv_arraysfile_check_block(sc->a, i)) atomic_store(&sc->bad, 1);
+}
+
 /*
- * The matrix: with kept arrays that map and hold their checksums, a bare
- * load (no arrays cross from the reader process) and the map adopted;
- * anything else, or kept arrays that then do not fit, the whole load as
- * before.  info.arrays_note says which and why.
+ * The matrix: with kept arrays made for this file, a bare load (no arrays
+ * cross from the reader process) while the pool checks their sums, and
+ * the map adopted when the sums hold and the arrays fit; anything else
+ * the whole load as before.  info.arrays_note says which and why.
  */
-static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k,
+static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k, iv_pool_t *pool,
                        struct prefault *pf, iv_err_t *err)
 {
     const char *why = NULL;
@@ -172,15 +185,21 @@ static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k,
     iv_indexfile_for_t af = {.group = ds->group};
     if (k->arrays_at[0] && stat(path, &st) == 0) {
         iv_file_id_of(&st, &af.file);
-        int rc = iv_arraysfile_map(k->arrays_at, &af, &ds->arrays, &why, err);
+        int rc = iv_arraysfile_open(k->arrays_at, &af, &ds->arrays, &why, err);
         if (rc < 0) return rc;
         if (rc == 1) {
+            struct sums_check sc = {.a = &ds->arrays};
+            atomic_init(&sc.bad, 0);
+            iv_pool_for_t *run = iv_pool_for_start(pool, ds->arrays.n_blocks, check_sum_block, &sc);
             rc = iv_h5matrix_load_bare(path, ds->group, prefault_start, pf, &ds->m, err);
+            iv_pool_for_finish(run);
             if (rc < 0) {
                 iv_arraysfile_unmap(&ds->arrays);
                 return rc;
             }
-            if (!(why = arrays_mismatch(ds, &ds->arrays, &af.file))) {
+            if (atomic_load(&sc.bad)) why = "damaged";
+            else why = arrays_mismatch(ds, &ds->arrays, &af.file);
+            if (!why) {
                 ds->info.arrays_kept = 1;
                 snprintf(ds->info.arrays_note, sizeof ds->info.arrays_note,
                          "mapped from the cache folder");
@@ -216,7 +235,7 @@ static int open_stream(iv_dataset_t *ds, const char *path, const iv_dataset_opts
     if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
     struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb, .skip = k->skip_pass};
     atomic_init(&pf.stop, 0);
-    int rc = load_matrix(ds, path, k, &pf, err);
+    int rc = load_matrix(ds, path, k, opts->pool, &pf, err);
     /* The pass then starts on memory that is there.  When the prefault
      * outlasts the load (2 MiB pages under memory pressure can take
      * reclaim and compaction), the load's time shows the wait: the pass

@@ -251,7 +251,11 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
 /* ---- the kept pointer and value arrays ---- */
 
 static const char ARR_MAGIC[8] = {'I', 'V', 'A', 'R', 'R', 0, 1, 0};
-#define ARR_VERSION 1u
+#define ARR_VERSION 2u
+/* Each array is summed in blocks of this many bytes (its last shorter),
+ * so that the check at a restart runs on the pool's idle workers while
+ * the reader process loads the rest (IV_ARRAYSFILE_BLOCK in the header). */
+#define BLOCK IV_ARRAYSFILE_BLOCK
 
 /* 344 bytes, a multiple of 8: the arrays after it are aligned. */
 struct arr_head {
@@ -262,13 +266,6 @@ struct arr_head {
     uint64_t n_major, n_unique, nnz;
     uint64_t value_size;
     char group[256];
-};
-
-/* The trailer: iv_file_sum of the header and of each array, so that the
- * writer sums the arrays where they are, without a copy into one buffer
- * (a gigabyte at ten million cells). */
-struct arr_tail {
-    uint64_t head, major_ptr, value_ptr, values;
 };
 
 static void arr_head_fill(struct arr_head *h, const iv_indexfile_for_t *f)
@@ -284,8 +281,8 @@ static void arr_head_fill(struct arr_head *h, const iv_indexfile_for_t *f)
     snprintf(h->group, sizeof h->group, "%s", f->group ? f->group : "X");
 }
 
-/* The bytes of each array in the file (values padded to 8), or 0 when
- * the counts cannot be a file's. */
+/* The bytes of each array in the file (values unpadded), or 0 when the
+ * counts cannot be a file's. */
 static int arr_sizes(const struct arr_head *h, uint64_t sz[3])
 {
     uint64_t lim = (uint64_t)1 << 48;
@@ -298,6 +295,13 @@ static int arr_sizes(const struct arr_head *h, uint64_t sz[3])
 }
 
 static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+static uint64_t blocks_of(uint64_t n) { return (n + BLOCK - 1) / BLOCK; }
+
+/* The trailer's sums: the header's, then each array's blocks in order. */
+static uint64_t n_sums(const uint64_t sz[3])
+{
+    return 1 + blocks_of(sz[0]) + blocks_of(sz[1]) + blocks_of(sz[2]);
+}
 
 /* The header against the one wanted: the identity and group fields
  * equal, the counts plausible, the file's size the one they give.  1, or
@@ -321,32 +325,17 @@ static int arr_head_check(const struct arr_head *h, const struct arr_head *want,
         *why = "damaged";
         return 0;
     }
-    if (file_len != sizeof *h + sz[0] + sz[1] + pad8(sz[2]) + sizeof(struct arr_tail)) {
+    if (file_len != sizeof *h + sz[0] + sz[1] + pad8(sz[2]) + 8 * n_sums(sz)) {
         *why = "truncated";
         return 0;
     }
     return 1;
 }
 
-/* The sums of a mapped file with a checked header against its trailer. */
-static int arr_sums_hold(const uint8_t *base, const struct arr_head *h)
-{
-    uint64_t sz[3];
-    arr_sizes(h, sz);
-    const uint8_t *mp = base + sizeof *h, *vp = mp + sz[0], *val = vp + sz[1];
-    struct arr_tail t;
-    memcpy(&t, val + pad8(sz[2]), sizeof t);
-    /* The padding after values is zeros: no byte of the file unchecked. */
-    for (uint64_t i = sz[2]; i < pad8(sz[2]); i++)
-        if (val[i] != 0) return 0;
-    return t.head == iv_file_sum(base, sizeof *h) && t.major_ptr == iv_file_sum(mp, sz[0]) &&
-           t.value_ptr == iv_file_sum(vp, sz[1]) && t.values == iv_file_sum(val, sz[2]);
-}
-
-/* In stages: the file mapped whole, its header against the one wanted,
- * then its checksums; the arrays then point into the map. */
-int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
-                      const char **why, iv_err_t *err)
+/* Stages: the file mapped whole and its header against the one wanted;
+ * the arrays then point into the map, their sums not yet checked. */
+int iv_arraysfile_open(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
+                       const char **why, iv_err_t *err)
 {
     const char *dummy;
     if (!why) why = &dummy;
@@ -361,26 +350,23 @@ int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfi
         return 0;
     }
     size_t len = (size_t)st.st_size;
-    /* MAP_POPULATE: the checksum reads every page next, and mapping them
-     * in one call costs less than a fault for each. */
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (map == MAP_FAILED)
-        return e == ENOMEM ? iv_fail(err, IV_ENOMEM, "%s: cannot map: %s", path, strerror(e))
-                           : (*why = "unreadable", 0);
+    if (map == MAP_FAILED) {
+        if (e == ENOMEM) return iv_fail(err, IV_ENOMEM, "%s: cannot map: %s", path, strerror(e));
+        *why = "unreadable";
+        return 0;
+    }
     struct arr_head h, want;
     memcpy(&h, map, sizeof h);
     arr_head_fill(&want, f);
-    int ok = arr_head_check(&h, &want, len, why);
-    if (ok && !arr_sums_hold(map, &h)) {
-        *why = "damaged";
-        ok = 0;
-    }
-    if (!ok) {
+    if (!arr_head_check(&h, &want, len, why)) {
         munmap(map, len);
         return 0;
     }
+    /* The sums read every page next, from several threads. */
+    madvise(map, len, MADV_WILLNEED);
     uint64_t sz[3];
     arr_sizes(&h, sz);
     uint8_t *base = map;
@@ -393,7 +379,67 @@ int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfi
     a->n_unique = h.n_unique;
     a->nnz = h.nnz;
     a->value_dtype = (int)h.value_dtype;
+    a->n_blocks = (size_t)n_sums(sz);
     *why = "mapped";
+    return 1;
+}
+
+/* Block i's bytes: 0 the header, then each array's blocks in order. */
+static const uint8_t *arr_block(const iv_arraysfile_t *a, size_t i, size_t *n)
+{
+    const struct arr_head *h = a->map;
+    uint64_t sz[3];
+    arr_sizes(h, sz);
+    const uint8_t *at[3] = {(const uint8_t *)a->major_ptr, (const uint8_t *)a->value_ptr,
+                            (const uint8_t *)a->values};
+    if (i == 0) {
+        *n = sizeof *h;
+        return a->map;
+    }
+    i--;
+    for (int k = 0; k < 3; k++) {
+        uint64_t nb = blocks_of(sz[k]);
+        if (i < nb) {
+            uint64_t off = (uint64_t)i * BLOCK;
+            *n = (size_t)(sz[k] - off < BLOCK ? sz[k] - off : BLOCK);
+            return at[k] + off;
+        }
+        i -= (size_t)nb;
+    }
+    *n = 0;
+    return NULL;
+}
+
+int iv_arraysfile_check_block(const iv_arraysfile_t *a, size_t i)
+{
+    if (i >= a->n_blocks) return 0;
+    size_t n;
+    const uint8_t *p = arr_block(a, i, &n);
+    uint64_t want;
+    memcpy(&want, (const uint8_t *)a->map + a->len - 8 * (a->n_blocks - i), 8);
+    if (i == 0) {
+        /* The padding after values is zeros: no byte of the file unchecked. */
+        const struct arr_head *h = a->map;
+        uint64_t sz[3];
+        arr_sizes(h, sz);
+        const uint8_t *val = a->values;
+        for (uint64_t j = sz[2]; j < pad8(sz[2]); j++)
+            if (val[j] != 0) return 0;
+    }
+    return iv_file_sum(p, n) == want;
+}
+
+int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
+                      const char **why, iv_err_t *err)
+{
+    int rc = iv_arraysfile_open(path, f, a, why, err);
+    if (rc != 1) return rc;
+    for (size_t i = 0; i < a->n_blocks; i++)
+        if (!iv_arraysfile_check_block(a, i)) {
+            iv_arraysfile_unmap(a);
+            if (why) *why = "damaged";
+            return 0;
+        }
     return 1;
 }
 
@@ -418,16 +464,23 @@ int iv_arraysfile_save(const char *path, const iv_indexfile_for_t *f, const int6
     uint64_t sz[3];
     if (!arr_sizes(&h, sz))
         return iv_fail(err, IV_EINVALID_ARG, "%s: arrays of these sizes cannot be kept", path);
-    struct arr_tail t = {
-        .head = iv_file_sum(&h, sizeof h),
-        .major_ptr = iv_file_sum(major_ptr, sz[0]),
-        .value_ptr = iv_file_sum(value_ptr, sz[1]),
-        .values = iv_file_sum(values, sz[2]),
-    };
+    /* The sums where the arrays are, without a copy into one buffer (a
+     * gigabyte at ten million cells). */
+    size_t ns = (size_t)n_sums(sz);
+    uint64_t *sums = malloc(ns * 8);
+    if (!sums) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
+    sums[0] = iv_file_sum(&h, sizeof h);
+    const uint8_t *at[3] = {(const uint8_t *)major_ptr, (const uint8_t *)value_ptr, values};
+    size_t j = 1;
+    for (int k = 0; k < 3; k++)
+        for (uint64_t off = 0; off < sz[k]; off += BLOCK)
+            sums[j++] = iv_file_sum(at[k] + off, (size_t)(sz[k] - off < BLOCK ? sz[k] - off : BLOCK));
     static const uint8_t zeros[8];
     struct part parts[] = {
         {&h, sizeof h}, {major_ptr, sz[0]}, {value_ptr, sz[1]}, {values, sz[2]},
-        {zeros, pad8(sz[2]) - sz[2]}, {&t, sizeof t},
+        {zeros, pad8(sz[2]) - sz[2]}, {sums, ns * 8},
     };
-    return write_renamed(path, parts, sizeof parts / sizeof parts[0], err);
+    int rc = write_renamed(path, parts, sizeof parts / sizeof parts[0], err);
+    free(sums);
+    return rc;
 }

@@ -73,14 +73,16 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
  * (device, inode, size, modification time) and matrix group; the counts
  * (n_major, n_unique, nnz) and value dtype it holds are compared with
  * the bare load's (iv_h5matrix_load_bare) by the dataset, which also
- * checks the pointers as any load does.  Its bytes carry a checksum,
- * taken over the whole file at every map, so a flipped byte in values
+ * checks the pointers as any load does.  Its bytes carry checksums,
+ * checked over the whole file at every open, so a flipped byte in values
  * is found too.
  *
  * Format (native byte order; the magic tells another): the header below
  * (a multiple of 8 bytes, so that the arrays after it are aligned), then
- * major_ptr, value_ptr, values padded to 8 bytes, then one uint64
- * iv_file_sum of everything before it.
+ * major_ptr, value_ptr, values padded to 8 bytes with zeros, then the
+ * uint64 iv_file_sum of the header and of each array's blocks of
+ * IV_ARRAYSFILE_BLOCK bytes in order (the blocks, checked apart, let a
+ * restart check them on idle workers while the reader process runs).
  *
  * The map is read-only and private (PROT_READ, MAP_PRIVATE): its pages
  * are the page cache's, shared with the file and dropped by the kernel
@@ -92,6 +94,8 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
  * (SIGBUS): the cache folder is the server's own (mode 0700, files 0600),
  * and the server itself only ever renames over or unlinks them.
  */
+#define IV_ARRAYSFILE_BLOCK ((uint64_t)16 << 20)
+
 typedef struct iv_arraysfile {
     void *map;                /* the whole file, read-only; NULL when none */
     size_t len;
@@ -100,15 +104,26 @@ typedef struct iv_arraysfile {
     void *values;             /* n_unique of value_dtype, inside map */
     uint64_t n_major, n_unique, nnz;
     int value_dtype;          /* iv_dtype_t */
+    size_t n_blocks;          /* checksummed blocks (iv_arraysfile_check_block) */
 } iv_arraysfile_t;
 
 /* Maps the arrays kept at path if they were made for file f's group
  * (f->n_major, n_unique, nnz and stride are not compared: the header's
- * are given in *a).  Returns 1 when mapped and its checksum holds, 0
+ * are given in *a).  Returns 1 when mapped and its checksums hold, 0
  * when there is none or it is not the one wanted (*why, when not NULL,
  * says which; *a zeroed), or a negative error. */
 int iv_arraysfile_map(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
                       const char **why, iv_err_t *err);
+
+/* The same in two steps, for a caller that checks the sums on other
+ * threads: open maps the file and checks its header and size only (1, 0
+ * with *why, or an error, as map); then every block i in [0, n_blocks)
+ * must pass iv_arraysfile_check_block (1: its sum holds; any thread, at
+ * once) before the arrays are used.  A block that fails: unmap, the
+ * file is "damaged". */
+int iv_arraysfile_open(const char *path, const iv_indexfile_for_t *f, iv_arraysfile_t *a,
+                       const char **why, iv_err_t *err);
+int iv_arraysfile_check_block(const iv_arraysfile_t *a, size_t i);
 
 /* Unmaps what iv_arraysfile_map mapped (none: nothing) and zeroes *a. */
 void iv_arraysfile_unmap(iv_arraysfile_t *a);

@@ -181,6 +181,56 @@ START_TEST(saved_arrays_map_back_and_nothing_else_is_taken)
 }
 END_TEST
 
+/* Arrays longer than a checksum block: every block is checked, the last
+ * shorter one too. */
+START_TEST(every_block_of_long_arrays_is_checked)
+{
+    setup();
+    char at[400];
+    snprintf(at, sizeof at, "%s/long.arrays", dir);
+    uint64_t n_major = IV_ARRAYSFILE_BLOCK / 8 * 2 + 1000;   /* major_ptr in 3 blocks */
+    int64_t *mp = malloc((n_major + 1) * 8);
+    for (uint64_t i = 0; i <= n_major; i++) mp[i] = 0;
+    int64_t vp[1] = {0};
+    float val[1] = {0};
+    iv_indexfile_for_t f = small_for();
+    f.n_major = n_major;
+    f.n_unique = 0;
+    f.nnz = 0;
+    iv_err_t err;
+    iv_err_clear(&err);
+    ck_assert_int_eq(iv_arraysfile_save(at, &f, mp, vp, val, IV_DT_FLOAT32, &err), 0);
+    iv_arraysfile_t a;
+    const char *why = NULL;
+    ck_assert_int_eq(iv_arraysfile_map(at, &f, &a, &why, &err), 1);
+    ck_assert_uint_eq(a.n_blocks, 1 + 3 + 1 + 0);   /* header, major_ptr, value_ptr, no values */
+    iv_arraysfile_unmap(&a);
+    uint64_t head = 344;
+    off_t in_block[] = {(off_t)(head + 5), (off_t)(head + IV_ARRAYSFILE_BLOCK + 3),
+                        (off_t)(head + 2 * IV_ARRAYSFILE_BLOCK + 7999),
+                        (off_t)(head + (n_major + 1) * 8 + 2)};
+    int fd = open(at, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    for (size_t k = 0; k < sizeof in_block / sizeof in_block[0]; k++) {
+        uint8_t byte, flipped;
+        ck_assert_int_eq(pread(fd, &byte, 1, in_block[k]), 1);
+        flipped = byte ^ 0x80;
+        ck_assert_int_eq(pwrite(fd, &flipped, 1, in_block[k]), 1);
+        ck_assert_int_eq(iv_arraysfile_map(at, &f, &a, &why, &err), 0);
+        ck_assert_str_eq(why, "damaged");
+        /* Opened, only that block fails. */
+        ck_assert_int_eq(iv_arraysfile_open(at, &f, &a, &why, &err), 1);
+        for (size_t i = 0; i < a.n_blocks; i++)
+            ck_assert_int_eq(iv_arraysfile_check_block(&a, i), i != k + 1);
+        iv_arraysfile_unmap(&a);
+        ck_assert_int_eq(pwrite(fd, &byte, 1, in_block[k]), 1);
+    }
+    close(fd);
+    free(mp);
+    teardown();
+}
+END_TEST
+
 START_TEST(second_open_maps_the_kept_arrays)
 {
     setup();
@@ -262,6 +312,7 @@ static Suite *suite(void)
     Suite *s = suite_create("arraysfile");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, saved_arrays_map_back_and_nothing_else_is_taken);
+    tcase_add_test(tc, every_block_of_long_arrays_is_checked);
     tcase_add_test(tc, second_open_maps_the_kept_arrays);
     tcase_add_test(tc, kept_arrays_that_do_not_fit_are_read_again);
     suite_add_tcase(s, tc);
