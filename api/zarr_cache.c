@@ -219,8 +219,11 @@ int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t *
     c->uns = rc == 0 ? u : NULL;
     c->uns_err = e;
     if (rc < 0) c->uns_err.code = rc;
-    /* Out of memory or of processes is this moment's, not the file's. */
-    c->uns_state = rc == IV_ENOMEM || rc == IV_EINTERNAL ? UNS_UNREAD : UNS_DONE;
+    /* Out of memory is this moment's, not the file's: the next request
+     * reads again.  Any other failure is kept, a reader that stalled
+     * included (h5iso gives up on it after tens of seconds: a damaged
+     * file must not cost that on every request). */
+    c->uns_state = rc == IV_ENOMEM ? UNS_UNREAD : UNS_DONE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     *out = rc == 0 ? u : NULL;

@@ -41,8 +41,7 @@ const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path);
 
 /* The same read, with its outcome: 0 and *out (the entries, kept by c),
  * or the read's error, kept too (a damaged uns is not read again per
- * request; a lack of memory or of a child process is tried again).  c
- * NULL: IV_ENOMEM. */
+ * request; IV_ENOMEM is tried again).  c NULL: IV_ENOMEM. */
 int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t **out, iv_err_t *err);
 
 #endif
