@@ -546,12 +546,26 @@ void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out)
 }
 
 /* An order-free hash of a matrix's stored values: for every value group,
- * a mix of its value's bits, times its size, summed. */
-static uint64_t value_hash(const iv_h5matrix_t *m)
+ * a mix of its value's bits, times its size, summed.  The sum does not
+ * depend on the order, so blocks of groups are hashed on the pool and
+ * their sums added (ten million cells hold tens of millions of groups in
+ * each orientation). */
+#define HASH_BLOCK ((int64_t)1 << 20)
+
+struct value_hash_run {
+    const iv_h5matrix_t *m;
+    uint64_t *part;           /* one sum a block */
+};
+
+static void value_hash_block(void *arg, size_t b)
 {
+    const struct value_hash_run *r = arg;
+    const iv_h5matrix_t *m = r->m;
     size_t esz = iv_dtype_size(m->value_dtype);
+    int64_t lo = (int64_t)b * HASH_BLOCK;
+    int64_t hi = lo + HASH_BLOCK < m->n_unique ? lo + HASH_BLOCK : m->n_unique;
     uint64_t h = 0;
-    for (int64_t k = 0; k < m->n_unique; k++) {
+    for (int64_t k = lo; k < hi; k++) {
         uint64_t x = 0;
         memcpy(&x, (const char *)m->values + (size_t)k * esz, esz);
         x ^= x >> 33;
@@ -561,17 +575,35 @@ static uint64_t value_hash(const iv_h5matrix_t *m)
         x ^= x >> 33;
         h += (x | 1) * (uint64_t)(m->value_ptr[k + 1] - m->value_ptr[k]);
     }
-    return h;
+    r->part[b] = h;
+}
+
+/* 0 with *out set, or IV_ENOMEM. */
+static int value_hash(const iv_h5matrix_t *m, iv_pool_t *pool, uint64_t *out)
+{
+    size_t nb = (size_t)((m->n_unique + HASH_BLOCK - 1) / HASH_BLOCK);
+    struct value_hash_run r = {m, calloc(nb ? nb : 1, sizeof(uint64_t))};
+    if (!r.part) return IV_ENOMEM;
+    iv_pool_parallel_for(pool, nb, 0, value_hash_block, &r);
+    uint64_t h = 0;
+    for (size_t b = 0; b < nb; b++) h += r.part[b];
+    free(r.part);
+    *out = h;
+    return 0;
 }
 
 /* Why matrix b is not the other orientation of a; NULL when it is. */
-static const char *companion_mismatch(const iv_h5matrix_t *a, const iv_h5matrix_t *b)
+static const char *companion_mismatch(const iv_h5matrix_t *a, const iv_h5matrix_t *b,
+                                      iv_pool_t *pool)
 {
     if (a->orient == b->orient) return "it has the same orientation";
     if (a->n_rows != b->n_rows || a->n_cols != b->n_cols) return "the shapes differ";
     if (a->nnz != b->nnz) return "the nnz differ";
     if (a->value_dtype != b->value_dtype) return "the value dtypes differ";
-    if (value_hash(a) != value_hash(b)) return "the stored values differ";
+    uint64_t ha, hb;
+    if (value_hash(a, pool, &ha) != 0 || value_hash(b, pool, &hb) != 0)
+        return "out of memory to compare the values";
+    if (ha != hb) return "the stored values differ";
     return NULL;
 }
 
@@ -585,7 +617,7 @@ int iv_dataset_attach_other(iv_dataset_t *ds, const char *path, const iv_dataset
     iv_dataset_t *o = NULL;
     int rc = iv_dataset_open(path, opts, &o, err);
     if (rc < 0) goto fail;
-    const char *what = companion_mismatch(&ds->m, &o->m);
+    const char *what = companion_mismatch(&ds->m, &o->m, opts ? opts->pool : NULL);
     if (what) {
         rc = iv_fail(err, IV_EBAD_FILE, "companion %s is not the other orientation of %s: %s",
                      o->where, ds->where, what);
