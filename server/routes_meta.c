@@ -459,13 +459,34 @@ static void table_rows(iv_buf_t *b, const tpage_t *pg)
 
 /* The page's parameters: format, limit (defaulted, at most
  * IV_TABLE_LIMIT_MAX). */
-static int check_table_page(tparams_t *t, const char *accept, int *fmt, iv_err_t *err)
+static int check_table_limit(tparams_t *t, iv_err_t *err)
 {
-    IV_TRY(table_format(t->format, accept, fmt, err));
     if (t->limit < 0) t->limit = IV_TABLE_LIMIT_DEFAULT;
     if (t->limit > IV_TABLE_LIMIT_MAX)
         return iv_fail(err, IV_EBAD_REQUEST, "limit=%" PRId64 " exceeds the maximum of %d rows a page",
                        t->limit, IV_TABLE_LIMIT_MAX);
+    return 0;
+}
+
+static int check_table_page(tparams_t *t, const char *accept, int *fmt, iv_err_t *err)
+{
+    IV_TRY(table_format(t->format, accept, fmt, err));
+    return check_table_limit(t, err);
+}
+
+/* Writes the page [offset, offset + limit) of rows idx[0..n) with the
+ * columns cols: the one renderer of the GET and POST table answers. */
+static int table_emit(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const tparams_t *t, int fmt,
+                      const iv_meta_col_t *const *cols, size_t ncols, const int64_t *idx, int64_t n,
+                      const char **ctype, iv_err_t *err)
+{
+    tpage_t pg = {.axis = axis, .fmt = fmt, .cols = cols, .ncols = ncols, .ix = iv_meta_index(m, axis),
+                  .idx = idx, .n = n};
+    pg.lo = t->offset < pg.n ? t->offset : pg.n;
+    pg.hi = pg.n - pg.lo < t->limit ? pg.n : pg.lo + t->limit;
+    table_head(b, &pg, t, ctype);
+    table_rows(b, &pg);
+    if (b->oom) return iv_fail(err, IV_ENOMEM, "out of memory building the table");
     return 0;
 }
 
@@ -474,24 +495,75 @@ int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *
 {
     tparams_t t;
     IV_TRY(tparams_parse(&t, qs, qlen, 1, err));
-    tpage_t pg = {.axis = axis, .fmt = TF_JSON, .ix = iv_meta_index(m, axis)};
+    int fmt = TF_JSON;
+    size_t ncols = 0;
     const iv_meta_col_t **cols = NULL;
-    int64_t *idx = NULL;
-    int rc = check_table_page(&t, accept, &pg.fmt, err);
-    if (rc == 0) rc = table_columns(m, axis, t.columns, &cols, &pg.ncols, err);
-    if (rc == 0) rc = select_rows(m, axis, t.where, &idx, &pg.n, err);
-    if (rc == 0) {
-        pg.cols = cols;
-        pg.idx = idx;
-        pg.lo = t.offset < pg.n ? t.offset : pg.n;
-        pg.hi = pg.n - pg.lo < t.limit ? pg.n : pg.lo + t.limit;
-        table_head(b, &pg, &t, ctype);
-        table_rows(b, &pg);
-        if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the table");
-    }
+    int64_t *idx = NULL, n = 0;
+    int rc = check_table_page(&t, accept, &fmt, err);
+    if (rc == 0) rc = table_columns(m, axis, t.columns, &cols, &ncols, err);
+    if (rc == 0) rc = select_rows(m, axis, t.where, &idx, &n, err);
+    if (rc == 0) rc = table_emit(b, m, axis, &t, fmt, cols, ncols, idx, n, ctype, err);
     free(idx);
     free(cols);
     tparams_free(&t);
+    return rc;
+}
+
+/* ---- rows chosen by a selection (POST) ------------------------------------ */
+
+/* The rows of a POST answer: idx[0..n) checked against the axis (the
+ * resolver gives positions in range; a caller's bug must not become an
+ * out-of-bounds read), or every row when idx is NULL (*all to free). */
+static int rows_checked(const iv_meta_t *m, iv_axis_t axis, const int64_t **idx, int64_t *n, int64_t **all,
+                        iv_err_t *err)
+{
+    *all = NULL;
+    if (!*idx) {
+        IV_TRY(select_rows(m, axis, NULL, all, n, err));
+        *idx = *all;
+        return 0;
+    }
+    int64_t rows = iv_meta_n_rows(m, axis);
+    for (int64_t i = 0; i < *n; i++)
+        if ((*idx)[i] < 0 || (*idx)[i] >= rows)
+            return iv_fail(err, IV_EOUT_OF_RANGE, "%s row %" PRId64 " is out of range [0, %" PRId64 ")",
+                           axis_name(axis), (*idx)[i], rows);
+    return 0;
+}
+
+/* A POST's page parameters as the GET form's (limit defaulted and bounded). */
+static int page_params(const iv_rmeta_page_t *pg, tparams_t *t, iv_err_t *err)
+{
+    memset(t, 0, sizeof *t);
+    t->offset = pg->offset;
+    t->limit = pg->limit;
+    t->values = pg->values;
+    if (t->offset < 0) return iv_fail(err, IV_EBAD_REQUEST, "offset must be a non-negative integer");
+    return 0;
+}
+
+int iv_rmeta_table_rows(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const int64_t *idx, int64_t n,
+                        const iv_rmeta_page_t *pg, const char *accept, const char **ctype, iv_err_t *err)
+{
+    tparams_t t;
+    int fmt = TF_JSON;
+    IV_TRY(page_params(pg, &t, err));
+    IV_TRY(table_format(pg->format, accept, &fmt, err));
+    IV_TRY(check_table_limit(&t, err));
+    size_t ncols = pg->columns ? pg->n_columns : iv_meta_n_cols(m, axis);
+    const iv_meta_col_t **cols = calloc(ncols + 1, sizeof *cols);
+    if (!cols) return iv_fail(err, IV_ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t k = 0; k < ncols && rc == 0; k++) {
+        cols[k] = pg->columns ? iv_meta_find_col(m, axis, pg->columns[k]) : iv_meta_col(m, axis, k);
+        if (!cols[k])
+            rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), pg->columns[k]);
+    }
+    int64_t *all = NULL;
+    if (rc == 0) rc = rows_checked(m, axis, &idx, &n, &all, err);
+    if (rc == 0) rc = table_emit(b, m, axis, &t, fmt, cols, ncols, idx, n, ctype, err);
+    free(all);
+    free(cols);
     return rc;
 }
 
@@ -544,6 +616,26 @@ static int put_column_values(iv_buf_t *b, const iv_meta_col_t *c, const int64_t 
     return 0;
 }
 
+/* The column answer over rows idx[0..n): the one renderer of the GET and
+ * POST forms. */
+static int column_emit(iv_buf_t *b, const iv_meta_col_t *c, const int64_t *idx, int64_t n, const tparams_t *t,
+                       size_t max_bytes, iv_err_t *err)
+{
+    int rc = 0;
+    iv_buf_puts(b, "{\"name\":");
+    iv_buf_json_str(b, c->name);
+    iv_buf_printf(b, ",\"type\":\"%s\",\"n_rows\":%" PRId64 ",\"null_count\":%" PRId64,
+                  iv_col_type_name(c->type), c->n, c->null_count);
+    int want_values = c->type != IV_COL_CATEGORICAL || t->values;
+    if (c->type == IV_COL_CATEGORICAL) rc = put_category_counts(b, c, idx, n, err);
+    if (rc == 0 && want_values) rc = put_column_values(b, c, idx, n, t, max_bytes, err);
+    if (rc == 0) {
+        iv_buf_puts(b, "}");
+        if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the column");
+    }
+    return rc;
+}
+
 int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
                     const char *qs, size_t qlen, size_t max_bytes, iv_err_t *err)
 {
@@ -553,22 +645,23 @@ int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char 
     IV_TRY(tparams_parse(&t, qs, qlen, 0, err));
     int64_t *idx = NULL, n = 0;
     int rc = select_rows(m, axis, t.where, &idx, &n, err);
-    if (rc != 0) {
-        tparams_free(&t);
-        return rc;
-    }
-    iv_buf_puts(b, "{\"name\":");
-    iv_buf_json_str(b, c->name);
-    iv_buf_printf(b, ",\"type\":\"%s\",\"n_rows\":%" PRId64 ",\"null_count\":%" PRId64,
-                  iv_col_type_name(c->type), c->n, c->null_count);
-    int want_values = c->type != IV_COL_CATEGORICAL || t.values;
-    if (c->type == IV_COL_CATEGORICAL) rc = put_category_counts(b, c, idx, n, err);
-    if (rc == 0 && want_values) rc = put_column_values(b, c, idx, n, &t, max_bytes, err);
-    if (rc == 0) {
-        iv_buf_puts(b, "}");
-        if (b->oom) rc = iv_fail(err, IV_ENOMEM, "out of memory building the column");
-    }
+    if (rc == 0) rc = column_emit(b, c, idx, n, &t, max_bytes, err);
     free(idx);
     tparams_free(&t);
+    return rc;
+}
+
+int iv_rmeta_column_rows(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
+                         const int64_t *idx, int64_t n, const iv_rmeta_page_t *pg, size_t max_bytes,
+                         iv_err_t *err)
+{
+    const iv_meta_col_t *c = iv_meta_find_col(m, axis, column);
+    if (!c) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), column);
+    tparams_t t;
+    IV_TRY(page_params(pg, &t, err));
+    int64_t *all = NULL;
+    int rc = rows_checked(m, axis, &idx, &n, &all, err);
+    if (rc == 0) rc = column_emit(b, c, idx, n, &t, max_bytes, err);
+    free(all);
     return rc;
 }

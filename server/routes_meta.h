@@ -78,6 +78,32 @@ int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *
 int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
                     const char *qs, size_t qlen, size_t max_bytes, iv_err_t *err);
 
+/*
+ * POST .../obs, .../var, .../obs/{column}, .../var/{column}: the same
+ * answers over rows chosen by a query selection (routes_viewer.c parses
+ * and resolves it as the query route does): idx[0..n) in that order,
+ * duplicates repeated, or every row when idx is NULL.  The page's
+ * parameters are the GET form's, parsed from a JSON body: columns NULL
+ * for every column (table), format NULL for the Accept header's choice,
+ * limit -1 for the default (table: IV_TABLE_LIMIT_DEFAULT, at most
+ * IV_TABLE_LIMIT_MAX; column: every row).  The answer's "total" (table)
+ * or "selected" (column) is n.  A position outside the axis is
+ * IV_EOUT_OF_RANGE; otherwise the errors of the GET forms.
+ */
+typedef struct iv_rmeta_page {
+    const char *const *columns;   /* table: the columns in order, or NULL for all */
+    size_t n_columns;
+    const char *format;           /* table: "json", "ndjson", "csv" or NULL */
+    int64_t offset, limit;
+    int values;                   /* column: a categorical's labels row by row */
+} iv_rmeta_page_t;
+
+int iv_rmeta_table_rows(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const int64_t *idx, int64_t n,
+                        const iv_rmeta_page_t *pg, const char *accept, const char **ctype, iv_err_t *err);
+int iv_rmeta_column_rows(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *column,
+                         const int64_t *idx, int64_t n, const iv_rmeta_page_t *pg, size_t max_bytes,
+                         iv_err_t *err);
+
 /* Sum of the computed total_counts column of an axis over rows idx[0..n)
  * (all rows when idx is NULL).  Returns -1 when the axis has no computed
  * total_counts (IVCSC files have it on var only). */

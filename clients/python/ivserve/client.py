@@ -266,6 +266,54 @@ class Dataset:
     def _fetch_column(self, axis, name):
         self._raw_columns[(axis, name)] = self._column_values(axis, name)
 
+    def _holds(self, axis, computed):
+        """Whether the whole table (names and every column read_frame
+        would give) has been fetched already."""
+        cached = self._frames.get(axis, {})
+        return axis in self._names and all(name in cached or (axis, name) in self._raw_columns
+                                           for name in self.columns(axis, computed))
+
+    def _frame_rows(self, axis, wire_sel, computed):
+        """The rows of the obs or var table that the query selection
+        wire_sel picks, as read_frame(axis, computed=computed).iloc of its
+        positions would give them (rows in the selection's order,
+        duplicates repeated, the same dtypes and categories), fetched from
+        POST .../{axis}: the server resolves the selection as the query
+        route does and sends only those rows, in pages of _TABLE_PAGE.
+        None when the server takes no POST there (an older server): the
+        caller fetches the whole table instead."""
+        import pandas as pd
+
+        schema = self._schema(axis)
+        specs = {c["name"]: c for c in schema["columns"]}
+        columns = [c["name"] for c in schema["columns"] if computed or not c.get("computed")]
+        body = {axis: wire_sel, "columns": columns, "format": "json", "limit": _TABLE_PAGE}
+        rows, offset, total = [], 0, None
+        while total is None or offset < total:
+            try:
+                r = self.client.request("POST", f"{self.path}/{axis}", json=dict(body, offset=offset))
+            except IvserveError as e:
+                if e.status == 405 and total is None:
+                    return None
+                raise
+            try:
+                page = r.json()
+            except ValueError:
+                raise IvserveError(r.status_code, "bad_answer", f"POST {axis}: the answer is not JSON") from None
+            total = int(page["total"])
+            if not page["rows"] and offset < total:
+                raise IvserveError(None, "bad_answer", f"{axis} table page at {offset} is empty")
+            rows.extend(page["rows"])
+            offset += len(page["rows"])
+        # Built on row numbers and indexed after: names may repeat, and
+        # pandas will not align columns on an index with duplicates.
+        at = pd.RangeIndex(len(rows))
+        series = {name: frames.column_series(specs[name], [row[name] for row in rows], at)
+                  for name in columns}
+        df = pd.DataFrame(series, index=at, columns=columns)
+        df.index = frames.make_index([row["_index"] for row in rows], schema.get("index"))
+        return df
+
     def _frame_or_bare(self, axis, computed):
         """The table, or one without columns indexed by row number when
         the server has no metadata for the dataset (it lists no columns)."""
@@ -710,21 +758,24 @@ class Query:
         import anndata
 
         ds = self.ds
-        # The obs and var tables come column by column, each a request the
-        # server answers on its own: they are fetched by a few threads while
-        # this one reads the matrix, rather than one after the other after it.
+        var_axis = ds._var_axis(self.matrix)
+        # A selected subset's rows of obs and var come from the server, which
+        # resolves the selection as it did for the matrix (POST .../obs with
+        # the same selection object); a whole table comes column by column
+        # and is kept.  Either way the requests run on a few threads while
+        # this one reads the matrix.
+        by_sel = {ax: sel for ax, sel in (("obs", self.obs), (var_axis, self.var))
+                  if sel is not None and ax != "raw/var" and ds.info.get(ax) and not ds._holds(ax, computed)}
         with ThreadPoolExecutor(max_workers=4) as pool:
-            ahead = (ds._prefetch(pool, "obs", computed) +
-                     ds._prefetch(pool, ds._var_axis(self.matrix), computed))
+            rows = {ax: pool.submit(ds._frame_rows, ax, sel, computed) for ax, sel in by_sel.items()}
+            ahead = [f for ax in ("obs", var_axis) if ax not in by_sel for f in ds._prefetch(pool, ax, computed)]
             X, obs_pos = self.fetch(progress)
             for f in ahead:
                 f.result()
-        var_pos = ds._var_positions(self.var, self.matrix)
-        if len(var_pos) != X.shape[1]:
-            raise IvserveError(None, "bad_answer",
-                               f"the result has {X.shape[1]} genes; the var selection resolves to {len(var_pos)}")
-        obs = _drop_unused(ds._frame_or_bare("obs", computed).iloc[obs_pos])
-        var = _drop_unused(ds._frame_or_bare(ds._var_axis(self.matrix), computed).iloc[var_pos])
+            rows = {ax: f.result() for ax, f in rows.items()}
+        obs = _table_rows(ds, rows.get("obs"), "obs", lambda: obs_pos, X.shape[0], computed)
+        var = _table_rows(ds, rows.get(var_axis), var_axis, lambda: ds._var_positions(self.var, self.matrix),
+                          X.shape[1], computed)
         arrays = {}
         names = list(ds.obsm.keys()) if obsm is True else list(obsm or [])
         for name in names:
@@ -733,13 +784,15 @@ class Query:
         layer_names = ([m[len("layers/"):] for m, e in ds.matrices.items()
                         if m.startswith("layers/") and e.get("servable", True)]
                        if layers is True else list(layers or []))
-        mats = {}
+        mats, var_pos = {}, None
         for name in layer_names:
             m = "layers/" + name
             if m not in ds.matrices or not ds.matrices[m].get("servable", True):
                 raise IvserveKeyError(None, "unknown_matrix",
                                       f"dataset {ds.id!r} serves no layer {name!r}; it serves "
                                       f"{[k for k in ds.matrices if k.startswith('layers/')]}")
+            if var_pos is None:
+                var_pos = ds._var_positions(self.var, self.matrix)
             var_wire = selection._index_wire(np.asarray(var_pos, dtype=np.int64), ds._axis_len("var", m))
             mats[name] = Query(ds, obs_wire, var_wire, m).to_scipy(progress=False)
         kw = {}
@@ -770,6 +823,17 @@ def _genes_frame(genes, group):
     if group is not None:
         df.insert(0, "group", pd.Series([str(group)] * len(genes), dtype=object))
     return df
+
+
+def _table_rows(ds, fetched, axis, positions, n, computed):
+    """obs or var of a result of n rows: the rows fetched by selection
+    (Dataset._frame_rows), else the whole table's rows at positions()
+    (fetched once and kept), without unused categories."""
+    if fetched is None:
+        fetched = ds._frame_or_bare(axis, computed).iloc[positions()]
+    if len(fetched) != n:
+        raise IvserveError(None, "bad_answer", f"the result has {n} rows of {axis}; its table gives {len(fetched)}")
+    return _drop_unused(fetched)
 
 
 def _drop_unused(df):
