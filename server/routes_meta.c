@@ -513,12 +513,12 @@ int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *
 
 /* The rows of a POST answer: idx[0..n) checked against the axis (the
  * resolver gives positions in range; a caller's bug must not become an
- * out-of-bounds read), or every row when idx is NULL (*all to free). */
+ * out-of-bounds read), or every row when n < 0 (*all to free). */
 static int rows_checked(const iv_meta_t *m, iv_axis_t axis, const int64_t **idx, int64_t *n, int64_t **all,
                         iv_err_t *err)
 {
     *all = NULL;
-    if (!*idx) {
+    if (*n < 0) {
         IV_TRY(select_rows(m, axis, NULL, all, n, err));
         *idx = *all;
         return 0;

@@ -82,7 +82,7 @@ int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char 
  * POST .../obs, .../var, .../obs/{column}, .../var/{column}: the same
  * answers over rows chosen by a query selection (routes_viewer.c parses
  * and resolves it as the query route does): idx[0..n) in that order,
- * duplicates repeated, or every row when idx is NULL.  The page's
+ * duplicates repeated, or every row when n < 0 (idx unused).  The page's
  * parameters are the GET form's, parsed from a JSON body: columns NULL
  * for every column (table), format NULL for the Accept header's choice,
  * limit -1 for the default (table: IV_TABLE_LIMIT_DEFAULT, at most
