@@ -160,9 +160,11 @@ ivs_var_positions <- function(client, dataset, var, var_where, n, axis = "var") 
 #' @param genes_by_cells FALSE: X is cells x genes; TRUE: X is its transpose, genes x cells, as
 #'   SingleCellExperiment and Seurat store counts, read without any reordering (the stream's
 #'   rows are cells, so this is the cheaper form).
+#' @param .tile internal: columns per tile of the cells x genes reordering (NA: the default; 0: the
+#'   reference scatter it is tested against).
 #' @return list(X = dgCMatrix without dimnames, obs = 0-based dataset rows of the cells).
-ivs_read_stream <- function(body, genes_by_cells = FALSE) {
-  res <- .Call(C_ivs_decode_csr, body, !isTRUE(genes_by_cells))
+ivs_read_stream <- function(body, genes_by_cells = FALSE, .tile = NA_integer_) {
+  res <- .Call(C_ivs_decode_csr, body, !isTRUE(genes_by_cells), as.integer(.tile))
   if (!is.null(res$error)) {
     if (is.raw(res$message)) {
       # An error trailer: the server's JSON error document.

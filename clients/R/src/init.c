@@ -5,7 +5,7 @@
 #include "ivserve.h"
 
 static const R_CallMethodDef call_methods[] = {
-    {"ivs_decode_csr", (DL_FUNC)&ivs_decode_csr, 2},
+    {"ivs_decode_csr", (DL_FUNC)&ivs_decode_csr, 3},
     {"ivs_sink_new", (DL_FUNC)&ivs_sink_new, 0},
     {"ivs_sink_fill", (DL_FUNC)&ivs_sink_fill, 2},
     {"ivs_sink_raw", (DL_FUNC)&ivs_sink_raw, 2},

@@ -23,6 +23,6 @@ SEXP ivs_sink_new(void);
 SEXP ivs_sink_fill(SEXP sink, SEXP con);
 SEXP ivs_sink_raw(SEXP sink, SEXP max);
 SEXP ivs_sink_release(SEXP sink);
-SEXP ivs_decode_csr(SEXP body, SEXP csc);
+SEXP ivs_decode_csr(SEXP body, SEXP csc, SEXP tile);
 
 #endif
