@@ -581,7 +581,7 @@ def test_expect_100_after_route_and_token_checks(tmp_path):
         c, first = ask("/v1/datasets/nope/count", ["Expect: 100-continue", "Authorization: Bearer t1"])
         assert first.startswith(b"HTTP/1.1 403"), first[:100]
         c.close()
-        c, first = ask("/v1/datasets/priv/obs", ["Expect: 100-continue", "Authorization: Bearer t1"])
+        c, first = ask("/v1/datasets/priv/obs/search", ["Expect: 100-continue", "Authorization: Bearer t1"])
         assert first.startswith(b"HTTP/1.1 405"), first[:100]
         c.close()
         c, first = ask("/v1/datasets/priv/count", ["Expect: 100-continue", "Authorization: Bearer t1"])
@@ -785,6 +785,7 @@ def test_expect_100_on_every_post_route(tmp_path):
             "/v1/datasets/pb/query": {"obs": {"index": [3, 1]}, "format": "json"},
             "/v1/datasets/pb/count": {"obs": {"range": [0, 10]}},
             "/v1/datasets/pb/aggregate": {"group_by": ["groups"], "stats": ["sum"], "var": {"index": [0, 5]}},
+            "/v1/datasets/pb/obs": {"obs": {"index": [3, 1, 3]}, "columns": ["groups"]},
         }
         for path, body in bodies.items():
             data = json.dumps(body).encode()
@@ -811,7 +812,7 @@ def test_expect_100_on_every_post_route(tmp_path):
         assert got and got[-1].status == 200 and json.loads(got[-1].body)["openapi"], got[-1].status
         # A body for a GET-only route: 405 before the body, Allow listing GET.
         c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
-        c.sendall(b"POST /v1/datasets/pb/obs HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        c.sendall(b"POST /v1/datasets/pb/obs/search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
                   b"Expect: 100-continue\r\n\r\n")
         c.settimeout(5)
         first = c.recv(4096)
