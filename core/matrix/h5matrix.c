@@ -96,6 +96,18 @@ static int read_pointers(hid_t d, iv_dtype_t dt, const char *where, const char *
     return 0;
 }
 
+/* Opens a 1-D pointer array (open_1d), refusing a float one: 0, or an
+ * error with the dataset closed. */
+static int open_ptr_1d(hid_t g, const char *where, const char *name, hid_t *d, int64_t *len,
+                       iv_dtype_t *dt, iv_err_t *err)
+{
+    IV_TRY(open_1d(g, where, name, d, len, dt, err));
+    if (*dt != IV_DT_FLOAT32 && *dt != IV_DT_FLOAT64) return 0;
+    H5Dclose(*d);
+    return FAILF(IV_EBAD_FILE, "%s/%s: pointer array must be integer, found %s", where, name,
+                 iv_dtype_name(*dt));
+}
+
 /* Reads a whole 1-D integer dataset as int64 (HDF5 converts). */
 static int load_i64(hid_t g, const char *where, const char *name, int64_t **out, int64_t *len,
                     iv_err_t *err)
@@ -103,12 +115,9 @@ static int load_i64(hid_t g, const char *where, const char *name, int64_t **out,
     hid_t d;
     iv_dtype_t dt;
     *out = NULL;
-    IV_TRY(open_1d(g, where, name, &d, len, &dt, err));
+    IV_TRY(open_ptr_1d(g, where, name, &d, len, &dt, err));
     int rc = 0;
-    if (dt == IV_DT_FLOAT32 || dt == IV_DT_FLOAT64)
-        rc = FAILF(IV_EBAD_FILE, "%s/%s: pointer array must be integer, found %s", where, name,
-                   iv_dtype_name(dt));
-    else if (!(*out = malloc((size_t)(*len ? *len : 1) * sizeof(int64_t))))
+    if (!(*out = malloc((size_t)(*len ? *len : 1) * sizeof(int64_t))))
         rc = FAILF(IV_ENOMEM, "%s/%s: out of memory for %" PRId64 " pointers", where, name, *len);
     else if (*len > 0)
         rc = read_pointers(d, dt, where, name, *out, *len, err);
@@ -571,12 +580,9 @@ static int extent_i64(hid_t g, const char *where, const char *name, int64_t *len
 {
     hid_t d;
     iv_dtype_t dt;
-    IV_TRY(open_1d(g, where, name, &d, len, &dt, err));
+    IV_TRY(open_ptr_1d(g, where, name, &d, len, &dt, err));
     int rc = 0;
-    if (dt == IV_DT_FLOAT32 || dt == IV_DT_FLOAT64)
-        rc = FAILF(IV_EBAD_FILE, "%s/%s: pointer array must be integer, found %s", where, name,
-                   iv_dtype_name(dt));
-    else if (last && *len > 0) {
+    if (last && *len > 0) {
         hsize_t at[1] = {(hsize_t)*len - 1}, one[1] = {1};
         hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, one, NULL);
         if (H5Sselect_hyperslab(fs, H5S_SELECT_SET, at, NULL, one, NULL) < 0 ||
