@@ -428,7 +428,9 @@ def test_protected_ids_stay_out_of_readyz(tmp_path):
         url = "http://127.0.0.1:%d/readyz" % listening_port(log.name, proc)
         deadline = time.time() + 30
         r = requests.get(url, timeout=10)
-        while time.time() < deadline and "failed: " not in r.text:
+        # Settled: both broken datasets failed and both good ones loaded
+        # (the protected good one may load after the broken ones fail).
+        while time.time() < deadline and not ("failed: " in r.text and "2 of 4 datasets ready" in r.text):
             time.sleep(0.05)
             r = requests.get(url, timeout=10)
         assert r.status_code == 503
