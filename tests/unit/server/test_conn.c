@@ -523,13 +523,16 @@ START_TEST(test_unacknowledged_tail_is_cut_at_the_write_timeout)
     cfg.limits.write_timeout_ms = 100;
     srv_start();
     fake_t *f = connect_fake();
+    double t0 = now_ms();
     feed_str(f, GET_CLOSE("/healthz"));
     last_write_then_shut(f);
     f->unacked = 5000;
     feed_eof(f);
-    double t0 = now_ms();
     RUN_UNTIL(f->close_asked, 3000);
-    ck_assert_double_ge(now_ms() - t0, 90);
+    /* Cut by the 100 ms timer, not at once.  The timer counts from the
+     * loop's cached clock, which may lag the real one by a loop turn (tens
+     * of milliseconds under ThreadSanitizer), so the bound leaves room. */
+    ck_assert_double_ge(now_ms() - t0, 50);
     fake_free(f);
     srv_stop();
 }
