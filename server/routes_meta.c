@@ -351,33 +351,43 @@ static int table_format(const char *format, const char *accept, int *out, iv_err
     return 0;
 }
 
-/* The table's columns: the named ones (comma-separated, in the order
- * given), or every column.  *out is owned by the caller. */
-static int table_columns(const iv_meta_t *m, iv_axis_t axis, char *names, const iv_meta_col_t ***out,
+/* Appends the column named name to cols. */
+static int add_named_col(const iv_meta_t *m, iv_axis_t axis, const char *name, const iv_meta_col_t **cols,
                          size_t *n, iv_err_t *err)
 {
-    size_t cap = iv_meta_n_cols(m, axis) + 1;
-    if (names) {
+    const iv_meta_col_t *c = iv_meta_find_col(m, axis, name);
+    if (!c) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), name);
+    cols[(*n)++] = c;
+    return 0;
+}
+
+/* The table's columns: the named ones, in the order given, either
+ * comma-separated in csv (split in place; empty names skipped, as GET's
+ * columns= reads them) or the n_list names of list; else every column.
+ * *out is owned by the caller, also on failure. */
+static int table_columns(const iv_meta_t *m, iv_axis_t axis, char *csv, const char *const *list, size_t n_list,
+                         const iv_meta_col_t ***out, size_t *n, iv_err_t *err)
+{
+    size_t cap = list ? n_list + 1 : iv_meta_n_cols(m, axis) + 1;
+    if (csv) {
         cap = 1;
-        for (const char *p = names; *p; p++) cap += *p == ',';
+        for (const char *p = csv; *p; p++) cap += *p == ',';
     }
     const iv_meta_col_t **cols = calloc(cap, sizeof *cols);
     if (!cols) return iv_fail(err, IV_ENOMEM, "out of memory");
     *out = cols;
     *n = 0;
-    if (!names) {
-        for (size_t i = 0; i < cap - 1; i++) cols[(*n)++] = iv_meta_col(m, axis, i);
-        return 0;
-    }
-    for (char *s = names; s;) {
-        char *comma = strchr(s, ',');
-        if (comma) *comma = '\0';
-        if (*s) {
-            const iv_meta_col_t *c = iv_meta_find_col(m, axis, s);
-            if (!c) return iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), s);
-            cols[(*n)++] = c;
+    if (csv) {
+        for (char *s = csv; s;) {
+            char *comma = strchr(s, ',');
+            if (comma) *comma = '\0';
+            if (*s) IV_TRY(add_named_col(m, axis, s, cols, n, err));
+            s = comma ? comma + 1 : NULL;
         }
-        s = comma ? comma + 1 : NULL;
+    } else if (list) {
+        for (size_t i = 0; i < n_list; i++) IV_TRY(add_named_col(m, axis, list[i], cols, n, err));
+    } else {
+        for (size_t i = 0; i < cap - 1; i++) cols[(*n)++] = iv_meta_col(m, axis, i);
     }
     return 0;
 }
@@ -500,7 +510,7 @@ int iv_rmeta_table(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char *
     const iv_meta_col_t **cols = NULL;
     int64_t *idx = NULL, n = 0;
     int rc = check_table_page(&t, accept, &fmt, err);
-    if (rc == 0) rc = table_columns(m, axis, t.columns, &cols, &ncols, err);
+    if (rc == 0) rc = table_columns(m, axis, t.columns, NULL, 0, &cols, &ncols, err);
     if (rc == 0) rc = select_rows(m, axis, t.where, &idx, &n, err);
     if (rc == 0) rc = table_emit(b, m, axis, &t, fmt, cols, ncols, idx, n, ctype, err);
     free(idx);
@@ -550,15 +560,12 @@ int iv_rmeta_table_rows(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const i
     IV_TRY(page_params(pg, &t, err));
     IV_TRY(table_format(pg->format, accept, &fmt, err));
     IV_TRY(check_table_limit(&t, err));
-    size_t ncols = pg->columns ? pg->n_columns : iv_meta_n_cols(m, axis);
-    const iv_meta_col_t **cols = calloc(ncols + 1, sizeof *cols);
-    if (!cols) return iv_fail(err, IV_ENOMEM, "out of memory");
-    int rc = 0;
-    for (size_t k = 0; k < ncols && rc == 0; k++) {
-        cols[k] = pg->columns ? iv_meta_find_col(m, axis, pg->columns[k]) : iv_meta_col(m, axis, k);
-        if (!cols[k])
-            rc = iv_fail(err, IV_EBAD_SELECTION, "%s has no column '%.80s'", axis_name(axis), pg->columns[k]);
-    }
+    char *csv = pg->columns_csv ? strdup(pg->columns_csv) : NULL;
+    if (pg->columns_csv && !csv) return iv_fail(err, IV_ENOMEM, "out of memory");
+    const iv_meta_col_t **cols = NULL;
+    size_t ncols = 0;
+    int rc = table_columns(m, axis, csv, pg->columns, pg->n_columns, &cols, &ncols, err);
+    free(csv);
     int64_t *all = NULL;
     if (rc == 0) rc = rows_checked(m, axis, &idx, &n, &all, err);
     if (rc == 0) rc = table_emit(b, m, axis, &t, fmt, cols, ncols, idx, n, ctype, err);

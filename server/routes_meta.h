@@ -93,6 +93,7 @@ int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char 
 typedef struct iv_rmeta_page {
     const char *const *columns;   /* table: the columns in order, or NULL for all */
     size_t n_columns;
+    const char *columns_csv;      /* table: or them comma-separated, as GET's columns= */
     const char *format;           /* table: "json", "ndjson", "csv" or NULL */
     int64_t offset, limit;
     int values;                   /* column: a categorical's labels row by row */

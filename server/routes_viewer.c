@@ -855,48 +855,35 @@ enum { MK_COLUMNS, MK_FORMAT, MK_OFFSET, MK_LIMIT, MK_VALUES };
 typedef struct meta_post {
     params_t p;
     iv_rmeta_page_t pg;
-    const char **cols;   /* the page's column names (into p's items or colbuf) */
-    char *colbuf;        /* a comma-separated "columns", split in place */
+    const char **cols;   /* a "columns" list's names (into p's items) */
 } meta_post_t;
 
 static void meta_post_free(meta_post_t *mp)
 {
     params_free(&mp->p);
     free(mp->cols);
-    free(mp->colbuf);
 }
 
 /* "columns": a JSON list of names, or one comma-separated string as GET
- * takes it (a name holding a comma needs the list). */
+ * takes it (a name holding a comma needs the list; routes_meta.c splits
+ * the string as it splits GET's). */
 static int meta_post_columns(meta_post_t *mp, iv_err_t *err)
 {
     const cJSON *v = mp->p.items[MK_COLUMNS];
-    size_t n = 0, cap = 1;
+    size_t n = 0;
     if (!v) return 0;
     if (cJSON_IsString(v)) {
-        mp->colbuf = strdup(v->valuestring);
-        if (!mp->colbuf) return iv_fail(err, IV_ENOMEM, "out of memory");
-        for (const char *c = mp->colbuf; *c; c++) cap += *c == ',';
-    } else if (cJSON_IsArray(v)) {
-        cap += (size_t)cJSON_GetArraySize(v);
-    } else {
-        return iv_fail(err, IV_EBAD_REQUEST, "columns must be a list of column names or a comma-separated string");
+        mp->pg.columns_csv = v->valuestring;
+        return 0;
     }
-    mp->cols = calloc(cap, sizeof *mp->cols);
+    if (!cJSON_IsArray(v))
+        return iv_fail(err, IV_EBAD_REQUEST, "columns must be a list of column names or a comma-separated string");
+    mp->cols = calloc((size_t)cJSON_GetArraySize(v) + 1, sizeof *mp->cols);
     if (!mp->cols) return iv_fail(err, IV_ENOMEM, "out of memory");
-    if (mp->colbuf) {
-        for (char *c = mp->colbuf; c;) {
-            char *comma = strchr(c, ',');
-            if (comma) *comma = '\0';
-            if (*c) mp->cols[n++] = c;
-            c = comma ? comma + 1 : NULL;
-        }
-    } else {
-        const cJSON *it;
-        cJSON_ArrayForEach(it, v) {
-            if (!cJSON_IsString(it)) return iv_fail(err, IV_EBAD_REQUEST, "columns must be a list of strings");
-            mp->cols[n++] = it->valuestring;
-        }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsString(it)) return iv_fail(err, IV_EBAD_REQUEST, "columns must be a list of strings");
+        mp->cols[n++] = it->valuestring;
     }
     mp->pg.columns = mp->cols;
     mp->pg.n_columns = n;
