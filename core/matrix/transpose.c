@@ -2044,14 +2044,21 @@ static int make_copy(struct build *b, iv_err_t *err)
     return 0;
 }
 
+/* The build's phase times, to the caller's arrays when it asked. */
+static void report_phases(const struct build *b)
+{
+    const iv_transpose_opts_t *opts = b->opts;
+    if (opts->phase_seconds) memcpy(opts->phase_seconds, b->clock.wall, sizeof b->clock.wall);
+    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, b->clock.cpu, sizeof b->clock.cpu);
+}
+
 /* Publishes the copy on the source, with the budget it is charged to and
  * the build's times. */
 static void publish_copy(struct build *b)
 {
     iv_dataset_t *ds = b->ds;
     const iv_transpose_opts_t *opts = b->opts;
-    if (opts->phase_seconds) memcpy(opts->phase_seconds, b->clock.wall, sizeof b->clock.wall);
-    if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, b->clock.cpu, sizeof b->clock.cpu);
+    report_phases(b);
     if (b->took_global) {
         ds->other_budget = opts->global;
         ds->other_charged = b->bytes;
@@ -2093,8 +2100,7 @@ int iv_transpose_to_sink(iv_dataset_t *ds, const iv_transpose_opts_t *opts, cons
     if ((rc = number_values(&b, err)) == 0 && (rc = plan_build(&b, err)) == 0 &&
         (rc = plan_blocks_or_count(&b, err)) == 0 && (rc = run_windows(&b, err)) == 0) {
         phase_end(&b.clock, IV_TP_FINISH);
-        if (opts->phase_seconds) memcpy(opts->phase_seconds, b.clock.wall, sizeof b.clock.wall);
-        if (opts->phase_cpu_seconds) memcpy(opts->phase_cpu_seconds, b.clock.cpu, sizeof b.clock.cpu);
+        report_phases(&b);
     }
     build_free(&b, rc);
     return rc;
