@@ -42,6 +42,7 @@
 
 #include "aggregate.h"
 #include "../api/diffexp.h"
+#include "../api/obsp_answer.h"
 #include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
@@ -257,6 +258,7 @@ static const struct exact_route {
     {"/aggregate", IV_VR_AGGREGATE},
     {"/diffexp", IV_VR_DIFFEXP},
     {"/uns", IV_VR_UNS},
+    {"/obsp", IV_VR_OBSP_LIST},
     {"/var/search", IV_VR_VAR_SEARCH},
     {"/obs/search", IV_VR_OBS_SEARCH},
     {"/raw/var", IV_VR_RAW_VAR_TABLE},
@@ -277,6 +279,7 @@ static const struct named_route {
     {"/raw/var/", IV_VR_RAW_VAR_COLUMN, 0},
     {"/obsm/", IV_VR_OBSM, 0},
     {"/varm/", IV_VR_VARM, 0},
+    {"/obsp/", IV_VR_OBSP, 0},
     {"/obs/", IV_VR_OBS_COLUMN, 0},
     {"/var/", IV_VR_VAR_COLUMN, 0},
 };
@@ -311,7 +314,8 @@ int iv_vroute_allows_post(int route)
 {
     return route == IV_VR_OBSM || route == IV_VR_VARM || route == IV_VR_AGGREGATE || route == IV_VR_DIFFEXP ||
            route == IV_VR_OBS_TABLE || route == IV_VR_VAR_TABLE || route == IV_VR_RAW_VAR_TABLE ||
-           route == IV_VR_OBS_COLUMN || route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN;
+           route == IV_VR_OBS_COLUMN || route == IV_VR_VAR_COLUMN || route == IV_VR_RAW_VAR_COLUMN ||
+           route == IV_VR_OBSP;
 }
 
 iv_vreq_t *iv_vreq_new(int route, const char *sub, int is_post, const char *query, char *body,
@@ -1469,6 +1473,56 @@ static int run_uns(iv_vreq_t *r, iv_err_t *err)
     return iv_api_uns_doc(u, r->json_bytes, &r->out, err);
 }
 
+/* ---- obsp (core/meta/obsp.c, api/obsp_answer.c) -------------------------- */
+
+/* The file's obsp elements, listed on each request (a child reads the
+ * group; the ETag spares a repeat). */
+static int run_obsp_list(iv_vreq_t *r, iv_err_t *err)
+{
+    IV_RETURN_IF(r->query[0], err, IV_EBAD_REQUEST, "obsp takes no query parameters");
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    iv_obsp_list_t *l;
+    IV_TRY(iv_obsp_list(in->path, in->n_rows, &l, err));
+    r->ctype = "application/json";
+    int rc = iv_api_obsp_list_doc(l, &r->out, err);
+    iv_obsp_list_free(l);
+    return rc;
+}
+
+/* The request: the query route's cell selection (names and filters
+ * resolved) and the answer's format; no genes, matrix or orientation. */
+static int obsp_request(iv_vreq_t *r, params_t *p, iv_fmt_t *fmt, iv_err_t *err)
+{
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    IV_TRY(params_parse(p, r, in->n_rows, in->n_cols, err));
+    if (has_selection(&p->qr.var) || p->qr.matrix || p->qr.by_var || p->qr.dense)
+        return iv_fail(err, IV_EBAD_SELECTION, "obsp/%.100s takes an obs selection only", r->name);
+    IV_TRY(iv_rmeta_resolve_query(r->meta, r->meta, &p->qr, &r->dropped, err));
+    return pick_format(r, p->qr.format, "application/vnd.ivserve.csr", IV_FMT_BINARY, fmt, err);
+}
+
+/* P[sel][:, sel] of an obsp element, read on this worker (a child reads
+ * the selected rows) and sent as a /query answer. */
+static int run_obsp(iv_vreq_t *r, iv_err_t *err)
+{
+    params_t p;
+    memset(&p, 0, sizeof p);
+    iv_fmt_t fmt = IV_FMT_NONE;
+    iv_obsp_csr_t m;
+    memset(&m, 0, sizeof m);
+    const iv_dataset_info_t *in = iv_dataset_info(r->ds);
+    int rc = obsp_request(r, &p, &fmt, err);
+    int all = p.qr.obs.kind == IV_PSEL_ALL;
+    if (rc == 0)
+        rc = iv_obsp_read(in->path, r->name, in->n_rows, all ? NULL : p.qr.obs.idx, all ? 0 : p.qr.obs.n,
+                          IV_OBSP_MAX_NNZ, &m, err);
+    if (rc == 0) rc = iv_api_obsp_encode(&m, all ? NULL : p.qr.obs.idx, fmt, r->json_bytes, &r->out, err);
+    if (rc == 0) r->ctype = fmt_media(fmt, "application/vnd.ivserve.csr");
+    iv_obsp_csr_free(&m);
+    params_free(&p);
+    return rc;
+}
+
 /* ---- caching and compression ---------------------------------------------- */
 
 static int etag_listed(const char *inm, const char *etag)
@@ -1620,6 +1674,8 @@ static const route_run_fn route_runs[] = {
     [IV_VR_RAW_VAR_COLUMN] = run_meta,
     [IV_VR_ZARR] = run_zarr,
     [IV_VR_UNS] = run_uns,
+    [IV_VR_OBSP_LIST] = run_obsp_list,
+    [IV_VR_OBSP] = run_obsp,
 };
 
 /* Encodes r->out with the coding where that pays; 1 when it did.  Float

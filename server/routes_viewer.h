@@ -9,6 +9,8 @@
  *   GET|POST /v1/datasets/{id}/aggregate     grouped statistics
  *   POST     /v1/datasets/{id}/diffexp       marker genes (api/diffexp.h)
  *   GET      /v1/datasets/{id}/uns           the file's uns (api/uns_doc.h)
+ *   GET      /v1/datasets/{id}/obsp          the file's obsp elements (api/obsp_answer.h)
+ *   GET|POST /v1/datasets/{id}/obsp/{name}   an obsp element among the selected cells
  *   GET      /v1/datasets/{id}/obs, /var, /obs/{column}, /var/{column}
  *                                             metadata pages (routes_meta.h)
  *
@@ -72,6 +74,8 @@ enum iv_vroute {
     IV_VR_ZARR,               /* .../zarr/KEY: the dataset as a Zarr store (api/zarr.h) */
     IV_VR_DIFFEXP,            /* POST .../diffexp (api/diffexp.h) */
     IV_VR_UNS,                /* .../uns: the file's uns as JSON (api/uns_doc.h) */
+    IV_VR_OBSP_LIST,          /* .../obsp: the obsp elements (api/obsp_answer.h) */
+    IV_VR_OBSP,               /* .../obsp/NAME: one among the selected cells */
 };
 
 /* The viewer route of sub (the path after the dataset id, e.g.

@@ -16,6 +16,7 @@ and obsm arrays are fetched once per Dataset and reused.
 """
 import copy
 import inspect
+import io
 import json
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -118,6 +119,7 @@ class Dataset:
         self._raw_columns = {}
         self.obsm = Arrays(self, "obsm")
         self.varm = Arrays(self, "varm")
+        self.obsp = Graphs(self)
         self._var_by = None
         self._uns = None
 
@@ -739,7 +741,8 @@ class Query:
         a = self.to_numpy()
         return a if dtype is None else a.astype(dtype)
 
-    def to_anndata(self, obsm=True, computed=False, progress=None, layers=(), raw=False, uns=True):
+    def to_anndata(self, obsm=True, computed=False, progress=None, layers=(), raw=False, uns=True,
+                   obsp=True):
         """The result as an AnnData equal to anndata's own subset of the
         file, adata[obs, var].copy(), for the elements asked for:
 
@@ -753,8 +756,10 @@ class Query:
         the table route gives them: categoricals come as strings).
         computed=True adds the server's computed obs / var columns.
         uns=True: the file's uns whole, as a subset keeps it (ds.uns: what
-        the server serves of it; ds.uns_skipped names the rest).  obsp is
-        not served."""
+        the server serves of it; ds.uns_skipped names the rest).  obsp
+        (True: every element the server serves; a list: those; False:
+        none): each among the selected cells, P[obs][:, obs], in the
+        file's format (csr_matrix, csc_matrix or a dense array)."""
         import anndata
 
         ds = self.ds
@@ -806,7 +811,10 @@ class Query:
             kw["dtype"] = X.dtype
         if uns:
             kw["uns"] = ds.uns
-        return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, layers=mats or None, **kw)
+        graphs = {name: ds.obsp.fetch(name, obs_wire)
+                  for name in (ds.obsp.keys() if obsp is True else list(obsp or []))}
+        return anndata.AnnData(X=X, obs=obs, var=var, obsm=arrays or None, layers=mats or None,
+                               obsp=graphs or None, **kw)
 
 
 def _genes_frame(genes, group):
@@ -948,6 +956,84 @@ class Arrays:
         if "json" in ctype:
             return _array_from_json(json.loads(body), name)
         return _array_from_binary(body, name)
+
+
+class Graphs:
+    """ds.obsp: the cell x cell matrices the server lists
+    (GET .../obsp, asked on first use), each read as anndata reads it:
+    ds.obsp[name] is the whole matrix (fetched once and kept), and
+    ds.obsp.fetch(name, obs) the matrix among a selection of cells,
+    P[obs][:, obs].  A csr_matrix element comes as a csr_matrix, a
+    csc_matrix as a csc_matrix, a dense array as a numpy array; indices
+    are sorted.  A name the server does not serve is an IvserveKeyError;
+    a server without the route lists nothing."""
+
+    def __init__(self, ds):
+        self.ds = ds
+        self._list = None
+        self._cache = {}
+
+    def _listing(self):
+        """{name: entry} of GET .../obsp ("name", "format", "shape",
+        "dtype", "nnz", "servable", "reason")."""
+        if self._list is None:
+            try:
+                doc = self.ds.client.get_json(self.ds.path + "/obsp")
+            except IvserveError as e:
+                if e.status != 404 or e.code != "not_found":
+                    raise
+                doc = {}  # a server from before the route
+            self._list = {e["name"]: e for e in doc.get("obsp") or [] if isinstance(e, dict) and "name" in e}
+        return self._list
+
+    def keys(self):
+        """Names of the elements the server can serve."""
+        return [k for k, e in self._listing().items() if e.get("servable")]
+
+    def listed(self):
+        """Every element the server lists, servable or not, with its reason."""
+        return [dict(e) for e in self._listing().values()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+    def __contains__(self, name):
+        return name in self.keys()
+
+    def __repr__(self):
+        return f"obsp: {self.keys()}"
+
+    def __getitem__(self, name):
+        if name not in self._cache:
+            self._cache[name] = self.fetch(name)
+        m = self._cache[name]
+        return m.copy()
+
+    def fetch(self, name, obs=None):
+        """Element name among the cells of obs, a selection object as
+        /query takes it (None: every cell)."""
+        entry = self._listing().get(name)
+        if entry is None or not entry.get("servable"):
+            why = f" ({entry.get('reason')})" if entry else ""
+            raise IvserveKeyError(404, "not_found", f"dataset {self.ds.id!r} serves no obsp element "
+                                  f"{name!r}{why}; it serves {self.keys()}")
+        path = f"{self.ds.path}/obsp/{quote(name, safe='')}"
+        headers = {"Accept": wire.MEDIA_TYPE}
+        if obs is None:
+            r = self.ds.client.request("GET", path, headers=headers)
+        else:
+            r = self.ds.client.request("POST", path, json={"obs": obs}, headers=headers)
+        reader = wire.StreamReader(io.BytesIO(r.content))
+        header = reader.read_header()
+        X, _ = wire.assemble(header, list(reader.blocks()))
+        if entry.get("format") == "csc_matrix":
+            return X.tocsc()
+        if entry.get("format") == "array":
+            return X.toarray()
+        return X
 
 
 # Dense arrays (obsm / varm rows), binary, little-endian:
