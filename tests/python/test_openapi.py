@@ -55,6 +55,9 @@ def srv(tmp_path_factory):
     with h5py.File(path, "a") as f:
         write_elem(f, "raw/var", pd.DataFrame({"mt": np.arange(n_raw) % 4 == 0},
                                               index=["rg%d" % i for i in range(n_raw)]))
+        # A cell graph, for the obsp routes' examples.
+        write_elem(f, "obsp/connectivities", sp.random(n_obs, n_obs, density=0.1, format="csr",
+                                                       dtype=np.float32, random_state=2))
     s = Server(tmp, datasets=[{"id": "pbmc", "path": path}])
     yield s
     assert s.stop() == 0, s.log_text()[-3000:]
