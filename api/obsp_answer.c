@@ -93,6 +93,12 @@ int iv_api_obsp_encode(const iv_obsp_csr_t *m, const int64_t *ids, iv_fmt_t fmt,
     if (!bids || !bptr || (index_size == 4 && !idx32)) rc = iv_fail(err, IV_ENOMEM, "out of memory");
     iv_jdoc_t jd;
     iv_jdoc_init(&jd);
+    if (rc == 0 && fmt == IV_FMT_BINARY) {
+        /* The exact size, reserved once: no copy as the body grows. */
+        int64_t blocks = 0;
+        for (int64_t r0 = 0; r0 < m->n_rows; blocks++) r0 = block_end(m, r0);
+        iv_buf_reserve(out, (size_t)iv_enc_binary_size(m->n_rows, blocks, m->nnz, index_size, m->dtype));
+    }
     if (rc == 0 && fmt != IV_FMT_JSON) iv_enc_header(out, fmt, &h);
     for (int64_t r0 = 0; rc == 0 && r0 < m->n_rows;) {
         int64_t r1 = block_end(m, r0);

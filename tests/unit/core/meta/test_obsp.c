@@ -1,7 +1,8 @@
 /* obsp subsets: iv_obsp_subset against a naive reference on random
  * inputs (each output row walks the selection in order and looks its
  * column up in the source row), with duplicated and unsorted cells,
- * explicit zeros, empty rows and selections, compact sources (distinct
+ * explicit zeros, empty rows and selections, all cells in order and
+ * sorted subsets (the inverses that skip work), compact sources (distinct
  * rows only, as the reader sends them), both inverses of the selection
  * (a table over the cells and, past 65536 cells, a binary search) and
  * two value dtypes; the transpose against the same walk; and the checks:
@@ -116,6 +117,16 @@ START_TEST(subset_equals_the_walk_on_whole_matrices)
         iv_obsp_csr_t src = random_csr(n_cells, n_cells, round % 3 ? 0.3 : 0.9, n_cells, dt);
         int64_t n = round % 10 == 0 ? 0 : rnd_below(2 * n_cells + 1);
         int64_t *cells = random_cells(n, n_cells);
+        if (round % 4 == 1) {
+            /* Every cell in order (the identity inverse), or some in order
+             * (a mask: sorted, no duplicates). */
+            int some = round % 8 == 5;
+            free(cells);
+            cells = malloc((size_t)n_cells * sizeof *cells);
+            n = 0;
+            for (int64_t i = 0; i < n_cells; i++)
+                if (!some || rnd() % 2) cells[n++] = i;
+        }
         iv_obsp_csr_t got;
         ck_assert_msg(iv_obsp_subset(&src, cells, cells, n, 0, &got, &err) == 0, "%s", err.msg);
         check_against_walk(&src, cells, cells, n, &got);
