@@ -248,6 +248,13 @@ def test_where_filters_and_json(env):
     assert doc["shape"] == [4, 4] and doc["dtype"] == "float64" and doc["obs"] == idx
     assert doc["indptr"] == w.indptr.tolist() and doc["indices"] == w.indices.tolist()
     assert doc["data"] == w.data.tolist()
+    # ETag: the same body is answered 304 before any work; another is not.
+    u = s.url + "/v1/datasets/g/obsp/distances"
+    r = requests.post(u, json={"obs": {"index": idx}})
+    assert requests.post(u, json={"obs": {"index": idx}},
+                         headers={"If-None-Match": r.headers["ETag"]}).status_code == 304
+    assert requests.post(u, json={"obs": {"index": idx[:2]}},
+                         headers={"If-None-Match": r.headers["ETag"]}).status_code == 200
     # GET with the query string's selection.
     r = requests.get(s.url + "/v1/datasets/g/obsp/by_col?obs=3,1,1,50&format=binary")
     X, ids = decode(r.content)
