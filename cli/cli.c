@@ -212,12 +212,12 @@ static int64_t count_duplicate_names(iv_meta_t *m, iv_axis_t axis)
  * unsupported encoding is reported, not failed, since the server then
  * serves the matrix without names.  Returns 0 or 1.
  */
-static int check_meta(const struct cli_opts *o, iv_dataset_t *ds)
+static int check_meta(const struct cli_opts *o, iv_dataset_t *ds, iv_pool_t *pool)
 {
     iv_meta_t *m = NULL;
     iv_err_t err = {0};
     if (iv_meta_load(o->file, o->group, &m, &err) != 0 ||
-        iv_meta_add_computed(m, ds, &err) != 0) {
+        iv_meta_add_computed(m, ds, pool, &err) != 0) {
         iv_meta_free(m);
         if (err.code == IV_EUNSUPPORTED) {
             printf("metadata: not loaded (%s); the server serves the matrix without names\n",
@@ -268,7 +268,7 @@ static int cmd_check(const struct cli_opts *o, iv_pool_t *pool)
     printf("cache: %zu of %zu bytes used\n", cs.used, cs.budget);
     printf("open time: %.3f s\n", in->open_seconds);
     printf("index build: %.3f s\n", in->index_seconds);
-    int rc = check_meta(o, ds);
+    int rc = check_meta(o, ds, pool);
     iv_dataset_close(ds);
     return rc;
 }

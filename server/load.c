@@ -237,15 +237,23 @@ void other_run(job_t *j)
     render_doc(d, &j->out);
 }
 
-/* The dataset's obs/var metadata, with its computed columns.  Without
- * them the matrix serves without names (the reason is logged on the
- * loop); a damaged file is left out whole, as `ivserve check` fails it. */
-static void load_meta(job_t *j, const char *path)
+/* The dataset's obs/var metadata, with its computed columns, kept in the
+ * cache folder for the next start like the row index (metafile.h).
+ * Without them the matrix serves without names (the reason is logged on
+ * the loop); a damaged file is left out whole, as `ivserve check` fails
+ * it. */
+static void load_meta(job_t *j, const char *path, const char *dir)
 {
     sds_t *d = j->ds;
     iv_err_t me;
     iv_err_clear(&me);
-    if (iv_meta_load(path, d->conf->group, &d->meta, &me) == 0 && iv_meta_add_computed(d->meta, d->ds, &me) == 0)
+    /* Kept for the datasets whose row index is kept: those whose restart
+     * is worth the disk. */
+    int worth = iv_dataset_info(d->ds)->stream_bytes >= keep_min_bytes();
+    iv_meta_keep_t keep = {.dir = worth ? dir : NULL};
+    int rc = iv_meta_load_kept(path, d->conf->group, &keep, &d->meta, &me);
+    snprintf(d->meta_note, sizeof d->meta_note, "%s", keep.note);
+    if (rc == 0 && iv_meta_add_computed(d->meta, d->ds, j->srv->pool, &me) == 0)
         return;
     iv_meta_free(d->meta);
     d->meta = NULL;
@@ -255,6 +263,17 @@ static void load_meta(job_t *j, const char *path)
     j->err = me;
     iv_dataset_close(d->ds);
     d->ds = NULL;
+}
+
+/* Builds, on a worker once the dataset serves, the obs names lookups a
+ * load leaves to first use (iv_meta_warm, iv_vds_warm): at ten million
+ * cells they take seconds, which would otherwise hold the dataset from
+ * serving or fall on the first query by a cell's name. */
+void warm_run(job_t *j)
+{
+    sds_t *d = j->ds;
+    if (d->meta) j->rc = iv_meta_warm(d->meta, &j->err);
+    iv_vds_warm(d->vx);
 }
 
 void load_run(job_t *j)
@@ -287,7 +306,7 @@ void load_run(job_t *j)
     if (j->srv->h5_serial) pthread_mutex_lock(&j->srv->h5_mu);
     j->rc = iv_dataset_open(path, &o, &d->ds, &j->err);
     if (j->rc == 0) {
-        load_meta(j, path);
+        load_meta(j, path, o.index_dir);
         /* Layers and raw/X: datasets of their own, X stays the primary. */
         if (j->rc == 0 && (j->rc = iv_rds_load_matrices(d, &o, &j->err)) != 0) {
             iv_meta_free(d->meta);

@@ -136,11 +136,12 @@ static void take_load_result(server_t *s, job_t *j, sds_t *d)
                   d->conf->id, d->err);
     iv_alog_event(&s->log, "info",
               "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
-              "(open %.2f s, row index %s %.2f s%s%s)",
+              "(open %.2f s, row index %s %.2f s%s%s%s%s)",
               d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
               in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
               in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds,
-              in->arrays_note[0] ? "; pointer arrays " : "", in->arrays_note);
+              in->arrays_note[0] ? "; pointer arrays " : "", in->arrays_note,
+              d->meta ? "; metadata " : "", d->meta ? d->meta_note : "");
 }
 
 /* A replacement takes its old entry's place when ready; when it failed,
@@ -195,6 +196,30 @@ static job_t *start_other(server_t *s, job_t *j, sds_t *d)
     return j;
 }
 
+static void on_warm_done(job_t *j)
+{
+    if (j->rc != 0)
+        iv_alog_event(&j->srv->log, "warn", "dataset %s: obs names not indexed ahead (%s); the "
+                      "first lookup by name builds them", j->ds->conf->id, j->err.msg);
+    job_free(j);
+}
+
+static const job_type_t warm_job = {warm_run, on_warm_done};
+
+/* The names lookups a load leaves to first use, built on a worker while
+ * the dataset serves (load.c warm_run); skipped when out of memory. */
+static void start_warm(server_t *s, sds_t *d)
+{
+    if (d->state != DS_READY || d->retired || s->draining || !d->meta) return;
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) return;
+    j->srv = s;
+    j->type = &warm_job;
+    j->ds = d;
+    iv_rds_ref(d);
+    if (job_submit_server(j) != 0) job_free(j);
+}
+
 static void on_load_done(job_t *j)
 {
     server_t *s = j->srv;
@@ -205,6 +230,7 @@ static void on_load_done(job_t *j)
     if (s->reload && j->gen == s->reload->gen) reload_note(s->reload, j, d);
     if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
     uint64_t gen = j->gen;
+    start_warm(s, d);
     j = start_other(s, j, d);
     if (j) job_free(j);
     if (s->reload && gen == s->reload->gen) reload_step(s);

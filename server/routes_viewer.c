@@ -160,17 +160,15 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
     if (iv_marrays_load(path, in->n_rows, in->n_cols, &v->arrays, &e) != 0)
         snprintf(v->arrays_err, sizeof v->arrays_err, "%.250s", e.msg);
     if (meta) {
-        /* Names indexes of both axes and var's text columns are searched
-         * most and are small enough to index ahead (a gene table's
-         * columns take a few MB); other obs columns are indexed on first
-         * use. */
+        /* var's names index and text columns are searched most and are
+         * small enough to index ahead (a gene table's columns take a few
+         * MB); obs's names (ten million at an atlas's size, seconds to
+         * index) by iv_vds_warm once the dataset serves, other obs
+         * columns on first use. */
         const iv_search_t *s;
         pthread_mutex_lock(&v->mu);
-        for (int ax = 0; ax < 2; ax++) {
-            iv_axis_t axis = ax ? IV_AXIS_VAR : IV_AXIS_OBS;
-            const iv_meta_col_t *ix = iv_meta_index(meta, axis);
-            if (ix) search_index_locked(v, axis, ix, &s, &e);
-        }
+        const iv_meta_col_t *ix = iv_meta_index(meta, IV_AXIS_VAR);
+        if (ix) search_index_locked(v, IV_AXIS_VAR, ix, &s, &e);
         for (size_t i = 0; i < iv_meta_n_cols(meta, IV_AXIS_VAR); i++) {
             const iv_meta_col_t *c = iv_meta_col(meta, IV_AXIS_VAR, i);
             if (is_text(c)) search_index_locked(v, IV_AXIS_VAR, c, &s, &e);
@@ -178,6 +176,15 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
         pthread_mutex_unlock(&v->mu);
     }
     return v;
+}
+
+void iv_vds_warm(iv_vds_t *v)
+{
+    const iv_meta_col_t *ix = v && v->meta ? iv_meta_index(v->meta, IV_AXIS_OBS) : NULL;
+    const iv_search_t *s;
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (ix) search_index(v, IV_AXIS_OBS, ix, &s, &e);
 }
 
 const char *iv_vds_identity(const iv_vds_t *v)
@@ -234,18 +241,21 @@ void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
         iv_buf_puts(b, ",\"obsm_error\":");
         iv_buf_json_str(b, v->arrays_err);
     }
+    size_t arrays = 0, search = 0;
+    iv_vds_memory(v, &arrays, &search);
     iv_buf_printf(b, ",\"viewer_bytes\":{\"arrays\":%zu,\"search\":%zu}", s ? s->bytes : 0,
-                  v ? v->search_bytes : 0);
+                  search);
 }
 
-void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search)
+void iv_vds_memory(const iv_vds_t *v, size_t *arrays, size_t *search)
 {
     *arrays = v && v->arrays ? v->arrays->bytes : 0;
     *search = 0;
     if (!v) return;
-    pthread_mutex_lock(&v->mu);
+    pthread_mutex_t *mu = (pthread_mutex_t *)&v->mu;   /* guards search_bytes */
+    pthread_mutex_lock(mu);
     *search = v->search_bytes;
-    pthread_mutex_unlock(&v->mu);
+    pthread_mutex_unlock(mu);
 }
 
 /* ---- routing ------------------------------------------------------------ */

@@ -48,6 +48,10 @@ typedef struct iv_vds iv_vds_t;
  * reason in the dataset document.  NULL only when out of memory.
  */
 iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta);
+/* Builds the obs names' search index, which iv_vds_load leaves out (a
+ * first search would build it), on a worker once the dataset serves.
+ * Any thread; an error leaves it to the first search. */
+void iv_vds_warm(iv_vds_t *v);
 void iv_vds_free(iv_vds_t *v);
 
 /* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N to a
@@ -55,7 +59,7 @@ void iv_vds_free(iv_vds_t *v);
 void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v);
 /* Memory the viewer state holds now: obsm/varm arrays and the search
  * indexes built so far (v may be NULL: none).  Any thread. */
-void iv_vds_memory(iv_vds_t *v, size_t *arrays, size_t *search);
+void iv_vds_memory(const iv_vds_t *v, size_t *arrays, size_t *search);
 
 enum iv_vroute {
     IV_VR_NONE = 0,

@@ -472,6 +472,7 @@ enum { OTHER_NONE = 0, OTHER_MEMORY, OTHER_DISK, OTHER_COMPANION };
 int other_plan(const server_t *s, const sds_t *d);
 void other_run(job_t *j);
 void load_run(job_t *j);
+void warm_run(job_t *j);
 
 /* Answers, the end of a request, the write budget (respond.c).  Loop thread.
  *

@@ -131,6 +131,42 @@ int iv_cachedir_path(const char *dir, const char *src, const char *key, const ch
     return 0;
 }
 
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return -1;
+        p += put;
+        n -= (size_t)put;
+    }
+    return 0;
+}
+
+int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,
+                      iv_err_t *err)
+{
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
+        return FAILF(IV_EINVALID_ARG, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        return FAILF(IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
+    }
+    int bad = 0;
+    for (size_t i = 0; i < n_parts && !bad; i++)
+        bad = write_all(fd, parts[i].p, parts[i].n);
+    if (close(fd) != 0) bad = 1;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return FAILF(IV_EIO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
 int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err)
 {
     char note[4200], tmp[4300];

@@ -51,6 +51,18 @@ int iv_cachedir_path(const char *dir, const char *src, const char *key, const ch
 /* Writes derived + ".src" (source path and key), replacing an old one. */
 int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err);
 
+/* One piece of a file iv_cachedir_write writes. */
+typedef struct iv_cachedir_part {
+    const void *p;
+    size_t n;
+} iv_cachedir_part_t;
+
+/* Writes the parts in order to path under a temporary name (path.tmpPID,
+ * which the sweep knows), then renames it into place: a reader, or a
+ * map, never sees a half-written file.  IV_EIO naming path otherwise. */
+int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,
+                      iv_err_t *err);
+
 /* Marks derived used now (its note's modification time, which the sweep
  * reads as the derived file's last use), for the LRU order. */
 void iv_cachedir_touch(const char *derived);

@@ -130,10 +130,17 @@ int iv_h5iso_put(iv_h5iso_out_t *o, const void *p, size_t n)
 
 int iv_h5iso_put_u64(iv_h5iso_out_t *o, uint64_t v) { return iv_h5iso_put(o, &v, sizeof v); }
 
+/* Zero bytes after a blob of n bytes up to the next multiple of 8, so
+ * that every blob starts 8-aligned when the answer does: a reader may
+ * then use an array in place (the metadata kept between runs). */
+static size_t blob_pad(uint64_t n) { return (size_t)((8 - (n & 7)) & 7); }
+
 int iv_h5iso_put_blob(iv_h5iso_out_t *o, const void *p, uint64_t n)
 {
+    static const uint8_t zeros[8];
     IV_TRY(iv_h5iso_put_u64(o, n));
-    return iv_h5iso_put(o, p, (size_t)n);
+    IV_TRY(iv_h5iso_put(o, p, (size_t)n));
+    return iv_h5iso_put(o, zeros, blob_pad(n));
 }
 
 static void send_msg(int fd, int type, const void *payload, size_t n)
@@ -595,5 +602,7 @@ const void *iv_h5iso_rd_blob(iv_h5iso_rd_t *r, size_t want, size_t *n)
     }
     if (n) *n = (size_t)len;
     /* A zero-length blob is a valid empty array: return a non-NULL pointer. */
-    return iv_h5iso_rd_raw(r, (size_t)len);
+    const void *p = iv_h5iso_rd_raw(r, (size_t)len);
+    if (p) iv_h5iso_rd_raw(r, blob_pad(len));
+    return r->bad ? NULL : p;
 }

@@ -101,7 +101,10 @@ uint64_t iv_h5iso_rd_u64(iv_h5iso_rd_t *r);
 /* n raw bytes (NULL and bad when fewer remain). */
 const void *iv_h5iso_rd_raw(iv_h5iso_rd_t *r, size_t n);
 /* A blob of exactly `want` bytes (want = (size_t)-1: any length, given in
- * *n).  NULL with bad set when the length differs or overruns. */
+ * *n).  NULL with bad set when the length differs or overruns.  A blob is
+ * its length (u64), its bytes and zeros up to a multiple of 8 bytes
+ * (iv_h5iso_put_blob), so a blob of an answer made of u64s and blobs
+ * starts 8-aligned when the answer does (results are page-aligned). */
 const void *iv_h5iso_rd_blob(iv_h5iso_rd_t *r, size_t want, size_t *n);
 
 #endif /* IV_H5ISO_H */

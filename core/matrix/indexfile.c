@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cachedir.h"
 #include "dtype.h"
 
 static const char MAGIC[8] = {'I', 'V', 'I', 'D', 'X', 0, 1, 0};
@@ -65,19 +66,6 @@ static int read_all(int fd, void *buf, size_t n)
         if (got <= 0) return -1;
         p += got;
         n -= (size_t)got;
-    }
-    return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t put = write(fd, p, n);
-        if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) return -1;
-        p += put;
-        n -= (size_t)put;
     }
     return 0;
 }
@@ -190,36 +178,6 @@ int iv_indexfile_load(const char *path, const iv_indexfile_for_t *f, iv_stream_t
     return 1;
 }
 
-/* One piece of a file to write. */
-struct part {
-    const void *p;
-    size_t n;
-};
-
-/* Writes the parts in order to path under a temporary name, then renames
- * it into place: a reader (or a map) never sees a half-written file. */
-static int write_renamed(const char *path, const struct part *parts, size_t n_parts, iv_err_t *err)
-{
-    char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
-        return iv_fail(err, IV_EINVALID_ARG, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int e = errno;
-        return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
-    }
-    int bad = 0;
-    for (size_t i = 0; i < n_parts && !bad; i++)
-        bad = write_all(fd, parts[i].p, parts[i].n);
-    if (close(fd) != 0) bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return iv_fail(err, IV_EIO, "%s: cannot write: %s", path, strerror(e));
-    }
-    return 0;
-}
-
 int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_stream_t *s,
                       const iv_rowindex_t *ri, iv_err_t *err)
 {
@@ -242,8 +200,8 @@ int iv_indexfile_save(const char *path, const iv_indexfile_for_t *f, const iv_st
     }
     uint64_t sum = iv_file_sum(buf, total - 8);
     memcpy(buf + total - 8, &sum, 8);
-    struct part whole = {buf, total};
-    int rc = write_renamed(path, &whole, 1, err);
+    iv_cachedir_part_t whole = {buf, total};
+    int rc = iv_cachedir_write(path, &whole, 1, err);
     free(buf);
     return rc;
 }
@@ -476,11 +434,11 @@ int iv_arraysfile_save(const char *path, const iv_indexfile_for_t *f, const int6
         for (uint64_t off = 0; off < sz[k]; off += BLOCK)
             sums[j++] = iv_file_sum(at[k] + off, (size_t)(sz[k] - off < BLOCK ? sz[k] - off : BLOCK));
     static const uint8_t zeros[8];
-    struct part parts[] = {
+    iv_cachedir_part_t parts[] = {
         {&h, sizeof h}, {major_ptr, sz[0]}, {value_ptr, sz[1]}, {values, sz[2]},
         {zeros, pad8(sz[2]) - sz[2]}, {sums, ns * 8},
     };
-    int rc = write_renamed(path, parts, sizeof parts / sizeof parts[0], err);
+    int rc = iv_cachedir_write(path, parts, sizeof parts / sizeof parts[0], err);
     free(sums);
     return rc;
 }

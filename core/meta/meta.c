@@ -22,21 +22,30 @@
 #include <hdf5.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "cachedir.h"
 #include "codec.h"
 #include "h5iso.h"
 #include "h5util.h"
+#include "metafile.h"
 #include "names.h"
+#include "pool.h"
 #include "clock.h"
 #include "utf8.h"
 
 struct mcol {
-    iv_meta_col_t c;       /* public view; its pointers are owned here */
+    iv_meta_col_t c;       /* public view; its pointers are owned here, but
+                              for those inside [lo, hi): arrays used in place
+                              in the reader's answer the meta keeps mapped */
     iv_names_t *hash;      /* names index, built on first lookup */
+    uintptr_t lo, hi;      /* the kept answer's bytes (0, 0: none) */
 };
 
 struct frame {
@@ -50,6 +59,10 @@ struct iv_meta {
     struct frame ax[2];
     pthread_mutex_t lock;  /* guards lazy names-index builds */
     iv_meta_stats_t stats;
+    /* The reader's answer (its memfd mapped, or a kept file's map) whose
+     * arrays the columns use in place; unmapped with the meta. */
+    void *map;
+    size_t map_len;
 };
 
 /* A load in progress: the file and what error messages should name. */
@@ -77,21 +90,28 @@ const char *iv_col_type_name(iv_col_type_t t)
 
 /* ---------------------------------------------------------------- columns */
 
+/* Frees p unless it lies in the answer mc's arrays are used in place in. */
+static void col_free_owned(const struct mcol *mc, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (!(a >= mc->lo && a < mc->hi)) free((void *)p);
+}
+
 static void col_free(struct mcol *mc)
 {
     if (!mc) return;
     iv_meta_col_t *c = &mc->c;
     free((void *)c->name);
-    free((void *)c->mask);
-    free((void *)c->i64);
-    free((void *)c->f64);
-    free((void *)c->b);
-    free((void *)c->codes);
-    free((void *)c->str_data);
-    free((void *)c->str_off);
-    free((void *)c->cat_data);
-    free((void *)c->cat_off);
-    free((void *)c->cat_num);
+    col_free_owned(mc, c->mask);
+    col_free_owned(mc, c->i64);
+    col_free_owned(mc, c->f64);
+    col_free_owned(mc, c->b);
+    col_free_owned(mc, c->codes);
+    col_free_owned(mc, c->str_data);
+    col_free_owned(mc, c->str_off);
+    col_free_owned(mc, c->cat_data);
+    col_free_owned(mc, c->cat_off);
+    col_free_owned(mc, c->cat_num);
     free((void *)c->cat_counts);
     iv_names_free(mc->hash);
     free(mc);
@@ -1297,9 +1317,36 @@ static int meta_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     return rc;
 }
 
-/* Copies a blob of exactly n elements of esz bytes (one element at least
- * allocated); NULL with r->bad on a malformed answer or *oom on memory. */
-static void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz, int *oom)
+/* Whether p lies inside the answer r reads (an array used in place). */
+static int in_answer(const iv_h5iso_rd_t *r, const void *p)
+{
+    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)r->p;
+    return r->p && a >= lo && a < lo + r->len;
+}
+
+/* The bytes at p (inside the answer): used in place when borrow (the
+ * answer outlives the meta) and p is 8-aligned (iv_h5iso_put_blob pads
+ * blobs), else copied (one byte at least allocated); NULL with *oom when
+ * out of memory. */
+static const void *keep_bytes(const iv_h5iso_rd_t *r, const void *p, size_t bytes, int borrow,
+                              int *oom)
+{
+    if (borrow && ((uintptr_t)p & 7) == 0 && in_answer(r, p)) return p;
+    void *a = malloc(bytes ? bytes : 1);
+    if (!a) *oom = 1;
+    else if (bytes) memcpy(a, p, bytes);
+    return a;
+}
+
+/* Frees what keep_bytes copied (not what it left in the answer). */
+static void drop_bytes(const iv_h5iso_rd_t *r, const void *p)
+{
+    if (!in_answer(r, p)) free((void *)p);
+}
+
+/* A blob of exactly n elements of esz bytes, kept (keep_bytes); NULL
+ * with r->bad on a malformed answer or *oom on memory. */
+static const void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz, int borrow, int *oom)
 {
     if (n > ((uint64_t)1 << 48)) {
         r->bad = 1;
@@ -1308,39 +1355,31 @@ static void *take_array(iv_h5iso_rd_t *r, uint64_t n, size_t esz, int *oom)
     size_t bytes = (size_t)n * esz;
     const void *p = iv_h5iso_rd_blob(r, bytes, NULL);
     if (!p) return NULL;
-    void *a = malloc(bytes ? bytes : 1);
-    if (!a) *oom = 1;
-    else if (bytes) memcpy(a, p, bytes);
-    return a;
+    return keep_bytes(r, p, bytes, borrow, oom);
 }
 
 /* An arena of n strings and its offsets; every offset must fall inside
  * the arena, which must end with a NUL, so that each string ends in it. */
 static int take_arena(iv_h5iso_rd_t *r, int64_t n, const char **data, const int64_t **off,
-                      int *oom)
+                      int borrow, int *oom)
 {
     size_t len = 0;
     const char *d = iv_h5iso_rd_blob(r, (size_t)-1, &len);
-    int64_t *o = take_array(r, (uint64_t)n, 8, oom);
-    if (r->bad || *oom || (n > 0) != (len > 0) || (len > 0 && d[len - 1] != '\0')) {
-        free(o);
+    const int64_t *o = take_array(r, (uint64_t)n, 8, borrow, oom);
+    int bad = r->bad || *oom || (n > 0) != (len > 0) || (len > 0 && d[len - 1] != '\0');
+    for (int64_t i = 0; !bad && i < n; i++)
+        bad = o[i] < 0 || (uint64_t)o[i] >= len;
+    if (bad) {
+        drop_bytes(r, o);
         if (!*oom) r->bad = 1;
         return -1;
     }
-    for (int64_t i = 0; i < n; i++)
-        if (o[i] < 0 || (uint64_t)o[i] >= len) {
-            free(o);
-            r->bad = 1;
-            return -1;
-        }
-    char *copy = malloc(len ? len : 1);
+    const char *copy = len ? keep_bytes(r, d, len, borrow, oom) : calloc(1, 1);
     if (!copy) {
-        free(o);
+        drop_bytes(r, o);
         *oom = 1;
         return -1;
     }
-    if (len) memcpy(copy, d, len);
-    else copy[0] = '\0';
     *data = copy;
     *off = o;
     return 0;
@@ -1374,7 +1413,7 @@ static const char *take_col_header(iv_h5iso_rd_t *r, int64_t n, uint64_t h[9])
 }
 
 /* The missing mask: empty, or n bytes of 0 and 1. */
-static void take_mask(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n, int *oom)
+static void take_mask(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n, int borrow, int *oom)
 {
     size_t ml = 0;
     const uint8_t *mask = iv_h5iso_rd_blob(r, (size_t)-1, &ml);
@@ -1383,18 +1422,15 @@ static void take_mask(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n, int *oom)
         return;
     }
     if (!ml) return;
-    uint8_t *m = malloc(ml);
-    if (!m) {
-        *oom = 1;
-        return;
-    }
-    memcpy(m, mask, ml);
-    set_mask(c, m);
+    int64_t k = 0;
+    for (size_t i = 0; i < ml; i++) k += mask[i];
+    c->null_count = k;
+    if (k) c->mask = keep_bytes(r, mask, ml, borrow, oom);
 }
 
 /* The categories' numbers: n_cats doubles when they are numeric, else
  * an empty blob. */
-static void take_cat_numbers(iv_h5iso_rd_t *r, iv_meta_col_t *c, int *oom)
+static void take_cat_numbers(iv_h5iso_rd_t *r, iv_meta_col_t *c, int borrow, int *oom)
 {
     size_t cl = 0;
     const void *num = iv_h5iso_rd_blob(r, (size_t)-1, &cl);
@@ -1403,13 +1439,7 @@ static void take_cat_numbers(iv_h5iso_rd_t *r, iv_meta_col_t *c, int *oom)
         return;
     }
     if (!c->cats_numeric) return;
-    double *v = malloc(cl ? cl : 1);
-    if (!v) {
-        *oom = 1;
-        return;
-    }
-    if (cl) memcpy(v, num, cl);
-    c->cat_num = v;
+    c->cat_num = keep_bytes(r, num, cl, borrow, oom);
 }
 
 /* Codes index the categories: each is checked, and the counts are made
@@ -1432,33 +1462,34 @@ static void count_codes(iv_h5iso_rd_t *r, iv_meta_col_t *c, int *oom)
 }
 
 /* A categorical's codes, categories and their numbers. */
-static void take_categorical(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int *oom)
+static void take_categorical(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int borrow,
+                             int *oom)
 {
     c->n_cats = n_cats;
-    c->codes = take_array(r, (uint64_t)c->n, 4, oom);
-    if (!c->codes || take_arena(r, c->n_cats, &c->cat_data, &c->cat_off, oom) < 0) return;
-    take_cat_numbers(r, c, oom);
+    c->codes = take_array(r, (uint64_t)c->n, 4, borrow, oom);
+    if (!c->codes || take_arena(r, c->n_cats, &c->cat_data, &c->cat_off, borrow, oom) < 0) return;
+    take_cat_numbers(r, c, borrow, oom);
     if (!r->bad && !*oom) count_codes(r, c, oom);
 }
 
 /* The column's values, by its type. */
-static void take_values(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int *oom)
+static void take_values(iv_h5iso_rd_t *r, iv_meta_col_t *c, int64_t n_cats, int borrow, int *oom)
 {
     int64_t n = c->n;
     switch (c->type) {
-    case IV_COL_INT: c->i64 = take_array(r, (uint64_t)n, 8, oom); break;
-    case IV_COL_FLOAT: c->f64 = take_array(r, (uint64_t)n, 8, oom); break;
+    case IV_COL_INT: c->i64 = take_array(r, (uint64_t)n, 8, borrow, oom); break;
+    case IV_COL_FLOAT: c->f64 = take_array(r, (uint64_t)n, 8, borrow, oom); break;
     case IV_COL_BOOL:
-        c->b = take_array(r, (uint64_t)n, 1, oom);
+        c->b = take_array(r, (uint64_t)n, 1, borrow, oom);
         if (c->b && !bytes_are_bool(c->b, n)) r->bad = 1;
         break;
-    case IV_COL_STRING: take_arena(r, n, &c->str_data, &c->str_off, oom); break;
-    case IV_COL_CATEGORICAL: take_categorical(r, c, n_cats, oom); break;
+    case IV_COL_STRING: take_arena(r, n, &c->str_data, &c->str_off, borrow, oom); break;
+    case IV_COL_CATEGORICAL: take_categorical(r, c, n_cats, borrow, oom); break;
     }
 }
 
 /* One column of n rows; NULL on a malformed answer (r->bad) or *oom. */
-static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
+static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int borrow, int *oom)
 {
     uint64_t h[9];
     const char *name = take_col_header(r, n, h);
@@ -1468,6 +1499,10 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
         *oom = 1;
         return NULL;
     }
+    if (borrow) {
+        mc->lo = (uintptr_t)r->p;
+        mc->hi = (uintptr_t)r->p + r->len;
+    }
     iv_meta_col_t *c = &mc->c;
     c->type = (iv_col_type_t)h[0];
     c->dtype = (iv_dtype_t)h[2];
@@ -1476,8 +1511,8 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
     c->n = n;
     c->ordered = h[6] != 0;
     c->cats_numeric = h[7] != 0;
-    take_mask(r, c, n, oom);
-    if (!r->bad && !*oom) take_values(r, c, (int64_t)h[8], oom);
+    take_mask(r, c, n, borrow, oom);
+    if (!r->bad && !*oom) take_values(r, c, (int64_t)h[8], borrow, oom);
     if (!r->bad && !*oom) return mc;
     col_free(mc);
     return NULL;
@@ -1485,10 +1520,10 @@ static struct mcol *take_col(iv_h5iso_rd_t *r, int64_t n, int *oom)
 
 /* The frame's n_cols columns after its index; stops at a malformed
  * answer (r->bad) or *oom. */
-static void take_cols(iv_h5iso_rd_t *r, uint64_t n_cols, struct frame *f, int *oom)
+static void take_cols(iv_h5iso_rd_t *r, uint64_t n_cols, struct frame *f, int borrow, int *oom)
 {
     for (uint64_t i = 0; !r->bad && !*oom && i < n_cols; i++) {
-        struct mcol *mc = take_col(r, f->n, oom);
+        struct mcol *mc = take_col(r, f->n, borrow, oom);
         if (mc && frame_push(f, mc) < 0) {
             col_free(mc);
             *oom = 1;
@@ -1497,16 +1532,16 @@ static void take_cols(iv_h5iso_rd_t *r, uint64_t n_cols, struct frame *f, int *o
 }
 
 static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, struct frame *f,
-                      iv_err_t *err)
+                      int borrow, iv_err_t *err)
 {
     memset(f, 0, sizeof *f);
     uint64_t n = iv_h5iso_rd_u64(r), n_cols = iv_h5iso_rd_u64(r);
     int oom = 0;
     if (r->bad || n > ((uint64_t)1 << 40) || n_cols > r->len) r->bad = 1;
     else f->n = (int64_t)n;
-    if (!r->bad) f->index = take_col(r, f->n, &oom);
+    if (!r->bad) f->index = take_col(r, f->n, borrow, &oom);
     if (f->index && (f->index->c.type != IV_COL_STRING || !f->index->c.is_index)) r->bad = 1;
-    if (!r->bad) take_cols(r, n_cols, f, &oom);
+    if (!r->bad) take_cols(r, n_cols, f, borrow, &oom);
     if (!r->bad && !oom) return 0;
     frame_free(f);
     if (oom) return iv_fail(err, IV_ENOMEM, "%s: %s: out of memory", path, gname);
@@ -1514,7 +1549,7 @@ static int take_frame(iv_h5iso_rd_t *r, const char *path, const char *gname, str
                    gname);
 }
 
-static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m,
+static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m, int borrow,
                      iv_err_t *err);
 
 int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_t *err)
@@ -1522,23 +1557,36 @@ int iv_meta_load(const char *path, const char *x_group, iv_meta_t **out, iv_err_
     return iv_meta_load_groups(path, x_group, "obs", "var", out, err);
 }
 
-int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_group,
-                        const char *var_group, iv_meta_t **out, iv_err_t *err)
+static iv_meta_t *meta_new(void)
 {
-    double t0 = iv_now_s();
-    *out = NULL;
     iv_meta_t *m = calloc(1, sizeof(*m));
-    IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
-    pthread_mutex_init(&m->lock, NULL);
+    if (m) pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+/* The reader process's answer for path's frames, in *res (mapped). */
+static int read_answer(const char *path, const char *x_group, const char *obs_group,
+                       const char *var_group, iv_h5iso_result_t *res, iv_err_t *err)
+{
     struct meta_ctx mc = {path, x_group && *x_group ? x_group : "X", {obs_group, var_group}};
-    iv_h5iso_result_t res;
-    int rc = iv_h5iso_run(path, meta_child, &mc, NULL, NULL, &res, err);
-    if (rc < 0) {
-        iv_meta_free(m);
-        return rc;
+    return iv_h5iso_run(path, meta_child, &mc, NULL, NULL, res, err);
+}
+
+/* A meta over the answer at map (map_len bytes, answer inside it), which
+ * it takes over: its arrays are used in place and the map is unmapped
+ * with the meta (or here, on error). */
+static int meta_adopt(const char *path, void *map, size_t map_len, const iv_h5iso_result_t *answer,
+                      double t0, iv_meta_t **out, iv_err_t *err)
+{
+    *out = NULL;
+    iv_meta_t *m = meta_new();
+    if (!m) {
+        if (map) munmap(map, map_len);
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);
     }
-    rc = take_meta(path, &res, m, err);
-    iv_h5iso_result_free(&res);
+    m->map = map;
+    m->map_len = map_len;
+    int rc = take_meta(path, answer, m, 1, err);
     if (rc < 0) {
         iv_meta_free(m);
         return rc;
@@ -1546,6 +1594,72 @@ int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_g
     m->stats.load_seconds = iv_now_s() - t0;
     *out = m;
     return 0;
+}
+
+int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_group,
+                        const char *var_group, iv_meta_t **out, iv_err_t *err)
+{
+    double t0 = iv_now_s();
+    *out = NULL;
+    iv_h5iso_result_t res;
+    IV_TRY(read_answer(path, x_group, obs_group, var_group, &res, err));
+    return meta_adopt(path, (void *)res.data, res.len, &res, t0, out, err);
+}
+
+/* The source's identity as stat gives it now, for a kept answer. */
+static int source_id(const char *path, iv_file_id_t *id)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    iv_file_id_of(&st, id);
+    return 0;
+}
+
+int iv_meta_load_kept(const char *path, const char *x_group, iv_meta_keep_t *keep,
+                      iv_meta_t **out, iv_err_t *err)
+{
+    double t0 = iv_now_s();
+    *out = NULL;
+    const char *group = x_group && *x_group ? x_group : "X";
+    char key[IV_CACHEDIR_KEY_LEN], at[4400], kind[300];
+    iv_file_id_t id;
+    iv_err_t e;
+    iv_err_clear(&e);
+    snprintf(kind, sizeof kind, "%s.meta", group);
+    for (char *p = kind; *p; p++)
+        if (*p == '/') *p = '_';
+    int can_keep = keep && keep->dir && keep->dir[0] && source_id(path, &id) == 0 &&
+                   iv_cachedir_key(path, key, &e) == 0 &&
+                   iv_cachedir_path(keep->dir, path, key, kind, at, sizeof at, &e) == 0;
+    if (keep) snprintf(keep->note, sizeof keep->note, "read (none kept)");
+    if (can_keep) {
+        iv_metafile_t mf;
+        const char *why = NULL;
+        int got = iv_metafile_open(at, &id, group, &mf, &why, err);
+        if (got < 0) return got;
+        if (got == 1) {
+            iv_h5iso_result_t kept = {mf.answer, mf.answer_len};
+            int rc = meta_adopt(path, mf.map, mf.len, &kept, t0, out, &e);
+            if (rc == 0) {
+                snprintf(keep->note, sizeof keep->note, "mapped from the cache folder");
+                return 0;
+            }
+            if (rc == IV_ENOMEM) return iv_fail(err, rc, "%s", e.msg);
+            why = "damaged";
+        }
+        snprintf(keep->note, sizeof keep->note, "read (kept one %s)", why);
+    }
+    iv_h5iso_result_t res;
+    IV_TRY(read_answer(path, group, "obs", "var", &res, err));
+    /* Kept before the take: the take leaves the answer as it was. */
+    if (can_keep && res.len >= keep->min_bytes) {
+        if (iv_cachedir_prepare(keep->dir, &e) == 0 && iv_cachedir_note(at, path, key, &e) == 0 &&
+            iv_metafile_save(at, &id, group, res.data, res.len, &e) == 0)
+            snprintf(keep->note, sizeof keep->note, "read and kept in the cache folder");
+        else
+            snprintf(keep->note, sizeof keep->note, "read (not kept: %.120s)", e.msg);
+    }
+    return meta_adopt(path, (void *)res.data, res.len, &res, t0, out, err);
 }
 
 int iv_meta_validate_file(const char *path, const char *x_group, iv_err_t *err)
@@ -1567,11 +1681,10 @@ int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_met
                        iv_err_t *err)
 {
     *out = NULL;
-    iv_meta_t *m = calloc(1, sizeof(*m));
+    iv_meta_t *m = meta_new();
     IV_RETURN_IF(!m, err, IV_ENOMEM, "%s: out of memory", path);
-    pthread_mutex_init(&m->lock, NULL);
     iv_h5iso_result_t res = {data, len};
-    int rc = take_meta(path, &res, m, err);
+    int rc = take_meta(path, &res, m, 0, err);
     if (rc < 0) {
         iv_meta_free(m);
         return rc;
@@ -1580,20 +1693,24 @@ int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_met
     return 0;
 }
 
-/* The reader's answer into m's frames, with their names indexes. */
-static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m, iv_err_t *err)
+/* The reader's answer into m's frames, its arrays used in place when
+ * borrow (the answer outlives m), else copied.  The var index's names
+ * hash is built here; obs's, ten million names at an atlas's size, on
+ * first use or by iv_meta_warm. */
+static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *m, int borrow,
+                     iv_err_t *err)
 {
     int rc = 0;
     iv_h5iso_rd_t r;
     iv_h5iso_rd_init(&r, res);
     if (iv_h5iso_rd_u64(&r) != META_MAGIC)
         rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
-    if (rc == 0) rc = take_frame(&r, path, "obs", &m->ax[IV_AXIS_OBS], err);
-    if (rc == 0) rc = take_frame(&r, path, "var", &m->ax[IV_AXIS_VAR], err);
+    if (rc == 0) rc = take_frame(&r, path, "obs", &m->ax[IV_AXIS_OBS], borrow, err);
+    if (rc == 0) rc = take_frame(&r, path, "var", &m->ax[IV_AXIS_VAR], borrow, err);
     if (rc == 0 && r.pos != r.len)
         rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
-    for (int a = 0; rc == 0 && a < 2; a++) {
-        struct mcol *ix = m->ax[a].index;
+    if (rc == 0) {
+        struct mcol *ix = m->ax[IV_AXIS_VAR].index;
         rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);
     }
     return rc;
@@ -1604,6 +1721,7 @@ void iv_meta_free(iv_meta_t *m)
     if (!m) return;
     frame_free(&m->ax[0]);
     frame_free(&m->ax[1]);
+    if (m->map) munmap(m->map, m->map_len);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -1647,8 +1765,12 @@ const iv_meta_col_t *iv_meta_index(const iv_meta_t *m, iv_axis_t axis)
 
 void iv_meta_stats(const iv_meta_t *m, iv_meta_stats_t *out)
 {
+    /* The lock: names hashes are built lazily (column_hash). */
+    pthread_mutex_t *lock = (pthread_mutex_t *)&m->lock;
+    pthread_mutex_lock(lock);
     *out = m->stats;
     out->bytes = sizeof(*m) + frame_bytes(&m->ax[0]) + frame_bytes(&m->ax[1]);
+    pthread_mutex_unlock(lock);
 }
 
 /* ------------------------------------------------------- computed columns */
@@ -1762,22 +1884,58 @@ static inline void int_slice(computed_t *c, int64_t i, iv_dtype_t vt, const void
     ((int64_t *)c->mx)[i] = best;
 }
 
-/* Every slice's stored count, total and maximum. */
-static int compute_slices(computed_t *c, int64_t n_major, int64_t n_minor,
-                          const int64_t *major_ptr, const int64_t *value_ptr, int64_t n_unique,
-                          const void *values, iv_dtype_t vt, int is_float, iv_err_t *err)
+/* The slices of one block of compute_slices, on any thread. */
+typedef struct slice_blocks {
+    computed_t *c;
+    int64_t n_major, n_minor, n_unique;
+    const int64_t *major_ptr, *value_ptr;
+    const void *values;
+    iv_dtype_t vt;
+    int is_float;
+    _Atomic int64_t bad;      /* the lowest slice whose pointers are wrong; n_major: none */
+} slice_blocks_t;
+
+#define SLICE_BLOCK 65536
+
+static void slice_block(void *arg, size_t b)
 {
-    for (int64_t i = 0; i < n_major; i++) {
+    slice_blocks_t *sb = arg;
+    computed_t *c = sb->c;
+    int64_t i0 = (int64_t)b * SLICE_BLOCK;
+    int64_t i1 = i0 + SLICE_BLOCK < sb->n_major ? i0 + SLICE_BLOCK : sb->n_major;
+    const int64_t *major_ptr = sb->major_ptr, *value_ptr = sb->value_ptr;
+    for (int64_t i = i0; i < i1; i++) {
         int64_t g0 = major_ptr[i], g1 = major_ptr[i + 1];
-        if (g1 < g0 || g1 > n_unique || value_ptr[g1] < value_ptr[g0])
-            return iv_fail(err, IV_EBAD_FILE, "computed columns: pointers of slice %lld are "
-                           "not monotone", (long long)i);
+        if (g0 < 0 || g1 < g0 || g1 > sb->n_unique || value_ptr[g1] < value_ptr[g0]) {
+            int64_t seen = atomic_load(&sb->bad);
+            while (i < seen && !atomic_compare_exchange_weak(&sb->bad, &seen, i)) {}
+            return;
+        }
         int64_t cnt_i = value_ptr[g1] - value_ptr[g0];
         c->nnz[i] = cnt_i;
-        int dense = cnt_i >= n_minor;
-        if (is_float) float_slice(c, i, vt, values, value_ptr, g0, g1, dense, n_minor);
-        else int_slice(c, i, vt, values, value_ptr, g0, g1, dense, n_minor);
+        int dense = cnt_i >= sb->n_minor;
+        if (sb->is_float)
+            float_slice(c, i, sb->vt, sb->values, value_ptr, g0, g1, dense, sb->n_minor);
+        else
+            int_slice(c, i, sb->vt, sb->values, value_ptr, g0, g1, dense, sb->n_minor);
     }
+}
+
+/* Every slice's stored count, total and maximum, in blocks of slices on
+ * pool's workers (NULL: this thread). */
+static int compute_slices(computed_t *c, int64_t n_major, int64_t n_minor,
+                          const int64_t *major_ptr, const int64_t *value_ptr, int64_t n_unique,
+                          const void *values, iv_dtype_t vt, int is_float, iv_pool_t *pool,
+                          iv_err_t *err)
+{
+    slice_blocks_t sb = {c, n_major, n_minor, n_unique, major_ptr, value_ptr, values, vt,
+                         is_float, n_major};
+    size_t blocks = (size_t)((n_major + SLICE_BLOCK - 1) / SLICE_BLOCK);
+    iv_pool_parallel_for(pool, blocks, 0, slice_block, &sb);
+    int64_t bad = atomic_load(&sb.bad);
+    if (bad < n_major)
+        return iv_fail(err, IV_EBAD_FILE, "computed columns: pointers of slice %lld are "
+                       "not monotone", (long long)bad);
     return 0;
 }
 
@@ -1798,10 +1956,9 @@ static int attach_computed(struct frame *f, computed_t *c, iv_orient_t orient, i
     return rc;
 }
 
-int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_major,
-                                int64_t n_minor, const int64_t *major_ptr,
-                                const int64_t *value_ptr, int64_t n_unique,
-                                const void *values, iv_dtype_t vt, iv_err_t *err)
+static int add_computed(iv_meta_t *m, iv_orient_t orient, int64_t n_major, int64_t n_minor,
+                        const int64_t *major_ptr, const int64_t *value_ptr, int64_t n_unique,
+                        const void *values, iv_dtype_t vt, iv_pool_t *pool, iv_err_t *err)
 {
     double t0 = iv_now_s();
     struct frame *f = &m->ax[orient == IV_IVCSC ? IV_AXIS_VAR : IV_AXIS_OBS];
@@ -1818,7 +1975,7 @@ int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_majo
     IV_RETURN_IF(computed_alloc(&c, n_major, is_float) < 0, err, IV_ENOMEM,
                  "computed columns: out of memory");
     int rc = compute_slices(&c, n_major, n_minor, major_ptr, value_ptr, n_unique, values, vt,
-                            is_float, err);
+                            is_float, pool, err);
     if (rc < 0) {
         computed_free(&c);
         return rc;
@@ -1828,13 +1985,21 @@ int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_majo
     return rc;
 }
 
-int iv_meta_add_computed(iv_meta_t *m, const iv_dataset_t *ds, iv_err_t *err)
+int iv_meta_add_computed_arrays(iv_meta_t *m, iv_orient_t orient, int64_t n_major,
+                                int64_t n_minor, const int64_t *major_ptr,
+                                const int64_t *value_ptr, int64_t n_unique,
+                                const void *values, iv_dtype_t vt, iv_err_t *err)
+{
+    return add_computed(m, orient, n_major, n_minor, major_ptr, value_ptr, n_unique, values, vt,
+                        NULL, err);
+}
+
+int iv_meta_add_computed(iv_meta_t *m, const iv_dataset_t *ds, iv_pool_t *pool, iv_err_t *err)
 {
     const iv_dataset_info_t *in = iv_dataset_info(ds);
-    return iv_meta_add_computed_arrays(m, in->orient, in->n_major, in->n_minor,
-                                       iv_dataset_major_ptr(ds), iv_dataset_value_ptr(ds),
-                                       in->n_unique, iv_dataset_values(ds), in->value_dtype,
-                                       err);
+    return add_computed(m, in->orient, in->n_major, in->n_minor, iv_dataset_major_ptr(ds),
+                        iv_dataset_value_ptr(ds), in->n_unique, iv_dataset_values(ds),
+                        in->value_dtype, pool, err);
 }
 
 /* ----------------------------------------------------------- name lookups */
@@ -1860,6 +2025,14 @@ static int column_hash(iv_meta_t *m, struct mcol *mc, const iv_names_t **out, iv
     *out = mc->hash;
     pthread_mutex_unlock(&m->lock);
     return rc;
+}
+
+int iv_meta_warm(iv_meta_t *m, iv_err_t *err)
+{
+    const iv_names_t *h;
+    for (int a = 0; a < 2; a++)
+        IV_TRY(column_hash(m, m->ax[a].index, &h, err));
+    return 0;
 }
 
 /* The column names are looked up in: the index, or a string or

@@ -29,6 +29,7 @@
 #include "dataset.h"
 #include "dtype.h"
 #include "error.h"
+#include "pool.h"
 
 typedef enum iv_axis { IV_AXIS_OBS = 0, IV_AXIS_VAR = 1 } iv_axis_t;
 
@@ -114,6 +115,31 @@ int iv_meta_load_groups(const char *path, const char *x_group, const char *obs_g
                         const char *var_group, iv_meta_t **out, iv_err_t *err);
 void iv_meta_free(iv_meta_t *m);
 
+/* Where iv_meta_load_kept keeps a file's obs/var between runs. */
+typedef struct iv_meta_keep {
+    const char *dir;          /* the cache folder (NULL or "": none kept) */
+    size_t min_bytes;         /* answers smaller than this are not kept */
+    char note[160];           /* out: "mapped from the cache folder", "read and
+                                 kept in the cache folder", "read (...why...)" */
+} iv_meta_keep_t;
+
+/*
+ * iv_meta_load for the server: the reader's answer is kept in keep->dir
+ * (metafile.h) when it has min_bytes or more, and a later load of the
+ * same unchanged file maps it instead of reading HDF5 again.  The arrays
+ * are used in place either way (no copy).  A kept answer made for
+ * another file or group, or damaged, is passed over (keep->note says
+ * why) and the file read again; a cache folder that cannot be written
+ * costs only the keeping.  Errors as iv_meta_load.
+ */
+int iv_meta_load_kept(const char *path, const char *x_group, iv_meta_keep_t *keep,
+                      iv_meta_t **out, iv_err_t *err);
+
+/* Builds what the first lookup by name would build (the names hashes of
+ * both indexes; obs's is left to first use by a load), so that a server
+ * can do it on a worker once the dataset serves.  Any thread. */
+int iv_meta_warm(iv_meta_t *m, iv_err_t *err);
+
 /*
  * Validates obs and var of the .h5ad file at path as iv_meta_load reads
  * them, with every check of the load (row counts against x_group's shape,
@@ -140,10 +166,12 @@ int iv_meta_from_bytes(const char *path, const uint8_t *data, size_t len, iv_met
  * IVCSR: obs total_counts, n_genes, max_count; IVCSC: var total_counts,
  * n_cells, max_count.  max_count counts implicit zeros (it is the maximum
  * of the dense row).  When the file already has a column of that name,
- * the computed one is named "iv_<name>".  Not thread-safe with readers:
- * call at start-up, before sharing the meta.
+ * the computed one is named "iv_<name>".  The slices are summed in blocks
+ * on pool's workers (NULL: the calling thread), a few seconds' work at
+ * ten million cells.  Not thread-safe with readers: call at start-up,
+ * before sharing the meta.
  */
-int iv_meta_add_computed(iv_meta_t *m, const iv_dataset_t *ds, iv_err_t *err);
+int iv_meta_add_computed(iv_meta_t *m, const iv_dataset_t *ds, iv_pool_t *pool, iv_err_t *err);
 
 /* The same from raw arrays (what iv_meta_add_computed calls; tests use it).
  * values has n_unique = value_ptr-length - 1 elements of dtype vt. */
