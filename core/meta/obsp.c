@@ -591,6 +591,10 @@ int iv_obsp_list(const char *path, int64_t n_obs, iv_obsp_list_t **out, iv_err_t
  * to SPAN_MAX entries (read_spans). */
 #define SPAN_GAP 4096
 #define SPAN_MAX ((int64_t)1 << 20)
+/* Pointers of rows at most PTR_GAP apart are read in one call, up to
+ * PTR_PIECE pointers (read_row_ptrs). */
+#define PTR_GAP 8192
+#define PTR_PIECE ((int64_t)1 << 20)
 
 typedef struct read_ctx {
     const char *path, *name;
@@ -615,41 +619,66 @@ static int read_range(hid_t d, hid_t mt, int64_t a, int64_t b, void *buf)
     return rc;
 }
 
-/* The pointer array, checked: from 0, monotone, at most the entries
- * (scipy's reading: entries past the last pointer are dropped). */
-static int read_indptr(const read_ctx_t *c, hid_t d, int64_t nnz, int64_t **out, iv_err_t *err)
+/* Checks pointers buf[0..n) = indptr[first .. first + n): from 0 when
+ * first is 0, never falling, never past the entries (scipy's reading:
+ * entries past the last pointer are dropped). */
+static int check_ptrs(const read_ctx_t *c, const int64_t *buf, int64_t first, int64_t n, int64_t nnz,
+                      iv_err_t *err)
 {
-    int64_t n = c->n_obs + 1;
-    int64_t *p = malloc((size_t)n * sizeof *p);
-    IV_RETURN_IF(!p, err, IV_ENOMEM, "%s: out of memory for obsp/%s's pointers", c->path, c->name);
+    IV_RETURN_IF(first == 0 && n && buf[0] != 0, err, IV_EBAD_FILE, "%s: obsp/%s/indptr starts at %lld, not 0",
+                 c->path, c->name, (long long)buf[0]);
+    for (int64_t i = 0; i < n; i++)
+        IV_RETURN_IF(buf[i] < 0 || buf[i] > nnz || (i && buf[i] < buf[i - 1]), err, IV_EBAD_FILE,
+                     "%s: obsp/%s/indptr[%lld] = %lld is below the one before or past the %lld entries",
+                     c->path, c->name, (long long)(first + i), (long long)buf[i], (long long)nnz);
+    return 0;
+}
+
+/*
+ * The selected rows' pointers: lo[k] = indptr[rows[k]], hi[k] =
+ * indptr[rows[k] + 1].  Read in pieces of at most PTR_PIECE pointers,
+ * each covering rows at most PTR_GAP apart, so that a few cells of ten
+ * million cost a few small reads, not the 80 MB array; every pointer read
+ * is checked (check_ptrs).  Pieces of rows in a row share their boundary
+ * pointer, so all cells check the whole array, monotone throughout.
+ */
+static int read_row_ptrs(const read_ctx_t *c, hid_t d, int64_t nnz, int64_t *lo, int64_t *hi, iv_err_t *err)
+{
+    int64_t want = c->m ? c->rows[c->m - 1] - c->rows[0] + 2 : 1;
+    int64_t cap = want < PTR_PIECE ? want : PTR_PIECE;
+    int64_t *buf = malloc((size_t)cap * sizeof *buf);
+    IV_RETURN_IF(!buf, err, IV_ENOMEM, "%s: out of memory for obsp/%s's pointers", c->path, c->name);
     int rc = 0;
-    if (read_range(d, H5T_NATIVE_INT64, 0, n, p) < 0)
-        rc = iv_fail(err, IV_EBAD_FILE, "%s: obsp/%s/indptr cannot be read", c->path, c->name);
-    else if (p[0] != 0)
-        rc = iv_fail(err, IV_EBAD_FILE, "%s: obsp/%s/indptr starts at %lld, not 0", c->path, c->name,
-                     (long long)p[0]);
-    for (int64_t i = 1; rc == 0 && i < n; i++)
-        if (p[i] < p[i - 1] || p[i] > nnz)
-            rc = iv_fail(err, IV_EBAD_FILE,
-                         "%s: obsp/%s/indptr[%lld] = %lld is below the one before or past the %lld entries",
-                         c->path, c->name, (long long)i, (long long)p[i], (long long)nnz);
-    if (rc != 0) free(p);
-    else *out = p;
+    for (int64_t k = 0; rc == 0 && k < c->m;) {
+        int64_t first = c->rows[k], end = k + 1;
+        while (end < c->m && c->rows[end] - c->rows[end - 1] <= PTR_GAP && c->rows[end] + 2 - first <= cap) end++;
+        int64_t n = c->rows[end - 1] + 2 - first;
+        if (read_range(d, H5T_NATIVE_INT64, first, first + n, buf) < 0)
+            rc = iv_fail(err, IV_EBAD_FILE, "%s: obsp/%s/indptr cannot be read", c->path, c->name);
+        if (rc == 0) rc = check_ptrs(c, buf, first, n, nnz, err);
+        for (int64_t q = k; rc == 0 && q < end; q++) {
+            lo[q] = buf[c->rows[q] - first];
+            hi[q] = buf[c->rows[q] + 1 - first];
+        }
+        k = end;
+    }
+    free(buf);
     return rc;
 }
 
 /* The end of the span of rows starting at k: runs of consecutive rows
  * whose entries lie within SPAN_GAP of the run before, SPAN_MAX entries
  * in all (a single run may be longer); *runs of them, entries [*a, *b). */
-static int64_t span_end(const read_ctx_t *c, const int64_t *ptr, int64_t k, int *runs, int64_t *a, int64_t *b)
+static int64_t span_end(const read_ctx_t *c, const int64_t *lo, const int64_t *hi, int64_t k, int *runs,
+                        int64_t *a, int64_t *b)
 {
     int64_t end = k;
     *runs = 0;
-    *a = *b = ptr[c->rows[k]];
+    *a = *b = lo[k];
     while (end < c->m) {
         int64_t k2 = end + 1;
         while (k2 < c->m && c->rows[k2] == c->rows[k2 - 1] + 1) k2++;
-        int64_t ra = ptr[c->rows[end]], rb = ptr[c->rows[k2 - 1] + 1];
+        int64_t ra = lo[end], rb = hi[k2 - 1];
         if (*runs && (ra - *b > SPAN_GAP || rb - *a > SPAN_MAX)) break;
         *b = rb;
         (*runs)++;
@@ -665,8 +694,8 @@ static int64_t span_end(const read_ctx_t *c, const int64_t *ptr, int64_t k, int 
  * together are read as one span into scratch and copied out, a span of
  * one run straight into place (a whole graph is one read).
  */
-static int read_spans(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s, const int64_t *ptr,
-                      const int64_t *rp, int64_t *ind, char *val, iv_err_t *err)
+static int read_spans(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s, const int64_t *lo,
+                      const int64_t *hi, const int64_t *rp, int64_t *ind, char *val, iv_err_t *err)
 {
     size_t esz = iv_dtype_size(e->dtype);
     hid_t vt = iv_h5_native(e->dtype);
@@ -675,7 +704,7 @@ static int read_spans(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s,
     int rc = 0;
     for (int64_t k = 0; rc == 0 && k < c->m;) {
         int runs;
-        int64_t a, b, end = span_end(c, ptr, k, &runs, &a, &b);
+        int64_t a, b, end = span_end(c, lo, hi, k, &runs, &a, &b);
         if (runs == 1) {
             if (read_range(s->indices, H5T_NATIVE_INT64, a, b, ind + rp[k]) < 0 ||
                 read_range(s->data, vt, a, b, val + (size_t)rp[k] * esz) < 0)
@@ -690,7 +719,7 @@ static int read_spans(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s,
             if (read_range(s->indices, H5T_NATIVE_INT64, a, b, sind) < 0 || read_range(s->data, vt, a, b, sval) < 0)
                 rc = -1;
             for (int64_t q = k; rc == 0 && q < end; q++) {
-                int64_t from = ptr[c->rows[q]] - a, len = rp[q + 1] - rp[q];
+                int64_t from = lo[q] - a, len = rp[q + 1] - rp[q];
                 memcpy(ind + rp[q], sind + from, (size_t)len * sizeof *ind);
                 memcpy(val + (size_t)rp[q] * esz, sval + (size_t)from * esz, (size_t)len * esz);
             }
@@ -715,13 +744,14 @@ static int send_sparse(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s
     IV_TRY(iv_h5_check_stored(s->indptr, where, err));
     IV_TRY(iv_h5_check_stored(s->indices, where, err));
     IV_TRY(iv_h5_check_stored(s->data, where, err));
-    int64_t *ptr = NULL;
-    IV_TRY(read_indptr(c, s->indptr, e->nnz, &ptr, err));
+    size_t mm = (size_t)(c->m ? c->m : 1);
+    int64_t *lo = malloc(mm * sizeof *lo), *hi = malloc(mm * sizeof *hi);
     int64_t *rp = malloc((size_t)(c->m + 1) * sizeof *rp);
     int rc = 0;
-    if (!rp) rc = iv_fail(err, IV_ENOMEM, "%s: out of memory", c->path);
+    if (!rp || !lo || !hi) rc = iv_fail(err, IV_ENOMEM, "%s: out of memory", c->path);
+    if (rc == 0) rc = read_row_ptrs(c, s->indptr, e->nnz, lo, hi, err);
     for (int64_t k = 0; rc == 0 && k <= c->m; k++) {
-        rp[k] = k ? rp[k - 1] + ptr[c->rows[k - 1] + 1] - ptr[c->rows[k - 1]] : 0;
+        rp[k] = k ? rp[k - 1] + hi[k - 1] - lo[k - 1] : 0;
         if ((uint64_t)rp[k] > c->max_nnz)
             rc = iv_fail(err, IV_ETOO_LARGE, "the selected rows of obsp/%s hold more than %llu entries; "
                          "select fewer cells", c->name, (unsigned long long)c->max_nnz);
@@ -731,11 +761,12 @@ static int send_sparse(const read_ctx_t *c, const iv_obsp_elem_t *e, sparse_t *s
     int64_t *ind = rc == 0 ? malloc((size_t)(tot ? tot : 1) * sizeof *ind) : NULL;
     char *val = rc == 0 ? malloc((size_t)(tot ? tot : 1) * esz) : NULL;
     if (rc == 0 && (!ind || !val)) rc = iv_fail(err, IV_ENOMEM, "%s: out of memory for %lld entries", c->path, (long long)tot);
-    if (rc == 0) rc = read_spans(c, e, s, ptr, rp, ind, val, err);
+    if (rc == 0) rc = read_spans(c, e, s, lo, hi, rp, ind, val, err);
     if (rc == 0 && (iv_h5iso_put_u64(o, (uint64_t)tot) | iv_h5iso_put_blob(o, rp, (uint64_t)(c->m + 1) * 8) |
                     iv_h5iso_put_blob(o, ind, (uint64_t)tot * 8) | iv_h5iso_put_blob(o, val, (uint64_t)tot * esz)))
         rc = iv_fail(err, IV_EIO, "%s: cannot pass obsp/%s to the server", c->path, c->name);
-    free(ptr);
+    free(lo);
+    free(hi);
     free(rp);
     free(ind);
     free(val);

@@ -45,6 +45,8 @@ from ivprocess import BIN, ServerProcess, write_config  # noqa: E402
 N = 70
 # The row of big_index's wrong entry (set by lie()).
 BIG_ROW = []
+# The big dataset's graph (set by env).
+BIG_GRAPH = []
 TYPES = np.array(["B", "T", "NK"])
 
 
@@ -81,6 +83,21 @@ def write_file(path):
             del g[k]
             g.create_dataset(k, data=v)
         assert g["indices"].dtype == np.int64
+
+
+def write_big(path, n=30000, k=6):
+    """A graph of n cells, k entries a row: selected rows far apart are
+    read with pointers and entries in several pieces."""
+    rng = np.random.default_rng(23)
+    a = anndata.AnnData(X=sp.random(n, 3, density=0.2, format="csr", dtype=np.float32, random_state=4))
+    cols = np.sort(rng.integers(0, n, (n, k)), axis=1).ravel()
+    g = sp.csr_matrix((rng.random(n * k).astype(np.float32), cols, np.arange(0, n * k + 1, k)), shape=(n, n))
+    g.sum_duplicates()
+    a.obsp["knn"] = g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a.write_h5ad(path)
+    return g
 
 
 def lie(path):
@@ -123,7 +140,11 @@ def env(ivserve, tmp_path_factory):
     lies = os.path.join(tmp, "lies.h5ad")
     shutil.copy(packed, lies)
     lie(lies)
-    datasets = [{"id": "g", "path": packed}, {"id": "lies", "path": lies}]
+    big_plain, big = os.path.join(tmp, "big_plain.h5ad"), os.path.join(tmp, "big.h5ad")
+    big_graph = write_big(big_plain)
+    ivserve.assert_ok(ivserve.run("pack", big_plain, big))
+    BIG_GRAPH.append(big_graph)
+    datasets = [{"id": "g", "path": packed}, {"id": "lies", "path": lies}, {"id": "big", "path": big}]
     fix = fixtures_path()
     real = os.path.join(fix, "real", "pbmc_small.ivcsr.h5ad") if fix else None
     real = real if real and os.path.exists(real) else None
@@ -259,6 +280,29 @@ def test_where_filters_and_json(env):
     r = requests.get(s.url + "/v1/datasets/g/obsp/by_col?obs=3,1,1,50&format=binary")
     X, ids = decode(r.content)
     same(X, subset(full, [3, 1, 1, 50]).obsp["by_col"].tocsr(), "GET by_col")
+
+
+def test_far_apart_rows_of_a_larger_graph(env):
+    """30,000 cells: rows thousands apart (pointers and entries read in
+    several pieces), rows near each other (one span), all cells."""
+    s = env[0]
+    g = BIG_GRAPH[0]
+    n = g.shape[0]
+    rng = np.random.default_rng(3)
+    sels = [rng.integers(0, n, 40), np.array([n - 1, 0, 15000, 0, 29998]),
+            np.sort(rng.choice(n, 3000, replace=False)), np.arange(9000, 9500)[::-1], None]
+    for sel in sels:
+        u = s.url + "/v1/datasets/big/obsp/knn"
+        if sel is None:
+            r = requests.get(u, headers={"Accept": wire.MEDIA_TYPE})
+            want = g.copy()
+        else:
+            r = requests.post(u, json={"obs": {"index": sel.tolist()}}, headers={"Accept": wire.MEDIA_TYPE})
+            want = g[sel][:, sel]
+        assert r.status_code == 200, r.text
+        X, ids = decode(r.content)
+        assert np.array_equal(ids, np.arange(n) if sel is None else sel)
+        same(X, want.tocsr(), "big %s" % (None if sel is None else len(sel)))
 
 
 def test_client_obsp_and_to_anndata(env):
