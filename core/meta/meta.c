@@ -1632,9 +1632,9 @@ int iv_meta_load_kept(const char *path, const char *x_group, iv_meta_keep_t *kee
                    iv_cachedir_key(path, key, &e) == 0 &&
                    iv_cachedir_path(keep->dir, path, key, kind, at, sizeof at, &e) == 0;
     if (keep) snprintf(keep->note, sizeof keep->note, "read (none kept)");
+    const char *why = "none kept";   /* why a kept answer was passed over */
     if (can_keep) {
         iv_metafile_t mf;
-        const char *why = NULL;
         int got = iv_metafile_open(at, &id, group, &mf, &why, err);
         if (got < 0) return got;
         if (got == 1) {
@@ -1647,19 +1647,23 @@ int iv_meta_load_kept(const char *path, const char *x_group, iv_meta_keep_t *kee
             if (rc == IV_ENOMEM) return iv_fail(err, rc, "%s", e.msg);
             why = "damaged";
         }
-        snprintf(keep->note, sizeof keep->note, "read (kept one %s)", why);
     }
     iv_h5iso_result_t res;
     IV_TRY(read_answer(path, group, "obs", "var", &res, err));
-    /* Kept before the take: the take leaves the answer as it was. */
-    if (can_keep && res.len >= keep->min_bytes) {
-        if (iv_cachedir_prepare(keep->dir, &e) == 0 && iv_cachedir_note(at, path, key, &e) == 0 &&
-            iv_metafile_save(at, &id, group, res.data, res.len, &e) == 0)
-            snprintf(keep->note, sizeof keep->note, "read and kept in the cache folder");
-        else
-            snprintf(keep->note, sizeof keep->note, "read (not kept: %.120s)", e.msg);
-    }
-    return meta_adopt(path, (void *)res.data, res.len, &res, t0, out, err);
+    IV_TRY(meta_adopt(path, (void *)res.data, res.len, &res, t0, out, err));
+    /* Kept once taken (what the checks refuse is not kept); the take
+     * leaves the answer as it was. */
+    if (!can_keep || res.len < keep->min_bytes) return 0;
+    int kept = iv_cachedir_prepare(keep->dir, &e) == 0 &&
+               iv_cachedir_note(at, path, key, &e) == 0 &&
+               iv_metafile_save(at, &id, group, res.data, res.len, &e) == 0;
+    if (!kept)
+        snprintf(keep->note, sizeof keep->note, "read (not kept: %.120s)", e.msg);
+    else if (strcmp(why, "none kept") == 0)
+        snprintf(keep->note, sizeof keep->note, "read and kept in the cache folder");
+    else
+        snprintf(keep->note, sizeof keep->note, "read (kept one %s) and kept again", why);
+    return 0;
 }
 
 int iv_meta_validate_file(const char *path, const char *x_group, iv_err_t *err)

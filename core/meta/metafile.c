@@ -46,7 +46,7 @@ static void head_fill(struct head *h, const iv_file_id_t *src, const char *group
 static int head_check(const struct head *h, const struct head *want, size_t file_len,
                       const char **why)
 {
-    if (memcmp(h->magic, MAGIC, sizeof MAGIC) != 0 || h->version != VERSION) {
+    if (memcmp(h->magic, MAGIC, sizeof MAGIC) != 0 || h->version != VERSION || h->reserved != 0) {
         *why = "another format";
         return 0;
     }
