@@ -104,7 +104,28 @@ static const char *col_get(const void *ctx, int64_t i)
     return iv_meta_col_str(c, i);
 }
 
-/* The search index of a column, built on first use (lock held by caller). */
+/* Adds the built index s of col to v, which takes it (lock held by
+ * caller); on error (out of memory) s is still the caller's and *out
+ * NULL. */
+static int search_add_locked(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t *col,
+                             iv_search_t *s, const iv_search_t **out, iv_err_t *err)
+{
+    *out = NULL;
+    if (v->n_idx == v->cap_idx) {
+        size_t nc = v->cap_idx ? v->cap_idx * 2 : 8;
+        sidx_t *n = realloc(v->idx, nc * sizeof *n);
+        if (!n) return iv_fail(err, IV_ENOMEM, "out of memory for a search index");
+        v->idx = n;
+        v->cap_idx = nc;
+    }
+    v->idx[v->n_idx++] = (sidx_t){axis, col, s};
+    v->search_bytes += iv_search_bytes(s);
+    *out = s;
+    return 0;
+}
+
+/* The search index of a column, built on first use (lock held by caller;
+ * the load's, before the dataset is shared). */
 static int search_index_locked(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t *col,
                                const iv_search_t **out, iv_err_t *err)
 {
@@ -113,27 +134,40 @@ static int search_index_locked(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t 
             *out = v->idx[i].s;
             return 0;
         }
-    if (v->n_idx == v->cap_idx) {
-        size_t nc = v->cap_idx ? v->cap_idx * 2 : 8;
-        sidx_t *n = realloc(v->idx, nc * sizeof *n);
-        if (!n) return iv_fail(err, IV_ENOMEM, "out of memory for a search index");
-        v->idx = n;
-        v->cap_idx = nc;
-    }
     iv_search_t *s = NULL;
     IV_TRY(iv_search_build(col->n, col_get, col, &s, err));
-    v->idx[v->n_idx++] = (sidx_t){axis, col, s};
-    v->search_bytes += iv_search_bytes(s);
-    *out = s;
-    return 0;
+    int rc = search_add_locked(v, axis, col, s, out, err);
+    if (rc < 0) iv_search_free(s);
+    return rc;
 }
 
+/* The column's index in v, or NULL (lock held by caller). */
+static const iv_search_t *search_found_locked(const iv_vds_t *v, const iv_meta_col_t *col)
+{
+    for (size_t i = 0; i < v->n_idx; i++)
+        if (v->idx[i].col == col) return v->idx[i].s;
+    return NULL;
+}
+
+/* search_index_locked for a worker: a missing index is built outside the
+ * lock (ten million obs names take seconds, and the loop takes the lock
+ * for the memory figures), then added unless another thread added one
+ * meanwhile. */
 static int search_index(iv_vds_t *v, iv_axis_t axis, const iv_meta_col_t *col,
                         const iv_search_t **out, iv_err_t *err)
 {
     pthread_mutex_lock(&v->mu);
-    int rc = search_index_locked(v, axis, col, out, err);
+    *out = search_found_locked(v, col);
     pthread_mutex_unlock(&v->mu);
+    if (*out) return 0;
+    iv_search_t *built = NULL;
+    IV_TRY(iv_search_build(col->n, col_get, col, &built, err));
+    pthread_mutex_lock(&v->mu);
+    int rc = 0;
+    *out = search_found_locked(v, col);
+    if (!*out) rc = search_add_locked(v, axis, col, built, out, err);
+    pthread_mutex_unlock(&v->mu);
+    if (*out != built) iv_search_free(built);
     return rc;
 }
 

@@ -44,7 +44,9 @@ struct mcol {
     iv_meta_col_t c;       /* public view; its pointers are owned here, but
                               for those inside [lo, hi): arrays used in place
                               in the reader's answer the meta keeps mapped */
-    iv_names_t *hash;      /* names index, built on first lookup */
+    /* Names index, built on first lookup (column_hash) and published
+     * atomically: lookups and iv_meta_stats read it without the lock. */
+    iv_names_t *_Atomic hash;
     uintptr_t lo, hi;      /* the kept answer's bytes (0, 0: none) */
 };
 
@@ -113,7 +115,7 @@ static void col_free(struct mcol *mc)
     col_free_owned(mc, c->cat_off);
     col_free_owned(mc, c->cat_num);
     free((void *)c->cat_counts);
-    iv_names_free(mc->hash);
+    iv_names_free(atomic_load(&mc->hash));
     free(mc);
 }
 
@@ -1128,9 +1130,9 @@ done:
 
 static size_t frame_bytes(const struct frame *f)
 {
-    size_t b = f->index ? col_bytes(&f->index->c) + iv_names_bytes(f->index->hash) : 0;
+    size_t b = f->index ? col_bytes(&f->index->c) + iv_names_bytes(atomic_load(&f->index->hash)) : 0;
     for (size_t i = 0; i < f->n_cols; i++)
-        b += col_bytes(&f->cols[i]->c) + iv_names_bytes(f->cols[i]->hash);
+        b += col_bytes(&f->cols[i]->c) + iv_names_bytes(atomic_load(&f->cols[i]->hash));
     return b;
 }
 
@@ -1715,7 +1717,9 @@ static int take_meta(const char *path, const iv_h5iso_result_t *res, iv_meta_t *
         rc = iv_fail(err, IV_EBAD_FILE, "%s: the HDF5 reader's answer is malformed", path);
     if (rc == 0) {
         struct mcol *ix = m->ax[IV_AXIS_VAR].index;
-        rc = iv_names_build(ix->c.n, index_get, &ix->c, &ix->hash, err);
+        iv_names_t *h = NULL;
+        rc = iv_names_build(ix->c.n, index_get, &ix->c, &h, err);
+        atomic_store(&ix->hash, h);
     }
     return rc;
 }
@@ -1769,12 +1773,8 @@ const iv_meta_col_t *iv_meta_index(const iv_meta_t *m, iv_axis_t axis)
 
 void iv_meta_stats(const iv_meta_t *m, iv_meta_stats_t *out)
 {
-    /* The lock: names hashes are built lazily (column_hash). */
-    pthread_mutex_t *lock = (pthread_mutex_t *)&m->lock;
-    pthread_mutex_lock(lock);
     *out = m->stats;
     out->bytes = sizeof(*m) + frame_bytes(&m->ax[0]) + frame_bytes(&m->ax[1]);
-    pthread_mutex_unlock(lock);
 }
 
 /* ------------------------------------------------------- computed columns */
@@ -2020,14 +2020,23 @@ void iv_names_report_free(iv_names_report_t *r)
 /* The names index of a column, built on first use under the lock. */
 static int column_hash(iv_meta_t *m, struct mcol *mc, const iv_names_t **out, iv_err_t *err)
 {
-    pthread_mutex_lock(&m->lock);
+    /* Built once: the lock keeps two first lookups from building it
+     * twice; a lookup that finds it built takes no lock, and one that
+     * waits is a lookup of the same column, never /metrics or a
+     * document (iv_meta_stats reads the published pointer). */
+    iv_names_t *h = atomic_load_explicit(&mc->hash, memory_order_acquire);
     int rc = 0;
-    if (!mc->hash) {
-        iv_names_get_fn get = mc->c.type == IV_COL_CATEGORICAL ? cat_get : index_get;
-        rc = iv_names_build(mc->c.n, get, &mc->c, &mc->hash, err);
+    if (!h) {
+        pthread_mutex_lock(&m->lock);
+        h = atomic_load_explicit(&mc->hash, memory_order_relaxed);
+        if (!h) {
+            iv_names_get_fn get = mc->c.type == IV_COL_CATEGORICAL ? cat_get : index_get;
+            rc = iv_names_build(mc->c.n, get, &mc->c, &h, err);
+            if (rc == 0) atomic_store_explicit(&mc->hash, h, memory_order_release);
+        }
+        pthread_mutex_unlock(&m->lock);
     }
-    *out = mc->hash;
-    pthread_mutex_unlock(&m->lock);
+    *out = h;
     return rc;
 }
 
