@@ -329,6 +329,16 @@ static int setup_query(job_t *j, const iv_qreq_t *qr, iv_dataset_t *mds)
     return iv_query_new(mds, &so, &sv, &qo, &st->q, &j->err);
 }
 
+int setup_selection(job_t *j, iv_qreq_t *qr, iv_dataset_t **mds)
+{
+    iv_meta_t *var_meta = NULL;
+    IV_TRY(job_check_cancel(j));
+    IV_TRY(setup_parse(j, qr, mds, &var_meta));
+    int rc = setup_names(j, qr, var_meta);
+    if (rc != 0) iv_qreq_free(qr);
+    return rc;
+}
+
 /* A query's set-up on a worker: parse, resolve names, the answer's form,
  * the query; then, for a small one, its first steps too (setup_fuse). */
 void setup_run(job_t *j)

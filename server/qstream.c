@@ -70,6 +70,7 @@ void qs_free(qstream_t *qs)
         if (qs->slots[i]) job_free(qs->slots[i]);
     free(qs->slots);
     iv_query_free(qs->q);
+    export_file_free(qs->file);
     if (qs->prev_live) qs->prev_live->next_live = qs->next_live;
     else lp->streams = qs->next_live;
     if (qs->next_live) qs->next_live->prev_live = qs->prev_live;
@@ -226,6 +227,14 @@ void qs_fail(qstream_t *qs, int rc, const iv_err_t *e)
 {
     conn_t *c = qs->c;
     if (qs->q) iv_query_cancel(qs->q);
+    if (qs->file && qs->headers_sent) {
+        /* A file's answer has a Content-Length and no trailer: a body cut
+         * short is the only way to say it failed. */
+        qs->done = 1;
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", e->msg);
+        conn_close(c);
+        return;
+    }
     if (!qs->headers_sent) {
         qs->done = 1;
         c->rows = qs->rows;
@@ -348,6 +357,10 @@ static int qs_write_ready(qstream_t *qs)
 
 void qs_pump(qstream_t *qs)
 {
+    if (qs->file) {
+        export_pump(qs);  /* the pieces of a file (routes_export.c) */
+        return;
+    }
     if (!qs->c || qs->done || !qs->prepared) return;
     qs_budget_check(qs);
     if (qs_submit_window(qs, qs_window(qs)) != 0 || qs_write_ready(qs) != 0) return;

@@ -504,6 +504,7 @@ typedef enum {
     P_DOC,         /* /v1/datasets/ID */
     P_QUERY,       /* /v1/datasets/ID/query */
     P_COUNT,       /* /v1/datasets/ID/count */
+    P_EXPORT,      /* /v1/datasets/ID/export (routes_export.c) */
     P_VIEWER,      /* /v1/datasets/ID/SUB of routes_viewer.h (obs, var, obsm, search, aggregate) */
 } path_kind_t;
 
@@ -579,6 +580,12 @@ static void h_count(conn_t *c, const path_match_t *m, sds_t *d)
     route_query(c, d, 1);
 }
 
+static void h_export(conn_t *c, const path_match_t *m, sds_t *d)
+{
+    (void)m;
+    route_export(c, d);
+}
+
 static void h_viewer(conn_t *c, const path_match_t *m, sds_t *d)
 {
     route_viewer(c, d, m->vroute, m->sub);
@@ -611,6 +618,7 @@ static const route_t ROUTES[] = {
     {"", 1, P_DOC, IV_R_DATASET, h_doc},
     {"/query", 1, P_QUERY, IV_R_QUERY, h_query},
     {"/count", 1, P_COUNT, IV_R_COUNT, h_count},
+    {"/export", 1, P_EXPORT, IV_R_DATASET, h_export},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -654,7 +662,7 @@ static void match_path(const char *p, path_match_t *m)
 /* Whether the matched route takes POST (GET and HEAD all take). */
 static int match_allows_post(const path_match_t *m)
 {
-    return m->kind == P_QUERY || m->kind == P_COUNT || m->kind == P_RELOAD ||
+    return m->kind == P_QUERY || m->kind == P_COUNT || m->kind == P_EXPORT || m->kind == P_RELOAD ||
            (m->kind == P_VIEWER && iv_vroute_allows_post(m->vroute));
 }
 

@@ -189,6 +189,9 @@ struct qstream {
     /* Set on the loop when the client left or the server stops; workers
      * read it between the phases of a job and drop the work. */
     atomic_int cancelled;
+    /* An export's answer (routes_export.c): the file whose pieces are its
+     * blocks, closed with the stream; NULL for a query's. */
+    struct export_file *file;
     qstream_t *next_live; /* server list of every stream, for shutdown and metrics */
     qstream_t *prev_live;
 };
@@ -594,6 +597,16 @@ void route_query(conn_t *c, sds_t *d, int count);
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub);
 /* A query's set-up, and a viewer route's answer. */
 extern const job_type_t setup_job, viewer_job;
+/* Worker: the request's selection parsed and its names resolved as the
+ * query set-up does (*qr owned by the caller on 0; *mds the matrix it
+ * names), the dropped names in the job's setup. */
+int setup_selection(job_t *j, iv_qreq_t *qr, iv_dataset_t **mds);
+
+/* The export route (routes_export.c).  Loop thread. */
+void route_export(conn_t *c, sds_t *d);
+/* qs_pump of an export's stream; the stream's file is freed with it. */
+void export_pump(qstream_t *qs);
+void export_file_free(struct export_file *f);
 
 /* Loads coming back, reloads (reload.c).  Loop thread. */
 void reload_free(reload_t *op);
