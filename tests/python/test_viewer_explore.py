@@ -456,6 +456,43 @@ def test_cells_list_csv(browser, srv, data, outdir):
     np.testing.assert_array_equal(got["n_counts"].to_numpy(np.float64), obs.n_counts.to_numpy()[idx])
 
 
+def test_selection_h5ad(browser, srv, data, outdir):
+    """Download .h5ad: the server's file (POST .../export of the selection
+    the CSV download takes), saved under the server's name, read by
+    anndata: X and obs rows of the selected cells, in order."""
+    import anndata
+    import scipy.sparse as sp
+    for f in os.listdir(browser.downloads):
+        os.remove(os.path.join(browser.downloads, f))
+    tv.open_page(browser, srv.url + "/")
+    browser.find_element("id", "tool-lasso").click()
+    tv.drag(browser, [(250, 120), (600, 140), (560, 420), (260, 380), (250, 125)])
+    sel = tv.wait_for(browser, "return __ivTest.selection()", what="a lasso selection")
+    idx = browser.execute_script("return __ivTest.selectionIndices()")
+    assert sel["count"] == len(idx) > 10
+    browser.find_element("id", "sel-h5ad").click()
+    want_name = "%s_%d_cells.h5ad" % (DS, len(idx))
+    path = os.path.join(browser.downloads, want_name)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (os.path.exists(path) and
+                                          not any(f.endswith(".crdownload") for f in os.listdir(browser.downloads))):
+        time.sleep(0.2)
+    assert os.path.exists(path), (os.listdir(browser.downloads), browser.execute_script("return __ivTest.messages()"))
+    # The server's bytes, as they came.
+    direct = requests.post(srv.url + "/v1/datasets/%s/export" % DS, json={"obs": {"index": idx}}, timeout=60)
+    assert direct.status_code == 200
+    with open(path, "rb") as f:
+        assert len(f.read()) == int(direct.headers["Content-Length"])
+    got = anndata.read_h5ad(path)
+    obs = data["obs"]
+    assert got.shape == (len(idx), data["X"].shape[1])
+    assert (sp.csr_matrix(got.X) != data["X"][idx]).nnz == 0
+    assert got.X.dtype == data["X"].dtype
+    assert got.obs_names.tolist() == obs.index[idx].tolist()
+    assert got.obs["cell_type"].astype(str).tolist() == obs.cell_type.astype(str).to_numpy()[idx].tolist()
+    np.testing.assert_array_equal(got.obs["n_counts"].to_numpy(np.float64), obs.n_counts.to_numpy()[idx])
+
+
 def test_draw_order_sort_is_exact_for_negative_nan_and_ties(browser, srv):
     """The radix sort behind the draw order (web/viewer/expression.js), run
     in the page on values a counts matrix never has: negatives, -0, NaN,

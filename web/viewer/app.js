@@ -1146,6 +1146,35 @@ async function downloadCsv() {
   });
 }
 
+// ---- selection as .h5ad ------------------------------------------------------------
+// POST .../export writes the selection (X, obs and var rows and columns)
+// as a .h5ad on the server; the page saves the server's bytes as they
+// came, under the name the server gives in Content-Disposition.
+
+function dispositionName(h, fallback) {
+  const m = /filename="([^"]+)"/.exec(h || '');
+  return m ? m[1] : fallback;
+}
+
+async function downloadH5ad() {
+  const s = state.selection;
+  if (!s || !s.count) return;
+  const id = state.id;
+  await step('writing the selection as .h5ad', async () => {
+    const { buf, headers } = await fetchBinary(dsPath(id, '/export'), { method: 'POST', accept: 'application/x-hdf5', body: selectionBody() });
+    const blob = new Blob([buf], { type: 'application/x-hdf5' });
+    const name = dispositionName(headers.get('Content-Disposition'), id + '_' + s.count + '_cells.h5ad');
+    const a = document.createElement('a');
+    a.href = URL.createObjectURL(blob);
+    a.download = name;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 60000);
+    state.downloads.push({ name, rows: s.count, bytes: blob.size });
+  });
+}
+
 // The obs selection as the API takes it: an index list when it is short,
 // else the base64 bit mask (n/8 bytes whatever the count).
 function selectionBody() {
@@ -1174,6 +1203,7 @@ function updateSelectionUi() {
   $('sel-download').disabled = !any;
   $('sel-copy').disabled = !any;
   $('sel-csv').disabled = !any;
+  $('sel-h5ad').disabled = !any;
   $('keep-a').disabled = !any;
   $('keep-b').disabled = !any;
   drawGroups();
@@ -1312,6 +1342,7 @@ $('reset-view').onclick = () => { scatter.userMoved = false; scatter.fit(); };
 $('sel-clear').onclick = clearSelection;
 $('sel-download').onclick = downloadSelection;
 $('sel-csv').onclick = downloadCsv;
+$('sel-h5ad').onclick = downloadH5ad;
 $('keep-a').onclick = () => keepGroup('a');
 $('keep-b').onclick = () => keepGroup('b');
 $('groups-clear').onclick = () => { state.groups = { a: null, b: null }; drawGroups(); };
