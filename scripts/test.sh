@@ -43,13 +43,22 @@
 #   4. each libFuzzer target for a short while (FUZZ_SECONDS, default 20),
 #      as many at a time as there are cores.
 # The unit query test runs a third of its random selections in the
-# sanitizer builds (all of them in the release build).
+# sanitizer builds (all of them in the release build), the unit transpose
+# test a quarter of its repeated ids under TSan, and the sanitizer phases
+# set IV_TEST_SCALE=$SANITIZER_SCALE (0.25): test_export_diff and
+# test_orient run that share of their random selections there, never
+# below a floor that keeps every case and selection kind
+# (tests/python/testscale.py).  The TSan phase builds only the server and
+# the unit tests it runs; the fuzz phase builds only the fuzz targets.
 # Fixtures are read from ../shared/fixtures when present (tests that need
 # them say so and skip otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+# The share of their random inputs that the tests of tests/python/testscale.py
+# run in the sanitizer phases (each keeps a floor that runs all its cases).
+SANITIZER_SCALE=${SANITIZER_SCALE:-0.25}
 
 scripts/setup.sh
 
@@ -63,19 +72,34 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1"
   -DIV_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:suppressions=$(pwd)/tests/asan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory|py\.test_viewer|test_zarr_clients'
+  IV_TEST_SCALE=$SANITIZER_SCALE ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory|py\.test_viewer|test_zarr_clients'
 
 echo "== ThreadSanitizer build and tests"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
-cmake --build build-tsan -j"$JOBS"
+# The server and the unit tests this phase runs: every unit test but the
+# single-threaded ones left out below (their executables would be built
+# for nothing).
+TSAN_SKIP_UNIT=(test_blosc2 test_meta test_filter)
+tsan_targets=(ivserve)
+for src in $(find tests/unit -name 'test_*.c' | sort); do
+  name=$(basename "$src" .c)
+  [[ " ${TSAN_SKIP_UNIT[*]} " == *" $name "* ]] || tsan_targets+=("$name")
+done
+cmake --build build-tsan -j"$JOBS" --target "${tsan_targets[@]}"
+tsan_skip_unit=$(printf '|unit\\.%s$' "${TSAN_SKIP_UNIT[@]}")
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
-  ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
-  -E 'test_export_diff|test_deploy_|test_client_|py\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\.test_meta|test_pack|test_http_meta|py\.test_orient|py\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\.test_hardening|py\.test_http_gzip|test_zarr_clients|unit\.test_blosc2$|unit\.test_meta$|unit\.test_filter$'
+  IV_TEST_SCALE=$SANITIZER_SCALE ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
+  -E "test_export_diff|test_deploy_|test_client_|py\\.test_viewer|test_badfiles|test_damaged|test_fixtures|test_reference|py\\.test_meta|test_pack|test_http_meta|py\\.test_orient|py\\.test_memory|test_hostile_files|test_autopack|test_first_run|test_filters|py\\.test_hardening|py\\.test_http_gzip|test_zarr_clients$tsan_skip_unit"
 
 echo "== fuzz targets (${FUZZ_SECONDS}s each, $JOBS at a time)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_FUZZ=ON -DIV_TESTS=OFF \
   >/dev/null
-cmake --build build-fuzz -j"$JOBS"
+# The fuzz targets only (not the ivserve program, which no fuzzer runs).
+fuzz_targets=()
+for src in tests/fuzz/fuzz_*.c; do
+  fuzz_targets+=("$(basename "$src" .c)")
+done
+cmake --build build-fuzz -j"$JOBS" --target "${fuzz_targets[@]}"
 # One target's run, its output in build-fuzz/NAME.log and its exit status
 # in build-fuzz/NAME.status.  The targets run $JOBS at a time (each is one
 # process on one core, so each gets the FUZZ_SECONDS of a core it had when

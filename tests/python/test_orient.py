@@ -18,10 +18,15 @@ import pytest
 
 import ivref
 from test_export_diff import CASES, build_case, group_args
+from testscale import scaled
 
 # Gene axes of millions make the copy as long as the gene axis; the
 # differential cases below keep to axes a server would transpose.
 ORIENT_CASES = sorted(n for n, c in CASES.items() if c[1] <= 200_000 and c[2] <= 200_000)
+# Selections a case asks for: up to 60, at least 24 (the six fixed ones and
+# random ones of every kind) under the sanitizers' IV_TEST_SCALE; each case
+# still runs its six batches (three orientations, by obs and by var).
+MOST_SELECTIONS, LEAST_SELECTIONS = 60, 24
 
 
 def npz_bytes(path):
@@ -77,7 +82,7 @@ def test_both_orientations_byte_identical(ivserve, workdir, name):
     rng, X, path, group, n_queries = build_case(workdir, name)
     sels = [(None, None), ([], []), ([], None), (None, []), (None, [0] if X.shape[1] else []),
             ([0] if X.shape[0] else [], None)]
-    while len(sels) < min(n_queries, 60):
+    while len(sels) < scaled(min(n_queries, MOST_SELECTIONS), LEAST_SELECTIONS):
         sels.append((ivref.random_selection(rng, X.shape[0]),
                      ivref.random_selection(rng, X.shape[1])))
     for by in ("obs", "var"):
