@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -165,6 +166,33 @@ int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t 
         return FAILF(IV_EIO, "%s: cannot write: %s", path, strerror(e));
     }
     return 0;
+}
+
+int iv_cachedir_map(const char *path, size_t min_len, void **map, size_t *len, const char **why,
+                    iv_err_t *err)
+{
+    *map = NULL;
+    *len = 0;
+    *why = "none kept";
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < min_len) {
+        close(fd);
+        *why = "truncated";
+        return 0;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        if (e == ENOMEM) return FAILF(IV_ENOMEM, "%s: cannot map: %s", path, strerror(e));
+        *why = "unreadable";
+        return 0;
+    }
+    *map = p;
+    *len = (size_t)st.st_size;
+    return 1;
 }
 
 int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err)

@@ -63,6 +63,15 @@ typedef struct iv_cachedir_part {
 int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,
                       iv_err_t *err);
 
+/*
+ * Maps a kept file whole, read-only (MAP_PRIVATE), for its reader to
+ * check: 1 with *map and *len set, 0 with *why set when there is none
+ * ("none kept"), it is shorter than min_len ("truncated") or cannot be
+ * read ("unreadable"), or IV_ENOMEM when the map does not fit.
+ */
+int iv_cachedir_map(const char *path, size_t min_len, void **map, size_t *len, const char **why,
+                    iv_err_t *err);
+
 /* Marks derived used now (its note's modification time, which the sweep
  * reads as the derived file's last use), for the LRU order. */
 void iv_cachedir_touch(const char *derived);

@@ -299,23 +299,10 @@ int iv_arraysfile_open(const char *path, const iv_indexfile_for_t *f, iv_arraysf
     if (!why) why = &dummy;
     memset(a, 0, sizeof *a);
     *why = "none kept";
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < sizeof(struct arr_head)) {
-        close(fd);
-        *why = "truncated";
-        return 0;
-    }
-    size_t len = (size_t)st.st_size;
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED) {
-        if (e == ENOMEM) return iv_fail(err, IV_ENOMEM, "%s: cannot map: %s", path, strerror(e));
-        *why = "unreadable";
-        return 0;
-    }
+    void *map;
+    size_t len;
+    int got = iv_cachedir_map(path, sizeof(struct arr_head), &map, &len, why, err);
+    if (got <= 0) return got;
     struct arr_head h, want;
     memcpy(&h, map, sizeof h);
     arr_head_fill(&want, f);

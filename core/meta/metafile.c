@@ -70,23 +70,10 @@ int iv_metafile_open(const char *path, const iv_file_id_t *src, const char *grou
     if (!why) why = &dummy;
     memset(mf, 0, sizeof *mf);
     *why = "none kept";
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < sizeof(struct head)) {
-        close(fd);
-        *why = "truncated";
-        return 0;
-    }
-    size_t len = (size_t)st.st_size;
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED) {
-        if (e == ENOMEM) return iv_fail(err, IV_ENOMEM, "%s: cannot map: %s", path, strerror(e));
-        *why = "unreadable";
-        return 0;
-    }
+    void *map;
+    size_t len;
+    int got = iv_cachedir_map(path, sizeof(struct head), &map, &len, why, err);
+    if (got <= 0) return got;
     struct head h, want;
     memcpy(&h, map, sizeof h);
     head_fill(&want, src, group);

@@ -24,6 +24,7 @@ import requests
 from anndata._io.specs import read_elem
 
 from test_disk_orientation import EXAMPLE, Server
+from test_kept_arrays import flip_byte
 
 DS = "pbmc"
 KEPT = "metadata mapped from the cache folder"
@@ -118,14 +119,6 @@ def test_restart_maps_the_kept_metadata_and_answers_the_same(started):
         assert a == b, "answer %d differs after the restart" % i
     assert log.count(KEPT) == 1, log[-3000:]
     assert os.stat(path).st_mtime_ns == stamp   # mapped, not written again
-
-
-def flip_byte(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x10]))
 
 
 @pytest.mark.parametrize("damage,why", [
