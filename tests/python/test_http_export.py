@@ -241,6 +241,11 @@ def test_client_leaving_mid_download_leaves_nothing(env):
             assert chunk, "the server closed first"
             got += chunk
         assert b"200 OK" in got.split(b"\r\n")[0]
+        # Mid-download: the file is open and already unlinked, and its
+        # folder is gone.
+        held = open_exports(s.proc.pid)
+        assert held and all(t.endswith("(deleted)") for t in held), held
+        assert [f for f in os.listdir(env["cache"]) if f.startswith("ivserve-export")] == []
         c.close()
     deadline = time.time() + 20
     while time.time() < deadline and open_exports(s.proc.pid):
