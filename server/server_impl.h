@@ -15,6 +15,8 @@
  *                   written in order, the trailer
  *   routes.c        the routes (dispatch, the 100-continue precheck), auth,
  *                   the routes answered on the loop
+ *   routes_export.c the export route: a .h5ad written on a worker, sent
+ *                   as a stream of pieces of the unlinked file
  *   routes_query.c  the routes answered by worker jobs: query, count,
  *                   metadata pages, viewer routes
  *   jobs.c          the worker → loop hand-off and the query jobs
