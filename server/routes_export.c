@@ -246,7 +246,7 @@ static const job_type_t piece_job = {piece_run, piece_done};
 
 void route_export(conn_t *c, sds_t *d)
 {
-    if (!method_ok(c, 1)) return;
+    if (!method_ok(c, 1) || body_type_refused(c)) return;
     iv_http_req_t *r = c->req;
     const iv_dataset_info_t *info = iv_dataset_info(d->ds);
     setup_t *st = calloc(1, sizeof *st);

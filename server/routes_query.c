@@ -67,7 +67,7 @@ static int file_refused(conn_t *c, sds_t *d)
 /* Refuses (415) a POST body that is not JSON.  curl -d sends
  * form-urlencoded by default; its body is still our JSON.  1 when it was
  * refused. */
-static int body_type_refused(conn_t *c)
+int body_type_refused(conn_t *c)
 {
     iv_http_req_t *r = c->req;
     const char *ct = r->hdr[IV_H_CONTENT_TYPE];

@@ -596,6 +596,9 @@ int route_precheck(conn_t *c, const iv_http_req_t *r, rfail_t *f);
 /* Routes computed on a worker (routes_query.c).  Loop thread. */
 void count_body(iv_buf_t *b, const conn_t *c, const iv_query_t *q, int64_t nnz, double total);
 void route_query(conn_t *c, sds_t *d, int count);
+/* Refuses (415) a POST body that is not JSON (form-urlencoded and text
+ * pass: curl -d sends them); 1 when it was refused. */
+int body_type_refused(conn_t *c);
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub);
 /* A query's set-up, and a viewer route's answer. */
 extern const job_type_t setup_job, viewer_job;

@@ -198,6 +198,9 @@ def test_bad_selections_are_query_errors(env):
         assert r.json()["error"]["code"] == q.json()["error"]["code"], body
     r = requests.post(env["s"].url + "/v1/datasets/d/export", data=b"{not json", timeout=30)
     assert r.status_code == 400 and "error" in r.json()
+    r = requests.post(env["s"].url + "/v1/datasets/d/export", data=b"{}", headers={"Content-Type": "image/png"},
+                      timeout=30)
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media"
     r = requests.get(env["s"].url + "/v1/datasets/nope/export", timeout=30)
     assert r.status_code == 404 and "error" in r.json()
 
