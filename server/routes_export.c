@@ -55,11 +55,16 @@ static const char *export_tmpdir(const server_t *s)
 }
 
 /* Refuses (413) a selection past limits.max_rows cells or limits.max_nnz
- * stored values, counted from the row pointers before any decode. */
+ * stored values, counted from the row pointers before any decode, or
+ * whose decoded matrix (indices, values, row pointers), which the file is
+ * written from before its first byte goes out, would pass
+ * limits.max_answer_bytes. */
 static int export_refused(const server_t *s, const iv_query_t *q, iv_err_t *err)
 {
     const iv_limits_t *lim = &s->cfg->limits;
     int64_t rows = iv_query_n_rows(q), bound = iv_query_stored_bound(q, lim->max_nnz);
+    double bytes = (double)bound * (double)(iv_query_index_size(q) + (int)iv_dtype_size(iv_query_dtype(q))) +
+                   (double)(rows + 1) * 8.0;
     if (rows > lim->max_rows)
         return iv_fail(err, IV_ETOO_LARGE, "the export selects %" PRId64 " cells; the limit is "
                        "limits.max_rows = %" PRId64, rows, lim->max_rows);
@@ -67,6 +72,11 @@ static int export_refused(const server_t *s, const iv_query_t *q, iv_err_t *err)
         return iv_fail(err, IV_ETOO_LARGE, "the export selects more than %" PRId64 " stored values "
                        "(%" PRId64 " cells x %" PRId64 " genes); the limit is limits.max_nnz = %" PRId64,
                        lim->max_nnz, rows, iv_query_n_cols(q), lim->max_nnz);
+    if (lim->max_answer_bytes && bytes > (double)lim->max_answer_bytes)
+        return iv_fail(err, IV_ETOO_LARGE, "the export's matrix (%" PRId64 " cells x %" PRId64 " genes, up to %"
+                       PRId64 " stored values) takes %.0f bytes in memory while the file is written; the limit "
+                       "is limits.max_answer_bytes = %zu", rows, iv_query_n_cols(q), bound, bytes,
+                       lim->max_answer_bytes);
     return 0;
 }
 

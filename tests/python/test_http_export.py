@@ -79,9 +79,9 @@ def env(ivserve, tmp_path_factory):
     os.makedirs(cache)
     cfg = {"datasets": [{"id": "d", "path": packed}, {"id": "big", "path": big}], "cache_dir": cache}
     s = ServerProcess(tmp, ["--config", write_config(tmp, cfg), "--threads", "2"], binary=BIN)
-    small = ServerProcess(tmp, ["--config", write_config(tmp, {"datasets": [{"id": "d", "path": packed}],
-                                                                "limits": {"max_nnz": 500}})],
-                          binary=BIN)
+    small = ServerProcess(tmp, ["--config", write_config(tmp, {
+        "datasets": [{"id": "d", "path": packed}, {"id": "big", "path": big}],
+        "limits": {"max_nnz": 20000, "max_answer_bytes": 65536}})], binary=BIN)
     yield {"s": s, "small": small, "full": read(plain), "plain": plain, "packed": packed,
            "cache": cache, "tmp": tmp, "ivserve": ivserve}
     assert small.stop() == 0, small.log_text()[-3000:]
@@ -206,12 +206,16 @@ def test_bad_selections_are_query_errors(env):
 
 
 def test_too_large_is_413_naming_the_limit(env):
-    r = post(env, {}, srv="small")
-    assert r.status_code == 413, r.text
-    assert "max_nnz" in r.json()["error"]["message"]
-    r = post(env, {"obs": {"index": [1, 2]}}, srv="small")
+    # big: 200 genes, 40% stored: 300 cells hold about 24,000 values (past
+    # max_nnz); 200 cells about 16,000, whose 8 bytes each pass 64 KiB.
+    for obs, limit in (({"range": [0, 300]}, "limits.max_nnz"), ({"range": [0, 200]}, "limits.max_answer_bytes")):
+        r = post(env, {"obs": obs}, url_id="big", srv="small")
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "too_large"
+        assert limit in r.json()["error"]["message"], r.text
+    r = post(env, {}, srv="small")  # 3,600 values: under both
     assert r.status_code == 200
-    same(read(r.content), expected(env["full"], [1, 2], np.arange(G)), "under the limit")
+    same(read(r.content), expected(env["full"], np.arange(N), np.arange(G)), "under the limits")
 
 
 def open_exports(pid):
