@@ -6,6 +6,10 @@
 #                              (the example server and the Docker image)
 #   scripts/setup.sh --client  what the Python client's install needs
 #                              (README, "Clients": python3 -m venv, pip)
+#   scripts/setup.sh --build-tests  what building the tests needs: --build
+#                              and python3 (ctest's Python tests find it
+#                              when cmake configures); scripts/test.sh
+#                              builds on these while the rest installs
 set -euo pipefail
 
 BUILD_PKGS=(
@@ -39,8 +43,9 @@ command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 case "${1:-}" in
   --build) PKGS=("${BUILD_PKGS[@]}") ;;
   --client) PKGS=("${CLIENT_PKGS[@]}") ;;
+  --build-tests) PKGS=("${BUILD_PKGS[@]}" python3) ;;
   "") ;;
-  *) echo "setup.sh: unknown argument $1 (expected --build, --client or nothing)" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown argument $1 (expected --build, --build-tests, --client or nothing)" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -50,6 +50,11 @@
 # below a floor that keeps every case and selection kind
 # (tests/python/testscale.py).  The TSan phase builds only the server and
 # the unit tests it runs; the fuzz phase builds only the fuzz targets.
+# The hostile-file campaign runs 36 files in the ASan phase (every lie and
+# every damage kind once; IV_HOSTILE_FILES sets another count).
+# The builds compile while the packages the tests alone need (R, Chromium,
+# clang, podman, Python modules) install in the background; the tests start
+# once both are done.
 # Fixtures are read from ../shared/fixtures when present (tests that need
 # them say so and skip otherwise).
 set -euo pipefail
@@ -59,26 +64,30 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 # The share of their random inputs that the tests of tests/python/testscale.py
 # run in the sanitizer phases (each keeps a floor that runs all its cases).
 SANITIZER_SCALE=${SANITIZER_SCALE:-0.25}
+# The hostile-file campaign's files in the ASan phase: every lie, and one
+# damaged file of each damage kind on each base file (the test's default,
+# 48, adds 12 more damaged ones; its full campaign is 400).
+HOSTILE_FILES=${IV_HOSTILE_FILES:-36}
 
-scripts/setup.sh
+# The packages the builds need first; the rest (R, Chromium, clang,
+# podman, the Python test modules: minutes on a bare machine, mostly
+# downloads and unpacking) install in the background while the release,
+# ASan and TSan builds compile, and the tests wait for them.
+scripts/setup.sh --build-tests
+setup_log=$(mktemp)
+scripts/setup.sh >"$setup_log" 2>&1 &
+setup_pid=$!
 
-echo "== release build and tests"
+echo "== builds: release, AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"
-ctest --test-dir build --output-on-failure -j"$JOBS" -E 'test_hostile_files'
-
-echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DIV_SANITIZE=ON \
   -DIV_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:suppressions=$(pwd)/tests/asan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  IV_TEST_SCALE=$SANITIZER_SCALE ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory|py\.test_viewer|test_zarr_clients'
-
-echo "== ThreadSanitizer build and tests"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIV_TSAN=ON -DIV_WERROR=ON >/dev/null
-# The server and the unit tests this phase runs: every unit test but the
-# single-threaded ones left out below (their executables would be built
-# for nothing).
+# The server and the unit tests the TSan phase runs: every unit test but
+# the single-threaded ones left out below (their executables would be
+# built for nothing).
 TSAN_SKIP_UNIT=(test_blosc2 test_meta test_filter)
 tsan_targets=(ivserve)
 for src in $(find tests/unit -name 'test_*.c' | sort); do
@@ -86,6 +95,23 @@ for src in $(find tests/unit -name 'test_*.c' | sort); do
   [[ " ${TSAN_SKIP_UNIT[*]} " == *" $name "* ]] || tsan_targets+=("$name")
 done
 cmake --build build-tsan -j"$JOBS" --target "${tsan_targets[@]}"
+
+if ! wait "$setup_pid"; then
+  cat "$setup_log"
+  echo "setup: the packages the tests need could not be installed" >&2
+  exit 1
+fi
+tail -1 "$setup_log"
+rm -f "$setup_log"
+
+echo "== release tests"
+ctest --test-dir build --output-on-failure -j"$JOBS" -E 'test_hostile_files'
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer tests"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:suppressions=$(pwd)/tests/asan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  IV_TEST_SCALE=$SANITIZER_SCALE IV_HOSTILE_FILES=$HOSTILE_FILES ctest --test-dir build-asan --output-on-failure -j"$JOBS" -E 'test_deploy_|test_client_r|py\.test_memory|py\.test_viewer|test_zarr_clients'
+
+echo "== ThreadSanitizer tests"
 tsan_skip_unit=$(printf '|unit\\.%s$' "${TSAN_SKIP_UNIT[@]}")
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
   IV_TEST_SCALE=$SANITIZER_SCALE ctest --test-dir build-tsan --output-on-failure -j"$JOBS" \
