@@ -168,7 +168,9 @@ static int write_file(iv_dataset_t *ds, const parts_t *p, const iv_sel_t *obs, c
     char dir[4096], out[4200];
     if (snprintf(dir, sizeof dir, "%s/ivserve-export-XXXXXX", tmpdir) >= (int)sizeof dir)
         return iv_fail(err, IV_EIO, "the temporary folder's name is too long");
-    if (!mkdtemp(dir)) return iv_fail(err, IV_EIO, "cannot make a temporary folder for the export: %s", strerror(errno));
+    if (!mkdtemp(dir))
+        return iv_fail(err, IV_EIO, "cannot make a temporary folder for the export in %s: %s", tmpdir,
+                       strerror(errno));
     snprintf(out, sizeof out, "%s/export.h5ad", dir);
     const char *src = iv_dataset_info(ds)->path;
     write_ctx_t w = {src, out, &p->x, obs, var};
