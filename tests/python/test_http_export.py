@@ -13,6 +13,7 @@ get /query's 4xx JSON errors, a selection past limits.max_nnz a 413
 naming the limit, and a client that leaves mid-download leaves no
 temporary file, no open descriptor, and a server that goes on serving.
 """
+import base64
 import io
 import os
 import socket
@@ -140,6 +141,10 @@ def test_random_selections_equal_anndata_subset(env):
         cases.append(("index%d" % k, {"obs": {"index": o.tolist()}, "var": {"index": v.tolist()}}, o, v))
     mask = rng.random(N) < 0.3
     cases.append(("mask", {"obs": {"mask": mask.tolist()}}, np.flatnonzero(mask), np.arange(G)))
+    # The viewer's form for large selections: base64 bits, LSB first.
+    b64 = base64.b64encode(np.packbits(mask, bitorder="little").tobytes()).decode()
+    cases.append(("mask64", {"obs": {"mask": b64}, "var": {"mask": (np.arange(G) % 3 == 0).tolist()}},
+                  np.flatnonzero(mask), np.flatnonzero(np.arange(G) % 3 == 0)))
     cases.append(("range", {"obs": {"range": [20, 95]}, "var": {"range": [3, 17]}},
                   np.arange(20, 95), np.arange(3, 17)))
     on = rng.permutation(N)[:25]
