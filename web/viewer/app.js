@@ -1134,16 +1134,20 @@ async function downloadCsv() {
       }
     }
     const blob = new Blob([lines.join('\n') + '\n'], { type: 'text/csv' });
-    const name = id + '_cells_' + s.count + '.csv';
-    const a = document.createElement('a');
-    a.href = URL.createObjectURL(blob);
-    a.download = name;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 60000);
-    state.downloads.push({ name, rows: s.count, bytes: blob.size });
+    saveBlob(blob, id + '_cells_' + s.count + '.csv', s.count);
   });
+}
+
+// Hands blob to the browser as a download named name, and notes it.
+function saveBlob(blob, name, rows) {
+  const a = document.createElement('a');
+  a.href = URL.createObjectURL(blob);
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 60000);
+  state.downloads.push({ name, rows, bytes: blob.size });
 }
 
 // ---- selection as .h5ad ------------------------------------------------------------
@@ -1164,14 +1168,7 @@ async function downloadH5ad() {
     const { buf, headers } = await fetchBinary(dsPath(id, '/export'), { method: 'POST', accept: 'application/x-hdf5', body: selectionBody() });
     const blob = new Blob([buf], { type: 'application/x-hdf5' });
     const name = dispositionName(headers.get('Content-Disposition'), id + '_' + s.count + '_cells.h5ad');
-    const a = document.createElement('a');
-    a.href = URL.createObjectURL(blob);
-    a.download = name;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 60000);
-    state.downloads.push({ name, rows: s.count, bytes: blob.size });
+    saveBlob(blob, name, s.count);
   });
 }
 
