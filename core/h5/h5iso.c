@@ -53,9 +53,11 @@ enum { MSG_STAGE = 'S', MSG_NOTE = 'N', MSG_DONE = 'D' };
 #define MSG_MAX (MSG_HEAD + 1024)     /* under PIPE_BUF: one write each */
 #define OUT_BUF ((size_t)64 << 10)
 #define DEFAULT_TIMEOUT_MS 300000u
+#define DEFAULT_CHECK_MS 1000u        /* how often a silent child is looked at */
 
 static pthread_mutex_t h5_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned timeout_ms = DEFAULT_TIMEOUT_MS;
+static unsigned check_ms = DEFAULT_CHECK_MS;
 static pthread_mutex_t timeout_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void iv_h5iso_lock(void) { pthread_mutex_lock(&h5_mu); }
@@ -66,6 +68,21 @@ void iv_h5iso_set_timeout_ms(unsigned ms)
     pthread_mutex_lock(&timeout_mu);
     timeout_ms = ms ? ms : DEFAULT_TIMEOUT_MS;
     pthread_mutex_unlock(&timeout_mu);
+}
+
+void iv_h5iso_set_check_ms(unsigned ms)
+{
+    pthread_mutex_lock(&timeout_mu);
+    check_ms = ms ? ms : DEFAULT_CHECK_MS;
+    pthread_mutex_unlock(&timeout_mu);
+}
+
+static unsigned get_check_ms(void)
+{
+    pthread_mutex_lock(&timeout_mu);
+    unsigned c = check_ms;
+    pthread_mutex_unlock(&timeout_mu);
+    return c;
 }
 
 static unsigned get_timeout_ms(void)
@@ -344,16 +361,16 @@ static uint64_t child_io_calls(pid_t pid)
  * every chunk it reads or block it writes, and one blocked in any other
  * call (a slow disk) is waiting, not stuck.
  */
-#define FUTEX_STUCK_CHECKS 3   /* seconds asleep on a futex */
-#define SPIN_STUCK_CHECKS 8    /* seconds running without a read or write */
+#define FUTEX_STUCK_CHECKS 3   /* checks (seconds by default) asleep on a futex */
+#define SPIN_STUCK_CHECKS 8    /* checks running without a read or write */
 
 struct stuck {
     int futex, spin;
     uint64_t io;
 };
 
-/* Called once a second without a message: 1 when the child counts as
- * deadlocked. */
+/* Called once a check (iv_h5iso_set_check_ms) without a message: 1 when
+ * the child counts as deadlocked. */
 static int child_stuck(pid_t pid, struct stuck *st)
 {
     long nr = child_syscall(pid);
@@ -371,11 +388,12 @@ static int read_msgs(int rfd, pid_t pid, double deadline, struct wait_state *ws,
                      iv_h5iso_note_fn note, void *note_ctx)
 {
     struct stuck st = {0, 0, UINT64_MAX};
+    const double every = get_check_ms();
     for (;;) {
         double left = deadline - now_ms();
         if (left <= 0) return 1;
         struct pollfd pfd = {.fd = rfd, .events = POLLIN};
-        int pr = poll(&pfd, 1, left > 1000 ? 1000 : (int)left + 1);
+        int pr = poll(&pfd, 1, left > every ? (int)every : (int)left + 1);
         if (pr < 0 && errno != EINTR) return -1;
         if (pr == 0 && child_stuck(pid, &st)) return 2;
         if (pr <= 0) continue;

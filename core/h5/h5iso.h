@@ -83,6 +83,12 @@ void iv_h5iso_result_free(iv_h5iso_result_t *res);
  * Loads of large files take seconds; a child past this is hung. */
 void iv_h5iso_set_timeout_ms(unsigned ms);
 
+/* How often a child that sends nothing is looked at, process-wide
+ * (default 1000 ms; 0 = default): it counts as deadlocked after 3 looks
+ * asleep on a futex or 8 spinning without a read or write.  The tests of
+ * that detection shorten it. */
+void iv_h5iso_set_check_ms(unsigned ms);
+
 /* Held by iv_h5iso_run around its fork; any HDF5 call made in the parent
  * process must hold it too (see the top of this file). */
 void iv_h5iso_lock(void);

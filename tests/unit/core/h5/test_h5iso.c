@@ -258,6 +258,8 @@ START_TEST(test_child_spinning_on_a_lock_retried)
 {
     iv_h5iso_result_t res;
     iv_err_t e = {0};
+    /* Looked at every 250 ms: 8 looks spinning make 2 s an attempt. */
+    iv_h5iso_set_check_ms(250);
     atomic_store(&spin_held, 1);
     ck_assert_int_eq(iv_h5iso_run("f.h5", child_spin, NULL, NULL, NULL, &res, &e), IV_EINTERNAL);
     ck_assert_msg(strstr(e.msg, "deadlocked"), "%s", e.msg);
@@ -270,13 +272,16 @@ END_TEST
 
 static sem_t locked;
 
-/* Holds the lock for two seconds (the owner unlocks it, as it must). */
+/* Holds the lock for one second (the owner unlocks it, as it must).  A
+ * child forked while it is held never sees it free, so at 400 ms a look
+ * (3 looks, 1.2 s an attempt) the first attempt fails and the third,
+ * forked 2.4 s on or later, finds it free even if this thread wakes late. */
 static void *hold_a_while(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&held);
     sem_post(&locked);
-    sleep(2);
+    sleep(1);
     pthread_mutex_unlock(&held);
     return NULL;
 }
@@ -285,6 +290,7 @@ START_TEST(test_child_deadlock_retried)
 {
     iv_h5iso_result_t res;
     iv_err_t e = {0};
+    iv_h5iso_set_check_ms(400);
     /* Held through every attempt: a clear error, well before the timeout. */
     pthread_mutex_lock(&held);
     ck_assert_int_eq(iv_h5iso_run("f.h5", child_lock, NULL, NULL, NULL, &res, &e), IV_EINTERNAL);
