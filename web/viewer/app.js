@@ -1134,12 +1134,13 @@ async function downloadCsv() {
       }
     }
     const blob = new Blob([lines.join('\n') + '\n'], { type: 'text/csv' });
-    saveBlob(blob, id + '_cells_' + s.count + '.csv', s.count);
+    saveBlob(blob, id + '_cells_' + s.count + '.csv', { rows: s.count });
   });
 }
 
-// Hands blob to the browser as a download named name, and notes it.
-function saveBlob(blob, name, rows) {
+// Hands blob to the browser as a download named name, and notes it in
+// state.downloads with what `note` says of it (rows, cols).
+function saveBlob(blob, name, note) {
   const a = document.createElement('a');
   a.href = URL.createObjectURL(blob);
   a.download = name;
@@ -1147,7 +1148,7 @@ function saveBlob(blob, name, rows) {
   a.click();
   a.remove();
   setTimeout(() => URL.revokeObjectURL(a.href), 60000);
-  state.downloads.push({ name, rows, bytes: blob.size });
+  state.downloads.push({ name, ...note, bytes: blob.size });
 }
 
 // ---- selection as .h5ad ------------------------------------------------------------
@@ -1168,7 +1169,7 @@ async function downloadH5ad() {
     const { buf, headers } = await fetchBinary(dsPath(id, '/export'), { method: 'POST', accept: 'application/x-hdf5', body: selectionBody() });
     const blob = new Blob([buf], { type: 'application/x-hdf5' });
     const name = dispositionName(headers.get('Content-Disposition'), id + '_' + s.count + '_cells.h5ad');
-    saveBlob(blob, name, s.count);
+    saveBlob(blob, name, { rows: s.count });
   });
 }
 
@@ -1215,15 +1216,7 @@ async function downloadSelection() {
     const { buf } = await fetchBinary(dsPath(id, '/query'), { method: 'POST', accept: MEDIA_CSR, body: selectionBody() });
     const parsed = parseIvqs(buf);
     const blob = csrNpz(parsed);
-    const name = id + '_selection_' + s.count + '.npz';
-    const a = document.createElement('a');
-    a.href = URL.createObjectURL(blob);
-    a.download = name;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 60000);
-    state.downloads.push({ name, rows: parsed.rows, cols: parsed.cols, bytes: blob.size });
+    saveBlob(blob, id + '_selection_' + s.count + '.npz', { rows: parsed.rows, cols: parsed.cols });
   });
 }
 
