@@ -389,11 +389,8 @@ int qs_job_back(job_t *j)
     return 1;
 }
 
-/* The same for a decode job (prepare, block, whole, count), which also
- * counts as progress on the answer; a failed one ends the stream. */
-static int decode_back(job_t *j)
+int qs_piece_back(job_t *j)
 {
-    LP_METRIC(j->lp, m_->decode_seconds += j->secs);
     if (!qs_job_back(j)) return 0;
     qstream_t *qs = j->qs;
     conn_t *c = qs->c;
@@ -406,6 +403,14 @@ static int decode_back(job_t *j)
         return 0;
     }
     return 1;
+}
+
+/* qs_piece_back for a decode job (prepare, block, whole, count), whose
+ * time the metrics count. */
+static int decode_back(job_t *j)
+{
+    LP_METRIC(j->lp, m_->decode_seconds += j->secs);
+    return qs_piece_back(j);
 }
 
 static void prep_done(job_t *j)

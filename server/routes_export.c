@@ -229,17 +229,9 @@ static void export_done(job_t *j)
 
 static void piece_done(job_t *j)
 {
-    if (!qs_job_back(j)) return;
+    if (!qs_piece_back(j)) return;
     qstream_t *qs = j->qs;
     conn_t *c = qs->c;
-    if (c->state == CS_RESPONDING) conn_set_state(c, CS_RESPONDING);  /* progress */
-    if (j->rc != 0) {
-        iv_err_t e = j->err;
-        int rc = j->rc;
-        job_free(j);
-        qs_fail(qs, rc, &e);
-        return;
-    }
     int last = j->b + 1 == qs->n_blocks;
     size_t len;
     char *p = iv_buf_steal(&j->out, &len);

@@ -566,6 +566,10 @@ const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
 void qs_pump(qstream_t *qs);
 int qs_job_back(job_t *j);
+/* qs_job_back for a job that makes a piece of the answer: it counts as
+ * progress on the answer, and a failed one ends the stream (qs_fail).
+ * 1 when the loop half goes on with j. */
+int qs_piece_back(job_t *j);
 /* The stream's decode jobs: prepare, then blocks; or one job for a whole
  * JSON document or a count. */
 extern const job_type_t prep_job, block_job, whole_job, count_job;

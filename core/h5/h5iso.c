@@ -603,6 +603,16 @@ const void *iv_h5iso_rd_raw(iv_h5iso_rd_t *r, size_t n)
     return p;
 }
 
+int iv_h5iso_rd_str(iv_h5iso_rd_t *r, char *out, size_t cap)
+{
+    size_t n;
+    const char *p = iv_h5iso_rd_blob(r, (size_t)-1, &n);
+    if (!p || n >= cap) return -1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
 uint64_t iv_h5iso_rd_u64(iv_h5iso_rd_t *r)
 {
     uint64_t v = 0;

@@ -113,4 +113,8 @@ const void *iv_h5iso_rd_raw(iv_h5iso_rd_t *r, size_t n);
  * starts 8-aligned when the answer does (results are page-aligned). */
 const void *iv_h5iso_rd_blob(iv_h5iso_rd_t *r, size_t want, size_t *n);
 
+/* A string blob copied NUL-terminated into out (cap bytes): 0, or -1
+ * when it is malformed or does not fit (bad set only when malformed). */
+int iv_h5iso_rd_str(iv_h5iso_rd_t *r, char *out, size_t cap);
+
 #endif /* IV_H5ISO_H */

@@ -269,16 +269,6 @@ static int marrays_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     return bad ? iv_fail(err, IV_EIO, "%s: cannot pass obsm/varm to the server", c->path) : 0;
 }
 
-/* A NUL-terminated copy of a string blob into out (cap bytes). */
-static int take_str(iv_h5iso_rd_t *r, char *out, size_t cap)
-{
-    size_t n;
-    const char *p = iv_h5iso_rd_blob(r, (size_t)-1, &n);
-    if (!p || n >= cap) return -1;
-    memcpy(out, p, n);
-    out[n] = '\0';
-    return 0;
-}
 
 /* What the take_* steps return for an answer that does not parse. */
 #define MALFORMED 1
@@ -289,8 +279,8 @@ static int take_labels(iv_h5iso_rd_t *r, iv_marray_t *a, const char *path, iv_er
 {
     char name[1024];
     uint64_t axis = iv_h5iso_rd_u64(r);
-    if (r->bad || axis > 1 || take_str(r, name, sizeof name) < 0 ||
-        take_str(r, a->encoding, sizeof a->encoding) < 0 || take_str(r, a->why, sizeof a->why) < 0)
+    if (r->bad || axis > 1 || iv_h5iso_rd_str(r, name, sizeof name) < 0 ||
+        iv_h5iso_rd_str(r, a->encoding, sizeof a->encoding) < 0 || iv_h5iso_rd_str(r, a->why, sizeof a->why) < 0)
         return MALFORMED;
     a->name = strdup(name);
     if (!a->name) return iv_fail(err, IV_ENOMEM, "%s: out of memory", path);

@@ -526,21 +526,12 @@ static int list_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     return rc;
 }
 
-static int take_str(iv_h5iso_rd_t *r, char *out, size_t cap)
-{
-    size_t n;
-    const char *p = iv_h5iso_rd_blob(r, (size_t)-1, &n);
-    if (!p || n >= cap) return -1;
-    memcpy(out, p, n);
-    out[n] = '\0';
-    return 0;
-}
 
 static int take_elem(iv_h5iso_rd_t *r, iv_obsp_elem_t *e)
 {
     char name[1024];
-    if (take_str(r, name, sizeof name) < 0 || take_str(r, e->format, sizeof e->format) < 0 ||
-        take_str(r, e->why, sizeof e->why) < 0)
+    if (iv_h5iso_rd_str(r, name, sizeof name) < 0 || iv_h5iso_rd_str(r, e->format, sizeof e->format) < 0 ||
+        iv_h5iso_rd_str(r, e->why, sizeof e->why) < 0)
         return MALFORMED;
     uint64_t kind = iv_h5iso_rd_u64(r), dt = iv_h5iso_rd_u64(r);
     e->n_rows = (int64_t)iv_h5iso_rd_u64(r);
