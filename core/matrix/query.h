@@ -139,4 +139,11 @@ uint64_t iv_query_bytes_decompressed(const iv_query_t *q);
  * planner through the table on small files. */
 void iv_query_set_nnz_table_min(int64_t slices);
 
+/* The dense decode's bitmaps and tags (a byte per output column) are kept
+ * between queries up to this many bytes in all (default 64 MiB), so that
+ * a gene over millions of cells does not fault a fresh tag array in each
+ * time; 0 keeps none.  iv_query_scratch_kept: the bytes kept now. */
+void iv_query_set_scratch_keep(size_t bytes);
+size_t iv_query_scratch_kept(void);
+
 #endif /* IV_QUERY_H */

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dataset.h"
@@ -892,6 +894,82 @@ START_TEST(duplicate_index_is_corrupt)
 }
 END_TEST
 
+/* The dense decode's bitmaps are kept between queries (query.c's
+ * scratch): a query whose slice fails half-way (a chunk that changed on
+ * disk, met mid-slice) must give its scratch back cleared, so that the
+ * next query of the same width, on another file, is still exact; a bound
+ * of 0 keeps none. */
+START_TEST(kept_scratch_survives_a_failed_slice)
+{
+    char pa[256], pb[256];
+    tmp_path(pa, sizeof pa, "scra");
+    tmp_path(pb, sizeof pb, "scrb");
+    struct mat a, b;
+    mat_random(&a, 30, 100, IV_DT_FLOAT32, 0.5);
+    mat_random(&b, 30, 100, IV_DT_FLOAT32, 0.5);
+    /* 7-byte chunks: a slice (about 50 one-byte deltas) spans several. */
+    write_packed(pa, &a, 0, -1, 7);
+    write_packed(pb, &b, 0, -1, 7);
+    iv_query_set_scratch_keep((size_t)64 << 20);
+    iv_dataset_t *da = open_ds(pa, NULL), *db = open_ds(pb, NULL);
+    iv_sel_t all = {.all = 1};
+    struct res r;
+    iv_err_t err = {0};
+    ck_assert_msg(run(da, NULL, &all, &all, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err) == 0, "%s", err.msg);
+    check_ref(&a, &all, &all, 0, &r, "a before");
+    res_free(&r);
+    ck_assert_uint_gt(iv_query_scratch_kept(), 0);
+
+    /* The last chunk's bytes change on disk, the file's size and time put
+     * back, so that only the chunk's checksum sees it; the last slice
+     * starts in an earlier chunk, so its decode fails half-way. */
+    struct stat st0;
+    ck_assert_int_eq(stat(pa, &st0), 0);
+    hid_t f = H5Fopen(pa, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "X/packed_indices", H5P_DEFAULT);
+    hid_t sp = H5Dget_space(d);
+    hssize_t n = H5Sget_simple_extent_npoints(sp);
+    uint8_t *pk = malloc((size_t)n);
+    ck_assert_int_ge(H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, pk), 0);
+    /* Slice 29's first byte: after the terminators of the entries before it. */
+    int64_t before = da->m.value_ptr[da->m.major_ptr[29]], last_start = 0;
+    for (int64_t seen = 0; last_start < n && seen < before; last_start++)
+        if (!(pk[last_start] & 0x80)) seen++;
+    ck_assert_msg(last_start / 7 < (n - 1) / 7, "slice 29 starts in the last chunk");
+    pk[n - 1] ^= 0x01;
+    ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, pk), 0);
+    free(pk);
+    H5Sclose(sp);
+    H5Dclose(d);
+    H5Fclose(f);
+    struct timespec times[2] = {st0.st_atim, st0.st_mtim};
+    ck_assert_int_eq(utimensat(AT_FDCWD, pa, times, 0), 0);
+    iv_dataset_cache_drop(da);
+    ck_assert_int_eq(run(da, NULL, &all, &all, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err), -1);
+    ck_assert_int_eq(err.code, IV_EFILE_CHANGED);
+    iv_err_clear(&err);
+    res_free(&r);
+
+    /* The same width on the other file takes the kept scratch. */
+    ck_assert_msg(run(db, NULL, &all, &all, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err) == 0, "%s", err.msg);
+    check_ref(&b, &all, &all, 0, &r, "b after a failed slice");
+    res_free(&r);
+
+    iv_query_set_scratch_keep(0);
+    ck_assert_msg(run(db, NULL, &all, &all, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err) == 0, "%s", err.msg);
+    check_ref(&b, &all, &all, 0, &r, "b, none kept");
+    res_free(&r);
+    ck_assert_uint_eq(iv_query_scratch_kept(), 0);
+    iv_query_set_scratch_keep((size_t)64 << 20);
+    iv_dataset_close(da);
+    iv_dataset_close(db);
+    mat_free(&a);
+    mat_free(&b);
+    unlink(pa);
+    unlink(pb);
+}
+END_TEST
+
 /* A companion file: the same matrix the other way attaches and serves
  * identical answers; a different matrix is refused with a reason. */
 START_TEST(companion_file)
@@ -1028,6 +1106,7 @@ int main(void)
     tcase_add_test(tc, planner_picks_fewer_bytes);
     tcase_add_test(tc, budget_skips);
     tcase_add_test(tc, duplicate_index_is_corrupt);
+    tcase_add_test(tc, kept_scratch_survives_a_failed_slice);
     tcase_add_test(tc, companion_file);
     tcase_add_test(tc, duplicates_held_once);
     suite_add_tcase(s, tc);
