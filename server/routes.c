@@ -328,10 +328,14 @@ static void mem_parts(server_t *s, iv_metrics_gauges_t *g)
 #define PART(n, b, u) g->mem_parts[g->n_mem_parts++] = (iv_metrics_mem_part_t){n, b, u}
     PART("total", s->mem.total, g->process_rss);
     PART("cache", s->mb ? iv_membudget_bytes(s->mb) : 0, s->mb ? iv_membudget_used(s->mb) : 0);
-    PART("copies", s->mem.copies, s->mem.copies > copies_left ? s->mem.copies - copies_left : 0);
+    /* What a build borrows moves from its part to the builds'. */
+    size_t lent_copies = atomic_load(&s->lent_copies);
+    copies_left += lent_copies;
+    PART("copies", s->mem.copies - lent_copies,
+         s->mem.copies > copies_left ? s->mem.copies - copies_left : 0);
     PART("writes", s->mem.writes, queued);
     PART("answers", s->mem.answers, s->mem.answers > answers_left ? s->mem.answers - answers_left : 0);
-    PART("builds", s->mem.builds + atomic_load(&s->lent), 0);
+    PART("builds", s->mem.builds + atomic_load(&s->lent) + lent_copies, 0);
 #undef PART
 }
 

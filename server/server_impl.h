@@ -389,7 +389,8 @@ struct server {
     } mem;
     size_t write_budget;          /* limits.write_budget_bytes within mem.writes */
     atomic_int lending;           /* a build borrows from the caches' part now (load.c) */
-    atomic_size_t lent;           /* how much */
+    atomic_size_t lent;           /* how much, from the caches' part */
+    atomic_size_t lent_copies;    /* and from the in-memory copies' part */
     iv_budget_t answers_left;
     iv_alog_t log;
     iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
