@@ -229,48 +229,64 @@ void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s)
 
 typedef struct {
     const unsigned char *in;
-    size_t len;
+    size_t len, piece;
     int level;
     iv_buf_t *part;
     uint32_t *crc;
     int *rc;
-} member_job_t;
+} pieces_job_t;
 
-static void member_piece(void *arg, size_t i)
+static void one_piece(void *arg, size_t i)
 {
-    member_job_t *m = arg;
-    size_t off = i * IV_GZ_PIECE_BYTES, n = m->len - off < IV_GZ_PIECE_BYTES ? m->len - off : IV_GZ_PIECE_BYTES;
+    pieces_job_t *m = arg;
+    size_t off = i * m->piece, n = m->len - off < m->piece ? m->len - off : m->piece;
     m->rc[i] = iv_gz_block(&m->part[i], m->in + off, n, m->level, &m->crc[i]);
+}
+
+int iv_gz_pieces(iv_buf_t *out, const void *in, size_t len, size_t piece, int level, uint32_t *crc,
+                 struct iv_pool *pool)
+{
+    if (level < 1 || level > 9) return IV_EINVALID_ARG;
+    if (piece == 0 || len <= piece) return iv_gz_block(out, in, len, level, crc);
+    size_t k = (len + piece - 1) / piece;
+    iv_buf_t *part = calloc(k, sizeof *part);
+    uint32_t *crcs = calloc(k, sizeof *crcs);
+    int *prc = calloc(k, sizeof *prc);
+    int rc = 0;
+    if (!part || !crcs || !prc) {
+        out->oom = 1;
+        rc = IV_ENOMEM;
+        goto out;
+    }
+    pieces_job_t m = {in, len, piece, level, part, crcs, prc};
+    iv_pool_parallel_for(pool, k, 0, one_piece, &m);
+    iv_gz_sum_t s;
+    iv_gz_sum_init(&s);
+    for (size_t i = 0; i < k && rc == 0; i++) {
+        rc = prc[i];
+        iv_buf_append(out, part[i].data, part[i].len);
+        iv_gz_sum_add(&s, crcs[i], i + 1 < k ? piece : len - i * piece);
+    }
+    *crc = s.crc;
+    if (rc == 0 && out->oom) rc = IV_ENOMEM;
+out:
+    for (size_t i = 0; part && i < k; i++) iv_buf_free(&part[i]);
+    free(part);
+    free(crcs);
+    free(prc);
+    return rc;
 }
 
 int iv_gz_member(iv_buf_t *out, const void *in, size_t len, int level, struct iv_pool *pool)
 {
     if (level < 1 || level > 9) return IV_EINVALID_ARG;
-    size_t k = (len + IV_GZ_PIECE_BYTES - 1) / IV_GZ_PIECE_BYTES;
-    iv_buf_t *part = calloc(k ? k : 1, sizeof *part);
-    uint32_t *crc = calloc(k ? k : 1, sizeof *crc);
-    int *prc = calloc(k ? k : 1, sizeof *prc);
-    int rc = 0;
-    if (!part || !crc || !prc) {
-        rc = IV_ENOMEM;
-        goto out;
-    }
-    member_job_t m = {in, len, level, part, crc, prc};
-    iv_pool_parallel_for(pool, k, 0, member_piece, &m);
+    uint32_t crc = 0;
+    iv_gz_header(out);
+    int rc = iv_gz_pieces(out, in, len, IV_GZ_PIECE_BYTES, level, &crc, pool);
     iv_gz_sum_t s;
     iv_gz_sum_init(&s);
-    iv_gz_header(out);
-    for (size_t i = 0; i < k && rc == 0; i++) {
-        rc = prc[i];
-        iv_buf_append(out, part[i].data, part[i].len);
-        iv_gz_sum_add(&s, crc[i], i + 1 < k ? IV_GZ_PIECE_BYTES : len - i * IV_GZ_PIECE_BYTES);
-    }
+    iv_gz_sum_add(&s, crc, len);
     iv_gz_finish(out, &s);
     if (rc == 0 && out->oom) rc = IV_ENOMEM;
-out:
-    for (size_t i = 0; part && i < k; i++) iv_buf_free(&part[i]);
-    free(part);
-    free(crc);
-    free(prc);
     return rc;
 }

@@ -81,4 +81,13 @@ void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s);
 struct iv_pool;
 int iv_gz_member(iv_buf_t *out, const void *in, size_t len, int level, struct iv_pool *pool);
 
+/* As iv_gz_block (one raw deflate piece of in[0..len), sync-flushed, *crc
+ * the CRC-32 of all of it), but cut into pieces of `piece` bytes (0: one)
+ * compressed in parallel on pool (NULL: on the caller; callable from a
+ * pool worker) and concatenated: one large block of a streamed answer
+ * (a gene over millions of cells is one row) no longer compresses on one
+ * core.  0 or as iv_gz_block. */
+int iv_gz_pieces(iv_buf_t *out, const void *in, size_t len, size_t piece, int level, uint32_t *crc,
+                 struct iv_pool *pool);
+
 #endif

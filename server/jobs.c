@@ -375,13 +375,19 @@ void prep_run(job_t *j)
  * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
  * JSON document (whole) a member of its own (its pieces on the free
  * workers). */
+/* A streamed block's bytes are compressed in pieces of this size on the
+ * pool: a gene over ten million cells is one block of about 3 MB, which
+ * took 12 ms on one core (10 M cells, 16 cores; 4.8 ms unencoded). */
+#define GZ_BLOCK_PIECE ((size_t)256 << 10)
+
 static int gz_job_out(job_t *j, int whole, int level)
 {
     iv_buf_t z;
     iv_buf_init(&z);
     j->raw_len = j->out.len;
     int rc = whole ? iv_gz_member(&z, j->out.data, j->out.len, level, j->srv->pool)
-                   : iv_gz_block(&z, j->out.data, j->out.len, level, &j->crc);
+                   : iv_gz_pieces(&z, j->out.data, j->out.len, GZ_BLOCK_PIECE, level, &j->crc,
+                                  j->srv->pool);
     iv_buf_free(&j->out);
     if (rc != 0) {
         iv_buf_free(&z);

@@ -351,12 +351,66 @@ START_TEST(whole_member_in_parallel)
 }
 END_TEST
 
+START_TEST(one_block_in_parallel_pieces)
+{
+    /* A streamed block's bytes cut in pieces on a pool (iv_gz_pieces),
+     * between two plain pieces of the same member: the member inflates to
+     * the three bodies in order, the pieces' CRC is the block's own, and
+     * the bytes do not depend on the pool. */
+    const size_t piece = 4096;
+    size_t sizes[] = {0, 1, piece, piece + 1, 37 * piece + 123};
+    iv_pool_t *pool = iv_pool_create(3, 0);
+    ck_assert_ptr_nonnull(pool);
+    for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
+        size_t n = sizes[t], m = 1000, all = m + n + m;
+        unsigned char *b = malloc(all + 1);
+        ck_assert_ptr_nonnull(b);
+        fill(b, all, (int)(t % 2));
+        iv_buf_t a, c;
+        iv_buf_init(&a);
+        iv_buf_init(&c);
+        uint32_t c0, c1, c2, cc;
+        iv_gz_header(&a);
+        ck_assert_int_eq(iv_gz_block(&a, b, m, 1, &c0), 0);
+        ck_assert_int_eq(iv_gz_pieces(&a, b + m, n, piece, 1, &c1, pool), 0);
+        ck_assert_int_eq(iv_gz_pieces(&c, b + m, n, piece, 1, &cc, NULL), 0);
+        ck_assert_int_eq(iv_gz_block(&a, b + m + n, m, 1, &c2), 0);
+        ck_assert_uint_eq(c1, crc32(crc32(0, Z_NULL, 0), b + m, (uInt)n));
+        ck_assert_uint_eq(cc, c1);
+        iv_gz_sum_t s;
+        iv_gz_sum_init(&s);
+        iv_gz_sum_add(&s, c0, m);
+        iv_gz_sum_add(&s, c1, n);
+        iv_gz_sum_add(&s, c2, m);
+        iv_gz_finish(&a, &s);
+        check_inflates_to(&a, b, all);
+        /* The pooled pieces equal the caller's, byte for byte. */
+        iv_buf_t a2;
+        iv_buf_init(&a2);
+        ck_assert_int_eq(iv_gz_pieces(&a2, b + m, n, piece, 1, &cc, pool), 0);
+        ck_assert_uint_eq(a2.len, c.len);
+        ck_assert(c.len == 0 || memcmp(a2.data, c.data, c.len) == 0);
+        iv_buf_free(&a);
+        iv_buf_free(&a2);
+        iv_buf_free(&c);
+        free(b);
+    }
+    uint32_t crc;
+    iv_buf_t z;
+    iv_buf_init(&z);
+    ck_assert_int_eq(iv_gz_pieces(&z, "abc", 3, 1, 0, &crc, pool), IV_EINVALID_ARG);
+    iv_buf_free(&z);
+    iv_pool_destroy(pool);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("gzip_stream");
     TCase *tc = tcase_create("member");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, empty_body);
+    tcase_add_test(tc, one_block_in_parallel_pieces);
     tcase_add_test(tc, one_block);
     tcase_add_test(tc, many_blocks_with_empty_ones);
     tcase_add_test(tc, stored_pieces);
