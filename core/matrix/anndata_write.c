@@ -27,6 +27,16 @@
 
 #define FAILF(code, ...) IV_FAIL(err, (code), __VA_ARGS__)
 
+/* A categorical column of obs or var whose categories were trimmed: uns's
+ * "{col}_colors" is trimmed alike. */
+typedef struct cat_trim {
+    char col[256];
+    int64_t n_cat;            /* categories in the input */
+    int64_t *used;            /* the ones kept, ascending */
+    int64_t n_used;
+    struct cat_trim *next;
+} cat_trim_t;
+
 typedef struct subset {
     const int64_t *idx;       /* NULL = all rows */
     int64_t n;                /* output rows */
@@ -34,6 +44,7 @@ typedef struct subset {
     char *skipped;
     size_t skipped_cap;
     const char *src_path;
+    cat_trim_t **trims;       /* obs's and var's trimmed columns (NULL: not recorded) */
 } subset_t;
 
 static void note_skipped(const subset_t *s, const char *path)
@@ -218,6 +229,158 @@ static int subset_group(hid_t src, const char *name, hid_t dst, const subset_t *
     return rc;
 }
 
+/* The smallest signed integer type of pandas' codes for n categories
+ * (pandas.core.arrays.categorical's coerce_indexer_dtype). */
+static hid_t codes_type(int64_t n)
+{
+    if (n < 128) return H5T_STD_I8LE;
+    if (n < 32768) return H5T_STD_I16LE;
+    if (n < ((int64_t)1 << 31)) return H5T_STD_I32LE;
+    return H5T_STD_I64LE;
+}
+
+/* The number of rows of dataset name of g (rank 1), or -1. */
+static int64_t rows_of(hid_t g, const char *name)
+{
+    hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
+    if (d < 0) return -1;
+    hid_t sp = H5Dget_space(d);
+    hsize_t dims[8] = {0};
+    int rank = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    if (rank == 1) H5Sget_simple_extent_dims(sp, dims, NULL);
+    if (sp >= 0) H5Sclose(sp);
+    H5Dclose(d);
+    return rank == 1 ? (int64_t)dims[0] : -1;
+}
+
+/* The selected rows' codes (-1: missing) read as int64 into *out. */
+static int read_codes(hid_t sg, const subset_t *s, const char *path, int64_t n_cat, int64_t **out,
+                      iv_err_t *err)
+{
+    *out = NULL;
+    if (rows_of(sg, "codes") != s->axis_len)
+        return FAILF(IV_EBAD_FILE, "%s:/%s/codes: not one code a row", s->src_path, path);
+    int64_t *all = malloc((size_t)(s->axis_len ? s->axis_len : 1) * sizeof *all);
+    int64_t *sub = malloc((size_t)(s->n ? s->n : 1) * sizeof *sub);
+    hid_t d = H5Dopen2(sg, "codes", H5P_DEFAULT);
+    int rc = 0;
+    if (!all || !sub) rc = FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
+    else if (d < 0 || (s->axis_len > 0 && H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, all) < 0))
+        rc = FAILF(IV_EBAD_FILE, "%s:/%s/codes: read failed", s->src_path, path);
+    for (int64_t i = 0; rc == 0 && i < s->n; i++) {
+        int64_t c = all[s->idx ? s->idx[i] : i];
+        if (c < -1 || c >= n_cat)
+            rc = FAILF(IV_EBAD_FILE, "%s:/%s/codes: code %" PRId64 " of row %" PRId64 " is not one of the %"
+                       PRId64 " categories", s->src_path, path, c, s->idx ? s->idx[i] : i, n_cat);
+        sub[i] = c;
+    }
+    if (d >= 0) H5Dclose(d);
+    free(all);
+    if (rc < 0) free(sub);
+    else *out = sub;
+    return rc;
+}
+
+/* The codes remapped to the kept categories, written as pandas types
+ * them for that many, with the input's attributes. */
+static int write_codes(hid_t sg, hid_t dg, const subset_t *s, const char *path, int64_t *codes,
+                       const int64_t *map, int64_t n_used, iv_err_t *err)
+{
+    for (int64_t i = 0; i < s->n; i++)
+        if (codes[i] >= 0) codes[i] = map[codes[i]];
+    hsize_t dims[1] = {(hsize_t)s->n};
+    hid_t sp = H5Screate_simple(1, dims, NULL), src = H5Dopen2(sg, "codes", H5P_DEFAULT);
+    hid_t d = sp >= 0 ? H5Dcreate2(dg, "codes", codes_type(n_used), sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT) : -1;
+    int rc = d < 0 || (s->n > 0 && H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, codes) < 0) ||
+                     src < 0 || iv_h5w_copy_attrs(src, d) < 0
+                 ? FAILF(IV_EIO, "%s/codes: cannot write", path)
+                 : 0;
+    if (d >= 0) H5Dclose(d);
+    if (src >= 0) H5Dclose(src);
+    if (sp >= 0) H5Sclose(sp);
+    return rc;
+}
+
+/* Records the kept categories of obs's or var's column col (takes used). */
+static void note_trim(const subset_t *s, const char *parent, const char *col, int64_t n_cat, int64_t *used,
+                      int64_t n_used)
+{
+    cat_trim_t *t = NULL;
+    if (s->trims && (strcmp(parent, "/obs") == 0 || strcmp(parent, "/var") == 0) &&
+        strlen(col) < sizeof t->col && (t = calloc(1, sizeof *t)) != NULL) {
+        snprintf(t->col, sizeof t->col, "%s", col);
+        t->n_cat = n_cat;
+        t->used = used;
+        t->n_used = n_used;
+        t->next = *s->trims;
+        *s->trims = t;
+        return;
+    }
+    free(used);
+}
+
+/*
+ * A categorical column: the selected rows' codes, and only the categories
+ * they use, in their order (anndata's subset drops the others, pandas'
+ * remove_unused_categories), the codes renumbered and typed as pandas
+ * types them.  Any other child is subset as usual.
+ */
+static int subset_categorical(hid_t src, const char *name, hid_t dst, const subset_t *s, const char *parent,
+                              const char *path, iv_err_t *err)
+{
+    hid_t sg = H5Gopen2(src, name, H5P_DEFAULT);
+    if (sg < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: cannot open", s->src_path, path);
+    int64_t n_cat = rows_of(sg, "categories");
+    int rc = n_cat < 0 ? FAILF(IV_EBAD_FILE, "%s:/%s/categories: not a 1-D array", s->src_path, path) : 0;
+    int64_t *codes = NULL, *map = NULL, *used = NULL, n_used = 0;
+    if (rc == 0) rc = read_codes(sg, s, path, n_cat, &codes, err);
+    if (rc == 0) {
+        map = malloc((size_t)(n_cat ? n_cat : 1) * sizeof *map);
+        used = malloc((size_t)(n_cat ? n_cat : 1) * sizeof *used);
+        if (!map || !used) rc = FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
+    }
+    if (rc == 0) {
+        for (int64_t c = 0; c < n_cat; c++) map[c] = -1;
+        for (int64_t i = 0; i < s->n; i++)
+            if (codes[i] >= 0) map[codes[i]] = 0;
+        for (int64_t c = 0; c < n_cat; c++)
+            if (map[c] == 0) {
+                map[c] = n_used;
+                used[n_used++] = c;
+            }
+    }
+    hid_t dg = rc == 0 ? H5Gcreate2(dst, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT) : -1;
+    if (rc == 0 && (dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0)) rc = FAILF(IV_EIO, "%s: cannot write", path);
+    if (rc == 0) rc = write_codes(sg, dg, s, path, codes, map, n_used, err);
+    if (rc == 0) {
+        char cpath[2100];
+        snprintf(cpath, sizeof cpath, "%s/categories", path);
+        subset_t cs = *s;
+        cs.idx = used;
+        cs.n = n_used;
+        cs.axis_len = n_cat;
+        cs.trims = NULL;
+        rc = subset_dataset(sg, "categories", dg, &cs, cpath, err);
+    }
+    H5G_info_t gi;
+    if (rc == 0 && H5Gget_info(sg, &gi) < 0) rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
+        char child[1024];
+        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child, H5P_DEFAULT) < 0) {
+            rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
+        } else if (strcmp(child, "codes") != 0 && strcmp(child, "categories") != 0) {
+            rc = subset_element(sg, child, dg, s, path, 1, err);
+        }
+    }
+    if (dg >= 0) H5Gclose(dg);
+    H5Gclose(sg);
+    free(codes);
+    free(map);
+    if (rc == 0) note_trim(s, parent, name, n_cat, used, n_used);
+    else free(used);
+    return rc;
+}
+
 static int subset_element(hid_t src, const char *name, hid_t dst, const subset_t *s,
                           const char *parent, int in_frame, iv_err_t *err)
 {
@@ -237,9 +400,8 @@ static int subset_element(hid_t src, const char *name, hid_t dst, const subset_t
         iv_h5_read_str_attr(g, "encoding-type", enc, sizeof enc);
         H5Gclose(g);
     }
-    static const char *const cat_whole[] = {"categories", NULL};
     static const char *const frame_whole[] = {"__categories", NULL};
-    if (strcmp(enc, "categorical") == 0) return subset_group(src, name, dst, s, path, cat_whole, 1, err);
+    if (strcmp(enc, "categorical") == 0) return subset_categorical(src, name, dst, s, parent, path, err);
     if (strncmp(enc, "nullable-", 9) == 0) return subset_group(src, name, dst, s, path, NULL, 1, err);
     if (strcmp(enc, "dataframe") == 0 || (!enc[0] && !in_frame))
         return subset_group(src, name, dst, s, path, frame_whole, 1, err);
@@ -401,9 +563,9 @@ static int write_root_attrs(hid_t in, hid_t out)
 
 /* The rows of an axis of `len` that sel selects. */
 static subset_t axis_subset(const iv_sel_t *sel, int64_t len, char *skipped, size_t skipped_cap,
-                            const char *src_path)
+                            const char *src_path, cat_trim_t **trims)
 {
-    subset_t s = {sel->all ? NULL : sel->idx, sel->all ? len : sel->n, len, skipped, skipped_cap, src_path};
+    subset_t s = {sel->all ? NULL : sel->idx, sel->all ? len : sel->n, len, skipped, skipped_cap, src_path, trims};
     return s;
 }
 
@@ -428,6 +590,47 @@ static void note_dropped(hid_t in, const subset_t *s)
         if (has_content(in, dropped[i])) note_skipped(s, dropped[i]);
 }
 
+/* uns's "{col}_colors" of each trimmed categorical column, trimmed alike
+ * (anndata's _remove_unused_categories: the colors of the kept
+ * categories; left whole when they are too few to index so). */
+static int trim_colors(hid_t in, hid_t out, const cat_trim_t *t, const subset_t *s, iv_err_t *err)
+{
+    if (!t || H5Lexists(in, "uns", H5P_DEFAULT) <= 0 || H5Lexists(out, "uns", H5P_DEFAULT) <= 0) return 0;
+    hid_t iu = H5Gopen2(in, "uns", H5P_DEFAULT), ou = H5Gopen2(out, "uns", H5P_DEFAULT);
+    int rc = iu < 0 || ou < 0 ? FAILF(IV_EBAD_FILE, "%s:/uns: cannot open", s->src_path) : 0;
+    for (; rc == 0 && t; t = t->next) {
+        char name[300], path[320];
+        snprintf(name, sizeof name, "%s_colors", t->col);
+        snprintf(path, sizeof path, "/uns/%s", name);
+        H5O_info_t oi;
+        if (H5Lexists(iu, name, H5P_DEFAULT) <= 0 || H5Oget_info_by_name(iu, name, &oi, H5P_DEFAULT) < 0 ||
+            oi.type != H5O_TYPE_DATASET)
+            continue;
+        int64_t rows = rows_of(iu, name);
+        if (rows < 0 || (t->n_used > 0 && t->used[t->n_used - 1] >= rows)) continue;
+        subset_t cs = *s;
+        cs.idx = t->used;
+        cs.n = t->n_used;
+        cs.axis_len = rows;
+        cs.trims = NULL;
+        if (H5Ldelete(ou, name, H5P_DEFAULT) < 0) rc = FAILF(IV_EIO, "%s: cannot write", path);
+        else rc = subset_dataset(iu, name, ou, &cs, path, err);
+    }
+    if (ou >= 0) H5Gclose(ou);
+    if (iu >= 0) H5Gclose(iu);
+    return rc;
+}
+
+static void trims_free(cat_trim_t *t)
+{
+    while (t) {
+        cat_trim_t *n = t->next;
+        free(t->used);
+        free(t);
+        t = n;
+    }
+}
+
 /* The output's contents: the root's attributes, X, obs and var, obsm
  * and varm, uns; the elements left out named in the subsets' skipped. */
 static int write_contents(hid_t in, hid_t out, const char *out_path, const iv_adw_x_t *x, const subset_t *so,
@@ -442,6 +645,8 @@ static int write_contents(hid_t in, hid_t out, const char *out_path, const iv_ad
     iv_h5guard_stage("copying uns");
     if (H5Lexists(in, "uns", H5P_DEFAULT) > 0 && iv_h5w_copy_object(in, "uns", out, "uns") < 0)
         return FAILF(IV_EIO, "%s:/uns: cannot copy", so->src_path);
+    if ((rc = trim_colors(in, out, *so->trims, so, err)) < 0 || (rc = trim_colors(in, out, *sv->trims, sv, err)) < 0)
+        return rc;
     note_dropped(in, so);
     return 0;
 }
@@ -482,9 +687,12 @@ int iv_anndata_write(const char *src_path, const char *out_path, const iv_adw_x_
     if (out < 0) {
         rc = FAILF(IV_EIO, "%s: cannot create: %s", out_path, strerror(errno));
     } else {
-        subset_t so = axis_subset(obs, x->src_rows, skipped, skipped_cap, src_path);
-        subset_t sv = axis_subset(var, x->src_cols, skipped, skipped_cap, src_path);
+        cat_trim_t *obs_trims = NULL, *var_trims = NULL;
+        subset_t so = axis_subset(obs, x->src_rows, skipped, skipped_cap, src_path, &obs_trims);
+        subset_t sv = axis_subset(var, x->src_cols, skipped, skipped_cap, src_path, &var_trims);
         rc = write_contents(in, out, out_path, x, &so, &sv, err);
+        trims_free(obs_trims);
+        trims_free(var_trims);
     }
     return finish_file(in, out, tmp, src_path, out_path, rc, err);
 }

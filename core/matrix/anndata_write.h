@@ -6,8 +6,9 @@
  * The source file is read with HDF5 (metadata only); X comes from memory
  * as the query's blocks, written without concatenating them.  Data frame
  * columns are subset by encoding: plain arrays and string arrays row by
- * row, categoricals by their codes (categories copied whole), nullable
- * arrays by values and mask.  Elements this writer cannot subset (a sparse
+ * row, categoricals by their codes, keeping only the categories the
+ * selected rows use (as anndata's subset does, uns's "{col}_colors" of obs
+ * and var columns trimmed alike), nullable arrays by values and mask.  Elements this writer cannot subset (a sparse
  * matrix in obsm, an unknown encoding) are left out and named in
  * `skipped`; obsp, varp, layers and raw are not exported.
  *
