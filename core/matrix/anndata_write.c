@@ -319,6 +319,52 @@ static void note_trim(const subset_t *s, const char *parent, const char *col, in
     free(used);
 }
 
+/* The categories the n codes use, ascending, into used (*n_used of
+ * them), and map from an input category to its place among them. */
+static void plan_kept(const int64_t *codes, int64_t n, int64_t n_cat, int64_t *map, int64_t *used,
+                      int64_t *n_used)
+{
+    *n_used = 0;
+    for (int64_t c = 0; c < n_cat; c++) map[c] = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (codes[i] >= 0) map[codes[i]] = 0;
+    for (int64_t c = 0; c < n_cat; c++) {
+        if (map[c] != 0) continue;
+        map[c] = *n_used;
+        used[(*n_used)++] = c;
+    }
+}
+
+/* The kept categories (rows `used` of the input's) as dg's categories. */
+static int write_categories(hid_t sg, hid_t dg, const subset_t *s, const char *path, int64_t n_cat,
+                            int64_t *used, int64_t n_used, iv_err_t *err)
+{
+    char cpath[2100];
+    snprintf(cpath, sizeof cpath, "%s/categories", path);
+    subset_t cs = *s;
+    cs.idx = used;
+    cs.n = n_used;
+    cs.axis_len = n_cat;
+    cs.trims = NULL;
+    return subset_dataset(sg, "categories", dg, &cs, cpath, err);
+}
+
+/* sg's children other than codes and categories, subset into dg. */
+static int subset_rest(hid_t sg, hid_t dg, const subset_t *s, const char *path, iv_err_t *err)
+{
+    H5G_info_t gi;
+    if (H5Gget_info(sg, &gi) < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
+    int rc = 0;
+    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
+        char child[1024];
+        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child, H5P_DEFAULT) < 0)
+            return FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
+        if (strcmp(child, "codes") != 0 && strcmp(child, "categories") != 0)
+            rc = subset_element(sg, child, dg, s, path, 1, err);
+    }
+    return rc;
+}
+
 /*
  * A categorical column: the selected rows' codes, and only the categories
  * they use, in their order (anndata's subset drops the others, pandas'
@@ -330,48 +376,22 @@ static int subset_categorical(hid_t src, const char *name, hid_t dst, const subs
 {
     hid_t sg = H5Gopen2(src, name, H5P_DEFAULT);
     if (sg < 0) return FAILF(IV_EBAD_FILE, "%s:/%s: cannot open", s->src_path, path);
-    int64_t n_cat = rows_of(sg, "categories");
-    int rc = n_cat < 0 ? FAILF(IV_EBAD_FILE, "%s:/%s/categories: not a 1-D array", s->src_path, path) : 0;
-    int64_t *codes = NULL, *map = NULL, *used = NULL, n_used = 0;
-    if (rc == 0) rc = read_codes(sg, s, path, n_cat, &codes, err);
+    int64_t n_cat = rows_of(sg, "categories"), *codes = NULL, n_used = 0;
+    int64_t *map = malloc((size_t)(n_cat > 0 ? n_cat : 1) * sizeof *map);
+    int64_t *used = malloc((size_t)(n_cat > 0 ? n_cat : 1) * sizeof *used);
+    hid_t dg = -1;
+    int rc = 0;
+    if (n_cat < 0) rc = FAILF(IV_EBAD_FILE, "%s:/%s/categories: not a 1-D array", s->src_path, path);
+    else if (!map || !used) rc = FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
+    else rc = read_codes(sg, s, path, n_cat, &codes, err);
     if (rc == 0) {
-        map = malloc((size_t)(n_cat ? n_cat : 1) * sizeof *map);
-        used = malloc((size_t)(n_cat ? n_cat : 1) * sizeof *used);
-        if (!map || !used) rc = FAILF(IV_ENOMEM, "%s:/%s: out of memory", s->src_path, path);
+        plan_kept(codes, s->n, n_cat, map, used, &n_used);
+        dg = H5Gcreate2(dst, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0) rc = FAILF(IV_EIO, "%s: cannot write", path);
     }
-    if (rc == 0) {
-        for (int64_t c = 0; c < n_cat; c++) map[c] = -1;
-        for (int64_t i = 0; i < s->n; i++)
-            if (codes[i] >= 0) map[codes[i]] = 0;
-        for (int64_t c = 0; c < n_cat; c++)
-            if (map[c] == 0) {
-                map[c] = n_used;
-                used[n_used++] = c;
-            }
-    }
-    hid_t dg = rc == 0 ? H5Gcreate2(dst, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT) : -1;
-    if (rc == 0 && (dg < 0 || iv_h5w_copy_attrs(sg, dg) < 0)) rc = FAILF(IV_EIO, "%s: cannot write", path);
     if (rc == 0) rc = write_codes(sg, dg, s, path, codes, map, n_used, err);
-    if (rc == 0) {
-        char cpath[2100];
-        snprintf(cpath, sizeof cpath, "%s/categories", path);
-        subset_t cs = *s;
-        cs.idx = used;
-        cs.n = n_used;
-        cs.axis_len = n_cat;
-        cs.trims = NULL;
-        rc = subset_dataset(sg, "categories", dg, &cs, cpath, err);
-    }
-    H5G_info_t gi;
-    if (rc == 0 && H5Gget_info(sg, &gi) < 0) rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
-    for (hsize_t i = 0; rc == 0 && i < gi.nlinks; i++) {
-        char child[1024];
-        if (H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, child, sizeof child, H5P_DEFAULT) < 0) {
-            rc = FAILF(IV_EBAD_FILE, "%s:/%s: unreadable", s->src_path, path);
-        } else if (strcmp(child, "codes") != 0 && strcmp(child, "categories") != 0) {
-            rc = subset_element(sg, child, dg, s, path, 1, err);
-        }
-    }
+    if (rc == 0) rc = write_categories(sg, dg, s, path, n_cat, used, n_used, err);
+    if (rc == 0) rc = subset_rest(sg, dg, s, path, err);
     if (dg >= 0) H5Gclose(dg);
     H5Gclose(sg);
     free(codes);
