@@ -882,43 +882,36 @@ static int distinct_rows(const int64_t *sel, int64_t n, int64_t **rows, int64_t 
     return 0;
 }
 
-/* The child's rows as a CSR of m rows and n_obs columns (src). */
-static int take_rows(const iv_h5iso_result_t *res, int64_t m, int64_t n_obs, iv_obsp_kind_t *kind,
-                     iv_obsp_csr_t *src, int *borrowed)
+/* A dense element's m rows (the rest of r) as a CSR with every column. */
+static int take_dense(iv_h5iso_rd_t *r, int64_t m, int64_t n_obs, size_t esz, iv_obsp_csr_t *src)
 {
-    *borrowed = 0;
-    iv_h5iso_rd_t r;
-    iv_h5iso_rd_init(&r, res);
-    uint64_t k = iv_h5iso_rd_u64(&r), dt = iv_h5iso_rd_u64(&r);
-    if (r.bad || k > IV_OBSP_DENSE || dt >= IV_DT_COUNT) return MALFORMED;
-    *kind = (iv_obsp_kind_t)k;
-    src->n_rows = m;
-    src->n_cols = n_obs;
-    src->dtype = (iv_dtype_t)dt;
-    size_t esz = iv_dtype_size(src->dtype);
-    if (*kind == IV_OBSP_DENSE) {
-        if (m && (uint64_t)n_obs > IV_OBSP_MAX_NNZ / (uint64_t)m) return MALFORMED;
-        src->nnz = m * n_obs;
-        const void *v = iv_h5iso_rd_blob(&r, (size_t)src->nnz * esz, NULL);
-        if (!v || r.pos != r.len) return MALFORMED;
-        src->indptr = malloc((size_t)(m + 1) * sizeof *src->indptr);
-        src->indices = malloc((size_t)(src->nnz ? src->nnz : 1) * sizeof *src->indices);
-        src->data = malloc((size_t)(src->nnz ? src->nnz : 1) * esz);
-        if (!src->indptr || !src->indices || !src->data) return -1;
-        for (int64_t i = 0; i <= m; i++) src->indptr[i] = i * n_obs;
-        for (int64_t i = 0; i < src->nnz; i++) src->indices[i] = i % (n_obs ? n_obs : 1);
-        memcpy(src->data, v, (size_t)src->nnz * esz);
-        return 0;
-    }
-    uint64_t tot = iv_h5iso_rd_u64(&r);
-    if (r.bad || tot > IV_OBSP_MAX_NNZ) return MALFORMED;
+    if (m && (uint64_t)n_obs > IV_OBSP_MAX_NNZ / (uint64_t)m) return MALFORMED;
+    src->nnz = m * n_obs;
+    const void *v = iv_h5iso_rd_blob(r, (size_t)src->nnz * esz, NULL);
+    if (!v || r->pos != r->len) return MALFORMED;
+    src->indptr = malloc((size_t)(m + 1) * sizeof *src->indptr);
+    src->indices = malloc((size_t)(src->nnz ? src->nnz : 1) * sizeof *src->indices);
+    src->data = malloc((size_t)(src->nnz ? src->nnz : 1) * esz);
+    if (!src->indptr || !src->indices || !src->data) return -1;
+    for (int64_t i = 0; i <= m; i++) src->indptr[i] = i * n_obs;
+    for (int64_t i = 0; i < src->nnz; i++) src->indices[i] = i % (n_obs ? n_obs : 1);
+    memcpy(src->data, v, (size_t)src->nnz * esz);
+    return 0;
+}
+
+/* A sparse element's m rows (the rest of r): its arrays read where they
+ * lie in the mapped answer (*borrowed) when aligned, else copied. */
+static int take_sparse(iv_h5iso_rd_t *r, int64_t m, size_t esz, iv_obsp_csr_t *src, int *borrowed)
+{
+    uint64_t tot = iv_h5iso_rd_u64(r);
+    if (r->bad || tot > IV_OBSP_MAX_NNZ) return MALFORMED;
     src->nnz = (int64_t)tot;
-    const void *p = iv_h5iso_rd_blob(&r, (size_t)(m + 1) * 8, NULL);
-    const void *ix = iv_h5iso_rd_blob(&r, (size_t)tot * 8, NULL);
-    const void *v = iv_h5iso_rd_blob(&r, (size_t)tot * esz, NULL);
-    if (!p || !ix || !v || r.pos != r.len) return MALFORMED;
-    /* The arrays lie 8-byte aligned in the mapped answer (every blob
-     * before them is a multiple of 8 bytes): read there, not copied. */
+    const void *p = iv_h5iso_rd_blob(r, (size_t)(m + 1) * 8, NULL);
+    const void *ix = iv_h5iso_rd_blob(r, (size_t)tot * 8, NULL);
+    const void *v = iv_h5iso_rd_blob(r, (size_t)tot * esz, NULL);
+    if (!p || !ix || !v || r->pos != r->len) return MALFORMED;
+    /* Every blob before them is a multiple of 8 bytes, so they normally
+     * lie 8-byte aligned. */
     if (!((uintptr_t)p % 8) && !((uintptr_t)ix % 8) && !((uintptr_t)v % esz)) {
         src->indptr = (int64_t *)(uintptr_t)p;
         src->indices = (int64_t *)(uintptr_t)ix;
@@ -934,6 +927,23 @@ static int take_rows(const iv_h5iso_result_t *res, int64_t m, int64_t n_obs, iv_
     memcpy(src->indices, ix, (size_t)tot * 8);
     memcpy(src->data, v, (size_t)tot * esz);
     return 0;
+}
+
+/* The child's rows as a CSR of m rows and n_obs columns (src). */
+static int take_rows(const iv_h5iso_result_t *res, int64_t m, int64_t n_obs, iv_obsp_kind_t *kind,
+                     iv_obsp_csr_t *src, int *borrowed)
+{
+    *borrowed = 0;
+    iv_h5iso_rd_t r;
+    iv_h5iso_rd_init(&r, res);
+    uint64_t k = iv_h5iso_rd_u64(&r), dt = iv_h5iso_rd_u64(&r);
+    if (r.bad || k > IV_OBSP_DENSE || dt >= IV_DT_COUNT) return MALFORMED;
+    *kind = (iv_obsp_kind_t)k;
+    src->n_rows = m;
+    src->n_cols = n_obs;
+    src->dtype = (iv_dtype_t)dt;
+    size_t esz = iv_dtype_size(src->dtype);
+    return *kind == IV_OBSP_DENSE ? take_dense(&r, m, n_obs, esz, src) : take_sparse(&r, m, esz, src, borrowed);
 }
 
 /* Runs the child for the distinct rows and computes the subset. */
