@@ -74,17 +74,47 @@ static int64_t block_end(const iv_obsp_csr_t *m, int64_t r0)
     return r1;
 }
 
+/* The most entries of one block, and the number of blocks. */
+static void block_stats(const iv_obsp_csr_t *m, int64_t *longest, int64_t *blocks)
+{
+    *longest = 0;
+    *blocks = 0;
+    for (int64_t r0 = 0; r0 < m->n_rows; ++*blocks) {
+        int64_t r1 = block_end(m, r0);
+        if (m->indptr[r1] - m->indptr[r0] > *longest) *longest = m->indptr[r1] - m->indptr[r0];
+        r0 = r1;
+    }
+}
+
+/* The blocks, each added to the JSON document or encoded into out. */
+static int encode_blocks(const iv_obsp_csr_t *m, const int64_t *ids, iv_fmt_t fmt, size_t json_bytes,
+                         int index_size, int64_t *bids, int64_t *bptr, int32_t *idx32, iv_jdoc_t *jd,
+                         iv_buf_t *out, iv_err_t *err)
+{
+    for (int64_t r0 = 0; r0 < m->n_rows;) {
+        int64_t r1 = block_end(m, r0);
+        iv_block_t blk;
+        make_block(m, ids, r0, r1, index_size, bids, bptr, idx32, &blk);
+        if (fmt != IV_FMT_JSON) {
+            iv_enc_block(out, fmt, &blk);
+        } else {
+            iv_jdoc_add(jd, &blk);
+            if (iv_jdoc_bytes(jd) > json_bytes)
+                return iv_fail(err, IV_ETOO_LARGE, "the obsp subset exceeds the JSON limit of %zu bytes; ask "
+                               "for application/vnd.ivserve.csr or fewer cells", json_bytes);
+        }
+        r0 = r1;
+    }
+    return 0;
+}
+
 int iv_api_obsp_encode(const iv_obsp_csr_t *m, const int64_t *ids, iv_fmt_t fmt, size_t json_bytes,
                        iv_buf_t *out, iv_err_t *err)
 {
     int index_size = m->n_cols <= INT32_MAX ? 4 : 8;
     iv_stream_hdr_t h = {m->n_rows, m->n_cols, m->dtype, index_size, 0, 0};
-    int64_t longest = 0;
-    for (int64_t r0 = 0; r0 < m->n_rows;) {
-        int64_t r1 = block_end(m, r0);
-        if (m->indptr[r1] - m->indptr[r0] > longest) longest = m->indptr[r1] - m->indptr[r0];
-        r0 = r1;
-    }
+    int64_t longest, blocks;
+    block_stats(m, &longest, &blocks);
     int64_t rows = m->n_rows < IV_API_OBSP_BLOCK_ROWS ? m->n_rows : IV_API_OBSP_BLOCK_ROWS;
     int64_t *bids = malloc((size_t)(rows + 1) * sizeof *bids);
     int64_t *bptr = malloc((size_t)(rows + 1) * sizeof *bptr);
@@ -93,27 +123,12 @@ int iv_api_obsp_encode(const iv_obsp_csr_t *m, const int64_t *ids, iv_fmt_t fmt,
     if (!bids || !bptr || (index_size == 4 && !idx32)) rc = iv_fail(err, IV_ENOMEM, "out of memory");
     iv_jdoc_t jd;
     iv_jdoc_init(&jd);
-    if (rc == 0 && fmt == IV_FMT_BINARY) {
-        /* The exact size, reserved once: no copy as the body grows. */
-        int64_t blocks = 0;
-        for (int64_t r0 = 0; r0 < m->n_rows; blocks++) r0 = block_end(m, r0);
+    /* Binary: the exact size, reserved once, so the body is never copied
+     * as it grows. */
+    if (rc == 0 && fmt == IV_FMT_BINARY)
         iv_buf_reserve(out, (size_t)iv_enc_binary_size(m->n_rows, blocks, m->nnz, index_size, m->dtype));
-    }
     if (rc == 0 && fmt != IV_FMT_JSON) iv_enc_header(out, fmt, &h);
-    for (int64_t r0 = 0; rc == 0 && r0 < m->n_rows;) {
-        int64_t r1 = block_end(m, r0);
-        iv_block_t blk;
-        make_block(m, ids, r0, r1, index_size, bids, bptr, idx32, &blk);
-        if (fmt == IV_FMT_JSON) {
-            iv_jdoc_add(&jd, &blk);
-            if (iv_jdoc_bytes(&jd) > json_bytes)
-                rc = iv_fail(err, IV_ETOO_LARGE, "the obsp subset exceeds the JSON limit of %zu bytes; ask "
-                             "for application/vnd.ivserve.csr or fewer cells", json_bytes);
-        } else {
-            iv_enc_block(out, fmt, &blk);
-        }
-        r0 = r1;
-    }
+    if (rc == 0) rc = encode_blocks(m, ids, fmt, json_bytes, index_size, bids, bptr, idx32, &jd, out, err);
     if (rc == 0 && fmt == IV_FMT_JSON) iv_jdoc_finish(&jd, &h, out);
     else if (rc == 0) iv_enc_trailer(out, fmt, 0, NULL, NULL, m->n_rows, m->nnz);
     if (rc == 0 && (out->oom || iv_jdoc_oom(&jd))) rc = iv_fail(err, IV_ENOMEM, "out of memory encoding obsp");
