@@ -7,8 +7,9 @@ Runs, on one atlas (made by gen_atlas.py when --atlas does not exist):
      and serving;
   2. a restart with the cache folder kept: time until both orientations
      serve;
-  3. one gene x all cells by gene: warm (chunks cached), and cold (a
-     fresh start, and the page cache dropped when run as root);
+  3. one gene x all cells by gene: warm (chunks cached; with requests'
+     default gzip, and again not compressed), and cold (a fresh start,
+     and the page cache dropped when run as root);
   4. a mixed load from --clients threads: 10,000 random cells x 2,000
      genes, and 1 cell x 50 genes (latency percentiles, requests/s); with
      --wrk, the same two cases again from wrk with --clients connections
@@ -147,10 +148,15 @@ class Srv:
         return peak
 
 
-def one_gene(url, ds, gene):
+def one_gene(url, ds, gene, encoding=None):
+    """ms for one gene by gene, binary; encoding None: requests' default
+    Accept-Encoding (gzip, deflate), as a Python client asks."""
+    headers = {"Accept": "application/vnd.ivserve.csr"}
+    if encoding:
+        headers["Accept-Encoding"] = encoding
     t = time.perf_counter()
     r = requests.post(url + "/v1/datasets/%s/query" % ds, json={"var": {"index": [gene]}, "by": "var"},
-                      headers={"Accept": "application/vnd.ivserve.csr"}, timeout=60)
+                      headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     return (time.perf_counter() - t) * 1e3
 
@@ -312,6 +318,7 @@ def main():
     stream = doc["orientations"]["cells"]["stream_bytes"]
     g = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
     warm = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
+    warm_id = [one_gene(s.url, s.id, 100 + i, "identity") for i in range(5)]
     lat, codes = mixed(s.url, s.id, n_cells, n_genes, a.clients, a.seconds)
     wrk = wrk_cases(a.wrk, s.url, s.id, n_cells, n_genes, a.clients, a.seconds, work) if a.wrk else {}
     peak1 = s.stop()
@@ -319,6 +326,8 @@ def main():
     rows.append(("first start: ready for cell queries", "%.2f s" % ready1))
     rows.append(("first start: gene-major copy on disk and serving", "%.2f s after ready (%s)" % (both1 - ready1, src)))
     rows.append(("1 gene x all cells by gene, warm (median of 5)", "%.2f ms" % statistics.median(warm)))
+    rows.append(("1 gene x all cells by gene, warm, not compressed (median of 5)",
+                 "%.2f ms" % statistics.median(warm_id)))
     rows.append(("1 gene x all cells by gene, first read of each gene (median of 5)", "%.2f ms" % statistics.median(g)))
 
     s = Srv(a.bin, a.atlas, cache, a.port, a.memory_bytes, log=os.path.join(work, "restart.log"))
