@@ -96,6 +96,8 @@ def main(argv=None):
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--data", default=None, help="an .h5ad with obsm/X_umap (instead of the generated atlas)")
+    ap.add_argument("--renderer", default=None, help="the page's renderer= parameter (webgl or canvas; "
+                    "default: the page's own choice)")
     ap.add_argument("server_args", nargs="*", help="after --: extra ivserve flags")
     a = ap.parse_args(argv)
     path = a.data or ensure_data(a.cells)
@@ -147,7 +149,7 @@ def main(argv=None):
             raise RuntimeError("timeout: %s; messages %r" % (js, drv.execute_script(
                 "return window.__ivTest && __ivTest.messages()")))
 
-        page = url + "/?dataset=" + ds
+        page = url + "/?dataset=" + ds + ("&renderer=" + a.renderer if a.renderer else "")
         load, recolor, frame, renderer, hover, after_dcl, row = [], [], [], None, [], [], []
         parts = {}  # the re-colour's stages (app.js timings)
         drv.get(page)  # warm-up: the first start of the browser's caches

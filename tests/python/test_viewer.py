@@ -361,9 +361,21 @@ def check_scatter(drv, srv, data, renderer):
 
 def test_scatter_draws_every_cell_at_api_coordinates(browser, srv, data, outdir):
     need_obsm(srv)
-    open_page(browser, srv.url + "/")
+    open_page(browser, srv.url + "/?renderer=webgl")
     check_scatter(browser, srv, data, "webgl")
     shot(browser, outdir, "scatter_webgl")
+
+
+def test_software_webgl_draws_on_the_cpu(browser, srv, data, outdir):
+    """Headless Chromium's WebGL is SwiftShader, a software rasterizer:
+    unless renderer=webgl asks for it, the page draws with the canvas 2D
+    context, and says why."""
+    need_obsm(srv)
+    open_page(browser, srv.url + "/")
+    name = browser.execute_script("return __ivTest.glName()")
+    assert "swiftshader" in name.lower(), name
+    assert "software WebGL" in browser.execute_script("return __ivTest.glSkipped()")
+    check_scatter(browser, srv, data, "canvas2d")
 
 
 def test_scatter_canvas_fallback(browser, srv, data, outdir):
@@ -687,7 +699,7 @@ http {
         else:
             pytest.fail("nginx did not start: %s" % proc.stderr.read1(4000) if proc.poll() is not None else "")
         open_page(browser, "http://127.0.0.1:%d/ivserve/" % port)
-        check_scatter(browser, srv, data, "webgl")
+        check_scatter(browser, srv, data, "canvas2d")
         log = open(os.path.join(root, "logs", "access.log")).read()
         assert "/ivserve/v1/datasets/%s/obsm/X_umap" % DS in log
         assert "/ivserve/viewer/app.js" in log

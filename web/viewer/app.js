@@ -5,8 +5,9 @@
 //
 // URL parameters: the whole view (link.js: dataset, embedding, colouring,
 // genes, clip, hidden categories, filters, selection, camera, pinned
-// cell), kept up to date as the view changes, and &renderer=canvas (force
-// the canvas 2D fallback).
+// cell), kept up to date as the view changes, and &renderer=canvas or
+// &renderer=webgl (force the canvas 2D drawing, or WebGL even where it is
+// a software rasterizer: scatter.js).
 //
 // What is drawn: the colouring gives each cell a colour and, for a gene,
 // an order (zeros first, expressing cells on top by value: expression.js);
@@ -76,7 +77,9 @@ function earlyOr(key, fn) {
   return p ? p.then((r) => { if (r.e) throw r.e; return r.v; }) : fn();
 }
 
-const scatter = new Scatter($('scatter'), $('overlay'), { forceCanvas: params.get('renderer') === 'canvas' });
+const scatter = new Scatter($('scatter'), $('overlay'), {
+  forceCanvas: params.get('renderer') === 'canvas', forceGl: params.get('renderer') === 'webgl',
+});
 
 // ---- messages -------------------------------------------------------------
 
@@ -1385,6 +1388,8 @@ window.__ivTest = {
   busy: () => state.busy,
   dataset: () => state.id,
   renderer: () => scatter.renderer,
+  glName: () => scatter.glName,
+  glSkipped: () => scatter.glSkipped,
   nCells: () => state.nObs,
   points: () => scatter.drawnPoints,
   frames: () => scatter.frames,
