@@ -371,15 +371,15 @@ void prep_run(job_t *j)
     j->rc = iv_query_prepare(j->qs->q, j->srv->pool, &j->err);
 }
 
-/* Compresses a job's output where it was encoded, on the worker: a block
- * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
- * JSON document (whole) a member of its own (its pieces on the free
- * workers). */
 /* A streamed block's bytes are compressed in pieces of this size on the
  * pool: a gene over ten million cells is one block of about 3 MB, which
  * took 12 ms on one core (10 M cells, 16 cores; 4.8 ms unencoded). */
 #define GZ_BLOCK_PIECE ((size_t)256 << 10)
 
+/* Compresses a job's output where it was encoded, on the worker: a block
+ * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
+ * JSON document (whole) a member of its own (its pieces on the free
+ * workers). */
 static int gz_job_out(job_t *j, int whole, int level)
 {
     iv_buf_t z;

@@ -171,7 +171,7 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
     int to_ivcsc = iv_dataset_info(d->ds)->orient == IV_IVCSR, built = 0;
     char path[sizeof d->other_path];
     /* The pack passes over the whole stream once per window of output
-     * slices that fits its memory (about 6 s a pass at ten million cells
+     * slices that fits its memory (about 4 s a pass at ten million cells
      * on 16 cores).  While it runs it borrows three quarters of the chunk
      * caches' part (evicted down to the rest) and half of the in-memory
      * copies' part as far as no copy holds it (the rest stays for the
@@ -180,7 +180,8 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
      * million cells the builds' own part alone makes 34 windows. */
     size_t lend = 0;
     uint64_t copies = 0;
-    if (!atomic_exchange(&s->lending, 1)) {
+    int lending = !atomic_exchange(&s->lending, 1);
+    if (lending) {
         lend = s->mem.cache / 4 * 3;
         for (copies = s->mem.copies / 2; copies >= ((uint64_t)64 << 20); copies /= 2)
             if (iv_budget_take(&s->transpose_left, copies) == 0) break;
@@ -193,7 +194,7 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
     int rc = iv_autopack_other(s->cfg, &s->log, d->conf->id, iv_rds_path(d), d->conf->group,
                                to_ivcsc, &d->other_pack, &s->stopping, path, sizeof path, &built,
                                &j->err);
-    if (lend) {
+    if (lending) {
         iv_autopack_set_memory(s->mem.builds);
         iv_membudget_set_bytes(s->mb, s->mem.cache);
         if (copies) iv_budget_give(&s->transpose_left, copies);

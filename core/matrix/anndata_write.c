@@ -335,17 +335,25 @@ static void plan_kept(const int64_t *codes, int64_t n, int64_t n_cat, int64_t *m
     }
 }
 
+/* s for another array: rows idx (n of them) of one of axis_len rows,
+ * with no trims recorded. */
+static subset_t rows_subset(const subset_t *s, const int64_t *idx, int64_t n, int64_t axis_len)
+{
+    subset_t r = *s;
+    r.idx = idx;
+    r.n = n;
+    r.axis_len = axis_len;
+    r.trims = NULL;
+    return r;
+}
+
 /* The kept categories (rows `used` of the input's) as dg's categories. */
 static int write_categories(hid_t sg, hid_t dg, const subset_t *s, const char *path, int64_t n_cat,
                             int64_t *used, int64_t n_used, iv_err_t *err)
 {
     char cpath[2100];
     snprintf(cpath, sizeof cpath, "%s/categories", path);
-    subset_t cs = *s;
-    cs.idx = used;
-    cs.n = n_used;
-    cs.axis_len = n_cat;
-    cs.trims = NULL;
+    subset_t cs = rows_subset(s, used, n_used, n_cat);
     return subset_dataset(sg, "categories", dg, &cs, cpath, err);
 }
 
@@ -622,17 +630,10 @@ static int trim_colors(hid_t in, hid_t out, const cat_trim_t *t, const subset_t 
         char name[300], path[320];
         snprintf(name, sizeof name, "%s_colors", t->col);
         snprintf(path, sizeof path, "/uns/%s", name);
-        H5O_info_t oi;
-        if (H5Lexists(iu, name, H5P_DEFAULT) <= 0 || H5Oget_info_by_name(iu, name, &oi, H5P_DEFAULT) < 0 ||
-            oi.type != H5O_TYPE_DATASET)
-            continue;
-        int64_t rows = rows_of(iu, name);
+        /* -1: absent, a group, or not one row a colour. */
+        int64_t rows = H5Lexists(iu, name, H5P_DEFAULT) > 0 ? rows_of(iu, name) : -1;
         if (rows < 0 || (t->n_used > 0 && t->used[t->n_used - 1] >= rows)) continue;
-        subset_t cs = *s;
-        cs.idx = t->used;
-        cs.n = t->n_used;
-        cs.axis_len = rows;
-        cs.trims = NULL;
+        subset_t cs = rows_subset(s, t->used, t->n_used, rows);
         if (H5Ldelete(ou, name, H5P_DEFAULT) < 0) rc = FAILF(IV_EIO, "%s: cannot write", path);
         else rc = subset_dataset(iu, name, ou, &cs, path, err);
     }

@@ -808,7 +808,8 @@ void iv_block_free(iv_block_t *b)
  * gene touches (2,500 faults, 13 ms of a 21 ms gene on a 10 M-cell atlas)
  * and a shootdown when it is freed.  A work struct takes a scratch of its
  * size from here and gives it back when the query ends; up to
- * SCRATCH_KEEP_BYTES of them stay, the most recent first.  A scratch comes
+ * scratch_keep_bytes of them stay (iv_query_set_scratch_keep, 64 MiB by
+ * default), the most recent first.  A scratch comes
  * and goes with bits and summ all zero (the dense path and the bitmap
  * order leave them cleared, on errors too); the tags need no clearing.
  */

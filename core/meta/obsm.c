@@ -269,7 +269,6 @@ static int marrays_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     return bad ? iv_fail(err, IV_EIO, "%s: cannot pass obsm/varm to the server", c->path) : 0;
 }
 
-
 /* What the take_* steps return for an answer that does not parse. */
 #define MALFORMED 1
 

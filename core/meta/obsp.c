@@ -526,7 +526,6 @@ static int list_child(void *vctx, iv_h5iso_out_t *o, iv_err_t *err)
     return rc;
 }
 
-
 static int take_elem(iv_h5iso_rd_t *r, iv_obsp_elem_t *e)
 {
     char name[1024];

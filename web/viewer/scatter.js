@@ -54,7 +54,7 @@ void main() {
 }`;
 
 // Whether a WebGL renderer's name is a software rasterizer's.
-export function softwareGl(name) {
+function softwareGl(name) {
   return /swiftshader|llvmpipe|softpipe|software/i.test(name || '');
 }
 
@@ -107,8 +107,8 @@ export class Scatter {
     this.gl = null;
     // A canvas keeps the first kind of context it gives, so WebGL's
     // renderer is asked of a throwaway canvas first.
-    this.glName = forceCanvas ? '' : glRendererName();
-    this.glSkipped = !forceCanvas && !forceGl && softwareGl(this.glName) ? 'software WebGL: ' + this.glName : '';
+    this.glName = forceCanvas || forceGl ? '' : glRendererName();
+    this.glSkipped = softwareGl(this.glName) ? 'software WebGL: ' + this.glName : '';
     if (!forceCanvas && !this.glSkipped) {
       try { this.initGl(); } catch (e) { this.gl = null; this.glError = e.message; }
     }
