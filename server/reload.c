@@ -1,6 +1,6 @@
 /*
- * Datasets on the loop: loads that come back from the workers, and
- * reloads.
+ * Reloads: the configured list read again and compared with the datasets
+ * served; the loads they start are load.c's.
  *
  * Datasets are registry entries (registry.h) that each stream and load job
  * holds by reference, so that a reload (reload_start) can change the list
@@ -10,7 +10,6 @@
  */
 #include "server_impl.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,94 +76,9 @@ static void reload_finish(server_t *s)
 }
 
 /* One of the reload's loads came back (or the set-up ended). */
-static void reload_step(server_t *s)
+void reload_step(server_t *s)
 {
     if (s->reload && --s->reload->waiting == 0) reload_finish(s);
-}
-
-static void on_other_done(job_t *j);
-
-/* A dataset's other orientation, built or attached after it is ready. */
-static const job_type_t other_job = {other_run, on_other_done};
-
-/* The start-up loads are over: how many datasets serve and how many were
- * left out, so that a failure is not read as "all loaded". */
-static void log_start_loads(server_t *s)
-{
-    size_t ready = 0, failed = 0;
-    char names[256] = "";
-    size_t nl = 0;
-    for (size_t i = 0; i < s->reg.n; i++) {
-        const sds_t *d = s->reg.v[i];
-        if (d->state == DS_READY) {
-            ready++;
-        } else if (d->state == DS_FAILED) {
-            failed++;
-            if (nl < sizeof names)
-                nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", failed > 1 ? ", " : "",
-                                       d->conf->id);
-        }
-    }
-    if (failed == 0)
-        iv_alog_event(&s->log, "info", "all datasets loaded: %zu of %zu", ready, ready);
-    else
-        iv_alog_event(&s->log, "warn", "%zu of %zu datasets loaded, %zu failed (%s%s)", ready,
-                      ready + failed, failed, names, nl >= sizeof names ? "..." : "");
-}
-
-/* The load's outcome in d's state, and its log line. */
-static void take_load_result(server_t *s, job_t *j, sds_t *d)
-{
-    if (j->rc != 0) {
-        d->state = DS_FAILED;
-        snprintf(d->err, sizeof d->err, "%s", j->err.msg);
-        iv_alog_event(&s->log, "error", "dataset %s (%s) %s: %s", d->conf->id, d->conf->path,
-                      j->replace ? "not reloaded, the one loaded before keeps serving" : "left out",
-                      j->err.msg);
-        return;
-    }
-    if (!d->doc) {
-        d->state = DS_FAILED;
-        snprintf(d->err, sizeof d->err, "out of memory");
-        iv_alog_event(&s->log, "error", "dataset %s left out: out of memory", d->conf->id);
-        return;
-    }
-    d->state = DS_READY;
-    const iv_dataset_info_t *in = iv_dataset_info(d->ds);
-    if (!d->meta)
-        iv_alog_event(&s->log, "warn", "dataset %s: metadata not loaded, names selections disabled: %s",
-                  d->conf->id, d->err);
-    iv_alog_event(&s->log, "info",
-              "dataset %s %s: %" PRId64 " x %" PRId64 ", nnz %" PRId64 ", %s, %s, %.2f s "
-              "(open %.2f s, row index %s %.2f s%s%s%s%s)",
-              d->conf->id, j->reloaded ? "reloaded" : "ready", in->n_rows, in->n_cols, in->nnz,
-              in->orient == IV_IVCSR ? "ivcsr" : "ivcsc", in->codec, j->secs, in->open_seconds,
-              in->index_kept ? "read from the cache folder in" : "pass", in->index_seconds,
-              in->arrays_note[0] ? "; pointer arrays " : "", in->arrays_note,
-              d->meta ? "; metadata " : "", d->meta ? d->meta_note : "");
-}
-
-/* A replacement takes its old entry's place when ready; when it failed,
- * the old one keeps serving and says why. */
-static void replace_entry(server_t *s, sds_t *d)
-{
-    sds_t *old = NULL;
-    size_t at = 0;
-    for (size_t i = 0; i < s->reg.n && !old; i++)
-        if (s->reg.v[i]->pending == d) old = s->reg.v[at = i];
-    if (!old) {
-        d->retired = 1;
-        return;
-    }
-    old->pending = NULL;  /* its reference passes to the list, or is dropped */
-    if (d->state == DS_READY) {
-        s->reg.v[at] = d;
-        ds_retire(s, old);
-    } else {
-        snprintf(old->reload_err, sizeof old->reload_err, "%s", d->err);
-        d->retired = 1;
-        iv_rds_unref(d);
-    }
 }
 
 /* The load's line in its reload's summary: added, reloaded or failed. */
@@ -182,89 +96,11 @@ static void reload_note(reload_t *op, const job_t *j, const sds_t *d)
     iv_buf_puts(&op->failed, "}");
 }
 
-/* Cell queries are served meanwhile; the other orientation joins when it
- * is ready (see other_run).  The job keeps its reference; NULL when it
- * went on as the other job, else j, to be freed. */
-static job_t *start_other(server_t *s, job_t *j, sds_t *d)
-{
-    if (d->state != DS_READY || d->retired || s->draining || other_plan(s, d) == OTHER_NONE) return j;
-    j->type = &other_job;
-    j->rc = 0;
-    iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
-    if (job_submit_server(j) == 0) return NULL;
-    iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
-    return j;
-}
 
-static void on_warm_done(job_t *j)
+/* A load of the running reload came back: its line in the summary. */
+void reload_load_noted(server_t *s, const job_t *j, const sds_t *d)
 {
-    if (j->rc != 0)
-        iv_alog_event(&j->srv->log, "warn", "dataset %s: obs names not indexed ahead (%s); the "
-                      "first lookup by name builds them", j->ds->conf->id, j->err.msg);
-    job_free(j);
-}
-
-static const job_type_t warm_job = {warm_run, on_warm_done};
-
-/* The names lookups a load leaves to first use, built on a worker while
- * the dataset serves (load.c warm_run); skipped when out of memory. */
-static void start_warm(server_t *s, sds_t *d)
-{
-    if (d->state != DS_READY || d->retired || s->draining || !d->meta) return;
-    job_t *j = calloc(1, sizeof *j);
-    if (!j) return;
-    j->srv = s;
-    j->type = &warm_job;
-    j->ds = d;
-    iv_rds_ref(d);
-    if (job_submit_server(j) != 0) job_free(j);
-}
-
-static void on_load_done(job_t *j)
-{
-    server_t *s = j->srv;
-    sds_t *d = j->ds;
-    s->n_loading--;
-    take_load_result(s, j, d);
-    if (j->replace && !d->retired) replace_entry(s, d);
     if (s->reload && j->gen == s->reload->gen) reload_note(s->reload, j, d);
-    if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
-    uint64_t gen = j->gen;
-    start_warm(s, d);
-    j = start_other(s, j, d);
-    if (j) job_free(j);
-    if (s->reload && gen == s->reload->gen) reload_step(s);
-}
-
-static const job_type_t load_job = {load_run, on_load_done};
-
-/* Loads d on a worker; gen, replace and reloaded as in job_t.  The load
- * waits its turn however many client jobs are queued; only running out of
- * memory (or a stopping pool) fails it at once (on_load_done reports it). */
-void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
-{
-    job_t *j = calloc(1, sizeof *j);
-    if (!j) {
-        /* Nothing can report it but the entry itself. */
-        d->state = DS_FAILED;
-        snprintf(d->err, sizeof d->err, "out of memory");
-        return;
-    }
-    j->srv = s;
-    j->type = &load_job;
-    j->ds = d;
-    iv_rds_ref(d);
-    j->gen = gen;
-    j->replace = replace;
-    j->reloaded = reloaded;
-    s->n_loading++;
-    if (s->reload && gen == s->reload->gen) s->reload->waiting++;
-    iv_alog_event(&s->log, "info", "loading dataset %s from %s", d->conf->id, d->conf->path);
-    int rc = job_submit_server(j);
-    if (rc != 0) {
-        j->rc = iv_fail(&j->err, rc, "cannot queue the load (%s); reload to retry", iv_error_message(rc));
-        on_load_done(j);
-    }
 }
 
 /* Refuses a reload: the log line, and the admin request's answer. */
@@ -581,38 +417,4 @@ void iv_server_mark_failed(struct server *s, struct iv_rds *d, const char *why)
     d->state = DS_FAILED;
     snprintf(d->err, sizeof d->err, "%s", why);
     iv_alog_event(&s->log, "error", "dataset %s (%s) failed: %s", d->conf->id, d->conf->path, why);
-}
-
-static void on_other_done(job_t *j)
-{
-    server_t *s = j->srv;
-    sds_t *d = j->ds;
-    iv_orient_status_t st;
-    iv_dataset_orientations(d->ds, &st);
-    const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
-    if (j->rc == 0 && st.other_source == IV_SRC_FILE && d->other_path[0])
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (on disk, %s, %zu bytes, "
-                      "%.2f s; row index %s%s%s)", d->conf->id, other, d->other_path,
-                      st.bytes[!st.file_orient], j->secs,
-                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made",
-                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note[0] ? "; pointer arrays " : "",
-                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note);
-    else if (j->rc == 0 && st.other_source == IV_SRC_FILE)
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
-                      d->conf->id, other, st.bytes[!st.file_orient], j->secs);
-    else if (j->rc == 0)
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (in memory, %zu bytes, %.2f s: "
-                      "values %.2f, count %.2f, fill %.2f, encode %.2f, move %.2f, finish %.2f)",
-                      d->conf->id, other, st.bytes[!st.file_orient], j->secs, j->phase[IV_TP_VALUES],
-                      j->phase[IV_TP_COUNT], j->phase[IV_TP_FILL], j->phase[IV_TP_ENCODE],
-                      j->phase[IV_TP_MOVE], j->phase[IV_TP_FINISH]);
-    else
-        iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
-                  d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
-    if (!j->out.oom && j->out.len) {
-        free(d->doc);
-        snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(j->out.data, j->out.len));
-        d->doc = iv_buf_steal(&j->out, &d->doc_len);
-    }
-    job_free(j);
 }

@@ -7,7 +7,7 @@
  * and object headers are finished last), so the answer cannot be a
  * stream of blocks the way /query is.  What it can share with /query is
  * everything else: the set-up parses and resolves the selection with the
- * query set-up's own code (jobs.c setup_selection), and the answer is a
+ * query set-up's own code (setup_job.c setup_selection), and the answer is a
  * query stream (qstream.c) whose blocks are pieces of the file: a piece
  * is read on a worker (pread of the unlinked temporary file) only when
  * fewer than EXPORT_AHEAD pieces are between "read" and "written", and

@@ -3,20 +3,15 @@
  * (route_query) and the viewer routes (route_viewer), which include the
  * obs and var tables and columns.  Each copies what the worker needs from
  * the request into a setup_t and hands it to the first job of a new
- * stream (submit_setup); the loop half (route_query_finish,
- * route_viewer_finish) checks the limits, sends the answers that need no
- * decode, and starts the decode jobs of qstream.c.
+ * stream (submit_setup): setup_job.c holds that job's two halves.
  */
 #include "server_impl.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "enc_dataset.h"
-#include "encode.h"
 
 /* The body of a count answer; nnz and total from the pointer arrays and the
  * computed metadata columns, or from a decode when those do not suffice. */
@@ -113,158 +108,6 @@ void route_query(conn_t *c, sds_t *d, int count)
     submit_setup(c, d, st, count, &setup_job);
 }
 
-/* Takes the set-up's results into the connection, the stream and *res.
- * The job is freed, or, when the set-up decoded block 0 of a fused
- * query (setup_fuse), waits in the stream's first slot (freed with the
- * stream if the answer is another). */
-static void take_setup(job_t *j, setup_res_t *res)
-{
-    qstream_t *qs = j->qs;
-    conn_t *c = qs->c;
-    setup_t *st = j->setup;
-    c->dropped = st->dropped;
-    c->dropped_hdr = st->dropped_hdr;
-    st->dropped = st->dropped_hdr = NULL;
-    iv_query_t *q = qs->q = st->q;
-    st->q = NULL;
-    /* The access log's selection: cells x genes, whichever the rows are. */
-    c->cells = iv_query_by_var(q) ? iv_query_n_cols(q) : iv_query_n_rows(q);
-    c->genes = iv_query_by_var(q) ? iv_query_n_rows(q) : iv_query_n_cols(q);
-    *res = (setup_res_t){.count = qs->count, .have_total = st->have_total, .dense = st->dense,
-                         .prepared = st->prepared, .gz_level = st->gz_level, .total = st->total,
-                         .fmt = st->fmt};
-    if (!st->block0) {
-        job_free(j);
-        return;
-    }
-    setup_free(st);
-    j->setup = NULL;
-    j->b = 0;
-    j->type = &block_job;
-    qs->slots[0] = j;
-}
-
-/* Refuses (413) a matrix answer past the limits: rows or stored values,
- * dense cells, or a JSON document.  1 when it was refused. */
-static int query_refused(conn_t *c, const iv_query_t *q, iv_fmt_t fmt, int dense)
-{
-    const iv_limits_t *lim = &c->srv->cfg->limits;
-    int64_t rows = iv_query_n_rows(q), hint = iv_query_nnz_hint(q);
-    char msg[256] = "";
-    if (rows > lim->max_rows || hint > lim->max_nnz)
-        snprintf(msg, sizeof msg,
-                 "the query selects %" PRId64 " rows and %" PRId64
-                 " stored values; the limits are %" PRId64 " rows and %" PRId64 " values",
-                 rows, hint, lim->max_rows, lim->max_nnz);
-    else if (dense && rows * iv_query_n_cols(q) > lim->max_nnz)
-        /* Dense gene rows hold every (gene, cell) value. */
-        snprintf(msg, sizeof msg,
-                 "dense gene rows would hold %" PRId64 " x %" PRId64 " values; the limit is %" PRId64,
-                 rows, iv_query_n_cols(q), lim->max_nnz);
-    else if (fmt == IV_FMT_JSON && hint >= 0 && (uint64_t)hint * 4 + (uint64_t)rows * 4 > lim->json_bytes)
-        /* Even at the shortest 4 bytes per number the document is too big. */
-        snprintf(msg, sizeof msg,
-                 "the result (%" PRId64 " values) exceeds the JSON limit of %zu bytes; ask for "
-                 "application/vnd.ivserve.csr or application/x-ndjson",
-                 hint, lim->json_bytes);
-    if (!msg[0]) return 0;
-    send_error(c, 413, "too_large", msg, NULL);
-    return 1;
-}
-
-/* A count answered from the pointer arrays and computed columns, no
- * decode. */
-static void answer_total(conn_t *c, iv_query_t *q, int64_t hint, double total)
-{
-    iv_buf_t body;
-    iv_buf_init(&body);
-    count_body(&body, c, q, hint, total);
-    c->rows = iv_query_n_rows(q);
-    c->nnz = hint;
-    send_owned(c, 200, "application/json", &body, NULL);
-}
-
-/* HEAD of a matrix answer.  The length of a JSON document is not known
- * without building it: the head says nothing rather than something
- * false. */
-static void answer_head(conn_t *c, qstream_t *qs, iv_fmt_t fmt)
-{
-    iv_buf_t b;
-    iv_buf_init(&b);
-    resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
-    c->status = 200;
-    send_buf_done(c, &b);
-}
-
-/* A count or a whole JSON document is one job; a stream is prepared, then
- * decoded block by block (qs_pump). */
-static void start_answer(qstream_t *qs, const setup_res_t *res)
-{
-    conn_t *c = qs->c;
-    const job_type_t *next = res->count ? &count_job : res->fmt == IV_FMT_JSON ? &whole_job : &prep_job;
-    qs->fmt = res->fmt;
-    qs->dense = res->dense;
-    qs->have_total = res->have_total;
-    qs->total = res->total;
-    if (res->prepared) {
-        /* Prepared on the set-up job (a stream: setup_fuse takes no
-         * other): the blocks go on from here. */
-        if (qs->slots[0]) {
-            LP_METRIC(qs->lp, m_->blocks_decoded++);
-            qs->next_submit = 1;
-        }
-        qs->prepared = 1;
-        qs->n_blocks = iv_query_n_blocks(qs->q);
-        qs_pump(qs);
-        return;
-    }
-    int rc = qs_submit(qs, next, -1);
-    if (rc != 0) {
-        c->qs = NULL;
-        qs->c = NULL;
-        qs_free(qs);
-        send_iv_error(c, rc, NULL);
-    }
-}
-
-/* The loop half of a query's set-up, once the worker built the query: the
- * limits, the answers that need no decode, then the decode jobs. */
-static void route_query_finish(job_t *j)
-{
-    if (!qs_job_back(j)) return;
-    qstream_t *qs = j->qs;
-    conn_t *c = qs->c;
-    if (j->rc != 0) {
-        iv_err_t e = j->err;
-        int rc = j->rc;
-        job_free(j);
-        send_iv_error(c, rc, &e);
-        return;
-    }
-    setup_res_t res;
-    take_setup(j, &res);
-    iv_query_t *q = qs->q;
-    int64_t hint = iv_query_nnz_hint(q);
-    if (!res.count) {
-        if (query_refused(c, q, res.fmt, res.dense) || answer_reserve(c, qs, q, &res, hint) != 0) return;
-    } else if (hint >= 0 && res.have_total) {
-        answer_total(c, q, hint, res.total);
-        return;
-    }
-    answer_go(qs, &res);
-}
-
-void answer_go(qstream_t *qs, const setup_res_t *res)
-{
-    conn_t *c = qs->c;
-    if (!res->count) qs->gz_level = res->gz_level;
-    if (!res->count && c->req->method == HTTP_HEAD) {
-        answer_head(c, qs, res->fmt);
-        return;
-    }
-    start_answer(qs, res);
-}
-
 /* routes_viewer.h's matrix_open over the registry entry (ctx). */
 static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
                          iv_err_t *err)
@@ -323,29 +166,3 @@ void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
     submit_setup(c, d, st, 0, &viewer_job);
 }
 
-/* The loop half of a viewer route: send what the worker built. */
-static void route_viewer_finish(job_t *j)
-{
-    if (!qs_job_back(j)) return;
-    conn_t *c = j->qs->c;
-    setup_t *st = j->setup;
-    if (j->rc == 0) {
-        /* The header is bounded as the query route's is. */
-        if (st->vr->dropped && strlen(st->vr->dropped) <= DROPPED_HDR_MAX) {
-            c->dropped_hdr = st->vr->dropped;
-            st->vr->dropped = NULL;
-        } else if (st->vr->dropped) {
-            c->dropped_hdr = strdup("{\"truncated\":true}");
-        }
-        if (st->vr->status == 304)
-            send_simple(c, 304, NULL, NULL, 0, st->vr->extra);
-        else if (budget_admit(c, st->vr->out.len) == 0)
-            send_owned(c, 200, st->vr->ctype, &st->vr->out, st->vr->extra);
-    } else {
-        send_iv_error(c, j->rc, &j->err);
-    }
-    job_free(j);
-}
-
-const job_type_t setup_job = {setup_run, route_query_finish};
-const job_type_t viewer_job = {viewer_run, route_viewer_finish};

@@ -18,10 +18,15 @@
  *   routes_export.c the export route: a .h5ad written on a worker, sent
  *                   as a stream of pieces of the unlinked file
  *   routes_query.c  the routes answered by worker jobs: query, count,
- *                   metadata pages, viewer routes
- *   jobs.c          the worker → loop hand-off and the query jobs
- *   load.c          datasets loading on the workers, their documents
- *   reload.c        loads coming back, and reloads
+ *                   metadata pages, viewer routes (their first job)
+ *   jobs.c          the loop → worker → loop hand-off of every job
+ *   setup_job.c     a query's set-up job and a viewer route's job, both
+ *                   halves
+ *   stream_jobs.c   a stream's decode jobs (prepare, block, whole, count),
+ *                   both halves
+ *   load.c          datasets loading (the load, warm and other-orientation
+ *                   jobs, both halves), their documents
+ *   reload.c        reloads
  */
 #ifndef IV_SERVER_IMPL_H
 #define IV_SERVER_IMPL_H
@@ -445,10 +450,15 @@ static inline uint64_t fnv1a(const char *p, size_t n)
     return h;
 }
 
-/* Jobs (jobs.c).  The *_run functions run on a worker (a job type's run
- * half); the others are for the loop thread, or after the loop stopped. */
+/* Jobs (jobs.c).  The loop thread, or after the loop stopped, but for
+ * job_cancelled and job_cancel_rc (a worker). */
 void setup_free(setup_t *st);
 void job_free(job_t *j);
+/* Worker: true when the job's stream was cancelled (its client left, or
+ * the server stops); checked between a job's phases. */
+int job_cancelled(const job_t *j);
+/* Worker: IV_ECANCELLED in j's error. */
+int job_cancel_rc(job_t *j);
 /* Queues j (its type, srv and inputs set) on the pool; 0, or a negative
  * error (the queue is full) and j is still the caller's.  job_submit is
  * for clients' work, refused when the queue is full; job_submit_server
@@ -456,16 +466,12 @@ void job_free(job_t *j);
  * dataset), which waits in the queue however full it is. */
 int job_submit(job_t *j);
 int job_submit_server(job_t *j);
-void setup_run(job_t *j);
-void viewer_run(job_t *j);
-void prep_run(job_t *j);
-void block_run(job_t *j);
-void whole_run(job_t *j);
-void count_run(job_t *j);
 
-/* Datasets loading (load.c).  load_run and other_run run on a worker; the
- * document parts are called wherever the dataset is not changing under
- * them; ds_unref and ds_retire are for the loop thread. */
+/* Datasets loading (load.c): the load, other-orientation and warm jobs,
+ * both halves (load_submit starts one, loop thread).  The document parts
+ * are called wherever the dataset is not changing under them; ds_unref
+ * and ds_retire are for the loop thread. */
+void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
 void ds_unref(server_t *s, sds_t *d);
 void ds_retire(server_t *s, sds_t *d);
 void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m);
@@ -476,9 +482,6 @@ void build_doc(sds_t *d);
  * stream's size); OTHER_NONE: it gets none. */
 enum { OTHER_NONE = 0, OTHER_MEMORY, OTHER_DISK, OTHER_COMPANION };
 int other_plan(const server_t *s, const sds_t *d);
-void other_run(job_t *j);
-void load_run(job_t *j);
-void warm_run(job_t *j);
 
 /* Answers, the end of a request, the write budget (respond.c).  Loop thread.
  *
@@ -550,7 +553,7 @@ int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_re
 void reserve_wake(loop_t *lp);
 void reserve_unwait(qstream_t *qs);
 void reserve_tick(uv_timer_t *t);
-/* routes_query.c: a matrix answer whose memory is reserved goes on. */
+/* setup_job.c: a matrix answer whose memory is reserved goes on. */
 void answer_go(qstream_t *qs, const setup_res_t *res);
 
 /* Query streams (qstream.c).  Loop thread; qs_cancel only sets flags
@@ -571,9 +574,15 @@ int qs_job_back(job_t *j);
  * progress on the answer, and a failed one ends the stream (qs_fail).
  * 1 when the loop half goes on with j. */
 int qs_piece_back(job_t *j);
-/* The stream's decode jobs: prepare, then blocks; or one job for a whole
- * JSON document or a count. */
+
+/* The stream's decode jobs (stream_jobs.c): prepare, then blocks; or one
+ * job for a whole JSON document or a count. */
 extern const job_type_t prep_job, block_job, whole_job, count_job;
+/* Worker: block b of q decoded and encoded into j's out (j's rows, nnz,
+ * and for gzip its CRC); tails: a large binary block's arrays stay the
+ * engine's, in j->tail (the stream's block jobs; not the set-up's). */
+void stream_encode_block(job_t *j, iv_query_t *q, int64_t b, iv_fmt_t fmt, int dense, int gz_level,
+                         int tails);
 
 /* The server and its loops (server.c).
  *
@@ -605,7 +614,9 @@ void route_query(conn_t *c, sds_t *d, int count);
  * pass: curl -d sends them); 1 when it was refused. */
 int body_type_refused(conn_t *c);
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub);
-/* A query's set-up, and a viewer route's answer. */
+
+/* A query's set-up, and a viewer route's answer (setup_job.c): both
+ * halves. */
 extern const job_type_t setup_job, viewer_job;
 /* Worker: the request's selection parsed and its names resolved as the
  * query set-up does (*qr owned by the caller on 0; *mds the matrix it
@@ -618,10 +629,13 @@ void route_export(conn_t *c, sds_t *d);
 void export_pump(qstream_t *qs);
 void export_file_free(struct export_file *f);
 
-/* Loads coming back, reloads (reload.c).  Loop thread. */
+/* Reloads (reload.c).  Loop thread.  A load of the running reload (its
+ * gen) that came back is noted in the reload's summary
+ * (reload_load_noted), then counted off (reload_step). */
 void reload_free(reload_t *op);
-void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded);
 void reload_start(server_t *s, const char *why, loop_t *waiter_lp, uint64_t waiter);
+void reload_load_noted(server_t *s, const job_t *j, const sds_t *d);
+void reload_step(server_t *s);
 /* The answer to an admin reload, sent on the waiter's loop if it is still there. */
 void reload_reply(server_t *s, loop_t *lp, uint64_t id, int status, const char *code,
                   const char *msg, iv_buf_t *body, const char *extra);
