@@ -17,7 +17,10 @@
  * being refused while the answers before it finish, and the process
  * never holds more than the share.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include <inttypes.h>
 #include <stdio.h>

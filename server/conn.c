@@ -13,7 +13,11 @@
  * Each write carries the sequence number of its answer and, for a block,
  * its stream, which it credits on completion (respond.c).
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
+#include "srv_routes.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -14,7 +14,10 @@
  * stream's cancel flag between phases (job_cancelled), so that work for
  * a client that left stops early.
  */
-#include "server_impl.h"
+#include "srv_datasets.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
 
 #include <stdlib.h>
 

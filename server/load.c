@@ -14,7 +14,9 @@
  * memory member is rendered per request, since a cache's size changes
  * with every query.
  */
-#include "server_impl.h"
+#include "srv_datasets.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
 
 #include <inttypes.h>
 #include <stdint.h>

@@ -13,7 +13,12 @@
  * block, so an error in the prepare step or the first block still gets a
  * proper status; a later error is reported in the stream's trailer.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_datasets.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include <stdio.h>
 #include <stdlib.h>

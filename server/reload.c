@@ -8,7 +8,11 @@
  * ends, and a replacement loads beside the entry it replaces and is
  * swapped in, on the loop, only once it is ready.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_datasets.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_respond.h"
 
 #include <stdio.h>
 #include <stdlib.h>

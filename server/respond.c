@@ -13,7 +13,10 @@
  * it, large answers get 503, streams wait, and the connections stalled
  * longest are cut first.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include <inttypes.h>
 #include <limits.h>

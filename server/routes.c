@@ -7,7 +7,11 @@
  * OpenAPI, the dataset list and document, the admin reload); those whose
  * answer is computed on a worker are in routes_query.c.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_datasets.h"
+#include "srv_loop.h"
+#include "srv_respond.h"
+#include "srv_routes.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -15,7 +15,12 @@
  * costs at most EXPORT_AHEAD pieces of memory, and the file's bytes live
  * only as long as the stream's descriptor.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
+#include "srv_routes.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -5,7 +5,12 @@
  * the request into a setup_t and hands it to the first job of a new
  * stream (submit_setup): setup_job.c holds that job's two halves.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
+#include "srv_routes.h"
 
 #include <stdio.h>
 #include <stdlib.h>

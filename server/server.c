@@ -20,7 +20,12 @@
  * header server_impl.h lists them and holds the types they share.
  */
 #include "server.h"
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_datasets.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include "autopack.h"
 

@@ -10,7 +10,11 @@
  * memory and start the stream's decode jobs (route_query_finish, then
  * answer_go), or send the viewer's answer (route_viewer_finish).
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include <inttypes.h>
 #include <stdint.h>

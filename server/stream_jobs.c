@@ -6,7 +6,11 @@
  * loop, hands the result to the stream (qstream.c orders the blocks and
  * writes them) or sends the one-job answer.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_jobs.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
+#include "srv_respond.h"
 
 #include <stdlib.h>
 #include <string.h>

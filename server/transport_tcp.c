@@ -3,7 +3,8 @@
  * handle.  Each libuv callback enters the connection's loop (loop_enter)
  * and hands the event to the connection.
  */
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_loop.h"
 
 #include <stdlib.h>
 #include <unistd.h>

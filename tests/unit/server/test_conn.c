@@ -18,7 +18,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server_impl.h"
+#include "srv_conn.h"
+#include "srv_datasets.h"
+#include "srv_loop.h"
+#include "srv_qstream.h"
 
 /* ---- the fake transport ------------------------------------------------- */
 
