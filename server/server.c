@@ -8,7 +8,7 @@
  * control loop that accepts and hands each connection to a connection
  * loop in turn, and keeps the server's own work (loads, reloads, signals,
  * the file watcher) to itself (see struct loop and loop_enter in
- * server_impl.h for what they share and how).  All work that grows with a
+ * srv_loop.h for what they share and how).  All work that grows with a
  * request or touches a file or a decoder (dataset loading, a query's
  * set-up from its JSON body, names and filters, query prepare, block
  * decode and encoding, metadata pages) runs as jobs on the worker pool.
@@ -17,7 +17,8 @@
  * coalesced wake-ups lose nothing.
  *
  * Each of the server's other concerns has a file of its own; the private
- * header server_impl.h lists them and holds the types they share.
+ * headers (srv_*.h, one a concern, listed in srv_common.h) hold what
+ * they share.
  */
 #include "server.h"
 #include "srv_conn.h"
