@@ -84,18 +84,18 @@ int is_reading_state(const conn_t *c)
  * goes on to the next pipelined request. */
 void resp_finished(conn_t *c)
 {
-    c->resp_ended = 0;
-    if (c->close_after || c->lp->draining) {
+    c->ans_f.ended = 0;
+    if (c->ans_f.close_after || c->lp->draining) {
         conn_shutdown(c);
         return;
     }
-    if (c->log_pending) {
+    if (c->ans_f.log_pending) {
         /* Every byte of a keep-alive answer was written (req_done). */
         access_log(c, c->bytes);
         req_reset(c);
     }
     conn_set_state(c, iv_http_in_headers_done(&c->in) ? CS_READ_BODY
-                      : iv_http_in_active(&c->in) || c->rlen || c->n_ahead || c->ahead_err
+                      : iv_http_in_active(&c->in) || c->rlen || c->n_ahead || c->in_f.ahead_err
                           ? CS_READ_HEAD
                           : CS_IDLE);
     conn_pump(c);
@@ -151,7 +151,7 @@ static void cut_answer(conn_t *c)
     }
     if (!c->errmsg[0])
         snprintf(c->errmsg, sizeof c->errmsg, "connection closed before the response ended");
-    c->close_after = 1;
+    c->ans_f.close_after = 1;
     req_done(c);
 }
 
@@ -174,8 +174,8 @@ void conn_close(conn_t *c)
 {
     if (c->state == CS_CLOSING) return;
     server_t *s = c->srv;
-    if (c->active) cut_answer(c);
-    if (c->log_pending) log_closed(c);
+    if (c->ans_f.active) cut_answer(c);
+    if (c->ans_f.log_pending) log_closed(c);
     loop_t *lp = c->lp;
     lp->doomed_bytes += c->wpending;
     s->budget_used -= c->wpending;
@@ -187,7 +187,7 @@ void conn_close(conn_t *c)
     s->n_conns_all--;
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
-    if (c->tp_open) c->tp->close(c);
+    if (c->life_f.tp_open) c->tp->close(c);
 }
 
 /*
@@ -213,7 +213,7 @@ static void drain_check(conn_t *c)
         c->outq_t = now;
     }
     int input_over = now - c->drain_t0 >= DRAIN_MS || c->drain_bytes >= DRAIN_MAX_BYTES;
-    int input_done = c->peer_eof || input_over || now - c->drain_last_in >= DRAIN_QUIET_MS;
+    int input_done = c->in_f.peer_eof || input_over || now - c->drain_last_in >= DRAIN_QUIET_MS;
     if (outq == 0 && input_done) {
         conn_close(c);
         return;
@@ -222,10 +222,10 @@ static void drain_check(conn_t *c)
         conn_close(c);
         return;
     }
-    if (input_over && c->reading) {
+    if (input_over && c->in_f.reading) {
         /* Enough dropped: stop reading, still wait for the acknowledgements. */
         c->tp->read_stop(c);
-        c->reading = 0;
+        c->in_f.reading = 0;
     }
 }
 
@@ -242,15 +242,15 @@ void conn_shut(conn_t *c, int status)
     c->outq_last = (size_t)-1;
     c->rlen = 0;
     conn_set_state(c, CS_DRAINING);
-    if (!c->reading && !c->peer_eof && c->tp->read_start(c) == 0) c->reading = 1;
+    if (!c->in_f.reading && !c->in_f.peer_eof && c->tp->read_start(c) == 0) c->in_f.reading = 1;
     drain_check(c);
 }
 
 /* Half-closes after the queued writes. */
 static void conn_shutdown(conn_t *c)
 {
-    if (c->state == CS_CLOSING || c->shutting) return;
-    c->shutting = 1;
+    if (c->state == CS_CLOSING || c->ans_f.shutting) return;
+    c->ans_f.shutting = 1;
     if (c->tp->shutdown(c) != 0) conn_close(c);
 }
 
@@ -285,7 +285,7 @@ static void timer_fired(uv_timer_t *t)
                    "Retry-After: 1\r\n");
         return;
     case CS_RESPONDING:
-        if (!c->wpending && c->active && c->qs && !c->qs->done) {
+        if (!c->wpending && c->ans_f.active && c->qs && !c->qs->done) {
             /* A stream waited too long for its next block: its trailer says so. */
             iv_err_t e;
             iv_err_clear(&e);
@@ -319,9 +319,9 @@ void conn_input(conn_t *c, ssize_t n)
             c->drain_bytes += (size_t)n;
             c->drain_last_in = uv_now(&c->lp->loop);
         } else if (n == UV_EOF) {
-            c->peer_eof = 1;
+            c->in_f.peer_eof = 1;
             c->tp->read_stop(c);
-            c->reading = 0;
+            c->in_f.reading = 0;
             drain_check(c);
         } else if (n < 0) {
             conn_close(c);
@@ -333,15 +333,15 @@ void conn_input(conn_t *c, ssize_t n)
          * may have half-closed after sending its request), also when its
          * last bytes are only queued; otherwise the conversation is over. */
         if (n == UV_EOF && c->state == CS_RESPONDING) {
-            c->peer_eof = 1;
-            c->close_after = 1;
+            c->in_f.peer_eof = 1;
+            c->ans_f.close_after = 1;
             c->tp->read_stop(c);
-            c->reading = 0;
+            c->in_f.reading = 0;
             return;
         }
         /* EOF before any byte of the answer: the client left (as nginx
          * takes it, 499), and its work is cancelled (conn_close). */
-        if (c->active && !c->errmsg[0])
+        if (c->ans_f.active && !c->errmsg[0])
             snprintf(c->errmsg, sizeof c->errmsg, "the client closed the connection before the answer");
         conn_close(c);
         return;
@@ -419,7 +419,7 @@ static int parse_one_ahead(conn_t *c, size_t n)
         c->n_ahead++;
         c->ahead_bytes += req_mem(req);
     } else if (rc < 0) {
-        c->ahead_err = 1;
+        c->in_f.ahead_err = 1;
     } else if (used == 0) {
         return -1;
     }
@@ -435,7 +435,7 @@ static int parse_one_ahead(conn_t *c, size_t n)
  */
 static void conn_parse_ahead(conn_t *c)
 {
-    while (c->rlen > 0 && !c->ahead_err && c->n_ahead < c->ahead_cap) {
+    while (c->rlen > 0 && !c->in_f.ahead_err && c->n_ahead < c->ahead_cap) {
         const iv_http_req_t *cur = iv_http_in_current(&c->in);
         size_t held = c->ahead_bytes + (cur ? cur->body.len : 0);
         if (held >= AHEAD_MAX_BYTES) break;
@@ -482,8 +482,8 @@ static void start_next_request(conn_t *c)
         c->ahead_bytes -= req_mem(req);
         resp_begin(c, req);
         dispatch(c);
-    } else if (c->ahead_err) {
-        c->ahead_err = 0;
+    } else if (c->in_f.ahead_err) {
+        c->in_f.ahead_err = 0;
         answer_parse_error(c);
     } else if (c->rlen > 0) {
         parse_input(c);
@@ -496,8 +496,8 @@ static void note_partial_request(conn_t *c)
 {
     if (iv_http_in_headers_done(&c->in)) {
         conn_enter(c, CS_READ_BODY);
-        if (!c->expect_checked) {
-            c->expect_checked = 1;
+        if (!c->in_f.expect_checked) {
+            c->in_f.expect_checked = 1;
             expect_check(c);
         }
     } else if (iv_http_in_active(&c->in)) {
@@ -510,12 +510,12 @@ static void note_partial_request(conn_t *c)
  * more; a draining connection keeps its reads as they are. */
 static void update_reading(conn_t *c)
 {
-    int want = c->rlen < c->rcap && !c->peer_eof && !c->close_after && c->state != CS_DRAINING;
-    if (want && !c->reading) {
-        if (c->tp->read_start(c) == 0) c->reading = 1;
-    } else if (!want && c->reading && c->state != CS_DRAINING) {
+    int want = c->rlen < c->rcap && !c->in_f.peer_eof && !c->ans_f.close_after && c->state != CS_DRAINING;
+    if (want && !c->in_f.reading) {
+        if (c->tp->read_start(c) == 0) c->in_f.reading = 1;
+    } else if (!want && c->in_f.reading && c->state != CS_DRAINING) {
         c->tp->read_stop(c);
-        c->reading = 0;
+        c->in_f.reading = 0;
     }
 }
 
@@ -530,15 +530,15 @@ static void update_reading(conn_t *c)
  */
 static void conn_pump(conn_t *c)
 {
-    if (c->state == CS_CLOSING || c->in_pump) return;
-    c->in_pump = 1;
+    if (c->state == CS_CLOSING || c->in_f.in_pump) return;
+    c->in_f.in_pump = 1;
     if (is_reading_state(c)) {
         start_next_request(c);
         if (is_reading_state(c)) note_partial_request(c);
     }
-    if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->close_after)
+    if ((c->state == CS_DISPATCHED || c->state == CS_RESPONDING) && !c->ans_f.close_after)
         conn_parse_ahead(c);
-    c->in_pump = 0;
+    c->in_f.in_pump = 0;
     if (c->state == CS_CLOSING) return;
     update_reading(c);
 }
@@ -597,7 +597,7 @@ conn_t *conn_create(loop_t *lp, const iv_transport_t *tp)
 
 void conn_attached(conn_t *c)
 {
-    c->tp_open = 1;
+    c->life_f.tp_open = 1;
     c->handles_open++;
 }
 

@@ -163,9 +163,9 @@ static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
     iv_buf_init(&sh);
     iv_enc_header(&sh, qs->fmt, &h);
     if (qs->gz_level) gz_wrap(qs, &sh, 1, 0);
-    if (c->chunked) iv_buf_printf(b, "%zx\r\n", sh.len);
+    if (c->ans_f.chunked) iv_buf_printf(b, "%zx\r\n", sh.len);
     iv_buf_append(b, sh.data, sh.len);
-    if (c->chunked) iv_buf_puts(b, "\r\n");
+    if (c->ans_f.chunked) iv_buf_puts(b, "\r\n");
     if (sh.oom) b->oom = 1;
     iv_buf_free(&sh);
     qs->headers_sent = 1;
@@ -193,9 +193,9 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
     if (!qs->headers_sent) stream_headers(c, qs, &b);
     if (last) {
         qs_count_block(qs, last);
-        if (c->chunked) iv_buf_printf(&b, "%zx\r\n", last->out.len);
+        if (c->ans_f.chunked) iv_buf_printf(&b, "%zx\r\n", last->out.len);
         iv_buf_append(&b, last->out.data, last->out.len);
-        if (c->chunked) iv_buf_puts(&b, "\r\n");
+        if (c->ans_f.chunked) iv_buf_puts(&b, "\r\n");
     }
     iv_buf_t t;
     iv_buf_init(&t);
@@ -211,12 +211,12 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
                               : e->msg;
         iv_enc_trailer(&t, qs->fmt, iv_error_status(rc), iv_error_code(rc),
                        error_for_client(rc, msg, red, sizeof red), qs->rows, qs->nnz);
-        c->close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
+        c->ans_f.close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
     if (qs->gz_level) gz_wrap(qs, &t, 0, 1);
-    if (c->chunked) iv_buf_printf(&b, "%zx\r\n", t.len);
+    if (c->ans_f.chunked) iv_buf_printf(&b, "%zx\r\n", t.len);
     iv_buf_append(&b, t.data, t.len);
-    if (c->chunked) iv_buf_puts(&b, "\r\n0\r\n\r\n");
+    if (c->ans_f.chunked) iv_buf_puts(&b, "\r\n0\r\n\r\n");
     iv_buf_free(&t);
     c->rows = qs->rows;
     c->nnz = qs->nnz;
@@ -333,7 +333,7 @@ static int qs_write_block(qstream_t *qs, job_t *j)
     j->tail[0] = j->tail[1] = NULL;
     job_free(j);
     qs->next_write++;
-    if (conn_writev(c, head, hlen, p, 3, c->chunked, qs, 0) != 0 || qs->c == NULL) return -1;
+    if (conn_writev(c, head, hlen, p, 3, c->ans_f.chunked, qs, 0) != 0 || qs->c == NULL) return -1;
     return 0;
 }
 

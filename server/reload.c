@@ -133,8 +133,8 @@ static void reply_deliver(server_t *s, void *arg)
     reply_t *r = arg;
     (void)s;
     conn_t *c = conn_by_id(r->lp, r->id);
-    if (c && c->reload_wait && c->active) {
-        c->reload_wait = 0;
+    if (c && c->life_f.reload_wait && c->ans_f.active) {
+        c->life_f.reload_wait = 0;
         if (r->status == 200) send_owned(c, 200, "application/json", &r->body, r->extra);
         else send_error(c, r->status, r->code, r->msg, r->extra);
     }

@@ -223,7 +223,7 @@ void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t co
                const char *extra)
 {
     iv_http_req_t *r = c->req;
-    int keep = r && r->keep_alive && !c->close_after && !c->lp->draining;
+    int keep = r && r->keep_alive && !c->ans_f.close_after && !c->lp->draining;
     iv_buf_printf(b, "HTTP/1.1 %d %s\r\nServer: ivserve/%s\r\n", status, iv_http_reason(status),
                   iv_version());
     if (ctype) iv_buf_printf(b, "Content-Type: %s\r\n", ctype);
@@ -231,11 +231,11 @@ void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t co
         iv_buf_printf(b, "Content-Length: %" PRId64 "\r\n", content_length);
     } else if (r && r->http_minor >= 1) {
         iv_buf_puts(b, "Transfer-Encoding: chunked\r\n");
-        c->chunked = 1;
+        c->ans_f.chunked = 1;
     } else {
         keep = 0;  /* HTTP/1.0 has no chunking: the end of the body is the close */
     }
-    if (!keep) c->close_after = 1;
+    if (!keep) c->ans_f.close_after = 1;
     iv_buf_puts(b, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
     put_cors(c, b);
     if (extra) iv_buf_puts(b, extra);
@@ -346,7 +346,7 @@ void access_log(conn_t *c, uint64_t bytes)
 {
     const iv_config_t *cfg = c->srv->cfg;
     char client[48];
-    iv_alog_client(client, sizeof client, c->peer, c->peer_ok ? c->peer_ip : NULL,
+    iv_alog_client(client, sizeof client, c->peer, c->life_f.peer_ok ? c->peer_ip : NULL,
                    c->req ? c->req->hdr[IV_H_X_FORWARDED_FOR] : NULL, cfg->trusted_proxies,
                    cfg->n_trusted_proxies);
     iv_alog_entry_t e = {
@@ -374,12 +374,12 @@ void req_reset(conn_t *c)
     iv_http_req_free(c->req);
     free(c->req);
     c->req = NULL;
-    c->log_pending = 0;
+    c->ans_f.log_pending = 0;
     c->dsid[0] = c->errmsg[0] = c->tokname[0] = '\0';
     c->cells = c->genes = -1;
     c->rows = c->nnz = 0;
     c->bytes = 0;
-    c->chunked = 0;
+    c->ans_f.chunked = 0;
     c->status = 0;
     c->t_end = 0;
 }
@@ -387,14 +387,14 @@ void req_reset(conn_t *c)
 /* Starts answering: a new sequence number, the compute deadline. */
 void resp_begin(conn_t *c, iv_http_req_t *req)
 {
-    c->active = 1;
+    c->ans_f.active = 1;
     c->seq++;
     c->req = req;
     c->t0 = uv_hrtime();
     c->bytes = 0;
-    c->resp_ended = 0;
-    c->expect_checked = 0;
-    if (c->lp->draining) c->close_after = 1;
+    c->ans_f.ended = 0;
+    c->in_f.expect_checked = 0;
+    if (c->lp->draining) c->ans_f.close_after = 1;
     conn_set_state(c, CS_DISPATCHED);
 }
 
@@ -402,7 +402,7 @@ void resp_begin(conn_t *c, iv_http_req_t *req)
  * reading, a refused connection): the connection closes after it. */
 void resp_begin_error(conn_t *c)
 {
-    c->close_after = 1;
+    c->ans_f.close_after = 1;
     resp_begin(c, NULL);
 }
 
@@ -411,13 +411,13 @@ void resp_begin_error(conn_t *c)
  * when that last write completes (resp_finished). */
 void req_done(conn_t *c)
 {
-    if (!c->active) return;
+    if (!c->ans_f.active) return;
     loop_t *lp = c->lp;
-    c->active = 0;
+    c->ans_f.active = 0;
     /* An admin reload answered otherwise (a timeout, the client left):
      * the reload goes on, and its summary is only logged. */
-    c->reload_wait = 0;
-    c->resp_ended = 1;
+    c->life_f.reload_wait = 0;
+    c->ans_f.ended = 1;
     c->t_end = uv_hrtime();
     free(c->dropped);
     free(c->dropped_hdr);
@@ -435,16 +435,16 @@ void req_done(conn_t *c)
         if (qs->inflight == 0 && qs->wq == 0) qs_free(qs);
         else qs_cancel(qs);
     }
-    if (c->req && !c->req->keep_alive) c->close_after = 1;
-    if (lp->draining) c->close_after = 1;
-    if (c->state != CS_CLOSING && (c->close_after || c->wpending)) {
+    if (c->req && !c->req->keep_alive) c->ans_f.close_after = 1;
+    if (lp->draining) c->ans_f.close_after = 1;
+    if (c->state != CS_CLOSING && (c->ans_f.close_after || c->wpending)) {
         /* The log line waits until the answer is out: a connection's last
          * answer until the close, to say how many bytes the client really
          * acknowledged; any other until its last write completed
          * (resp_finished), or until the connection is cut first (the write
          * timeout, the write budget), which logs it as cut, as the close
          * does. */
-        c->log_pending = 1;
+        c->ans_f.log_pending = 1;
         return;
     }
     access_log(c, c->bytes);

@@ -491,10 +491,10 @@ static void route_admin_reload(conn_t *c)
     }
     a->lp = c->lp;
     a->id = c->id;
-    c->reload_wait = 1;
+    c->life_f.reload_wait = 1;
     if (loop_call(&c->srv->loops[0], c->srv, reload_asked, a) != 0) {
         free(a);
-        c->reload_wait = 0;
+        c->life_f.reload_wait = 0;
         send_error(c, 503, "out_of_memory", "out of memory", NULL);
     }
 }

@@ -174,7 +174,7 @@ static void loop_stop(loop_t *lp)
     for (conn_t *c = lp->conns, *n; c; c = n) {
         n = c->next;
         if (is_reading_state(c)) conn_close(c);
-        else c->close_after = 1;
+        else c->ans_f.close_after = 1;
     }
     /* Work for clients that already left is not waited for. */
     for (qstream_t *qs = lp->streams; qs; qs = qs->next_live)

@@ -8,6 +8,7 @@
 #ifndef IV_SRV_CONN_H
 #define IV_SRV_CONN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,35 +50,47 @@ struct conn {
     uv_timer_t timer;
     const iv_transport_t *tp;  /* its transport (transport.h) */
     void *tp_ctx;         /* the transport's own state, if any */
-    int tp_open;          /* the transport is open: closed with the connection */
     server_t *srv;
     loop_t *lp;           /* the loop that owns its socket and timer */
     uint64_t id;          /* unique in the server's life (a reload's answer finds it by id) */
-    int reload_wait;      /* an admin reload's answer is awaited */
     conn_t *prev, *next;
     conn_state_t state;
     iv_http_in_t in;
     char *rbuf;
     size_t rlen, rcap;
-    int reading, handles_open, in_pump;
-    int active;           /* between resp_begin and req_done */
-    int shutting;         /* uv_shutdown called */
-    int close_after;      /* the connection ends after the current answer */
-    int peer_eof;         /* the client half-closed */
+    int handles_open;     /* its handles not closed yet (freed at 0) */
+    /* Its flags, by the side of the connection they are about (besides
+     * the state, which no flag duplicates). */
+    struct conn_input_flags {
+        bool reading;         /* the transport's reads are on */
+        bool in_pump;         /* conn_pump runs: a nested call returns at once */
+        bool peer_eof;        /* the client half-closed */
+        bool expect_checked;  /* Expect of the request being read was answered */
+        bool ahead_err;       /* the parser failed after the requests read ahead */
+    } in_f;
+    struct conn_answer_flags {
+        bool active;          /* between resp_begin and req_done */
+        bool ended;           /* its last bytes are queued (req_done ran) */
+        bool chunked;         /* its body goes as HTTP chunks */
+        bool log_pending;     /* its log line waits for the last write, or the
+                               * close (bytes delivered) */
+        bool close_after;     /* the connection ends after it */
+        bool shutting;        /* uv_shutdown called */
+    } ans_f;
+    struct conn_life_flags {
+        bool tp_open;         /* the transport is open: closed with the connection */
+        bool peer_ok;         /* peer_ip is known */
+        bool reload_wait;     /* an admin reload's answer is awaited */
+    } life_f;
     size_t wpending;      /* bytes in uv_write calls whose callbacks have not run */
     uint64_t last_progress; /* uv_now of the last completed write, for the write budget */
-    /* The answer being written: its sequence number and whether its last
-     * bytes are queued (req_done ran). */
-    uint64_t seq;
-    int resp_ended;
-    int expect_checked;   /* Expect of the request being read was answered */
+    uint64_t seq;         /* the answer being written: its sequence number */
     /* Requests parsed ahead while an answer is in flight, oldest first
      * (at most limits.max_pipeline of them, AHEAD_MAX_BYTES in all), and
      * whether the parser failed after them. */
     iv_http_req_t **ahead;
     unsigned n_ahead, ahead_first, ahead_cap;
     size_t ahead_bytes;
-    int ahead_err;
     /* DRAINING bookkeeping. */
     uint64_t drain_t0, drain_last_in, outq_t;
     size_t drain_bytes, outq_last;
@@ -90,14 +103,11 @@ struct conn {
     char tokname[TOKNAME_BYTES]; /* the answer's token name (never the token), or "" */
     int64_t cells, genes; /* the query's selection, -1 unknown */
     char peer[48];        /* the socket's peer address, as text */
-    unsigned char peer_ip[16]; /* the same, IPv4-mapped (cidr.h); peer_ok: known */
-    int peer_ok;
+    unsigned char peer_ip[16]; /* the same, IPv4-mapped (cidr.h); life_f.peer_ok: known */
     int64_t rows, nnz;
     uint64_t bytes;
     char errmsg[520];
-    int log_pending;      /* the log line waits for the last write, or the close (bytes delivered) */
     qstream_t *qs;
-    int chunked;
     char *dropped;        /* JSON {"obs":[...],"var":[...]} of names dropped by missing=ignore */
     char *dropped_hdr;    /* the same, bounded, for the header */
 };

@@ -155,6 +155,6 @@ int iv_tcp_open(conn_t *c, int fd)
     /* Answers go out as soon as they are written: with Nagle on, the last
      * small write of an answer waits for the client's delayed ACK. */
     uv_tcp_nodelay(&c->tcp, 1);
-    c->peer_ok = iv_alog_peer(&c->tcp, c->peer, sizeof c->peer, c->peer_ip) == 0;
+    c->life_f.peer_ok = iv_alog_peer(&c->tcp, c->peer, sizeof c->peer, c->peer_ip) == 0;
     return 0;
 }

@@ -253,7 +253,7 @@ static void complete_all(fake_t *f, double ms)
             complete1(f, 0);
             continue;
         }
-        if (!f->c->active && !f->c->n_ahead && f->c->state != CS_DISPATCHED) break;
+        if (!f->c->ans_f.active && !f->c->n_ahead && f->c->state != CS_DISPATCHED) break;
         step();
         usleep(200);
     }
@@ -628,7 +628,7 @@ static void pipeline_pair(const char *ra, const char *rb)
     feed_str(f, both);
     double end = now_ms() + 20000;
     while (now_ms() < end &&
-           (f->c->active || f->c->n_ahead || f->n_held || f->c->state == CS_DISPATCHED)) {
+           (f->c->ans_f.active || f->c->n_ahead || f->n_held || f->c->state == CS_DISPATCHED)) {
         if (!f->n_held) {
             step();
             usleep(200);
