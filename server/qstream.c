@@ -163,9 +163,7 @@ static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
     iv_buf_init(&sh);
     iv_enc_header(&sh, qs->fmt, &h);
     if (qs->gz_level) gz_wrap(qs, &sh, 1, 0);
-    if (c->ans_f.chunked) iv_buf_printf(b, "%zx\r\n", sh.len);
-    iv_buf_append(b, sh.data, sh.len);
-    if (c->ans_f.chunked) iv_buf_puts(b, "\r\n");
+    body_frame(c, b, sh.data, sh.len);
     if (sh.oom) b->oom = 1;
     iv_buf_free(&sh);
     qs->headers_sent = 1;
@@ -193,9 +191,7 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
     if (!qs->headers_sent) stream_headers(c, qs, &b);
     if (last) {
         qs_count_block(qs, last);
-        if (c->ans_f.chunked) iv_buf_printf(&b, "%zx\r\n", last->out.len);
-        iv_buf_append(&b, last->out.data, last->out.len);
-        if (c->ans_f.chunked) iv_buf_puts(&b, "\r\n");
+        body_frame(c, &b, last->out.data, last->out.len);
     }
     iv_buf_t t;
     iv_buf_init(&t);
@@ -214,9 +210,8 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
         c->ans_f.close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
     if (qs->gz_level) gz_wrap(qs, &t, 0, 1);
-    if (c->ans_f.chunked) iv_buf_printf(&b, "%zx\r\n", t.len);
-    iv_buf_append(&b, t.data, t.len);
-    if (c->ans_f.chunked) iv_buf_puts(&b, "\r\n0\r\n\r\n");
+    body_frame(c, &b, t.data, t.len);
+    body_end(c, &b);
     iv_buf_free(&t);
     c->rows = qs->rows;
     c->nnz = qs->nnz;

@@ -266,6 +266,19 @@ static void send_resp(conn_t *c, iv_buf_t *head, const char *body, size_t len, i
     if (conn_write(c, p, n, body, len, body_own, 0, NULL, 1) == 0) req_done(c);
 }
 
+void body_frame(const conn_t *c, iv_buf_t *b, const void *p, size_t len)
+{
+    if (!len) return;
+    if (c->ans_f.chunked) iv_buf_printf(b, "%zx\r\n", len);
+    iv_buf_append(b, p, len);
+    if (c->ans_f.chunked) iv_buf_puts(b, "\r\n");
+}
+
+void body_end(const conn_t *c, iv_buf_t *b)
+{
+    if (c->ans_f.chunked) iv_buf_puts(b, "0\r\n\r\n");
+}
+
 void send_buf_done(conn_t *c, iv_buf_t *b)
 {
     send_resp(c, b, NULL, 0, 0);

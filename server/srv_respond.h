@@ -45,6 +45,13 @@ int origin_allowed(const server_t *s, const char *origin);
 void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
                const char *extra);
 void send_buf_done(conn_t *c, iv_buf_t *b);
+/* A body's framing where the answer builds the bytes of a write itself
+ * (conn_writev frames its pieces with chunk set): body_frame appends
+ * p[0..len) as one HTTP chunk when c's answer is chunked, as it is
+ * otherwise (nothing for len 0: an empty chunk would end the body);
+ * body_end appends the last chunk when chunked. */
+void body_frame(const conn_t *c, iv_buf_t *b, const void *p, size_t len);
+void body_end(const conn_t *c, iv_buf_t *b);
 void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
                  const char *extra);
 void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra);
