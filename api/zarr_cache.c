@@ -2,21 +2,16 @@
  * The X chunks served last, and uns (see zarr_cache.h).
  *
  * Design.  Chunk k of X/indices and chunk k of X/data are the same
- * entries: one decode gives both.  A request for one part decodes the
- * chunk and encodes that part (zstd, zarr_chunk.c) into a slot of a small
- * table; a request for the other part that comes while the decode runs
- * (Vitessce asks for both at once) asks the same decode to encode its
- * part too, and waits for it (single flight).  A request for the other
- * part that comes later decodes the chunk again and adds its part to the
- * slot: a whole-matrix reader (anndata's read_zarr: every chunk of
- * X/data, then every chunk of X/indices) gets its values after half the
- * compression, and the indices' compression runs while the client
- * decodes the values instead of before (the server's cores are idle
- * then).  A decode is a fifth of a part's encoding, so the second one
- * costs less than what it moves.  A client reading the same region again
- * costs a copy, not a decode and a compression.  The parts held are
- * bounded by CACHE_BYTES a dataset, in at most SLOTS slots; chunks whose
- * both parts were served are dropped first, then the least recently used.
+ * entries: one decode gives both.  Clients ask for the two together
+ * (Vitessce at once, zarr-python one array after the other), so the
+ * decode of a chunk fills both parts, encoded as they are served (zstd,
+ * zarr_chunk.c), into a slot of a small table and the request for the
+ * other part copies them out; a client reading the same region again
+ * costs a copy, not a decode and a compression.  A request that finds
+ * its chunk being filled waits for it (single flight) instead of
+ * decoding it a second time.  The parts held are bounded by CACHE_BYTES
+ * a dataset, in at most SLOTS slots; chunks whose both parts were served
+ * are dropped first, then the least recently used.
  */
 #include "zarr_cache.h"
 
@@ -36,14 +31,11 @@
 enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
 
 typedef struct slot {
-    int state;                /* FILLING: a request is decoding the chunk, encoding `filling` */
+    int state;
     const void *mx;
     int csr;
     int64_t chunk, k;
-    iv_buf_t parts[2];        /* indices, values: the bytes served (those of `have`) */
-    unsigned have;            /* bit p: parts[p] is encoded (any state) */
-    unsigned filling;         /* bit p: part p is being encoded by the slot's filler */
-    unsigned wanted;          /* bit p: a request waits for part p, which the filler will encode */
+    iv_buf_t parts[2];        /* indices, values: the bytes served */
     unsigned served;          /* bit p: part p was served (both: dropped first) */
     uint64_t used;            /* last use, for LRU */
 } slot_t;
@@ -52,7 +44,7 @@ struct iv_zarr_cache {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t clock;
-    size_t bytes;             /* of the slots' encoded parts (`have`) */
+    size_t bytes;             /* of the READY slots' parts */
     slot_t s[SLOTS];
     int uns_state;            /* UNS_* */
     iv_uns_t *uns;
@@ -74,20 +66,13 @@ iv_zarr_cache_t *iv_zarr_cache_new(void)
     return c;
 }
 
-/* The bytes of s's encoded parts. */
-static size_t slot_bytes(const slot_t *s)
-{
-    return (s->have & 1 ? s->parts[0].len : 0) + (s->have & 2 ? s->parts[1].len : 0);
-}
-
 static void slot_drop(iv_zarr_cache_t *c, slot_t *s)
 {
-    c->bytes -= slot_bytes(s);
+    if (s->state == SLOT_READY) c->bytes -= s->parts[0].len + s->parts[1].len;
     iv_buf_free(&s->parts[0]);
     iv_buf_free(&s->parts[1]);
     iv_buf_init(&s->parts[0]);
     iv_buf_init(&s->parts[1]);
-    s->have = s->filling = s->wanted = 0;
     s->state = SLOT_EMPTY;
 }
 
@@ -107,10 +92,16 @@ static int copy_part(const iv_buf_t *part, iv_buf_t *out, iv_err_t *err)
     return out->oom ? iv_fail(err, IV_ENOMEM, "out of memory for a chunk") : 0;
 }
 
-static int fill_scratch(int part, iv_buf_t *out, const iv_zarr_filler_t *fill, iv_err_t *err)
+static int fill_scratch(int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err)
 {
-    IV_TRY(fill->decode(fill->ctx, err));
-    return fill->encode(fill->ctx, part, out, err);
+    iv_buf_t parts[2];
+    iv_buf_init(&parts[0]);
+    iv_buf_init(&parts[1]);
+    int rc = fill(ctx, parts, err);
+    if (rc == 0) rc = copy_part(&parts[want_val ? 1 : 0], out, err);
+    iv_buf_free(&parts[0]);
+    iv_buf_free(&parts[1]);
+    return rc;
 }
 
 /* Whether slot a should be dropped before slot b: empty ones first, then
@@ -155,86 +146,52 @@ static void trim_locked(iv_zarr_cache_t *c, const slot_t *keep)
     }
 }
 
-/* Decodes s's chunk and encodes its part `part`, copied to out, then
- * the parts that requests ask for meanwhile; each is published as it is
- * done.  s is FILLING and this request's: no one else writes the parts
- * it has not (`have`).  Drops s on failure. */
-static int fill_slot(iv_zarr_cache_t *c, slot_t *s, int part, iv_buf_t *out, const iv_zarr_filler_t *fill,
-                     iv_err_t *err)
-{
-    int rc = fill->decode(fill->ctx, err);
-    unsigned todo = 1u << part;
-    while (todo) {
-        for (int p = 0; rc == 0 && p < 2; p++) {
-            if (!(todo & (1u << p))) continue;
-            s->parts[p].len = 0;
-            rc = fill->encode(fill->ctx, p, &s->parts[p], err);
-            if (rc == 0 && p == part) rc = copy_part(&s->parts[p], out, err);
-        }
-        pthread_mutex_lock(&c->mu);
-        if (rc == 0) {
-            s->have |= todo;
-            s->filling &= ~todo;
-            c->bytes += (todo & 1 ? s->parts[0].len : 0) + (todo & 2 ? s->parts[1].len : 0);
-            todo = s->wanted & ~s->have;
-            s->wanted = 0;
-            s->filling |= todo;
-            if (!todo) s->state = SLOT_READY;
-            trim_locked(c, s);
-        } else {
-            slot_drop(c, s);
-            todo = 0;
-        }
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-    }
-    return rc;
-}
-
 int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
-                      int want_val, iv_buf_t *out, const iv_zarr_filler_t *fill, iv_err_t *err)
+                      int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err)
 {
-    int part = want_val ? 1 : 0;
-    unsigned bit = 1u << part;
-    if (!c) return fill_scratch(part, out, fill, err);
+    if (!c) return fill_scratch(want_val, out, fill, ctx, err);
     pthread_mutex_lock(&c->mu);
     slot_t *s;
     int hit;
     for (;;) {
         s = find_locked(c, mx, csr, chunk, k, &hit);
-        if (!hit || (s->have & bit) || s->state != SLOT_FILLING) break;
-        /* Being decoded: its filler encodes this part too. */
-        if (!(s->filling & bit)) s->wanted |= bit;
-        pthread_cond_wait(&c->cv, &c->mu);
+        if (!hit || s->state == SLOT_READY) break;
+        pthread_cond_wait(&c->cv, &c->mu);  /* being filled by another request */
     }
-    if (hit && (s->have & bit)) {
-        s->used = ++c->clock;
-        s->served |= bit;
-        int rc = copy_part(&s->parts[part], out, err);
+    if (hit || !s) {
+        int rc = 0;
+        if (hit) {
+            s->used = ++c->clock;
+            s->served |= 1u << (want_val ? 1 : 0);
+            rc = copy_part(&s->parts[want_val ? 1 : 0], out, err);
+        }
         pthread_mutex_unlock(&c->mu);
-        return rc;
+        return hit ? rc : fill_scratch(want_val, out, fill, ctx, err);
     }
-    if (!s) {
-        pthread_mutex_unlock(&c->mu);
-        return fill_scratch(part, out, fill, err);
-    }
-    if (!hit) {
-        /* A victim's buffers are kept (their pages are faulted in already). */
-        c->bytes -= slot_bytes(s);
-        s->have = 0;
-        s->served = 0;
-        s->mx = mx;
-        s->csr = csr;
-        s->chunk = chunk;
-        s->k = k;
-    }
+    if (s->state == SLOT_READY) c->bytes -= s->parts[0].len + s->parts[1].len;
+    s->parts[0].len = s->parts[1].len = 0;
     s->state = SLOT_FILLING;
-    s->filling = bit;
-    s->wanted = 0;
-    s->served |= bit;
+    s->served = 1u << (want_val ? 1 : 0);
+    s->mx = mx;
+    s->csr = csr;
+    s->chunk = chunk;
+    s->k = k;
     s->used = ++c->clock;
     pthread_mutex_unlock(&c->mu);
-    return fill_slot(c, s, part, out, fill, err);
+    /* The slot is this request's while FILLING: no one else touches its parts. */
+    int rc = fill(ctx, s->parts, err);
+    if (rc == 0) rc = copy_part(&s->parts[want_val ? 1 : 0], out, err);
+    pthread_mutex_lock(&c->mu);
+    if (rc == 0) {
+        s->state = SLOT_READY;
+        c->bytes += s->parts[0].len + s->parts[1].len;
+        trim_locked(c, s);
+    } else {
+        slot_drop(c, s);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t **out, iv_err_t *err)

@@ -19,30 +19,20 @@ typedef struct iv_zarr_cache iv_zarr_cache_t;
 iv_zarr_cache_t *iv_zarr_cache_new(void);
 void iv_zarr_cache_free(iv_zarr_cache_t *c);
 
-/* How a chunk's parts are made, in two steps over ctx: decode the chunk
- * (both parts' raw bytes, held by ctx), then encode part p (0: indices,
- * 1: values) as it goes on the wire, appending it to out (empty), for
- * each part wanted.  Both return 0 or a negative error.  The two run on
- * the same thread, decode first. */
-typedef struct iv_zarr_filler {
-    int (*decode)(void *ctx, iv_err_t *err);
-    int (*encode)(void *ctx, int part, iv_buf_t *out, iv_err_t *err);
-    void *ctx;
-} iv_zarr_filler_t;
+/* Fills parts[0] with chunk k's indices and parts[1] with its values,
+ * each as it goes on the wire (encoded per the array's compressor); both
+ * come empty.  Returns 0 or a negative error. */
+typedef int (*iv_zarr_fill_fn)(void *ctx, iv_buf_t parts[2], iv_err_t *err);
 
 /*
  * Appends chunk (mx, csr, chunk, k)'s indices (want_val 0) or values to
  * out (mx: the matrix, X or another, as a key): from the cache, or
- * encoded once by fill while the requests for the same part wait for it.
- * A fill encodes the part asked for and the other part only when a
- * request for it came while the chunk was being decoded (Vitessce asks
- * for both at once); a request for the other part later decodes the
- * chunk again (anndata's read_zarr asks for every chunk's values before
- * any indices: their encoding then waits for the second pass).  c may be
- * NULL: fill into scratch buffers every time.
+ * filled once by fill while the requests for the same chunk wait for it
+ * (a client asks for both parts at once).  c may be NULL: fill into
+ * scratch buffers every time.
  */
 int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
-                      int want_val, iv_buf_t *out, const iv_zarr_filler_t *fill, iv_err_t *err);
+                      int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err);
 
 /* The dataset's uns entries (uns.h), read from path on the first call
  * (the callers of the same time wait for that read) and kept; NULL when

@@ -19,9 +19,9 @@
  * are copied out.  A chunk costs the decode of at most C entries plus the
  * two slices it cuts, whatever the matrix size.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
 
 #include "h5write.h"
 #include "query.h"
@@ -116,7 +116,7 @@ static int64_t lower_bound(const ptrs_t *p, int64_t n, int64_t v)
     return lo;
 }
 
-/* One chunk's decode: both parts, indices and values (iv_zarr_filler_t's ctx). */
+/* One chunk's decode: both parts, indices and values. */
 typedef struct xfill {
     iv_dataset_t *ds;         /* the matrix (its shape, the query engine's entry) */
     iv_dataset_t *md;         /* its orientation read */
@@ -124,15 +124,12 @@ typedef struct xfill {
     int64_t C, k;
     int zstd;
     iv_dtype_t idx_vt, val_vt;
-    uint8_t *raw;             /* the decoded parts: indices (C entries), then values */
-    uint8_t *own;             /* raw when it is not the thread's buffer (freed by the caller) */
 } xfill_t;
 
 /* Copies the entries of one decoded block that fall in [lo, hi) into the
- * chunk's parts (entry lo at idx[0], val[0]), adding their count to
- * *copied. */
+ * chunk's parts (entry lo at idx[0], val[0]). */
 static int copy_block(const xfill_t *f, const iv_block_t *blk, const ptrs_t *p, int64_t lo,
-                      int64_t hi, uint8_t *idx, uint8_t *val, int64_t *copied, iv_err_t *err)
+                      int64_t hi, uint8_t *idx, uint8_t *val, iv_err_t *err)
 {
     size_t isz = iv_dtype_size(f->idx_vt), vsz = iv_dtype_size(f->val_vt);
     if (blk->dtype != f->val_vt)
@@ -149,7 +146,6 @@ static int copy_block(const xfill_t *f, const iv_block_t *blk, const ptrs_t *p, 
         if (e <= s) continue;
         int64_t t = blk->indptr[r] + s - start;
         size_t n_copy = (size_t)(e - s);
-        *copied += e - s;
         memcpy(val + (size_t)(s - lo) * vsz, (const uint8_t *)blk->data + (size_t)t * vsz, n_copy * vsz);
         uint8_t *d = idx + (size_t)(s - lo) * isz;
         if ((size_t)blk->index_size == isz) {
@@ -190,11 +186,8 @@ static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
     ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
     int64_t C = f->C, j0 = 0, j1 = 0;
     int64_t lo = f->k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
-    size_t isz = iv_dtype_size(f->idx_vt), vsz = iv_dtype_size(f->val_vt);
-    /* The decode writes [0, hi - lo) (checked below); the edge chunk's
-     * padding is the fill value. */
-    memset(idx + (size_t)(hi - lo) * isz, 0, (size_t)(C - (hi - lo)) * isz);
-    memset(val + (size_t)(hi - lo) * vsz, 0, (size_t)(C - (hi - lo)) * vsz);
+    memset(idx, 0, (size_t)C * iv_dtype_size(f->idx_vt));
+    memset(val, 0, (size_t)C * iv_dtype_size(f->val_vt));
     IV_TRY(x_slices(&p, f->csr ? in->n_rows : in->n_cols, in->nnz, lo, hi, &j0, &j1, err));
     int64_t n = j1 - j0;
     int64_t *ids = malloc((size_t)n * sizeof *ids);
@@ -209,20 +202,14 @@ static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
     int rc = iv_query_new(f->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
     free(ids);
     if (rc == 0) rc = iv_query_prepare(q, NULL, err);
-    int64_t copied = 0;
     for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
         rc = iv_query_decode_block(q, b, &blk, err);
-        if (rc == 0) rc = copy_block(f, &blk, &p, lo, hi, idx, val, &copied, err);
+        if (rc == 0) rc = copy_block(f, &blk, &p, lo, hi, idx, val, err);
         iv_block_free(&blk);
     }
     iv_query_free(q);
-    /* The parts are a reused buffer: every entry of the range must have
-     * been written, or an earlier chunk's bytes would be served. */
-    if (rc == 0 && copied != hi - lo)
-        rc = iv_fail(err, IV_ECORRUPT, "X: chunk %lld decoded %lld of its %lld entries", (long long)f->k,
-                     (long long)copied, (long long)(hi - lo));
     return rc;
 }
 
@@ -245,64 +232,19 @@ static int encode_chunk(int zstd, const uint8_t *raw, size_t n, iv_buf_t *out, i
     return 0;
 }
 
-/* A thread's buffer for the raw parts of the chunk it decodes, which
- * the encodes that follow read (zarr_cache.c runs them on the decoding
- * thread), kept from chunk to chunk (at most 16 bytes an entry: 1 MiB
- * a thread at 65,536 entries) and freed when the thread exits. */
-typedef struct raw_buf {
-    size_t cap;
-    uint8_t bytes[];
-} raw_buf_t;
-
-static pthread_key_t raw_key;
-static pthread_once_t raw_once = PTHREAD_ONCE_INIT;
-static int raw_key_ok;
-
-static void raw_init_key(void)
-{
-    raw_key_ok = pthread_key_create(&raw_key, free) == 0;
-}
-
-/* This thread's buffer of at least n bytes, or NULL (out of memory, or
- * no thread key: the caller allocates its own). */
-static uint8_t *thread_raw(size_t n)
-{
-    pthread_once(&raw_once, raw_init_key);
-    if (!raw_key_ok) return NULL;
-    raw_buf_t *b = pthread_getspecific(raw_key);
-    if (b && b->cap >= n) return b->bytes;
-    raw_buf_t *nb = malloc(sizeof *nb + n);
-    if (!nb) return NULL;
-    nb->cap = n;
-    if (pthread_setspecific(raw_key, nb) != 0) {
-        free(nb);
-        return NULL;
-    }
-    free(b);
-    return nb->bytes;
-}
-
-/* iv_zarr_filler_t's decode: chunk f->k's raw parts into f->raw (this
- * thread's buffer, else f->own). */
-static int x_decode_raw(void *ctx, iv_err_t *err)
-{
-    xfill_t *f = ctx;
-    size_t n_idx = (size_t)f->C * iv_dtype_size(f->idx_vt);
-    size_t n_val = (size_t)f->C * iv_dtype_size(f->val_vt);
-    if (!(f->raw = thread_raw(n_idx + n_val)) && !(f->raw = f->own = malloc(n_idx + n_val)))
-        return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
-    return x_decode(f, f->raw, f->raw + n_idx, err);
-}
-
-/* iv_zarr_filler_t's encode: raw part `part` as the array's compressor
- * encodes it. */
-static int x_encode(void *ctx, int part, iv_buf_t *out, iv_err_t *err)
+/* iv_zarr_fill_fn: chunk f->k's two parts, decoded then encoded. */
+static int x_fill(void *ctx, iv_buf_t parts[2], iv_err_t *err)
 {
     const xfill_t *f = ctx;
     size_t n_idx = (size_t)f->C * iv_dtype_size(f->idx_vt);
     size_t n_val = (size_t)f->C * iv_dtype_size(f->val_vt);
-    return part ? encode_chunk(f->zstd, f->raw + n_idx, n_val, out, err)
-                : encode_chunk(f->zstd, f->raw, n_idx, out, err);
+    uint8_t *raw = malloc(n_idx + n_val);
+    if (!raw) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
+    int rc = x_decode(f, raw, raw + n_idx, err);
+    if (rc == 0) rc = encode_chunk(f->zstd, raw, n_idx, &parts[0], err);
+    if (rc == 0) rc = encode_chunk(f->zstd, raw + n_idx, n_val, &parts[1], err);
+    free(raw);
+    return rc;
 }
 
 static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
@@ -314,10 +256,8 @@ static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t
         .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k, .zstd = a->zstd,
         .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
     };
-    iv_zarr_filler_t fill = {x_decode_raw, x_encode, &f};
-    int rc = iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, a->src == ZS_X_DATA, out, &fill, err);
-    free(f.own);
-    return rc;
+    return iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, a->src == ZS_X_DATA, out, x_fill,
+                             &f, err);
 }
 
 static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_buf_t *out,

@@ -8,11 +8,9 @@
  * shape; absent keys are IV_ENOT_FOUND.
  */
 #include <check.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <zstd.h>
@@ -212,127 +210,6 @@ START_TEST(metadata_nodes_and_chunk_sizes)
 }
 END_TEST
 
-/* A filler of zarr_cache.h counting its decodes and encodes (shared by
- * the threads of a test); part p of chunk k is the 4 bytes "Ipk"/"Vpk". */
-typedef struct counts {
-    int decodes, encodes[2];
-    int gate;                 /* decodes wait while 0 (read atomically) */
-} counts_t;
-
-typedef struct fake {
-    counts_t *n;
-    int64_t k;
-    int decoded;
-} fake_t;
-
-static int fake_decode(void *ctx, iv_err_t *err)
-{
-    (void)err;
-    fake_t *f = ctx;
-    while (!__atomic_load_n(&f->n->gate, __ATOMIC_ACQUIRE))
-        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
-    __atomic_fetch_add(&f->n->decodes, 1, __ATOMIC_ACQ_REL);
-    f->decoded = 1;
-    return 0;
-}
-
-static int fake_encode(void *ctx, int part, iv_buf_t *out, iv_err_t *err)
-{
-    (void)err;
-    fake_t *f = ctx;
-    ck_assert(f->decoded);
-    __atomic_fetch_add(&f->n->encodes[part], 1, __ATOMIC_ACQ_REL);
-    char b[4] = {part ? 'V' : 'I', 'p', (char)('0' + part), (char)('0' + f->k)};
-    iv_buf_append(out, b, 4);
-    return 0;
-}
-
-static void part_is(const iv_buf_t *b, int part, int64_t k)
-{
-    char want[4] = {part ? 'V' : 'I', 'p', (char)('0' + part), (char)('0' + k)};
-    ck_assert_uint_eq(b->len, 4);
-    ck_assert(memcmp(b->data, want, 4) == 0);
-}
-
-/* Part `part` of chunk k of one matrix (a key: fake_mx). */
-static const char fake_mx = 0;
-
-static int cache_get(iv_zarr_cache_t *c, counts_t *n, int64_t k, int part, iv_buf_t *out)
-{
-    fake_t f = {.n = n, .k = k};
-    iv_zarr_filler_t fill = {fake_decode, fake_encode, &f};
-    iv_err_t err = {0};
-    out->len = 0;
-    return iv_zarr_cache_get(c, &fake_mx, 0, 4, k, part, out, &fill, &err);
-}
-
-typedef struct getter {
-    iv_zarr_cache_t *c;
-    counts_t *n;
-    int64_t k;
-    int part, rc;
-    iv_buf_t out;
-} getter_t;
-
-static void *getter_run(void *arg)
-{
-    getter_t *g = arg;
-    g->rc = cache_get(g->c, g->n, g->k, g->part, &g->out);
-    return NULL;
-}
-
-/* The cache's fills (zarr_cache.h): a part asked for alone is encoded
- * alone (the other one decodes again when asked for, once); a part asked
- * for while the chunk is being decoded comes from that decode. */
-START_TEST(cache_fills_parts)
-{
-    iv_zarr_cache_t *c = iv_zarr_cache_new();
-    ck_assert_ptr_nonnull(c);
-    counts_t n = {.gate = 1};
-    iv_buf_t b;
-    iv_buf_init(&b);
-    /* anndata's read_zarr: every chunk's values, then every chunk's
-     * indices, then both again. */
-    for (int pass = 0; pass < 3; pass++) {
-        for (int part = 1; part >= 0; part--) {
-            for (int64_t k = 0; k < 4; k++) {
-                ck_assert_int_eq(cache_get(c, &n, k, part, &b), 0);
-                part_is(&b, part, k);
-            }
-        }
-        ck_assert_int_eq(n.decodes, 8);
-        ck_assert_int_eq(n.encodes[0], 4);
-        ck_assert_int_eq(n.encodes[1], 4);
-    }
-    iv_buf_free(&b);
-    iv_zarr_cache_free(c);
-
-    /* Vitessce: both parts at once.  The indices' decode is held until
-     * the request for the values waits on it. */
-    c = iv_zarr_cache_new();
-    counts_t m = {.gate = 0};
-    getter_t g[2] = {{.c = c, .n = &m, .k = 7, .part = 0}, {.c = c, .n = &m, .k = 7, .part = 1}};
-    iv_buf_init(&g[0].out);
-    iv_buf_init(&g[1].out);
-    pthread_t t[2];
-    ck_assert_int_eq(pthread_create(&t[0], NULL, getter_run, &g[0]), 0);
-    nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);  /* the first is the filler */
-    ck_assert_int_eq(pthread_create(&t[1], NULL, getter_run, &g[1]), 0);
-    nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);  /* the second waits */
-    __atomic_store_n(&m.gate, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < 2; i++) {
-        pthread_join(t[i], NULL);
-        ck_assert_int_eq(g[i].rc, 0);
-        part_is(&g[i].out, i, 7);
-        iv_buf_free(&g[i].out);
-    }
-    ck_assert_int_eq(m.decodes, 1);
-    ck_assert_int_eq(m.encodes[0], 1);
-    ck_assert_int_eq(m.encodes[1], 1);
-    iv_zarr_cache_free(c);
-}
-END_TEST
-
 int main(void)
 {
     Suite *s = suite_create("zarr");
@@ -340,7 +217,6 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, both_orientations_same_matrix);
     tcase_add_test(tc, metadata_nodes_and_chunk_sizes);
-    tcase_add_test(tc, cache_fills_parts);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
