@@ -1,9 +1,8 @@
 /*
- * Response encoders (see encode.h for the wire formats).
+ * Response encoders (see encode.h for the wire formats): the table of
+ * streamed encodings (one file each: enc_binary.c, enc_ndjson.c), the
+ * whole JSON document (iv_jdoc_*), and what they share (enc_impl.h).
  *
- * The binary frames copy the engine's arrays as they are: the engine hands
- * out native-endian arrays and every supported host is little-endian, which
- * the static assertion below pins, so a block costs one memcpy per array.
  * JSON number formatting is the expensive part of the text encodings; it
  * uses the shortest printf forms that round-trip (%.9g for float32, %.17g
  * for float64) so a client reads back exactly the stored value.
@@ -15,9 +14,43 @@
 #include <stdio.h>
 #include <string.h>
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the binary wire format copies native arrays and needs a little-endian host"
-#endif
+#include "enc_impl.h"
+
+/* The streamed encodings, by format. */
+static const iv_encoder_t *const encoders[] = {&iv_enc_binary, &iv_enc_ndjson};
+
+const iv_encoder_t *iv_encoder_of(iv_fmt_t f)
+{
+    for (size_t i = 0; i < sizeof encoders / sizeof encoders[0]; i++)
+        if (encoders[i]->fmt == f) return encoders[i];
+    return NULL;
+}
+
+void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
+{
+    const iv_encoder_t *e = iv_encoder_of(f);
+    if (e) e->header(b, h);
+}
+
+void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_block_t *blk)
+{
+    const iv_encoder_t *e = iv_encoder_of(f);
+    if (e) e->block(b, h, blk);
+}
+
+/* A block of cell rows: the header that says so. */
+void iv_enc_block(iv_buf_t *b, iv_fmt_t f, const iv_block_t *blk)
+{
+    iv_stream_hdr_t h = {.dtype = blk->dtype, .index_size = blk->index_size};
+    iv_enc_block_h(b, f, &h, blk);
+}
+
+void iv_enc_trailer(iv_buf_t *b, iv_fmt_t f, int err_status, const char *code, const char *msg,
+                    int64_t rows, int64_t nnz)
+{
+    const iv_encoder_t *e = iv_encoder_of(f);
+    if (e) e->trailer(b, err_status, code, msg, rows, nnz);
+}
 
 /* The wire names are part of the documented format, so they live here
  * rather than depend on the engine's spelling. */
@@ -39,16 +72,9 @@ const char *iv_wire_dtype_name(iv_dtype_t t)
     return (unsigned)t < IV_DT_COUNT ? wire_name[t] : "unknown";
 }
 
-static size_t value_size(iv_dtype_t t)
+size_t iv_enc_value_size(iv_dtype_t t)
 {
     return (unsigned)t < IV_DT_COUNT ? wire_size[t] : 0;
-}
-
-static void put_descr(iv_buf_t *b, const char *d)
-{
-    char s[8] = {0};
-    memcpy(s, d, strlen(d) < 8 ? strlen(d) : 8);
-    iv_buf_append(b, s, 8);
 }
 
 void iv_enc_json_value(iv_buf_t *b, iv_dtype_t t, const void *base, int64_t i)
@@ -86,14 +112,14 @@ static void put_i64(iv_buf_t *b, int64_t v)
     iv_buf_append(b, s, (size_t)n);
 }
 
-static int64_t block_index(const iv_block_t *blk, int64_t i)
+int64_t iv_enc_block_index(const iv_block_t *blk, int64_t i)
 {
     return blk->index_size == 4 ? ((const int32_t *)blk->indices)[i]
                                 : ((const int64_t *)blk->indices)[i];
 }
 
 /* Comma-separated numbers, no brackets; `sep_first` puts a comma before the first. */
-static void put_i64_list(iv_buf_t *b, const int64_t *v, int64_t n, int64_t add, int sep_first)
+void iv_enc_put_i64_list(iv_buf_t *b, const int64_t *v, int64_t n, int64_t add, int sep_first)
 {
     for (int64_t i = 0; i < n; i++) {
         if (i || sep_first) iv_buf_append(b, ",", 1);
@@ -101,15 +127,15 @@ static void put_i64_list(iv_buf_t *b, const int64_t *v, int64_t n, int64_t add, 
     }
 }
 
-static void put_indices(iv_buf_t *b, const iv_block_t *blk, int sep_first)
+void iv_enc_put_indices(iv_buf_t *b, const iv_block_t *blk, int sep_first)
 {
     for (int64_t i = 0; i < blk->nnz; i++) {
         if (i || sep_first) iv_buf_append(b, ",", 1);
-        put_i64(b, block_index(blk, i));
+        put_i64(b, iv_enc_block_index(blk, i));
     }
 }
 
-static void put_values(iv_buf_t *b, const iv_block_t *blk, int sep_first)
+void iv_enc_put_values(iv_buf_t *b, const iv_block_t *blk, int sep_first)
 {
     for (int64_t i = 0; i < blk->nnz; i++) {
         if (i || sep_first) iv_buf_append(b, ",", 1);
@@ -129,71 +155,17 @@ iv_stream_hdr_t iv_stream_hdr_of(const iv_query_t *q, int dense)
     return h;
 }
 
-/* Row r of a gene-row block as n_cells values (zero bits where nothing is
- * stored), appended to b. */
-static void put_dense_row(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t n_cells)
-{
-    size_t vs = value_size(blk->dtype);
-    if (iv_buf_reserve(b, (size_t)n_cells * vs) != 0) return;
-    char *dst = b->data + b->len;
-    memset(dst, 0, (size_t)n_cells * vs);
-    for (int64_t p = blk->indptr[r]; p < blk->indptr[r + 1]; p++) {
-        int64_t c = block_index(blk, p);
-        if (c >= 0 && c < n_cells)
-            memcpy(dst + (size_t)c * vs, (const char *)blk->data + (size_t)p * vs, vs);
-    }
-    b->len += (size_t)n_cells * vs;
-}
-
 /* Row r of a gene-row block as a JSON array of n_cells values. */
-static void put_dense_json(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t n_cells)
+void iv_enc_put_dense_json(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t n_cells)
 {
     iv_buf_puts(b, "[");
     int64_t p = blk->indptr[r], e = blk->indptr[r + 1];
     for (int64_t c = 0; c < n_cells; c++) {
         if (c) iv_buf_append(b, ",", 1);
-        if (p < e && block_index(blk, p) == c) iv_enc_json_value(b, blk->dtype, blk->data, p++);
+        if (p < e && iv_enc_block_index(blk, p) == c) iv_enc_json_value(b, blk->dtype, blk->data, p++);
         else iv_buf_append(b, "0", 1);
     }
     iv_buf_puts(b, "]");
-}
-
-void iv_enc_block_h(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h, const iv_block_t *blk)
-{
-    if (!h->by_var) {
-        iv_enc_block(b, f, blk);
-        return;
-    }
-    if (f == IV_FMT_BINARY && !h->dense) {
-        iv_enc_block_head(b, h, blk, 1);
-    } else if (f == IV_FMT_BINARY) {
-        iv_buf_u32le(b, IV_WIRE_DENSE_BLOCK);
-        iv_buf_u32le(b, 0);
-        iv_buf_i64le(b, blk->n_rows);
-        iv_buf_i64le(b, h->n_rows);
-        iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
-        for (int64_t r = 0; r < blk->n_rows; r++) put_dense_row(b, blk, r, h->n_rows);
-    } else if (f == IV_FMT_NDJSON) {
-        iv_buf_printf(b, "{\"type\":\"block\",\"row0\":%" PRId64 ",\"n_rows\":%" PRId64
-                      ",\"nnz\":%" PRId64 ",\"var\":[", blk->row0, blk->n_rows, blk->nnz);
-        put_i64_list(b, blk->ids, blk->n_rows, 0, 0);
-        if (h->dense) {
-            iv_buf_puts(b, "],\"data\":[");
-            for (int64_t r = 0; r < blk->n_rows; r++) {
-                if (r) iv_buf_append(b, ",", 1);
-                put_dense_json(b, blk, r, h->n_rows);
-            }
-            iv_buf_puts(b, "]}\n");
-            return;
-        }
-        iv_buf_puts(b, "],\"indptr\":[");
-        put_i64_list(b, blk->indptr, blk->n_rows + 1, 0, 0);
-        iv_buf_puts(b, "],\"indices\":[");
-        put_indices(b, blk, 0);
-        iv_buf_puts(b, "],\"data\":[");
-        put_values(b, blk, 0);
-        iv_buf_puts(b, "]}\n");
-    }
 }
 
 void iv_jdoc_add_h(iv_jdoc_t *d, const iv_stream_hdr_t *h, const iv_block_t *blk)
@@ -202,80 +174,13 @@ void iv_jdoc_add_h(iv_jdoc_t *d, const iv_stream_hdr_t *h, const iv_block_t *blk
         iv_jdoc_add(d, blk);
         return;
     }
-    put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
+    iv_enc_put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
     for (int64_t r = 0; r < blk->n_rows; r++) {
         if (d->rows + r > 0) iv_buf_append(&d->data, ",", 1);
-        put_dense_json(&d->data, blk, r, h->n_rows);
+        iv_enc_put_dense_json(&d->data, blk, r, h->n_rows);
     }
     d->rows += blk->n_rows;
     d->nnz += blk->nnz;
-}
-
-void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h)
-{
-    if (f == IV_FMT_BINARY) {
-        iv_buf_append(b, IV_WIRE_MAGIC, 4);
-        iv_buf_u32le(b, IV_WIRE_VERSION);
-        iv_buf_i64le(b, h->n_rows);
-        iv_buf_i64le(b, h->n_cols);
-        put_descr(b, iv_wire_descr(h->dtype));
-        put_descr(b, h->index_size == 4 ? "<i4" : "<i8");
-    } else if (f == IV_FMT_NDJSON) {
-        iv_buf_printf(b,
-                      "{\"type\":\"header\",\"shape\":[%" PRId64 ",%" PRId64
-                      "],\"dtype\":\"%s\",\"index_dtype\":\"%s\"%s%s}\n",
-                      h->n_rows, h->n_cols, iv_wire_dtype_name(h->dtype),
-                      h->index_size == 4 ? "int32" : "int64", h->by_var ? ",\"by\":\"var\"" : "",
-                      h->dense ? ",\"dense\":true" : "");
-    }
-}
-
-/* A binary block frame: its kind (cell or gene rows), sizes, ids and
- * indptr, then (with arrays) its indices and values. */
-static void enc_binary_block(iv_buf_t *b, uint32_t kind, const iv_block_t *blk, int arrays)
-{
-    size_t need = IV_WIRE_FRAME_BYTES + (size_t)blk->n_rows * 16 + 8 +
-                  (arrays ? iv_block_array_bytes(blk, 0) + iv_block_array_bytes(blk, 1) : 0);
-    if (iv_buf_reserve(b, need) != 0) return;
-    iv_buf_u32le(b, kind);
-    iv_buf_u32le(b, 0);
-    iv_buf_i64le(b, blk->n_rows);
-    iv_buf_i64le(b, blk->nnz);
-    iv_buf_append(b, blk->ids, (size_t)blk->n_rows * 8);
-    iv_buf_append(b, blk->indptr, (size_t)(blk->n_rows + 1) * 8);
-    if (!arrays) return;
-    iv_buf_append(b, blk->indices, iv_block_array_bytes(blk, 0));
-    iv_buf_append(b, blk->data, iv_block_array_bytes(blk, 1));
-}
-
-size_t iv_block_array_bytes(const iv_block_t *blk, int values)
-{
-    return (size_t)blk->nnz * (values ? value_size(blk->dtype) : (size_t)blk->index_size);
-}
-
-void iv_enc_block_head(iv_buf_t *b, const iv_stream_hdr_t *h, const iv_block_t *blk, int arrays)
-{
-    enc_binary_block(b, h->by_var ? IV_WIRE_VAR_BLOCK : IV_WIRE_BLOCK, blk, arrays);
-}
-
-void iv_enc_block(iv_buf_t *b, iv_fmt_t f, const iv_block_t *blk)
-{
-    if (f == IV_FMT_BINARY) {
-        enc_binary_block(b, IV_WIRE_BLOCK, blk, 1);
-    } else if (f == IV_FMT_NDJSON) {
-        iv_buf_printf(b,
-                      "{\"type\":\"block\",\"row0\":%" PRId64 ",\"n_rows\":%" PRId64
-                      ",\"nnz\":%" PRId64 ",\"obs\":[",
-                      blk->row0, blk->n_rows, blk->nnz);
-        put_i64_list(b, blk->ids, blk->n_rows, 0, 0);
-        iv_buf_puts(b, "],\"indptr\":[");
-        put_i64_list(b, blk->indptr, blk->n_rows + 1, 0, 0);
-        iv_buf_puts(b, "],\"indices\":[");
-        put_indices(b, blk, 0);
-        iv_buf_puts(b, "],\"data\":[");
-        put_values(b, blk, 0);
-        iv_buf_puts(b, "]}\n");
-    }
 }
 
 void iv_enc_error(iv_buf_t *b, const char *code, const char *msg)
@@ -285,43 +190,6 @@ void iv_enc_error(iv_buf_t *b, const char *code, const char *msg)
     iv_buf_puts(b, ",\"message\":");
     iv_buf_json_str(b, msg);
     iv_buf_puts(b, "}}");
-}
-
-void iv_enc_trailer(iv_buf_t *b, iv_fmt_t f, int err_status, const char *code, const char *msg,
-                    int64_t rows, int64_t nnz)
-{
-    if (f == IV_FMT_BINARY) {
-        iv_buf_t m;
-        iv_buf_init(&m);
-        if (err_status) iv_enc_error(&m, code, msg);
-        iv_buf_u32le(b, IV_WIRE_TRAILER);
-        iv_buf_u32le(b, (uint32_t)err_status);
-        iv_buf_i64le(b, rows);
-        iv_buf_i64le(b, nnz);
-        iv_buf_u32le(b, (uint32_t)m.len);
-        iv_buf_append(b, m.data, m.len);
-        if (m.oom) b->oom = 1;
-        iv_buf_free(&m);
-    } else if (f == IV_FMT_NDJSON) {
-        if (err_status) {
-            iv_buf_printf(b, "{\"type\":\"end\",\"status\":\"error\",\"http_status\":%d,", err_status);
-            iv_buf_puts(b, "\"error\":{\"code\":");
-            iv_buf_json_str(b, code);
-            iv_buf_puts(b, ",\"message\":");
-            iv_buf_json_str(b, msg);
-            iv_buf_printf(b, "},\"rows\":%" PRId64 ",\"nnz\":%" PRId64 "}\n", rows, nnz);
-        } else {
-            iv_buf_printf(b, "{\"type\":\"end\",\"status\":\"ok\",\"rows\":%" PRId64
-                             ",\"nnz\":%" PRId64 "}\n", rows, nnz);
-        }
-    }
-}
-
-int64_t iv_enc_binary_size(int64_t n_rows, int64_t n_blocks, int64_t nnz, int index_size,
-                           iv_dtype_t dtype)
-{
-    return IV_WIRE_HEADER_BYTES + n_blocks * (IV_WIRE_FRAME_BYTES + 8) + n_rows * 16 +
-           nnz * (index_size + (int64_t)value_size(dtype)) + IV_WIRE_FRAME_BYTES + 4;
 }
 
 void iv_jdoc_init(iv_jdoc_t *d)
@@ -340,11 +208,11 @@ void iv_jdoc_free(iv_jdoc_t *d)
 
 void iv_jdoc_add(iv_jdoc_t *d, const iv_block_t *blk)
 {
-    put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
+    iv_enc_put_i64_list(&d->obs, blk->ids, blk->n_rows, 0, d->rows > 0);
     /* indptr[0] of a block is 0 and is already present as the previous end. */
-    put_i64_list(&d->indptr, blk->indptr + 1, blk->n_rows, d->nnz, 1);
-    put_indices(&d->indices, blk, d->nnz > 0);
-    put_values(&d->data, blk, d->nnz > 0);
+    iv_enc_put_i64_list(&d->indptr, blk->indptr + 1, blk->n_rows, d->nnz, 1);
+    iv_enc_put_indices(&d->indices, blk, d->nnz > 0);
+    iv_enc_put_values(&d->data, blk, d->nnz > 0);
     d->rows += blk->n_rows;
     d->nnz += blk->nnz;
 }

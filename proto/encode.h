@@ -92,7 +92,26 @@ size_t iv_block_array_bytes(const iv_block_t *blk, int values);
 const char *iv_wire_descr(iv_dtype_t t);
 const char *iv_wire_dtype_name(iv_dtype_t t);
 
-/* Header, block and trailer for IV_FMT_BINARY and IV_FMT_NDJSON. */
+/*
+ * A streamed encoding: its header, one piece a block (any iv_stream_hdr_t,
+ * as iv_enc_block_h), its trailer (err_status 0 = ok; otherwise an HTTP
+ * status with code and message).  A new encoding is one file defining
+ * one of these and one entry of encode.c's table.
+ */
+typedef struct iv_encoder {
+    iv_fmt_t fmt;
+    void (*header)(iv_buf_t *b, const iv_stream_hdr_t *h);
+    void (*block)(iv_buf_t *b, const iv_stream_hdr_t *h, const iv_block_t *blk);
+    void (*trailer)(iv_buf_t *b, int err_status, const char *code, const char *msg, int64_t rows,
+                    int64_t nnz);
+} iv_encoder_t;
+
+/* The streamed encoding of f: binary (enc_binary.c), NDJSON
+ * (enc_ndjson.c); NULL for the others (JSON is one document, iv_jdoc_*). */
+const iv_encoder_t *iv_encoder_of(iv_fmt_t f);
+
+/* Header, block and trailer through iv_encoder_of(f); nothing for a
+ * format that is not streamed. */
 void iv_enc_header(iv_buf_t *b, iv_fmt_t f, const iv_stream_hdr_t *h);
 void iv_enc_block(iv_buf_t *b, iv_fmt_t f, const iv_block_t *blk);
 /* err_status 0 = ok; otherwise an HTTP status with code and message. */
