@@ -38,7 +38,6 @@
 
 #include <brotli/encode.h>
 #include <cjson/cJSON.h>
-#include <zlib.h>
 
 #include "aggregate.h"
 #include "../api/diffexp.h"
@@ -46,6 +45,7 @@
 #include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
+#include "gzip_stream.h"
 #include "http.h"
 #include "obsm.h"
 #include "query.h"
@@ -1599,34 +1599,19 @@ static uint64_t fnv_str(uint64_t h, const char *s)
     return fnv(h, s ? s : "", s ? strlen(s) + 1 : 1);
 }
 
-/* Gzip-encodes r->out in place at GZIP_LEVEL.  Keeps the identity body
- * when compression does not pay. */
+/* Gzip-encodes r->out in place at GZIP_LEVEL, as a query stream is
+ * (gzip_stream.h: ISA-L at this level, pieces in parallel on the pool).
+ * Keeps the identity body when compression does not pay. */
 static int gzip_out(iv_vreq_t *r)
 {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (deflateInit2(&z, GZIP_LEVEL, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return 0;
-    uLong bound = deflateBound(&z, (uLong)r->out.len);
-    char *dst = malloc(bound + 32);
-    if (!dst) {
-        deflateEnd(&z);
+    iv_buf_t z;
+    iv_buf_init(&z);
+    if (iv_gz_member(&z, r->out.data, r->out.len, GZIP_LEVEL, r->pool) != 0 || z.len >= r->out.len) {
+        iv_buf_free(&z);
         return 0;
     }
-    z.next_in = (Bytef *)r->out.data;
-    z.avail_in = (uInt)r->out.len;
-    z.next_out = (Bytef *)dst;
-    z.avail_out = (uInt)(bound + 32);
-    int rc = deflate(&z, Z_FINISH);
-    size_t n = z.total_out;
-    deflateEnd(&z);
-    if (rc != Z_STREAM_END || n >= r->out.len) {
-        free(dst);
-        return 0;
-    }
-    free(r->out.data);
-    r->out.data = dst;
-    r->out.len = n;
-    r->out.cap = bound + 32;
+    iv_buf_free(&r->out);
+    r->out = z;
     return 1;
 }
 
