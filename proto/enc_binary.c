@@ -79,11 +79,7 @@ static void put_dense_row(iv_buf_t *b, const iv_block_t *blk, int64_t r, int64_t
 /* A block of cell rows, gene rows, or dense gene rows. */
 static void bin_block(iv_buf_t *b, const iv_stream_hdr_t *h, const iv_block_t *blk)
 {
-    if (!h->by_var) {
-        enc_binary_block(b, IV_WIRE_BLOCK, blk, 1);
-        return;
-    }
-    if (!h->dense) {
+    if (!h->by_var || !h->dense) {
         iv_enc_block_head(b, h, blk, 1);
         return;
     }

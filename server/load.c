@@ -450,7 +450,7 @@ static void on_warm_done(job_t *j)
 static const job_type_t warm_job = {warm_run, on_warm_done};
 
 /* The names lookups a load leaves to first use, built on a worker while
- * the dataset serves (load.c warm_run); skipped when out of memory. */
+ * the dataset serves (warm_run); skipped when out of memory. */
 static void start_warm(server_t *s, sds_t *d)
 {
     if (d->state != DS_READY || d->retired || s->draining || !d->meta) return;
@@ -470,7 +470,7 @@ static void on_load_done(job_t *j)
     s->n_loading--;
     take_load_result(s, j, d);
     if (j->replace && !d->retired) replace_entry(s, d);
-    reload_load_noted(s, j, d);
+    if (s->reload && j->gen == s->reload->gen) reload_note(s->reload, j, d);
     if (s->n_loading == 0 && j->gen == 0) log_start_loads(s);
     uint64_t gen = j->gen;
     start_warm(s, d);
@@ -509,7 +509,6 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
         on_load_done(j);
     }
 }
-
 
 static void on_other_done(job_t *j)
 {

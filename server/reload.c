@@ -86,7 +86,7 @@ void reload_step(server_t *s)
 }
 
 /* The load's line in its reload's summary: added, reloaded or failed. */
-static void reload_note(reload_t *op, const job_t *j, const sds_t *d)
+void reload_note(reload_t *op, const job_t *j, const sds_t *d)
 {
     if (d->state == DS_READY) {
         json_member(j->reloaded ? &op->reloaded : &op->added, d->conf->id);
@@ -98,13 +98,6 @@ static void reload_note(reload_t *op, const job_t *j, const sds_t *d)
     iv_buf_puts(&op->failed, ",\"error\":");
     iv_buf_json_str(&op->failed, d->err);
     iv_buf_puts(&op->failed, "}");
-}
-
-
-/* A load of the running reload came back: its line in the summary. */
-void reload_load_noted(server_t *s, const job_t *j, const sds_t *d)
-{
-    if (s->reload && j->gen == s->reload->gen) reload_note(s->reload, j, d);
 }
 
 /* Refuses a reload: the log line, and the admin request's answer. */

@@ -46,11 +46,11 @@ typedef struct reload {
 } reload_t;
 
 /* Reloads (reload.c).  Loop thread.  A load of the running reload (its
- * gen) that came back is noted in the reload's summary
- * (reload_load_noted), then counted off (reload_step). */
+ * gen) that came back is noted in the reload's summary (reload_note:
+ * added, reloaded or failed), then counted off (reload_step). */
 void reload_free(reload_t *op);
 void reload_start(server_t *s, const char *why, loop_t *waiter_lp, uint64_t waiter);
-void reload_load_noted(server_t *s, const job_t *j, const sds_t *d);
+void reload_note(reload_t *op, const job_t *j, const sds_t *d);
 void reload_step(server_t *s);
 /* The answer to an admin reload, sent on the waiter's loop if it is still there. */
 void reload_reply(server_t *s, loop_t *lp, uint64_t id, int status, const char *code,

@@ -465,7 +465,6 @@ async function geneVector(id, name) {
   const t1 = performance.now();
   const v = denseColumn(parseIvqs(buf), state.nObs, 0);
   state.timings.geneFetch = t1 - t0;
-  state.timings.geneByVar = !byVarRefused;
   state.timings.geneParse = performance.now() - t1;
   return v;
 }
