@@ -490,6 +490,15 @@ struct tb {
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
     uint64_t *band_entries;    /* n_bands: each band's entries in the window */
     uint64_t *est_start;       /* n_new_major + 1: estimated entry offsets (one pass) */
+    /* Resuming (windows after the first; see band_resume): per source
+     * group, its next varint's offset from its band's first byte, the
+     * index before it plus one, and its entries left (0: used up). */
+    int resume;                /* the windows resume each group */
+    int recorded;              /* a fill has recorded every group's place */
+    atomic_int too_far;        /* a place did not fit 32 bits: resume off */
+    uint32_t *rs_off, *rs_acc, *rs_left;  /* one mapping of rs_bytes, at rs_off */
+    size_t rs_bytes;
+    uint64_t *band_at;         /* n_bands: stream offset of each band's first slice */
     size_t tmp_cap;            /* bytes mapped at tmp */
     int64_t items_cap;         /* items allocated */
     atomic_int failed;
@@ -516,6 +525,8 @@ static void tb_free(struct tb *t)
     free(t->cfirst);
     free(t->band_entries);
     free(t->est_start);
+    big_unmap(t->rs_off, t->rs_bytes);
+    free(t->band_at);
     for (int64_t k = 0; t->items && k < t->items_cap; k++) free(t->items[k].grp);
     free(t->items);
     pthread_mutex_destroy(&t->mu);
@@ -564,7 +575,7 @@ static inline void wc_flush(uint8_t *dst, const uint8_t *line)
 }
 
 /* What a pass over a band does (see band_walk). */
-enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL };
+enum { WALK_COUNT, WALK_SAMPLE, WALK_FILL, WALK_FILL_RECORD };
 
 /*
  * A pass's state for one band: the counts (the band's row of t->off) and
@@ -700,19 +711,34 @@ static inline __attribute__((always_inline)) int fill_put(struct band_pass *f, s
     return 0;
 }
 
+/* Group k stops at offset `rel` of its band (a varint past the window),
+ * after index acc - 1, with `left` entries from there.  (The band's
+ * whole span is checked against 32 bits when its walk ends.) */
+static inline void record_stop(struct tb *t, int64_t k, uint64_t rel, uint64_t acc, uint64_t left)
+{
+    t->rs_off[k] = (uint32_t)rel;
+    t->rs_acc[k] = (uint32_t)acc;
+    t->rs_left[k] = (uint32_t)left;
+}
+
 /*
  * One value group of source slice s in band b: its `left` delta varints.
  * The counting passes add each index to f->off[]; the fill appends each
  * entry of the window, hi | its new slice's place, to its block's part.
+ * Recording (rec, group k of a band starting at stream offset band_at),
+ * the fill also keeps where the group stops: before the first varint
+ * past the window, or used up (see band_resume).
  */
 static inline __attribute__((always_inline)) int walk_group(iv_cursor_t *cur, uint64_t left, uint64_t hi,
                                                             struct band_pass *f, const int fill,
-                                                            const struct tb *t, int64_t s, size_t b,
-                                                            iv_err_t *e)
+                                                            struct tb *t, int64_t s, size_t b,
+                                                            iv_err_t *e, const int rec, int64_t k,
+                                                            uint64_t band_at)
 {
     const uint64_t n_minor = f->n_minor;
-    uint64_t acc = 0, d;
+    uint64_t acc = 0, d, at = 0;
     while (left > 0) {
+        if (rec) at = iv_cursor_tell(cur);
         int rc = read_delta(cur, &d, e);
         if (rc < 0) return rc;
         left--;
@@ -727,10 +753,14 @@ static inline __attribute__((always_inline)) int walk_group(iv_cursor_t *cur, ui
         }
         if (j < f->g0) continue;
         /* The group's indices rise: the rest lie past the window. */
-        if (j >= f->g1) return iv_cursor_skip(cur, left, e);
+        if (j >= f->g1) {
+            if (rec) record_stop(t, k, at - band_at, acc - d - 1, left + 1);
+            return iv_cursor_skip(cur, left, e);
+        }
         uint64_t code = f->blk_of[j - f->g0];
         if ((rc = fill_put(f, (size_t)(code >> 32), hi | (code & 0xffffffffu), t, b, e)) < 0) return rc;
     }
+    if (rec) t->rs_left[k] = 0;
     return 0;
 }
 
@@ -743,13 +773,15 @@ static inline __attribute__((always_inline)) int walk_group(iv_cursor_t *cur, ui
  */
 static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t b, const int mode)
 {
-    const int fill = mode == WALK_FILL;
+    const int fill = mode >= WALK_FILL, rec = mode == WALK_FILL_RECORD;
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (mode == WALK_SAMPLE) s1 = s0 + (s1 - s0 + SAMPLE_SHARE - 1) / SAMPLE_SHARE;
     if (s0 >= s1 || atomic_load(&t->failed)) return;
     iv_cursor_t cur;
     iv_err_t e = {0};
     int rc = band_seek(t, s0, &cur, &e);
+    uint64_t at0 = rec ? iv_cursor_tell(&cur) : 0;
+    if (rec) t->band_at[b] = at0;
     /* Locals: the stores below could alias the struct's fields. */
     struct band_pass f = band_pass_begin(t, b, fill);
     const unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
@@ -759,10 +791,13 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
         uint64_t sl = (uint64_t)(s - s0) << sv;
         for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
             uint64_t hi = fill ? sl | (uint64_t)vid[k] << gbits : 0;
-            rc = walk_group(&cur, (uint64_t)(vp[k + 1] - vp[k]), hi, &f, fill, t, s, b, &e);
+            rc = walk_group(&cur, (uint64_t)(vp[k + 1] - vp[k]), hi, &f, fill, t, s, b, &e, rec, k, at0);
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
+    /* A band past 32 bits of stream cannot keep its places. */
+    if (rec && rc == 0 && iv_cursor_tell(&cur) - at0 > UINT32_MAX)
+        atomic_store_explicit(&t->too_far, 1, memory_order_relaxed);
     iv_cursor_done(&cur);
     band_pass_end(t, f, rc);
 #if IV_TP_STREAM
@@ -776,6 +811,80 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
 static void band_count(void *arg, size_t b) { band_walk(arg, b, WALK_COUNT); }
 static void band_sample(void *arg, size_t b) { band_walk(arg, b, WALK_SAMPLE); }
 static void band_fill(void *arg, size_t b) { band_walk(arg, b, WALK_FILL); }
+static void band_fill_record(void *arg, size_t b) { band_walk(arg, b, WALK_FILL_RECORD); }
+
+/*
+ * Group k of a fill after the recording one, from where the last window
+ * left it: its entries of the window, up to (and not reading past) its
+ * first varint beyond the window, whose place it keeps for the next.
+ */
+static inline __attribute__((always_inline)) int resume_group(iv_cursor_t *cur, struct tb *t, struct band_pass *f,
+                                                              int64_t k, uint64_t hi, int64_t s, size_t b,
+                                                              uint64_t band_at, iv_err_t *e)
+{
+    const uint64_t n_minor = f->n_minor;
+    uint64_t acc = t->rs_acc[k], left = t->rs_left[k], d;
+    while (left > 0) {
+        uint64_t at = iv_cursor_tell(cur);
+        int rc = read_delta(cur, &d, e);
+        if (rc < 0) return rc;
+        if (d >= n_minor || acc + d >= n_minor)
+            return iv_fail(e, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, t->src->where, s,
+                           n_minor);
+        uint64_t j = acc + d;
+        if (j >= f->g1) {
+            record_stop(t, k, at - band_at, acc, left);
+            return 0;
+        }
+        if (j < f->g0)
+            return iv_fail(e, IV_EINTERNAL, "%s: the transpose resumed slice %" PRId64 " before its window",
+                           t->src->where, s);
+        left--;
+        acc = j + 1;
+        uint64_t code = f->blk_of[j - f->g0];
+        if ((rc = fill_put(f, (size_t)(code >> 32), hi | (code & 0xffffffffu), t, b, e)) < 0) return rc;
+    }
+    t->rs_left[k] = 0;
+    return 0;
+}
+
+/*
+ * The fill of a window after the recording one: each group of band b
+ * picks up where the last window left it (a seek forward, within the
+ * chunk pinned already but for a group's first in a new chunk) instead
+ * of being decoded from its start, so that over all the windows every
+ * varint is read once.  Groups used up are passed over.
+ */
+static void band_resume(void *arg, size_t b)
+{
+    struct tb *t = arg;
+    int64_t s0 = t->band[b], s1 = t->band[b + 1];
+    if (s0 >= s1 || atomic_load(&t->failed)) return;
+    iv_cursor_t cur;
+    iv_cursor_init(&cur, t->src->stream);
+    iv_err_t e = {0};
+    int rc = 0;
+    struct band_pass f = band_pass_begin(t, b, 1);
+    const unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
+    const uint32_t *vid = t->vid, *rs_off = t->rs_off, *rs_left = t->rs_left;
+    const int64_t *mp = t->mp;
+    const uint64_t at0 = t->band_at[b];
+    for (int64_t s = s0; rc == 0 && s < s1; s++) {
+        uint64_t sl = (uint64_t)(s - s0) << sv;
+        for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
+            if (rs_left[k] == 0) continue;
+            if ((rc = iv_cursor_seek(&cur, at0 + rs_off[k], &e)) == 0)
+                rc = resume_group(&cur, t, &f, k, sl | (uint64_t)vid[k] << gbits, s, b, at0, &e);
+        }
+        if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
+    }
+    iv_cursor_done(&cur);
+    band_pass_end(t, f, rc);
+#if IV_TP_STREAM
+    _mm_sfence();
+#endif
+    if (rc < 0) tb_fail(t, &e);
+}
 
 /* Writes v as LEB128 at p (exactly its bytes); returns the length. */
 static inline size_t put_varint(uint8_t *p, uint64_t v)
@@ -1451,6 +1560,7 @@ static void build_init(struct build *b, iv_dataset_t *ds, const iv_transpose_opt
     b->clock.t0 = b->clock.tp = iv_now_s();
     b->clock.tc = cpu_s();
     atomic_init(&b->t.failed, 0);
+    atomic_init(&b->t.too_far, 0);
     pthread_mutex_init(&b->t.mu, NULL);
     b->ds = ds;
     b->m = &ds->m;
@@ -1626,6 +1736,46 @@ static uint64_t block_target(const struct build *b, uint64_t entries)
     return target;
 }
 
+/* The temporary's share of a bound of `whole` bytes: all of it, or for
+ * a sink, what its window buffer (maxlen bytes an entry at most) leaves
+ * (esz an entry, and a quarter more at most for its chains' last
+ * chunks). */
+static uint64_t tmp_share(const struct build *b, uint64_t whole)
+{
+    const struct tb *t = &b->t;
+    return b->sink ? whole / (t->esz + t->esz / 4 + t->maxlen) * t->esz : whole;
+}
+
+/*
+ * The temporary's bound (b->tmp_bytes, from the bound on the whole
+ * build), and resuming: when the entries take more than one window, the
+ * windows after the first resume each source group where the last one
+ * left it (band_resume) if its places, 12 bytes a group, take at most
+ * half the bound; they come out of it.  Each window then costs its own
+ * varints and a look at every group, not a decode of the whole source.
+ * 0, or -1 when out of memory.
+ */
+static int plan_resume(struct build *b)
+{
+    struct tb *t = &b->t;
+    uint64_t whole = b->tmp_bytes, groups = (uint64_t)t->mp[b->S];
+    uint64_t bytes = groups * 3 * sizeof(uint32_t);
+    b->tmp_bytes = tmp_share(b, whole);
+    int ask = b->opts->resume;
+    if (ask < 0 || groups == 0 || b->nnz * t->esz <= b->tmp_bytes || (uint64_t)b->G >= UINT32_MAX ||
+        (ask == 0 && bytes > whole / 2))
+        return 0;
+    t->rs_bytes = (size_t)bytes;
+    t->rs_off = big_map(t->rs_bytes);
+    t->band_at = malloc((size_t)t->n_bands * sizeof *t->band_at);
+    if (!t->rs_off || !t->band_at) return -1;
+    t->rs_acc = t->rs_off + groups;
+    t->rs_left = t->rs_acc + groups;
+    t->resume = 1;
+    if (ask == 0) b->tmp_bytes = tmp_share(b, whole - bytes);
+    return 0;
+}
+
 /* The copy's stream (one mapping sized for the worst case), the
  * temporary's bound, the encode's items and the windows' per-band and
  * per-slice arrays. */
@@ -1644,10 +1794,8 @@ static int alloc_windows(struct build *b, iv_err_t *err)
         b->tmp_bytes = 4 * iv_stream_length(b->ds->stream);
         if (b->tmp_bytes < ((uint64_t)64 << 20)) b->tmp_bytes = (uint64_t)64 << 20;
     }
-    /* A sink's window buffer (maxlen bytes an entry at most) shares the
-     * bound with the temporary (esz an entry, and a quarter more at most
-     * for its chains' last chunks). */
-    if (b->sink) b->tmp_bytes = b->tmp_bytes / (t->esz + t->esz / 4 + t->maxlen) * t->esz;
+    if (plan_resume(b) < 0)
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the transpose's places", b->ds->where);
     b->want_items = (int64_t)b->threads * 8;
     t->items = calloc((size_t)b->want_items, sizeof *t->items);
     t->items_cap = t->items ? b->want_items : 0;
@@ -1773,8 +1921,15 @@ static int fill_window(struct build *b, uint64_t wanted, iv_err_t *err)
 {
     struct tb *t = &b->t;
     if (wanted > 0) {
-        iv_pool_parallel_for(b->opts->pool, (size_t)t->n_bands, 0, band_fill, t);
+        void (*walk)(void *, size_t) = !t->resume ? band_fill : t->recorded ? band_resume : band_fill_record;
+        iv_pool_parallel_for(b->opts->pool, (size_t)t->n_bands, 0, walk, t);
         if (atomic_load(&t->failed)) return pass_error(t, err);
+        if (walk == band_resume && b->opts->resumed_fills) (*b->opts->resumed_fills)++;
+        /* After the recording fill, resume unless a band was too long. */
+        if (t->resume && !t->recorded) {
+            t->recorded = 1;
+            if (atomic_load(&t->too_far)) t->resume = 0;
+        }
     }
     phase_end(&b->clock, IV_TP_FILL);
     return 0;

@@ -50,12 +50,18 @@ typedef struct iv_transpose_opts {
      * slices a block, 8-byte temporary entries even where 4 fit, entries
      * a chunk of the fill's chains (rounded down to a power of two, and
      * up to whole cache lines unless plain_stores), and the fill's plain
-     * stores instead of its write combining. */
+     * stores instead of its write combining; resume: 1 resumes each
+     * group where the last window left it whatever the bound (its
+     * places not counted in it), -1 never does (every window's fill
+     * decodes the source from each group's start), 0 resumes when the
+     * places take at most half the bound (see transpose.c). */
     uint64_t block_entries;
     uint32_t block_slices;
     int wide_entries;
     uint32_t chunk_entries;
     int plain_stores;
+    int resume;
+    int *resumed_fills;       /* NULL, or counts up each fill that resumed */
 } iv_transpose_opts_t;
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,

@@ -433,7 +433,7 @@ START_TEST(differential_random)
         iv_err_t err = {0};
         /* Small temporaries make several windows. */
         iv_transpose_opts_t to = {.budget = UINT64_MAX, .pool = iter % 4 == 3 ? NULL : pool,
-                                  .tmp_bytes = iter % 3 == 1 ? 64 : 0};
+                                  .tmp_bytes = iter % 3 == 1 ? 64 : 0, .resume = iter % 2 ? 1 : -1};
         ck_assert_msg(iv_dataset_build_other(ds, &to, &err) == 0, "iter %d: %s", iter, err.msg);
         iv_orient_status_t st;
         iv_dataset_orientations(ds, &st);
@@ -600,6 +600,12 @@ START_TEST(every_cut_same_copy)
         {.chunk_entries = 1, .plain_stores = 1, .block_entries = 7},
         {.chunk_entries = 1, .tmp_bytes = 64, .wide_entries = 1},
         {.chunk_entries = 2, .plain_stores = 1, .wide_entries = 1, .block_slices = 2},
+        /* Windows that resume each group where the last one left it, and
+         * windows that decode every group from its start. */
+        {.tmp_bytes = 64, .block_entries = 3, .resume = 1},
+        {.tmp_bytes = 200, .block_slices = 3, .wide_entries = 1, .resume = 1},
+        {.chunk_entries = 1, .tmp_bytes = 64, .plain_stores = 1, .resume = 1},
+        {.tmp_bytes = 64, .resume = -1},
     };
     size_t n_shapes = sizeof shapes / sizeof shapes[0], n_cuts = sizeof cuts / sizeof cuts[0];
     for (size_t sh = 0; sh < n_shapes; sh++) {
@@ -643,11 +649,14 @@ START_TEST(every_cut_same_copy)
                 iv_transpose_opts_t o = cuts[k];
                 o.budget = UINT64_MAX;
                 o.pool = k % 2 ? NULL : pool;
+                int resumed = 0;
+                o.resumed_fills = &resumed;
                 ck_assert_msg(iv_dataset_build_other(ds, &o, &err) == 0, "shape %zu cut %zu: %s", sh,
                               k, err.msg);
                 struct snap got;
                 snap_take(ds, &got);
                 EXPECT(snap_equal(&ref, &got), "shape %zu csc %d cut %zu: the copy differs", sh, csc, k);
+                if (o.resume < 0) ck_assert_int_eq(resumed, 0);
                 snap_free(&got);
                 iv_dataset_close(ds);
             }
@@ -732,6 +741,7 @@ START_TEST(sink_windows_equal_copy)
     } shapes[] = {{0, 17, 0.5}, {23, 0, 0.5}, {1, 77, 0.5}, {61, 1, 0.6}, {90, 80, 0.2}, {40, 50, 0.97}};
     static const iv_transpose_opts_t cuts[] = {
         {0}, {.tmp_bytes = 64}, {.tmp_bytes = 300, .wide_entries = 1}, {.tmp_bytes = 1000, .block_slices = 2},
+        {.tmp_bytes = 64, .resume = 1}, {.tmp_bytes = 300, .wide_entries = 1, .resume = 1},
     };
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         for (int csc = 0; csc < 2; csc++) {
@@ -749,6 +759,8 @@ START_TEST(sink_windows_equal_copy)
                 ds = open_ds(path, pool);
                 iv_transpose_opts_t o = cuts[k];
                 o.pool = k % 2 ? NULL : pool;
+                int resumed = 0;
+                o.resumed_fills = &resumed;
                 struct gather g;
                 gather_init(&g, ds, 0);
                 iv_transpose_sink_t sink = {.window = gather_window, .ctx = &g};
@@ -757,6 +769,9 @@ START_TEST(sink_windows_equal_copy)
                 ck_assert_int_eq(g.next_g, ref.n_major);
                 ck_assert_uint_eq(g.last_done, (uint64_t)m.nnz);
                 if (k == 1 && m.nnz > 40) ck_assert_int_gt(g.windows, 2);
+                /* Every window after the first one that fills resumes. */
+                if (o.resume > 0 && g.windows >= 3) ck_assert_int_ge(resumed, 1);
+                if (o.resume < 0) ck_assert_int_eq(resumed, 0);
                 g.s.n_unique = (int64_t)g.groups;
                 g.s.values_len = (size_t)g.groups * g.vsz;
                 g.s.stream_len = g.bytes;
