@@ -40,13 +40,13 @@
 #include <cjson/cJSON.h>
 
 #include "aggregate.h"
+#include "coding.h"
 #include "../api/diffexp.h"
 #include "../api/obsp_answer.h"
 #include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
 #include "gzip_stream.h"
-#include "http.h"
 #include "obsm.h"
 #include "query.h"
 #include "request.h"
@@ -1636,23 +1636,11 @@ static int brotli_out(iv_vreq_t *r)
     return 1;
 }
 
-enum { CODING_IDENTITY = 0, CODING_GZIP = 1, CODING_BR = 2 };
-
-/* The coding is chosen before the work so that the ETag (which names it)
- * is known before it, and a match costs nothing more.  br wins over gzip
- * at equal preference: smaller at a similar cost. */
-static int pick_coding(const iv_vreq_t *r)
-{
-    double qg = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "gzip") : -1;
-    double qb = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "br") : -1;
-    return qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
-}
-
 /* Two tags: the identity body's and the encoded body's.  Which one a
  * response gets is known only after the work (a body may not be worth
  * encoding), so a conditional request matching either is answered 304
  * with the tag it matched: both bodies stand for this request. */
-static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag_coded[24])
+static void vreq_etags(const iv_vreq_t *r, iv_coding_t coding, char tag_id[24], char tag_coded[24])
 {
     static const char *const suffix[] = {"", "-gz", "-br"};
     uint64_t h = 1469598103934665603ull;
@@ -1676,7 +1664,8 @@ static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag
 }
 
 /* The tag of If-None-Match that stands for this request, or NULL. */
-static const char *vreq_match(const iv_vreq_t *r, int coding, const char *tag_id, const char *tag_coded)
+static const char *vreq_match(const iv_vreq_t *r, iv_coding_t coding, const char *tag_id,
+                              const char *tag_coded)
 {
     if (!r->if_none_match) return NULL;
     if (coding && etag_listed(r->if_none_match, tag_coded)) return tag_coded;
@@ -1712,16 +1701,18 @@ static const route_run_fn route_runs[] = {
  * thread: they go out as they are, compressible bodies (JSON, NDJSON, the
  * aggregate's binary with its JSON prelude) are encoded.  Zarr chunks go
  * as they are too (docs/zarr.md): their metadata is encoded. */
-static int encode_body(iv_vreq_t *r, int coding)
+static int encode_body(iv_vreq_t *r, iv_coding_t coding)
 {
     int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
     if (!coding || !worth || r->out.len < 1024) return 0;
-    return coding == CODING_BR ? brotli_out(r) : gzip_out(r);
+    return coding == IV_CODING_BR ? brotli_out(r) : gzip_out(r);
 }
 
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
 {
-    int coding = pick_coding(r);
+    /* The coding is chosen before the work so that the ETag (which names
+     * it) is known before it, and a match costs nothing more. */
+    iv_coding_t coding = iv_coding_pick(r->accept_encoding, IV_ANSWER_DOCUMENT, GZIP_LEVEL);
     char tag_id[24], tag_coded[24];
     vreq_etags(r, coding, tag_id, tag_coded);
     char cc[80];
@@ -1743,6 +1734,6 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     int encoded = encode_body(r, coding);
     snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n%s%s%s",
              encoded ? tag_coded : tag_id, cc, encoded ? "Content-Encoding: " : "",
-             encoded ? (coding == CODING_BR ? "br" : "gzip") : "", encoded ? "\r\n" : "");
+             encoded ? iv_coding_name(coding) : "", encoded ? "\r\n" : "");
     return 0;
 }
