@@ -14,11 +14,15 @@
  *                       routes): br, gzip or identity.
  *
  * The choice is made before any work, from the header alone, so that a
- * document's ETag (which names the coding) is known before its body.
- * Pure functions of their arguments; any thread.
+ * document's ETag (which names the coding) is known before its body; a
+ * document is then encoded whole with iv_coding_encode (a stream's
+ * blocks go through gzip_stream.h piece by piece).  The choice is a pure
+ * function of its arguments; everything here may run on any thread.
  */
 #ifndef IV_CODING_H
 #define IV_CODING_H
+
+#include "buf.h"
 
 typedef enum iv_coding {
     IV_CODING_IDENTITY = 0,
@@ -62,5 +66,16 @@ iv_coding_t iv_coding_pick(const char *h, iv_answer_kind_t kind, int gzip_level)
 
 /* The Content-Encoding token of c: "gzip", "br", or "identity". */
 const char *iv_coding_name(iv_coding_t c);
+
+/*
+ * Encodes a whole document body in place with c: gzip at gzip_level as
+ * one member of pieces compressed in parallel on pool (iv_gz_member;
+ * NULL: all on the caller, which may be a pool worker), br at quality 1.
+ * Returns 1 when body now holds the encoded bytes; 0, body untouched,
+ * for identity, when the encoded form would not be smaller, or when
+ * memory or the compressor failed (the body then goes out as it is).
+ */
+struct iv_pool;
+int iv_coding_encode(iv_buf_t *body, iv_coding_t c, int gzip_level, struct iv_pool *pool);
 
 #endif /* IV_CODING_H */

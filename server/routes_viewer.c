@@ -36,7 +36,6 @@
 
 #include <sys/stat.h>
 
-#include <brotli/encode.h>
 #include <cjson/cJSON.h>
 
 #include "aggregate.h"
@@ -46,7 +45,6 @@
 #include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
-#include "gzip_stream.h"
 #include "obsm.h"
 #include "query.h"
 #include "request.h"
@@ -64,9 +62,9 @@
 #define AGG_PART_BUDGET ((size_t)512 << 20)
 #define AGG_MAX_GROUP_BY 8
 
-/* Compression levels, from the per-thread cost table in benchmarks/README.md. */
+/* The gzip level of a document (br's quality is coding.c's), from the
+ * per-thread cost table in benchmarks/README.md. */
 #define GZIP_LEVEL 1
-#define BR_QUALITY 1
 
 #define MEDIA_ARRAY "application/vnd.ivserve.array"
 #define MEDIA_AGG "application/vnd.ivserve.aggregate"
@@ -1599,43 +1597,6 @@ static uint64_t fnv_str(uint64_t h, const char *s)
     return fnv(h, s ? s : "", s ? strlen(s) + 1 : 1);
 }
 
-/* Gzip-encodes r->out in place at GZIP_LEVEL, as a query stream is
- * (gzip_stream.h: ISA-L at this level, pieces in parallel on the pool).
- * Keeps the identity body when compression does not pay. */
-static int gzip_out(iv_vreq_t *r)
-{
-    iv_buf_t z;
-    iv_buf_init(&z);
-    if (iv_gz_member(&z, r->out.data, r->out.len, GZIP_LEVEL, r->pool) != 0 || z.len >= r->out.len) {
-        iv_buf_free(&z);
-        return 0;
-    }
-    iv_buf_free(&r->out);
-    r->out = z;
-    return 1;
-}
-
-/* Brotli-encodes r->out in place at quality BR_QUALITY; as gzip_out. */
-static int brotli_out(iv_vreq_t *r)
-{
-    size_t bound = BrotliEncoderMaxCompressedSize(r->out.len);
-    if (bound == 0) return 0;
-    uint8_t *dst = malloc(bound);
-    if (!dst) return 0;
-    size_t n = bound;
-    if (!BrotliEncoderCompress(BR_QUALITY, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, r->out.len,
-                               (const uint8_t *)r->out.data, &n, dst) ||
-        n >= r->out.len) {
-        free(dst);
-        return 0;
-    }
-    free(r->out.data);
-    r->out.data = (char *)dst;
-    r->out.len = n;
-    r->out.cap = bound;
-    return 1;
-}
-
 /* Two tags: the identity body's and the encoded body's.  Which one a
  * response gets is known only after the work (a body may not be worth
  * encoding), so a conditional request matching either is answered 304
@@ -1705,7 +1666,7 @@ static int encode_body(iv_vreq_t *r, iv_coding_t coding)
 {
     int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
     if (!coding || !worth || r->out.len < 1024) return 0;
-    return coding == IV_CODING_BR ? brotli_out(r) : gzip_out(r);
+    return iv_coding_encode(&r->out, coding, GZIP_LEVEL, r->pool);
 }
 
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)

@@ -1,11 +1,18 @@
-/* Tests of the content-coding choice (proto/coding.c): the q-value parser
- * of Accept-Encoding and the coding each kind of answer gets.  The table
- * pins the choices the query streams and the viewer routes made before
- * the choice was one function, malformed headers included. */
+/* Tests of the content coding of answers (proto/coding.c): the q-value
+ * parser of Accept-Encoding, the coding each kind of answer gets, and a
+ * document's encoding.  The table pins the choices the query streams and
+ * the viewer routes made before the choice was one function, malformed
+ * headers included.  br output is decoded by the viewer's Python tests
+ * (test_http_viewer.py, with the system's libbrotlidec). */
 #include <check.h>
 
 #include "check_main.h"
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
 
 #include "coding.h"
 
@@ -189,6 +196,79 @@ START_TEST(test_name)
 }
 END_TEST
 
+/* A JSON-like body of n bytes that compresses well. */
+static void fill_text(iv_buf_t *b, size_t n)
+{
+    iv_buf_init(b);
+    while (b->len < n) iv_buf_printf(b, "{\"cell\":\"AAAC%05zu\",\"n\":%zu},", b->len % 997, b->len % 13);
+    b->len = n;
+}
+
+START_TEST(test_encode_gzip_round_trip)
+{
+    iv_buf_t b;
+    fill_text(&b, 20000);
+    char *plain = malloc(b.len);
+    memcpy(plain, b.data, b.len);
+    ck_assert_int_eq(iv_coding_encode(&b, IV_CODING_GZIP, 1, NULL), 1);
+    ck_assert(b.len < 20000 / 4);
+    ck_assert(b.len > 2 && (unsigned char)b.data[0] == 0x1f && (unsigned char)b.data[1] == 0x8b);
+    unsigned char *out = malloc(20000 + 1);
+    z_stream z = {0};
+    ck_assert_int_eq(inflateInit2(&z, 15 + 16), Z_OK);
+    z.next_in = (unsigned char *)b.data;
+    z.avail_in = (uInt)b.len;
+    z.next_out = out;
+    z.avail_out = 20000 + 1;
+    ck_assert_int_eq(inflate(&z, Z_FINISH), Z_STREAM_END);
+    ck_assert_uint_eq(z.total_out, 20000);
+    ck_assert_uint_eq(z.avail_in, 0);
+    ck_assert(memcmp(out, plain, 20000) == 0);
+    inflateEnd(&z);
+    free(out);
+    free(plain);
+    iv_buf_free(&b);
+}
+END_TEST
+
+START_TEST(test_encode_br_smaller)
+{
+    iv_buf_t b;
+    fill_text(&b, 20000);
+    ck_assert_int_eq(iv_coding_encode(&b, IV_CODING_BR, 1, NULL), 1);
+    ck_assert(b.len < 20000 / 4 && b.len <= b.cap);
+    iv_buf_free(&b);
+}
+END_TEST
+
+/* Identity, and bodies that would not shrink, are left as they are. */
+START_TEST(test_encode_keeps_identity)
+{
+    iv_buf_t b;
+    fill_text(&b, 5000);
+    char *data = b.data;
+    ck_assert_int_eq(iv_coding_encode(&b, IV_CODING_IDENTITY, 1, NULL), 0);
+    ck_assert_ptr_eq(b.data, data);
+    ck_assert_uint_eq(b.len, 5000);
+    iv_buf_free(&b);
+    iv_buf_init(&b);
+    uint32_t x = 2463534242u;
+    for (int i = 0; i < 4096; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        iv_buf_append(&b, &x, 1);
+    }
+    data = b.data;
+    for (iv_coding_t c = IV_CODING_GZIP; c <= IV_CODING_BR; c++) {
+        ck_assert_int_eq(iv_coding_encode(&b, c, 1, NULL), 0);
+        ck_assert_ptr_eq(b.data, data);
+        ck_assert_uint_eq(b.len, 4096);
+    }
+    iv_buf_free(&b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("coding");
@@ -196,6 +276,9 @@ int main(void)
     tcase_add_test(tc, test_coding_q);
     tcase_add_test(tc, test_pick);
     tcase_add_test(tc, test_name);
+    tcase_add_test(tc, test_encode_gzip_round_trip);
+    tcase_add_test(tc, test_encode_br_smaller);
+    tcase_add_test(tc, test_encode_keeps_identity);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
