@@ -91,7 +91,7 @@ static int resolve_sel(const iv_api_diffexp_in_t *in, iv_axis_t axis, const char
     iv_psel_t *p = axis == IV_AXIS_OBS ? &qr.obs : &qr.var;
     if (p->kind == IV_PSEL_ALL && !p->filter) {
         out->all = 1;
-    } else if ((rc = iv_psel_resolve(p, in->meta, axis, NULL, err)) == 0) {
+    } else if ((rc = iv_psel_resolve(p, in->meta, axis, NULL, NULL, err)) == 0) {
         /* The positions are taken from the request. */
         out->idx = p->idx;
         out->n = p->n;

@@ -22,7 +22,7 @@ static int resolve_on_meta(const char *path, const char *group, iv_axis_t axis, 
 {
     if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     iv_meta_t *m = NULL;
-    int rc = iv_meta_load(path, group, &m, err) < 0 ? -1 : iv_psel_resolve(p, m, axis, NULL, err);
+    int rc = iv_meta_load(path, group, &m, err) < 0 ? -1 : iv_psel_resolve(p, m, axis, NULL, NULL, err);
     iv_meta_free(m);
     return rc;
 }

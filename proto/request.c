@@ -1072,13 +1072,12 @@ int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const ch
     return rc;
 }
 
-int iv_psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **idx, int64_t *n,
-                   iv_names_report_t *rep, iv_err_t *err)
+/* The engine's lookup of p (which needs one: names or a filter): *idx
+ * (n of them, to free) and rep, p unchanged, so that rep's positions
+ * still index p->names. */
+static int psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **idx, int64_t *n,
+                       iv_names_report_t *rep, iv_err_t *err)
 {
-    *idx = NULL;
-    *n = 0;
-    if (rep) memset(rep, 0, sizeof *rep);
-    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     iv_axis_sel_t s = {
         .names = p->kind == IV_PSEL_NAMES ? (const char *const *)p->names : NULL,
         .idx = p->kind == IV_PSEL_NAMES || p->kind == IV_PSEL_ALL ? NULL : p->idx,
@@ -1090,15 +1089,30 @@ int iv_psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **i
     return iv_meta_resolve(m, axis, &s, idx, n, rep, err);
 }
 
-int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
+/* Appends the JSON array of p's names at positions pos[0..n). */
+static void put_name_list(iv_buf_t *b, const iv_psel_t *p, const int64_t *pos, int64_t n)
+{
+    iv_buf_puts(b, "[");
+    for (int64_t i = 0; i < n; i++) {
+        if (i) iv_buf_puts(b, ",");
+        iv_buf_json_str(b, p->names[pos[i]]);
+    }
+    iv_buf_puts(b, "]");
+}
+
+int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_buf_t *dropped, iv_buf_t *folded,
                     iv_err_t *err)
 {
-    if (p->kind != IV_PSEL_NAMES && !p->filter) {
-        if (rep) memset(rep, 0, sizeof *rep);
-        return 0;
-    }
+    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
     int64_t *idx, n;
-    IV_TRY(iv_psel_lookup(p, m, axis, &idx, &n, rep, err));
+    iv_names_report_t rep;
+    IV_TRY(psel_lookup(p, m, axis, &idx, &n, &rep, err));
+    /* The names go into the lists while p still holds them. */
+    if (p->kind == IV_PSEL_NAMES) {
+        if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
+        if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
+    }
+    iv_names_report_free(&rep);
     iv_psel_set_indices(p, idx, n);
     return 0;
 }

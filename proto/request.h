@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "error.h"
 #include "filter.h"
 #include "query.h"
@@ -120,17 +121,22 @@ int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const ch
                        int64_t n, iv_err_t *err);
 /*
  * Resolves p's names and filter on m's axis with the engine's resolver
- * (iv_meta_resolve, core/meta/select.h) and replaces them by positions;
- * a selection of positions alone, or everything, is left as it is.  rep
- * as iv_meta_resolve's (NULL: not wanted).  0 or iv_meta_resolve's error.
+ * (iv_meta_resolve, core/meta/select.h) and replaces them by positions:
+ * names are looked up (by p->by or the index; with p->missing_ignore
+ * unknown names are dropped), then p->filter is compiled and intersected
+ * (file order, or the list's order when one was given).  A selection of
+ * positions alone, or everything, without filter is left as it is.
+ *
+ * The names the lookup reports go out as JSON arrays of strings, for the
+ * X-Ivserve-Dropped-Names document: when p was a names selection, the
+ * dropped ones are appended to dropped ("[]" if none), and those matched
+ * only ASCII-case-insensitively to folded, which gets nothing when every
+ * match was exact (so folded->len says whether any was).  Either may be
+ * NULL.  0 or iv_meta_resolve's error: IV_ENO_METADATA (m NULL),
+ * IV_EUNKNOWN_NAME, IV_EBAD_SELECTION (unknown by-column), IV_EBAD_FILTER.
  */
-int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_names_report_t *rep,
+int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_buf_t *dropped, iv_buf_t *folded,
                     iv_err_t *err);
-/* The lookup of iv_psel_resolve without the replacement: *idx (n, to
- * free; NULL with *n 0 when p needs no lookup) and rep, p unchanged, so
- * that rep's positions still index p->names. */
-int iv_psel_lookup(const iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, int64_t **idx, int64_t *n,
-                   iv_names_report_t *rep, iv_err_t *err);
 /* Frees what p owns and empties it. */
 void iv_psel_free(iv_psel_t *p);
 

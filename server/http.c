@@ -358,30 +358,3 @@ const char *iv_http_reason(int status)
     default: return "Unknown";
     }
 }
-
-/* The qvalue of the list element at p (1 when it has none); next is the
- * ',' after it or NULL. */
-static double element_q(const char *p, const char *next)
-{
-    const char *semi = memchr(p, ';', next ? (size_t)(next - p) : strlen(p));
-    if (!semi) return 1;
-    const char *qq = strstr(semi, "q=");
-    return qq && (!next || qq < next) ? strtod(qq + 2, NULL) : 1;
-}
-
-double iv_http_coding_q(const char *h, const char *coding)
-{
-    double star = -1, named = -1;
-    const char *p = h;  /* NULL (no header) names nothing */
-    while (p && *p) {
-        while (*p == ' ' || *p == ',') p++;
-        size_t n = strcspn(p, ";,");
-        while (n && p[n - 1] == ' ') n--;
-        const char *next = strchr(p, ',');
-        double q = element_q(p, next);
-        if (n == strlen(coding) && !strncasecmp(p, coding, n)) named = q;
-        else if (n == 1 && *p == '*') star = q;
-        p = next;
-    }
-    return named >= 0 ? named : star;
-}

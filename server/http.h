@@ -86,10 +86,4 @@ size_t iv_http_redact_paths(char *out, size_t cap, const char *msg);
 /* "OK", "Not Found", ... for a status code. */
 const char *iv_http_reason(int status);
 
-/* The q value an Accept-Encoding header h (NULL: absent) gives a content
- * coding ("gzip", "br", "identity"): its own entry's, else the "*"
- * entry's, else -1 when h names neither.  One parser for every route
- * that negotiates a coding (viewer routes, query streams). */
-double iv_http_coding_q(const char *h, const char *coding);
-
 #endif

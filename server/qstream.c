@@ -114,21 +114,6 @@ int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b)
     return qs_submit_job(qs, type, b, NULL);
 }
 
-/*
- * gzip for a query answer (binary, NDJSON, JSON): when Accept-Encoding
- * gives gzip a q above 0, or refuses identity without refusing gzip.  br
- * is not offered for these answers: brotli output of separate encoders
- * does not concatenate, and one encoder would compress a whole answer on
- * one thread (README-server.md, "Compression of query answers").
- */
-int stream_gzip_level(const server_t *s, const iv_http_req_t *r)
-{
-    const char *h = r->hdr[IV_H_ACCEPT_ENCODING];
-    double qg = iv_http_coding_q(h, "gzip");
-    if (s->cfg->gzip_level <= 0 || qg == 0) return 0;
-    return qg > 0 || iv_http_coding_q(h, "identity") == 0 ? s->cfg->gzip_level : 0;
-}
-
 /* The headers of a query answer that vary with the coding. */
 const char *stream_extra(const qstream_t *qs)
 {

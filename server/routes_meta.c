@@ -27,39 +27,6 @@ static const char *axis_name(iv_axis_t axis)
 
 /* ---- selections ---------------------------------------------------------- */
 
-static void put_name_list(iv_buf_t *b, const iv_psel_t *p, const int64_t *pos, int64_t n)
-{
-    iv_buf_puts(b, "[");
-    for (int64_t i = 0; i < n; i++) {
-        if (i) iv_buf_puts(b, ",");
-        iv_buf_json_str(b, p->names[pos[i]]);
-    }
-    iv_buf_puts(b, "]");
-}
-
-int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err)
-{
-    return iv_rmeta_resolve_ex(m, axis, p, dropped, NULL, err);
-}
-
-int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
-                        iv_buf_t *folded, iv_err_t *err)
-{
-    if (p->kind != IV_PSEL_NAMES && !p->filter) return 0;
-    /* The engine resolves (proto/request.h, select.h); the names it
-     * dropped or folded come out as JSON lists while p still holds them. */
-    int64_t *idx, n;
-    iv_names_report_t rep;
-    IV_TRY(iv_psel_lookup(p, m, axis, &idx, &n, &rep, err));
-    if (p->kind == IV_PSEL_NAMES) {
-        if (dropped) put_name_list(dropped, p, rep.missing, rep.n_missing);
-        if (folded && rep.n_folded) put_name_list(folded, p, rep.folded, rep.n_folded);
-    }
-    iv_names_report_free(&rep);
-    iv_psel_set_indices(p, idx, n);
-    return 0;
-}
-
 /* The X-Ivserve-Dropped-Names document: each axis's dropped names, and
  * under "folded" those matched only by ignoring case when there are any.
  * NULL when out of memory. */
@@ -95,8 +62,8 @@ int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, cha
         iv_buf_init(&fold[a]);
     }
     int show = qr->obs.missing_ignore || qr->var.missing_ignore;
-    int rc = iv_rmeta_resolve_ex(m, IV_AXIS_OBS, &qr->obs, &drop[0], &fold[0], err);
-    if (rc == 0) rc = iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr->var, &drop[1], &fold[1], err);
+    int rc = iv_psel_resolve(&qr->obs, m, IV_AXIS_OBS, &drop[0], &fold[0], err);
+    if (rc == 0) rc = iv_psel_resolve(&qr->var, var_meta, IV_AXIS_VAR, &drop[1], &fold[1], err);
     if (rc == 0 && (show || fold[0].len || fold[1].len)) {
         char *doc = dropped_doc(drop, fold);
         if (doc) *dropped = doc;

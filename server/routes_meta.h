@@ -24,26 +24,10 @@
 #define IV_TABLE_LIMIT_MAX 100000
 
 /*
- * Turns p into an index selection the engine accepts, through the
- * engine's iv_meta_resolve (core/meta/select.h): names are looked up (by
- * p->by or the index; with p->missing_ignore unknown names are dropped
- * and, when dropped is not NULL, appended to it as a JSON array of
- * strings, "[]" if none), then p->filter is compiled and intersected
- * (file order, or the index list's order when one was given).  An ALL
- * selection without filter stays ALL.  Errors: IV_EUNKNOWN_NAME,
- * IV_EBAD_SELECTION (unknown by-column), IV_EBAD_FILTER (compile).
- */
-int iv_rmeta_resolve(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped, iv_err_t *err);
-/* The same, also appending to folded (when not NULL) the JSON array of the
- * names that matched only ASCII-case-insensitively; nothing is appended
- * when every match was exact, so folded->len says whether any was. */
-int iv_rmeta_resolve_ex(iv_meta_t *m, iv_axis_t axis, iv_psel_t *p, iv_buf_t *dropped,
-                        iv_buf_t *folded, iv_err_t *err);
-
-/*
- * Both selections of a query request (iv_rmeta_resolve_ex on obs with m,
- * then var with var_meta: m's, or raw/var for raw/X).  When either selection ignores missing names, or any name was
- * matched only ASCII-case-insensitively, *dropped receives the
+ * Both selections of a query request (request.h's iv_psel_resolve on obs
+ * with m, then var with var_meta: m's, or raw/var for raw/X).  When
+ * either selection ignores missing names, or any name was matched only
+ * ASCII-case-insensitively, *dropped receives the
  * X-Ivserve-Dropped-Names document {"obs":[...],"var":[...]} (names
  * dropped), with "folded":{"obs":[...],"var":[...]} added when names were
  * matched by ignoring case; otherwise it is left NULL.  Caller frees it.

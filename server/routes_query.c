@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coding.h"
 #include "enc_dataset.h"
 
 /* The body of a count answer; nnz and total from the pointer arrays and the
@@ -93,7 +94,10 @@ static setup_t *query_setup_new(conn_t *c, const iv_dataset_info_t *info, int co
     else st->query = strdup(r->query ? r->query : "");
     if (r->hdr[IV_H_ACCEPT]) st->accept = strdup(r->hdr[IV_H_ACCEPT]);
     st->fuse = !count && r->method != HTTP_HEAD;
-    st->gz_level = count ? 0 : stream_gzip_level(c->srv, r);
+    /* A count is never compressed; a query answer is gzip or identity. */
+    int level = c->srv->cfg->gzip_level;
+    if (!count && iv_coding_pick(r->hdr[IV_H_ACCEPT_ENCODING], IV_ANSWER_STREAM, level) == IV_CODING_GZIP)
+        st->gz_level = level;
     if ((!st->is_post && !st->query) || (r->hdr[IV_H_ACCEPT] && !st->accept)) {
         setup_free(st);
         return NULL;

@@ -36,17 +36,15 @@
 
 #include <sys/stat.h>
 
-#include <brotli/encode.h>
 #include <cjson/cJSON.h>
 
 #include "aggregate.h"
+#include "coding.h"
 #include "../api/diffexp.h"
 #include "../api/obsp_answer.h"
 #include "../api/uns_doc.h"
 #include "enc_viewer.h"
 #include "encode.h"
-#include "gzip_stream.h"
-#include "http.h"
 #include "obsm.h"
 #include "query.h"
 #include "request.h"
@@ -64,9 +62,9 @@
 #define AGG_PART_BUDGET ((size_t)512 << 20)
 #define AGG_MAX_GROUP_BY 8
 
-/* Compression levels, from the per-thread cost table in benchmarks/README.md. */
+/* The gzip level of a document (br's quality is coding.c's), from the
+ * per-thread cost table in benchmarks/README.md. */
 #define GZIP_LEVEL 1
-#define BR_QUALITY 1
 
 #define MEDIA_ARRAY "application/vnd.ivserve.array"
 #define MEDIA_AGG "application/vnd.ivserve.aggregate"
@@ -1599,60 +1597,11 @@ static uint64_t fnv_str(uint64_t h, const char *s)
     return fnv(h, s ? s : "", s ? strlen(s) + 1 : 1);
 }
 
-/* Gzip-encodes r->out in place at GZIP_LEVEL, as a query stream is
- * (gzip_stream.h: ISA-L at this level, pieces in parallel on the pool).
- * Keeps the identity body when compression does not pay. */
-static int gzip_out(iv_vreq_t *r)
-{
-    iv_buf_t z;
-    iv_buf_init(&z);
-    if (iv_gz_member(&z, r->out.data, r->out.len, GZIP_LEVEL, r->pool) != 0 || z.len >= r->out.len) {
-        iv_buf_free(&z);
-        return 0;
-    }
-    iv_buf_free(&r->out);
-    r->out = z;
-    return 1;
-}
-
-/* Brotli-encodes r->out in place at quality BR_QUALITY; as gzip_out. */
-static int brotli_out(iv_vreq_t *r)
-{
-    size_t bound = BrotliEncoderMaxCompressedSize(r->out.len);
-    if (bound == 0) return 0;
-    uint8_t *dst = malloc(bound);
-    if (!dst) return 0;
-    size_t n = bound;
-    if (!BrotliEncoderCompress(BR_QUALITY, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, r->out.len,
-                               (const uint8_t *)r->out.data, &n, dst) ||
-        n >= r->out.len) {
-        free(dst);
-        return 0;
-    }
-    free(r->out.data);
-    r->out.data = (char *)dst;
-    r->out.len = n;
-    r->out.cap = bound;
-    return 1;
-}
-
-enum { CODING_IDENTITY = 0, CODING_GZIP = 1, CODING_BR = 2 };
-
-/* The coding is chosen before the work so that the ETag (which names it)
- * is known before it, and a match costs nothing more.  br wins over gzip
- * at equal preference: smaller at a similar cost. */
-static int pick_coding(const iv_vreq_t *r)
-{
-    double qg = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "gzip") : -1;
-    double qb = r->accept_encoding ? iv_http_coding_q(r->accept_encoding, "br") : -1;
-    return qb > 0 && qb >= qg ? CODING_BR : qg > 0 ? CODING_GZIP : CODING_IDENTITY;
-}
-
 /* Two tags: the identity body's and the encoded body's.  Which one a
  * response gets is known only after the work (a body may not be worth
  * encoding), so a conditional request matching either is answered 304
  * with the tag it matched: both bodies stand for this request. */
-static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag_coded[24])
+static void vreq_etags(const iv_vreq_t *r, iv_coding_t coding, char tag_id[24], char tag_coded[24])
 {
     static const char *const suffix[] = {"", "-gz", "-br"};
     uint64_t h = 1469598103934665603ull;
@@ -1676,7 +1625,8 @@ static void vreq_etags(const iv_vreq_t *r, int coding, char tag_id[24], char tag
 }
 
 /* The tag of If-None-Match that stands for this request, or NULL. */
-static const char *vreq_match(const iv_vreq_t *r, int coding, const char *tag_id, const char *tag_coded)
+static const char *vreq_match(const iv_vreq_t *r, iv_coding_t coding, const char *tag_id,
+                              const char *tag_coded)
 {
     if (!r->if_none_match) return NULL;
     if (coding && etag_listed(r->if_none_match, tag_coded)) return tag_coded;
@@ -1712,16 +1662,18 @@ static const route_run_fn route_runs[] = {
  * thread: they go out as they are, compressible bodies (JSON, NDJSON, the
  * aggregate's binary with its JSON prelude) are encoded.  Zarr chunks go
  * as they are too (docs/zarr.md): their metadata is encoded. */
-static int encode_body(iv_vreq_t *r, int coding)
+static int encode_body(iv_vreq_t *r, iv_coding_t coding)
 {
     int worth = r->route == IV_VR_ZARR ? r->ctype == MEDIA_ZARR_META : strcmp(r->ctype, MEDIA_ARRAY) != 0;
     if (!coding || !worth || r->out.len < 1024) return 0;
-    return coding == CODING_BR ? brotli_out(r) : gzip_out(r);
+    return iv_coding_encode(&r->out, coding, GZIP_LEVEL, r->pool);
 }
 
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
 {
-    int coding = pick_coding(r);
+    /* The coding is chosen before the work so that the ETag (which names
+     * it) is known before it, and a match costs nothing more. */
+    iv_coding_t coding = iv_coding_pick(r->accept_encoding, IV_ANSWER_DOCUMENT, GZIP_LEVEL);
     char tag_id[24], tag_coded[24];
     vreq_etags(r, coding, tag_id, tag_coded);
     char cc[80];
@@ -1743,6 +1695,6 @@ int iv_vreq_run(iv_vreq_t *r, iv_err_t *err)
     int encoded = encode_body(r, coding);
     snprintf(r->extra, sizeof r->extra, "ETag: %s\r\n%sVary: Accept, Accept-Encoding\r\n%s%s%s",
              encoded ? tag_coded : tag_id, cc, encoded ? "Content-Encoding: " : "",
-             encoded ? (coding == CODING_BR ? "br" : "gzip") : "", encoded ? "\r\n" : "");
+             encoded ? iv_coding_name(coding) : "", encoded ? "\r\n" : "");
     return 0;
 }

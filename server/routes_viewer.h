@@ -149,7 +149,7 @@ void iv_vreq_free(iv_vreq_t *r);
  * route, the path, the exact query string or body, Accept and the
  * content coding) and Cache-Control; an If-None-Match that matches
  * answers 304 before any work.  Bodies of 1 KiB and more are encoded
- * with br (libbrotli) or gzip (zlib) when Accept-Encoding allows it.
+ * with br or gzip as proto/coding.h chooses from Accept-Encoding.
  */
 int iv_vreq_run(iv_vreq_t *r, iv_err_t *err);
 

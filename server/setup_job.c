@@ -219,10 +219,10 @@ static char *dropped_header(const name_report_t *nr, int folded)
 static int resolve_names(job_t *j, iv_qreq_t *qr, iv_meta_t *var_meta, name_report_t *nr)
 {
     IV_TRY(job_check_cancel(j));
-    IV_TRY(iv_rmeta_resolve_ex(j->qs->ds->meta, IV_AXIS_OBS, &qr->obs, &nr->drop_obs, &nr->fold_obs,
-                               &j->err));
+    IV_TRY(iv_psel_resolve(&qr->obs, j->qs->ds->meta, IV_AXIS_OBS, &nr->drop_obs, &nr->fold_obs,
+                           &j->err));
     IV_TRY(job_check_cancel(j));
-    IV_TRY(iv_rmeta_resolve_ex(var_meta, IV_AXIS_VAR, &qr->var, &nr->drop_var, &nr->fold_var, &j->err));
+    IV_TRY(iv_psel_resolve(&qr->var, var_meta, IV_AXIS_VAR, &nr->drop_var, &nr->fold_var, &j->err));
     return job_check_cancel(j);
 }
 

@@ -55,7 +55,7 @@ struct qstream {
     int have_total;       /* count: total already known from the metadata */
     double total;
     int dense;            /* gene rows as dense vectors */
-    int gz_level;         /* > 0: the answer is one gzip member (stream_gzip_level) */
+    int gz_level;         /* > 0: the answer is one gzip member (coding.h: iv_coding_pick) */
     iv_gz_sum_t gz_sum;   /* its identity bytes so far, in body order */
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
     int budget_wait;      /* waits for the write budget before submitting blocks */
@@ -99,9 +99,7 @@ qstream_t *qs_new(conn_t *c, sds_t *d, int count);
 void qs_free(qstream_t *qs);
 int qs_submit_job(qstream_t *qs, const job_type_t *type, int64_t b, setup_t *st);
 int qs_submit(qstream_t *qs, const job_type_t *type, int64_t b);
-/* gzip level of a query answer by Accept-Encoding (0: identity), and
- * the headers that vary with it. */
-int stream_gzip_level(const server_t *s, const iv_http_req_t *r);
+/* The headers of a query answer that vary with its coding (gz_level). */
 const char *stream_extra(const qstream_t *qs);
 void qs_fail(qstream_t *qs, int rc, const iv_err_t *e);
 void qs_pump(qstream_t *qs);

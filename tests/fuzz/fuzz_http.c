@@ -1,10 +1,11 @@
 /* libFuzzer target: raw bytes through the HTTP request parser, fed in
  * pieces split where the first input byte says, as a socket would; each
- * complete request's Accept-Encoding through the q-value parser. */
+ * complete request's Accept-Encoding through the content-coding choice. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "coding.h"
 #include "http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -26,9 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = iv_http_in_feed(&in, (const char *)data + off, end - off, &used, &r);
         off += used;
         if (rc == 1) {
-            /* The Accept-Encoding q-value parser reads the header as sent. */
-            (void)iv_http_coding_q(r->hdr[IV_H_ACCEPT_ENCODING], "gzip");
-            (void)iv_http_coding_q(r->hdr[IV_H_ACCEPT_ENCODING], "identity");
+            /* The coding choice reads the header as sent. */
+            (void)iv_coding_pick(r->hdr[IV_H_ACCEPT_ENCODING], IV_ANSWER_STREAM, 1);
+            (void)iv_coding_pick(r->hdr[IV_H_ACCEPT_ENCODING], IV_ANSWER_DOCUMENT, 1);
             iv_http_req_free(r);
             free(r);
         } else if (rc < 0) {

@@ -1,11 +1,13 @@
 /* Tests of the selection-list grammar shared by the query string and the
  * command line (proto/request.c sel_from_list, iv_psel_parse_list,
- * iv_psel_resolve; docs/selection-lists.md). */
+ * iv_psel_resolve and the names it reports; docs/selection-lists.md). */
 #include <check.h>
 
 #include "check_main.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "request.h"
 
@@ -118,16 +120,88 @@ START_TEST(test_resolve_leaves_positions_and_needs_metadata)
     ck_assert_int_eq(iv_psel_parse_list(&p, "obs", "4,2", NULL, 60, &e), 0);
     int64_t *before = p.idx;
     /* Positions alone need no metadata: left as they are. */
-    ck_assert_int_eq(iv_psel_resolve(&p, NULL, IV_AXIS_OBS, NULL, &e), 0);
+    ck_assert_int_eq(iv_psel_resolve(&p, NULL, IV_AXIS_OBS, NULL, NULL, &e), 0);
     ck_assert_ptr_eq(p.idx, before);
     static const int64_t want[] = {4, 2};
     expect_idx(&p, want, 2);
     iv_psel_free(&p);
     /* Names do: without it the engine's resolver says so. */
     ck_assert_int_eq(iv_psel_parse_list(&p, "obs", "AAAC,TTTG", NULL, 60, &e), 0);
-    ck_assert_int_eq(iv_psel_resolve(&p, NULL, IV_AXIS_OBS, NULL, &e), IV_ENO_METADATA);
+    ck_assert_int_eq(iv_psel_resolve(&p, NULL, IV_AXIS_OBS, NULL, NULL, &e), IV_ENO_METADATA);
     ck_assert_int_eq(p.kind, IV_PSEL_NAMES);
     iv_psel_free(&p);
+}
+END_TEST
+
+/* The tiny fixture's obs metadata, or NULL when the fixtures are absent. */
+static iv_meta_t *tiny(void)
+{
+    const char *env = getenv("IV_FIXTURES");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tiny.ivcsr.blosc2-lz4.h5ad", env ? env : IV_FIXTURES);
+    struct stat st;
+    if (stat(path, &st) != 0) return NULL;
+    iv_err_t e = {0};
+    iv_meta_t *m = NULL;
+    ck_assert_msg(iv_meta_load(path, NULL, &m, &e) == 0, "%s", e.msg);
+    return m;
+}
+
+static void expect_list(iv_buf_t *b, const char *want)
+{
+    iv_buf_append(b, "", 1);
+    ck_assert_str_eq(b->data, want);
+    iv_buf_free(b);
+    iv_buf_init(b);
+}
+
+START_TEST(test_resolve_reports_dropped_and_folded_names)
+{
+    iv_meta_t *m = tiny();
+    if (!m) {
+        fprintf(stderr, "test_sel_list: fixtures absent, skipped\n");
+        return;
+    }
+    iv_psel_t p;
+    iv_err_t e = {0};
+    iv_buf_t dropped, folded;
+    iv_buf_init(&dropped);
+    iv_buf_init(&folded);
+    /* An unknown name is dropped and listed; one matched only by ignoring
+     * case is kept and listed apart. */
+    const char *sel = "AAAC80585129-1,nope,aaacf7c9af85-0,\"q\"";
+    ck_assert_int_eq(iv_psel_parse_list(&p, "obs", sel, NULL, 60, &e), 0);
+    p.missing_ignore = 1;
+    ck_assert_msg(iv_psel_resolve(&p, m, IV_AXIS_OBS, &dropped, &folded, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(p.kind, IV_PSEL_INDEX);
+    static const int64_t want[] = {1, 0};
+    expect_idx(&p, want, 2);
+    expect_list(&dropped, "[\"nope\",\"\\\"q\\\"\"]");
+    expect_list(&folded, "[\"aaacf7c9af85-0\"]");
+    iv_psel_free(&p);
+    /* Exact matches only: an empty dropped list, nothing for folded. */
+    ck_assert_int_eq(iv_psel_parse_list(&p, "obs", "AAAC1A11EB05-3", NULL, 60, &e), 0);
+    ck_assert_int_eq(iv_psel_resolve(&p, m, IV_AXIS_OBS, &dropped, &folded, &e), 0);
+    static const int64_t want3[] = {3};
+    expect_idx(&p, want3, 1);
+    expect_list(&dropped, "[]");
+    ck_assert_uint_eq(folded.len, 0);
+    iv_psel_free(&p);
+    /* Without missing_ignore an unknown name is an error, lists untouched. */
+    ck_assert_int_eq(iv_psel_parse_list(&p, "obs", "nope", NULL, 60, &e), 0);
+    ck_assert_int_eq(iv_psel_resolve(&p, m, IV_AXIS_OBS, &dropped, &folded, &e), IV_EUNKNOWN_NAME);
+    ck_assert_uint_eq(dropped.len + folded.len, 0);
+    iv_psel_free(&p);
+    /* A filter over positions reports no names. */
+    ck_assert_int_eq(iv_psel_parse_list(&p, "obs", "0,1,2", "age > 1000", 60, &e), 0);
+    ck_assert_msg(iv_psel_resolve(&p, m, IV_AXIS_OBS, &dropped, &folded, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(p.kind, IV_PSEL_INDEX);
+    ck_assert_int_eq(p.n, 0);
+    ck_assert_uint_eq(dropped.len + folded.len, 0);
+    iv_psel_free(&p);
+    iv_buf_free(&dropped);
+    iv_buf_free(&folded);
+    iv_meta_free(m);
 }
 END_TEST
 
@@ -140,6 +214,7 @@ int main(void)
     tcase_add_test(tc, test_command_line_forms);
     tcase_add_test(tc, test_command_line_errors_leave_nothing);
     tcase_add_test(tc, test_resolve_leaves_positions_and_needs_metadata);
+    tcase_add_test(tc, test_resolve_reports_dropped_and_folded_names);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -289,28 +289,6 @@ START_TEST(test_redact_paths)
 }
 END_TEST
 
-START_TEST(test_coding_q)
-{
-    /* The one Accept-Encoding parser (viewer routes and query answers). */
-    ck_assert(iv_http_coding_q(NULL, "gzip") == -1);
-    ck_assert(iv_http_coding_q("", "gzip") == -1);
-    ck_assert(iv_http_coding_q("gzip", "gzip") == 1);
-    ck_assert(iv_http_coding_q("GZip", "gzip") == 1);
-    ck_assert(iv_http_coding_q("br", "gzip") == -1);
-    ck_assert(iv_http_coding_q("br;q=0.9, gzip;q=0.5", "gzip") == 0.5);
-    ck_assert(iv_http_coding_q("br;q=0.9, gzip;q=0.5", "br") == 0.9);
-    ck_assert(iv_http_coding_q("gzip;q=0", "gzip") == 0);
-    ck_assert(iv_http_coding_q("*", "gzip") == 1);
-    ck_assert(iv_http_coding_q("*;q=0", "gzip") == 0);
-    ck_assert(iv_http_coding_q("*;q=0.2, gzip", "gzip") == 1);   /* the named entry wins */
-    ck_assert(iv_http_coding_q("gzip;q=0, *", "gzip") == 0);
-    ck_assert(iv_http_coding_q("identity;q=0", "identity") == 0);
-    ck_assert(iv_http_coding_q("identity;q=0", "gzip") == -1);
-    ck_assert(iv_http_coding_q("deflate, gzip ;q=0.3", "gzip") == 0.3);
-    ck_assert(iv_http_coding_q("gzipx", "gzip") == -1);
-}
-END_TEST
-
 int main(void)
 {
     Suite *s = suite_create("http_parse");
@@ -328,7 +306,6 @@ int main(void)
     tcase_add_test(tc, test_http10_transfer_encoding_is_400);
     tcase_add_test(tc, test_absolute_form_target);
     tcase_add_test(tc, test_redact_paths);
-    tcase_add_test(tc, test_coding_q);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
