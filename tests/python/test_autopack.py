@@ -161,7 +161,9 @@ def test_ordinary_file_is_packed_once_and_served_exactly(tmp_path, kind):
 
 def test_packing_is_shown_while_it_runs(tmp_path):
     src = str(tmp_path / "held.h5ad")
-    X = make(src, n_obs=2000, n_var=300)
+    # Large enough that the pack is still running when it is found (see
+    # test_sigterm_during_a_pack_...); the first 2,000 rows are compared.
+    X = make(src, n_obs=200000, n_var=300)[:2000]
     cache = str(tmp_path / "cache")
     s = Server(str(tmp_path), [src, "--cache-dir", cache])
     try:
@@ -173,7 +175,7 @@ def test_packing_is_shown_while_it_runs(tmp_path):
             d = s.wait(lambda: s.datasets()["held"] if s.datasets()["held"]["state"] == "packing"
                        else None, 30, "packing state")
             p = d["packing"]
-            assert 0 <= p["fraction"] <= 1 and p["rows"] == 2000 and p["seconds"] >= 0, d
+            assert 0 <= p["fraction"] <= 1 and p["rows"] == 200000 and p["seconds"] >= 0, d
             r = requests.get(s.url + "/readyz", timeout=10)
             assert r.status_code == 503 and "held (packing" in r.text, r.text
             r = requests.get(s.url + "/v1/datasets/held/query?obs=0:2", timeout=10)
@@ -230,13 +232,16 @@ def test_byte_bound_evicts_the_least_recent_copy_not_in_use(tmp_path):
 
 def test_replaced_source_is_repacked_while_the_old_copy_serves(tmp_path):
     src = str(tmp_path / "rep.h5ad")
-    X1 = make(src, n_obs=2000, n_var=300, seed=1)
+    # 200,000 rows so that the repack runs long enough to be caught (a
+    # 2,000-row file packed in 0.05 s, under the poll's interval); the
+    # first 2,000 rows are compared.
+    X1 = make(src, n_obs=200000, n_var=300, seed=1)[:2000]
     cache = str(tmp_path / "cache")
     s = Server(str(tmp_path), [src, "--cache-dir", cache])
     try:
         s.settled()
         new = str(tmp_path / "new.h5ad")
-        X2 = make(new, n_obs=2000, n_var=300, seed=2)
+        X2 = make(new, n_obs=200000, n_var=300, seed=2)[:2000]
         os.rename(new, src)
         s.proc.send_signal(signal.SIGHUP)
         kids = s.wait(lambda: pack_children(s.proc.pid), 60, "the repack")
@@ -256,7 +261,10 @@ def test_replaced_source_is_repacked_while_the_old_copy_serves(tmp_path):
 
 def test_sigterm_during_a_pack_stops_it_and_leaves_no_temporary_file(tmp_path):
     src = str(tmp_path / "big.h5ad")
-    make(src, n_obs=2000, n_var=300)
+    # Large enough that the pack (about 0.7 s here) is still running when
+    # the test finds and stops it: a 2,000-row file packed in 0.05 s, so
+    # on a quiet machine the copy was often done before the stop.
+    make(src, n_obs=200000, n_var=300)
     cache = str(tmp_path / "cache")
     s = Server(str(tmp_path), [src, "--cache-dir", cache, "--shutdown-grace-ms", "2000"])
     kids = s.wait(lambda: pack_children(s.proc.pid), 60, "a pack process")
