@@ -31,7 +31,10 @@
  *     one stretch per new slice (tens of thousands of targets, no cache
  *     or TLB held them): on the 2-core machine that halved the fill's
  *     CPU time.  A value group whose indices pass the window's end skips
- *     the rest of its varints.
+ *     the rest of its varints; when the windows are several, the first
+ *     fill keeps each group's place there and the next windows resume
+ *     it (band_resume), so that a varint is decoded once over them all
+ *     and a window costs the source's chunks and a look at each group.
  *  4. Encode, per block and in parallel: a first read of the block's
  *     parts, bands in order (so source slices come ascending within each
  *     new slice), counts each new slice's entries and checks that no
@@ -56,11 +59,12 @@
  * make_copy; build_free is the one cleanup, on success and on failure.
  *
  * iv_transpose_to_sink, for a writer of the copy on disk, runs the same
- * stages up to run_windows, but the copy is never held: place_window
- * moves a window's varints to a buffer sized for that window (reused by
- * the next), and each window's slices, varints and groups go to the
- * sink at the end of run_window.  The temporary and that buffer share
- * the one bound, so the windows are as many as it needs.
+ * stages up to run_windows, but the copy is never held: each window
+ * goes to the sink in pieces (sink_pieces), runs of its blocks whose
+ * varints are moved to a buffer of about an eighth of the window's
+ * worst case (reused by the next piece) and handed over with their
+ * slices and groups.  The temporary and that buffer share the one
+ * bound, so the windows are as many as it needs.
  */
 #include "transpose.h"
 
@@ -487,14 +491,18 @@ struct tb {
     int64_t n_items;
     uint8_t *out;              /* the copy's stream, or a sink's window of it */
     uint64_t out_at;           /* the copy's byte offset of out[0] (0 but for a sink) */
+    int64_t mv_k0;             /* a sink's piece: its first block (move_block) */
     uint64_t *byte_at;         /* per new slice: its offset in out (n_new_major + 1) */
     uint64_t *band_entries;    /* n_bands: each band's entries in the window */
     uint64_t *est_start;       /* n_new_major + 1: estimated entry offsets (one pass) */
     /* Resuming (windows after the first; see band_resume): per source
      * group, its next varint's offset from its band's first byte, the
-     * index before it plus one, and its entries left (0: used up). */
+     * index before it plus one, and its entries left (0: used up); when
+     * both of these fit 16 bits (rs_narrow), one word at rs_acc holds
+     * them, left in the high half. */
     int resume;                /* the windows resume each group */
     int recorded;              /* a fill has recorded every group's place */
+    int rs_narrow;
     atomic_int too_far;        /* a place did not fit 32 bits: resume off */
     uint32_t *rs_off, *rs_acc, *rs_left;  /* one mapping of rs_bytes, at rs_off */
     size_t rs_bytes;
@@ -717,8 +725,25 @@ static inline __attribute__((always_inline)) int fill_put(struct band_pass *f, s
 static inline void record_stop(struct tb *t, int64_t k, uint64_t rel, uint64_t acc, uint64_t left)
 {
     t->rs_off[k] = (uint32_t)rel;
+    if (t->rs_narrow) {
+        t->rs_acc[k] = (uint32_t)(acc | left << 16);
+        return;
+    }
     t->rs_acc[k] = (uint32_t)acc;
     t->rs_left[k] = (uint32_t)left;
+}
+
+/* Group k's entries left (0: used up) and, through *acc, the index
+ * before them plus one. */
+static inline uint64_t place_left(const struct tb *t, int64_t k, uint64_t *acc)
+{
+    uint32_t a = t->rs_acc[k];
+    if (t->rs_narrow) {
+        *acc = a & 0xffffu;
+        return a >> 16;
+    }
+    *acc = a;
+    return t->rs_left[k];
 }
 
 /*
@@ -760,7 +785,7 @@ static inline __attribute__((always_inline)) int walk_group(iv_cursor_t *cur, ui
         uint64_t code = f->blk_of[j - f->g0];
         if ((rc = fill_put(f, (size_t)(code >> 32), hi | (code & 0xffffffffu), t, b, e)) < 0) return rc;
     }
-    if (rec) t->rs_left[k] = 0;
+    if (rec) record_stop(t, k, 0, 0, 0);
     return 0;
 }
 
@@ -823,7 +848,7 @@ static inline __attribute__((always_inline)) int resume_group(iv_cursor_t *cur, 
                                                               uint64_t band_at, iv_err_t *e)
 {
     const uint64_t n_minor = f->n_minor;
-    uint64_t acc = t->rs_acc[k], left = t->rs_left[k], d;
+    uint64_t acc, left = place_left(t, k, &acc), d;
     while (left > 0) {
         uint64_t at = iv_cursor_tell(cur);
         int rc = read_delta(cur, &d, e);
@@ -844,7 +869,7 @@ static inline __attribute__((always_inline)) int resume_group(iv_cursor_t *cur, 
         uint64_t code = f->blk_of[j - f->g0];
         if ((rc = fill_put(f, (size_t)(code >> 32), hi | (code & 0xffffffffu), t, b, e)) < 0) return rc;
     }
-    t->rs_left[k] = 0;
+    record_stop(t, k, 0, 0, 0);
     return 0;
 }
 
@@ -866,13 +891,14 @@ static void band_resume(void *arg, size_t b)
     int rc = 0;
     struct band_pass f = band_pass_begin(t, b, 1);
     const unsigned gbits = t->gbits, sv = t->gbits + t->vbits;
-    const uint32_t *vid = t->vid, *rs_off = t->rs_off, *rs_left = t->rs_left;
+    const uint32_t *vid = t->vid, *rs_off = t->rs_off;
     const int64_t *mp = t->mp;
     const uint64_t at0 = t->band_at[b];
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         uint64_t sl = (uint64_t)(s - s0) << sv;
         for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
-            if (rs_left[k] == 0) continue;
+            uint64_t acc;
+            if (place_left(t, k, &acc) == 0) continue;
             if ((rc = iv_cursor_seek(&cur, at0 + rs_off[k], &e)) == 0)
                 rc = resume_group(&cur, t, &f, k, sl | (uint64_t)vid[k] << gbits, s, b, at0, &e);
         }
@@ -1334,6 +1360,16 @@ static void move_item(void *arg, size_t i)
     }
 }
 
+/* Moves block mv_k0 + i's encoded slices from its chunks to their place
+ * in a sink's piece of the window. */
+static void move_block(void *arg, size_t i)
+{
+    struct tb *t = arg;
+    int64_t k = t->mv_k0 + (int64_t)i;
+    uint64_t at = t->byte_at[t->blk[k]];
+    block_chunks(t, k, t->out + (at - t->out_at), t->byte_at[t->blk[k + 1]] - at, 0);
+}
+
 /* Frees the previous window's blocks and parts. */
 static void blocks_free(struct tb *t)
 {
@@ -1545,6 +1581,8 @@ struct build {
     uint8_t *out;              /* the copy's stream, until the copy owns it (a sink: one window's) */
     size_t out_cap;
     const iv_transpose_sink_t *sink;  /* NULL: the copy is built in memory */
+    uint64_t piece_cap;        /* a sink's: bytes of varints a piece of a window aims at */
+    int windows;               /* windows begun */
     uint8_t *wvals;            /* a sink's window: its groups' values */
     size_t wvals_cap;
     uint64_t len;              /* the stream's bytes */
@@ -1736,22 +1774,42 @@ static uint64_t block_target(const struct build *b, uint64_t entries)
     return target;
 }
 
+/* A sink's window goes out in pieces, runs of its blocks whose varints
+ * fill about one PIECES-th of what the window's entries could take at
+ * most (a piece holds one block at least). */
+#define PIECES 8
+
 /* The temporary's share of a bound of `whole` bytes: all of it, or for
- * a sink, what its window buffer (maxlen bytes an entry at most) leaves
- * (esz an entry, and a quarter more at most for its chains' last
- * chunks). */
-static uint64_t tmp_share(const struct build *b, uint64_t whole)
+ * a sink, what the buffer of a window's pieces (maxlen bytes an entry
+ * at most, a PIECES-th of the window at a time) leaves: esz an entry,
+ * and a quarter more at most for its chains' last chunks.  Sets the
+ * pieces' size. */
+static uint64_t tmp_share(struct build *b, uint64_t whole)
 {
     const struct tb *t = &b->t;
-    return b->sink ? whole / (t->esz + t->esz / 4 + t->maxlen) * t->esz : whole;
+    if (!b->sink) return whole;
+    uint64_t eighths = 8 * (t->esz + t->esz / 4) + 8 * t->maxlen / PIECES;
+    uint64_t entries = whole / eighths * 8;
+    b->piece_cap = entries * t->maxlen / PIECES;
+    return entries * t->esz;
+}
+
+/* Entries of the source's largest group. */
+static uint64_t widest_group(const struct tb *t, uint64_t groups)
+{
+    uint64_t widest = 0;
+    for (uint64_t k = 0; k < groups; k++)
+        if ((uint64_t)(t->vp[k + 1] - t->vp[k]) > widest) widest = (uint64_t)(t->vp[k + 1] - t->vp[k]);
+    return widest;
 }
 
 /*
  * The temporary's bound (b->tmp_bytes, from the bound on the whole
  * build), and resuming: when the entries take more than one window, the
  * windows after the first resume each source group where the last one
- * left it (band_resume) if its places, 12 bytes a group, take at most
- * half the bound; they come out of it.  Each window then costs its own
+ * left it (band_resume) if its places, 8 bytes a group (12 where a
+ * group or the new slices pass 16 bits), take at most half the bound;
+ * they come out of it.  Each window then costs its own
  * varints and a look at every group, not a decode of the whole source.
  * 0, or -1 when out of memory.
  */
@@ -1759,18 +1817,18 @@ static int plan_resume(struct build *b)
 {
     struct tb *t = &b->t;
     uint64_t whole = b->tmp_bytes, groups = (uint64_t)t->mp[b->S];
-    uint64_t bytes = groups * 3 * sizeof(uint32_t);
-    b->tmp_bytes = tmp_share(b, whole);
     int ask = b->opts->resume;
-    if (ask < 0 || groups == 0 || b->nnz * t->esz <= b->tmp_bytes || (uint64_t)b->G >= UINT32_MAX ||
-        (ask == 0 && bytes > whole / 2))
-        return 0;
+    b->tmp_bytes = tmp_share(b, whole);
+    if (ask < 0 || groups == 0 || b->nnz * t->esz <= b->tmp_bytes || (uint64_t)b->G >= UINT32_MAX) return 0;
+    t->rs_narrow = ask != 2 && b->G <= 0xffff && widest_group(t, groups) <= 0xffff;
+    uint64_t bytes = groups * (t->rs_narrow ? 2 : 3) * sizeof(uint32_t);
+    if (ask == 0 && bytes > whole / 2) return 0;
     t->rs_bytes = (size_t)bytes;
     t->rs_off = big_map(t->rs_bytes);
     t->band_at = malloc((size_t)t->n_bands * sizeof *t->band_at);
     if (!t->rs_off || !t->band_at) return -1;
     t->rs_acc = t->rs_off + groups;
-    t->rs_left = t->rs_acc + groups;
+    t->rs_left = t->rs_narrow ? NULL : t->rs_acc + groups;
     t->resume = 1;
     if (ask == 0) b->tmp_bytes = tmp_share(b, whole - bytes);
     return 0;
@@ -1950,8 +2008,8 @@ static int encode_window(struct build *b, uint64_t wanted, iv_err_t *err)
     return 0;
 }
 
-/* A sink's window buffer for `bytes` of varints, mapped again only when
- * a window needs more than any before it.  0, or -1 when out of memory. */
+/* A sink's buffer for a piece of `bytes` of varints, mapped again only
+ * when a piece needs more than any before it.  0, or -1 when out of memory. */
 static int window_buffer(struct build *b, uint64_t bytes)
 {
     struct tb *t = &b->t;
@@ -1965,20 +2023,15 @@ static int window_buffer(struct build *b, uint64_t bytes)
     return b->out ? 0 : -1;
 }
 
-/* Place: the window's new slices' byte offsets, and their varints moved
- * to the copy's stream (a sink's: to the window's buffer). */
-static int place_window(struct build *b, int64_t g0, int64_t g1, iv_err_t *err)
+/* Place: the window's new slices' byte offsets and, in memory, their
+ * varints moved to the copy's stream (a sink's go piece by piece, see
+ * sink_pieces). */
+static void place_window(struct build *b, int64_t g0, int64_t g1)
 {
     struct tb *t = &b->t;
     for (int64_t g = g0; g < g1; g++) t->byte_at[g + 1] = t->byte_at[g] + t->nbytes[g];
-    if (b->sink) {
-        if (window_buffer(b, t->byte_at[g1] - t->byte_at[g0]) < 0)
-            return iv_fail(err, IV_ENOMEM, "%s: out of memory for a window of the transpose", b->ds->where);
-        t->out_at = t->byte_at[g0];
-    }
-    iv_pool_parallel_for(b->opts->pool, (size_t)t->n_items, 0, move_item, t);
+    if (!b->sink) iv_pool_parallel_for(b->opts->pool, (size_t)t->n_items, 0, move_item, t);
     phase_end(&b->clock, IV_TP_MOVE);
-    return 0;
 }
 
 /* Room for `need` groups of the copy.  0, or -1 when out of memory. */
@@ -2015,26 +2068,58 @@ static int gather_groups(struct build *b, iv_err_t *err)
     return 0;
 }
 
-/* A sink's window [g0, g1) handed over: its varints, per-slice lengths
- * and groups, the groups' values taken from their ids. */
-static int sink_window(struct build *b, int64_t g0, int64_t g1, iv_err_t *err)
+/* A sink's piece [ga, gb) of the window handed over: its varints (in
+ * b->out), per-slice lengths and groups (the window's from group gat,
+ * ng of them), the groups' values taken from their ids; kb its end
+ * block. */
+static int sink_piece(struct build *b, int64_t ga, int64_t gb, size_t gat, size_t ng, int64_t kb,
+                      iv_err_t *err)
 {
     const struct tb *t = &b->t;
-    size_t need = (b->n_groups ? b->n_groups : 1) * b->vsz;
+    size_t need = (ng ? ng : 1) * b->vsz;
     if (need > b->wvals_cap) {
         uint8_t *nv = realloc(b->wvals, need);
         if (!nv) return iv_fail(err, IV_ENOMEM, "%s: out of memory for a window's values", b->ds->where);
         b->wvals = nv;
         b->wvals_cap = need;
     }
-    for (size_t k = 0; k < b->n_groups; k++) memcpy(b->wvals + k * b->vsz, &b->distinct[b->vlist[k]], b->vsz);
+    for (size_t k = 0; k < ng; k++) memcpy(b->wvals + k * b->vsz, &b->distinct[b->vlist[gat + k]], b->vsz);
     iv_transpose_window_t w = {
-        .g0 = g0, .g1 = g1, .bytes = b->out, .n_bytes = t->byte_at[g1] - t->byte_at[g0],
-        .slice_bytes = t->nbytes + g0, .slice_groups = t->ngrp + g0, .values = b->wvals,
-        .group_sizes = b->vsize, .n_groups = b->n_groups,
-        .entries_done = t->one_pass ? b->nnz : b->start[g1], .nnz = b->nnz, .count_pass = !t->one_pass,
+        .g0 = ga, .g1 = gb, .bytes = b->out, .n_bytes = t->byte_at[gb] - t->byte_at[ga],
+        .slice_bytes = t->nbytes + ga, .slice_groups = t->ngrp + ga, .values = b->wvals,
+        .group_sizes = b->vsize + gat, .n_groups = ng,
+        .entries_done = (t->one_pass ? 0 : b->start[t->g0]) + t->blk_at[kb], .nnz = b->nnz,
+        .count_pass = !t->one_pass, .window = b->windows,
     };
     return b->sink->window(b->sink->ctx, &w, err);
+}
+
+/*
+ * A sink's window, piece by piece: each a run of blocks whose varints
+ * take at most b->piece_cap bytes (one block at least, however many),
+ * moved to the pieces' buffer (sized for the largest piece so far) and
+ * handed over, so that the window's varints are never held whole.
+ */
+static int sink_pieces(struct build *b, iv_err_t *err)
+{
+    struct tb *t = &b->t;
+    size_t gat = 0;
+    for (int64_t k0 = 0, k1; k0 < t->n_blk; k0 = k1) {
+        uint64_t base = t->byte_at[t->blk[k0]];
+        for (k1 = k0 + 1; k1 < t->n_blk && t->byte_at[t->blk[k1 + 1]] - base <= b->piece_cap; k1++) {}
+        int64_t ga = t->blk[k0], gb = t->blk[k1];
+        if (window_buffer(b, t->byte_at[gb] - base) < 0)
+            return iv_fail(err, IV_ENOMEM, "%s: out of memory for a window of the transpose", b->ds->where);
+        t->out_at = base;
+        t->mv_k0 = k0;
+        iv_pool_parallel_for(b->opts->pool, (size_t)(k1 - k0), 0, move_block, t);
+        size_t ng = 0;
+        for (int64_t g = ga; g < gb; g++) ng += t->ngrp[g];
+        int rc = sink_piece(b, ga, gb, gat, ng, k1, err);
+        if (rc < 0) return rc;
+        gat += ng;
+    }
+    return 0;
 }
 
 /* Steps 3 and 4 for the window from g0 (all new slices in one pass):
@@ -2047,12 +2132,12 @@ static int run_window(struct build *b, int64_t g0, int64_t *g1, iv_err_t *err)
     *g1 = b->G;
     if (!t->one_pass && (rc = plan_window(b, g0, g1, err)) < 0) return rc;
     uint64_t wanted = t->one_pass ? b->nnz : b->start[*g1] - b->start[g0];
-    if ((rc = fill_window(b, wanted, err)) < 0 || (rc = encode_window(b, wanted, err)) < 0 ||
-        (rc = place_window(b, g0, *g1, err)) < 0)
-        return rc;
+    b->windows++;
+    if ((rc = fill_window(b, wanted, err)) < 0 || (rc = encode_window(b, wanted, err)) < 0) return rc;
+    place_window(b, g0, *g1);
     if (b->sink) b->n_groups = 0;
     if ((rc = gather_groups(b, err)) < 0) return rc;
-    return b->sink ? sink_window(b, g0, *g1, err) : 0;
+    return b->sink ? sink_pieces(b, err) : 0;
 }
 
 /* Steps 3 and 4, window by window; then the temporary and the counters

@@ -52,7 +52,8 @@ typedef struct iv_transpose_opts {
      * up to whole cache lines unless plain_stores), and the fill's plain
      * stores instead of its write combining; resume: 1 resumes each
      * group where the last window left it whatever the bound (its
-     * places not counted in it), -1 never does (every window's fill
+     * places not counted in it; 2 the same with 12-byte places even
+     * where 8 would do), -1 never does (every window's fill
      * decodes the source from each group's start), 0 resumes when the
      * places take at most half the bound (see transpose.c). */
     uint64_t block_entries;
@@ -105,6 +106,8 @@ typedef struct iv_transpose_window {
     uint64_t entries_done;        /* entries of the windows so far, this one's included */
     uint64_t nnz;                 /* of the whole matrix */
     int count_pass;               /* the source was read once more to count (windows > 1) */
+    int window;                   /* which window, from 1: a window can come in several
+                                   * pieces, each a run of its slices, in order */
 } iv_transpose_window_t;
 
 /* Takes one window: 0, or a negative IV_E* with err set, which stops the
