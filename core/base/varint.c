@@ -319,13 +319,4 @@ size_t iv_varint_read_slow(const uint8_t *p, const uint8_t *end, uint64_t *v)
     return 0;
 }
 
-size_t iv_varint_write(uint64_t v, uint8_t *out)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        out[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    out[n++] = (uint8_t)v;
-    return n;
-}
+size_t iv_varint_write(uint64_t v, uint8_t *out) { return iv_varint_put(out, v); }

@@ -115,4 +115,32 @@ static inline size_t iv_varint_read(const uint8_t *p, const uint8_t *end, uint64
 /* Encodes v into out (at least IV_VARINT_MAX bytes); returns bytes written. */
 size_t iv_varint_write(uint64_t v, uint8_t *out);
 
+/* iv_varint_write inline, for encoders' inner loops: exactly v's bytes. */
+static inline size_t iv_varint_put(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/*
+ * iv_varint_put for a buffer with a byte of slack past the varint (it
+ * may write one byte more than it returns): one- and two-byte varints,
+ * most of a packed stream and mixed, without a branch on which.
+ */
+static inline size_t iv_varint_put_slack(uint8_t *p, uint64_t v)
+{
+    if (v < ((uint64_t)1 << 14)) {
+        uint64_t two = v >= 0x80;
+        p[0] = (uint8_t)(v | two << 7);
+        p[1] = (uint8_t)(v >> 7);
+        return (size_t)(1 + two);
+    }
+    return iv_varint_put(p, v);
+}
+
 #endif

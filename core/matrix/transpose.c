@@ -912,34 +912,6 @@ static void band_resume(void *arg, size_t b)
     if (rc < 0) tb_fail(t, &e);
 }
 
-/* Writes v as LEB128 at p (exactly its bytes); returns the length. */
-static inline size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
-/*
- * put_varint for the encode's buffers, which have a byte of slack past
- * their last varint (see encode_item): the one- and two-byte varints
- * (most of a gene-major stream, mixed) without a branch on which.
- */
-static inline size_t put_varint_s(uint8_t *p, uint64_t v)
-{
-    if (v < ((uint64_t)1 << 14)) {
-        uint64_t two = v >= 0x80;
-        p[0] = (uint8_t)(v | two << 7);
-        p[1] = (uint8_t)(v >> 7);
-        return (size_t)(1 + two);
-    }
-    return put_varint(p, v);
-}
-
 static int grp_push(struct item *it, uint32_t v, uint32_t size)
 {
     if (it->n_grp + 2 > it->cap_grp) {
@@ -966,7 +938,7 @@ static inline uint64_t put_deltas(uint8_t *dst, const uint32_t *cells, uint64_t 
 {
     uint64_t w = 0, last = UINT64_MAX;   /* -1: the first delta is the index itself */
     for (uint64_t x = from; x < to; x++) {
-        w += put_varint_s(dst + w, cells[x] - last - 1);
+        w += iv_varint_put_slack(dst + w, cells[x] - last - 1);
         last = cells[x];
     }
     return w;
@@ -977,7 +949,7 @@ static inline uint64_t put_deltas(uint8_t *dst, const uint32_t *cells, uint64_t 
  * cells (source slices in group order), lo (per new slice: its entries,
  * then where they go), nmin (per new slice: one past the last source
  * slice read, for the order check) and eb (the block's varints, and
- * put_varint_s's byte of slack); hist for the joint sort, and cnt,
+ * iv_varint_put_slack's byte of slack); hist for the joint sort, and cnt,
  * touched and loc for the per-slice one, taken when a block first needs
  * them.
  */
@@ -1002,7 +974,7 @@ static int encode_one_value(struct tb *t, struct item *it, int64_t g, const uint
     uint64_t last = UINT64_MAX;   /* -1: the first delta is the index itself */
     for (uint64_t x = 0; x < n; x++) {
         uint64_t s = get_entry(r, lsz, x) >> t->vbits;
-        w += put_varint_s(dst + w, s - last - 1);
+        w += iv_varint_put_slack(dst + w, s - last - 1);
         last = s;
     }
     t->nbytes[g] = w;
@@ -1102,7 +1074,7 @@ static int enc_init(struct enc *x, const struct tb *t, const struct item *it)
     x->cells = malloc(blk * sizeof *x->cells);
     x->lo = malloc(genes * sizeof *x->lo);
     x->nmin = malloc(genes * sizeof *x->nmin);
-    x->eb = malloc(blk * t->maxlen + 1);   /* + put_varint_s's slack */
+    x->eb = malloc(blk * t->maxlen + 1);   /* + iv_varint_put_slack's slack */
     return x->cells && x->lo && x->nmin && x->eb ? 0 : -1;
 }
 
