@@ -661,6 +661,20 @@ static void band_pass_end(const struct tb *t, struct band_pass f, int rc)
     free(f.wc);
 }
 
+/* A band's pass done: its cursor let go, its write-combining lines
+ * written, its stores fenced, its error (rc < 0) recorded. */
+static void band_finish(struct tb *t, iv_cursor_t *cur, struct band_pass f, int rc, const iv_err_t *e)
+{
+    iv_cursor_done(cur);
+    band_pass_end(t, f, rc);
+#if IV_TP_STREAM
+    /* Streaming stores are weakly ordered: make them visible before the
+     * pool reports the band done. */
+    _mm_sfence();
+#endif
+    if (rc < 0) tb_fail(t, e);
+}
+
 /* A cursor at source slice s's first entry. */
 static int band_seek(const struct tb *t, int64_t s, iv_cursor_t *cur, iv_err_t *e)
 {
@@ -824,14 +838,7 @@ static inline __attribute__((always_inline)) void band_walk(struct tb *t, size_t
     /* A band past 32 bits of stream cannot keep its places. */
     if (rec && rc == 0 && iv_cursor_tell(&cur) - at0 > UINT32_MAX)
         atomic_store_explicit(&t->too_far, 1, memory_order_relaxed);
-    iv_cursor_done(&cur);
-    band_pass_end(t, f, rc);
-#if IV_TP_STREAM
-    /* Streaming stores are weakly ordered: make them visible before the
-     * pool reports the band done. */
-    _mm_sfence();
-#endif
-    if (rc < 0) tb_fail(t, &e);
+    band_finish(t, &cur, f, rc, &e);
 }
 
 static void band_count(void *arg, size_t b) { band_walk(arg, b, WALK_COUNT); }
@@ -905,12 +912,7 @@ static void band_resume(void *arg, size_t b)
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
-    iv_cursor_done(&cur);
-    band_pass_end(t, f, rc);
-#if IV_TP_STREAM
-    _mm_sfence();
-#endif
-    if (rc < 0) tb_fail(t, &e);
+    band_finish(t, &cur, f, rc, &e);
 }
 
 static int grp_push(struct item *it, uint32_t v, uint32_t size)

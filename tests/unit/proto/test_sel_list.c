@@ -4,6 +4,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "tiny_meta.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,19 +134,8 @@ START_TEST(test_resolve_leaves_positions_and_needs_metadata)
 }
 END_TEST
 
-/* The tiny fixture's obs metadata, or NULL when the fixtures are absent. */
-static iv_meta_t *tiny(void)
-{
-    const char *env = getenv("IV_FIXTURES");
-    char path[1200];
-    snprintf(path, sizeof path, "%s/tiny.ivcsr.blosc2-lz4.h5ad", env ? env : IV_FIXTURES);
-    struct stat st;
-    if (stat(path, &st) != 0) return NULL;
-    iv_err_t e = {0};
-    iv_meta_t *m = NULL;
-    ck_assert_msg(iv_meta_load(path, NULL, &m, &e) == 0, "%s", e.msg);
-    return m;
-}
+/* The tiny fixture's metadata, or NULL when the fixtures are absent. */
+static iv_meta_t *tiny(void) { return iv_test_tiny_meta(); }
 
 static void expect_list(iv_buf_t *b, const char *want)
 {

@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "tiny_meta.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,18 +17,8 @@
 
 #include "routes_meta.h"
 
-static iv_meta_t *tiny(void)
-{
-    const char *env = getenv("IV_FIXTURES");
-    char p[1200];
-    snprintf(p, sizeof p, "%s/tiny.ivcsr.blosc2-lz4.h5ad", env ? env : IV_FIXTURES);
-    struct stat st;
-    if (stat(p, &st) != 0) return NULL;
-    iv_err_t e = {0};
-    iv_meta_t *m = NULL;
-    ck_assert_msg(iv_meta_load(p, NULL, &m, &e) == 0, "%s", e.msg);
-    return m;
-}
+/* The tiny fixture's metadata, or NULL when the fixtures are absent. */
+static iv_meta_t *tiny(void) { return iv_test_tiny_meta(); }
 
 static char *table(const iv_meta_t *m, const int64_t *idx, int64_t n, const iv_rmeta_page_t *pg, int *rc)
 {
