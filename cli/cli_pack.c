@@ -236,6 +236,10 @@ static int pack_value_opt(pack_args_t *pa, const char *a, const char *v)
             return 2;
         }
         pa->o.transpose_engine = strcmp(v, "on") == 0;
+    } else if (strcmp(a, "--engine-replica") == 0) {
+        /* Not in the usage: benchmarks and tests compare with and without. */
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) return usage();
+        pa->o.no_replica = strcmp(v, "off") == 0;
     } else if (strcmp(a, "--engine-window-kb") == 0) {
         /* Not in the usage: tests make many windows of a small matrix. */
         char *end;

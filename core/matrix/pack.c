@@ -1681,7 +1681,8 @@ static uint64_t engine_window_bytes(const src_t *s, const encoder_t *en, const i
     double counters = bands * G * 8;
     if (counters > (double)(256u << 20)) counters = (double)(256u << 20);
     double fixed = 8 * (G + 1) + 44 * G + counters + 8 * (S + 1) + U * (8 + 4 + (double)s->esz) +
-                   (double)ENGINE_CACHE_BYTES;
+                   (double)ENGINE_CACHE_BYTES +
+                   (o->no_replica ? 0 : (double)IV_TRANSPOSE_REPLICA_CACHE + bands * IV_TRANSPOSE_REPLICA_CHUNK);
     double left = (double)pack_budget(o) - fixed;
     double per_group = 28 + (double)s->esz, groups = s->nnz > 0 ? U / (double)s->nnz : 0;
     left *= ENGINE_ENTRY_BYTES / (ENGINE_ENTRY_BYTES + groups * per_group);
@@ -1701,12 +1702,20 @@ static uint64_t engine_window_bytes(const src_t *s, const encoder_t *en, const i
  * loaded again the usual way and run_transpose takes over; rep says
  * which ran.
  */
-static int run_engine(src_t *s, encoder_t *en, const iv_pack_opts_t *o, int *n_passes,
+static int run_engine(src_t *s, encoder_t *en, const iv_pack_opts_t *o, const char *out_path, int *n_passes,
                       iv_pack_report_t *rep, iv_err_t *err)
 {
     engine_sink_t k = {.s = s, .en = en, .o = o};
     iv_transpose_sink_t sink = {.window = engine_window, .ctx = &k};
-    iv_transpose_opts_t to = {.tmp_bytes = engine_window_bytes(s, en, o), .pool = o->pool};
+    /* The output's folder holds the engine's replica of the input (an
+     * unlinked file, see transpose.h) while the windows run. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", out_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    iv_transpose_opts_t to = {.tmp_bytes = engine_window_bytes(s, en, o), .pool = o->pool,
+                              .replica_dir = o->no_replica ? NULL : dir};
     iv_err_t e2;
     iv_err_clear(&e2);
     int rc = iv_transpose_to_sink(s->ds, &to, &sink, &e2);
@@ -1931,7 +1940,7 @@ static int write_packed(src_t *s, hid_t out, const char *out_path, const iv_pack
         (rc = create_group(out, gname, label, s, &en, &g, err)) == 0 &&
         (rc = create_arrays(g, label, s, o, &en, err)) == 0 &&
         (rc = same     ? run_direct(s, &en, o, err)
-              : s->ds  ? run_engine(s, &en, o, &n_passes, rep, err)
+              : s->ds  ? run_engine(s, &en, o, out_path, &n_passes, rep, err)
                        : run_transpose(s, &en, o, &n_passes, err)) == 0 &&
         (rc = finish_arrays(g, label, o, &en, &mp, err)) == 0) {
         fill_report(rep, s, &en, mp, n_passes);

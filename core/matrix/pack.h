@@ -79,6 +79,10 @@ typedef struct iv_pack_opts {
      * in bytes, instead of what memory_budget leaves (many windows on a
      * small matrix). */
     uint64_t engine_window_bytes;
+    /* 1: the engine's resumed windows decompress the input again each
+     * window instead of reading an uncompressed replica of it written
+     * beside the output (--engine-replica off; transpose.h). */
+    int no_replica;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */

@@ -74,8 +74,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cursor.h"
 #include "dataset_impl.h"
@@ -508,6 +511,7 @@ struct tb {
     uint32_t *rs_off, *rs_acc, *rs_left;  /* one mapping of rs_bytes, at rs_off */
     size_t rs_bytes;
     uint64_t *band_at;         /* n_bands: stream offset of each band's first slice */
+    iv_stream_t *replica;      /* the resumed fills' source stream, uncompressed on disk, or NULL */
     size_t tmp_cap;            /* bytes mapped at tmp */
     int64_t items_cap;         /* items allocated */
     atomic_int failed;
@@ -536,6 +540,7 @@ static void tb_free(struct tb *t)
     free(t->est_start);
     big_unmap(t->rs_off, t->rs_bytes);
     free(t->band_at);
+    if (t->replica) iv_stream_destroy(t->replica);
     for (int64_t k = 0; t->items && k < t->items_cap; k++) free(t->items[k].grp);
     free(t->items);
     pthread_mutex_destroy(&t->mu);
@@ -894,7 +899,7 @@ static void band_resume(void *arg, size_t b)
     int64_t s0 = t->band[b], s1 = t->band[b + 1];
     if (s0 >= s1 || atomic_load(&t->failed)) return;
     iv_cursor_t cur;
-    iv_cursor_init(&cur, t->src->stream);
+    iv_cursor_init(&cur, t->replica ? t->replica : t->src->stream);
     iv_err_t e = {0};
     int rc = 0;
     struct band_pass f = band_pass_begin(t, b, 1);
@@ -1961,6 +1966,108 @@ static int plan_window(struct build *b, int64_t g0, int64_t *g1_out, iv_err_t *e
     return 0;
 }
 
+/* ---- the replica (see iv_transpose_opts_t.replica_dir) ---- */
+
+/* Virtual chunks the replica is read in. */
+#define REPLICA_CHUNK IV_TRANSPOSE_REPLICA_CHUNK
+
+struct replica_copy {
+    iv_stream_t *src;
+    int fd;
+    uint64_t chunk_len;
+    atomic_int failed;
+    iv_err_t err;
+    pthread_mutex_t mu;
+};
+
+/* Source chunk c, decompressed, written at its place in the replica. */
+static void replica_chunk(void *arg, size_t c)
+{
+    struct replica_copy *r = arg;
+    if (atomic_load(&r->failed)) return;
+    const uint8_t *data;
+    size_t len, done = 0;
+    uint64_t dec = 0;
+    iv_err_t e = {0};
+    int rc = iv_stream_acquire(r->src, c, &data, &len, &dec, &e);
+    while (rc == 0 && done < len) {
+        ssize_t n = pwrite(r->fd, data + done, len - done, (off_t)(c * r->chunk_len + done));
+        if (n <= 0) rc = iv_fail(&e, IV_EIO, "writing the transpose's replica: %s", n < 0 ? strerror(errno) : "short write");
+        else done += (size_t)n;
+    }
+    if (rc == 0) iv_stream_release(r->src, c);
+    if (rc < 0) {
+        pthread_mutex_lock(&r->mu);
+        if (!atomic_load(&r->failed)) r->err = e;
+        atomic_store(&r->failed, 1);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* The replica's stream over the file at path (its descriptor's name in
+ * /proc: the file is unlinked): 1 MiB virtual chunks, unfiltered, no
+ * checksums (the build wrote it). */
+static int replica_stream(struct build *b, const char *path, uint64_t len, iv_err_t *err)
+{
+    iv_file_t *f = NULL;
+    IV_TRY(iv_file_open(path, &f, err));
+    char label[sizeof b->ds->where + 32];
+    snprintf(label, sizeof label, "%s (uncompressed replica)", b->ds->where);
+    iv_stream_desc_t d = {.length = len, .chunked = 1, .file = f, .file_contig = 1, .chunk_len = REPLICA_CHUNK,
+                          .max_stored = REPLICA_CHUNK, .label = label};
+    d.n_chunks = (len + REPLICA_CHUNK - 1) / REPLICA_CHUNK;
+    size_t nc = (size_t)(d.n_chunks ? d.n_chunks : 1);
+    d.chunk_addr = malloc(nc * sizeof *d.chunk_addr);
+    d.chunk_size = malloc(nc * sizeof *d.chunk_size);
+    d.chunk_mask = calloc(nc, sizeof *d.chunk_mask);
+    if (!d.chunk_addr || !d.chunk_size || !d.chunk_mask) {
+        free(d.chunk_addr);
+        free(d.chunk_size);
+        free(d.chunk_mask);
+        iv_file_close(f);
+        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the replica's chunk table", b->ds->where);
+    }
+    for (uint64_t c = 0; c < d.n_chunks; c++) {
+        uint64_t left = len - c * REPLICA_CHUNK;
+        d.chunk_addr[c] = c * REPLICA_CHUNK;
+        d.chunk_size[c] = left < REPLICA_CHUNK ? left : REPLICA_CHUNK;
+    }
+    return iv_stream_create(&d, IV_TRANSPOSE_REPLICA_CACHE, &b->t.replica, err);
+}
+
+/*
+ * The source stream written out uncompressed to an unlinked file in
+ * opts->replica_dir, chunk by chunk on the pool, for the resumed fills
+ * to read instead of decompressing every chunk again each window (the
+ * page cache holds it where memory allows; it is not the process's).
+ * Only for a compressed chunked source whose windows resume.  A failure
+ * to make it is not the build's: the fills then read the source.
+ */
+static void make_replica(struct build *b)
+{
+    struct tb *t = &b->t;
+    const iv_dataset_info_t *in = &b->ds->info;
+    if (!b->opts->replica_dir || !t->resume || !in->chunked || strncmp(in->codec, "none", 4) == 0) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.ivserve-transpose-XXXXXX", b->opts->replica_dir);
+    struct replica_copy r = {.src = b->ds->stream, .chunk_len = iv_stream_chunk_len(b->ds->stream)};
+    r.fd = mkostemp(path, O_CLOEXEC);
+    if (r.fd < 0) return;
+    /* Unlinked at once: a build killed on the way leaves no file. */
+    unlink(path);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", r.fd);
+    uint64_t len = iv_stream_length(b->ds->stream);
+    atomic_init(&r.failed, ftruncate(r.fd, (off_t)len) != 0);
+    pthread_mutex_init(&r.mu, NULL);
+    if (!atomic_load(&r.failed))
+        iv_pool_parallel_for(b->opts->pool, (size_t)iv_stream_n_chunks(r.src), 0, replica_chunk, &r);
+    iv_err_t e = {0};
+    if (!atomic_load(&r.failed) && replica_stream(b, path, len, &e) == 0 && b->opts->replica_made)
+        *b->opts->replica_made = 1;
+    close(r.fd);
+    pthread_mutex_destroy(&r.mu);
+}
+
 /* 3. Fill (skipped when the window holds nothing). */
 static int fill_window(struct build *b, uint64_t wanted, iv_err_t *err)
 {
@@ -1974,6 +2081,7 @@ static int fill_window(struct build *b, uint64_t wanted, iv_err_t *err)
         if (t->resume && !t->recorded) {
             t->recorded = 1;
             if (atomic_load(&t->too_far)) t->resume = 0;
+            make_replica(b);
         }
     }
     phase_end(&b->clock, IV_TP_FILL);

@@ -63,7 +63,19 @@ typedef struct iv_transpose_opts {
     int plain_stores;
     int resume;
     int *resumed_fills;       /* NULL, or counts up each fill that resumed */
+    /* A folder where the windows that resume may keep an uncompressed
+     * replica of a compressed source stream, read through the page cache
+     * instead of decompressed again each window (an unlinked temporary
+     * file, gone with the build), or NULL: none.  replica_made, when not
+     * NULL, is set to 1 when one was made. */
+    const char *replica_dir;
+    int *replica_made;
 } iv_transpose_opts_t;
+
+/* The replica's chunk cache (besides the source's), and its chunks: a
+ * fill's band pins one each, past the cache's bound when they are many. */
+#define IV_TRANSPOSE_REPLICA_CACHE ((size_t)16 << 20)
+#define IV_TRANSPOSE_REPLICA_CHUNK ((uint64_t)1 << 20)
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
  * count pass, fill passes, encode, placing, and the copy's pointers. */

@@ -8,6 +8,7 @@
  * payloads kept bit for bit).
  */
 #include <check.h>
+#include <dirent.h>
 
 #include "check_main.h"
 #include <hdf5.h>
@@ -122,6 +123,9 @@ static void put_1d(hid_t g, const char *name, hid_t t, const void *data, hsize_t
     /* HDF5 wants chunks no longer than a fixed-size dataset. */
     if (chunk > n) chunk = n;
     if (chunk && n > 0) H5Pset_chunk(dcpl, 1, &chunk);
+    /* Odd chunk lengths are stored compressed (deflate), so that both
+     * kinds of chunked stream are read, and the replica is made. */
+    if (chunk && n > 0 && chunk % 2) H5Pset_deflate(dcpl, 1);
     hid_t d = H5Dcreate2(g, name, t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (n > 0) H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
     H5Dclose(d);
@@ -669,6 +673,18 @@ START_TEST(every_cut_same_copy)
 }
 END_TEST
 
+/* 1 when dir holds a transpose replica's file (they are unlinked at once). */
+static int replica_left(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int found = 0;
+    while (d && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, ".ivserve-transpose-", 19) == 0) found = 1;
+    if (d) closedir(d);
+    return found;
+}
+
 /* A sink that puts the windows back together as a copy (struct snap),
  * checking that they come in order and add up; fail_at > 0 makes that
  * window an error. */
@@ -759,8 +775,10 @@ START_TEST(sink_windows_equal_copy)
                 ds = open_ds(path, pool);
                 iv_transpose_opts_t o = cuts[k];
                 o.pool = k % 2 ? NULL : pool;
-                int resumed = 0;
+                int resumed = 0, replica = 0;
                 o.resumed_fills = &resumed;
+                o.replica_dir = k % 3 ? "/tmp" : NULL;
+                o.replica_made = &replica;
                 struct gather g;
                 gather_init(&g, ds, 0);
                 iv_transpose_sink_t sink = {.window = gather_window, .ctx = &g};
@@ -772,6 +790,16 @@ START_TEST(sink_windows_equal_copy)
                 /* Every window after the first one that fills resumes. */
                 if (o.resume > 0 && g.windows >= 3) ck_assert_int_ge(resumed, 1);
                 if (o.resume < 0) ck_assert_int_eq(resumed, 0);
+                /* The resumed windows of a compressed source read its
+                 * replica. */
+                if (o.replica_dir && resumed > 0 && sh % 2) ck_assert_int_eq(replica, 1);
+                if (!o.replica_dir || sh % 2 == 0) ck_assert_int_eq(replica, 0);
+                ck_assert_msg(!replica_left("/tmp"), "a replica file was left behind");
+                /* The resumed windows of a compressed source read its
+                 * replica. */
+                if (o.replica_dir && resumed > 0 && sh % 2) ck_assert_int_eq(replica, 1);
+                if (!o.replica_dir || sh % 2 == 0) ck_assert_int_eq(replica, 0);
+                ck_assert_msg(!replica_left("/tmp"), "a replica file was left behind");
                 g.s.n_unique = (int64_t)g.groups;
                 g.s.values_len = (size_t)g.groups * g.vsz;
                 g.s.stream_len = g.bytes;
