@@ -182,30 +182,15 @@ static int read_pipeline(hid_t dcpl, const char *where, iv_pipeline_t *p, iv_err
  * chunk, and the stream's read buffers are sized by the largest one. */
 static uint64_t max_stored_for(uint64_t chunk_len) { return 2 * chunk_len + 65536; }
 
-/* Virtual chunks a contiguous packed_indices is read in (the stream's
- * unit of reading and caching), as the stream used for bytes in place. */
-#define CONTIG_CHUNK ((uint64_t)1 << 20)
+/* Virtual chunks a contiguous packed_indices is read in (stream.h). */
+#define CONTIG_CHUNK IV_STREAM_CONTIG_CHUNK
 
 /* The chunk table of a contiguous range of `len` bytes at file offset a. */
 static int contig_table(iv_stream_desc_t *s, uint64_t a, uint64_t len, const char *where,
                         iv_err_t *err)
 {
-    s->chunked = 1;
-    s->file_contig = 1;
-    s->pipe.n = 0;
-    s->chunk_len = CONTIG_CHUNK;
-    s->n_chunks = (len + CONTIG_CHUNK - 1) / CONTIG_CHUNK;
-    size_t nc = (size_t)(s->n_chunks ? s->n_chunks : 1);
-    s->chunk_addr = malloc(nc * sizeof *s->chunk_addr);
-    s->chunk_size = malloc(nc * sizeof *s->chunk_size);
-    s->chunk_mask = calloc(nc, sizeof *s->chunk_mask);
-    if (!s->chunk_addr || !s->chunk_size || !s->chunk_mask)
+    if (iv_stream_desc_contig(s, a, len) < 0)
         return FAILF(IV_ENOMEM, "%s/packed_indices: out of memory for the chunk table", where);
-    for (uint64_t c = 0; c < s->n_chunks; c++) {
-        uint64_t left = len - c * CONTIG_CHUNK;
-        s->chunk_addr[c] = a + c * CONTIG_CHUNK;
-        s->chunk_size[c] = left < CONTIG_CHUNK ? left : CONTIG_CHUNK;
-    }
     return 0;
 }
 

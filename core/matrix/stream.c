@@ -339,6 +339,27 @@ uint64_t iv_stream_length(const iv_stream_t *s) { return s->d.length; }
 uint64_t iv_stream_chunk_len(const iv_stream_t *s) { return s->d.chunk_len; }
 uint64_t iv_stream_n_chunks(const iv_stream_t *s) { return s->d.n_chunks; }
 
+int iv_stream_desc_contig(iv_stream_desc_t *d, uint64_t addr, uint64_t len)
+{
+    const uint64_t cl = IV_STREAM_CONTIG_CHUNK;
+    d->chunked = 1;
+    d->file_contig = 1;
+    d->pipe.n = 0;
+    d->chunk_len = cl;
+    d->n_chunks = (len + cl - 1) / cl;
+    size_t nc = (size_t)(d->n_chunks ? d->n_chunks : 1);
+    d->chunk_addr = malloc(nc * sizeof *d->chunk_addr);
+    d->chunk_size = malloc(nc * sizeof *d->chunk_size);
+    d->chunk_mask = calloc(nc, sizeof *d->chunk_mask);
+    if (!d->chunk_addr || !d->chunk_size || !d->chunk_mask) return -1;
+    for (uint64_t c = 0; c < d->n_chunks; c++) {
+        uint64_t left = len - c * cl;
+        d->chunk_addr[c] = addr + c * cl;
+        d->chunk_size[c] = left < cl ? left : cl;
+    }
+    return 0;
+}
+
 static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
 {
     uint64_t start = c * s->d.chunk_len;

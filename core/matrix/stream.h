@@ -78,6 +78,15 @@ size_t iv_stream_arena_bytes(const iv_stream_arena_t *a);
 void iv_stream_arena_touch(iv_stream_arena_t *a, size_t from, size_t to);
 void iv_stream_arena_free(iv_stream_arena_t *a);
 
+/* Virtual chunks a contiguous range of a file is read in (the stream's
+ * unit of reading and caching). */
+#define IV_STREAM_CONTIG_CHUNK ((uint64_t)1 << 20)
+
+/* Makes desc the chunk table of a contiguous, unfiltered range of `len`
+ * bytes at file offset addr, in IV_STREAM_CONTIG_CHUNK virtual chunks.
+ * 0, or -1 when out of memory (the arrays made so far are desc's). */
+int iv_stream_desc_contig(iv_stream_desc_t *desc, uint64_t addr, uint64_t len);
+
 /* Takes ownership of desc's arrays and owned_buf (also on failure). */
 int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err);
 /* The same, with an arena made ahead for this stream's extent and chunk

@@ -853,15 +853,15 @@ static void band_fill_record(void *arg, size_t b) { band_walk(arg, b, WALK_FILL_
 
 /*
  * Group k of a fill after the recording one, from where the last window
- * left it: its entries of the window, up to (and not reading past) its
+ * left it (after index acc - 1, `left` entries to go): its entries of the window, up to (and not reading past) its
  * first varint beyond the window, whose place it keeps for the next.
  */
 static inline __attribute__((always_inline)) int resume_group(iv_cursor_t *cur, struct tb *t, struct band_pass *f,
-                                                              int64_t k, uint64_t hi, int64_t s, size_t b,
-                                                              uint64_t band_at, iv_err_t *e)
+                                                              int64_t k, uint64_t acc, uint64_t left, uint64_t hi,
+                                                              int64_t s, size_t b, uint64_t band_at, iv_err_t *e)
 {
     const uint64_t n_minor = f->n_minor;
-    uint64_t acc, left = place_left(t, k, &acc), d;
+    uint64_t d;
     while (left > 0) {
         uint64_t at = iv_cursor_tell(cur);
         int rc = read_delta(cur, &d, e);
@@ -910,10 +910,10 @@ static void band_resume(void *arg, size_t b)
     for (int64_t s = s0; rc == 0 && s < s1; s++) {
         uint64_t sl = (uint64_t)(s - s0) << sv;
         for (int64_t k = mp[s]; rc == 0 && k < mp[s + 1]; k++) {
-            uint64_t acc;
-            if (place_left(t, k, &acc) == 0) continue;
+            uint64_t acc, left = place_left(t, k, &acc);
+            if (left == 0) continue;
             if ((rc = iv_cursor_seek(&cur, at0 + rs_off[k], &e)) == 0)
-                rc = resume_group(&cur, t, &f, k, sl | (uint64_t)vid[k] << gbits, s, b, at0, &e);
+                rc = resume_group(&cur, t, &f, k, acc, left, sl | (uint64_t)vid[k] << gbits, s, b, at0, &e);
         }
         if (atomic_load_explicit(&t->failed, memory_order_relaxed)) break;
     }
@@ -1328,26 +1328,26 @@ static void encode_item(void *arg, size_t i)
     if (e.code) tb_fail(t, &e);
 }
 
-/* Moves item i's encoded slices from their blocks' chunks to their place
- * in the copy's stream. */
+/* Moves block k's encoded slices from its chunks to their place in
+ * t->out (the copy's stream, or a sink's piece from t->out_at). */
+static void move_one_block(struct tb *t, int64_t k)
+{
+    uint64_t at = t->byte_at[t->blk[k]];
+    block_chunks(t, k, t->out + (at - t->out_at), t->byte_at[t->blk[k + 1]] - at, 0);
+}
+
+/* Moves item i's blocks (the copy in memory). */
 static void move_item(void *arg, size_t i)
 {
     struct tb *t = arg;
-    const struct item *it = &t->items[i];
-    for (int64_t k = it->k0; k < it->k1; k++) {
-        uint64_t at = t->byte_at[t->blk[k]];
-        block_chunks(t, k, t->out + (at - t->out_at), t->byte_at[t->blk[k + 1]] - at, 0);
-    }
+    for (int64_t k = t->items[i].k0; k < t->items[i].k1; k++) move_one_block(t, k);
 }
 
-/* Moves block mv_k0 + i's encoded slices from its chunks to their place
- * in a sink's piece of the window. */
+/* Moves block mv_k0 + i (a sink's piece). */
 static void move_block(void *arg, size_t i)
 {
     struct tb *t = arg;
-    int64_t k = t->mv_k0 + (int64_t)i;
-    uint64_t at = t->byte_at[t->blk[k]];
-    block_chunks(t, k, t->out + (at - t->out_at), t->byte_at[t->blk[k + 1]] - at, 0);
+    move_one_block(t, t->mv_k0 + (int64_t)i);
 }
 
 /* Frees the previous window's blocks and parts. */
@@ -1968,16 +1968,11 @@ static int plan_window(struct build *b, int64_t g0, int64_t *g1_out, iv_err_t *e
 
 /* ---- the replica (see iv_transpose_opts_t.replica_dir) ---- */
 
-/* Virtual chunks the replica is read in. */
-#define REPLICA_CHUNK IV_TRANSPOSE_REPLICA_CHUNK
-
 struct replica_copy {
     iv_stream_t *src;
     int fd;
     uint64_t chunk_len;
-    atomic_int failed;
-    iv_err_t err;
-    pthread_mutex_t mu;
+    atomic_int failed;         /* a chunk could not be read or written */
 };
 
 /* Source chunk c, decompressed, written at its place in the replica. */
@@ -1987,50 +1982,38 @@ static void replica_chunk(void *arg, size_t c)
     if (atomic_load(&r->failed)) return;
     const uint8_t *data;
     size_t len, done = 0;
-    uint64_t dec = 0;
     iv_err_t e = {0};
-    int rc = iv_stream_acquire(r->src, c, &data, &len, &dec, &e);
-    while (rc == 0 && done < len) {
-        ssize_t n = pwrite(r->fd, data + done, len - done, (off_t)(c * r->chunk_len + done));
-        if (n <= 0) rc = iv_fail(&e, IV_EIO, "writing the transpose's replica: %s", n < 0 ? strerror(errno) : "short write");
-        else done += (size_t)n;
-    }
-    if (rc == 0) iv_stream_release(r->src, c);
-    if (rc < 0) {
-        pthread_mutex_lock(&r->mu);
-        if (!atomic_load(&r->failed)) r->err = e;
+    if (iv_stream_acquire(r->src, c, &data, &len, NULL, &e) < 0) {
         atomic_store(&r->failed, 1);
-        pthread_mutex_unlock(&r->mu);
+        return;
     }
+    while (done < len) {
+        ssize_t n = pwrite(r->fd, data + done, len - done, (off_t)(c * r->chunk_len + done));
+        if (n <= 0) {
+            atomic_store(&r->failed, 1);
+            break;
+        }
+        done += (size_t)n;
+    }
+    iv_stream_release(r->src, c);
 }
 
 /* The replica's stream over the file at path (its descriptor's name in
- * /proc: the file is unlinked): 1 MiB virtual chunks, unfiltered, no
- * checksums (the build wrote it). */
+ * /proc: the file is unlinked): contiguous, unfiltered, no checksums
+ * (the build wrote it). */
 static int replica_stream(struct build *b, const char *path, uint64_t len, iv_err_t *err)
 {
     iv_file_t *f = NULL;
     IV_TRY(iv_file_open(path, &f, err));
     char label[sizeof b->ds->where + 32];
     snprintf(label, sizeof label, "%s (uncompressed replica)", b->ds->where);
-    iv_stream_desc_t d = {.length = len, .chunked = 1, .file = f, .file_contig = 1, .chunk_len = REPLICA_CHUNK,
-                          .max_stored = REPLICA_CHUNK, .label = label};
-    d.n_chunks = (len + REPLICA_CHUNK - 1) / REPLICA_CHUNK;
-    size_t nc = (size_t)(d.n_chunks ? d.n_chunks : 1);
-    d.chunk_addr = malloc(nc * sizeof *d.chunk_addr);
-    d.chunk_size = malloc(nc * sizeof *d.chunk_size);
-    d.chunk_mask = calloc(nc, sizeof *d.chunk_mask);
-    if (!d.chunk_addr || !d.chunk_size || !d.chunk_mask) {
+    iv_stream_desc_t d = {.length = len, .file = f, .max_stored = IV_STREAM_CONTIG_CHUNK, .label = label};
+    if (iv_stream_desc_contig(&d, 0, len) < 0) {
         free(d.chunk_addr);
         free(d.chunk_size);
         free(d.chunk_mask);
         iv_file_close(f);
         return iv_fail(err, IV_ENOMEM, "%s: out of memory for the replica's chunk table", b->ds->where);
-    }
-    for (uint64_t c = 0; c < d.n_chunks; c++) {
-        uint64_t left = len - c * REPLICA_CHUNK;
-        d.chunk_addr[c] = c * REPLICA_CHUNK;
-        d.chunk_size[c] = left < REPLICA_CHUNK ? left : REPLICA_CHUNK;
     }
     return iv_stream_create(&d, IV_TRANSPOSE_REPLICA_CACHE, &b->t.replica, err);
 }
@@ -2058,14 +2041,12 @@ static void make_replica(struct build *b)
     snprintf(path, sizeof path, "/proc/self/fd/%d", r.fd);
     uint64_t len = iv_stream_length(b->ds->stream);
     atomic_init(&r.failed, ftruncate(r.fd, (off_t)len) != 0);
-    pthread_mutex_init(&r.mu, NULL);
     if (!atomic_load(&r.failed))
         iv_pool_parallel_for(b->opts->pool, (size_t)iv_stream_n_chunks(r.src), 0, replica_chunk, &r);
     iv_err_t e = {0};
     if (!atomic_load(&r.failed) && replica_stream(b, path, len, &e) == 0 && b->opts->replica_made)
         *b->opts->replica_made = 1;
     close(r.fd);
-    pthread_mutex_destroy(&r.mu);
 }
 
 /* 3. Fill (skipped when the window holds nothing). */

@@ -28,6 +28,7 @@
 #include "dataset.h"
 #include "error.h"
 #include "pool.h"
+#include "stream.h"
 
 /* Bytes shared by several copies (the server's global transpose_bytes). */
 typedef struct iv_budget {
@@ -75,7 +76,7 @@ typedef struct iv_transpose_opts {
 /* The replica's chunk cache (besides the source's), and its chunks: a
  * fill's band pins one each, past the cache's bound when they are many. */
 #define IV_TRANSPOSE_REPLICA_CACHE ((size_t)16 << 20)
-#define IV_TRANSPOSE_REPLICA_CHUNK ((uint64_t)1 << 20)
+#define IV_TRANSPOSE_REPLICA_CHUNK IV_STREAM_CONTIG_CHUNK
 
 /* Phases timed into opts->phase_seconds (for the benchmarks): value ids,
  * count pass, fill passes, encode, placing, and the copy's pointers. */
