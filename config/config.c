@@ -317,6 +317,15 @@ static int set_other_orientation(iv_config_t *c, const char *v, const char *key,
     return 0;
 }
 
+static int set_plain_copy(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    if (!strcmp(v, "auto")) c->plain_copy = IV_PLAIN_AUTO;
+    else if (!strcmp(v, "on")) c->plain_copy = IV_PLAIN_ON;
+    else if (!strcmp(v, "off")) c->plain_copy = IV_PLAIN_OFF;
+    else return iv_fail(err, IV_EINVALID_ARG, "%s: must be auto, on or off, not '%s'", key, v);
+    return 0;
+}
+
 const char *iv_config_cache_dir(const iv_config_t *c, char *buf, size_t cap)
 {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -430,6 +439,7 @@ static const struct str_opt {
     {NULL, "IVSERVE_CACHE_DIR", "--cache-dir", set_cache_dir},
     {NULL, "IVSERVE_AUTOPACK", "--autopack", set_autopack},
     {"other_orientation", "IVSERVE_OTHER_ORIENTATION", "--other-orientation", set_other_orientation},
+    {"plain_copy", "IVSERVE_PLAIN_COPY", "--plain-copy", set_plain_copy},
     {NULL, "IVSERVE_TOKENS", NULL, set_tokens},
     {NULL, "IVSERVE_TOKEN_FILE", "--token-file", set_tokens_file},
     {"metrics_auth", "IVSERVE_METRICS_AUTH", "--metrics-auth", set_metrics_auth},
@@ -834,6 +844,8 @@ const char *iv_config_usage(void)
            "    an ordinary .h5ad (csr/csc/dense X) is packed once into DIR and served\n"
            "  --other-orientation auto|memory|disk: the gene-major copy built in memory at each\n"
            "    start, or packed once into the cache folder (auto: memory up to 64 MiB)\n"
+           "  --plain-copy auto|on|off: a compressed stream kept uncompressed in the cache folder\n"
+           "    for the cell queries to read (auto: when it is larger than the chunk caches)\n"
            "  --help  --version\n";
 }
 

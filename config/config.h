@@ -83,6 +83,7 @@ typedef struct iv_limits {
  * no more than that), on disk above.
  */
 enum { IV_OTHER_AUTO = 0, IV_OTHER_MEMORY, IV_OTHER_DISK };
+enum { IV_PLAIN_AUTO = 0, IV_PLAIN_ON, IV_PLAIN_OFF };
 #define IV_OTHER_MEMORY_MAX ((uint64_t)64 << 20)
 
 typedef struct iv_config {
@@ -97,6 +98,8 @@ typedef struct iv_config {
                                    * 0 = 90% of the memory available at start (machine or cgroup) */
     size_t transpose_bytes;       /* all in-memory other orientations together; 0 = none */
     int other_orientation;        /* where the other orientation lives (IV_OTHER_AUTO, ...) */
+    int plain_copy;               /* a compressed stream's plain copy in the cache folder (IV_PLAIN_AUTO:
+                                   * when the stream is larger than the chunk caches' part) */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     int gzip_level;               /* gzip level of query answers (1..9, see gzip_stream.h); 0 = never compressed */
     iv_ds_conf_t *datasets;

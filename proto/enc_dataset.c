@@ -45,6 +45,8 @@ void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds, int other_cached)
             iv_buf_printf(b, "\"state\":\"%s\"", state[st.other_state]);
         if (!own && st.other_state == IV_OTHER_READY)
             iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
+        if (own && st.plain)
+            iv_buf_printf(b, ",\"plain_copy\":\"%s\"", st.plain == 1 ? "ready" : "dropped");
         iv_buf_puts(b, "}");
     }
     iv_buf_puts(b, "}");

@@ -214,6 +214,42 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
     return iv_dataset_attach_other(d->ds, path, &oo, &j->err);
 }
 
+/* Whether d's cell queries get a plain copy to read (plainfile.h): asked
+ * for, or, by default, when its compressed stream is larger than the
+ * chunk caches' part of the budget (a random cell then mostly misses the
+ * cache) and large enough for the cache folder. */
+static int plain_wanted(const server_t *s, const sds_t *d)
+{
+    if (!d->ds || s->cfg->plain_copy == IV_PLAIN_OFF || !iv_dataset_plain_wanted(d->ds)) return 0;
+    uint64_t len = iv_dataset_info(d->ds)->stream_bytes;
+    return s->cfg->plain_copy == IV_PLAIN_ON || (len > s->mem.cache && len >= keep_min_bytes());
+}
+
+/* The plain copy, taken from the cache folder or written there, before
+ * the other orientation: the loads on cell queries read it as soon as it
+ * is published.  Its outcome waits in d->plain_note for the loop's log. */
+static void plain_run(job_t *j, const char *dir)
+{
+    sds_t *d = j->ds;
+    d->plain_note[0] = '\0';
+    if (!plain_wanted(j->srv, d)) return;
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
+    o.membudget = j->srv->mb;
+    o.pool = j->srv->pool;
+    o.index_dir = dir;
+    iv_err_t e;
+    iv_err_clear(&e);
+    double t0 = now_s();
+    int rc = iv_dataset_use_plain(d->ds, &o, &e);
+    if (rc < 0)
+        snprintf(d->plain_note, sizeof d->plain_note, "failed (%.500s); cell queries read the compressed stream",
+                 e.msg);
+    else
+        snprintf(d->plain_note, sizeof d->plain_note, "%s (%.2f s)", rc ? "kept" : "written", now_s() - t0);
+}
+
 static void other_run(job_t *j)
 {
     sds_t *d = j->ds;
@@ -221,6 +257,11 @@ static void other_run(job_t *j)
     int plan = other_plan(j->srv, d);
     char dir[4096];
     iv_config_cache_dir(cfg, dir, sizeof dir);
+    plain_run(j, dir);
+    if (plan == OTHER_NONE) {
+        render_doc(d, &j->out);
+        return;
+    }
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         iv_dataset_opts_init(&o);
@@ -430,12 +471,14 @@ static void replace_entry(server_t *s, sds_t *d)
  * went on as the other job, else j, to be freed. */
 static job_t *start_other(server_t *s, job_t *j, sds_t *d)
 {
-    if (d->state != DS_READY || d->retired || s->draining || other_plan(s, d) == OTHER_NONE) return j;
+    int plan = d->state == DS_READY ? other_plan(s, d) : OTHER_NONE;
+    if (d->state != DS_READY || d->retired || s->draining || (plan == OTHER_NONE && !plain_wanted(s, d)))
+        return j;
     j->type = &other_job;
     j->rc = 0;
-    iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
+    if (plan != OTHER_NONE) iv_dataset_set_other_state(d->ds, IV_OTHER_BUILDING);
     if (job_submit_server(j) == 0) return NULL;
-    iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
+    if (plan != OTHER_NONE) iv_dataset_set_other_state(d->ds, IV_OTHER_FAILED);
     return j;
 }
 
@@ -510,32 +553,42 @@ void load_submit(server_t *s, sds_t *d, uint64_t gen, int replace, int reloaded)
     }
 }
 
+/* The other orientation's outcome, in one line of the log. */
+static void log_other(server_t *s, sds_t *d, job_t *j, const iv_orient_status_t *st)
+{
+    const char *other = st->file_orient == IV_IVCSR ? "gene-major" : "cell-major";
+    if (j->rc == 0 && st->other_source == IV_SRC_FILE && d->other_path[0])
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (on disk, %s, %zu bytes, "
+                      "%.2f s; row index %s%s%s)", d->conf->id, other, d->other_path,
+                      st->bytes[!st->file_orient], j->secs,
+                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made",
+                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note[0] ? "; pointer arrays " : "",
+                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note);
+    else if (j->rc == 0 && st->other_source == IV_SRC_FILE)
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
+                      d->conf->id, other, st->bytes[!st->file_orient], j->secs);
+    else if (j->rc == 0)
+        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (in memory, %zu bytes, %.2f s: "
+                      "values %.2f, count %.2f, fill %.2f, encode %.2f, move %.2f, finish %.2f)",
+                      d->conf->id, other, st->bytes[!st->file_orient], j->secs, j->phase[IV_TP_VALUES],
+                      j->phase[IV_TP_COUNT], j->phase[IV_TP_FILL], j->phase[IV_TP_ENCODE],
+                      j->phase[IV_TP_MOVE], j->phase[IV_TP_FINISH]);
+    else
+        iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
+                  d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
+}
+
 static void on_other_done(job_t *j)
 {
     server_t *s = j->srv;
     sds_t *d = j->ds;
     iv_orient_status_t st;
     iv_dataset_orientations(d->ds, &st);
-    const char *other = st.file_orient == IV_IVCSR ? "gene-major" : "cell-major";
-    if (j->rc == 0 && st.other_source == IV_SRC_FILE && d->other_path[0])
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (on disk, %s, %zu bytes, "
-                      "%.2f s; row index %s%s%s)", d->conf->id, other, d->other_path,
-                      st.bytes[!st.file_orient], j->secs,
-                      iv_dataset_info(iv_dataset_other(d->ds))->index_kept ? "kept" : "made",
-                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note[0] ? "; pointer arrays " : "",
-                      iv_dataset_info(iv_dataset_other(d->ds))->arrays_note);
-    else if (j->rc == 0 && st.other_source == IV_SRC_FILE)
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (companion, %zu bytes, %.2f s)",
-                      d->conf->id, other, st.bytes[!st.file_orient], j->secs);
-    else if (j->rc == 0)
-        iv_alog_event(&s->log, "info", "dataset %s: %s orientation ready (in memory, %zu bytes, %.2f s: "
-                      "values %.2f, count %.2f, fill %.2f, encode %.2f, move %.2f, finish %.2f)",
-                      d->conf->id, other, st.bytes[!st.file_orient], j->secs, j->phase[IV_TP_VALUES],
-                      j->phase[IV_TP_COUNT], j->phase[IV_TP_FILL], j->phase[IV_TP_ENCODE],
-                      j->phase[IV_TP_MOVE], j->phase[IV_TP_FINISH]);
-    else
-        iv_alog_event(&s->log, j->rc == IV_ETOO_LARGE ? "warn" : "error", "dataset %s: %s orientation %s: %s",
-                  d->conf->id, other, j->rc == IV_ETOO_LARGE ? "skipped" : "failed", j->err.msg);
+    if (d->plain_note[0])
+        iv_alog_event(&s->log, strncmp(d->plain_note, "failed", 6) ? "info" : "warn",
+                      "dataset %s: plain copy of its stream %s", d->conf->id, d->plain_note);
+    /* A job for the plain copy alone has no orientation to tell of. */
+    if (st.other_state != IV_OTHER_NONE || j->rc != 0) log_other(s, d, j, &st);
     if (!j->out.oom && j->out.len) {
         free(d->doc);
         snprintf(d->etag, sizeof d->etag, "\"%016" PRIx64 "\"", fnv1a(j->out.data, j->out.len));

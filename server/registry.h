@@ -70,6 +70,7 @@ typedef struct iv_rds {
     iv_rds_state_t state;
     char err[512];        /* FAILED: why; READY: why the metadata is missing, or "" */
     char meta_note[160];  /* how the metadata came (iv_meta_keep_t.note) */
+    char plain_note[600]; /* the plain copy's outcome, for the log ("" when none was wanted) */
     iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;

@@ -10,10 +10,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cachedir.h"
 #include "dataset_impl.h"
 #include "indexfile.h"
+#include "plainfile.h"
 #include "transpose.h"
 #include "clock.h"
 
@@ -412,6 +414,8 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     atomic_init(&ds->other, NULL);
     atomic_init(&ds->nnz_at, NULL);
     atomic_init(&ds->other_state, IV_OTHER_NONE);
+    atomic_init(&ds->plain, NULL);
+    atomic_init(&ds->plain_dropped, 0);
     *out = ds;
     return 0;
 
@@ -427,6 +431,7 @@ void iv_dataset_close(iv_dataset_t *ds)
 {
     if (!ds) return;
     iv_dataset_close(atomic_load(&ds->other));
+    iv_stream_destroy(atomic_load(&ds->plain));
     if (ds->other_budget) iv_budget_give(ds->other_budget, ds->other_charged);
     free(atomic_load(&ds->nnz_at));
     iv_rowindex_free(&ds->ri);
@@ -454,6 +459,62 @@ iv_file_state_t iv_dataset_file_state(iv_dataset_t *ds, char *msg, size_t n)
     iv_file_t *fo = o ? iv_dataset_file(o) : NULL;
     if (fo && iv_file_state(fo, NULL, 0) > st) st = iv_file_state(fo, msg, n);
     return st;
+}
+
+int iv_dataset_plain_wanted(const iv_dataset_t *ds)
+{
+    return !ds->is_copy && iv_stream_file(ds->stream) && ds->info.chunked &&
+           iv_stream_chunk_len(ds->stream) > IV_PLAIN_CHUNK;
+}
+
+int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err_t *err)
+{
+    if (atomic_load(&ds->plain)) return 1;
+    if (!iv_dataset_plain_wanted(ds) || !opts->index_dir)
+        return iv_fail(err, IV_EUNSUPPORTED, "%s: a plain copy needs a stored, chunked stream "
+                       "and a cache folder", ds->where);
+    char key[IV_CACHEDIR_KEY_LEN], at[sizeof ds->plain_at];
+    if (kept_path(opts->index_dir, ds->path, ds->group, "plain", key, at, sizeof at) != 0)
+        return iv_fail(err, IV_EIO, "%s: no name for a plain copy in %s", ds->where, opts->index_dir);
+    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)),
+                            .group = ds->group, .length = iv_stream_length(ds->stream)};
+    /* Capped like the dataset's own cache (open_stream). */
+    iv_membudget_t *mb = opts->membudget;
+    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30) : opts->cache_bytes;
+    size_t arena_budget = mb && iv_membudget_bytes(mb) < budget ? iv_membudget_bytes(mb) : budget;
+    iv_stream_t *s = NULL;
+    const char *why = NULL;
+    int kept = iv_plainfile_open(at, &f, arena_budget, &s, &why, err);
+    if (kept < 0) return kept;
+    if (kept) {
+        iv_cachedir_touch(at);
+    } else {
+        IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
+        IV_TRY(iv_cachedir_note(at, ds->path, key, err));
+        IV_TRY(iv_plainfile_save(at, &f, ds->stream, opts->pool, err));
+        int rc = iv_plainfile_open(at, &f, arena_budget, &s, &why, err);
+        if (rc < 0) return rc;
+        if (rc == 0)
+            return iv_fail(err, IV_EIO, "%s: its plain copy %s was written but is not taken (%s)",
+                           ds->where, at, why);
+    }
+    if (mb) iv_stream_join_budget(s, mb, 0);
+    snprintf(ds->plain_at, sizeof ds->plain_at, "%s", at);
+    atomic_store_explicit(&ds->plain, s, memory_order_release);
+    return kept;
+}
+
+iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds)
+{
+    iv_stream_t *p = atomic_load_explicit(&ds->plain, memory_order_acquire);
+    if (!p || atomic_load_explicit(&ds->plain_dropped, memory_order_relaxed)) return ds->stream;
+    /* A changed source is read, so that the query fails as it did. */
+    if (iv_file_state(iv_stream_file(ds->stream), NULL, 0) == IV_FILE_CHANGED) return ds->stream;
+    if (iv_file_state(iv_stream_file(p), NULL, 0) != IV_FILE_CHANGED) return p;
+    /* A read of the copy failed its checks: the source serves from now
+     * on, and the next start writes the copy again. */
+    if (!atomic_exchange(&ds->plain_dropped, 1)) unlink(ds->plain_at);
+    return ds->stream;
 }
 
 int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i)
@@ -503,7 +564,13 @@ size_t iv_dataset_memory_of(iv_dataset_t *ds)
     if (ds->is_copy) return b + (size_t)iv_stream_length(ds->stream);
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);
-    return b + st.used;
+    b += st.used;
+    iv_stream_t *p = atomic_load(&ds->plain);
+    if (p) {
+        iv_stream_stats(p, &st);
+        b += st.used + st.table_bytes;
+    }
+    return b;
 }
 
 void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
@@ -515,6 +582,13 @@ void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
     out->values = (size_t)m->n_unique * iv_dtype_size(m->value_dtype);
     out->index = iv_rowindex_bytes(&ds->ri) + st.table_bytes;
     out->cache = st.used;
+    iv_stream_t *p = atomic_load(&ds->plain);
+    if (p) {
+        iv_stream_stats_t ps;
+        iv_stream_stats(p, &ps);
+        out->index += ps.table_bytes;
+        out->cache += ps.used;
+    }
     /* An in-memory copy's stream is a buffer of the copy's own (is_copy),
      * not one the stream owns. */
     out->stream = ds->is_copy ? (size_t)iv_stream_length(ds->stream) : st.owned_bytes;
@@ -534,6 +608,7 @@ void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out)
     out->file_orient = ds->m.orient;
     out->bytes[ds->m.orient] = iv_dataset_memory_of(ds);
     out->stream_bytes[ds->m.orient] = iv_stream_length(ds->stream);
+    if (atomic_load(&ds->plain)) out->plain = atomic_load(&ds->plain_dropped) ? 2 : 1;
     iv_dataset_t *o = iv_dataset_other(ds);
     out->other_state = (iv_other_state_t)atomic_load(&ds->other_state);
     if (o) {

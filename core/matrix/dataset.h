@@ -162,7 +162,23 @@ typedef struct iv_orient_status {
     size_t bytes[2];                /* memory per orientation (index IV_IVCSR / IV_IVCSC), 0 = absent */
     uint64_t stream_bytes[2];       /* packed stream length per orientation */
     double other_seconds;           /* time the other one took to build or attach */
+    int plain;                      /* the own orientation's plain copy: 0 none, 1 read, 2 dropped */
 } iv_orient_status_t;
+
+/*
+ * The plain copy (plainfile.h): a compressed stream's bytes kept
+ * uncompressed in the cache folder, read by queries in its place, so
+ * that a random cell missing the chunk cache costs a 4 KiB read instead
+ * of a stored chunk's decompression.  iv_dataset_plain_wanted: 1 when ds
+ * reads a compressed stream from a file.  iv_dataset_use_plain takes the
+ * copy kept in opts->index_dir, or writes it there first (decompressing
+ * on opts->pool), and publishes it with a cache capped like the
+ * dataset's own (opts->cache_bytes, opts->membudget): 1 when a kept one
+ * was taken, 0 when written, or a negative error with ds unchanged.  One
+ * call at a time on a ds; queries may run meanwhile.
+ */
+int iv_dataset_plain_wanted(const iv_dataset_t *ds);
+int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err_t *err);
 
 /* A snapshot; any thread. */
 void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out);

@@ -48,7 +48,22 @@ struct iv_dataset {
      * misses (value_ptr[major_ptr[s]]), through this array one.
      */
     _Atomic(int64_t *) nnz_at;
+    /*
+     * The plain copy of a compressed stream (plainfile.h), or NULL:
+     * published once with a release store (iv_dataset_use_plain), read by
+     * the queries through iv_dataset_read_stream, destroyed at close.
+     * plain_at is its path; plain_dropped is set once a read of it failed
+     * its checks (the file is then removed and queries read `stream`).
+     */
+    _Atomic(iv_stream_t *) plain;
+    char plain_at[4400];
+    atomic_int plain_dropped;
 };
+
+/* The stream a query reads: the plain copy while it is published and
+ * sound and the source file unchanged, else the dataset's own.  Any
+ * thread. */
+iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds);
 
 /* Memory a dataset's matrix takes now: pointer and value arrays, row
  * index, and its stream's resident bytes (the cache, or the whole

@@ -73,6 +73,7 @@ static void work_free(struct work *w);
 
 struct iv_query {
     iv_dataset_t *ds;         /* the orientation serving the query */
+    iv_stream_t *stream;      /* the stream it reads: ds's own or its plain copy */
     enum mode mode;
     int by_var;               /* output rows are genes */
     int64_t n_out_rows, n_out_cols;
@@ -587,6 +588,7 @@ static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opt
     struct iv_query *q = calloc(1, sizeof *q);
     if (!q) return NULL;
     q->ds = ds;
+    q->stream = iv_dataset_read_stream(ds);
     q->block_nnz = opts && opts->block_nnz > 0 ? opts->block_nnz : DEFAULT_BLOCK_NNZ;
     q->block_rows = opts && opts->block_rows > 0 ? opts->block_rows : DEFAULT_BLOCK_ROWS;
     q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
@@ -940,7 +942,7 @@ static struct work *work_get(struct iv_query *q)
     pthread_mutex_unlock(&q->work_mu);
     if (!w) w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    iv_cursor_init(&w->cur, q->ds->stream);
+    iv_cursor_init(&w->cur, q->stream);
     w->next_slice = -1;
     return w;
 }

@@ -117,7 +117,12 @@ static void desc_free(iv_stream_desc_t *d)
 /* Bytes a chunk buffer needs: stages before a fletcher32 check produce 4
  * bytes more than the chunk. */
 static size_t cap_for(uint64_t chunk_len) { return (size_t)chunk_len + 64; }
-static size_t buf_cap(const iv_stream_t *s) { return cap_for(s->d.chunk_len); }
+/* Unfiltered chunks need their bytes alone (a 4 KiB chunk stays in one
+ * allocator size class). */
+static size_t buf_cap(const iv_stream_t *s)
+{
+    return s->d.pipe.n ? cap_for(s->d.chunk_len) : (size_t)s->d.chunk_len;
+}
 
 /* AddressSanitizer cannot see past a slot into the next one: sanitized
  * builds take every buffer from malloc so that it checks them. */
@@ -203,7 +208,13 @@ static void arena_adopt(iv_stream_t *s, iv_stream_arena_t *a)
         iv_stream_arena_free(a);
         a = NULL;
     }
-    s->arena = a ? a : iv_stream_arena_new(s->d.length, s->d.chunk_len, s->budget);
+    if (s->d.no_arena) {
+        iv_stream_arena_free(a);
+        a = NULL;
+    } else if (!a) {
+        a = iv_stream_arena_new(s->d.length, s->d.chunk_len, s->budget);
+    }
+    s->arena = a;
 }
 
 static int in_arena(const iv_stream_t *s, const uint8_t *p)
@@ -341,7 +352,11 @@ uint64_t iv_stream_n_chunks(const iv_stream_t *s) { return s->d.n_chunks; }
 
 int iv_stream_desc_contig(iv_stream_desc_t *d, uint64_t addr, uint64_t len)
 {
-    const uint64_t cl = IV_STREAM_CONTIG_CHUNK;
+    return iv_stream_desc_contig_len(d, addr, len, IV_STREAM_CONTIG_CHUNK);
+}
+
+int iv_stream_desc_contig_len(iv_stream_desc_t *d, uint64_t addr, uint64_t len, uint64_t cl)
+{
     d->chunked = 1;
     d->file_contig = 1;
     d->pipe.n = 0;

@@ -50,6 +50,8 @@ typedef struct iv_stream_desc {
     iv_file_t *file;          /* chunks read from this file (owned by the stream), or NULL */
     uint64_t max_stored;      /* file: the largest chunk_size (sizes the read buffers) */
     int file_contig;          /* file: one contiguous range, cut into virtual chunks */
+    int no_arena;             /* 1: chunk buffers from malloc, not an arena (small chunks,
+                               * whose arena slots would round up to whole pages) */
     uint64_t *chunk_addr;     /* offset in the file or map; UINT64_MAX = not allocated (fill) */
     uint64_t *chunk_size;     /* stored bytes */
     uint32_t *chunk_mask;     /* HDF5 filter mask */
@@ -86,6 +88,8 @@ void iv_stream_arena_free(iv_stream_arena_t *a);
  * bytes at file offset addr, in IV_STREAM_CONTIG_CHUNK virtual chunks.
  * 0, or -1 when out of memory (the arrays made so far are desc's). */
 int iv_stream_desc_contig(iv_stream_desc_t *desc, uint64_t addr, uint64_t len);
+/* The same in virtual chunks of chunk_len bytes (> 0). */
+int iv_stream_desc_contig_len(iv_stream_desc_t *desc, uint64_t addr, uint64_t len, uint64_t chunk_len);
 
 /* Takes ownership of desc's arrays and owned_buf (also on failure). */
 int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err);

@@ -2270,6 +2270,8 @@ static void copy_header(const struct build *b, iv_dataset_t *c)
     c->is_copy = 1;
     atomic_init(&c->other, NULL);
     atomic_init(&c->nnz_at, NULL);
+    atomic_init(&c->plain, NULL);
+    atomic_init(&c->plain_dropped, 0);
     atomic_init(&c->other_state, IV_OTHER_NONE);
     iv_h5matrix_t *cm = &c->m;
     cm->orient = m->orient == IV_IVCSR ? IV_IVCSC : IV_IVCSR;
