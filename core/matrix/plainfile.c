@@ -106,6 +106,11 @@ static int gather(struct save *sv, uint64_t a, uint64_t b, uint8_t *buf, iv_err_
         const uint8_t *data;
         size_t len;
         IV_TRY(iv_stream_acquire(sv->src, c, &data, &len, NULL, e));
+        if (at >= len) {
+            iv_stream_release(sv->src, c);
+            return iv_fail(e, IV_ECORRUPT, "chunk %llu of the stream is shorter than its place",
+                           (unsigned long long)c);
+        }
         uint64_t take = len - at < b - off ? len - at : b - off;
         memcpy(buf + (off - a), data + at, (size_t)take);
         iv_stream_release(sv->src, c);

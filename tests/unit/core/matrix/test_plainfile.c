@@ -1,0 +1,345 @@
+/*
+ * The plain copy (core/matrix/plainfile.c and iv_dataset_use_plain): a
+ * compressed stream written uncompressed to the cache folder holds
+ * exactly the stream's bytes; queries that read it give, block for
+ * block, the answers of the compressed stream (random selections with
+ * duplicates, both output axes); a second use takes the kept copy; a
+ * copy that is damaged, truncated, of another format or made for
+ * another file is never taken; a copy whose bytes change under a running
+ * dataset fails that read, is dropped (file removed) and the source
+ * serves again.  The file is the bundled example (zstd, 16 KiB chunks),
+ * copied.
+ */
+#include <check.h>
+
+#include "check_main.h"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cachedir.h"
+#include "dataset.h"
+#include "dataset_impl.h"
+#include "plainfile.h"
+#include "query.h"
+
+static char root[256], file[300], dir[300];
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    ck_assert_msg(in && out, "cannot copy %s", from);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+}
+
+static void setup(void)
+{
+    snprintf(root, sizeof root, "/tmp/iv_plainfile_%ld", (long)getpid());
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    snprintf(file, sizeof file, "%s/a.h5ad", root);
+    snprintf(dir, sizeof dir, "%s/cache", root);
+    copy_file(IV_SOURCE_DIR "/examples/pbmc_example.h5ad", file);
+}
+
+static void teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static iv_dataset_opts_t opts(void)
+{
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    o.index_dir = dir;
+    return o;
+}
+
+static iv_dataset_t *open_ds(void)
+{
+    iv_dataset_opts_t o = opts();
+    iv_dataset_t *ds = NULL;
+    iv_err_t err = {0};
+    ck_assert_msg(iv_dataset_open(file, &o, &ds, &err) == 0, "%s", err.msg);
+    return ds;
+}
+
+/* Opens the dataset and its plain copy: the use's result (1 kept, 0 written). */
+static iv_dataset_t *open_plain(int want)
+{
+    iv_dataset_t *ds = open_ds();
+    ck_assert_int_eq(iv_dataset_plain_wanted(ds), 1);
+    iv_dataset_opts_t o = opts();
+    iv_err_t err = {0};
+    int rc = iv_dataset_use_plain(ds, &o, &err);
+    ck_assert_msg(rc == want, "use_plain gave %d (%s), expected %d", rc, err.msg, want);
+    ck_assert_ptr_nonnull(atomic_load(&ds->plain));
+    ck_assert_ptr_eq(iv_dataset_read_stream(ds), atomic_load(&ds->plain));
+    return ds;
+}
+
+/* Every byte of the copy, read through its stream, is the source's. */
+static void same_bytes(iv_stream_t *a, iv_stream_t *b)
+{
+    ck_assert_uint_eq(iv_stream_length(a), iv_stream_length(b));
+    ck_assert_uint_eq(iv_stream_chunk_len(b), IV_PLAIN_CHUNK);
+    uint64_t len = iv_stream_length(a), cl = iv_stream_chunk_len(a);
+    uint8_t *all = malloc((size_t)len);
+    for (uint64_t c = 0; c < iv_stream_n_chunks(a); c++) {
+        const uint8_t *d;
+        size_t n;
+        iv_err_t err = {0};
+        ck_assert_msg(iv_stream_acquire(a, c, &d, &n, NULL, &err) == 0, "%s", err.msg);
+        memcpy(all + c * cl, d, n);
+        iv_stream_release(a, c);
+    }
+    for (uint64_t c = 0; c < iv_stream_n_chunks(b); c++) {
+        const uint8_t *d;
+        size_t n;
+        iv_err_t err = {0};
+        ck_assert_msg(iv_stream_acquire(b, c, &d, &n, NULL, &err) == 0, "%s", err.msg);
+        uint64_t want = len - c * IV_PLAIN_CHUNK < IV_PLAIN_CHUNK ? len - c * IV_PLAIN_CHUNK : IV_PLAIN_CHUNK;
+        ck_assert_uint_eq(n, want);
+        ck_assert_msg(memcmp(all + c * IV_PLAIN_CHUNK, d, n) == 0, "chunk %llu differs", (unsigned long long)c);
+        iv_stream_release(b, c);
+    }
+    free(all);
+}
+
+static uint64_t rs = 777;
+static uint64_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+
+/* The query's blocks, decoded; 0 or the first error code. */
+static int run_query(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var, iv_out_axis_t axis,
+                     iv_block_t **out, int64_t *n_out, iv_err_t *err)
+{
+    iv_query_t *q;
+    iv_query_opts_t qo = {.block_nnz = 500, .axis = axis};
+    IV_TRY(iv_query_new(ds, obs, var, &qo, &q, err));
+    int rc = iv_query_prepare(q, NULL, err);
+    int64_t n = rc == 0 ? iv_query_n_blocks(q) : 0;
+    *out = calloc((size_t)(n ? n : 1), sizeof **out);
+    *n_out = 0;
+    for (int64_t b = 0; b < n && rc == 0; b++) {
+        rc = iv_query_decode_block(q, b, &(*out)[b], err);
+        if (rc == 0) (*n_out)++;
+    }
+    iv_query_free(q);
+    return rc;
+}
+
+static void free_blocks(iv_block_t *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) iv_block_free(&b[i]);
+    free(b);
+}
+
+/* The two datasets answer obs x var with the same blocks, byte for byte. */
+static void same_answer(iv_dataset_t *ref, iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
+                        iv_out_axis_t axis)
+{
+    iv_block_t *a, *b;
+    int64_t na, nb;
+    iv_err_t err = {0};
+    ck_assert_msg(run_query(ref, obs, var, axis, &a, &na, &err) == 0, "%s", err.msg);
+    ck_assert_msg(run_query(ds, obs, var, axis, &b, &nb, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(na, nb);
+    for (int64_t i = 0; i < na; i++) {
+        ck_assert_int_eq(a[i].row0, b[i].row0);
+        ck_assert_int_eq(a[i].n_rows, b[i].n_rows);
+        ck_assert_int_eq(a[i].nnz, b[i].nnz);
+        ck_assert_int_eq(a[i].index_size, b[i].index_size);
+        ck_assert(memcmp(a[i].ids, b[i].ids, (size_t)a[i].n_rows * 8) == 0);
+        ck_assert(memcmp(a[i].indptr, b[i].indptr, (size_t)(a[i].n_rows + 1) * 8) == 0);
+        ck_assert(memcmp(a[i].indices, b[i].indices, (size_t)a[i].nnz * (size_t)a[i].index_size) == 0);
+        ck_assert(memcmp(a[i].data, b[i].data, (size_t)a[i].nnz * iv_dtype_size(a[i].dtype)) == 0);
+    }
+    free_blocks(a, na);
+    free_blocks(b, nb);
+}
+
+/* Random selections: cells in any order with duplicates, genes likewise
+ * or all, both output axes. */
+static void same_answers(iv_dataset_t *ref, iv_dataset_t *ds, int rounds)
+{
+    const iv_dataset_info_t *in = iv_dataset_info(ref);
+    for (int r = 0; r < rounds; r++) {
+        int64_t no = 1 + (int64_t)(rnd() % 300), nv = 1 + (int64_t)(rnd() % 200);
+        int64_t *oi = malloc((size_t)no * 8), *vi = malloc((size_t)nv * 8);
+        for (int64_t k = 0; k < no; k++) oi[k] = (int64_t)(rnd() % (uint64_t)in->n_rows);
+        for (int64_t k = 0; k < nv; k++) vi[k] = (int64_t)(rnd() % (uint64_t)in->n_cols);
+        iv_sel_t obs = {.n = no, .idx = oi}, var = {.all = r % 3 == 0, .n = nv, .idx = vi};
+        same_answer(ref, ds, &obs, &var, r % 2 ? IV_OUT_VARS : IV_OUT_ROWS);
+        free(oi);
+        free(vi);
+    }
+    iv_sel_t all = {.all = 1};
+    same_answer(ref, ds, &all, &all, IV_OUT_ROWS);
+}
+
+START_TEST(copy_holds_the_stream_and_answers_the_same)
+{
+    iv_dataset_t *ds = open_plain(0);
+    same_bytes(ds->stream, atomic_load(&ds->plain));
+    iv_dataset_t *ref = open_ds();
+    ck_assert_ptr_null(atomic_load(&ref->plain));
+    same_answers(ref, ds, 40);
+    iv_orient_status_t st;
+    iv_dataset_orientations(ds, &st);
+    ck_assert_int_eq(st.plain, 1);
+    iv_dataset_close(ds);
+    /* The next use takes the kept copy, which answers the same. */
+    ds = open_plain(1);
+    same_answers(ref, ds, 10);
+    iv_dataset_close(ds);
+    iv_dataset_close(ref);
+}
+END_TEST
+
+/* The kept copy's path (after a first use wrote it). */
+static void written_copy(char *out, size_t cap)
+{
+    iv_dataset_t *ds = open_plain(0);
+    snprintf(out, cap, "%s", ds->plain_at);
+    iv_dataset_close(ds);
+    struct stat st;
+    ck_assert_int_eq(stat(out, &st), 0);
+}
+
+static void poke(const char *path, long off, int whence, uint8_t x)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, off, whence), 0);
+    long at = ftell(f);
+    int c = fgetc(f);
+    ck_assert_int_ne(c, EOF);
+    ck_assert_int_eq(fseek(f, at, SEEK_SET), 0);
+    fputc(c ^ x, f);
+    fclose(f);
+}
+
+START_TEST(damaged_copy_is_not_taken)
+{
+    char at[4400];
+    written_copy(at, sizeof at);
+    struct stat st;
+    ck_assert_int_eq(stat(at, &st), 0);
+    iv_dataset_t *ref = open_ds();
+    /* The header's magic, the header's source, a chunk checksum, the
+     * trailer: each is written again (0), and the new copy is sound. */
+    const long where[][2] = {{0, SEEK_SET}, {24, SEEK_SET}, {-16, SEEK_END}, {-1, SEEK_END}};
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+        poke(at, where[i][0], (int)where[i][1], 0x20);
+        iv_dataset_t *ds = open_plain(0);
+        same_answers(ref, ds, 3);
+        iv_dataset_close(ds);
+    }
+    /* Truncated. */
+    ck_assert_int_eq(truncate(at, st.st_size - 8), 0);
+    iv_dataset_t *ds = open_plain(0);
+    iv_dataset_close(ds);
+    /* Made for another stream or group: not taken, says why. */
+    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ref->stream)), .group = "X",
+                            .length = iv_stream_length(ref->stream)};
+    iv_stream_t *s = NULL;
+    const char *why = NULL;
+    iv_err_t err = {0};
+    ck_assert_int_eq(iv_plainfile_open(at, &f, 1 << 20, &s, &why, &err), 1);
+    iv_stream_destroy(s);
+    f.length--;
+    ck_assert_int_eq(iv_plainfile_open(at, &f, 1 << 20, &s, &why, &err), 0);
+    ck_assert_str_eq(why, "made for another file or matrix");
+    f.length++;
+    f.group = "layers/counts";
+    ck_assert_int_eq(iv_plainfile_open(at, &f, 1 << 20, &s, &why, &err), 0);
+    ck_assert_str_eq(why, "made for another file or matrix");
+    f.group = "X";
+    f.file.mtime_ns++;
+    ck_assert_int_eq(iv_plainfile_open(at, &f, 1 << 20, &s, &why, &err), 0);
+    ck_assert_str_eq(why, "made for another file or matrix");
+    ck_assert_int_eq(iv_plainfile_open("/nonexistent/x.plain", &f, 1 << 20, &s, &why, &err), 0);
+    ck_assert_str_eq(why, "none kept");
+    ck_assert_ptr_null(s);
+    iv_dataset_close(ref);
+}
+END_TEST
+
+/* A byte of the copy's data changed under a running dataset, with the
+ * file's time put back (so that only the chunk checksum can see it): the
+ * query that reads it fails (IV_EFILE_CHANGED), the copy is dropped and
+ * its file removed, and the next query is answered from the source. */
+START_TEST(copy_changed_under_a_dataset_is_dropped)
+{
+    char at[4400];
+    written_copy(at, sizeof at);
+    iv_dataset_t *ds = open_plain(1);
+    iv_dataset_t *ref = open_ds();
+    struct stat st;
+    ck_assert_int_eq(stat(at, &st), 0);
+    poke(at, 4096 + 100, SEEK_SET, 0x01);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    ck_assert_int_eq(utimensat(AT_FDCWD, at, ts, 0), 0);
+    iv_sel_t all = {.all = 1};
+    iv_block_t *b;
+    int64_t nb;
+    iv_err_t err = {0};
+    ck_assert_int_eq(run_query(ds, &all, &all, IV_OUT_ROWS, &b, &nb, &err), IV_EFILE_CHANGED);
+    ck_assert_msg(strstr(err.msg, ".X.plain changed on disk") != NULL, "%s", err.msg);
+    free_blocks(b, nb);
+    ck_assert_ptr_eq(iv_dataset_read_stream(ds), ds->stream);
+    ck_assert_int_ne(stat(at, &st), 0);
+    iv_orient_status_t os;
+    iv_dataset_orientations(ds, &os);
+    ck_assert_int_eq(os.plain, 2);
+    same_answers(ref, ds, 5);
+    /* The source itself is unharmed. */
+    char msg[256];
+    ck_assert_int_eq(iv_dataset_file_state(ds, msg, sizeof msg), IV_FILE_OK);
+    iv_dataset_close(ds);
+    iv_dataset_close(ref);
+}
+END_TEST
+
+/* A stream with no stored chunks to speak of gets no copy. */
+START_TEST(copy_needs_a_cache_folder)
+{
+    iv_dataset_t *ds = open_ds();
+    iv_dataset_opts_t o;
+    iv_dataset_opts_init(&o);
+    iv_err_t err = {0};
+    ck_assert_int_eq(iv_dataset_use_plain(ds, &o, &err), IV_EUNSUPPORTED);
+    ck_assert_ptr_null(atomic_load(&ds->plain));
+    ck_assert_ptr_eq(iv_dataset_read_stream(ds), ds->stream);
+    iv_dataset_close(ds);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("plainfile");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, copy_holds_the_stream_and_answers_the_same);
+    tcase_add_test(tc, damaged_copy_is_not_taken);
+    tcase_add_test(tc, copy_changed_under_a_dataset_is_dropped);
+    tcase_add_test(tc, copy_needs_a_cache_folder);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return iv_check_run(suite()); }
