@@ -240,6 +240,9 @@ static int pack_value_opt(pack_args_t *pa, const char *a, const char *v)
         /* Not in the usage: benchmarks and tests compare with and without. */
         if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) return usage();
         pa->o.no_replica = strcmp(v, "off") == 0;
+    } else if (strcmp(a, "--engine-replica-from") == 0) {
+        /* Not in the usage: the server passes the input's plain copy. */
+        pa->o.replica_from = v;
     } else if (strcmp(a, "--engine-window-kb") == 0) {
         /* Not in the usage: tests make many windows of a small matrix. */
         char *end;

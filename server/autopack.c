@@ -428,7 +428,7 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
 /* ---- the other orientation ------------------------------------------------ */
 
 int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *id,
-                      const char *served, const char *group, int to_ivcsc,
+                      const char *served, const char *group, int to_ivcsc, const char *plain,
                       iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
                       int *built, iv_err_t *err)
 {
@@ -447,7 +447,7 @@ int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *
                   to_ivcsc ? "gene-major" : "cell-major", copy);
     progress_start(prog, major);
     const char *more[] = {"--layout", to_ivcsc ? "ivcsc" : "ivcsr", "--matrix-only", "--matrix",
-                          matrix, NULL};
+                          matrix, plain ? "--engine-replica-from" : NULL, plain, NULL};
     rc = run_pack(cfg, log, id, served, copy, more, prog, stop, err);
     atomic_store(&prog->active, 0);
     if (rc != 0) {

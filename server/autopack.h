@@ -56,10 +56,12 @@ int iv_autopack_resolve(const iv_config_t *cfg, const iv_alog_t *log, const char
  * the cache folder under the served file's key (kind ivcsc.h5ad or
  * ivcsr.h5ad), written now when there is none (*built set), in bands
  * within the pack's memory budget.  Its path goes to out, pinned.  Runs
- * on a worker; blocks for the whole pack; stop as above.
+ * on a worker; blocks for the whole pack; stop as above.  plain, when not
+ * NULL, is the served stream's plain copy (plainfile.h), which the pack
+ * reads instead of writing a replica of its own.
  */
 int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *id,
-                      const char *served, const char *group, int to_ivcsc,
+                      const char *served, const char *group, int to_ivcsc, const char *plain,
                       iv_autopack_progress_t *prog, const atomic_int *stop, char *out, size_t cap,
                       int *built, iv_err_t *err);
 

@@ -484,7 +484,7 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err
     size_t arena_budget = mb && iv_membudget_bytes(mb) < budget ? iv_membudget_bytes(mb) : budget;
     iv_stream_t *s = NULL;
     const char *why = NULL;
-    int kept = iv_plainfile_open(at, &f, arena_budget, &s, &why, err);
+    int kept = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, arena_budget, &s, &why, err);
     if (kept < 0) return kept;
     if (kept) {
         iv_cachedir_touch(at);
@@ -492,7 +492,7 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err
         IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
         IV_TRY(iv_cachedir_note(at, ds->path, key, err));
         IV_TRY(iv_plainfile_save(at, &f, ds->stream, opts->pool, err));
-        int rc = iv_plainfile_open(at, &f, arena_budget, &s, &why, err);
+        int rc = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, arena_budget, &s, &why, err);
         if (rc < 0) return rc;
         if (rc == 0)
             return iv_fail(err, IV_EIO, "%s: its plain copy %s was written but is not taken (%s)",
@@ -502,6 +502,11 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err
     snprintf(ds->plain_at, sizeof ds->plain_at, "%s", at);
     atomic_store_explicit(&ds->plain, s, memory_order_release);
     return kept;
+}
+
+const char *iv_dataset_plain_path(iv_dataset_t *ds)
+{
+    return iv_dataset_read_stream(ds) != ds->stream ? ds->plain_at : NULL;
 }
 
 iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds)

@@ -179,6 +179,8 @@ typedef struct iv_orient_status {
  */
 int iv_dataset_plain_wanted(const iv_dataset_t *ds);
 int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err_t *err);
+/* The published plain copy's path, or NULL (none, or dropped). */
+const char *iv_dataset_plain_path(iv_dataset_t *ds);
 
 /* A snapshot; any thread. */
 void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out);

@@ -1714,8 +1714,11 @@ static int run_engine(src_t *s, encoder_t *en, const iv_pack_opts_t *o, const ch
     char *slash = strrchr(dir, '/');
     if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
     else snprintf(dir, sizeof dir, ".");
+    int reused = 0;
     iv_transpose_opts_t to = {.tmp_bytes = engine_window_bytes(s, en, o), .pool = o->pool,
-                              .replica_dir = o->no_replica ? NULL : dir};
+                              .replica_dir = o->no_replica ? NULL : dir,
+                              .replica_from = o->no_replica ? NULL : o->replica_from,
+                              .replica_reused = &reused};
     iv_err_t e2;
     iv_err_clear(&e2);
     int rc = iv_transpose_to_sink(s->ds, &to, &sink, &e2);
@@ -1723,8 +1726,8 @@ static int run_engine(src_t *s, encoder_t *en, const iv_pack_opts_t *o, const ch
     if (rc == 0) {
         /* The dataset's row-index pass, the count pass, one read a window. */
         *n_passes = 1 + k.count_pass + k.windows;
-        snprintf(rep->transpose, sizeof rep->transpose, "engine, %d window%s", k.windows,
-                 k.windows == 1 ? "" : "s");
+        snprintf(rep->transpose, sizeof rep->transpose, "engine, %d window%s%s", k.windows,
+                 k.windows == 1 ? "" : "s", reused ? ", input read from its plain copy" : "");
         return 0;
     }
     if (rc != IV_EUNSUPPORTED || k.windows > 0) {

@@ -83,6 +83,10 @@ typedef struct iv_pack_opts {
      * window instead of reading an uncompressed replica of it written
      * beside the output (--engine-replica off; transpose.h). */
     int no_replica;
+    /* A plain copy of the input's stream (plainfile.h) the engine reads as
+     * its replica instead of writing one, when it was made from the input
+     * (--engine-replica-from; the server passes the copy it keeps). */
+    const char *replica_from;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */

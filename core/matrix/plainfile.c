@@ -235,9 +235,12 @@ static int read_sums(iv_file_t *fl, const struct head *want, uint64_t **out, con
     return 1;
 }
 
-int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, size_t cache_budget,
-                      iv_stream_t **out, const char **why, iv_err_t *err)
+int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, uint64_t chunk_len,
+                      size_t cache_budget, iv_stream_t **out, const char **why, iv_err_t *err)
 {
+    if (chunk_len == 0 || chunk_len % IV_PLAIN_CHUNK)
+        return iv_fail(err, IV_EINVALID_ARG, "%s: chunks of %llu bytes are not whole pieces", path,
+                       (unsigned long long)chunk_len);
     const char *dummy;
     if (!why) why = &dummy;
     *out = NULL;
@@ -264,10 +267,11 @@ int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, size_t cach
     char label[400];
     snprintf(label, sizeof label, "%.300s (plain copy)", path);
     uint64_t n = want.n_chunks;
-    iv_stream_desc_t d = {.length = f->length, .file = fl, .max_stored = IV_PLAIN_CHUNK, .label = label,
-                          .no_arena = 1};
+    /* Small chunks come from malloc: an arena slot rounds up to pages. */
+    iv_stream_desc_t d = {.length = f->length, .file = fl, .max_stored = chunk_len, .label = label,
+                          .no_arena = chunk_len < ((uint64_t)64 << 10), .sum_len = IV_PLAIN_CHUNK};
     d.chunk_sum = calloc((size_t)(n ? n : 1), sizeof *d.chunk_sum);
-    if (!d.chunk_sum || iv_stream_desc_contig_len(&d, DATA_OFF, f->length, IV_PLAIN_CHUNK) < 0) {
+    if (!d.chunk_sum || iv_stream_desc_contig_len(&d, DATA_OFF, f->length, chunk_len) < 0) {
         free(d.chunk_addr);
         free(d.chunk_size);
         free(d.chunk_mask);

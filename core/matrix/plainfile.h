@@ -63,13 +63,17 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
                       iv_pool_t *pool, iv_err_t *err);
 
 /*
- * Opens the copy at path as a stream with a chunk cache of cache_budget
- * bytes, sealed with the kept checksums.  1 with *out set; 0 when there
- * is no copy or it is not the one wanted (*why, when not NULL, says
- * which: "none kept", "another format", "made for another file or
- * matrix", "truncated", "damaged"); or a negative error (out of memory).
+ * Opens the copy at path as a stream read in virtual chunks of chunk_len
+ * bytes (IV_PLAIN_CHUNK for cell queries; a multiple of it, such as
+ * IV_STREAM_CONTIG_CHUNK, for a reader that goes through it in order,
+ * the transpose), with a chunk cache of cache_budget bytes, sealed with
+ * the kept checksums (each read checks its IV_PLAIN_CHUNK pieces).  1
+ * with *out set; 0 when there is no copy or it is not the one wanted
+ * (*why, when not NULL, says which: "none kept", "another format", "made
+ * for another file or matrix", "truncated", "damaged"); or a negative
+ * error (out of memory).
  */
-int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, size_t cache_budget,
-                      iv_stream_t **out, const char **why, iv_err_t *err);
+int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, uint64_t chunk_len,
+                      size_t cache_budget, iv_stream_t **out, const char **why, iv_err_t *err);
 
 #endif

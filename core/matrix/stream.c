@@ -590,13 +590,21 @@ static void scratch_put(iv_stream_t *s, struct scratch *sc)
 static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_err_t *err)
 {
     if (!s->d.chunk_sum) return 0;
-    uint64_t h = iv_file_sum(p, n);
-    uint64_t want = atomic_load_explicit(&s->d.chunk_sum[c], memory_order_relaxed);
-    if (want == 0 && !s->d.sums_sealed) {
-        atomic_store_explicit(&s->d.chunk_sum[c], h, memory_order_relaxed);
-        return 0;
+    /* One sum a chunk, or one a piece of sum_len bytes (the last shorter). */
+    size_t step = s->d.sum_len ? (size_t)s->d.sum_len : n;
+    uint64_t k0 = s->d.sum_len ? c * (s->d.chunk_len / s->d.sum_len) : c;
+    size_t i = 0;
+    for (uint64_t k = k0; i < n; k++, i += step) {
+        size_t len = n - i < step ? n - i : step;
+        uint64_t h = iv_file_sum(p + i, len);
+        uint64_t want = atomic_load_explicit(&s->d.chunk_sum[k], memory_order_relaxed);
+        if (want == 0 && !s->d.sums_sealed) {
+            atomic_store_explicit(&s->d.chunk_sum[k], h, memory_order_relaxed);
+            continue;
+        }
+        if (want != h) break;
     }
-    if (want == h) return 0;
+    if (i >= n) return 0;
     char m[480];
     snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (the stored bytes of chunk %llu "
              "at offset %llu differ from those indexed at load); reload the dataset",
@@ -713,7 +721,8 @@ static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
  * reading it into *rd (a scratch buffer taken on first use). */
 static int sum_unread(iv_stream_t *s, uint64_t c, struct scratch **rd, iv_err_t *err)
 {
-    if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[c]) != 0) return 0;
+    uint64_t k = s->d.sum_len ? c * (s->d.chunk_len / s->d.sum_len) : c;
+    if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[k]) != 0) return 0;
     if (!*rd && !(*rd = scratch_get(s)))
         return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
     if (s->d.chunk_size[c] > scratch_cap(s))
@@ -734,19 +743,24 @@ int iv_stream_seal(iv_stream_t *s, iv_err_t *err)
     return rc;
 }
 
+uint64_t iv_stream_desc_n_sums(const iv_stream_desc_t *d)
+{
+    return d->sum_len ? (d->length + d->sum_len - 1) / d->sum_len : d->n_chunks;
+}
+
 uint64_t iv_stream_sums(const iv_stream_t *s, uint64_t *out)
 {
-    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || !s->d.sums_sealed) return 0;
+    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || !s->d.sums_sealed || s->d.sum_len) return 0;
     for (uint64_t c = 0; c < s->d.n_chunks; c++) out[c] = atomic_load(&s->d.chunk_sum[c]);
     return s->d.n_chunks;
 }
 
 int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err_t *err)
 {
-    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed || n != s->d.n_chunks)
+    if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed || n != iv_stream_desc_n_sums(&s->d))
         return iv_fail(err, IV_EINTERNAL, "%s: checksums kept for another stream", s->label);
     for (uint64_t c = 0; c < n; c++)
-        if (s->d.chunk_addr[c] != UINT64_MAX && sums[c] == 0)
+        if ((s->d.sum_len || s->d.chunk_addr[c] != UINT64_MAX) && sums[c] == 0)
             return iv_fail(err, IV_ECORRUPT, "%s: kept checksum of chunk %llu missing", s->label,
                            (unsigned long long)c);
     for (uint64_t c = 0; c < n; c++) atomic_store(&s->d.chunk_sum[c], sums[c]);

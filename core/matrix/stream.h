@@ -59,6 +59,12 @@ typedef struct iv_stream_desc {
      * reads it (owned by the stream; NULL = not checked). */
     _Atomic uint64_t *chunk_sum;
     int sums_sealed;          /* set by iv_stream_seal: every sum is taken */
+    /* A contiguous file's checksums over pieces of sum_len bytes instead
+     * of one a chunk (0: a chunk each): chunk_sum then holds one per
+     * piece, chunk_len being a multiple of sum_len, so that one kept set
+     * of sums serves the same file read in chunks of any such size
+     * (plainfile.h). */
+    uint64_t sum_len;
     iv_pipeline_t pipe;
     const char *label;        /* "FILE:/X/packed_indices", for error messages (copied) */
 } iv_stream_desc_t;
@@ -90,6 +96,9 @@ void iv_stream_arena_free(iv_stream_arena_t *a);
 int iv_stream_desc_contig(iv_stream_desc_t *desc, uint64_t addr, uint64_t len);
 /* The same in virtual chunks of chunk_len bytes (> 0). */
 int iv_stream_desc_contig_len(iv_stream_desc_t *desc, uint64_t addr, uint64_t len, uint64_t chunk_len);
+
+/* The checksums a desc has: one per chunk, or per sum_len piece. */
+uint64_t iv_stream_desc_n_sums(const iv_stream_desc_t *desc);
 
 /* Takes ownership of desc's arrays and owned_buf (also on failure). */
 int iv_stream_create(iv_stream_desc_t *desc, size_t cache_budget, iv_stream_t **out, iv_err_t *err);
@@ -130,8 +139,9 @@ int iv_stream_seal(iv_stream_t *s, iv_err_t *err);
  * a chunk not allocated) and returns n_chunks; 0 when the stream has
  * none (memory, or not sealed).  iv_stream_seal_with seals a stream with
  * sums kept from an earlier pass over the same file instead of a pass:
- * n must be n_chunks and every allocated chunk's sum non-zero
- * (IV_ECORRUPT otherwise).  Before the stream is shared.
+ * n must be n_chunks (the pieces' count with sum_len) and every
+ * allocated chunk's sum non-zero (IV_ECORRUPT otherwise).  Before the
+ * stream is shared.
  */
 uint64_t iv_stream_sums(const iv_stream_t *s, uint64_t *out);
 int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err_t *err);

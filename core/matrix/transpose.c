@@ -67,6 +67,7 @@
  * bound, so the windows are as many as it needs.
  */
 #include "transpose.h"
+#include "plainfile.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -2018,6 +2019,23 @@ static int replica_stream(struct build *b, const char *path, uint64_t len, iv_er
     return iv_stream_create(&d, IV_TRANSPOSE_REPLICA_CACHE, &b->t.replica, err);
 }
 
+/* The replica read from the source's plain copy (opts->replica_from),
+ * when it was made from this very file: 1 when taken. */
+static int reuse_replica(struct build *b)
+{
+    iv_stream_t *src = b->ds->stream;
+    if (!iv_stream_file(src)) return 0;
+    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(src)), .group = b->ds->group,
+                            .length = iv_stream_length(src)};
+    iv_err_t e;
+    iv_err_clear(&e);
+    if (iv_plainfile_open(b->opts->replica_from, &f, IV_TRANSPOSE_REPLICA_CHUNK, IV_TRANSPOSE_REPLICA_CACHE,
+                          &b->t.replica, NULL, &e) != 1)
+        return 0;
+    if (b->opts->replica_reused) *b->opts->replica_reused = 1;
+    return 1;
+}
+
 /*
  * The source stream written out uncompressed to an unlinked file in
  * opts->replica_dir, chunk by chunk on the pool, for the resumed fills
@@ -2030,7 +2048,9 @@ static void make_replica(struct build *b)
 {
     struct tb *t = &b->t;
     const iv_dataset_info_t *in = &b->ds->info;
-    if (!b->opts->replica_dir || !t->resume || !in->chunked || strncmp(in->codec, "none", 4) == 0) return;
+    if (!t->resume || !in->chunked || strncmp(in->codec, "none", 4) == 0) return;
+    if (b->opts->replica_from && reuse_replica(b)) return;
+    if (!b->opts->replica_dir) return;
     char path[4200];
     snprintf(path, sizeof path, "%s/.ivserve-transpose-XXXXXX", b->opts->replica_dir);
     struct replica_copy r = {.src = b->ds->stream, .chunk_len = iv_stream_chunk_len(b->ds->stream)};

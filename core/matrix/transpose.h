@@ -71,6 +71,11 @@ typedef struct iv_transpose_opts {
      * NULL, is set to 1 when one was made. */
     const char *replica_dir;
     int *replica_made;
+    /* A plain copy of the source stream (plainfile.h) to read as the
+     * replica instead of writing one, when it was made from this source;
+     * NULL: none.  replica_reused, when not NULL, is set to 1 when it was. */
+    const char *replica_from;
+    int *replica_reused;
 } iv_transpose_opts_t;
 
 /* The replica's chunk cache (besides the source's), and its chunks: a

@@ -174,3 +174,55 @@ def test_no_copy_when_off_or_small(tmp_path, data):
             check_answers(srv, X, rounds=2)
         finally:
             assert srv.stop() == 0
+
+
+def stored_chunks(path):
+    """Every stored chunk of the packed matrix's arrays, raw (as written)."""
+    import h5py
+    out = {}
+    with h5py.File(path, "r") as f:
+        for name in ("major_ptr", "value_ptr", "values", "packed_indices"):
+            d = f["X"][name]
+            n = d.id.get_num_chunks()
+            out[name] = [d.id.read_direct_chunk(d.id.get_chunk_info(i).chunk_offset) for i in range(n)]
+    return out
+
+
+def test_pack_reads_the_copy_as_its_replica(tmp_path):
+    """`ivserve pack` into the other orientation, given the served stream's
+    plain copy (as the server gives it), reads it instead of writing a
+    replica of its own, and writes the same file chunk for chunk; a copy
+    of another file is passed over."""
+    rng = np.random.default_rng(25)
+    X = ivref.random_csr(rng, N_ROWS, N_COLS, NNZ, dtype=np.int32)
+    X.data[:] = 1 + (X.data % 2 != 0)   # two values: few groups, so the windows resume
+    X = sp.csr_matrix((X.data, X.indices.astype(np.int64), X.indptr.astype(np.int64)), shape=X.shape)
+    path, other = str(tmp_path / "m.h5ad"), str(tmp_path / "o.h5ad")
+    ivref.write_iv(path, X, compression="zstd", chunk_len=16384)
+    ivref.write_iv(other, sp.csr_matrix(X[np.arange(N_ROWS - 1, -1, -1)]), compression="zstd", chunk_len=16384)
+    found = {}
+    for src in (path, other):
+        cache = str(tmp_path / ("cache_" + os.path.basename(src)))
+        srv = Server(str(tmp_path), src, cache)
+        try:
+            srv.wait_jobs()
+        finally:
+            assert srv.stop() == 0
+        (found[src],) = copies(cache)
+
+    def pack(out, *more):
+        import subprocess
+        r = subprocess.run([BIN, "pack", path, out, "--layout", "ivcsc", "--matrix-only", "--threads", "2",
+                            "--engine-window-kb", "1024", *more], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [ln for ln in r.stdout.splitlines() if "turned around by" in ln][0]
+
+    own, reused, stale = (str(tmp_path / n) for n in ("own.h5ad", "reused.h5ad", "stale.h5ad"))
+    how = pack(own)
+    assert "windows" in how and "plain copy" not in how, how
+    assert int(how.split("engine, ")[1].split()[0]) > 2, how
+    assert "input read from its plain copy" in pack(reused, "--engine-replica-from", found[path])
+    assert "plain copy" not in pack(stale, "--engine-replica-from", found[other])
+    want = stored_chunks(own)
+    assert stored_chunks(reused) == want
+    assert stored_chunks(stale) == want

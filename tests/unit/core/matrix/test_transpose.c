@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "query.h"
 #include "transpose.h"
+#include "plainfile.h"
 
 #define EXPECT(cond, ...)                       \
     do {                                        \
@@ -738,6 +739,15 @@ static void gather_init(struct gather *k, const iv_dataset_t *ds, int fail_at)
     k->fail_at = fail_at;
 }
 
+/* ds's stream written as a plain copy at path (plainfile.h). */
+static void write_plain(iv_dataset_t *ds, const char *path)
+{
+    iv_err_t err = {0};
+    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = "X",
+                            .length = iv_stream_length(ds->stream)};
+    ck_assert_msg(iv_plainfile_save(path, &f, ds->stream, NULL, &err) == 0, "%s", err.msg);
+}
+
 /*
  * iv_transpose_to_sink gives, window after window, exactly the copy that
  * iv_dataset_build_other builds (pointers, values, stream byte for byte),
@@ -749,6 +759,7 @@ static void gather_init(struct gather *k, const iv_dataset_t *ds, int fail_at)
 START_TEST(sink_windows_equal_copy)
 {
     iv_pool_t *pool = iv_pool_create(2, 0);
+    int reuses = 0;
     char path[256];
     tmp_path(path, sizeof path, "sink");
     static const struct {
@@ -775,10 +786,17 @@ START_TEST(sink_windows_equal_copy)
                 ds = open_ds(path, pool);
                 iv_transpose_opts_t o = cuts[k];
                 o.pool = k % 2 ? NULL : pool;
-                int resumed = 0, replica = 0;
+                int resumed = 0, replica = 0, reused = 0;
                 o.resumed_fills = &resumed;
                 o.replica_dir = k % 3 ? "/tmp" : NULL;
                 o.replica_made = &replica;
+                /* The source's plain copy as the replica (cut 4, resumed),
+                 * or a path that names none (cut 3). */
+                char plain[300];
+                snprintf(plain, sizeof plain, "%s.plain", path);
+                if (k == 4) write_plain(ds, plain);
+                o.replica_from = k == 4 ? plain : k == 3 ? "/nonexistent/x.plain" : NULL;
+                o.replica_reused = &reused;
                 struct gather g;
                 gather_init(&g, ds, 0);
                 iv_transpose_sink_t sink = {.window = gather_window, .ctx = &g};
@@ -791,15 +809,14 @@ START_TEST(sink_windows_equal_copy)
                 if (o.resume > 0 && g.windows >= 3) ck_assert_int_ge(resumed, 1);
                 if (o.resume < 0) ck_assert_int_eq(resumed, 0);
                 /* The resumed windows of a compressed source read its
-                 * replica. */
-                if (o.replica_dir && resumed > 0 && sh % 2) ck_assert_int_eq(replica, 1);
-                if (!o.replica_dir || sh % 2 == 0) ck_assert_int_eq(replica, 0);
+                 * replica: its plain copy when given one, else one made. */
+                if (reused) ck_assert(k == 4 && sh % 2);
+                if (k == 4 && resumed > 0 && sh % 2) ck_assert_int_eq(reused, 1);
+                if (o.replica_dir && resumed > 0 && sh % 2 && !reused) ck_assert_int_eq(replica, 1);
+                if (!o.replica_dir || sh % 2 == 0 || reused) ck_assert_int_eq(replica, 0);
+                reuses += reused;
                 ck_assert_msg(!replica_left("/tmp"), "a replica file was left behind");
-                /* The resumed windows of a compressed source read its
-                 * replica. */
-                if (o.replica_dir && resumed > 0 && sh % 2) ck_assert_int_eq(replica, 1);
-                if (!o.replica_dir || sh % 2 == 0) ck_assert_int_eq(replica, 0);
-                ck_assert_msg(!replica_left("/tmp"), "a replica file was left behind");
+                unlink(plain);
                 g.s.n_unique = (int64_t)g.groups;
                 g.s.values_len = (size_t)g.groups * g.vsz;
                 g.s.stream_len = g.bytes;
@@ -826,6 +843,7 @@ START_TEST(sink_windows_equal_copy)
     }
     unlink(path);
     iv_pool_destroy(pool);
+    ck_assert_int_gt(reuses, 0);
 }
 END_TEST
 
