@@ -467,7 +467,7 @@ int iv_dataset_plain_wanted(const iv_dataset_t *ds)
            iv_stream_chunk_len(ds->stream) > IV_PLAIN_CHUNK;
 }
 
-int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err_t *err)
+int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err)
 {
     if (atomic_load(&ds->plain)) return 1;
     if (!iv_dataset_plain_wanted(ds) || !opts->index_dir)
@@ -488,10 +488,12 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err
     if (kept < 0) return kept;
     if (kept) {
         iv_cachedir_touch(at);
+    } else if (!write) {
+        return 0;
     } else {
         IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
         IV_TRY(iv_cachedir_note(at, ds->path, key, err));
-        IV_TRY(iv_plainfile_save(at, &f, ds->stream, opts->pool, err));
+        IV_TRY(iv_plainfile_save(at, &f, ds->stream, opts->pool, opts->stop, err));
         int rc = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, arena_budget, &s, &why, err);
         if (rc < 0) return rc;
         if (rc == 0)
@@ -501,7 +503,7 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err
     if (mb) iv_stream_join_budget(s, mb, 0);
     snprintf(ds->plain_at, sizeof ds->plain_at, "%s", at);
     atomic_store_explicit(&ds->plain, s, memory_order_release);
-    return kept;
+    return kept ? 1 : 2;
 }
 
 const char *iv_dataset_plain_path(iv_dataset_t *ds)

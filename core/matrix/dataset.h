@@ -17,6 +17,7 @@
 #ifndef IV_DATASET_H
 #define IV_DATASET_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,9 @@ typedef struct iv_dataset_opts {
      * stream of at least index_min_bytes: a smaller one's pass is quick. */
     const char *index_dir;
     uint64_t index_min_bytes;
+    /* Set by another thread to stop a plain copy being written
+     * (iv_dataset_use_plain: IV_ECANCELLED); NULL: never. */
+    const atomic_int *stop;
 } iv_dataset_opts_t;
 
 /* Sets defaults (group X, stride 0, cache 1 GiB, no shared budget). */
@@ -171,14 +175,15 @@ typedef struct iv_orient_status {
  * that a random cell missing the chunk cache costs a 4 KiB read instead
  * of a stored chunk's decompression.  iv_dataset_plain_wanted: 1 when ds
  * reads a compressed stream from a file.  iv_dataset_use_plain takes the
- * copy kept in opts->index_dir, or writes it there first (decompressing
- * on opts->pool), and publishes it with a cache capped like the
- * dataset's own (opts->cache_bytes, opts->membudget): 1 when a kept one
- * was taken, 0 when written, or a negative error with ds unchanged.  One
+ * copy kept in opts->index_dir, or, when there is none and `write`,
+ * writes it there first (decompressing on opts->pool), and publishes it
+ * with a cache capped like the dataset's own (opts->cache_bytes,
+ * opts->membudget): 1 when a kept one was taken, 2 when written, 0 when
+ * none is kept and !write, or a negative error with ds unchanged.  One
  * call at a time on a ds; queries may run meanwhile.
  */
 int iv_dataset_plain_wanted(const iv_dataset_t *ds);
-int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, iv_err_t *err);
+int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err);
 /* The published plain copy's path, or NULL (none, or dropped). */
 const char *iv_dataset_plain_path(iv_dataset_t *ds);
 

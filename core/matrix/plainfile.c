@@ -86,6 +86,7 @@ struct save {
     int fd;
     uint64_t length, src_chunk_len;
     uint64_t *sums;
+    const atomic_int *stop;
     atomic_int failed;          /* 0, or the first task's error code */
     iv_err_t err;               /* that task's message */
     atomic_flag err_taken;
@@ -125,9 +126,14 @@ static void save_task(void *arg, size_t i)
 {
     struct save *sv = arg;
     if (atomic_load(&sv->failed)) return;
-    uint64_t a = (uint64_t)i * TASK_BYTES, b = a + TASK_BYTES < sv->length ? a + TASK_BYTES : sv->length;
     iv_err_t e;
     iv_err_clear(&e);
+    if (sv->stop && atomic_load(sv->stop)) {
+        iv_fail(&e, IV_ECANCELLED, "plain copy stopped");
+        save_fail(sv, IV_ECANCELLED, &e);
+        return;
+    }
+    uint64_t a = (uint64_t)i * TASK_BYTES, b = a + TASK_BYTES < sv->length ? a + TASK_BYTES : sv->length;
     uint8_t *buf = malloc((size_t)(b - a));
     if (!buf) {
         iv_fail(&e, IV_ENOMEM, "out of memory writing a plain copy");
@@ -148,7 +154,7 @@ static void save_task(void *arg, size_t i)
 }
 
 int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
-                      iv_pool_t *pool, iv_err_t *err)
+                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
     if (iv_stream_length(src) != f->length)
         return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", path);
@@ -159,7 +165,7 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
     head_fill(&h, f);
     uint64_t n = h.n_chunks;
     struct save sv = {.src = src, .length = f->length, .src_chunk_len = iv_stream_chunk_len(src),
-                      .err_taken = ATOMIC_FLAG_INIT};
+                      .stop = stop, .err_taken = ATOMIC_FLAG_INIT};
     atomic_init(&sv.failed, 0);
     sv.sums = calloc((size_t)(n ? n : 1), sizeof *sv.sums);
     if (!sv.sums) return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's checksums");

@@ -35,6 +35,7 @@
 #ifndef IV_PLAINFILE_H
 #define IV_PLAINFILE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,9 +59,10 @@ typedef struct iv_plainfile_for {
 
 /* Writes src's bytes to path as a plain copy (under a temporary name,
  * renamed into place), decompressing on the pool's workers.  IV_EIO when
- * it cannot be written, or the source's read error. */
+ * it cannot be written, the source's read error, or IV_ECANCELLED once
+ * *stop (may be NULL) is set; nothing is left at path then. */
 int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
-                      iv_pool_t *pool, iv_err_t *err);
+                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err);
 
 /*
  * Opens the copy at path as a stream read in virtual chunks of chunk_len

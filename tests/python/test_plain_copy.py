@@ -66,14 +66,17 @@ class Server(ServerProcess):
         assert r.status_code == 200, r.text
         return r.json()
 
-    def wait_jobs(self):
-        """Until the job after the load (the copy, then the other
-        orientation) has ended."""
+    def wait_jobs(self, plain=True):
+        """Until the jobs after the load have ended: the other orientation,
+        then (plain) the plain copy, written after it."""
         deadline = time.time() + 120
-        while self.doc()["orientations"]["genes"]["state"] in ("none", "building"):
+        while True:
+            doc = self.doc()
+            if doc["orientations"]["genes"]["state"] not in ("none", "building") and \
+                    (not plain or "plain_copy" in doc["orientations"]["cells"]):
+                return doc
             assert time.time() < deadline, self.log_text()[-3000:]
             time.sleep(0.1)
-        return self.doc()
 
 
 def canon(M):
@@ -116,7 +119,10 @@ def test_copy_written_read_and_kept(tmp_path, data):
     try:
         doc = srv.wait_jobs()
         assert doc["orientations"]["cells"].get("plain_copy") == "ready", doc["orientations"]
-        assert "plain copy of its stream written" in srv.log_text()
+        log = srv.log_text()
+        assert "plain copy of its stream written" in log
+        # Written after the other orientation, which serves first.
+        assert log.index("gene-major orientation ready") < log.index("plain copy of its stream written")
         assert len(copies(cache)) == 1
         check_answers(srv, X)
     finally:
@@ -167,7 +173,7 @@ def test_no_copy_when_off_or_small(tmp_path, data):
         cache = str(tmp_path / ("cache_" + plain))
         srv = Server(str(tmp_path), path, cache, plain=plain)
         try:
-            doc = srv.wait_jobs()
+            doc = srv.wait_jobs(plain=False)
             assert "plain_copy" not in doc["orientations"]["cells"]
             assert copies(cache) == []
             assert "plain copy" not in srv.log_text()

@@ -72,14 +72,14 @@ static iv_dataset_t *open_ds(void)
     return ds;
 }
 
-/* Opens the dataset and its plain copy: the use's result (1 kept, 0 written). */
+/* Opens the dataset and its plain copy: the use's result (1 kept, 2 written). */
 static iv_dataset_t *open_plain(int want)
 {
     iv_dataset_t *ds = open_ds();
     ck_assert_int_eq(iv_dataset_plain_wanted(ds), 1);
     iv_dataset_opts_t o = opts();
     iv_err_t err = {0};
-    int rc = iv_dataset_use_plain(ds, &o, &err);
+    int rc = iv_dataset_use_plain(ds, &o, 1, &err);
     ck_assert_msg(rc == want, "use_plain gave %d (%s), expected %d", rc, err.msg, want);
     ck_assert_ptr_nonnull(atomic_load(&ds->plain));
     ck_assert_ptr_eq(iv_dataset_read_stream(ds), atomic_load(&ds->plain));
@@ -193,7 +193,14 @@ static void same_answers(iv_dataset_t *ref, iv_dataset_t *ds, int rounds)
 
 START_TEST(copy_holds_the_stream_and_answers_the_same)
 {
-    iv_dataset_t *ds = open_plain(0);
+    /* Asked only to take a kept one: none yet, nothing published. */
+    iv_dataset_t *ds = open_ds();
+    iv_dataset_opts_t o = opts();
+    iv_err_t err = {0};
+    ck_assert_int_eq(iv_dataset_use_plain(ds, &o, 0, &err), 0);
+    ck_assert_ptr_null(atomic_load(&ds->plain));
+    iv_dataset_close(ds);
+    ds = open_plain(2);
     same_bytes(ds->stream, atomic_load(&ds->plain));
     iv_dataset_t *ref = open_ds();
     ck_assert_ptr_null(atomic_load(&ref->plain));
@@ -213,7 +220,7 @@ END_TEST
 /* The kept copy's path (after a first use wrote it). */
 static void written_copy(char *out, size_t cap)
 {
-    iv_dataset_t *ds = open_plain(0);
+    iv_dataset_t *ds = open_plain(2);
     snprintf(out, cap, "%s", ds->plain_at);
     iv_dataset_close(ds);
     struct stat st;
@@ -241,17 +248,17 @@ START_TEST(damaged_copy_is_not_taken)
     ck_assert_int_eq(stat(at, &st), 0);
     iv_dataset_t *ref = open_ds();
     /* The header's magic, the header's source, a chunk checksum, the
-     * trailer: each is written again (0), and the new copy is sound. */
+     * trailer: each is written again (2), and the new copy is sound. */
     const long where[][2] = {{0, SEEK_SET}, {24, SEEK_SET}, {-16, SEEK_END}, {-1, SEEK_END}};
     for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
         poke(at, where[i][0], (int)where[i][1], 0x20);
-        iv_dataset_t *ds = open_plain(0);
+        iv_dataset_t *ds = open_plain(2);
         same_answers(ref, ds, 3);
         iv_dataset_close(ds);
     }
     /* Truncated. */
     ck_assert_int_eq(truncate(at, st.st_size - 8), 0);
-    iv_dataset_t *ds = open_plain(0);
+    iv_dataset_t *ds = open_plain(2);
     iv_dataset_close(ds);
     /* Made for another stream or group: not taken, says why. */
     iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ref->stream)), .group = "X",
@@ -315,6 +322,31 @@ START_TEST(copy_changed_under_a_dataset_is_dropped)
 }
 END_TEST
 
+/* A write told to stop ends with IV_ECANCELLED and leaves no file, not
+ * even its temporary one. */
+START_TEST(stopped_write_leaves_nothing)
+{
+    iv_dataset_t *ds = open_ds();
+    char at[400];
+    snprintf(at, sizeof at, "%s/x.plain", root);
+    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = "X",
+                            .length = iv_stream_length(ds->stream)};
+    atomic_int stop;
+    atomic_init(&stop, 1);
+    iv_err_t err = {0};
+    ck_assert_int_eq(iv_plainfile_save(at, &f, ds->stream, NULL, &stop, &err), IV_ECANCELLED);
+    struct stat st;
+    ck_assert_int_ne(stat(at, &st), 0);
+    char tmp[500];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", at, (long)getpid());
+    ck_assert_int_ne(stat(tmp, &st), 0);
+    atomic_store(&stop, 0);
+    ck_assert_int_eq(iv_plainfile_save(at, &f, ds->stream, NULL, &stop, &err), 0);
+    ck_assert_int_eq(stat(at, &st), 0);
+    iv_dataset_close(ds);
+}
+END_TEST
+
 /* A stream with no stored chunks to speak of gets no copy. */
 START_TEST(copy_needs_a_cache_folder)
 {
@@ -322,7 +354,7 @@ START_TEST(copy_needs_a_cache_folder)
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
     iv_err_t err = {0};
-    ck_assert_int_eq(iv_dataset_use_plain(ds, &o, &err), IV_EUNSUPPORTED);
+    ck_assert_int_eq(iv_dataset_use_plain(ds, &o, 1, &err), IV_EUNSUPPORTED);
     ck_assert_ptr_null(atomic_load(&ds->plain));
     ck_assert_ptr_eq(iv_dataset_read_stream(ds), ds->stream);
     iv_dataset_close(ds);
@@ -338,6 +370,7 @@ static Suite *suite(void)
     tcase_add_test(tc, damaged_copy_is_not_taken);
     tcase_add_test(tc, copy_changed_under_a_dataset_is_dropped);
     tcase_add_test(tc, copy_needs_a_cache_folder);
+    tcase_add_test(tc, stopped_write_leaves_nothing);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -745,7 +745,7 @@ static void write_plain(iv_dataset_t *ds, const char *path)
     iv_err_t err = {0};
     iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = "X",
                             .length = iv_stream_length(ds->stream)};
-    ck_assert_msg(iv_plainfile_save(path, &f, ds->stream, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_msg(iv_plainfile_save(path, &f, ds->stream, NULL, NULL, &err) == 0, "%s", err.msg);
 }
 
 /*
