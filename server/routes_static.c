@@ -10,10 +10,10 @@
  * per request would cost the loop time for the same bytes every time.
  */
 #include "routes_static.h"
+#include "coding.h"
 
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include <llhttp.h>
 
@@ -68,52 +68,6 @@ int iv_static_etag_match(const char *inm, const char *etag)
     return 0;
 }
 
-/* Whether the qvalue at p ("1", "0.5", "0", "0.000") is above zero. */
-static int qvalue_nonzero(const char *p)
-{
-    for (; (*p >= '0' && *p <= '9') || *p == '.'; p++)
-        if (*p >= '1' && *p <= '9') return 1;
-    return 0;
-}
-
-/* Reads one element of an Accept-Encoding list at *pp ("gzip;q=0.5"):
- * its coding in *t, *tlen, and whether its qvalue is above zero (1 when
- * it has none).  *pp moves to the ',' or the end after it. */
-static int read_coding(const char **pp, const char **t, size_t *tlen)
-{
-    const char *p = *pp;
-    *t = p;
-    while (*p && *p != ',' && *p != ';' && !is_ows(*p)) p++;
-    *tlen = (size_t)(p - *t);
-    int ok = 1;
-    while (*p && *p != ',') {
-        if (*p++ != ';') continue;
-        while (is_ows(*p)) p++;
-        if ((*p == 'q' || *p == 'Q') && p[1] == '=') ok = qvalue_nonzero(p + 2);
-    }
-    *pp = p;
-    return ok;
-}
-
-int iv_static_accepts(const char *accept_encoding, const char *coding)
-{
-    if (!accept_encoding) return 0;
-    size_t clen = strlen(coding);
-    int named = -1, star = -1;
-    const char *p = accept_encoding;
-    while (*p) {
-        while (is_ows(*p) || *p == ',') p++;
-        if (!*p) break;
-        const char *t;
-        size_t tlen;
-        int ok = read_coding(&p, &t, &tlen);
-        if (tlen == clen && !strncasecmp(t, coding, clen)) named = ok;
-        else if (tlen == 1 && *t == '*') star = ok;
-    }
-    /* A coding named outright wins over "*" (RFC 9110, 12.5.3). */
-    return named >= 0 ? named : star > 0;
-}
-
 int iv_static_route(const char *path, int method, const char *if_none_match,
                     const char *accept_encoding, iv_static_resp_t *out)
 {
@@ -137,7 +91,7 @@ int iv_static_route(const char *path, int method, const char *if_none_match,
         return 1;
     }
     /* The gzip copy is only worth it when it is smaller (tiny files grow). */
-    int gz = a->gz_len < a->len && iv_static_accepts(accept_encoding, "gzip");
+    int gz = a->gz_len < a->len && iv_coding_q(accept_encoding, "gzip") > 0;
     const char *etag = gz ? a->gz_etag : a->etag;
     snprintf(out->extra, sizeof out->extra,
              "ETag: %s\r\nCache-Control: no-cache\r\nVary: Accept-Encoding\r\n"

@@ -53,16 +53,13 @@ const iv_static_asset_t *iv_static_find(const char *path);
  * which stays the API's.  method is llhttp's (GET and HEAD are served;
  * anything else is 405 with Allow).  if_none_match and accept_encoding are
  * the request's headers or NULL: a matching tag (weak comparison, lists
- * and "*" understood) gives 304; gzip is sent when accept_encoding lists
- * it with a non-zero q.  An unknown file under /viewer/ is a JSON 404.
+ * and "*" understood) gives 304; gzip is sent when accept_encoding gives
+ * it a q above 0 (proto/coding.h, iv_coding_q).  An unknown file under /viewer/ is a JSON 404.
  */
 int iv_static_route(const char *path, int method, const char *if_none_match,
                     const char *accept_encoding, iv_static_resp_t *out);
 
 /* True when the If-None-Match value inm names etag (RFC 9110 weak comparison). */
 int iv_static_etag_match(const char *inm, const char *etag);
-
-/* True when an Accept-Encoding value accepts coding (a q of 0 refuses it). */
-int iv_static_accepts(const char *accept_encoding, const char *coding);
 
 #endif
