@@ -1121,3 +1121,32 @@ void iv_psel_free(iv_psel_t *p)
 {
     psel_clear(p);
 }
+
+/* Appends a reported list, "[]" when empty (lists are not NUL-terminated). */
+static void put_list(iv_buf_t *b, const iv_buf_t *list)
+{
+    if (list->len) iv_buf_append(b, list->data, list->len);
+    else iv_buf_puts(b, "[]");
+}
+
+char *iv_psel_dropped_doc(const iv_buf_t dropped[2], const iv_buf_t folded_lists[2], int folded)
+{
+    char *s = NULL;
+    iv_buf_t b;
+    iv_buf_init(&b);
+    iv_buf_puts(&b, "{\"obs\":");
+    put_list(&b, &dropped[0]);
+    iv_buf_puts(&b, ",\"var\":");
+    put_list(&b, &dropped[1]);
+    if (folded) {
+        iv_buf_puts(&b, ",\"folded\":{\"obs\":");
+        put_list(&b, &folded_lists[0]);
+        iv_buf_puts(&b, ",\"var\":");
+        put_list(&b, &folded_lists[1]);
+        iv_buf_puts(&b, "}");
+    }
+    iv_buf_append(&b, "}", 2);  /* the NUL makes it a C string */
+    if (!b.oom) s = iv_buf_steal(&b, NULL);
+    iv_buf_free(&b);
+    return s;
+}

@@ -137,6 +137,14 @@ int iv_psel_parse_list(iv_psel_t *p, const char *axis, const char *sel, const ch
  */
 int iv_psel_resolve(iv_psel_t *p, iv_meta_t *m, iv_axis_t axis, iv_buf_t *dropped, iv_buf_t *folded,
                     iv_err_t *err);
+/*
+ * The X-Ivserve-Dropped-Names document of two resolved selections, as a
+ * C string (malloc'd; NULL when out of memory): {"obs": [...], "var":
+ * [...]} from each axis's dropped list (index 0 obs, 1 var; "[]" when
+ * empty), and, when `folded`, "folded": {"obs": [...], "var": [...]}
+ * from the folded lists.  The lists are iv_psel_resolve's.
+ */
+char *iv_psel_dropped_doc(const iv_buf_t dropped[2], const iv_buf_t folded_lists[2], int folded);
 /* Frees what p owns and empties it. */
 void iv_psel_free(iv_psel_t *p);
 

@@ -27,33 +27,6 @@ static const char *axis_name(iv_axis_t axis)
 
 /* ---- selections ---------------------------------------------------------- */
 
-/* The X-Ivserve-Dropped-Names document: each axis's dropped names, and
- * under "folded" those matched only by ignoring case when there are any.
- * NULL when out of memory. */
-static char *dropped_doc(const iv_buf_t drop[2], const iv_buf_t fold[2])
-{
-    char *s = NULL;
-    iv_buf_t dj;
-    iv_buf_init(&dj);
-    for (int a = 0; a < 2; a++) {
-        iv_buf_puts(&dj, a ? ",\"var\":" : "{\"obs\":");
-        if (drop[a].len) iv_buf_append(&dj, drop[a].data, drop[a].len);
-        else iv_buf_puts(&dj, "[]");
-    }
-    if (fold[0].len || fold[1].len) {
-        for (int a = 0; a < 2; a++) {
-            iv_buf_puts(&dj, a ? ",\"var\":" : ",\"folded\":{\"obs\":");
-            if (fold[a].len) iv_buf_append(&dj, fold[a].data, fold[a].len);
-            else iv_buf_puts(&dj, "[]");
-        }
-        iv_buf_puts(&dj, "}");
-    }
-    iv_buf_append(&dj, "}", 2);
-    if (!dj.oom) s = iv_buf_steal(&dj, NULL);
-    iv_buf_free(&dj);
-    return s;
-}
-
 int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, char **dropped, iv_err_t *err)
 {
     iv_buf_t drop[2], fold[2];
@@ -65,7 +38,7 @@ int iv_rmeta_resolve_query(iv_meta_t *m, iv_meta_t *var_meta, iv_qreq_t *qr, cha
     int rc = iv_psel_resolve(&qr->obs, m, IV_AXIS_OBS, &drop[0], &fold[0], err);
     if (rc == 0) rc = iv_psel_resolve(&qr->var, var_meta, IV_AXIS_VAR, &drop[1], &fold[1], err);
     if (rc == 0 && (show || fold[0].len || fold[1].len)) {
-        char *doc = dropped_doc(drop, fold);
+        char *doc = iv_psel_dropped_doc(drop, fold, fold[0].len || fold[1].len);
         if (doc) *dropped = doc;
     }
     for (int a = 0; a < 2; a++) {

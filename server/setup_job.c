@@ -138,55 +138,23 @@ static int setup_parse(job_t *j, iv_qreq_t *qr, iv_dataset_t **mds, iv_meta_t **
 /* The names a resolution reports on: those dropped and those matched
  * only by ignoring case, of each axis (JSON arrays, or empty). */
 typedef struct name_report {
-    iv_buf_t drop_obs, drop_var, fold_obs, fold_var;
+    iv_buf_t drop[2], fold[2];   /* index 0 obs, 1 var */
 } name_report_t;
 
 static void name_report_init(name_report_t *nr)
 {
-    iv_buf_init(&nr->drop_obs);
-    iv_buf_init(&nr->drop_var);
-    iv_buf_init(&nr->fold_obs);
-    iv_buf_init(&nr->fold_var);
+    for (int a = 0; a < 2; a++) {
+        iv_buf_init(&nr->drop[a]);
+        iv_buf_init(&nr->fold[a]);
+    }
 }
 
 static void name_report_free(name_report_t *nr)
 {
-    iv_buf_free(&nr->drop_obs);
-    iv_buf_free(&nr->drop_var);
-    iv_buf_free(&nr->fold_obs);
-    iv_buf_free(&nr->fold_var);
-}
-
-/* Appends a reported list, "[]" when empty.  Buffers are not
- * NUL-terminated: copied by length. */
-static void put_name_list(iv_buf_t *b, const iv_buf_t *list)
-{
-    if (list->len) iv_buf_append(b, list->data, list->len);
-    else iv_buf_puts(b, "[]");
-}
-
-/* The count body's form of the report, whole: names matched only by
- * ignoring case are reported beside the dropped ones, under "folded". */
-static char *dropped_body(const name_report_t *nr, int folded)
-{
-    char *s = NULL;
-    iv_buf_t dj;
-    iv_buf_init(&dj);
-    iv_buf_puts(&dj, "{\"obs\":");
-    put_name_list(&dj, &nr->drop_obs);
-    iv_buf_puts(&dj, ",\"var\":");
-    put_name_list(&dj, &nr->drop_var);
-    if (folded) {
-        iv_buf_puts(&dj, ",\"folded\":{\"obs\":");
-        put_name_list(&dj, &nr->fold_obs);
-        iv_buf_puts(&dj, ",\"var\":");
-        put_name_list(&dj, &nr->fold_var);
-        iv_buf_puts(&dj, "}");
+    for (int a = 0; a < 2; a++) {
+        iv_buf_free(&nr->drop[a]);
+        iv_buf_free(&nr->fold[a]);
     }
-    iv_buf_append(&dj, "}", 2);  /* the NUL makes it a C string */
-    if (!dj.oom) s = iv_buf_steal(&dj, NULL);
-    iv_buf_free(&dj);
-    return s;
 }
 
 /* The header form of the report, bounded: a request of a million unknown
@@ -198,14 +166,14 @@ static char *dropped_header(const name_report_t *nr, int folded)
     iv_buf_t dh;
     iv_buf_init(&dh);
     iv_buf_puts(&dh, "{");
-    dropped_hdr_axis(&dh, "obs", &nr->drop_obs, share);
+    dropped_hdr_axis(&dh, "obs", &nr->drop[0], share);
     iv_buf_puts(&dh, ",");
-    dropped_hdr_axis(&dh, "var", &nr->drop_var, share);
+    dropped_hdr_axis(&dh, "var", &nr->drop[1], share);
     if (folded) {
         iv_buf_puts(&dh, ",\"folded\":{");
-        dropped_hdr_axis(&dh, "obs", &nr->fold_obs, share);
+        dropped_hdr_axis(&dh, "obs", &nr->fold[0], share);
         iv_buf_puts(&dh, ",");
-        dropped_hdr_axis(&dh, "var", &nr->fold_var, share);
+        dropped_hdr_axis(&dh, "var", &nr->fold[1], share);
         iv_buf_puts(&dh, "}");
     }
     iv_buf_append(&dh, "}", 2);
@@ -219,10 +187,10 @@ static char *dropped_header(const name_report_t *nr, int folded)
 static int resolve_names(job_t *j, iv_qreq_t *qr, iv_meta_t *var_meta, name_report_t *nr)
 {
     IV_TRY(job_check_cancel(j));
-    IV_TRY(iv_psel_resolve(&qr->obs, j->qs->ds->meta, IV_AXIS_OBS, &nr->drop_obs, &nr->fold_obs,
+    IV_TRY(iv_psel_resolve(&qr->obs, j->qs->ds->meta, IV_AXIS_OBS, &nr->drop[0], &nr->fold[0],
                            &j->err));
     IV_TRY(job_check_cancel(j));
-    IV_TRY(iv_psel_resolve(&qr->var, var_meta, IV_AXIS_VAR, &nr->drop_var, &nr->fold_var, &j->err));
+    IV_TRY(iv_psel_resolve(&qr->var, var_meta, IV_AXIS_VAR, &nr->drop[1], &nr->fold[1], &j->err));
     return job_check_cancel(j);
 }
 
@@ -237,9 +205,9 @@ static int setup_names(job_t *j, iv_qreq_t *qr, iv_meta_t *var_meta)
     name_report_t nr;
     name_report_init(&nr);
     int rc = resolve_names(j, qr, var_meta, &nr);
-    int folded = nr.fold_obs.len || nr.fold_var.len;
+    int folded = nr.fold[0].len || nr.fold[1].len;
     if (rc == 0 && (show || folded)) {
-        st->dropped = dropped_body(&nr, folded);
+        st->dropped = iv_psel_dropped_doc(nr.drop, nr.fold, folded);
         st->dropped_hdr = dropped_header(&nr, folded);
     }
     name_report_free(&nr);
