@@ -392,6 +392,33 @@ START_TEST(test_base64_roundtrip)
 }
 END_TEST
 
+/* The dropped-names document: each axis's list or [], and "folded" only
+ * when asked for. */
+START_TEST(test_dropped_doc)
+{
+    iv_buf_t drop[2], fold[2];
+    for (int a = 0; a < 2; a++) {
+        iv_buf_init(&drop[a]);
+        iv_buf_init(&fold[a]);
+    }
+    char *d = iv_psel_dropped_doc(drop, fold, 0);
+    ck_assert_str_eq(d, "{\"obs\":[],\"var\":[]}");
+    free(d);
+    iv_buf_puts(&drop[1], "[\"G1\",\"g2\"]");
+    iv_buf_puts(&fold[0], "[\"cellA\"]");
+    d = iv_psel_dropped_doc(drop, fold, 1);
+    ck_assert_str_eq(d, "{\"obs\":[],\"var\":[\"G1\",\"g2\"],\"folded\":{\"obs\":[\"cellA\"],\"var\":[]}}");
+    free(d);
+    d = iv_psel_dropped_doc(drop, fold, 0);
+    ck_assert_str_eq(d, "{\"obs\":[],\"var\":[\"G1\",\"g2\"]}");
+    free(d);
+    for (int a = 0; a < 2; a++) {
+        iv_buf_free(&drop[a]);
+        iv_buf_free(&fold[a]);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proto_request");
@@ -409,6 +436,7 @@ int main(void)
     tcase_add_test(tc, test_accept_negotiation);
     tcase_add_test(tc, test_by_and_dense);
     tcase_add_test(tc, test_base64_roundtrip);
+    tcase_add_test(tc, test_dropped_doc);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
