@@ -196,8 +196,8 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
         atomic_store(&s->lent_copies, (size_t)copies);
     }
     int rc = iv_autopack_other(s->cfg, &s->log, d->conf->id, iv_rds_path(d), d->conf->group,
-                               to_ivcsc, iv_dataset_plain_path(d->ds), &d->other_pack, &s->stopping, path, sizeof path, &built,
-                               &j->err);
+                               to_ivcsc, iv_dataset_plain_path(d->ds), &d->other_pack, &s->stopping,
+                               path, sizeof path, &built, &j->err);
     if (lending) {
         iv_autopack_set_memory(s->mem.builds);
         iv_membudget_set_bytes(s->mb, s->mem.cache);

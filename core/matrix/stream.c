@@ -590,21 +590,22 @@ static void scratch_put(iv_stream_t *s, struct scratch *sc)
 static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_err_t *err)
 {
     if (!s->d.chunk_sum) return 0;
-    /* One sum a chunk, or one a piece of sum_len bytes (the last shorter). */
+    /* One sum a chunk (even an empty one), or one a piece of sum_len
+     * bytes, the last shorter. */
     size_t step = s->d.sum_len ? (size_t)s->d.sum_len : n;
-    uint64_t k0 = s->d.sum_len ? c * (s->d.chunk_len / s->d.sum_len) : c;
+    uint64_t k = s->d.sum_len ? c * (s->d.chunk_len / s->d.sum_len) : c;
     size_t i = 0;
-    for (uint64_t k = k0; i < n; k++, i += step) {
+    int bad = 0;
+    do {
         size_t len = n - i < step ? n - i : step;
         uint64_t h = iv_file_sum(p + i, len);
         uint64_t want = atomic_load_explicit(&s->d.chunk_sum[k], memory_order_relaxed);
-        if (want == 0 && !s->d.sums_sealed) {
-            atomic_store_explicit(&s->d.chunk_sum[k], h, memory_order_relaxed);
-            continue;
-        }
-        if (want != h) break;
-    }
-    if (i >= n) return 0;
+        if (want == 0 && !s->d.sums_sealed) atomic_store_explicit(&s->d.chunk_sum[k], h, memory_order_relaxed);
+        else bad = want != h;
+        i += len;
+        k++;
+    } while (!bad && i < n);
+    if (!bad) return 0;
     char m[480];
     snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (the stored bytes of chunk %llu "
              "at offset %llu differ from those indexed at load); reload the dataset",
