@@ -148,6 +148,12 @@ static void free_blocks(iv_block_t *b, int64_t n)
     free(b);
 }
 
+/* n bytes equal at a and b (an empty block's arrays may be NULL). */
+static int same_mem(const void *a, const void *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
 /* The two datasets answer obs x var with the same blocks, byte for byte. */
 static void same_answer(iv_dataset_t *ref, iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
                         iv_out_axis_t axis)
@@ -163,10 +169,10 @@ static void same_answer(iv_dataset_t *ref, iv_dataset_t *ds, const iv_sel_t *obs
         ck_assert_int_eq(a[i].n_rows, b[i].n_rows);
         ck_assert_int_eq(a[i].nnz, b[i].nnz);
         ck_assert_int_eq(a[i].index_size, b[i].index_size);
-        ck_assert(memcmp(a[i].ids, b[i].ids, (size_t)a[i].n_rows * 8) == 0);
-        ck_assert(memcmp(a[i].indptr, b[i].indptr, (size_t)(a[i].n_rows + 1) * 8) == 0);
-        ck_assert(memcmp(a[i].indices, b[i].indices, (size_t)a[i].nnz * (size_t)a[i].index_size) == 0);
-        ck_assert(memcmp(a[i].data, b[i].data, (size_t)a[i].nnz * iv_dtype_size(a[i].dtype)) == 0);
+        ck_assert(same_mem(a[i].ids, b[i].ids, (size_t)a[i].n_rows * 8));
+        ck_assert(same_mem(a[i].indptr, b[i].indptr, (size_t)(a[i].n_rows + 1) * 8));
+        ck_assert(same_mem(a[i].indices, b[i].indices, (size_t)a[i].nnz * (size_t)a[i].index_size));
+        ck_assert(same_mem(a[i].data, b[i].data, (size_t)a[i].nnz * iv_dtype_size(a[i].dtype)));
     }
     free_blocks(a, na);
     free_blocks(b, nb);
