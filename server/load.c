@@ -214,6 +214,19 @@ static int other_from_disk(job_t *j, const iv_dataset_opts_t *o)
     return iv_dataset_attach_other(d->ds, path, &oo, &j->err);
 }
 
+/* The options of a file opened beside a dataset (its other orientation,
+ * its plain copy): the dataset's cache cap in the shared budget, the
+ * pool, the cache folder for kept indexes. */
+static void beside_opts(const job_t *j, const char *dir, iv_dataset_opts_t *o)
+{
+    iv_dataset_opts_init(o);
+    o->cache_bytes = j->ds->conf->cache_bytes >= 0 ? (size_t)j->ds->conf->cache_bytes : (size_t)-1;
+    o->membudget = j->srv->mb;
+    o->pool = j->srv->pool;
+    o->index_dir = dir;
+    o->index_min_bytes = keep_min_bytes();
+}
+
 /* Whether d's cell queries get a plain copy to read (plainfile.h): asked
  * for, or, by default, when its compressed stream is larger than the
  * chunk caches' part of the budget (a random cell then mostly misses the
@@ -236,11 +249,7 @@ static void plain_run(job_t *j, const char *dir, int write)
     sds_t *d = j->ds;
     if (!plain_wanted(j->srv, d) || iv_dataset_plain_path(d->ds)) return;
     iv_dataset_opts_t o;
-    iv_dataset_opts_init(&o);
-    o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
-    o.membudget = j->srv->mb;
-    o.pool = j->srv->pool;
-    o.index_dir = dir;
+    beside_opts(j, dir, &o);
     o.stop = &j->srv->stopping;
     iv_err_t e;
     iv_err_clear(&e);
@@ -264,22 +273,12 @@ static void other_run(job_t *j)
     plain_run(j, dir, 0);
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
-        iv_dataset_opts_init(&o);
-        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
-        o.membudget = j->srv->mb;
-        o.pool = j->srv->pool;
-        o.index_dir = dir;
-        o.index_min_bytes = keep_min_bytes();
+        beside_opts(j, dir, &o);
         j->rc = other_from_disk(j, &o);
     } else if (plan == OTHER_COMPANION) {
         iv_dataset_opts_t o;
-        iv_dataset_opts_init(&o);
-        o.index_dir = dir;
-        o.index_min_bytes = keep_min_bytes();
+        beside_opts(j, dir, &o);
         o.group = d->conf->companion_group;
-        o.cache_bytes = d->conf->cache_bytes >= 0 ? (size_t)d->conf->cache_bytes : (size_t)-1;
-        o.membudget = j->srv->mb;
-        o.pool = j->srv->pool;
         j->rc = iv_dataset_attach_other(d->ds, d->conf->companion, &o, &j->err);
     } else if (plan == OTHER_MEMORY) {
         iv_transpose_opts_t to = {

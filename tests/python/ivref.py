@@ -498,6 +498,20 @@ def make_csr(data, indices, indptr, shape):
     return m
 
 
+def assert_csr_equal(got, want):
+    """got and want hold the same entries, explicit zeros included, compared
+    as float64 CSR with sorted indices (a NaN never equals: for matrices
+    without NaNs)."""
+    import scipy.sparse as sp
+    g, w = sp.csr_matrix(got, dtype=np.float64), sp.csr_matrix(want, dtype=np.float64)
+    g.sort_indices()
+    w.sort_indices()
+    assert g.shape == w.shape
+    assert np.array_equal(g.indptr, w.indptr)
+    assert np.array_equal(g.indices, w.indices)
+    assert np.array_equal(g.data, w.data)
+
+
 def canonical(X):
     """Canonical CSR of X with stored zeros kept and int32/int64 arrays."""
     rows, cols, data = _coo_entries(X)

@@ -82,18 +82,7 @@ class Server(ServerProcess):
                          ready_timeout=120, stop_timeout=60, binary=BIN)
 
 
-def canon(M):
-    M = sp.csr_matrix(M, dtype=np.float64)
-    M.sort_indices()
-    return M
-
-
-def assert_same(got, want):
-    got, want = canon(got), canon(want)
-    assert got.shape == want.shape
-    assert np.array_equal(got.indptr, want.indptr)
-    assert np.array_equal(got.indices, want.indices)
-    assert np.array_equal(got.data, want.data)
+assert_same = ivref.assert_csr_equal
 
 
 def query(srv, ds, obs=None):

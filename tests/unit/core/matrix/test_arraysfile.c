@@ -12,6 +12,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "kept_root.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,47 +25,20 @@
 #include "dataset_impl.h"
 #include "indexfile.h"
 
-static char root[256], file[300], dir[300];
+static iv_test_kept_root_t kr;
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    ck_assert_msg(in && out, "cannot copy %s", from);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
-
-static void setup(void)
-{
-    snprintf(root, sizeof root, "/tmp/iv_arraysfile_%ld", (long)getpid());
-    ck_assert_int_eq(mkdir(root, 0700), 0);
-    snprintf(file, sizeof file, "%s/a.h5ad", root);
-    snprintf(dir, sizeof dir, "%s/cache", root);
-    copy_file(IV_SOURCE_DIR "/examples/pbmc_example.h5ad", file);
-    iv_err_t err;
-    iv_err_clear(&err);
-    ck_assert_int_eq(iv_cachedir_prepare(dir, &err), 0);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    ck_assert_int_eq(system(cmd), 0);
-}
+static void setup(void) { iv_test_kept_setup(&kr, "arraysfile"); }
+static void teardown(void) { iv_test_kept_teardown(&kr); }
 
 static iv_dataset_t *open_kept(void)
 {
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
-    o.index_dir = dir;
+    o.index_dir = kr.dir;
     iv_dataset_t *ds = NULL;
     iv_err_t err;
     iv_err_clear(&err);
-    ck_assert_msg(iv_dataset_open(file, &o, &ds, &err) == 0, "open: %s", err.msg);
+    ck_assert_msg(iv_dataset_open(kr.file, &o, &ds, &err) == 0, "open: %s", err.msg);
     return ds;
 }
 
@@ -74,8 +48,8 @@ static void arrays_path(char *out, size_t cap)
     char key[IV_CACHEDIR_KEY_LEN];
     iv_err_t err;
     iv_err_clear(&err);
-    ck_assert_int_eq(iv_cachedir_key(file, key, &err), 0);
-    ck_assert_int_eq(iv_cachedir_path(dir, file, key, "X.arrays", out, cap, &err), 0);
+    ck_assert_int_eq(iv_cachedir_key(kr.file, key, &err), 0);
+    ck_assert_int_eq(iv_cachedir_path(kr.dir, kr.file, key, "X.arrays", out, cap, &err), 0);
 }
 
 /* The same arrays, element for element. */
@@ -99,7 +73,7 @@ static const float VAL[] = {1, 2, 3, 4, 5};
 static iv_indexfile_for_t small_for(void)
 {
     struct stat st;
-    ck_assert_int_eq(stat(file, &st), 0);
+    ck_assert_int_eq(stat(kr.file, &st), 0);
     iv_indexfile_for_t f = {.group = "X", .n_major = 3, .n_unique = 5, .nnz = 9};
     iv_file_id_of(&st, &f.file);
     return f;
@@ -109,7 +83,7 @@ START_TEST(saved_arrays_map_back_and_nothing_else_is_taken)
 {
     setup();
     char at[400];
-    snprintf(at, sizeof at, "%s/small.arrays", dir);
+    snprintf(at, sizeof at, "%s/small.arrays", kr.dir);
     iv_indexfile_for_t f = small_for();
     iv_err_t err;
     iv_err_clear(&err);
@@ -187,7 +161,7 @@ START_TEST(every_block_of_long_arrays_is_checked)
 {
     setup();
     char at[400];
-    snprintf(at, sizeof at, "%s/long.arrays", dir);
+    snprintf(at, sizeof at, "%s/long.arrays", kr.dir);
     uint64_t n_major = IV_ARRAYSFILE_BLOCK / 8 * 2 + 1000;   /* major_ptr in 3 blocks */
     int64_t *mp = malloc((n_major + 1) * 8);
     for (uint64_t i = 0; i <= n_major; i++) mp[i] = 0;

@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "kept_root.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,48 +22,21 @@
 #include "dataset_impl.h"
 #include "indexfile.h"
 
-static char root[256], file[300], dir[300];
+static iv_test_kept_root_t kr;
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    ck_assert_msg(in && out, "cannot copy %s", from);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
-
-static void setup(void)
-{
-    snprintf(root, sizeof root, "/tmp/iv_indexfile_%ld", (long)getpid());
-    ck_assert_int_eq(mkdir(root, 0700), 0);
-    snprintf(file, sizeof file, "%s/a.h5ad", root);
-    snprintf(dir, sizeof dir, "%s/cache", root);
-    copy_file(IV_SOURCE_DIR "/examples/pbmc_example.h5ad", file);
-    iv_err_t err;
-    iv_err_clear(&err);
-    ck_assert_int_eq(iv_cachedir_prepare(dir, &err), 0);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    ck_assert_int_eq(system(cmd), 0);
-}
+static void setup(void) { iv_test_kept_setup(&kr, "indexfile"); }
+static void teardown(void) { iv_test_kept_teardown(&kr); }
 
 static iv_dataset_t *open_kept(uint32_t stride)
 {
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
-    o.index_dir = dir;
+    o.index_dir = kr.dir;
     o.index_stride = stride;
     iv_dataset_t *ds = NULL;
     iv_err_t err;
     iv_err_clear(&err);
-    ck_assert_msg(iv_dataset_open(file, &o, &ds, &err) == 0, "open: %s", err.msg);
+    ck_assert_msg(iv_dataset_open(kr.file, &o, &ds, &err) == 0, "open: %s", err.msg);
     return ds;
 }
 
@@ -72,8 +46,8 @@ static void kept_path(char *out, size_t cap)
     char key[IV_CACHEDIR_KEY_LEN];
     iv_err_t err;
     iv_err_clear(&err);
-    ck_assert_int_eq(iv_cachedir_key(file, key, &err), 0);
-    ck_assert_int_eq(iv_cachedir_path(dir, file, key, "X.index", out, cap, &err), 0);
+    ck_assert_int_eq(iv_cachedir_key(kr.file, key, &err), 0);
+    ck_assert_int_eq(iv_cachedir_path(kr.dir, kr.file, key, "X.index", out, cap, &err), 0);
 }
 
 /* Same checkpoints, and every stored chunk read back without a changed-
@@ -228,7 +202,7 @@ START_TEST(kept_index_of_another_file_is_not_taken)
     /* The file itself rewritten (its time moved): a new key, a new name,
      * and the pass again. */
     struct timespec t[2] = {{1000000, 0}, {1000000, 0}};
-    ck_assert_int_eq(utimensat(AT_FDCWD, file, t, 0), 0);
+    ck_assert_int_eq(utimensat(AT_FDCWD, kr.file, t, 0), 0);
     iv_dataset_t *b = open_kept(0);
     ck_assert_int_eq(iv_dataset_info(b)->index_kept, 0);
     iv_dataset_close(b);

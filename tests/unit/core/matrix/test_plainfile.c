@@ -13,6 +13,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "kept_root.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,40 +27,16 @@
 #include "plainfile.h"
 #include "query.h"
 
-static char root[256], file[300], dir[300];
+static iv_test_kept_root_t kr;
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    ck_assert_msg(in && out, "cannot copy %s", from);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
-
-static void setup(void)
-{
-    snprintf(root, sizeof root, "/tmp/iv_plainfile_%ld", (long)getpid());
-    ck_assert_int_eq(mkdir(root, 0700), 0);
-    snprintf(file, sizeof file, "%s/a.h5ad", root);
-    snprintf(dir, sizeof dir, "%s/cache", root);
-    copy_file(IV_SOURCE_DIR "/examples/pbmc_example.h5ad", file);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    ck_assert_int_eq(system(cmd), 0);
-}
+static void setup(void) { iv_test_kept_setup(&kr, "plainfile"); }
+static void teardown(void) { iv_test_kept_teardown(&kr); }
 
 static iv_dataset_opts_t opts(void)
 {
     iv_dataset_opts_t o;
     iv_dataset_opts_init(&o);
-    o.index_dir = dir;
+    o.index_dir = kr.dir;
     return o;
 }
 
@@ -68,7 +45,7 @@ static iv_dataset_t *open_ds(void)
     iv_dataset_opts_t o = opts();
     iv_dataset_t *ds = NULL;
     iv_err_t err = {0};
-    ck_assert_msg(iv_dataset_open(file, &o, &ds, &err) == 0, "%s", err.msg);
+    ck_assert_msg(iv_dataset_open(kr.file, &o, &ds, &err) == 0, "%s", err.msg);
     return ds;
 }
 
@@ -334,7 +311,7 @@ START_TEST(stopped_write_leaves_nothing)
 {
     iv_dataset_t *ds = open_ds();
     char at[400];
-    snprintf(at, sizeof at, "%s/x.plain", root);
+    snprintf(at, sizeof at, "%s/x.plain", kr.root);
     iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = "X",
                             .length = iv_stream_length(ds->stream)};
     atomic_int stop;
