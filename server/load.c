@@ -260,6 +260,12 @@ static void plain_run(job_t *j, const char *dir, int write)
                  e.msg);
     else if (rc > 0)
         snprintf(d->plain_note, sizeof d->plain_note, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
+    /* In use: no sweep of the folder removes it (unpinned with the entry). */
+    const char *at = rc > 0 ? iv_dataset_plain_path(d->ds) : NULL;
+    if (at && !d->plain_path[0]) {
+        snprintf(d->plain_path, sizeof d->plain_path, "%s", at);
+        iv_autopack_pin(d->plain_path);
+    }
 }
 
 static void other_run(job_t *j)

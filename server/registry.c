@@ -67,6 +67,7 @@ int iv_rds_unref(iv_rds_t *d)
     free(d->doc);
     if (d->pinned) iv_autopack_unpin(d->served);
     if (d->other_path[0]) iv_autopack_unpin(d->other_path);
+    if (d->plain_path[0]) iv_autopack_unpin(d->plain_path);
     iv_ds_conf_free(&d->conf_own);
     free(d);
     return 1;

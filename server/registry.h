@@ -92,6 +92,7 @@ typedef struct iv_rds {
     /* The other orientation on disk (autopack.h), pinned while the entry
      * lives ("" when none), and its pack's progress. */
     char other_path[4096];
+    char plain_path[4096];  /* the plain copy read (pinned against the sweep), or "" */
     iv_autopack_progress_t other_pack;
     /* A packed copy's source as the watcher last saw it, and the identity
      * a reload was last asked for (loop 0 only). */

@@ -221,3 +221,44 @@ def test_pack_reads_the_copy_as_its_replica(tmp_path):
     want = stored_chunks(own)
     assert stored_chunks(reused) == want
     assert stored_chunks(stale) == want
+
+
+def test_copy_in_use_survives_a_sweep(tmp_path, data):
+    """A plain copy being read is pinned: another dataset's pack sweeps a
+    cache folder bounded to 1 byte, which removes every derived file not in
+    use, and the copy stays."""
+    X, path, opath = data
+    cache = str(tmp_path / "cache")
+    cfg_path = str(tmp_path / "cfg.json")
+
+    def write_cfg(paths):
+        cfg = {"datasets": [{"id": os.path.basename(p)[:-5], "path": p} for p in paths],
+               "cache_dir": cache, "cache_dir_bytes": 1, "cache_bytes": 65536,
+               "plain_copy": "on", "other_orientation": "disk", "threads": 2}
+        with open(cfg_path + ".tmp", "w") as f:
+            import json
+            json.dump(cfg, f)
+        os.replace(cfg_path + ".tmp", cfg_path)
+
+    write_cfg([path])
+    srv = ServerProcess(str(tmp_path), ["--config", cfg_path], ready_timeout=120, stop_timeout=60, binary=BIN)
+    try:
+        deadline = time.time() + 120
+        while "plain copy of its stream written" not in srv.log_text():
+            assert time.time() < deadline, srv.log_text()[-3000:]
+            time.sleep(0.1)
+        (mine,) = copies(cache)
+        write_cfg([path, opath])
+        r = requests.post(srv.url + "/v1/admin/reload", timeout=120)
+        assert r.status_code == 200, r.text
+        deadline = time.time() + 120
+        while srv.log_text().count("plain copy of its stream written") < 2:
+            assert time.time() < deadline, srv.log_text()[-3000:]
+            time.sleep(0.1)
+        log = srv.log_text()
+        assert os.path.exists(mine), "the copy in use was swept:\n" + log[-3000:]
+        c = ivclient.Client(srv.url)
+        obs = list(range(0, N_ROWS, 11))
+        assert_same(c.query("m", obs=obs, format="binary", names=False).matrix, X[obs])
+    finally:
+        assert srv.stop() == 0
