@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -322,8 +323,31 @@ static int pack_layouts(pack_args_t *pa, int want_r, int want_c)
     return rc;
 }
 
+/* jemalloc's control, where the binary links jemalloc (server/alloc_conf.c;
+ * not in the sanitizer builds). */
+extern int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen)
+    __attribute__((weak));
+
+/*
+ * A pack gives freed pages back to the kernel as they decay, where the
+ * server keeps them lazily freed (alloc_conf.c: muzzy_decay_ms -1, so
+ * that queries do not fault their buffers in again).  A lazily freed page
+ * still counts in the resident size until the kernel wants it, and a
+ * pack frees window after window on every thread: on 1.26 M cells at
+ * --memory-mb 400 with 16 threads the peak was 535 MB this way, 457 MB
+ * with the pages given back, at the same speed.
+ */
+static void pack_allocator(void)
+{
+    if (!mallctl) return;
+    ssize_t zero = 0;
+    (void)mallctl("arenas.muzzy_decay_ms", NULL, NULL, &zero, sizeof zero);
+    (void)mallctl("arena.4096.muzzy_decay_ms", NULL, NULL, &zero, sizeof zero);  /* every arena */
+}
+
 int iv_cli_pack_main(int argc, char **argv)
 {
+    pack_allocator();
     pack_args_t pa;
     int rc = parse_pack_args(argc, argv, &pa);
     if (rc >= 0) return rc;
