@@ -467,6 +467,30 @@ int iv_dataset_plain_wanted(const iv_dataset_t *ds)
            iv_stream_chunk_len(ds->stream) > IV_PLAIN_CHUNK;
 }
 
+/* The cache a plain copy gets: capped like the dataset's own
+ * (open_stream), and no larger than the shared budget. */
+static size_t plain_cache_bytes(const iv_dataset_opts_t *opts)
+{
+    iv_membudget_t *mb = opts->membudget;
+    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30) : opts->cache_bytes;
+    return mb && iv_membudget_bytes(mb) < budget ? iv_membudget_bytes(mb) : budget;
+}
+
+/* ds's plain copy written at `at` (its note first, so that a sweep knows
+ * it), then opened: 0 with *s set, or a negative error. */
+static int write_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *at, const char *key,
+                       const iv_plainfile_for_t *f, iv_stream_t **s, iv_err_t *err)
+{
+    const char *why = NULL;
+    IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
+    IV_TRY(iv_cachedir_note(at, ds->path, key, err));
+    IV_TRY(iv_plainfile_save(at, f, ds->stream, opts->pool, opts->stop, err));
+    int rc = iv_plainfile_open(at, f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), s, &why, err);
+    if (rc == 0)
+        return iv_fail(err, IV_EIO, "%s: its plain copy %s was written but is not taken (%s)", ds->where, at, why);
+    return rc < 0 ? rc : 0;
+}
+
 int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err)
 {
     if (atomic_load(&ds->plain)) return 1;
@@ -478,29 +502,12 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int wr
         return iv_fail(err, IV_EIO, "%s: no name for a plain copy in %s", ds->where, opts->index_dir);
     iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)),
                             .group = ds->group, .length = iv_stream_length(ds->stream)};
-    /* Capped like the dataset's own cache (open_stream). */
-    iv_membudget_t *mb = opts->membudget;
-    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30) : opts->cache_bytes;
-    size_t arena_budget = mb && iv_membudget_bytes(mb) < budget ? iv_membudget_bytes(mb) : budget;
     iv_stream_t *s = NULL;
-    const char *why = NULL;
-    int kept = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, arena_budget, &s, &why, err);
-    if (kept < 0) return kept;
-    if (kept) {
-        iv_cachedir_touch(at);
-    } else if (!write) {
-        return 0;
-    } else {
-        IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
-        IV_TRY(iv_cachedir_note(at, ds->path, key, err));
-        IV_TRY(iv_plainfile_save(at, &f, ds->stream, opts->pool, opts->stop, err));
-        int rc = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, arena_budget, &s, &why, err);
-        if (rc < 0) return rc;
-        if (rc == 0)
-            return iv_fail(err, IV_EIO, "%s: its plain copy %s was written but is not taken (%s)",
-                           ds->where, at, why);
-    }
-    if (mb) iv_stream_join_budget(s, mb, 0);
+    int kept = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), &s, NULL, err);
+    if (kept < 0 || (!kept && !write)) return kept;
+    if (kept) iv_cachedir_touch(at);
+    else IV_TRY(write_plain(ds, opts, at, key, &f, &s, err));
+    if (opts->membudget) iv_stream_join_budget(s, opts->membudget, 0);
     snprintf(ds->plain_at, sizeof ds->plain_at, "%s", at);
     atomic_store_explicit(&ds->plain, s, memory_order_release);
     return kept ? 1 : 2;

@@ -153,6 +153,26 @@ static void save_task(void *arg, size_t i)
     if (rc < 0) save_fail(sv, rc, &e);
 }
 
+/* The body of the copy written to sv->fd, then its tail (checksums and
+ * trailer) and last its header, so that a file cut short has none. */
+static int save_body(struct save *sv, const struct head *h, iv_pool_t *pool, const char *tmp, iv_err_t *err)
+{
+    uint64_t n = h->n_chunks, at = sums_off(h->length);
+    if (ftruncate(sv->fd, (off_t)(at + n * 8 + 8)) != 0)
+        return iv_fail(err, IV_EIO, "%s: cannot size: %s", tmp, strerror(errno));
+    iv_pool_parallel_for(pool, (size_t)((h->length + TASK_BYTES - 1) / TASK_BYTES), 0, save_task, sv);
+    int rc = atomic_load(&sv->failed);
+    if (rc != 0) {
+        *err = sv->err;
+        return rc;
+    }
+    uint64_t tr = trailer_of(h, sv->sums, n);
+    if (write_all(sv->fd, sv->sums, (size_t)n * 8, at) != 0 || write_all(sv->fd, &tr, 8, at + n * 8) != 0 ||
+        write_all(sv->fd, h, sizeof *h, 0) != 0)
+        return iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    return 0;
+}
+
 int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
@@ -163,11 +183,10 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
         return iv_fail(err, IV_EINVALID_ARG, "cache path too long: %s", path);
     struct head h;
     head_fill(&h, f);
-    uint64_t n = h.n_chunks;
     struct save sv = {.src = src, .length = f->length, .src_chunk_len = iv_stream_chunk_len(src),
                       .stop = stop, .err_taken = ATOMIC_FLAG_INIT};
     atomic_init(&sv.failed, 0);
-    sv.sums = calloc((size_t)(n ? n : 1), sizeof *sv.sums);
+    sv.sums = calloc((size_t)(h.n_chunks ? h.n_chunks : 1), sizeof *sv.sums);
     if (!sv.sums) return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's checksums");
     sv.fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (sv.fd < 0) {
@@ -175,21 +194,7 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
         free(sv.sums);
         return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
     }
-    uint64_t at = sums_off(f->length);
-    int rc = 0;
-    if (ftruncate(sv.fd, (off_t)(at + n * 8 + 8)) != 0) {
-        rc = iv_fail(err, IV_EIO, "%s: cannot size: %s", tmp, strerror(errno));
-    } else {
-        iv_pool_parallel_for(pool, (size_t)((f->length + TASK_BYTES - 1) / TASK_BYTES), 0, save_task, &sv);
-        if ((rc = atomic_load(&sv.failed)) != 0) {
-            *err = sv.err;
-        } else {
-            uint64_t tr = trailer_of(&h, sv.sums, n);
-            if (write_all(sv.fd, sv.sums, (size_t)n * 8, at) != 0 ||
-                write_all(sv.fd, &tr, 8, at + n * 8) != 0 || write_all(sv.fd, &h, sizeof h, 0) != 0)
-                rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
-        }
-    }
+    int rc = save_body(&sv, &h, pool, tmp, err);
     free(sv.sums);
     if (close(sv.fd) != 0 && rc == 0) rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
@@ -241,6 +246,38 @@ static int read_sums(iv_file_t *fl, const struct head *want, uint64_t **out, con
     return 1;
 }
 
+/* The stream over the copy opened as fl (which it takes, also on
+ * failure), in chunk_len chunks, sealed with its checksums: 0 with *out
+ * set, or a negative error. */
+static int plain_stream(const char *path, iv_file_t *fl, const iv_plainfile_for_t *f, uint64_t chunk_len,
+                        size_t cache_budget, const uint64_t *sums, iv_stream_t **out, iv_err_t *err)
+{
+    char label[400];
+    snprintf(label, sizeof label, "%.300s (plain copy)", path);
+    uint64_t n = n_chunks_of(f->length);
+    /* Small chunks come from malloc: an arena slot rounds up to pages. */
+    iv_stream_desc_t d = {.length = f->length, .file = fl, .max_stored = chunk_len, .label = label,
+                          .no_arena = chunk_len < ((uint64_t)64 << 10), .sum_len = IV_PLAIN_CHUNK};
+    d.chunk_sum = calloc((size_t)(n ? n : 1), sizeof *d.chunk_sum);
+    if (!d.chunk_sum || iv_stream_desc_contig_len(&d, DATA_OFF, f->length, chunk_len) < 0) {
+        free(d.chunk_addr);
+        free(d.chunk_size);
+        free(d.chunk_mask);
+        free((void *)d.chunk_sum);
+        iv_file_close(fl);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's chunk table");
+    }
+    iv_stream_t *s = NULL;
+    int rc = iv_stream_create(&d, cache_budget, &s, err);
+    if (rc == 0) rc = iv_stream_seal_with(s, sums, n, err);
+    if (rc < 0) {
+        iv_stream_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
 int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, uint64_t chunk_len,
                       size_t cache_budget, iv_stream_t **out, const char **why, iv_err_t *err)
 {
@@ -270,30 +307,7 @@ int iv_plainfile_open(const char *path, const iv_plainfile_for_t *f, uint64_t ch
         iv_file_close(fl);
         return rc;
     }
-    char label[400];
-    snprintf(label, sizeof label, "%.300s (plain copy)", path);
-    uint64_t n = want.n_chunks;
-    /* Small chunks come from malloc: an arena slot rounds up to pages. */
-    iv_stream_desc_t d = {.length = f->length, .file = fl, .max_stored = chunk_len, .label = label,
-                          .no_arena = chunk_len < ((uint64_t)64 << 10), .sum_len = IV_PLAIN_CHUNK};
-    d.chunk_sum = calloc((size_t)(n ? n : 1), sizeof *d.chunk_sum);
-    if (!d.chunk_sum || iv_stream_desc_contig_len(&d, DATA_OFF, f->length, chunk_len) < 0) {
-        free(d.chunk_addr);
-        free(d.chunk_size);
-        free(d.chunk_mask);
-        free((void *)d.chunk_sum);
-        iv_file_close(fl);
-        free(sums);
-        return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's chunk table");
-    }
-    iv_stream_t *s = NULL;
-    rc = iv_stream_create(&d, cache_budget, &s, err);
-    if (rc == 0) rc = iv_stream_seal_with(s, sums, n, err);
+    rc = plain_stream(path, fl, f, chunk_len, cache_budget, sums, out, err);
     free(sums);
-    if (rc < 0) {
-        iv_stream_destroy(s);
-        return rc;
-    }
-    *out = s;
-    return 1;
+    return rc < 0 ? rc : 1;
 }
