@@ -173,30 +173,33 @@ static int save_body(struct save *sv, const struct head *h, iv_pool_t *pool, con
     return 0;
 }
 
-int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
-                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv_stream_t *src,
+                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
     if (iv_stream_length(src) != f->length)
-        return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", path);
-    char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
-        return iv_fail(err, IV_EINVALID_ARG, "cache path too long: %s", path);
+        return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", what);
     struct head h;
     head_fill(&h, f);
-    struct save sv = {.src = src, .length = f->length, .src_chunk_len = iv_stream_chunk_len(src),
+    struct save sv = {.src = src, .fd = fd, .length = f->length, .src_chunk_len = iv_stream_chunk_len(src),
                       .stop = stop, .err_taken = ATOMIC_FLAG_INIT};
     atomic_init(&sv.failed, 0);
     sv.sums = calloc((size_t)(h.n_chunks ? h.n_chunks : 1), sizeof *sv.sums);
     if (!sv.sums) return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's checksums");
-    sv.fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (sv.fd < 0) {
-        int e = errno;
-        free(sv.sums);
-        return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
-    }
-    int rc = save_body(&sv, &h, pool, tmp, err);
+    int rc = save_body(&sv, &h, pool, what, err);
     free(sv.sums);
-    if (close(sv.fd) != 0 && rc == 0) rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    return rc;
+}
+
+int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
+                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+{
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
+        return iv_fail(err, IV_EINVALID_ARG, "cache path too long: %s", path);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    int rc = iv_plainfile_write(fd, tmp, f, src, pool, stop, err);
+    if (close(fd) != 0 && rc == 0) rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
         rc = iv_fail(err, IV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
     if (rc != 0) unlink(tmp);

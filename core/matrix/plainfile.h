@@ -63,6 +63,10 @@ typedef struct iv_plainfile_for {
  * *stop (may be NULL) is set; nothing is left at path then. */
 int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err);
+/* The same into an open, empty file (fd, named `what` in messages),
+ * which the caller keeps: the transpose's unlinked replica (transpose.h). */
+int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv_stream_t *src,
+                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err);
 
 /*
  * Opens the copy at path as a stream read in virtual chunks of chunk_len

@@ -75,7 +75,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -1969,104 +1968,60 @@ static int plan_window(struct build *b, int64_t g0, int64_t *g1_out, iv_err_t *e
 
 /* ---- the replica (see iv_transpose_opts_t.replica_dir) ---- */
 
-struct replica_copy {
-    iv_stream_t *src;
-    int fd;
-    uint64_t chunk_len;
-    atomic_int failed;         /* a chunk could not be read or written */
-};
-
-/* Source chunk c, decompressed, written at its place in the replica. */
-static void replica_chunk(void *arg, size_t c)
+/* What a plain copy of the source must have been made from (plainfile.h);
+ * a source read from memory has no file, and a zero identity. */
+static iv_plainfile_for_t replica_for(const struct build *b)
 {
-    struct replica_copy *r = arg;
-    if (atomic_load(&r->failed)) return;
-    const uint8_t *data;
-    size_t len, done = 0;
-    iv_err_t e = {0};
-    if (iv_stream_acquire(r->src, c, &data, &len, NULL, &e) < 0) {
-        atomic_store(&r->failed, 1);
-        return;
-    }
-    while (done < len) {
-        ssize_t n = pwrite(r->fd, data + done, len - done, (off_t)(c * r->chunk_len + done));
-        if (n <= 0) {
-            atomic_store(&r->failed, 1);
-            break;
-        }
-        done += (size_t)n;
-    }
-    iv_stream_release(r->src, c);
+    iv_file_t *fl = iv_stream_file(b->ds->stream);
+    iv_plainfile_for_t f = {.group = b->ds->group, .length = iv_stream_length(b->ds->stream)};
+    if (fl) f.file = *iv_file_loaded_id(fl);
+    return f;
 }
 
-/* The replica's stream over the file at path (its descriptor's name in
- * /proc: the file is unlinked): contiguous, unfiltered, no checksums
- * (the build wrote it). */
-static int replica_stream(struct build *b, const char *path, uint64_t len, iv_err_t *err)
+/* The replica read from the plain copy at path, in the replica's chunks,
+ * each read checked against the copy's kept checksums: 1 when taken. */
+static int open_replica(struct build *b, const char *path)
 {
-    iv_file_t *f = NULL;
-    IV_TRY(iv_file_open(path, &f, err));
-    char label[sizeof b->ds->where + 32];
-    snprintf(label, sizeof label, "%s (uncompressed replica)", b->ds->where);
-    iv_stream_desc_t d = {.length = len, .file = f, .max_stored = IV_STREAM_CONTIG_CHUNK, .label = label};
-    if (iv_stream_desc_contig(&d, 0, len) < 0) {
-        free(d.chunk_addr);
-        free(d.chunk_size);
-        free(d.chunk_mask);
-        iv_file_close(f);
-        return iv_fail(err, IV_ENOMEM, "%s: out of memory for the replica's chunk table", b->ds->where);
-    }
-    return iv_stream_create(&d, IV_TRANSPOSE_REPLICA_CACHE, &b->t.replica, err);
-}
-
-/* The replica read from the source's plain copy (opts->replica_from),
- * when it was made from this very file: 1 when taken. */
-static int reuse_replica(struct build *b)
-{
-    iv_stream_t *src = b->ds->stream;
-    if (!iv_stream_file(src)) return 0;
-    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(src)), .group = b->ds->group,
-                            .length = iv_stream_length(src)};
+    iv_plainfile_for_t f = replica_for(b);
     iv_err_t e;
     iv_err_clear(&e);
-    if (iv_plainfile_open(b->opts->replica_from, &f, IV_TRANSPOSE_REPLICA_CHUNK, IV_TRANSPOSE_REPLICA_CACHE,
-                          &b->t.replica, NULL, &e) != 1)
-        return 0;
-    if (b->opts->replica_reused) *b->opts->replica_reused = 1;
-    return 1;
+    return iv_plainfile_open(path, &f, IV_TRANSPOSE_REPLICA_CHUNK, IV_TRANSPOSE_REPLICA_CACHE, &b->t.replica,
+                             NULL, &e) == 1;
 }
 
 /*
- * The source stream written out uncompressed to an unlinked file in
- * opts->replica_dir, chunk by chunk on the pool, for the resumed fills
- * to read instead of decompressing every chunk again each window (the
- * page cache holds it where memory allows; it is not the process's).
- * Only for a compressed chunked source whose windows resume.  A failure
- * to make it is not the build's: the fills then read the source.
+ * The source stream written out uncompressed, for the resumed fills to
+ * read instead of decompressing every chunk again each window (the page
+ * cache holds it where memory allows; it is not the process's).  Only
+ * for a compressed chunked source whose windows resume.  The source's
+ * plain copy (opts->replica_from) when it was made from this file; else
+ * one written as a plain copy on the pool to an unlinked file in
+ * opts->replica_dir (a build killed on the way leaves nothing).  A
+ * failure to make it is not the build's: the fills then read the source.
  */
 static void make_replica(struct build *b)
 {
     struct tb *t = &b->t;
     const iv_dataset_info_t *in = &b->ds->info;
     if (!t->resume || !in->chunked || strncmp(in->codec, "none", 4) == 0) return;
-    if (b->opts->replica_from && reuse_replica(b)) return;
+    if (b->opts->replica_from && iv_stream_file(b->ds->stream) && open_replica(b, b->opts->replica_from)) {
+        if (b->opts->replica_reused) *b->opts->replica_reused = 1;
+        return;
+    }
     if (!b->opts->replica_dir) return;
     char path[4200];
     snprintf(path, sizeof path, "%s/.ivserve-transpose-XXXXXX", b->opts->replica_dir);
-    struct replica_copy r = {.src = b->ds->stream, .chunk_len = iv_stream_chunk_len(b->ds->stream)};
-    r.fd = mkostemp(path, O_CLOEXEC);
-    if (r.fd < 0) return;
-    /* Unlinked at once: a build killed on the way leaves no file. */
+    int fd = mkostemp(path, O_CLOEXEC);
+    if (fd < 0) return;
     unlink(path);
-    snprintf(path, sizeof path, "/proc/self/fd/%d", r.fd);
-    uint64_t len = iv_stream_length(b->ds->stream);
-    atomic_init(&r.failed, ftruncate(r.fd, (off_t)len) != 0);
-    if (!atomic_load(&r.failed))
-        iv_pool_parallel_for(b->opts->pool, (size_t)iv_stream_n_chunks(r.src), 0, replica_chunk, &r);
-    iv_err_t e = {0};
-    if (!atomic_load(&r.failed) && replica_stream(b, path, len, &e) == 0 && b->opts->replica_made)
+    iv_plainfile_for_t f = replica_for(b);
+    iv_err_t e;
+    iv_err_clear(&e);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if (iv_plainfile_write(fd, "the transpose's replica", &f, b->ds->stream, b->opts->pool, NULL, &e) == 0 &&
+        open_replica(b, path) && b->opts->replica_made)
         *b->opts->replica_made = 1;
-    close(r.fd);
+    close(fd);
 }
 
 /* 3. Fill (skipped when the window holds nothing). */
