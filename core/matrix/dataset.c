@@ -225,16 +225,29 @@ static int load_matrix(iv_dataset_t *ds, const char *path, const struct kept *k,
  * in now would only cost time and resident memory.  On failure nothing
  * is left allocated.
  */
+/* A dataset's chunk cache cap: opts->cache_bytes, or by default none
+ * but the shared budget's (1 GiB without one). */
+static size_t cache_cap(const iv_dataset_opts_t *opts)
+{
+    if (opts->cache_bytes != (size_t)-1) return opts->cache_bytes;
+    return opts->membudget ? SIZE_MAX : (size_t)1 << 30;
+}
+
+/* What a cache capped at cap can hold now: no more than the shared budget. */
+static size_t cache_room(const iv_dataset_opts_t *opts, size_t cap)
+{
+    iv_membudget_t *mb = opts->membudget;
+    return mb && iv_membudget_bytes(mb) < cap ? iv_membudget_bytes(mb) : cap;
+}
+
 static int open_stream(iv_dataset_t *ds, const char *path, const iv_dataset_opts_t *opts,
                        const struct kept *k, int *chunked, iv_err_t *err)
 {
     iv_membudget_t *mb = opts->membudget;
-    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30)
-                                                    : opts->cache_bytes;
+    size_t budget = cache_cap(opts);
     /* The arena is address space for at most what the cache may hold; its
      * pages are committed only as chunks land in them. */
-    size_t arena_budget = budget;
-    if (mb && iv_membudget_bytes(mb) < arena_budget) arena_budget = iv_membudget_bytes(mb);
+    size_t arena_budget = cache_room(opts, budget);
     struct prefault pf = {.pool = opts->pool, .budget = arena_budget, .mb = mb, .skip = k->skip_pass};
     atomic_init(&pf.stop, 0);
     int rc = load_matrix(ds, path, k, opts->pool, &pf, err);
@@ -467,13 +480,11 @@ int iv_dataset_plain_wanted(const iv_dataset_t *ds)
            iv_stream_chunk_len(ds->stream) > IV_PLAIN_CHUNK;
 }
 
-/* The cache a plain copy gets: capped like the dataset's own
- * (open_stream), and no larger than the shared budget. */
+/* The cache a plain copy gets: capped like the dataset's own, and no
+ * larger than the shared budget. */
 static size_t plain_cache_bytes(const iv_dataset_opts_t *opts)
 {
-    iv_membudget_t *mb = opts->membudget;
-    size_t budget = opts->cache_bytes == (size_t)-1 ? (mb ? SIZE_MAX : (size_t)1 << 30) : opts->cache_bytes;
-    return mb && iv_membudget_bytes(mb) < budget ? iv_membudget_bytes(mb) : budget;
+    return cache_room(opts, cache_cap(opts));
 }
 
 /* ds's plain copy written at `at` (its note first, so that a sweep knows
