@@ -1,6 +1,6 @@
 /*
  * Compression cost per thread, to choose the levels the server uses for
- * Content-Encoding (routes_viewer.c: GZIP_LEVEL, BR_QUALITY): for each
+ * Content-Encoding (api/viewer_impl.h GZIP_LEVEL, proto/coding.c BR_QUALITY): for each
  * input file (response bodies saved with curl), MB/s of one thread and
  * the compressed size, for zlib (gzip) levels 1, 3, 6 and brotli
  * qualities 1, 4, 6, best of 3 runs.

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "enc_dataset.h"
-#include "routes_meta.h"
+#include "meta_doc.h"
 
 /* The smallest stream whose row index and arrays are kept in the cache
  * folder (indexfile.h): IV_OTHER_MEMORY_MAX, below which the pass and the

@@ -28,7 +28,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "meta.h"
-#include "routes_viewer.h"
+#include "viewer.h"
 
 typedef enum iv_rds_state { IV_RDS_LOADING, IV_RDS_READY, IV_RDS_FAILED } iv_rds_state_t;
 

@@ -513,7 +513,7 @@ typedef enum {
     P_QUERY,       /* /v1/datasets/ID/query */
     P_COUNT,       /* /v1/datasets/ID/count */
     P_EXPORT,      /* /v1/datasets/ID/export (routes_export.c) */
-    P_VIEWER,      /* /v1/datasets/ID/SUB of routes_viewer.h (obs, var, obsm, search, aggregate) */
+    P_VIEWER,      /* /v1/datasets/ID/SUB of api/viewer.h (obs, var, obsm, search, aggregate) */
 } path_kind_t;
 
 typedef struct route route_t;
@@ -525,7 +525,7 @@ typedef struct {
     const char *id;       /* dataset routes: the id, idn bytes of the path */
     size_t idn;
     const char *sub;      /* the path after the id ("" for the document) */
-    int vroute;           /* P_VIEWER: routes_viewer.h's route */
+    int vroute;           /* P_VIEWER: api/viewer.h's route */
 } path_match_t;
 
 /* A route's handler: d is the dataset of a dataset route (ready, and the
@@ -601,7 +601,7 @@ static void h_viewer(conn_t *c, const path_match_t *m, sds_t *d)
 
 /*
  * The routes.  A fixed path, or (dataset) the part of the path after
- * /v1/datasets/ID; the viewer's dataset routes are routes_viewer.h's to
+ * /v1/datasets/ID; the viewer's dataset routes are api/viewer.h's to
  * match (iv_vroute_match) and share one entry.  Methods and tokens are
  * each handler's to check (method_ok, scope_check; a dataset's token by
  * ready_ds before the handler), and route_precheck's for Expect.

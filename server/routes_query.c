@@ -117,7 +117,7 @@ void route_query(conn_t *c, sds_t *d, int count)
     submit_setup(c, d, st, count, &setup_job);
 }
 
-/* routes_viewer.h's matrix_open over the registry entry (ctx). */
+/* api/viewer.h's matrix_open over the registry entry (ctx). */
 static int viewer_matrix(void *ctx, const char *name, iv_dataset_t **ds, iv_meta_t **var_meta,
                          iv_err_t *err)
 {
@@ -147,7 +147,7 @@ static int vreq_bind(iv_vreq_t *vr, conn_t *c, sds_t *d)
     return 0;
 }
 
-/* GET/POST of a viewer route (routes_viewer.h): copied for a worker, which
+/* GET/POST of a viewer route (api/viewer.h): copied for a worker, which
  * builds the whole answer; route_viewer_finish sends it. */
 void route_viewer(conn_t *c, sds_t *d, int vroute, const char *sub)
 {

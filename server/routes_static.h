@@ -4,7 +4,7 @@
  * route that serves them: "/" and "/index.html" give the page, and
  * "/viewer/NAME" its scripts and style sheet.
  *
- * Socket-free like routes_meta.c: iv_static_route() decides the whole
+ * Socket-free like api/meta_doc.c: iv_static_route() decides the whole
  * answer (status, media type, body, headers) and routes.c sends it, so
  * the route is tested without a loop and routes.c keeps one call.
  *

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "routes_meta.h"
+#include "meta_doc.h"
 
 /* ---- the run half (worker) ---------------------------------------------- */
 
@@ -87,7 +87,7 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
  * least two bytes each in NDJSON or JSON ("0,"), the value's size in
  * binary.  A small body listing genes or cells again and again could ask
  * for gigabytes of zeros (0.4 MB made 800 MB of NDJSON and 16 s of CPU),
- * so, as an embedding's rows are (routes_viewer.c), a dense answer past
+ * so, as an embedding's rows are (api/arrays_answer.c), a dense answer past
  * limits.max_answer_bytes is refused before any work, unless it is no
  * larger than the same encoding of the whole matrix: only duplicates
  * can make it larger, and a selection without them is served as before.
@@ -291,7 +291,7 @@ static void setup_run(job_t *j)
     if (j->rc == 0) setup_fuse(j);
 }
 
-/* A viewer route's answer (routes_viewer.h), built whole on a worker: its
+/* A viewer route's answer (api/viewer.h), built whole on a worker: its
  * cost grows with the page (a 100,000-row CSV page takes about 90 ms). */
 static void viewer_run(job_t *j)
 {

@@ -17,7 +17,7 @@
 #include "error.h"
 #include "query.h"
 #include "request.h"
-#include "routes_viewer.h"
+#include "viewer.h"
 #include "srv_common.h"
 #include "transpose.h"
 
@@ -45,7 +45,7 @@ struct setup {
     double total;
     iv_fmt_t fmt;
     int dense;            /* "dense": true */
-    iv_vreq_t *vr;        /* viewer_job: a viewer route (routes_viewer.h) */
+    iv_vreq_t *vr;        /* viewer_job: a viewer route (api/viewer.h) */
     /* A small streamed query is prepared, and its one block decoded and
      * encoded (in the job's out), in the set-up job itself: one hand-off
      * instead of three (setup_fuse). */

@@ -1,5 +1,5 @@
 /*
- * Metadata routes (see routes_meta.h).
+ * Metadata routes (see meta_doc.h).
  *
  * Design.  Everything here reads the immutable in-memory metadata and
  * writes into a caller-owned buffer, so the server can call it from the
@@ -10,7 +10,7 @@
  * IV_TABLE_LIMIT_MAX rows is a few megabytes, which is cheaper to build
  * at once than to schedule block by block.
  */
-#include "routes_meta.h"
+#include "meta_doc.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -2,14 +2,14 @@
  * The metadata side of the HTTP API: resolving names and filters of a
  * query selection, and rendering the obs/var column listing, tables and
  * single columns.  Socket-free: every function fills an iv_buf_t that the
- * caller (routes_viewer.c) sends, so the routes stay small and these parts can
+ * caller (api/meta_answer.c) sends, so the routes stay small and these parts can
  * be reasoned about without the event loop.
  *
  * Threads: a meta is immutable after loading, so every function here may
  * run on any thread; buffers and selections belong to the caller.
  */
-#ifndef IV_ROUTES_META_H
-#define IV_ROUTES_META_H
+#ifndef IV_API_META_DOC_H
+#define IV_API_META_DOC_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -64,7 +64,7 @@ int iv_rmeta_column(iv_buf_t *b, const iv_meta_t *m, iv_axis_t axis, const char 
 
 /*
  * POST .../obs, .../var, .../obs/{column}, .../var/{column}: the same
- * answers over rows chosen by a query selection (routes_viewer.c parses
+ * answers over rows chosen by a query selection (meta_answer.c parses
  * and resolves it as the query route does): idx[0..n) in that order,
  * duplicates repeated, or every row when n < 0 (idx unused).  The page's
  * parameters are the GET form's, parsed from a JSON body: columns NULL

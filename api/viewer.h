@@ -12,9 +12,9 @@
  *   GET      /v1/datasets/{id}/obsp          the file's obsp elements (api/obsp_answer.h)
  *   GET|POST /v1/datasets/{id}/obsp/{name}   an obsp element among the selected cells
  *   GET      /v1/datasets/{id}/obs, /var, /obs/{column}, /var/{column}
- *                                             metadata pages (routes_meta.h)
+ *                                             metadata pages (meta_doc.h)
  *
- * Socket-free like routes_meta.h: a request is copied into an iv_vreq_t
+ * Socket-free like meta_doc.h: a request is copied into an iv_vreq_t
  * on the loop, run on a worker (iv_vreq_run fills a complete response
  * body), and the server sends what it built.  Per-dataset state (the
  * arrays, the search indexes) lives in an iv_vds_t loaded with the
@@ -24,8 +24,8 @@
  * shared by every worker (search indexes of further columns are built on
  * first use under its lock).  A vreq belongs to one thread at a time.
  */
-#ifndef IV_ROUTES_VIEWER_H
-#define IV_ROUTES_VIEWER_H
+#ifndef IV_API_VIEWER_H
+#define IV_API_VIEWER_H
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -68,7 +68,7 @@ enum iv_vroute {
     IV_VR_OBS_SEARCH,
     IV_VR_VAR_SEARCH,
     IV_VR_AGGREGATE,
-    IV_VR_OBS_TABLE,          /* .../obs and .../var pages (routes_meta.h), */
+    IV_VR_OBS_TABLE,          /* .../obs and .../var pages (meta_doc.h), */
     IV_VR_VAR_TABLE,          /* served here for their ETag and encoding */
     IV_VR_OBS_COLUMN,
     IV_VR_VAR_COLUMN,

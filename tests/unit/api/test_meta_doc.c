@@ -1,5 +1,5 @@
 /*
- * Tests of server/routes_meta.c's renderers over given rows (the POST
+ * Tests of api/meta_doc.c's renderers over given rows (the POST
  * forms, iv_rmeta_table_rows / iv_rmeta_column_rows): the same bytes as
  * the GET form for the rows a where selects, rows in the given order with
  * duplicates, every row for n < 0 and none for an empty list (whatever its
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "routes_meta.h"
+#include "meta_doc.h"
 
 /* The tiny fixture's metadata, or NULL when the fixtures are absent. */
 static iv_meta_t *tiny(void) { return iv_test_tiny_meta(); }
@@ -37,7 +37,7 @@ START_TEST(test_rows_match_the_get_form)
 {
     iv_meta_t *m = tiny();
     if (!m) {
-        fprintf(stderr, "test_routes_meta: fixtures absent, skipped\n");
+        fprintf(stderr, "test_meta_doc: fixtures absent, skipped\n");
         return;
     }
     const char qs[] = "columns=age,sample&where=age%20%3E%2040&limit=100";
@@ -120,7 +120,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("routes_meta");
+    Suite *s = suite_create("meta_doc");
     TCase *tc = tcase_create("rows");
     tcase_add_test(tc, test_rows_match_the_get_form);
     tcase_add_test(tc, test_order_duplicates_all_and_none);
