@@ -27,6 +27,9 @@
  * be decoded once, not twice.  48 MiB hold that for about 300 chunks at
  * zstd's ratio on counts (a 20,000-cell dataset of 14.5 M entries). */
 #define CACHE_BYTES ((size_t)48 << 20)
+/* The decoded slices kept beside them (zarr_slices.h): three genes of a
+ * million cells each (8 bytes an entry: int32 index, float32 value). */
+#define SLICES_BYTES ((size_t)32 << 20)
 
 enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
 
@@ -49,6 +52,7 @@ struct iv_zarr_cache {
     int uns_state;            /* UNS_* */
     iv_uns_t *uns;
     iv_err_t uns_err;         /* UNS_DONE with uns NULL: why */
+    iv_zarr_slices_t *slices; /* long slices decoded for the chunks they span, or NULL */
 };
 
 enum { UNS_UNREAD = 0, UNS_READING, UNS_DONE };
@@ -59,6 +63,7 @@ iv_zarr_cache_t *iv_zarr_cache_new(void)
     if (!c) return NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    c->slices = iv_zarr_slices_new(SLICES_BYTES);  /* NULL: each chunk decodes its slices */
     for (int i = 0; i < SLOTS; i++) {
         iv_buf_init(&c->s[i].parts[0]);
         iv_buf_init(&c->s[i].parts[1]);
@@ -81,6 +86,7 @@ void iv_zarr_cache_free(iv_zarr_cache_t *c)
     if (!c) return;
     for (int i = 0; i < SLOTS; i++) slot_drop(c, &c->s[i]);
     iv_uns_free(c->uns);
+    iv_zarr_slices_free(c->slices);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -228,6 +234,11 @@ int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t *
     pthread_mutex_unlock(&c->mu);
     *out = rc == 0 ? u : NULL;
     return rc == 0 ? 0 : iv_fail(err, rc, "%s", e.msg);
+}
+
+iv_zarr_slices_t *iv_zarr_cache_slices(iv_zarr_cache_t *c)
+{
+    return c ? c->slices : NULL;
 }
 
 const iv_uns_t *iv_zarr_cache_uns(iv_zarr_cache_t *c, const char *path)

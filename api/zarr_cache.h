@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "error.h"
 #include "uns.h"
+#include "zarr_slices.h"
 
 typedef struct iv_zarr_cache iv_zarr_cache_t;
 
@@ -33,6 +34,9 @@ typedef int (*iv_zarr_fill_fn)(void *ctx, iv_buf_t parts[2], iv_err_t *err);
  */
 int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
                       int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err);
+
+/* The decoded long slices kept with c (zarr_slices.h); NULL when c is. */
+iv_zarr_slices_t *iv_zarr_cache_slices(iv_zarr_cache_t *c);
 
 /* The dataset's uns entries (uns.h), read from path on the first call
  * (the callers of the same time wait for that read) and kept; NULL when

@@ -17,7 +17,9 @@
  * (query.h: every minor element selected, rows the major slices, indices
  * sorted within a slice, stored zeros kept), and the entries of the range
  * are copied out.  A chunk costs the decode of at most C entries plus the
- * two slices it cuts, whatever the matrix size.
+ * two slices it cuts, whatever the matrix size; a cut slice of C entries
+ * or more is decoded once for all the chunks it spans and kept
+ * (zarr_slices.h), as a gene's chunks are asked for together.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +126,7 @@ typedef struct xfill {
     int64_t C, k;
     int zstd;
     iv_dtype_t idx_vt, val_vt;
+    iv_zarr_slices_t *slices; /* decoded long slices (zarr_slices.h), or NULL */
 } xfill_t;
 
 /* Copies the entries of one decoded block that fall in [lo, hi) into the
@@ -177,18 +180,12 @@ static int x_slices(const ptrs_t *p, int64_t n_major, int64_t nnz, int64_t lo, i
     return 0;
 }
 
-/* Decodes chunk f->k of X into idx and val (zeroed past the end): the
- * major slices holding its entries, through the query engine. */
-static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
+/* Runs the query over major slices [j0, j1) (every minor element) and
+ * hands each block to copy, or, with one slice and keep set, moves its
+ * one block into *keep. */
+static int x_query(const xfill_t *f, int64_t j0, int64_t j1, const ptrs_t *p, int64_t lo, int64_t hi,
+                   uint8_t *idx, uint8_t *val, iv_block_t *keep, iv_err_t *err)
 {
-    /* The shape from the matrix's own info: both orientations share it. */
-    const iv_dataset_info_t *in = iv_dataset_info(f->ds);
-    ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
-    int64_t C = f->C, j0 = 0, j1 = 0;
-    int64_t lo = f->k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
-    memset(idx, 0, (size_t)C * iv_dtype_size(f->idx_vt));
-    memset(val, 0, (size_t)C * iv_dtype_size(f->val_vt));
-    IV_TRY(x_slices(&p, f->csr ? in->n_rows : in->n_cols, in->nnz, lo, hi, &j0, &j1, err));
     int64_t n = j1 - j0;
     int64_t *ids = malloc((size_t)n * sizeof *ids);
     if (!ids) return iv_fail(err, IV_ENOMEM, "out of memory for a chunk");
@@ -202,15 +199,80 @@ static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
     int rc = iv_query_new(f->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
     free(ids);
     if (rc == 0) rc = iv_query_prepare(q, NULL, err);
+    if (rc == 0 && keep && iv_query_n_blocks(q) != 1)
+        rc = iv_fail(err, IV_EINTERNAL, "X: slice %lld decoded as %lld blocks", (long long)j0,
+                     (long long)iv_query_n_blocks(q));
     for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
         rc = iv_query_decode_block(q, b, &blk, err);
-        if (rc == 0) rc = copy_block(f, &blk, &p, lo, hi, idx, val, err);
+        if (rc == 0 && keep) {
+            *keep = blk;
+            continue;
+        }
+        if (rc == 0) rc = copy_block(f, &blk, p, lo, hi, idx, val, err);
         iv_block_free(&blk);
     }
     iv_query_free(q);
     return rc;
+}
+
+typedef struct slice_ctx {
+    const xfill_t *f;
+} slice_ctx_t;
+
+/* iv_zarr_slice_fn: slice j alone, as one block. */
+static int x_slice_block(void *ctx, int64_t j, iv_block_t *out, iv_err_t *err)
+{
+    const slice_ctx_t *c = ctx;
+    return x_query(c->f, j, j + 1, NULL, 0, 0, NULL, NULL, out, err);
+}
+
+/* Copies slice j's part of [lo, hi) from its decode kept in f's memo
+ * (zarr_slices.h), decoding it there first when no chunk has. */
+static int x_kept_slice(const xfill_t *f, int64_t j, const ptrs_t *p, int64_t lo, int64_t hi,
+                        uint8_t *idx, uint8_t *val, iv_err_t *err)
+{
+    size_t bytes = (size_t)(entry_at(p, j + 1) - entry_at(p, j)) *
+                   (iv_dtype_size(f->val_vt) + sizeof(int64_t));
+    slice_ctx_t c = {f};
+    iv_block_t scratch;
+    const iv_block_t *b = NULL;
+    int rc = iv_zarr_slices_get(f->slices, f->ds, f->csr, j, bytes, x_slice_block, &c, &scratch, &b, err);
+    if (rc == 0) rc = copy_block(f, b, p, lo, hi, idx, val, err);
+    iv_zarr_slices_release(f->slices, b, &scratch);
+    return rc;
+}
+
+/* Whether slice j, cut by the chunk, is worth keeping for the chunks
+ * after it: it holds a chunk's worth of entries, so it spans at least two. */
+static int x_long(const xfill_t *f, const ptrs_t *p, int64_t j)
+{
+    return entry_at(p, j + 1) - entry_at(p, j) >= f->C;
+}
+
+/* Decodes chunk f->k of X into idx and val (zeroed past the end): the
+ * major slices holding its entries, through the query engine.  A long
+ * slice the chunk cuts at either end comes from the memo (decoded once
+ * for all the chunks it spans); the slices between are decoded here. */
+static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
+{
+    /* The shape from the matrix's own info: both orientations share it. */
+    const iv_dataset_info_t *in = iv_dataset_info(f->ds);
+    ptrs_t p = {iv_dataset_major_ptr(f->md), iv_dataset_value_ptr(f->md)};
+    int64_t C = f->C, j0 = 0, j1 = 0;
+    int64_t lo = f->k * C, hi = lo + C < in->nnz ? lo + C : in->nnz;
+    memset(idx, 0, (size_t)C * iv_dtype_size(f->idx_vt));
+    memset(val, 0, (size_t)C * iv_dtype_size(f->val_vt));
+    IV_TRY(x_slices(&p, f->csr ? in->n_rows : in->n_cols, in->nnz, lo, hi, &j0, &j1, err));
+    /* The cut slices: the first when it starts before lo, the last when
+     * it ends after hi (one slice may be both). */
+    int head = entry_at(&p, j0) < lo && x_long(f, &p, j0);
+    int tail = entry_at(&p, j1) > hi && j1 - 1 > j0 - 1 + head && x_long(f, &p, j1 - 1);
+    if (head) IV_TRY(x_kept_slice(f, j0, &p, lo, hi, idx, val, err));
+    if (tail) IV_TRY(x_kept_slice(f, j1 - 1, &p, lo, hi, idx, val, err));
+    int64_t a = j0 + head, b = j1 - tail;
+    return a < b ? x_query(f, a, b, &p, lo, hi, idx, val, NULL, err) : 0;
 }
 
 /* Appends a chunk's n raw bytes to out as the array's compressor encodes
@@ -255,6 +317,7 @@ static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t
     xfill_t f = {
         .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k, .zstd = a->zstd,
         .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
+        .slices = iv_zarr_cache_slices(src->cache),
     };
     return iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, a->src == ZS_X_DATA, out, x_fill,
                              &f, err);
