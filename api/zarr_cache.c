@@ -27,8 +27,9 @@
  * be decoded once, not twice.  48 MiB hold that for about 300 chunks at
  * zstd's ratio on counts (a 20,000-cell dataset of 14.5 M entries). */
 #define CACHE_BYTES ((size_t)48 << 20)
-/* The decoded slices kept beside them (zarr_slices.h): three genes of a
- * million cells each (8 bytes an entry: int32 index, float32 value). */
+/* The decoded slices kept beside them (zarr_slices.h): 2.8 M entries,
+ * counted at 12 bytes an entry (an 8-byte index bound and a float32
+ * value), two genes of a million cells. */
 #define SLICES_BYTES ((size_t)32 << 20)
 
 enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
