@@ -60,7 +60,10 @@ struct loop {
     size_t doomed_bytes;  /* of those, the bytes of closed connections (freed soon) */
     atomic_size_t n_budget_wait; /* its streams waiting for the write budget */
     unsigned n_reserve_wait; /* its streams waiting for the answers' memory */
-    uint64_t reserve_seq;    /* their arrival order */
+    /* The arrival number (server->reserve_seq) of its oldest such stream,
+     * UINT64_MAX when none: the loops read each other's, so that memory
+     * goes to the oldest waiter of the whole server (answer_wait.c). */
+    atomic_uint_fast64_t reserve_oldest;
     uv_timer_t reserve;      /* retries them while there are any (answer_wait.c) */
     int draining, stopped;
     pthread_mutex_t mmu;  /* metrics */
@@ -138,6 +141,7 @@ struct server {
     atomic_size_t lent;           /* how much, from the caches' part */
     atomic_size_t lent_copies;    /* and from the in-memory copies' part */
     iv_budget_t answers_left;
+    atomic_uint_fast64_t reserve_seq;  /* arrival numbers of answers waiting for memory */
     iv_alog_t log;
     iv_watch_t *watch;            /* the served files' watcher (watch.h), or NULL */
 };

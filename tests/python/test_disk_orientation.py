@@ -274,3 +274,55 @@ def test_a_query_waits_in_line_for_the_answers_memory(tmp_path):
             assert metric(s.metrics(), "ivserve_memory_used_bytes", "answers") == 0
         finally:
             assert s.stop() == 0
+
+
+def test_the_line_for_the_answers_memory_is_the_servers_not_a_loops(tmp_path):
+    """With two connection loops, queries waiting for the answers' memory
+    are started in arrival order across loops: B (on one loop) waits
+    before C (on the other), and when A, on C's loop, ends, B is answered
+    first.  Each loop taking what its own streams freed for its own
+    waiters started C first."""
+    import numpy as np
+    import scipy.sparse as sp
+    import threading
+    import ivref
+    rng = np.random.default_rng(6)
+    X = sp.random(20000, 1000, density=0.1, format="csr", random_state=rng,
+                  data_rvs=lambda n: rng.integers(1, 50, n)).astype(np.float32)
+    path = str(tmp_path / "big.h5ad")
+    ivref.write_iv(path, X)
+    body = {"obs": {"index": list(range(0, 20000, 2))}}
+    # As above: room for one answer.  Three loops: loop 0 accepts, and
+    # connections go to loops 1 and 2 in turn, so the consecutive
+    # connections A, B, C sit on loops x, y, x.
+    s = Server(str(tmp_path), [path, "--memory-bytes", 300 << 20, "--answer-wait-ms", 20000,
+                               "--blocks-ahead", 3, "--other-orientation", "memory", "--loops", 3],
+               name="line")
+    try:
+        s.wait_other("big")
+        q = s.url + "/v1/datasets/big/query"
+        hdr = {"Accept": "application/vnd.ivserve.csr"}
+        want = requests.post(q, json=body, headers=hdr, timeout=60)
+        assert want.status_code == 200, want.text
+        drain = stalled_query(s.url, body)       # A
+        done = []
+        lock = threading.Lock()
+
+        def ask(name):
+            r = requests.post(q, json=body, headers=hdr, timeout=60)
+            with lock:
+                done.append((name, r.status_code, r.content == want.content))
+        tb = threading.Thread(target=ask, args=("B",))
+        tb.start()
+        time.sleep(0.4)
+        tc = threading.Thread(target=ask, args=("C",))
+        tc.start()
+        time.sleep(0.4)
+        assert tb.is_alive() and tc.is_alive(), done   # both waiting in line
+        drain()
+        tb.join(60)
+        tc.join(60)
+        assert [d[0] for d in done] == ["B", "C"], done
+        assert all(d[1] == 200 and d[2] for d in done), done
+    finally:
+        assert s.stop() == 0
