@@ -774,6 +774,7 @@ server_t *server_open(const iv_config_t *cfg, iv_config_reader_fn reader, void *
         return NULL;
     }
     for (unsigned i = 0; i < s->n_loops; i++) atomic_init(&s->loops[i].reserve_oldest, UINT64_MAX);
+    atomic_init(&s->reserve_seq, 0);
     s->pool = iv_pool_create(cfg->threads, cfg->queue);
     if (!s->pool) {
         fprintf(stderr, "ivserve: cannot start the worker pool\n");
