@@ -180,11 +180,9 @@ static int x_slices(const ptrs_t *p, int64_t n_major, int64_t nnz, int64_t lo, i
     return 0;
 }
 
-/* Runs the query over major slices [j0, j1) (every minor element) and
- * hands each block to copy, or, with one slice and keep set, moves its
- * one block into *keep. */
-static int x_query(const xfill_t *f, int64_t j0, int64_t j1, const ptrs_t *p, int64_t lo, int64_t hi,
-                   uint8_t *idx, uint8_t *val, iv_block_t *keep, iv_err_t *err)
+/* The query decoding major slices [j0, j1) whole (every minor element),
+ * prepared. */
+static int x_query_new(const xfill_t *f, int64_t j0, int64_t j1, iv_query_t **q, iv_err_t *err)
 {
     int64_t n = j1 - j0;
     int64_t *ids = malloc((size_t)n * sizeof *ids);
@@ -195,21 +193,23 @@ static int x_query(const xfill_t *f, int64_t j0, int64_t j1, const ptrs_t *p, in
         .axis = f->csr ? IV_OUT_ROWS : IV_OUT_VARS,
         .pick = f->csr ? IV_PICK_CELLS : IV_PICK_GENES,
     };
-    iv_query_t *q = NULL;
-    int rc = iv_query_new(f->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, &q, err);
+    *q = NULL;
+    int rc = iv_query_new(f->ds, f->csr ? &major : &all, f->csr ? &all : &major, &o, q, err);
     free(ids);
-    if (rc == 0) rc = iv_query_prepare(q, NULL, err);
-    if (rc == 0 && keep && iv_query_n_blocks(q) != 1)
-        rc = iv_fail(err, IV_EINTERNAL, "X: slice %lld decoded as %lld blocks", (long long)j0,
-                     (long long)iv_query_n_blocks(q));
+    if (rc == 0) rc = iv_query_prepare(*q, NULL, err);
+    return rc;
+}
+
+/* Decodes major slices [j0, j1) and copies their entries in [lo, hi). */
+static int x_query(const xfill_t *f, int64_t j0, int64_t j1, const ptrs_t *p, int64_t lo, int64_t hi,
+                   uint8_t *idx, uint8_t *val, iv_err_t *err)
+{
+    iv_query_t *q = NULL;
+    int rc = x_query_new(f, j0, j1, &q, err);
     for (int64_t b = 0; rc == 0 && b < iv_query_n_blocks(q); b++) {
         iv_block_t blk;
         memset(&blk, 0, sizeof blk);
         rc = iv_query_decode_block(q, b, &blk, err);
-        if (rc == 0 && keep) {
-            *keep = blk;
-            continue;
-        }
         if (rc == 0) rc = copy_block(f, &blk, p, lo, hi, idx, val, err);
         iv_block_free(&blk);
     }
@@ -217,15 +217,18 @@ static int x_query(const xfill_t *f, int64_t j0, int64_t j1, const ptrs_t *p, in
     return rc;
 }
 
-typedef struct slice_ctx {
-    const xfill_t *f;
-} slice_ctx_t;
-
-/* iv_zarr_slice_fn: slice j alone, as one block. */
+/* iv_zarr_slice_fn (ctx: the chunk's xfill_t): slice j alone, as one block. */
 static int x_slice_block(void *ctx, int64_t j, iv_block_t *out, iv_err_t *err)
 {
-    const slice_ctx_t *c = ctx;
-    return x_query(c->f, j, j + 1, NULL, 0, 0, NULL, NULL, out, err);
+    iv_query_t *q = NULL;
+    int rc = x_query_new(ctx, j, j + 1, &q, err);
+    if (rc == 0 && iv_query_n_blocks(q) != 1)
+        rc = iv_fail(err, IV_EINTERNAL, "X: slice %lld decoded as %lld blocks", (long long)j,
+                     (long long)iv_query_n_blocks(q));
+    if (rc == 0) rc = iv_query_decode_block(q, 0, out, err);
+    if (rc != 0) iv_block_free(out);  /* nothing half-made goes back */
+    iv_query_free(q);
+    return rc;
 }
 
 /* Copies slice j's part of [lo, hi) from its decode kept in f's memo
@@ -235,10 +238,10 @@ static int x_kept_slice(const xfill_t *f, int64_t j, const ptrs_t *p, int64_t lo
 {
     size_t bytes = (size_t)(entry_at(p, j + 1) - entry_at(p, j)) *
                    (iv_dtype_size(f->val_vt) + sizeof(int64_t));
-    slice_ctx_t c = {f};
     iv_block_t scratch;
     const iv_block_t *b = NULL;
-    int rc = iv_zarr_slices_get(f->slices, f->ds, f->csr, j, bytes, x_slice_block, &c, &scratch, &b, err);
+    int rc = iv_zarr_slices_get(f->slices, f->ds, f->csr, j, bytes, x_slice_block, (void *)f, &scratch,
+                                &b, err);
     if (rc == 0) rc = copy_block(f, b, p, lo, hi, idx, val, err);
     iv_zarr_slices_release(f->slices, b, &scratch);
     return rc;
@@ -268,11 +271,11 @@ static int x_decode(const xfill_t *f, uint8_t *idx, uint8_t *val, iv_err_t *err)
     /* The cut slices: the first when it starts before lo, the last when
      * it ends after hi (one slice may be both). */
     int head = entry_at(&p, j0) < lo && x_long(f, &p, j0);
-    int tail = entry_at(&p, j1) > hi && j1 - 1 > j0 - 1 + head && x_long(f, &p, j1 - 1);
+    int tail = entry_at(&p, j1) > hi && (!head || j1 - 1 > j0) && x_long(f, &p, j1 - 1);
     if (head) IV_TRY(x_kept_slice(f, j0, &p, lo, hi, idx, val, err));
     if (tail) IV_TRY(x_kept_slice(f, j1 - 1, &p, lo, hi, idx, val, err));
     int64_t a = j0 + head, b = j1 - tail;
-    return a < b ? x_query(f, a, b, &p, lo, hi, idx, val, NULL, err) : 0;
+    return a < b ? x_query(f, a, b, &p, lo, hi, idx, val, err) : 0;
 }
 
 /* Appends a chunk's n raw bytes to out as the array's compressor encodes
