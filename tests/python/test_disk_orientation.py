@@ -211,23 +211,28 @@ def stalled_query(url, body):
     return drain
 
 
+def one_answer_file(tmp_path, seed):
+    """A 20,000 x 1,000 file and a body of half its cells: 2 million
+    values, whose answer reserves blocks_ahead (3) blocks of 8 MiB;
+    --memory-bytes 300 MB gives answers 30 MB, room for one such answer."""
+    import numpy as np
+    import scipy.sparse as sp
+    import ivref
+    rng = np.random.default_rng(seed)
+    X = sp.random(20000, 1000, density=0.1, format="csr", random_state=rng,
+                  data_rvs=lambda n: rng.integers(1, 50, n)).astype(np.float32)
+    path = str(tmp_path / "big.h5ad")
+    ivref.write_iv(path, X)
+    return path, {"obs": {"index": list(range(0, 20000, 2))}}
+
+
 def test_a_query_waits_in_line_for_the_answers_memory(tmp_path):
     """With the answers' share holding one large answer, a second waits
     while the first is being read, and is answered in full once it ends;
     a query that waits past limits.answer_wait_ms is a 503, and with a
     wait of 0 it is a 503 at once."""
-    import numpy as np
-    import scipy.sparse as sp
     import threading
-    import ivref
-    rng = np.random.default_rng(5)
-    X = sp.random(20000, 1000, density=0.1, format="csr", random_state=rng,
-                  data_rvs=lambda n: rng.integers(1, 50, n)).astype(np.float32)
-    path = str(tmp_path / "big.h5ad")
-    ivref.write_iv(path, X)
-    body = {"obs": {"index": list(range(0, 20000, 2))}}
-    # 2 million values: the answer reserves blocks_ahead (3) blocks of
-    # 8 MiB; 300 MB gives answers 30 MB, room for one such answer.
+    path, body = one_answer_file(tmp_path, 5)
     for wait_ms in (1000, 0):
         s = Server(str(tmp_path), [path, "--memory-bytes", 300 << 20, "--answer-wait-ms", wait_ms,
                                    "--blocks-ahead", 3, "--other-orientation", "memory"],
@@ -282,17 +287,9 @@ def test_the_line_for_the_answers_memory_is_the_servers_not_a_loops(tmp_path):
     before C (on the other), and when A, on C's loop, ends, B is answered
     first.  Each loop taking what its own streams freed for its own
     waiters started C first."""
-    import numpy as np
-    import scipy.sparse as sp
     import threading
-    import ivref
-    rng = np.random.default_rng(6)
-    X = sp.random(20000, 1000, density=0.1, format="csr", random_state=rng,
-                  data_rvs=lambda n: rng.integers(1, 50, n)).astype(np.float32)
-    path = str(tmp_path / "big.h5ad")
-    ivref.write_iv(path, X)
-    body = {"obs": {"index": list(range(0, 20000, 2))}}
-    # As above: room for one answer.  Three loops: loop 0 accepts, and
+    path, body = one_answer_file(tmp_path, 6)
+    # Room for one answer, as above.  Three loops: loop 0 accepts, and
     # connections go to loops 1 and 2 in turn, so the consecutive
     # connections A, B, C sit on loops x, y, x.
     s = Server(str(tmp_path), [path, "--memory-bytes", 300 << 20, "--answer-wait-ms", 20000,
