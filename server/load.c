@@ -247,6 +247,7 @@ static int plain_wanted(const server_t *s, const sds_t *d)
 static void plain_run(job_t *j, const char *dir, int write)
 {
     sds_t *d = j->ds;
+    d->plain_note[0] = '\0';
     if (!plain_wanted(j->srv, d) || iv_dataset_plain_path(d->ds)) return;
     iv_dataset_opts_t o;
     beside_opts(j, dir, &o);
@@ -275,7 +276,6 @@ static void other_run(job_t *j)
     int plan = other_plan(j->srv, d);
     char dir[4096];
     iv_config_cache_dir(cfg, dir, sizeof dir);
-    d->plain_note[0] = '\0';
     plain_run(j, dir, 0);
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
@@ -306,7 +306,6 @@ static void plain_job_run(job_t *j)
 {
     char dir[4096];
     iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    j->ds->plain_note[0] = '\0';
     plain_run(j, dir, 1);
     render_doc(j->ds, &j->out);
 }
