@@ -97,6 +97,29 @@ int iv_varint_have_avx2(void);
 int iv_varint_have_fast_pdep(void);
 
 /*
+ * A value group's selected minor indices, sixteen bytes at a time
+ * (varint_pick.c).  Decodes up to n varints of one or two bytes from *p,
+ * each minor index the running sum of d + 1 minus one, the sum kept in
+ * *sum (0 at a group's start, as the slice decoders keep it), and writes
+ * to out the indices whose bit is set in bits (a bitmap over the minor
+ * axis; every index when bits is NULL), in order; *n_out gets how many.
+ * out needs room for n + 16.  Returns how many varints it decoded, with
+ * *p and *sum moved past them.
+ *
+ * It stops early, for the caller to decode the next varint its own way
+ * and call again: before a varint of three bytes or more, with fewer than
+ * 16 bytes left before end, or before a block of 16 bytes whose indices
+ * would reach limit (so no index it writes or tests is >= limit, and the
+ * caller's own decode finds the bad one).  limit < 2^31.
+ *
+ * Callable only when iv_varint_have_avx512() says the CPU has AVX-512 F,
+ * BW, VL and DQ with BMI2.  The scalar decoders are its reference.
+ */
+size_t iv_varint_pick_avx512(const uint8_t **p, const uint8_t *end, size_t n, uint64_t limit,
+                             uint64_t *sum, const uint64_t *bits, uint32_t *out, size_t *n_out);
+int iv_varint_have_avx512(void);
+
+/*
  * Decodes one varint from [p, end).  Returns the number of bytes used
  * (1..10), or 0 when the input ends before a terminator or the value does
  * not fit 64 bits.  The one-byte case is inlined; the rest is out of line.

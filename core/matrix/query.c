@@ -53,6 +53,9 @@
 enum mode { MODE_MAJOR, MODE_TRANSPOSE };
 
 /* Per-thread working memory of one decode call. */
+/* Varints the vector kernel decodes a call (iv_varint_pick_avx512). */
+enum { PICK_BATCH = 256 };
+
 struct work {
     struct work *next_free;
     iv_cursor_t cur;
@@ -67,6 +70,7 @@ struct work {
     uint64_t vals[256];       /* dense path: the slice's values (DENSE_MAX_GROUPS) */
     int64_t n_words;
     struct scratch *scratch;  /* bits, summ and tag, when they came from the kept scratch */
+    uint32_t picked[PICK_BATCH + 16];  /* the vector kernel's kept indices (decode_slice) */
 };
 
 static void work_free(struct work *w);
@@ -95,6 +99,8 @@ struct iv_query {
      * the count before each word (n_minor / 64 + 1) and a popcount. */
     int64_t *lut_rank;
     int64_t n_lut;
+    /* decode_slice decodes with the AVX-512 kernel (query_alloc). */
+    int pick;
     int64_t n_blocks;
     int64_t *block_start;     /* n_blocks + 1 output-row boundaries */
     int64_t block_nnz, block_rows;
@@ -583,6 +589,10 @@ static int resolve_orient(iv_dataset_t **ds, const iv_sel_t *obs, const iv_sel_t
 }
 
 /* A query on ds with the options' block sizes and bound, no selection yet. */
+static _Atomic int pick_allowed = 1;
+
+void iv_query_set_vector(int on) { atomic_store(&pick_allowed, on); }
+
 static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opts)
 {
     struct iv_query *q = calloc(1, sizeof *q);
@@ -594,6 +604,8 @@ static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opt
     q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
     q->dtype = ds->m.value_dtype;
     q->nnz_hint = -1;
+    q->pick = atomic_load(&pick_allowed) && iv_varint_have_avx512() &&
+              ds->m.n_minor < ((int64_t)1 << 31);
     atomic_init(&q->cancelled, 0);
     atomic_init(&q->decompressed, 0);
     pthread_mutex_init(&q->work_mu, NULL);
@@ -1206,6 +1218,23 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
         uint64_t acc = 0, d = 0, j = 0;
         int64_t left = vp[g + 1] - vp[g];
         while (left > 0) {
+            if (q->pick && v.wb) {
+                /* Sixteen bytes at a time; what it leaves (a long varint,
+                 * the end of a chunk, a bad index) goes the way below. */
+                const uint8_t *at = v.wb + v.off;
+                size_t kept;
+                size_t got = iv_varint_pick_avx512(&at, v.end, left < PICK_BATCH ? (size_t)left : PICK_BATCH,
+                                                   n_minor, &acc, sel, w->picked, &kept);
+                if (got > 0) {
+                    v.wb = at;
+                    v.off = 0;
+                    v.tm = 0;
+                    left -= (int64_t)got;
+                    for (size_t i = 0; i < kept; i++)
+                        if ((rc = map_hit(q, w, &n, w->picked[i], g, sel, err)) < 0) goto fail;
+                    continue;
+                }
+            }
             /* Call-free inner loop: short varints, entries not selected. */
             while (left > 0 && vwin_next2(&v, &d)) {
                 acc += d + 1;
@@ -1507,6 +1536,25 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
         const uint8_t t = (uint8_t)(g - mp[s]);
         uint64_t acc = 0;
         while (left > 0) {
+            if (q->pick && wb) {
+                /* Sixteen bytes at a time, as in decode_slice. */
+                const uint8_t *at = wb + off;
+                size_t n_got;
+                size_t got = iv_varint_pick_avx512(&at, end, left < PICK_BATCH ? (size_t)left : PICK_BATCH,
+                                                   n_minor, &acc, NULL, w->picked, &n_got);
+                if (got > 0) {
+                    for (size_t i = 0; i < got; i++) {
+                        uint32_t j = w->picked[i];
+                        bits[j >> 6] |= (uint64_t)1 << (j & 63);
+                        tag[j] = t;
+                    }
+                    wb = at;
+                    off = 0;
+                    tm = 0;
+                    left -= got;
+                    continue;
+                }
+            }
             /* Hot loop, free of calls so that its state stays in registers:
              * one- and two-byte varints inside the window. */
             while (left > 0 && tm != 0) {

@@ -139,6 +139,11 @@ uint64_t iv_query_bytes_decompressed(const iv_query_t *q);
  * planner through the table on small files. */
 void iv_query_set_nnz_table_min(int64_t slices);
 
+/* Cell queries decode their slices' varints with the AVX-512 kernel
+ * where the CPU has it (on, the default), or one varint at a time (off);
+ * tests run both and compare.  Read when a query is made. */
+void iv_query_set_vector(int on);
+
 /* The dense decode's bitmaps and tags (a byte per output column) are kept
  * between queries up to this many bytes in all (default 64 MiB), so that
  * a gene over millions of cells does not fault a fresh tag array in each

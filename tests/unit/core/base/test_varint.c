@@ -160,6 +160,148 @@ START_TEST(walk_matches_decode)
 }
 END_TEST
 
+/*
+ * The pick kernel against a one-varint-at-a-time decode.  Random groups
+ * of varints (short ones mostly, with runs of three bytes and more), an
+ * exact-size buffer (a read past end is caught by the sanitizers), a
+ * limit that some groups pass, and a bitmap or none.  The kernel is
+ * driven as decode_slice drives it: call it, and where it stops decode
+ * one varint the plain way and call again.  Every index it writes must
+ * be the reference's, in order, and the walk must end where the
+ * reference's does.  On short-varint input with room to spare it must
+ * not stop at once.
+ */
+START_TEST(pick_matches_decode)
+{
+    if (!iv_varint_have_avx512()) {
+        printf("test_varint: no AVX-512 on this CPU, the pick kernel not tested here\n");
+        return;
+    }
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t nv = (size_t)(rnd() % 700);
+        unsigned three_pct = (unsigned)(rnd() % 3 == 0 ? rnd() % 30 : 0);
+        unsigned two_pct = (unsigned)(rnd() % 101);
+        uint64_t limit = rnd() % 4 == 0 ? 1 + rnd() % 5000 : (uint64_t)1 << 24;
+        uint64_t n_bits = limit + 64;
+        uint8_t *tmp = malloc(nv * IV_VARINT_MAX + 1);
+        uint32_t *ref = malloc((nv + 1) * sizeof *ref);
+        uint32_t *out = malloc((nv + 17) * sizeof *out);
+        uint32_t *got_idx = malloc((nv + 1) * sizeof *got_idx);
+        uint64_t *bits = calloc((size_t)(n_bits / 64 + 1), sizeof *bits);
+        ck_assert(tmp && ref && out && got_idx && bits);
+        int use_bits = (int)(rnd() % 3);
+        /* Each bit set with probability 1/2^ands (an "and" of random words). */
+        unsigned ands = (unsigned)(rnd() % 5);
+        for (uint64_t wd = 0; wd <= n_bits / 64; wd++) {
+            uint64_t x = ~(uint64_t)0;
+            for (unsigned a = 0; a < ands; a++) x &= rnd();
+            bits[wd] = x;
+        }
+        size_t len = 0;
+        for (size_t i = 0; i < nv; i++) {
+            uint64_t v;
+            unsigned r = (unsigned)(rnd() % 100);
+            if (r < three_pct) v = rnd() >> (rnd() % 64) | ((uint64_t)1 << 14);
+            else if (r < three_pct + two_pct) v = rnd() % (1u << 14);
+            else v = rnd() % 128;
+            len += iv_varint_write(v, tmp + len);
+        }
+        uint8_t *buf = malloc(len ? len : 1);
+        ck_assert_ptr_nonnull(buf);
+        memcpy(buf, tmp, len);
+        free(tmp);
+
+        /* The reference: the group's kept indices, up to the first bad one. */
+        const uint8_t *p = buf, *end = buf + len;
+        uint64_t sum = 0;
+        size_t n_ref = 0, n_ok = 0;
+        for (; n_ok < nv; n_ok++) {
+            uint64_t d;
+            size_t used = iv_varint_read(p, end, &d);
+            if (d >= limit || sum + d + 1 > limit) break;
+            p += used;
+            sum += d + 1;
+            uint64_t j = sum - 1;
+            if (!use_bits || ((bits[j >> 6] >> (j & 63)) & 1)) ref[n_ref++] = (uint32_t)j;
+        }
+        const uint8_t *ref_end = p;
+
+        /* The kernel, with the plain decode where it stops. */
+        p = buf;
+        sum = 0;
+        size_t n_got = 0, done = 0, calls_with_room = 0, stopped_at_once = 0;
+        while (done < nv) {
+            size_t want = 1 + (size_t)(rnd() % (nv - done + 40));
+            if (want > nv - done) want = nv - done;
+            size_t kept;
+            const uint8_t *before = p;
+            size_t k = iv_varint_pick_avx512(&p, end, want, limit, &sum, use_bits ? bits : NULL, out,
+                                             &kept);
+            if (k > want || kept > k) ck_abort_msg("iter %d: %zu of %zu decoded, %zu kept", iter, k, want, kept);
+            if (k == 0 && p != before) ck_abort_msg("iter %d: moved without decoding", iter);
+            for (size_t i = 0; i < kept; i++) {
+                if (out[i] >= limit) ck_abort_msg("iter %d: index %u >= limit", iter, out[i]);
+                got_idx[n_got++] = out[i];
+            }
+            done += k;
+            if (three_pct == 0 && end - before >= 32 && want >= 16 && done + 16 <= n_ok &&
+                sum + 16 * 16384 < limit) {
+                calls_with_room++;
+                if (k == 0) stopped_at_once++;
+            }
+            if (k == 0) {
+                /* The plain way, which finds a bad index. */
+                uint64_t d;
+                size_t used = iv_varint_read(p, end, &d);
+                if (d >= limit || sum + d + 1 > limit) break;
+                p += used;
+                sum += d + 1;
+                uint64_t j = sum - 1;
+                if (!use_bits || ((bits[j >> 6] >> (j & 63)) & 1)) got_idx[n_got++] = (uint32_t)j;
+                done++;
+            }
+        }
+        if (done != n_ok) ck_abort_msg("iter %d: %zu varints walked, reference %zu", iter, done, n_ok);
+        if (n_got != n_ref) ck_abort_msg("iter %d: %zu indices kept, reference %zu", iter, n_got, n_ref);
+        for (size_t i = 0; i < n_ref; i++)
+            if (got_idx[i] != ref[i]) ck_abort_msg("iter %d: index %zu is %u, reference %u", iter, i, got_idx[i], ref[i]);
+        if (p != ref_end) ck_abort_msg("iter %d: ended at byte %td, reference %td", iter, p - buf, ref_end - buf);
+        if (stopped_at_once) ck_abort_msg("iter %d: stopped at once %zu of %zu times with room", iter, stopped_at_once, calls_with_room);
+        free(buf);
+        free(ref);
+        free(out);
+        free(got_idx);
+        free(bits);
+    }
+}
+END_TEST
+
+/* The limit at its edge: indices 0..15 in a block are in for a limit of
+ * 16 and the block is refused for 15. */
+START_TEST(pick_stops_at_the_limit)
+{
+    if (!iv_varint_have_avx512()) {
+        printf("test_varint: no AVX-512 on this CPU, the pick kernel not tested here\n");
+        return;
+    }
+    uint8_t buf[32] = {0};   /* 32 varints of d = 0: indices 0, 1, 2, ... */
+    uint32_t out[48];
+    for (uint64_t limit = 14; limit <= 17; limit++) {
+        const uint8_t *p = buf;
+        uint64_t sum = 0;
+        size_t kept;
+        size_t k = iv_varint_pick_avx512(&p, buf + 32, 32, limit, &sum, NULL, out, &kept);
+        size_t want = limit >= 16 ? 16 : 0;
+        if (limit == 17) want = 16;   /* the second block would reach 32 */
+        ck_assert_uint_eq(k, want);
+        ck_assert_uint_eq(kept, want);
+        ck_assert_uint_eq(sum, want);
+        ck_assert_ptr_eq(p, buf + want);
+        for (size_t i = 0; i < kept; i++) ck_assert_uint_eq(out[i], i);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("varint");
@@ -169,6 +311,8 @@ int main(void)
     tcase_add_test(tc, roundtrip_all_lengths);
     tcase_add_test(tc, rejects_overlong);
     tcase_add_test(tc, walk_matches_decode);
+    tcase_add_test(tc, pick_matches_decode);
+    tcase_add_test(tc, pick_stops_at_the_limit);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -1,8 +1,9 @@
 /*
  * The engine against the fixtures' expected matrices: whole-matrix and
  * random selections (unsorted or ascending, duplicates, gene subsets) decoded under
- * different thread counts, row-index strides, cache budgets and block
- * sizes must equal a simple gather from the expected CSR.
+ * different thread counts, row-index strides, cache budgets, block sizes
+ * and varint decoders (AVX-512 or one at a time) must equal a simple
+ * gather from the expected CSR.
  */
 #include <check.h>
 
@@ -198,6 +199,9 @@ START_TEST(fixtures_under_all_settings)
         /* With the pool, plan through the per-slice entry table too. */
         iv_query_set_nnz_table_min(t ? 0 : (int64_t)1 << 16);
         for (int si = 0; si < 3; si++) {
+            /* The AVX-512 decode and the one-varint-at-a-time decode, each
+             * under both pool settings (where the CPU has AVX-512). */
+            iv_query_set_vector((si + t) % 2);
             iv_dataset_opts_t o;
             iv_dataset_opts_init(&o);
             o.index_stride = strides[si];
@@ -246,6 +250,7 @@ START_TEST(fixtures_under_all_settings)
         }
         iv_pool_destroy(pool);
     }
+    iv_query_set_vector(1);
     csr_free(&m);
 }
 END_TEST
