@@ -22,7 +22,13 @@
 #include "pool.h"
 #include "stream.h"
 
-#define IV_ROWINDEX_DEFAULT_STRIDE 4
+/* Every slice its own checkpoint.  Measured on 16 cores at 10 M cells
+ * (10,000 random cells x 2,000 genes, 64 connections), a stride of 4
+ * spent 8% of the server's CPU skipping the slices between a checkpoint
+ * and the one wanted, bytes read from memory only to be passed over; the
+ * index's 8 bytes a slice (80 MB at 10 M cells) are small beside the
+ * pointer arrays' 240. */
+#define IV_ROWINDEX_DEFAULT_STRIDE 1
 
 typedef struct iv_rowindex {
     uint32_t stride;
