@@ -117,6 +117,7 @@ static void handle_closed(conn_t *c)
     }
     free(c->dropped);
     free(c->dropped_hdr);
+    iv_buf_free(&c->out.pend);
     for (unsigned i = 0; i < c->n_ahead; i++) {
         iv_http_req_t *r = c->ahead[(c->ahead_first + i) % c->ahead_cap];
         iv_http_req_free(r);

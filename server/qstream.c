@@ -17,6 +17,7 @@
 #include "srv_datasets.h"
 #include "srv_jobs.h"
 #include "srv_loop.h"
+#include "srv_ostream.h"
 #include "srv_qstream.h"
 #include "srv_respond.h"
 
@@ -121,47 +122,25 @@ const char *stream_extra(const qstream_t *qs)
                         : "Cache-Control: no-store\r\nVary: Accept-Encoding\r\n";
 }
 
-/* Turns a record the loop writes itself (the stream's header or trailer,
- * tens of bytes) into its piece of the gzip member: stored, not
- * compressed, so the loop never runs a compressor; the member's header
- * before the first, its end after the last. */
-static void gz_wrap(qstream_t *qs, iv_buf_t *rec, int first, int last)
+/* The stream's head and header record, pending for its first write. */
+static void stream_headers(conn_t *c, qstream_t *qs)
 {
-    iv_buf_t z;
-    iv_buf_init(&z);
-    uint32_t crc;
-    if (first) iv_gz_header(&z);
-    iv_gz_stored(&z, rec->data, rec->len, &crc);
-    iv_gz_sum_add(&qs->gz_sum, crc, rec->len);
-    if (last) iv_gz_finish(&z, &qs->gz_sum);
-    if (rec->oom) z.oom = 1;
-    iv_buf_free(rec);
-    *rec = z;
-}
-
-static void stream_headers(conn_t *c, qstream_t *qs, iv_buf_t *b)
-{
-    resp_head(c, b, 200, iv_fmt_media_type(qs->fmt), -1, stream_extra(qs));
-    c->status = 200;
+    os_head(c, 200, iv_fmt_media_type(qs->fmt), -1, stream_extra(qs), qs->gz_level > 0);
     iv_stream_hdr_t h = iv_stream_hdr_of(qs->q, qs->dense);
     iv_buf_t sh;
     iv_buf_init(&sh);
     iv_enc_header(&sh, qs->fmt, &h);
-    if (qs->gz_level) gz_wrap(qs, &sh, 1, 0);
-    body_frame(c, b, sh.data, sh.len);
-    if (sh.oom) b->oom = 1;
+    if (sh.oom) c->out.pend.oom = 1;
+    os_record(c, sh.data, sh.len);
     iv_buf_free(&sh);
     qs->headers_sent = 1;
 }
 
-/* Block j is about to be written: its rows, values and (gzip) CRC join
- * the stream's.  After the headers: a gzip member's CRC adds up in body
- * order. */
+/* Block j is about to be written: its rows and values join the stream's. */
 static void qs_count_block(qstream_t *qs, const job_t *j)
 {
     qs->rows += j->rows;
     qs->nnz += j->nnz;
-    if (qs->gz_level) iv_gz_sum_add(&qs->gz_sum, j->crc, j->raw_len);
 }
 
 /* Ends a stream with its trailer (ok or the error) and the last chunk,
@@ -171,12 +150,10 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
 {
     conn_t *c = qs->c;
     qs->done = 1;
-    iv_buf_t b;
-    iv_buf_init(&b);
-    if (!qs->headers_sent) stream_headers(c, qs, &b);
+    if (!qs->headers_sent) stream_headers(c, qs);
     if (last) {
         qs_count_block(qs, last);
-        body_frame(c, &b, last->out.data, last->out.len);
+        os_coded(c, last->out.data, last->out.len, last->crc, last->raw_len);
     }
     iv_buf_t t;
     iv_buf_init(&t);
@@ -194,13 +171,12 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
                        error_for_client(rc, msg, red, sizeof red), qs->rows, qs->nnz);
         c->ans_f.close_after = 1;  /* the client may not read the trailer; do not reuse the connection */
     }
-    if (qs->gz_level) gz_wrap(qs, &t, 0, 1);
-    body_frame(c, &b, t.data, t.len);
-    body_end(c, &b);
+    if (t.oom) c->out.pend.oom = 1;
+    os_record(c, t.data, t.len);
     iv_buf_free(&t);
     c->rows = qs->rows;
     c->nnz = qs->nnz;
-    send_buf_done(c, &b);
+    if (os_end(c, NULL, NULL) == 0) req_done(c);
 }
 
 static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)
@@ -297,23 +273,18 @@ static int qs_submit_window(qstream_t *qs, unsigned win)
 static int qs_write_block(qstream_t *qs, job_t *j)
 {
     conn_t *c = qs->c;
-    char *head = NULL;
-    size_t hlen = 0;
-    if (!qs->headers_sent) {
-        iv_buf_t b;
-        iv_buf_init(&b);
-        stream_headers(c, qs, &b);
-        head = iv_buf_steal(&b, &hlen);
-    }
+    if (!qs->headers_sent) stream_headers(c, qs);
     qs_count_block(qs, j);
-    /* The frame, then (a large binary block) its indices and values
-     * as the engine left them. */
+    /* The block, then (a large binary block) its indices and values as
+     * the engine left them: one chunk. */
     wpiece_t p[3] = {{NULL, 0, 1}, {j->tail[0], j->tail_len[0], 1}, {j->tail[1], j->tail_len[1], 1}};
     p[0].p = iv_buf_steal(&j->out, &p[0].len);
+    uint32_t crc = j->crc;
+    uint64_t raw = j->raw_len;
     j->tail[0] = j->tail[1] = NULL;
     job_free(j);
     qs->next_write++;
-    if (conn_writev(c, head, hlen, p, 3, c->ans_f.chunked, qs, 0) != 0 || qs->c == NULL) return -1;
+    if (os_write(c, p, 3, crc, raw, qs) != 0 || qs->c == NULL) return -1;
     return 0;
 }
 

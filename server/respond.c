@@ -15,6 +15,7 @@
  */
 #include "srv_conn.h"
 #include "srv_loop.h"
+#include "srv_ostream.h"
 #include "srv_qstream.h"
 #include "srv_respond.h"
 
@@ -25,7 +26,6 @@
 #include <string.h>
 
 #include "encode.h"
-#include "version.h"
 
 /* ---- connection output -------------------------------------------------- */
 
@@ -197,103 +197,13 @@ int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t p
     return conn_writev(c, head, hlen, &p, 1, chunk, qs, last);
 }
 
-int origin_allowed(const server_t *s, const char *origin)
-{
-    if (!origin) return 0;
-    for (size_t i = 0; i < s->cfg->n_cors; i++)
-        if (!strcmp(s->cfg->cors_origins[i], "*") || !strcmp(s->cfg->cors_origins[i], origin))
-            return 1;
-    return 0;
-}
-
-/* The CORS headers, for an allowed Origin. */
-static void put_cors(const conn_t *c, iv_buf_t *b)
-{
-    const char *origin = c->req ? c->req->hdr[IV_H_ORIGIN] : NULL;
-    if (!origin_allowed(c->srv, origin)) return;
-    iv_buf_puts(b, "Access-Control-Allow-Origin: ");
-    iv_buf_puts(b, origin);
-    iv_buf_puts(b, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: ETag, Retry-After, "
-                "X-Ivserve-Dropped-Names, Content-Length, Content-Encoding, WWW-Authenticate\r\n");
-}
-
-/* Status line and headers.  content_length < 0 means a streamed body (or,
- * for HEAD, a length not known without computing the body). */
-void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
-               const char *extra)
-{
-    iv_http_req_t *r = c->req;
-    int keep = r && r->keep_alive && !c->ans_f.close_after && !c->lp->draining;
-    iv_buf_printf(b, "HTTP/1.1 %d %s\r\nServer: ivserve/%s\r\n", status, iv_http_reason(status),
-                  iv_version());
-    if (ctype) iv_buf_printf(b, "Content-Type: %s\r\n", ctype);
-    if (content_length >= 0) {
-        iv_buf_printf(b, "Content-Length: %" PRId64 "\r\n", content_length);
-    } else if (r && r->http_minor >= 1) {
-        iv_buf_puts(b, "Transfer-Encoding: chunked\r\n");
-        c->ans_f.chunked = 1;
-    } else {
-        keep = 0;  /* HTTP/1.0 has no chunking: the end of the body is the close */
-    }
-    if (!keep) c->ans_f.close_after = 1;
-    iv_buf_puts(b, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
-    put_cors(c, b);
-    if (extra) iv_buf_puts(b, extra);
-    if (c->dropped_hdr && status < 300) {
-        /* JSON keeps the names unambiguous; control characters are escaped
-         * by it; the setup bounded its length. */
-        iv_buf_puts(b, "X-Ivserve-Dropped-Names: ");
-        iv_buf_puts(b, c->dropped_hdr);
-        iv_buf_puts(b, "\r\n");
-    }
-    iv_buf_puts(b, "\r\n");
-}
-
-/* Sends a complete answer, head (consumed) and body, in one uv_write, and
- * ends the request; a head that ran out of memory closes the connection
- * instead.  body_own: body is heap memory handed over; otherwise it must
- * outlive the write (static text, a dataset's document). */
-static void send_resp(conn_t *c, iv_buf_t *head, const char *body, size_t len, int body_own)
-{
-    if (head->oom) {
-        iv_buf_free(head);
-        if (body_own) free((char *)body);
-        conn_close(c);
-        return;
-    }
-    size_t n;
-    char *p = iv_buf_steal(head, &n);
-    if (conn_write(c, p, n, body, len, body_own, 0, NULL, 1) == 0) req_done(c);
-}
-
-void body_frame(const conn_t *c, iv_buf_t *b, const void *p, size_t len)
-{
-    if (!len) return;
-    if (c->ans_f.chunked) iv_buf_printf(b, "%zx\r\n", len);
-    iv_buf_append(b, p, len);
-    if (c->ans_f.chunked) iv_buf_puts(b, "\r\n");
-}
-
-void body_end(const conn_t *c, iv_buf_t *b)
-{
-    if (c->ans_f.chunked) iv_buf_puts(b, "0\r\n\r\n");
-}
-
-void send_buf_done(conn_t *c, iv_buf_t *b)
-{
-    send_resp(c, b, NULL, 0, 0);
-}
-
 /* body must outlive the write (static text or a dataset's document). */
 void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
                  const char *extra)
 {
-    iv_buf_t b;
-    iv_buf_init(&b);
-    resp_head(c, &b, status, ctype, (int64_t)len, extra);
-    int head_only = c->req && c->req->method == HTTP_HEAD;
-    c->status = status;
-    send_resp(c, &b, head_only ? NULL : body, head_only ? 0 : len, 0);
+    os_head(c, status, ctype, (int64_t)len, extra, 0);
+    wpiece_t p = {body, len, 0};
+    if (os_end(c, &p, NULL) == 0) req_done(c);
 }
 
 /* The body is taken from body (left empty); its memory is written as is. */
@@ -304,19 +214,10 @@ void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const 
         conn_close(c);
         return;
     }
-    iv_buf_t b;
-    iv_buf_init(&b);
-    resp_head(c, &b, status, ctype, (int64_t)body->len, extra);
-    int head_only = c->req && c->req->method == HTTP_HEAD;
-    c->status = status;
-    size_t n;
-    char *p = iv_buf_steal(body, &n);
-    if (head_only) {
-        free(p);
-        p = NULL;
-        n = 0;
-    }
-    send_resp(c, &b, p, n, 1);
+    os_head(c, status, ctype, (int64_t)body->len, extra, 0);
+    wpiece_t p = {NULL, 0, 1};
+    p.p = iv_buf_steal(body, &p.len);
+    if (os_end(c, &p, NULL) == 0) req_done(c);
 }
 
 void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra)
@@ -392,7 +293,7 @@ void req_reset(conn_t *c)
     c->cells = c->genes = -1;
     c->rows = c->nnz = 0;
     c->bytes = 0;
-    c->ans_f.chunked = 0;
+    os_reset(c);
     c->status = 0;
     c->t_end = 0;
 }

@@ -18,6 +18,7 @@
 #include "srv_conn.h"
 #include "srv_jobs.h"
 #include "srv_loop.h"
+#include "srv_ostream.h"
 #include "srv_qstream.h"
 #include "srv_respond.h"
 #include "srv_routes.h"
@@ -209,24 +210,14 @@ static void export_done(job_t *j)
     c->rows = f->cells;
     char extra[400];
     export_disposition(extra, sizeof extra, c->dsid, f->cells);
-    iv_buf_t b;
-    iv_buf_init(&b);
-    resp_head(c, &b, 200, "application/x-hdf5", f->size, extra);
-    c->status = 200;
+    os_head(c, 200, "application/x-hdf5", f->size, extra, 0);
     qs->headers_sent = 1;
     if (c->req->method == HTTP_HEAD || f->size == 0) {
         qs->done = 1;
-        send_buf_done(c, &b);
+        if (os_end(c, NULL, NULL) == 0) req_done(c);
         return;
     }
-    if (b.oom) {
-        iv_buf_free(&b);
-        conn_close(c);
-        return;
-    }
-    size_t hlen;
-    char *head = iv_buf_steal(&b, &hlen);
-    if (conn_write(c, head, hlen, NULL, 0, 0, 0, NULL, 0) != 0) return;
+    if (os_write(c, NULL, 0, 0, 0, NULL) != 0) return;
     qs->prepared = 1;
     qs->n_blocks = (f->size + (int64_t)EXPORT_PIECE - 1) / (int64_t)EXPORT_PIECE;
     export_pump(qs);
@@ -243,9 +234,13 @@ static void piece_done(job_t *j)
     job_free(j);
     qs->next_write++;
     if (last) qs->done = 1;
-    if (conn_write(c, NULL, 0, p, len, 1, 0, qs, last) != 0) return;
-    if (last) req_done(c);
-    else export_pump(qs);
+    wpiece_t w = {p, len, 1};
+    if (last) {
+        if (os_end(c, &w, qs) == 0) req_done(c);
+        return;
+    }
+    if (os_write(c, &w, 1, 0, 0, qs) != 0) return;
+    export_pump(qs);
 }
 
 static const job_type_t export_job = {export_run, export_done};

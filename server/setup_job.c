@@ -13,6 +13,7 @@
 #include "srv_conn.h"
 #include "srv_jobs.h"
 #include "srv_loop.h"
+#include "srv_ostream.h"
 #include "srv_qstream.h"
 #include "srv_respond.h"
 
@@ -422,11 +423,8 @@ static void answer_total(conn_t *c, iv_query_t *q, int64_t hint, double total)
  * false. */
 static void answer_head(conn_t *c, qstream_t *qs, iv_fmt_t fmt)
 {
-    iv_buf_t b;
-    iv_buf_init(&b);
-    resp_head(c, &b, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs));
-    c->status = 200;
-    send_buf_done(c, &b);
+    os_head(c, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs), qs->gz_level > 0);
+    if (os_end(c, NULL, NULL) == 0) req_done(c);
 }
 
 /* A count or a whole JSON document is one job; a stream is prepared, then

@@ -14,8 +14,10 @@
  *                   loop_post, server_open and server_free)
  *   srv_conn.h      connections: struct conn, its states, the conn_*
  *                   functions the transports and the server call
- *   srv_respond.h   answers and writes: status line and headers, send_*,
- *                   conn_writev, the end of a request, the write budget
+ *   srv_ostream.h   the output chain of an answer: head, coding of the
+ *                   loop's records, chunk framing, the writes (os_*)
+ *   srv_respond.h   answers and writes: send_*, conn_writev, the end of
+ *                   a request, the write budget
  *   srv_jobs.h      jobs: job_t, job_type_t, a query's set-up inputs
  *                   (setup_t), job_submit, job_cancelled
  *   srv_qstream.h   query streams: qstream_t, the answers' memory
@@ -30,10 +32,12 @@
  *                   worker hand-off, the served files' watcher
  *   conn.c          connection input and the connection state machine
  *   transport_tcp.c the connections' TCP sockets (transport.h)
- *   respond.c       status line and headers, writes, the end of an answer
- *                   and its access-log line, the write budget
- *   qstream.c       query streams: the blocks-ahead window, blocks
- *                   written in order, the trailer
+ *   ostream.c       the output chain: every answer's head, coding of the
+ *                   records the loop makes, framing, and writes
+ *   respond.c       writes, whole answers, the end of an answer and its
+ *                   access-log line, the write budget
+ *   qstream.c       query streams: the blocks-ahead window, blocks put
+ *                   in order into the output chain, the trailer
  *   routes.c        the routes (dispatch, the 100-continue precheck), auth,
  *                   the routes answered on the loop
  *   routes_export.c the export route: a .h5ad written on a worker, sent

@@ -17,6 +17,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "srv_common.h"
+#include "srv_ostream.h"
 #include "transport.h"
 
 #define TOKNAME_BYTES 72  /* token names are at most 64 bytes (tokens_file.h) */
@@ -71,12 +72,12 @@ struct conn {
     struct conn_answer_flags {
         bool active;          /* between resp_begin and req_done */
         bool ended;           /* its last bytes are queued (req_done ran) */
-        bool chunked;         /* its body goes as HTTP chunks */
         bool log_pending;     /* its log line waits for the last write, or the
                                * close (bytes delivered) */
         bool close_after;     /* the connection ends after it */
         bool shutting;        /* uv_shutdown called */
     } ans_f;
+    ostream_t out;        /* the answer's output chain (ostream.c) */
     struct conn_life_flags {
         bool tp_open;         /* the transport is open: closed with the connection */
         bool peer_ok;         /* peer_ip is known */

@@ -55,8 +55,8 @@ struct qstream {
     int have_total;       /* count: total already known from the metadata */
     double total;
     int dense;            /* gene rows as dense vectors */
-    int gz_level;         /* > 0: the answer is one gzip member (coding.h: iv_coding_pick) */
-    iv_gz_sum_t gz_sum;   /* its identity bytes so far, in body order */
+    int gz_level;         /* > 0: the answer is one gzip member (coding.h: iv_coding_pick),
+                           * its blocks deflated by their jobs (ostream.c codes the rest) */
     unsigned wq;          /* its writes whose callbacks have not run (keep it alive) */
     int budget_wait;      /* waits for the write budget before submitting blocks */
     uint64_t reserved;    /* bytes of the answers' memory budget it holds */

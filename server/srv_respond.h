@@ -1,6 +1,7 @@
 /*
- * Answers and writes (respond.c): the status line and headers, the
- * writes of an answer, its end and its access-log line, and the write
+ * Answers and writes (respond.c): the writes of an answer (the last
+ * stage of its output chain, srv_ostream.h), its end and its access-log
+ * line, the whole answers (send_*, through the chain), and the write
  * budget (the bytes waiting to be written, one budget for all loops).
  * All of it on the loop thread of the connection.
  */
@@ -25,7 +26,8 @@ static inline const char *method_name(int m)
 
 /* Answers, the end of a request, the write budget (respond.c).  Loop thread.
  *
- * conn_writev queues head (owned, may be NULL) then the pieces in order
+ * conn_writev (the output chain's write, srv_ostream.h; and the interim
+ * 100 Continue) queues head (owned, may be NULL) then the pieces in order
  * (at most three of them owned, freed when written; the others must
  * outlive the write), the pieces framed as one chunk when chunk is set.
  * A block of stream qs is credited to it when written; last marks the
@@ -41,17 +43,6 @@ int conn_writev(conn_t *c, char *head, size_t hlen, const wpiece_t *pieces, unsi
                 int chunk, qstream_t *qs, int last);
 int conn_write(conn_t *c, char *head, size_t hlen, const char *payload, size_t plen, int own,
                int chunk, qstream_t *qs, int last);
-int origin_allowed(const server_t *s, const char *origin);
-void resp_head(conn_t *c, iv_buf_t *b, int status, const char *ctype, int64_t content_length,
-               const char *extra);
-void send_buf_done(conn_t *c, iv_buf_t *b);
-/* A body's framing where the answer builds the bytes of a write itself
- * (conn_writev frames its pieces with chunk set): body_frame appends
- * p[0..len) as one HTTP chunk when c's answer is chunked, as it is
- * otherwise (nothing for len 0: an empty chunk would end the body);
- * body_end appends the last chunk when chunked. */
-void body_frame(const conn_t *c, iv_buf_t *b, const void *p, size_t len);
-void body_end(const conn_t *c, iv_buf_t *b);
 void send_simple(conn_t *c, int status, const char *ctype, const char *body, size_t len,
                  const char *extra);
 void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const char *extra);

@@ -1,6 +1,6 @@
 /*
  * Tests of the connection state machine (server/conn.c, respond.c,
- * qstream.c) against a fake transport: a server built without a listening
+ * qstream.c) and the output chain (ostream.c) against a fake transport: a server built without a listening
  * socket (server_open), connections whose writes and shutdowns are held
  * until the test completes them, input fed by hand, and the server's own
  * loop run in small steps.  Each test looks at the state, the timers'
@@ -18,10 +18,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include "gzip_stream.h"
 #include "srv_conn.h"
 #include "srv_datasets.h"
 #include "srv_loop.h"
+#include "srv_ostream.h"
 #include "srv_qstream.h"
+#include "srv_respond.h"
 
 /* ---- the fake transport ------------------------------------------------- */
 
@@ -769,6 +774,150 @@ START_TEST(test_a_computation_past_its_limit_is_answered_503)
 }
 END_TEST
 
+/* ---- the output chain (ostream.c), driven directly ------------------------ */
+
+/* A request as the parser hands it over, answered on f's connection. */
+static void begin_answer(fake_t *f, int method, int minor)
+{
+    iv_http_req_t *r = calloc(1, sizeof *r);
+    ck_assert_ptr_nonnull(r);
+    r->method = method;
+    r->http_major = 1;
+    r->http_minor = minor;
+    r->keep_alive = minor >= 1;
+    resp_begin(f->c, r);
+}
+
+/* The body after the head of the first answer in f's output: *head_end
+ * gets where the head ends.  De-chunked when chunked (and then every byte
+ * of the output must be framing or body, the last chunk last). */
+static size_t answer_body(const fake_t *f, int chunked, char *body, size_t cap, size_t *head_end)
+{
+    const char *o = f->out, *e = f->out + f->out_len;
+    const char *h = NULL;
+    for (const char *p = o; p + 4 <= e; p++)
+        if (!memcmp(p, "\r\n\r\n", 4)) {
+            h = p + 4;
+            break;
+        }
+    ck_assert_ptr_nonnull(h);
+    *head_end = (size_t)(h - o);
+    size_t n = 0;
+    if (!chunked) {
+        ck_assert_uint_le((size_t)(e - h), cap);
+        memcpy(body, h, (size_t)(e - h));
+        return (size_t)(e - h);
+    }
+    for (;;) {
+        char *end;
+        unsigned long len = strtoul(h, &end, 16);
+        ck_assert_msg(end > h && end + 2 <= e && !memcmp(end, "\r\n", 2), "a chunk-size line");
+        h = end + 2;
+        if (len == 0) {
+            ck_assert_msg(h + 2 == e && !memcmp(h, "\r\n", 2), "the last chunk ends the output");
+            return n;
+        }
+        ck_assert_msg(h + len + 2 <= e && !memcmp(h + len, "\r\n", 2), "a chunk's data and CRLF");
+        ck_assert_uint_le(n + len, cap);
+        memcpy(body + n, h, len);
+        n += len;
+        h += len + 2;
+    }
+}
+
+/* A gzip stream as qstream.c makes one: the loop's header record, a
+ * block a worker deflated written as a piece, another joined to the
+ * pending bytes, the trailer record.  The client's view: chunks that
+ * de-chunk to one gzip member, which inflates (CRC and length checked
+ * by zlib) to the records and blocks in order. */
+START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
+{
+    cfg_base();
+    srv_start();
+    fake_t *f = connect_fake();
+    conn_t *c = f->c;
+    begin_answer(f, HTTP_GET, 1);
+    os_head(c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    os_record(c, "header;", 7);
+    iv_buf_t z1, z2;
+    iv_buf_init(&z1);
+    iv_buf_init(&z2);
+    uint32_t crc1, crc2;
+    static const char b1[] = "the first block, deflated on a worker;";
+    static const char b2[] = "the second, joined to the trailer;";
+    ck_assert_int_eq(iv_gz_block(&z1, b1, strlen(b1), 1, &crc1), 0);
+    ck_assert_int_eq(iv_gz_block(&z2, b2, strlen(b2), 6, &crc2), 0);
+    wpiece_t p = {NULL, 0, 1};
+    p.p = iv_buf_steal(&z1, &p.len);
+    ck_assert_int_eq(os_write(c, &p, 1, crc1, strlen(b1), NULL), 0);
+    os_coded(c, z2.data, z2.len, crc2, strlen(b2));
+    iv_buf_free(&z2);
+    os_record(c, "trailer", 7);
+    ck_assert_int_eq(os_end(c, NULL, NULL), 0);
+    req_done(c);
+    complete_all(f, 5000);
+    static char body[1 << 16], plain[1 << 16];
+    size_t head_end, n = answer_body(f, 1, body, sizeof body, &head_end);
+    ck_assert(memmem(f->out, head_end, "Transfer-Encoding: chunked\r\n", 28) != NULL);
+    ck_assert(memmem(f->out, head_end, "Content-Encoding: gzip\r\n", 24) != NULL);
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    ck_assert_int_eq(inflateInit2(&zs, 16 + MAX_WBITS), Z_OK);
+    zs.next_in = (Bytef *)body;
+    zs.avail_in = (uInt)n;
+    zs.next_out = (Bytef *)plain;
+    zs.avail_out = sizeof plain;
+    ck_assert_int_eq(inflate(&zs, Z_FINISH), Z_STREAM_END);
+    ck_assert_uint_eq(zs.avail_in, 0);
+    char want[256];
+    snprintf(want, sizeof want, "header;%s%strailer", b1, b2);
+    ck_assert_uint_eq(zs.total_out, strlen(want));
+    ck_assert(!memcmp(plain, want, strlen(want)));
+    inflateEnd(&zs);
+    fake_free(f);
+    srv_stop();
+}
+END_TEST
+
+/* HTTP/1.0 has no chunks: the body goes as it is and the close ends it.
+ * A HEAD request's answer is its head alone, whatever the body given. */
+START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
+{
+    cfg_base();
+    srv_start();
+    fake_t *f = connect_fake();
+    begin_answer(f, HTTP_GET, 0);
+    os_head(f->c, 200, "text/plain", -1, NULL, 0);
+    os_record(f->c, "one ", 4);
+    wpiece_t p = {"two ", 4, 0};
+    ck_assert_int_eq(os_write(f->c, &p, 1, 0, 0, NULL), 0);
+    os_record(f->c, "three", 5);
+    ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
+    ck_assert(f->c->ans_f.close_after);
+    req_done(f->c);
+    char body[64];
+    size_t head_end, n = answer_body(f, 0, body, sizeof body, &head_end);
+    ck_assert(memmem(f->out, head_end, "Connection: close\r\n", 19) != NULL);
+    ck_assert(memmem(f->out, head_end, "Transfer-Encoding", 17) == NULL);
+    ck_assert_uint_eq(n, 13);
+    ck_assert(!memcmp(body, "one two three", 13));
+    fake_free(f);
+
+    f = connect_fake();
+    begin_answer(f, HTTP_HEAD, 1);
+    os_head(f->c, 200, "text/plain", 5, NULL, 0);
+    wpiece_t q = {strdup("hello"), 5, 1};
+    ck_assert_int_eq(os_end(f->c, &q, NULL), 0);
+    req_done(f->c);
+    n = answer_body(f, 0, body, sizeof body, &head_end);
+    ck_assert(memmem(f->out, head_end, "Content-Length: 5\r\n", 19) != NULL);
+    ck_assert_uint_eq(n, 0);
+    complete_all(f, 5000);
+    fake_free(f);
+    srv_stop();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("conn");
@@ -786,6 +935,8 @@ static Suite *suite(void)
     tcase_add_test(t, test_unacknowledged_tail_is_cut_at_the_write_timeout);
     tcase_add_test(t, test_eof_after_the_request_still_gets_the_answer);
     tcase_add_test(t, test_a_bad_request_is_answered_then_closed);
+    tcase_add_test(t, test_the_output_chain_makes_one_gzip_member_of_a_stream);
+    tcase_add_test(t, test_the_output_chain_frames_by_version_and_drops_a_heads_body);
     suite_add_tcase(s, t);
     TCase *st = tcase_create("streams");
     tcase_set_timeout(st, 300);
