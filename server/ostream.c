@@ -87,6 +87,19 @@ static void frame(ostream_t *o, const void *p, size_t len)
     if (o->chunked) iv_buf_puts(&o->pend, "\r\n");
 }
 
+/* A gzip answer's member header, framed, before its first bytes. */
+static void gz_begin(ostream_t *o)
+{
+    if (!o->gz || o->gz_begun) return;
+    o->gz_begun = 1;
+    iv_buf_t z;
+    iv_buf_init(&z);
+    iv_gz_header(&z);
+    if (z.oom) o->pend.oom = 1;
+    frame(o, z.data, z.len);
+    iv_buf_free(&z);
+}
+
 void os_record(conn_t *c, const void *p, size_t len)
 {
     ostream_t *o = &c->out;
@@ -94,7 +107,8 @@ void os_record(conn_t *c, const void *p, size_t len)
         frame(o, p, len);
         return;
     }
-    /* A stored piece of the member (tens of bytes: a stream's records). */
+    /* A stored piece of the member (tens of bytes: a stream's records),
+     * framed with the member's header when it is the first. */
     iv_buf_t z;
     iv_buf_init(&z);
     uint32_t crc;
@@ -110,6 +124,7 @@ void os_record(conn_t *c, const void *p, size_t len)
 void os_coded(conn_t *c, const void *p, size_t len, uint32_t crc, uint64_t raw_len)
 {
     ostream_t *o = &c->out;
+    gz_begin(o);
     if (o->gz) iv_gz_sum_add(&o->gz_sum, crc, raw_len);
     frame(o, p, len);
 }
@@ -134,6 +149,7 @@ int os_write(conn_t *c, const wpiece_t *pieces, unsigned n, uint32_t crc, uint64
              qstream_t *qs)
 {
     ostream_t *o = &c->out;
+    if (n) gz_begin(o);
     if (o->gz) iv_gz_sum_add(&o->gz_sum, crc, raw_len);
     if (o->head_only) {
         for (unsigned i = 0; i < n; i++)
@@ -147,18 +163,18 @@ int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs)
 {
     ostream_t *o = &c->out;
     wpiece_t p = {NULL, 0, 0};
-    if (last && (o->head_only || o->chunked)) {
-        /* Dropped (HEAD), or copied into the last chunk. */
+    if (last && (o->head_only || o->chunked || o->gz)) {
+        /* Dropped (HEAD), or copied into the last chunk or before the
+         * member's end. */
         frame(o, last->p, last->len);
         if (last->own) free((char *)last->p);
     } else if (last) {
         p = *last;
     }
     if (o->gz && !o->head_only) {
+        gz_begin(o);
         iv_buf_t z;
         iv_buf_init(&z);
-        if (!o->gz_begun) iv_gz_header(&z);
-        o->gz_begun = 1;
         iv_gz_finish(&z, &o->gz_sum);
         if (z.oom) o->pend.oom = 1;
         frame(o, z.data, z.len);

@@ -65,8 +65,8 @@ int os_write(conn_t *c, const wpiece_t *pieces, unsigned n, uint32_t crc, uint64
              qstream_t *qs);
 /* Ends the body (a gzip member's end, the last chunk) and writes the
  * pending bytes and the last piece (may be NULL: bytes as they are, not
- * coded here; a chunked answer's is copied into its last chunk) as the
- * answer's final write. */
+ * coded here; a chunked or gzip answer's is copied into the pending
+ * bytes, before the end) as the answer's final write. */
 int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs);
 /* Forgets an answer's chain (anything pending is dropped). */
 void os_reset(conn_t *c);

@@ -17,9 +17,9 @@
  * index is that minus one.  The block is cut after its last terminator
  * (the varint left open is the next block's first), before a varint of
  * three bytes, and after the n-th varint.  The terminators' lanes are
- * the indices; a gather of the selection bitmap's 32-bit words tests
- * them, and the kept ones are compressed into out.  Only the running sum
- * carries from block to block.
+ * the indices, compressed into out; only the running sum carries from
+ * block to block.  The selection bitmap then tests them one by one, in
+ * place (a gather of its words measured no faster).
  */
 #include "varint.h"
 

@@ -82,7 +82,8 @@ static int read_head(int fd, const struct head *want, struct head *h, const char
     if (memcmp(h, want, sizeof *h) != 0) {
         *why = memcmp(h->magic, MAGIC, sizeof MAGIC) || h->version != VERSION
                    ? "another format"
-                   : "made for another file or matrix";
+               : h->stride != want->stride ? "made with another row-index stride"
+                                           : "made for another file or matrix";
         return 0;
     }
     /* The header equals the one wanted, so the sizes below are this

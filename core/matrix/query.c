@@ -52,9 +52,10 @@
 
 enum mode { MODE_MAJOR, MODE_TRANSPOSE };
 
-/* Per-thread working memory of one decode call. */
 /* Varints the vector kernel decodes a call (iv_varint_pick_avx512). */
 enum { PICK_BATCH = 256 };
+
+/* Per-thread working memory of one decode call. */
 
 struct work {
     struct work *next_free;

@@ -784,7 +784,7 @@ static void begin_answer(fake_t *f, int method, int minor)
     r->method = method;
     r->http_major = 1;
     r->http_minor = minor;
-    r->keep_alive = minor >= 1;
+    r->keep_alive = 1;  /* as asked: HTTP/1.0 must still close */
     resp_begin(f->c, r);
 }
 
@@ -875,6 +875,32 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     ck_assert(!memcmp(plain, want, strlen(want)));
     inflateEnd(&zs);
     fake_free(f);
+
+    /* A member whose first bytes are a worker's: the chain gives it its
+     * header all the same. */
+    f = connect_fake();
+    begin_answer(f, HTTP_GET, 1);
+    os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    iv_buf_init(&z1);
+    ck_assert_int_eq(iv_gz_block(&z1, b1, strlen(b1), 1, &crc1), 0);
+    p.p = iv_buf_steal(&z1, &p.len);
+    p.own = 1;
+    ck_assert_int_eq(os_write(f->c, &p, 1, crc1, strlen(b1), NULL), 0);
+    ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
+    req_done(f->c);
+    complete_all(f, 5000);
+    n = answer_body(f, 1, body, sizeof body, &head_end);
+    memset(&zs, 0, sizeof zs);
+    ck_assert_int_eq(inflateInit2(&zs, 16 + MAX_WBITS), Z_OK);
+    zs.next_in = (Bytef *)body;
+    zs.avail_in = (uInt)n;
+    zs.next_out = (Bytef *)plain;
+    zs.avail_out = sizeof plain;
+    ck_assert_int_eq(inflate(&zs, Z_FINISH), Z_STREAM_END);
+    ck_assert_uint_eq(zs.total_out, strlen(b1));
+    ck_assert(!memcmp(plain, b1, strlen(b1)));
+    inflateEnd(&zs);
+    fake_free(f);
     srv_stop();
 }
 END_TEST
@@ -912,6 +938,30 @@ START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
     n = answer_body(f, 0, body, sizeof body, &head_end);
     ck_assert(memmem(f->out, head_end, "Content-Length: 5\r\n", 19) != NULL);
     ck_assert_uint_eq(n, 0);
+    complete_all(f, 5000);
+    /* A stream's HEAD (chunked, gzip): no member, no last chunk. */
+    begin_answer(f, HTTP_HEAD, 1);
+    size_t before = f->out_len;
+    os_head(f->c, 200, "text/plain", -1, "Content-Encoding: gzip\r\n", 1);
+    ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
+    req_done(f->c);
+    ck_assert_uint_gt(f->out_len, before + 4);
+    ck_assert(!memcmp(f->out + f->out_len - 4, "\r\n\r\n", 4));
+    ck_assert(memmem(f->out + before, f->out_len - before, "Transfer-Encoding: chunked\r\n", 28) != NULL);
+    complete_all(f, 5000);
+    fake_free(f);
+
+    /* A chunked answer's last piece (owned) goes into its last chunk. */
+    f = connect_fake();
+    begin_answer(f, HTTP_GET, 1);
+    os_head(f->c, 200, "text/plain", -1, NULL, 0);
+    os_record(f->c, "first, ", 7);
+    wpiece_t l = {strdup("then the last"), 13, 1};
+    ck_assert_int_eq(os_end(f->c, &l, NULL), 0);
+    req_done(f->c);
+    n = answer_body(f, 1, body, sizeof body, &head_end);
+    ck_assert_uint_eq(n, 20);
+    ck_assert(!memcmp(body, "first, then the last", 20));
     complete_all(f, 5000);
     fake_free(f);
     srv_stop();

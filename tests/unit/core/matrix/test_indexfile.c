@@ -188,6 +188,13 @@ START_TEST(kept_index_of_another_file_is_not_taken)
     g = f;
     g.nnz++;
     ck_assert_int_eq(iv_indexfile_load(at, &g, a->stream, &ri, &why, &err), 0);
+    /* One kept with another stride (as before stride 1 was the default)
+     * says so. */
+    g = f;
+    g.stride = IV_ROWINDEX_DEFAULT_STRIDE + 3;
+    ck_assert_int_eq(iv_indexfile_load(at, &g, a->stream, &ri, &why, &err), 0);
+    ck_assert_str_eq(why, "made with another row-index stride");
+    ck_assert_ptr_null(ri.off);
     char missing[4500];
     snprintf(missing, sizeof missing, "%s.none", at);
     ck_assert_int_eq(iv_indexfile_load(missing, &f, a->stream, &ri, &why, &err), 0);
