@@ -1663,6 +1663,45 @@ static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_blo
     return outbuf_reserve(o, want + DENSE_SLACK, err);
 }
 
+/*
+ * Rows ahead of the one being decoded whose memory is asked for early: a
+ * random selection's rows are each a few dependent cache misses away.
+ * PREFETCH_FAR rows ahead: the entry table, the group pointers, the
+ * checkpoint; PREFETCH_NEAR: the entry pointers and values those name,
+ * and the stream chunk's slot; PREFETCH_NEXT: the row's bytes in the
+ * chunk, when cached.  Each stage reads only what an earlier one asked
+ * for.  Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain
+ * copy, 10k x 2,000 at 4 connections, builds alternating): 64.0 req/s
+ * without, 73.3 with the pointers, 79.0 with the stream's bytes too.
+ * The engine alone, the stream all cached (bench_select, one thread):
+ * 23.5-24.8 -> 19.9-20.4 ms, where the pointers alone gained nothing.
+ */
+enum { PREFETCH_NEXT = 2, PREFETCH_NEAR = 4, PREFETCH_FAR = 8 };
+
+static void prefetch_far(const iv_query_t *q, int64_t s)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *at = atomic_load_explicit(&ds->nnz_at, memory_order_relaxed);
+    if (at) __builtin_prefetch(&at[s]);
+    __builtin_prefetch(&ds->m.major_ptr[s]);
+    if (ds->ri.off) __builtin_prefetch(&ds->ri.off[s / (int64_t)ds->ri.stride]);
+}
+
+static void prefetch_near(const iv_query_t *q, int64_t s)
+{
+    const iv_dataset_t *ds = q->ds;
+    int64_t g = ds->m.major_ptr[s];
+    __builtin_prefetch(&ds->m.value_ptr[g]);
+    __builtin_prefetch((const char *)ds->m.values + (size_t)g * iv_dtype_size(q->dtype));
+    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], 0);
+}
+
+static void prefetch_next(const iv_query_t *q, int64_t s)
+{
+    const iv_dataset_t *ds = q->ds;
+    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], 1);
+}
+
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
 {
     struct work *w = work_get(q);
@@ -1676,6 +1715,11 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
             goto done;
         }
         int64_t s = q->row_ids ? q->row_ids[r] : r;
+        if (q->row_ids) {
+            if (r + PREFETCH_FAR < r1) prefetch_far(q, q->row_ids[r + PREFETCH_FAR]);
+            if (r + PREFETCH_NEAR < r1) prefetch_near(q, q->row_ids[r + PREFETCH_NEAR]);
+            if (r + PREFETCH_NEXT < r1) prefetch_next(q, q->row_ids[r + PREFETCH_NEXT]);
+        }
         out->ids[r - r0] = s;
         if ((rc = decode_row(q, w, s, &o, err)) < 0) goto done;
         out->indptr[r - r0 + 1] = o.n;

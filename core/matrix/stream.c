@@ -771,6 +771,23 @@ int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err
 
 iv_file_t *iv_stream_file(const iv_stream_t *s) { return s->d.file; }
 
+void iv_stream_prefetch(iv_stream_t *s, uint64_t off, int bytes)
+{
+    if (!s->d.chunked) {
+        if (s->d.contig && off < s->d.length) __builtin_prefetch(s->d.contig + off);
+        return;
+    }
+    uint64_t c = off / s->d.chunk_len;
+    if (c >= s->d.n_chunks) return;
+    if (!bytes) {
+        __builtin_prefetch(&s->slots[c]);
+        return;
+    }
+    /* A prefetch never faults: a buffer freed meanwhile costs nothing. */
+    const uint8_t *b = atomic_load_explicit(&s->slots[c].buf, memory_order_relaxed);
+    if (b) __builtin_prefetch(b + off % s->d.chunk_len);
+}
+
 /* A hit: pin without the lock.  The pin holds only if buf is still set
  * once it is taken (an eviction may have come between).  1 when pinned,
  * with *data set. */

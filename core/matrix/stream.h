@@ -110,6 +110,11 @@ void iv_stream_destroy(iv_stream_t *s);
 
 uint64_t iv_stream_length(const iv_stream_t *s);
 uint64_t iv_stream_chunk_len(const iv_stream_t *s);
+/* Asks memory early for what reading byte off will touch: the chunk's
+ * slot (bytes 0), or its cached bytes when resident (bytes 1).  Only a
+ * hint: nothing is pinned, read or checked, and a chunk that is not
+ * resident is left alone.  Any thread. */
+void iv_stream_prefetch(iv_stream_t *s, uint64_t off, int bytes);
 uint64_t iv_stream_n_chunks(const iv_stream_t *s);
 
 /* Pins chunk c and returns its bytes (len = chunk_len, shorter for the
