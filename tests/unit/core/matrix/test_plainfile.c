@@ -200,6 +200,40 @@ START_TEST(copy_holds_the_stream_and_answers_the_same)
 }
 END_TEST
 
+/* iv_stream_prefetch is a hint: at any offset, in range or past the end,
+ * cached or not, before and after a chunk is read, it pins, loads and
+ * counts nothing (the sanitizer builds also check it reads nothing out
+ * of bounds). */
+START_TEST(prefetch_changes_nothing)
+{
+    iv_dataset_t *ds = open_plain(2);
+    iv_stream_t *streams[2] = {ds->stream, atomic_load(&ds->plain)};
+    for (int k = 0; k < 2; k++) {
+        iv_stream_t *s = streams[k];
+        ck_assert_ptr_nonnull(s);
+        uint64_t len = iv_stream_chunk_len(s) * iv_stream_n_chunks(s);
+        const uint8_t *data;
+        size_t n;
+        iv_err_t err = {0};
+        ck_assert_int_eq(iv_stream_acquire(s, 0, &data, &n, NULL, &err), 0);
+        iv_stream_release(s, 0);
+        iv_stream_stats_t a, b;
+        iv_stream_stats(s, &a);
+        const uint64_t offs[] = {0, 1, len / 2, len ? len - 1 : 0, len, len + 1, len * 4 + 12345,
+                                 UINT64_MAX};
+        for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++)
+            for (int bytes = 0; bytes < 2; bytes++) iv_stream_prefetch(s, offs[i], bytes);
+        iv_stream_stats(s, &b);
+        ck_assert_uint_eq(a.used, b.used);
+        ck_assert_uint_eq(a.hits, b.hits);
+        ck_assert_uint_eq(a.misses, b.misses);
+        ck_assert_uint_eq(a.bytes_decompressed, b.bytes_decompressed);
+        ck_assert_uint_eq(a.pinned_over_budget, b.pinned_over_budget);
+    }
+    iv_dataset_close(ds);
+}
+END_TEST
+
 /* The kept copy's path (after a first use wrote it). */
 static void written_copy(char *out, size_t cap)
 {
@@ -354,6 +388,7 @@ static Suite *suite(void)
     tcase_add_test(tc, copy_changed_under_a_dataset_is_dropped);
     tcase_add_test(tc, copy_needs_a_cache_folder);
     tcase_add_test(tc, stopped_write_leaves_nothing);
+    tcase_add_test(tc, prefetch_changes_nothing);
     suite_add_tcase(s, tc);
     return s;
 }
