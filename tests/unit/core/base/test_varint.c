@@ -196,7 +196,7 @@ START_TEST(pick_matches_decode)
         size_t nv = (size_t)(rnd() % 700);
         unsigned three_pct = (unsigned)(rnd() % 3 == 0 ? rnd() % 30 : 0);
         unsigned two_pct = (unsigned)(rnd() % 101);
-        uint64_t limit = rnd() % 4 == 0 ? 1 + rnd() % 5000 : (uint64_t)1 << 24;
+        uint64_t limit = rnd() % 4 == 0 ? 1 + rnd() % 5000 : (uint64_t)1 << 21;
         uint64_t n_bits = limit + 64;
         uint8_t *tmp = malloc(nv * IV_VARINT_MAX + 1);
         uint32_t *ref = malloc((nv + 1) * sizeof *ref);
