@@ -163,6 +163,7 @@ int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs)
 {
     ostream_t *o = &c->out;
     wpiece_t p = {NULL, 0, 0};
+    gz_begin(o);  /* a member with nothing yet: its header first */
     if (last && (o->head_only || o->chunked || o->gz)) {
         /* Dropped (HEAD), or copied into the last chunk or before the
          * member's end. */
@@ -172,7 +173,6 @@ int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs)
         p = *last;
     }
     if (o->gz && !o->head_only) {
-        gz_begin(o);
         iv_buf_t z;
         iv_buf_init(&z);
         iv_gz_finish(&z, &o->gz_sum);

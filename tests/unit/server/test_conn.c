@@ -901,6 +901,18 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     ck_assert_uint_eq(gunzip_all(body, n, plain, sizeof plain), strlen(b1));
     ck_assert(!memcmp(plain, b1, strlen(b1)));
     fake_free(f);
+
+    /* A member with nothing in it is still one. */
+    f = connect_fake();
+    begin_answer(f, HTTP_GET, 1);
+    os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
+    req_done(f->c);
+    complete_all(f, 5000);
+    n = answer_body(f, 1, body, sizeof body, &head_end);
+    ck_assert_uint_gt(n, 0);
+    ck_assert_uint_eq(gunzip_all(body, n, plain, sizeof plain), 0);
+    fake_free(f);
     srv_stop();
 }
 END_TEST
