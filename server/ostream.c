@@ -107,13 +107,11 @@ void os_record(conn_t *c, const void *p, size_t len)
         frame(o, p, len);
         return;
     }
-    /* A stored piece of the member (tens of bytes: a stream's records),
-     * framed with the member's header when it is the first. */
+    /* A stored piece of the member (tens of bytes: a stream's records). */
+    gz_begin(o);
     iv_buf_t z;
     iv_buf_init(&z);
     uint32_t crc;
-    if (!o->gz_begun) iv_gz_header(&z);
-    o->gz_begun = 1;
     iv_gz_stored(&z, p, len, &crc);
     iv_gz_sum_add(&o->gz_sum, crc, len);
     if (z.oom) o->pend.oom = 1;
@@ -181,5 +179,7 @@ int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs)
         iv_buf_free(&z);
     }
     if (o->chunked && !o->head_only) iv_buf_puts(&o->pend, "0\r\n\r\n");
-    return flush(c, &p, 1, 0, qs, 1);
+    if (flush(c, &p, 1, 0, qs, 1) != 0) return -1;
+    req_done(c);
+    return 0;
 }

@@ -176,7 +176,7 @@ static void qs_end_after(qstream_t *qs, int rc, const iv_err_t *e, const job_t *
     iv_buf_free(&t);
     c->rows = qs->rows;
     c->nnz = qs->nnz;
-    if (os_end(c, NULL, NULL) == 0) req_done(c);
+    os_end(c, NULL, NULL);
 }
 
 static void qs_end(qstream_t *qs, int rc, const iv_err_t *e)

@@ -203,7 +203,7 @@ void send_simple(conn_t *c, int status, const char *ctype, const char *body, siz
 {
     os_head(c, status, ctype, (int64_t)len, extra, 0);
     wpiece_t p = {body, len, 0};
-    if (os_end(c, &p, NULL) == 0) req_done(c);
+    os_end(c, &p, NULL);
 }
 
 /* The body is taken from body (left empty); its memory is written as is. */
@@ -217,7 +217,7 @@ void send_owned(conn_t *c, int status, const char *ctype, iv_buf_t *body, const 
     os_head(c, status, ctype, (int64_t)body->len, extra, 0);
     wpiece_t p = {NULL, 0, 1};
     p.p = iv_buf_steal(body, &p.len);
-    if (os_end(c, &p, NULL) == 0) req_done(c);
+    os_end(c, &p, NULL);
 }
 
 void send_error(conn_t *c, int status, const char *code, const char *msg, const char *extra)

@@ -214,7 +214,7 @@ static void export_done(job_t *j)
     qs->headers_sent = 1;
     if (c->req->method == HTTP_HEAD || f->size == 0) {
         qs->done = 1;
-        if (os_end(c, NULL, NULL) == 0) req_done(c);
+        os_end(c, NULL, NULL);
         return;
     }
     if (os_write(c, NULL, 0, 0, 0, NULL) != 0) return;
@@ -236,7 +236,7 @@ static void piece_done(job_t *j)
     if (last) qs->done = 1;
     wpiece_t w = {p, len, 1};
     if (last) {
-        if (os_end(c, &w, qs) == 0) req_done(c);
+        os_end(c, &w, qs);
         return;
     }
     if (os_write(c, &w, 1, 0, 0, qs) != 0) return;

@@ -424,7 +424,7 @@ static void answer_total(conn_t *c, iv_query_t *q, int64_t hint, double total)
 static void answer_head(conn_t *c, qstream_t *qs, iv_fmt_t fmt)
 {
     os_head(c, 200, iv_fmt_media_type(fmt), -1, stream_extra(qs), qs->gz_level > 0);
-    if (os_end(c, NULL, NULL) == 0) req_done(c);
+    os_end(c, NULL, NULL);
 }
 
 /* A count or a whole JSON document is one job; a stream is prepared, then

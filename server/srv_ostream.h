@@ -21,7 +21,7 @@
  * An answer: os_head; then os_record and os_coded (bytes kept pending,
  * to go out with the next write) and os_write (the pending bytes and
  * pieces in one write), in body order; then os_end (the member's end,
- * the last chunk, and the final write).  A HEAD request's answer is its
+ * the last chunk, the final write, and the request's end).  A HEAD request's answer is its
  * head: the body's bytes are dropped here.  The writes return 0, or -1
  * when the connection was closed instead (owned pieces are freed).
  *
@@ -66,7 +66,8 @@ int os_write(conn_t *c, const wpiece_t *pieces, unsigned n, uint32_t crc, uint64
 /* Ends the body (a gzip member's end, the last chunk) and writes the
  * pending bytes and the last piece (may be NULL: bytes as they are, not
  * coded here; a chunked or gzip answer's is copied into the pending
- * bytes, before the end) as the answer's final write. */
+ * bytes, before the end) as the answer's final write; then the request
+ * is done (req_done), unless the connection was closed instead (-1). */
 int os_end(conn_t *c, const wpiece_t *last, qstream_t *qs);
 /* Forgets an answer's chain (anything pending is dropped). */
 void os_reset(conn_t *c);

@@ -872,7 +872,6 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     iv_buf_free(&z2);
     os_record(c, "trailer", 7);
     ck_assert_int_eq(os_end(c, NULL, NULL), 0);
-    req_done(c);
     complete_all(f, 5000);
     static char body[1 << 16], plain[1 << 16];
     size_t head_end, n = answer_body(f, 1, body, sizeof body, &head_end);
@@ -895,7 +894,6 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     p.own = 1;
     ck_assert_int_eq(os_write(f->c, &p, 1, crc1, strlen(b1), NULL), 0);
     ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
-    req_done(f->c);
     complete_all(f, 5000);
     n = answer_body(f, 1, body, sizeof body, &head_end);
     ck_assert_uint_eq(gunzip_all(body, n, plain, sizeof plain), strlen(b1));
@@ -907,7 +905,6 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     begin_answer(f, HTTP_GET, 1);
     os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
     ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
-    req_done(f->c);
     complete_all(f, 5000);
     n = answer_body(f, 1, body, sizeof body, &head_end);
     ck_assert_uint_gt(n, 0);
@@ -932,7 +929,6 @@ START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
     os_record(f->c, "three", 5);
     ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
     ck_assert(f->c->ans_f.close_after);
-    req_done(f->c);
     char body[64];
     size_t head_end, n = answer_body(f, 0, body, sizeof body, &head_end);
     ck_assert(memmem(f->out, head_end, "Connection: close\r\n", 19) != NULL);
@@ -946,7 +942,6 @@ START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
     os_head(f->c, 200, "text/plain", 5, NULL, 0);
     wpiece_t q = {strdup("hello"), 5, 1};
     ck_assert_int_eq(os_end(f->c, &q, NULL), 0);
-    req_done(f->c);
     n = answer_body(f, 0, body, sizeof body, &head_end);
     ck_assert(memmem(f->out, head_end, "Content-Length: 5\r\n", 19) != NULL);
     ck_assert_uint_eq(n, 0);
@@ -956,7 +951,6 @@ START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
     size_t before = f->out_len;
     os_head(f->c, 200, "text/plain", -1, "Content-Encoding: gzip\r\n", 1);
     ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
-    req_done(f->c);
     ck_assert_uint_gt(f->out_len, before + 4);
     ck_assert(!memcmp(f->out + f->out_len - 4, "\r\n\r\n", 4));
     ck_assert(memmem(f->out + before, f->out_len - before, "Transfer-Encoding: chunked\r\n", 28) != NULL);
@@ -970,7 +964,6 @@ START_TEST(test_the_output_chain_frames_by_version_and_drops_a_heads_body)
     os_record(f->c, "first, ", 7);
     wpiece_t l = {strdup("then the last"), 13, 1};
     ck_assert_int_eq(os_end(f->c, &l, NULL), 0);
-    req_done(f->c);
     n = answer_body(f, 1, body, sizeof body, &head_end);
     ck_assert_uint_eq(n, 20);
     ck_assert(!memcmp(body, "first, then the last", 20));
