@@ -56,7 +56,6 @@ enum mode { MODE_MAJOR, MODE_TRANSPOSE };
 enum { PICK_BATCH = 256 };
 
 /* Per-thread working memory of one decode call. */
-
 struct work {
     struct work *next_free;
     iv_cursor_t cur;
@@ -589,11 +588,11 @@ static int resolve_orient(iv_dataset_t **ds, const iv_sel_t *obs, const iv_sel_t
     return 0;
 }
 
-/* A query on ds with the options' block sizes and bound, no selection yet. */
 static _Atomic int pick_allowed = 1;
 
 void iv_query_set_vector(int on) { atomic_store(&pick_allowed, on); }
 
+/* A query on ds with the options' block sizes and bound, no selection yet. */
 static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opts)
 {
     struct iv_query *q = calloc(1, sizeof *q);
@@ -1687,19 +1686,21 @@ static void prefetch_far(const iv_query_t *q, int64_t s)
     if (ds->ri.off) __builtin_prefetch(&ds->ri.off[s / (int64_t)ds->ri.stride]);
 }
 
+/* Slice s's place in the stream: its chunk's slot (bytes 0), or its
+ * cached bytes (1).  Only where every slice is a checkpoint. */
+static void prefetch_stream(const iv_query_t *q, int64_t s, int bytes)
+{
+    const iv_dataset_t *ds = q->ds;
+    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], bytes);
+}
+
 static void prefetch_near(const iv_query_t *q, int64_t s)
 {
     const iv_dataset_t *ds = q->ds;
     int64_t g = ds->m.major_ptr[s];
     __builtin_prefetch(&ds->m.value_ptr[g]);
     __builtin_prefetch((const char *)ds->m.values + (size_t)g * iv_dtype_size(q->dtype));
-    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], 0);
-}
-
-static void prefetch_next(const iv_query_t *q, int64_t s)
-{
-    const iv_dataset_t *ds = q->ds;
-    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], 1);
+    prefetch_stream(q, s, 0);
 }
 
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
@@ -1718,7 +1719,7 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         if (q->row_ids) {
             if (r + PREFETCH_FAR < r1) prefetch_far(q, q->row_ids[r + PREFETCH_FAR]);
             if (r + PREFETCH_NEAR < r1) prefetch_near(q, q->row_ids[r + PREFETCH_NEAR]);
-            if (r + PREFETCH_NEXT < r1) prefetch_next(q, q->row_ids[r + PREFETCH_NEXT]);
+            if (r + PREFETCH_NEXT < r1) prefetch_stream(q, q->row_ids[r + PREFETCH_NEXT], 1);
         }
         out->ids[r - r0] = s;
         if ((rc = decode_row(q, w, s, &o, err)) < 0) goto done;
