@@ -843,6 +843,15 @@ static size_t gunzip_all(const char *in, size_t n, char *out, size_t cap)
     return got;
 }
 
+/* A connection whose answer has begun: a chunked gzip head. */
+static fake_t *gzip_begun(void)
+{
+    fake_t *f = connect_fake();
+    begin_answer(f, HTTP_GET, 1);
+    os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    return f;
+}
+
 /* A gzip stream as qstream.c makes one: the loop's header record, a
  * block a worker deflated written as a piece, another joined to the
  * pending bytes, the trailer record.  The client's view: chunks that
@@ -852,10 +861,8 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
 {
     cfg_base();
     srv_start();
-    fake_t *f = connect_fake();
+    fake_t *f = gzip_begun();
     conn_t *c = f->c;
-    begin_answer(f, HTTP_GET, 1);
-    os_head(c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
     os_record(c, "header;", 7);
     iv_buf_t z1, z2;
     iv_buf_init(&z1);
@@ -885,9 +892,7 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
 
     /* A member whose first bytes are a worker's: the chain gives it its
      * header all the same. */
-    f = connect_fake();
-    begin_answer(f, HTTP_GET, 1);
-    os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    f = gzip_begun();
     iv_buf_init(&z1);
     ck_assert_int_eq(iv_gz_block(&z1, b1, strlen(b1), 1, &crc1), 0);
     p.p = iv_buf_steal(&z1, &p.len);
@@ -901,9 +906,7 @@ START_TEST(test_the_output_chain_makes_one_gzip_member_of_a_stream)
     fake_free(f);
 
     /* A member with nothing in it is still one. */
-    f = connect_fake();
-    begin_answer(f, HTTP_GET, 1);
-    os_head(f->c, 200, "application/x-test", -1, "Content-Encoding: gzip\r\n", 1);
+    f = gzip_begun();
     ck_assert_int_eq(os_end(f->c, NULL, NULL), 0);
     complete_all(f, 5000);
     n = answer_body(f, 1, body, sizeof body, &head_end);
