@@ -21,6 +21,7 @@
 
 #include "base64.h"
 #include "filter_json.h"
+#include "index_arrays.h"
 #include "where.h"
 
 /* Largest integer a double holds exactly: a JSON index or range bound past
@@ -486,11 +487,25 @@ static int sel_name_opts_from_json(iv_psel_t *p, const char *axis, const cJSON *
     return 0;
 }
 
+/* An index array read ahead of cJSON (index_arrays.h): its integers
+ * handed to p and checked as cJSON's would be. */
+static int sel_index_taken(iv_psel_t *p, const char *axis, iv_index_array_t *pre, int64_t n,
+                           iv_err_t *err)
+{
+    p->kind = IV_PSEL_INDEX;
+    p->idx = pre->v;
+    pre->v = NULL;
+    p->n = pre->n;
+    for (int64_t i = 0; i < p->n; i++) IV_TRY(check_index(axis, "index", i, p->idx[i], n, err));
+    return 0;
+}
+
 static int sel_index_from_json(iv_psel_t *p, const char *axis, const cJSON *v, int64_t n,
-                               iv_err_t *err)
+                               iv_index_array_t *pre, iv_err_t *err)
 {
     if (!cJSON_IsArray(v))
         return iv_fail(err, IV_EBAD_SELECTION, "%s.index must be an array of integers", axis);
+    if (pre && pre->taken) return sel_index_taken(p, axis, pre, n, err);
     int64_t cnt = cJSON_GetArraySize(v);
     p->idx = malloc((size_t)(cnt ? cnt : 1) * sizeof *p->idx);
     if (!p->idx) return iv_fail(err, IV_ENOMEM, "out of memory for %s.index", axis);
@@ -591,7 +606,8 @@ static int sel_names_from_json(iv_psel_t *p, const char *axis, const cJSON *v, i
 
 /* One axis' selection object: keys checked, filters and name options
  * read, then the primary selection (absent or {}: everything). */
-static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n, iv_err_t *err)
+static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t n,
+                         iv_index_array_t *pre, iv_err_t *err)
 {
     if (o == NULL || cJSON_IsNull(o)) return 0;
     if (!cJSON_IsObject(o))
@@ -600,7 +616,7 @@ static int sel_from_json(iv_psel_t *p, const char *axis, const cJSON *o, int64_t
     IV_TRY(sel_filters_from_json(p, axis, o, err));
     IV_TRY(sel_name_opts_from_json(p, axis, o, err));
     const cJSON *v;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) return sel_index_from_json(p, axis, v, n, err);
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "index"))) return sel_index_from_json(p, axis, v, n, pre, err);
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "range"))) return sel_range_from_json(p, axis, v, n, err);
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "mask"))) return sel_mask_from_json(p, axis, v, n, err);
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "names"))) return sel_names_from_json(p, axis, v, err);
@@ -720,16 +736,18 @@ static int options_from_json(iv_qreq_t *out, const cJSON *root, iv_err_t *err)
 
 /* The body parsed: keys checked, options read, the matrix's axis lengths
  * resolved (they bound the selections), then obs and var. */
-static int request_from_json(const cJSON *root, const shape_src_t *src, iv_qreq_t *out,
-                             iv_err_t *err)
+static int request_from_json(const cJSON *root, const shape_src_t *src, iv_index_array_t pre[2],
+                             iv_qreq_t *out, iv_err_t *err)
 {
     int64_t n_obs = 0, n_var = 0;
     if (!cJSON_IsObject(root)) return iv_fail(err, IV_EBAD_JSON, "request body must be a JSON object");
     IV_TRY(check_top_keys(root, err));
     IV_TRY(options_from_json(out, root, err));
     IV_TRY(resolve_shape(src, out, &n_obs, &n_var, err));
-    IV_TRY(sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs, err));
-    return sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var, err);
+    IV_TRY(sel_from_json(&out->obs, "obs", cJSON_GetObjectItemCaseSensitive(root, "obs"), n_obs,
+                         &pre[0], err));
+    return sel_from_json(&out->var, "var", cJSON_GetObjectItemCaseSensitive(root, "var"), n_var,
+                         &pre[1], err);
 }
 
 static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_qreq_t *out,
@@ -746,15 +764,24 @@ static int parse_json(const char *body, size_t len, const shape_src_t *src, iv_q
         return iv_fail(err, IV_EBAD_JSON,
                        "request body: \\u0000 (a NUL character) in a string at byte %lld; "
                        "strings cannot hold NUL", (long long)nul);
+    /* The index arrays are read ahead, cJSON reads the rest: a copy of
+     * the body with those arrays blanked, of the same length. */
+    iv_index_array_t pre[2];
+    char *blanked = iv_index_arrays_take(body, len, pre);
+    const char *text = blanked ? blanked : body;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int rc;
     if (!root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
-        return iv_fail(err, IV_EBAD_JSON, "request body is not valid JSON (near byte %zu)", at);
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        rc = iv_fail(err, IV_EBAD_JSON, "request body is not valid JSON (near byte %zu)", at);
+    } else {
+        rc = request_from_json(root, src, pre, out, err);
+        cJSON_Delete(root);
+        if (rc != 0) iv_qreq_free(out);
     }
-    int rc = request_from_json(root, src, out, err);
-    cJSON_Delete(root);
-    if (rc != 0) iv_qreq_free(out);
+    iv_index_arrays_free(pre);
+    free(blanked);
     return rc;
 }
 
