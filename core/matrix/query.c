@@ -1116,6 +1116,28 @@ static inline int map_hit(const struct iv_query *q, struct work *w, int64_t *n, 
     return 0;
 }
 
+/* map_hit of the kept indices the vector kernel left in w->picked: the
+ * pairs' room reserved once, and a sorted selection's ranks (the common
+ * case) counted in one loop. */
+static int map_hits(const struct iv_query *q, struct work *w, int64_t *n, size_t kept, int64_t g,
+                    const uint64_t *sel, iv_err_t *err)
+{
+    if (!q->lut_rank || q->minor_all) {
+        for (size_t i = 0; i < kept; i++) IV_TRY(map_hit(q, w, n, w->picked[i], g, sel, err));
+        return 0;
+    }
+    IV_TRY(pairs_reserve(w, *n + (int64_t)kept, err));
+    int64_t m = *n;
+    for (size_t i = 0; i < kept; i++) {
+        uint32_t j = w->picked[i];
+        w->pos[m] = q->lut_rank[j >> 6] + __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+        w->gid[m] = g;
+        m++;
+    }
+    *n = m;
+    return 0;
+}
+
 /* Puts w's n pairs in position order through the bitmap over n_cols
  * positions (dense slices).  Returns n, or a negative error when slice s
  * stores a position twice (the bitmap is left cleared). */
@@ -1230,8 +1252,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
                     v.off = 0;
                     v.tm = 0;
                     left -= (int64_t)got;
-                    for (size_t i = 0; i < kept; i++)
-                        if ((rc = map_hit(q, w, &n, w->picked[i], g, sel, err)) < 0) goto fail;
+                    if ((rc = map_hits(q, w, &n, kept, g, sel, err)) < 0) goto fail;
                     continue;
                 }
             }
