@@ -1150,30 +1150,34 @@ static int64_t order_by_bitmap(const struct iv_query *q, struct work *w, int64_t
     if (!w->bits) w->bits = calloc((size_t)w->n_words, sizeof *w->bits);
     if (!w->gid_at) w->gid_at = malloc((size_t)n_cols * sizeof *w->gid_at);
     if (!w->bits || !w->gid_at) return iv_fail(err, IV_ENOMEM, "out of memory for a bitmap");
+    /* The arrays in locals: the stores below could otherwise alias w's
+     * fields, which the loops would then load again at every step. */
+    uint64_t *restrict bits = w->bits;
+    int64_t *restrict pos = w->pos, *restrict gid = w->gid, *restrict gid_at = w->gid_at;
     int64_t lo = w->n_words, hi = -1;
     for (int64_t i = 0; i < n; i++) {
-        int64_t p = w->pos[i], wd = p >> 6;
+        int64_t p = pos[i], wd = p >> 6;
         uint64_t bit = (uint64_t)1 << (p & 63);
-        if (w->bits[wd] & bit) {
-            for (int64_t x = lo; x <= hi; x++) w->bits[x] = 0;
-            if (wd < lo || wd > hi) w->bits[wd] = 0;
+        if (bits[wd] & bit) {
+            for (int64_t x = lo; x <= hi; x++) bits[x] = 0;
+            if (wd < lo || wd > hi) bits[wd] = 0;
             return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " stores a minor index twice",
                            q->ds->where, s);
         }
-        w->bits[wd] |= bit;
-        w->gid_at[p] = w->gid[i];
+        bits[wd] |= bit;
+        gid_at[p] = gid[i];
         if (wd < lo) lo = wd;
         if (wd > hi) hi = wd;
     }
     int64_t m = 0;
     for (int64_t wd = lo; wd <= hi; wd++) {
-        uint64_t x = w->bits[wd];
-        w->bits[wd] = 0;
+        uint64_t x = bits[wd];
+        bits[wd] = 0;
         while (x) {
             int64_t p = wd * 64 + __builtin_ctzll(x);
             x &= x - 1;
-            w->pos[m] = p;
-            w->gid[m] = w->gid_at[p];
+            pos[m] = p;
+            gid[m] = gid_at[p];
             m++;
         }
     }
