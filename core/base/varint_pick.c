@@ -25,10 +25,13 @@
  *
  * Measured on synthetic cells shaped like the atlas's (725 entries in 7
  * value groups, 2,000 of 33,000 genes selected), against the kernel
- * before (a block starting where the last one's last varint ended, the
- * bitmap tested one index at a time): the same on the AMD EPYC of the
- * 2-core machines (1.26-1.28 ns a varint); on the 16-core machine's
- * Xeon, ** ns against 1.49-1.53 ns.
+ * before (each block starting where the last one's last varint ended,
+ * the bitmap tested one index at a time, in place): the same on the AMD
+ * EPYC of the 2-core machines (1.26-1.37 ns a varint against 1.28-1.39);
+ * on the 16-core machine's Xeon 1.63-1.68 ns against 2.56-2.59 (the
+ * gather alone: 1.16-1.25 ns against 1.49-1.53 on another machine of the
+ * kind).  On the Xeon the blocks back to back gained 22% without a
+ * selection; on the EPYC the gather is no faster than the loads.
  */
 #include "varint.h"
 
