@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "dataset.h"
 #include "query.h"
 
@@ -50,13 +51,7 @@ static int cmp(const void *a, const void *b)
 }
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t rnd(void) { return bench_rnd(&rng); }
 
 int main(int argc, char **argv)
 {

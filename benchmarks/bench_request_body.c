@@ -17,29 +17,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
+#include "clock.h"
 #include "index_arrays.h"
 #include "request.h"
 
 enum { N_AXIS = 2 };
 static const int64_t n_obs = 10000000, n_var = 33000;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t rnd(void) { return bench_rnd(&rng); }
 
 static int cmp_i64(const void *a, const void *b)
 {
@@ -80,7 +68,7 @@ struct job {
 static void *parse_all(void *arg)
 {
     struct job *j = arg;
-    double t0 = now_s();
+    double t0 = iv_now_s();
     for (int b = 0; b < j->n_bodies; b++) {
         iv_qreq_t q;
         iv_err_t e;
@@ -91,7 +79,7 @@ static void *parse_all(void *arg)
         }
         iv_qreq_free(&q);
     }
-    j->secs = now_s() - t0;
+    j->secs = iv_now_s() - t0;
     return NULL;
 }
 
