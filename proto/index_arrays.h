@@ -13,11 +13,15 @@
  * as before.
  *
  * Only what is unambiguous is taken: the first "index" key of the root
- * object's first "obs" or "var" object, all keys on the way written
- * without escapes, holding an array of nothing but integers written as
- * -?(0|[1-9][0-9]*) with at most 15 digits (exact in a double, as cJSON
- * reads them).  Any other array, and any body that is not a well-formed
- * object down to there, is left whole to cJSON.
+ * object's first "obs" or "var" object, holding an array of nothing but
+ * integers written as -?(0|[1-9][0-9]*) with at most 15 digits (exact in
+ * a double, as cJSON reads them).  The scan must also get through the
+ * whole root object to its closing brace, with every key of the root and
+ * of those two objects written without escapes and nothing but JSON's
+ * four white-space bytes between tokens (what follows the root is not
+ * looked at).  Any other array, and any body the scan does not get
+ * through, is left whole to cJSON.  The body is copied whenever the scan
+ * runs (a copy of a few hundred bytes for a small body).
  */
 #ifndef IV_INDEX_ARRAYS_H
 #define IV_INDEX_ARRAYS_H

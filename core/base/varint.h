@@ -102,7 +102,8 @@ int iv_varint_have_fast_pdep(void);
  * each minor index the running sum of d + 1 minus one, the sum kept in
  * *sum (0 at a group's start, as the slice decoders keep it), and writes
  * to out the indices whose bit is set in bits (a bitmap over the minor
- * axis; every index when bits is NULL), in order; *n_out gets how many.
+ * axis of at least (limit + 63) / 64 words, read as little-endian 32-bit
+ * words; every index when bits is NULL), in order; *n_out gets how many.
  * out needs room for n + 16.  Returns how many varints it decoded, with
  * *p and *sum moved past them.
  *
