@@ -1484,14 +1484,15 @@ static int dense_buffers(struct work *w, int64_t n_cols, iv_err_t *err)
 }
 
 /* Emits slice s from the bitmap words w_lo..w_hi that decode_slice_dense
- * filled into o, in column order, and clears the bitmaps.  Returns the
- * number of entries, or a negative error when a column is stored twice. */
+ * (or decode_slice_ranked) filled into o, in column order, and clears the
+ * bitmaps.  Returns the number of entries, `total`, or a negative error
+ * when there are fewer: a column stored twice. */
 static int64_t emit_dense_slice(const struct iv_query *q, struct work *w, int64_t s,
-                                struct outbuf *o, int64_t w_lo, int64_t w_hi, iv_err_t *err)
+                                struct outbuf *o, int64_t w_lo, int64_t w_hi, int64_t total,
+                                iv_err_t *err)
 {
     const iv_dataset_t *ds = q->ds;
-    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
-    int64_t total = vp[mp[s + 1]] - vp[mp[s]];
+    const int64_t *mp = ds->m.major_ptr;
     /* With at least one entry a word on average, most words hold some
      * (63% at one): walking every word beats summarizing them first. */
     int walk_all = total >= w_hi - w_lo + 1;
@@ -1635,7 +1636,7 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
     /* wb is NULL for a slice with no bytes (off 0): NULL + 0 is undefined. */
     cur->p = off ? wb + off : wb;
     w->next_slice = s + 1;
-    return emit_dense_slice(q, w, s, o, w_lo, w_hi, err);
+    return emit_dense_slice(q, w, s, o, w_lo, w_hi, vp[mp[s + 1]] - vp[mp[s]], err);
 bad_index:
     rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
                  n_minor);
@@ -1644,6 +1645,100 @@ fail:
     w->next_slice = -1;
     dense_clear(w);
     return rc;
+}
+
+/* Entry j of a ranked selection kept by decode_slice_ranked: its output
+ * column, the rank of j among the selected, set and tagged with group t. */
+static inline void ranked_hit(const struct iv_query *q, uint64_t *restrict bits, uint8_t *restrict tag,
+                              uint64_t j, uint8_t t, int64_t *w_lo, int64_t *w_hi)
+{
+    int64_t p = q->lut_rank[j >> 6] + __builtin_popcountll(q->sel_bits[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+    bits[p >> 6] |= (uint64_t)1 << (p & 63);
+    tag[p] = t;
+    if (p >> 6 < *w_lo) *w_lo = p >> 6;
+    if (p >> 6 > *w_hi) *w_hi = p >> 6;
+}
+
+/*
+ * decode_slice_dense for an ascending selection of minor elements (a rank
+ * table, lut_rank): each kept entry goes straight into the bitmap over the
+ * output columns at its rank, tagged with its group, and the slice is
+ * emitted from there as the dense path's are: no pairs, no ordering pass,
+ * no emit_pairs.  Varints are walked as in decode_slice.  A column stored
+ * twice (only two groups can hold one) leaves the bitmap with fewer
+ * entries than were kept, which emit_dense_slice reports.  The caller
+ * reserved room for the slice's entries plus DENSE_SLACK in o.
+ */
+static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int64_t s,
+                                   struct outbuf *o, iv_err_t *err)
+{
+    const iv_dataset_t *ds = q->ds;
+    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
+    uint64_t n_minor = (uint64_t)ds->m.n_minor;
+    const uint64_t *sel = q->sel_bits;
+    IV_TRY(seek_slice(q, w, s, err));
+    IV_TRY(dense_buffers(w, q->n_out_cols, err));
+    uint64_t *restrict bits = w->bits;
+    uint8_t *restrict tag = w->tag;
+    int64_t w_lo = INT64_MAX, w_hi = -1, kept_all = 0;
+    struct vwin v = {w->cur.p, w->cur.end, 0, 0};
+    int rc = 0;
+    for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
+        const uint8_t t = (uint8_t)(g - mp[s]);
+        uint64_t acc = 0, d = 0, j;
+        int64_t left = vp[g + 1] - vp[g];
+        while (left > 0) {
+            if (q->pick && v.wb) {
+                const uint8_t *at = v.wb + v.off;
+                size_t kept;
+                size_t got = iv_varint_pick_avx512(&at, v.end, left < PICK_BATCH ? (size_t)left : PICK_BATCH,
+                                                   n_minor, &acc, sel, w->picked, &kept);
+                if (got > 0) {
+                    v.wb = at;
+                    v.off = 0;
+                    v.tm = 0;
+                    left -= (int64_t)got;
+                    for (size_t i = 0; i < kept; i++) ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
+                    kept_all += (int64_t)kept;
+                    continue;
+                }
+            }
+            if (!vwin_next2(&v, &d)) {
+                struct vwin x = v;
+                rc = vwin_next_slow(&x, &w->cur, n_minor, &d, err);
+                v = x;
+                if (rc > 0) goto bad_index;
+                if (rc < 0) goto fail;
+            }
+            acc += d + 1;
+            if (acc > n_minor) goto bad_index;
+            left--;
+            j = acc - 1;
+            if ((sel[j >> 6] >> (j & 63)) & 1) {
+                ranked_hit(q, bits, tag, j, t, &w_lo, &w_hi);
+                kept_all++;
+            }
+        }
+    }
+    w->cur.p = v.wb ? v.wb + v.off : v.wb;  /* no offset on a NULL window (an empty slice) */
+    w->next_slice = s + 1;
+    if (kept_all == 0) return 0;
+    return emit_dense_slice(q, w, s, o, w_lo, w_hi, kept_all, err);
+bad_index:
+    rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
+                 n_minor);
+fail:
+    /* The cursor is somewhere inside the slice: the next one seeks. */
+    w->next_slice = -1;
+    dense_clear(w);
+    return rc;
+}
+
+/* Whether slice s takes decode_slice_ranked. */
+static int ranked_fits(const struct iv_query *q, int64_t s)
+{
+    return q->lut_rank && !q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
+           q->ds->m.major_ptr[s + 1] - q->ds->m.major_ptr[s] <= DENSE_MAX_GROUPS;
 }
 
 /* Whether slice s, of `total` entries, takes decode_slice_dense. */
@@ -1659,9 +1754,9 @@ static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struc
                       iv_err_t *err)
 {
     int64_t total = slice_nnz(q->ds, s);
-    if (dense_fits(q, s, total)) {
+    if (dense_fits(q, s, total) || ranked_fits(q, s)) {
         IV_TRY(outbuf_reserve(o, o->n + total + DENSE_SLACK, err));
-        int64_t n = decode_slice_dense(q, w, s, o, err);
+        int64_t n = q->minor_all ? decode_slice_dense(q, w, s, o, err) : decode_slice_ranked(q, w, s, o, err);
         return n < 0 ? (int)n : 0;
     }
     int64_t n = decode_slice(q, w, s, err);

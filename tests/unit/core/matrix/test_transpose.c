@@ -1010,10 +1010,22 @@ START_TEST(kept_scratch_survives_a_failed_slice)
     ck_assert_int_eq(err.code, IV_EFILE_CHANGED);
     iv_err_clear(&err);
     res_free(&r);
+    /* The same with an ascending selection of columns (decode_slice_ranked,
+     * its bitmaps as wide as the selection). */
+    int64_t even[50];
+    for (int k = 0; k < 50; k++) even[k] = 2 * k;
+    iv_sel_t half = {.n = 50, .idx = even};
+    ck_assert_int_eq(run(da, NULL, &all, &half, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err), -1);
+    ck_assert_int_eq(err.code, IV_EFILE_CHANGED);
+    iv_err_clear(&err);
+    res_free(&r);
 
     /* The same width on the other file takes the kept scratch. */
     ck_assert_msg(run(db, NULL, &all, &all, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err) == 0, "%s", err.msg);
     check_ref(&b, &all, &all, 0, &r, "b after a failed slice");
+    res_free(&r);
+    ck_assert_msg(run(db, NULL, &all, &half, IV_OUT_ROWS, IV_PICK_CELLS, 0, &r, &err) == 0, "%s", err.msg);
+    check_ref(&b, &all, &half, 0, &r, "b's even columns after a failed slice");
     res_free(&r);
 
     iv_query_set_scratch_keep(0);
