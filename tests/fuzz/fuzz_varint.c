@@ -7,7 +7,8 @@
  * agree with a plain decode of the same stream on the sum of d + 1 and the
  * position at every mark, never pass a mark, and read nothing past the end
  * (the input is an exact-size copy).  The counting and skipping kernels
- * are checked against their scalar references on the same bytes.
+ * are checked against their scalar references on the same bytes, and the
+ * pick kernel (check_pick) against a plain decode of them.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,6 +28,62 @@ static void check(iv_walk_fn fn, const uint8_t *buf, const uint8_t *end, const u
     uint64_t sum_at[MAX_MARKS];
     const uint8_t *p_at[MAX_MARKS];
     if (iv_walk_drive(fn, buf, end, 0, ref_sum, ref_pos, nv, marks, nm, sum_at, p_at)) abort();
+}
+
+/* One varint the plain way, as a value group's: -1 when it cannot be read
+ * or its index would reach limit; else 1 when kept (its bit set, or no
+ * bitmap), 0 when not, with *p, *sum and *j moved on. */
+static int plain_pick(const uint8_t **p, const uint8_t *end, uint64_t limit, uint64_t *sum,
+                      const uint64_t *bits, uint32_t *j)
+{
+    uint64_t d;
+    size_t u = iv_varint_read(*p, end, &d);
+    if (u == 0 || d >= limit || *sum + d + 1 > limit) return -1;
+    *p += u;
+    *sum += d + 1;
+    *j = (uint32_t)(*sum - 1);
+    return !bits || ((bits[*j >> 6] >> (*j & 63)) & 1);
+}
+
+/* The pick kernel (where the CPU has AVX-512) on the stream as one value
+ * group, driven as decode_slice drives it (calls of `batch` varints, the
+ * plain decode where it stops), with and without a bitmap (every third
+ * index): the same indices, in order, as the plain decode's up to its
+ * first bad varint, and the same end.  The bitmap has no more words than
+ * the kernel may read. */
+static void check_pick(const uint8_t *buf, const uint8_t *end, uint64_t k, uint64_t nv)
+{
+    if (!iv_varint_have_avx512()) return;
+    uint64_t limit = k % 2 ? 1 + k * 37 % 5000 : (uint64_t)1 << 20;
+    size_t n_words = (size_t)((limit + 63) / 64), batch = 1 + (size_t)(k * 13 % 300);
+    uint64_t *bits = malloc(n_words * sizeof *bits);
+    uint32_t *ref = malloc((nv + 1) * sizeof *ref), *out = malloc((batch + 16) * sizeof *out);
+    for (size_t w = 0; w < n_words; w++) bits[w] = 0x9249249249249249ull;   /* every third bit */
+    for (int use = 0; use < 2; use++) {
+        const uint64_t *b = use ? bits : NULL;
+        const uint8_t *p = buf;
+        uint64_t sum = 0, n_ref = 0;
+        uint32_t j;
+        int r;
+        while ((r = plain_pick(&p, end, limit, &sum, b, &j)) >= 0)
+            if (r) ref[n_ref++] = j;
+        const uint8_t *ref_end = p;
+        p = buf;
+        sum = 0;
+        uint64_t got = 0;
+        for (;;) {
+            size_t kept, n = iv_varint_pick_avx512(&p, end, batch, limit, &sum, b, out, &kept);
+            for (size_t i = 0; i < kept; i++)
+                if (got >= n_ref || out[i] != ref[got++]) abort();
+            if (n > 0) continue;
+            if ((r = plain_pick(&p, end, limit, &sum, b, &j)) < 0) break;
+            if (r && (got >= n_ref || j != ref[got++])) abort();
+        }
+        if (got != n_ref || p != ref_end) abort();
+    }
+    free(bits);
+    free(ref);
+    free(out);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -69,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(iv_varint_walk3_avx2, buf, end, marks, nm, ref_sum, ref_pos, nv);
         check(iv_varint_walk3_avx2_pdep, buf, end, marks, nm, ref_sum, ref_pos, nv);
     }
+    check_pick(buf, end, k, nv);
     if (iv_varint_count_ends(buf, size) != iv_varint_count_ends_scalar(buf, size)) abort();
     uint64_t s1, s2;
     if (iv_varint_skip(buf, size, k, &s1) != iv_varint_skip_scalar(buf, size, k, &s2) || s1 != s2)
