@@ -1647,27 +1647,44 @@ fail:
     return rc;
 }
 
-/* Entry j of a ranked selection kept by decode_slice_ranked: its output
- * column, the rank of j among the selected, set and tagged with group t. */
-static inline void ranked_hit(const struct iv_query *q, uint64_t *restrict bits, uint8_t *restrict tag,
-                              uint64_t j, uint8_t t, int64_t *w_lo, int64_t *w_hi)
+/* Output column p of a kept entry of group t, set in the bitmap. */
+static inline void ranked_set(uint64_t *restrict bits, uint8_t *restrict tag, int64_t p, uint8_t t,
+                              int64_t *w_lo, int64_t *w_hi)
 {
-    int64_t p = q->lut_rank[j >> 6] + __builtin_popcountll(q->sel_bits[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
     bits[p >> 6] |= (uint64_t)1 << (p & 63);
     tag[p] = t;
     if (p >> 6 < *w_lo) *w_lo = p >> 6;
     if (p >> 6 > *w_hi) *w_hi = p >> 6;
 }
 
+/* Entry j kept by decode_slice_ranked: its output columns (its rank among
+ * the selected for an ascending selection, else the positions the lookup
+ * table lists: several when the request repeats j), set and tagged with
+ * group t.  Returns how many. */
+static inline int64_t ranked_hit(const struct iv_query *q, uint64_t *restrict bits, uint8_t *restrict tag,
+                                 uint64_t j, uint8_t t, int64_t *w_lo, int64_t *w_hi)
+{
+    if (q->lut_rank) {
+        int64_t p = q->lut_rank[j >> 6] + __builtin_popcountll(q->sel_bits[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+        ranked_set(bits, tag, p, t, w_lo, w_hi);
+        return 1;
+    }
+    int64_t a, b;
+    lut_range(q, j, &a, &b);
+    for (int64_t k = a; k < b; k++) ranked_set(bits, tag, q->lut_pos[k], t, w_lo, w_hi);
+    return b - a;
+}
+
 /*
- * decode_slice_dense for an ascending selection of minor elements (a rank
- * table, lut_rank): each kept entry goes straight into the bitmap over the
- * output columns at its rank, tagged with its group, and the slice is
- * emitted from there as the dense path's are: no pairs, no ordering pass,
- * no emit_pairs.  Varints are walked as in decode_slice.  A column stored
+ * decode_slice_dense for a selection of minor elements (one with the
+ * selection's bitmap, sel_bits): each kept entry goes straight into the
+ * bitmap over the output columns at its output column (its rank, for an
+ * ascending selection), tagged with its group, and the slice is emitted
+ * from there as the dense path's are: no pairs, no ordering pass, no
+ * emit_pairs.  Varints are walked as in decode_slice.  A column stored
  * twice (only two groups can hold one) leaves the bitmap with fewer
  * entries than were kept, which emit_dense_slice reports.  The caller
- * reserved room for the slice's entries plus DENSE_SLACK in o.
+ * reserved room for the row's entries (ranked_bound) plus DENSE_SLACK.
  */
 static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int64_t s,
                                    struct outbuf *o, iv_err_t *err)
@@ -1698,8 +1715,8 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
                     v.off = 0;
                     v.tm = 0;
                     left -= (int64_t)got;
-                    for (size_t i = 0; i < kept; i++) ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
-                    kept_all += (int64_t)kept;
+                    for (size_t i = 0; i < kept; i++)
+                        kept_all += ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
                     continue;
                 }
             }
@@ -1714,10 +1731,7 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
             if (acc > n_minor) goto bad_index;
             left--;
             j = acc - 1;
-            if ((sel[j >> 6] >> (j & 63)) & 1) {
-                ranked_hit(q, bits, tag, j, t, &w_lo, &w_hi);
-                kept_all++;
-            }
+            if ((sel[j >> 6] >> (j & 63)) & 1) kept_all += ranked_hit(q, bits, tag, j, t, &w_lo, &w_hi);
         }
     }
     w->cur.p = v.wb ? v.wb + v.off : v.wb;  /* no offset on a NULL window (an empty slice) */
@@ -1737,8 +1751,16 @@ fail:
 /* Whether slice s takes decode_slice_ranked. */
 static int ranked_fits(const struct iv_query *q, int64_t s)
 {
-    return q->lut_rank && !q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
+    return q->sel_bits && !q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
            q->ds->m.major_ptr[s + 1] - q->ds->m.major_ptr[s] <= DENSE_MAX_GROUPS;
+}
+
+/* The most output entries a row of `total` stored entries can have: each
+ * as many times as the selection repeats a column, never past them all. */
+static int64_t ranked_bound(const struct iv_query *q, int64_t total)
+{
+    if (q->max_mult <= 1) return total;
+    return total > q->n_out_cols / q->max_mult ? q->n_out_cols : total * q->max_mult;
 }
 
 /* Whether slice s, of `total` entries, takes decode_slice_dense. */
@@ -1754,9 +1776,14 @@ static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struc
                       iv_err_t *err)
 {
     int64_t total = slice_nnz(q->ds, s);
-    if (dense_fits(q, s, total) || ranked_fits(q, s)) {
+    if (dense_fits(q, s, total)) {
         IV_TRY(outbuf_reserve(o, o->n + total + DENSE_SLACK, err));
-        int64_t n = q->minor_all ? decode_slice_dense(q, w, s, o, err) : decode_slice_ranked(q, w, s, o, err);
+        int64_t n = decode_slice_dense(q, w, s, o, err);
+        return n < 0 ? (int)n : 0;
+    }
+    if (ranked_fits(q, s)) {
+        IV_TRY(outbuf_reserve(o, o->n + ranked_bound(q, total) + DENSE_SLACK, err));
+        int64_t n = decode_slice_ranked(q, w, s, o, err);
         return n < 0 ? (int)n : 0;
     }
     int64_t n = decode_slice(q, w, s, err);
