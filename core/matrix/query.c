@@ -1068,6 +1068,44 @@ static int vwin_next_slow(struct vwin *v, iv_cursor_t *cur, uint64_t n_minor, ui
     return 0;
 }
 
+/* The next varint of the window: vwin_next2's short one, else the checked
+ * way (vwin_next_slow's returns). */
+static inline int vwin_next(struct vwin *v, iv_cursor_t *cur, uint64_t n_minor, uint64_t *d, iv_err_t *err)
+{
+    if (vwin_next2(v, d)) return 0;
+    struct vwin t = *v;
+    int rc = vwin_next_slow(&t, cur, n_minor, d, err);
+    *v = t;
+    return rc;
+}
+
+/* Up to PICK_BATCH of a value group's `left` varints through the vector
+ * kernel, from v: how many it took, with v and *acc past them and the
+ * kept ones (bit set in sel, or all) in w->picked, *kept of them.  0 when
+ * the kernel is off or leaves the next varint (a long one, the end of a
+ * chunk, a bad index) to the caller's own decode. */
+static inline size_t pick_some(const struct iv_query *q, struct work *w, struct vwin *v, int64_t left,
+                               uint64_t n_minor, uint64_t *acc, const uint64_t *sel, size_t *kept)
+{
+    if (!q->pick || !v->wb) return 0;
+    const uint8_t *at = v->wb + v->off;
+    size_t got = iv_varint_pick_avx512(&at, v->end, left < PICK_BATCH ? (size_t)left : PICK_BATCH, n_minor,
+                                       acc, sel, w->picked, kept);
+    if (got > 0) {
+        v->wb = at;
+        v->off = 0;
+        v->tm = 0;
+    }
+    return got;
+}
+
+/* The error of slice s holding an index past the minor axis. */
+static int slice_bad_index(const struct iv_query *q, int64_t s, iv_err_t *err)
+{
+    return iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRId64, q->ds->where, s,
+                   q->ds->m.n_minor);
+}
+
 /* Output positions lut_pos[*a .. *b) of selected minor element j. */
 static inline void lut_range(const struct iv_query *q, uint64_t j, int64_t *a, int64_t *b)
 {
@@ -1244,21 +1282,13 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
         uint64_t acc = 0, d = 0, j = 0;
         int64_t left = vp[g + 1] - vp[g];
         while (left > 0) {
-            if (q->pick && v.wb) {
-                /* Sixteen bytes at a time; what it leaves (a long varint,
-                 * the end of a chunk, a bad index) goes the way below. */
-                const uint8_t *at = v.wb + v.off;
-                size_t kept;
-                size_t got = iv_varint_pick_avx512(&at, v.end, left < PICK_BATCH ? (size_t)left : PICK_BATCH,
-                                                   n_minor, &acc, sel, w->picked, &kept);
-                if (got > 0) {
-                    v.wb = at;
-                    v.off = 0;
-                    v.tm = 0;
-                    left -= (int64_t)got;
-                    if ((rc = map_hits(q, w, &n, kept, g, sel, err)) < 0) goto fail;
-                    continue;
-                }
+            /* Sixteen bytes at a time; what the kernel leaves goes the
+             * way below. */
+            size_t kept, got = pick_some(q, w, &v, left, n_minor, &acc, sel, &kept);
+            if (got > 0) {
+                left -= (int64_t)got;
+                if ((rc = map_hits(q, w, &n, kept, g, sel, err)) < 0) goto fail;
+                continue;
             }
             /* Call-free inner loop: short varints, entries not selected. */
             while (left > 0 && vwin_next2(&v, &d)) {
@@ -1269,13 +1299,9 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
                 if (all_hit || ((sel[j >> 6] >> (j & 63)) & 1)) goto hit;
             }
             if (left == 0) break;
-            {
-                struct vwin t = v;
-                rc = vwin_next_slow(&t, &w->cur, n_minor, &d, err);
-                v = t;
-                if (rc > 0) goto bad_index;
-                if (rc < 0) goto fail;
-            }
+            rc = vwin_next(&v, &w->cur, n_minor, &d, err);
+            if (rc > 0) goto bad_index;
+            if (rc < 0) goto fail;
             acc += d + 1;
             if (acc > n_minor) goto bad_index;
             left--;
@@ -1289,8 +1315,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
     w->next_slice = s + 1;
     return order_pairs(q, w, n, s, err);
 bad_index:
-    rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
-                 n_minor);
+    rc = slice_bad_index(q, s, err);
 fail:
     /* The cursor is somewhere inside the slice: the next one seeks. */
     w->next_slice = -1;
@@ -1638,8 +1663,7 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
     w->next_slice = s + 1;
     return emit_dense_slice(q, w, s, o, w_lo, w_hi, vp[mp[s + 1]] - vp[mp[s]], err);
 bad_index:
-    rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
-                 n_minor);
+    rc = slice_bad_index(q, s, err);
 fail:
     /* The cursor is somewhere inside the slice: the next one seeks. */
     w->next_slice = -1;
@@ -1705,28 +1729,16 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
         uint64_t acc = 0, d = 0, j;
         int64_t left = vp[g + 1] - vp[g];
         while (left > 0) {
-            if (q->pick && v.wb) {
-                const uint8_t *at = v.wb + v.off;
-                size_t kept;
-                size_t got = iv_varint_pick_avx512(&at, v.end, left < PICK_BATCH ? (size_t)left : PICK_BATCH,
-                                                   n_minor, &acc, sel, w->picked, &kept);
-                if (got > 0) {
-                    v.wb = at;
-                    v.off = 0;
-                    v.tm = 0;
-                    left -= (int64_t)got;
-                    for (size_t i = 0; i < kept; i++)
-                        kept_all += ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
-                    continue;
-                }
+            size_t kept, got = pick_some(q, w, &v, left, n_minor, &acc, sel, &kept);
+            if (got > 0) {
+                left -= (int64_t)got;
+                for (size_t i = 0; i < kept; i++)
+                    kept_all += ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
+                continue;
             }
-            if (!vwin_next2(&v, &d)) {
-                struct vwin x = v;
-                rc = vwin_next_slow(&x, &w->cur, n_minor, &d, err);
-                v = x;
-                if (rc > 0) goto bad_index;
-                if (rc < 0) goto fail;
-            }
+            rc = vwin_next(&v, &w->cur, n_minor, &d, err);
+            if (rc > 0) goto bad_index;
+            if (rc < 0) goto fail;
             acc += d + 1;
             if (acc > n_minor) goto bad_index;
             left--;
@@ -1739,8 +1751,7 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
     if (kept_all == 0) return 0;
     return emit_dense_slice(q, w, s, o, w_lo, w_hi, kept_all, err);
 bad_index:
-    rc = iv_fail(err, IV_ECORRUPT, "%s: slice %" PRId64 " has an index >= %" PRIu64, ds->where, s,
-                 n_minor);
+    rc = slice_bad_index(q, s, err);
 fail:
     /* The cursor is somewhere inside the slice: the next one seeks. */
     w->next_slice = -1;
