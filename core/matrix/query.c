@@ -1124,10 +1124,18 @@ static inline void lut_range(const struct iv_query *q, uint64_t j, int64_t *a, i
     while (*b < q->n_lut && q->lut_keys[*b] == (int64_t)j) (*b)++;
 }
 
+/* Output position of selected minor element j of an ascending selection
+ * (lut_rank): its rank among the selected. */
+static inline int64_t sel_rank(const struct iv_query *q, uint64_t j)
+{
+    return q->lut_rank[j >> 6] +
+           __builtin_popcountll(q->sel_bits[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+}
+
 /* Appends the (position, group) pairs of a selected entry, minor index j
  * of group g, after the *n pairs w holds.  0 or a negative error. */
 static inline int map_hit(const struct iv_query *q, struct work *w, int64_t *n, uint64_t j, int64_t g,
-                          const uint64_t *sel, iv_err_t *err)
+                          iv_err_t *err)
 {
     if (q->minor_all) {
         w->pos[*n] = (int64_t)j;
@@ -1137,7 +1145,7 @@ static inline int map_hit(const struct iv_query *q, struct work *w, int64_t *n, 
     }
     if (q->lut_rank) {
         IV_TRY(pairs_reserve(w, *n + 1, err));
-        w->pos[*n] = q->lut_rank[j >> 6] + __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+        w->pos[*n] = sel_rank(q, j);
         w->gid[*n] = g;
         (*n)++;
         return 0;
@@ -1158,17 +1166,17 @@ static inline int map_hit(const struct iv_query *q, struct work *w, int64_t *n, 
  * pairs' room reserved once, and a sorted selection's ranks (the common
  * case) counted in one loop. */
 static int map_hits(const struct iv_query *q, struct work *w, int64_t *n, size_t kept, int64_t g,
-                    const uint64_t *sel, iv_err_t *err)
+                    iv_err_t *err)
 {
     if (!q->lut_rank || q->minor_all) {
-        for (size_t i = 0; i < kept; i++) IV_TRY(map_hit(q, w, n, w->picked[i], g, sel, err));
+        for (size_t i = 0; i < kept; i++) IV_TRY(map_hit(q, w, n, w->picked[i], g, err));
         return 0;
     }
     IV_TRY(pairs_reserve(w, *n + (int64_t)kept, err));
     int64_t m = *n;
     for (size_t i = 0; i < kept; i++) {
         uint32_t j = w->picked[i];
-        w->pos[m] = q->lut_rank[j >> 6] + __builtin_popcountll(sel[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
+        w->pos[m] = sel_rank(q, j);
         w->gid[m] = g;
         m++;
     }
@@ -1287,7 +1295,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
             size_t kept, got = pick_some(q, w, &v, left, n_minor, &acc, sel, &kept);
             if (got > 0) {
                 left -= (int64_t)got;
-                if ((rc = map_hits(q, w, &n, kept, g, sel, err)) < 0) goto fail;
+                if ((rc = map_hits(q, w, &n, kept, g, err)) < 0) goto fail;
                 continue;
             }
             /* Call-free inner loop: short varints, entries not selected. */
@@ -1308,7 +1316,7 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
             j = acc - 1;
             if (!all_hit && !((sel[j >> 6] >> (j & 63)) & 1)) continue;
         hit:
-            if ((rc = map_hit(q, w, &n, j, g, sel, err)) < 0) goto fail;
+            if ((rc = map_hit(q, w, &n, j, g, err)) < 0) goto fail;
         }
     }
     w->cur.p = v.wb ? v.wb + v.off : v.wb;  /* no offset on a NULL window (an empty slice) */
@@ -1689,8 +1697,7 @@ static inline int64_t ranked_hit(const struct iv_query *q, uint64_t *restrict bi
                                  uint64_t j, uint8_t t, int64_t *w_lo, int64_t *w_hi)
 {
     if (q->lut_rank) {
-        int64_t p = q->lut_rank[j >> 6] + __builtin_popcountll(q->sel_bits[j >> 6] & (((uint64_t)1 << (j & 63)) - 1));
-        ranked_set(bits, tag, p, t, w_lo, w_hi);
+        ranked_set(bits, tag, sel_rank(q, j), t, w_lo, w_hi);
         return 1;
     }
     int64_t a, b;
