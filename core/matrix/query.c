@@ -1516,6 +1516,16 @@ static int dense_buffers(struct work *w, int64_t n_cols, iv_err_t *err)
     return 0;
 }
 
+/* A dense slice decode that stopped half-way (error rc): the cursor is
+ * somewhere inside the slice, so the next one seeks, and the bitmaps are
+ * cleared for the next slice. */
+static int dense_slice_failed(struct work *w, int rc)
+{
+    w->next_slice = -1;
+    dense_clear(w);
+    return rc;
+}
+
 /* Emits slice s from the bitmap words w_lo..w_hi that decode_slice_dense
  * (or decode_slice_ranked) filled into o, in column order, and clears the
  * bitmaps.  Returns the number of entries, `total`, or a negative error
@@ -1673,10 +1683,7 @@ IV_HOT_CLONES static int64_t decode_slice_dense(const struct iv_query *q, struct
 bad_index:
     rc = slice_bad_index(q, s, err);
 fail:
-    /* The cursor is somewhere inside the slice: the next one seeks. */
-    w->next_slice = -1;
-    dense_clear(w);
-    return rc;
+    return dense_slice_failed(w, rc);
 }
 
 /* Output column p of a kept entry of group t, set in the bitmap. */
@@ -1760,10 +1767,7 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
 bad_index:
     rc = slice_bad_index(q, s, err);
 fail:
-    /* The cursor is somewhere inside the slice: the next one seeks. */
-    w->next_slice = -1;
-    dense_clear(w);
-    return rc;
+    return dense_slice_failed(w, rc);
 }
 
 /* Whether slice s takes decode_slice_ranked. */
