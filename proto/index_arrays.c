@@ -20,6 +20,7 @@ void iv_index_arrays_enable(int on) { atomic_store(&enabled, on); }
 struct scan {
     const char *s;
     size_t len, i;
+    size_t inside[2][2];   /* each axis's taken array: [from, to) between its brackets */
 };
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -128,11 +129,11 @@ static int plain_int(struct scan *sc, int64_t *v)
     i += (size_t)neg;
     size_t d0 = i;
     int64_t x = 0;
+    /* Up to 16 digits read, so that a 16th says the number is too long. */
     while (i < sc->len && s[i] >= '0' && s[i] <= '9' && i - d0 < 16) x = x * 10 + (s[i++] - '0');
     size_t digits = i - d0;
     if (digits == 0 || digits > 15 || (digits > 1 && s[d0] == '0')) return 0;
-    if (i < sc->len && (s[i] == '.' || s[i] == 'e' || s[i] == 'E' || (s[i] >= '0' && s[i] <= '9')))
-        return 0;
+    if (i < sc->len && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')) return 0;
     *v = neg ? -x : x;
     sc->i = i;
     return 1;
@@ -168,10 +169,10 @@ done:
     return 1;
 }
 
-/* The members of an "obs" or "var" object, from its '{': its first
- * "index" array taken into a, its place in copy blanked.  0 when the
- * text is not understood. */
-static int axis_object(struct scan *sc, iv_index_array_t *a, char *copy)
+/* The members of axis ax's object ("obs" or "var"), from its '{': its
+ * first "index" array taken into a, the span between its brackets kept.
+ * 0 when the text is not understood. */
+static int axis_object(struct scan *sc, iv_index_array_t *a, int ax)
 {
     sc->i++;
     if (take(sc, '}')) return 1;
@@ -184,8 +185,12 @@ static int axis_object(struct scan *sc, iv_index_array_t *a, char *copy)
         int first = !seen && key_is(k, kn, "index");
         seen |= first;
         if (first && at < sc->len && sc->s[at] == '[') {
-            if (int_array(sc, a)) memset(copy + at + 1, ' ', sc->i - at - 2);
-            else if (!skip_value(sc)) return 0;
+            if (int_array(sc, a)) {
+                sc->inside[ax][0] = at + 1;
+                sc->inside[ax][1] = sc->i - 1;
+            } else if (!skip_value(sc)) {
+                return 0;
+            }
         } else if (!skip_value(sc)) {
             return 0;
         }
@@ -195,7 +200,7 @@ static int axis_object(struct scan *sc, iv_index_array_t *a, char *copy)
 }
 
 /* The root object's members: 1 when the whole object was understood. */
-static int root_object(struct scan *sc, iv_index_array_t pre[2], char *copy)
+static int root_object(struct scan *sc, iv_index_array_t pre[2])
 {
     if (!take(sc, '{')) return 0;
     if (take(sc, '}')) return 1;
@@ -209,7 +214,7 @@ static int root_object(struct scan *sc, iv_index_array_t pre[2], char *copy)
         int first = ax >= 0 && !seen[ax];
         if (first) seen[ax] = 1;
         if (first && sc->i < sc->len && sc->s[sc->i] == '{') {
-            if (!axis_object(sc, &pre[ax], copy)) return 0;
+            if (!axis_object(sc, &pre[ax], ax)) return 0;
         } else if (!skip_value(sc)) {
             return 0;
         }
@@ -230,14 +235,14 @@ char *iv_index_arrays_take(const char *body, size_t len, iv_index_array_t pre[2]
 {
     pre[0] = pre[1] = (iv_index_array_t){0, 0, NULL};
     if (!atomic_load(&enabled) || len == 0) return NULL;
-    char *copy = malloc(len);
-    if (!copy) return NULL;
-    memcpy(copy, body, len);
-    struct scan sc = {body, len, 0};
-    if (!root_object(&sc, pre, copy) || !(pre[0].taken || pre[1].taken)) {
-        iv_index_arrays_free(pre);
-        free(copy);
-        return NULL;
+    struct scan sc = {body, len, 0, {{0, 0}, {0, 0}}};
+    char *copy = NULL;
+    if (root_object(&sc, pre) && (pre[0].taken || pre[1].taken) && (copy = malloc(len))) {
+        memcpy(copy, body, len);
+        for (int a = 0; a < 2; a++)
+            if (pre[a].taken) memset(copy + sc.inside[a][0], ' ', sc.inside[a][1] - sc.inside[a][0]);
+        return copy;
     }
-    return copy;
+    iv_index_arrays_free(pre);
+    return NULL;
 }

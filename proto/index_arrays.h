@@ -20,8 +20,8 @@
  * of those two objects written without escapes and nothing but JSON's
  * four white-space bytes between tokens (what follows the root is not
  * looked at).  Any other array, and any body the scan does not get
- * through, is left whole to cJSON.  The body is copied whenever the scan
- * runs (a copy of a few hundred bytes for a small body).
+ * through, is left whole to cJSON.  The body is copied only when an
+ * array was taken.
  */
 #ifndef IV_INDEX_ARRAYS_H
 #define IV_INDEX_ARRAYS_H
