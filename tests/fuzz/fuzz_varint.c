@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "varint.h"
+#include "../support/pick_step.h"
 #include "../support/walk_drive.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -28,21 +29,6 @@ static void check(iv_walk_fn fn, const uint8_t *buf, const uint8_t *end, const u
     uint64_t sum_at[MAX_MARKS];
     const uint8_t *p_at[MAX_MARKS];
     if (iv_walk_drive(fn, buf, end, 0, ref_sum, ref_pos, nv, marks, nm, sum_at, p_at)) abort();
-}
-
-/* One varint the plain way, as a value group's: -1 when it cannot be read
- * or its index would reach limit; else 1 when kept (its bit set, or no
- * bitmap), 0 when not, with *p, *sum and *j moved on. */
-static int plain_pick(const uint8_t **p, const uint8_t *end, uint64_t limit, uint64_t *sum,
-                      const uint64_t *bits, uint32_t *j)
-{
-    uint64_t d;
-    size_t u = iv_varint_read(*p, end, &d);
-    if (u == 0 || d >= limit || *sum + d + 1 > limit) return -1;
-    *p += u;
-    *sum += d + 1;
-    *j = (uint32_t)(*sum - 1);
-    return !bits || ((bits[*j >> 6] >> (*j & 63)) & 1);
 }
 
 /* The pick kernel (where the CPU has AVX-512) on the stream as one value
@@ -65,7 +51,7 @@ static void check_pick(const uint8_t *buf, const uint8_t *end, uint64_t k, uint6
         uint64_t sum = 0, n_ref = 0;
         uint32_t j;
         int r;
-        while ((r = plain_pick(&p, end, limit, &sum, b, &j)) >= 0)
+        while ((r = iv_pick_plain_step(&p, end, limit, &sum, b, &j)) >= 0)
             if (r) ref[n_ref++] = j;
         const uint8_t *ref_end = p;
         p = buf;
@@ -76,7 +62,7 @@ static void check_pick(const uint8_t *buf, const uint8_t *end, uint64_t k, uint6
             for (size_t i = 0; i < kept; i++)
                 if (got >= n_ref || out[i] != ref[got++]) abort();
             if (n > 0) continue;
-            if ((r = plain_pick(&p, end, limit, &sum, b, &j)) < 0) break;
+            if ((r = iv_pick_plain_step(&p, end, limit, &sum, b, &j)) < 0) break;
             if (r && (got >= n_ref || j != ref[got++])) abort();
         }
         if (got != n_ref || p != ref_end) abort();

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "varint.h"
+#include "pick_step.h"
 #include "walk_drive.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
@@ -160,21 +161,6 @@ START_TEST(walk_matches_decode)
 }
 END_TEST
 
-/* One varint of a group the plain way: -1 (and *p left) when its index
- * would reach limit; else *p and *sum move past it, *j is its index, and
- * 1 when it is kept (its bit set, or no bitmap). */
-static int plain_step(const uint8_t **p, const uint8_t *end, uint64_t limit, uint64_t *sum,
-                      const uint64_t *bits, uint32_t *j)
-{
-    uint64_t d;
-    size_t used = iv_varint_read(*p, end, &d);
-    if (d >= limit || *sum + d + 1 > limit) return -1;
-    *p += used;
-    *sum += d + 1;
-    *j = (uint32_t)(*sum - 1);
-    return !bits || ((bits[*j >> 6] >> (*j & 63)) & 1);
-}
-
 /*
  * The pick kernel against a one-varint-at-a-time decode.  Random groups
  * of varints (short ones mostly, with runs of three bytes and more), an
@@ -238,7 +224,7 @@ START_TEST(pick_matches_decode)
         size_t n_ref = 0, n_ok = 0;
         for (; n_ok < nv; n_ok++) {
             uint32_t j;
-            int r = plain_step(&p, end, limit, &sum, use_bits ? bits : NULL, &j);
+            int r = iv_pick_plain_step(&p, end, limit, &sum, use_bits ? bits : NULL, &j);
             if (r < 0) break;
             if (r) ref[n_ref++] = j;
         }
@@ -271,7 +257,7 @@ START_TEST(pick_matches_decode)
             if (k == 0) {
                 /* The plain way, which finds a bad index. */
                 uint32_t j;
-                int r = plain_step(&p, end, limit, &sum, use_bits ? bits : NULL, &j);
+                int r = iv_pick_plain_step(&p, end, limit, &sum, use_bits ? bits : NULL, &j);
                 if (r < 0) break;
                 if (r) got_idx[n_got++] = j;
                 done++;
