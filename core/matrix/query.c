@@ -1852,15 +1852,20 @@ static void prefetch_far(const iv_query_t *q, int64_t s)
     const int64_t *at = atomic_load_explicit(&ds->nnz_at, memory_order_relaxed);
     if (at) __builtin_prefetch(&at[s]);
     __builtin_prefetch(&ds->m.major_ptr[s]);
-    if (ds->ri.off) __builtin_prefetch(&ds->ri.off[s / (int64_t)ds->ri.stride]);
+    if (ds->ri.off) __builtin_prefetch(&ds->ri.off[ds->ri.stride == 1 ? s : s / (int64_t)ds->ri.stride]);
 }
 
-/* Slice s's place in the stream: its chunk's slot (bytes 0), or its
- * cached bytes (1).  Only where every slice is a checkpoint. */
+/* Slice s's place in the stream: its chunk's slot (bytes 0), or all its
+ * cached bytes (1), up to the next slice's checkpoint (a row of the atlas
+ * is about 14 cache lines; asking for the first alone left the kernel
+ * waiting for the rest).  Only where every slice is a checkpoint. */
 static void prefetch_stream(const iv_query_t *q, int64_t s, int bytes)
 {
     const iv_dataset_t *ds = q->ds;
-    if (ds->ri.stride == 1 && ds->ri.off && q->stream) iv_stream_prefetch(q->stream, ds->ri.off[s], bytes);
+    if (ds->ri.stride != 1 || !ds->ri.off || !q->stream) return;
+    uint64_t at = ds->ri.off[s], len = 0;
+    if (bytes) len = (uint64_t)s + 1 < ds->ri.n_ckpt && ds->ri.off[s + 1] > at ? ds->ri.off[s + 1] - at : 1;
+    iv_stream_prefetch(q->stream, at, len);
 }
 
 static void prefetch_near(const iv_query_t *q, int64_t s)

@@ -771,21 +771,36 @@ int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err
 
 iv_file_t *iv_stream_file(const iv_stream_t *s) { return s->d.file; }
 
-void iv_stream_prefetch(iv_stream_t *s, uint64_t off, int bytes)
+/* The cache lines of p[0 .. n), asked for. */
+static void prefetch_lines(const uint8_t *p, uint64_t n)
 {
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, e = (uintptr_t)p + n; a < e; a += 64)
+        __builtin_prefetch((const void *)a);
+}
+
+void iv_stream_prefetch(iv_stream_t *s, uint64_t off, uint64_t len)
+{
+    if (len > IV_STREAM_PREFETCH_MAX) len = IV_STREAM_PREFETCH_MAX;
     if (!s->d.chunked) {
-        if (s->d.contig && off < s->d.length) __builtin_prefetch(s->d.contig + off);
+        if (s->d.contig && off < s->d.length)
+            prefetch_lines(s->d.contig + off, len < s->d.length - off ? len : s->d.length - off);
         return;
     }
     uint64_t c = off / s->d.chunk_len;
     if (c >= s->d.n_chunks) return;
-    if (!bytes) {
+    if (!len) {
         __builtin_prefetch(&s->slots[c]);
         return;
     }
-    /* A prefetch never faults: a buffer freed meanwhile costs nothing. */
+    /* A prefetch never faults: a buffer freed meanwhile costs nothing,
+     * and every line asked for lies in a slot's buffer. */
+    uint64_t in = off % s->d.chunk_len, here = s->d.chunk_len - in;
     const uint8_t *b = atomic_load_explicit(&s->slots[c].buf, memory_order_relaxed);
-    if (b) __builtin_prefetch(b + off % s->d.chunk_len);
+    if (b) prefetch_lines(b + in, len < here ? len : here);
+    if (len > here && c + 1 < s->d.n_chunks) {
+        b = atomic_load_explicit(&s->slots[c + 1].buf, memory_order_relaxed);
+        if (b) prefetch_lines(b, len - here < s->d.chunk_len ? len - here : s->d.chunk_len);
+    }
 }
 
 /* A hit: pin without the lock.  The pin holds only if buf is still set

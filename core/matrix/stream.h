@@ -110,11 +110,13 @@ void iv_stream_destroy(iv_stream_t *s);
 
 uint64_t iv_stream_length(const iv_stream_t *s);
 uint64_t iv_stream_chunk_len(const iv_stream_t *s);
-/* Asks memory early for what reading byte off will touch: the chunk's
- * slot (bytes 0), or its cached bytes when resident (bytes 1).  Only a
- * hint: nothing is pinned, read or checked, and a chunk that is not
- * resident is left alone.  Any thread. */
-void iv_stream_prefetch(iv_stream_t *s, uint64_t off, int bytes);
+/* Asks memory early for what reading bytes [off, off + len) will touch:
+ * with len 0 the slot of off's chunk; otherwise those bytes (at most
+ * IV_STREAM_PREFETCH_MAX, in off's chunk and the next) where their chunk
+ * is resident.  Only a hint: nothing is pinned, read or checked, and a
+ * chunk that is not resident is left alone.  Any thread. */
+enum { IV_STREAM_PREFETCH_MAX = 2048 };
+void iv_stream_prefetch(iv_stream_t *s, uint64_t off, uint64_t len);
 uint64_t iv_stream_n_chunks(const iv_stream_t *s);
 
 /* Pins chunk c and returns its bytes (len = chunk_len, shorter for the
