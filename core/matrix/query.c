@@ -1079,6 +1079,21 @@ static inline int vwin_next(struct vwin *v, iv_cursor_t *cur, uint64_t n_minor, 
     return rc;
 }
 
+/* A group's next varint through vwin_next, added to its running sum
+ * *acc: 0 with *j the entry's minor index; 1 when the varint is
+ * malformed or the index past the axis; or a negative error. */
+static inline int vwin_step(struct vwin *v, iv_cursor_t *cur, uint64_t n_minor, uint64_t *acc, uint64_t *j,
+                            iv_err_t *err)
+{
+    uint64_t d;
+    int rc = vwin_next(v, cur, n_minor, &d, err);
+    if (rc != 0) return rc;
+    *acc += d + 1;
+    if (*acc > n_minor) return 1;
+    *j = *acc - 1;
+    return 0;
+}
+
 /* Up to PICK_BATCH of a value group's `left` varints through the vector
  * kernel, from v: how many it took, with v and *acc past them and the
  * kept ones (bit set in sel, or all) in w->picked, *kept of them.  0 when
@@ -1307,13 +1322,10 @@ static int64_t decode_slice(const struct iv_query *q, struct work *w, int64_t s,
                 if (all_hit || ((sel[j >> 6] >> (j & 63)) & 1)) goto hit;
             }
             if (left == 0) break;
-            rc = vwin_next(&v, &w->cur, n_minor, &d, err);
+            rc = vwin_step(&v, &w->cur, n_minor, &acc, &j, err);
             if (rc > 0) goto bad_index;
             if (rc < 0) goto fail;
-            acc += d + 1;
-            if (acc > n_minor) goto bad_index;
             left--;
-            j = acc - 1;
             if (!all_hit && !((sel[j >> 6] >> (j & 63)) & 1)) continue;
         hit:
             if ((rc = map_hit(q, w, &n, j, g, err)) < 0) goto fail;
@@ -1740,7 +1752,7 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
     int rc = 0;
     for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
         const uint8_t t = (uint8_t)(g - mp[s]);
-        uint64_t acc = 0, d = 0, j;
+        uint64_t acc = 0, j = 0;
         int64_t left = vp[g + 1] - vp[g];
         while (left > 0) {
             size_t kept, got = pick_some(q, w, &v, left, n_minor, &acc, sel, &kept);
@@ -1750,13 +1762,10 @@ static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int
                     kept_all += ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
                 continue;
             }
-            rc = vwin_next(&v, &w->cur, n_minor, &d, err);
+            rc = vwin_step(&v, &w->cur, n_minor, &acc, &j, err);
             if (rc > 0) goto bad_index;
             if (rc < 0) goto fail;
-            acc += d + 1;
-            if (acc > n_minor) goto bad_index;
             left--;
-            j = acc - 1;
             if ((sel[j >> 6] >> (j & 63)) & 1) kept_all += ranked_hit(q, bits, tag, j, t, &w_lo, &w_hi);
         }
     }
