@@ -1845,13 +1845,16 @@ static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_blo
  * random selection's rows are each a few dependent cache misses away.
  * PREFETCH_FAR rows ahead: the entry table, the group pointers, the
  * checkpoint; PREFETCH_NEAR: the entry pointers and values those name,
- * and the stream chunk's slot; PREFETCH_NEXT: the row's bytes in the
+ * and the stream chunk's slot; PREFETCH_NEXT: all the row's bytes in the
  * chunk, when cached.  Each stage reads only what an earlier one asked
  * for.  Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain
  * copy, 10k x 2,000 at 4 connections, builds alternating): 64.0 req/s
  * without, 73.3 with the pointers, 79.0 with the stream's bytes too.
  * The engine alone, the stream all cached (bench_select, one thread):
  * 23.5-24.8 -> 19.9-20.4 ms, where the pointers alone gained nothing.
+ * Asking for a row's first cache line only, against all of its bytes:
+ * 15.6-16.5 -> 14.7-15.2 ms there, and +1 to +11% on the 16-core
+ * machine's 10 M-cell loads (docs/scale.md).
  */
 enum { PREFETCH_NEXT = 2, PREFETCH_NEAR = 4, PREFETCH_FAR = 8 };
 
