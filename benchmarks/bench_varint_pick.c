@@ -3,7 +3,7 @@
  * selected indices from its varints, on synthetic cells shaped like
  * gen_atlas.py's (725 entries a cell in 7 value groups of 435, 145, 72,
  * 36, 20, 10 and 7 random genes of 33,000; 2,000 genes selected), driven
- * as decode_slice drives it (calls of at most 256 varints, the plain
+ * as decode_slice drives it (calls of at most 512 varints, the plain
  * decode where it stops).  The baseline, in the same run: the plain
  * decode of every varint, one at a time, with its bitmap test.  Prints
  * ns a varint, best of R rounds over C cells, and the ratio.
@@ -19,7 +19,7 @@
 #include "clock.h"
 #include "varint.h"
 
-enum { N_GENES = 33000, N_GROUPS = 7, BATCH = 256 };
+enum { N_GENES = 33000, N_GROUPS = 7, BATCH = 512 };
 static const int group_size[N_GROUPS] = {435, 145, 72, 36, 20, 10, 7};
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
