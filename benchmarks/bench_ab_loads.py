@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Builds against each other on the query loads, alternating on one atlas.
+
+The 16-core runs of docs/scale.md compare builds this way: a machine's
+speed drifts by a fifth within minutes, so each build is restarted in
+turn, round after round, on the same atlas and cache folder, and only
+figures of one run are compared.  The steps:
+  1. a first start with the first build (the copies written to the cache
+     folder, unless it holds them already);
+  2. for each round, for each build: a restart with the cache folder
+     kept (the plain copy on, as it is by default at 10 M cells), the
+     plain copy's outcome awaited, 4 s of 4 connections to warm
+     the caches, then wrk with the eight bodies of 10,000 random cells x
+     the same 2,000 random genes at 1, 16 and 64 connections (wrk -t1,
+     -t8, -t16), and 1 random cell x 50 genes at 64 connections; the
+     server's VmHWM after them.
+Prints one line per build, round and case: req/s, p50 and p99 in ms, and
+failed requests.
+
+  benchmarks/bench_ab_loads.py --atlas ATLAS.h5ad --cache DIR --wrk PATH
+      [--memory-bytes 8589934592] [--threads 16] [--rounds 2] [--seconds 8]
+      BIN [BIN ...]
+"""
+import argparse
+import atexit
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+from bench_scale import WRK_LUA, Srv, hwm, stop_all, wait_plain
+
+# (label, wrk threads, connections, bodies): the loads of one build's turn.
+CASES = (("10k x 2000, 1 connection", 1, 1, "big"),
+         ("10k x 2000, 16 connections", 8, 16, "big"),
+         ("10k x 2000, 64 connections", 16, 64, "big"),
+         ("1 x 50, 64 connections", 16, 64, "small"))
+
+
+def make_bodies(work, n_cells, n_genes):
+    """The eight 10k x 2,000 bodies (bench_scale.py's, same seed) and the
+    1 x 50 case's wrk arguments."""
+    import json
+    rng = random.Random(7)
+    genes2k = sorted(rng.sample(range(n_genes), 2000))
+    big = []
+    for i in range(8):
+        p = os.path.join(work, "big%d.json" % i)
+        with open(p, "w") as f:
+            json.dump({"obs": {"index": sorted(rng.sample(range(n_cells), 10000))},
+                       "var": {"index": genes2k}}, f)
+        big.append(p)
+    genes50 = ",".join(map(str, sorted(rng.sample(range(n_genes), 50))))
+    return {"big": big, "small": ["small", str(n_cells), genes50]}
+
+
+def wrk(path, lua, url, ds, threads, conns, seconds, args):
+    """One wrk run: (req/s, p50 ms, p99 ms, failed)."""
+    env = dict(os.environ, IV_PATH="/v1/datasets/%s/query" % ds)
+    r = subprocess.run([path, "-t%d" % threads, "-c%d" % conns, "-d%ds" % seconds, "--timeout", "30s",
+                        "-s", lua, url, "--", *args], env=env, capture_output=True, text=True,
+                       timeout=seconds + 120)
+    line = [x for x in r.stdout.splitlines() if x.startswith("IVRESULT")]
+    if r.returncode != 0 or not line:
+        sys.exit("wrk failed: %s %s" % (r.stdout, r.stderr))
+    _, n, dur, p50, p99, non2xx, errs = line[0].split()
+    return int(n) / (int(dur) / 1e6), float(p50) / 1e3, float(p99) / 1e3, int(non2xx) + int(errs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--atlas", required=True)
+    ap.add_argument("--cache", required=True, help="cache folder, kept between the builds' turns")
+    ap.add_argument("--wrk", required=True)
+    ap.add_argument("--memory-bytes", type=int, default=8 << 30)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--port", type=int, default=18391)
+    ap.add_argument("bins", nargs="+")
+    a = ap.parse_args()
+    atexit.register(stop_all)
+    os.makedirs(a.cache, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="ivserve-ab-")
+    lua = os.path.join(work, "load.lua")
+    with open(lua, "w") as f:
+        f.write(WRK_LUA)
+    # The cell queries read the plain copy, as they do at 10 M cells by
+    # default (a stream larger than the caches' part of the budget).
+    extra = ("--threads", str(a.threads), "--plain-copy", "on")
+    names = ["%d:%s" % (i, os.path.basename(os.path.dirname(os.path.abspath(b))) or b)
+             for i, b in enumerate(a.bins)]
+
+    s = Srv(a.bins[0], a.atlas, a.cache, a.port, a.memory_bytes, extra, os.path.join(work, "first.log"))
+    ready, both, src = s.wait()
+    wait_plain(a.bins[0], s)
+    n_cells, n_genes = __import__("requests").get(s.url + "/v1/datasets/" + s.id).json()["shape"]
+    s.stop()
+    print("atlas %s: %d x %d; first start with %s: ready %.2f s, both orientations %.2f s (%s)"
+          % (os.path.basename(a.atlas), n_cells, n_genes, names[0], ready, both, src))
+    bodies = make_bodies(work, n_cells, n_genes)
+
+    for rnd in range(1, a.rounds + 1):
+        for name, binp in zip(names, a.bins):
+            s = Srv(binp, a.atlas, a.cache, a.port, a.memory_bytes, extra,
+                    os.path.join(work, "r%d-%s.log" % (rnd, name.split(":")[0])))
+            s.wait()
+            wait_plain(binp, s)
+            wrk(a.wrk, lua, s.url, s.id, 4, 4, 4, bodies["big"])   # warm the caches
+            for label, t, c, kind in CASES:
+                rps, p50, p99, bad = wrk(a.wrk, lua, s.url, s.id, t, c, a.seconds, bodies[kind])
+                print("round %d  %-12s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  %d failed"
+                      % (rnd, name, label, rps, p50, p99, bad), flush=True)
+            print("round %d  %-12s  %-27s  %10.2f GB" % (rnd, name, "VmHWM after the loads", hwm(s.p.pid) / 1e9),
+                  flush=True)
+            s.stop()
+    print("logs in", work)
+
+
+if __name__ == "__main__":
+    main()
