@@ -24,48 +24,16 @@ failed requests.
 import argparse
 import atexit
 import os
-import random
-import subprocess
-import sys
+import requests
 import tempfile
 
-from bench_scale import WRK_LUA, Srv, hwm, stop_all, wait_plain
+from bench_scale import WRK_LUA, Srv, hwm, load_bodies, run_wrk, stop_all, wait_plain
 
 # (label, wrk threads, connections, bodies): the loads of one build's turn.
-CASES = (("10k x 2000, 1 connection", 1, 1, "big"),
-         ("10k x 2000, 16 connections", 8, 16, "big"),
-         ("10k x 2000, 64 connections", 16, 64, "big"),
-         ("1 x 50, 64 connections", 16, 64, "small"))
-
-
-def make_bodies(work, n_cells, n_genes):
-    """The eight 10k x 2,000 bodies (bench_scale.py's, same seed) and the
-    1 x 50 case's wrk arguments."""
-    import json
-    rng = random.Random(7)
-    genes2k = sorted(rng.sample(range(n_genes), 2000))
-    big = []
-    for i in range(8):
-        p = os.path.join(work, "big%d.json" % i)
-        with open(p, "w") as f:
-            json.dump({"obs": {"index": sorted(rng.sample(range(n_cells), 10000))},
-                       "var": {"index": genes2k}}, f)
-        big.append(p)
-    genes50 = ",".join(map(str, sorted(rng.sample(range(n_genes), 50))))
-    return {"big": big, "small": ["small", str(n_cells), genes50]}
-
-
-def wrk(path, lua, url, ds, threads, conns, seconds, args):
-    """One wrk run: (req/s, p50 ms, p99 ms, failed)."""
-    env = dict(os.environ, IV_PATH="/v1/datasets/%s/query" % ds)
-    r = subprocess.run([path, "-t%d" % threads, "-c%d" % conns, "-d%ds" % seconds, "--timeout", "30s",
-                        "-s", lua, url, "--", *args], env=env, capture_output=True, text=True,
-                       timeout=seconds + 120)
-    line = [x for x in r.stdout.splitlines() if x.startswith("IVRESULT")]
-    if r.returncode != 0 or not line:
-        sys.exit("wrk failed: %s %s" % (r.stdout, r.stderr))
-    _, n, dur, p50, p99, non2xx, errs = line[0].split()
-    return int(n) / (int(dur) / 1e6), float(p50) / 1e3, float(p99) / 1e3, int(non2xx) + int(errs)
+CASES = (("10k x 2000, 1 connection", 1, 1, "10k x 2000"),
+         ("10k x 2000, 16 connections", 8, 16, "10k x 2000"),
+         ("10k x 2000, 64 connections", 16, 64, "10k x 2000"),
+         ("1 x 50, 64 connections", 16, 64, "1 x 50"))
 
 
 def main():
@@ -95,11 +63,11 @@ def main():
     s = Srv(a.bins[0], a.atlas, a.cache, a.port, a.memory_bytes, extra, os.path.join(work, "first.log"))
     ready, both, src = s.wait()
     wait_plain(a.bins[0], s)
-    n_cells, n_genes = __import__("requests").get(s.url + "/v1/datasets/" + s.id).json()["shape"]
+    n_cells, n_genes = requests.get(s.url + "/v1/datasets/" + s.id).json()["shape"]
     s.stop()
     print("atlas %s: %d x %d; first start with %s: ready %.2f s, both orientations %.2f s (%s)"
           % (os.path.basename(a.atlas), n_cells, n_genes, names[0], ready, both, src))
-    bodies = make_bodies(work, n_cells, n_genes)
+    bodies = load_bodies(work, n_cells, n_genes)
 
     for rnd in range(1, a.rounds + 1):
         for name, binp in zip(names, a.bins):
@@ -107,9 +75,9 @@ def main():
                     os.path.join(work, "r%d-%s.log" % (rnd, name.split(":")[0])))
             s.wait()
             wait_plain(binp, s)
-            wrk(a.wrk, lua, s.url, s.id, 4, 4, 4, bodies["big"])   # warm the caches
+            run_wrk(a.wrk, lua, s.url, s.id, 4, 4, 4, bodies["10k x 2000"])   # warm the caches
             for label, t, c, kind in CASES:
-                rps, p50, p99, bad = wrk(a.wrk, lua, s.url, s.id, t, c, a.seconds, bodies[kind])
+                rps, p50, p99, bad = run_wrk(a.wrk, lua, s.url, s.id, t, c, a.seconds, bodies[kind])
                 print("round %d  %-12s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  %d failed"
                       % (rnd, name, label, rps, p50, p99, bad), flush=True)
             print("round %d  %-12s  %-27s  %10.2f GB" % (rnd, name, "VmHWM after the loads", hwm(s.p.pid) / 1e9),

@@ -278,9 +278,10 @@ end
 """
 
 
-def wrk_cases(wrk, url, ds, n_cells, n_genes, clients, seconds, work):
-    """The mixed load's two cases from wrk, one after the other: returns
-    {case: (req/s, p50 ms, p99 ms, failed requests)}."""
+def load_bodies(work, n_cells, n_genes):
+    """The mixed load's wrk arguments, by case: the eight bodies of 10,000
+    random cells x the same 2,000 random genes (written to work), and the
+    1 x 50 case's (a random cell a request, 50 fixed genes)."""
     rng = random.Random(7)
     genes2k = sorted(rng.sample(range(n_genes), 2000))
     bodies = []
@@ -291,21 +292,31 @@ def wrk_cases(wrk, url, ds, n_cells, n_genes, clients, seconds, work):
                        "var": {"index": genes2k}}, f)
         bodies.append(p)
     genes50 = ",".join(map(str, sorted(rng.sample(range(n_genes), 50))))
+    return {"10k x 2000": bodies, "1 x 50": ["small", str(n_cells), genes50]}
+
+
+def run_wrk(wrk, lua, url, ds, threads, conns, seconds, args):
+    """One wrk run of WRK_LUA: (req/s, p50 ms, p99 ms, failed requests)."""
+    env = dict(os.environ, IV_PATH="/v1/datasets/%s/query" % ds)
+    r = subprocess.run([wrk, "-t%d" % threads, "-c%d" % conns, "-d%ds" % max(1, int(seconds)),
+                        "--timeout", "30s", "-s", lua, url, "--", *args],
+                       env=env, capture_output=True, text=True, timeout=seconds + 120)
+    line = [x for x in r.stdout.splitlines() if x.startswith("IVRESULT")]
+    if r.returncode != 0 or not line:
+        sys.exit("wrk failed: %s %s" % (r.stdout, r.stderr))
+    _, n, dur, p50, p99, non2xx, errs = line[0].split()
+    return int(n) / (int(dur) / 1e6), float(p50) / 1e3, float(p99) / 1e3, int(non2xx) + int(errs)
+
+
+def wrk_cases(wrk, url, ds, n_cells, n_genes, clients, seconds, work):
+    """The mixed load's two cases from wrk, one after the other: returns
+    {case: (req/s, p50 ms, p99 ms, failed requests)}."""
+    bodies = load_bodies(work, n_cells, n_genes)
     lua = os.path.join(work, "load.lua")
     with open(lua, "w") as f:
         f.write(WRK_LUA)
-    out = {}
-    for kind, args in (("10k x 2000", bodies), ("1 x 50", ["small", str(n_cells), genes50])):
-        env = dict(os.environ, IV_PATH="/v1/datasets/%s/query" % ds)
-        r = subprocess.run([wrk, "-t%d" % min(clients, os.cpu_count()), "-c%d" % clients,
-                            "-d%ds" % max(1, int(seconds)), "--timeout", "30s", "-s", lua, url, "--", *args],
-                           env=env, capture_output=True, text=True, timeout=seconds + 120)
-        line = [x for x in r.stdout.splitlines() if x.startswith("IVRESULT")]
-        if r.returncode != 0 or not line:
-            sys.exit("wrk failed: %s %s" % (r.stdout, r.stderr))
-        _, n, dur, p50, p99, non2xx, errs = line[0].split()
-        out[kind] = (int(n) / (int(dur) / 1e6), float(p50) / 1e3, float(p99) / 1e3, int(non2xx) + int(errs))
-    return out
+    return {kind: run_wrk(wrk, lua, url, ds, min(clients, os.cpu_count()), clients, seconds, args)
+            for kind, args in bodies.items()}
 
 
 def cells_query(url, ds, cells):
