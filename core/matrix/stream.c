@@ -781,7 +781,8 @@ static void prefetch_lines(const uint8_t *p, uint64_t n)
 void iv_stream_prefetch(iv_stream_t *s, uint64_t off, uint64_t len)
 {
     if (len > IV_STREAM_PREFETCH_MAX) len = IV_STREAM_PREFETCH_MAX;
-    if (!s->d.chunked) {
+    if (!s->d.chunked) {   /* one piece of memory: no slot, its bytes (at least the first) */
+        if (len == 0) len = 1;
         if (s->d.contig && off < s->d.length)
             prefetch_lines(s->d.contig + off, len < s->d.length - off ? len : s->d.length - off);
         return;
