@@ -402,17 +402,21 @@ static void ensure_nnz_at(iv_dataset_t *ds)
 /* The output entries of row r: exact once a transpose is prepared; for a
  * direct decode a bound, its slice's entries (times the most times a
  * listed minor element repeats, never past the output's columns). */
+/* The most output entries a row of `total` stored entries can have: each
+ * as many times as the selection repeats a column, never past them all. */
+static int64_t row_out_bound(const struct iv_query *q, int64_t total)
+{
+    if (q->max_mult <= 1) return total;
+    return total > q->n_out_cols / q->max_mult ? q->n_out_cols : total * q->max_mult;
+}
+
 static int64_t out_row_size(const struct iv_query *q, int64_t r)
 {
     if (q->mode == MODE_TRANSPOSE) {
         int64_t s = q->row_slot ? q->row_slot[r] : r;
         return q->t_exp ? q->t_exp[s + 1] - q->t_exp[s] : q->t_indptr[s + 1] - q->t_indptr[s];
     }
-    int64_t z = slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r);
-    if (q->max_mult > 1) {
-        z = z > q->n_out_cols / q->max_mult ? q->n_out_cols : z * q->max_mult;
-    }
-    return z;
+    return row_out_bound(q, slice_nnz(q->ds, q->row_ids ? q->row_ids[r] : r));
 }
 
 /* Appends row r to the block starts bs[0..*n) (capacity *cap, grown by
@@ -1738,7 +1742,7 @@ static inline int64_t ranked_hit(const struct iv_query *q, uint64_t *restrict bi
  * emit_pairs.  Varints are walked as in decode_slice.  A column stored
  * twice (only two groups can hold one) leaves the bitmap with fewer
  * entries than were kept, which emit_dense_slice reports.  The caller
- * reserved room for the row's entries (ranked_bound) plus DENSE_SLACK.
+ * reserved room for the row's entries (row_out_bound) plus DENSE_SLACK.
  */
 static int64_t decode_slice_ranked(const struct iv_query *q, struct work *w, int64_t s,
                                    struct outbuf *o, iv_err_t *err)
@@ -1783,27 +1787,25 @@ fail:
     return dense_slice_failed(w, rc);
 }
 
-/* Whether slice s takes decode_slice_ranked. */
-static int ranked_fits(const struct iv_query *q, int64_t s)
+/* Whether slice s can go through the bitmap over the output columns (the
+ * dense and ranked decoders): a bitmap of at most 2^26 columns, and a
+ * group tag of one byte. */
+static int bitmap_fits(const struct iv_query *q, int64_t s)
 {
-    return q->sel_bits && !q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
+    return q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
            q->ds->m.major_ptr[s + 1] - q->ds->m.major_ptr[s] <= DENSE_MAX_GROUPS;
 }
 
-/* The most output entries a row of `total` stored entries can have: each
- * as many times as the selection repeats a column, never past them all. */
-static int64_t ranked_bound(const struct iv_query *q, int64_t total)
+/* Whether slice s takes decode_slice_ranked. */
+static int ranked_fits(const struct iv_query *q, int64_t s)
 {
-    if (q->max_mult <= 1) return total;
-    return total > q->n_out_cols / q->max_mult ? q->n_out_cols : total * q->max_mult;
+    return q->sel_bits && !q->minor_all && bitmap_fits(q, s);
 }
 
 /* Whether slice s, of `total` entries, takes decode_slice_dense. */
 static int dense_fits(const struct iv_query *q, int64_t s, int64_t total)
 {
-    return q->minor_all && q->n_out_cols > 0 && q->n_out_cols <= ((int64_t)1 << 26) &&
-           total * 64 >= q->n_out_cols / 16 &&
-           q->ds->m.major_ptr[s + 1] - q->ds->m.major_ptr[s] <= DENSE_MAX_GROUPS;
+    return q->minor_all && total * 64 >= q->n_out_cols / 16 && bitmap_fits(q, s);
 }
 
 /* Appends the output row of slice s to o: 0 or a negative error. */
@@ -1817,7 +1819,7 @@ static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struc
         return n < 0 ? (int)n : 0;
     }
     if (ranked_fits(q, s)) {
-        IV_TRY(outbuf_reserve(o, o->n + ranked_bound(q, total) + DENSE_SLACK, err));
+        IV_TRY(outbuf_reserve(o, o->n + row_out_bound(q, total) + DENSE_SLACK, err));
         int64_t n = decode_slice_ranked(q, w, s, o, err);
         return n < 0 ? (int)n : 0;
     }
