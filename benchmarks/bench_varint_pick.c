@@ -5,7 +5,8 @@
  * 36, 20, 10 and 7 random genes of 33,000; 2,000 genes selected), driven
  * as decode_slice drives it (calls of at most 512 varints, the plain
  * decode where it stops).  The baseline, in the same run: the plain
- * decode of every varint, one at a time, with its bitmap test.  Prints
+ * decode of every varint, one at a time, with its bitmap test (the
+ * tests' reference step, tests/support/pick_step.h).  Prints
  * ns a varint, best of R rounds over C cells, and the ratio.
  *
  *   bench_varint_pick [--cells C] [--rounds R] [--all]    (--all: no selection)
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../tests/support/pick_step.h"
 #include "bench_util.h"
 #include "clock.h"
 #include "varint.h"
@@ -26,19 +28,6 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t rnd(void) { return bench_rnd(&rng); }
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
-
-/* One plain step: the index of the next varint, or -1 at a bad one. */
-static int64_t plain_next(const uint8_t **p, const uint8_t *end, uint64_t *acc)
-{
-    uint64_t d;
-    size_t u = iv_varint_read(*p, end, &d);
-    if (u == 0 || *acc + d + 1 > N_GENES) return -1;
-    *p += u;
-    *acc += d + 1;
-    return (int64_t)(*acc - 1);
-}
-
-static int kept(const uint64_t *bits, uint64_t j) { return !bits || ((bits[j >> 6] >> (j & 63)) & 1); }
 
 /* Every group of the stream, decoded: returns the sum of kept indices + 1
  * (a check that both ways agree), the count in *n_kept. */
@@ -63,10 +52,11 @@ static uint64_t run(const uint8_t *buf, const uint8_t *end, const int *len, size
                     continue;
                 }
             }
-            int64_t j = plain_next(&p, end, &acc);
-            if (j < 0) exit(1);
+            uint32_t j;
+            int r = iv_pick_plain_step(&p, end, N_GENES, &acc, bits, &j);
+            if (r < 0) exit(1);
             left--;
-            if (kept(bits, (uint64_t)j)) {
+            if (r) {
                 nk++;
                 chk += (uint64_t)j + 1;
             }
