@@ -37,6 +37,7 @@
 #include "meta.h"
 #include "pool.h"
 #include "request.h"
+#include "zarr_kept.h"
 
 typedef struct iv_vds iv_vds_t;
 
@@ -52,9 +53,15 @@ iv_vds_t *iv_vds_load(const char *path, const iv_dataset_t *ds, iv_meta_t *meta)
  * first search would build it), on a worker once the dataset serves.
  * Any thread; an error leaves it to the first search. */
 void iv_vds_warm(iv_vds_t *v);
+/* Keeps the Zarr store's X chunks of dataset ds (both orientations) in
+ * the cache folder and serves them from there (zarr_kept.h,
+ * iv_zarr_keep_x), on a worker once the dataset's other orientation is
+ * there.  out: the files now served and a note an orientation. */
+void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out);
 void iv_vds_free(iv_vds_t *v);
 
-/* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N to a
+/* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N,
+ * "zarr_kept":{"csr":BYTES,"csc":BYTES} (null: not kept) to a
  * dataset document being built (v may be NULL: empty lists). */
 void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v);
 /* Memory the viewer state holds now: obsm/varm arrays and the search

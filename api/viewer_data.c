@@ -140,6 +140,15 @@ void iv_vds_warm(iv_vds_t *v)
     if (ix) vr_search_index(v, IV_AXIS_OBS, ix, &s, &e);
 }
 
+void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out)
+{
+    /* The store as its requests see it (adapters.c, vr_run_zarr): only
+     * X's chunks are read from it. */
+    iv_zarr_src_t src = {.ds = ds, .meta = v ? v->meta : NULL, .arrays = v ? v->arrays : NULL,
+                         .cache = v ? v->zcache : NULL};
+    iv_zarr_keep_x(&src, in, out);
+}
+
 const char *iv_vds_identity(const iv_vds_t *v)
 {
     return v ? v->identity : "";
@@ -198,6 +207,16 @@ void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
     iv_vds_memory(v, &arrays, &search);
     iv_buf_printf(b, ",\"viewer_bytes\":{\"arrays\":%zu,\"search\":%zu}", s ? s->bytes : 0,
                   search);
+    iv_buf_puts(b, ",\"zarr_kept\":{");
+    for (int csr = 1; csr >= 0; csr--) {
+        uint64_t bytes;
+        int dropped;
+        iv_zarr_cache_kept_state(v ? v->zcache : NULL, csr, &bytes, &dropped);
+        iv_buf_puts(b, csr ? "\"csr\":" : ",\"csc\":");
+        if (bytes && !dropped) iv_buf_printf(b, "%" PRIu64, bytes);
+        else iv_buf_puts(b, "null");
+    }
+    iv_buf_puts(b, "}");
 }
 
 void iv_vds_memory(const iv_vds_t *v, size_t *arrays, size_t *search)

@@ -16,8 +16,10 @@
 #include "zarr_cache.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SLOTS 512
 /* The encoded parts held, all slots together.  A whole-matrix reader
@@ -33,6 +35,15 @@
 #define SLICES_BYTES ((size_t)32 << 20)
 
 enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY };
+
+/* X's kept chunks of one orientation (zarr_kept.h): mx and chunk are
+ * written before k is published (release), and never after. */
+typedef struct kept {
+    _Atomic(iv_zarr_kept_t *) k;
+    const void *mx;
+    int64_t chunk;
+    atomic_int dropped;       /* a read failed its checks: not read again */
+} kept_t;
 
 typedef struct slot {
     int state;
@@ -54,6 +65,7 @@ struct iv_zarr_cache {
     iv_uns_t *uns;
     iv_err_t uns_err;         /* UNS_DONE with uns NULL: why */
     iv_zarr_slices_t *slices; /* long slices decoded for the chunks they span, or NULL */
+    kept_t kept[2];           /* [csr] */
 };
 
 enum { UNS_UNREAD = 0, UNS_READING, UNS_DONE };
@@ -88,6 +100,7 @@ void iv_zarr_cache_free(iv_zarr_cache_t *c)
     for (int i = 0; i < SLOTS; i++) slot_drop(c, &c->s[i]);
     iv_uns_free(c->uns);
     iv_zarr_slices_free(c->slices);
+    for (int i = 0; i < 2; i++) iv_zarr_kept_close(atomic_load(&c->kept[i].k));
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -235,6 +248,42 @@ int iv_zarr_cache_uns_get(iv_zarr_cache_t *c, const char *path, const iv_uns_t *
     pthread_mutex_unlock(&c->mu);
     *out = rc == 0 ? u : NULL;
     return rc == 0 ? 0 : iv_fail(err, rc, "%s", e.msg);
+}
+
+int iv_zarr_cache_keep(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, iv_zarr_kept_t *k)
+{
+    kept_t *s = c ? &c->kept[csr ? 1 : 0] : NULL;
+    if (!s || atomic_load(&s->k)) return -1;
+    s->mx = mx;
+    s->chunk = chunk;
+    atomic_store_explicit(&s->k, k, memory_order_release);
+    return 0;
+}
+
+int iv_zarr_cache_kept_read(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
+                            int want_val, iv_buf_t *out, iv_err_t *err)
+{
+    kept_t *s = c ? &c->kept[csr ? 1 : 0] : NULL;
+    iv_zarr_kept_t *kp = s ? atomic_load_explicit(&s->k, memory_order_acquire) : NULL;
+    if (!kp || s->mx != mx || s->chunk != chunk || atomic_load_explicit(&s->dropped, memory_order_relaxed))
+        return 0;
+    iv_err_t e;
+    iv_err_clear(&e);
+    int rc = iv_zarr_kept_read(kp, k, want_val ? 1 : 0, out, &e);
+    if (rc == 0) return 1;
+    if (rc == IV_ENOMEM) return iv_fail(err, rc, "%s", e.msg);
+    /* Its bytes failed their checks: the chunks are decoded again from
+     * now on, and the next start writes the file again. */
+    if (!atomic_exchange(&s->dropped, 1)) unlink(iv_zarr_kept_path(kp));
+    return 0;
+}
+
+void iv_zarr_cache_kept_state(iv_zarr_cache_t *c, int csr, uint64_t *bytes, int *dropped)
+{
+    kept_t *s = c ? &c->kept[csr ? 1 : 0] : NULL;
+    iv_zarr_kept_t *kp = s ? atomic_load_explicit(&s->k, memory_order_acquire) : NULL;
+    *bytes = kp ? iv_zarr_kept_bytes(kp) : 0;
+    *dropped = kp && atomic_load(&s->dropped);
 }
 
 iv_zarr_slices_t *iv_zarr_cache_slices(iv_zarr_cache_t *c)

@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "error.h"
 #include "uns.h"
+#include "zarr_kept.h"
 #include "zarr_slices.h"
 
 typedef struct iv_zarr_cache iv_zarr_cache_t;
@@ -34,6 +35,23 @@ typedef int (*iv_zarr_fill_fn)(void *ctx, iv_buf_t parts[2], iv_err_t *err);
  */
 int iv_zarr_cache_get(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
                       int want_val, iv_buf_t *out, iv_zarr_fill_fn fill, void *ctx, iv_err_t *err);
+
+/* Gives c the kept chunks k (zarr_kept.h) of matrix mx's orientation csr
+ * at chunk entries a chunk, served from then on by
+ * iv_zarr_cache_kept_read and closed with c.  -1 (k still the caller's)
+ * when c is NULL or has that orientation's already. */
+int iv_zarr_cache_keep(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, iv_zarr_kept_t *k);
+
+/* Appends part want_val of chunk k of (mx, csr, chunk) to out from the
+ * kept chunks: 1 when served, 0 when none are kept for it (the caller
+ * decodes), IV_ENOMEM.  A read that fails its checks drops the kept
+ * file (it is removed, and decoded chunks serve from then on): 0. */
+int iv_zarr_cache_kept_read(iv_zarr_cache_t *c, const void *mx, int csr, int64_t chunk, int64_t k,
+                            int want_val, iv_buf_t *out, iv_err_t *err);
+
+/* The kept file's bytes of orientation csr (0: none) and whether it was
+ * dropped. */
+void iv_zarr_cache_kept_state(iv_zarr_cache_t *c, int csr, uint64_t *bytes, int *dropped);
 
 /* The decoded long slices kept with c (zarr_slices.h); NULL when c is. */
 iv_zarr_slices_t *iv_zarr_cache_slices(iv_zarr_cache_t *c);

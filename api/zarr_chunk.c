@@ -25,6 +25,7 @@
 #include <string.h>
 
 
+#include "filecheck.h"
 #include "h5write.h"
 #include "query.h"
 #include "zarr_cache.h"
@@ -312,18 +313,53 @@ static int x_fill(void *ctx, iv_buf_t parts[2], iv_err_t *err)
     return rc;
 }
 
-static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
-                     iv_buf_t *out, iv_err_t *err)
+/* The fill of chunk k of matrix mx's orientation md (csr: cell-major),
+ * C entries a chunk. */
+static xfill_t xfill_of(const iv_zarr_src_t *src, iv_dataset_t *mx, iv_dataset_t *md, int csr, int64_t C,
+                        int64_t k)
 {
-    const iv_dataset_info_t *in = iv_dataset_info(a->mx);
-    int64_t n_minor = a->csr ? in->n_cols : in->n_rows;
-    xfill_t f = {
-        .ds = a->mx, .md = md, .csr = a->csr, .C = a->chunks[0], .k = k, .zstd = a->zstd,
+    const iv_dataset_info_t *in = iv_dataset_info(mx);
+    int64_t n_minor = csr ? in->n_cols : in->n_rows;
+    return (xfill_t){
+        .ds = mx, .md = md, .csr = csr, .C = C, .k = k, .zstd = IV_ZARR_ZSTD_LEVEL != 0,
         .idx_vt = n_minor <= INT32_MAX ? IV_DT_INT32 : IV_DT_INT64, .val_vt = in->value_dtype,
         .slices = iv_zarr_cache_slices(src->cache),
     };
-    return iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, a->src == ZS_X_DATA, out, x_fill,
-                             &f, err);
+}
+
+static int x_entries(const iv_zarr_src_t *src, const zarr_arr_t *a, iv_dataset_t *md, int64_t k,
+                     iv_buf_t *out, iv_err_t *err)
+{
+    int want_val = a->src == ZS_X_DATA;
+    int rc = iv_zarr_cache_kept_read(src->cache, a->mx, a->csr, a->chunks[0], k, want_val, out, err);
+    if (rc != 0) return rc < 0 ? rc : 0;
+    xfill_t f = xfill_of(src, a->mx, md, a->csr, a->chunks[0], k);
+    f.zstd = a->zstd;
+    return iv_zarr_cache_get(src->cache, a->mx, a->csr, f.C, k, want_val, out, x_fill, &f, err);
+}
+
+int zarr_x_orient(iv_dataset_t *mx, int csr, iv_dataset_t **md, iv_err_t *err)
+{
+    zarr_arr_t a = {.csr = csr, .mx = mx};
+    return x_orient(&a, md, err);
+}
+
+int zarr_x_parts(const iv_zarr_src_t *src, iv_dataset_t *mx, iv_dataset_t *md, int csr, int64_t C,
+                 int64_t k, iv_buf_t parts[2], iv_err_t *err)
+{
+    xfill_t f = xfill_of(src, mx, md, csr, C, k);
+    return x_fill(&f, parts, err);
+}
+
+uint64_t zarr_x_ptr_sum(iv_dataset_t *md, int64_t n_major)
+{
+    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
+    int64_t *d = malloc(((size_t)n_major + 1) * sizeof *d);
+    if (!d) return 0;
+    for (int64_t j = 0; j <= n_major; j++) d[j] = entry_at(&p, j);
+    uint64_t s = iv_file_sum(d, ((size_t)n_major + 1) * sizeof *d);
+    free(d);
+    return s;
 }
 
 static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_buf_t *out,

@@ -60,4 +60,18 @@ static inline int64_t zarr_x_chunk(const iv_zarr_src_t *src)
 int zarr_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, const int64_t idx[2], iv_buf_t *out,
                iv_err_t *err);
 
+/* X's orientation csr (cell-major, else gene-major) of matrix mx: *md,
+ * or why there is none (IV_ENOT_READY while it is built). */
+int zarr_x_orient(iv_dataset_t *mx, int csr, iv_dataset_t **md, iv_err_t *err);
+
+/* Chunk k of X/indices and X/data of mx's orientation md (C entries a
+ * chunk), encoded as served, into parts (empty): the bytes the store's
+ * chunks hold. */
+int zarr_x_parts(const iv_zarr_src_t *src, iv_dataset_t *mx, iv_dataset_t *md, int csr, int64_t C,
+                 int64_t k, iv_buf_t parts[2], iv_err_t *err);
+
+/* iv_file_sum of X/indptr of orientation md (n_major slices), 0 when out
+ * of memory. */
+uint64_t zarr_x_ptr_sum(iv_dataset_t *md, int64_t n_major);
+
 #endif

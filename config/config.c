@@ -42,6 +42,7 @@ static const struct num_opt num_opts[] = {
     {"cache_share_percent", "IVSERVE_CACHE_SHARE_PERCENT", "--cache-share-percent", OFF(cache_share_percent), NK_UINT, 1, 100},
     {"transpose_bytes", "IVSERVE_TRANSPOSE_BYTES", "--transpose-bytes", OFF(transpose_bytes), NK_SIZE, 0, INT64_MAX},
     {"cache_dir_bytes", "IVSERVE_CACHE_DIR_BYTES", "--cache-dir-bytes", OFF(cache_dir_bytes), NK_SIZE, 0, INT64_MAX},
+    {"zarr_keep_entries", "IVSERVE_ZARR_KEEP_ENTRIES", "--zarr-keep-entries", OFF(zarr_keep_entries), NK_I64, 0, INT64_MAX},
     {"cache_max_age", "IVSERVE_CACHE_MAX_AGE", "--cache-max-age", OFF(cache_max_age), NK_U32, 0, 31536000},
     {"gzip_level", "IVSERVE_GZIP_LEVEL", "--gzip-level", OFF(gzip_level), NK_INT, 0, 9},
     {"limits.header_bytes", NULL, "--max-header-bytes", OFF(limits.header_bytes), NK_SIZE, 256, 1 << 24},
@@ -77,6 +78,7 @@ void iv_config_init(iv_config_t *c)
     c->cache_bytes = IV_CACHE_AUTO;
     c->cache_share_percent = 50;
     c->transpose_bytes = (size_t)4 << 30;
+    c->zarr_keep_entries = IV_ZARR_KEEP_ENTRIES;
     c->cache_max_age = 604800;  /* a week, as cellxgene caches */
     /* Level 1, ISA-L's igzip level 1 where the build has it: on real 1%
      * query blocks one thread compresses 340-430 MB/s, five times zlib

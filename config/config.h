@@ -86,6 +86,12 @@ enum { IV_OTHER_AUTO = 0, IV_OTHER_MEMORY, IV_OTHER_DISK };
 enum { IV_PLAIN_AUTO = 0, IV_PLAIN_ON, IV_PLAIN_OFF };
 #define IV_OTHER_MEMORY_MAX ((uint64_t)64 << 20)
 
+/* X's Zarr chunks (api/zarr_kept.h) are kept in the cache folder for
+ * matrices of at most this many stored entries by default: about 170 MB
+ * an orientation on disk at zstd's ratio on counts, written once in
+ * seconds of one worker's time. */
+#define IV_ZARR_KEEP_ENTRIES ((int64_t)64 << 20)
+
 typedef struct iv_config {
     char *listen;                 /* address, default 127.0.0.1 */
     int port;                     /* default 8080; 0 = any free port (printed at start) */
@@ -100,6 +106,7 @@ typedef struct iv_config {
     int other_orientation;        /* where the other orientation lives (IV_OTHER_AUTO, ...) */
     int plain_copy;               /* a compressed stream's plain copy in the cache folder (IV_PLAIN_AUTO:
                                    * when the stream is larger than the chunk caches' part) */
+    int64_t zarr_keep_entries;    /* X's Zarr chunks kept in the cache folder up to this many entries; 0 = never */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     int gzip_level;               /* gzip level of query answers (1..9, see gzip_stream.h); 0 = never compressed */
     iv_ds_conf_t *datasets;

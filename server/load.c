@@ -500,6 +500,62 @@ static job_t *start_other(server_t *s, job_t *j, sds_t *d)
     return j;
 }
 
+/* ---- X's Zarr chunks kept (api/zarr_kept.h) ------------------------------ */
+
+static void install_doc(sds_t *d, job_t *j);
+
+/* Whether d's Zarr X chunks are to be kept in the cache folder: a
+ * matrix of at most zarr_keep_entries stored entries, none kept yet. */
+static int zarr_wanted(const server_t *s, const sds_t *d)
+{
+    return d->state == DS_READY && d->ds && d->vx && !d->retired && !s->draining &&
+           s->cfg->zarr_keep_entries > 0 && iv_dataset_info(d->ds)->nnz <= s->cfg->zarr_keep_entries &&
+           !d->zarr_path[0][0] && !d->zarr_path[1][0];
+}
+
+/* Both orientations' chunks kept (or taken) and served from then on;
+ * the outcome waits in d->zarr_note for the loop's log. */
+static void zarr_run(job_t *j)
+{
+    sds_t *d = j->ds;
+    char dir[4096];
+    iv_zarr_keep_in_t in = {.dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir), .path = iv_rds_path(d),
+                            .stop = &j->srv->stopping};
+    iv_zarr_keep_out_t out;
+    double t0 = now_s();
+    iv_vds_keep_zarr(d->vx, d->ds, &in, &out);
+    for (int i = 0; i < 2; i++) {
+        if (!out.path[i][0]) continue;
+        snprintf(d->zarr_path[i], sizeof d->zarr_path[i], "%s", out.path[i]);
+        iv_autopack_pin(d->zarr_path[i]);  /* in use: no sweep removes it */
+    }
+    snprintf(d->zarr_note, sizeof d->zarr_note, "%s; %s; %.2f s", out.note[1], out.note[0], now_s() - t0);
+    render_doc(d, &j->out);
+}
+
+static void on_zarr_done(job_t *j)
+{
+    sds_t *d = j->ds;
+    iv_alog_event(&j->srv->log, "info", "dataset %s: Zarr X chunks in the cache folder: %s", d->conf->id,
+                  d->zarr_note);
+    install_doc(d, j);
+    job_free(j);
+}
+
+static const job_type_t zarr_job = {zarr_run, on_zarr_done};
+
+/* The last of a dataset's jobs after its load: X's Zarr chunks kept, when
+ * wanted.  NULL when j went on as that job, else j, to be freed. */
+static job_t *start_zarr(server_t *s, job_t *j, sds_t *d)
+{
+    if (!zarr_wanted(s, d)) return j;
+    j->type = &zarr_job;
+    j->rc = 0;
+    iv_buf_free(&j->out);
+    iv_buf_init(&j->out);
+    return job_submit_server(j) == 0 ? NULL : j;
+}
+
 static void on_warm_done(job_t *j)
 {
     if (j->rc != 0)
@@ -536,6 +592,7 @@ static void on_load_done(job_t *j)
     uint64_t gen = j->gen;
     start_warm(s, d);
     j = start_other(s, j, d);
+    if (j) j = start_zarr(s, j, d);
     if (j) job_free(j);
     if (s->reload && gen == s->reload->gen) reload_step(s);
 }
@@ -624,5 +681,6 @@ static void on_other_done(job_t *j)
         j->rc = 0;
         if (job_submit_server(j) == 0) return;
     }
-    job_free(j);
+    j = start_zarr(s, j, d);
+    if (j) job_free(j);
 }

@@ -93,6 +93,10 @@ typedef struct iv_rds {
      * lives ("" when none), and its pack's progress. */
     char other_path[4096];
     char plain_path[4096];  /* the plain copy read (pinned against the sweep), or "" */
+    /* X's Zarr chunks kept and served ([1] csr, [0] csc; pinned), "" when
+     * none, and the keep's outcome for the loop's log. */
+    char zarr_path[2][4096];
+    char zarr_note[820];
     iv_autopack_progress_t other_pack;
     /* A packed copy's source as the watcher last saw it, and the identity
      * a reload was last asked for (loop 0 only). */
