@@ -59,9 +59,14 @@ void iv_vds_warm(iv_vds_t *v);
  * there.  out: the files now served and a note an orientation. */
 void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out);
 void iv_vds_free(iv_vds_t *v);
+/* Bytes of X's Zarr chunks of orientation csr served from the cache
+ * folder now: 0 when none are kept or the file was dropped after a
+ * failed check (v may be NULL).  Any thread. */
+uint64_t iv_vds_zarr_kept(const iv_vds_t *v, int csr);
 
 /* Appends the members ,"obsm":[...],"varm":[...],"viewer_bytes":N,
- * "zarr_kept":{"csr":BYTES,"csc":BYTES} (null: not kept) to a
+ * "zarr_kept":{"csr":BYTES,"csc":BYTES} (X's Zarr chunks kept in the cache
+ * folder when the document is made; null: none) to a
  * dataset document being built (v may be NULL: empty lists). */
 void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v);
 /* Memory the viewer state holds now: obsm/varm arrays and the search

@@ -149,6 +149,14 @@ void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in
     iv_zarr_keep_x(&src, in, out);
 }
 
+uint64_t iv_vds_zarr_kept(const iv_vds_t *v, int csr)
+{
+    uint64_t bytes;
+    int dropped;
+    iv_zarr_cache_kept_state(v ? v->zcache : NULL, csr, &bytes, &dropped);
+    return dropped ? 0 : bytes;
+}
+
 const char *iv_vds_identity(const iv_vds_t *v)
 {
     return v ? v->identity : "";
@@ -209,11 +217,9 @@ void iv_vds_doc(iv_buf_t *b, const iv_vds_t *v)
                   search);
     iv_buf_puts(b, ",\"zarr_kept\":{");
     for (int csr = 1; csr >= 0; csr--) {
-        uint64_t bytes;
-        int dropped;
-        iv_zarr_cache_kept_state(v ? v->zcache : NULL, csr, &bytes, &dropped);
+        uint64_t bytes = iv_vds_zarr_kept(v, csr);
         iv_buf_puts(b, csr ? "\"csr\":" : ",\"csc\":");
-        if (bytes && !dropped) iv_buf_printf(b, "%" PRIu64, bytes);
+        if (bytes) iv_buf_printf(b, "%" PRIu64, bytes);
         else iv_buf_puts(b, "null");
     }
     iv_buf_puts(b, "}");

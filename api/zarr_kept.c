@@ -162,13 +162,15 @@ static int head_matches(const struct head *h, const iv_zarr_kept_for_t *f, const
     return 1;
 }
 
-/* Every part within the file, in order, no larger than a chunk can be
- * encoded to. */
+/* Whether the parts, in order, fill the file from data_off to its end:
+ * 1 yes, -1 when a part runs past the end (cut short), 0 when bytes
+ * follow the last part. */
 static int table_fits(const struct part *t, int64_t n_chunks, uint64_t data_off, uint64_t size)
 {
     uint64_t at = data_off;
     for (int64_t i = 0; i < n_chunks * 2; i++) {
-        if (t[i].off != at || t[i].len > size - at) return 0;
+        if (t[i].off != at) return 0;
+        if (t[i].len > size - at) return -1;
         at += t[i].len;
     }
     return at == size;
@@ -197,8 +199,9 @@ static int open_checked(iv_file_t *file, const iv_zarr_kept_for_t *f, iv_zarr_ke
         *why = "damaged";
         return 0;
     }
-    if (!table_fits(k->table, h.n_chunks, sizeof h + table_bytes, size)) {
-        *why = "truncated";
+    int fits = table_fits(k->table, h.n_chunks, sizeof h + table_bytes, size);
+    if (fits != 1) {
+        *why = fits < 0 ? "truncated" : "damaged";
         return 0;
     }
     k->n_chunks = h.n_chunks;

@@ -30,6 +30,10 @@ Measures:
     client's own start.
     To compare with uncompressed chunks, build with
     -DCMAKE_C_FLAGS=-DIV_ZARR_ZSTD_LEVEL=0.
+    X's chunks are kept in the cache folder by the server's default
+    (zarr_keep_entries): the read runs once they are, and the wait and
+    the server's CPU for it are reported; --zarr-keep-entries 0 times the
+    chunks decoded on request instead.
 
 Usage:
   /usr/bin/python3 benchmarks/bench_zarr.py --bin build/ivserve \\
@@ -99,10 +103,26 @@ WARM_CELLS = 300
 WARM_REQUESTS = 256
 
 
-def start(bin_, work, datasets, threads):
+def start(bin_, work, datasets, threads, keep_entries):
     cfg = write_config(work, {"datasets": datasets})
-    return ServerProcess(work, ["--config", cfg, "--threads", str(threads)], binary=bin_,
+    keep = [] if keep_entries is None else ["--zarr-keep-entries", str(keep_entries)]
+    return ServerProcess(work, ["--config", cfg, "--threads", str(threads)] + keep, binary=bin_,
                          ready_timeout=600)
+
+
+def wait_zarr_kept(url, d, timeout=900):
+    """Seconds until both orientations' X chunks of d are kept in the
+    cache folder (docs/zarr.md, "X's chunks kept"); None when the build
+    has no such state (a build before it)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        kept = requests.get("%s/v1/datasets/%s" % (url, d)).json().get("zarr_kept")
+        if kept is None:
+            return None
+        if kept["csr"] and kept["csc"]:
+            return time.time() - t0
+        time.sleep(0.05)
+    raise SystemExit("the Zarr X chunks of %s were not kept in %d s" % (d, timeout))
 
 
 def wait_gene_major(url, d, timeout=900):
@@ -328,6 +348,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", default=os.path.join(HERE, "data"))
+    ap.add_argument("--zarr-keep-entries", type=int,
+                    help="the server's zarr_keep_entries (default: its own); 0: X's chunks "
+                         "decoded on request, never kept")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench_zarr", dir=args.work)
@@ -349,7 +372,7 @@ def main():
             subprocess.run([sys.executable, os.path.join(HERE, "gen_atlas.py"), "--cells",
                             str(WARM_CELLS), "-o", tiny], check=True)
         datasets.append({"id": "warm", "path": tiny})
-    s = start(args.bin, tmp, datasets, args.threads)
+    s = start(args.bin, tmp, datasets, args.threads, args.zarr_keep_entries)
     try:
         if args.atlas:
             out["gene_major_wait_s"] = wait_gene_major(s.url, "atlas")
@@ -357,6 +380,15 @@ def main():
         if args.read_cells:
             wait_gene_major(s.url, "small")
             wait_gene_major(s.url, "warm")
+            if args.zarr_keep_entries != 0:
+                # The first read below is the first after X's chunks are
+                # kept: the server's CPU for keeping them is reported here.
+                c0 = cpu_seconds(s.proc.pid)
+                for d in ("small", "warm"):
+                    w = wait_zarr_kept(s.url, d)
+                    if w is not None:
+                        out["zarr_kept_wait_s_" + d] = w
+                out["zarr_kept_server_cpu_s"] = cpu_seconds(s.proc.pid) - c0
             for csr in (True, False):
                 out.update(bench_read_zarr(s.url, tmp, args.reps, csr, s.proc.pid))
     finally:

@@ -88,6 +88,7 @@ void ds_memory(const sds_t *d, iv_metrics_ds_mem_t *m)
         m->part[IV_MEM_METADATA] += ms.bytes;
     }
     iv_vds_memory(d->vx, &m->part[IV_MEM_OBSM], &m->part[IV_MEM_SEARCH]);
+    for (int csr = 0; csr < 2; csr++) m->zarr_kept[csr] = iv_vds_zarr_kept(d->vx, csr);
     iv_cache_stats_t cs;
     iv_dataset_cache_stats(d->ds, &cs);
     m->budget_evictions += cs.budget_evictions;

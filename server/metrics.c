@@ -172,6 +172,12 @@ static void render_memory(const iv_metrics_gauges_t *g, iv_buf_t *o)
     for (size_t i = 0; i < g->n_ds_mem; i++)
         iv_buf_printf(o, "ivserve_cache_budget_evictions_total{dataset=\"%s\"} %" PRIu64 "\n",
                       g->ds_mem[i].id, g->ds_mem[i].budget_evictions);
+    iv_buf_puts(o, "# HELP ivserve_dataset_zarr_kept_bytes X's Zarr chunks served from the cache folder, by "
+                   "orientation (0: decoded on request).\n# TYPE ivserve_dataset_zarr_kept_bytes gauge\n");
+    for (size_t i = 0; i < g->n_ds_mem; i++)
+        for (int csr = 1; csr >= 0; csr--)
+            iv_buf_printf(o, "ivserve_dataset_zarr_kept_bytes{dataset=\"%s\",orientation=\"%s\"} %" PRIu64 "\n",
+                          g->ds_mem[i].id, csr ? "csr" : "csc", g->ds_mem[i].zarr_kept[csr]);
 }
 
 void iv_metrics_render(const iv_metrics_t *m, const iv_metrics_gauges_t *g, iv_buf_t *o)

@@ -52,6 +52,8 @@ typedef struct iv_metrics_ds_mem {
     const char *id;
     size_t part[IV_MEM_N];
     uint64_t budget_evictions;    /* its chunks taken for other datasets or itself by the shared budget */
+    uint64_t zarr_kept[2];        /* bytes of X's Zarr chunks served from the cache folder ([1] csr,
+                                   * [0] csc; 0: none, or dropped after a failed check) */
 } iv_metrics_ds_mem_t;
 
 typedef struct iv_metrics_mem_part {

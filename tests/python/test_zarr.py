@@ -5,8 +5,13 @@ compared byte for byte with what zarr-python writes for the same arrays
 and chunking; 404s, HEAD, ETag/304 and tokens.
 
 The datasets have more entries than one X chunk (IV_ZARR_X_CHUNK, 65,536)
-so that chunk boundaries fall inside genes and cells.
+so that chunk boundaries fall inside genes and cells.  The tests on the
+shared server read X's chunks as kept in the cache folder (the server
+keeps them for datasets this small, api/zarr_kept.h: the fixture waits
+for them); test_kept_x_chunks compares them with a server that decodes
+every chunk on request, across a restart and a damaged file.
 """
+import glob
 import os
 import sys
 
@@ -56,6 +61,7 @@ def env(tmp_path_factory):
     ds.append({"id": "locked", "path": data["r_int"][0], "tokens": [TOKEN]})
     s = zarrdata.Server(tmp, ds, cfg_extra={"cors_origins": ["https://vitessce.example"]})
     zarrdata.wait_both(s.url, list(CASES) + ["mx"])
+    zarrdata.wait_kept(s.url, list(CASES) + ["mx"])
     yield s, data
     assert s.stop() == 0, s.log_text()[-3000:]
 
@@ -295,6 +301,72 @@ def test_x_chunks_wait_for_the_other_orientation(tmp_path):
         assert np.array_equal(g["X"]["indices"][:], sp.csr_matrix(d[0]).indices)
     finally:
         assert s.stop() == 0
+
+
+def x_chunks(url, name):
+    """Every X/indices and X/data chunk of both stores of a dataset, by key."""
+    sess, out = requests.Session(), {}
+    for sub in ("", "/csr"):
+        for arr in ("indices", "data"):
+            for k in range(10000):
+                key = "zarr%s/X/%s/%d" % (sub, arr, k)
+                r = sess.get("%s/v1/datasets/%s/%s" % (url, name, key))
+                if r.status_code == 404:
+                    break
+                assert r.status_code == 200, (key, r.text)
+                out[key] = r.content
+    return out
+
+
+def test_kept_x_chunks(tmp_path):
+    """X's chunks kept in the cache folder (zarr_keep_entries) are the
+    chunks decoded on request (zarr_keep_entries 0), byte for byte; a
+    restart takes the kept files instead of writing them; a file whose
+    bytes were damaged after it was taken serves the decoded chunks, is
+    removed, and is written again at the next start."""
+    d = zarrdata.make_data(5, N_OBS, N_VAR, "int32")
+    path = str(tmp_path / "k.h5ad")
+    zarrdata.write_dataset(path, *d, orientation="ivcsr")
+    ds = [{"id": "k", "path": path}]
+    os.makedirs(str(tmp_path / "off"))
+    off = zarrdata.Server(str(tmp_path / "off"), ds, extra_args=("--zarr-keep-entries", "0"))
+    try:
+        zarrdata.wait_both(off.url, ["k"])
+        want = x_chunks(off.url, "k")
+        assert len(want) >= 8
+        doc = requests.get(off.url + "/v1/datasets/k").json()
+        assert doc["zarr_kept"] == {"csr": None, "csc": None}
+    finally:
+        assert off.stop() == 0
+    # csr's file is damaged in the second run: the third writes it again
+    # and takes csc's.
+    for run, how in enumerate([("written", "written"), ("kept", "kept"), ("written", "kept")]):
+        s = zarrdata.Server(str(tmp_path), ds)
+        try:
+            zarrdata.wait_both(s.url, ["k"])
+            kept = zarrdata.wait_kept(s.url, ["k"])["k"]
+            assert kept["csr"] > 0 and kept["csc"] > 0
+            log = s.log_text()
+            assert "csr: %s" % how[0] in log and "csc: %s" % how[1] in log, log[-2000:]
+            assert x_chunks(s.url, "k") == want
+            if run == 1:
+                # The last byte of the csr file (its last chunk's values),
+                # changed under the running server.
+                f = glob.glob(str(tmp_path / "ivserve-cache" / "k-*.X.zarr-csr"))
+                assert len(f) == 1, os.listdir(str(tmp_path / "ivserve-cache"))
+                with open(f[0], "r+b") as fh:
+                    fh.seek(-1, os.SEEK_END)
+                    b = fh.read(1)
+                    fh.seek(-1, os.SEEK_END)
+                    fh.write(bytes([b[0] ^ 0x5A]))
+                assert x_chunks(s.url, "k") == want
+                assert not os.path.exists(f[0])
+                # /metrics says so (the document, made at load, does not).
+                m = requests.get(s.url + "/metrics").text
+                assert 'ivserve_dataset_zarr_kept_bytes{dataset="k",orientation="csr"} 0\n' in m, m
+                assert 'ivserve_dataset_zarr_kept_bytes{dataset="k",orientation="csc"} %d\n' % kept["csc"] in m
+        finally:
+            assert s.stop() == 0
 
 
 def sparse_equal(got, want, fmt):

@@ -97,6 +97,23 @@ def wait_both(url, ids, headers=None, timeout=60):
             time.sleep(0.05)
 
 
+def wait_kept(url, ids, headers=None, timeout=60, want=("csr", "csc")):
+    """Waits until X's Zarr chunks of each dataset are kept in the cache
+    folder (api/zarr_kept.h) for the orientations in want, and returns
+    the documents' zarr_kept members."""
+    deadline = time.time() + timeout
+    out = {}
+    for d in ids:
+        while True:
+            kept = requests.get("%s/v1/datasets/%s" % (url, d), headers=headers).json()["zarr_kept"]
+            if all(kept[o] for o in want):
+                out[d] = kept
+                break
+            assert time.time() < deadline, kept
+            time.sleep(0.05)
+    return out
+
+
 def uns_entries():
     """uns as anndata 0.8 writes it: what the store serves (scalars, 1-D
     numeric and string arrays, nested dicts of those) and what it leaves
