@@ -1,6 +1,8 @@
 /*
  * A dataset as a read-only Zarr v2 store holding AnnData, computed on
- * request and never written anywhere: GET /v1/datasets/{id}/zarr/{key}.
+ * request: GET /v1/datasets/{id}/zarr/{key}.  (X's chunks of a small
+ * enough matrix are computed once and kept in the cache folder,
+ * zarr_kept.h.)
  *
  * Viewers and analysis tools (Vitessce through zarrita, zarr-python with
  * fsspec, anndata's read_zarr) read AnnData stored as Zarr chunk by chunk
@@ -16,8 +18,9 @@
  * same store with X as a csr_matrix (from the cell-major orientation) is
  * under the prefix "csr/" (a store of its own: "csr/.zmetadata", ...).
  *
- * Chunks (zarr_chunk.c) are uncompressed ("compressor": null) and are the
- * bytes zarr-python writes for the same arrays and chunking: edge chunks
+ * Chunks (zarr_chunk.c) are the bytes zarr-python writes for the same
+ * arrays, chunking and compressor (zstd for the sparse matrices' arrays,
+ * IV_ZARR_ZSTD_LEVEL; none for the rest): edge chunks
  * padded with the fill value (0) to the whole chunk shape, strings in
  * numcodecs' vlen-utf8 layout.  Chunk k of X/indices and X/data is the
  * entries [k*C, (k+1)*C) of the orientation's order, decoded from the

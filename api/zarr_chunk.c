@@ -1,6 +1,6 @@
 /*
  * The Zarr store's chunks (see zarr.h): the bytes zarr-python writes for
- * the same array, chunking and compressor (none).
+ * the same array, chunking and compressor.
  *
  * Design.  A chunk is built whole into the response buffer: its size is
  * bounded by the chunking (IV_ZARR_X_CHUNK entries of X,
