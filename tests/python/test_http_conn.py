@@ -740,10 +740,10 @@ def test_full_queue_is_503_with_retry_after(tmp_path):
 
 
 def test_loads_wait_in_a_small_queue(tmp_path):
-    """Eleven datasets load (and build their other orientation) through a
-    queue of one job: the server's own jobs wait their turn instead of
-    failing as a client's query would (they all failed with "the worker
-    queue is full" before)."""
+    """Eleven datasets load (and build their other orientation, then keep
+    their Zarr X chunks) through a queue of one job: the server's own jobs
+    wait their turn instead of failing as a client's query would (they all
+    failed with "the worker queue is full" before)."""
     s = Server(str(tmp_path), extra_args=["--threads", "1", "--queue", "1"])
     try:
         doc = requests.get(s.url + "/v1/datasets", timeout=5).json()["datasets"]
@@ -753,11 +753,13 @@ def test_loads_wait_in_a_small_queue(tmp_path):
             docs = [requests.get(f"{s.url}/v1/datasets/{ds_id(m)}", timeout=5).json() for m in FILES]
             states = [d["orientations"]["genes" if d["orientation"] == "ivcsr" else "cells"]["state"]
                       for d in docs]
-            if all(st == "ready" for st in states):
+            kept = [d["zarr_kept"]["csr"] and d["zarr_kept"]["csc"] for d in docs]
+            if all(st == "ready" for st in states) and all(kept):
                 break
             assert "failed" not in states, states
             time.sleep(0.1)
         assert all(st == "ready" for st in states), states
+        assert all(kept), [d["zarr_kept"] for d in docs]
         same(ivclient.Client(s.url).query(ds_id(BIG), var=[0], by="var").matrix.tocsr(),
              expected(BIG)[:, [0]])
     finally:
