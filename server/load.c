@@ -537,8 +537,8 @@ static void zarr_run(job_t *j)
 static void on_zarr_done(job_t *j)
 {
     sds_t *d = j->ds;
-    iv_alog_event(&j->srv->log, "info", "dataset %s: Zarr X chunks in the cache folder: %s", d->conf->id,
-                  d->zarr_note);
+    iv_alog_event(&j->srv->log, strstr(d->zarr_note, "failed") ? "warn" : "info",
+                  "dataset %s: Zarr X chunks in the cache folder: %s", d->conf->id, d->zarr_note);
     install_doc(d, j);
     job_free(j);
 }

@@ -14,6 +14,7 @@ every chunk on request, across a restart and a damaged file.
 import glob
 import os
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -367,6 +368,31 @@ def test_kept_x_chunks(tmp_path):
                 assert 'ivserve_dataset_zarr_kept_bytes{dataset="k",orientation="csc"} %d\n' % kept["csc"] in m
         finally:
             assert s.stop() == 0
+
+
+def test_kept_x_chunks_without_a_cache_folder(tmp_path):
+    """A cache folder that cannot be made (a file in its place): the keep
+    fails with a warning, and X's chunks are decoded on request."""
+    d = zarrdata.make_data(6, 400, 40, "int32")
+    path = str(tmp_path / "k.h5ad")
+    zarrdata.write_dataset(path, *d, orientation="ivcsr")
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("x")
+    s = zarrdata.Server(str(tmp_path), [{"id": "k", "path": path}],
+                        extra_args=("--cache-dir", str(blocker)))
+    try:
+        zarrdata.wait_both(s.url, ["k"])
+        deadline = time.time() + 30
+        while "Zarr X chunks" not in s.log_text():
+            assert time.time() < deadline, s.log_text()[-2000:]
+            time.sleep(0.05)
+        line = [l for l in s.log_text().splitlines() if "Zarr X chunks" in l][0]
+        assert '"level":"warn"' in line and "csr: failed" in line and "csc: failed" in line, line
+        assert requests.get(s.url + "/v1/datasets/k").json()["zarr_kept"] == {"csr": None, "csc": None}
+        g = open_group(s, "k", csr=True)
+        assert np.array_equal(g["X"]["indices"][:], sp.csr_matrix(d[0]).indices)
+    finally:
+        assert s.stop() == 0
 
 
 def sparse_equal(got, want, fmt):
