@@ -110,14 +110,20 @@ def start(bin_, work, datasets, threads, keep_entries):
                          ready_timeout=600)
 
 
-def wait_zarr_kept(url, d, timeout=900):
+# The server's default zarr_keep_entries (config.h, IV_ZARR_KEEP_ENTRIES).
+DEFAULT_KEEP_ENTRIES = 64 << 20
+
+
+def wait_zarr_kept(url, d, keep_entries, timeout=900):
     """Seconds until both orientations' X chunks of d are kept in the
-    cache folder (docs/zarr.md, "X's chunks kept"); None when the build
-    has no such state (a build before it)."""
+    cache folder (docs/zarr.md, "X's chunks kept"); None when they will
+    not be (a matrix over keep_entries, or a build before the keeping)."""
+    limit = DEFAULT_KEEP_ENTRIES if keep_entries is None else keep_entries
     t0 = time.time()
     while time.time() - t0 < timeout:
-        kept = requests.get("%s/v1/datasets/%s" % (url, d)).json().get("zarr_kept")
-        if kept is None:
+        doc = requests.get("%s/v1/datasets/%s" % (url, d)).json()
+        kept = doc.get("zarr_kept")
+        if kept is None or doc["nnz"] > limit:
             return None
         if kept["csr"] and kept["csc"]:
             return time.time() - t0
@@ -376,6 +382,12 @@ def main():
     try:
         if args.atlas:
             out["gene_major_wait_s"] = wait_gene_major(s.url, "atlas")
+            if args.zarr_keep_entries != 0:
+                c0 = cpu_seconds(s.proc.pid)
+                w = wait_zarr_kept(s.url, "atlas", args.zarr_keep_entries)
+                if w is not None:
+                    out["zarr_kept_wait_s_atlas"] = w
+                    out["zarr_kept_server_cpu_s_atlas"] = cpu_seconds(s.proc.pid) - c0
             out.update(bench_genes(s.url, args.genes, args.conns, s.proc.pid))
         if args.read_cells:
             wait_gene_major(s.url, "small")
@@ -385,7 +397,7 @@ def main():
                 # kept: the server's CPU for keeping them is reported here.
                 c0 = cpu_seconds(s.proc.pid)
                 for d in ("small", "warm"):
-                    w = wait_zarr_kept(s.url, d)
+                    w = wait_zarr_kept(s.url, d, args.zarr_keep_entries)
                     if w is not None:
                         out["zarr_kept_wait_s_" + d] = w
                 out["zarr_kept_server_cpu_s"] = cpu_seconds(s.proc.pid) - c0

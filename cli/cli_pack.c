@@ -37,7 +37,8 @@ static int usage(void)
             "  --transpose-engine off  turn a packed input around by counted bands instead\n"
             "            of the transpose engine (the default, on)\n"
             "  --progress-fd FD  also write 'progress FRACTION DONE TOTAL BYTES PASS PASSES'\n"
-            "            lines to descriptor FD, at most five a second\n");
+            "            lines to descriptor FD, at most five a second, and at the end\n"
+            "            'turned-around HOW' when the pack changed the orientation\n");
     return 2;
 }
 
@@ -180,6 +181,12 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
     if (rep.dropped[0]) printf("%s: not carried over from the input: %s\n", out, rep.dropped);
     if (o->layers) printf("%s: layers packed: %s\n", out, rep.packed[0] ? rep.packed : "none");
     if (rep.transpose[0]) printf("%s: turned around by %s\n", out, rep.transpose);
+    if (rep.transpose[0] && progress_fd >= 0) {
+        /* For the server's log (autopack.c). */
+        char line[600];
+        int n = snprintf(line, sizeof line, "turned-around %s\n", rep.transpose);
+        if (n > 0 && write(progress_fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) {}
+    }
     return 0;
 }
 
@@ -244,6 +251,9 @@ static int pack_value_opt(pack_args_t *pa, const char *a, const char *v)
     } else if (strcmp(a, "--engine-replica-from") == 0) {
         /* Not in the usage: the server passes the input's plain copy. */
         pa->o.replica_from = v;
+    } else if (strcmp(a, "--engine-index-from") == 0) {
+        /* Not in the usage: the server passes its cache folder. */
+        pa->o.index_dir = v;
     } else if (strcmp(a, "--engine-window-kb") == 0) {
         /* Not in the usage: tests make many windows of a small matrix. */
         char *end;

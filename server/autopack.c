@@ -117,10 +117,15 @@ void iv_autopack_progress_json(iv_buf_t *b, const iv_autopack_progress_t *p)
 }
 
 /* One "progress F DONE TOTAL BYTES PASS PASSES" line into p; the decile
- * logged last in *decile. */
+ * logged last in *decile.  A "turned-around HOW" line (the pack's last,
+ * when it changed the orientation) is logged as it is. */
 static void take_line(const char *line, iv_autopack_progress_t *p, int *decile,
                       const iv_alog_t *log, const char *id)
 {
+    if (strncmp(line, "turned-around ", 14) == 0) {
+        iv_alog_event(log, "info", "dataset %s: the pack turned it around by %s", id, line + 14);
+        return;
+    }
     double f;
     long long done, total;
     unsigned long long bytes;
@@ -447,7 +452,8 @@ int iv_autopack_other(const iv_config_t *cfg, const iv_alog_t *log, const char *
                   to_ivcsc ? "gene-major" : "cell-major", copy);
     progress_start(prog, major);
     const char *more[] = {"--layout", to_ivcsc ? "ivcsc" : "ivcsr", "--matrix-only", "--matrix",
-                          matrix, plain ? "--engine-replica-from" : NULL, plain, NULL};
+                          matrix, "--engine-index-from", dir, plain ? "--engine-replica-from" : NULL,
+                          plain, NULL};
     rc = run_pack(cfg, log, id, served, copy, more, prog, stop, err);
     atomic_store(&prog->active, 0);
     if (rc != 0) {

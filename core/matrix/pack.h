@@ -87,6 +87,11 @@ typedef struct iv_pack_opts {
      * its replica instead of writing one, when it was made from the input
      * (--engine-replica-from; the server passes the copy it keeps). */
     const char *replica_from;
+    /* A cache folder holding the input's kept row index and pointer
+     * arrays (indexfile.h, arraysfile.h), which the engine's open of the
+     * input reads instead of making them again; it writes none there
+     * (--engine-index-from; the server passes its own). */
+    const char *index_dir;
 } iv_pack_opts_t;
 
 /* The packed_indices chunk length chosen from benchmarks/README.md's table. */

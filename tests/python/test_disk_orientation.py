@@ -124,6 +124,38 @@ def test_gene_major_copy_on_disk_is_served_and_found_again(tmp_path):
     assert len(now) == 1 and now != copies, (copies, now)
 
 
+def test_the_copys_pack_reads_the_kept_row_index(tmp_path, monkeypatch):
+    """The pack that writes the gene-major copy opens the served file with
+    the row index and pointer arrays the server's load kept in the cache
+    folder (kept here whatever the size: IVSERVE_KEEP_MIN_BYTES=0), and
+    says so in the server's log; the copy answers as the in-memory one.
+    Without a kept index the pack makes its own, and says nothing of it."""
+    src = str(tmp_path / "pbmc.h5ad")
+    shutil.copy(EXAMPLE, src)
+    mem = Server(str(tmp_path), [src, "--cache-dir", str(tmp_path / "c0"), "--other-orientation", "memory"],
+                 name="memory")
+    try:
+        mem.wait_other("pbmc")
+        want = [gene_rows(mem, "pbmc", s) for s in SELECTIONS]
+    finally:
+        assert mem.stop() == 0
+    for keep, cache in (("0", "c1"), (None, "c2")):
+        if keep is None:
+            monkeypatch.delenv("IVSERVE_KEEP_MIN_BYTES", raising=False)
+        else:
+            monkeypatch.setenv("IVSERVE_KEEP_MIN_BYTES", keep)
+        disk = Server(str(tmp_path), [src, "--cache-dir", str(tmp_path / cache), "--other-orientation", "disk"],
+                      name="disk" + cache)
+        try:
+            assert disk.wait_other("pbmc")["source"] == "cache"
+            assert [gene_rows(disk, "pbmc", s) for s in SELECTIONS] == want
+        finally:
+            assert disk.stop() == 0
+        log = disk.text()
+        assert "the pack turned it around by engine" in log, log[-3000:]
+        assert ("its row index read from the cache folder" in log) == (keep is not None), log[-3000:]
+
+
 def test_auto_keeps_a_small_copy_in_memory(tmp_path):
     cache = str(tmp_path / "cache")
     s = Server(str(tmp_path), [EXAMPLE, "--cache-dir", cache])

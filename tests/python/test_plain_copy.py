@@ -223,6 +223,49 @@ def test_pack_reads_the_copy_as_its_replica(tmp_path):
     assert stored_chunks(stale) == want
 
 
+def test_pack_reads_the_kept_row_index(tmp_path, monkeypatch):
+    """`ivserve pack` into the other orientation, given the cache folder
+    where the server kept the input's row index and pointer arrays (as the
+    server gives it, --engine-index-from), reads them instead of making
+    them again, and writes the same file chunk for chunk; a folder that
+    holds another file's is passed over, and the folder gains nothing."""
+    rng = np.random.default_rng(26)
+    X = ivref.random_csr(rng, N_ROWS, N_COLS, NNZ, dtype=np.int32)
+    X = sp.csr_matrix((X.data, X.indices.astype(np.int64), X.indptr.astype(np.int64)), shape=X.shape)
+    path, other = str(tmp_path / "m.h5ad"), str(tmp_path / "o.h5ad")
+    ivref.write_iv(path, X, compression="zstd", chunk_len=16384)
+    ivref.write_iv(other, sp.csr_matrix(X[np.arange(N_ROWS - 1, -1, -1)]), compression="zstd", chunk_len=16384)
+    # Kept whatever the stream's size (the default keeps those of 64 MiB up).
+    monkeypatch.setenv("IVSERVE_KEEP_MIN_BYTES", "0")
+    caches = {}
+    for src in (path, other):
+        caches[src] = str(tmp_path / ("cache_" + os.path.basename(src)))
+        srv = Server(str(tmp_path), src, caches[src], plain="off")
+        try:
+            srv.wait_jobs(plain=False)
+        finally:
+            assert srv.stop() == 0
+        assert glob.glob(os.path.join(caches[src], "*.X.index")), os.listdir(caches[src])
+
+    def pack(out, *more):
+        import subprocess
+        r = subprocess.run([BIN, "pack", path, out, "--layout", "ivcsc", "--matrix-only", "--threads", "2",
+                            "--engine-window-kb", "1024", *more], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [ln for ln in r.stdout.splitlines() if "turned around by" in ln][0]
+
+    own, kept, stale = (str(tmp_path / n) for n in ("own.h5ad", "kept.h5ad", "stale.h5ad"))
+    before = sorted(os.listdir(caches[path]))
+    assert "cache folder" not in pack(own)
+    how = pack(kept, "--engine-index-from", caches[path])
+    assert "its row index read from the cache folder" in how, how
+    assert "cache folder" not in pack(stale, "--engine-index-from", caches[other])
+    assert sorted(os.listdir(caches[path])) == before
+    want = stored_chunks(own)
+    assert stored_chunks(kept) == want
+    assert stored_chunks(stale) == want
+
+
 def test_copy_in_use_survives_a_sweep(tmp_path, data):
     """A plain copy being read is pinned: another dataset's pack sweeps a
     cache folder bounded to 1 byte, which removes every derived file not in
