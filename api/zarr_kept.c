@@ -86,35 +86,75 @@ static int write_at(int fd, const void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-/* The parts in order after the header and table, then the two. */
-static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, iv_zarr_chunk_fn fill,
-                     void *ctx, const atomic_int *stop, iv_err_t *err)
+/* Chunks made at once: a batch's parts are held until written in order
+ * (about 0.5 MB a chunk of counts, 64 chunks: 32 MB at most). */
+#define BATCH 64
+
+/* One batch of chunks made on the pool, each item its own parts and
+ * outcome. */
+typedef struct batch {
+    iv_zarr_chunk_fn fill;
+    void *ctx;
+    int64_t k0;
+    iv_buf_t parts[BATCH][2];
+    int rc[BATCH];
+    iv_err_t err[BATCH];
+} batch_t;
+
+static void batch_item(void *arg, size_t i)
+{
+    batch_t *b = arg;
+    b->parts[i][0].len = b->parts[i][1].len = 0;
+    iv_err_clear(&b->err[i]);
+    b->rc[i] = b->fill(b->ctx, b->k0 + (int64_t)i, b->parts[i], &b->err[i]);
+}
+
+/* The parts in order after the header and table, then the two.  Chunks
+ * are made a batch at a time on the pool (any thread: fill must allow
+ * it) and written in order by this thread. */
+static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const iv_zarr_save_t *sv,
+                     iv_err_t *err)
 {
     struct head h;
     head_fill(&h, f);
     struct part *t = calloc((size_t)h.n_chunks * 2 + 1, sizeof *t);
-    if (!t) return iv_fail(err, IV_ENOMEM, "out of memory for a kept store's table");
+    batch_t *b = calloc(1, sizeof *b);
+    if (!t || !b) {
+        free(t);
+        free(b);
+        return iv_fail(err, IV_ENOMEM, "out of memory for a kept store's table");
+    }
+    b->fill = sv->fill;
+    b->ctx = sv->ctx;
     uint64_t off = sizeof h + (uint64_t)h.n_chunks * 2 * sizeof *t;
-    iv_buf_t parts[2];
-    iv_buf_init(&parts[0]);
-    iv_buf_init(&parts[1]);
     int rc = 0;
-    for (int64_t k = 0; rc == 0 && k < h.n_chunks; k++) {
-        if (stop && atomic_load(stop)) {
+    for (int64_t k0 = 0; rc == 0 && k0 < h.n_chunks; k0 += BATCH) {
+        if (sv->stop && atomic_load(sv->stop)) {
             rc = iv_fail(err, IV_ECANCELLED, "%s: cancelled", tmp);
             break;
         }
-        parts[0].len = parts[1].len = 0;
-        rc = fill(ctx, k, parts, err);
-        for (int p = 0; rc == 0 && p < 2; p++) {
-            t[k * 2 + p] = (struct part){off, parts[p].len, iv_file_sum(parts[p].data, parts[p].len)};
-            if (write_at(fd, parts[p].data, parts[p].len, off) != 0)
-                rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
-            off += parts[p].len;
+        size_t n = (size_t)(h.n_chunks - k0 < BATCH ? h.n_chunks - k0 : BATCH);
+        b->k0 = k0;
+        iv_pool_parallel_for(sv->pool, n, 0, batch_item, b);
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+            if ((rc = b->rc[i]) != 0) {
+                *err = b->err[i];
+                break;
+            }
+            for (int p = 0; rc == 0 && p < 2; p++) {
+                const iv_buf_t *pt = &b->parts[i][p];
+                t[(k0 + (int64_t)i) * 2 + p] = (struct part){off, pt->len, iv_file_sum(pt->data, pt->len)};
+                if (write_at(fd, pt->data, pt->len, off) != 0)
+                    rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+                off += pt->len;
+            }
         }
     }
-    iv_buf_free(&parts[0]);
-    iv_buf_free(&parts[1]);
+    for (size_t i = 0; i < BATCH; i++) {
+        iv_buf_free(&b->parts[i][0]);
+        iv_buf_free(&b->parts[i][1]);
+    }
+    free(b);
     if (rc == 0) {
         h.sum = sum_of(&h, t, h.n_chunks);
         if (write_at(fd, &h, sizeof h, 0) != 0 ||
@@ -125,8 +165,7 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, iv_za
     return rc;
 }
 
-int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, iv_zarr_chunk_fn fill, void *ctx,
-                      const atomic_int *stop, iv_err_t *err)
+int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, const iv_zarr_save_t *sv, iv_err_t *err)
 {
     IV_RETURN_IF(f->chunk <= 0 || f->nnz < 0, err, IV_EINVALID_ARG, "a kept store needs a chunk size");
     char tmp[4200];
@@ -134,7 +173,7 @@ int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, iv_zarr_chu
         return iv_fail(err, IV_EINVALID_ARG, "%s: path too long", path);
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    int rc = save_body(fd, tmp, f, fill, ctx, stop, err);
+    int rc = save_body(fd, tmp, f, sv, err);
     if (close(fd) != 0 && rc == 0) rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
         rc = iv_fail(err, IV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
@@ -325,9 +364,10 @@ static void keep_one(const iv_zarr_src_t *src, int csr, const iv_zarr_keep_in_t 
     int written = 0;
     if (rc == 0) {
         keep_fill_t kf = {src, md, csr, f.chunk};
+        iv_zarr_save_t sv = {.fill = keep_chunk, .ctx = &kf, .pool = in->pool, .stop = in->stop};
         rc = iv_cachedir_prepare(in->dir, &e);
         if (rc == 0) rc = iv_cachedir_note(path, in->path, key, &e);
-        if (rc == 0) rc = iv_zarr_kept_save(path, &f, keep_chunk, &kf, in->stop, &e);
+        if (rc == 0) rc = iv_zarr_kept_save(path, &f, &sv, &e);
         if (rc == 0 && (rc = iv_zarr_kept_open(path, &f, &k, &why, &e)) == 0)
             rc = iv_fail(&e, IV_EIO, "%s was written but is not taken (%s)", path, why);
         written = 1;

@@ -38,6 +38,7 @@
 #include "buf.h"
 #include "dtype.h"
 #include "error.h"
+#include "pool.h"
 #include "zarr.h"
 
 typedef struct iv_zarr_kept iv_zarr_kept_t;
@@ -55,12 +56,21 @@ typedef struct iv_zarr_kept_for {
 /* Chunk k's two parts, encoded (indices, values), into parts (empty). */
 typedef int (*iv_zarr_chunk_fn)(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err);
 
+/* How a store is written: every chunk's parts from fill (called on the
+ * pool's threads and the caller's at once: it must allow that), and when
+ * to stop. */
+typedef struct iv_zarr_save {
+    iv_zarr_chunk_fn fill;
+    void *ctx;
+    iv_pool_t *pool;          /* NULL: the caller makes every chunk */
+    const atomic_int *stop;   /* set: the write stops (may be NULL) */
+} iv_zarr_save_t;
+
 /* Writes the store of f to path (under path.tmpPID, renamed into place),
- * every chunk's parts from fill in order.  IV_EIO when it cannot be
- * written, fill's error, or IV_ECANCELLED once *stop (may be NULL) is
- * set; nothing is left at path then. */
-int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, iv_zarr_chunk_fn fill, void *ctx,
-                      const atomic_int *stop, iv_err_t *err);
+ * the chunks made a batch at a time on the pool and written in order.
+ * IV_EIO when it cannot be written, fill's error (the lowest chunk's), or
+ * IV_ECANCELLED once *stop is set; nothing is left at path then. */
+int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, const iv_zarr_save_t *sv, iv_err_t *err);
 
 /* Opens the store at path: 1 with *out set; 0 when there is none or it
  * is not the one wanted (*why: "none kept", "another format", "made for
@@ -83,6 +93,7 @@ typedef struct iv_zarr_keep_in {
     const char *dir;          /* the cache folder */
     const char *path;         /* the file the dataset was loaded from (its key names the files) */
     const atomic_int *stop;   /* set: a write stops (may be NULL) */
+    iv_pool_t *pool;          /* makes the chunks of a write (NULL: the caller alone) */
 } iv_zarr_keep_in_t;
 
 /* What it did, an orientation each ([1]: csr, [0]: csc). */
@@ -97,7 +108,7 @@ typedef struct iv_zarr_keep_out {
  * chunks from them from then on.  An orientation that is not there (not
  * built, skipped), or a file that cannot be written, is left to the
  * chunks decoded on request, with its note saying why.  On a worker: a
- * write decodes and compresses the whole matrix. */
+ * write decodes and compresses the whole matrix, on in->pool's workers. */
 void iv_zarr_keep_x(const iv_zarr_src_t *src, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out);
 
 #endif

@@ -521,7 +521,7 @@ static void zarr_run(job_t *j)
     sds_t *d = j->ds;
     char dir[4096];
     iv_zarr_keep_in_t in = {.dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir), .path = iv_rds_path(d),
-                            .stop = &j->srv->stopping};
+                            .stop = &j->srv->stopping, .pool = j->srv->pool};
     iv_zarr_keep_out_t out;
     double t0 = now_s();
     iv_vds_keep_zarr(d->vx, d->ds, &in, &out);

@@ -88,7 +88,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char path[64];
     snprintf(path, sizeof path, "/tmp/fuzz_zarr_kept_%ld", (long)getpid());
     iv_err_t err = {0};
-    if (iv_zarr_kept_save(path, &f, fill, &ps, NULL, &err) != 0) abort();
+    iv_zarr_save_t sv = {.fill = fill, .ctx = &ps};
+    if (iv_zarr_kept_save(path, &f, &sv, &err) != 0) abort();
     if (kind) damage(path, kind, at);
     iv_zarr_kept_t *k = NULL;
     const char *why = NULL;

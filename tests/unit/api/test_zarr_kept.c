@@ -1,6 +1,7 @@
 /*
  * X's Zarr chunks kept in the cache folder (api/zarr_kept.h), on the
- * bundled example: every chunk served from the kept file is the chunk
+ * bundled example, written on a pool (batches of chunks made at once,
+ * written in order): every chunk served from the kept file is the chunk
  * decoded on request, byte for byte, in both orientations; a second keep
  * takes the file rather than writing it; a file that is not the store
  * (another chunking, another magic, cut short, a damaged table, absent)
@@ -25,7 +26,7 @@
 #include "zarr_impl.h"
 #include "zarr_kept.h"
 
-#define C 5000  /* entries a chunk: tens of chunks, boundaries inside slices */
+#define C 997  /* entries a chunk: more than two batches of chunks (zarr_kept.c BATCH), boundaries inside slices */
 
 typedef struct fx {
     iv_test_kept_root_t k;
@@ -33,6 +34,7 @@ typedef struct fx {
     iv_zarr_src_t plain;      /* decodes every chunk */
     iv_zarr_src_t kept;       /* with a cache given the kept files */
     iv_zarr_keep_out_t out;
+    iv_pool_t *pool;          /* makes the chunks of a write, 3 workers and the caller */
 } fx_t;
 
 static void fx_open(fx_t *f, const char *tag)
@@ -48,11 +50,13 @@ static void fx_open(fx_t *f, const char *tag)
     f->plain = (iv_zarr_src_t){.ds = f->ds, .x_chunk = C};
     f->kept = (iv_zarr_src_t){.ds = f->ds, .x_chunk = C, .cache = iv_zarr_cache_new()};
     ck_assert_ptr_nonnull(f->kept.cache);
+    f->pool = iv_pool_create(3, 0);
+    ck_assert_ptr_nonnull(f->pool);
 }
 
 static void fx_keep(fx_t *f)
 {
-    iv_zarr_keep_in_t in = {.dir = f->k.dir, .path = f->k.file};
+    iv_zarr_keep_in_t in = {.dir = f->k.dir, .path = f->k.file, .pool = f->pool};
     iv_zarr_keep_x(&f->kept, &in, &f->out);
 }
 
@@ -60,6 +64,7 @@ static void fx_close(fx_t *f)
 {
     iv_zarr_cache_free(f->kept.cache);
     iv_dataset_close(f->ds);
+    iv_pool_destroy(f->pool);
     iv_test_kept_teardown(&f->k);
 }
 
@@ -151,6 +156,7 @@ START_TEST(kept_chunks_are_the_decoded_ones)
 {
     fx_t f;
     fx_open(&f, "zkept_same");
+    ck_assert_int_gt(n_chunks(&f), 2 * 64);  /* three batches or more, the last cut short */
     fx_keep(&f);
     for (int csr = 0; csr < 2; csr++) {
         ck_assert_msg(strstr(f.out.note[csr], "written"), "%s", f.out.note[csr]);
@@ -270,9 +276,10 @@ START_TEST(a_cancelled_write_leaves_nothing)
     iv_zarr_kept_for_t kf = for_of(&f, 1);
     atomic_int stop = 1;
     iv_err_t err = {0};
-    ck_assert_int_eq(iv_zarr_kept_save(path, &kf, fill_never, NULL, &stop, &err), IV_ECANCELLED);
+    iv_zarr_save_t sv = {.fill = fill_never, .stop = &stop};
+    ck_assert_int_eq(iv_zarr_kept_save(path, &kf, &sv, &err), IV_ECANCELLED);
     stop = 0;
-    ck_assert_int_eq(iv_zarr_kept_save(path, &kf, fill_never, NULL, &stop, &err), IV_EINTERNAL);
+    ck_assert_int_eq(iv_zarr_kept_save(path, &kf, &sv, &err), IV_EINTERNAL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", f.k.dir);
     ck_assert_msg(system(cmd) == 0, "files left in %s", f.k.dir);
