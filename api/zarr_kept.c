@@ -72,20 +72,6 @@ static uint64_t sum_of(const struct head *h, const struct part *t, int64_t n_chu
     return a ^ (b * 0x9e3779b97f4a7c15ull);
 }
 
-static int write_at(int fd, const void *buf, size_t n, uint64_t off)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
-}
-
 /* Chunks made at once: a batch's parts are held until written in order
  * (about 0.5 MB a chunk of counts, 64 chunks: 32 MB at most). */
 #define BATCH 64
@@ -144,7 +130,7 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
             for (int p = 0; rc == 0 && p < 2; p++) {
                 const iv_buf_t *pt = &b->parts[i][p];
                 t[(k0 + (int64_t)i) * 2 + p] = (struct part){off, pt->len, iv_file_sum(pt->data, pt->len)};
-                if (write_at(fd, pt->data, pt->len, off) != 0)
+                if (iv_cachedir_pwrite(fd, pt->data, pt->len, off) != 0)
                     rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
                 off += pt->len;
             }
@@ -157,8 +143,8 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
     free(b);
     if (rc == 0) {
         h.sum = sum_of(&h, t, h.n_chunks);
-        if (write_at(fd, &h, sizeof h, 0) != 0 ||
-            write_at(fd, t, (size_t)h.n_chunks * 2 * sizeof *t, sizeof h) != 0)
+        if (iv_cachedir_pwrite(fd, &h, sizeof h, 0) != 0 ||
+            iv_cachedir_pwrite(fd, t, (size_t)h.n_chunks * 2 * sizeof *t, sizeof h) != 0)
             rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     }
     free(t);

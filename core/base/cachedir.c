@@ -132,15 +132,19 @@ int iv_cachedir_path(const char *dir, const char *src, const char *key, const ch
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
+int iv_cachedir_pwrite(int fd, const void *buf, size_t n, uint64_t off)
 {
     const uint8_t *p = buf;
     while (n > 0) {
-        ssize_t put = write(fd, p, n);
+        ssize_t put = pwrite(fd, p, n, (off_t)off);
         if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) return -1;
+        if (put <= 0) {
+            if (put == 0) errno = EIO;
+            return -1;
+        }
         p += put;
         n -= (size_t)put;
+        off += (uint64_t)put;
     }
     return 0;
 }
@@ -157,8 +161,9 @@ int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t 
         return FAILF(IV_EIO, "%s: cannot create: %s", tmp, strerror(e));
     }
     int bad = 0;
-    for (size_t i = 0; i < n_parts && !bad; i++)
-        bad = write_all(fd, parts[i].p, parts[i].n);
+    uint64_t off = 0;
+    for (size_t i = 0; i < n_parts && !bad; off += parts[i].n, i++)
+        bad = iv_cachedir_pwrite(fd, parts[i].p, parts[i].n, off);
     if (close(fd) != 0) bad = 1;
     if (bad || rename(tmp, path) != 0) {
         int e = errno;

@@ -63,6 +63,11 @@ typedef struct iv_cachedir_part {
 int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,
                       iv_err_t *err);
 
+/* Writes all n bytes of buf at off of fd (pwrite, retried when cut
+ * short or interrupted): 0, or -1 with errno set.  For the producers of
+ * derived files that write their parts out of order. */
+int iv_cachedir_pwrite(int fd, const void *buf, size_t n, uint64_t off);
+
 /*
  * Maps a kept file whole, read-only (MAP_PRIVATE), for its reader to
  * check: 1 with *map and *len set, 0 with *why set when there is none

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cachedir.h"
+
 static const char MAGIC[8] = {'I', 'V', 'P', 'L', 'N', 0, 1, 0};
 #define VERSION 1u
 #define DATA_OFF 4096u
@@ -63,20 +65,6 @@ static uint64_t trailer_of(const struct head *h, const uint64_t *sums, uint64_t 
 {
     uint64_t a = iv_file_sum(h, sizeof *h), b = iv_file_sum(sums, (size_t)n * 8);
     return a ^ (b * 0x9e3779b97f4a7c15ull);
-}
-
-static int write_all(int fd, const void *buf, size_t n, uint64_t off)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
 }
 
 /* ---- save ------------------------------------------------------------- */
@@ -146,7 +134,7 @@ static void save_task(void *arg, size_t i)
             uint64_t n = b - off < IV_PLAIN_CHUNK ? b - off : IV_PLAIN_CHUNK;
             sv->sums[off / IV_PLAIN_CHUNK] = iv_file_sum(buf + (off - a), (size_t)n);
         }
-        if (write_all(sv->fd, buf, (size_t)(b - a), DATA_OFF + a) != 0)
+        if (iv_cachedir_pwrite(sv->fd, buf, (size_t)(b - a), DATA_OFF + a) != 0)
             rc = iv_fail(&e, IV_EIO, "cannot write a plain copy: %s", strerror(errno));
     }
     free(buf);
@@ -167,8 +155,8 @@ static int save_body(struct save *sv, const struct head *h, iv_pool_t *pool, con
         return rc;
     }
     uint64_t tr = trailer_of(h, sv->sums, n);
-    if (write_all(sv->fd, sv->sums, (size_t)n * 8, at) != 0 || write_all(sv->fd, &tr, 8, at + n * 8) != 0 ||
-        write_all(sv->fd, h, sizeof *h, 0) != 0)
+    if (iv_cachedir_pwrite(sv->fd, sv->sums, (size_t)n * 8, at) != 0 ||
+        iv_cachedir_pwrite(sv->fd, &tr, 8, at + n * 8) != 0 || iv_cachedir_pwrite(sv->fd, h, sizeof *h, 0) != 0)
         return iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     return 0;
 }

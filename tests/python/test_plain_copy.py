@@ -19,6 +19,7 @@ served with a 64 KiB cache (so that queries keep missing it):
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -183,6 +184,15 @@ def stored_chunks(path):
     return out
 
 
+def pack_turned(src, out, *more):
+    """`ivserve pack` of src into its gene-major orientation at out, in
+    windows of 1 MiB (many of them); its report's "turned around by" line."""
+    r = subprocess.run([BIN, "pack", src, out, "--layout", "ivcsc", "--matrix-only", "--threads", "2",
+                        "--engine-window-kb", "1024", *more], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return [ln for ln in r.stdout.splitlines() if "turned around by" in ln][0]
+
+
 def test_pack_reads_the_copy_as_its_replica(tmp_path):
     """`ivserve pack` into the other orientation, given the served stream's
     plain copy (as the server gives it), reads it instead of writing a
@@ -205,19 +215,12 @@ def test_pack_reads_the_copy_as_its_replica(tmp_path):
             assert srv.stop() == 0
         (found[src],) = copies(cache)
 
-    def pack(out, *more):
-        import subprocess
-        r = subprocess.run([BIN, "pack", path, out, "--layout", "ivcsc", "--matrix-only", "--threads", "2",
-                            "--engine-window-kb", "1024", *more], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return [ln for ln in r.stdout.splitlines() if "turned around by" in ln][0]
-
     own, reused, stale = (str(tmp_path / n) for n in ("own.h5ad", "reused.h5ad", "stale.h5ad"))
-    how = pack(own)
+    how = pack_turned(path, own)
     assert "windows" in how and "plain copy" not in how, how
     assert int(how.split("engine, ")[1].split()[0]) > 2, how
-    assert "input read from its plain copy" in pack(reused, "--engine-replica-from", found[path])
-    assert "plain copy" not in pack(stale, "--engine-replica-from", found[other])
+    assert "input read from its plain copy" in pack_turned(path, reused, "--engine-replica-from", found[path])
+    assert "plain copy" not in pack_turned(path, stale, "--engine-replica-from", found[other])
     want = stored_chunks(own)
     assert stored_chunks(reused) == want
     assert stored_chunks(stale) == want
@@ -247,19 +250,12 @@ def test_pack_reads_the_kept_row_index(tmp_path, monkeypatch):
             assert srv.stop() == 0
         assert glob.glob(os.path.join(caches[src], "*.X.index")), os.listdir(caches[src])
 
-    def pack(out, *more):
-        import subprocess
-        r = subprocess.run([BIN, "pack", path, out, "--layout", "ivcsc", "--matrix-only", "--threads", "2",
-                            "--engine-window-kb", "1024", *more], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return [ln for ln in r.stdout.splitlines() if "turned around by" in ln][0]
-
     own, kept, stale = (str(tmp_path / n) for n in ("own.h5ad", "kept.h5ad", "stale.h5ad"))
     before = sorted(os.listdir(caches[path]))
-    assert "cache folder" not in pack(own)
-    how = pack(kept, "--engine-index-from", caches[path])
+    assert "cache folder" not in pack_turned(path, own)
+    how = pack_turned(path, kept, "--engine-index-from", caches[path])
     assert "its row index read from the cache folder" in how, how
-    assert "cache folder" not in pack(stale, "--engine-index-from", caches[other])
+    assert "cache folder" not in pack_turned(path, stale, "--engine-index-from", caches[other])
     assert sorted(os.listdir(caches[path])) == before
     want = stored_chunks(own)
     assert stored_chunks(kept) == want
