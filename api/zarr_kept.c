@@ -72,8 +72,11 @@ static uint64_t sum_of(const struct head *h, const struct part *t, int64_t n_chu
     return a ^ (b * 0x9e3779b97f4a7c15ull);
 }
 
-/* Chunks made at once: a batch's parts are held until written in order
- * (about 0.5 MB a chunk of counts, 64 chunks: 32 MB at most). */
+/* Chunks made at once, at most: a batch's parts are held until written
+ * in order (about 0.35 MB a chunk of counts, both parts).  A batch is
+ * two chunks a worker and two more (h5write's batches), so that the
+ * memory of a keep, which the budget does not count, stays near the
+ * workers' own: 12 MB at 16 workers. */
 #define BATCH 64
 
 /* One batch of chunks made on the pool, each item its own parts and
@@ -114,12 +117,14 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
     b->ctx = sv->ctx;
     uint64_t off = sizeof h + (uint64_t)h.n_chunks * 2 * sizeof *t;
     int rc = 0;
-    for (int64_t k0 = 0; rc == 0 && k0 < h.n_chunks; k0 += BATCH) {
+    size_t width = sv->pool ? 2 * (size_t)iv_pool_threads(sv->pool) + 2 : 1;
+    if (width > BATCH) width = BATCH;
+    for (int64_t k0 = 0; rc == 0 && k0 < h.n_chunks; k0 += (int64_t)width) {
         if (sv->stop && atomic_load(sv->stop)) {
             rc = iv_fail(err, IV_ECANCELLED, "%s: cancelled", tmp);
             break;
         }
-        size_t n = (size_t)(h.n_chunks - k0 < BATCH ? h.n_chunks - k0 : BATCH);
+        size_t n = (size_t)(h.n_chunks - k0 < (int64_t)width ? h.n_chunks - k0 : (int64_t)width);
         b->k0 = k0;
         iv_pool_parallel_for(sv->pool, n, 0, batch_item, b);
         for (size_t i = 0; rc == 0 && i < n; i++) {

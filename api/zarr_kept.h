@@ -67,7 +67,8 @@ typedef struct iv_zarr_save {
 } iv_zarr_save_t;
 
 /* Writes the store of f to path (under path.tmpPID, renamed into place),
- * the chunks made a batch at a time on the pool and written in order.
+ * the chunks made a batch at a time on the pool (two a worker and two
+ * more) and written in order.
  * IV_EIO when it cannot be written, fill's error (the lowest chunk's), or
  * IV_ECANCELLED once *stop is set; nothing is left at path then. */
 int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, const iv_zarr_save_t *sv, iv_err_t *err);
