@@ -526,9 +526,8 @@ static void zarr_run(job_t *j)
     double t0 = now_s();
     iv_vds_keep_zarr(d->vx, d->ds, &in, &out);
     for (int i = 0; i < 2; i++) {
-        if (!out.path[i][0]) continue;
-        snprintf(d->zarr_path[i], sizeof d->zarr_path[i], "%s", out.path[i]);
-        iv_autopack_pin(d->zarr_path[i]);  /* in use: no sweep removes it */
+        snprintf(d->zarr_made[i], sizeof d->zarr_made[i], "%s", out.path[i]);
+        if (out.path[i][0]) iv_autopack_pin(d->zarr_made[i]);  /* in use: no sweep removes it */
     }
     snprintf(d->zarr_note, sizeof d->zarr_note, "%s; %s; %.2f s", out.note[1], out.note[0], now_s() - t0);
     render_doc(d, &j->out);
@@ -537,6 +536,7 @@ static void zarr_run(job_t *j)
 static void on_zarr_done(job_t *j)
 {
     sds_t *d = j->ds;
+    for (int i = 0; i < 2; i++) memcpy(d->zarr_path[i], d->zarr_made[i], sizeof d->zarr_path[i]);
     iv_alog_event(&j->srv->log, strstr(d->zarr_note, "failed") ? "warn" : "info",
                   "dataset %s: Zarr X chunks in the cache folder: %s", d->conf->id, d->zarr_note);
     install_doc(d, j);

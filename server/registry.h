@@ -94,8 +94,11 @@ typedef struct iv_rds {
     char other_path[4096];
     char plain_path[4096];  /* the plain copy read (pinned against the sweep), or "" */
     /* X's Zarr chunks kept and served ([1] csr, [0] csc; pinned), "" when
-     * none, and the keep's outcome for the loop's log. */
+     * none or dropped after a failed check (loop 0's: set by the keep
+     * job's done half from zarr_made, which its run half wrote with the
+     * outcome for the log, zarr_note). */
     char zarr_path[2][4096];
+    char zarr_made[2][4096];
     char zarr_note[820];
     iv_autopack_progress_t other_pack;
     /* A packed copy's source as the watcher last saw it, and the identity

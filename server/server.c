@@ -356,6 +356,26 @@ static void source_look(server_t *s, sds_t *d)
     d->src_seen = now;
 }
 
+static void rebuild_doc(server_t *s, sds_t *d);
+
+/* A kept Zarr file (api/zarr_kept.h) that a request dropped after a
+ * failed check: one log line, and the document no longer lists it. */
+static void zarr_look(server_t *s, sds_t *d)
+{
+    int dropped = 0;
+    for (int csr = 0; csr < 2; csr++) {
+        if (!d->zarr_path[csr][0] || iv_vds_zarr_kept(d->vx, csr)) continue;
+        iv_alog_event(&s->log, "warn", "dataset %s: its kept Zarr X chunks (%s, %s) failed a check and "
+                      "were removed; X's %s chunks are decoded on request until the next start writes "
+                      "them again", d->conf->id, csr ? "csr" : "csc", d->zarr_path[csr],
+                      csr ? "csr" : "csc");
+        iv_autopack_unpin(d->zarr_path[csr]);
+        d->zarr_path[csr][0] = '\0';
+        dropped = 1;
+    }
+    if (dropped) rebuild_doc(s, d);
+}
+
 /* Slot i: dataset i / 2's own file (even) or its companion's (odd). */
 static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
 {
@@ -366,6 +386,7 @@ static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
     *f = NULL;
     if (d->state != DS_READY || !d->ds) return 1;
     if (i % 2 == 0 && d->pinned) source_look(s, d);
+    if (i % 2 == 0) zarr_look(s, d);
     if (i % 2 == 0) {
         *f = iv_dataset_file(d->ds);
     } else {
@@ -385,6 +406,13 @@ static void on_file_change(void *ctx, void *key, iv_file_t *f, iv_file_state_t s
     (void)f;
     iv_alog_event(&s->log, st == IV_FILE_CHANGED ? "error" : st == IV_FILE_OK ? "info" : "warn",
                   "dataset %s: file %s: %s", d->conf->id, iv_file_state_name(st), msg);
+    rebuild_doc(s, d);
+}
+
+/* d's document made again (it shows a file's state and the kept Zarr
+ * files); on loop 0, under its write lock. */
+static void rebuild_doc(server_t *s, sds_t *d)
+{
     char *old = d->doc;
     size_t old_len = d->doc_len;
     char old_etag[sizeof d->etag];

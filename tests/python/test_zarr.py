@@ -362,10 +362,18 @@ def test_kept_x_chunks(tmp_path):
                     fh.write(bytes([b[0] ^ 0x5A]))
                 assert x_chunks(s.url, "k") == want
                 assert not os.path.exists(f[0])
-                # /metrics says so (the document, made at load, does not).
+                # /metrics says so at once; the log and the document at
+                # the watcher's next tick (2 s).
                 m = requests.get(s.url + "/metrics").text
                 assert 'ivserve_dataset_zarr_kept_bytes{dataset="k",orientation="csr"} 0\n' in m, m
                 assert 'ivserve_dataset_zarr_kept_bytes{dataset="k",orientation="csc"} %d\n' % kept["csc"] in m
+                deadline = time.time() + 20
+                while requests.get(s.url + "/v1/datasets/k").json()["zarr_kept"]["csr"] is not None:
+                    assert time.time() < deadline, s.log_text()[-2000:]
+                    time.sleep(0.1)
+                now = requests.get(s.url + "/v1/datasets/k").json()["zarr_kept"]
+                assert now == {"csr": None, "csc": kept["csc"]}, now
+                assert "its kept Zarr X chunks (csr, " in s.log_text(), s.log_text()[-2000:]
         finally:
             assert s.stop() == 0
 
