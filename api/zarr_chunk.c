@@ -313,6 +313,17 @@ static int x_fill(void *ctx, iv_buf_t parts[2], iv_err_t *err)
     return rc;
 }
 
+/* X/indptr of orientation md, its first n entries (n_major + 1 for the
+ * whole), allocated; NULL when out of memory. */
+static int64_t *x_indptr(iv_dataset_t *md, size_t n)
+{
+    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
+    int64_t *d = malloc(n * sizeof *d);
+    if (d)
+        for (size_t j = 0; j < n; j++) d[j] = entry_at(&p, (int64_t)j);
+    return d;
+}
+
 /* The fill of chunk k of matrix mx's orientation md (csr: cell-major),
  * C entries a chunk. */
 static xfill_t xfill_of(const iv_zarr_src_t *src, iv_dataset_t *mx, iv_dataset_t *md, int csr, int64_t C,
@@ -353,10 +364,8 @@ int zarr_x_parts(const iv_zarr_src_t *src, iv_dataset_t *mx, iv_dataset_t *md, i
 
 uint64_t zarr_x_ptr_sum(iv_dataset_t *md, int64_t n_major)
 {
-    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
-    int64_t *d = malloc(((size_t)n_major + 1) * sizeof *d);
+    int64_t *d = x_indptr(md, (size_t)n_major + 1);
     if (!d) return 0;
-    for (int64_t j = 0; j <= n_major; j++) d[j] = entry_at(&p, j);
     uint64_t s = iv_file_sum(d, ((size_t)n_major + 1) * sizeof *d);
     free(d);
     return s;
@@ -369,11 +378,9 @@ static int x_chunk(const iv_zarr_src_t *src, const zarr_arr_t *a, int64_t k, iv_
     IV_TRY(x_orient(a, &md, err));
     if (a->src != ZS_X_INDPTR) return x_entries(src, a, md, k, out, err);
     /* One chunk: the whole pointer array. */
-    ptrs_t p = {iv_dataset_major_ptr(md), iv_dataset_value_ptr(md)};
     size_t n = (size_t)a->shape[0];
-    int64_t *d = malloc(n * sizeof *d);
+    int64_t *d = x_indptr(md, n);
     if (!d) return iv_fail(err, IV_ENOMEM, "out of memory for X/indptr");
-    for (size_t j = 0; j < n; j++) d[j] = entry_at(&p, (int64_t)j);
     int rc = encode_chunk(a->zstd, (const uint8_t *)d, n * sizeof *d, out, err);
     free(d);
     return rc;

@@ -70,15 +70,24 @@ static void fmt_time(double s, char *buf, size_t cap)
     else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
+/* A line of n bytes (snprintf's count into line[cap]) to --progress-fd,
+ * which server/autopack.c reads; a write that fails ends them. */
+static void fd_line(bar_t *b, const char *line, int n, size_t cap)
+{
+    if (b->progress_fd < 0 || n <= 0) return;
+    size_t len = (size_t)n < cap ? (size_t)n : cap - 1;
+    if (write(b->progress_fd, line, len) < 0) b->progress_fd = -1;
+}
+
 /* One line a report, at most five a second, for the server's packing of
- * ordinary files (server/autopack.c reads them). */
+ * ordinary files. */
 static void progress_line(bar_t *b, const iv_pack_progress_t *p, double t)
 {
     b->last_fd = t;
     char line[160];
     int n = snprintf(line, sizeof line, "progress %.6f %" PRId64 " %" PRId64 " %" PRIu64 " %d %d\n",
                      p->fraction, p->slices_done, p->n_slices, p->bytes_read, p->pass, p->n_passes);
-    if (n > 0 && write(b->progress_fd, line, (size_t)n) < 0) b->progress_fd = -1;
+    fd_line(b, line, n, sizeof line);
 }
 
 static void on_progress(void *ctx, const iv_pack_progress_t *p)
@@ -181,11 +190,10 @@ static int pack_one(const char *in, const char *out, iv_pack_opts_t *o, int quie
     if (rep.dropped[0]) printf("%s: not carried over from the input: %s\n", out, rep.dropped);
     if (o->layers) printf("%s: layers packed: %s\n", out, rep.packed[0] ? rep.packed : "none");
     if (rep.transpose[0]) printf("%s: turned around by %s\n", out, rep.transpose);
-    if (rep.transpose[0] && progress_fd >= 0) {
+    if (rep.transpose[0]) {
         /* For the server's log (autopack.c). */
         char line[600];
-        int n = snprintf(line, sizeof line, "turned-around %s\n", rep.transpose);
-        if (n > 0 && write(progress_fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) {}
+        fd_line(&b, line, snprintf(line, sizeof line, "turned-around %s\n", rep.transpose), sizeof line);
     }
     return 0;
 }

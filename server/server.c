@@ -385,9 +385,9 @@ static int watch_list(void *ctx, size_t i, iv_file_t **f, void **key)
     *key = d;
     *f = NULL;
     if (d->state != DS_READY || !d->ds) return 1;
-    if (i % 2 == 0 && d->pinned) source_look(s, d);
-    if (i % 2 == 0) zarr_look(s, d);
     if (i % 2 == 0) {
+        if (d->pinned) source_look(s, d);
+        zarr_look(s, d);
         *f = iv_dataset_file(d->ds);
     } else {
         iv_orient_status_t st;
