@@ -160,8 +160,7 @@ int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, const iv_za
 {
     IV_RETURN_IF(f->chunk <= 0 || f->nnz < 0, err, IV_EINVALID_ARG, "a kept store needs a chunk size");
     char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
-        return iv_fail(err, IV_EINVALID_ARG, "%s: path too long", path);
+    IV_TRY(iv_cachedir_temp(path, tmp, sizeof tmp, err));
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     int rc = save_body(fd, tmp, f, sv, err);

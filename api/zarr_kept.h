@@ -66,7 +66,7 @@ typedef struct iv_zarr_save {
     const atomic_int *stop;   /* set: the write stops (may be NULL) */
 } iv_zarr_save_t;
 
-/* Writes the store of f to path (under path.tmpPID, renamed into place),
+/* Writes the store of f to path (under iv_cachedir_temp's name, renamed into place),
  * the chunks made a batch at a time on the pool (two a worker and two
  * more) and written in order.
  * IV_EIO when it cannot be written, fill's error (the lowest chunk's), or

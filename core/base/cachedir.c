@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,12 +150,20 @@ int iv_cachedir_pwrite(int fd, const void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+int iv_cachedir_temp(const char *path, char *buf, size_t cap, iv_err_t *err)
+{
+    static atomic_uint next;
+    unsigned n = atomic_fetch_add(&next, 1);
+    if ((size_t)snprintf(buf, cap, "%s.tmp%ld-%u", path, (long)getpid(), n) >= cap)
+        return FAILF(IV_EINVALID_ARG, "%s: path too long", path);
+    return 0;
+}
+
 int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,
                       iv_err_t *err)
 {
     char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
-        return FAILF(IV_EINVALID_ARG, "%s: path too long", path);
+    IV_TRY(iv_cachedir_temp(path, tmp, sizeof tmp, err));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
@@ -203,9 +212,9 @@ int iv_cachedir_map(const char *path, size_t min_len, void **map, size_t *len, c
 int iv_cachedir_note(const char *derived, const char *src, const char *key, iv_err_t *err)
 {
     char note[4200], tmp[4300];
-    if (snprintf(note, sizeof note, "%s" NOTE_SUFFIX, derived) >= (int)sizeof note ||
-        snprintf(tmp, sizeof tmp, "%s.tmp%ld", note, (long)getpid()) >= (int)sizeof tmp)
+    if (snprintf(note, sizeof note, "%s" NOTE_SUFFIX, derived) >= (int)sizeof note)
         return FAILF(IV_EINVALID_ARG, "%s: path too long", derived);
+    IV_TRY(iv_cachedir_temp(note, tmp, sizeof tmp, err));
     FILE *f = fopen(tmp, "w");
     if (!f) return FAILF(IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     int bad = fprintf(f, "%s\n%s", key, src) < 0;
@@ -237,7 +246,8 @@ typedef struct entry {
     struct timespec used;
 } entry_t;
 
-/* NAME.tmpPID: the PID, or 0 when name is not of that form. */
+/* NAME.tmpPID or NAME.tmpPID-N: the PID, or 0 when name is not of that
+ * form. */
 static long temp_pid(const char *name)
 {
     const char *t = strstr(name, ".tmp");
@@ -247,9 +257,14 @@ static long temp_pid(const char *name)
     const char *p = t + 4;
     if (!*p) return 0;
     long pid = 0;
-    for (; *p; p++) {
+    for (; *p && *p != '-'; p++) {
         if (*p < '0' || *p > '9' || pid > 1 << 24) return 0;
         pid = pid * 10 + (*p - '0');
+    }
+    if (*p == '-') {  /* the writer's number: digits to the end */
+        if (!p[1]) return 0;
+        for (p++; *p; p++)
+            if (*p < '0' || *p > '9') return 0;
     }
     return pid;
 }

@@ -13,7 +13,9 @@
  * Beside each derived file a note `NAME.src` records the source's path
  * and key; the sweep reads the notes to remove derived files whose
  * source changed or went away.  Derived files are written by their
- * producer under `NAME.tmpPID` and renamed into place; the sweep removes
+ * producer under `NAME.tmpPID-N` (iv_cachedir_temp: N tells apart two
+ * writers of one process, such as two datasets of one file keeping the
+ * same derived file at once) and renamed into place; the sweep removes
  * such temporary files whose process is gone.
  *
  * Bounded: after removing stale files the sweep removes the least
@@ -57,7 +59,13 @@ typedef struct iv_cachedir_part {
     size_t n;
 } iv_cachedir_part_t;
 
-/* Writes the parts in order to path under a temporary name (path.tmpPID,
+/* A temporary name for a file written at path, into buf (cap bytes):
+ * path.tmpPID-N, N a counter of the process, so that no two writers
+ * share one; the sweep knows the form.  IV_EINVALID_ARG when it does not
+ * fit. */
+int iv_cachedir_temp(const char *path, char *buf, size_t cap, iv_err_t *err);
+
+/* Writes the parts in order to path under a temporary name (iv_cachedir_temp,
  * which the sweep knows), then renames it into place: a reader, or a
  * map, never sees a half-written file.  IV_EIO naming path otherwise. */
 int iv_cachedir_write(const char *path, const iv_cachedir_part_t *parts, size_t n_parts,

@@ -182,7 +182,7 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
     char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
+    if (iv_cachedir_temp(path, tmp, sizeof tmp, err) != 0)
         return iv_fail(err, IV_EINVALID_ARG, "cache path too long: %s", path);
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));

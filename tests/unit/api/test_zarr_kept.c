@@ -8,9 +8,10 @@
  * is refused with its reason; a part whose bytes were changed after the
  * file was taken is refused by its checksum, and the store then serves
  * the decoded chunk and removes the file; a cancelled write leaves
- * nothing behind.
+ * nothing behind; two writes of one file at once both succeed.
  */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,6 +288,63 @@ START_TEST(a_cancelled_write_leaves_nothing)
 }
 END_TEST
 
+/* A slow chunk maker, so that two writes of one file overlap. */
+static int fill_slow(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err)
+{
+    (void)ctx, (void)err;
+    usleep(1000);
+    uint8_t b[2] = {(uint8_t)k, (uint8_t)(k >> 8)};
+    iv_buf_append(&parts[0], b, 2);
+    iv_buf_append(&parts[1], b, 1);
+    return 0;
+}
+
+typedef struct writer {
+    const char *path;
+    const iv_zarr_kept_for_t *f;
+    int rc;
+} writer_t;
+
+static void *write_one(void *arg)
+{
+    writer_t *w = arg;
+    iv_zarr_save_t sv = {.fill = fill_slow};
+    iv_err_t err = {0};
+    w->rc = iv_zarr_kept_save(w->path, w->f, &sv, &err);
+    return NULL;
+}
+
+/* Two datasets of one file keep the same file at once (two threads of
+ * one process): each writes its own temporary name, both succeed, and
+ * the file is whole. */
+START_TEST(two_writers_of_one_file)
+{
+    iv_test_kept_root_t k;
+    iv_test_kept_setup(&k, "zkept_two");
+    char path[400];
+    snprintf(path, sizeof path, "%s/x.X.zarr-csr", k.dir);
+    iv_zarr_kept_for_t kf = {.csr = 1, .chunk = 10, .nnz = 10 * 40, .n_major = 3, .n_minor = 5,
+                             .idx_size = 4, .val_dtype = IV_DT_FLOAT32, .ptr_sum = 42};
+    writer_t w[2] = {{path, &kf, -1}, {path, &kf, -1}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, write_one, &w[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    ck_assert_int_eq(w[0].rc, 0);
+    ck_assert_int_eq(w[1].rc, 0);
+    iv_zarr_kept_t *kp = NULL;
+    iv_err_t err = {0};
+    ck_assert_int_eq(iv_zarr_kept_open(path, &kf, &kp, NULL, &err), 1);
+    iv_buf_t b;
+    iv_buf_init(&b);
+    ck_assert_int_eq(iv_zarr_kept_read(kp, 39, 0, &b, &err), 0);
+    ck_assert_uint_eq(b.len, 2);
+    ck_assert_int_eq(((uint8_t *)b.data)[0], 39);
+    iv_buf_free(&b);
+    iv_zarr_kept_close(kp);
+    iv_test_kept_teardown(&k);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("zarr_kept");
@@ -296,6 +354,7 @@ int main(void)
     tcase_add_test(tc, a_file_not_the_store_is_refused);
     tcase_add_test(tc, a_damaged_part_is_decoded_instead);
     tcase_add_test(tc, a_cancelled_write_leaves_nothing);
+    tcase_add_test(tc, two_writers_of_one_file);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }

@@ -157,20 +157,29 @@ START_TEST(sweep_removes_stale_dead_and_least_recent)
     pid_t kid = fork();
     if (kid == 0) _exit(0);
     waitpid(kid, NULL, 0);
-    char dead[300], live[300], foreign[300];
+    char dead[300], live[300], foreign[300], dead_n[300], live_n[300];
     snprintf(dead, sizeof dead, "%s/x.ivcsr.h5ad.tmp%ld", dir, (long)kid);
     snprintf(live, sizeof live, "%s/y.ivcsr.h5ad.tmp%ld", dir, (long)getpid());
     snprintf(foreign, sizeof foreign, "%s/notes.txt", dir);
+    /* The same with a writer's number (iv_cachedir_temp's form). */
+    snprintf(dead_n, sizeof dead_n, "%s/x.X.zarr-csr.tmp%ld-7", dir, (long)kid);
+    char z[300], other[300];
+    snprintf(z, sizeof z, "%s/z.X.zarr-csc", dir);
+    ck_assert_int_eq(iv_cachedir_temp(z, live_n, sizeof live_n, &err), 0);
+    ck_assert_int_eq(iv_cachedir_temp(z, other, sizeof other, &err), 0);
+    ck_assert_str_ne(live_n, other);  /* two writers, two names */
     write_bytes(dead, 10, 0);
     write_bytes(live, 10, 0);
     write_bytes(foreign, 10, 0);
+    write_bytes(dead_n, 10, 0);
+    write_bytes(live_n, 10, 0);
     /* two.h5ad changes: both of its derived files are stale, unless kept. */
     write_bytes(s2, 1001, 2);
     const char *keep[] = {d4};
     iv_cachedir_sweep_t rep;
     ck_assert_int_eq(iv_cachedir_sweep(dir, 0, keep, 1, &rep, &err), 0);
     ck_assert_int_eq(rep.stale, 1);
-    ck_assert_int_eq(rep.temps, 1);
+    ck_assert_int_eq(rep.temps, 2);
     ck_assert_int_eq(rep.evicted, 0);
     ck_assert(!exists(d2));
     char note[320];
@@ -178,6 +187,7 @@ START_TEST(sweep_removes_stale_dead_and_least_recent)
     ck_assert(!exists(note));
     ck_assert(exists(d4) && exists(d1) && exists(d3));
     ck_assert(!exists(dead) && exists(live) && exists(foreign));
+    ck_assert(!exists(dead_n) && exists(live_n));
     ck_assert_uint_eq(rep.bytes_left, 8100);
     /* Bound 5000: the least recently used unkept goes (d1), then d3
      * would be next but the total fits. */
@@ -198,6 +208,7 @@ START_TEST(sweep_removes_stale_dead_and_least_recent)
     ck_assert_int_eq(iv_cachedir_note(d5, s3, k5, &e5), 0);
     snprintf(note5, sizeof note5, "%s.src", d5);
     unlink(live);
+    unlink(live_n);
     const char *keep5[] = {d4, d5};
     ck_assert_int_eq(iv_cachedir_sweep(dir, 0, keep5, 2, &rep, &err), 0);
     ck_assert(exists(note5));
