@@ -141,11 +141,29 @@ const char *iv_gz_engine(int level)
     return level >= 1 && level <= 9 ? "zlib" : "none";
 }
 
-int iv_gz_block(iv_buf_t *out, const void *in, size_t len, int level, uint32_t *crc)
+/* in[0..len) as stored deflate blocks, none final (see iv_gz_stored). */
+static void stored_blocks(iv_buf_t *out, const void *in, size_t len)
 {
-    *crc = crc_of(in, len);
-    if (level < 1 || level > 9) return IV_EINVALID_ARG;
-    if (len == 0) return 0;
+    const unsigned char *p = in;
+    /* A stored block (RFC 1951 3.2.4): the 3 header bits BFINAL = 0 and
+     * BTYPE = 00, padded to the byte (the previous piece ended on a byte
+     * boundary), then LEN and its one's complement NLEN, little-endian,
+     * and LEN bytes; at most 65,535 of them a block. */
+    while (len) {
+        size_t n = len < 65535 ? len : 65535;
+        unsigned char h[5] = {0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8),
+                              (unsigned char)(~n & 0xff), (unsigned char)((~n >> 8) & 0xff)};
+        iv_buf_append(out, h, sizeof h);
+        iv_buf_append(out, p, n);
+        p += n;
+        len -= n;
+    }
+}
+
+/* Appends in[0..len) as raw deflate at level from a fresh state, ended
+ * with a sync flush (iv_gz_block without its checks and its choice). */
+static int deflate_piece(iv_buf_t *out, const void *in, size_t len, int level)
+{
 #ifdef IV_HAVE_ISAL
     if (level <= 3) return isal_piece(out, in, len, level);
 #endif
@@ -195,23 +213,25 @@ int iv_gz_block(iv_buf_t *out, const void *in, size_t len, int level, uint32_t *
     return rc;
 }
 
+int iv_gz_block(iv_buf_t *out, const void *in, size_t len, int level, uint32_t *crc)
+{
+    *crc = crc_of(in, len);
+    if (level < 1 || level > 9) return IV_EINVALID_ARG;
+    if (len == 0) return 0;
+    size_t start = out->len;
+    int rc = deflate_piece(out, in, len, level);
+    if (rc == 0 && level <= IV_GZ_FAST_LEVEL && (out->len - start) * 3 > len * 2) {
+        out->len = start;   /* saved less than a third: the bytes as they are */
+        stored_blocks(out, in, len);
+        if (out->oom) rc = IV_ENOMEM;
+    }
+    return rc;
+}
+
 void iv_gz_stored(iv_buf_t *out, const void *in, size_t len, uint32_t *crc)
 {
     *crc = crc_of(in, len);
-    const unsigned char *p = in;
-    /* A stored block (RFC 1951 3.2.4): the 3 header bits BFINAL = 0 and
-     * BTYPE = 00, padded to the byte (the previous piece ended on a byte
-     * boundary), then LEN and its one's complement NLEN, little-endian,
-     * and LEN bytes; at most 65,535 of them a block. */
-    while (len) {
-        size_t n = len < 65535 ? len : 65535;
-        unsigned char h[5] = {0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8),
-                              (unsigned char)(~n & 0xff), (unsigned char)((~n >> 8) & 0xff)};
-        iv_buf_append(out, h, sizeof h);
-        iv_buf_append(out, p, n);
-        p += n;
-        len -= n;
-    }
+    stored_blocks(out, in, len);
 }
 
 void iv_gz_finish(iv_buf_t *out, const iv_gz_sum_t *s)

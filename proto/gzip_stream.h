@@ -56,10 +56,23 @@ void iv_gz_header(iv_buf_t *out);
  * receives the CRC-32 of the input.  An empty input appends nothing.
  * Levels 1..3 run on ISA-L's igzip (its levels 1..3) when the build has
  * it (IV_HAVE_ISAL), four to five times faster than zlib at a similar
- * ratio; levels 4..9, and every level without ISA-L, on zlib.  Returns 0,
- * or IV_ENOMEM (out->oom set) when memory ran out, IV_EINVALID_ARG for a
- * level out of range.
+ * ratio; levels 4..9, and every level without ISA-L, on zlib.
+ *
+ * At the fast levels (1..IV_GZ_FAST_LEVEL) a piece that deflate shrinks
+ * by less than a third is appended as stored blocks instead: the bytes as
+ * they are, five bytes of framing in 65,535.  Such a piece is mostly
+ * literals (a gene's cell ids as int32: igzip's shortest match is four
+ * bytes, and it leaves them at 76-79% of their size), and a client
+ * inflates literals at a few nanoseconds a byte (Python's zlib: 2.6 on
+ * the 2-core machine), so the third at most that it would save on the
+ * wire costs the client more time than it saves on any link faster than
+ * about a gigabit.  A level above IV_GZ_FAST_LEVEL asks for the ratio,
+ * and always compresses.
+ *
+ * Returns 0, or IV_ENOMEM (out->oom set) when memory ran out,
+ * IV_EINVALID_ARG for a level out of range.
  */
+#define IV_GZ_FAST_LEVEL 3
 int iv_gz_block(iv_buf_t *out, const void *in, size_t len, int level, uint32_t *crc);
 
 /* "isa-l" or "zlib": the compressor iv_gz_block uses for level ("none"

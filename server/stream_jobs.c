@@ -26,9 +26,12 @@ static void prep_run(job_t *j)
 }
 
 /* A streamed block's bytes are compressed in pieces of this size on the
- * pool: a gene over ten million cells is one block of about 3 MB, which
- * took 12 ms on one core (10 M cells, 16 cores; 4.8 ms unencoded). */
-#define GZ_BLOCK_PIECE ((size_t)256 << 10)
+ * pool: a gene over ten million cells is one block of about 1-3 MB, which
+ * took 12 ms on one core (10 M cells, 16 cores; 4.8 ms unencoded).  64 KiB
+ * spreads such a block over the 16 cores, and leaves at most one piece a
+ * block with both a binary frame's indices and its values, so that
+ * iv_gz_block's choice (stored or compressed) sees them apart. */
+#define GZ_BLOCK_PIECE ((size_t)64 << 10)
 
 /* Compresses a job's output where it was encoded, on the worker: a block
  * becomes one piece of the stream's gzip member (gzip_stream.h), the whole
