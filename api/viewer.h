@@ -58,6 +58,9 @@ void iv_vds_warm(iv_vds_t *v);
  * iv_zarr_keep_x), on a worker once the dataset's other orientation is
  * there.  out: the files now served and a note an orientation. */
 void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out);
+/* The most memory iv_vds_keep_zarr holds at once, its writes making
+ * `width` chunks at a time on a pool of `threads` (iv_zarr_keep_bytes). */
+size_t iv_vds_keep_zarr_bytes(iv_vds_t *v, iv_dataset_t *ds, size_t threads, size_t width);
 void iv_vds_free(iv_vds_t *v);
 /* Bytes of X's Zarr chunks of orientation csr served from the cache
  * folder now: 0 when none are kept or the file was dropped after a

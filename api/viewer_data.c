@@ -140,13 +140,24 @@ void iv_vds_warm(iv_vds_t *v)
     if (ix) vr_search_index(v, IV_AXIS_OBS, ix, &s, &e);
 }
 
+/* The store as its requests see it (adapters.c, vr_run_zarr): only X's
+ * chunks are read from it. */
+static iv_zarr_src_t keep_src(iv_vds_t *v, iv_dataset_t *ds)
+{
+    return (iv_zarr_src_t){.ds = ds, .meta = v ? v->meta : NULL, .arrays = v ? v->arrays : NULL,
+                           .cache = v ? v->zcache : NULL};
+}
+
 void iv_vds_keep_zarr(iv_vds_t *v, iv_dataset_t *ds, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out)
 {
-    /* The store as its requests see it (adapters.c, vr_run_zarr): only
-     * X's chunks are read from it. */
-    iv_zarr_src_t src = {.ds = ds, .meta = v ? v->meta : NULL, .arrays = v ? v->arrays : NULL,
-                         .cache = v ? v->zcache : NULL};
+    iv_zarr_src_t src = keep_src(v, ds);
     iv_zarr_keep_x(&src, in, out);
+}
+
+size_t iv_vds_keep_zarr_bytes(iv_vds_t *v, iv_dataset_t *ds, size_t threads, size_t width)
+{
+    iv_zarr_src_t src = keep_src(v, ds);
+    return iv_zarr_keep_bytes(&src, threads, width);
 }
 
 uint64_t iv_vds_zarr_kept(const iv_vds_t *v, int csr)

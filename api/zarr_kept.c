@@ -14,6 +14,7 @@
 #include "cachedir.h"
 #include "clock.h"
 #include "filecheck.h"
+#include "h5write.h"
 #include "zarr_cache.h"
 #include "zarr_impl.h"
 
@@ -72,12 +73,10 @@ static uint64_t sum_of(const struct head *h, const struct part *t, int64_t n_chu
     return a ^ (b * 0x9e3779b97f4a7c15ull);
 }
 
-/* Chunks made at once, at most: a batch's parts are held until written
- * in order (about 0.35 MB a chunk of counts, both parts).  A batch is
- * two chunks a worker and two more (h5write's batches), so that the
- * memory of a keep, which the budget does not count, stays near the
- * workers' own: 12 MB at 16 workers. */
-#define BATCH 64
+/* A batch's parts are held until written in order (about 0.35 MB a
+ * chunk of counts, both parts, in buffers of their bound: 0.5 MB); the
+ * caller bounds the batch (sv->width) by its budget (iv_zarr_keep_bytes). */
+#define BATCH IV_ZARR_SAVE_MAX
 
 /* One batch of chunks made on the pool, each item its own parts and
  * outcome. */
@@ -117,8 +116,9 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
     b->ctx = sv->ctx;
     uint64_t off = sizeof h + (uint64_t)h.n_chunks * 2 * sizeof *t;
     int rc = 0;
-    size_t width = sv->pool ? 2 * (size_t)iv_pool_threads(sv->pool) + 2 : 1;
+    size_t width = sv->width ? sv->width : sv->pool ? IV_ZARR_SAVE_WIDTH(iv_pool_threads(sv->pool)) : 1;
     if (width > BATCH) width = BATCH;
+    size_t held = 0;
     for (int64_t k0 = 0; rc == 0 && k0 < h.n_chunks; k0 += (int64_t)width) {
         if (sv->stop && atomic_load(sv->stop)) {
             rc = iv_fail(err, IV_ECANCELLED, "%s: cancelled", tmp);
@@ -127,6 +127,9 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
         size_t n = (size_t)(h.n_chunks - k0 < (int64_t)width ? h.n_chunks - k0 : (int64_t)width);
         b->k0 = k0;
         iv_pool_parallel_for(sv->pool, n, 0, batch_item, b);
+        size_t now = 0;
+        for (size_t i = 0; i < BATCH; i++) now += b->parts[i][0].cap + b->parts[i][1].cap;
+        if (now > held) held = now;
         for (size_t i = 0; rc == 0 && i < n; i++) {
             if ((rc = b->rc[i]) != 0) {
                 *err = b->err[i];
@@ -146,6 +149,7 @@ static int save_body(int fd, const char *tmp, const iv_zarr_kept_for_t *f, const
         iv_buf_free(&b->parts[i][1]);
     }
     free(b);
+    if (sv->held) *sv->held = held;
     if (rc == 0) {
         h.sum = sum_of(&h, t, h.n_chunks);
         if (iv_cachedir_pwrite(fd, &h, sizeof h, 0) != 0 ||
@@ -319,7 +323,7 @@ static int keep_chunk(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err)
 /* One orientation: taken when kept, written otherwise, then given to the
  * store's cache.  Its outcome in note; at set to the file in use. */
 static void keep_one(const iv_zarr_src_t *src, int csr, const iv_zarr_keep_in_t *in, char *note, size_t n,
-                     char *at, size_t at_cap)
+                     char *at, size_t at_cap, size_t *held)
 {
     const char *name = csr ? "csr" : "csc";
     iv_dataset_t *md = NULL;
@@ -354,7 +358,8 @@ static void keep_one(const iv_zarr_src_t *src, int csr, const iv_zarr_keep_in_t 
     int written = 0;
     if (rc == 0) {
         keep_fill_t kf = {src, md, csr, f.chunk};
-        iv_zarr_save_t sv = {.fill = keep_chunk, .ctx = &kf, .pool = in->pool, .stop = in->stop};
+        iv_zarr_save_t sv = {.fill = keep_chunk, .ctx = &kf, .pool = in->pool, .stop = in->stop,
+                             .width = in->width, .held = held};
         rc = iv_cachedir_prepare(in->dir, &e);
         if (rc == 0) rc = iv_cachedir_note(path, in->path, key, &e);
         if (rc == 0) rc = iv_zarr_kept_save(path, &f, &sv, &e);
@@ -385,6 +390,41 @@ void iv_zarr_keep_x(const iv_zarr_src_t *src, const iv_zarr_keep_in_t *in, iv_za
      * the copy built after. */
     for (int i = 0; i < 2; i++) {
         int csr = i == 0;
-        keep_one(src, csr, in, out->note[csr], sizeof out->note[csr], out->path[csr], sizeof out->path[csr]);
+        size_t held = 0;
+        keep_one(src, csr, in, out->note[csr], sizeof out->note[csr], out->path[csr], sizeof out->path[csr],
+                 &held);
+        if (held > out->held) out->held = held;
     }
+}
+
+/* The capacity iv_buf_reserve gives an empty buffer for n bytes. */
+static size_t buf_cap(size_t n)
+{
+    size_t cap = 256;
+    while (cap < n) cap *= 2;
+    return cap;
+}
+
+size_t iv_zarr_keep_bytes(const iv_zarr_src_t *src, size_t threads, size_t width)
+{
+    const iv_dataset_info_t *info = iv_dataset_info(src->ds);
+    int64_t C = zarr_x_chunk(src);
+    size_t n_chunks = (size_t)((info->nnz + C - 1) / C);
+    size_t n_major = (size_t)(info->n_rows > info->n_cols ? info->n_rows : info->n_cols);
+    int64_t n_minor_max = info->n_rows > info->n_cols ? info->n_rows : info->n_cols;
+    size_t idx = n_minor_max <= INT32_MAX ? 4 : 8, raw = (size_t)C * (idx + iv_dtype_size(info->value_dtype));
+    const iv_h5w_codec_t z = {IV_H5W_ZSTD, IV_ZARR_ZSTD_LEVEL};
+    size_t val = (size_t)C * iv_dtype_size(info->value_dtype);
+    size_t part = IV_ZARR_ZSTD_LEVEL > 0 ? buf_cap(iv_h5w_bound(&z, (size_t)C * idx)) + buf_cap(iv_h5w_bound(&z, val))
+                                         : buf_cap((size_t)C * idx) + buf_cap(val);
+    size_t ctx = IV_ZARR_ZSTD_LEVEL > 0 ? iv_h5w_ctx_bytes(&z, (size_t)C * idx) : 0;
+    if (width == 0) width = 1;
+    if (width > IV_ZARR_SAVE_MAX) width = IV_ZARR_SAVE_MAX;
+    if (width > n_chunks && n_chunks > 0) width = n_chunks;
+    size_t makers = width < threads + 1 ? width : threads + 1;
+    /* X/indptr's int64 copy is summed and freed before the write, which
+     * holds the table and the batch. */
+    size_t write = n_chunks * 2 * sizeof(struct part) + sizeof(batch_t) + width * part + makers * (raw + ctx);
+    size_t ptrs = (n_major + 1) * sizeof(int64_t);
+    return write > ptrs ? write : ptrs;
 }

@@ -64,11 +64,19 @@ typedef struct iv_zarr_save {
     void *ctx;
     iv_pool_t *pool;          /* NULL: the caller makes every chunk */
     const atomic_int *stop;   /* set: the write stops (may be NULL) */
+    size_t width;             /* chunks made at once (0: IV_ZARR_SAVE_WIDTH of the pool) */
+    size_t *held;             /* not NULL: set to the most bytes the batch's parts held */
 } iv_zarr_save_t;
 
+/* The chunks a write makes at once, at most, and by default: two a pool
+ * thread and two more (h5write's batches), at most IV_ZARR_SAVE_MAX. */
+#define IV_ZARR_SAVE_MAX 64
+#define IV_ZARR_SAVE_WIDTH(threads) \
+    (2 * (size_t)(threads) + 2 < IV_ZARR_SAVE_MAX ? 2 * (size_t)(threads) + 2 : IV_ZARR_SAVE_MAX)
+
 /* Writes the store of f to path (under iv_cachedir_temp's name, renamed into place),
- * the chunks made a batch at a time on the pool (two a worker and two
- * more) and written in order.
+ * the chunks made a batch at a time (sv->width of them, on the pool and
+ * the caller's thread) and written in order.
  * IV_EIO when it cannot be written, fill's error (the lowest chunk's), or
  * IV_ECANCELLED once *stop is set; nothing is left at path then. */
 int iv_zarr_kept_save(const char *path, const iv_zarr_kept_for_t *f, const iv_zarr_save_t *sv, iv_err_t *err);
@@ -95,12 +103,14 @@ typedef struct iv_zarr_keep_in {
     const char *path;         /* the file the dataset was loaded from (its key names the files) */
     const atomic_int *stop;   /* set: a write stops (may be NULL) */
     iv_pool_t *pool;          /* makes the chunks of a write (NULL: the caller alone) */
+    size_t width;             /* chunks a write makes at once (0: IV_ZARR_SAVE_WIDTH of the pool) */
 } iv_zarr_keep_in_t;
 
 /* What it did, an orientation each ([1]: csr, [0]: csc). */
 typedef struct iv_zarr_keep_out {
     char path[2][4096];       /* the kept file now served, "" when none */
     char note[2][400];        /* "csr: kept (N bytes, s)", "csc: written (...)", "csc: none (why)", ... */
+    size_t held;              /* the most bytes a write's batch of parts held */
 } iv_zarr_keep_out_t;
 
 /* Keeps X's chunks of both orientations of src's dataset (src->ds, its
@@ -111,5 +121,13 @@ typedef struct iv_zarr_keep_out {
  * chunks decoded on request, with its note saying why.  On a worker: a
  * write decodes and compresses the whole matrix, on in->pool's workers. */
 void iv_zarr_keep_x(const iv_zarr_src_t *src, const iv_zarr_keep_in_t *in, iv_zarr_keep_out_t *out);
+
+/* The most memory iv_zarr_keep_x of src's dataset holds at once when its
+ * writes make `width` chunks at a time on a pool of `threads` (its own
+ * memory, which the caller reserves from its budget): the batch's
+ * encoded parts at their bound, each maker's raw chunk and compression
+ * context (a pool thread keeps its context after), and the larger
+ * orientation's table and X/indptr. */
+size_t iv_zarr_keep_bytes(const iv_zarr_src_t *src, size_t threads, size_t width);
 
 #endif

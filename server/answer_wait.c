@@ -107,6 +107,12 @@ int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_re
     return 1;
 }
 
+int answer_take_background(server_t *s, uint64_t need)
+{
+    if (server_oldest(s) != UINT64_MAX) return -1;
+    return iv_budget_take(&s->answers_left, need) == 0 ? 0 : -1;
+}
+
 void reserve_unwait(qstream_t *qs)
 {
     if (!qs->reserve_wait) return;

@@ -17,12 +17,14 @@
 #include "srv_datasets.h"
 #include "srv_jobs.h"
 #include "srv_loop.h"
+#include "srv_qstream.h"
 
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "enc_dataset.h"
 #include "meta_doc.h"
@@ -514,22 +516,65 @@ static int zarr_wanted(const server_t *s, const sds_t *d)
            !d->zarr_path[0][0] && !d->zarr_path[1][0];
 }
 
+/* The keep's memory comes out of the answers' share (answer_wait.c), as
+ * a query's working set does, for the keep's whole run: as many chunks at
+ * a time as the share gives now, from IV_ZARR_SAVE_WIDTH of the pool down
+ * to one, taken only while no query waits for the share.  When not even
+ * one chunk's is there it waits a tick at a time (the share comes back as
+ * answers end) until the server stops.  The bytes taken and *width; 0
+ * when none, with why in note: more than the whole share, or the server
+ * stopping. */
+static uint64_t zarr_reserve(job_t *j, size_t *width, char *note, size_t cap)
+{
+    server_t *s = j->srv;
+    sds_t *d = j->ds;
+    size_t threads = (size_t)iv_pool_threads(s->pool);
+    uint64_t least = iv_vds_keep_zarr_bytes(d->vx, d->ds, threads, 1);
+    if (least > s->mem.answers) {
+        snprintf(note, cap, "csr and csc: failed (the keep needs %" PRIu64 " bytes at least, more than the "
+                 "%zu bytes the memory budget gives answers being computed)", least, s->mem.answers);
+        return 0;
+    }
+    while (!atomic_load(&s->stopping)) {
+        for (size_t w = IV_ZARR_SAVE_WIDTH(threads); w >= 1; w /= 2) {
+            uint64_t need = iv_vds_keep_zarr_bytes(d->vx, d->ds, threads, w);
+            if (need <= s->mem.answers && answer_take_background(s, need) == 0) {
+                *width = w;
+                return need;
+            }
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    snprintf(note, cap, "csr and csc: not kept (the server is stopping)");
+    return 0;
+}
+
 /* Both orientations' chunks kept (or taken) and served from then on;
  * the outcome waits in d->zarr_note for the loop's log. */
 static void zarr_run(job_t *j)
 {
     sds_t *d = j->ds;
     char dir[4096];
-    iv_zarr_keep_in_t in = {.dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir), .path = iv_rds_path(d),
-                            .stop = &j->srv->stopping, .pool = j->srv->pool};
-    iv_zarr_keep_out_t out;
+    size_t width = 0;
     double t0 = now_s();
+    uint64_t held = zarr_reserve(j, &width, d->zarr_note, sizeof d->zarr_note);
+    if (!held) {
+        d->zarr_made[0][0] = d->zarr_made[1][0] = '\0';
+        render_doc(d, &j->out);
+        return;
+    }
+    iv_zarr_keep_in_t in = {.dir = iv_config_cache_dir(j->srv->cfg, dir, sizeof dir), .path = iv_rds_path(d),
+                            .stop = &j->srv->stopping, .pool = j->srv->pool, .width = width};
+    iv_zarr_keep_out_t out;
     iv_vds_keep_zarr(d->vx, d->ds, &in, &out);
+    iv_budget_give(&j->srv->answers_left, held);
     for (int i = 0; i < 2; i++) {
         snprintf(d->zarr_made[i], sizeof d->zarr_made[i], "%s", out.path[i]);
         if (out.path[i][0]) iv_autopack_pin(d->zarr_made[i]);  /* in use: no sweep removes it */
     }
-    snprintf(d->zarr_note, sizeof d->zarr_note, "%s; %s; %.2f s", out.note[1], out.note[0], now_s() - t0);
+    snprintf(d->zarr_note, sizeof d->zarr_note, "%s; %s; %.2f s; %zu chunk%s at a time, %" PRIu64 " bytes of "
+             "the answers' memory reserved, %zu held by the parts", out.note[1], out.note[0], now_s() - t0, width,
+             width == 1 ? "" : "s", held, out.held);
     render_doc(d, &j->out);
 }
 

@@ -99,7 +99,7 @@ typedef struct iv_rds {
      * outcome for the log, zarr_note). */
     char zarr_path[2][4096];
     char zarr_made[2][4096];
-    char zarr_note[820];
+    char zarr_note[1000];
     iv_autopack_progress_t other_pack;
     /* A packed copy's source as the watcher last saw it, and the identity
      * a reload was last asked for (loop 0 only). */

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include <zlib.h>
+/* ZSTD_estimateCCtxSize_usingCParams (iv_h5w_ctx_bytes): exported by the
+ * shared library, declared in its advanced part. */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 #include "codec.h"
@@ -113,6 +116,12 @@ static ZSTD_CCtx *thread_cctx(void)
         return NULL;
     }
     return c;
+}
+
+size_t iv_h5w_ctx_bytes(const iv_h5w_codec_t *c, size_t n)
+{
+    if (c->kind != IV_H5W_ZSTD) return 0;
+    return ZSTD_estimateCCtxSize_usingCParams(ZSTD_getCParams(c->level, n, 0));
 }
 
 size_t iv_h5w_compress(const iv_h5w_codec_t *c, const void *src, size_t n, void *dst, size_t cap)

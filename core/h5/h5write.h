@@ -50,6 +50,10 @@ void iv_h5w_codec_describe(const iv_h5w_codec_t *c, char *buf, size_t cap);
  * thread; each thread keeps its own compression context. */
 size_t iv_h5w_bound(const iv_h5w_codec_t *c, size_t n);
 size_t iv_h5w_compress(const iv_h5w_codec_t *c, const void *src, size_t n, void *dst, size_t cap);
+/* The memory of the context iv_h5w_compress keeps in a thread that
+ * compresses chunks of n bytes with c (zstd's own estimate; 0 for the
+ * codecs that keep none). */
+size_t iv_h5w_ctx_bytes(const iv_h5w_codec_t *c, size_t n);
 
 typedef struct iv_h5w_array iv_h5w_array_t;
 

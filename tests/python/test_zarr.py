@@ -13,6 +13,7 @@ every chunk on request, across a restart and a damaged file.
 """
 import glob
 import os
+import re
 import sys
 import time
 
@@ -376,6 +377,76 @@ def test_kept_x_chunks(tmp_path):
                 assert "its kept Zarr X chunks (csr, " in s.log_text(), s.log_text()[-2000:]
         finally:
             assert s.stop() == 0
+
+
+def keep_line(s):
+    """The server's log line of the Zarr keep, once written."""
+    deadline = time.time() + 30
+    while "Zarr X chunks" not in s.log_text():
+        assert time.time() < deadline, s.log_text()[-2000:]
+        time.sleep(0.05)
+    return [l for l in s.log_text().splitlines() if "Zarr X chunks" in l][0]
+
+
+def metric(url, name):
+    m = re.search(r"^%s (\d+)$" % re.escape(name), requests.get(url + "/metrics").text, re.M)
+    assert m, name
+    return int(m.group(1))
+
+
+def test_kept_x_chunks_within_the_memory_budget(tmp_path):
+    """The keep's memory comes out of the answers' share of the memory
+    budget, and goes back to it: with a large budget the keep makes the
+    pool's width of chunks at a time; with a share one byte short of that
+    reservation, fewer chunks at a time, and the same chunks; with a share
+    smaller than one chunk's, nothing is kept (a warning) and X's chunks
+    are decoded on request."""
+    d = zarrdata.make_data(7, N_OBS, N_VAR, "int32")
+    path = str(tmp_path / "k.h5ad")
+    zarrdata.write_dataset(path, *d, orientation="ivcsr")
+    ds = [{"id": "k", "path": path}]
+    want, runs = None, []
+    answers = 'ivserve_memory_budget_bytes{part="answers"}'
+    used = 'ivserve_memory_used_bytes{part="answers"}'
+    for name, memory in (("wide", 1 << 30), ("narrow", None), ("none", 1 << 20)):
+        if memory is None:
+            memory = 10 * (runs[0][1] - 1) + 9  # the answers' share: a tenth
+        os.makedirs(str(tmp_path / name))
+        s = zarrdata.Server(str(tmp_path / name), ds, extra_args=("--memory-bytes", str(memory)))
+        try:
+            line = keep_line(s)
+            share = metric(s.url, answers)
+            assert share == memory // 10, share
+            kept = requests.get(s.url + "/v1/datasets/k").json()["zarr_kept"]
+            if name == "none":
+                # (A budget this small skips the gene-major copy: the
+                # cell-major store's chunks are the ones to compare.)
+                assert '"level":"warn"' in line and "csr and csc: failed (the keep needs" in line, line
+                assert kept == {"csr": None, "csc": None}, kept
+                sess = requests.Session()
+                for key in (k for k in want if k.startswith("zarr/csr/")):
+                    r = sess.get("%s/v1/datasets/k/%s" % (s.url, key))
+                    assert r.status_code == 200 and r.content == want[key], key
+                continue
+            zarrdata.wait_both(s.url, ["k"])
+            kept = zarrdata.wait_kept(s.url, ["k"])["k"]
+            got = x_chunks(s.url, "k")
+            if want is None:
+                want = got
+            assert got == want
+            m = re.search(r"(\d+) chunks? at a time, (\d+) bytes of the answers' memory reserved, "
+                          r"(\d+) held by the parts", line)
+            assert m, line
+            width, reserved, held = (int(x) for x in m.groups())
+            assert "csr: written" in line and "csc: written" in line, line
+            assert 0 < held <= reserved <= share, line
+            assert kept["csr"] > 0 and kept["csc"] > 0, kept
+            assert metric(s.url, used) == 0
+            runs.append((width, reserved))
+        finally:
+            assert s.stop() == 0
+    (wide, r_wide), (narrow, r_narrow) = runs
+    assert wide == 6 and 1 <= narrow < wide and r_narrow < r_wide, runs
 
 
 def test_kept_x_chunks_without_a_cache_folder(tmp_path):

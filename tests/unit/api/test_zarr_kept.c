@@ -345,6 +345,85 @@ START_TEST(two_writers_of_one_file)
 }
 END_TEST
 
+/* A chunk maker whose parts are 3,000 and 1,000 bytes, in buffers of
+ * 4,096 and 1,024 (iv_buf doubles from 256). */
+static int fill_sized(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err)
+{
+    (void)ctx;
+    uint8_t b[3000];
+    memset(b, (int)(k & 0xff), sizeof b);
+    iv_buf_append(&parts[0], b, 3000);
+    iv_buf_append(&parts[1], b, 1000);
+    return parts[0].oom || parts[1].oom ? iv_fail(err, IV_ENOMEM, "out of memory") : 0;
+}
+
+/* A write makes sv->width chunks at a time (two a pool thread and two
+ * more when 0), and its batch's parts hold that many chunks' buffers,
+ * no more; the file is the same whatever the width. */
+START_TEST(a_write_holds_its_width_of_chunks)
+{
+    iv_test_kept_root_t k;
+    iv_test_kept_setup(&k, "zkept_width");
+    char path[400];
+    snprintf(path, sizeof path, "%s/x.X.zarr-csr", k.dir);
+    iv_zarr_kept_for_t kf = {.csr = 1, .chunk = 10, .nnz = 10 * 40, .n_major = 3, .n_minor = 5,
+                             .idx_size = 4, .val_dtype = IV_DT_FLOAT32, .ptr_sum = 42};
+    iv_pool_t *pool = iv_pool_create(3, 0);
+    ck_assert_ptr_nonnull(pool);
+    ck_assert_uint_eq(IV_ZARR_SAVE_WIDTH(3), 8);
+    const size_t widths[] = {1, 2, 5, 0}, per_chunk = 4096 + 1024;
+    for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) {
+        size_t held = 0;
+        iv_err_t err = {0};
+        iv_zarr_save_t sv = {.fill = fill_sized, .pool = pool, .width = widths[i], .held = &held};
+        ck_assert_msg(iv_zarr_kept_save(path, &kf, &sv, &err) == 0, "%s", err.msg);
+        ck_assert_uint_eq(held, (widths[i] ? widths[i] : 8) * per_chunk);
+        iv_zarr_kept_t *kp = NULL;
+        ck_assert_int_eq(iv_zarr_kept_open(path, &kf, &kp, NULL, &err), 1);
+        iv_buf_t b;
+        iv_buf_init(&b);
+        for (int64_t c = 0; c < 40; c++) {
+            b.len = 0;
+            ck_assert_int_eq(iv_zarr_kept_read(kp, c, 0, &b, &err), 0);
+            ck_assert_uint_eq(b.len, 3000);
+            ck_assert_int_eq(((uint8_t *)b.data)[2999], (int)c);
+        }
+        iv_buf_free(&b);
+        iv_zarr_kept_close(kp);
+        ck_assert_int_eq(unlink(path), 0);
+    }
+    iv_pool_destroy(pool);
+    iv_test_kept_teardown(&k);
+}
+END_TEST
+
+/* A keep told to make one chunk at a time holds less than one of the
+ * pool's width, each within what iv_zarr_keep_bytes says the keep holds
+ * (what the server reserves for it), and its files serve the decoded
+ * chunks. */
+START_TEST(a_keep_holds_what_it_says)
+{
+    fx_t f;
+    fx_open(&f, "zkept_bytes");
+    size_t one = iv_zarr_keep_bytes(&f.kept, 3, 1), wide = iv_zarr_keep_bytes(&f.kept, 3, IV_ZARR_SAVE_WIDTH(3));
+    ck_assert_uint_lt(one, wide);
+    iv_zarr_keep_in_t in = {.dir = f.k.dir, .path = f.k.file, .pool = f.pool, .width = 1};
+    iv_zarr_keep_x(&f.kept, &in, &f.out);
+    for (int csr = 0; csr < 2; csr++) ck_assert_msg(strstr(f.out.note[csr], "written"), "%s", f.out.note[csr]);
+    size_t held_one = f.out.held;
+    ck_assert(held_one > 0 && held_one <= one);
+    same_chunks(&f);
+    for (int csr = 0; csr < 2; csr++) ck_assert_int_eq(unlink(f.out.path[csr]), 0);
+    iv_zarr_cache_free(f.kept.cache);
+    f.kept.cache = iv_zarr_cache_new();
+    fx_keep(&f);
+    for (int csr = 0; csr < 2; csr++) ck_assert_msg(strstr(f.out.note[csr], "written"), "%s", f.out.note[csr]);
+    ck_assert(f.out.held > held_one && f.out.held <= wide);
+    same_chunks(&f);
+    fx_close(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("zarr_kept");
@@ -355,6 +434,8 @@ int main(void)
     tcase_add_test(tc, a_damaged_part_is_decoded_instead);
     tcase_add_test(tc, a_cancelled_write_leaves_nothing);
     tcase_add_test(tc, two_writers_of_one_file);
+    tcase_add_test(tc, a_write_holds_its_width_of_chunks);
+    tcase_add_test(tc, a_keep_holds_what_it_says);
     suite_add_tcase(s, tc);
     return iv_check_run(s);
 }
