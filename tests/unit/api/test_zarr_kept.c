@@ -299,6 +299,18 @@ static int fill_slow(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err)
     return 0;
 }
 
+/* A store of 40 chunks of 10 entries, for writes whose fill makes up
+ * the parts, at path in a fresh folder. */
+#define FORTY                                                                                    \
+    ((iv_zarr_kept_for_t){.csr = 1, .chunk = 10, .nnz = 10 * 40, .n_major = 3, .n_minor = 5, \
+                          .idx_size = 4, .val_dtype = IV_DT_FLOAT32, .ptr_sum = 42})
+
+static void forty_root(iv_test_kept_root_t *k, const char *tag, char *path, size_t cap)
+{
+    iv_test_kept_setup(k, tag);
+    snprintf(path, cap, "%s/x.X.zarr-csr", k->dir);
+}
+
 typedef struct writer {
     const char *path;
     const iv_zarr_kept_for_t *f;
@@ -320,11 +332,9 @@ static void *write_one(void *arg)
 START_TEST(two_writers_of_one_file)
 {
     iv_test_kept_root_t k;
-    iv_test_kept_setup(&k, "zkept_two");
     char path[400];
-    snprintf(path, sizeof path, "%s/x.X.zarr-csr", k.dir);
-    iv_zarr_kept_for_t kf = {.csr = 1, .chunk = 10, .nnz = 10 * 40, .n_major = 3, .n_minor = 5,
-                             .idx_size = 4, .val_dtype = IV_DT_FLOAT32, .ptr_sum = 42};
+    forty_root(&k, "zkept_two", path, sizeof path);
+    iv_zarr_kept_for_t kf = FORTY;
     writer_t w[2] = {{path, &kf, -1}, {path, &kf, -1}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, write_one, &w[i]), 0);
@@ -363,11 +373,9 @@ static int fill_sized(void *ctx, int64_t k, iv_buf_t parts[2], iv_err_t *err)
 START_TEST(a_write_holds_its_width_of_chunks)
 {
     iv_test_kept_root_t k;
-    iv_test_kept_setup(&k, "zkept_width");
     char path[400];
-    snprintf(path, sizeof path, "%s/x.X.zarr-csr", k.dir);
-    iv_zarr_kept_for_t kf = {.csr = 1, .chunk = 10, .nnz = 10 * 40, .n_major = 3, .n_minor = 5,
-                             .idx_size = 4, .val_dtype = IV_DT_FLOAT32, .ptr_sum = 42};
+    forty_root(&k, "zkept_width", path, sizeof path);
+    iv_zarr_kept_for_t kf = FORTY;
     iv_pool_t *pool = iv_pool_create(3, 0);
     ck_assert_ptr_nonnull(pool);
     ck_assert_uint_eq(IV_ZARR_SAVE_WIDTH(3), 8);
