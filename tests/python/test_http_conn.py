@@ -705,14 +705,16 @@ def test_full_queue_is_503_with_retry_after(tmp_path):
                           "transpose_bytes": 16}])
     try:
         # Ready is not idle: the orientation job the load queues (skipped
-        # here, for its budget) and the load's prefault job may still sit
-        # in the queue of one, and under a sanitizer that lasted long enough
-        # for every one of the twenty to be refused.  Wait for both to end.
-        deadline = time.time() + 30
+        # here, for its budget), the load's prefault job and the keep of
+        # X's Zarr chunks after them may still sit in the queue of one (the
+        # keep's chunks go through the pool's queue a batch at a time), and
+        # under a sanitizer that lasted long enough for every one of the
+        # twenty to be refused.  Wait for all of them to end.
+        deadline = time.time() + 60
         while time.time() < deadline:
             doc = requests.get("%s/v1/datasets/%s" % (s.url, ds_id(BIG)), timeout=5).json()
             if doc["orientations"]["genes"]["state"] != "building" and \
-                    metric(s.url, "ivserve_queue_depth") == 0:
+                    "Zarr X chunks" in s.log_text() and metric(s.url, "ivserve_queue_depth") == 0:
                 break
             time.sleep(0.05)
         else:
