@@ -410,14 +410,13 @@ size_t iv_zarr_keep_bytes(const iv_zarr_src_t *src, size_t threads, size_t width
     const iv_dataset_info_t *info = iv_dataset_info(src->ds);
     int64_t C = zarr_x_chunk(src);
     size_t n_chunks = (size_t)((info->nnz + C - 1) / C);
-    size_t n_major = (size_t)(info->n_rows > info->n_cols ? info->n_rows : info->n_cols);
-    int64_t n_minor_max = info->n_rows > info->n_cols ? info->n_rows : info->n_cols;
-    size_t idx = n_minor_max <= INT32_MAX ? 4 : 8, raw = (size_t)C * (idx + iv_dtype_size(info->value_dtype));
+    /* The larger of the two orientations: its pointers, its indices' width. */
+    int64_t larger = info->n_rows > info->n_cols ? info->n_rows : info->n_cols;
+    size_t idx = (size_t)C * (larger <= INT32_MAX ? 4 : 8), val = (size_t)C * iv_dtype_size(info->value_dtype);
     const iv_h5w_codec_t z = {IV_H5W_ZSTD, IV_ZARR_ZSTD_LEVEL};
-    size_t val = (size_t)C * iv_dtype_size(info->value_dtype);
-    size_t part = IV_ZARR_ZSTD_LEVEL > 0 ? buf_cap(iv_h5w_bound(&z, (size_t)C * idx)) + buf_cap(iv_h5w_bound(&z, val))
-                                         : buf_cap((size_t)C * idx) + buf_cap(val);
-    size_t ctx = IV_ZARR_ZSTD_LEVEL > 0 ? iv_h5w_ctx_bytes(&z, (size_t)C * idx) : 0;
+    size_t part = IV_ZARR_ZSTD_LEVEL > 0 ? buf_cap(iv_h5w_bound(&z, idx)) + buf_cap(iv_h5w_bound(&z, val))
+                                         : buf_cap(idx) + buf_cap(val);
+    size_t raw = idx + val, ctx = IV_ZARR_ZSTD_LEVEL > 0 ? iv_h5w_ctx_bytes(&z, idx) : 0;
     if (width == 0) width = 1;
     if (width > IV_ZARR_SAVE_MAX) width = IV_ZARR_SAVE_MAX;
     if (width > n_chunks && n_chunks > 0) width = n_chunks;
@@ -425,6 +424,6 @@ size_t iv_zarr_keep_bytes(const iv_zarr_src_t *src, size_t threads, size_t width
     /* X/indptr's int64 copy is summed and freed before the write, which
      * holds the table and the batch. */
     size_t write = n_chunks * 2 * sizeof(struct part) + sizeof(batch_t) + width * part + makers * (raw + ctx);
-    size_t ptrs = (n_major + 1) * sizeof(int64_t);
+    size_t ptrs = ((size_t)larger + 1) * sizeof(int64_t);
     return write > ptrs ? write : ptrs;
 }

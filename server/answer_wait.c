@@ -81,6 +81,12 @@ static void publish_oldest(loop_t *lp)
     atomic_store_explicit(&lp->reserve_oldest, qs ? qs->reserve_seq : UINT64_MAX, memory_order_relaxed);
 }
 
+int answer_take_now(server_t *s, uint64_t need)
+{
+    if (server_oldest(s) != UINT64_MAX) return -1;
+    return iv_budget_take(&s->answers_left, need) == 0 ? 0 : -1;
+}
+
 int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_res_t *res, int64_t hint)
 {
     server_t *s = c->srv;
@@ -88,7 +94,7 @@ int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_re
     uint64_t need = answer_need(s, qs, q, res->fmt, hint);
     /* The oldest waiting query goes first: a newcomer takes memory only
      * when no query of any loop waits. */
-    if (server_oldest(s) == UINT64_MAX && iv_budget_take(&s->answers_left, need) == 0) {
+    if (answer_take_now(s, need) == 0) {
         qs->reserved = need;
         return 0;
     }
@@ -105,12 +111,6 @@ int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_re
     wait_count(lp, 1);
     publish_oldest(lp);
     return 1;
-}
-
-int answer_take_background(server_t *s, uint64_t need)
-{
-    if (server_oldest(s) != UINT64_MAX) return -1;
-    return iv_budget_take(&s->answers_left, need) == 0 ? 0 : -1;
 }
 
 void reserve_unwait(qstream_t *qs)

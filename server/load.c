@@ -538,7 +538,7 @@ static uint64_t zarr_reserve(job_t *j, size_t *width, char *note, size_t cap)
     while (!atomic_load(&s->stopping)) {
         for (size_t w = IV_ZARR_SAVE_WIDTH(threads); w >= 1; w /= 2) {
             uint64_t need = iv_vds_keep_zarr_bytes(d->vx, d->ds, threads, w);
-            if (need <= s->mem.answers && answer_take_background(s, need) == 0) {
+            if (answer_take_now(s, need) == 0) {
                 *width = w;
                 return need;
             }

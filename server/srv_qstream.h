@@ -89,11 +89,11 @@ int answer_reserve(conn_t *c, qstream_t *qs, const iv_query_t *q, const setup_re
 void reserve_wake(loop_t *lp);
 void reserve_unwait(qstream_t *qs);
 void reserve_tick(uv_timer_t *t);
-/* Any thread: takes need bytes of the answers' share for the server's own
- * work (X's Zarr chunks kept, load.c), only while no query waits for the
- * share, so that queries go first: 0 when taken (iv_budget_give returns
- * them), -1 not now. */
-int answer_take_background(server_t *s, uint64_t need);
+/* Any thread: takes need bytes of the answers' share at once, only while
+ * no query waits for the share (the oldest waiter goes first): 0 when
+ * taken (iv_budget_give returns them), -1 not now.  answer_reserve's
+ * first try, and the server's own work's (X's Zarr chunks kept, load.c). */
+int answer_take_now(server_t *s, uint64_t need);
 /* setup_job.c: a matrix answer whose memory is reserved goes on. */
 void answer_go(qstream_t *qs, const setup_res_t *res);
 

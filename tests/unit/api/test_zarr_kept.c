@@ -55,10 +55,24 @@ static void fx_open(fx_t *f, const char *tag)
     ck_assert_ptr_nonnull(f->pool);
 }
 
+/* Keeps X's chunks, `width` chunks at a time (0: the pool's width). */
+static void fx_keep_width(fx_t *f, size_t width)
+{
+    iv_zarr_keep_in_t in = {.dir = f->k.dir, .path = f->k.file, .pool = f->pool, .width = width};
+    iv_zarr_keep_x(&f->kept, &in, &f->out);
+}
+
 static void fx_keep(fx_t *f)
 {
-    iv_zarr_keep_in_t in = {.dir = f->k.dir, .path = f->k.file, .pool = f->pool};
-    iv_zarr_keep_x(&f->kept, &in, &f->out);
+    fx_keep_width(f, 0);
+}
+
+/* A fresh store state (a restart): nothing kept in it yet. */
+static void fx_new_cache(fx_t *f)
+{
+    iv_zarr_cache_free(f->kept.cache);
+    f->kept.cache = iv_zarr_cache_new();
+    ck_assert_ptr_nonnull(f->kept.cache);
 }
 
 static void fx_close(fx_t *f)
@@ -171,8 +185,7 @@ START_TEST(kept_chunks_are_the_decoded_ones)
     /* Another cache (a restart): the files are taken, not written again. */
     struct stat st0, st1;
     ck_assert_int_eq(stat(f.out.path[1], &st0), 0);
-    iv_zarr_cache_free(f.kept.cache);
-    f.kept.cache = iv_zarr_cache_new();
+    fx_new_cache(&f);
     fx_keep(&f);
     for (int csr = 0; csr < 2; csr++) ck_assert_msg(strstr(f.out.note[csr], "kept"), "%s", f.out.note[csr]);
     ck_assert_int_eq(stat(f.out.path[1], &st1), 0);
@@ -415,15 +428,13 @@ START_TEST(a_keep_holds_what_it_says)
     fx_open(&f, "zkept_bytes");
     size_t one = iv_zarr_keep_bytes(&f.kept, 3, 1), wide = iv_zarr_keep_bytes(&f.kept, 3, IV_ZARR_SAVE_WIDTH(3));
     ck_assert_uint_lt(one, wide);
-    iv_zarr_keep_in_t in = {.dir = f.k.dir, .path = f.k.file, .pool = f.pool, .width = 1};
-    iv_zarr_keep_x(&f.kept, &in, &f.out);
+    fx_keep_width(&f, 1);
     for (int csr = 0; csr < 2; csr++) ck_assert_msg(strstr(f.out.note[csr], "written"), "%s", f.out.note[csr]);
     size_t held_one = f.out.held;
     ck_assert(held_one > 0 && held_one <= one);
     same_chunks(&f);
     for (int csr = 0; csr < 2; csr++) ck_assert_int_eq(unlink(f.out.path[csr]), 0);
-    iv_zarr_cache_free(f.kept.cache);
-    f.kept.cache = iv_zarr_cache_new();
+    fx_new_cache(&f);
     fx_keep(&f);
     for (int csr = 0; csr < 2; csr++) ck_assert_msg(strstr(f.out.note[csr], "written"), "%s", f.out.note[csr]);
     ck_assert(f.out.held > held_one && f.out.held <= wide);
