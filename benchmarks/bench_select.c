@@ -10,7 +10,7 @@
  *                [--obs SEL | --obs-file F | --obs-random N]
  *                [--var SEL | --var-file F | --var-random N] [--label TEXT]
  *                [--other [--checksum] [--tp-chunk N]] [--pick auto|cells|genes]
- *                [--by obs|var]
+ *                [--by obs|var] [--wide DIR]
  *
  * SEL is the command line's selection syntax (5,3,3,10:20; absent = all);
  * a file holds whitespace-separated indices; --*-random N draws N indices
@@ -23,8 +23,12 @@
  * threads; --checksum (with --other) adds a hash of the copy's pointers,
  * values and stream, equal for equal copies; --tp-chunk sets the entries
  * a chunk of the build's fill (transpose.h's chunk_entries); --by var
- * decodes the result by gene (a query's "by": "var").  Prints one line per
- * selection:
+ * decodes the result by gene (a query's "by": "var").  --wide takes the
+ * matrix's wide copy (widefile.h) from the cache folder DIR, writing it
+ * there first when none is kept, and runs the selection both ways in
+ * turn, the packed stream ("packed") and the wide copy ("wide"), with a
+ * hash of each answer (equal answers hash equal) and the ratio.  Prints
+ * one line per selection (and way):
  *   select LABEL rows R nnz Z best_ms B median_ms M threads T served_by cells|genes
  */
 #include <errno.h>
@@ -39,6 +43,7 @@
 #include "pool.h"
 #include "query.h"
 #include "transpose.h"
+#include "widefile.h"
 
 static double now_s(void)
 {
@@ -179,7 +184,7 @@ static int cmp_double(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     if (argc < 2) die("usage: bench_select FILE.h5ad [options] (see the source's header)", NULL);
-    const char *path = argv[1], *label = "selection";
+    const char *path = argv[1], *label = "selection", *wide_dir = NULL;
     const char *obs_s = NULL, *obs_f = NULL, *var_s = NULL, *var_f = NULL;
     int64_t obs_r = -1, var_r = -1;
     unsigned threads = 1;
@@ -210,6 +215,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--var-file") == 0) var_f = v;
         else if (strcmp(a, "--var-random") == 0) var_r = atoll(v);
         else if (strcmp(a, "--label") == 0) label = v;
+        else if (strcmp(a, "--wide") == 0) wide_dir = v;
         else if (strcmp(a, "--tp-chunk") == 0) tp_chunk = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--pick") == 0) {
             if (strcmp(v, "auto") == 0) pick = IV_PICK_AUTO;
@@ -276,38 +282,65 @@ int main(int argc, char **argv)
     else if (var_f) sel_file(var_f, &var);
     else if (var_r >= 0) sel_random(var_r, info->n_cols, seed + 1, &var);
 
-    double *times = malloc((size_t)reps * sizeof *times);
+    if (wide_dir) {
+        iv_dataset_opts_t wo = o;
+        wo.index_dir = wide_dir;
+        double t0 = now_s();
+        int rc = iv_dataset_use_wide(ds, &wo, 1, &err);
+        if (rc < 0) die("cannot take or write the wide copy", err.msg);
+        printf("wide copy %s in %.3f s\n", rc == 1 ? "kept" : "written", now_s() - t0);
+    }
+    int ways = wide_dir ? 2 : 1;
+    double *times = malloc((size_t)reps * 2 * sizeof *times);
     if (!times) die("out of memory", NULL);
     int64_t rows = 0, nnz = 0;
+    uint64_t hash[2] = {0, 0};
     const char *served = "?";
-    for (int rep = 0; rep < reps; rep++) {
-        struct run r = {0};
-        double t0 = now_s();
-        iv_query_opts_t qo = {.axis = axis, .pick = pick};
-        if (iv_query_new(ds, &obs, &var, &qo, &r.q, &err) < 0 ||
-            iv_query_prepare(r.q, pool, &err) < 0)
-            die("query failed", err.msg);
-        size_t nb = (size_t)iv_query_n_blocks(r.q);
-        r.blocks = calloc(nb ? nb : 1, sizeof *r.blocks);
-        r.rcs = calloc(nb ? nb : 1, sizeof *r.rcs);
-        if (!r.blocks || !r.rcs) die("out of memory", NULL);
-        iv_pool_parallel_for(pool, nb, 0, decode_one, &r);
-        times[rep] = now_s() - t0;
-        rows = iv_query_n_rows(r.q);
-        served = iv_query_orient(r.q) == IV_IVCSR ? "cells" : "genes";
-        nnz = 0;
-        for (size_t b = 0; b < nb; b++) {
-            if (r.rcs[b] < 0) die("decode failed", NULL);
-            nnz += r.blocks[b].nnz;
-            iv_block_free(&r.blocks[b]);
+    for (int rep = 0; rep < reps; rep++)
+        for (int way = 0; way < ways; way++) {
+            struct run r = {0};
+            iv_query_set_wide(way);
+            double t0 = now_s();
+            iv_query_opts_t qo = {.axis = axis, .pick = pick};
+            if (iv_query_new(ds, &obs, &var, &qo, &r.q, &err) < 0 || iv_query_prepare(r.q, pool, &err) < 0)
+                die("query failed", err.msg);
+            size_t nb = (size_t)iv_query_n_blocks(r.q);
+            r.blocks = calloc(nb ? nb : 1, sizeof *r.blocks);
+            r.rcs = calloc(nb ? nb : 1, sizeof *r.rcs);
+            if (!r.blocks || !r.rcs) die("out of memory", NULL);
+            iv_pool_parallel_for(pool, nb, 0, decode_one, &r);
+            times[way * reps + rep] = now_s() - t0;
+            rows = iv_query_n_rows(r.q);
+            served = iv_query_orient(r.q) == IV_IVCSR ? "cells" : "genes";
+            nnz = 0;
+            uint64_t h = 1469598103934665603ull;
+            size_t isz = iv_query_index_size(r.q), esz = iv_dtype_size(iv_query_dtype(r.q));
+            for (size_t b = 0; b < nb; b++) {
+                if (r.rcs[b] < 0) die("decode failed", NULL);
+                iv_block_t *bk = &r.blocks[b];
+                nnz += bk->nnz;
+                h = fnv(h, bk->indptr, (size_t)(bk->n_rows + 1) * sizeof *bk->indptr);
+                h = fnv(h, bk->indices, (size_t)bk->nnz * isz);
+                h = fnv(h, bk->data, (size_t)bk->nnz * esz);
+                iv_block_free(bk);
+            }
+            hash[way] = h;
+            free(r.blocks);
+            free(r.rcs);
+            iv_query_free(r.q);
         }
-        free(r.blocks);
-        free(r.rcs);
-        iv_query_free(r.q);
+    for (int way = 0; way < ways; way++) {
+        double *t = times + way * reps;
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        printf("select %s%s rows %" PRId64 " nnz %" PRId64 " best_ms %.3f median_ms %.3f threads %u "
+               "served_by %s",
+               label, ways == 1 ? "" : way ? " wide" : " packed", rows, nnz, t[0] * 1e3, t[reps / 2] * 1e3,
+               threads, served);
+        printf(ways == 1 ? "\n" : " answer %016" PRIx64 "\n", hash[way]);
     }
-    qsort(times, (size_t)reps, sizeof *times, cmp_double);
-    printf("select %s rows %" PRId64 " nnz %" PRId64 " best_ms %.3f median_ms %.3f threads %u "
-           "served_by %s\n", label, rows, nnz, times[0] * 1e3, times[reps / 2] * 1e3, threads, served);
+    if (ways == 2)
+        printf("wide / packed: best %.2fx median %.2fx, answers %s\n", times[0] / times[reps],
+               times[reps / 2] / times[reps + reps / 2], hash[0] == hash[1] ? "equal" : "DIFFER");
     free(times);
     free((void *)obs.idx);
     free((void *)var.idx);

@@ -16,6 +16,7 @@
 #include "dataset_impl.h"
 #include "indexfile.h"
 #include "plainfile.h"
+#include "widefile.h"
 #include "transpose.h"
 #include "clock.h"
 
@@ -429,6 +430,8 @@ int iv_dataset_open(const char *path, const iv_dataset_opts_t *opts, iv_dataset_
     atomic_init(&ds->other_state, IV_OTHER_NONE);
     atomic_init(&ds->plain, NULL);
     atomic_init(&ds->plain_dropped, 0);
+    atomic_init(&ds->wide, NULL);
+    atomic_init(&ds->wide_dropped, 0);
     *out = ds;
     return 0;
 
@@ -445,6 +448,7 @@ void iv_dataset_close(iv_dataset_t *ds)
     if (!ds) return;
     iv_dataset_close(atomic_load(&ds->other));
     iv_stream_destroy(atomic_load(&ds->plain));
+    iv_stream_destroy(atomic_load(&ds->wide));
     if (ds->other_budget) iv_budget_give(ds->other_budget, ds->other_charged);
     free(atomic_load(&ds->nnz_at));
     iv_rowindex_free(&ds->ri);
@@ -487,19 +491,64 @@ static size_t plain_cache_bytes(const iv_dataset_opts_t *opts)
     return cache_room(opts, cache_cap(opts));
 }
 
-/* ds's plain copy written at `at` (its note first, so that a sweep knows
- * it), then opened: 0 with *s set, or a negative error. */
-static int write_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *at, const char *key,
-                       const iv_plainfile_for_t *f, iv_stream_t **s, iv_err_t *err)
+/* A copy of ds kept in the cache folder (the plain one or the wide one). */
+struct kept_copy {
+    const char *what;                 /* its kind, as in its name */
+    _Atomic(iv_stream_t *) *slot;     /* where it is published */
+    char *at;                         /* its path once published, sizeof ds->plain_at */
+    iv_plainfile_for_t f;             /* what it must be made from */
+    /* Writes it at `at`: 0 or a negative error. */
+    int (*save)(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *at, const iv_plainfile_for_t *f,
+                iv_err_t *err);
+};
+
+static int save_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *at,
+                      const iv_plainfile_for_t *f, iv_err_t *err)
+{
+    return iv_plainfile_save(at, f, ds->stream, opts->pool, opts->stop, err);
+}
+
+/* The wide copy decodes the plain copy when there is one: the same bytes,
+ * read without decompressing. */
+static int save_wide(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *at,
+                     const iv_plainfile_for_t *f, iv_err_t *err)
+{
+    return iv_widefile_save(at, f, ds, iv_dataset_read_stream(ds), opts->pool, opts->stop, err);
+}
+
+/* c written at `at` (its note first, so that a sweep knows it), then
+ * opened: 0 with *s set, or a negative error. */
+static int write_copy(iv_dataset_t *ds, const iv_dataset_opts_t *opts, const char *key, const char *at,
+                      const struct kept_copy *c, iv_stream_t **s, iv_err_t *err)
 {
     const char *why = NULL;
     IV_TRY(iv_cachedir_prepare(opts->index_dir, err));
     IV_TRY(iv_cachedir_note(at, ds->path, key, err));
-    IV_TRY(iv_plainfile_save(at, f, ds->stream, opts->pool, opts->stop, err));
-    int rc = iv_plainfile_open(at, f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), s, &why, err);
+    IV_TRY(c->save(ds, opts, at, &c->f, err));
+    int rc = iv_plainfile_open(at, &c->f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), s, &why, err);
     if (rc == 0)
-        return iv_fail(err, IV_EIO, "%s: its plain copy %s was written but is not taken (%s)", ds->where, at, why);
+        return iv_fail(err, IV_EIO, "%s: its %s copy %s was written but is not taken (%s)", ds->where, c->what,
+                       at, why);
     return rc < 0 ? rc : 0;
+}
+
+/* c taken from the cache folder, or written there when `write`, and
+ * published: iv_dataset_use_plain's returns. */
+static int use_copy(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, const struct kept_copy *c,
+                    iv_err_t *err)
+{
+    char key[IV_CACHEDIR_KEY_LEN], at[sizeof ds->plain_at];
+    if (kept_path(opts->index_dir, ds->path, ds->group, c->what, key, at, sizeof at) != 0)
+        return iv_fail(err, IV_EIO, "%s: no name for a %s copy in %s", ds->where, c->what, opts->index_dir);
+    iv_stream_t *s = NULL;
+    int kept = iv_plainfile_open(at, &c->f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), &s, NULL, err);
+    if (kept < 0 || (!kept && !write)) return kept;
+    if (kept) iv_cachedir_touch(at);
+    else IV_TRY(write_copy(ds, opts, key, at, c, &s, err));
+    if (opts->membudget) iv_stream_join_budget(s, opts->membudget, 0);
+    snprintf(c->at, sizeof ds->plain_at, "%s", at);
+    atomic_store_explicit(c->slot, s, memory_order_release);
+    return kept ? 1 : 2;
 }
 
 int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err)
@@ -508,20 +557,48 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int wr
     if (!iv_dataset_plain_wanted(ds) || !opts->index_dir)
         return iv_fail(err, IV_EUNSUPPORTED, "%s: a plain copy needs a stored, chunked stream "
                        "and a cache folder", ds->where);
-    char key[IV_CACHEDIR_KEY_LEN], at[sizeof ds->plain_at];
-    if (kept_path(opts->index_dir, ds->path, ds->group, "plain", key, at, sizeof at) != 0)
-        return iv_fail(err, IV_EIO, "%s: no name for a plain copy in %s", ds->where, opts->index_dir);
-    iv_plainfile_for_t f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)),
-                            .group = ds->group, .length = iv_stream_length(ds->stream)};
-    iv_stream_t *s = NULL;
-    int kept = iv_plainfile_open(at, &f, IV_PLAIN_CHUNK, plain_cache_bytes(opts), &s, NULL, err);
-    if (kept < 0 || (!kept && !write)) return kept;
-    if (kept) iv_cachedir_touch(at);
-    else IV_TRY(write_plain(ds, opts, at, key, &f, &s, err));
-    if (opts->membudget) iv_stream_join_budget(s, opts->membudget, 0);
-    snprintf(ds->plain_at, sizeof ds->plain_at, "%s", at);
-    atomic_store_explicit(&ds->plain, s, memory_order_release);
-    return kept ? 1 : 2;
+    struct kept_copy c = {.what = "plain", .slot = &ds->plain, .at = ds->plain_at, .save = save_plain,
+                          .f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = ds->group,
+                                .length = iv_stream_length(ds->stream)}};
+    return use_copy(ds, opts, write, &c, err);
+}
+
+int iv_dataset_wide_wanted(const iv_dataset_t *ds)
+{
+    return !ds->is_copy && iv_stream_file(ds->stream) && ds->m.nnz > 0 && ds->m.n_minor <= IV_WIDE_MAX_MINOR;
+}
+
+int iv_dataset_use_wide(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err)
+{
+    if (atomic_load(&ds->wide)) return 1;
+    if (!iv_dataset_wide_wanted(ds) || !opts->index_dir)
+        return iv_fail(err, IV_EUNSUPPORTED, "%s: a wide copy needs a file's matrix of at most %d minor "
+                       "elements and a cache folder", ds->where, IV_WIDE_MAX_MINOR);
+    char group[sizeof ds->group + sizeof IV_WIDE_GROUP_SUFFIX];
+    snprintf(group, sizeof group, "%s%s", ds->group, IV_WIDE_GROUP_SUFFIX);
+    struct kept_copy c = {.what = "wide", .slot = &ds->wide, .at = ds->wide_at, .save = save_wide,
+                          .f = {.file = *iv_file_loaded_id(iv_stream_file(ds->stream)), .group = group,
+                                .length = 2 * (uint64_t)ds->m.nnz}};
+    return use_copy(ds, opts, write, &c, err);
+}
+
+const char *iv_dataset_wide_path(iv_dataset_t *ds)
+{
+    return iv_dataset_wide_stream(ds) ? ds->wide_at : NULL;
+}
+
+iv_stream_t *iv_dataset_wide_stream(iv_dataset_t *ds)
+{
+    iv_stream_t *w = atomic_load_explicit(&ds->wide, memory_order_acquire);
+    if (!w || atomic_load_explicit(&ds->wide_dropped, memory_order_relaxed)) return NULL;
+    if (iv_file_state(iv_stream_file(ds->stream), NULL, 0) == IV_FILE_CHANGED) return NULL;
+    return w;
+}
+
+void iv_dataset_drop_wide(iv_dataset_t *ds, iv_stream_t *wide)
+{
+    if (iv_file_state(iv_stream_file(wide), NULL, 0) != IV_FILE_CHANGED) return;
+    if (!atomic_exchange(&ds->wide_dropped, 1)) unlink(ds->wide_at);
 }
 
 const char *iv_dataset_plain_path(iv_dataset_t *ds)

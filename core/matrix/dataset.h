@@ -187,6 +187,20 @@ int iv_dataset_use_plain(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int wr
 /* The published plain copy's path, or NULL (none, or dropped). */
 const char *iv_dataset_plain_path(iv_dataset_t *ds);
 
+/*
+ * The wide copy (widefile.h): the minor indices as two-byte integers in
+ * the cache folder, read by the cell queries that select genes instead
+ * of the packed stream's varints.  iv_dataset_wide_wanted: 1 when ds is
+ * a file's matrix with some entries and a minor axis of at most
+ * IV_WIDE_MAX_MINOR.  iv_dataset_use_wide: as iv_dataset_use_plain (the
+ * kept one taken, or written when `write`, decoding the plain copy when
+ * there is one, else the packed stream; the same returns).
+ */
+int iv_dataset_wide_wanted(const iv_dataset_t *ds);
+int iv_dataset_use_wide(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err);
+/* The published wide copy's path, or NULL (none, or dropped). */
+const char *iv_dataset_wide_path(iv_dataset_t *ds);
+
 /* A snapshot; any thread. */
 void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out);
 /* The other orientation once published, else NULL (any thread). */

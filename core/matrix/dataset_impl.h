@@ -58,12 +58,25 @@ struct iv_dataset {
     _Atomic(iv_stream_t *) plain;
     char plain_at[4400];
     atomic_int plain_dropped;
+    /* The wide copy (widefile.h), or NULL: published, read and dropped as
+     * the plain copy is (iv_dataset_use_wide, iv_dataset_wide_stream). */
+    _Atomic(iv_stream_t *) wide;
+    char wide_at[4400];
+    atomic_int wide_dropped;
 };
 
 /* The stream a query reads: the plain copy while it is published and
  * sound and the source file unchanged, else the dataset's own.  Any
  * thread. */
 iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds);
+
+/* The wide copy a query reads the minor indices from: the published one
+ * while it is sound and the source file unchanged, else NULL (the packed
+ * stream).  iv_dataset_drop_wide: a read of wide failed; when the file
+ * failed its checks the copy is removed and no query takes it again.
+ * Any thread. */
+iv_stream_t *iv_dataset_wide_stream(iv_dataset_t *ds);
+void iv_dataset_drop_wide(iv_dataset_t *ds, iv_stream_t *wide);
 
 /* Memory a dataset's matrix takes now: pointer and value arrays, row
  * index, and its stream's resident bytes (the cache, or the whole

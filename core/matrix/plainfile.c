@@ -70,9 +70,10 @@ static uint64_t trailer_of(const struct head *h, const uint64_t *sums, uint64_t 
 /* ---- save ------------------------------------------------------------- */
 
 struct save {
-    iv_stream_t *src;
+    iv_plainfile_fill_fn fill;
+    void *ctx;
     int fd;
-    uint64_t length, src_chunk_len;
+    uint64_t length;
     uint64_t *sums;
     const atomic_int *stop;
     atomic_int failed;          /* 0, or the first task's error code */
@@ -87,29 +88,31 @@ static void save_fail(struct save *sv, int code, const iv_err_t *e)
     atomic_store(&sv->failed, code);
 }
 
-/* Copies src bytes [a, b) into buf. */
-static int gather(struct save *sv, uint64_t a, uint64_t b, uint8_t *buf, iv_err_t *e)
+/* The plain copy's fill: src's bytes [a, b) copied into buf. */
+static int gather(void *ctx, uint64_t a, uint64_t b, uint8_t *buf, iv_err_t *e)
 {
+    iv_stream_t *src = ctx;
+    uint64_t chunk_len = iv_stream_chunk_len(src);
     for (uint64_t off = a; off < b;) {
-        uint64_t c = off / sv->src_chunk_len, at = off - c * sv->src_chunk_len;
+        uint64_t c = off / chunk_len, at = off - c * chunk_len;
         const uint8_t *data;
         size_t len;
-        IV_TRY(iv_stream_acquire(sv->src, c, &data, &len, NULL, e));
+        IV_TRY(iv_stream_acquire(src, c, &data, &len, NULL, e));
         if (at >= len) {
-            iv_stream_release(sv->src, c);
+            iv_stream_release(src, c);
             return iv_fail(e, IV_ECORRUPT, "chunk %llu of the stream is shorter than its place",
                            (unsigned long long)c);
         }
         uint64_t take = len - at < b - off ? len - at : b - off;
         memcpy(buf + (off - a), data + at, (size_t)take);
-        iv_stream_release(sv->src, c);
+        iv_stream_release(src, c);
         off += take;
     }
     return 0;
 }
 
-/* Task i: the stream's bytes [i * TASK_BYTES, ...) gathered from the
- * source's chunks, their chunk checksums taken, written at their place. */
+/* Task i: the copy's bytes [i * TASK_BYTES, ...) made by the fill, their
+ * chunk checksums taken, written at their place. */
 static void save_task(void *arg, size_t i)
 {
     struct save *sv = arg;
@@ -128,7 +131,7 @@ static void save_task(void *arg, size_t i)
         save_fail(sv, IV_ENOMEM, &e);
         return;
     }
-    int rc = gather(sv, a, b, buf, &e);
+    int rc = sv->fill(sv->ctx, a, b, buf, &e);
     if (rc == 0) {
         for (uint64_t off = a; off < b; off += IV_PLAIN_CHUNK) {
             uint64_t n = b - off < IV_PLAIN_CHUNK ? b - off : IV_PLAIN_CHUNK;
@@ -161,15 +164,15 @@ static int save_body(struct save *sv, const struct head *h, iv_pool_t *pool, con
     return 0;
 }
 
-int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv_stream_t *src,
-                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+/* The copy of f's length, its bytes from fill, written to the open, empty
+ * file fd (named `what` in messages). */
+static int write_filled(int fd, const char *what, const iv_plainfile_for_t *f, iv_plainfile_fill_fn fill,
+                        void *ctx, iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
-    if (iv_stream_length(src) != f->length)
-        return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", what);
     struct head h;
     head_fill(&h, f);
-    struct save sv = {.src = src, .fd = fd, .length = f->length, .src_chunk_len = iv_stream_chunk_len(src),
-                      .stop = stop, .err_taken = ATOMIC_FLAG_INIT};
+    struct save sv = {.fill = fill, .ctx = ctx, .fd = fd, .length = f->length, .stop = stop,
+                      .err_taken = ATOMIC_FLAG_INIT};
     atomic_init(&sv.failed, 0);
     sv.sums = calloc((size_t)(h.n_chunks ? h.n_chunks : 1), sizeof *sv.sums);
     if (!sv.sums) return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's checksums");
@@ -178,20 +181,36 @@ int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv
     return rc;
 }
 
-int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
-                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv_stream_t *src,
+                       iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+{
+    if (iv_stream_length(src) != f->length)
+        return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", what);
+    return write_filled(fd, what, f, gather, src, pool, stop, err);
+}
+
+int iv_plainfile_save_filled(const char *path, const iv_plainfile_for_t *f, iv_plainfile_fill_fn fill,
+                             void *ctx, iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
 {
     char tmp[4200];
     if (iv_cachedir_temp(path, tmp, sizeof tmp, err) != 0)
         return iv_fail(err, IV_EINVALID_ARG, "cache path too long: %s", path);
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return iv_fail(err, IV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    int rc = iv_plainfile_write(fd, tmp, f, src, pool, stop, err);
+    int rc = write_filled(fd, tmp, f, fill, ctx, pool, stop, err);
     if (close(fd) != 0 && rc == 0) rc = iv_fail(err, IV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
         rc = iv_fail(err, IV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
     if (rc != 0) unlink(tmp);
     return rc;
+}
+
+int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t *src,
+                      iv_pool_t *pool, const atomic_int *stop, iv_err_t *err)
+{
+    if (iv_stream_length(src) != f->length)
+        return iv_fail(err, IV_EINTERNAL, "%s: plain copy of a stream of another length", path);
+    return iv_plainfile_save_filled(path, f, gather, src, pool, stop, err);
 }
 
 /* ---- open ------------------------------------------------------------- */

@@ -68,6 +68,14 @@ int iv_plainfile_save(const char *path, const iv_plainfile_for_t *f, iv_stream_t
 int iv_plainfile_write(int fd, const char *what, const iv_plainfile_for_t *f, iv_stream_t *src,
                        iv_pool_t *pool, const atomic_int *stop, iv_err_t *err);
 
+/* Bytes [a, b) of a copy's data into buf (a task's: a starts a chunk),
+ * from any pool worker: 0, or a negative error in e. */
+typedef int (*iv_plainfile_fill_fn)(void *ctx, uint64_t a, uint64_t b, uint8_t *buf, iv_err_t *e);
+/* A copy in the same format whose f->length bytes the fill makes (the
+ * wide copy's, widefile.h), saved as iv_plainfile_save saves. */
+int iv_plainfile_save_filled(const char *path, const iv_plainfile_for_t *f, iv_plainfile_fill_fn fill,
+                             void *ctx, iv_pool_t *pool, const atomic_int *stop, iv_err_t *err);
+
 /*
  * Opens the copy at path as a stream read in virtual chunks of chunk_len
  * bytes (IV_PLAIN_CHUNK for cell queries; a multiple of it, such as

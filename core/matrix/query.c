@@ -46,6 +46,8 @@
 
 #include "cursor.h"
 #include "dataset_impl.h"
+#include "plainfile.h"
+#include "widepick.h"
 
 #define DEFAULT_BLOCK_NNZ ((int64_t)1 << 18)
 #define DEFAULT_BLOCK_ROWS ((int64_t)1 << 16)
@@ -82,6 +84,7 @@ static void work_free(struct work *w);
 struct iv_query {
     iv_dataset_t *ds;         /* the orientation serving the query */
     iv_stream_t *stream;      /* the stream it reads: ds's own or its plain copy */
+    iv_stream_t *wide;        /* ds's wide copy (widefile.h), or NULL: decode_slice_wide */
     enum mode mode;
     int by_var;               /* output rows are genes */
     int64_t n_out_rows, n_out_cols;
@@ -600,6 +603,10 @@ static _Atomic int pick_allowed = 1;
 
 void iv_query_set_vector(int on) { atomic_store(&pick_allowed, on); }
 
+static _Atomic int wide_allowed = 1;
+
+void iv_query_set_wide(int on) { atomic_store(&wide_allowed, on); }
+
 /* A query on ds with the options' block sizes and bound, no selection yet. */
 static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opts)
 {
@@ -607,6 +614,7 @@ static struct iv_query *query_alloc(iv_dataset_t *ds, const iv_query_opts_t *opt
     if (!q) return NULL;
     q->ds = ds;
     q->stream = iv_dataset_read_stream(ds);
+    q->wide = atomic_load(&wide_allowed) ? iv_dataset_wide_stream(ds) : NULL;
     q->block_nnz = opts && opts->block_nnz > 0 ? opts->block_nnz : DEFAULT_BLOCK_NNZ;
     q->block_rows = opts && opts->block_rows > 0 ? opts->block_rows : DEFAULT_BLOCK_ROWS;
     q->work_bytes = opts && opts->max_work_bytes > 0 ? opts->max_work_bytes : 0;
@@ -1787,6 +1795,82 @@ fail:
     return dense_slice_failed(w, rc);
 }
 
+/* decode_slice_wide's answer when a chunk of the wide copy could not be
+ * read: the slice is left untouched for the packed stream. */
+enum { WIDE_UNREAD = -1000000 };
+
+/*
+ * decode_slice_ranked over the wide copy (widefile.h): a slice's entries
+ * are the two-byte indices k = value_ptr[g] .. value_ptr[g + 1] of each of
+ * its groups g, at byte 2k of the copy, each run of them tested against
+ * the selection sixteen at a time (widepick.h), the kept set in the
+ * bitmap over the output columns as decode_slice_ranked sets them.  No
+ * row index, no cursor: the packed cursor is left where it was.  When a
+ * chunk of the copy cannot be read (it failed its checks: the copy is
+ * dropped, iv_dataset_drop_wide), the bitmap is cleared and WIDE_UNREAD
+ * returned, so that the caller decodes the slice from the packed stream
+ * and the answer stays the same.
+ */
+static int64_t decode_slice_wide(const struct iv_query *q, struct work *w, int64_t s, struct outbuf *o,
+                                 iv_err_t *err)
+{
+    iv_dataset_t *ds = q->ds;
+    const int64_t *mp = ds->m.major_ptr, *vp = ds->m.value_ptr;
+    const uint64_t *sel = q->sel_bits;
+    const uint64_t per = IV_PLAIN_CHUNK / 2;   /* entries a chunk of the copy */
+    IV_TRY(dense_buffers(w, q->n_out_cols, err));
+    uint64_t *restrict bits = w->bits;
+    uint8_t *restrict tag = w->tag;
+    int64_t w_lo = INT64_MAX, w_hi = -1, kept_all = 0;
+    uint64_t held = UINT64_MAX;
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    int64_t rc = 0;
+    for (int64_t g = mp[s]; g < mp[s + 1]; g++) {
+        const uint8_t t = (uint8_t)(g - mp[s]);
+        for (uint64_t k = (uint64_t)vp[g], end = (uint64_t)vp[g + 1]; k < end;) {
+            uint64_t c = k / per, at = k - c * per;
+            if (c != held) {
+                if (held != UINT64_MAX) iv_stream_release(q->wide, held);
+                held = UINT64_MAX;
+                iv_err_t sub;
+                iv_err_clear(&sub);
+                if (iv_stream_acquire(q->wide, c, &data, &len, NULL, &sub) < 0) {
+                    iv_dataset_drop_wide(ds, q->wide);
+                    rc = WIDE_UNREAD;
+                    goto out;
+                }
+                held = c;
+            }
+            uint64_t n = end - k < per - at ? end - k : per - at;
+            if (n > IV_WIDE_PICK_MAX) n = IV_WIDE_PICK_MAX;
+            if ((at + n) * 2 > len) {
+                rc = iv_fail(err, IV_ECORRUPT, "%s: its wide copy ends inside slice %" PRId64, ds->where, s);
+                goto out;
+            }
+            int64_t kept = q->pick ? iv_wide_pick_avx512(data + 2 * at, (size_t)n, (uint32_t)ds->m.n_minor, sel,
+                                                         w->picked)
+                                   : iv_wide_pick(data + 2 * at, (size_t)n, (uint32_t)ds->m.n_minor, sel,
+                                                  w->picked);
+            if (kept < 0) {
+                rc = slice_bad_index(q, s, err);
+                goto out;
+            }
+            for (int64_t i = 0; i < kept; i++)
+                kept_all += ranked_hit(q, bits, tag, w->picked[i], t, &w_lo, &w_hi);
+            k += n;
+        }
+    }
+out:
+    if (held != UINT64_MAX) iv_stream_release(q->wide, held);
+    if (rc < 0) {
+        dense_clear(w);
+        return rc;
+    }
+    if (kept_all == 0) return 0;
+    return emit_dense_slice(q, w, s, o, w_lo, w_hi, kept_all, err);
+}
+
 /* Whether slice s can go through the bitmap over the output columns (the
  * dense and ranked decoders): a bitmap of at most 2^26 columns, and a
  * group tag of one byte. */
@@ -1820,7 +1904,8 @@ static int decode_row(const struct iv_query *q, struct work *w, int64_t s, struc
     }
     if (ranked_fits(q, s)) {
         IV_TRY(outbuf_reserve(o, o->n + row_out_bound(q, total) + DENSE_SLACK, err));
-        int64_t n = decode_slice_ranked(q, w, s, o, err);
+        int64_t n = q->wide ? decode_slice_wide(q, w, s, o, err) : WIDE_UNREAD;
+        if (n == WIDE_UNREAD) n = decode_slice_ranked(q, w, s, o, err);
         return n < 0 ? (int)n : 0;
     }
     int64_t n = decode_slice(q, w, s, err);
@@ -1880,6 +1965,11 @@ static void prefetch_far(const iv_query_t *q, int64_t s)
 static void prefetch_stream(const iv_query_t *q, int64_t s, int bytes)
 {
     const iv_dataset_t *ds = q->ds;
+    if (q->wide && ranked_fits(q, s)) {   /* decode_slice_wide's bytes */
+        uint64_t at = 2 * (uint64_t)ds->m.value_ptr[ds->m.major_ptr[s]];
+        iv_stream_prefetch(q->wide, at, bytes ? 2 * (uint64_t)slice_nnz(ds, s) : 0);
+        return;
+    }
     if (ds->ri.stride != 1 || !ds->ri.off || !q->stream) return;
     uint64_t at = ds->ri.off[s], len = 0;
     if (bytes) len = (uint64_t)s + 1 < ds->ri.n_ckpt && ds->ri.off[s + 1] > at ? ds->ri.off[s + 1] - at : 1;

@@ -143,6 +143,10 @@ void iv_query_set_nnz_table_min(int64_t slices);
  * where the CPU has it (on, the default), or one varint at a time (off);
  * tests run both and compare.  Read when a query is made. */
 void iv_query_set_vector(int on);
+/* Whether queries made from now on read a dataset's wide copy when it has
+ * one (widefile.h; on by default): off, the packed stream, for tests and
+ * benchmarks that compare the two. */
+void iv_query_set_wide(int on);
 
 /* The dense decode's bitmaps and tags (a byte per output column) are kept
  * between queries up to this many bytes in all (default 64 MiB), so that

@@ -14,6 +14,7 @@
 
 #include "check_main.h"
 #include "kept_root.h"
+#include "same_answers.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,89 +92,6 @@ static void same_bytes(iv_stream_t *a, iv_stream_t *b)
     free(all);
 }
 
-static uint64_t rs = 777;
-static uint64_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-
-/* The query's blocks, decoded; 0 or the first error code. */
-static int run_query(iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var, iv_out_axis_t axis,
-                     iv_block_t **out, int64_t *n_out, iv_err_t *err)
-{
-    iv_query_t *q;
-    iv_query_opts_t qo = {.block_nnz = 500, .axis = axis};
-    IV_TRY(iv_query_new(ds, obs, var, &qo, &q, err));
-    int rc = iv_query_prepare(q, NULL, err);
-    int64_t n = rc == 0 ? iv_query_n_blocks(q) : 0;
-    *out = calloc((size_t)(n ? n : 1), sizeof **out);
-    *n_out = 0;
-    for (int64_t b = 0; b < n && rc == 0; b++) {
-        rc = iv_query_decode_block(q, b, &(*out)[b], err);
-        if (rc == 0) (*n_out)++;
-    }
-    iv_query_free(q);
-    return rc;
-}
-
-static void free_blocks(iv_block_t *b, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) iv_block_free(&b[i]);
-    free(b);
-}
-
-/* n bytes equal at a and b (an empty block's arrays may be NULL). */
-static int same_mem(const void *a, const void *b, size_t n)
-{
-    return n == 0 || memcmp(a, b, n) == 0;
-}
-
-/* The two datasets answer obs x var with the same blocks, byte for byte. */
-static void same_answer(iv_dataset_t *ref, iv_dataset_t *ds, const iv_sel_t *obs, const iv_sel_t *var,
-                        iv_out_axis_t axis)
-{
-    iv_block_t *a, *b;
-    int64_t na, nb;
-    iv_err_t err = {0};
-    ck_assert_msg(run_query(ref, obs, var, axis, &a, &na, &err) == 0, "%s", err.msg);
-    ck_assert_msg(run_query(ds, obs, var, axis, &b, &nb, &err) == 0, "%s", err.msg);
-    ck_assert_int_eq(na, nb);
-    for (int64_t i = 0; i < na; i++) {
-        ck_assert_int_eq(a[i].row0, b[i].row0);
-        ck_assert_int_eq(a[i].n_rows, b[i].n_rows);
-        ck_assert_int_eq(a[i].nnz, b[i].nnz);
-        ck_assert_int_eq(a[i].index_size, b[i].index_size);
-        ck_assert(same_mem(a[i].ids, b[i].ids, (size_t)a[i].n_rows * 8));
-        ck_assert(same_mem(a[i].indptr, b[i].indptr, (size_t)(a[i].n_rows + 1) * 8));
-        ck_assert(same_mem(a[i].indices, b[i].indices, (size_t)a[i].nnz * (size_t)a[i].index_size));
-        ck_assert(same_mem(a[i].data, b[i].data, (size_t)a[i].nnz * iv_dtype_size(a[i].dtype)));
-    }
-    free_blocks(a, na);
-    free_blocks(b, nb);
-}
-
-/* Random selections: cells in any order with duplicates, genes likewise
- * or all, both output axes. */
-static void same_answers(iv_dataset_t *ref, iv_dataset_t *ds, int rounds)
-{
-    const iv_dataset_info_t *in = iv_dataset_info(ref);
-    for (int r = 0; r < rounds; r++) {
-        int64_t no = 1 + (int64_t)(rnd() % 300), nv = 1 + (int64_t)(rnd() % 200);
-        int64_t *oi = malloc((size_t)no * 8), *vi = malloc((size_t)nv * 8);
-        for (int64_t k = 0; k < no; k++) oi[k] = (int64_t)(rnd() % (uint64_t)in->n_rows);
-        for (int64_t k = 0; k < nv; k++) vi[k] = (int64_t)(rnd() % (uint64_t)in->n_cols);
-        iv_sel_t obs = {.n = no, .idx = oi}, var = {.all = r % 3 == 0, .n = nv, .idx = vi};
-        same_answer(ref, ds, &obs, &var, r % 2 ? IV_OUT_VARS : IV_OUT_ROWS);
-        free(oi);
-        free(vi);
-    }
-    iv_sel_t all = {.all = 1};
-    same_answer(ref, ds, &all, &all, IV_OUT_ROWS);
-}
-
 START_TEST(copy_holds_the_stream_and_answers_the_same)
 {
     /* Asked only to take a kept one: none yet, nothing published. */
@@ -187,14 +105,14 @@ START_TEST(copy_holds_the_stream_and_answers_the_same)
     same_bytes(ds->stream, atomic_load(&ds->plain));
     iv_dataset_t *ref = open_ds();
     ck_assert_ptr_null(atomic_load(&ref->plain));
-    same_answers(ref, ds, 40);
+    iv_test_same_answers(ref, ds, 40);
     iv_orient_status_t st;
     iv_dataset_orientations(ds, &st);
     ck_assert_int_eq(st.plain, 1);
     iv_dataset_close(ds);
     /* The next use takes the kept copy, which answers the same. */
     ds = open_plain(1);
-    same_answers(ref, ds, 10);
+    iv_test_same_answers(ref, ds, 10);
     iv_dataset_close(ds);
     iv_dataset_close(ref);
 }
@@ -270,7 +188,7 @@ START_TEST(damaged_copy_is_not_taken)
     for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
         poke(at, where[i][0], (int)where[i][1], 0x20);
         iv_dataset_t *ds = open_plain(2);
-        same_answers(ref, ds, 3);
+        iv_test_same_answers(ref, ds, 3);
         iv_dataset_close(ds);
     }
     /* Truncated. */
@@ -322,15 +240,15 @@ START_TEST(copy_changed_under_a_dataset_is_dropped)
     iv_block_t *b;
     int64_t nb;
     iv_err_t err = {0};
-    ck_assert_int_eq(run_query(ds, &all, &all, IV_OUT_ROWS, &b, &nb, &err), IV_EFILE_CHANGED);
+    ck_assert_int_eq(iv_test_run_query(ds, &all, &all, IV_OUT_ROWS, &b, &nb, &err), IV_EFILE_CHANGED);
     ck_assert_msg(strstr(err.msg, ".X.plain changed on disk") != NULL, "%s", err.msg);
-    free_blocks(b, nb);
+    iv_test_free_blocks(b, nb);
     ck_assert_ptr_eq(iv_dataset_read_stream(ds), ds->stream);
     ck_assert_int_ne(stat(at, &st), 0);
     iv_orient_status_t os;
     iv_dataset_orientations(ds, &os);
     ck_assert_int_eq(os.plain, 2);
-    same_answers(ref, ds, 5);
+    iv_test_same_answers(ref, ds, 5);
     /* The source itself is unharmed. */
     char msg[256];
     ck_assert_int_eq(iv_dataset_file_state(ds, msg, sizeof msg), IV_FILE_OK);
