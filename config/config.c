@@ -319,13 +319,24 @@ static int set_other_orientation(iv_config_t *c, const char *v, const char *key,
     return 0;
 }
 
-static int set_plain_copy(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+/* auto, on or off (IV_PLAIN_*) into *out. */
+static int auto_on_off(int *out, const char *v, const char *key, iv_err_t *err)
 {
-    if (!strcmp(v, "auto")) c->plain_copy = IV_PLAIN_AUTO;
-    else if (!strcmp(v, "on")) c->plain_copy = IV_PLAIN_ON;
-    else if (!strcmp(v, "off")) c->plain_copy = IV_PLAIN_OFF;
+    if (!strcmp(v, "auto")) *out = IV_PLAIN_AUTO;
+    else if (!strcmp(v, "on")) *out = IV_PLAIN_ON;
+    else if (!strcmp(v, "off")) *out = IV_PLAIN_OFF;
     else return iv_fail(err, IV_EINVALID_ARG, "%s: must be auto, on or off, not '%s'", key, v);
     return 0;
+}
+
+static int set_plain_copy(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return auto_on_off(&c->plain_copy, v, key, err);
+}
+
+static int set_wide_copy(iv_config_t *c, const char *v, const char *key, iv_err_t *err)
+{
+    return auto_on_off(&c->wide_copy, v, key, err);
 }
 
 const char *iv_config_cache_dir(const iv_config_t *c, char *buf, size_t cap)
@@ -442,6 +453,7 @@ static const struct str_opt {
     {NULL, "IVSERVE_AUTOPACK", "--autopack", set_autopack},
     {"other_orientation", "IVSERVE_OTHER_ORIENTATION", "--other-orientation", set_other_orientation},
     {"plain_copy", "IVSERVE_PLAIN_COPY", "--plain-copy", set_plain_copy},
+    {"wide_copy", "IVSERVE_WIDE_COPY", "--wide-copy", set_wide_copy},
     {NULL, "IVSERVE_TOKENS", NULL, set_tokens},
     {NULL, "IVSERVE_TOKEN_FILE", "--token-file", set_tokens_file},
     {"metrics_auth", "IVSERVE_METRICS_AUTH", "--metrics-auth", set_metrics_auth},
@@ -848,6 +860,8 @@ const char *iv_config_usage(void)
            "    start, or packed once into the cache folder (auto: memory up to 64 MiB)\n"
            "  --plain-copy auto|on|off: a compressed stream kept uncompressed in the cache folder\n"
            "    for the cell queries to read (auto: when it is larger than the chunk caches)\n"
+           "  --wide-copy auto|on|off: the gene indices kept as two-byte integers in the cache\n"
+           "    folder for cell queries that select genes (auto: at most 65,536 genes, 64 MiB)\n"
            "  --help  --version\n";
 }
 

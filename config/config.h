@@ -106,6 +106,8 @@ typedef struct iv_config {
     int other_orientation;        /* where the other orientation lives (IV_OTHER_AUTO, ...) */
     int plain_copy;               /* a compressed stream's plain copy in the cache folder (IV_PLAIN_AUTO:
                                    * when the stream is larger than the chunk caches' part) */
+    int wide_copy;                /* the minor indices as uint16 in the cache folder (widefile.h; IV_PLAIN_AUTO:
+                                   * at most 65,536 minor elements and a stream kept like the row index) */
     int64_t zarr_keep_entries;    /* X's Zarr chunks kept in the cache folder up to this many entries; 0 = never */
     uint32_t cache_max_age;       /* Cache-Control max-age (s) of content-only responses; 0 = no-cache */
     int gzip_level;               /* gzip level of query answers (1..9, see gzip_stream.h); 0 = never compressed */

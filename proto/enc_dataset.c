@@ -47,6 +47,8 @@ void iv_enc_orientations(iv_buf_t *b, iv_dataset_t *ds, int other_cached)
             iv_buf_printf(b, ",\"seconds\":%.3f", st.other_seconds);
         if (own && st.plain)
             iv_buf_printf(b, ",\"plain_copy\":\"%s\"", st.plain == 1 ? "ready" : "dropped");
+        if (own && st.wide)
+            iv_buf_printf(b, ",\"wide_copy\":\"%s\"", st.wide == 1 ? "ready" : "dropped");
         iv_buf_puts(b, "}");
     }
     iv_buf_puts(b, "}");

@@ -272,6 +272,41 @@ static void plain_run(job_t *j, const char *dir, int write)
     }
 }
 
+/* Whether d's cell queries get a wide copy to read (widefile.h): asked
+ * for, or, by default, when its stream is large enough for the cache
+ * folder; either way only for a matrix of at most 65,536 genes. */
+static int wide_wanted(const server_t *s, const sds_t *d)
+{
+    if (!d->ds || s->cfg->wide_copy == IV_PLAIN_OFF || !iv_dataset_wide_wanted(d->ds)) return 0;
+    return s->cfg->wide_copy == IV_PLAIN_ON || iv_dataset_info(d->ds)->stream_bytes >= keep_min_bytes();
+}
+
+/* The wide copy, as the plain copy (plain_run): a kept one taken before
+ * the other orientation, one written last of the copies (it decodes the
+ * plain copy when there is one).  Its outcome waits in d->wide_note. */
+static void wide_run(job_t *j, const char *dir, int write)
+{
+    sds_t *d = j->ds;
+    d->wide_note[0] = '\0';
+    if (!wide_wanted(j->srv, d) || iv_dataset_wide_path(d->ds)) return;
+    iv_dataset_opts_t o;
+    beside_opts(j, dir, &o);
+    o.stop = &j->srv->stopping;
+    iv_err_t e;
+    iv_err_clear(&e);
+    double t0 = now_s();
+    int rc = iv_dataset_use_wide(d->ds, &o, write, &e);
+    if (rc < 0)
+        snprintf(d->wide_note, sizeof d->wide_note, "failed (%.500s); cell queries decode the packed stream", e.msg);
+    else if (rc > 0)
+        snprintf(d->wide_note, sizeof d->wide_note, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
+    const char *at = rc > 0 ? iv_dataset_wide_path(d->ds) : NULL;
+    if (at && !d->wide_path[0]) {
+        snprintf(d->wide_path, sizeof d->wide_path, "%s", at);
+        iv_autopack_pin(d->wide_path);
+    }
+}
+
 static void other_run(job_t *j)
 {
     sds_t *d = j->ds;
@@ -280,6 +315,7 @@ static void other_run(job_t *j)
     char dir[4096];
     iv_config_cache_dir(cfg, dir, sizeof dir);
     plain_run(j, dir, 0);
+    wide_run(j, dir, 0);
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         beside_opts(j, dir, &o);
@@ -310,6 +346,15 @@ static void plain_job_run(job_t *j)
     char dir[4096];
     iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
     plain_run(j, dir, 1);
+    render_doc(j->ds, &j->out);
+}
+
+/* The wide copy written after the plain copy (wide_run). */
+static void wide_job_run(job_t *j)
+{
+    char dir[4096];
+    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
+    wide_run(j, dir, 1);
     render_doc(j->ds, &j->out);
 }
 
@@ -403,9 +448,10 @@ static void load_run(job_t *j)
 static void on_other_done(job_t *j);
 
 /* A dataset's other orientation, built or attached after it is ready,
- * then its plain copy; both end in on_other_done. */
+ * then its plain copy, then its wide copy; all end in on_other_done. */
 static const job_type_t other_job = {other_run, on_other_done};
 static const job_type_t plain_job = {plain_job_run, on_other_done};
+static const job_type_t wide_job = {wide_job_run, on_other_done};
 
 /* The start-up loads are over: how many datasets serve and how many were
  * left out, so that a failure is not read as "all loaded". */
@@ -493,7 +539,8 @@ static void replace_entry(server_t *s, sds_t *d)
 static job_t *start_other(server_t *s, job_t *j, sds_t *d)
 {
     int plan = d->state == DS_READY ? other_plan(s, d) : OTHER_NONE;
-    if (d->state != DS_READY || d->retired || s->draining || (plan == OTHER_NONE && !plain_wanted(s, d)))
+    if (d->state != DS_READY || d->retired || s->draining ||
+        (plan == OTHER_NONE && !plain_wanted(s, d) && !wide_wanted(s, d)))
         return j;
     j->type = &other_job;
     j->rc = 0;
@@ -717,6 +764,10 @@ static void on_other_done(job_t *j)
     if (d->plain_note[0])
         iv_alog_event(&s->log, strncmp(d->plain_note, "failed", 6) ? "info" : "warn",
                       "dataset %s: plain copy of its stream %s", d->conf->id, d->plain_note);
+    if (d->wide_note[0])
+        iv_alog_event(&s->log, strncmp(d->wide_note, "failed", 6) ? "info" : "warn",
+                      "dataset %s: wide copy of its indices %s", d->conf->id, d->wide_note);
+    d->plain_note[0] = d->wide_note[0] = '\0';
     /* A job for the plain copy alone has no orientation to tell of. */
     if (j->type == &other_job && (st.other_state != IV_OTHER_NONE || j->rc != 0)) log_other(s, d, j, &st);
     install_doc(d, j);
@@ -724,6 +775,13 @@ static void on_other_done(job_t *j)
     if (j->type == &other_job && !d->retired && !s->draining && plain_wanted(s, d) &&
         !iv_dataset_plain_path(d->ds)) {
         j->type = &plain_job;
+        j->rc = 0;
+        if (job_submit_server(j) == 0) return;
+    }
+    /* Then the wide copy, likewise (after the plain copy, which it reads). */
+    if ((j->type == &other_job || j->type == &plain_job) && !d->retired && !s->draining && wide_wanted(s, d) &&
+        !iv_dataset_wide_path(d->ds)) {
+        j->type = &wide_job;
         j->rc = 0;
         if (job_submit_server(j) == 0) return;
     }

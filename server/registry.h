@@ -71,6 +71,7 @@ typedef struct iv_rds {
     char err[512];        /* FAILED: why; READY: why the metadata is missing, or "" */
     char meta_note[160];  /* how the metadata came (iv_meta_keep_t.note) */
     char plain_note[600]; /* the plain copy's outcome, for the log ("" when none was wanted) */
+    char wide_note[600];  /* the wide copy's, likewise */
     iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
@@ -93,6 +94,7 @@ typedef struct iv_rds {
      * lives ("" when none), and its pack's progress. */
     char other_path[4096];
     char plain_path[4096];  /* the plain copy read (pinned against the sweep), or "" */
+    char wide_path[4096];   /* the wide copy read (pinned likewise), or "" */
     /* X's Zarr chunks kept and served ([1] csr, [0] csc; pinned), "" when
      * none or dropped after a failed check (loop 0's: set by the keep
      * job's done half from zarr_made, which its run half wrote with the

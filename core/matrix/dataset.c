@@ -711,6 +711,7 @@ void iv_dataset_orientations(iv_dataset_t *ds, iv_orient_status_t *out)
     out->bytes[ds->m.orient] = iv_dataset_memory_of(ds);
     out->stream_bytes[ds->m.orient] = iv_stream_length(ds->stream);
     if (atomic_load(&ds->plain)) out->plain = atomic_load(&ds->plain_dropped) ? 2 : 1;
+    if (atomic_load(&ds->wide)) out->wide = atomic_load(&ds->wide_dropped) ? 2 : 1;
     iv_dataset_t *o = iv_dataset_other(ds);
     out->other_state = (iv_other_state_t)atomic_load(&ds->other_state);
     if (o) {

@@ -167,6 +167,7 @@ typedef struct iv_orient_status {
     uint64_t stream_bytes[2];       /* packed stream length per orientation */
     double other_seconds;           /* time the other one took to build or attach */
     int plain;                      /* the own orientation's plain copy: 0 none, 1 read, 2 dropped */
+    int wide;                       /* the own orientation's wide copy: 0 none, 1 read, 2 dropped */
 } iv_orient_status_t;
 
 /*
