@@ -15,7 +15,8 @@ figures of one run are compared.  The steps:
      -t8, -t16), and 1 random cell x 50 genes at 64 connections; the
      server's VmHWM after them.
 Prints one line per build, round and case: req/s, p50 and p99 in ms, and
-failed requests.
+failed requests.  A BIN may carry flags of its own, in one argument
+("build/ivserve --wide-copy off"), to compare one build's settings.
 
   benchmarks/bench_ab_loads.py --atlas ATLAS.h5ad --cache DIR --wrk PATH
       [--memory-bytes 8589934592] [--threads 16] [--rounds 2] [--seconds 8]
@@ -27,7 +28,7 @@ import os
 import requests
 import tempfile
 
-from bench_scale import WRK_LUA, Srv, hwm, load_bodies, run_wrk, stop_all, wait_plain
+from bench_scale import WRK_LUA, Srv, hwm, load_bodies, run_wrk, stop_all, wait_copy
 
 # (label, wrk threads, connections, bodies): the loads of one build's turn.
 CASES = (("10k x 2000, 1 connection", 1, 1, "10k x 2000"),
@@ -57,12 +58,19 @@ def main():
     # The cell queries read the plain copy, as they do at 10 M cells by
     # default (a stream larger than the caches' part of the budget).
     extra = ("--threads", str(a.threads), "--plain-copy", "on")
-    names = ["%d:%s" % (i, os.path.basename(os.path.dirname(os.path.abspath(b))) or b)
-             for i, b in enumerate(a.bins)]
+    arms = [b.split() for b in a.bins]
+    names = ["%d:%s%s" % (i, os.path.basename(os.path.dirname(os.path.abspath(b[0]))) or b[0],
+                          "".join(" " + f for f in b[1:])) for i, b in enumerate(arms)]
 
-    s = Srv(a.bins[0], a.atlas, a.cache, a.port, a.memory_bytes, extra, os.path.join(work, "first.log"))
+    def wait_copies(arm, s):
+        wait_copy(arm[0], s, "--plain-copy", "plain copy of its stream")
+        if " ".join(arm[1:]).find("--wide-copy off") < 0:
+            wait_copy(arm[0], s, "--wide-copy", "wide copy of its indices")
+
+    s = Srv(arms[0][0], a.atlas, a.cache, a.port, a.memory_bytes, extra + tuple(arms[0][1:]),
+            os.path.join(work, "first.log"))
     ready, both, src = s.wait()
-    wait_plain(a.bins[0], s)
+    wait_copies(arms[0], s)
     n_cells, n_genes = requests.get(s.url + "/v1/datasets/" + s.id).json()["shape"]
     s.stop()
     print("atlas %s: %d x %d; first start with %s: ready %.2f s, both orientations %.2f s (%s)"
@@ -70,17 +78,18 @@ def main():
     bodies = load_bodies(work, n_cells, n_genes)
 
     for rnd in range(1, a.rounds + 1):
-        for name, binp in zip(names, a.bins):
-            s = Srv(binp, a.atlas, a.cache, a.port, a.memory_bytes, extra,
+        for name, arm in zip(names, arms):
+            binp = arm[0]
+            s = Srv(binp, a.atlas, a.cache, a.port, a.memory_bytes, extra + tuple(arm[1:]),
                     os.path.join(work, "r%d-%s.log" % (rnd, name.split(":")[0])))
             s.wait()
-            wait_plain(binp, s)
+            wait_copies(arm, s)
             run_wrk(a.wrk, lua, s.url, s.id, 4, 4, 4, bodies["10k x 2000"])   # warm the caches
             for label, t, c, kind in CASES:
                 rps, p50, p99, bad = run_wrk(a.wrk, lua, s.url, s.id, t, c, a.seconds, bodies[kind])
-                print("round %d  %-12s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  %d failed"
+                print("round %d  %-24s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  %d failed"
                       % (rnd, name, label, rps, p50, p99, bad), flush=True)
-            print("round %d  %-12s  %-27s  %10.2f GB" % (rnd, name, "VmHWM after the loads", hwm(s.p.pid) / 1e9),
+            print("round %d  %-24s  %-27s  %10.2f GB" % (rnd, name, "VmHWM after the loads", hwm(s.p.pid) / 1e9),
                   flush=True)
             s.stop()
     print("logs in", work)

@@ -167,19 +167,20 @@ class Srv:
         return peak
 
 
-def wait_plain(binp, srv, timeout=600):
-    """Seconds from now until the server logs its plain copy's outcome
-    (written after the gene-major copy), and that line; (None, why) for a
-    binary without plain copies or when none comes."""
+def wait_copy(binp, srv, flag, phrase, timeout=600):
+    """Seconds from now until the server logs the outcome of the copy its
+    log names with phrase (the plain copy, written after the gene-major
+    copy; the wide copy, after the plain copy), and that outcome; (None,
+    why) for a binary without the flag or when none comes."""
     r = subprocess.run([binp, "--help"], capture_output=True, text=True)
-    if "--plain-copy" not in r.stdout + r.stderr:
-        return None, "none (this build has no plain copy)"
+    if flag not in r.stdout + r.stderr:
+        return None, "none (this build has no %s)" % flag
     t0 = time.time()
     while time.time() - t0 < timeout:
         with open(srv.log_path) as f:
-            line = [ln for ln in f if "plain copy of its stream" in ln]
+            line = [ln for ln in f if phrase in ln]
         if line:
-            return time.time() - t0, json.loads(line[0])["msg"].split("plain copy of its stream ", 1)[1]
+            return time.time() - t0, json.loads(line[0])["msg"].split(phrase + " ", 1)[1]
         time.sleep(0.1)
     return None, "none logged within %d s" % timeout
 
@@ -363,7 +364,8 @@ def main():
     doc = requests.get(s.url + "/v1/datasets/" + s.id).json()
     n_cells, n_genes = doc["shape"]
     stream = doc["orientations"]["cells"]["stream_bytes"]
-    plain_after, plain = wait_plain(a.bin, s)
+    plain_after, plain = wait_copy(a.bin, s, "--plain-copy", "plain copy of its stream")
+    wide_after, wide = wait_copy(a.bin, s, "--wide-copy", "wide copy of its indices")
     g = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
     warm = [one_gene(s.url, s.id, 100 + i) for i in range(5)]
     warm_id = [one_gene(s.url, s.id, 100 + i, "identity") for i in range(5)]
@@ -376,6 +378,8 @@ def main():
     rows.append(("first start: gene-major copy on disk and serving", "%.2f s after ready (%s)" % (both1 - ready1, src)))
     rows.append(("plain copy of the cell-major stream (cell queries read it): after the gene-major copy",
                  "%.2f s more (%s)" % (plain_after, plain) if plain_after is not None else plain))
+    rows.append(("wide copy of the gene indices (cell queries that select genes read it): after the plain copy",
+                 "%.2f s more (%s)" % (wide_after, wide) if wide_after is not None else wide))
     rows.append(("1 gene x all cells by gene, warm (median of 5)", "%.2f ms" % statistics.median(warm)))
     rows.append(("1 gene x all cells by gene, warm, not compressed (median of 5)",
                  "%.2f ms" % statistics.median(warm_id)))
