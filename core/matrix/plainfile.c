@@ -269,14 +269,11 @@ static int plain_stream(const char *path, iv_file_t *fl, const iv_plainfile_for_
     iv_stream_desc_t d = {.length = f->length, .file = fl, .max_stored = chunk_len, .label = label,
                           .no_arena = chunk_len < ((uint64_t)64 << 10), .sum_len = IV_PLAIN_CHUNK};
     d.chunk_sum = calloc((size_t)(n ? n : 1), sizeof *d.chunk_sum);
-    if (!d.chunk_sum || iv_stream_desc_contig_len(&d, DATA_OFF, f->length, chunk_len) < 0) {
-        free(d.chunk_addr);
-        free(d.chunk_size);
-        free(d.chunk_mask);
-        free((void *)d.chunk_sum);
+    if (!d.chunk_sum) {
         iv_file_close(fl);
-        return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's chunk table");
+        return iv_fail(err, IV_ENOMEM, "out of memory for a plain copy's checksums");
     }
+    iv_stream_desc_virtual(&d, DATA_OFF, f->length, chunk_len);
     iv_stream_t *s = NULL;
     int rc = iv_stream_create(&d, cache_budget, &s, err);
     if (rc == 0) rc = iv_stream_seal_with(s, sums, n, err);

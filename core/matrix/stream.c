@@ -355,6 +355,18 @@ int iv_stream_desc_contig(iv_stream_desc_t *d, uint64_t addr, uint64_t len)
     return iv_stream_desc_contig_len(d, addr, len, IV_STREAM_CONTIG_CHUNK);
 }
 
+void iv_stream_desc_virtual(iv_stream_desc_t *d, uint64_t addr, uint64_t len, uint64_t cl)
+{
+    d->chunked = 1;
+    d->file_contig = 1;
+    d->pipe.n = 0;
+    d->chunk_len = cl;
+    d->n_chunks = (len + cl - 1) / cl;
+    d->chunk_addr = d->chunk_size = NULL;
+    d->chunk_mask = NULL;
+    d->contig_addr = addr;
+}
+
 int iv_stream_desc_contig_len(iv_stream_desc_t *d, uint64_t addr, uint64_t len, uint64_t cl)
 {
     d->chunked = 1;
@@ -380,6 +392,18 @@ static size_t chunk_bytes(const iv_stream_t *s, uint64_t c)
     uint64_t start = c * s->d.chunk_len;
     uint64_t left = s->d.length - start;
     return (size_t)(left < s->d.chunk_len ? left : s->d.chunk_len);
+}
+
+/* Chunk c's place and stored bytes: from the table, or, for virtual
+ * chunks (no table), from where the range starts. */
+static uint64_t stored_at(const iv_stream_t *s, uint64_t c)
+{
+    return s->d.chunk_addr ? s->d.chunk_addr[c] : s->d.contig_addr + c * s->d.chunk_len;
+}
+
+static uint64_t stored_size(const iv_stream_t *s, uint64_t c)
+{
+    return s->d.chunk_size ? s->d.chunk_size[c] : chunk_bytes(s, c);
 }
 
 /* Tells the shared budget the tick of the LRU tail (UINT64_MAX: nothing
@@ -610,7 +634,7 @@ static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_
     snprintf(m, sizeof m, "%.160s changed on disk after it was loaded (the stored bytes of chunk %llu "
              "at offset %llu differ from those indexed at load); reload the dataset",
              iv_file_path(s->d.file), (unsigned long long)c,
-             (unsigned long long)s->d.chunk_addr[c]);
+             (unsigned long long)stored_at(s, c));
     iv_file_mark(s->d.file, IV_FILE_CHANGED, m);
     return iv_fail(err, IV_EFILE_CHANGED, "%s", m);
 }
@@ -621,11 +645,11 @@ static int sum_check(iv_stream_t *s, uint64_t c, const uint8_t *p, size_t n, iv_
  * the bytes are never decoded, so no other file's data is ever served. */
 static int fetch_chunk(iv_stream_t *s, uint64_t c, uint8_t *into, iv_err_t *err)
 {
-    size_t n = (size_t)s->d.chunk_size[c];
+    size_t n = (size_t)stored_size(s, c);
     char what[64];
     snprintf(what, sizeof what, "chunk %llu", (unsigned long long)c);
     iv_err_t sub = {0};
-    int rc = iv_file_read(s->d.file, s->d.chunk_addr[c], into, n, what, &sub);
+    int rc = iv_file_read(s->d.file, stored_at(s, c), into, n, what, &sub);
     if (rc < 0) return iv_fail(err, rc, "%s", sub.msg);
     return sum_check(s, c, into, n, err);
 }
@@ -635,8 +659,8 @@ static int fetch_chunk(iv_stream_t *s, uint64_t c, uint8_t *into, iv_err_t *err)
 static int chunk_fail(const iv_stream_t *s, uint64_t c, int rc, const iv_err_t *sub, iv_err_t *err)
 {
     return iv_fail(err, rc, "%s: chunk %llu (file offset %llu, %zu stored bytes): %s",
-                   s->label, (unsigned long long)c, (unsigned long long)s->d.chunk_addr[c],
-                   (size_t)s->d.chunk_size[c], sub->msg);
+                   s->label, (unsigned long long)c, (unsigned long long)stored_at(s, c),
+                   (size_t)stored_size(s, c), sub->msg);
 }
 
 /* Whether chunk c is stored as is: no filter, or every one skipped. */
@@ -650,7 +674,7 @@ static int unfiltered(const iv_stream_t *s, uint64_t c)
  * when it comes from the file. */
 static int load_unfiltered(iv_stream_t *s, uint64_t c, uint8_t *buf, size_t want, iv_err_t *err)
 {
-    size_t src_len = (size_t)s->d.chunk_size[c];
+    size_t src_len = (size_t)stored_size(s, c);
     if (src_len != want) {
         iv_err_t sub = {0};
         int rc = iv_fail(&sub, IV_ECORRUPT, "unfiltered chunk holds %zu bytes, expected %zu",
@@ -658,7 +682,7 @@ static int load_unfiltered(iv_stream_t *s, uint64_t c, uint8_t *buf, size_t want
         return chunk_fail(s, c, rc, &sub, err);
     }
     if (s->d.file) return fetch_chunk(s, c, buf, err);
-    memcpy(buf, s->d.map + s->d.chunk_addr[c], want);
+    memcpy(buf, s->d.map + stored_at(s, c), want);
     return 0;
 }
 
@@ -666,8 +690,8 @@ static int load_unfiltered(iv_stream_t *s, uint64_t c, uint8_t *buf, size_t want
  * the stages and, from a file, one for the stored bytes. */
 static int load_filtered(iv_stream_t *s, uint64_t c, uint8_t *buf, iv_err_t *err)
 {
-    size_t full = (size_t)s->d.chunk_len, src_len = (size_t)s->d.chunk_size[c];
-    const uint8_t *src = s->d.file ? NULL : s->d.map + s->d.chunk_addr[c];
+    size_t full = (size_t)s->d.chunk_len, src_len = (size_t)stored_size(s, c);
+    const uint8_t *src = s->d.file ? NULL : s->d.map + stored_at(s, c);
     struct scratch *sc = scratch_get(s), *rd = NULL;
     if (sc && s->d.file) {
         if (src_len > scratch_cap(s)) {
@@ -703,7 +727,7 @@ static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
     if (!buf) return iv_fail(err, IV_ENOMEM, "%s: out of memory for chunk %llu", s->label,
                              (unsigned long long)c);
     int rc = 0;
-    if (s->d.chunk_addr[c] == UINT64_MAX)
+    if (stored_at(s, c) == UINT64_MAX)
         memset(buf, 0, full);   /* never written: HDF5's fill value, zero */
     else if (unfiltered(s, c))
         /* A contiguous range's last virtual chunk is what is left of it. */
@@ -723,13 +747,13 @@ static int load_chunk(iv_stream_t *s, uint64_t c, uint8_t **out, iv_err_t *err)
 static int sum_unread(iv_stream_t *s, uint64_t c, struct scratch **rd, iv_err_t *err)
 {
     uint64_t k = s->d.sum_len ? c * (s->d.chunk_len / s->d.sum_len) : c;
-    if (s->d.chunk_addr[c] == UINT64_MAX || atomic_load(&s->d.chunk_sum[k]) != 0) return 0;
+    if (stored_at(s, c) == UINT64_MAX || atomic_load(&s->d.chunk_sum[k]) != 0) return 0;
     if (!*rd && !(*rd = scratch_get(s)))
         return iv_fail(err, IV_ENOMEM, "%s: out of memory for scratch", s->label);
-    if (s->d.chunk_size[c] > scratch_cap(s))
+    if (stored_size(s, c) > scratch_cap(s))
         return iv_fail(err, IV_ECORRUPT, "%s: chunk %llu stores %llu bytes, more than the "
                        "chunk table allows", s->label, (unsigned long long)c,
-                       (unsigned long long)s->d.chunk_size[c]);
+                       (unsigned long long)stored_size(s, c));
     return fetch_chunk(s, c, (*rd)->data, err);
 }
 
@@ -761,7 +785,7 @@ int iv_stream_seal_with(iv_stream_t *s, const uint64_t *sums, uint64_t n, iv_err
     if (!s->d.chunked || !s->d.file || !s->d.chunk_sum || s->d.sums_sealed || n != iv_stream_desc_n_sums(&s->d))
         return iv_fail(err, IV_EINTERNAL, "%s: checksums kept for another stream", s->label);
     for (uint64_t c = 0; c < n; c++)
-        if ((s->d.sum_len || s->d.chunk_addr[c] != UINT64_MAX) && sums[c] == 0)
+        if ((s->d.sum_len || stored_at(s, c) != UINT64_MAX) && sums[c] == 0)
             return iv_fail(err, IV_ECORRUPT, "%s: kept checksum of chunk %llu missing", s->label,
                            (unsigned long long)c);
     for (uint64_t c = 0; c < n; c++) atomic_store(&s->d.chunk_sum[c], sums[c]);
