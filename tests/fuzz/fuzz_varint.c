@@ -7,14 +7,17 @@
  * agree with a plain decode of the same stream on the sum of d + 1 and the
  * position at every mark, never pass a mark, and read nothing past the end
  * (the input is an exact-size copy).  The counting and skipping kernels
- * are checked against their scalar references on the same bytes, and the
- * pick kernel (check_pick) against a plain decode of them.
+ * are checked against their scalar references on the same bytes, the
+ * pick kernel (check_pick) against a plain decode of them, and the wide
+ * copy's kernels (check_wide) against each other on the bytes read as
+ * two-byte indices.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "varint.h"
+#include "widepick.h"
 #include "../support/pick_step.h"
 #include "../support/walk_drive.h"
 
@@ -72,6 +75,44 @@ static void check_pick(const uint8_t *buf, const uint8_t *end, uint64_t k, uint6
     free(out);
 }
 
+/* The stream's bytes as two-byte indices (an odd tail left out), in runs
+ * of at most IV_WIDE_PICK_MAX, below a limit from k, tested against a
+ * bitmap of exactly the limit's words: both kernels keep the same indices
+ * or both refuse the run, and the portable one keeps exactly the indices
+ * whose bit is set. */
+static void check_wide(const uint8_t *buf, size_t size, uint64_t k)
+{
+    uint32_t limit = k % 4 == 0 ? 65536 : 1 + (uint32_t)(k * 2621 % 65536);
+    size_t n_words = (limit + 63) / 64, n = size / 2;
+    uint64_t *bits = malloc(n_words * sizeof *bits);
+    uint32_t *a = malloc((IV_WIDE_PICK_MAX + 16) * sizeof *a), *b = malloc((IV_WIDE_PICK_MAX + 16) * sizeof *b);
+    for (size_t w = 0; w < n_words; w++) bits[w] = 0x9249249249249249ull >> (w % 3);
+    for (size_t i = 0; i < n; i += IV_WIDE_PICK_MAX) {
+        size_t m = n - i < IV_WIDE_PICK_MAX ? n - i : IV_WIDE_PICK_MAX;
+        int64_t ka = iv_wide_pick(buf + 2 * i, m, limit, bits, a);
+        int64_t kb = iv_varint_have_avx512() ? iv_wide_pick_avx512(buf + 2 * i, m, limit, bits, b) : ka;
+        if (ka != kb) abort();
+        if (iv_varint_have_avx512() && ka > 0 && memcmp(a, b, (size_t)ka * sizeof *a) != 0) abort();
+        int64_t want = 0;
+        for (size_t j = 0; j < m; j++) {
+            uint16_t x;
+            memcpy(&x, buf + 2 * (i + j), 2);
+            if (x >= limit) {
+                want = -1;
+                break;
+            }
+            if ((bits[x / 64] >> (x % 64)) & 1) {
+                if (a[want] != x) abort();
+                want++;
+            }
+        }
+        if (want != ka) abort();
+    }
+    free(bits);
+    free(a);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
@@ -113,6 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(iv_varint_walk3_avx2_pdep, buf, end, marks, nm, ref_sum, ref_pos, nv);
     }
     check_pick(buf, end, k, nv);
+    check_wide(buf, size, k);
     if (iv_varint_count_ends(buf, size) != iv_varint_count_ends_scalar(buf, size)) abort();
     uint64_t s1, s2;
     if (iv_varint_skip(buf, size, k, &s1) != iv_varint_skip_scalar(buf, size, k, &s2) || s1 != s2)
