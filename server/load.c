@@ -241,37 +241,6 @@ static int plain_wanted(const server_t *s, const sds_t *d)
     return s->cfg->plain_copy == IV_PLAIN_ON || (len > s->mem.cache && len >= keep_min_bytes());
 }
 
-/* The plain copy: a kept one is taken before the other orientation (the
- * pack then reads it as its replica); one is written only after, so that
- * the other orientation, and the disk's write-back of the gene-major
- * copy, come first (at ten million cells on 16 cores the copy's write-back
- * slowed the pack by 6-14 s).  Its outcome waits in d->plain_note for the
- * loop's log. */
-static void plain_run(job_t *j, const char *dir, int write)
-{
-    sds_t *d = j->ds;
-    d->plain_note[0] = '\0';
-    if (!plain_wanted(j->srv, d) || iv_dataset_plain_path(d->ds)) return;
-    iv_dataset_opts_t o;
-    beside_opts(j, dir, &o);
-    o.stop = &j->srv->stopping;
-    iv_err_t e;
-    iv_err_clear(&e);
-    double t0 = now_s();
-    int rc = iv_dataset_use_plain(d->ds, &o, write, &e);
-    if (rc < 0)
-        snprintf(d->plain_note, sizeof d->plain_note, "failed (%.500s); cell queries read the compressed stream",
-                 e.msg);
-    else if (rc > 0)
-        snprintf(d->plain_note, sizeof d->plain_note, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
-    /* In use: no sweep of the folder removes it (unpinned with the entry). */
-    const char *at = rc > 0 ? iv_dataset_plain_path(d->ds) : NULL;
-    if (at && !d->plain_path[0]) {
-        snprintf(d->plain_path, sizeof d->plain_path, "%s", at);
-        iv_autopack_pin(d->plain_path);
-    }
-}
-
 /* Whether d's cell queries get a wide copy to read (widefile.h): asked
  * for, or, by default, when its stream is large enough for the cache
  * folder; either way only for a matrix of at most 65,536 genes. */
@@ -281,29 +250,53 @@ static int wide_wanted(const server_t *s, const sds_t *d)
     return s->cfg->wide_copy == IV_PLAIN_ON || iv_dataset_info(d->ds)->stream_bytes >= keep_min_bytes();
 }
 
-/* The wide copy, as the plain copy (plain_run): a kept one taken before
- * the other orientation, one written last of the copies (it decodes the
- * plain copy when there is one).  Its outcome waits in d->wide_note. */
-static void wide_run(job_t *j, const char *dir, int write)
+/* A copy of a dataset's kept in the cache folder, as copy_run takes it. */
+struct copy_kind {
+    int (*wanted)(const server_t *s, const sds_t *d);
+    const char *(*path)(iv_dataset_t *ds);    /* the published copy's, or NULL */
+    int (*use)(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err);
+    const char *without;                      /* what cell queries do without it */
+};
+
+static const struct copy_kind plain_copy = {plain_wanted, iv_dataset_plain_path, iv_dataset_use_plain,
+                                            "cell queries read the compressed stream"};
+static const struct copy_kind wide_copy = {wide_wanted, iv_dataset_wide_path, iv_dataset_use_wide,
+                                           "cell queries decode the packed stream"};
+
+/* The plain copy, then the wide copy: a kept one is taken before the
+ * other orientation (the pack then reads the plain copy as its replica);
+ * one is written only after, so that the other orientation, and the
+ * disk's write-back of the gene-major copy, come first (at ten million
+ * cells on 16 cores the plain copy's write-back slowed the pack by 6-14
+ * s); the wide copy last, as it decodes the plain copy.  The outcome waits
+ * in `note` (d->plain_note or d->wide_note) for the loop's log; the path
+ * taken is pinned in `pinned` (d->plain_path or d->wide_path). */
+#define COPY_NOTE_LEN sizeof ((sds_t *)0)->plain_note
+#define COPY_PATH_LEN sizeof ((sds_t *)0)->plain_path
+_Static_assert(sizeof ((sds_t *)0)->wide_note == COPY_NOTE_LEN && sizeof ((sds_t *)0)->wide_path == COPY_PATH_LEN,
+               "the copies' notes and paths are alike");
+
+static void copy_run(job_t *j, const struct copy_kind *k, char *note, char *pinned, const char *dir, int write)
 {
     sds_t *d = j->ds;
-    d->wide_note[0] = '\0';
-    if (!wide_wanted(j->srv, d) || iv_dataset_wide_path(d->ds)) return;
+    note[0] = '\0';
+    if (!k->wanted(j->srv, d) || k->path(d->ds)) return;
     iv_dataset_opts_t o;
     beside_opts(j, dir, &o);
     o.stop = &j->srv->stopping;
     iv_err_t e;
     iv_err_clear(&e);
     double t0 = now_s();
-    int rc = iv_dataset_use_wide(d->ds, &o, write, &e);
+    int rc = k->use(d->ds, &o, write, &e);
     if (rc < 0)
-        snprintf(d->wide_note, sizeof d->wide_note, "failed (%.500s); cell queries decode the packed stream", e.msg);
+        snprintf(note, COPY_NOTE_LEN, "failed (%.500s); %s", e.msg, k->without);
     else if (rc > 0)
-        snprintf(d->wide_note, sizeof d->wide_note, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
-    const char *at = rc > 0 ? iv_dataset_wide_path(d->ds) : NULL;
-    if (at && !d->wide_path[0]) {
-        snprintf(d->wide_path, sizeof d->wide_path, "%s", at);
-        iv_autopack_pin(d->wide_path);
+        snprintf(note, COPY_NOTE_LEN, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
+    /* In use: no sweep of the folder removes it (unpinned with the entry). */
+    const char *at = rc > 0 ? k->path(d->ds) : NULL;
+    if (at && !pinned[0]) {
+        snprintf(pinned, COPY_PATH_LEN, "%s", at);
+        iv_autopack_pin(pinned);
     }
 }
 
@@ -314,8 +307,8 @@ static void other_run(job_t *j)
     int plan = other_plan(j->srv, d);
     char dir[4096];
     iv_config_cache_dir(cfg, dir, sizeof dir);
-    plain_run(j, dir, 0);
-    wide_run(j, dir, 0);
+    copy_run(j, &plain_copy, d->plain_note, d->plain_path, dir, 0);
+    copy_run(j, &wide_copy, d->wide_note, d->wide_path, dir, 0);
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         beside_opts(j, dir, &o);
@@ -338,23 +331,23 @@ static void other_run(job_t *j)
     render_doc(d, &j->out);
 }
 
-/* The plain copy written after the other orientation (plain_run), in a
+/* The plain copy written after the other orientation (copy_run), in a
  * job of its own so that the document says the orientation is ready as
  * soon as it is. */
 static void plain_job_run(job_t *j)
 {
     char dir[4096];
     iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    plain_run(j, dir, 1);
+    copy_run(j, &plain_copy, j->ds->plain_note, j->ds->plain_path, dir, 1);
     render_doc(j->ds, &j->out);
 }
 
-/* The wide copy written after the plain copy (wide_run). */
+/* The wide copy written after the plain copy (copy_run). */
 static void wide_job_run(job_t *j)
 {
     char dir[4096];
     iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    wide_run(j, dir, 1);
+    copy_run(j, &wide_copy, j->ds->wide_note, j->ds->wide_path, dir, 1);
     render_doc(j->ds, &j->out);
 }
 

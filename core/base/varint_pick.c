@@ -36,7 +36,7 @@
 #include "varint.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include "pick_avx512.h"
 
 int iv_varint_have_avx512(void)
 {
@@ -44,8 +44,6 @@ int iv_varint_have_avx512(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
 }
-
-#define IV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi,bmi2,popcnt")))
 
 /* Lanes shifted up by k (lane i gets lane i - k; the first k get 0). */
 #define LANES_UP(v, k) _mm512_alignr_epi32((v), _mm512_setzero_si512(), 16 - (k))
@@ -55,17 +53,10 @@ int iv_varint_have_avx512(void)
  * gathered, its bit shifted down.  Returns how many it kept. */
 IV_AVX512 static size_t keep_selected(uint32_t *out, size_t n, const uint64_t *bits)
 {
-    const __m512i low5 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
     size_t kept = 0;
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = (__mmask16)_bzhi_u32(0xffffu, (unsigned)(n - i < 16 ? n - i : 16));
-        __m512i j = _mm512_maskz_loadu_epi32(m, out + i);
-        __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_srli_epi32(j, 5),
-                                                   (const void *)bits, 4);
-        __m512i bit = _mm512_srlv_epi32(word, _mm512_and_si512(j, low5));
-        __mmask16 hit = _mm512_mask_test_epi32_mask(m, bit, one);
-        _mm512_storeu_si512((void *)(out + kept), _mm512_maskz_compress_epi32(hit, j));
-        kept += (size_t)__builtin_popcount(hit);
+        kept += iv_keep16(_mm512_maskz_loadu_epi32(m, out + i), m, bits, out + kept);
     }
     return kept;
 }

@@ -19,29 +19,20 @@ int64_t iv_wide_pick(const uint8_t *p, size_t n, uint32_t limit, const uint64_t 
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include "pick_avx512.h"
 
-#define IV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi,bmi2,popcnt")))
-
-/* Sixteen indices widened to 32-bit lanes, their bitmap words gathered
- * (a lane past n, or at or past limit, gathers nothing), their bits
- * tested, the kept compressed to the front of a whole-block store. */
+/* Sixteen indices widened to 32-bit lanes, checked below limit, tested
+ * (a lane past n gathers nothing). */
 IV_AVX512 int64_t iv_wide_pick_avx512(const uint8_t *p, size_t n, uint32_t limit, const uint64_t *bits,
                                       uint32_t *out)
 {
-    const __m512i low5 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
     const __m512i lim = _mm512_set1_epi32((int)limit);
     size_t kept = 0;
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = (__mmask16)_bzhi_u32(0xffffu, (unsigned)(n - i < 16 ? n - i : 16));
         __m512i j = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p + 2 * i));
         if (_mm512_mask_cmpge_epu32_mask(m, j, lim)) return -1;
-        __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_srli_epi32(j, 5),
-                                                   (const void *)bits, 4);
-        __m512i bit = _mm512_srlv_epi32(word, _mm512_and_si512(j, low5));
-        __mmask16 hit = _mm512_mask_test_epi32_mask(m, bit, one);
-        _mm512_storeu_si512((void *)(out + kept), _mm512_maskz_compress_epi32(hit, j));
-        kept += (size_t)__builtin_popcount(hit);
+        kept += iv_keep16(j, m, bits, out + kept);
     }
     return (int64_t)kept;
 }

@@ -369,11 +369,7 @@ void iv_stream_desc_virtual(iv_stream_desc_t *d, uint64_t addr, uint64_t len, ui
 
 int iv_stream_desc_contig_len(iv_stream_desc_t *d, uint64_t addr, uint64_t len, uint64_t cl)
 {
-    d->chunked = 1;
-    d->file_contig = 1;
-    d->pipe.n = 0;
-    d->chunk_len = cl;
-    d->n_chunks = (len + cl - 1) / cl;
+    iv_stream_desc_virtual(d, addr, len, cl);
     size_t nc = (size_t)(d->n_chunks ? d->n_chunks : 1);
     d->chunk_addr = malloc(nc * sizeof *d->chunk_addr);
     d->chunk_size = malloc(nc * sizeof *d->chunk_size);
