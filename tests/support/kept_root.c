@@ -2,6 +2,7 @@
 #include "kept_root.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -37,4 +38,20 @@ void iv_test_kept_teardown(const iv_test_kept_root_t *k)
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", k->root);
     ck_assert_int_eq(system(cmd), 0);
+}
+
+void iv_test_change_unseen(const char *path, long off)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, off, SEEK_SET), 0);
+    int c = fgetc(f);
+    ck_assert_int_ne(c, EOF);
+    ck_assert_int_eq(fseek(f, off, SEEK_SET), 0);
+    fputc(c ^ 0x01, f);
+    ck_assert_int_eq(fclose(f), 0);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
 }

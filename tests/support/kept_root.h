@@ -16,4 +16,8 @@ void iv_test_kept_setup(iv_test_kept_root_t *k, const char *tag);
 /* Removes it and everything in it. */
 void iv_test_kept_teardown(const iv_test_kept_root_t *k);
 
+/* Flips the low bit of the byte at off in the file at path and puts its
+ * times back, so that only a checksum of its bytes can see the change. */
+void iv_test_change_unseen(const char *path, long off);
+
 #endif
