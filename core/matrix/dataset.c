@@ -667,11 +667,12 @@ size_t iv_dataset_memory_of(iv_dataset_t *ds)
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);
     b += st.used;
-    iv_stream_t *p = atomic_load(&ds->plain);
-    if (p) {
-        iv_stream_stats(p, &st);
-        b += st.used + st.table_bytes;
-    }
+    iv_stream_t *copies[2] = {atomic_load(&ds->plain), atomic_load(&ds->wide)};
+    for (int k = 0; k < 2; k++)
+        if (copies[k]) {
+            iv_stream_stats(copies[k], &st);
+            b += st.used + st.table_bytes;
+        }
     return b;
 }
 
@@ -684,13 +685,15 @@ void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
     out->values = (size_t)m->n_unique * iv_dtype_size(m->value_dtype);
     out->index = iv_rowindex_bytes(&ds->ri) + st.table_bytes;
     out->cache = st.used;
-    iv_stream_t *p = atomic_load(&ds->plain);
-    if (p) {
-        iv_stream_stats_t ps;
-        iv_stream_stats(p, &ps);
-        out->index += ps.table_bytes;
-        out->cache += ps.used;
-    }
+    /* The plain and wide copies' slots count as index, their chunks as cache. */
+    iv_stream_t *copies[2] = {atomic_load(&ds->plain), atomic_load(&ds->wide)};
+    for (int k = 0; k < 2; k++)
+        if (copies[k]) {
+            iv_stream_stats_t ps;
+            iv_stream_stats(copies[k], &ps);
+            out->index += ps.table_bytes;
+            out->cache += ps.used;
+        }
     /* An in-memory copy's stream is a buffer of the copy's own (is_copy),
      * not one the stream owns. */
     out->stream = ds->is_copy ? (size_t)iv_stream_length(ds->stream) : st.owned_bytes;

@@ -967,7 +967,8 @@ void iv_stream_stats(iv_stream_t *s, iv_stream_stats_t *out)
     out->used = atomic_load(&s->used);
     out->owned_bytes = s->d.owned_buf ? (size_t)s->d.length : 0;
     if (s->d.owned_map) out->owned_bytes += s->d.owned_map_len;
-    out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + 20) : 0;
+    /* Slots, then the table (addresses, sizes, masks) unless the chunks are virtual. */
+    out->table_bytes = s->d.chunked ? (size_t)s->d.n_chunks * (sizeof *s->slots + (s->d.chunk_addr ? 20 : 0)) : 0;
     out->scratch_bytes = free_scratch_bytes(s);
     size_t used = atomic_load(&s->used);
     out->pinned_over_budget = used > s->budget ? used - s->budget : 0;

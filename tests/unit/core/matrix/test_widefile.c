@@ -130,6 +130,15 @@ START_TEST(copy_holds_the_indices_and_answers_the_same)
     free(got);
     iv_dataset_t *ds = open_wide(2);
     same_as_copy(iv_dataset_wide_stream(ds), want, nnz);
+    /* Its slots are the dataset's index memory, its chunks the cache. */
+    iv_dataset_memory_t mr, mw;
+    iv_stream_stats_t ws;
+    iv_dataset_memory(ref, &mr);
+    iv_dataset_memory(ds, &mw);
+    iv_stream_stats(iv_dataset_wide_stream(ds), &ws);
+    ck_assert_uint_gt(ws.table_bytes, 0);
+    ck_assert_uint_eq(mw.index, mr.index + ws.table_bytes);
+    ck_assert_uint_eq(mw.cache, mr.cache + ws.used);
     for (int vec = 1; vec >= 0; vec--) {
         iv_query_set_vector(vec);
         iv_stream_stats_t before, after;
