@@ -587,19 +587,28 @@ const char *iv_dataset_wide_path(iv_dataset_t *ds)
     return iv_dataset_wide_stream(ds) ? ds->wide_at : NULL;
 }
 
-iv_stream_t *iv_dataset_wide_stream(iv_dataset_t *ds)
+/* The copy published in slot while it is sound: NULL when there is none,
+ * it was dropped, or the source file changed (a changed source is read,
+ * so that the query fails as it did).  A copy whose own file failed a
+ * read's checks is dropped here: its file removed (the next start writes
+ * it again), the source serving from then on. */
+static iv_stream_t *sound_copy(iv_dataset_t *ds, _Atomic(iv_stream_t *) *slot, atomic_int *dropped,
+                               const char *at)
 {
-    iv_stream_t *w = atomic_load_explicit(&ds->wide, memory_order_acquire);
-    if (!w || atomic_load_explicit(&ds->wide_dropped, memory_order_relaxed)) return NULL;
+    iv_stream_t *c = atomic_load_explicit(slot, memory_order_acquire);
+    if (!c || atomic_load_explicit(dropped, memory_order_relaxed)) return NULL;
     if (iv_file_state(iv_stream_file(ds->stream), NULL, 0) == IV_FILE_CHANGED) return NULL;
-    return w;
+    if (iv_file_state(iv_stream_file(c), NULL, 0) != IV_FILE_CHANGED) return c;
+    if (!atomic_exchange(dropped, 1)) unlink(at);
+    return NULL;
 }
 
-void iv_dataset_drop_wide(iv_dataset_t *ds, iv_stream_t *wide)
+iv_stream_t *iv_dataset_wide_stream(iv_dataset_t *ds)
 {
-    if (iv_file_state(iv_stream_file(wide), NULL, 0) != IV_FILE_CHANGED) return;
-    if (!atomic_exchange(&ds->wide_dropped, 1)) unlink(ds->wide_at);
+    return sound_copy(ds, &ds->wide, &ds->wide_dropped, ds->wide_at);
 }
+
+void iv_dataset_drop_wide(iv_dataset_t *ds) { (void)iv_dataset_wide_stream(ds); }
 
 const char *iv_dataset_plain_path(iv_dataset_t *ds)
 {
@@ -608,15 +617,8 @@ const char *iv_dataset_plain_path(iv_dataset_t *ds)
 
 iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds)
 {
-    iv_stream_t *p = atomic_load_explicit(&ds->plain, memory_order_acquire);
-    if (!p || atomic_load_explicit(&ds->plain_dropped, memory_order_relaxed)) return ds->stream;
-    /* A changed source is read, so that the query fails as it did. */
-    if (iv_file_state(iv_stream_file(ds->stream), NULL, 0) == IV_FILE_CHANGED) return ds->stream;
-    if (iv_file_state(iv_stream_file(p), NULL, 0) != IV_FILE_CHANGED) return p;
-    /* A read of the copy failed its checks: the source serves from now
-     * on, and the next start writes the copy again. */
-    if (!atomic_exchange(&ds->plain_dropped, 1)) unlink(ds->plain_at);
-    return ds->stream;
+    iv_stream_t *p = sound_copy(ds, &ds->plain, &ds->plain_dropped, ds->plain_at);
+    return p ? p : ds->stream;
 }
 
 int64_t iv_dataset_major_nnz(const iv_dataset_t *ds, int64_t i)

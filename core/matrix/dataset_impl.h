@@ -72,11 +72,11 @@ iv_stream_t *iv_dataset_read_stream(iv_dataset_t *ds);
 
 /* The wide copy a query reads the minor indices from: the published one
  * while it is sound and the source file unchanged, else NULL (the packed
- * stream).  iv_dataset_drop_wide: a read of wide failed; when the file
- * failed its checks the copy is removed and no query takes it again.
- * Any thread. */
+ * stream); dropped, as the plain copy is, once its file failed a read's
+ * checks.  iv_dataset_drop_wide: a read of it failed (the drop, when the
+ * checks are why).  Any thread. */
 iv_stream_t *iv_dataset_wide_stream(iv_dataset_t *ds);
-void iv_dataset_drop_wide(iv_dataset_t *ds, iv_stream_t *wide);
+void iv_dataset_drop_wide(iv_dataset_t *ds);
 
 /* Memory a dataset's matrix takes now: pointer and value arrays, row
  * index, and its stream's resident bytes (the cache, or the whole

@@ -1836,7 +1836,7 @@ static int64_t decode_slice_wide(const struct iv_query *q, struct work *w, int64
                 iv_err_t sub;
                 iv_err_clear(&sub);
                 if (iv_stream_acquire(q->wide, c, &data, &len, NULL, &sub) < 0) {
-                    iv_dataset_drop_wide(ds, q->wide);
+                    iv_dataset_drop_wide(ds);
                     rc = WIDE_UNREAD;
                     goto out;
                 }
