@@ -1935,10 +1935,13 @@ static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_blo
  * Rows ahead of the one being decoded whose memory is asked for early: a
  * random selection's rows are each a few dependent cache misses away.
  * PREFETCH_FAR rows ahead: the entry table, the group pointers, the
- * checkpoint; PREFETCH_NEAR: the entry pointers and values those name,
- * and the stream chunk's slot; PREFETCH_NEXT: all the row's bytes in the
- * chunk, when cached.  Each stage reads only what an earlier one asked
- * for.  Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain
+ * checkpoint; PREFETCH_NEAR: the entry pointers and values those name;
+ * PREFETCH_SLOT: the stream chunk's slot; PREFETCH_NEXT: all the row's
+ * bytes in the chunk, when cached.  Each stage reads only what an earlier
+ * one asked for: the wide copy's slot is found from the entry pointers,
+ * which NEAR only asks for (asking for the slot there waited for them:
+ * bench_select, one thread, 1.26 M atlas, 2 cores: 12.10-12.16 ->
+ * 11.65-11.81 ms best).  Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain
  * copy, 10k x 2,000 at 4 connections, builds alternating): 64.0 req/s
  * without, 73.3 with the pointers, 79.0 with the stream's bytes too.
  * The engine alone, the stream all cached (bench_select, one thread):
@@ -1947,7 +1950,7 @@ static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_blo
  * 15.6-16.5 -> 14.7-15.2 ms there, and +1 to +11% on the 16-core
  * machine's 10 M-cell loads (docs/scale.md).
  */
-enum { PREFETCH_NEXT = 2, PREFETCH_NEAR = 4, PREFETCH_FAR = 8 };
+enum { PREFETCH_NEXT = 2, PREFETCH_SLOT = 3, PREFETCH_NEAR = 4, PREFETCH_FAR = 8 };
 
 static void prefetch_far(const iv_query_t *q, int64_t s)
 {
@@ -1982,7 +1985,6 @@ static void prefetch_near(const iv_query_t *q, int64_t s)
     int64_t g = ds->m.major_ptr[s];
     __builtin_prefetch(&ds->m.value_ptr[g]);
     __builtin_prefetch((const char *)ds->m.values + (size_t)g * iv_dtype_size(q->dtype));
-    prefetch_stream(q, s, 0);
 }
 
 static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t *out, iv_err_t *err)
@@ -2001,6 +2003,7 @@ static int decode_major_block(iv_query_t *q, int64_t r0, int64_t r1, iv_block_t 
         if (q->row_ids) {
             if (r + PREFETCH_FAR < r1) prefetch_far(q, q->row_ids[r + PREFETCH_FAR]);
             if (r + PREFETCH_NEAR < r1) prefetch_near(q, q->row_ids[r + PREFETCH_NEAR]);
+            if (r + PREFETCH_SLOT < r1) prefetch_stream(q, q->row_ids[r + PREFETCH_SLOT], 0);
             if (r + PREFETCH_NEXT < r1) prefetch_stream(q, q->row_ids[r + PREFETCH_NEXT], 1);
         }
         out->ids[r - r0] = s;
