@@ -14,8 +14,12 @@ figures of one run are compared.  The steps:
      the same 2,000 random genes at 1, 16 and 64 connections (wrk -t1,
      -t8, -t16), and 1 random cell x 50 genes at 64 connections; the
      server's VmHWM after them.
-Prints one line per build, round and case: req/s, p50 and p99 in ms, and
-failed requests.  A BIN may carry flags of its own, in one argument
+Prints one line per build, round and case: req/s, p50 and p99 in ms,
+the engine's time a request (the server's decode seconds over the load,
+from /metrics, divided by the requests: steadier than req/s when the
+machine drifts, and blind to the HTTP side; "-" for a load whose
+queries are answered in their set-up job, as one cell's are, which the
+counter leaves out), and failed requests.  A BIN may carry flags of its own, in one argument
 ("build/ivserve --wide-copy off"), to compare one build's settings.
 
   benchmarks/bench_ab_loads.py --atlas ATLAS.h5ad --cache DIR --wrk PATH
@@ -35,6 +39,14 @@ CASES = (("10k x 2000, 1 connection", 1, 1, "10k x 2000"),
          ("10k x 2000, 16 connections", 8, 16, "10k x 2000"),
          ("10k x 2000, 64 connections", 16, 64, "10k x 2000"),
          ("1 x 50, 64 connections", 16, 64, "1 x 50"))
+
+
+def decode_seconds(url):
+    """The server's ivserve_decode_seconds_total."""
+    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("ivserve_decode_seconds_total "):
+            return float(line.split()[1])
+    return float("nan")
 
 
 def main():
@@ -86,9 +98,12 @@ def main():
             wait_copies(arm, s)
             run_wrk(a.wrk, lua, s.url, s.id, 4, 4, 4, bodies["10k x 2000"])   # warm the caches
             for label, t, c, kind in CASES:
+                d0 = decode_seconds(s.url)
                 rps, p50, p99, bad = run_wrk(a.wrk, lua, s.url, s.id, t, c, a.seconds, bodies[kind])
-                print("round %d  %-24s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  %d failed"
-                      % (rnd, name, label, rps, p50, p99, bad), flush=True)
+                spent = decode_seconds(s.url) - d0
+                engine = "%6.2f ms" % (spent / max(rps * a.seconds, 1) * 1e3) if spent > 0 else "     -   "
+                print("round %d  %-24s  %-27s  %10.1f req/s  p50 %7.1f ms  p99 %7.1f ms  engine %s  %d failed"
+                      % (rnd, name, label, rps, p50, p99, engine, bad), flush=True)
             print("round %d  %-24s  %-27s  %10.2f GB" % (rnd, name, "VmHWM after the loads", hwm(s.p.pid) / 1e9),
                   flush=True)
             s.stop()
