@@ -250,18 +250,31 @@ static int wide_wanted(const server_t *s, const sds_t *d)
     return s->cfg->wide_copy == IV_PLAIN_ON || iv_dataset_info(d->ds)->stream_bytes >= keep_min_bytes();
 }
 
-/* A copy of a dataset's kept in the cache folder, as copy_run takes it. */
+/* A copy of a dataset's kept in the cache folder, as copy_run takes it:
+ * the kinds in the order they are made (COPIES). */
 struct copy_kind {
+    int slot;                                 /* its d->copy[] (IV_COPY_*) */
+    const char *name;                         /* for the log */
     int (*wanted)(const server_t *s, const sds_t *d);
     const char *(*path)(iv_dataset_t *ds);    /* the published copy's, or NULL */
     int (*use)(iv_dataset_t *ds, const iv_dataset_opts_t *opts, int write, iv_err_t *err);
     const char *without;                      /* what cell queries do without it */
 };
 
-static const struct copy_kind plain_copy = {plain_wanted, iv_dataset_plain_path, iv_dataset_use_plain,
-                                            "cell queries read the compressed stream"};
-static const struct copy_kind wide_copy = {wide_wanted, iv_dataset_wide_path, iv_dataset_use_wide,
-                                           "cell queries decode the packed stream"};
+static const struct copy_kind COPIES[IV_N_COPIES] = {
+    {IV_COPY_PLAIN, "plain copy of its stream", plain_wanted, iv_dataset_plain_path, iv_dataset_use_plain,
+     "cell queries read the compressed stream"},
+    {IV_COPY_WIDE, "wide copy of its indices", wide_wanted, iv_dataset_wide_path, iv_dataset_use_wide,
+     "cell queries decode the packed stream"},
+};
+
+/* Whether d gets any of the copies. */
+static int copy_wanted(const server_t *s, const sds_t *d)
+{
+    for (int i = 0; i < IV_N_COPIES; i++)
+        if (COPIES[i].wanted(s, d)) return 1;
+    return 0;
+}
 
 /* The plain copy, then the wide copy: a kept one is taken before the
  * other orientation (the pack then reads the plain copy as its replica);
@@ -269,16 +282,12 @@ static const struct copy_kind wide_copy = {wide_wanted, iv_dataset_wide_path, iv
  * disk's write-back of the gene-major copy, come first (at ten million
  * cells on 16 cores the plain copy's write-back slowed the pack by 6-14
  * s); the wide copy last, as it decodes the plain copy.  The outcome waits
- * in `note` (d->plain_note or d->wide_note) for the loop's log; the path
- * taken is pinned in `pinned` (d->plain_path or d->wide_path). */
-#define COPY_NOTE_LEN sizeof ((sds_t *)0)->plain_note
-#define COPY_PATH_LEN sizeof ((sds_t *)0)->plain_path
-_Static_assert(sizeof ((sds_t *)0)->wide_note == COPY_NOTE_LEN && sizeof ((sds_t *)0)->wide_path == COPY_PATH_LEN,
-               "the copies' notes and paths are alike");
-
-static void copy_run(job_t *j, const struct copy_kind *k, char *note, char *pinned, const char *dir, int write)
+ * in d->copy[].note for the loop's log; the path taken is pinned in
+ * d->copy[].path. */
+static void copy_run(job_t *j, const struct copy_kind *k, const char *dir, int write)
 {
     sds_t *d = j->ds;
+    char *note = d->copy[k->slot].note, *pinned = d->copy[k->slot].path;
     note[0] = '\0';
     if (!k->wanted(j->srv, d) || k->path(d->ds)) return;
     iv_dataset_opts_t o;
@@ -289,13 +298,13 @@ static void copy_run(job_t *j, const struct copy_kind *k, char *note, char *pinn
     double t0 = now_s();
     int rc = k->use(d->ds, &o, write, &e);
     if (rc < 0)
-        snprintf(note, COPY_NOTE_LEN, "failed (%.500s); %s", e.msg, k->without);
+        snprintf(note, sizeof d->copy[0].note, "failed (%.500s); %s", e.msg, k->without);
     else if (rc > 0)
-        snprintf(note, COPY_NOTE_LEN, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
+        snprintf(note, sizeof d->copy[0].note, "%s (%.2f s)", rc == 1 ? "kept" : "written", now_s() - t0);
     /* In use: no sweep of the folder removes it (unpinned with the entry). */
     const char *at = rc > 0 ? k->path(d->ds) : NULL;
     if (at && !pinned[0]) {
-        snprintf(pinned, COPY_PATH_LEN, "%s", at);
+        snprintf(pinned, sizeof d->copy[0].path, "%s", at);
         iv_autopack_pin(pinned);
     }
 }
@@ -307,8 +316,7 @@ static void other_run(job_t *j)
     int plan = other_plan(j->srv, d);
     char dir[4096];
     iv_config_cache_dir(cfg, dir, sizeof dir);
-    copy_run(j, &plain_copy, d->plain_note, d->plain_path, dir, 0);
-    copy_run(j, &wide_copy, d->wide_note, d->wide_path, dir, 0);
+    for (int i = 0; i < IV_N_COPIES; i++) copy_run(j, &COPIES[i], dir, 0);
     if (plan == OTHER_DISK) {
         iv_dataset_opts_t o;
         beside_opts(j, dir, &o);
@@ -331,25 +339,6 @@ static void other_run(job_t *j)
     render_doc(d, &j->out);
 }
 
-/* The plain copy written after the other orientation (copy_run), in a
- * job of its own so that the document says the orientation is ready as
- * soon as it is. */
-static void plain_job_run(job_t *j)
-{
-    char dir[4096];
-    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    copy_run(j, &plain_copy, j->ds->plain_note, j->ds->plain_path, dir, 1);
-    render_doc(j->ds, &j->out);
-}
-
-/* The wide copy written after the plain copy (copy_run). */
-static void wide_job_run(job_t *j)
-{
-    char dir[4096];
-    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
-    copy_run(j, &wide_copy, j->ds->wide_note, j->ds->wide_path, dir, 1);
-    render_doc(j->ds, &j->out);
-}
 
 /* The dataset's obs/var metadata, with its computed columns, kept in the
  * cache folder for the next start like the row index (metafile.h).
@@ -440,11 +429,24 @@ static void load_run(job_t *j)
 
 static void on_other_done(job_t *j);
 
+static void copy_job_run(job_t *j);
+
 /* A dataset's other orientation, built or attached after it is ready,
- * then its plain copy, then its wide copy; all end in on_other_done. */
+ * then its copies in turn (copy_jobs[i] writes COPIES[i]); all end in
+ * on_other_done. */
 static const job_type_t other_job = {other_run, on_other_done};
-static const job_type_t plain_job = {plain_job_run, on_other_done};
-static const job_type_t wide_job = {wide_job_run, on_other_done};
+static const job_type_t copy_jobs[IV_N_COPIES] = {{copy_job_run, on_other_done}, {copy_job_run, on_other_done}};
+
+/* A copy written after the other orientation (copy_run), each in a job of
+ * its own, so that the document says the orientation, and each copy, is
+ * ready as soon as it is. */
+static void copy_job_run(job_t *j)
+{
+    char dir[4096];
+    iv_config_cache_dir(j->srv->cfg, dir, sizeof dir);
+    copy_run(j, &COPIES[j->type - copy_jobs], dir, 1);
+    render_doc(j->ds, &j->out);
+}
 
 /* The start-up loads are over: how many datasets serve and how many were
  * left out, so that a failure is not read as "all loaded". */
@@ -533,7 +535,7 @@ static job_t *start_other(server_t *s, job_t *j, sds_t *d)
 {
     int plan = d->state == DS_READY ? other_plan(s, d) : OTHER_NONE;
     if (d->state != DS_READY || d->retired || s->draining ||
-        (plan == OTHER_NONE && !plain_wanted(s, d) && !wide_wanted(s, d)))
+        (plan == OTHER_NONE && !copy_wanted(s, d)))
         return j;
     j->type = &other_job;
     j->rc = 0;
@@ -754,27 +756,22 @@ static void on_other_done(job_t *j)
     sds_t *d = j->ds;
     iv_orient_status_t st;
     iv_dataset_orientations(d->ds, &st);
-    if (d->plain_note[0])
-        iv_alog_event(&s->log, strncmp(d->plain_note, "failed", 6) ? "info" : "warn",
-                      "dataset %s: plain copy of its stream %s", d->conf->id, d->plain_note);
-    if (d->wide_note[0])
-        iv_alog_event(&s->log, strncmp(d->wide_note, "failed", 6) ? "info" : "warn",
-                      "dataset %s: wide copy of its indices %s", d->conf->id, d->wide_note);
-    d->plain_note[0] = d->wide_note[0] = '\0';
-    /* A job for the plain copy alone has no orientation to tell of. */
+    for (int i = 0; i < IV_N_COPIES; i++) {
+        char *note = d->copy[i].note;
+        if (note[0])
+            iv_alog_event(&s->log, strncmp(note, "failed", 6) ? "info" : "warn", "dataset %s: %s %s",
+                          d->conf->id, COPIES[i].name, note);
+        note[0] = '\0';
+    }
+    /* A copy's job has no orientation to tell of. */
     if (j->type == &other_job && (st.other_state != IV_OTHER_NONE || j->rc != 0)) log_other(s, d, j, &st);
     install_doc(d, j);
-    /* Then the plain copy, when one is wanted and none was kept. */
-    if (j->type == &other_job && !d->retired && !s->draining && plain_wanted(s, d) &&
-        !iv_dataset_plain_path(d->ds)) {
-        j->type = &plain_job;
-        j->rc = 0;
-        if (job_submit_server(j) == 0) return;
-    }
-    /* Then the wide copy, likewise (after the plain copy, which it reads). */
-    if ((j->type == &other_job || j->type == &plain_job) && !d->retired && !s->draining && wide_wanted(s, d) &&
-        !iv_dataset_wide_path(d->ds)) {
-        j->type = &wide_job;
+    /* Then each copy after the one just written (all, after the other
+     * orientation), in order, when it is wanted and none was kept. */
+    for (int i = j->type == &other_job ? 0 : (int)(j->type - copy_jobs) + 1;
+         i < IV_N_COPIES && !d->retired && !s->draining; i++) {
+        if (!COPIES[i].wanted(s, d) || COPIES[i].path(d->ds)) continue;
+        j->type = &copy_jobs[i];
         j->rc = 0;
         if (job_submit_server(j) == 0) return;
     }

@@ -67,8 +67,8 @@ int iv_rds_unref(iv_rds_t *d)
     free(d->doc);
     if (d->pinned) iv_autopack_unpin(d->served);
     if (d->other_path[0]) iv_autopack_unpin(d->other_path);
-    if (d->plain_path[0]) iv_autopack_unpin(d->plain_path);
-    if (d->wide_path[0]) iv_autopack_unpin(d->wide_path);
+    for (int i = 0; i < IV_N_COPIES; i++)
+        if (d->copy[i].path[0]) iv_autopack_unpin(d->copy[i].path);
     for (int i = 0; i < 2; i++)
         if (d->zarr_path[i][0]) iv_autopack_unpin(d->zarr_path[i]);
     iv_ds_conf_free(&d->conf_own);

@@ -32,6 +32,9 @@
 
 typedef enum iv_rds_state { IV_RDS_LOADING, IV_RDS_READY, IV_RDS_FAILED } iv_rds_state_t;
 
+/* The copies of a dataset's stream kept for cell queries (iv_rds.copy). */
+enum { IV_COPY_PLAIN, IV_COPY_WIDE, IV_N_COPIES };
+
 /* What identifies the bytes of a file: a file renamed over it has another
  * inode, one written in place another size, modification time or inode
  * change time.  The change time is there because the modification time
@@ -70,8 +73,6 @@ typedef struct iv_rds {
     iv_rds_state_t state;
     char err[512];        /* FAILED: why; READY: why the metadata is missing, or "" */
     char meta_note[160];  /* how the metadata came (iv_meta_keep_t.note) */
-    char plain_note[600]; /* the plain copy's outcome, for the log ("" when none was wanted) */
-    char wide_note[600];  /* the wide copy's, likewise */
     iv_vds_t *vx;         /* viewer state: obsm/varm arrays, search indexes */
     char *doc;            /* GET /v1/datasets/{id} document */
     size_t doc_len;
@@ -93,8 +94,15 @@ typedef struct iv_rds {
     /* The other orientation on disk (autopack.h), pinned while the entry
      * lives ("" when none), and its pack's progress. */
     char other_path[4096];
-    char plain_path[4096];  /* the plain copy read (pinned against the sweep), or "" */
-    char wide_path[4096];   /* the wide copy read (pinned likewise), or "" */
+    /* The copies kept in the cache folder for cell queries (load.c's
+     * copy kinds: [IV_COPY_PLAIN] the stream uncompressed, [IV_COPY_WIDE]
+     * the gene indices as two-byte integers): each one's outcome for the
+     * log ("" when none was wanted) and the path read (pinned against the
+     * sweep), or "". */
+    struct {
+        char note[600];
+        char path[4096];
+    } copy[IV_N_COPIES];
     /* X's Zarr chunks kept and served ([1] csr, [0] csc; pinned), "" when
      * none or dropped after a failed check (loop 0's: set by the keep
      * job's done half from zarr_made, which its run half wrote with the

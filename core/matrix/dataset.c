@@ -659,6 +659,20 @@ void iv_dataset_set_other_state(iv_dataset_t *ds, iv_other_state_t st)
     atomic_store(&ds->other_state, (int)st);
 }
 
+/* The plain and wide copies' cached chunks (*used) and slots (*table). */
+static void copies_bytes(iv_dataset_t *ds, size_t *used, size_t *table)
+{
+    iv_stream_t *copies[2] = {atomic_load(&ds->plain), atomic_load(&ds->wide)};
+    *used = *table = 0;
+    for (int k = 0; k < 2; k++)
+        if (copies[k]) {
+            iv_stream_stats_t st;
+            iv_stream_stats(copies[k], &st);
+            *used += st.used;
+            *table += st.table_bytes;
+        }
+}
+
 size_t iv_dataset_memory_of(iv_dataset_t *ds)
 {
     const iv_h5matrix_t *m = &ds->m;
@@ -669,13 +683,9 @@ size_t iv_dataset_memory_of(iv_dataset_t *ds)
     iv_stream_stats_t st;
     iv_stream_stats(ds->stream, &st);
     b += st.used;
-    iv_stream_t *copies[2] = {atomic_load(&ds->plain), atomic_load(&ds->wide)};
-    for (int k = 0; k < 2; k++)
-        if (copies[k]) {
-            iv_stream_stats(copies[k], &st);
-            b += st.used + st.table_bytes;
-        }
-    return b;
+    size_t used, table;
+    copies_bytes(ds, &used, &table);
+    return b + used + table;
 }
 
 void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
@@ -688,14 +698,10 @@ void iv_dataset_memory(iv_dataset_t *ds, iv_dataset_memory_t *out)
     out->index = iv_rowindex_bytes(&ds->ri) + st.table_bytes;
     out->cache = st.used;
     /* The plain and wide copies' slots count as index, their chunks as cache. */
-    iv_stream_t *copies[2] = {atomic_load(&ds->plain), atomic_load(&ds->wide)};
-    for (int k = 0; k < 2; k++)
-        if (copies[k]) {
-            iv_stream_stats_t ps;
-            iv_stream_stats(copies[k], &ps);
-            out->index += ps.table_bytes;
-            out->cache += ps.used;
-        }
+    size_t used, table;
+    copies_bytes(ds, &used, &table);
+    out->index += table;
+    out->cache += used;
     /* An in-memory copy's stream is a buffer of the copy's own (is_copy),
      * not one the stream owns. */
     out->stream = ds->is_copy ? (size_t)iv_stream_length(ds->stream) : st.owned_bytes;
