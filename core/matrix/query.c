@@ -1941,12 +1941,13 @@ static int alloc_major_block(const iv_query_t *q, int64_t r0, int64_t r1, iv_blo
  * one asked for: the wide copy's slot is found from the entry pointers,
  * which NEAR only asks for (asking for the slot there waited for them:
  * bench_select, one thread, 1.26 M atlas, 2 cores: 12.10-12.16 ->
- * 11.65-11.81 ms best).  A row's group pointers (about 8.6 of 8 bytes)
- * mostly straddle two cache lines, and its entry pointers one time in
+ * 11.65-11.81 ms best).  A row's entry pointers (about 8.6 of 8 bytes)
+ * mostly straddle two cache lines, and its group pointers one time in
  * eight: both lines asked for, wide copy 12.24-12.85 -> 11.24-11.39 ms,
- * packed stream 15.5-15.9 -> 13.9-14.7 ms (builds alternating).  Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain
- * copy, 10k x 2,000 at 4 connections, builds alternating): 64.0 req/s
- * without, 73.3 with the pointers, 79.0 with the stream's bytes too.
+ * packed stream 15.5-15.9 -> 13.9-14.7 ms (builds alternating).
+ * Measured over HTTP on 2 cores (1.26 M atlas, 1 GiB, the plain copy,
+ * 10k x 2,000 at 4 connections, builds alternating): 64.0 req/s without,
+ * 73.3 with the pointers, 79.0 with the stream's bytes too.
  * The engine alone, the stream all cached (bench_select, one thread):
  * 23.5-24.8 -> 19.9-20.4 ms, where the pointers alone gained nothing.
  * Asking for a row's first cache line only, against all of its bytes:
@@ -1988,7 +1989,7 @@ static void prefetch_near(const iv_query_t *q, int64_t s)
     const iv_dataset_t *ds = q->ds;
     int64_t g = ds->m.major_ptr[s], e = ds->m.major_ptr[s + 1];
     size_t esz = iv_dtype_size(q->dtype);
-    /* A row's eight or so group pointers mostly straddle two lines: both. */
+    /* A row's eight or so entry pointers mostly straddle two lines: both. */
     __builtin_prefetch(&ds->m.value_ptr[g]);
     __builtin_prefetch(&ds->m.value_ptr[e]);
     __builtin_prefetch((const char *)ds->m.values + (size_t)g * esz);
