@@ -102,6 +102,14 @@ class ServerProcess:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
+    def wait_logged(self, text, times=1, timeout=120):
+        """Until the log holds text (at least `times` times); fails with
+        the log's end after timeout seconds."""
+        deadline = time.time() + timeout
+        while self.log_text().count(text) < times:
+            assert time.time() < deadline, self.log_text()[-3000:]
+            time.sleep(0.1)
+
     def status_kb(self, key):
         """A /proc/PID/status figure in kB (VmRSS, VmHWM, ...)."""
         with open("/proc/%d/status" % self.proc.pid) as f:

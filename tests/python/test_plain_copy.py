@@ -282,18 +282,12 @@ def test_copy_in_use_survives_a_sweep(tmp_path, data):
     write_cfg([path])
     srv = ServerProcess(str(tmp_path), ["--config", cfg_path], ready_timeout=120, stop_timeout=60, binary=BIN)
     try:
-        deadline = time.time() + 120
-        while "plain copy of its stream written" not in srv.log_text():
-            assert time.time() < deadline, srv.log_text()[-3000:]
-            time.sleep(0.1)
+        srv.wait_logged("plain copy of its stream written")
         (mine,) = copies(cache)
         write_cfg([path, opath])
         r = requests.post(srv.url + "/v1/admin/reload", timeout=120)
         assert r.status_code == 200, r.text
-        deadline = time.time() + 120
-        while srv.log_text().count("plain copy of its stream written") < 2:
-            assert time.time() < deadline, srv.log_text()[-3000:]
-            time.sleep(0.1)
+        srv.wait_logged("plain copy of its stream written", times=2)
         log = srv.log_text()
         assert os.path.exists(mine), "the copy in use was swept:\n" + log[-3000:]
         c = ivclient.Client(srv.url)

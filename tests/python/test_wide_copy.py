@@ -87,19 +87,12 @@ def check_answers(srv, X, n_cols, rounds=9):
     ivref.assert_csr_equal(res.matrix, X[obs][:, [3, 3, 700]])
 
 
-def wait_logged(srv, text):
-    deadline = time.time() + 120
-    while text not in srv.log_text():
-        assert time.time() < deadline, srv.log_text()[-3000:]
-        time.sleep(0.1)
-
-
 def test_copy_written_read_and_kept(tmp_path, data):
     X, path = data
     cache = str(tmp_path / "cache")
     srv = Server(str(tmp_path), path, cache)
     try:
-        wait_logged(srv, "wide copy of its indices written")
+        srv.wait_logged("wide copy of its indices written")
         log = srv.log_text()
         assert log.index("plain copy of its stream written") < log.index("wide copy of its indices written")
         assert srv.doc()["orientations"]["cells"].get("wide_copy") == "ready"
@@ -110,7 +103,7 @@ def test_copy_written_read_and_kept(tmp_path, data):
         assert srv.stop() == 0
     srv = Server(str(tmp_path), path, cache)
     try:
-        wait_logged(srv, "wide copy of its indices kept")
+        srv.wait_logged("wide copy of its indices kept")
         assert srv.doc()["orientations"]["cells"].get("wide_copy") == "ready"
         assert "wide copy of its indices written" not in srv.log_text()
         check_answers(srv, X, N_COLS, rounds=3)
@@ -123,7 +116,7 @@ def test_copy_changed_under_the_server_is_dropped(tmp_path, data):
     cache = str(tmp_path / "cache")
     srv = Server(str(tmp_path), path, cache)
     try:
-        wait_logged(srv, "wide copy of its indices written")
+        srv.wait_logged("wide copy of its indices written")
         at = copies(cache)[0]
         st = os.stat(at)
         # Every chunk of the copy's data changed (after its 4 KiB header),
@@ -152,7 +145,7 @@ def test_no_copy_when_off_small_or_too_many_genes(tmp_path, data, monkeypatch):
         srv = Server(str(tmp_path), path, cache, wide=wide, plain="off")
         try:
             if want:
-                wait_logged(srv, "wide copy of its indices written")
+                srv.wait_logged("wide copy of its indices written")
             else:
                 deadline = time.time() + 60
                 while srv.doc()["orientations"]["genes"]["state"] in ("none", "building"):
@@ -174,7 +167,7 @@ def test_no_copy_when_off_small_or_too_many_genes(tmp_path, data, monkeypatch):
     cache = str(tmp_path / "cache_70k")
     srv = Server(str(tmp_path), wpath, cache, wide="on", plain="on")
     try:
-        wait_logged(srv, "plain copy of its stream written")
+        srv.wait_logged("plain copy of its stream written")
         time.sleep(0.5)
         assert "wide copy" not in srv.log_text()
         assert copies(cache) == []
